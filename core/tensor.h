@@ -1,0 +1,155 @@
+// core/tensor.h: the n-dimensional array of ampscope's runtime.
+//
+// A Tensor is a cheap handle: copies share the same data (reference-counted Storage). Views (reshape,
+// transpose, permute, slice, expand) share storage and differ in sizes, strides and offset; `to` and
+// `contiguous` copy only when they must. Elements are stored in the tensor's dtype; f16 and bf16 are
+// rounded exactly as on the GPU (core/float16.h).
+//
+//   Tensor x = arange(6, {.dtype = DType::f16}).reshape({2, 3});  // [[0, 1, 2], [3, 4, 5]] in f16
+//   Tensor t = x.transpose(0, 1);                                  // a 3x2 view of the same data
+//   double v = t.at({2, 1});                                       // 5
+//   Tensor y = x.to(DType::f32).to(Device::cuda());                // copies (throws if no GPU)
+//   fmt::print("{}\n", x);                                         // needs core/format.h
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/tensor_view.h"
+
+namespace ampscope {
+
+using Shape = std::vector<std::int64_t>;
+
+// "[2, 3]"
+std::string shape_str(const Shape& shape);
+
+struct TensorOptions {
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+};
+
+// Bytes on one device, freed through the backend that allocated them when the last tensor using them
+// goes away.
+class Storage {
+ public:
+  Storage(Backend& backend, std::size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }
+  Backend& backend() const { return *backend_; }
+  Device device() const { return backend_->device(); }
+
+ private:
+  Backend* backend_;
+  std::size_t nbytes_;
+  void* data_;
+};
+
+namespace detail {
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  std::int64_t offset = 0;  // in elements
+  Shape sizes;
+  Shape strides;  // in elements
+  DType dtype = DType::f32;
+};
+}  // namespace detail
+
+class Tensor {
+ public:
+  Tensor() = default;  // an undefined tensor; most calls on it throw
+
+  // Uninitialised contiguous tensor.
+  static Tensor empty(const Shape& shape, TensorOptions options = {});
+
+  bool defined() const { return impl_ != nullptr; }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device(); }
+  const Shape& shape() const { return impl().sizes; }
+  const Shape& strides() const { return impl().strides; }
+  std::int64_t dim() const { return static_cast<std::int64_t>(impl().sizes.size()); }
+  std::int64_t size(std::int64_t d) const;  // negative d counts from the end
+  std::int64_t numel() const;
+  std::int64_t storage_offset() const { return impl().offset; }
+  bool is_contiguous() const;
+  bool shares_storage_with(const Tensor& other) const;
+
+  // Pointer to the first element. Host pointer for CPU tensors, device pointer for CUDA tensors.
+  void* data() const;
+  // Typed host pointer; throws unless the tensor is on the CPU and T matches its dtype.
+  template <class T>
+  T* data_as() const;
+
+  // What a kernel sees. Throws ShapeError beyond kMaxDims dimensions.
+  TensorView kernel_view() const;
+
+  // ---- copies and conversions ----
+  Tensor contiguous() const;               // self when already contiguous
+  Tensor clone() const;                    // always a new contiguous tensor
+  Tensor to(DType dtype) const;            // self when the dtype matches; IEEE rounding otherwise
+  Tensor to(Device device) const;          // self when already there
+  Tensor& copy_(const Tensor& src);        // same shape; casts and moves across devices as needed
+  Tensor& fill_(double value);
+
+  // ---- views (share storage) ----
+  Tensor view(const Shape& shape) const;     // throws if the strides cannot express it
+  Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy; one -1 is inferred
+  Tensor transpose(std::int64_t d0, std::int64_t d1) const;
+  Tensor permute(const Shape& dims) const;
+  Tensor slice(std::int64_t dim, std::int64_t start, std::int64_t end, std::int64_t step = 1) const;
+  Tensor expand(const Shape& shape) const;   // broadcast view: size-1 dimensions get stride 0
+
+  // ---- element access (for tests and small reads; one device copy per call on CUDA) ----
+  double item() const;                                    // the single element, widened to double
+  double at(std::initializer_list<std::int64_t> index) const;
+  void set(std::initializer_list<std::int64_t> index, double value);  // rounds to the dtype
+  std::vector<double> values() const;                     // all elements, row-major, widened to double
+
+  std::string to_string() const;  // PyTorch-like, with dtype and device
+
+ private:
+  explicit Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
+  const detail::TensorImpl& impl() const;
+  Tensor make_view(Shape sizes, Shape strides, std::int64_t offset) const;
+  std::int64_t element_offset(std::initializer_list<std::int64_t> index, const char* op) const;
+
+  std::shared_ptr<detail::TensorImpl> impl_;
+};
+
+// ---- creation ----
+Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor ones(const Shape& shape, TensorOptions options = {});
+Tensor full(const Shape& shape, double value, TensorOptions options = {});
+Tensor arange(double end, TensorOptions options = {});
+Tensor arange(double start, double end, double step, TensorOptions options = {});
+// Values given row-major, rounded to the dtype (f64 -> f32 -> f16/bf16, as PyTorch does).
+Tensor from_values(const std::vector<double>& values, const Shape& shape, TensorOptions options = {});
+
+// ---- the low-level kernel call every op goes through ----
+// Checks that all tensors are on out's device (DeviceError naming `op` otherwise), broadcasts inputs to
+// out's shape, and runs the backend's kernel for (kernel, out.dtype()).
+void run_kernel(std::string_view op, Op kernel, const Tensor& out, std::initializer_list<Tensor> inputs,
+                std::initializer_list<double> scalars = {}, std::uint64_t seed = 0, std::uint64_t offset = 0);
+
+// ---- template definitions ----
+template <class T>
+T* Tensor::data_as() const {
+  if (!device().is_cpu() || dtype_of<T>::value != dtype()) {
+    throw DTypeError("data_as: the tensor is " + std::string(dtype_name(dtype())) + " on " + device().str() +
+                     ", but a host pointer to " + std::string(dtype_name(dtype_of<T>::value)) + " was asked for");
+  }
+  return static_cast<T*>(data());
+}
+
+}  // namespace ampscope

@@ -1,0 +1,252 @@
+// The CPU backend: memory from the C++ heap, kernels as loops over strided views, split over the cores.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include <fmt/format.h>
+
+#include "core/convert.h"
+#include "core/error.h"
+#include "core/philox.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/functors.h"
+
+namespace ampscope {
+namespace {
+
+// Walks the elements of up to four views that share one shape, in row-major order, keeping each
+// view's element offset. Starting anywhere costs one division per dimension; each step after that is
+// an increment, so a chunk of a parallel loop pays the divisions once.
+template <int N>
+class StridedCursor {
+ public:
+  StridedCursor(const TensorView& shape, const std::array<const TensorView*, N>& views, std::int64_t start)
+      : ndim_(shape.ndim) {
+    for (int d = 0; d < ndim_; ++d) sizes_[d] = shape.sizes[d];
+    for (int v = 0; v < N; ++v) {
+      off_[v] = 0;
+      for (int d = 0; d < ndim_; ++d) strides_[v][d] = views[v]->strides[d];
+    }
+    std::int64_t rest = start;
+    for (int d = ndim_ - 1; d >= 0; --d) {
+      idx_[d] = rest % sizes_[d];
+      rest /= sizes_[d];
+      for (int v = 0; v < N; ++v) off_[v] += idx_[d] * strides_[v][d];
+    }
+  }
+
+  std::int64_t offset(int v) const { return off_[v]; }
+
+  void next() {
+    for (int d = ndim_ - 1; d >= 0; --d) {
+      if (++idx_[d] < sizes_[d]) {
+        for (int v = 0; v < N; ++v) off_[v] += strides_[v][d];
+        return;
+      }
+      for (int v = 0; v < N; ++v) off_[v] -= (sizes_[d] - 1) * strides_[v][d];
+      idx_[d] = 0;
+    }
+  }
+
+ private:
+  int ndim_;
+  std::int64_t sizes_[kMaxDims] = {};
+  std::int64_t idx_[kMaxDims] = {};
+  std::int64_t strides_[N][kMaxDims] = {};
+  std::int64_t off_[N] = {};
+};
+
+// ---- kernels -------------------------------------------------------------------------------------
+
+template <class T>
+void fill_kernel(Backend&, const KernelArgs& a) {
+  const T value = convert<T>(a.scalars[0]);
+  T* out = a.out.ptr<T>();
+  if (a.out.is_contiguous()) {
+    cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) out[i] = value;
+    });
+    return;
+  }
+  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    StridedCursor<1> c(a.out, {&a.out}, b);
+    for (std::int64_t i = b; i < e; ++i, c.next()) out[c.offset(0)] = value;
+  });
+}
+
+template <class To, class From>
+void copy_typed(const KernelArgs& a) {
+  const From* in = a.in[0].ptr<From>();
+  To* out = a.out.ptr<To>();
+  if (a.out.is_contiguous() && a.in[0].is_contiguous()) {
+    cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) out[i] = convert<To>(in[i]);
+    });
+    return;
+  }
+  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    StridedCursor<2> c(a.out, {&a.out, &a.in[0]}, b);
+    for (std::int64_t i = b; i < e; ++i, c.next()) out[c.offset(0)] = convert<To>(in[c.offset(1)]);
+  });
+}
+
+template <class To>
+void copy_kernel(Backend&, const KernelArgs& a) {
+  visit_dtype(a.in[0].dtype, [&](auto from) { copy_typed<To, decltype(from)>(a); });
+}
+
+template <class T>
+void arange_kernel(Backend&, const KernelArgs& a) {
+  using Acc = std::conditional_t<std::is_same_v<T, std::int64_t>, std::int64_t, double>;
+  const Acc start = static_cast<Acc>(a.scalars[0]);
+  const Acc step = static_cast<Acc>(a.scalars[1]);
+  T* out = a.out.ptr<T>();
+  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) out[i] = convert<T>(start + static_cast<Acc>(i) * step);
+  });
+}
+
+template <class T>
+void uniform_kernel(Backend&, const KernelArgs& a) {
+  T* out = a.out.ptr<T>();
+  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) out[i] = uniform_at<T>(a.seed, a.offset, static_cast<std::uint64_t>(i));
+  });
+}
+
+template <class T>
+void normal_kernel(Backend&, const KernelArgs& a) {
+  T* out = a.out.ptr<T>();
+  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) {
+      const double z = normal_at(a.seed, a.offset, static_cast<std::uint64_t>(i));
+      out[i] = std::is_same_v<T, double> ? convert<T>(z) : convert<T>(static_cast<float>(z));
+    }
+  });
+}
+
+template <class T, class Fn>
+void unary_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* in = a.in[0].ptr<T>();
+  T* out = a.out.ptr<T>();
+  const Fn fn{};
+  if (a.in[0].is_contiguous()) {
+    cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) out[i] = convert<T>(fn(convert<Acc>(in[i])));
+    });
+    return;
+  }
+  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    StridedCursor<1> c(a.out, {&a.in[0]}, b);
+    for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = convert<T>(fn(convert<Acc>(in[c.offset(0)])));
+  });
+}
+
+template <class T, class Fn>
+void binary_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* x = a.in[0].ptr<T>();
+  const T* y = a.in[1].ptr<T>();
+  T* out = a.out.ptr<T>();
+  const Fn fn{};
+  if (a.in[0].is_contiguous() && a.in[1].is_contiguous()) {
+    cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) out[i] = convert<T>(fn(convert<Acc>(x[i]), convert<Acc>(y[i])));
+    });
+    return;
+  }
+  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    StridedCursor<2> c(a.out, {&a.in[0], &a.in[1]}, b);
+    for (std::int64_t i = b; i < e; ++i, c.next()) {
+      out[i] = convert<T>(fn(convert<Acc>(x[c.offset(0)]), convert<Acc>(y[c.offset(1)])));
+    }
+  });
+}
+
+template <class T, class Fn>
+void binary_scalar_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* x = a.in[0].ptr<T>();
+  T* out = a.out.ptr<T>();
+  const Acc y = static_cast<Acc>(a.scalars[0]);
+  const Fn fn{};
+  if (a.in[0].is_contiguous()) {
+    cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) out[i] = convert<T>(fn(convert<Acc>(x[i]), y));
+    });
+    return;
+  }
+  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    StridedCursor<1> c(a.out, {&a.in[0]}, b);
+    for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = convert<T>(fn(convert<Acc>(x[c.offset(0)]), y));
+  });
+}
+
+// ---- the backend ---------------------------------------------------------------------------------
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() {
+    for_all_dtypes([this](auto t) {
+      using T = decltype(t);
+      constexpr DType D = dtype_of<T>::value;
+      register_kernel(Op::fill, D, &fill_kernel<T>);
+      register_kernel(Op::copy, D, &copy_kernel<T>);
+      if constexpr (!std::is_same_v<T, bool>) register_kernel(Op::arange, D, &arange_kernel<T>);
+    });
+    for_all_dtypes([this](auto t) {
+      using T = decltype(t);
+      constexpr DType D = dtype_of<T>::value;
+      if constexpr (is_floating(D)) {
+      register_kernel(Op::uniform, D, &uniform_kernel<T>);
+      register_kernel(Op::normal, D, &normal_kernel<T>);
+      register_kernel(Op::add, D, &binary_kernel<T, AddFn>);
+      register_kernel(Op::sub, D, &binary_kernel<T, SubFn>);
+      register_kernel(Op::mul, D, &binary_kernel<T, MulFn>);
+      register_kernel(Op::div, D, &binary_kernel<T, DivFn>);
+      register_kernel(Op::add_scalar, D, &binary_scalar_kernel<T, AddFn>);
+      register_kernel(Op::mul_scalar, D, &binary_scalar_kernel<T, MulFn>);
+      register_kernel(Op::neg, D, &unary_kernel<T, NegFn>);
+      register_kernel(Op::relu, D, &unary_kernel<T, ReluFn>);
+      register_kernel(Op::exp, D, &unary_kernel<T, ExpFn>);
+      }
+    });
+  }
+
+  std::string_view name() const override { return "cpu"; }
+  Device device() const override { return Device::cpu(); }
+
+  void* allocate(std::size_t nbytes) override {
+    // 64-byte alignment for vector loads; at least one byte so empty tensors still own a pointer.
+    const std::size_t size = ((nbytes == 0 ? 1 : nbytes) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, size);
+    if (p == nullptr) {
+      throw DeviceRuntimeError(fmt::format("cpu: out of memory allocating {} bytes", nbytes));
+    }
+    return p;
+  }
+  void deallocate(void* ptr, std::size_t) noexcept override { std::free(ptr); }
+
+  void copy_from_host(void* dst, const void* src, std::size_t nbytes) override {
+    if (nbytes > 0) std::memcpy(dst, src, nbytes);
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t nbytes) override {
+    if (nbytes > 0) std::memcpy(dst, src, nbytes);
+  }
+  void synchronize() override {}
+
+ private:
+  template <class Fn>
+  static void for_all_dtypes(Fn&& fn) {
+    for (int t = 0; t < kNumDTypes; ++t) visit_dtype(static_cast<DType>(t), fn);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace ampscope

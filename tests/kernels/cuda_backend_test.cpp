@@ -1,0 +1,186 @@
+// The CUDA backend against the CPU backend: the same bits for the same inputs. Every test skips itself,
+// saying why, when this build has no CUDA backend or the machine has no GPU.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/format.h"
+#include "core/ops.h"
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace ampscope {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                                   \
+  do {                                                                                       \
+    const CudaStatus status = cuda_status();                                                 \
+    if (status.device_count == 0) GTEST_SKIP() << "no usable CUDA device: " << status.reason; \
+  } while (0)
+
+std::vector<std::uint8_t> bytes_of(const Tensor& t) {
+  const Tensor host = t.contiguous().to(Device::cpu());
+  const auto* p = static_cast<const std::uint8_t*>(host.data());
+  return {p, p + host.numel() * dtype_size(host.dtype())};
+}
+
+// Compares element bits and reports the first few differences with both values.
+void expect_same_bits(const Tensor& cpu, const Tensor& gpu, const std::string& what) {
+  ASSERT_EQ(cpu.shape(), gpu.shape()) << what;
+  const std::vector<std::uint8_t> a = bytes_of(cpu), b = bytes_of(gpu);
+  const std::size_t size = dtype_size(cpu.dtype());
+  const std::vector<double> va = cpu.values(), vb = gpu.values();
+  int shown = 0;
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    if (std::memcmp(&a[i * size], &b[i * size], size) != 0) {
+      ++differ;
+      if (shown++ < 5) {
+        ADD_FAILURE() << what << ": element " << i << " cpu " << format_value(va[i], cpu.dtype()) << " cuda "
+                      << format_value(vb[i], cpu.dtype());
+      }
+    }
+  }
+  EXPECT_EQ(differ, 0u) << what;
+}
+
+TEST(cuda_backend_test, copies_every_f16_bit_pattern_to_the_gpu_and_back_unchanged) {
+  SKIP_WITHOUT_GPU();
+  Tensor host = Tensor::empty({65536}, {DType::f16});
+  auto* bits = static_cast<std::uint16_t*>(host.data());
+  for (std::uint32_t i = 0; i < 65536; ++i) bits[i] = static_cast<std::uint16_t>(i);
+  const Tensor back = host.to(Device::cuda()).to(Device::cpu());
+  EXPECT_EQ(std::memcmp(back.data(), host.data(), 65536 * 2), 0);
+}
+
+TEST(cuda_backend_test, converts_between_dtypes_with_the_same_bits_as_the_cpu) {
+  SKIP_WITHOUT_GPU();
+  // Every f16 pattern widened to f32 and f64, and 2^24 float patterns (every 256th of all 2^32, which
+  // hits every exponent, both signs, NaNs and infinities) narrowed to f16 and bf16.
+  Tensor h = Tensor::empty({65536}, {DType::f16});
+  for (std::uint32_t i = 0; i < 65536; ++i) static_cast<std::uint16_t*>(h.data())[i] = static_cast<std::uint16_t>(i);
+  const Tensor h_gpu = h.to(Device::cuda());
+  for (DType to : {DType::f32, DType::f64, DType::bf16, DType::i64, DType::boolean}) {
+    expect_same_bits(h.to(to), h_gpu.to(to), fmt::format("f16 -> {}", dtype_name(to)));
+  }
+  Tensor f = Tensor::empty({1 << 24}, {DType::f32});
+  for (std::uint32_t i = 0; i < (1u << 24); ++i) static_cast<std::uint32_t*>(f.data())[i] = (i << 8) | (i & 0xFF);
+  const Tensor f_gpu = f.to(Device::cuda());
+  for (DType to : {DType::f16, DType::bf16, DType::f64, DType::i64}) {
+    expect_same_bits(f.to(to), f_gpu.to(to), fmt::format("f32 -> {}", dtype_name(to)));
+  }
+}
+
+TEST(cuda_backend_test, random_streams_are_identical_on_cpu_and_gpu) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    Generator a(31337), b(31337);
+    a.set_offset(5);
+    b.set_offset(5);
+    expect_same_bits(rand({100003}, a, {dtype}), rand({100003}, b, {dtype, Device::cuda()}),
+                     fmt::format("rand {}", dtype_name(dtype)));
+    // randn goes through each side's libm (log, sin, cos in double); see core/philox.h for why the
+    // float result still matches except in about 1 value in 2^28.
+    expect_same_bits(randn({100003}, a, {dtype}), randn({100003}, b, {dtype, Device::cuda()}),
+                     fmt::format("randn {}", dtype_name(dtype)));
+  }
+}
+
+TEST(cuda_backend_test, elementwise_ops_match_the_cpu_bit_for_bit_on_strided_and_broadcast_inputs) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    Generator gen(11);
+    const Tensor x = mul(randn({64, 96}, gen, {dtype}), 300.0);
+    const Tensor y = mul(randn({96}, gen, {dtype}), 300.0);
+    const Tensor xt = x.transpose(0, 1);  // strided [96, 64]
+    const Tensor x_gpu = x.to(Device::cuda()), y_gpu = y.to(Device::cuda());
+    const Tensor xt_gpu = x_gpu.transpose(0, 1);
+    const std::string d(dtype_name(dtype));
+    expect_same_bits(add(x, y), add(x_gpu, y_gpu), "add " + d);
+    expect_same_bits(sub(x, y), sub(x_gpu, y_gpu), "sub " + d);
+    expect_same_bits(mul(x, y), mul(x_gpu, y_gpu), "mul " + d);
+    expect_same_bits(div(x, y), div(x_gpu, y_gpu), "div " + d);
+    expect_same_bits(add(x, 0.1), add(x_gpu, 0.1), "add scalar " + d);
+    expect_same_bits(mul(x, 257.0), mul(x_gpu, 257.0), "mul scalar (overflows f16) " + d);
+    expect_same_bits(div(x, 3.0), div(x_gpu, 3.0), "div scalar " + d);
+    expect_same_bits(neg(xt), neg(xt_gpu), "neg strided " + d);
+    expect_same_bits(relu(xt), relu(xt_gpu), "relu strided " + d);
+    expect_same_bits(xt.contiguous(), xt_gpu.contiguous(), "contiguous " + d);
+    expect_same_bits(full({5, 7}, 70000.0, {dtype}), full({5, 7}, 70000.0, {dtype, Device::cuda()}), "full " + d);
+    expect_same_bits(arange(-3, 7, 0.5, {dtype}), arange(-3, 7, 0.5, {dtype, Device::cuda()}), "arange " + d);
+  }
+}
+
+TEST(cuda_backend_test, exp_matches_the_cpu_within_one_unit_in_the_last_place) {
+  SKIP_WITHOUT_GPU();
+  // glibc's expf and CUDA's expf are different implementations, each within about 1 ulp of exact, so
+  // the float results may differ in the last bit (and a rounded f16/bf16 result very rarely by 1 ulp).
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    Generator gen(3);
+    const Tensor x = mul(randn({100000}, gen, {dtype}), 4.0);
+    const std::vector<double> a = exp(x).values(), b = exp(x.to(Device::cuda())).values();
+    const double eps = dtype == DType::f32 ? 0x1p-23 : dtype == DType::f16 ? 0x1p-10 : 0x1p-7;
+    int bad = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (std::fabs(a[i] - b[i]) > eps * std::fabs(a[i]) && bad++ < 5) {
+        ADD_FAILURE() << dtype_name(dtype) << " exp element " << i << ": cpu " << a[i] << " cuda " << b[i];
+      }
+    }
+  }
+}
+
+TEST(cuda_backend_test, mixing_devices_in_one_op_is_an_error_naming_both_devices) {
+  SKIP_WITHOUT_GPU();
+  const Tensor a = ones({2}), b = ones({2}, {DType::f32, Device::cuda()});
+  try {
+    add(a, b);
+    FAIL() << "expected DeviceError";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("add: expected all tensors on the same device, got cpu and cuda:0"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(cuda_backend_test, out_of_memory_says_how_much_was_asked_and_how_much_is_free) {
+  SKIP_WITHOUT_GPU();
+  try {
+    Tensor::empty({std::int64_t{1} << 48}, {DType::f32, Device::cuda()});  // 1 PiB
+    FAIL() << "expected DeviceRuntimeError";
+  } catch (const DeviceRuntimeError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cuda:0: out of memory: asked for 1125899906842624 bytes"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("MiB free of"), std::string::npos) << msg;
+  }
+  // The device is still usable afterwards.
+  EXPECT_EQ(add(ones({3}, {DType::f32, Device::cuda()}), 1.0).values(), (std::vector<double>{2, 2, 2}));
+}
+
+TEST(cuda_backend_test, a_cuda_device_beyond_the_count_is_refused_with_the_count) {
+  SKIP_WITHOUT_GPU();
+  const int n = cuda_status().device_count;
+  try {
+    backend_for(Device::cuda(n));
+    FAIL() << "expected DeviceError";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("{} CUDA device(s) found", n)), std::string::npos) << e.what();
+  }
+}
+
+TEST(cuda_backend_test, without_a_gpu_cuda_tensors_are_refused_with_the_reason) {
+  if (cuda_status().device_count > 0) GTEST_SKIP() << "a GPU is present; this checks the GPU-less error";
+  try {
+    ones({2}, {DType::f32, Device::cuda()});
+    FAIL() << "expected DeviceError";
+  } catch (const DeviceError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("device 'cuda:0' is not available: "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("hint: use device 'cpu'"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace ampscope
