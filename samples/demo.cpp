@@ -22,15 +22,17 @@ void show_rounding(Device device) {
   const Tensor f32 = from_values(values, {static_cast<std::int64_t>(values.size())}, {DType::f32, device});
   const std::vector<double> as_f16 = f32.to(DType::f16).values();
   const std::vector<double> as_bf16 = f32.to(DType::bf16).values();
-  fmt::print("{:>14}  {:>16}  {:>16}\n", "f32 input", "as f16", "as bf16");
+  const Tensor f16_bits = f32.to(DType::f16).to(Device::cpu());
+  fmt::print("{:>14}  {:>16}  {:>8}  {:>16}\n", "f32 input", "as f16", "f16 bits", "as bf16");
   for (std::size_t i = 0; i < values.size(); ++i) {
     const float x = static_cast<float>(values[i]);
+    const std::uint16_t bits = static_cast<const f16*>(f16_bits.data())[i].bits;
     std::string note;
     if (std::isinf(as_f16[i])) note = "f16 overflow -> inf";
     else if (as_f16[i] == 0) note = "f16 underflow -> 0";
     else if (std::fabs(as_f16[i]) < kF16MinNormal) note = "f16 subnormal";
-    fmt::print("{:>14}  {:>16}  {:>16}  {}\n", format_value(x, DType::f32), format_value(as_f16[i], DType::f16),
-               format_value(as_bf16[i], DType::bf16), note);
+    fmt::print("{:>14}  {:>16}  {:#06x}  {:>16}  {}\n", format_value(x, DType::f32), format_value(as_f16[i], DType::f16),
+               bits, format_value(as_bf16[i], DType::bf16), note);
   }
 }
 
