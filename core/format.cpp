@@ -21,7 +21,7 @@ bool same_in_dtype(double a, double b, DType dtype) {
 
 std::string format_value(double value, DType dtype) {
   if (dtype == DType::boolean) return value != 0 ? "true" : "false";
-  if (dtype == DType::i64) return fmt::format("{}", static_cast<std::int64_t>(value));
+  if (dtype == DType::i64) return fmt::format("{}", convert<std::int64_t>(value));  // exact below 2^53
   if (std::isnan(value)) return std::signbit(value) ? "-nan" : "nan";
   if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
   std::string text;
@@ -79,13 +79,22 @@ void format_dim(std::string& out, const std::vector<std::string>& cells, const S
 
 std::string Tensor::to_string() const {
   if (!defined()) return "tensor(undefined)";
-  const std::vector<double> v = values();
-  std::vector<std::string> cells(v.size());
+  // Formats from the stored values themselves: i64 must not pass through double (2^53 + 1, INT64_MAX).
+  const Tensor host = contiguous().to(Device::cpu());
+  std::vector<std::string> cells(static_cast<std::size_t>(numel()));
+  visit_dtype(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(host.data());
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      if constexpr (std::is_same_v<T, std::int64_t>) {
+        cells[i] = fmt::format("{}", p[i]);
+      } else {
+        cells[i] = format_value(convert<double>(p[i]), dtype());
+      }
+    }
+  });
   std::size_t width = 0;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    cells[i] = format_value(v[i], dtype());
-    width = std::max(width, cells[i].size());
-  }
+  for (const std::string& c : cells) width = std::max(width, c.size());
   std::string out = "tensor(";
   if (dim() == 0) {
     out += cells.at(0);
