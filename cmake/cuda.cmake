@@ -30,11 +30,14 @@ if(NOT _ampscope_cuda STREQUAL "OFF")
 endif()
 
 if(AMPSCOPE_WITH_CUDA)
-  # CMake 3.25 does not know nvcc's C++20 flag (platform trap 1).
+  # CMake 3.25 does not know nvcc's C++20 flag and fails at generate time ("requires CUDA20").
   set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
   set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-  # One cudart, shared, for everything (platform trap 2).
+  # One cudart, shared, for everything: otherwise the link line mixes the shared and static runtimes.
   set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  # nvcc fuses a * b + c into one FMA (one rounding) by default; the CPU backend rounds twice. The
+  # backends must round identically, so contraction is off (matrix products go through cuBLAS anyway).
+  add_compile_options("$<$<COMPILE_LANGUAGE:CUDA>:-fmad=false>")
 endif()

@@ -101,7 +101,8 @@ class Backend {
 // (a CUDA device in a build without CUDA, or on a machine without a GPU).
 Backend& backend_for(Device device);
 
-// Whether a CUDA device can be used, and if not, why (for skip messages and `ampscope` output).
+// Whether a CUDA device can be used, and if not, why (for skip messages and `ampscope` output). CUDA
+// errors 35 (no driver) and 100 (no device) both mean "no GPU".
 struct CudaStatus {
   bool compiled = false;  // built with AMPSCOPE_CUDA
   int device_count = 0;

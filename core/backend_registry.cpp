@@ -28,11 +28,12 @@ CudaStatus cuda_status() {
 
 Backend& backend_for(Device device) {
   if (device.is_cpu()) {
-    static const std::unique_ptr<Backend> cpu = make_cpu_backend();
+    // Never destroyed: a tensor with static storage may be freed after any function-local static.
+    static Backend* const cpu = make_cpu_backend().release();
     return *cpu;
   }
   static std::mutex mutex;
-  static std::map<int, std::unique_ptr<Backend>> cuda_backends;
+  static std::map<int, Backend*> cuda_backends;  // never destroyed, as the CPU backend
   const std::lock_guard<std::mutex> lock(mutex);
   if (auto it = cuda_backends.find(device.index); it != cuda_backends.end()) return *it->second;
 
@@ -47,8 +48,9 @@ Backend& backend_for(Device device) {
                                   device.str(), status.device_count, status.device_count - 1));
   }
 #if defined(AMPSCOPE_WITH_CUDA)
-  auto [it, inserted] = cuda_backends.emplace(device.index, make_cuda_backend(device.index));
-  return *it->second;
+  Backend* created = make_cuda_backend(device.index).release();
+  cuda_backends.emplace(device.index, created);
+  return *created;
 #else
   throw DeviceError(fmt::format("device '{}' is not available: {}", device.str(), status.reason));
 #endif

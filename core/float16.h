@@ -19,8 +19,8 @@
 // IEEE 754 and the x86 F16C instructions do. A signalling NaN comes back quieted (bit 9 of an f16,
 // bit 22 of a float, bit 6 of a bf16 set), which is the only way a conversion may change a NaN.
 //
-// Why not `_Float16` or `__half` here: `_Float16` in host/device code crashes nvcc (platform notes,
-// trap 5), and CUDA's intrinsics canonicalise NaNs (0x7FFF) where the CPU keeps the payload. This
+// Why not `_Float16` or `__half` here: `_Float16` in host/device code crashes nvcc (an internal
+// compiler error), and CUDA's intrinsics canonicalise NaNs (0x7FFF) where the CPU keeps the payload. This
 // bit-level code gives the same answer on both sides; tests check it against the CPU's own F16C
 // conversion for all 2^32 float inputs.
 #pragma once

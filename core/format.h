@@ -1,5 +1,5 @@
 // core/format.h: fmt formatters for Tensor, DType, Device and Shape-like vectors. Kept out of
-// tensor.h so CUDA sources (which cannot include fmt at C++20, platform notes trap 4) can use tensors.
+// tensor.h so CUDA sources (nvcc 13 fails on fmt 9 at C++20 with consteval errors) can use tensors.
 //
 //   fmt::print("{}\n", arange(3, {.dtype = DType::f16}));   // tensor([0., 1., 2.], dtype=f16, device=cpu)
 #pragma once

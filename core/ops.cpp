@@ -35,9 +35,13 @@ DType combine(DType higher, DType lower) {
 // Compute type for a result dtype: f16/bf16 math happens in float.
 DType compute_dtype(DType result) { return (result == DType::f16 || result == DType::bf16) ? DType::f32 : result; }
 
-Tensor binary(std::string_view op, Op kernel, const Tensor& a, const Tensor& b) {
+// Ops whose result is always floating (true division, exp): integer and bool inputs give the default
+// floating dtype, f32, as in PyTorch.
+DType floating_result(DType t) { return is_floating(t) ? t : DType::f32; }
+
+Tensor binary(std::string_view op, Op kernel, const Tensor& a, const Tensor& b, bool floating_only = false) {
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
-  const DType result = result_type(a, b);
+  const DType result = floating_only ? floating_result(result_type(a, b)) : result_type(a, b);
   if (a.dtype() == result && b.dtype() == result) {
     Tensor out = Tensor::empty(shape, {result, a.device()});
     run_kernel(op, kernel, out, {a, b});
@@ -59,9 +63,10 @@ Tensor binary_scalar(std::string_view op, Op kernel, const Tensor& a, double sca
   return out;
 }
 
-Tensor unary(std::string_view op, Op kernel, const Tensor& a) {
-  Tensor out = Tensor::empty(a.shape(), {a.dtype(), a.device()});
-  run_kernel(op, kernel, out, {a});
+Tensor unary(std::string_view op, Op kernel, const Tensor& a, bool floating_only = false) {
+  const DType result = floating_only ? floating_result(a.dtype()) : a.dtype();
+  Tensor out = Tensor::empty(a.shape(), {result, a.device()});
+  run_kernel(op, kernel, out, {a.to(result)});
   return out;
 }
 
@@ -81,7 +86,7 @@ DType result_type(const Tensor& a, double) {
 Tensor add(const Tensor& a, const Tensor& b) { return binary("add", Op::add, a, b); }
 Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", Op::sub, a, b); }
 Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", Op::mul, a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary("div", Op::div, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary("div", Op::div, a, b, /*floating_only=*/true); }
 
 Tensor add(const Tensor& a, double b) { return binary_scalar("add", Op::add_scalar, a, b); }
 // x - s and x + (-s) are the same IEEE operation, so subtraction reuses the add kernel.
@@ -98,6 +103,6 @@ Tensor div(const Tensor& a, double b) {
 
 Tensor neg(const Tensor& a) { return unary("neg", Op::neg, a); }
 Tensor relu(const Tensor& a) { return unary("relu", Op::relu, a); }
-Tensor exp(const Tensor& a) { return unary("exp", Op::exp, a); }
+Tensor exp(const Tensor& a) { return unary("exp", Op::exp, a, /*floating_only=*/true); }
 
 }  // namespace ampscope

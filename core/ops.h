@@ -1,4 +1,5 @@
 // core/ops.h: element-wise tensor ops (forward only; autograd arrives with the training runtime).
+// A NaN that comes out of arithmetic is the canonical quiet NaN (kernels/functors.h), on every backend.
 // Binary ops broadcast as PyTorch does and pick the result dtype with PyTorch's type promotion:
 // dimensioned tensors outrank zero-dimensional ones, which outrank plain scalars, unless the
 // lower-ranked operand is of a higher category (bool < integer < floating).
@@ -31,8 +32,10 @@ Tensor sub(const Tensor& a, double b);
 Tensor mul(const Tensor& a, double b);
 Tensor div(const Tensor& a, double b);
 
+// div(a, b) is true division: integer or bool inputs give f32, as torch.div does.
+
 Tensor neg(const Tensor& a);
-Tensor relu(const Tensor& a);  // NaN stays NaN
-Tensor exp(const Tensor& a);
+Tensor relu(const Tensor& a);  // NaN stays NaN, with its bits
+Tensor exp(const Tensor& a);   // integer or bool input gives f32, as torch.exp does
 
 }  // namespace ampscope

@@ -51,8 +51,9 @@ AMPSCOPE_HD inline PhiloxBlock philox_block(std::uint64_t seed, std::uint64_t bl
                        key);
 }
 
-// Uniform in [0, 1) from 32 random bits, with as many bits as the target's significand holds, so the
-// value is exact in the target type and rounding can never produce 1.0.
+// Uniform in [0, 1) from 32 random bits: as many bits as the target's significand holds (24 for f32,
+// 11 for f16, 8 for bf16; all 32 for f64), so the value is exact in the target type and rounding can
+// never produce 1.0.
 template <class T>
 AMPSCOPE_HD inline T uniform_from_bits(std::uint32_t x) {
   if constexpr (std::is_same_v<T, double>) {
@@ -75,16 +76,17 @@ AMPSCOPE_HD inline T uniform_at(std::uint64_t seed, std::uint64_t offset, std::u
 
 // Element i of a standard normal draw starting at `offset`: Box-Muller in double on words (0, 1) or
 // (2, 3) of the element's block, cosine branch for even i, sine branch for odd i. Computed in double and
-// rounded once to float (then to f16/bf16 where asked), so the CPU's and the GPU's libm may differ only
-// when their last-ulp double results straddle a float rounding boundary (about 1 value in 2^28).
-AMPSCOPE_HD inline double normal_at(std::uint64_t seed, std::uint64_t offset, std::uint64_t i) {
+// rounded to float for every dtype (f64 too; then to f16/bf16 where asked): the CPU's and the GPU's
+// double log/sin/cos differ in their last bits, and the float rounding hides that except when those
+// bits straddle a float rounding boundary (about 1 value in 2^27).
+AMPSCOPE_HD inline float normal_at(std::uint64_t seed, std::uint64_t offset, std::uint64_t i) {
   const PhiloxBlock b = philox_block(seed, offset + i / 4);
   const unsigned pair = static_cast<unsigned>(i % 4) / 2;
   const double u1 = (static_cast<double>(b.v[2 * pair]) + 1.0) * 0x1p-32;  // (0, 1]: log never sees 0
   const double u2 = static_cast<double>(b.v[2 * pair + 1]) * 0x1p-32;     // [0, 1)
   const double r = std::sqrt(-2.0 * std::log(u1));
   const double theta = 6.283185307179586476925286766559 * u2;
-  return (i % 2 == 0) ? r * std::cos(theta) : r * std::sin(theta);
+  return static_cast<float>((i % 2 == 0) ? r * std::cos(theta) : r * std::sin(theta));
 }
 
 }  // namespace ampscope

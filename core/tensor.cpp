@@ -194,13 +194,18 @@ void run_kernel(std::string_view op, Op kernel, const Tensor& out, std::initiali
   KernelArgs args;
   args.out = out.kernel_view();
   args.num_inputs = static_cast<int>(inputs.size());
-  int i = 0;
+  // Devices are named in argument order: the first input's (where the output lives) first.
+  const Device expected = inputs.size() > 0 ? inputs.begin()->device() : out.device();
   for (const Tensor& in : inputs) {
-    if (in.device() != out.device()) {
+    if (in.device() != expected || in.device() != out.device()) {
+      const Device other = in.device() != expected ? in.device() : out.device();
       throw DeviceError(fmt::format("{}: expected all tensors on the same device, got {} and {}\n"
                                     "hint: move one of them with .to(Device::parse(\"{}\"))",
-                                    op, in.device().str(), out.device().str(), out.device().str()));
+                                    op, expected.str(), other.str(), expected.str()));
     }
+  }
+  int i = 0;
+  for (const Tensor& in : inputs) {
     args.in.at(i++) = in.shape() == out.shape() ? in.kernel_view() : in.expand(out.shape()).kernel_view();
   }
   std::size_t s = 0;
@@ -217,6 +222,14 @@ Tensor& Tensor::copy_(const Tensor& src) {
   if (src.shape() != shape()) {
     throw ShapeError(fmt::format("copy_: source shape {} does not match destination shape {}", shape_str(src.shape()),
                                  shape_str(shape())));
+  }
+  for (std::size_t d = 0; d < shape().size(); ++d) {
+    if (strides()[d] == 0 && shape()[d] > 1) {
+      throw ShapeError(fmt::format("copy_: the destination (shape {}, strides {}) has elements that share memory "
+                                   "(an expanded view), so the result would depend on write order\n"
+                                   "hint: copy into a clone() or contiguous() tensor instead",
+                                   shape_str(shape()), shape_str(strides())));
+    }
   }
   if (src.device() == device()) {
     run_kernel("copy_", Op::copy, *this, {src});
@@ -326,7 +339,7 @@ Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t end, std::
   const auto clamp_bound = [n](std::int64_t v) { return std::clamp<std::int64_t>(v < 0 ? v + n : v, 0, n); };
   const std::int64_t s = clamp_bound(start), e = std::max(clamp_bound(end), clamp_bound(start));
   Shape sizes = shape(), strides = this->strides();
-  sizes[dd] = (e - s + step - 1) / step;
+  sizes[dd] = e > s ? 1 + (e - s - 1) / step : 0;  // ceil((e - s) / step) without overflow
   strides[dd] *= step;
   return make_view(std::move(sizes), std::move(strides), storage_offset() + s * this->strides()[dd]);
 }

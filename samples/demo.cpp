@@ -124,7 +124,7 @@ int run_demo(const DemoOptions& options) {
     fmt::print("{}\n", row);
   }
   try {
-    exp(arange(3, {DType::i64, device}));
+    neg(arange(3, {DType::i64, device}));
   } catch (const UnsupportedError& e) {
     fmt::print("asking for a missing kernel is a clean error: {}\n", e.what());
   }

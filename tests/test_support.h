@@ -3,12 +3,30 @@
 //   EXPECT_THROW_MSG(add(a, b), ShapeError, "add:", "[2, 3]", "[4]");
 #pragma once
 
+#include <cstdlib>
 #include <exception>
 #include <initializer_list>
 #include <string>
 #include <string_view>
 
 #include <gtest/gtest.h>
+
+#include "core/backend.h"
+
+// Skips a GPU test, with the reason, where no CUDA device is usable; fails it instead when the
+// environment sets AMPSCOPE_REQUIRE_GPU=1 (scripts/device-check.sh does), so a GPU machine whose driver
+// is broken cannot pass by skipping everything.
+#define SKIP_WITHOUT_GPU()                                                                          \
+  do {                                                                                              \
+    const ::ampscope::CudaStatus status_ = ::ampscope::cuda_status();                               \
+    if (status_.device_count == 0) {                                                                \
+      const char* require_ = std::getenv("AMPSCOPE_REQUIRE_GPU");                                   \
+      if (require_ != nullptr && std::string(require_) == "1") {                                    \
+        FAIL() << "AMPSCOPE_REQUIRE_GPU=1 but no usable CUDA device: " << status_.reason;          \
+      }                                                                                             \
+      GTEST_SKIP() << "no usable CUDA device: " << status_.reason;                                  \
+    }                                                                                               \
+  } while (0)
 
 // Checks that `statement` throws exactly `exception_type` (or a subclass) and that what() contains every
 // one of the given pieces; prints the whole message when a piece is missing.

@@ -121,8 +121,7 @@ void normal_kernel(Backend&, const KernelArgs& a) {
   T* out = a.out.ptr<T>();
   cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) {
-      const double z = normal_at(a.seed, a.offset, static_cast<std::uint64_t>(i));
-      out[i] = std::is_same_v<T, double> ? convert<T>(z) : convert<T>(static_cast<float>(z));
+      out[i] = convert<T>(normal_at(a.seed, a.offset, static_cast<std::uint64_t>(i)));
     }
   });
 }

@@ -145,14 +145,25 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 int cuda_device_count(std::string* reason) {
-  int count = 0;  // left untouched by the runtime when there is no driver (platform notes trap 6)
+  int count = 0;  // the runtime leaves it untouched when there is no driver
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     cudaGetLastError();
     if (reason != nullptr) {
-      const bool no_gpu = status == cudaErrorInsufficientDriver || status == cudaErrorNoDevice;
-      *reason = fmt::format("{} ({}: {})", no_gpu ? "no GPU or no NVIDIA driver on this machine" : "CUDA is not usable",
-                            cudaGetErrorName(status), cudaGetErrorString(status));
+      // Error 35 means either no driver at all (a machine without a GPU) or a driver older than this
+      // runtime needs (a GPU machine that needs a driver update); the driver version tells them apart.
+      int driver = 0, runtime = 0;
+      cudaDriverGetVersion(&driver);
+      cudaRuntimeGetVersion(&runtime);
+      std::string what = "CUDA is not usable";
+      if (status == cudaErrorNoDevice || (status == cudaErrorInsufficientDriver && driver == 0)) {
+        what = "no GPU or no NVIDIA driver on this machine";
+      } else if (status == cudaErrorInsufficientDriver) {
+        what = fmt::format("the NVIDIA driver (CUDA {}.{}) is older than this build's CUDA runtime ({}.{}); update the "
+                           "driver",
+                           driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+      }
+      *reason = fmt::format("{} ({}: {})", what, cudaGetErrorName(status), cudaGetErrorString(status));
     }
     return 0;
   }

@@ -64,8 +64,7 @@ struct NormalBody {
   TensorView out;
   std::uint64_t seed, offset;
   __device__ void operator()(std::int64_t i) const {
-    const double z = normal_at(seed, offset, static_cast<std::uint64_t>(i));
-    out.ptr<T>()[i] = std::is_same_v<T, double> ? convert<T>(z) : convert<T>(static_cast<float>(z));
+    out.ptr<T>()[i] = convert<T>(normal_at(seed, offset, static_cast<std::uint64_t>(i)));
   }
 };
 

@@ -1,6 +1,6 @@
 // kernels/cuda/cuda_launch.h: the launchers of kernels/cuda/cuda_kernels.cu, the only way into it.
 // Each takes the stream to run on and returns the launch status (cudaGetLastError) for the caller to
-// check; no exceptions cross the .cu boundary (fmt cannot be used there, platform notes trap 4).
+// check; no exceptions cross the .cu boundary (nvcc 13 fails on fmt 9 at C++20).
 #pragma once
 
 #include <cuda_runtime_api.h>

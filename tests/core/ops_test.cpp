@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -549,25 +550,36 @@ TEST(ops_test, exp_overflows_f16_at_12_but_not_f32) {
   EXPECT_EQ(ampscope::exp(from_values({12}, {1}, {.dtype = DType::bf16})).item(), 162816.0);
 }
 
-TEST(ops_test, exp_of_an_i64_tensor_has_no_kernel) {
+TEST(ops_test, exp_and_true_division_of_integers_give_f32_as_torch_does) {
+  // torch.exp(torch.tensor([1, 2])) is float32 [e, e^2]; torch.tensor([7]) / torch.tensor([2]) is 3.5.
+  const Tensor i = from_values({1, 2}, {2}, {.dtype = DType::i64});
+  const Tensor e = ampscope::exp(i);
+  EXPECT_EQ(e.dtype(), DType::f32);
+  EXPECT_EQ(e.at({0}), static_cast<double>(std::exp(1.0f)));
+  EXPECT_EQ(e.at({1}), static_cast<double>(std::exp(2.0f)));
+  EXPECT_EQ(ampscope::exp(from_values({1, 0}, {2}, {.dtype = DType::boolean})).values(),
+            (std::vector<double>{static_cast<double>(std::exp(1.0f)), 1.0}));
+  const Tensor q = ampscope::div(from_values({7}, {1}, {.dtype = DType::i64}), from_values({2}, {1}, {.dtype = DType::i64}));
+  EXPECT_EQ(q.dtype(), DType::f32);
+  EXPECT_EQ(q.item(), 3.5);
+}
+
+TEST(ops_test, an_op_without_an_integer_kernel_is_refused_with_op_dtype_and_backend) {
   const Tensor i = from_values({1, 2}, {2}, {.dtype = DType::i64});
   try {
-    (void)ampscope::exp(i);
-    ADD_FAILURE() << "exp(i64) did not throw";
+    (void)ampscope::neg(i);
+    ADD_FAILURE() << "neg(i64) did not throw";
   } catch (const ampscope::UnsupportedError& e) {
-    EXPECT_STREQ(e.what(), "op 'exp' has no i64 kernel on backend 'cpu'");
+    EXPECT_STREQ(e.what(), "op 'neg' has no i64 kernel on backend 'cpu'");
   }
-  EXPECT_THROW_MSG((ampscope::exp(from_values({1}, {1}, {.dtype = DType::boolean}))), ampscope::UnsupportedError,
-                   "op 'exp' has no bool kernel on backend 'cpu'");
+  EXPECT_THROW_MSG((ampscope::relu(from_values({1}, {1}, {.dtype = DType::boolean}))), ampscope::UnsupportedError,
+                   "op 'relu' has no bool kernel on backend 'cpu'");
 }
 
 // ---- devices and backends -----------------------------------------------------------------------
 
 TEST(ops_test, ops_on_tensors_on_different_devices_name_the_op_and_both_devices) {
-  if (ampscope::cuda_status().device_count == 0) {
-    GTEST_SKIP() << "no CUDA device (" << ampscope::cuda_status().reason
-                 << "); a tensor on a second device cannot be made";
-  }
+  SKIP_WITHOUT_GPU();  // a tensor on a second device needs a GPU
   const Tensor a = zeros({2});
   const Tensor b = zeros({2}, {.device = Device::cuda()});
   EXPECT_THROW_MSG(ampscope::add(a, b), ampscope::DeviceError, "add", "cpu", "cuda:0");
@@ -610,3 +622,47 @@ TEST(ops_test, backend_for_a_missing_gpu_throws_device_error) {
 }
 
 }  // namespace
+
+// ---- NaN bits and argument checks ---------------------------------------------------------------
+
+namespace {
+template <class Bits>
+Bits bits_at(const Tensor& t, std::int64_t i) {
+  Bits b;
+  std::memcpy(&b, static_cast<const char*>(t.data()) + i * sizeof(Bits), sizeof(Bits));
+  return b;
+}
+}  // namespace
+
+TEST(ops_test, arithmetic_that_makes_a_nan_stores_the_canonical_quiet_nan) {
+  // x86 gives 0xFFC00000 (negative) for inf - inf and an NVIDIA GPU 0x7FFFFFFF; ampscope stores the
+  // GPU's canonical NaN on both backends: 0x7FFFFFFF in f32, which rounds to 0x7FFF in f16 and bf16.
+  const double inf = std::numeric_limits<double>::infinity();
+  const Tensor a32 = from_values({inf, 0.0, inf}, {3}), b32 = from_values({inf, inf, 0.0}, {3});
+  const Tensor d = ampscope::sub(a32, b32), m = ampscope::mul(b32, a32);
+  EXPECT_EQ(bits_at<std::uint32_t>(d, 0), 0x7FFFFFFFu);  // inf - inf
+  EXPECT_EQ(bits_at<std::uint32_t>(m, 1), 0x7FFFFFFFu);  // inf * 0
+  EXPECT_EQ(bits_at<std::uint32_t>(m, 2), 0x7FFFFFFFu);  // 0 * inf
+  for (DType t : {DType::f16, DType::bf16}) {
+    const Tensor r = ampscope::sub(a32.to(t), b32.to(t));
+    EXPECT_EQ(bits_at<std::uint16_t>(r, 0), 0x7FFFu) << ampscope::dtype_name(t);
+  }
+  const Tensor r64 = ampscope::div(from_values({0.0}, {1}, {.dtype = DType::f64}), from_values({0.0}, {1}, {.dtype = DType::f64}));
+  EXPECT_EQ(bits_at<std::uint64_t>(r64, 0), 0x7FFFFFFFFFFFFFFFull);  // 0 / 0
+  // A NaN input with a payload and a negative sign comes out canonical from arithmetic...
+  Tensor payload = Tensor::empty({1}, {.dtype = DType::f16});
+  *payload.data_as<ampscope::f16>() = ampscope::f16::from_bits(0xFE01);
+  EXPECT_EQ(bits_at<std::uint16_t>(ampscope::add(payload, 1.0), 0), 0x7FFFu);
+  EXPECT_EQ(bits_at<std::uint16_t>(ampscope::neg(payload), 0), 0x7FFFu);
+  // ...but relu and copies only move it, bits intact.
+  EXPECT_EQ(bits_at<std::uint16_t>(ampscope::relu(payload), 0), 0xFE01u);
+  EXPECT_EQ(bits_at<std::uint16_t>(payload.clone(), 0), 0xFE01u);
+}
+
+TEST(ops_test, devices_in_a_mismatch_message_follow_argument_order) {
+  SKIP_WITHOUT_GPU();
+  const Tensor a = zeros({2});
+  const Tensor b = zeros({2}, {.device = Device::cuda()});
+  EXPECT_THROW_MSG(ampscope::add(a, b), ampscope::DeviceError, "add: expected all tensors on the same device, got cpu and cuda:0");
+  EXPECT_THROW_MSG(ampscope::add(b, a), ampscope::DeviceError, "add: expected all tensors on the same device, got cuda:0 and cpu");
+}

@@ -603,3 +603,30 @@ TEST(tensor_test, prints_int64_values_exactly) {
 }
 
 }  // namespace
+
+TEST(tensor_test, copy_into_an_expanded_view_is_refused_because_its_elements_overlap) {
+  Tensor base = zeros({1, 3});
+  Tensor expanded = base.expand({4, 3});
+  EXPECT_THROW_MSG(expanded.copy_(ones({4, 3})), ampscope::ShapeError, "copy_:", "[4, 3]", "[0, 1]", "hint:");
+}
+
+TEST(tensor_test, slice_with_a_huge_step_takes_the_first_element_only) {
+  const Tensor t = arange(10);
+  const Tensor s = t.slice(0, 2, 10, std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(s.shape(), (Shape{1}));
+  EXPECT_EQ(s.item(), 2.0);
+}
+
+TEST(tensor_test, arange_in_f64_is_start_plus_index_times_step_rounded_twice_not_fused) {
+  // start + i * step with a rounding after the multiply and after the add, on every backend; a fused
+  // multiply-add would round once and differ (for example at i = 5: 0.6 vs 0.6000000000000001).
+  const Tensor t = arange(0.1, 100.0, 0.1, {.dtype = DType::f64});
+  const std::vector<double> v = t.values();
+  int wrong = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    volatile double product = static_cast<double>(i) * 0.1;  // volatile: no contraction in the reference either
+    const double expected = 0.1 + product;
+    if (v[i] != expected && wrong++ < 5) ADD_FAILURE() << "element " << i << ": " << v[i] << " != " << expected;
+  }
+  EXPECT_EQ(wrong, 0);
+}
