@@ -3,7 +3,9 @@
 //   EXPECT_THROW_MSG(add(a, b), ShapeError, "add:", "[2, 3]", "[4]");
 #pragma once
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <exception>
 #include <initializer_list>
 #include <string>
@@ -48,3 +50,26 @@
     }                                                                                               \
     if (!caught_) ADD_FAILURE() << #statement " did not throw " #exception_type;                  \
   } while (0)
+
+namespace ampscope::testing {
+
+// Reference f16 rounding of a float: g++'s own host _Float16 (IEEE round-to-nearest-even, independent of
+// core/float16.h).
+inline double reference_f16(float x) { return static_cast<double>(static_cast<_Float16>(x)); }
+
+// Reference bf16 rounding of a float, written differently from core/float16.h: bf16 keeps 8 significant
+// bits, so the values around |x| are the multiples of q = 2^(e - 7), e = floor(log2 |x|) clamped at -126
+// (subnormals). |x| / q is exact in double; nearbyint rounds it to nearest even in the default rounding
+// mode. A result of 2^128 or more has overflowed to infinity. NaN, infinities and zeros pass through.
+inline double reference_bf16(float x) {
+  if (std::isnan(x) || std::isinf(x) || x == 0.0f) return x;
+  const double ax = std::fabs(static_cast<double>(x));
+  int e = std::ilogb(ax);
+  if (e < -126) e = -126;
+  const double q = std::ldexp(1.0, e - 7);
+  double r = std::nearbyint(ax / q) * q;
+  if (r >= std::ldexp(1.0, 128)) r = std::numeric_limits<double>::infinity();
+  return std::copysign(r, static_cast<double>(x));
+}
+
+}  // namespace ampscope::testing

@@ -32,24 +32,9 @@ using ampscope::bf16;
 using ampscope::convert;
 using ampscope::DType;
 using ampscope::f16;
+using ampscope::testing::reference_bf16;
+using ampscope::testing::reference_f16;
 
-// Reference f16 rounding: the compiler's own _Float16.
-double f16_ref(float x) { return static_cast<double>(static_cast<_Float16>(x)); }
-
-// Reference bf16 rounding of a float, written differently from core/float16.h: bf16 keeps 8 significant
-// bits, so the representable values around |x| are the multiples of q = 2^(e - 7), e = floor(log2 |x|)
-// (e clamped at -126 for subnormals). |x| / q is exact in double; nearbyint rounds it to nearest even
-// in the default rounding mode. Anything that rounds to 2^128 or beyond has overflowed to infinity.
-float bf16_ref(float x) {
-  if (std::isnan(x) || std::isinf(x) || x == 0.0f) return x;
-  const double ax = std::fabs(static_cast<double>(x));
-  int e = std::ilogb(ax);
-  if (e < -126) e = -126;
-  const double q = std::ldexp(1.0, e - 7);
-  double r = std::nearbyint(ax / q) * q;
-  if (r >= std::ldexp(1.0, 128)) r = std::numeric_limits<double>::infinity();
-  return static_cast<float>(std::copysign(r, static_cast<double>(x)));
-}
 
 // Hides a value from the optimiser, so conversions run at run time (as in a kernel) instead of being
 // folded at compile time, where out-of-range float-to-integer casts may fold differently.
@@ -275,7 +260,7 @@ TEST(dtype_test, f64_to_bf16_rounds_through_float_as_pytorch_does) {
   const double d = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40);
   ASSERT_EQ(static_cast<float>(d), 1.0f + std::ldexp(1.0f, -8));
   EXPECT_EQ(convert<bf16>(d).bits, 0x3F80);  // 1.0
-  EXPECT_EQ(static_cast<float>(convert<bf16>(d)), bf16_ref(static_cast<float>(d)));
+  EXPECT_EQ(static_cast<float>(convert<bf16>(d)), reference_bf16(static_cast<float>(d)));
 }
 
 TEST(dtype_test, float_to_f16_matches_the_compiler_on_boundary_values) {
@@ -286,7 +271,7 @@ TEST(dtype_test, float_to_f16_matches_the_compiler_on_boundary_values) {
   int shown = 0;
   for (float x : inputs) {
     const double ours = static_cast<double>(static_cast<float>(convert<f16>(x)));
-    const double ref = f16_ref(x);
+    const double ref = reference_f16(x);
     const bool same = ours == ref && std::signbit(ours) == std::signbit(ref);
     if (!same && shown++ < 5) ADD_FAILURE() << "convert<f16>(" << x << "): reference " << ref << ", ours " << ours;
   }
@@ -300,14 +285,14 @@ TEST(dtype_test, float_to_bf16_matches_the_separate_reference) {
   int shown = 0;
   for (float x : inputs) {
     const float ours = static_cast<float>(convert<bf16>(x));
-    const float ref = bf16_ref(x);
+    const float ref = reference_bf16(x);
     const bool same = ours == ref && std::signbit(ours) == std::signbit(ref);
     if (!same && shown++ < 5) ADD_FAILURE() << "convert<bf16>(" << x << "): reference " << ref << ", ours " << ours;
   }
   EXPECT_EQ(shown, 0);
   // Hand-checked anchors: 257 is the tie between 256 and 258 (spacing 2 in [256, 512)): the even 256.
-  EXPECT_EQ(bf16_ref(257.0f), 256.0f);
-  EXPECT_EQ(bf16_ref(259.0f), 260.0f);
+  EXPECT_EQ(reference_bf16(257.0f), 256.0f);
+  EXPECT_EQ(reference_bf16(259.0f), 260.0f);
   EXPECT_TRUE(std::isnan(static_cast<float>(convert<bf16>(std::nanf("")))));
 }
 

@@ -4,7 +4,7 @@
 // Where the expected values come from:
 //   * every output element is recomputed in this file from the exact input values: f64 in double, f32 in
 //     float, f16 as (_Float16)((float)a op (float)b) with g++'s host _Float16 (IEEE round-to-nearest-
-//     even, independent of core/float16.h), bf16 as a separate reference rounding (bf16_ref below, in
+//     even, independent of core/float16.h), bf16 as a separate reference rounding (reference_bf16 in tests/test_support.h, in
 //     double arithmetic) of the float result: widen, compute in float, round once, as on the GPU;
 //   * inputs are generated as values already exact in their dtype (rounded by the same references), so
 //     creating the tensor does not blur what is being checked;
@@ -39,34 +39,21 @@ using ampscope::from_values;
 using ampscope::Shape;
 using ampscope::Tensor;
 using ampscope::zeros;
+using ampscope::testing::reference_bf16;
+using ampscope::testing::reference_f16;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // ---- references ---------------------------------------------------------------------------------
 
-double f16_round(float x) { return static_cast<double>(static_cast<_Float16>(x)); }
-
-// bf16 rounding of a float, independent of core/float16.h: bf16 keeps 8 significant bits, so the values
-// around |x| are the multiples of q = 2^(e - 7), e = floor(log2 |x|) clamped at -126 (subnormals). |x| / q
-// is exact in double; nearbyint rounds to nearest even. A result of 2^128 or more has overflowed.
-double bf16_round(float x) {
-  if (std::isnan(x) || std::isinf(x) || x == 0.0f) return x;
-  const double ax = std::fabs(static_cast<double>(x));
-  int e = std::ilogb(ax);
-  if (e < -126) e = -126;
-  const double q = std::ldexp(1.0, e - 7);
-  double r = std::nearbyint(ax / q) * q;
-  if (r >= std::ldexp(1.0, 128)) r = kInf;
-  return std::copysign(r, static_cast<double>(x));
-}
 
 // Rounds a double to dtype `t` the way an exactly representable input is made (f64 -> f32 -> half).
 double round_to(DType t, double x) {
   switch (t) {
     case DType::f64: return x;
     case DType::f32: return static_cast<float>(x);
-    case DType::f16: return f16_round(static_cast<float>(x));
-    case DType::bf16: return bf16_round(static_cast<float>(x));
+    case DType::f16: return reference_f16(static_cast<float>(x));
+    case DType::bf16: return reference_bf16(static_cast<float>(x));
     default: return x;
   }
 }
@@ -99,8 +86,8 @@ double reference(BinOp op, DType t, double a, double b) {
   const float r = apply(op, static_cast<float>(a), static_cast<float>(b));
   switch (t) {
     case DType::f32: return r;
-    case DType::f16: return f16_round(r);
-    case DType::bf16: return bf16_round(r);
+    case DType::f16: return reference_f16(r);
+    case DType::bf16: return reference_bf16(r);
     default: return r;
   }
 }
@@ -289,7 +276,7 @@ TEST(ops_test, f16_results_round_once_from_float) {
   const Tensor c = from_values({0.1}, {1}, {.dtype = DType::f16});
   const Tensor three = from_values({3.0}, {1}, {.dtype = DType::f16});
   EXPECT_EQ(ampscope::mul(c, three).item(), 0.2998046875);
-  EXPECT_EQ(f16_round(static_cast<float>(0.0999755859375 * 3)), 0.2998046875);
+  EXPECT_EQ(reference_f16(static_cast<float>(0.0999755859375 * 3)), 0.2998046875);
 }
 
 TEST(ops_test, f16_addition_overflows_to_infinity) {
@@ -309,7 +296,7 @@ TEST(ops_test, f16_addition_overflows_to_infinity) {
   EXPECT_EQ(c.item(), 59904.0);
   EXPECT_EQ(d.item(), 9984.0);
   EXPECT_EQ(ampscope::add(c, d).item(), 69632.0);
-  EXPECT_EQ(bf16_round(70000.0f), 70144.0);
+  EXPECT_EQ(reference_bf16(70000.0f), 70144.0);
 }
 
 // ---- scalar forms -------------------------------------------------------------------------------
@@ -326,8 +313,8 @@ TEST(ops_test, mul_of_f16_by_a_scalar_keeps_the_scalar_in_float) {
   std::size_t differs_from_f16_scalar = 0;
   const float h01 = static_cast<float>(static_cast<_Float16>(0.1f));
   for (std::size_t i = 0; i < n; ++i) {
-    ref[i] = f16_round(static_cast<float>(x[i]) * 0.1f);
-    if (!same_value(ref[i], f16_round(static_cast<float>(x[i]) * h01))) ++differs_from_f16_scalar;
+    ref[i] = reference_f16(static_cast<float>(x[i]) * 0.1f);
+    if (!same_value(ref[i], reference_f16(static_cast<float>(x[i]) * h01))) ++differs_from_f16_scalar;
   }
   ASSERT_GT(differs_from_f16_scalar, 0u);
   expect_values(c.values(), ref, "mul(f16, 0.1)");
@@ -339,8 +326,8 @@ TEST(ops_test, add_and_sub_of_a_scalar_compute_in_float_and_round_once) {
   const Tensor h = from_values(x, {static_cast<std::int64_t>(n)}, {.dtype = DType::f16});
   std::vector<double> ref_add(n), ref_sub(n);
   for (std::size_t i = 0; i < n; ++i) {
-    ref_add[i] = f16_round(static_cast<float>(x[i]) + 0.1f);
-    ref_sub[i] = f16_round(static_cast<float>(x[i]) - 0.1f);
+    ref_add[i] = reference_f16(static_cast<float>(x[i]) + 0.1f);
+    ref_sub[i] = reference_f16(static_cast<float>(x[i]) - 0.1f);
   }
   expect_values(ampscope::add(h, 0.1).values(), ref_add, "add(f16, 0.1)");
   expect_values(ampscope::sub(h, 0.1).values(), ref_sub, "sub(f16, 0.1)");
@@ -348,7 +335,7 @@ TEST(ops_test, add_and_sub_of_a_scalar_compute_in_float_and_round_once) {
   const std::vector<double> y = make_inputs(n, DType::bf16, 9);
   const Tensor b = from_values(y, {static_cast<std::int64_t>(n)}, {.dtype = DType::bf16});
   std::vector<double> ref_b(n);
-  for (std::size_t i = 0; i < n; ++i) ref_b[i] = bf16_round(static_cast<float>(y[i]) - 0.3f);
+  for (std::size_t i = 0; i < n; ++i) ref_b[i] = reference_bf16(static_cast<float>(y[i]) - 0.3f);
   expect_values(ampscope::sub(b, 0.3).values(), ref_b, "sub(bf16, 0.3)");
   EXPECT_EQ(ampscope::sub(b, 0.3).dtype(), DType::bf16);
 
@@ -396,8 +383,8 @@ TEST(ops_test, div_by_a_scalar_multiplies_by_the_reciprocal_in_the_compute_type)
   const Tensor h = from_values(xh, {static_cast<std::int64_t>(n)}, {.dtype = DType::f16});
   std::vector<double> ref_h(n), ref_h7(n);
   for (std::size_t i = 0; i < n; ++i) {
-    ref_h[i] = f16_round(static_cast<float>(xh[i]) * r3);
-    ref_h7[i] = f16_round(static_cast<float>(xh[i]) * (1.0f / 0.7f));
+    ref_h[i] = reference_f16(static_cast<float>(xh[i]) * r3);
+    ref_h7[i] = reference_f16(static_cast<float>(xh[i]) * (1.0f / 0.7f));
   }
   expect_values(ampscope::div(h, 3.0).values(), ref_h, "div(f16, 3)");
   expect_values(ampscope::div(h, 0.7).values(), ref_h7, "div(f16, 0.7)");
@@ -417,7 +404,7 @@ TEST(ops_test, scalar_ops_on_a_large_strided_tensor_match_the_reference) {
   const Tensor c = ampscope::mul(a, 0.1);
   std::vector<double> ref(R * C);
   for (int i = 0; i < C; ++i)
-    for (int j = 0; j < R; ++j) ref[i * R + j] = f16_round(static_cast<float>(x[j * C + i]) * 0.1f);
+    for (int j = 0; j < R; ++j) ref[i * R + j] = reference_f16(static_cast<float>(x[j * C + i]) * 0.1f);
   expect_values(c.values(), ref, "mul(f16 transposed, 0.1)");
 }
 
@@ -470,10 +457,10 @@ TEST(ops_test, i64_plus_f16_is_f16_rounded_once_from_float) {
   const Tensor h = from_values({0.5, 0.1, 1.0, -16777216}, {4}, {.dtype = DType::f16});
   const Tensor c = ampscope::add(i, h);
   EXPECT_EQ(c.dtype(), DType::f16);
-  const double h01 = f16_round(0.1f);
+  const double h01 = reference_f16(0.1f);
   // -16777216 is far beyond f16's range: the f16 operand is -inf, so the last sum is -inf.
   expect_values(c.values(),
-                {2050.0, f16_round(3.0f + static_cast<float>(h01)), f16_round(-69999.0f), -kInf},
+                {2050.0, reference_f16(3.0f + static_cast<float>(h01)), reference_f16(-69999.0f), -kInf},
                 "i64 + f16");
   EXPECT_EQ(c.at({0}), 2050.0);
 }
@@ -537,9 +524,9 @@ TEST(ops_test, exp_overflows_f16_at_12_but_not_f32) {
   // Against the library exp rounded by _Float16, over a range of inputs.
   std::vector<double> in, ref;
   for (int k = -200; k <= 200; ++k) {
-    const double v = f16_round(k * 0.0625f);
+    const double v = reference_f16(k * 0.0625f);
     in.push_back(v);
-    ref.push_back(f16_round(std::exp(static_cast<float>(v))));
+    ref.push_back(reference_f16(std::exp(static_cast<float>(v))));
   }
   expect_values(ampscope::exp(from_values(in, {401}, {.dtype = DType::f16})).values(), ref, "exp f16 sweep");
 
