@@ -102,7 +102,8 @@ class Backend {
 Backend& backend_for(Device device);
 
 // Whether a CUDA device can be used, and if not, why (for skip messages and `ampscope` output). CUDA
-// errors 35 (no driver) and 100 (no device) both mean "no GPU".
+// error 100 (no device) and error 35 without a driver mean "no GPU"; error 35 with a driver installed
+// means the driver is older than the runtime, and `reason` says so.
 struct CudaStatus {
   bool compiled = false;  // built with AMPSCOPE_CUDA
   int device_count = 0;

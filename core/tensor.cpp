@@ -196,6 +196,7 @@ void run_kernel(std::string_view op, Op kernel, const Tensor& out, std::initiali
   args.num_inputs = static_cast<int>(inputs.size());
   // Devices are named in argument order: the first input's (where the output lives) first.
   const Device expected = inputs.size() > 0 ? inputs.begin()->device() : out.device();
+  int i = 0;
   for (const Tensor& in : inputs) {
     if (in.device() != expected || in.device() != out.device()) {
       const Device other = in.device() != expected ? in.device() : out.device();
@@ -203,9 +204,6 @@ void run_kernel(std::string_view op, Op kernel, const Tensor& out, std::initiali
                                     "hint: move one of them with .to(Device::parse(\"{}\"))",
                                     op, expected.str(), other.str(), expected.str()));
     }
-  }
-  int i = 0;
-  for (const Tensor& in : inputs) {
     args.in.at(i++) = in.shape() == out.shape() ? in.kernel_view() : in.expand(out.shape()).kernel_view();
   }
   std::size_t s = 0;

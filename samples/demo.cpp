@@ -20,13 +20,13 @@ void show_rounding(Device device) {
   section("FP32 values stored as FP16 and BF16 (IEEE round-to-nearest-even)");
   const std::vector<double> values = {1.0, 0.1, 65504.0, 65519.0, 65520.0, 70000.0, 6.0e-5, 1.0e-7, 2.0e-8, 3.0e38};
   const Tensor f32 = from_values(values, {static_cast<std::int64_t>(values.size())}, {DType::f32, device});
-  const std::vector<double> as_f16 = f32.to(DType::f16).values();
+  const Tensor f16_host = f32.to(DType::f16).to(Device::cpu());
+  const std::vector<double> as_f16 = f16_host.values();
   const std::vector<double> as_bf16 = f32.to(DType::bf16).values();
-  const Tensor f16_bits = f32.to(DType::f16).to(Device::cpu());
   fmt::print("{:>14}  {:>16}  {:>8}  {:>16}\n", "f32 input", "as f16", "f16 bits", "as bf16");
   for (std::size_t i = 0; i < values.size(); ++i) {
     const float x = static_cast<float>(values[i]);
-    const std::uint16_t bits = static_cast<const f16*>(f16_bits.data())[i].bits;
+    const std::uint16_t bits = static_cast<const f16*>(f16_host.data())[i].bits;
     std::string note;
     if (std::isinf(as_f16[i])) note = "f16 overflow -> inf";
     else if (as_f16[i] == 0) note = "f16 underflow -> 0";
