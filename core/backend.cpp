@@ -8,20 +8,11 @@ namespace ampscope {
 
 std::string_view op_name(Op op) {
   switch (op) {
-    case Op::fill: return "fill";
-    case Op::copy: return "copy";
-    case Op::arange: return "arange";
-    case Op::uniform: return "uniform";
-    case Op::normal: return "normal";
-    case Op::add: return "add";
-    case Op::sub: return "sub";
-    case Op::mul: return "mul";
-    case Op::div: return "div";
-    case Op::add_scalar: return "add_scalar";
-    case Op::mul_scalar: return "mul_scalar";
-    case Op::neg: return "neg";
-    case Op::relu: return "relu";
-    case Op::exp: return "exp";
+#define AMPSCOPE_OP_NAME(name) \
+  case Op::name:               \
+    return #name;
+    AMPSCOPE_OPS(AMPSCOPE_OP_NAME)
+#undef AMPSCOPE_OP_NAME
     case Op::kCount: break;
   }
   return "?";

@@ -23,36 +23,81 @@
 
 namespace ampscope {
 
-// Every op a backend can implement. Add an op here, in op_name() and in the backends that have it.
+// Every op a backend can implement, as an X-macro so the enum and op_name() cannot drift apart.
+// Add an op here and in the backends that have it. Inputs are in[0], in[1], ...; a second or third
+// output goes in aux[0], aux[1]. Integer parameters (kernel sizes, strides) travel as exact doubles.
+#define AMPSCOPE_OPS(X)                                                                                       \
+  /* creation and movement */                                                                                 \
+  X(fill)          /* out[i] = scalars[0] */                                                                  \
+  X(copy)          /* out[i] = convert(in[0][i]): strided copy and dtype cast in one */                       \
+  X(arange)        /* out[i] = scalars[0] + i * scalars[1] */                                                 \
+  X(uniform)       /* out[i] = uniform [0, 1) from the Philox stream (seed, offset) */                        \
+  X(normal)        /* out[i] = standard normal from the Philox stream (seed, offset) */                       \
+  /* element-wise, inputs broadcast to out's shape; scalars in the compute type */                           \
+  X(add) X(sub) X(mul) X(div)                                                                                 \
+  X(add_scalar)    /* in[0] + scalars[0] */                                                                   \
+  X(mul_scalar)    /* in[0] * scalars[0] */                                                                   \
+  X(neg) X(relu) X(exp) X(log) X(sqrt) X(rsqrt) X(sigmoid) X(tanh)                                            \
+  X(gelu)          /* scalars[0]: 0 = erf form, 1 = tanh form */                                              \
+  X(pow_scalar)    /* in[0] ** scalars[0] */                                                                  \
+  X(clamp)         /* min(max(in[0], scalars[0]), scalars[1]); +-inf for an absent bound; NaN kept */         \
+  X(where)         /* in[0] (bool) ? in[1] : in[2] */                                                         \
+  X(masked_fill)   /* in[1] (bool) ? scalars[0] : in[0] */                                                    \
+  X(relu_backward)     /* (g, x): x > 0 ? g : 0 */                                                            \
+  X(gelu_backward)     /* (g, x), scalars[0] as gelu */                                                       \
+  X(sigmoid_backward)  /* (g, y): g * y * (1 - y) */                                                          \
+  X(tanh_backward)     /* (g, y): g * (1 - y * y) */                                                          \
+  X(sqrt_backward)     /* (g, y): g / (2 * y) */                                                              \
+  X(rsqrt_backward)    /* (g, y): -0.5 * g * y * y * y */                                                     \
+  X(pow_backward)      /* (g, x): g * p * x ** (p - 1), p = scalars[0] */                                     \
+  X(clamp_backward)    /* (g, x): lo <= x <= hi ? g : 0 */                                                    \
+  X(bce)               /* (p, y): -(y log p + (1 - y) log(1 - p)), each log clamped at -100 */                \
+  X(bce_backward)      /* (g, p, y): g (p - y) / max(p (1 - p), 1e-12) */                                     \
+  X(bce_logits)        /* (x, y): (1 - y) x + log(1 + exp(-x)), computed stably */                             \
+  X(bce_logits_backward) /* (g, x, y): g (sigmoid(x) - y) */                                                  \
+  X(dropout)           /* in[0] x; out x * keep / (1 - p), aux[0] keep mask (bool); p = scalars[0] */         \
+  X(masked_scale)      /* (g, mask): mask ? g * scalars[0] : 0 */                                             \
+  /* rows: in[0] is a contiguous [rows, cols] tensor; the reduced or normalised dimension is last */         \
+  X(sum_rows)          /* out[r] = sum_c in[r, c] * scalars[0] / scalars[1] (mean: PyTorch's factor, 1) */  \
+  X(argmax_rows)       /* out[r] (i64) = first index of the largest value (NaN counts as largest) */          \
+  X(softmax_rows) X(log_softmax_rows)                                                                         \
+  X(softmax_backward_rows)      /* (g, y): y (g - sum(g y)) */                                                \
+  X(log_softmax_backward_rows)  /* (g, y): g - exp(y) sum(g) */                                               \
+  X(layer_norm_rows)   /* (x, w?, b?) -> out y, aux[0] mean, aux[1] rstd (acc type); scalars[0] eps */       \
+  X(layer_norm_backward_rows)   /* (g, x, mean, rstd, w?) -> out dx */                                        \
+  X(layer_norm_param_grad)      /* (g, x, mean, rstd) -> out dw, aux[0] db, summed over rows */               \
+  /* matrix products and windows */                                                                           \
+  X(gemm)              /* out[b] = in[0][b] @ in[1][b] (+ in[2] bias: scalars[0] 0 per column, 1 per row) */ \
+  X(im2col)            /* x [N,C,H,W] -> cols [N, C*KH*KW, OH*OW]; scalars kh kw sh sw ph pw */               \
+  X(col2im)            /* cols -> dx [N,C,H,W], summed per input element; same scalars */                     \
+  X(max_pool2d)        /* x -> out y, aux[0] argmax (i64, within the H*W plane); same scalars */              \
+  X(max_pool2d_backward) /* (g, argmax) -> dx [N,C,H,W] */                                                    \
+  X(embedding)         /* (weight [V,D], index (i64) [n]) -> [n, D] */                                        \
+  X(embedding_backward) /* (g [n,D], index) -> [V, D], summed per row in index order */                        \
+  X(nll_rows)          /* (logp [N,C], target (i64) [N]) -> [N]: -logp[i, t_i], 0 where t_i = scalars[0] */   \
+  X(nll_backward_rows) /* (g [N], target) -> [N,C]: -g_i / scalars[1] at t_i, else 0; scalars[0] ignore */
+
 enum class Op : std::uint16_t {
-  fill,     // out[i] = scalars[0]
-  copy,     // out[i] = convert(in[0][i]): strided copy and dtype cast in one
-  arange,   // out[i] = scalars[0] + i * scalars[1]
-  uniform,  // out[i] = uniform [0, 1) from the Philox stream (seed, offset)
-  normal,   // out[i] = standard normal from the Philox stream (seed, offset)
-  add,      // out = in[0] + in[1]
-  sub,      // out = in[0] - in[1]
-  mul,      // out = in[0] * in[1]
-  div,      // out = in[0] / in[1]
-  add_scalar,  // out = in[0] + scalars[0], the scalar in the compute type
-  mul_scalar,  // out = in[0] * scalars[0], the scalar in the compute type
-  neg,      // out = -in[0]
-  relu,     // out = max(in[0], 0), NaN kept
-  exp,      // out = exp(in[0])
+#define AMPSCOPE_OP_ENUM(name) name,
+  AMPSCOPE_OPS(AMPSCOPE_OP_ENUM)
+#undef AMPSCOPE_OP_ENUM
   kCount
 };
 inline constexpr int kNumOps = static_cast<int>(Op::kCount);
 
 std::string_view op_name(Op op);
 
-// The arguments of one kernel call. Inputs are already broadcast to the output's shape (stride 0 on
-// broadcast dimensions) and on the backend's device; the output is allocated by the caller and is
-// contiguous for every op but fill and copy, which also write into strided views.
+// The arguments of one kernel call. For element-wise ops the inputs are already broadcast to the
+// output's shape (stride 0 on broadcast dimensions) and the output is contiguous (fill and copy also
+// write into strided views). Other ops document their shapes above; a missing optional input has
+// data == nullptr. gemm: in[0] is [B, M, K], in[1] is [B, K, N], any strides (a batch stride of 0
+// shares one matrix); out is [B, M, N] contiguous; products accumulate in float (double for f64).
 struct KernelArgs {
   TensorView out;
-  std::array<TensorView, 3> in{};
+  std::array<TensorView, 2> aux{};
+  std::array<TensorView, 5> in{};
   int num_inputs = 0;
-  std::array<double, 4> scalars{};
+  std::array<double, 8> scalars{};
   std::uint64_t seed = 0;    // random ops: Philox key
   std::uint64_t offset = 0;  // random ops: first Philox block
 };

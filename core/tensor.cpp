@@ -9,14 +9,28 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/autograd.h"
 #include "core/convert.h"
 #include "core/error.h"
+#include "core/ops.h"
 
 namespace ampscope {
 
 std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 namespace {
+
+// Whether an op on t would be recorded (the cheap test, before any lambda is built).
+bool tracks(const Tensor& t) { return grad_enabled() && t.requires_grad(); }
+
+// In-place writes into a tensor that is part of a graph would silently change what backward computes.
+void check_in_place(const Tensor& t, std::string_view op) {
+  if (tracks(t)) {
+    throw Error(fmt::format("{}: {} requires grad; writing into it in place would corrupt the autograd graph\n"
+                            "hint: do the update inside a NoGradGuard (as optimizers do), or on a detach()ed copy",
+                            op, t.name().empty() ? "the tensor" : fmt::format("'{}'", t.name())));
+  }
+}
 
 Shape contiguous_strides(const Shape& sizes) {
   Shape strides(sizes.size());
@@ -214,9 +228,54 @@ void run_kernel(std::string_view op, Op kernel, const Tensor& out, std::initiali
   backend_for(out.device()).run(kernel, out.dtype(), args);
 }
 
+void run_kernel_general(std::string_view op, Op kernel, std::initializer_list<Tensor> outputs,
+                        std::initializer_list<Tensor> inputs, std::initializer_list<double> scalars,
+                        std::uint64_t seed, std::uint64_t offset) {
+  if (outputs.size() == 0 || outputs.size() > 3 || inputs.size() > 5 || scalars.size() > 8) {
+    throw Error(fmt::format("{}: run_kernel_general takes 1-3 outputs, up to 5 inputs and 8 scalars", op));
+  }
+  const Tensor& first = *outputs.begin();
+  const Device device = first.device();
+  KernelArgs args;
+  int i = 0;
+  for (const Tensor& t : outputs) {
+    if (t.device() != device) {
+      throw DeviceError(fmt::format("{}: expected all tensors on {}, got one on {}", op, device.str(), t.device().str()));
+    }
+    if (i == 0) {
+      args.out = t.kernel_view();
+    } else {
+      args.aux.at(i - 1) = t.kernel_view();
+    }
+    ++i;
+  }
+  i = 0;
+  for (const Tensor& t : inputs) {
+    if (t.defined()) {
+      if (t.device() != device) {
+        throw DeviceError(fmt::format("{}: expected all tensors on the same device, got {} and {}\n"
+                                      "hint: move one of them with .to(Device::parse(\"{}\"))",
+                                      op, device.str(), t.device().str(), device.str()));
+      }
+      args.in.at(i) = t.kernel_view();
+    }
+    ++i;
+  }
+  args.num_inputs = static_cast<int>(inputs.size());
+  std::size_t s = 0;
+  for (double v : scalars) args.scalars.at(s++) = v;
+  args.seed = seed;
+  args.offset = offset;
+  bool empty = true;
+  for (const Tensor& t : outputs) empty = empty && t.numel() == 0;
+  if (empty) return;
+  backend_for(device).run(kernel, first.dtype(), args);
+}
+
 // ---- copies and conversions ----
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  check_in_place(*this, "copy_");
   if (src.shape() != shape()) {
     throw ShapeError(fmt::format("copy_: source shape {} does not match destination shape {}", shape_str(src.shape()),
                                  shape_str(shape())));
@@ -248,18 +307,33 @@ Tensor Tensor::contiguous() const {
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), {dtype(), device()});
   run_kernel("clone", Op::copy, out, {*this});
-  return out;
+  if (!tracks(*this)) return out;
+  return autograd::record("clone", out, {*this}, [](const Tensor& g, const std::vector<bool>&) {
+    return std::vector<Tensor>{g};
+  });
 }
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
   Tensor out = empty(shape(), {target, device()});
   run_kernel("to", Op::copy, out, {*this});
-  return out;
+  if (!tracks(*this)) return out;
+  // A cast's backward casts the gradient back: an f32 parameter used through an f16 cast gets an f32 grad.
+  const DType source = dtype();
+  return autograd::record("to", out, {*this}, [source](const Tensor& g, const std::vector<bool>&) {
+    return std::vector<Tensor>{g.to(source)};
+  });
 }
 
 Tensor Tensor::to(Device target) const {
   if (target == device()) return *this;
+  if (tracks(*this)) {
+    const Device source = device();
+    Tensor out = detach().to(target);
+    return autograd::record("to", out, {*this}, [source](const Tensor& g, const std::vector<bool>&) {
+      return std::vector<Tensor>{g.to(source)};
+    });
+  }
   const Tensor src = contiguous();
   Tensor out = empty(shape(), {dtype(), target});
   const std::size_t nbytes = static_cast<std::size_t>(numel()) * dtype_size(dtype());
@@ -276,6 +350,7 @@ Tensor Tensor::to(Device target) const {
 }
 
 Tensor& Tensor::fill_(double value) {
+  check_in_place(*this, "fill_");
   run_kernel("fill_", Op::fill, *this, {}, {value});
   return *this;
 }
@@ -291,14 +366,14 @@ Tensor Tensor::view(const Shape& requested) const {
                                  "hint: use reshape(), which copies when it must, or call contiguous() first",
                                  shape_str(shape()), shape_str(this->strides()), shape_str(sizes)));
   }
-  return make_view(sizes, std::move(*strides), storage_offset());
+  return view_result("view", make_view(sizes, std::move(*strides), storage_offset()));
 }
 
 Tensor Tensor::reshape(const Shape& requested) const {
   const Shape sizes = infer_shape(requested, numel(), "reshape", shape());
   check_shape(sizes, "reshape");
   if (std::optional<Shape> strides = view_strides(shape(), this->strides(), sizes)) {
-    return make_view(sizes, std::move(*strides), storage_offset());
+    return view_result("reshape", make_view(sizes, std::move(*strides), storage_offset()));
   }
   return clone().view(sizes);
 }
@@ -309,7 +384,11 @@ Tensor Tensor::transpose(std::int64_t d0, std::int64_t d1) const {
   Shape sizes = shape(), strides = this->strides();
   std::swap(sizes[a], sizes[b]);
   std::swap(strides[a], strides[b]);
-  return make_view(std::move(sizes), std::move(strides), storage_offset());
+  Tensor out = make_view(std::move(sizes), std::move(strides), storage_offset());
+  if (!tracks(*this)) return out;
+  return autograd::record("transpose", out, {*this}, [a, b](const Tensor& g, const std::vector<bool>&) {
+    return std::vector<Tensor>{g.transpose(a, b)};
+  });
 }
 
 Tensor Tensor::permute(const Shape& dims) const {
@@ -326,7 +405,13 @@ Tensor Tensor::permute(const Shape& dims) const {
     sizes[i] = shape()[d];
     strides[i] = this->strides()[d];
   }
-  return make_view(std::move(sizes), std::move(strides), storage_offset());
+  Tensor out = make_view(std::move(sizes), std::move(strides), storage_offset());
+  if (!tracks(*this)) return out;
+  Shape inverse(dims.size());
+  for (std::size_t i = 0; i < dims.size(); ++i) inverse[wrap_dim(dims[i], dim(), "permute", shape())] = static_cast<std::int64_t>(i);
+  return autograd::record("permute", out, {*this}, [inverse](const Tensor& g, const std::vector<bool>&) {
+    return std::vector<Tensor>{g.permute(inverse)};
+  });
 }
 
 Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t end, std::int64_t step) const {
@@ -339,7 +424,15 @@ Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t end, std::
   Shape sizes = shape(), strides = this->strides();
   sizes[dd] = e > s ? 1 + (e - s - 1) / step : 0;  // ceil((e - s) / step) without overflow
   strides[dd] *= step;
-  return make_view(std::move(sizes), std::move(strides), storage_offset() + s * this->strides()[dd]);
+  Tensor out = make_view(std::move(sizes), std::move(strides), storage_offset() + s * this->strides()[dd]);
+  if (!tracks(*this)) return out;
+  const Shape input_shape = shape();
+  const DType input_dtype = dtype();
+  return autograd::record("slice", out, {*this}, [=](const Tensor& g, const std::vector<bool>&) {
+    Tensor grad = zeros(input_shape, {input_dtype, g.device()});
+    grad.slice(dd, s, e, step).copy_(g);
+    return std::vector<Tensor>{grad};
+  });
 }
 
 Tensor Tensor::expand(const Shape& target) const {
@@ -360,7 +453,20 @@ Tensor Tensor::expand(const Shape& target) const {
                                    shape_str(shape()), shape_str(target), src, shape()[src], target[i]));
     }
   }
-  return make_view(target, std::move(strides), storage_offset());
+  Tensor out = make_view(target, std::move(strides), storage_offset());
+  if (!tracks(*this)) return out;
+  const Shape input_shape = shape();
+  return autograd::record("expand", out, {*this}, [input_shape](const Tensor& g, const std::vector<bool>&) {
+    return std::vector<Tensor>{sum_to(g, input_shape)};
+  });
+}
+
+Tensor Tensor::view_result(std::string_view op, const Tensor& out) const {
+  if (!tracks(*this)) return out;
+  const Shape input_shape = shape();
+  return autograd::record(op, out, {*this}, [input_shape](const Tensor& g, const std::vector<bool>&) {
+    return std::vector<Tensor>{g.reshape(input_shape)};
+  });
 }
 
 // ---- element access ----
@@ -423,6 +529,7 @@ double Tensor::at(std::initializer_list<std::int64_t> index) const {
 }
 
 void Tensor::set(std::initializer_list<std::int64_t> index, double value) {
+  check_in_place(*this, "set");
   write_element(*impl().storage, dtype(), element_offset(index, "set"), value);
 }
 

@@ -56,6 +56,11 @@ class Storage {
   void* data_;
 };
 
+namespace autograd {
+struct Meta;
+class Node;
+}  // namespace autograd
+
 namespace detail {
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
@@ -63,7 +68,12 @@ struct TensorImpl {
   Shape sizes;
   Shape strides;  // in elements
   DType dtype = DType::f32;
+  std::shared_ptr<autograd::Meta> autograd;  // null for tensors that never took part in autograd
 };
+}  // namespace detail
+
+namespace detail {
+struct TensorAccess;  // core's internal access to a Tensor's impl (autograd)
 }  // namespace detail
 
 class Tensor {
@@ -118,10 +128,33 @@ class Tensor {
 
   std::string to_string() const;  // PyTorch-like, with dtype and device
 
+  // ---- autograd (core/autograd.h has the engine) ----
+  // A leaf is a tensor no recorded op produced; only floating leaves can require grad. Ops on tensors
+  // that require grad record a node while grad mode is on (see NoGradGuard).
+  bool requires_grad() const;
+  Tensor& requires_grad_(bool on = true);  // leaves only; throws on non-floating dtypes
+  bool is_leaf() const;
+  std::shared_ptr<autograd::Node> grad_fn() const;  // null for leaves
+  // The accumulated gradient of a leaf (undefined until a backward() reaches it).
+  Tensor grad() const;
+  void set_grad(const Tensor& grad);  // undefined clears it
+  // A name shown in autograd and optimizer errors; modules set it to the parameter's path.
+  const std::string& name() const;
+  Tensor& set_name(std::string name);
+  // The same data, cut from the graph: a new leaf that does not require grad.
+  Tensor detach() const;
+  // Back-propagates from this tensor. A non-scalar needs `gradient` (same shape). The graph is freed
+  // afterwards unless retain_graph is true; a second backward() through a freed graph throws.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  // Identity of the underlying tensor object (the same for copies of this handle, not for views).
+  const void* id() const { return impl_.get(); }
+
  private:
+  friend struct detail::TensorAccess;
   explicit Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
   const detail::TensorImpl& impl() const;
   Tensor make_view(Shape sizes, Shape strides, std::int64_t offset) const;
+  Tensor view_result(std::string_view op, const Tensor& out) const;  // records a reshape-like view
   std::int64_t element_offset(std::initializer_list<std::int64_t> index, const char* op) const;
 
   std::shared_ptr<detail::TensorImpl> impl_;
@@ -136,11 +169,18 @@ Tensor arange(double start, double end, double step, TensorOptions options = {})
 // Values given row-major, rounded to the dtype (f64 -> f32 -> f16/bf16, as PyTorch does).
 Tensor from_values(const std::vector<double>& values, const Shape& shape, TensorOptions options = {});
 
-// ---- the low-level kernel call every op goes through ----
+// ---- the low-level kernel calls every op goes through ----
 // Checks that all tensors are on out's device (DeviceError naming `op` otherwise), broadcasts inputs to
 // out's shape, and runs the backend's kernel for (kernel, out.dtype()).
 void run_kernel(std::string_view op, Op kernel, const Tensor& out, std::initializer_list<Tensor> inputs,
                 std::initializer_list<double> scalars = {}, std::uint64_t seed = 0, std::uint64_t offset = 0);
+
+// The general form, for kernels whose inputs are not broadcast (rows, matrix products, windows): every
+// output and input is passed as it is (an undefined input is an absent optional one), all must be on
+// the first output's device, and the kernel is chosen by (kernel, outputs[0].dtype()).
+void run_kernel_general(std::string_view op, Op kernel, std::initializer_list<Tensor> outputs,
+                        std::initializer_list<Tensor> inputs, std::initializer_list<double> scalars = {},
+                        std::uint64_t seed = 0, std::uint64_t offset = 0);
 
 // ---- template definitions ----
 template <class T>

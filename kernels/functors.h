@@ -67,5 +67,195 @@ struct ReluFn {
 struct ExpFn {
   template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(std::exp(a)); }
 };
+struct LogFn {
+  template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(std::log(a)); }
+};
+struct SqrtFn {
+  template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(std::sqrt(a)); }
+};
+struct RsqrtFn {
+  template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(T(1) / std::sqrt(a)); }
+};
+struct SigmoidFn {  // PyTorch's CUDA form: 1 / (1 + exp(-x))
+  template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(T(1) / (T(1) + std::exp(-a))); }
+};
+struct TanhFn {
+  template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(std::tanh(a)); }
+};
+
+// ---- functors with parameters: built from KernelArgs::scalars by make_functor ----
+
+// GELU, exact (erf) or tanh-approximated, and its derivative, as in PyTorch's GeluKernel.
+struct GeluFn {
+  double mode = 0;  // 0: erf, 1: tanh
+  AMPSCOPE_HD explicit GeluFn(const double* s) : mode(s[0]) {}
+  template <class T> AMPSCOPE_HD T operator()(T x) const {
+    if (mode == 0) {
+      const T kAlpha = T(0.70710678118654752440);  // 1/sqrt(2)
+      return canonical_nan(x * T(0.5) * (T(1) + std::erf(x * kAlpha)));
+    }
+    const T kBeta = T(0.79788456080286535588);  // sqrt(2/pi)
+    const T kKappa = T(0.044715);
+    const T inner = kBeta * (x + kKappa * x * x * x);
+    return canonical_nan(T(0.5) * x * (T(1) + std::tanh(inner)));
+  }
+};
+struct GeluBackwardFn {
+  double mode = 0;
+  AMPSCOPE_HD explicit GeluBackwardFn(const double* s) : mode(s[0]) {}
+  template <class T> AMPSCOPE_HD T operator()(T g, T x) const {
+    if (mode == 0) {
+      const T kAlpha = T(0.70710678118654752440);
+      const T kBeta = T(0.39894228040143267794);  // 1/sqrt(2 pi)
+      const T cdf = T(0.5) * (T(1) + std::erf(x * kAlpha));
+      const T pdf = kBeta * std::exp(T(-0.5) * x * x);
+      return canonical_nan(g * (cdf + x * pdf));
+    }
+    const T kBeta = T(0.79788456080286535588);
+    const T kKappa = T(0.044715);
+    const T x_sq = x * x;
+    const T inner = kBeta * (x + kKappa * x_sq * x);
+    const T tanh_inner = std::tanh(inner);
+    const T left = T(0.5) * x;
+    const T right = T(1) + tanh_inner;
+    const T left_derivative = T(0.5) * right;
+    const T right_derivative = left * (T(1) - tanh_inner * tanh_inner) * kBeta * (T(1) + T(3) * kKappa * x_sq);
+    return canonical_nan(g * (left_derivative + right_derivative));
+  }
+};
+
+// x ** p with PyTorch's CUDA special cases (exact squares and square roots instead of pow()).
+struct PowFn {
+  double p = 1;
+  AMPSCOPE_HD explicit PowFn(const double* s) : p(s[0]) {}
+  template <class T> AMPSCOPE_HD T operator()(T x) const {
+    if (p == 2) return canonical_nan(x * x);
+    if (p == 3) return canonical_nan(x * x * x);
+    if (p == 0.5) return canonical_nan(std::sqrt(x));
+    if (p == -0.5) return canonical_nan(T(1) / std::sqrt(x));
+    if (p == -1) return canonical_nan(T(1) / x);
+    if (p == -2) return canonical_nan(T(1) / (x * x));
+    return canonical_nan(std::pow(x, static_cast<T>(p)));
+  }
+};
+struct PowBackwardFn {  // g * (p * x ** (p - 1)); zero gradient for p == 0, as PyTorch
+  double p = 1;
+  AMPSCOPE_HD explicit PowBackwardFn(const double* s) : p(s[0]) {}
+  template <class T> AMPSCOPE_HD T operator()(T g, T x) const {
+    if (p == 0) return T(0);
+    const double q = p - 1;
+    const PowFn pow_q(&q);
+    return canonical_nan(g * (static_cast<T>(p) * pow_q(x)));
+  }
+};
+
+// An absent bound is passed as -inf or +inf. NaN stays NaN (PyTorch's clamp propagates it).
+struct ClampFn {
+  double lo, hi;
+  AMPSCOPE_HD explicit ClampFn(const double* s) : lo(s[0]), hi(s[1]) {}
+  template <class T> AMPSCOPE_HD T operator()(T x) const {
+    if (x != x) return x;
+    const T l = static_cast<T>(lo), h = static_cast<T>(hi);
+    const T y = x < l ? l : x;
+    return y > h ? h : y;
+  }
+};
+struct ClampBackwardFn {
+  double lo, hi;
+  AMPSCOPE_HD explicit ClampBackwardFn(const double* s) : lo(s[0]), hi(s[1]) {}
+  template <class T> AMPSCOPE_HD T operator()(T g, T x) const {
+    return (x >= static_cast<T>(lo) && x <= static_cast<T>(hi)) ? g : T(0);
+  }
+};
+
+// ---- backward functors: (g, saved) -> input gradient ----
+struct ReluBackwardFn {  // PyTorch's threshold_backward: x <= 0 ? 0 : g (a NaN x passes g)
+  template <class T> AMPSCOPE_HD T operator()(T g, T x) const { return x <= T(0) ? T(0) : g; }
+};
+struct SigmoidBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T g, T y) const { return canonical_nan(g * (T(1) - y) * y); }
+};
+struct TanhBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T g, T y) const { return canonical_nan(g * (T(1) - y * y)); }
+};
+struct SqrtBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T g, T y) const { return canonical_nan(g / (T(2) * y)); }
+};
+struct RsqrtBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T g, T y) const { return canonical_nan(T(-0.5) * g * (y * y * y)); }
+};
+
+// ---- losses ----
+// Binary cross-entropy on probabilities, each log clamped at -100 as in PyTorch. An input outside
+// [0, 1] gives NaN (PyTorch asserts instead); a diagnostics tool lets it through to be seen.
+struct BceFn {
+  template <class T> AMPSCOPE_HD T operator()(T p, T y) const {
+    T log_p = std::log(p), log_1mp = std::log1p(-p);
+    if (log_p < T(-100)) log_p = T(-100);
+    if (log_1mp < T(-100)) log_1mp = T(-100);
+    return canonical_nan((y - T(1)) * log_1mp - y * log_p);
+  }
+};
+struct BceBackwardFn {  // g (p - y) / max((1 - p) p, 1e-12)
+  template <class T> AMPSCOPE_HD T operator()(T g, T p, T y) const {
+    T d = (T(1) - p) * p;
+    if (d < T(1e-12)) d = T(1e-12);
+    return canonical_nan(g * (p - y) / d);
+  }
+};
+// (1 - y) x - log_sigmoid(x), with log_sigmoid(x) = min(x, 0) - log1p(exp(-|x|)): never overflows.
+struct BceLogitsFn {
+  template <class T> AMPSCOPE_HD T operator()(T x, T y) const {
+    const T min_x0 = x < T(0) ? x : T(0);
+    const T log_sigmoid = min_x0 - std::log1p(std::exp(-std::fabs(x)));
+    return canonical_nan((T(1) - y) * x - log_sigmoid);
+  }
+};
+struct BceLogitsBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T g, T x, T y) const {
+    return canonical_nan(g * (SigmoidFn{}(x) - y));
+  }
+};
+
+// Dropout's keep/drop decision and scaling. PyTorch multiplies by the 0/1 mask (so a dropped NaN or
+// inf still gives NaN), then by the scale; so do we.
+struct MaskedScaleFn {
+  double scale;
+  AMPSCOPE_HD explicit MaskedScaleFn(const double* s) : scale(s[0]) {}
+  template <class T> AMPSCOPE_HD T operator()(T x, bool keep) const {
+    return canonical_nan(x * (keep ? T(1) : T(0)) * static_cast<T>(scale));
+  }
+};
+
+// Builds a functor: from the kernel's scalars when it has parameters, default-constructed otherwise.
+template <class Fn>
+AMPSCOPE_HD inline Fn make_functor(const double* scalars) {
+  if constexpr (std::is_constructible_v<Fn, const double*>) {
+    return Fn(scalars);
+  } else {
+    return Fn{};
+  }
+}
+
+// ---- reductions: one summation order for every backend ----
+// A row is summed the way one warp of 32 threads sums it on the GPU: lane k adds elements k, k + 32,
+// k + 64, ... in order, then the 32 partial sums are folded in halves (lane k += lane k + 16, then
+// k + 8, 4, 2, 1). The CPU backend follows the same order, so sums agree bit for bit across backends.
+inline constexpr int kReduceLanes = 32;
+
+template <class Acc, class Load>
+AMPSCOPE_HD inline Acc lane_tree_sum(std::int64_t n, const Load& load) {
+  Acc lanes[kReduceLanes];
+  for (int k = 0; k < kReduceLanes; ++k) lanes[k] = Acc(0);
+  std::int64_t j = 0;
+  for (; j + kReduceLanes <= n; j += kReduceLanes) {
+    for (int k = 0; k < kReduceLanes; ++k) lanes[k] += load(j + k);
+  }
+  for (int k = 0; j + k < n; ++k) lanes[k] += load(j + k);
+  for (int width = kReduceLanes / 2; width > 0; width /= 2) {
+    for (int k = 0; k < width; ++k) lanes[k] += lanes[k + width];
+  }
+  return lanes[0];
+}
 
 }  // namespace ampscope

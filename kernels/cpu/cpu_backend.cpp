@@ -10,53 +10,18 @@
 #include "core/convert.h"
 #include "core/error.h"
 #include "core/philox.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/nn_kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/functors.h"
 
 namespace ampscope {
 namespace {
 
-// Walks the elements of up to four views that share one shape, in row-major order, keeping each
-// view's element offset. Starting anywhere costs one division per dimension; each step after that is
-// an increment, so a chunk of a parallel loop pays the divisions once.
-template <int N>
-class StridedCursor {
- public:
-  StridedCursor(const TensorView& shape, const std::array<const TensorView*, N>& views, std::int64_t start)
-      : ndim_(shape.ndim) {
-    for (int d = 0; d < ndim_; ++d) sizes_[d] = shape.sizes[d];
-    for (int v = 0; v < N; ++v) {
-      off_[v] = 0;
-      for (int d = 0; d < ndim_; ++d) strides_[v][d] = views[v]->strides[d];
-    }
-    std::int64_t rest = start;
-    for (int d = ndim_ - 1; d >= 0; --d) {
-      idx_[d] = rest % sizes_[d];
-      rest /= sizes_[d];
-      for (int v = 0; v < N; ++v) off_[v] += idx_[d] * strides_[v][d];
-    }
-  }
-
-  std::int64_t offset(int v) const { return off_[v]; }
-
-  void next() {
-    for (int d = ndim_ - 1; d >= 0; --d) {
-      if (++idx_[d] < sizes_[d]) {
-        for (int v = 0; v < N; ++v) off_[v] += strides_[v][d];
-        return;
-      }
-      for (int v = 0; v < N; ++v) off_[v] -= (sizes_[d] - 1) * strides_[v][d];
-      idx_[d] = 0;
-    }
-  }
-
- private:
-  int ndim_;
-  std::int64_t sizes_[kMaxDims] = {};
-  std::int64_t idx_[kMaxDims] = {};
-  std::int64_t strides_[N][kMaxDims] = {};
-  std::int64_t off_[N] = {};
-};
+using cpu::StridedCursor;
+using cpu::binary_kernel;
+using cpu::binary_scalar_kernel;
+using cpu::unary_kernel;
 
 // ---- kernels -------------------------------------------------------------------------------------
 
@@ -126,64 +91,6 @@ void normal_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
-template <class T, class Fn>
-void unary_kernel(Backend&, const KernelArgs& a) {
-  using Acc = acc_type<T>;
-  const T* in = a.in[0].ptr<T>();
-  T* out = a.out.ptr<T>();
-  const Fn fn{};
-  if (a.in[0].is_contiguous()) {
-    cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) out[i] = convert<T>(fn(convert<Acc>(in[i])));
-    });
-    return;
-  }
-  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-    StridedCursor<1> c(a.out, {&a.in[0]}, b);
-    for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = convert<T>(fn(convert<Acc>(in[c.offset(0)])));
-  });
-}
-
-template <class T, class Fn>
-void binary_kernel(Backend&, const KernelArgs& a) {
-  using Acc = acc_type<T>;
-  const T* x = a.in[0].ptr<T>();
-  const T* y = a.in[1].ptr<T>();
-  T* out = a.out.ptr<T>();
-  const Fn fn{};
-  if (a.in[0].is_contiguous() && a.in[1].is_contiguous()) {
-    cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) out[i] = convert<T>(fn(convert<Acc>(x[i]), convert<Acc>(y[i])));
-    });
-    return;
-  }
-  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-    StridedCursor<2> c(a.out, {&a.in[0], &a.in[1]}, b);
-    for (std::int64_t i = b; i < e; ++i, c.next()) {
-      out[i] = convert<T>(fn(convert<Acc>(x[c.offset(0)]), convert<Acc>(y[c.offset(1)])));
-    }
-  });
-}
-
-template <class T, class Fn>
-void binary_scalar_kernel(Backend&, const KernelArgs& a) {
-  using Acc = acc_type<T>;
-  const T* x = a.in[0].ptr<T>();
-  T* out = a.out.ptr<T>();
-  const Acc y = static_cast<Acc>(a.scalars[0]);
-  const Fn fn{};
-  if (a.in[0].is_contiguous()) {
-    cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) out[i] = convert<T>(fn(convert<Acc>(x[i]), y));
-    });
-    return;
-  }
-  cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-    StridedCursor<1> c(a.out, {&a.in[0]}, b);
-    for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = convert<T>(fn(convert<Acc>(x[c.offset(0)]), y));
-  });
-}
-
 // ---- the backend ---------------------------------------------------------------------------------
 
 class CpuBackend final : public Backend {
@@ -213,6 +120,7 @@ class CpuBackend final : public Backend {
       register_kernel(Op::exp, D, &unary_kernel<T, ExpFn>);
       }
     });
+    cpu::register_nn_kernels([this](Op op, DType dtype, KernelFn fn) { register_kernel(op, dtype, fn); });
   }
 
   std::string_view name() const override { return "cpu"; }

@@ -1,0 +1,122 @@
+// core/autograd.h: reverse-mode automatic differentiation for ampscope's ops.
+//
+// Every differentiable op, when grad mode is on and one of its inputs requires grad, records a Node:
+// the op's name, the module it ran in, edges to the nodes of its inputs, and a backward function that
+// maps the gradient of its output to gradients of its inputs (same shape and dtype as each input).
+// Tensor::backward() walks the graph in reverse topological order, sums the gradients that meet at a
+// node, and accumulates leaf gradients into `.grad`. Afterwards the graph's saved tensors are freed
+// unless retain_graph was asked for.
+//
+//   Tensor w = randn({3, 2}, gen).requires_grad_();
+//   Tensor loss = sum(relu(matmul(x, w)));
+//   loss.backward();                        // w.grad() is now d loss / d w, f32 like w
+//   { NoGradGuard guard; w.copy_(sub(w, mul(w.grad(), 0.1))); }  // no graph inside the guard
+//
+// Saved tensors are kept detached from the graph (no reference cycles); in-place changes to a saved
+// tensor are not tracked, so update parameters only between backward() and the next forward pass.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ampscope {
+
+// ---- grad mode ----
+bool grad_enabled();  // thread-local, on by default
+
+// Turns recording off for its lifetime (thread-local), restoring the previous mode after.
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// ---- scope names: which module an op ran in ----
+// Modules push their hierarchical name while they run, so a recorded node and an error message can say
+// "blocks.0.attn.qkv". Thread-local.
+class ScopeGuard {
+ public:
+  explicit ScopeGuard(const std::string& name);
+  ~ScopeGuard();
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+};
+const std::string& current_scope();  // "" outside every module
+
+namespace autograd {
+
+// Maps the gradient of a node's output to one gradient per input. `needs[i]` says whether input i
+// wants one; an undefined Tensor means "no gradient" (treated as zeros).
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output, const std::vector<bool>& needs)>;
+
+class Node {
+ public:
+  Node(std::string op, std::string scope) : op_(std::move(op)), scope_(std::move(scope)) {}
+  virtual ~Node() = default;
+
+  const std::string& op() const { return op_; }        // "linear", "AccumulateGrad"
+  const std::string& scope() const { return scope_; }  // the module it was recorded in
+  const std::vector<std::shared_ptr<Node>>& next() const { return next_; }
+  std::uint64_t sequence() const { return sequence_; }
+
+  // Shape and dtype of the output the node was recorded for (its incoming gradient must match).
+  const Shape& output_shape() const { return output_shape_; }
+  DType output_dtype() const { return output_dtype_; }
+
+  virtual std::vector<Tensor> apply(const Tensor& grad_output, const std::vector<bool>& needs);
+  virtual void release() { backward_ = nullptr; released_ = true; }
+  bool released() const { return released_; }
+
+  // Shapes and dtypes of the inputs, checked against what backward returns.
+  struct InputInfo {
+    Shape shape;
+    DType dtype = DType::f32;
+  };
+  const std::vector<InputInfo>& inputs() const { return inputs_; }
+
+ protected:
+  friend Tensor record(std::string_view, const Tensor&, const std::vector<Tensor>&, BackwardFn);
+  friend class Engine;
+  std::string op_;
+  std::string scope_;
+  std::vector<std::shared_ptr<Node>> next_;
+  std::vector<InputInfo> inputs_;
+  Shape output_shape_;
+  DType output_dtype_ = DType::f32;
+  BackwardFn backward_;
+  bool released_ = false;
+  std::uint64_t sequence_ = 0;
+};
+
+// What a tensor carries for autograd.
+struct Meta {
+  bool requires_grad = false;
+  Tensor grad;                                // leaves: accumulated gradient
+  std::shared_ptr<Node> grad_fn;              // non-leaves: the node that produced the tensor
+  std::weak_ptr<Node> grad_accumulator;       // leaves: the AccumulateGrad node, shared by all uses
+  std::string name;                           // parameter path, for messages
+};
+
+// Records `op` as the producer of `out` when grad mode is on and any input requires grad; returns
+// `out` (which then requires grad). Inputs may be undefined (absent optional arguments). Saved tensors
+// belong in the lambda, detached (Tensor::detach()) so that the graph holds no cycles.
+Tensor record(std::string_view op, const Tensor& out, const std::vector<Tensor>& inputs, BackwardFn backward);
+
+// True when an op on these inputs would be recorded.
+bool any_requires_grad(const std::vector<Tensor>& inputs);
+
+// Runs backward from `root` with `grad` (same shape and dtype as root).
+void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+
+}  // namespace autograd
+}  // namespace ampscope

@@ -1,0 +1,653 @@
+// The CPU backend's kernels for the training runtime: element-wise math and its derivatives, row
+// reductions (sum, softmax, layer norm), matrix products through OpenBLAS, im2col/col2im, pooling,
+// embedding, dropout and the negative log-likelihood. Every kernel computes in the accumulation type
+// (float for f16/bf16/f32, double for f64) and rounds once on store, as the CUDA backend does.
+#include "kernels/cpu/nn_kernels.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "core/convert.h"
+#include "core/philox.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/functors.h"
+
+namespace ampscope::cpu {
+namespace {
+
+// Row kernels split rows over the cores once a call has this many elements.
+constexpr std::int64_t kRowGrain = 16384;
+
+std::int64_t rows_grain(std::int64_t cols) { return std::max<std::int64_t>(1, kRowGrain / std::max<std::int64_t>(cols, 1)); }
+
+// ---- element-wise with masks ----
+
+template <class T>
+void where_kernel(Backend&, const KernelArgs& a) {
+  const bool* cond = a.in[0].ptr<bool>();
+  const T* x = a.in[1].ptr<T>();
+  const T* y = a.in[2].ptr<T>();
+  T* out = a.out.ptr<T>();
+  parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    StridedCursor<3> c(a.out, {&a.in[0], &a.in[1], &a.in[2]}, b);
+    for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = cond[c.offset(0)] ? x[c.offset(1)] : y[c.offset(2)];
+  });
+}
+
+template <class T>
+void masked_fill_kernel(Backend&, const KernelArgs& a) {
+  const T* x = a.in[0].ptr<T>();
+  const bool* mask = a.in[1].ptr<bool>();
+  const T value = convert<T>(a.scalars[0]);
+  T* out = a.out.ptr<T>();
+  parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    StridedCursor<2> c(a.out, {&a.in[0], &a.in[1]}, b);
+    for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = mask[c.offset(1)] ? value : x[c.offset(0)];
+  });
+}
+
+// out = x * keep * scale, aux[0] = keep, with keep drawn as uniform(seed, offset, i) < 1 - p.
+template <class T>
+void dropout_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* x = a.in[0].ptr<T>();
+  T* out = a.out.ptr<T>();
+  bool* keep = a.aux[0].ptr<bool>();
+  const float keep_prob = static_cast<float>(1.0 - a.scalars[0]);
+  const double scale = a.scalars[1];
+  const MaskedScaleFn fn(&scale);
+  parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    StridedCursor<1> c(a.out, {&a.in[0]}, b);
+    for (std::int64_t i = b; i < e; ++i, c.next()) {
+      const bool k = uniform_at<float>(a.seed, a.offset, static_cast<std::uint64_t>(i)) < keep_prob;
+      keep[i] = k;
+      out[i] = convert<T>(fn(convert<Acc>(x[c.offset(0)]), k));
+    }
+  });
+}
+
+template <class T>
+void masked_scale_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* g = a.in[0].ptr<T>();
+  const bool* keep = a.in[1].ptr<bool>();
+  T* out = a.out.ptr<T>();
+  const MaskedScaleFn fn(a.scalars.data());
+  parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+    StridedCursor<2> c(a.out, {&a.in[0], &a.in[1]}, b);
+    for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = convert<T>(fn(convert<Acc>(g[c.offset(0)]), keep[c.offset(1)]));
+  });
+}
+
+// ---- rows ----
+
+template <class T>
+void sum_rows_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* in = a.in[0].ptr<T>();
+  T* out = a.out.ptr<T>();
+  const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
+  const Acc factor = static_cast<Acc>(a.scalars[0]), divisor = static_cast<Acc>(a.scalars[1]);
+  parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) {
+      const T* row = in + r * cols;
+      const Acc s = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return convert<Acc>(row[j]); });
+      out[r] = convert<T>(canonical_nan(s * factor / divisor));
+    }
+  });
+}
+
+template <class T>
+void argmax_rows_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* in = a.in[0].ptr<T>();
+  std::int64_t* out = a.out.ptr<std::int64_t>();
+  const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
+  parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) {
+      const T* row = in + r * cols;
+      std::int64_t best = 0;
+      Acc m = convert<Acc>(row[0]);
+      for (std::int64_t j = 1; j < cols && m == m; ++j) {  // the first NaN is the maximum
+        const Acc v = convert<Acc>(row[j]);
+        if (v != v || v > m) {
+          m = v;
+          best = j;
+        }
+      }
+      out[r] = best;
+    }
+  });
+}
+
+// Largest value of a row; a NaN anywhere makes it NaN.
+template <class Acc, class T>
+Acc row_max(const T* row, std::int64_t cols) {
+  Acc m = -std::numeric_limits<Acc>::infinity();
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const Acc v = convert<Acc>(row[j]);
+    if (v != v) return v;
+    if (v > m) m = v;
+  }
+  return m;
+}
+
+template <class T, bool kLog>
+void softmax_rows_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* in = a.in[0].ptr<T>();
+  T* out = a.out.ptr<T>();
+  const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
+  parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) {
+      const T* row = in + r * cols;
+      T* o = out + r * cols;
+      const Acc m = row_max<Acc>(row, cols);
+      const Acc sum = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return std::exp(convert<Acc>(row[j]) - m); });
+      if constexpr (kLog) {
+        const Acc log_sum = std::log(sum);
+        for (std::int64_t j = 0; j < cols; ++j) o[j] = convert<T>(canonical_nan(convert<Acc>(row[j]) - m - log_sum));
+      } else {
+        for (std::int64_t j = 0; j < cols; ++j) o[j] = convert<T>(canonical_nan(std::exp(convert<Acc>(row[j]) - m) / sum));
+      }
+    }
+  });
+}
+
+// softmax: dx = y (g - sum(g y)); log_softmax: dx = g - exp(y) sum(g).
+template <class T, bool kLog>
+void softmax_backward_rows_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* g = a.in[0].ptr<T>();
+  const T* y = a.in[1].ptr<T>();
+  T* out = a.out.ptr<T>();
+  const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
+  parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) {
+      const T* gr = g + r * cols;
+      const T* yr = y + r * cols;
+      T* o = out + r * cols;
+      if constexpr (kLog) {
+        const Acc s = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return convert<Acc>(gr[j]); });
+        for (std::int64_t j = 0; j < cols; ++j) {
+          o[j] = convert<T>(canonical_nan(convert<Acc>(gr[j]) - std::exp(convert<Acc>(yr[j])) * s));
+        }
+      } else {
+        const Acc s = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return convert<Acc>(gr[j]) * convert<Acc>(yr[j]); });
+        for (std::int64_t j = 0; j < cols; ++j) {
+          o[j] = convert<T>(canonical_nan(convert<Acc>(yr[j]) * (convert<Acc>(gr[j]) - s)));
+        }
+      }
+    }
+  });
+}
+
+// y = (x - mean) * rstd * w + b per row; mean and rstd (1 / sqrt(var + eps), biased variance) go to
+// aux[0] and aux[1] in the accumulation type. Two passes: the mean, then the squared deviations.
+template <class T>
+void layer_norm_rows_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* x = a.in[0].ptr<T>();
+  const T* w = a.in[1].data ? a.in[1].ptr<T>() : nullptr;
+  const T* bias = a.in[2].data ? a.in[2].ptr<T>() : nullptr;
+  T* out = a.out.ptr<T>();
+  Acc* mean_out = a.aux[0].ptr<Acc>();
+  Acc* rstd_out = a.aux[1].ptr<Acc>();
+  const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
+  const Acc eps = static_cast<Acc>(a.scalars[0]);
+  parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) {
+      const T* xr = x + r * cols;
+      T* o = out + r * cols;
+      const Acc n = static_cast<Acc>(cols);
+      const Acc mean = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return convert<Acc>(xr[j]); }) / n;
+      const Acc var = lane_tree_sum<Acc>(cols, [&](std::int64_t j) {
+                        const Acc d = convert<Acc>(xr[j]) - mean;
+                        return d * d;
+                      }) / n;
+      const Acc rstd = Acc(1) / std::sqrt(var + eps);
+      mean_out[r] = mean;
+      rstd_out[r] = rstd;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        Acc v = (convert<Acc>(xr[j]) - mean) * rstd;
+        if (w) v = v * convert<Acc>(w[j]);
+        if (bias) v = v + convert<Acc>(bias[j]);
+        o[j] = convert<T>(canonical_nan(v));
+      }
+    }
+  });
+}
+
+// dx = rstd / n * (n * gw - sum(gw) - xhat * sum(gw * xhat)), gw = g * w, xhat = (x - mean) * rstd.
+template <class T>
+void layer_norm_backward_rows_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* g = a.in[0].ptr<T>();
+  const T* x = a.in[1].ptr<T>();
+  const Acc* mean = a.in[2].ptr<Acc>();
+  const Acc* rstd = a.in[3].ptr<Acc>();
+  const T* w = a.in[4].data ? a.in[4].ptr<T>() : nullptr;
+  T* out = a.out.ptr<T>();
+  const std::int64_t rows = a.in[1].sizes[0], cols = a.in[1].sizes[1];
+  parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) {
+      const T* gr = g + r * cols;
+      const T* xr = x + r * cols;
+      T* o = out + r * cols;
+      const Acc m = mean[r], rs = rstd[r], n = static_cast<Acc>(cols);
+      auto gw = [&](std::int64_t j) { return w ? convert<Acc>(gr[j]) * convert<Acc>(w[j]) : convert<Acc>(gr[j]); };
+      auto xhat = [&](std::int64_t j) { return (convert<Acc>(xr[j]) - m) * rs; };
+      const Acc sum_gw = lane_tree_sum<Acc>(cols, gw);
+      const Acc sum_gw_xhat = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return gw(j) * xhat(j); });
+      for (std::int64_t j = 0; j < cols; ++j) {
+        o[j] = convert<T>(canonical_nan(rs / n * (n * gw(j) - sum_gw - xhat(j) * sum_gw_xhat)));
+      }
+    }
+  });
+}
+
+// dw[c] = sum_r g[r, c] xhat[r, c], db[c] = sum_r g[r, c], rows added in order.
+template <class T>
+void layer_norm_param_grad_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* g = a.in[0].ptr<T>();
+  const T* x = a.in[1].ptr<T>();
+  const Acc* mean = a.in[2].ptr<Acc>();
+  const Acc* rstd = a.in[3].ptr<Acc>();
+  T* dw = a.out.ptr<T>();
+  T* db = a.aux[0].ptr<T>();
+  const std::int64_t rows = a.in[1].sizes[0], cols = a.in[1].sizes[1];
+  parallel_for(cols, std::max<std::int64_t>(1, kRowGrain / std::max<std::int64_t>(rows, 1)),
+               [&](std::int64_t b, std::int64_t e) {
+                 for (std::int64_t c = b; c < e; ++c) {
+                   Acc sw = 0, sb = 0;
+                   for (std::int64_t r = 0; r < rows; ++r) {
+                     const Acc gv = convert<Acc>(g[r * cols + c]);
+                     sw += gv * ((convert<Acc>(x[r * cols + c]) - mean[r]) * rstd[r]);
+                     sb += gv;
+                   }
+                   dw[c] = convert<T>(canonical_nan(sw));
+                   db[c] = convert<T>(canonical_nan(sb));
+                 }
+               });
+}
+
+// ---- matrix products ----
+
+// Copies matrix `batch` of a [B, R, C] view into a dense row-major buffer of the accumulation type.
+template <class Acc>
+void pack_matrix(const TensorView& v, std::int64_t batch, Acc* dst) {
+  const std::int64_t rows = v.sizes[1], cols = v.sizes[2];
+  visit_dtype(v.dtype, [&](auto tag) {
+    using S = decltype(tag);
+    if constexpr (std::is_same_v<S, bool>) {
+      return;
+    } else {
+      const S* base = static_cast<const S*>(v.data) + batch * v.strides[0];
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] = convert<Acc>(base[r * v.strides[1] + c * v.strides[2]]);
+      }
+    }
+  });
+}
+
+// A matrix BLAS can read in place: dense along one of its two dimensions, in the accumulation type.
+struct BlasOperand {
+  const void* data = nullptr;
+  CBLAS_TRANSPOSE trans = CblasNoTrans;
+  int ld = 0;
+};
+template <class Acc>
+bool direct_operand(const TensorView& v, std::int64_t batch, BlasOperand& op) {
+  if (v.dtype != dtype_of<Acc>::value) return false;
+  const std::int64_t rows = v.sizes[1], cols = v.sizes[2];
+  const Acc* base = static_cast<const Acc*>(v.data) + batch * v.strides[0];
+  if (v.strides[2] == 1 && v.strides[1] >= std::max<std::int64_t>(cols, 1)) {
+    op = {base, CblasNoTrans, static_cast<int>(v.strides[1])};
+    return true;
+  }
+  if (v.strides[1] == 1 && v.strides[2] >= std::max<std::int64_t>(rows, 1)) {
+    op = {base, CblasTrans, static_cast<int>(v.strides[2])};
+    return true;
+  }
+  return false;
+}
+
+template <class Acc>
+void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const Acc* a, int lda, const Acc* b,
+               int ldb, Acc* c, int ldc) {
+  if constexpr (std::is_same_v<Acc, double>) {
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+  } else {
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  }
+}
+
+// out[b] = A[b] @ B[b] (+ bias), accumulated in float (double for f64) and rounded once to out's
+// dtype, which is what cuBLAS does with f16/bf16 inputs and f32 compute. Inputs may have any floating
+// dtype and any strides; those BLAS cannot read in place are widened into a dense buffer first.
+template <class T>
+void gemm_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const TensorView& A = a.in[0];
+  const TensorView& B = a.in[1];
+  const TensorView& bias = a.in[2];
+  const bool bias_per_row = a.scalars[0] != 0;
+  const std::int64_t batches = a.out.sizes[0], m = a.out.sizes[1], n = a.out.sizes[2], k = A.sizes[2];
+  T* out = a.out.ptr<T>();
+  std::vector<Acc> pa, pb, pc;
+  std::vector<Acc> bias_acc;
+  if (bias.data) {
+    bias_acc.resize(static_cast<std::size_t>(bias.numel));
+    visit_dtype(bias.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      if constexpr (!std::is_same_v<S, bool>) {
+        const S* p = bias.ptr<S>();
+        for (std::int64_t i = 0; i < bias.numel; ++i) bias_acc[i] = convert<Acc>(p[i * bias.strides[0]]);
+      }
+    });
+  }
+  for (std::int64_t b = 0; b < batches; ++b) {
+    Acc* c = nullptr;
+    if constexpr (std::is_same_v<T, Acc>) {
+      c = reinterpret_cast<Acc*>(out + b * m * n);
+    } else {
+      pc.resize(static_cast<std::size_t>(m * n));
+      c = pc.data();
+    }
+    if (k == 0) {
+      for (std::int64_t i = 0; i < m * n; ++i) c[i] = Acc(0);
+    } else {
+      BlasOperand oa, ob;
+      if (!direct_operand<Acc>(A, b, oa)) {
+        pa.resize(static_cast<std::size_t>(m * k));
+        pack_matrix(A, b, pa.data());
+        oa = {pa.data(), CblasNoTrans, static_cast<int>(k)};
+      }
+      if (!direct_operand<Acc>(B, b, ob)) {
+        pb.resize(static_cast<std::size_t>(k * n));
+        pack_matrix(B, b, pb.data());
+        ob = {pb.data(), CblasNoTrans, static_cast<int>(n)};
+      }
+      blas_gemm<Acc>(oa.trans, ob.trans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                     static_cast<const Acc*>(oa.data), oa.ld, static_cast<const Acc*>(ob.data), ob.ld, c,
+                     static_cast<int>(n));
+    }
+    T* o = out + b * m * n;
+    parallel_for(m * n, kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) {
+        Acc v = c[i];
+        if (bias.data) v += bias_acc[bias_per_row ? i / n : i % n];
+        o[i] = convert<T>(canonical_nan(v));
+      }
+    });
+  }
+}
+
+// ---- windows ----
+
+struct Window {
+  std::int64_t kh, kw, sh, sw, ph, pw;
+  explicit Window(const KernelArgs& a)
+      : kh(static_cast<std::int64_t>(a.scalars[0])), kw(static_cast<std::int64_t>(a.scalars[1])),
+        sh(static_cast<std::int64_t>(a.scalars[2])), sw(static_cast<std::int64_t>(a.scalars[3])),
+        ph(static_cast<std::int64_t>(a.scalars[4])), pw(static_cast<std::int64_t>(a.scalars[5])) {}
+};
+
+// x [N, C, H, W] (contiguous) -> cols [N, C*KH*KW, OH*OW]; padding reads as zero.
+template <class T>
+void im2col_kernel(Backend&, const KernelArgs& a) {
+  const Window w(a);
+  const TensorView& x = a.in[0];
+  const std::int64_t N = x.sizes[0], C = x.sizes[1], H = x.sizes[2], W = x.sizes[3];
+  const std::int64_t L = a.out.sizes[2];
+  const std::int64_t OW = (W + 2 * w.pw - w.kw) / w.sw + 1;
+  const T* in = x.ptr<T>();
+  T* out = a.out.ptr<T>();
+  parallel_for(N * C, 1, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t nc = b; nc < e; ++nc) {
+      const T* plane = in + nc * H * W;
+      T* rows = out + nc * w.kh * w.kw * L;  // (n, c) owns KH*KW consecutive rows of cols
+      for (std::int64_t ki = 0; ki < w.kh; ++ki) {
+        for (std::int64_t kj = 0; kj < w.kw; ++kj) {
+          T* row = rows + (ki * w.kw + kj) * L;
+          for (std::int64_t l = 0; l < L; ++l) {
+            const std::int64_t h = (l / OW) * w.sh - w.ph + ki, ww = (l % OW) * w.sw - w.pw + kj;
+            row[l] = (h >= 0 && h < H && ww >= 0 && ww < W) ? plane[h * W + ww] : convert<T>(0.0);
+          }
+        }
+      }
+    }
+  });
+}
+
+// cols -> dx: each input element sums, in the accumulation type, the column entries that read it
+// (kernel rows in order, then kernel columns), and is rounded once.
+template <class T>
+void col2im_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const Window w(a);
+  const std::int64_t N = a.out.sizes[0], C = a.out.sizes[1], H = a.out.sizes[2], W = a.out.sizes[3];
+  const std::int64_t OH = (H + 2 * w.ph - w.kh) / w.sh + 1, OW = (W + 2 * w.pw - w.kw) / w.sw + 1;
+  const T* cols = a.in[0].ptr<T>();
+  T* out = a.out.ptr<T>();
+  parallel_for(N * C, 1, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t nc = b; nc < e; ++nc) {
+      const T* rows = cols + nc * w.kh * w.kw * OH * OW;
+      for (std::int64_t h = 0; h < H; ++h) {
+        for (std::int64_t x = 0; x < W; ++x) {
+          Acc s = 0;
+          for (std::int64_t ki = 0; ki < w.kh; ++ki) {
+            const std::int64_t th = h + w.ph - ki;
+            if (th < 0 || th % w.sh != 0 || th / w.sh >= OH) continue;
+            for (std::int64_t kj = 0; kj < w.kw; ++kj) {
+              const std::int64_t tw = x + w.pw - kj;
+              if (tw < 0 || tw % w.sw != 0 || tw / w.sw >= OW) continue;
+              s += convert<Acc>(rows[(ki * w.kw + kj) * OH * OW + (th / w.sh) * OW + tw / w.sw]);
+            }
+          }
+          out[nc * H * W + h * W + x] = convert<T>(canonical_nan(s));
+        }
+      }
+    }
+  });
+}
+
+// NaN wins, as in PyTorch: a NaN replaces the running maximum whenever it is met.
+template <class T>
+void max_pool2d_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const Window w(a);
+  const TensorView& x = a.in[0];
+  const std::int64_t N = x.sizes[0], C = x.sizes[1], H = x.sizes[2], W = x.sizes[3];
+  const std::int64_t OH = a.out.sizes[2], OW = a.out.sizes[3];
+  const T* in = x.ptr<T>();
+  T* out = a.out.ptr<T>();
+  std::int64_t* idx = a.aux[0].ptr<std::int64_t>();
+  parallel_for(N * C, 1, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t nc = b; nc < e; ++nc) {
+      const T* plane = in + nc * H * W;
+      for (std::int64_t oh = 0; oh < OH; ++oh) {
+        for (std::int64_t ow = 0; ow < OW; ++ow) {
+          const std::int64_t h0 = oh * w.sh - w.ph, w0 = ow * w.sw - w.pw;
+          Acc m = -std::numeric_limits<Acc>::infinity();
+          std::int64_t best = std::max<std::int64_t>(h0, 0) * W + std::max<std::int64_t>(w0, 0);
+          for (std::int64_t h = std::max<std::int64_t>(h0, 0); h < std::min(h0 + w.kh, H); ++h) {
+            for (std::int64_t c = std::max<std::int64_t>(w0, 0); c < std::min(w0 + w.kw, W); ++c) {
+              const Acc v = convert<Acc>(plane[h * W + c]);
+              if (v > m || v != v) {
+                m = v;
+                best = h * W + c;
+              }
+            }
+          }
+          const std::int64_t o = nc * OH * OW + oh * OW + ow;
+          out[o] = plane[best];
+          idx[o] = best;
+        }
+      }
+    }
+  });
+}
+
+// Each input element gathers the gradients of the windows whose maximum it was.
+template <class T>
+void max_pool2d_backward_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const Window w(a);
+  const std::int64_t N = a.out.sizes[0], C = a.out.sizes[1], H = a.out.sizes[2], W = a.out.sizes[3];
+  const std::int64_t OH = a.in[0].sizes[2], OW = a.in[0].sizes[3];
+  const T* g = a.in[0].ptr<T>();
+  const std::int64_t* idx = a.in[1].ptr<std::int64_t>();
+  T* out = a.out.ptr<T>();
+  parallel_for(N * C, 1, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t nc = b; nc < e; ++nc) {
+      const T* gp = g + nc * OH * OW;
+      const std::int64_t* ip = idx + nc * OH * OW;
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t ph0 = (h + w.ph < w.kh) ? 0 : (h + w.ph - w.kh) / w.sh + 1;
+        const std::int64_t ph1 = std::min((h + w.ph) / w.sh + 1, OH);
+        for (std::int64_t x = 0; x < W; ++x) {
+          const std::int64_t pw0 = (x + w.pw < w.kw) ? 0 : (x + w.pw - w.kw) / w.sw + 1;
+          const std::int64_t pw1 = std::min((x + w.pw) / w.sw + 1, OW);
+          Acc s = 0;
+          for (std::int64_t oh = ph0; oh < ph1; ++oh) {
+            for (std::int64_t ow = pw0; ow < pw1; ++ow) {
+              if (ip[oh * OW + ow] == h * W + x) s += convert<Acc>(gp[oh * OW + ow]);
+            }
+          }
+          out[nc * H * W + h * W + x] = convert<T>(canonical_nan(s));
+        }
+      }
+    }
+  });
+}
+
+// ---- embedding and nll ----
+
+template <class T>
+void embedding_kernel(Backend&, const KernelArgs& a) {
+  const T* weight = a.in[0].ptr<T>();
+  const std::int64_t* index = a.in[1].ptr<std::int64_t>();
+  const std::int64_t n = a.in[1].numel, d = a.in[0].sizes[1];
+  T* out = a.out.ptr<T>();
+  parallel_for(n, rows_grain(d), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) {
+      for (std::int64_t j = 0; j < d; ++j) out[i * d + j] = weight[index[i] * d + j];
+    }
+  });
+}
+
+// Rows of the gradient are added into their vocabulary row in index order, in the accumulation type.
+template <class T>
+void embedding_backward_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* g = a.in[0].ptr<T>();
+  const std::int64_t* index = a.in[1].ptr<std::int64_t>();
+  const std::int64_t n = a.in[1].numel, V = a.out.sizes[0], d = a.out.sizes[1];
+  T* out = a.out.ptr<T>();
+  std::vector<Acc> acc(static_cast<std::size_t>(V * d), Acc(0));
+  parallel_for(d, 64, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t j = b; j < e; ++j) acc[index[i] * d + j] += convert<Acc>(g[i * d + j]);
+    }
+  });
+  for (std::int64_t i = 0; i < V * d; ++i) out[i] = convert<T>(canonical_nan(acc[i]));
+}
+
+template <class T>
+void nll_rows_kernel(Backend&, const KernelArgs& a) {
+  const T* logp = a.in[0].ptr<T>();
+  const std::int64_t* target = a.in[1].ptr<std::int64_t>();
+  const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
+  const auto ignore = static_cast<std::int64_t>(a.scalars[0]);
+  T* out = a.out.ptr<T>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    out[r] = target[r] == ignore ? convert<T>(0.0) : convert<T>(-convert<acc_type<T>>(logp[r * cols + target[r]]));
+  }
+}
+
+template <class T>
+void nll_backward_rows_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* g = a.in[0].ptr<T>();
+  const std::int64_t* target = a.in[1].ptr<std::int64_t>();
+  const std::int64_t rows = a.out.sizes[0], cols = a.out.sizes[1];
+  const auto ignore = static_cast<std::int64_t>(a.scalars[0]);
+  const Acc divisor = static_cast<Acc>(a.scalars[1]);
+  T* out = a.out.ptr<T>();
+  const std::int64_t gstride = a.in[0].strides[0];
+  for (std::int64_t i = 0; i < rows * cols; ++i) out[i] = convert<T>(0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (target[r] == ignore) continue;
+    out[r * cols + target[r]] = convert<T>(canonical_nan(-convert<Acc>(g[r * gstride]) / divisor));
+  }
+}
+
+}  // namespace
+
+void register_nn_kernels(const KernelRegistrar& reg) {
+  auto floating = [&](auto tag) {
+    using T = decltype(tag);
+    constexpr DType D = dtype_of<T>::value;
+    reg(Op::log, D, &unary_kernel<T, LogFn>);
+    reg(Op::sqrt, D, &unary_kernel<T, SqrtFn>);
+    reg(Op::rsqrt, D, &unary_kernel<T, RsqrtFn>);
+    reg(Op::sigmoid, D, &unary_kernel<T, SigmoidFn>);
+    reg(Op::tanh, D, &unary_kernel<T, TanhFn>);
+    reg(Op::gelu, D, &unary_kernel<T, GeluFn>);
+    reg(Op::pow_scalar, D, &unary_kernel<T, PowFn>);
+    reg(Op::clamp, D, &unary_kernel<T, ClampFn>);
+    reg(Op::where, D, &where_kernel<T>);
+    reg(Op::masked_fill, D, &masked_fill_kernel<T>);
+    reg(Op::relu_backward, D, &binary_kernel<T, ReluBackwardFn>);
+    reg(Op::gelu_backward, D, &binary_kernel<T, GeluBackwardFn>);
+    reg(Op::sigmoid_backward, D, &binary_kernel<T, SigmoidBackwardFn>);
+    reg(Op::tanh_backward, D, &binary_kernel<T, TanhBackwardFn>);
+    reg(Op::sqrt_backward, D, &binary_kernel<T, SqrtBackwardFn>);
+    reg(Op::rsqrt_backward, D, &binary_kernel<T, RsqrtBackwardFn>);
+    reg(Op::pow_backward, D, &binary_kernel<T, PowBackwardFn>);
+    reg(Op::clamp_backward, D, &binary_kernel<T, ClampBackwardFn>);
+    reg(Op::bce, D, &binary_kernel<T, BceFn>);
+    reg(Op::bce_backward, D, &ternary_kernel<T, BceBackwardFn>);
+    reg(Op::bce_logits, D, &binary_kernel<T, BceLogitsFn>);
+    reg(Op::bce_logits_backward, D, &ternary_kernel<T, BceLogitsBackwardFn>);
+    reg(Op::dropout, D, &dropout_kernel<T>);
+    reg(Op::masked_scale, D, &masked_scale_kernel<T>);
+    reg(Op::sum_rows, D, &sum_rows_kernel<T>);
+    reg(Op::softmax_rows, D, &softmax_rows_kernel<T, false>);
+    reg(Op::log_softmax_rows, D, &softmax_rows_kernel<T, true>);
+    reg(Op::softmax_backward_rows, D, &softmax_backward_rows_kernel<T, false>);
+    reg(Op::log_softmax_backward_rows, D, &softmax_backward_rows_kernel<T, true>);
+    reg(Op::layer_norm_rows, D, &layer_norm_rows_kernel<T>);
+    reg(Op::layer_norm_backward_rows, D, &layer_norm_backward_rows_kernel<T>);
+    reg(Op::layer_norm_param_grad, D, &layer_norm_param_grad_kernel<T>);
+    reg(Op::gemm, D, &gemm_kernel<T>);
+    reg(Op::im2col, D, &im2col_kernel<T>);
+    reg(Op::col2im, D, &col2im_kernel<T>);
+    reg(Op::max_pool2d, D, &max_pool2d_kernel<T>);
+    reg(Op::max_pool2d_backward, D, &max_pool2d_backward_kernel<T>);
+    reg(Op::embedding, D, &embedding_kernel<T>);
+    reg(Op::embedding_backward, D, &embedding_backward_kernel<T>);
+    reg(Op::nll_rows, D, &nll_rows_kernel<T>);
+    reg(Op::nll_backward_rows, D, &nll_backward_rows_kernel<T>);
+  };
+  floating(double{});
+  floating(float{});
+  floating(f16{});
+  floating(bf16{});
+  // argmax is chosen by its output dtype (i64); the input's dtype is dispatched inside.
+  reg(Op::argmax_rows, DType::i64, [](Backend& be, const KernelArgs& a) {
+    visit_dtype(a.in[0].dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, bool>) argmax_rows_kernel<T>(be, a);
+    });
+  });
+}
+
+}  // namespace ampscope::cpu
