@@ -67,7 +67,8 @@ namespace ampscope {
   X(layer_norm_backward_rows)   /* (g, x, mean, rstd, w?) -> out dx */                                        \
   X(layer_norm_param_grad)      /* (g, x, mean, rstd) -> out dw, aux[0] db, summed over rows */               \
   /* matrix products and windows */                                                                           \
-  X(gemm)              /* out[b] = in[0][b] @ in[1][b] (+ in[2] bias: scalars[0] 0 per column, 1 per row) */ \
+  X(gemm)              /* out[b] = in[0][b] @ in[1][b] (+ in[2] bias: scalars[0] 0 per column, 1 per row); */ \
+                       /* scalars[1] = 1: out [1, M, N] = sum over b, accumulated before the one rounding */ \
   X(im2col)            /* x [N,C,H,W] -> cols [N, C*KH*KW, OH*OW]; scalars kh kw sh sw ph pw */               \
   X(col2im)            /* cols -> dx [N,C,H,W], summed per input element; same scalars */                     \
   X(max_pool2d)        /* x -> out y, aux[0] argmax (i64, within the H*W plane); same scalars */              \

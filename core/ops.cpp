@@ -204,7 +204,14 @@ double mean_factor(DType dtype, std::int64_t outputs, std::int64_t inputs) {
 Tensor gemm(std::string_view op, const Tensor& a, const Tensor& b, DType out_dtype, const Tensor& bias = Tensor(),
             bool bias_per_row = false) {
   Tensor out = Tensor::empty({a.size(0), a.size(1), b.size(2)}, {out_dtype, a.device()});
-  run_kernel_general(op, Op::gemm, {out}, {a, b, bias}, {bias_per_row ? 1.0 : 0.0});
+  run_kernel_general(op, Op::gemm, {out}, {a, b, bias}, {bias_per_row ? 1.0 : 0.0, 0.0});
+  return out;
+}
+
+// sum_b a[b] @ b[b] as one [M, N] product, accumulated before rounding once.
+Tensor gemm_sum_batches(std::string_view op, const Tensor& a, const Tensor& b, DType out_dtype) {
+  Tensor out = Tensor::empty({1, a.size(1), b.size(2)}, {out_dtype, a.device()});
+  run_kernel_general(op, Op::gemm, {out}, {a, b}, {0.0, 1.0});
   return out;
 }
 
@@ -718,10 +725,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
           gx = dx.to(sw.dtype());
         }
         if (n[1]) {
-          // One product over every image and position, accumulated once: [O, N*L] @ [N*L, CKK].
-          const Tensor gm = g3.permute({1, 0, 2}).contiguous().reshape({1, O, N * L});
-          const Tensor cm = sc.permute({0, 2, 1}).contiguous().reshape({1, N * L, CKK});
-          gw = gemm("conv2d", gm, cm, sw.dtype()).reshape(sw.shape());
+          // sum_n g[n] @ cols[n]^T, accumulated over the whole batch before rounding once.
+          gw = gemm_sum_batches("conv2d", g3, sc.transpose(1, 2), sw.dtype()).reshape(sw.shape());
         }
         if (has_bias && n[2]) gb = sum(g, {0, 2, 3});
         return Grads{gx, gw, gb};

@@ -1,6 +1,8 @@
 // The CPU backend: memory from the C++ heap, kernels as loops over strided views, split over the cores.
 #include "kernels/cpu/cpu_backend.h"
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -121,6 +123,11 @@ class CpuBackend final : public Backend {
       }
     });
     cpu::register_nn_kernels([this](Op op, DType dtype, KernelFn fn) { register_kernel(op, dtype, fn); });
+    // A training step allocates and frees the same large buffers (im2col columns, activations) every
+    // step. glibc would map and unmap each one and the next step would page-fault it in again; keeping
+    // blocks up to 1 GiB in the heap lets them be reused, as a caching allocator would.
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
 
   std::string_view name() const override { return "cpu"; }

@@ -17,6 +17,9 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/functors.h"
 
+// OpenBLAS's own control of its thread pool (declared here too in case cblas.h is another vendor's).
+extern "C" void openblas_set_num_threads(int num_threads);
+
 namespace ampscope::cpu {
 namespace {
 
@@ -320,17 +323,21 @@ bool direct_operand(const TensorView& v, std::int64_t batch, BlasOperand& op) {
 
 template <class Acc>
 void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const Acc* a, int lda, const Acc* b,
-               int ldb, Acc* c, int ldc) {
+               int ldb, Acc* c, int ldc, Acc beta = Acc(0)) {
   if constexpr (std::is_same_v<Acc, double>) {
-    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
   } else {
-    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
   }
 }
 
 // out[b] = A[b] @ B[b] (+ bias), accumulated in float (double for f64) and rounded once to out's
 // dtype, which is what cuBLAS does with f16/bf16 inputs and f32 compute. Inputs may have any floating
 // dtype and any strides; those BLAS cannot read in place are widened into a dense buffer first.
+//
+// Threads: OpenBLAS runs single-threaded (see register_nn_kernels) and the work is split here with
+// OpenMP, over batches when there are enough of them, else over row blocks of each product. Two thread
+// pools on two cores would spin against each other; one pool keeps both cores busy.
 template <class T>
 void gemm_kernel(Backend&, const KernelArgs& a) {
   using Acc = acc_type<T>;
@@ -340,7 +347,6 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
   const bool bias_per_row = a.scalars[0] != 0;
   const std::int64_t batches = a.out.sizes[0], m = a.out.sizes[1], n = a.out.sizes[2], k = A.sizes[2];
   T* out = a.out.ptr<T>();
-  std::vector<Acc> pa, pb, pc;
   std::vector<Acc> bias_acc;
   if (bias.data) {
     bias_acc.resize(static_cast<std::size_t>(bias.numel));
@@ -352,7 +358,8 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
       }
     });
   }
-  for (std::int64_t b = 0; b < batches; ++b) {
+  // One product; with split_rows its row blocks run on all threads.
+  auto product = [&](std::int64_t b, std::vector<Acc>& pa, std::vector<Acc>& pb, std::vector<Acc>& pc, bool split_rows) {
     Acc* c = nullptr;
     if constexpr (std::is_same_v<T, Acc>) {
       c = reinterpret_cast<Acc*>(out + b * m * n);
@@ -374,18 +381,61 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
         pack_matrix(B, b, pb.data());
         ob = {pb.data(), CblasNoTrans, static_cast<int>(n)};
       }
-      blas_gemm<Acc>(oa.trans, ob.trans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                     static_cast<const Acc*>(oa.data), oa.ld, static_cast<const Acc*>(ob.data), ob.ld, c,
-                     static_cast<int>(n));
+      auto rows = [&](std::int64_t r0, std::int64_t r1) {
+        // Row r of A starts at r * ld when stored row-major (NoTrans), at column r when transposed.
+        const Acc* a_rows = static_cast<const Acc*>(oa.data) + (oa.trans == CblasNoTrans ? r0 * oa.ld : r0);
+        blas_gemm<Acc>(oa.trans, ob.trans, static_cast<int>(r1 - r0), static_cast<int>(n), static_cast<int>(k), a_rows,
+                       oa.ld, static_cast<const Acc*>(ob.data), ob.ld, c + r0 * n, static_cast<int>(n));
+      };
+      if (split_rows) {
+        parallel_for(m, std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(n * k, 1)), rows);
+      } else {
+        rows(0, m);
+      }
     }
     T* o = out + b * m * n;
-    parallel_for(m * n, kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t i = lo; i < hi; ++i) {
-        Acc v = c[i];
-        if (bias.data) v += bias_acc[bias_per_row ? i / n : i % n];
-        o[i] = convert<T>(canonical_nan(v));
+    for (std::int64_t i = 0; i < m * n; ++i) {
+      Acc v = c[i];
+      if (bias.data) v += bias_acc[bias_per_row ? i / n : i % n];
+      o[i] = convert<T>(canonical_nan(v));
+    }
+  };
+  if (a.scalars[1] != 0) {
+    // out [1, M, N] = sum_b A[b] @ B[b]: one accumulator in the accumulation type, batches added in
+    // order, rounded once (a weight gradient summed over a batch of images).
+    std::vector<Acc> acc(static_cast<std::size_t>(m * n), Acc(0));
+    const std::int64_t in_batches = A.sizes[0];
+    parallel_for(m, std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(n * k, 1)), [&](std::int64_t r0, std::int64_t r1) {
+      std::vector<Acc> pa, pb;
+      for (std::int64_t b = 0; b < in_batches && k > 0; ++b) {
+        BlasOperand oa, ob;
+        if (!direct_operand<Acc>(A, b, oa)) {
+          pa.resize(static_cast<std::size_t>(m * k));
+          pack_matrix(A, b, pa.data());
+          oa = {pa.data(), CblasNoTrans, static_cast<int>(k)};
+        }
+        if (!direct_operand<Acc>(B, b, ob)) {
+          pb.resize(static_cast<std::size_t>(k * n));
+          pack_matrix(B, b, pb.data());
+          ob = {pb.data(), CblasNoTrans, static_cast<int>(n)};
+        }
+        const Acc* a_rows = static_cast<const Acc*>(oa.data) + (oa.trans == CblasNoTrans ? r0 * oa.ld : r0);
+        blas_gemm<Acc>(oa.trans, ob.trans, static_cast<int>(r1 - r0), static_cast<int>(n), static_cast<int>(k), a_rows,
+                       oa.ld, static_cast<const Acc*>(ob.data), ob.ld, acc.data() + r0 * n, static_cast<int>(n),
+                       b == 0 ? Acc(0) : Acc(1));
       }
     });
+    for (std::int64_t i = 0; i < m * n; ++i) out[i] = convert<T>(canonical_nan(acc[i]));
+    return;
+  }
+  if (batches >= 2) {
+    parallel_for(batches, 1, [&](std::int64_t b0, std::int64_t b1) {
+      std::vector<Acc> pa, pb, pc;
+      for (std::int64_t b = b0; b < b1; ++b) product(b, pa, pb, pc, false);
+    });
+  } else {
+    std::vector<Acc> pa, pb, pc;
+    for (std::int64_t b = 0; b < batches; ++b) product(b, pa, pb, pc, true);
   }
 }
 
@@ -592,6 +642,8 @@ void nll_backward_rows_kernel(Backend&, const KernelArgs& a) {
 }  // namespace
 
 void register_nn_kernels(const KernelRegistrar& reg) {
+  // One thread pool (OpenMP) for the whole backend: gemm_kernel splits products itself.
+  openblas_set_num_threads(1);
   auto floating = [&](auto tag) {
     using T = decltype(tag);
     constexpr DType D = dtype_of<T>::value;
