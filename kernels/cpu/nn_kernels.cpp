@@ -331,6 +331,13 @@ void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, cons
   }
 }
 
+// How many rows (or batches) of n x k multiply-adds make a task worth a thread: about a million, or a
+// few hundred microseconds of one core. Smaller products run on the calling thread, because starting
+// and joining a thread team costs more than they do (and much more on a loaded machine).
+std::int64_t rows_per_task(std::int64_t n, std::int64_t k) {
+  return std::max<std::int64_t>(1, (std::int64_t{1} << 20) / std::max<std::int64_t>(n * k, 1));
+}
+
 // out[b] = A[b] @ B[b] (+ bias), accumulated in float (double for f64) and rounded once to out's
 // dtype, which is what cuBLAS does with f16/bf16 inputs and f32 compute. Inputs may have any floating
 // dtype and any strides; those BLAS cannot read in place are widened into a dense buffer first.
@@ -388,7 +395,7 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
                        oa.ld, static_cast<const Acc*>(ob.data), ob.ld, c + r0 * n, static_cast<int>(n));
       };
       if (split_rows) {
-        parallel_for(m, std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(n * k, 1)), rows);
+        parallel_for(m, rows_per_task(n, k), rows);
       } else {
         rows(0, m);
       }
@@ -405,7 +412,7 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
     // order, rounded once (a weight gradient summed over a batch of images).
     std::vector<Acc> acc(static_cast<std::size_t>(m * n), Acc(0));
     const std::int64_t in_batches = A.sizes[0];
-    parallel_for(m, std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(n * k, 1)), [&](std::int64_t r0, std::int64_t r1) {
+    parallel_for(m, rows_per_task(n * in_batches, k), [&](std::int64_t r0, std::int64_t r1) {
       std::vector<Acc> pa, pb;
       for (std::int64_t b = 0; b < in_batches && k > 0; ++b) {
         BlasOperand oa, ob;
@@ -429,7 +436,7 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
     return;
   }
   if (batches >= 2) {
-    parallel_for(batches, 1, [&](std::int64_t b0, std::int64_t b1) {
+    parallel_for(batches, rows_per_task(m * n, k), [&](std::int64_t b0, std::int64_t b1) {
       std::vector<Acc> pa, pb, pc;
       for (std::int64_t b = b0; b < b1; ++b) product(b, pa, pb, pc, false);
     });
@@ -449,6 +456,11 @@ struct Window {
         ph(static_cast<std::int64_t>(a.scalars[4])), pw(static_cast<std::int64_t>(a.scalars[5])) {}
 };
 
+// Image planes per task: enough that a task does about kElementwiseGrain element operations.
+std::int64_t planes_per_task(std::int64_t work_per_plane) {
+  return std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(work_per_plane, 1));
+}
+
 // x [N, C, H, W] (contiguous) -> cols [N, C*KH*KW, OH*OW]; padding reads as zero.
 template <class T>
 void im2col_kernel(Backend&, const KernelArgs& a) {
@@ -459,7 +471,7 @@ void im2col_kernel(Backend&, const KernelArgs& a) {
   const std::int64_t OW = (W + 2 * w.pw - w.kw) / w.sw + 1;
   const T* in = x.ptr<T>();
   T* out = a.out.ptr<T>();
-  parallel_for(N * C, 1, [&](std::int64_t b, std::int64_t e) {
+  parallel_for(N * C, planes_per_task(w.kh * w.kw * L), [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t nc = b; nc < e; ++nc) {
       const T* plane = in + nc * H * W;
       T* rows = out + nc * w.kh * w.kw * L;  // (n, c) owns KH*KW consecutive rows of cols
@@ -486,7 +498,7 @@ void col2im_kernel(Backend&, const KernelArgs& a) {
   const std::int64_t OH = (H + 2 * w.ph - w.kh) / w.sh + 1, OW = (W + 2 * w.pw - w.kw) / w.sw + 1;
   const T* cols = a.in[0].ptr<T>();
   T* out = a.out.ptr<T>();
-  parallel_for(N * C, 1, [&](std::int64_t b, std::int64_t e) {
+  parallel_for(N * C, planes_per_task(w.kh * w.kw * H * W), [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t nc = b; nc < e; ++nc) {
       const T* rows = cols + nc * w.kh * w.kw * OH * OW;
       for (std::int64_t h = 0; h < H; ++h) {
@@ -519,7 +531,7 @@ void max_pool2d_kernel(Backend&, const KernelArgs& a) {
   const T* in = x.ptr<T>();
   T* out = a.out.ptr<T>();
   std::int64_t* idx = a.aux[0].ptr<std::int64_t>();
-  parallel_for(N * C, 1, [&](std::int64_t b, std::int64_t e) {
+  parallel_for(N * C, planes_per_task(w.kh * w.kw * OH * OW), [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t nc = b; nc < e; ++nc) {
       const T* plane = in + nc * H * W;
       for (std::int64_t oh = 0; oh < OH; ++oh) {
@@ -555,7 +567,7 @@ void max_pool2d_backward_kernel(Backend&, const KernelArgs& a) {
   const T* g = a.in[0].ptr<T>();
   const std::int64_t* idx = a.in[1].ptr<std::int64_t>();
   T* out = a.out.ptr<T>();
-  parallel_for(N * C, 1, [&](std::int64_t b, std::int64_t e) {
+  parallel_for(N * C, planes_per_task(w.kh * w.kw * H * W), [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t nc = b; nc < e; ++nc) {
       const T* gp = g + nc * OH * OW;
       const std::int64_t* ip = idx + nc * OH * OW;
