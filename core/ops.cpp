@@ -96,8 +96,10 @@ Tensor binary_forward(std::string_view op, Op kernel, const Tensor& a, const Ten
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), label(op));
   const DType result = floating_only ? floating_result(result_type(a, b)) : result_type(a, b);
   if (a.dtype() == result && b.dtype() == result) return map(op, kernel, shape, result, {a, b});
-  // Mixed dtypes: widen both inputs to the compute type (exact for floating inputs; i64 -> float is the
-  // same conversion PyTorch does on load), compute, and round once to the result dtype.
+  // Mixed dtypes: widen both inputs to the compute type, compute, and round once to the result dtype.
+  // This is what PyTorch's CUDA kernels do: TensorIterator does not cast CUDA inputs to the common dtype
+  // but loads each one with fetch_and_cast to the functor's argument type, which is the op-math type
+  // (float). So f16[n] * f32 0-dim tensor uses the f32 value unrounded, and i64 -> float is one rounding.
   const DType compute = compute_dtype(result);
   return map(op, kernel, shape, compute, {a.to(compute), b.to(compute)}).to(result);
 }
@@ -235,7 +237,8 @@ std::vector<std::int64_t> host_indices(const Tensor& t) {
 Tensor apply_reduction(std::string_view op, const Tensor& per_element, Reduction reduction) {
   switch (reduction) {
     case Reduction::none: return per_element;
-    case Reduction::sum: return reduce_rows(op, per_element, {}, false, per_element.dtype(), 1.0, 1.0);
+    case Reduction::sum:
+      return reduce_rows(op, per_element, normalize_dims(op, per_element, {}), false, per_element.dtype(), 1.0, 1.0);
     case Reduction::mean:
       return reduce_rows(op, per_element, normalize_dims(op, per_element, {}), false, per_element.dtype(),
                          mean_factor(per_element.dtype(), 1, per_element.numel()), 1.0);
@@ -588,7 +591,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   }
   const std::int64_t M = a_vec ? 1 : a.size(-2);
   const std::int64_t N = b_vec ? 1 : b.size(-1);
-  Shape out_shape = batch_a.empty() && b.dim() > 2 ? batch_b : batch_a;
+  Shape out_shape = batch_a;  // equal to batch_b when b is batched (checked above)
   if (!a_vec) out_shape.push_back(M);
   if (!b_vec) out_shape.push_back(N);
   const bool shared_b = b.dim() <= 2;

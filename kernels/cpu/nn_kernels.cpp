@@ -342,8 +342,8 @@ std::int64_t rows_per_task(std::int64_t n, std::int64_t k) {
 // dtype, which is what cuBLAS does with f16/bf16 inputs and f32 compute. Inputs may have any floating
 // dtype and any strides; those BLAS cannot read in place are widened into a dense buffer first.
 //
-// Threads: OpenBLAS runs single-threaded (see register_nn_kernels) and the work is split here with
-// OpenMP, over batches when there are enough of them, else over row blocks of each product. Two thread
+// Threads: OpenBLAS runs single-threaded (see register_nn_kernels) and the work is split here on the
+// backend's pool (kernels/cpu/parallel.h), over batches when there are enough of them, else over row blocks of each product. Two thread
 // pools on two cores would spin against each other; one pool keeps both cores busy.
 template <class T>
 void gemm_kernel(Backend&, const KernelArgs& a) {
@@ -654,7 +654,7 @@ void nll_backward_rows_kernel(Backend&, const KernelArgs& a) {
 }  // namespace
 
 void register_nn_kernels(const KernelRegistrar& reg) {
-  // One thread pool (OpenMP) for the whole backend: gemm_kernel splits products itself.
+  // One thread pool for the whole backend (kernels/cpu/parallel.h): gemm_kernel splits products itself.
   openblas_set_num_threads(1);
   auto floating = [&](auto tag) {
     using T = decltype(tag);

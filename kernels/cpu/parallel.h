@@ -1,42 +1,47 @@
-// kernels/cpu/parallel.h: split a range over the CPU's cores (OpenMP), for element-wise work that is
-// large enough to pay for the threads.
+// kernels/cpu/parallel.h: split a range over the CPU's cores, for kernel work that is large enough to
+// pay for the threads.
 //
 //   parallel_for(n, kElementwiseGrain, [&](std::int64_t begin, std::int64_t end) { ... });
+//
+// The pool's workers sleep on a condition variable between jobs. (OpenMP's workers spin for a while
+// after each parallel region; on a shared two-core machine that spinning took most of the CPU time of
+// a training step away from everything else, including the other core's real work.) The number of
+// threads is AMPSCOPE_NUM_THREADS, else OMP_NUM_THREADS, else the number of cores.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
+#include <functional>
 
 namespace ampscope::cpu {
 
-// Below this many elements one thread does the work: a fork/join costs a few microseconds, about as
-// long as one core needs for 32k simple element operations.
+// Below this many elements one thread does the work: waking a worker and joining it costs a few
+// microseconds, about as long as one core needs for 32k simple element operations.
 inline constexpr std::int64_t kElementwiseGrain = 32768;
 
-// Calls fn(begin, end) on disjoint chunks covering [0, n). fn must not throw.
+int num_threads();  // the pool's size, the calling thread included
+
+namespace detail {
+// Runs task(0) ... task(tasks - 1) on the pool, the caller taking part; returns when all are done.
+void run_tasks(int tasks, const std::function<void(int)>& task);
+bool in_parallel_region();
+}  // namespace detail
+
+// Calls fn(begin, end) on disjoint chunks covering [0, n), each at least `grain` long where possible.
+// fn must not throw. Nested calls (from inside a chunk) run on the calling thread.
 template <class Fn>
 void parallel_for(std::int64_t n, std::int64_t grain, const Fn& fn) {
   if (n <= 0) return;
-#if defined(_OPENMP)
-  const std::int64_t max_chunks = (n + grain - 1) / std::max<std::int64_t>(grain, 1);
-  const int threads = static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), max_chunks));
-  if (threads > 1 && !omp_in_parallel()) {
-#pragma omp parallel num_threads(threads)
-    {
-      const std::int64_t t = omp_get_thread_num();
-      const std::int64_t nt = omp_get_num_threads();
-      const std::int64_t begin = n * t / nt;
-      const std::int64_t end = n * (t + 1) / nt;
-      if (begin < end) fn(begin, end);
-    }
+  const std::int64_t max_chunks = (n + std::max<std::int64_t>(grain, 1) - 1) / std::max<std::int64_t>(grain, 1);
+  const int chunks = static_cast<int>(std::min<std::int64_t>(num_threads(), max_chunks));
+  if (chunks <= 1 || detail::in_parallel_region()) {
+    fn(0, n);
     return;
   }
-#endif
-  fn(0, n);
+  detail::run_tasks(chunks, [&](int t) {
+    const std::int64_t begin = n * t / chunks, end = n * (t + 1) / chunks;
+    if (begin < end) fn(begin, end);
+  });
 }
 
 }  // namespace ampscope::cpu
