@@ -64,7 +64,8 @@ class AccumulateGrad final : public autograd::Node {
     if (!m.grad.defined()) {
       m.grad = grad.clone();  // a fresh buffer, never an alias of a tensor some other node still holds
     } else {
-      m.grad = add(m.grad, grad);
+      // In place, as PyTorch does: a handle to .grad taken earlier (by a scaler, a probe) sees the sum.
+      m.grad.copy_(add(m.grad, grad));
     }
     return {};
   }
@@ -107,6 +108,7 @@ bool Tensor::requires_grad() const {
 
 Tensor& Tensor::requires_grad_(bool on) {
   autograd::Meta& m = meta_of(*this);
+  if (m.grad_fn && on) return *this;  // a recorded op's output already requires grad
   if (m.grad_fn) {
     throw Error(fmt::format("requires_grad_: {} is the output of '{}', not a leaf; only leaves can change "
                             "requires_grad\nhint: use detach() to make a leaf from it",
@@ -135,9 +137,11 @@ Tensor Tensor::grad() const {
 }
 
 void Tensor::set_grad(const Tensor& grad) {
-  if (grad.defined() && (grad.shape() != shape() || grad.device() != device())) {
-    throw ShapeError(fmt::format("set_grad: gradient of shape {} on {} given for {} on {}", shape_str(grad.shape()),
-                                 grad.device().str(), describe(*this), device().str()));
+  if (grad.defined() && (grad.shape() != shape() || grad.device() != device() || grad.dtype() != dtype())) {
+    throw ShapeError(fmt::format("set_grad: gradient of shape {} ({}) on {} given for {} on {}; a gradient must have "
+                                 "the tensor's shape, dtype and device",
+                                 shape_str(grad.shape()), dtype_name(grad.dtype()), grad.device().str(),
+                                 describe(*this), device().str()));
   }
   meta_of(*this).grad = grad;
 }
@@ -256,7 +260,6 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   std::unordered_map<Node*, Tensor> pending;  // summed incoming gradient per node
   pending[root_node.get()] = grad;
   ready.push(root_node);
-  std::vector<std::shared_ptr<Node>> ran;
 
   NoGradGuard no_grad;  // backward computations are not themselves recorded
   while (!ready.empty()) {
@@ -268,7 +271,13 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     for (const auto& next : node->next()) needs.push_back(next != nullptr);
     // No gradient reached this node (every path into it carried none): nothing flows on from it.
     std::vector<Tensor> grads = g.defined() ? node->apply(g, needs) : std::vector<Tensor>{};
-    ran.push_back(node);
+    if (!grads.empty() && grads.size() != node->next().size()) {
+      throw Error(fmt::format("backward of {}: returned {} gradients for {} inputs; this is a bug in the op's backward",
+                              where(*node), grads.size(), node->next().size()));
+    }
+    // Saved tensors are freed as soon as the node has run, so peak memory does not hold every
+    // activation until the end of backward.
+    if (!retain_graph) node->release();
     for (std::size_t i = 0; i < node->next().size(); ++i) {
       const std::shared_ptr<Node>& next = node->next()[i];
       if (!next) continue;
@@ -285,9 +294,6 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       }
       if (--dependencies[next.get()] == 0) ready.push(next);
     }
-  }
-  if (!retain_graph) {
-    for (const auto& node : ran) node->release();
   }
 }
 

@@ -43,20 +43,17 @@ namespace ampscope {
   X(clamp)         /* min(max(in[0], scalars[0]), scalars[1]); +-inf for an absent bound; NaN kept */         \
   X(where)         /* in[0] (bool) ? in[1] : in[2] */                                                         \
   X(masked_fill)   /* in[1] (bool) ? scalars[0] : in[0] */                                                    \
-  X(relu_backward)     /* (g, x): x > 0 ? g : 0 */                                                            \
+  X(relu_backward)     /* (g, y): y <= 0 ? 0 : g (PyTorch's threshold_backward; a NaN passes g) */             \
   X(gelu_backward)     /* (g, x), scalars[0] as gelu */                                                       \
   X(sigmoid_backward)  /* (g, y): g * y * (1 - y) */                                                          \
   X(tanh_backward)     /* (g, y): g * (1 - y * y) */                                                          \
-  X(sqrt_backward)     /* (g, y): g / (2 * y) */                                                              \
-  X(rsqrt_backward)    /* (g, y): -0.5 * g * y * y * y */                                                     \
-  X(pow_backward)      /* (g, x): g * p * x ** (p - 1), p = scalars[0] */                                     \
   X(clamp_backward)    /* (g, x): lo <= x <= hi ? g : 0 */                                                    \
   X(bce)               /* (p, y): -(y log p + (1 - y) log(1 - p)), each log clamped at -100 */                \
   X(bce_backward)      /* (g, p, y): g (p - y) / max(p (1 - p), 1e-12) */                                     \
   X(bce_logits)        /* (x, y): (1 - y) x + log(1 + exp(-x)), computed stably */                             \
   X(bce_logits_backward) /* (g, x, y): g (sigmoid(x) - y) */                                                  \
   X(dropout)           /* in[0] x; out x * keep / (1 - p), aux[0] keep mask (bool); p = scalars[0] */         \
-  X(masked_scale)      /* (g, mask): mask ? g * scalars[0] : 0 */                                             \
+  X(masked_scale)      /* (g, mask): g * (mask ? 1 : 0) * scalars[0] (a dropped NaN stays NaN) */             \
   /* rows: in[0] is a contiguous [rows, cols] tensor; the reduced or normalised dimension is last */         \
   X(sum_rows)          /* out[r] = sum_c in[r, c] * scalars[0] / scalars[1] (mean: PyTorch's factor, 1) */  \
   X(argmax_rows)       /* out[r] (i64) = first index of the largest value (NaN counts as largest) */          \

@@ -403,19 +403,31 @@ Tensor log(const Tensor& a) {
   return autograd::record("log", out, {a}, [x = a.detach()](const Tensor& g, const Needs&) { return Grads{div(g, x)}; });
 }
 
+// sqrt, rsqrt and pow have no backward kernel in PyTorch: autograd composes them from tensor ops, each
+// rounded to the tensor's dtype. So do we, in PyTorch's order (derivatives.yaml).
 Tensor sqrt(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("sqrt", Op::sqrt, a, true); });
-  return record_unary("sqrt", out, a, Op::sqrt_backward, out);
+  if (!autograd::any_requires_grad({a})) return out;
+  return autograd::record("sqrt", out, {a}, [y = out.detach()](const Tensor& g, const Needs&) {
+    return Grads{div(g, mul(y, 2.0))};  // grad / (2 * result)
+  });
 }
 
 Tensor rsqrt(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("rsqrt", Op::rsqrt, a, true); });
-  return record_unary("rsqrt", out, a, Op::rsqrt_backward, out);
+  if (!autograd::any_requires_grad({a})) return out;
+  return autograd::record("rsqrt", out, {a}, [y = out.detach()](const Tensor& g, const Needs&) {
+    return Grads{mul(mul(g, -0.5), pow(y, 3.0))};  // -0.5 * grad * result.pow(3)
+  });
 }
 
 Tensor pow(const Tensor& a, double exponent) {
   Tensor out = untracked([&] { return unary_forward("pow", Op::pow_scalar, a, true, {exponent}); });
-  return record_unary("pow", out, a, Op::pow_backward, a, exponent);
+  if (!autograd::any_requires_grad({a})) return out;
+  return autograd::record("pow", out, {a}, [x = a.detach(), exponent](const Tensor& g, const Needs&) {
+    if (exponent == 0.0) return Grads{zeros(x.shape(), {g.dtype(), g.device()})};
+    return Grads{mul(g, mul(pow(x, exponent - 1.0), exponent))};  // grad * (exponent * self.pow(exponent - 1))
+  });
 }
 
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
@@ -514,7 +526,11 @@ Tensor argmax(const Tensor& a, std::int64_t dim) {
 namespace {
 Tensor softmax_impl(std::string_view op, const Tensor& a, std::int64_t dim, std::optional<DType> dtype, bool log) {
   const DType out_dtype = dtype.value_or(a.dtype());
-  if (!is_floating(out_dtype)) check_floating(op, a);
+  if (!is_floating(out_dtype)) {
+    throw DTypeError(fmt::format("{}: the result dtype must be floating, got {}\nhint: pass dtype = f32, or cast the "
+                                 "input first",
+                                 label(op), dtype_name(out_dtype)));
+  }
   const std::int64_t d = wrap(dim, a.dim(), op, a.shape());
   const Op kernel = log ? Op::log_softmax_rows : Op::softmax_rows;
   const Op backward_kernel = log ? Op::log_softmax_backward_rows : Op::softmax_backward_rows;
@@ -1073,6 +1089,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                  shape_str(v.shape())));
   }
   const Shape batch(q.shape().begin(), q.shape().end() - 2);
+  const Shape k_batch(k.shape().begin(), k.shape().end() - 2), v_batch(v.shape().begin(), v.shape().end() - 2);
+  if (k_batch != batch || v_batch != batch) {
+    throw ShapeError(fmt::format("{}: q {}, k {} and v {} must have the same batch (and head) dimensions",
+                                 label("scaled_dot_product_attention"), shape_str(q.shape()), shape_str(k.shape()),
+                                 shape_str(v.shape())));
+  }
   const std::int64_t B = numel_of(batch);
   const Tensor q3 = q.reshape({B, T, D}), k3 = k.reshape({B, S, D}), v3 = v.reshape({B, S, v.size(-1)});
   Tensor scores = mul(bmm(q3, k3.transpose(1, 2)), scale.value_or(1.0 / std::sqrt(static_cast<double>(D))));

@@ -276,6 +276,13 @@ void run_kernel_general(std::string_view op, Op kernel, std::initializer_list<Te
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_in_place(*this, "copy_");
+  if (tracks(src)) {
+    // The copy would carry src's values but not its gradient path: the gradient would silently stop here.
+    throw Error(fmt::format("copy_: the source {}requires grad, and copying it into a tensor outside the graph "
+                            "would silently cut its gradient\nhint: use the result itself (or clone() it), or "
+                            "copy a detach()ed source inside a NoGradGuard if no gradient should flow",
+                            src.name().empty() ? "" : fmt::format("'{}' ", src.name())));
+  }
   if (src.shape() != shape()) {
     throw ShapeError(fmt::format("copy_: source shape {} does not match destination shape {}", shape_str(src.shape()),
                                  shape_str(shape())));

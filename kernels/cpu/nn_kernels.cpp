@@ -630,7 +630,7 @@ void nll_rows_kernel(Backend&, const KernelArgs& a) {
   const auto ignore = static_cast<std::int64_t>(a.scalars[0]);
   T* out = a.out.ptr<T>();
   for (std::int64_t r = 0; r < rows; ++r) {
-    out[r] = target[r] == ignore ? convert<T>(0.0) : convert<T>(-convert<acc_type<T>>(logp[r * cols + target[r]]));
+    out[r] = target[r] == ignore ? convert<T>(0.0) : convert<T>(canonical_nan(-convert<acc_type<T>>(logp[r * cols + target[r]])));
   }
 }
 
@@ -673,9 +673,6 @@ void register_nn_kernels(const KernelRegistrar& reg) {
     reg(Op::gelu_backward, D, &binary_kernel<T, GeluBackwardFn>);
     reg(Op::sigmoid_backward, D, &binary_kernel<T, SigmoidBackwardFn>);
     reg(Op::tanh_backward, D, &binary_kernel<T, TanhBackwardFn>);
-    reg(Op::sqrt_backward, D, &binary_kernel<T, SqrtBackwardFn>);
-    reg(Op::rsqrt_backward, D, &binary_kernel<T, RsqrtBackwardFn>);
-    reg(Op::pow_backward, D, &binary_kernel<T, PowBackwardFn>);
     reg(Op::clamp_backward, D, &binary_kernel<T, ClampBackwardFn>);
     reg(Op::bce, D, &binary_kernel<T, BceFn>);
     reg(Op::bce_backward, D, &ternary_kernel<T, BceBackwardFn>);

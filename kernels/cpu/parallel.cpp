@@ -1,9 +1,15 @@
 // The CPU backend's thread pool: workers that sleep between jobs, one job at a time.
+//
+// A job is published under the mutex with a new generation number. A worker that wakes takes a copy of
+// the job and registers itself as active under the same lock, so it can only ever run tasks of the job
+// it copied. The caller waits until every task is done and no worker is active before it returns, and
+// before it publishes the next job, so a late worker can never claim indices of a newer job.
 #include "kernels/cpu/parallel.h"
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -13,6 +19,13 @@ namespace ampscope::cpu {
 namespace {
 
 thread_local bool t_in_region = false;
+
+// Marks the thread as inside a job for its lifetime, also when a task throws.
+class RegionGuard {
+ public:
+  RegionGuard() { t_in_region = true; }
+  ~RegionGuard() { t_in_region = false; }
+};
 
 int configured_threads() {
   for (const char* var : {"AMPSCOPE_NUM_THREADS", "OMP_NUM_THREADS"}) {
@@ -25,7 +38,7 @@ int configured_threads() {
       }
     }
   }
-  return std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 class Pool {
@@ -44,50 +57,75 @@ class Pool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
+  // Runs the job; rethrows the first exception a task threw, after every task has finished.
   void run(int tasks, const std::function<void(int)>& task) {
-    std::unique_lock<std::mutex> job_lock(job_mutex_);  // one job at a time (callers from several threads)
+    std::lock_guard<std::mutex> one_job(job_mutex_);  // callers on several threads take turns
+    Job job{&task, tasks};
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      task_ = &task;
-      tasks_ = tasks;
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [this] { return active_ == 0; });  // late workers of the last job have left
+      job_ = job;
       next_.store(0);
       remaining_ = tasks;
+      error_ = nullptr;
       ++generation_;
     }
     wake_.notify_all();
-    drain();
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return remaining_ == 0; });
-    task_ = nullptr;
+    drain(job);
+    std::exception_ptr error;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [this] { return remaining_ == 0 && active_ == 0; });
+      error = error_;
+      error_ = nullptr;
+    }
+    if (error) std::rethrow_exception(error);
   }
 
  private:
-  // Takes tasks until none are left; the last one to finish wakes the caller.
-  void drain() {
-    t_in_region = true;
+  struct Job {
+    const std::function<void(int)>* task = nullptr;
+    int tasks = 0;
+  };
+
+  // Takes tasks of `job` until none are left, then reports how many it finished.
+  void drain(const Job& job) {
     int finished = 0;
-    for (int t = next_.fetch_add(1); t < tasks_; t = next_.fetch_add(1)) {
-      (*task_)(t);
-      ++finished;
+    std::exception_ptr error;
+    {
+      RegionGuard region;
+      for (int t = next_.fetch_add(1); t < job.tasks; t = next_.fetch_add(1)) {
+        try {
+          (*job.task)(t);
+        } catch (...) {
+          if (!error) error = std::current_exception();
+        }
+        ++finished;
+      }
     }
-    t_in_region = false;
-    if (finished > 0) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      remaining_ -= finished;
-      if (remaining_ == 0) done_.notify_all();
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    remaining_ -= finished;
+    if (error && !error_) error_ = error;
   }
 
   void work() {
     std::uint64_t seen = 0;
     for (;;) {
+      Job job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
+        job = job_;
+        ++active_;
       }
-      drain();
+      drain(job);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --active_;
+      }
+      done_.notify_all();
     }
   }
 
@@ -95,10 +133,11 @@ class Pool {
   std::mutex job_mutex_;
   std::mutex mutex_;
   std::condition_variable wake_, done_;
-  const std::function<void(int)>* task_ = nullptr;
-  int tasks_ = 0;
+  Job job_;
   std::atomic<int> next_{0};
   int remaining_ = 0;
+  int active_ = 0;
+  std::exception_ptr error_;
   std::uint64_t generation_ = 0;
   bool stop_ = false;
 };

@@ -28,7 +28,8 @@ bool in_parallel_region();
 }  // namespace detail
 
 // Calls fn(begin, end) on disjoint chunks covering [0, n), each at least `grain` long where possible.
-// fn must not throw. Nested calls (from inside a chunk) run on the calling thread.
+// An exception from fn is rethrown to the caller once every chunk has finished. Nested calls (from
+// inside a chunk) run on the calling thread.
 template <class Fn>
 void parallel_for(std::int64_t n, std::int64_t grain, const Fn& fn) {
   if (n <= 0) return;

@@ -156,10 +156,13 @@ TEST(autograd_test, refuses_backward_of_a_tensor_that_does_not_require_grad) {
   EXPECT_THROW_MSG(x.backward(), Error, "backward:", "does not require grad", "hint:");
 }
 
-TEST(autograd_test, refuses_requires_grad_on_a_non_leaf_naming_its_op) {
+TEST(autograd_test, refuses_to_turn_off_requires_grad_on_a_non_leaf_naming_its_op) {
   Tensor w = leaf({1.0}, {1});
   Tensor y = mul(w, 2.0);
-  EXPECT_THROW_MSG(y.requires_grad_(), Error, "requires_grad_:", "output of 'mul'", "not a leaf", "detach()");
+  // As in PyTorch: asking an op's output to require grad is a no-op, turning it off is an error.
+  EXPECT_NO_THROW(y.requires_grad_(true));
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_THROW_MSG(y.requires_grad_(false), Error, "requires_grad_:", "output of 'mul'", "not a leaf", "detach()");
 }
 
 TEST(autograd_test, refuses_requires_grad_on_an_integer_tensor) {
@@ -228,6 +231,32 @@ TEST(autograd_test, gives_no_gradient_to_inputs_that_do_not_require_it) {
   sum(mul(w, x)).backward();
   EXPECT_EQ(w.grad().values(), (std::vector<double>{5.0}));
   EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(autograd_test, copying_a_tensor_that_requires_grad_into_a_plain_buffer_is_refused) {
+  // The copy would carry the values but not the gradient path: w's gradient would silently be 1, not 3.
+  Tensor w = leaf({1.0, 2.0}, {2});
+  w.set_name("w");
+  Tensor buf = zeros({2});
+  EXPECT_THROW_MSG(buf.copy_(mul(w, 2.0)), Error, "copy_:", "requires grad", "hint:");
+  EXPECT_THROW_MSG(buf.copy_(w), Error, "'w'");
+  NoGradGuard no_grad;
+  EXPECT_NO_THROW(buf.copy_(w));
+}
+
+TEST(autograd_test, set_grad_refuses_a_gradient_of_another_dtype) {
+  Tensor w = leaf({1.0, 2.0}, {2}, DType::f16);
+  EXPECT_THROW_MSG(w.set_grad(zeros({2})), ShapeError, "set_grad:", "(f32)", "f16");
+}
+
+TEST(autograd_test, accumulates_into_the_existing_grad_tensor_in_place) {
+  // A handle to .grad taken between two backward passes sees the sum, as in PyTorch.
+  Tensor w = leaf({1.0, 2.0}, {2});
+  sum(mul(w, 3.0)).backward();
+  const Tensor held = w.grad();
+  sum(mul(w, 4.0)).backward();
+  EXPECT_EQ(held.values(), (std::vector<double>{7.0, 7.0}));
+  EXPECT_TRUE(held.shares_storage_with(w.grad()));
 }
 
 }  // namespace
