@@ -282,7 +282,8 @@ void layer_norm_param_grad_kernel(Backend&, const KernelArgs& a) {
 
 // ---- matrix products ----
 
-// Copies matrix `batch` of a [B, R, C] view into a dense row-major buffer of the accumulation type.
+// Copies matrix `batch` of a [B, R, C] view into a dense row-major buffer of the accumulation type,
+// rows split over the pool when the caller is not itself a pool task.
 template <class Acc>
 void pack_matrix(const TensorView& v, std::int64_t batch, Acc* dst) {
   const std::int64_t rows = v.sizes[1], cols = v.sizes[2];
@@ -292,9 +293,19 @@ void pack_matrix(const TensorView& v, std::int64_t batch, Acc* dst) {
       return;
     } else {
       const S* base = static_cast<const S*>(v.data) + batch * v.strides[0];
-      for (std::int64_t r = 0; r < rows; ++r) {
-        for (std::int64_t c = 0; c < cols; ++c) dst[r * cols + c] = convert<Acc>(base[r * v.strides[1] + c * v.strides[2]]);
-      }
+      const std::int64_t rs = v.strides[1], cs = v.strides[2];
+      parallel_for(rows, std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(cols, 1)),
+                   [&](std::int64_t r0, std::int64_t r1) {
+                     for (std::int64_t r = r0; r < r1; ++r) {
+                       const S* src = base + r * rs;
+                       Acc* out = dst + r * cols;
+                       if (cs == 1) {
+                         for (std::int64_t c = 0; c < cols; ++c) out[c] = convert<Acc>(src[c]);
+                       } else {
+                         for (std::int64_t c = 0; c < cols; ++c) out[c] = convert<Acc>(src[c * cs]);
+                       }
+                     }
+                   });
     }
   });
 }
@@ -378,14 +389,20 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
       for (std::int64_t i = 0; i < m * n; ++i) c[i] = Acc(0);
     } else {
       BlasOperand oa, ob;
+      // A matrix shared by every batch (batch stride 0, e.g. a convolution's weight) is packed once
+      // per buffer: the buffer still holds it from the previous batch.
       if (!direct_operand<Acc>(A, b, oa)) {
-        pa.resize(static_cast<std::size_t>(m * k));
-        pack_matrix(A, b, pa.data());
+        if (!(A.strides[0] == 0 && pa.size() == static_cast<std::size_t>(m * k))) {
+          pa.resize(static_cast<std::size_t>(m * k));
+          pack_matrix(A, b, pa.data());
+        }
         oa = {pa.data(), CblasNoTrans, static_cast<int>(k)};
       }
       if (!direct_operand<Acc>(B, b, ob)) {
-        pb.resize(static_cast<std::size_t>(k * n));
-        pack_matrix(B, b, pb.data());
+        if (!(B.strides[0] == 0 && pb.size() == static_cast<std::size_t>(k * n))) {
+          pb.resize(static_cast<std::size_t>(k * n));
+          pack_matrix(B, b, pb.data());
+        }
         ob = {pb.data(), CblasNoTrans, static_cast<int>(n)};
       }
       auto rows = [&](std::int64_t r0, std::int64_t r1) {
@@ -411,27 +428,27 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
     // out [1, M, N] = sum_b A[b] @ B[b]: one accumulator in the accumulation type, batches added in
     // order, rounded once (a weight gradient summed over a batch of images).
     std::vector<Acc> acc(static_cast<std::size_t>(m * n), Acc(0));
+    std::vector<Acc> pa, pb;
     const std::int64_t in_batches = A.sizes[0];
-    parallel_for(m, rows_per_task(n * in_batches, k), [&](std::int64_t r0, std::int64_t r1) {
-      std::vector<Acc> pa, pb;
-      for (std::int64_t b = 0; b < in_batches && k > 0; ++b) {
-        BlasOperand oa, ob;
-        if (!direct_operand<Acc>(A, b, oa)) {
-          pa.resize(static_cast<std::size_t>(m * k));
-          pack_matrix(A, b, pa.data());
-          oa = {pa.data(), CblasNoTrans, static_cast<int>(k)};
-        }
-        if (!direct_operand<Acc>(B, b, ob)) {
-          pb.resize(static_cast<std::size_t>(k * n));
-          pack_matrix(B, b, pb.data());
-          ob = {pb.data(), CblasNoTrans, static_cast<int>(n)};
-        }
+    for (std::int64_t b = 0; b < in_batches && k > 0; ++b) {
+      BlasOperand oa, ob;
+      if (!direct_operand<Acc>(A, b, oa)) {
+        pa.resize(static_cast<std::size_t>(m * k));
+        pack_matrix(A, b, pa.data());
+        oa = {pa.data(), CblasNoTrans, static_cast<int>(k)};
+      }
+      if (!direct_operand<Acc>(B, b, ob)) {
+        pb.resize(static_cast<std::size_t>(k * n));
+        pack_matrix(B, b, pb.data());
+        ob = {pb.data(), CblasNoTrans, static_cast<int>(n)};
+      }
+      parallel_for(m, rows_per_task(n, k), [&](std::int64_t r0, std::int64_t r1) {
         const Acc* a_rows = static_cast<const Acc*>(oa.data) + (oa.trans == CblasNoTrans ? r0 * oa.ld : r0);
         blas_gemm<Acc>(oa.trans, ob.trans, static_cast<int>(r1 - r0), static_cast<int>(n), static_cast<int>(k), a_rows,
                        oa.ld, static_cast<const Acc*>(ob.data), ob.ld, acc.data() + r0 * n, static_cast<int>(n),
                        b == 0 ? Acc(0) : Acc(1));
-      }
-    });
+      });
+    }
     for (std::int64_t i = 0; i < m * n; ++i) out[i] = convert<T>(canonical_nan(acc[i]));
     return;
   }
