@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/autocast.h"
 #include "core/error.h"
 #include "core/ops.h"
 
@@ -261,7 +262,8 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   pending[root_node.get()] = grad;
   ready.push(root_node);
 
-  NoGradGuard no_grad;  // backward computations are not themselves recorded
+  NoGradGuard no_grad;            // backward computations are not themselves recorded
+  RuntimeInternalGuard internal;  // nor autocast (its policy is not applied to backward), nor probed
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
     ready.pop();

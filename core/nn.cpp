@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/autocast.h"
 #include "core/error.h"
 
 namespace ampscope::nn {
@@ -40,6 +41,7 @@ void check_positive(std::string_view layer, std::string_view what, std::int64_t 
 // the GPU would), so the values are the same on every backend for the same generator state.
 Tensor uniform(const Shape& shape, double bound, Generator& gen) {
   NoGradGuard no_grad;
+  RuntimeInternalGuard internal;  // initialisation is not the model's forward pass
   return sub(mul(rand(shape, gen), 2.0 * bound), bound);
 }
 

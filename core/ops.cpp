@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/error.h"
 
@@ -296,7 +297,7 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
 
 // ---- element-wise ----
 
-Tensor add(const Tensor& a, const Tensor& b) {
+static Tensor add_impl(const Tensor& a, const Tensor& b) {
   Tensor out = untracked([&] { return binary_forward("add", Op::add, a, b, false); });
   if (!autograd::any_requires_grad({a, b})) return out;
   return autograd::record("add", out, {a, b}, [a_info = a.detach(), b_info = b.detach()](const Tensor& g, const Needs& n) {
@@ -304,7 +305,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   });
 }
 
-Tensor sub(const Tensor& a, const Tensor& b) {
+static Tensor sub_impl(const Tensor& a, const Tensor& b) {
   Tensor out = untracked([&] { return binary_forward("sub", Op::sub, a, b, false); });
   if (!autograd::any_requires_grad({a, b})) return out;
   return autograd::record("sub", out, {a, b}, [a_info = a.detach(), b_info = b.detach()](const Tensor& g, const Needs& n) {
@@ -312,7 +313,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   });
 }
 
-Tensor mul(const Tensor& a, const Tensor& b) {
+static Tensor mul_impl(const Tensor& a, const Tensor& b) {
   Tensor out = untracked([&] { return binary_forward("mul", Op::mul, a, b, false); });
   if (!autograd::any_requires_grad({a, b})) return out;
   return autograd::record("mul", out, {a, b}, [sa = a.detach(), sb = b.detach()](const Tensor& g, const Needs& n) {
@@ -320,7 +321,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   });
 }
 
-Tensor div(const Tensor& a, const Tensor& b) {
+static Tensor div_impl(const Tensor& a, const Tensor& b) {
   Tensor out = untracked([&] { return binary_forward("div", Op::div, a, b, true); });
   if (!autograd::any_requires_grad({a, b})) return out;
   return autograd::record("div", out, {a, b}, [sa = a.detach(), sb = b.detach()](const Tensor& g, const Needs& n) {
@@ -330,20 +331,20 @@ Tensor div(const Tensor& a, const Tensor& b) {
   });
 }
 
-Tensor add(const Tensor& a, double b) {
+static Tensor add_impl(const Tensor& a, double b) {
   Tensor out = untracked([&] { return scalar_forward("add", Op::add_scalar, a, b); });
   if (!autograd::any_requires_grad({a})) return out;
   return autograd::record("add", out, {a}, [dt = a.dtype()](const Tensor& g, const Needs&) { return Grads{g.to(dt)}; });
 }
 
 // x - s and x + (-s) are the same IEEE operation, so subtraction reuses the add kernel.
-Tensor sub(const Tensor& a, double b) {
+static Tensor sub_impl(const Tensor& a, double b) {
   Tensor out = untracked([&] { return scalar_forward("sub", Op::add_scalar, a, -b); });
   if (!autograd::any_requires_grad({a})) return out;
   return autograd::record("sub", out, {a}, [dt = a.dtype()](const Tensor& g, const Needs&) { return Grads{g.to(dt)}; });
 }
 
-Tensor mul(const Tensor& a, double b) {
+static Tensor mul_impl(const Tensor& a, double b) {
   Tensor out = untracked([&] { return scalar_forward("mul", Op::mul_scalar, a, b); });
   if (!autograd::any_requires_grad({a})) return out;
   return autograd::record("mul", out, {a}, [b, dt = a.dtype()](const Tensor& g, const Needs&) {
@@ -351,7 +352,7 @@ Tensor mul(const Tensor& a, double b) {
   });
 }
 
-Tensor div(const Tensor& a, double b) {
+static Tensor div_impl(const Tensor& a, double b) {
   // PyTorch's CUDA kernel divides by a scalar as a multiplication by its reciprocal, computed in the
   // op's compute type (float for f16/bf16/f32). Doing the same keeps results bit-identical.
   const DType result = result_type(a, b);
@@ -363,41 +364,41 @@ Tensor div(const Tensor& a, double b) {
   });
 }
 
-Tensor neg(const Tensor& a) {
+static Tensor neg_impl(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("neg", Op::neg, a, false); });
   if (!autograd::any_requires_grad({a})) return out;
   return autograd::record("neg", out, {a}, [](const Tensor& g, const Needs&) { return Grads{neg(g)}; });
 }
 
-Tensor relu(const Tensor& a) {
+static Tensor relu_impl(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("relu", Op::relu, a, false); });
   return record_unary("relu", out, a, Op::relu_backward, out);
 }
 
-Tensor gelu(const Tensor& a, GeluApproximation approximate) {
+static Tensor gelu_impl(const Tensor& a, GeluApproximation approximate) {
   const double mode = approximate == GeluApproximation::tanh ? 1.0 : 0.0;
   check_floating("gelu", a);
   Tensor out = untracked([&] { return unary_forward("gelu", Op::gelu, a, false, {mode}); });
   return record_unary("gelu", out, a, Op::gelu_backward, a, mode);
 }
 
-Tensor sigmoid(const Tensor& a) {
+static Tensor sigmoid_impl(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("sigmoid", Op::sigmoid, a, true); });
   return record_unary("sigmoid", out, a, Op::sigmoid_backward, out);
 }
 
-Tensor tanh(const Tensor& a) {
+static Tensor tanh_impl(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("tanh", Op::tanh, a, true); });
   return record_unary("tanh", out, a, Op::tanh_backward, out);
 }
 
-Tensor exp(const Tensor& a) {
+static Tensor exp_impl(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("exp", Op::exp, a, true); });
   if (!autograd::any_requires_grad({a})) return out;
   return autograd::record("exp", out, {a}, [y = out.detach()](const Tensor& g, const Needs&) { return Grads{mul(g, y)}; });
 }
 
-Tensor log(const Tensor& a) {
+static Tensor log_impl(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("log", Op::log, a, true); });
   if (!autograd::any_requires_grad({a})) return out;
   return autograd::record("log", out, {a}, [x = a.detach()](const Tensor& g, const Needs&) { return Grads{div(g, x)}; });
@@ -405,7 +406,7 @@ Tensor log(const Tensor& a) {
 
 // sqrt, rsqrt and pow have no backward kernel in PyTorch: autograd composes them from tensor ops, each
 // rounded to the tensor's dtype. So do we, in PyTorch's order (derivatives.yaml).
-Tensor sqrt(const Tensor& a) {
+static Tensor sqrt_impl(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("sqrt", Op::sqrt, a, true); });
   if (!autograd::any_requires_grad({a})) return out;
   return autograd::record("sqrt", out, {a}, [y = out.detach()](const Tensor& g, const Needs&) {
@@ -413,7 +414,7 @@ Tensor sqrt(const Tensor& a) {
   });
 }
 
-Tensor rsqrt(const Tensor& a) {
+static Tensor rsqrt_impl(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("rsqrt", Op::rsqrt, a, true); });
   if (!autograd::any_requires_grad({a})) return out;
   return autograd::record("rsqrt", out, {a}, [y = out.detach()](const Tensor& g, const Needs&) {
@@ -421,7 +422,7 @@ Tensor rsqrt(const Tensor& a) {
   });
 }
 
-Tensor pow(const Tensor& a, double exponent) {
+static Tensor pow_impl(const Tensor& a, double exponent) {
   Tensor out = untracked([&] { return unary_forward("pow", Op::pow_scalar, a, true, {exponent}); });
   if (!autograd::any_requires_grad({a})) return out;
   return autograd::record("pow", out, {a}, [x = a.detach(), exponent](const Tensor& g, const Needs&) {
@@ -430,7 +431,7 @@ Tensor pow(const Tensor& a, double exponent) {
   });
 }
 
-Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+static Tensor clamp_impl(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
   if (!lo && !hi) throw Error(fmt::format("{}: at least one of the bounds must be given", label("clamp")));
   check_floating("clamp", a);
   const double l = lo.value_or(-std::numeric_limits<double>::infinity());
@@ -439,7 +440,7 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
   return record_unary("clamp", out, a, Op::clamp_backward, a, l, h);
 }
 
-Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
+static Tensor masked_fill_impl(const Tensor& a, const Tensor& mask, double value) {
   if (mask.dtype() != DType::boolean) {
     throw DTypeError(fmt::format("{}: the mask must be bool, got {}", label("masked_fill"), dtype_name(mask.dtype())));
   }
@@ -456,7 +457,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
   });
 }
 
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+static Tensor where_impl(const Tensor& cond, const Tensor& a, const Tensor& b) {
   if (cond.dtype() != DType::boolean) {
     throw DTypeError(fmt::format("{}: the condition must be bool, got {}", label("where"), dtype_name(cond.dtype())));
   }
@@ -478,9 +479,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 
 // ---- reductions ----
 
-Tensor sum(const Tensor& a, std::optional<DType> dtype) { return sum(a, {}, false, dtype); }
-
-Tensor sum(const Tensor& a, const std::vector<std::int64_t>& dims_in, bool keepdim, std::optional<DType> dtype) {
+static Tensor sum_impl(const Tensor& a, const std::vector<std::int64_t>& dims_in, bool keepdim, std::optional<DType> dtype) {
   const DType out_dtype = dtype.value_or(a.dtype());
   if (!is_floating(out_dtype)) {
     throw DTypeError(fmt::format("{}: sums of {} tensors are not supported; pass dtype=f32 or cast first",
@@ -494,9 +493,7 @@ Tensor sum(const Tensor& a, const std::vector<std::int64_t>& dims_in, bool keepd
   });
 }
 
-Tensor mean(const Tensor& a) { return mean(a, {}, false); }
-
-Tensor mean(const Tensor& a, const std::vector<std::int64_t>& dims_in, bool keepdim) {
+static Tensor mean_impl(const Tensor& a, const std::vector<std::int64_t>& dims_in, bool keepdim) {
   check_floating("mean", a);
   const std::vector<std::int64_t> dims = normalize_dims("mean", a, dims_in);
   const std::int64_t outputs = numel_of(reduced_shape(a.shape(), dims, false));
@@ -509,7 +506,7 @@ Tensor mean(const Tensor& a, const std::vector<std::int64_t>& dims_in, bool keep
   });
 }
 
-Tensor argmax(const Tensor& a, std::int64_t dim) {
+static Tensor argmax_impl(const Tensor& a, std::int64_t dim) {
   const std::int64_t d = wrap(dim, a.dim(), "argmax", a.shape());
   if (a.dim() > 0 && a.size(d) == 0) {
     throw IndexError(fmt::format("{}: dimension {} of shape {} is empty", label("argmax"), d, shape_str(a.shape())));
@@ -524,7 +521,7 @@ Tensor argmax(const Tensor& a, std::int64_t dim) {
 }
 
 namespace {
-Tensor softmax_impl(std::string_view op, const Tensor& a, std::int64_t dim, std::optional<DType> dtype, bool log) {
+Tensor softmax_common(std::string_view op, const Tensor& a, std::int64_t dim, std::optional<DType> dtype, bool log) {
   const DType out_dtype = dtype.value_or(a.dtype());
   if (!is_floating(out_dtype)) {
     throw DTypeError(fmt::format("{}: the result dtype must be floating, got {}\nhint: pass dtype = f32, or cast the "
@@ -553,16 +550,9 @@ Tensor softmax_impl(std::string_view op, const Tensor& a, std::int64_t dim, std:
 }
 }  // namespace
 
-Tensor softmax(const Tensor& a, std::int64_t dim, std::optional<DType> dtype) {
-  return softmax_impl("softmax", a, dim, dtype, false);
-}
-Tensor log_softmax(const Tensor& a, std::int64_t dim, std::optional<DType> dtype) {
-  return softmax_impl("log_softmax", a, dim, dtype, true);
-}
-
 // ---- matrix products ----
 
-Tensor bmm(const Tensor& a, const Tensor& b) {
+static Tensor bmm_impl(const Tensor& a, const Tensor& b) {
   if (a.dim() != 3 || b.dim() != 3) {
     throw ShapeError(fmt::format("{}: expected two 3-D tensors [B, M, K] and [B, K, N], got {} and {}", label("bmm"),
                                  shape_str(a.shape()), shape_str(b.shape())));
@@ -582,7 +572,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   });
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+static Tensor matmul_impl(const Tensor& a, const Tensor& b) {
   if (a.dim() == 0 || b.dim() == 0) {
     throw ShapeError(fmt::format("{}: both arguments need at least one dimension, got shapes {} and {}", label("matmul"),
                                  shape_str(a.shape()), shape_str(b.shape())));
@@ -635,7 +625,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                           });
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (weight.dim() != 2) {
     throw ShapeError(fmt::format("{}: weight must be 2-D [out_features, in_features], got {}", label("linear"),
                                  shape_str(weight.shape())));
@@ -684,7 +674,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 // ---- convolution and pooling ----
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions o) {
+static Tensor conv2d_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions o) {
   if (x.dim() != 4 || weight.dim() != 4) {
     throw ShapeError(fmt::format("{}: expected input [N, C, H, W] and weight [O, C, KH, KW], got {} and {}",
                                  label("conv2d"), shape_str(x.shape()), shape_str(weight.shape())));
@@ -752,7 +742,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
       });
 }
 
-Tensor max_pool2d(const Tensor& x, Pool2dOptions o) {
+static Tensor max_pool2d_impl(const Tensor& x, Pool2dOptions o) {
   if (x.dim() != 4) {
     throw ShapeError(fmt::format("{}: expected input [N, C, H, W], got {}", label("max_pool2d"), shape_str(x.shape())));
   }
@@ -792,7 +782,7 @@ Tensor max_pool2d(const Tensor& x, Pool2dOptions o) {
 
 // ---- normalisation, embedding, dropout, concatenation ----
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+static Tensor layer_norm_impl(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
   const auto nd = static_cast<std::int64_t>(normalized_shape.size());
   const bool fits = nd >= 1 && x.dim() >= nd && Shape(x.shape().end() - nd, x.shape().end()) == normalized_shape;
   if (!fits) {
@@ -848,7 +838,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
       });
 }
 
-Tensor embedding(const Tensor& indices, const Tensor& weight) {
+static Tensor embedding_impl(const Tensor& indices, const Tensor& weight) {
   if (indices.dtype() != DType::i64) {
     throw DTypeError(fmt::format("{}: indices must be i64, got {} of shape {}\nhint: build them with DType::i64",
                                  label("embedding"), dtype_name(indices.dtype()), shape_str(indices.shape())));
@@ -883,7 +873,7 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
   });
 }
 
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+static Tensor dropout_impl(const Tensor& x, double p, bool training, Generator& gen) {
   if (!(p >= 0.0 && p <= 1.0)) {
     throw Error(fmt::format("{}: probability has to be between 0 and 1, but got {}", label("dropout"), p));
   }
@@ -907,7 +897,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   });
 }
 
-Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim) {
+static Tensor cat_impl(const std::vector<Tensor>& tensors, std::int64_t dim) {
   if (tensors.empty()) throw Error(fmt::format("{}: expected a non-empty list of tensors", label("cat")));
   const Tensor& first = tensors.front();
   if (first.dim() == 0) throw ShapeError(fmt::format("{}: zero-dimensional tensors cannot be concatenated", label("cat")));
@@ -953,7 +943,7 @@ Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim) {
 
 // ---- losses ----
 
-Tensor nll_loss(const Tensor& logp, const Tensor& target, Reduction reduction, std::int64_t ignore_index) {
+static Tensor nll_loss_impl(const Tensor& logp, const Tensor& target, Reduction reduction, std::int64_t ignore_index) {
   if (logp.dim() != 2 || target.dim() != 1 || target.size(0) != logp.size(0)) {
     throw ShapeError(fmt::format("{}: expected log-probabilities [N, C] and targets [N], got {} and {}", label("nll_loss"),
                                  shape_str(logp.shape()), shape_str(target.shape())));
@@ -1018,7 +1008,7 @@ Tensor scale_loss_grad(const Tensor& grad, std::int64_t numel, Reduction reducti
 }
 }  // namespace
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+static Tensor mse_loss_impl(const Tensor& input, const Tensor& target, Reduction reduction) {
   check_loss_pair("mse_loss", input, target);
   Tensor out = untracked([&] {
     const Tensor d = sub(input, target);
@@ -1034,7 +1024,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
                           });
 }
 
-Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, Reduction reduction) {
+static Tensor binary_cross_entropy_impl(const Tensor& input, const Tensor& target, Reduction reduction) {
   check_loss_pair("binary_cross_entropy", input, target);
   Tensor out = untracked([&] {
     return apply_reduction("binary_cross_entropy",
@@ -1049,7 +1039,7 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, Reduction
                           });
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, Reduction reduction) {
+static Tensor binary_cross_entropy_with_logits_impl(const Tensor& input, const Tensor& target, Reduction reduction) {
   check_loss_pair("binary_cross_entropy_with_logits", input, target);
   Tensor out = untracked([&] {
     return apply_reduction("binary_cross_entropy_with_logits",
@@ -1096,7 +1086,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                  shape_str(v.shape())));
   }
   const std::int64_t B = numel_of(batch);
-  const Tensor q3 = q.reshape({B, T, D}), k3 = k.reshape({B, S, D}), v3 = v.reshape({B, S, v.size(-1)});
+  // Autocast lists attention as lower_precision_fp: q, k and v are cast once, and its steps run with
+  // autocast off (each is still reported to probes as its own op).
+  bool suppress = false;
+  const std::vector<Tensor> qkv = detail::autocast_composite_inputs("scaled_dot_product_attention", {q, k, v}, suppress);
+  const detail::SuppressAutocast no_autocast(suppress);
+  const Tensor q3 = qkv[0].reshape({B, T, D}), k3 = qkv[1].reshape({B, S, D}), v3 = qkv[2].reshape({B, S, v.size(-1)});
   Tensor scores = mul(bmm(q3, k3.transpose(1, 2)), scale.value_or(1.0 / std::sqrt(static_cast<double>(D))));
   if (causal) {
     // True above the diagonal: query i may not look at keys j > i.
@@ -1112,6 +1107,146 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   out_shape.push_back(T);
   out_shape.push_back(v.size(-1));
   return out.reshape(out_shape);
+}
+
+// ---- the public ops: autocast, then the op, then the probe event (core/autocast.h) ----
+
+namespace {
+// Runs `body` on the arguments as autocast leaves them, and reports the op.
+template <class Body>
+Tensor dispatched(std::string_view op, std::vector<Tensor> args, const Body& body, bool dtype_given = true) {
+  detail::OpDispatch d(op, std::move(args), dtype_given);
+  return d.finish(body(d));
+}
+std::optional<DType> dtype_or_autocast(std::optional<DType> given, const detail::OpDispatch& d) {
+  return given ? given : d.set_dtype();
+}
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  return dispatched("add", {a, b}, [](const auto& d) { return add_impl(d.arg(0), d.arg(1)); });
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return dispatched("sub", {a, b}, [](const auto& d) { return sub_impl(d.arg(0), d.arg(1)); });
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return dispatched("mul", {a, b}, [](const auto& d) { return mul_impl(d.arg(0), d.arg(1)); });
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return dispatched("div", {a, b}, [](const auto& d) { return div_impl(d.arg(0), d.arg(1)); });
+}
+Tensor add(const Tensor& a, double b) {
+  return dispatched("add", {a}, [b](const auto& d) { return add_impl(d.arg(0), b); });
+}
+Tensor sub(const Tensor& a, double b) {
+  return dispatched("sub", {a}, [b](const auto& d) { return sub_impl(d.arg(0), b); });
+}
+Tensor mul(const Tensor& a, double b) {
+  return dispatched("mul", {a}, [b](const auto& d) { return mul_impl(d.arg(0), b); });
+}
+Tensor div(const Tensor& a, double b) {
+  return dispatched("div", {a}, [b](const auto& d) { return div_impl(d.arg(0), b); });
+}
+Tensor neg(const Tensor& a) { return dispatched("neg", {a}, [](const auto& d) { return neg_impl(d.arg(0)); }); }
+Tensor relu(const Tensor& a) { return dispatched("relu", {a}, [](const auto& d) { return relu_impl(d.arg(0)); }); }
+Tensor gelu(const Tensor& a, GeluApproximation approximate) {
+  return dispatched("gelu", {a}, [approximate](const auto& d) { return gelu_impl(d.arg(0), approximate); });
+}
+Tensor sigmoid(const Tensor& a) {
+  return dispatched("sigmoid", {a}, [](const auto& d) { return sigmoid_impl(d.arg(0)); });
+}
+Tensor tanh(const Tensor& a) { return dispatched("tanh", {a}, [](const auto& d) { return tanh_impl(d.arg(0)); }); }
+Tensor exp(const Tensor& a) { return dispatched("exp", {a}, [](const auto& d) { return exp_impl(d.arg(0)); }); }
+Tensor log(const Tensor& a) { return dispatched("log", {a}, [](const auto& d) { return log_impl(d.arg(0)); }); }
+Tensor sqrt(const Tensor& a) { return dispatched("sqrt", {a}, [](const auto& d) { return sqrt_impl(d.arg(0)); }); }
+Tensor rsqrt(const Tensor& a) { return dispatched("rsqrt", {a}, [](const auto& d) { return rsqrt_impl(d.arg(0)); }); }
+Tensor pow(const Tensor& a, double exponent) {
+  return dispatched("pow", {a}, [exponent](const auto& d) { return pow_impl(d.arg(0), exponent); });
+}
+Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+  return dispatched("clamp", {a}, [lo, hi](const auto& d) { return clamp_impl(d.arg(0), lo, hi); });
+}
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
+  return dispatched("masked_fill", {a, mask}, [value](const auto& d) { return masked_fill_impl(d.arg(0), d.arg(1), value); });
+}
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  return dispatched("where", {cond, a, b}, [](const auto& d) { return where_impl(d.arg(0), d.arg(1), d.arg(2)); });
+}
+Tensor sum(const Tensor& a, std::optional<DType> dtype) { return sum(a, {}, false, dtype); }
+Tensor sum(const Tensor& a, const std::vector<std::int64_t>& dims, bool keepdim, std::optional<DType> dtype) {
+  return dispatched(
+      "sum", {a}, [&](const auto& d) { return sum_impl(d.arg(0), dims, keepdim, dtype_or_autocast(dtype, d)); },
+      dtype.has_value());
+}
+Tensor mean(const Tensor& a) { return mean(a, {}, false); }
+Tensor mean(const Tensor& a, const std::vector<std::int64_t>& dims, bool keepdim) {
+  return dispatched("mean", {a}, [&](const auto& d) { return mean_impl(d.arg(0), dims, keepdim); });
+}
+Tensor argmax(const Tensor& a, std::int64_t dim) {
+  return dispatched("argmax", {a}, [dim](const auto& d) { return argmax_impl(d.arg(0), dim); });
+}
+Tensor softmax(const Tensor& a, std::int64_t dim, std::optional<DType> dtype) {
+  return dispatched(
+      "softmax", {a},
+      [&](const auto& d) { return softmax_common("softmax", d.arg(0), dim, dtype_or_autocast(dtype, d), false); },
+      dtype.has_value());
+}
+Tensor log_softmax(const Tensor& a, std::int64_t dim, std::optional<DType> dtype) {
+  return dispatched(
+      "log_softmax", {a},
+      [&](const auto& d) { return softmax_common("log_softmax", d.arg(0), dim, dtype_or_autocast(dtype, d), true); },
+      dtype.has_value());
+}
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  return dispatched("bmm", {a, b}, [](const auto& d) { return bmm_impl(d.arg(0), d.arg(1)); });
+}
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  return dispatched("matmul", {a, b}, [](const auto& d) { return matmul_impl(d.arg(0), d.arg(1)); });
+}
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return dispatched("linear", {x, weight, bias}, [](const auto& d) { return linear_impl(d.arg(0), d.arg(1), d.arg(2)); });
+}
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options) {
+  return dispatched("conv2d", {x, weight, bias},
+                    [&](const auto& d) { return conv2d_impl(d.arg(0), d.arg(1), d.arg(2), options); });
+}
+Tensor max_pool2d(const Tensor& x, Pool2dOptions options) {
+  return dispatched("max_pool2d", {x}, [&](const auto& d) { return max_pool2d_impl(d.arg(0), options); });
+}
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+  return dispatched("layer_norm", {x, weight, bias}, [&](const auto& d) {
+    return layer_norm_impl(d.arg(0), normalized_shape, d.arg(1), d.arg(2), eps);
+  });
+}
+Tensor embedding(const Tensor& indices, const Tensor& weight) {
+  return dispatched("embedding", {indices, weight}, [](const auto& d) { return embedding_impl(d.arg(0), d.arg(1)); });
+}
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  return dispatched("dropout", {x}, [&](const auto& d) { return dropout_impl(d.arg(0), p, training, gen); });
+}
+Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim) {
+  return dispatched("cat", tensors, [&](const auto& d) {
+    std::vector<Tensor> args;
+    for (std::size_t i = 0; i < tensors.size(); ++i) args.push_back(d.arg(i));
+    return cat_impl(args, dim);
+  });
+}
+Tensor nll_loss(const Tensor& logp, const Tensor& target, Reduction reduction, std::int64_t ignore_index) {
+  return dispatched("nll_loss", {logp, target},
+                    [&](const auto& d) { return nll_loss_impl(d.arg(0), d.arg(1), reduction, ignore_index); });
+}
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  return dispatched("mse_loss", {input, target},
+                    [&](const auto& d) { return mse_loss_impl(d.arg(0), d.arg(1), reduction); });
+}
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, Reduction reduction) {
+  return dispatched("binary_cross_entropy", {input, target},
+                    [&](const auto& d) { return binary_cross_entropy_impl(d.arg(0), d.arg(1), reduction); });
+}
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, Reduction reduction) {
+  return dispatched("binary_cross_entropy_with_logits", {input, target}, [&](const auto& d) {
+    return binary_cross_entropy_with_logits_impl(d.arg(0), d.arg(1), reduction);
+  });
 }
 
 }  // namespace ampscope

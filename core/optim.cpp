@@ -1,5 +1,6 @@
 #include "core/optim.h"
 
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -8,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -172,6 +174,7 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
 
 void Optimizer::step() {
   NoGradGuard no_grad;
+  RuntimeInternalGuard internal;  // updates are not the model's ops: no autocast, no probe events
   for (ParamGroup& group : groups_) {
     for (Tensor& p : group.params) {
       const Tensor grad = p.grad();
@@ -565,6 +568,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
                             py_float(norm_type)));
   }
   NoGradGuard no_grad;
+  RuntimeInternalGuard internal;
   std::vector<Tensor> grads;
   for (const Tensor& p : params) {
     if (p.defined() && p.grad().defined()) grads.push_back(p.grad());

@@ -1,0 +1,107 @@
+// core/probe_hook.h: what the runtime tells a probe, and how a probe listens. Core calls the installed
+// hook; probes/ (statistics, recorder, HDF5 trace) implements it. Nothing here costs anything while no
+// hook is installed, and a hook is asked first whether it wants an op at all (wants_op), so unwatched
+// ops cost one virtual call.
+//
+//   struct Printer : probe::Hook {
+//     void on_op(const probe::OpEvent& e) override { fmt::print("{} ran in {}\n", e.op, dtype_name(e.output.dtype())); }
+//   };
+//   probe::HookGuard guard(std::make_shared<Printer>());   // installed until guard goes out of scope
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace ampscope::probe {
+
+// The autocast policies (reference/amp-semantics.md 2.3), plus `none` for ops on no list and for ops
+// run outside autocast.
+enum class AutocastPolicy { none, lower_precision_fp, fp32, fp32_set_opt_dtype, promote, banned };
+std::string_view policy_name(AutocastPolicy policy);  // "lower_precision_fp", ...
+
+// A cast autocast inserted in front of an op: input `input` went from `from` to `to`; `from_cache`
+// when the weight-cast cache supplied it (the same cast tensor as an earlier op's).
+struct CastRecord {
+  int input = 0;
+  DType from = DType::f32;
+  DType to = DType::f32;
+  bool from_cache = false;
+};
+
+// Why an op ran in the dtype it ran in.
+struct AutocastInfo {
+  bool active = false;                    // an autocast region was enabled for this op
+  AutocastPolicy policy = AutocastPolicy::none;
+  bool overridden = false;                // a user override (op name or module pattern) decided the dtype
+  std::string reason;                     // "linear is on the lower_precision_fp list", "override 'blocks.*' -> f32"
+  std::vector<CastRecord> casts;
+};
+
+// One op as the user called it (ops that an op calls internally are not reported separately).
+struct OpEvent {
+  std::string_view op;           // "linear"
+  const std::string& scope;      // module path, "" outside modules
+  std::uint64_t index;           // running count of reported ops in this process
+  const AutocastInfo& autocast;
+  const std::vector<Tensor>& inputs;  // after autocast's casts; undefined for absent optional inputs
+  const Tensor& output;
+};
+
+// A parameter whose gradient held non-finite values when the GradScaler unscaled it.
+struct NonFiniteGrad {
+  std::string name;  // Tensor::name(), or "group g, parameter i" when unnamed
+  std::int64_t inf_count = 0;
+  std::int64_t nan_count = 0;
+};
+
+// What the GradScaler did for one optimizer this iteration.
+struct ScalerOptimizerReport {
+  std::string optimizer;  // "Adam #0": the optimizer's name and its order of first use by this scaler
+  bool found_inf = false;
+  bool skipped = false;   // step() did not call the optimizer's step
+  std::vector<NonFiniteGrad> non_finite;
+};
+
+// One GradScaler update(): the scale used for this iteration and what happened to it.
+struct ScalerEvent {
+  std::int64_t iteration = 0;      // number of update() calls before this one
+  double scale = 0;                // the scale the iteration's loss was multiplied by
+  std::vector<ScalerOptimizerReport> optimizers;
+  enum class Change { kept, growth, backoff, explicit_scale } change = Change::kept;
+  double new_scale = 0;
+  std::int64_t growth_tracker = 0;      // after the update
+  std::int64_t hysteresis_tracker = -1; // after the update; -1 when hysteresis is off
+};
+std::string_view change_name(ScalerEvent::Change change);  // "kept", "growth", "backoff", "explicit_scale"
+
+class Hook {
+ public:
+  virtual ~Hook() = default;
+  // Asked before an op's event is built; return false to skip it at no further cost.
+  virtual bool wants_op(std::string_view op, const std::string& scope) { return true; }
+  virtual void on_op(const OpEvent& event) {}
+  virtual void on_scaler(const ScalerEvent& event) {}
+};
+
+// The installed hook (process-wide), or null. Install with a HookGuard, or set_hook(nullptr) to remove.
+Hook* hook();
+void set_hook(std::shared_ptr<Hook> hook);
+
+class HookGuard {
+ public:
+  explicit HookGuard(std::shared_ptr<Hook> hook);
+  ~HookGuard();
+  HookGuard(const HookGuard&) = delete;
+  HookGuard& operator=(const HookGuard&) = delete;
+
+ private:
+  std::shared_ptr<Hook> previous_;
+};
+
+}  // namespace ampscope::probe
