@@ -75,6 +75,7 @@ struct ThreadState {
   int internal = 0;  // RuntimeInternalGuard depth
   int op_depth = 0;  // OpDispatch depth: > 0 inside an op
   int suppress = 0;  // inside a listed composite's steps
+  std::string_view composite;  // the listed composite whose steps these are
 };
 thread_local ThreadState t_state;
 
@@ -176,13 +177,16 @@ DType promote_target(std::string_view op, const std::vector<Tensor>& args) {
 AutocastGuard::AutocastGuard(std::optional<DType> dtype, bool enabled, std::optional<bool> cache_enabled)
     : prev_enabled_(t_state.enabled), prev_dtype_(t_state.dtype), prev_cache_enabled_(t_state.cache_enabled) {
   const DType d = dtype.value_or(t_state.dtype);
-  if (enabled && d != DType::f16 && d != DType::bf16) {
+  const bool supported = d == DType::f16 || d == DType::bf16;
+  if (enabled && !supported) {
     throw DTypeError(fmt::format("autocast: the lower-precision dtype must be f16 or bf16, got {}\n"
                                  "hint: autocast only lowers precision; for f32 everywhere, run without it",
                                  dtype_name(d)));
   }
   t_state.enabled = enabled;
-  t_state.dtype = d;
+  // A disabled region given an unsupported dtype keeps the inherited one, so a nested enabled region
+  // cannot inherit a dtype it must refuse.
+  if (supported) t_state.dtype = d;
   t_state.cache_enabled = cache_enabled.value_or(t_state.cache_enabled);
   ++t_state.nesting;
 }
@@ -288,9 +292,15 @@ OpDispatch::OpDispatch(std::string_view op, std::vector<Tensor> args, bool dtype
     : op_(op), args_(std::move(args)) {
   outer_ = t_state.op_depth == 0 && t_state.internal == 0;
   if (outer_ && t_state.enabled) {
-    if (t_state.suppress > 0) {
+    // Inside a listed composite (attention) the table does not apply to its steps: they run in the
+    // dtype the composite's inputs were cast to, as PyTorch runs a wrapped op with autocast off. An
+    // override still applies ("keep attention's softmax in f32" must work), and a later step then casts
+    // that f32 result back to the composite's dtype, as a user doing it by hand would.
+    if (t_state.suppress > 0 && !find_override(op_, current_scope())) {
       info_.active = true;
-      info_.reason = "a step of an op autocast lists (its inputs were cast once): runs without autocast";
+      info_.reason = fmt::format("a step of {} (lower_precision_fp): runs in {}", t_state.composite,
+                                 dtype_name(t_state.dtype));
+      for (std::size_t i = 0; i < args_.size(); ++i) cast_arg(args_, i, t_state.dtype, info_);
     } else {
       apply_autocast(op_, args_, dtype_given, info_, set_dtype_);
     }
@@ -321,11 +331,16 @@ std::vector<Tensor> autocast_composite_inputs(std::string_view op, std::vector<T
   return args;
 }
 
-SuppressAutocast::SuppressAutocast(bool on) : on_(on) {
-  if (on_) ++t_state.suppress;
+SuppressAutocast::SuppressAutocast(bool on, std::string_view composite) : on_(on) {
+  if (!on_) return;
+  ++t_state.suppress;
+  previous_ = t_state.composite;
+  t_state.composite = composite;
 }
 SuppressAutocast::~SuppressAutocast() {
-  if (on_) --t_state.suppress;
+  if (!on_) return;
+  --t_state.suppress;
+  t_state.composite = previous_;
 }
 
 }  // namespace detail

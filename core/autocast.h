@@ -115,15 +115,19 @@ class OpDispatch {
 
 // Composite ops (cross_entropy, scaled_dot_product_attention) do not take an OpDispatch: their steps
 // are dispatched, and reported, one by one. A composite that autocast lists (attention is
-// lower_precision_fp) casts its inputs with this and then runs its steps with autocast off.
+// lower_precision_fp) casts its inputs with this and then runs its steps in that dtype, outside the
+// table (only overrides apply to them).
 std::vector<Tensor> autocast_composite_inputs(std::string_view op, std::vector<Tensor> args, bool& suppress_steps);
 class SuppressAutocast {
  public:
-  explicit SuppressAutocast(bool on);
+  SuppressAutocast(bool on, std::string_view composite);
   ~SuppressAutocast();
+  SuppressAutocast(const SuppressAutocast&) = delete;
+  SuppressAutocast& operator=(const SuppressAutocast&) = delete;
 
  private:
   bool on_;
+  std::string_view previous_;
 };
 
 }  // namespace detail

@@ -54,7 +54,8 @@ void check_same_dtype(std::string_view op, const Tensor& a, std::string_view a_n
                       std::string_view b_name) {
   if (b.defined() && a.dtype() != b.dtype()) {
     throw DTypeError(fmt::format("{}: {} is {} but {} is {}; both must have the same dtype\n"
-                                 "hint: cast one with .to(DType::...), or run the op under autocast",
+                                 "hint: cast one with .to(DType::...); autocast casts f32, f16 and bf16 inputs of "
+                                 "matrix products for you, but never f64",
                                  label(op), a_name, dtype_name(a.dtype()), b_name, dtype_name(b.dtype())));
   }
 }
@@ -1090,7 +1091,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   // autocast off (each is still reported to probes as its own op).
   bool suppress = false;
   const std::vector<Tensor> qkv = detail::autocast_composite_inputs("scaled_dot_product_attention", {q, k, v}, suppress);
-  const detail::SuppressAutocast no_autocast(suppress);
+  const detail::SuppressAutocast no_autocast(suppress, "scaled_dot_product_attention");
   const Tensor q3 = qkv[0].reshape({B, T, D}), k3 = qkv[1].reshape({B, S, D}), v3 = qkv[2].reshape({B, S, v.size(-1)});
   Tensor scores = mul(bmm(q3, k3.transpose(1, 2)), scale.value_or(1.0 / std::sqrt(static_cast<double>(D))));
   if (causal) {

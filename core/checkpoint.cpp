@@ -1,0 +1,1077 @@
+// core/checkpoint.cpp: the HDF5 layout of checkpoints (core/checkpoint.h), written with HDF5 1.10's C API.
+//
+// How tensors are stored, and why. Every tensor is a contiguous dataset whose HDF5 datatype says what
+// the numbers are: f64 and f32 as IEEE_F64LE / IEEE_F32LE, i64 as STD_I64LE, bool as h5py's enum of
+// int8 {FALSE = 0, TRUE = 1}, and the two 16-bit floats as HDF5 float types of 16 bits:
+//   f16   sign 15, exponent 10..14 (bias 15),  mantissa 0..9  - IEEE binary16, as h5py writes numpy float16
+//   bf16  sign 15, exponent 7..14  (bias 127), mantissa 0..6  - the top half of an IEEE binary32
+// (HDF5 1.10 has no predefined 16-bit float; both are derived from IEEE_F32LE by h5py's recipe.) We
+// prefer these to raw 16-bit integers plus a "dtype" attribute because the file then describes itself:
+// h5dump prints values, h5py reads f16 as numpy float16 and bf16 (which numpy lacks) as float32, with
+// HDF5 converting exactly. Exactness does not suffer: we read with a memory type equal to the file's
+// type, and HDF5 converts nothing between equal types, so every bit pattern (NaN payloads, -0,
+// subnormals) comes back as it was written. Datasets are neither chunked nor compressed, and the file
+// uses HDF5's default (oldest) format version, so any HDF5 1.8+ reader opens it. No SWMR: a checkpoint
+// is written once, to a temporary file, and only becomes visible by rename.
+//
+// Errors: HDF5's automatic printing is off while a checkpoint is read or written (and restored after);
+// every call goes through Io::check, which on failure copies HDF5's error stack into the message.
+#include "core/checkpoint.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/autograd.h"
+
+namespace ampscope {
+namespace {
+
+// Memory types are the file types, which are little-endian.
+static_assert(std::endian::native == std::endian::little, "checkpoints assume a little-endian host");
+
+constexpr std::string_view kFormatName = "ampscope checkpoint";
+
+// ---- errors ----------------------------------------------------------------------------------------
+
+// Copies the calling thread's HDF5 error stack into text (one line per frame, innermost last) and
+// clears it.
+std::string take_hdf5_errors() {
+  const hid_t stack = H5Eget_current_stack();  // a copy; the thread's stack is cleared
+  if (stack < 0) return "  (HDF5's error stack could not be read)";
+  std::string text;
+  auto walk = [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
+    auto message = [](hid_t id) {
+      char buffer[256] = {};
+      H5E_type_t type;
+      return H5Eget_msg(id, &type, buffer, sizeof buffer) > 0 ? std::string(buffer) : std::string("?");
+    };
+    *static_cast<std::string*>(data) += fmt::format("  {}(): {} [{}: {}]\n", e->func_name ? e->func_name : "?",
+                                                    e->desc ? e->desc : "", message(e->maj_num), message(e->min_num));
+    return 0;
+  };
+  H5Ewalk2(stack, H5E_WALK_DOWNWARD, walk, &text);
+  H5Eclose_stack(stack);
+  if (text.empty()) return "  (HDF5 reported no details)";
+  text.pop_back();  // the last newline
+  return text;
+}
+
+// Turns off HDF5's printing of errors to stderr for the lifetime of the guard: errors become
+// exceptions with the same text instead. The previous handler is put back.
+class QuietHdf5Errors {
+ public:
+  QuietHdf5Errors() {
+    H5Eget_auto2(H5E_DEFAULT, &function_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5Errors() { H5Eset_auto2(H5E_DEFAULT, function_, data_); }
+  QuietHdf5Errors(const QuietHdf5Errors&) = delete;
+  QuietHdf5Errors& operator=(const QuietHdf5Errors&) = delete;
+
+ private:
+  H5E_auto2_t function_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// The file being saved or loaded, for messages: every error starts "cannot load checkpoint 'PATH': ".
+class Io {
+ public:
+  Io(const std::filesystem::path& path, std::string_view verb) : path_(path.string()), verb_(verb) {}
+
+  [[noreturn]] void fail(std::string_view problem, std::string_view hint = {}) const {
+    std::string message = fmt::format("cannot {} checkpoint '{}': {}", verb_, path_, problem);
+    if (!hint.empty()) message += fmt::format("\nhint: {}", hint);
+    throw CheckpointError(message);
+  }
+
+  // The one check of every HDF5 call: a negative result throws with the call, the object (a path in
+  // the file) and HDF5's own error stack.
+  template <class T>
+  T check(T result, std::string_view call, std::string_view object) const {
+    if (result < 0) fail(fmt::format("{} failed on '{}'\nHDF5 error stack:\n{}", call, object, take_hdf5_errors()));
+    return result;
+  }
+
+ private:
+  std::string path_;
+  std::string_view verb_;
+};
+
+// ---- handles ---------------------------------------------------------------------------------------
+
+// One owning handle per HDF5 id type, closed by the matching H5?close. Movable, not copyable; the
+// destructor never throws (a failed close there is ignored: the checked close() is for the file).
+template <herr_t (*Close)(hid_t)>
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(hid_t id) : id_(id) {}
+  Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)) {}
+  Handle& operator=(Handle&& other) noexcept {
+    if (this != &other) {
+      reset();
+      id_ = std::exchange(other.id_, H5I_INVALID_HID);
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { reset(); }
+
+  hid_t get() const { return id_; }
+  // Closes now and reports a failure (closing a file flushes it, which can fail).
+  void close(const Io& io, std::string_view call, std::string_view object) {
+    io.check(Close(std::exchange(id_, H5I_INVALID_HID)), call, object);
+  }
+
+ private:
+  void reset() noexcept {
+    if (id_ >= 0) Close(id_);
+    id_ = H5I_INVALID_HID;
+  }
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+using File = Handle<H5Fclose>;
+using Group = Handle<H5Gclose>;
+using Dataset = Handle<H5Dclose>;
+using Dataspace = Handle<H5Sclose>;
+using Datatype = Handle<H5Tclose>;
+using Attribute = Handle<H5Aclose>;
+
+std::string child_path(std::string_view parent, std::string_view name) {
+  return parent == "/" ? fmt::format("/{}", name) : fmt::format("{}/{}", parent, name);
+}
+
+// ---- datatypes -------------------------------------------------------------------------------------
+
+Datatype copy_type(const Io& io, hid_t predefined) { return Datatype(io.check(H5Tcopy(predefined), "H5Tcopy", "/")); }
+
+// A 16-bit HDF5 float from IEEE_F32LE: fields first, then the size (HDF5 refuses the other order).
+Datatype float16_type(const Io& io, std::size_t exponent_bits, std::size_t bias) {
+  Datatype t = copy_type(io, H5T_IEEE_F32LE);
+  const std::size_t mantissa_bits = 15 - exponent_bits;
+  io.check(H5Tset_fields(t.get(), 15, mantissa_bits, exponent_bits, 0, mantissa_bits), "H5Tset_fields", "/");
+  io.check(H5Tset_size(t.get(), 2), "H5Tset_size", "/");
+  io.check(H5Tset_ebias(t.get(), bias), "H5Tset_ebias", "/");
+  return t;
+}
+
+// h5py's bool: an enum over int8 with FALSE = 0 and TRUE = 1, read by h5py as numpy bool.
+Datatype bool_type(const Io& io) {
+  Datatype t(io.check(H5Tenum_create(H5T_NATIVE_INT8), "H5Tenum_create", "/"));
+  const std::int8_t no = 0, yes = 1;
+  io.check(H5Tenum_insert(t.get(), "FALSE", &no), "H5Tenum_insert", "/");
+  io.check(H5Tenum_insert(t.get(), "TRUE", &yes), "H5Tenum_insert", "/");
+  return t;
+}
+
+Datatype string_type(const Io& io) {
+  Datatype t = copy_type(io, H5T_C_S1);
+  io.check(H5Tset_size(t.get(), H5T_VARIABLE), "H5Tset_size", "/");
+  io.check(H5Tset_cset(t.get(), H5T_CSET_UTF8), "H5Tset_cset", "/");
+  return t;
+}
+
+// The file (and memory) type of a tensor dtype.
+Datatype tensor_type(const Io& io, DType dtype) {
+  switch (dtype) {
+    case DType::f64: return copy_type(io, H5T_IEEE_F64LE);
+    case DType::f32: return copy_type(io, H5T_IEEE_F32LE);
+    case DType::f16: return float16_type(io, 5, 15);
+    case DType::bf16: return float16_type(io, 8, 127);
+    case DType::i64: return copy_type(io, H5T_STD_I64LE);
+    case DType::boolean: return bool_type(io);
+  }
+  io.fail(fmt::format("dtype {} has no HDF5 type", static_cast<int>(dtype)));
+}
+
+bool types_equal(const Io& io, hid_t a, hid_t b, std::string_view object) {
+  return io.check(H5Tequal(a, b), "H5Tequal", object) > 0;
+}
+
+// The dtype whose type equals `type`, if any.
+std::optional<DType> dtype_of_type(const Io& io, hid_t type, std::string_view object) {
+  for (DType d : {DType::f64, DType::f32, DType::f16, DType::bf16, DType::i64, DType::boolean}) {
+    if (types_equal(io, type, tensor_type(io, d).get(), object)) return d;
+  }
+  return std::nullopt;
+}
+
+// "a 4-byte HDF5 integer type", for messages about types we do not read.
+std::string describe_type(const Io& io, hid_t type, std::string_view object) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const std::size_t size = H5Tget_size(type);
+  std::string_view name = "other";
+  switch (cls) {
+    case H5T_INTEGER: name = "integer"; break;
+    case H5T_FLOAT: name = "float"; break;
+    case H5T_STRING: name = "string"; break;
+    case H5T_ENUM: name = "enum"; break;
+    case H5T_COMPOUND: name = "compound"; break;
+    case H5T_ARRAY: name = "array"; break;
+    default: break;
+  }
+  if (cls == H5T_STRING && H5Tis_variable_str(type) > 0) return "a variable-length HDF5 string type";
+  return fmt::format("a {}-byte HDF5 {} type", size, name);
+}
+
+// ---- groups, links, attributes ---------------------------------------------------------------------
+
+Group create_group(const Io& io, hid_t loc, std::string_view parent, std::string_view name) {
+  const std::string path = child_path(parent, name);
+  return Group(io.check(H5Gcreate2(loc, std::string(name).c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                        "H5Gcreate2", path));
+}
+
+bool has_link(const Io& io, hid_t loc, std::string_view parent, std::string_view name) {
+  return io.check(H5Lexists(loc, std::string(name).c_str(), H5P_DEFAULT), "H5Lexists", child_path(parent, name)) > 0;
+}
+
+// Opens parent/name, which must be a group (else an error names it).
+Group open_group(const Io& io, hid_t loc, std::string_view parent, std::string_view name) {
+  const std::string path = child_path(parent, name);
+  const hid_t id = io.check(H5Oopen(loc, std::string(name).c_str(), H5P_DEFAULT), "H5Oopen", path);
+  if (H5Iget_type(id) != H5I_GROUP) {
+    H5Oclose(id);
+    io.fail(fmt::format("'{}' is not a group", path), "the file was not written by ampscope's save_checkpoint");
+  }
+  return Group(id);
+}
+
+Dataset open_dataset(const Io& io, hid_t loc, std::string_view parent, std::string_view name) {
+  const std::string path = child_path(parent, name);
+  const hid_t id = io.check(H5Oopen(loc, std::string(name).c_str(), H5P_DEFAULT), "H5Oopen", path);
+  if (H5Iget_type(id) != H5I_DATASET) {
+    H5Oclose(id);
+    io.fail(fmt::format("'{}' is not a dataset", path), "the file was not written by ampscope's save_checkpoint");
+  }
+  return Dataset(id);
+}
+
+// The names of a group's links (children), in name order.
+std::vector<std::string> link_names(const Io& io, hid_t group, std::string_view path) {
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+    return 0;
+  };
+  io.check(H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names), "H5Literate", path);
+  return names;
+}
+
+std::vector<std::string> attribute_names(const Io& io, hid_t object, std::string_view path) {
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5A_info_t*, void* data) -> herr_t {
+    static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+    return 0;
+  };
+  io.check(H5Aiterate2(object, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names), "H5Aiterate2", path);
+  return names;
+}
+
+// Writes a scalar (count 0) or 1-D (count n) attribute.
+void write_attribute(const Io& io, hid_t object, std::string_view path, std::string_view name, hid_t type,
+                     const void* data, std::optional<hsize_t> count = std::nullopt) {
+  const std::string where = fmt::format("{}@{}", path, name);
+  Dataspace space(count ? io.check(H5Screate_simple(1, &*count, nullptr), "H5Screate_simple", where)
+                        : io.check(H5Screate(H5S_SCALAR), "H5Screate", where));
+  Attribute attr(io.check(H5Acreate2(object, std::string(name).c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                          "H5Acreate2", where));
+  io.check(H5Awrite(attr.get(), type, data), "H5Awrite", where);
+}
+
+void write_f64(const Io& io, hid_t object, std::string_view path, std::string_view name, double value) {
+  write_attribute(io, object, path, name, copy_type(io, H5T_IEEE_F64LE).get(), &value);
+}
+void write_i64(const Io& io, hid_t object, std::string_view path, std::string_view name, std::int64_t value) {
+  write_attribute(io, object, path, name, copy_type(io, H5T_STD_I64LE).get(), &value);
+}
+void write_u64(const Io& io, hid_t object, std::string_view path, std::string_view name, std::uint64_t value) {
+  write_attribute(io, object, path, name, copy_type(io, H5T_STD_U64LE).get(), &value);
+}
+void write_bool(const Io& io, hid_t object, std::string_view path, std::string_view name, bool value) {
+  const std::int8_t v = value ? 1 : 0;
+  write_attribute(io, object, path, name, bool_type(io).get(), &v);
+}
+void write_string(const Io& io, hid_t object, std::string_view path, std::string_view name, const std::string& value) {
+  const char* v = value.c_str();
+  write_attribute(io, object, path, name, string_type(io).get(), &v);
+}
+
+// An open attribute with its type and element count, for the typed readers below.
+struct OpenAttribute {
+  Attribute attr;
+  Datatype type;
+  hssize_t count = 0;
+  bool scalar = false;
+  std::string where;  // "/optimizer/param_groups/0@lr"
+};
+
+OpenAttribute open_attribute(const Io& io, hid_t object, std::string_view path, std::string_view name) {
+  OpenAttribute a;
+  a.where = fmt::format("{}@{}", path, name);
+  if (io.check(H5Aexists(object, std::string(name).c_str()), "H5Aexists", a.where) <= 0) {
+    io.fail(fmt::format("'{}' has no attribute '{}'", path, name),
+            "the file was not written by this version of save_checkpoint, or was edited");
+  }
+  a.attr = Attribute(io.check(H5Aopen(object, std::string(name).c_str(), H5P_DEFAULT), "H5Aopen", a.where));
+  a.type = Datatype(io.check(H5Aget_type(a.attr.get()), "H5Aget_type", a.where));
+  Dataspace space(io.check(H5Aget_space(a.attr.get()), "H5Aget_space", a.where));
+  a.count = io.check(H5Sget_simple_extent_npoints(space.get()), "H5Sget_simple_extent_npoints", a.where);
+  a.scalar = io.check(H5Sget_simple_extent_type(space.get()), "H5Sget_simple_extent_type", a.where) == H5S_SCALAR;
+  return a;
+}
+
+// The kinds of value an attribute can hold, as save_checkpoint writes them.
+enum class ValueKind { f64, i64, u64, boolean, string, other };
+
+ValueKind kind_of(const Io& io, const OpenAttribute& a) {
+  const hid_t t = a.type.get();
+  if (types_equal(io, t, copy_type(io, H5T_IEEE_F64LE).get(), a.where)) return ValueKind::f64;
+  if (types_equal(io, t, copy_type(io, H5T_STD_I64LE).get(), a.where)) return ValueKind::i64;
+  if (types_equal(io, t, copy_type(io, H5T_STD_U64LE).get(), a.where)) return ValueKind::u64;
+  if (types_equal(io, t, bool_type(io).get(), a.where)) return ValueKind::boolean;
+  if (io.check(H5Tget_class(t), "H5Tget_class", a.where) == H5T_STRING) return ValueKind::string;
+  return ValueKind::other;
+}
+
+std::string_view kind_name(ValueKind kind) {
+  switch (kind) {
+    case ValueKind::f64: return "a 64-bit float";
+    case ValueKind::i64: return "a 64-bit signed integer";
+    case ValueKind::u64: return "a 64-bit unsigned integer";
+    case ValueKind::boolean: return "a bool";
+    case ValueKind::string: return "a string";
+    case ValueKind::other: return "of a type ampscope does not read";
+  }
+  return "?";
+}
+
+void expect_kind(const Io& io, const OpenAttribute& a, ValueKind want, hssize_t count) {
+  const ValueKind got = kind_of(io, a);
+  const bool shape_ok = count == 0 ? a.scalar : (!a.scalar && a.count == count);
+  if (got != want || !shape_ok) {
+    const std::string want_text =
+        count == 0 ? fmt::format("a scalar, {}", kind_name(want))
+                   : fmt::format("{} values, each {}", count, kind_name(want));
+    io.fail(fmt::format("attribute '{}' holds {} value(s), {} ({}), but {} is expected", a.where, a.count,
+                        kind_name(got), describe_type(io, a.type.get(), a.where), want_text),
+            "the file was not written by this version of save_checkpoint, or was edited");
+  }
+}
+
+template <class T>
+T read_number(const Io& io, hid_t object, std::string_view path, std::string_view name, ValueKind kind, hid_t memory) {
+  const OpenAttribute a = open_attribute(io, object, path, name);
+  expect_kind(io, a, kind, 0);
+  T value{};
+  io.check(H5Aread(a.attr.get(), memory, &value), "H5Aread", a.where);
+  return value;
+}
+
+double read_f64(const Io& io, hid_t object, std::string_view path, std::string_view name) {
+  return read_number<double>(io, object, path, name, ValueKind::f64, H5T_NATIVE_DOUBLE);
+}
+std::int64_t read_i64(const Io& io, hid_t object, std::string_view path, std::string_view name) {
+  return read_number<std::int64_t>(io, object, path, name, ValueKind::i64, H5T_NATIVE_INT64);
+}
+std::uint64_t read_u64(const Io& io, hid_t object, std::string_view path, std::string_view name) {
+  return read_number<std::uint64_t>(io, object, path, name, ValueKind::u64, H5T_NATIVE_UINT64);
+}
+
+bool read_bool_value(const Io& io, const OpenAttribute& a) {
+  std::int8_t v = 0;
+  io.check(H5Aread(a.attr.get(), bool_type(io).get(), &v), "H5Aread", a.where);
+  return v != 0;
+}
+bool read_bool(const Io& io, hid_t object, std::string_view path, std::string_view name) {
+  const OpenAttribute a = open_attribute(io, object, path, name);
+  expect_kind(io, a, ValueKind::boolean, 0);
+  return read_bool_value(io, a);
+}
+
+// Variable-length strings (what we write and h5py writes for str) and fixed-length ones (numpy bytes).
+std::string read_string_value(const Io& io, const OpenAttribute& a) {
+  const hid_t t = a.type.get();
+  if (io.check(H5Tis_variable_str(t), "H5Tis_variable_str", a.where) > 0) {
+    char* raw = nullptr;
+    io.check(H5Aread(a.attr.get(), t, &raw), "H5Aread", a.where);
+    std::string value = raw != nullptr ? std::string(raw) : std::string();
+    H5free_memory(raw);
+    return value;
+  }
+  const std::size_t size = H5Tget_size(t);
+  std::string value(size, '\0');
+  io.check(H5Aread(a.attr.get(), t, value.data()), "H5Aread", a.where);
+  value.resize(std::strlen(value.c_str()));
+  return value;
+}
+std::string read_string(const Io& io, hid_t object, std::string_view path, std::string_view name) {
+  const OpenAttribute a = open_attribute(io, object, path, name);
+  expect_kind(io, a, ValueKind::string, 0);
+  return read_string_value(io, a);
+}
+
+// ---- tensors ---------------------------------------------------------------------------------------
+
+void write_tensor(const Io& io, hid_t loc, std::string_view parent, std::string_view name, const Tensor& tensor) {
+  const std::string path = child_path(parent, name);
+  Tensor host;
+  {
+    NoGradGuard no_grad;
+    host = tensor.detach().to(Device::cpu()).contiguous();
+  }
+  std::vector<hsize_t> dims(host.shape().begin(), host.shape().end());
+  Dataspace space(dims.empty() ? io.check(H5Screate(H5S_SCALAR), "H5Screate", path)
+                               : io.check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                                          "H5Screate_simple", path));
+  const Datatype type = tensor_type(io, host.dtype());
+  Dataset dset(io.check(H5Dcreate2(loc, std::string(name).c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                   H5P_DEFAULT),
+                        "H5Dcreate2", path));
+  static const char kNoElements = 0;  // HDF5 refuses a null buffer even for zero elements
+  const void* data = host.numel() > 0 ? host.data() : &kNoElements;
+  io.check(H5Dwrite(dset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "H5Dwrite", path);
+}
+
+// A tensor dataset's header, read before its values so mismatches are reported without reading data.
+struct TensorHeader {
+  std::string path;
+  std::optional<DType> dtype;  // null: a type no dtype maps to
+  std::string type_text;       // "f16", or describe_type's text
+  Shape shape;
+};
+
+TensorHeader read_header(const Io& io, const Dataset& dset, std::string path) {
+  TensorHeader h;
+  h.path = std::move(path);
+  const Datatype type(io.check(H5Dget_type(dset.get()), "H5Dget_type", h.path));
+  h.dtype = dtype_of_type(io, type.get(), h.path);
+  h.type_text = h.dtype ? std::string(dtype_name(*h.dtype)) : describe_type(io, type.get(), h.path);
+  const Dataspace space(io.check(H5Dget_space(dset.get()), "H5Dget_space", h.path));
+  const H5S_class_t cls = io.check(H5Sget_simple_extent_type(space.get()), "H5Sget_simple_extent_type", h.path);
+  if (cls == H5S_NULL) io.fail(fmt::format("dataset '{}' has no dataspace (H5S_NULL)", h.path));
+  if (cls == H5S_SIMPLE) {
+    const int rank = io.check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", h.path);
+    std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+    io.check(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims", h.path);
+    h.shape.assign(dims.begin(), dims.end());
+  }
+  return h;
+}
+
+// The dataset's values as a new CPU tensor of its own dtype, bit for bit.
+Tensor read_values(const Io& io, const Dataset& dset, const TensorHeader& h) {
+  if (!h.dtype) io.fail(fmt::format("dataset '{}' is {}, which is no tensor dtype", h.path, h.type_text));
+  Tensor out = Tensor::empty(h.shape, {*h.dtype, Device::cpu()});
+  const Datatype type = tensor_type(io, *h.dtype);
+  static char no_elements = 0;
+  void* data = out.numel() > 0 ? out.data() : &no_elements;
+  io.check(H5Dread(dset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "H5Dread", h.path);
+  return out;
+}
+
+void write_string_list(const Io& io, hid_t loc, std::string_view parent, std::string_view name,
+                       const std::vector<std::string>& values) {
+  const std::string path = child_path(parent, name);
+  const hsize_t n = values.size();
+  Dataspace space(io.check(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", path));
+  const Datatype type = string_type(io);
+  Dataset dset(io.check(H5Dcreate2(loc, std::string(name).c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                   H5P_DEFAULT),
+                        "H5Dcreate2", path));
+  std::vector<const char*> pointers;
+  for (const std::string& v : values) pointers.push_back(v.c_str());
+  static const char* const kNoElements = "";
+  io.check(H5Dwrite(dset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, n > 0 ? pointers.data() : &kNoElements),
+           "H5Dwrite", path);
+}
+
+std::vector<std::string> read_string_list(const Io& io, hid_t loc, std::string_view parent, std::string_view name) {
+  const std::string path = child_path(parent, name);
+  const Dataset dset = open_dataset(io, loc, parent, name);
+  const Datatype file_type(io.check(H5Dget_type(dset.get()), "H5Dget_type", path));
+  const Dataspace space(io.check(H5Dget_space(dset.get()), "H5Dget_space", path));
+  const int rank = io.check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", path);
+  if (io.check(H5Tis_variable_str(file_type.get()), "H5Tis_variable_str", path) <= 0 || rank != 1) {
+    io.fail(fmt::format("dataset '{}' is {} of rank {}, but a list of variable-length strings is expected", path,
+                        describe_type(io, file_type.get(), path), rank));
+  }
+  const hssize_t n = io.check(H5Sget_simple_extent_npoints(space.get()), "H5Sget_simple_extent_npoints", path);
+  std::vector<char*> raw(static_cast<std::size_t>(n) + 1, nullptr);  // + 1: a valid pointer when n is 0
+  const Datatype memory = string_type(io);
+  io.check(H5Dread(dset.get(), memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()), "H5Dread", path);
+  std::vector<std::string> values;
+  for (hssize_t i = 0; i < n; ++i) {
+    const char* value = raw[static_cast<std::size_t>(i)];
+    values.emplace_back(value != nullptr ? value : "");
+  }
+  io.check(H5Dvlen_reclaim(memory.get(), space.get(), H5P_DEFAULT, raw.data()), "H5Dvlen_reclaim", path);
+  return values;
+}
+
+// ---- names -----------------------------------------------------------------------------------------
+
+// Names become HDF5 link names: no '/', not empty, not ".".
+void check_link_name(const Io& io, std::string_view what, const std::string& name) {
+  if (name.empty() || name == "." || name.find('/') != std::string::npos) {
+    io.fail(fmt::format("{} name '{}' cannot be stored: names must be non-empty, not '.', and contain no '/'", what,
+                        name),
+            "rename it (module and parameter names come from register_module / register_parameter)");
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> model_tensors(const nn::Module& model) {
+  std::vector<std::pair<std::string, Tensor>> all = model.named_parameters();
+  for (auto& entry : model.named_buffers()) all.push_back(std::move(entry));
+  return all;
+}
+
+// Each optimizer group's parameter names, checked to be usable as keys.
+std::vector<std::vector<std::string>> optimizer_names(const Io& io, const optim::Optimizer& opt) {
+  std::vector<std::vector<std::string>> names;
+  std::set<std::string> seen;
+  for (std::size_t g = 0; g < opt.param_groups().size(); ++g) {
+    names.emplace_back();
+    const auto& params = opt.param_groups()[g].params;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const std::string& name = params[i].name();
+      if (name.empty()) {
+        io.fail(fmt::format("{} parameter {} of group {} has no name, and optimizer state is stored by name",
+                            opt.name(), i, g),
+                "register the tensor in an nn::Module, or name it with Tensor::set_name");
+      }
+      if (!seen.insert(name).second) {
+        io.fail(fmt::format("{} holds two parameters named '{}', and optimizer state is stored by name", opt.name(),
+                            name),
+                "give each tensor a distinct name (Tensor::set_name)");
+      }
+      check_link_name(io, "optimizer parameter", name);
+      names.back().push_back(name);
+    }
+  }
+  return names;
+}
+
+constexpr std::string_view kStateFields[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+
+using StateMember = Tensor optim::ParamState::*;
+
+StateMember state_field(std::string_view name) {
+  if (name == "momentum_buffer") return &optim::ParamState::momentum_buffer;
+  if (name == "exp_avg") return &optim::ParamState::exp_avg;
+  if (name == "exp_avg_sq") return &optim::ParamState::exp_avg_sq;
+  if (name == "max_exp_avg_sq") return &optim::ParamState::max_exp_avg_sq;
+  return nullptr;
+}
+
+// ---- saving ----------------------------------------------------------------------------------------
+
+void write_model(const Io& io, hid_t root, const nn::Module& model) {
+  const Group group = create_group(io, root, "/", "model");
+  for (const auto& [name, tensor] : model_tensors(model)) {
+    check_link_name(io, "model parameter", name);
+    write_tensor(io, group.get(), "/model", name, tensor);
+  }
+}
+
+void write_optimizer(const Io& io, hid_t root, const optim::Optimizer& opt) {
+  const std::vector<std::vector<std::string>> names = optimizer_names(io, opt);
+  const Group group = create_group(io, root, "/", "optimizer");
+  write_string(io, group.get(), "/optimizer", "type", opt.name());
+  const Group groups = create_group(io, group.get(), "/optimizer", "param_groups");
+  for (std::size_t g = 0; g < opt.param_groups().size(); ++g) {
+    const optim::ParamGroup& pg = opt.param_groups()[g];
+    const std::string path = fmt::format("/optimizer/param_groups/{}", g);
+    const Group gg = create_group(io, groups.get(), "/optimizer/param_groups", std::to_string(g));
+    const optim::Hyperparameters& h = pg.options;
+    write_f64(io, gg.get(), path, "lr", h.lr);
+    write_f64(io, gg.get(), path, "momentum", h.momentum);
+    write_f64(io, gg.get(), path, "dampening", h.dampening);
+    write_bool(io, gg.get(), path, "nesterov", h.nesterov);
+    write_attribute(io, gg.get(), path, "betas", copy_type(io, H5T_IEEE_F64LE).get(), h.betas.data(), hsize_t{2});
+    write_f64(io, gg.get(), path, "eps", h.eps);
+    write_bool(io, gg.get(), path, "amsgrad", h.amsgrad);
+    write_f64(io, gg.get(), path, "weight_decay", h.weight_decay);
+    write_bool(io, gg.get(), path, "maximize", h.maximize);
+    if (pg.initial_lr) write_f64(io, gg.get(), path, "initial_lr", *pg.initial_lr);
+    write_string_list(io, gg.get(), path, "params", names[g]);
+  }
+  const Group states = create_group(io, group.get(), "/optimizer", "state");
+  for (std::size_t g = 0; g < opt.param_groups().size(); ++g) {
+    const auto& params = opt.param_groups()[g].params;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const optim::ParamState* s = opt.find_state(params[i]);
+      if (s == nullptr) continue;
+      bool any = s->step != 0;
+      for (std::string_view field : kStateFields) any = any || (s->*state_field(field)).defined();
+      if (!any) continue;  // a parameter that never had a gradient: same as no state
+      const std::string& name = names[g][i];
+      const std::string path = child_path("/optimizer/state", name);
+      const Group ps = create_group(io, states.get(), "/optimizer/state", name);
+      write_i64(io, ps.get(), path, "step", s->step);
+      for (std::string_view field : kStateFields) {
+        const Tensor& t = s->*state_field(field);
+        if (t.defined()) write_tensor(io, ps.get(), path, field, t);
+      }
+    }
+  }
+}
+
+void write_state_dict(const Io& io, hid_t parent, const std::string& name, const StateDict& state) {
+  check_link_name(io, "state", name);
+  const std::string path = child_path("/states", name);
+  const Group group = create_group(io, parent, "/states", name);
+  for (const auto& [key, value] : state) {
+    check_link_name(io, fmt::format("state '{}' key", name), key);
+    std::visit(
+        [&](const auto& v) {
+          using V = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<V, double>) write_f64(io, group.get(), path, key, v);
+          else if constexpr (std::is_same_v<V, std::int64_t>) write_i64(io, group.get(), path, key, v);
+          else if constexpr (std::is_same_v<V, bool>) write_bool(io, group.get(), path, key, v);
+          else if constexpr (std::is_same_v<V, std::string>) write_string(io, group.get(), path, key, v);
+          else {
+            if (!v.defined()) io.fail(fmt::format("state '{}' key '{}' holds an undefined tensor", name, key));
+            write_tensor(io, group.get(), path, key, v);
+          }
+        },
+        value);
+  }
+}
+
+void write_checkpoint(const Io& io, hid_t file, const Checkpoint& what) {
+  const Group root(io.check(H5Gopen2(file, "/", H5P_DEFAULT), "H5Gopen2", "/"));
+  write_string(io, root.get(), "/", "format", std::string(kFormatName));
+  write_i64(io, root.get(), "/", "format_version", kCheckpointFormatVersion);
+  write_i64(io, root.get(), "/", "step", what.step);
+  if (what.model != nullptr) write_model(io, root.get(), *what.model);
+  if (what.optimizer != nullptr) write_optimizer(io, root.get(), *what.optimizer);
+  if (!what.generators.empty()) {
+    const Group group = create_group(io, root.get(), "/", "generators");
+    for (const auto& [name, gen] : what.generators) {
+      check_link_name(io, "generator", name);
+      if (gen == nullptr) io.fail(fmt::format("generator '{}' is a null pointer", name));
+      const std::string path = child_path("/generators", name);
+      const Group g = create_group(io, group.get(), "/generators", name);
+      write_u64(io, g.get(), path, "seed", gen->seed());
+      write_u64(io, g.get(), path, "offset", gen->offset());
+    }
+  }
+  if (!what.states.empty()) {
+    const Group group = create_group(io, root.get(), "/", "states");
+    for (const auto& [name, state] : what.states) write_state_dict(io, group.get(), name, state);
+  }
+}
+
+// Flushes a file's (or directory's) data to the disk, so the rename that follows cannot become durable
+// before the data it points to. Returns 0 or the errno of the failure.
+int sync_path(const std::filesystem::path& path, bool directory) {
+  const int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0));
+  if (fd < 0) return errno;
+  const int result = ::fsync(fd) == 0 ? 0 : errno;
+  ::close(fd);
+  return result;
+}
+
+// ---- loading: phase 1 reads and checks, touching nothing ------------------------------------------
+
+struct PreparedModel {
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (live tensor, value on the live tensor's device)
+};
+
+struct PreparedOptimizer {
+  std::vector<optim::Hyperparameters> options;
+  std::vector<std::optional<double>> initial_lrs;
+  std::vector<std::pair<Tensor, optim::ParamState>> states;  // for every parameter, empty when none saved
+};
+
+// Compares a checkpoint tensor's header with the live tensor it is for; `what` is "parameter 'fc1.weight'".
+void check_fits(const Io& io, const TensorHeader& h, const std::string& what, const Tensor& live,
+                std::string_view live_side, std::string_view dtype_hint) {
+  if (!h.dtype || *h.dtype != live.dtype()) {
+    io.fail(fmt::format("{} ('{}') is {} in the checkpoint but {} in the {}", what, h.path, h.type_text,
+                        dtype_name(live.dtype()), live_side),
+            dtype_hint);
+  }
+  if (h.shape != live.shape()) {
+    io.fail(fmt::format("{} ('{}') has shape {} in the checkpoint but {} in the {}", what, h.path, shape_str(h.shape),
+                        shape_str(live.shape()), live_side),
+            "build the model with the configuration of the run that saved the checkpoint");
+  }
+}
+
+PreparedModel read_model(const Io& io, hid_t root, const nn::Module& model) {
+  if (!has_link(io, root, "/", "model")) {
+    io.fail("the file holds no model (no '/model' group)", "it was saved without one; leave Checkpoint::model null");
+  }
+  const Group group = open_group(io, root, "/", "model");
+  const auto live = model_tensors(model);
+  std::set<std::string> live_names;
+  for (const auto& entry : live) live_names.insert(entry.first);
+  for (const std::string& name : link_names(io, group.get(), "/model")) {
+    if (live_names.count(name) == 0) {
+      io.fail(fmt::format("the checkpoint has parameter '{}' ('/model/{}'), which the model does not have", name, name),
+              "the checkpoint was saved from a different model; build the model the saving run built");
+    }
+  }
+  PreparedModel prepared;
+  for (const auto& [name, tensor] : live) {
+    if (!has_link(io, group.get(), "/model", name)) {
+      io.fail(fmt::format("the checkpoint has no parameter '{}' ('/model/{}'), which the model has", name, name),
+              "the checkpoint was saved from a different model; build the model the saving run built");
+    }
+    const Dataset dset = open_dataset(io, group.get(), "/model", name);
+    const TensorHeader h = read_header(io, dset, child_path("/model", name));
+    check_fits(io, h, fmt::format("parameter '{}'", name), tensor, "model",
+               fmt::format("convert the model with to(DType::{}) before loading, as the saving run did (and build the "
+                           "optimizer after that)",
+                           h.type_text));
+    prepared.copies.emplace_back(tensor, read_values(io, dset, h).to(tensor.device()));
+  }
+  return prepared;
+}
+
+PreparedOptimizer read_optimizer(const Io& io, hid_t root, optim::Optimizer& opt) {
+  if (!has_link(io, root, "/", "optimizer")) {
+    io.fail("the file holds no optimizer (no '/optimizer' group)",
+            "it was saved without one; leave Checkpoint::optimizer null");
+  }
+  const std::vector<std::vector<std::string>> names = optimizer_names(io, opt);
+  const Group group = open_group(io, root, "/", "optimizer");
+  const std::string type = read_string(io, group.get(), "/optimizer", "type");
+  if (type != opt.name()) {
+    io.fail(fmt::format("the checkpoint holds {} state, but the optimizer is {}", type, opt.name()),
+            fmt::format("build a {} optimizer, as the saving run did", type));
+  }
+  const Group groups = open_group(io, group.get(), "/optimizer", "param_groups");
+  const std::vector<std::string> group_names = link_names(io, groups.get(), "/optimizer/param_groups");
+  if (group_names.size() != opt.param_groups().size()) {
+    io.fail(fmt::format("the checkpoint's {} has {} parameter group(s), but the optimizer has {}", type,
+                        group_names.size(), opt.param_groups().size()),
+            "build the optimizer with the parameter groups of the saving run");
+  }
+  PreparedOptimizer prepared;
+  std::map<std::string, Tensor> live;  // parameter name -> tensor
+  for (std::size_t g = 0; g < names.size(); ++g) {
+    const std::string gname = std::to_string(g);
+    const std::string path = child_path("/optimizer/param_groups", gname);
+    if (!has_link(io, groups.get(), "/optimizer/param_groups", gname)) {
+      io.fail(fmt::format("'{}' is missing", path), "the file was not written by save_checkpoint, or was edited");
+    }
+    const Group gg = open_group(io, groups.get(), "/optimizer/param_groups", gname);
+    const std::vector<std::string> saved = read_string_list(io, gg.get(), path, "params");
+    const std::set<std::string> saved_set(saved.begin(), saved.end());
+    const std::set<std::string> live_set(names[g].begin(), names[g].end());
+    for (const std::string& name : names[g]) {
+      if (saved_set.count(name) == 0) {
+        io.fail(fmt::format("the optimizer's group {} holds parameter '{}', which the checkpoint's group {} lacks", g,
+                            name, g),
+                "build the optimizer over the same parameters (and groups) as the saving run");
+      }
+    }
+    for (const std::string& name : saved) {
+      if (live_set.count(name) == 0) {
+        io.fail(fmt::format("the checkpoint's optimizer group {} holds parameter '{}', which the optimizer's group {} "
+                            "does not",
+                            g, name, g),
+                "build the optimizer over the same parameters (and groups) as the saving run");
+      }
+    }
+    optim::Hyperparameters h;
+    h.lr = read_f64(io, gg.get(), path, "lr");
+    h.momentum = read_f64(io, gg.get(), path, "momentum");
+    h.dampening = read_f64(io, gg.get(), path, "dampening");
+    h.nesterov = read_bool(io, gg.get(), path, "nesterov");
+    {
+      const OpenAttribute betas = open_attribute(io, gg.get(), path, "betas");
+      expect_kind(io, betas, ValueKind::f64, 2);
+      io.check(H5Aread(betas.attr.get(), H5T_NATIVE_DOUBLE, h.betas.data()), "H5Aread", betas.where);
+    }
+    h.eps = read_f64(io, gg.get(), path, "eps");
+    h.amsgrad = read_bool(io, gg.get(), path, "amsgrad");
+    h.weight_decay = read_f64(io, gg.get(), path, "weight_decay");
+    h.maximize = read_bool(io, gg.get(), path, "maximize");
+    std::optional<double> initial_lr;
+    if (io.check(H5Aexists(gg.get(), "initial_lr"), "H5Aexists", path + "@initial_lr") > 0) {
+      initial_lr = read_f64(io, gg.get(), path, "initial_lr");
+    }
+    prepared.options.push_back(h);
+    prepared.initial_lrs.push_back(initial_lr);
+    const auto& params = opt.param_groups()[g].params;
+    for (std::size_t i = 0; i < params.size(); ++i) live.emplace(names[g][i], params[i]);
+  }
+
+  const Group states = open_group(io, group.get(), "/optimizer", "state");
+  std::map<std::string, optim::ParamState> loaded;
+  for (const std::string& name : link_names(io, states.get(), "/optimizer/state")) {
+    const auto it = live.find(name);
+    if (it == live.end()) {
+      io.fail(fmt::format("the checkpoint has optimizer state for '{}', which is not a parameter of the optimizer",
+                          name),
+              "build the optimizer over the same parameters as the saving run");
+    }
+    const Tensor& param = it->second;
+    const std::string path = child_path("/optimizer/state", name);
+    const Group ps = open_group(io, states.get(), "/optimizer/state", name);
+    optim::ParamState s;
+    s.step = read_i64(io, ps.get(), path, "step");
+    for (const std::string& field : link_names(io, ps.get(), path)) {
+      const StateMember member = state_field(field);
+      if (member == nullptr) {
+        io.fail(fmt::format("'{}' holds '{}', which is not optimizer state (expected momentum_buffer, exp_avg, "
+                            "exp_avg_sq, max_exp_avg_sq)",
+                            path, field),
+                "the file was not written by save_checkpoint, or was edited");
+      }
+      const Dataset dset = open_dataset(io, ps.get(), path, field);
+      const TensorHeader h = read_header(io, dset, child_path(path, field));
+      check_fits(io, h, fmt::format("optimizer state {} of '{}'", field, name), param, "parameter",
+                 fmt::format("convert the model with to(DType::{}) before building the optimizer, as the saving run "
+                             "did",
+                             h.type_text));
+      s.*member = read_values(io, dset, h).to(param.device());
+    }
+    loaded.emplace(name, std::move(s));
+  }
+  for (const auto& [name, param] : live) {
+    const auto it = loaded.find(name);
+    prepared.states.emplace_back(param, it == loaded.end() ? optim::ParamState{} : std::move(it->second));
+  }
+  return prepared;
+}
+
+std::pair<std::uint64_t, std::uint64_t> read_generator(const Io& io, hid_t root, const std::string& name) {
+  auto missing = [&] {
+    io.fail(fmt::format("the file holds no generator '{}' (no '/generators/{}')", name, name),
+            "it was saved without it; leave it out of Checkpoint::generators");
+  };
+  if (!has_link(io, root, "/", "generators")) missing();
+  const Group group = open_group(io, root, "/", "generators");
+  if (!has_link(io, group.get(), "/generators", name)) missing();
+  const std::string path = child_path("/generators", name);
+  const Group g = open_group(io, group.get(), "/generators", name);
+  return {read_u64(io, g.get(), path, "seed"), read_u64(io, g.get(), path, "offset")};
+}
+
+std::string_view value_kind_name(const StateValue& v) {
+  switch (v.index()) {
+    case 0: return "a double";
+    case 1: return "an integer";
+    case 2: return "a bool";
+    case 3: return "a string";
+    default: return "a tensor";
+  }
+}
+
+StateDict read_state_dict(const Io& io, hid_t root, const std::string& name, const StateDict& expected) {
+  auto missing = [&] {
+    io.fail(fmt::format("the file holds no state '{}' (no '/states/{}')", name, name),
+            "it was saved without it; leave it out of Checkpoint::states");
+  };
+  if (!has_link(io, root, "/", "states")) missing();
+  const Group group = open_group(io, root, "/", "states");
+  if (!has_link(io, group.get(), "/states", name)) missing();
+  const std::string path = child_path("/states", name);
+  const Group sg = open_group(io, group.get(), "/states", name);
+  StateDict state;
+  for (const std::string& key : attribute_names(io, sg.get(), path)) {
+    const OpenAttribute a = open_attribute(io, sg.get(), path, key);
+    const ValueKind kind = kind_of(io, a);
+    if (!a.scalar || kind == ValueKind::other || kind == ValueKind::u64) {
+      io.fail(fmt::format("state '{}' key '{}' ('{}') is {} with {} value(s); a state value is one double, integer, "
+                          "bool or string",
+                          name, key, a.where, describe_type(io, a.type.get(), a.where), a.count),
+              "the file was not written by save_checkpoint, or was edited");
+    }
+    switch (kind) {
+      case ValueKind::f64: {
+        double v = 0;
+        io.check(H5Aread(a.attr.get(), H5T_NATIVE_DOUBLE, &v), "H5Aread", a.where);
+        state.emplace(key, v);
+        break;
+      }
+      case ValueKind::i64: {
+        std::int64_t v = 0;
+        io.check(H5Aread(a.attr.get(), H5T_NATIVE_INT64, &v), "H5Aread", a.where);
+        state.emplace(key, v);
+        break;
+      }
+      case ValueKind::boolean: state.emplace(key, read_bool_value(io, a)); break;
+      default: state.emplace(key, read_string_value(io, a)); break;
+    }
+  }
+  for (const std::string& key : link_names(io, sg.get(), path)) {
+    const Dataset dset = open_dataset(io, sg.get(), path, key);
+    const TensorHeader h = read_header(io, dset, child_path(path, key));
+    state.emplace(key, read_values(io, dset, h));
+  }
+  if (expected.empty()) return state;
+
+  for (const auto& [key, want] : expected) {
+    const auto it = state.find(key);
+    if (it == state.end()) {
+      io.fail(fmt::format("state '{}' lacks key '{}' (expected {})", name, key, value_kind_name(want)),
+              "the checkpoint was saved by a different version of the program, or without this setting");
+    }
+    const StateValue& got = it->second;
+    if (got.index() != want.index()) {
+      io.fail(fmt::format("state '{}' key '{}' is {} in the checkpoint, but {} is expected", name, key,
+                          value_kind_name(got), value_kind_name(want)),
+              "the checkpoint was saved by a different version of the program");
+    }
+    if (const Tensor* wt = std::get_if<Tensor>(&want); wt != nullptr && wt->defined()) {
+      const Tensor& gt = std::get<Tensor>(got);
+      if (gt.dtype() != wt->dtype() || gt.shape() != wt->shape()) {
+        io.fail(fmt::format("state '{}' key '{}' is a {} tensor of shape {} in the checkpoint, but a {} tensor of "
+                            "shape {} is expected",
+                            name, key, dtype_name(gt.dtype()), shape_str(gt.shape()), dtype_name(wt->dtype()),
+                            shape_str(wt->shape())));
+      }
+    }
+  }
+  for (const auto& [key, value] : state) {
+    if (expected.count(key) == 0) {
+      io.fail(fmt::format("state '{}' has key '{}' ({}), which is not expected", name, key, value_kind_name(value)),
+              "the checkpoint was saved by a different version of the program; pass an empty StateDict to accept "
+              "any keys");
+    }
+  }
+  return state;
+}
+
+// Opens an existing checkpoint for reading, with messages for the common ways a path is not one.
+File open_checkpoint(const Io& io, const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) io.fail("the file does not exist");
+  if (!std::filesystem::is_regular_file(status)) io.fail("it is not a regular file");
+  const auto size = std::filesystem::file_size(path, ec);
+  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 == 0) {
+    io.fail(fmt::format("it is not an HDF5 file ({} bytes, no HDF5 signature)", ec ? 0 : size),
+            "checkpoints are written by save_checkpoint; is this the right path?");
+  }
+  io.check(is_hdf5, "H5Fis_hdf5", "/");
+  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0) {
+    io.fail(fmt::format("HDF5 cannot open it ({} bytes; it may be truncated or damaged)\nHDF5 error stack:\n{}",
+                        ec ? 0 : size, take_hdf5_errors()),
+            "a checkpoint cut short (disk full, copied while being written) cannot be repaired; use an earlier one");
+  }
+  return File(id);
+}
+
+}  // namespace
+
+// ---- the public functions --------------------------------------------------------------------------
+
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& what) {
+  const Io io(path, "save");
+  const QuietHdf5Errors quiet;
+  std::filesystem::path directory = path.parent_path();
+  if (directory.empty()) directory = ".";
+  std::error_code ec;
+  if (path.filename().empty()) io.fail("the path names no file");
+  if (!std::filesystem::exists(directory, ec)) {
+    io.fail(fmt::format("directory '{}' does not exist", directory.string()), "create it first");
+  }
+  if (!std::filesystem::is_directory(directory, ec)) io.fail(fmt::format("'{}' is not a directory", directory.string()));
+  // Beside the target, so the rename stays within one file system (and so is atomic). The name is
+  // unique per process and call; a crash can leave one behind, never a damaged target.
+  static std::atomic<std::uint64_t> counter{0};
+  const std::filesystem::path temporary =
+      directory / fmt::format(".{}.tmp-{}-{}", path.filename().string(), ::getpid(), counter.fetch_add(1));
+  try {
+    {
+      File file(io.check(H5Fcreate(temporary.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), "H5Fcreate",
+                         temporary.string()));
+      write_checkpoint(io, file.get(), what);
+      file.close(io, "H5Fclose", temporary.string());
+    }
+    if (const int error = sync_path(temporary, false); error != 0) {
+      io.fail(fmt::format("flushing '{}' to disk failed: {}", temporary.string(), std::strerror(error)));
+    }
+    std::filesystem::rename(temporary, path, ec);
+    if (ec) io.fail(fmt::format("renaming '{}' over it failed: {}", temporary.string(), ec.message()));
+  } catch (...) {
+    std::filesystem::remove(temporary, ec);
+    throw;
+  }
+  // Makes the rename itself durable. Some file systems refuse fsync on a directory; the checkpoint is
+  // complete either way, so that is not an error.
+  sync_path(directory, true);
+}
+
+void load_checkpoint(const std::filesystem::path& path, Checkpoint& into) {
+  const Io io(path, "load");
+  const QuietHdf5Errors quiet;
+  const File file = open_checkpoint(io, path);
+  const Group root(io.check(H5Gopen2(file.get(), "/", H5P_DEFAULT), "H5Gopen2", "/"));
+
+  // Phase 1: read and check everything; nothing live changes here.
+  if (io.check(H5Aexists(root.get(), "format"), "H5Aexists", "/@format") <= 0 ||
+      read_string(io, root.get(), "/", "format") != kFormatName) {
+    io.fail(fmt::format("it is an HDF5 file but not an ampscope checkpoint (its root has no format = \"{}\" attribute)",
+                        kFormatName),
+            "checkpoints are written by save_checkpoint; is this a trace file?");
+  }
+  const std::int64_t version = read_i64(io, root.get(), "/", "format_version");
+  if (version < 1 || version > kCheckpointFormatVersion) {
+    io.fail(fmt::format("its format version is {}, but this build reads versions 1 to {}", version,
+                        kCheckpointFormatVersion),
+            version > kCheckpointFormatVersion ? "it was written by a newer ampscope; load it with that version" : "");
+  }
+  const std::int64_t step = read_i64(io, root.get(), "/", "step");
+  PreparedModel model;
+  if (into.model != nullptr) model = read_model(io, root.get(), *into.model);
+  PreparedOptimizer optimizer;
+  if (into.optimizer != nullptr) optimizer = read_optimizer(io, root.get(), *into.optimizer);
+  std::vector<std::pair<Generator*, std::pair<std::uint64_t, std::uint64_t>>> generators;
+  for (const auto& [name, gen] : into.generators) {
+    if (gen == nullptr) io.fail(fmt::format("generator '{}' is a null pointer", name));
+    generators.emplace_back(gen, read_generator(io, root.get(), name));
+  }
+  std::map<std::string, StateDict> states;
+  for (const auto& [name, expected] : into.states) {
+    states.emplace(name, read_state_dict(io, root.get(), name, expected));
+  }
+
+  // Phase 2: apply. Nothing below reads the file or can fail on its contents.
+  {
+    NoGradGuard no_grad;  // parameters are leaves that require grad; this copy is not part of any graph
+    for (auto& [live, value] : model.copies) live.copy_(value);
+  }
+  if (into.optimizer != nullptr) {
+    auto& groups = into.optimizer->param_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      groups[g].options = optimizer.options[g];
+      groups[g].initial_lr = optimizer.initial_lrs[g];
+    }
+    for (auto& [param, state] : optimizer.states) into.optimizer->state(param) = std::move(state);
+  }
+  for (auto& [gen, seed_offset] : generators) {
+    gen->manual_seed(seed_offset.first);
+    gen->set_offset(seed_offset.second);
+  }
+  for (auto& [name, state] : states) into.states[name] = std::move(state);
+  into.step = step;
+}
+
+}  // namespace ampscope
