@@ -136,7 +136,9 @@ void cast_arg(std::vector<Tensor>& args, std::size_t i, DType target, probe::Aut
   Tensor& a = args[i];
   if (!eligible(a) || a.dtype() == target) return;
   const DType from = a.dtype();
+  const Tensor source = a;
   bool hit = false;
+  RuntimeInternalGuard internal;  // the cast is reported as part of the op (CastRecord), not as an op "to"
   if (cacheable(a, target)) {
     std::lock_guard<std::mutex> lock(g_cache_mutex);
     auto it = g_cache.find(a.id());
@@ -151,7 +153,7 @@ void cast_arg(std::vector<Tensor>& args, std::size_t i, DType target, probe::Aut
   } else {
     a = a.to(target);
   }
-  info.casts.push_back({static_cast<int>(i), from, target, hit});
+  info.casts.push_back({static_cast<int>(i), from, target, hit, source, a});
 }
 
 // The promote policy: start at the autocast dtype; f32 anywhere wins; an f16/bf16 mix is an error.
@@ -306,20 +308,29 @@ OpDispatch::OpDispatch(std::string_view op, std::vector<Tensor> args, bool dtype
     }
   }
   ++t_state.op_depth;
+  if (outer_) {
+    if (probe::Hook* h = probe::hook()) {
+      const std::string& scope = current_scope();
+      wanted_ = h->wants_op(op_, scope);
+      if (wanted_) h->before_op(op_, scope);
+    }
+  }
 }
 
 OpDispatch::~OpDispatch() { --t_state.op_depth; }
 
 Tensor OpDispatch::finish(Tensor out) {
-  if (!outer_) return out;
+  if (!outer_ || !wanted_) return out;
   probe::Hook* h = probe::hook();
   if (h == nullptr) return out;
-  const std::string& scope = current_scope();
-  if (!h->wants_op(op_, scope)) return out;
-  const probe::OpEvent event{op_, scope, g_op_index.fetch_add(1), info_, args_, out};
+  const std::vector<Tensor> outputs{out};
+  const probe::OpEvent event{op_,  current_scope(), g_op_index.fetch_add(1), probe::current_step(), probe::next_seq(),
+                             probe::Phase::forward, info_, args_, out, outputs};
   h->on_op(event);
   return out;
 }
+
+std::uint64_t next_op_index() { return g_op_index.fetch_add(1); }
 
 std::vector<Tensor> autocast_composite_inputs(std::string_view op, std::vector<Tensor> args, bool& suppress_steps) {
   suppress_steps = false;

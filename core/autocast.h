@@ -110,8 +110,12 @@ class OpDispatch {
   std::vector<Tensor> args_;
   std::optional<DType> set_dtype_;
   probe::AutocastInfo info_;
-  bool outer_ = false;  // a user-level call (not an op called from inside another op or the runtime)
+  bool outer_ = false;   // a user-level call (not an op called from inside another op or the runtime)
+  bool wanted_ = false;  // the probe hook asked for this op
 };
+
+// The process-wide running index of reported events (OpEvent::index).
+std::uint64_t next_op_index();
 
 // Composite ops (cross_entropy, scaled_dot_product_attention) do not take an OpDispatch: their steps
 // are dispatched, and reported, one by one. A composite that autocast lists (attention is

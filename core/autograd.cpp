@@ -11,6 +11,7 @@
 #include "core/autocast.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/probe_hook.h"
 
 namespace ampscope {
 
@@ -232,6 +233,27 @@ Tensor record(std::string_view op, const Tensor& out, const std::vector<Tensor>&
   return result;
 }
 
+namespace {
+// Tells the probe hook what one node computed: the gradient it received and those it produced.
+void report_backward_node(const Node& node, const Tensor& grad_output, const std::vector<Tensor>& grads) {
+  probe::Hook* h = probe::hook();
+  if (h == nullptr || !grad_output.defined() || node.op() == "AccumulateGrad") return;
+  if (!h->wants_op(node.op(), node.scope())) return;
+  const std::vector<Tensor> inputs{grad_output};
+  Tensor first;
+  for (const Tensor& g : grads) {
+    if (g.defined()) {
+      first = g;
+      break;
+    }
+  }
+  const probe::AutocastInfo no_autocast;
+  const probe::OpEvent event{node.op(), node.scope(), ampscope::detail::next_op_index(), probe::current_step(),
+                             probe::next_seq(), probe::Phase::backward, no_autocast, inputs, first, grads};
+  h->on_backward_op(event);
+}
+}  // namespace
+
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   const std::shared_ptr<Node> root_node = edge_for(root);
   if (!root_node) return;
@@ -277,6 +299,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       throw Error(fmt::format("backward of {}: returned {} gradients for {} inputs; this is a bug in the op's backward",
                               where(*node), grads.size(), node->next().size()));
     }
+    report_backward_node(*node, g, grads);
     // Saved tensors are freed as soon as the node has run, so peak memory does not hold every
     // activation until the end of backward.
     if (!retain_graph) node->release();

@@ -389,9 +389,16 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
     }
   }
 
+  // Probes see the gradients as backward left them (still scaled), then unscaled.
+  std::vector<Tensor> params;
+  if (probe::hook() != nullptr) {
+    for (const optim::ParamGroup& group : groups) params.insert(params.end(), group.params.begin(), group.params.end());
+    probe::report_grads(params, /*unscaled=*/false);
+  }
   for (auto& [device, grads] : by_device) {
     for (Grad& g : grads) unscale_in_place(g.grad, inv_scale);
   }
+  if (!params.empty()) probe::report_grads(params, /*unscaled=*/true);
   state.stage = Stage::unscaled;
 }
 

@@ -260,6 +260,7 @@ void Module::zero_grad() {
 template <class Fn>
 void Module::convert_tensors(Fn&& convert) {
   NoGradGuard no_grad;
+  RuntimeInternalGuard internal;  // converting a model is not one of its ops
   // Tied parameters are converted once and the new tensor put in every place that held the old one.
   std::vector<std::pair<const void*, Tensor>> done;
   auto converted = [&](const Tensor& old, bool is_parameter) -> Tensor {

@@ -22,6 +22,53 @@ std::string_view policy_name(AutocastPolicy policy) {
   return "?";
 }
 
+std::string_view phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::optimizer: return "optimizer";
+    case Phase::scaler: return "scaler";
+  }
+  return "?";
+}
+
+namespace {
+std::atomic<std::int64_t> g_step{-1};
+std::atomic<std::int64_t> g_seq{0};
+}  // namespace
+
+std::int64_t current_step() { return g_step.load(); }
+std::int64_t next_seq() { return g_seq.fetch_add(1); }
+
+StepScope::StepScope(std::int64_t step) {
+  g_step.store(step);
+  g_seq.store(0);
+  if (Hook* h = hook()) h->on_step_begin(step);
+}
+
+void StepScope::end(const StepSummary& summary) {
+  if (ended_) return;
+  ended_ = true;
+  if (Hook* h = hook()) h->on_step_end(summary);
+  g_step.store(-1);
+}
+
+StepScope::~StepScope() {
+  if (!ended_) g_step.store(-1);
+}
+
+void report_grads(const std::vector<Tensor>& params, bool unscaled) {
+  Hook* h = hook();
+  if (h == nullptr) return;
+  std::vector<std::pair<std::string, Tensor>> grads;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor g = params[i].grad();
+    if (!g.defined()) continue;
+    grads.emplace_back(params[i].name().empty() ? "parameter " + std::to_string(i) : params[i].name(), g);
+  }
+  h->on_grads(GradEvent{current_step(), unscaled, grads});
+}
+
 std::string_view change_name(ScalerEvent::Change change) {
   switch (change) {
     case ScalerEvent::Change::kept: return "kept";

@@ -25,13 +25,20 @@ namespace ampscope::probe {
 enum class AutocastPolicy { none, lower_precision_fp, fp32, fp32_set_opt_dtype, promote, banned };
 std::string_view policy_name(AutocastPolicy policy);  // "lower_precision_fp", ...
 
+// What part of a training step an event belongs to.
+enum class Phase : std::uint8_t { forward, backward, optimizer, scaler };
+std::string_view phase_name(Phase phase);  // "forward", "backward", "optimizer", "scaler"
+
 // A cast autocast inserted in front of an op: input `input` went from `from` to `to`; `from_cache`
-// when the weight-cast cache supplied it (the same cast tensor as an earlier op's).
+// when the weight-cast cache supplied it (the same cast tensor as an earlier op's). `source` and
+// `result` are the tensors before and after (for counting values the cast overflowed or flushed).
 struct CastRecord {
   int input = 0;
   DType from = DType::f32;
   DType to = DType::f32;
   bool from_cache = false;
+  Tensor source{};
+  Tensor result{};
 };
 
 // Why an op ran in the dtype it ran in.
@@ -43,14 +50,42 @@ struct AutocastInfo {
   std::vector<CastRecord> casts;
 };
 
-// One op as the user called it (ops that an op calls internally are not reported separately).
+// One op as the user called it (ops that an op calls internally are not reported separately), or, in
+// the backward phase, one autograd node: then `op` is the forward op's name, `inputs` holds the
+// gradient of its output and `outputs` the gradients of its inputs (undefined where none flows).
 struct OpEvent {
   std::string_view op;           // "linear"
   const std::string& scope;      // module path, "" outside modules
   std::uint64_t index;           // running count of reported ops in this process
+  std::int64_t step;             // the step set by StepScope (or set_step), -1 outside steps
+  std::int64_t seq;              // order within the step, forward and backward events together
+  Phase phase;
   const AutocastInfo& autocast;
   const std::vector<Tensor>& inputs;  // after autocast's casts; undefined for absent optional inputs
-  const Tensor& output;
+  const Tensor& output;               // the (first) output
+  const std::vector<Tensor>& outputs; // every output (one for forward ops)
+};
+
+// Gradients of parameters, reported after backward: by the GradScaler before and after unscale_, or by
+// the training loop (report_grads) when it runs without a scaler.
+struct GradEvent {
+  std::int64_t step;
+  bool unscaled;  // false: still multiplied by the loss scale
+  const std::vector<std::pair<std::string, Tensor>>& grads;  // (parameter name, gradient)
+};
+
+// What the training loop knows at the end of a step (one row of a trace's /steps table).
+struct StepSummary {
+  std::int64_t step = 0;
+  double loss = 0;
+  double scale = 1;        // the scale this step's backward used (1 without a scaler)
+  double scale_after = 1;  // after update()
+  bool found_inf = false;
+  bool skipped = false;
+  std::int64_t growth_tracker = 0;
+  double grad_norm = 0;    // unscaled
+  double lr = 0;
+  double time_ms = 0;
 };
 
 // A parameter whose gradient held non-finite values when the GradScaler unscaled it.
@@ -83,15 +118,43 @@ std::string_view change_name(ScalerEvent::Change change);  // "kept", "growth", 
 class Hook {
  public:
   virtual ~Hook() = default;
-  // Asked before an op's event is built; return false to skip it at no further cost.
+  // Asked before an op's event is built (forward ops and backward nodes alike); return false to skip
+  // it at no further cost.
   virtual bool wants_op(std::string_view op, const std::string& scope) { return true; }
-  virtual void on_op(const OpEvent& event) {}
+  // Before a wanted forward op runs (for timing and ordering); the event follows in on_op.
+  virtual void before_op(std::string_view op, const std::string& scope) {}
+  virtual void on_op(const OpEvent& event) {}            // forward ops the user called
+  virtual void on_backward_op(const OpEvent& event) {}   // autograd nodes as backward runs them
+  virtual void on_grads(const GradEvent& event) {}
   virtual void on_scaler(const ScalerEvent& event) {}
+  virtual void on_step_begin(std::int64_t step) {}
+  virtual void on_step_end(const StepSummary& summary) {}
 };
 
 // The installed hook (process-wide), or null. Install with a HookGuard, or set_hook(nullptr) to remove.
 Hook* hook();
 void set_hook(std::shared_ptr<Hook> hook);
+
+// ---- the run's clock: which step events belong to ----
+std::int64_t current_step();  // -1 outside steps
+std::int64_t next_seq();      // the next sequence number within the current step
+
+// Marks a training step: sets the step (and resets the sequence) and tells the hook; end() reports
+// the step's summary. The training loop owns one per step.
+class StepScope {
+ public:
+  explicit StepScope(std::int64_t step);
+  ~StepScope();  // ends the step without a summary if end() was not called
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+  void end(const StepSummary& summary);
+
+ private:
+  bool ended_ = false;
+};
+
+// Reports parameter gradients to the hook, if one is installed (named by Tensor::name()).
+void report_grads(const std::vector<Tensor>& params, bool unscaled);
 
 class HookGuard {
  public:

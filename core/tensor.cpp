@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/convert.h"
 #include "core/error.h"
@@ -322,14 +323,18 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
+  // A cast the user asks for is an op probes see ("to"), so they can count what it overflowed.
+  detail::OpDispatch dispatch("to", {*this});
   Tensor out = empty(shape(), {target, device()});
   run_kernel("to", Op::copy, out, {*this});
-  if (!tracks(*this)) return out;
-  // A cast's backward casts the gradient back: an f32 parameter used through an f16 cast gets an f32 grad.
-  const DType source = dtype();
-  return autograd::record("to", out, {*this}, [source](const Tensor& g, const std::vector<bool>&) {
-    return std::vector<Tensor>{g.to(source)};
-  });
+  if (tracks(*this)) {
+    // A cast's backward casts the gradient back: an f32 parameter used through an f16 cast gets an f32 grad.
+    const DType source = dtype();
+    out = autograd::record("to", out, {*this}, [source](const Tensor& g, const std::vector<bool>&) {
+      return std::vector<Tensor>{g.to(source)};
+    });
+  }
+  return dispatch.finish(out);
 }
 
 Tensor Tensor::to(Device target) const {

@@ -1,0 +1,26 @@
+#include "probes/trace_schema.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace ampscope::trace {
+
+std::string_view phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::optimizer: return "optimizer";
+    case Phase::scaler: return "scaler";
+  }
+  return "?";
+}
+
+Phase parse_phase(std::string_view name) {
+  for (Phase p : {Phase::forward, Phase::backward, Phase::optimizer, Phase::scaler}) {
+    if (phase_name(p) == name) return p;
+  }
+  throw std::invalid_argument("unknown phase '" + std::string(name) +
+                              "' (expected forward, backward, optimizer or scaler)");
+}
+
+}  // namespace ampscope::trace

@@ -1,0 +1,141 @@
+// probes/trace_schema.h: the rows of an ampscope trace, as plain structs, and the sink they are written
+// to. The probe (probes/probe.h) produces rows; the HDF5 writer (probes/trace_writer.h) is one sink, an
+// in-memory vector is another (tests); the reader (probes/trace_reader.h) gives the same structs back.
+// The on-disk layout of each table is documented field by field in docs/trace-format.md; the table and
+// field names are fixed, since tools outside ampscope read them.
+//
+//   struct Memory : trace::Sink { std::vector<trace::OpRow> ops; void write(const trace::OpRow& r) override { ops.push_back(r); } ... };
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ampscope::trace {
+
+inline constexpr std::string_view kFormat = "ampscope-trace";
+inline constexpr std::int64_t kFormatVersion = 1;
+
+// Root attributes.
+struct RunInfo {
+  std::string precision;  // "fp32", "fp16" or "bf16"
+  std::string device;     // "cpu", "cuda:0"
+  std::string model;      // sample or model name
+  std::int64_t seed = 0;
+  std::string config;     // JSON text
+};
+
+// Phases, stored as their names ("forward", "backward", "optimizer", "scaler").
+enum class Phase : std::uint8_t { forward, backward, optimizer, scaler };
+
+// Counts and moments of one tensor, accumulated in double. For an empty tensor or one without finite
+// values, min/max/absmax/mean/rms are NaN.
+struct TensorHealth {
+  std::int64_t numel = 0;
+  std::int64_t nan = 0, pos_inf = 0, neg_inf = 0, zero = 0, subnormal = 0;
+  double min = 0, max = 0, absmax = 0, mean = 0, rms = 0;  // over the finite values
+};
+
+// /steps: one row per optimizer step.
+struct StepRow {
+  std::int64_t step = 0;
+  double loss = 0;
+  double scale = 1;        // used in this step's backward
+  double scale_after = 1;  // after update()
+  bool found_inf = false;
+  bool skipped = false;
+  std::int64_t growth_tracker = 0;  // after update()
+  double grad_norm = 0;             // unscaled
+  double lr = 0;
+  double time_ms = 0;
+};
+
+// /ops: one row per recorded op (forward ops and backward nodes).
+struct OpRow {
+  std::int64_t step = 0;
+  std::int64_t seq = 0;       // order within the step
+  Phase phase = Phase::forward;
+  std::string op;             // "linear"
+  std::string module;         // "blocks.0.attn.qkv"
+  std::string in_dtypes;      // the inputs' dtypes after autocast, comma-separated: "f16,f16,f16"
+  std::string out_dtype;      // "f16"
+  std::string shape;          // of the output: "[64, 128]"
+  std::string autocast;       // the reason autocast gave ("" outside autocast)
+  TensorHealth health;        // of the output (all zero at level dtype)
+  std::int64_t cast_overflow = 0;   // casts only: finite values that became inf
+  std::int64_t cast_underflow = 0;  // casts only: non-zero values that became zero
+  bool origin = false;        // non-finite output from all-finite inputs
+};
+
+// /grads: one row per parameter per recorded step, before and after unscaling.
+struct GradRow {
+  std::int64_t step = 0;
+  std::string param;  // "fc1.weight"
+  std::string dtype;  // "f32"
+  std::int64_t nan = 0, pos_inf = 0, neg_inf = 0, zero = 0;
+  double absmax = 0;
+  double norm = 0;    // L2, in double
+  bool unscaled = false;
+};
+
+// /events: anomalies and scaler decisions.
+struct EventRow {
+  std::int64_t step = 0;
+  std::int64_t seq = 0;
+  std::string kind;    // "origin", "propagate", "cast_overflow", "cast_underflow", "grad_overflow",
+                       // "skipped_step", "scale_backoff", "scale_growth"
+  std::string op;      // op name, or "" for step-level events
+  std::string module;
+  std::string detail;  // human-readable: "3 NaN, 1 +inf in the output of linear; inputs finite"
+};
+
+// Exponent histogram bins: one per binary exponent from kHistMinExponent to kHistMaxExponent (values
+// with floor(log2|x|) = e), below that "subnormal" (any dtype's subnormal range and anything smaller),
+// plus zero, inf and NaN. The range covers f16 (2^-24 .. 2^15), bf16 and the f32 values training sees.
+inline constexpr int kHistMinExponent = -64;
+inline constexpr int kHistMaxExponent = 63;
+inline constexpr int kHistBins = kHistMaxExponent - kHistMinExponent + 1 + 4;  // + subnormal, zero, inf, nan
+
+// /histograms: at level full, one row per recorded tensor (op output or gradient).
+struct HistogramRow {
+  std::int64_t step = 0;
+  std::int64_t seq = 0;          // of the op; -1 for gradients
+  std::string tensor;            // "output" of the op at seq, or a parameter name
+  std::array<std::int64_t, kHistBins> bins{};  // [exponents..., subnormal, zero, inf, nan]
+};
+
+// /dumps: on the first origin, the op's inputs and output (size-bounded), values widened to double.
+struct DumpRow {
+  std::int64_t step = 0;
+  std::int64_t seq = 0;
+  std::string op;
+  std::string module;
+  std::string tensor;  // "input 0", "input 1", "output"
+  std::string dtype;   // the tensor's own dtype
+  std::string shape;
+  std::vector<double> values;  // row-major, at most the configured number of elements
+};
+
+// Where rows go. Calls come from one thread (the probe's); a sink may queue them for another.
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual void begin(const RunInfo& info) {}
+  virtual void write(const StepRow& row) = 0;
+  virtual void write(const OpRow& row) = 0;
+  virtual void write(const GradRow& row) = 0;
+  virtual void write(const EventRow& row) = 0;
+  virtual void write(const HistogramRow& row) = 0;
+  virtual void write(const DumpRow& row) = 0;
+  // The end of a step's rows: a file sink flushes so a killed run keeps every finished step.
+  virtual void end_step(std::int64_t step) {}
+  // A clean end of the run (root attribute complete = 1 for the file).
+  virtual void close() {}
+};
+
+std::string_view phase_name(Phase phase);  // "forward", ...
+Phase parse_phase(std::string_view name);  // throws on an unknown name
+
+}  // namespace ampscope::trace
