@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "samples/demo.h"
+#include "samples/train_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"ampscope: find out why mixed-precision (FP16/BF16) training goes wrong"};
@@ -17,9 +18,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   demo_cmd->add_option("--seed", demo.seed, "Seed of the random tensors")->capture_default_str();
 
+  ampscope::samples::TrainCommand train(app);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo_cmd->parsed()) return ampscope::run_demo(demo);
+    if (train.parsed()) return train.run();
   } catch (const ampscope::Error& e) {
     fmt::print(stderr, "ampscope: error: {}\n", e.what());
     return 1;

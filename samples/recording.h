@@ -1,0 +1,35 @@
+// samples/recording.h: what `ampscope train` attaches to a run to watch it: the probe at the chosen
+// level, writing to the HDF5 trace (probes/). Installed for the lifetime of the object.
+//
+//   Recording rec(config, config_json, device);   // installs the probe hook when config.out is set
+//   ... training ...
+//   rec.close();                                   // flushes and marks the trace complete
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/device.h"
+#include "samples/train.h"
+
+namespace ampscope::samples {
+
+class Recording {
+ public:
+  Recording(const TrainConfig& config, const std::string& config_json, Device device);
+  ~Recording();
+  Recording(const Recording&) = delete;
+  Recording& operator=(const Recording&) = delete;
+
+  const std::string& trace_path() const { return path_; }
+  std::int64_t anomalies() const;  // anomaly events recorded so far
+  void close();                    // a clean end: the trace is marked complete
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+};
+
+}  // namespace ampscope::samples

@@ -1,0 +1,169 @@
+// The training loop of `ampscope train`.
+#include "samples/train.h"
+
+#include <chrono>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/autocast.h"
+#include "core/checkpoint.h"
+#include "core/error.h"
+#include "core/grad_scaler.h"
+#include "core/ops.h"
+#include "core/optim.h"
+#include "core/probe_hook.h"
+#include "samples/recording.h"
+
+namespace ampscope::samples {
+namespace {
+
+DType lower_dtype(Precision p) { return p == Precision::bf16 ? DType::bf16 : DType::f16; }
+
+Device resolve_device(const std::string& name) {
+  if (name == "auto") return cuda_status().device_count > 0 ? Device::cuda() : Device::cpu();
+  if (name != "cpu" && name.rfind("cuda", 0) != 0) {
+    throw Error(fmt::format("unknown device '{}'; valid: auto, cpu, cuda, cuda:N", name));
+  }
+  return Device::parse(name);
+}
+
+std::string run_config_json(const TrainConfig& c) {
+  return fmt::format(R"({{"sample": "{}", "precision": "{}", "device": "{}", "steps": {}, "batch": {}, "lr": {}, )"
+                     R"("seed": {}, "scenario": "{}", "init_scale": {}, "growth_interval": {}, "use_scaler": {}, )"
+                     R"("probe": "{}", "sample_every": {}, "max_grad_norm": {}, "zero_grad": {}}})",
+                     c.sample, precision_name(c.precision), c.device, c.steps, c.batch, c.lr, c.seed, c.scenario,
+                     c.init_scale, c.growth_interval, c.use_scaler, c.probe, c.sample_every, c.max_grad_norm,
+                     c.zero_grad);
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& requested, const std::function<void(const StepReport&)>& on_step,
+                  const std::atomic<bool>* stop) {
+  TrainConfig config = requested;
+  const Scenario* scenario = config.scenario.empty() ? nullptr : &find_scenario(config.scenario);
+  if (scenario != nullptr && scenario->configure) scenario->configure(config);
+  const SampleInfo& sample = find_sample(config.sample);
+  if (config.batch <= 0) config.batch = sample.default_batch;
+  if (config.steps < 0) throw Error(fmt::format("--steps must be at least 0, got {}", config.steps));
+  if (config.sample_every < 1) throw Error(fmt::format("--sample-every must be at least 1, got {}", config.sample_every));
+  const Device device = resolve_device(config.device);
+
+  // Build: model parameters are drawn from the seed; the model then moves to the device. Parameters stay
+  // f32 (master weights); autocast runs the ops in the lower precision.
+  Generator gen(config.seed);
+  std::unique_ptr<SampleTask> task = scenario != nullptr && scenario->make_task ? scenario->make_task(config, gen)
+                                                                                : sample.make(config, gen);
+  if (scenario != nullptr && scenario->prepare) scenario->prepare(*task, gen);
+  nn::Module& model = task->model();
+  model.to(device);
+  const double lr = config.lr > 0 ? config.lr : task->default_lr();
+  optim::AdamW opt(model.parameters(), {.lr = lr, .weight_decay = 0.0});
+  const bool scaling = config.precision == Precision::fp16 && config.use_scaler;
+  GradScaler scaler({.device = device.is_cpu() ? "cpu" : "cuda",
+                     .init_scale = config.init_scale,
+                     .growth_interval = config.growth_interval,
+                     .enabled = scaling});
+
+  std::int64_t first_step = 0;
+  if (!config.resume.empty()) {
+    Checkpoint ck{.model = &model, .optimizer = &opt, .generators = {{"model", &gen}},
+                  .states = {{"scaler", scaler.state_dict()}}};
+    load_checkpoint(config.resume, ck);
+    if (scaling) scaler.load_state_dict(ck.states.at("scaler"));
+    first_step = ck.step;
+  }
+
+  // Overrides for what-if runs: each pattern keeps matching modules (or ops) in f32.
+  std::vector<std::unique_ptr<AutocastOverrideGuard>> overrides;
+  for (const std::string& pattern : config.autocast_fp32) {
+    // One pattern names modules ("blocks.*.attn.*") or ops ("softmax"): match it against both.
+    overrides.push_back(std::make_unique<AutocastOverrideGuard>(
+        AutocastOverride{.op = pattern, .module = "", .precision = ampscope::Precision::f32}));
+    overrides.push_back(std::make_unique<AutocastOverrideGuard>(
+        AutocastOverride{.op = "", .module = pattern, .precision = ampscope::Precision::f32}));
+  }
+
+  Recording recording(config, run_config_json(config), device);
+
+  TrainResult result;
+  result.trace = recording.trace_path();
+  const auto start = std::chrono::steady_clock::now();
+  auto save = [&](std::int64_t next_step) {
+    Checkpoint ck{.model = &model, .optimizer = &opt, .generators = {{"model", &gen}},
+                  .states = {{"scaler", scaler.state_dict()}}, .step = next_step};
+    save_checkpoint(config.checkpoint, ck);
+  };
+
+  for (std::int64_t step = first_step; step < first_step + config.steps; ++step) {
+    if (stop != nullptr && stop->load()) {
+      result.interrupted = true;
+      break;
+    }
+    const auto step_start = std::chrono::steady_clock::now();
+    probe::StepScope step_scope(step);
+    Batch batch = task->batch(step);
+    batch.x = batch.x.to(device);
+    batch.y = batch.y.to(device);
+    if (config.zero_grad) opt.zero_grad();
+    Tensor loss;
+    {
+      std::optional<AutocastGuard> autocast;
+      if (config.precision != Precision::fp32) autocast.emplace(lower_dtype(config.precision));
+      Tensor output = model(batch.x);
+      loss = scenario != nullptr && scenario->loss ? scenario->loss(*task, output, batch.y)
+                                                   : task->loss(output, batch.y);
+    }
+    const double scale = scaler.is_enabled() ? scaler.get_scale() : 1.0;
+    scaler.scale(loss).backward();
+    scaler.unscale_(opt);
+    if (!scaling) probe::report_grads(model.parameters(), /*unscaled=*/true);
+    const double grad_norm = config.max_grad_norm > 0
+                                 ? optim::clip_grad_norm_(model.parameters(), config.max_grad_norm).item()
+                                 : 0.0;
+    const StepResult stepped = scaler.step(opt, return_found_inf);
+    scaler.update();
+
+    probe::StepSummary summary;
+    summary.step = step;
+    summary.loss = loss.item();
+    summary.scale = scale;
+    summary.scale_after = scaler.is_enabled() ? scaler.get_scale() : 1.0;
+    summary.found_inf = stepped.found_inf;
+    summary.skipped = !stepped.stepped;
+    summary.growth_tracker = scaler.is_enabled() ? scaler.get_growth_tracker() : 0;
+    summary.grad_norm = grad_norm;
+    summary.lr = opt.param_groups()[0].options.lr;
+    summary.time_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
+    step_scope.end(summary);
+
+    ++result.steps;
+    result.skipped += summary.skipped ? 1 : 0;
+    result.losses.push_back(summary.loss);
+    result.scales.push_back(scale);
+    result.final_loss = summary.loss;
+    result.final_scale = summary.scale_after;
+    if (!config.checkpoint.empty() && config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0) {
+      save(step + 1);
+    }
+    if (on_step) {
+      StepReport report;
+      report.step = step;
+      report.total = first_step + config.steps;
+      report.loss = summary.loss;
+      report.scale = scale;
+      report.skipped = summary.skipped;
+      report.skipped_so_far = result.skipped;
+      report.anomalies_so_far = recording.anomalies();
+      report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      on_step(report);
+    }
+  }
+  if (!config.checkpoint.empty()) save(first_step + result.steps);
+  result.anomalies = recording.anomalies();
+  recording.close();
+  return result;
+}
+
+}  // namespace ampscope::samples

@@ -1,0 +1,132 @@
+// samples/train.h: the training loop behind `ampscope train`: a sample (model, data, loss), a precision,
+// an optional failure scenario, the GradScaler, the probe and the trace, checkpoints, and progress.
+//
+//   TrainConfig c;
+//   c.sample = "transformer";
+//   c.precision = Precision::fp16;
+//   c.scenario = "attention-overflow";
+//   c.out = "run.h5";
+//   TrainResult r = train(c, [](const StepReport& s) { /* progress */ });
+//
+// One step, written the PyTorch way:
+//   zero_grad; { autocast (fp16/bf16) ; loss = task.loss(model(x), y) } ; scaler.scale(loss).backward();
+//   scaler.unscale_(opt); grad_norm = clip_grad_norm_(params, max_norm); scaler.step(opt); scaler.update();
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/nn.h"
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace ampscope::samples {
+
+enum class Precision { fp32, fp16, bf16 };
+std::string_view precision_name(Precision p);  // "fp32", "fp16", "bf16"
+Precision parse_precision(std::string_view name);  // Error listing the valid names
+
+struct TrainConfig {
+  std::string sample = "mlp";
+  Precision precision = Precision::fp16;
+  std::string device = "auto";  // auto: the GPU when one is present, else the CPU
+  std::int64_t steps = 50;
+  std::int64_t batch = 0;       // 0: the sample's default
+  double lr = 0;                // 0: the sample's default
+  std::uint64_t seed = 0;
+  std::string out;              // trace path; "" writes no trace
+  std::string probe = "health"; // off, dtype, health, full
+  std::int64_t sample_every = 1;
+  std::string scenario;         // "" for none
+  double init_scale = 65536.0;
+  std::int64_t growth_interval = 2000;
+  bool use_scaler = true;       // fp16 only: bf16 and fp32 never scale
+  std::vector<std::string> autocast_fp32;  // module or op globs forced to f32
+  double max_grad_norm = 1.0;   // clip_grad_norm_; 0 disables clipping
+  std::string checkpoint;       // save here
+  std::int64_t checkpoint_every = 0;  // 0: only at the end, when checkpoint is set
+  std::string resume;           // load from here before training
+  std::string data_dir;         // MNIST IDX files for cnn
+  std::string text_file;        // text for transformer
+  bool zero_grad = true;        // scenarios may turn it off (no-zero-grad)
+};
+
+struct Batch {
+  Tensor x;
+  Tensor y;
+};
+
+// One sample's model, data and loss. Data are deterministic functions of the step (and the seed the
+// task was built with), so a resumed run sees the same batches.
+class SampleTask {
+ public:
+  virtual ~SampleTask() = default;
+  virtual nn::Module& model() = 0;
+  virtual Batch batch(std::int64_t step) = 0;
+  virtual Tensor loss(const Tensor& output, const Tensor& y) = 0;
+  virtual double default_lr() const = 0;
+};
+
+struct SampleInfo {
+  std::string name;
+  std::string description;
+  std::int64_t default_batch;
+  std::function<std::unique_ptr<SampleTask>(const TrainConfig&, Generator&)> make;
+};
+const std::vector<SampleInfo>& sample_registry();
+const SampleInfo& find_sample(std::string_view name);  // Error: "unknown sample 'x'; known: mlp, cnn, transformer"
+
+// A failure scenario: changes to the configuration, the model, the data or the loss that reproduce a
+// failure people hit in real training (docs/scenarios.md). Defined in samples/scenarios.cpp.
+struct Scenario {
+  std::string name;
+  std::string description;   // one line for --list-scenarios
+  std::string sample;        // the sample it is written for
+  std::string expect;        // what the trace shows: op, module and kind of the first anomaly
+  // Builds the task instead of the sample's own (a model variant the failure needs); optional.
+  std::function<std::unique_ptr<SampleTask>(const TrainConfig&, Generator&)> make_task;
+  // Adjusts the configuration before anything is built (no scaler, a high lr, ...).
+  std::function<void(TrainConfig&)> configure;
+  // Changes the freshly built task (weights, data) before training.
+  std::function<void(SampleTask&, Generator&)> prepare;
+  // Replaces task.loss when set (a hand-written loss that underflows).
+  std::function<Tensor(SampleTask&, const Tensor& output, const Tensor& y)> loss;
+};
+const std::vector<Scenario>& scenario_registry();
+const Scenario& find_scenario(std::string_view name);
+
+// What the loop reports after each step (for progress and tests).
+struct StepReport {
+  std::int64_t step = 0;        // 0-based
+  std::int64_t total = 0;
+  double loss = 0;
+  double scale = 1;
+  bool skipped = false;
+  std::int64_t skipped_so_far = 0;
+  std::int64_t anomalies_so_far = 0;
+  double seconds = 0;           // since training started
+};
+
+struct TrainResult {
+  std::int64_t steps = 0;       // steps run in this call
+  std::int64_t skipped = 0;
+  std::int64_t anomalies = 0;   // anomaly events the probe recorded
+  double final_loss = 0;
+  double final_scale = 1;
+  std::string trace;            // path written, or ""
+  bool interrupted = false;     // stopped early by the stop flag
+  std::vector<double> losses;   // per step
+  std::vector<double> scales;   // per step, the scale used
+};
+
+// Runs the training. `stop` (optional) is polled at every step boundary: set it from a signal handler
+// to end cleanly with a complete trace.
+TrainResult train(const TrainConfig& config, const std::function<void(const StepReport&)>& on_step = {},
+                  const std::atomic<bool>* stop = nullptr);
+
+}  // namespace ampscope::samples

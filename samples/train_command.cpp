@@ -1,0 +1,244 @@
+// `ampscope train`: options (command line and TOML config file), progress on the terminal, Ctrl-C, the
+// fp32-vs-low-precision comparison, and the end-of-run summary.
+#include "samples/train_command.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include "core/error.h"
+
+namespace ampscope::samples {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_sigint(int) {
+  g_stop.store(true);
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+// "run.h5" -> "run-fp32.h5"
+std::string with_suffix(const std::string& path, std::string_view suffix) {
+  const std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + "-" + std::string(suffix) + p.extension().string())).string();
+}
+
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  const auto s = static_cast<long long>(seconds + 0.5);
+  return s >= 60 ? fmt::format("{}m{:02}s", s / 60, s % 60) : fmt::format("{}s", s);
+}
+
+// Progress: rewritten in place on a terminal, a plain line now and then otherwise.
+class Progress {
+ public:
+  Progress(std::string label, bool terminal) : label_(std::move(label)), terminal_(terminal) {}
+
+  void operator()(const StepReport& r) {
+    const std::int64_t done = r.step + 1;
+    const double rate = r.seconds > 0 ? static_cast<double>(done - first_) / r.seconds : 0;
+    if (first_ < 0) first_ = r.step;
+    const double left = rate > 0 ? static_cast<double>(r.total - done) / rate : -1;
+    const std::string line = fmt::format("{} step {}/{}  loss {:.4f}  scale {:g}  skipped {}  anomalies {}  {:.1f} steps/s  "
+                                         "{} left",
+                                         label_, done, r.total, r.loss, r.scale, r.skipped_so_far, r.anomalies_so_far,
+                                         rate, format_duration(left));
+    if (terminal_) {
+      fmt::print("\r{:<110}", line);
+      if (done == r.total) fmt::print("\n");
+      std::fflush(stdout);
+    } else {
+      const std::int64_t every = std::max<std::int64_t>(1, r.total / 20);
+      if (done % every == 0 || done == r.total || r.skipped) fmt::print("{}\n", line);
+    }
+  }
+
+ private:
+  std::string label_;
+  bool terminal_;
+  std::int64_t first_ = -1;
+};
+
+// Applies a TOML file's keys (the option names without dashes, e.g. init-scale = 1024.0) to the config.
+void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
+  toml::table file;
+  try {
+    file = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw Error(fmt::format("--config: cannot parse '{}': {} (line {}, column {})", path, e.description(),
+                            e.source().begin.line, e.source().begin.column));
+  }
+  const toml::table* table = file["train"].as_table() != nullptr ? file["train"].as_table() : &file;
+  const std::vector<std::string> known = {"sample", "precision", "device", "steps", "batch", "lr", "seed", "out",
+                                          "probe", "sample-every", "scenario", "init-scale", "growth-interval",
+                                          "no-scaler", "autocast-fp32", "checkpoint", "checkpoint-every", "resume",
+                                          "data", "text", "compare", "max-grad-norm"};
+  for (const auto& [key, node] : *table) {
+    const std::string k(key.str());
+    auto need = [&](auto value, std::string_view type) {
+      if (!value) throw Error(fmt::format("--config '{}': '{}' must be {}", path, k, type));
+      return *value;
+    };
+    if (k == "sample") c.sample = need(node.value<std::string>(), "a string");
+    else if (k == "precision") c.precision = parse_precision(need(node.value<std::string>(), "a string"));
+    else if (k == "device") c.device = need(node.value<std::string>(), "a string");
+    else if (k == "steps") c.steps = need(node.value<std::int64_t>(), "an integer");
+    else if (k == "batch") c.batch = need(node.value<std::int64_t>(), "an integer");
+    else if (k == "lr") c.lr = need(node.value<double>(), "a number");
+    else if (k == "seed") c.seed = static_cast<std::uint64_t>(need(node.value<std::int64_t>(), "an integer"));
+    else if (k == "out") c.out = need(node.value<std::string>(), "a string");
+    else if (k == "probe") c.probe = need(node.value<std::string>(), "a string");
+    else if (k == "sample-every") c.sample_every = need(node.value<std::int64_t>(), "an integer");
+    else if (k == "scenario") c.scenario = need(node.value<std::string>(), "a string");
+    else if (k == "init-scale") c.init_scale = need(node.value<double>(), "a number");
+    else if (k == "growth-interval") c.growth_interval = need(node.value<std::int64_t>(), "an integer");
+    else if (k == "no-scaler") c.use_scaler = !need(node.value<bool>(), "true or false");
+    else if (k == "checkpoint") c.checkpoint = need(node.value<std::string>(), "a string");
+    else if (k == "checkpoint-every") c.checkpoint_every = need(node.value<std::int64_t>(), "an integer");
+    else if (k == "resume") c.resume = need(node.value<std::string>(), "a string");
+    else if (k == "data") c.data_dir = need(node.value<std::string>(), "a string");
+    else if (k == "text") c.text_file = need(node.value<std::string>(), "a string");
+    else if (k == "compare") compare = need(node.value<bool>(), "true or false");
+    else if (k == "max-grad-norm") c.max_grad_norm = need(node.value<double>(), "a number");
+    else if (k == "autocast-fp32") {
+      const toml::array* arr = node.as_array();
+      if (arr == nullptr) throw Error(fmt::format("--config '{}': 'autocast-fp32' must be an array of strings", path));
+      for (const auto& item : *arr) c.autocast_fp32.push_back(need(item.value<std::string>(), "an array of strings"));
+    } else {
+      std::string list;
+      for (const std::string& n : known) list += (list.empty() ? "" : ", ") + n;
+      throw Error(fmt::format("--config '{}': unknown key '{}'; known keys: {}", path, k, list));
+    }
+  }
+}
+
+void print_summary(const std::string& label, const TrainConfig& c, const TrainResult& r) {
+  fmt::print("{}: {} steps of '{}' in {}{}{}: {} skipped, {} anomalies, final loss {:.4f}, final scale {:g}{}\n", label,
+             r.steps, c.sample, precision_name(c.precision), c.scenario.empty() ? "" : " with scenario ", c.scenario,
+             r.skipped, r.anomalies, r.final_loss, r.final_scale, r.interrupted ? " (interrupted by Ctrl-C)" : "");
+  if (!r.trace.empty()) fmt::print("  trace: {}\n", r.trace);
+}
+
+}  // namespace
+
+TrainCommand::TrainCommand(CLI::App& app) {
+  cmd_ = app.add_subcommand("train", "Train a sample model with probes and write an HDF5 trace");
+  TrainConfig& c = config_;
+  cmd_->add_option("--sample", c.sample, "Sample model: mlp, cnn or transformer (see --list-samples)")
+      ->capture_default_str();
+  cmd_->add_option("--precision", precision_, "Precision of the ops: fp32, fp16 (autocast + GradScaler) or bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  cmd_->add_option("--device", c.device, "auto (the GPU when one is present), cpu, cuda or cuda:N")->capture_default_str();
+  cmd_->add_option("--steps", c.steps, "Optimizer steps to run")->capture_default_str();
+  cmd_->add_option("--batch", c.batch, "Batch size (0: the sample's default)")->capture_default_str();
+  cmd_->add_option("--lr", c.lr, "Learning rate of AdamW (0: the sample's default)")->capture_default_str();
+  cmd_->add_option("--seed", c.seed, "Seed of parameters, data and dropout")->capture_default_str();
+  cmd_->add_option("--out", c.out, "Trace file to write (HDF5); empty: no trace")->capture_default_str();
+  cmd_->add_option("--probe", c.probe, "Probe level: off, dtype, health or full")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"off", "dtype", "health", "full"}));
+  cmd_->add_option("--sample-every", c.sample_every, "Write every Nth step (steps with anomalies are always written)")
+      ->capture_default_str();
+  cmd_->add_option("--scenario", c.scenario, "Failure scenario to reproduce (see --list-scenarios)");
+  cmd_->add_option("--init-scale", c.init_scale, "GradScaler's initial loss scale")->capture_default_str();
+  cmd_->add_option("--growth-interval", c.growth_interval, "Clean steps before the GradScaler doubles the scale")
+      ->capture_default_str();
+  cmd_->add_flag("--no-scaler", no_scaler_, "Train fp16 without loss scaling");
+  cmd_->add_option("--autocast-fp32", c.autocast_fp32,
+                   "Keep ops or modules matching this glob in f32 under autocast (repeatable), e.g. 'blocks.*.attn.*'");
+  cmd_->add_option("--max-grad-norm", c.max_grad_norm, "Clip gradients to this norm after unscaling (0: no clipping)")
+      ->capture_default_str();
+  cmd_->add_option("--checkpoint", c.checkpoint, "Save a checkpoint here (at the end, and every --checkpoint-every)");
+  cmd_->add_option("--checkpoint-every", c.checkpoint_every, "Save the checkpoint every N steps (0: only at the end)")
+      ->capture_default_str();
+  cmd_->add_option("--resume", c.resume, "Continue from this checkpoint, bit for bit");
+  cmd_->add_option("--data", c.data_dir, "Folder with MNIST IDX files (train-images-idx3-ubyte, ...) for the cnn sample");
+  cmd_->add_option("--text", c.text_file, "Text file for the transformer sample (default: built-in synthetic text)");
+  cmd_->add_flag("--compare", compare_, "Run fp32 and the chosen precision with the same seed; write both traces");
+  cmd_->add_option("--config", config_file_, "TOML file with the same settings (keys as the option names: "
+                                             "init-scale = 1024.0); command-line options win");
+  cmd_->add_flag("--list-samples", list_samples_, "List the sample models and exit");
+  cmd_->add_flag("--list-scenarios", list_scenarios_, "List the failure scenarios and exit");
+}
+
+bool TrainCommand::parsed() const { return cmd_->parsed(); }
+
+int TrainCommand::run() {
+  if (list_samples_) {
+    for (const SampleInfo& s : sample_registry()) fmt::print("{:<12} {}\n", s.name, s.description);
+    return 0;
+  }
+  if (list_scenarios_) {
+    for (const Scenario& s : scenario_registry()) fmt::print("{:<20} {} (sample {})\n", s.name, s.description, s.sample);
+    return 0;
+  }
+  TrainConfig config;
+  bool compare = false;
+  if (!config_file_.empty()) apply_config_file(config_file_, config, compare);
+  // Options given on the command line override the file.
+  auto given = [&](const char* name) { return cmd_->get_option(name)->count() > 0; };
+  const TrainConfig& cli = config_;
+  if (given("--sample")) config.sample = cli.sample;
+  if (given("--precision") || config_file_.empty()) config.precision = parse_precision(precision_);
+  if (given("--device")) config.device = cli.device;
+  if (given("--steps") || config_file_.empty()) config.steps = cli.steps;
+  if (given("--batch")) config.batch = cli.batch;
+  if (given("--lr")) config.lr = cli.lr;
+  if (given("--seed")) config.seed = cli.seed;
+  if (given("--out")) config.out = cli.out;
+  if (given("--probe")) config.probe = cli.probe;
+  if (given("--sample-every")) config.sample_every = cli.sample_every;
+  if (given("--scenario")) config.scenario = cli.scenario;
+  if (given("--init-scale")) config.init_scale = cli.init_scale;
+  if (given("--growth-interval")) config.growth_interval = cli.growth_interval;
+  if (no_scaler_) config.use_scaler = false;
+  if (given("--autocast-fp32")) config.autocast_fp32 = cli.autocast_fp32;
+  if (given("--max-grad-norm")) config.max_grad_norm = cli.max_grad_norm;
+  if (given("--checkpoint")) config.checkpoint = cli.checkpoint;
+  if (given("--checkpoint-every")) config.checkpoint_every = cli.checkpoint_every;
+  if (given("--resume")) config.resume = cli.resume;
+  if (given("--data")) config.data_dir = cli.data_dir;
+  if (given("--text")) config.text_file = cli.text_file;
+  compare = compare || compare_;
+  // Validate names before any work, so a typo costs nothing.
+  find_sample(config.sample);
+  if (!config.scenario.empty()) find_scenario(config.scenario);
+
+  g_stop.store(false);
+  std::signal(SIGINT, on_sigint);
+  const bool terminal = isatty(fileno(stdout)) != 0;
+  std::vector<std::pair<TrainConfig, TrainResult>> runs;
+  std::vector<TrainConfig> plan;
+  if (compare) {
+    TrainConfig fp32 = config, low = config;
+    fp32.precision = Precision::fp32;
+    if (low.precision == Precision::fp32) low.precision = Precision::fp16;
+    if (!config.out.empty()) {
+      fp32.out = with_suffix(config.out, "fp32");
+      low.out = with_suffix(config.out, precision_name(low.precision));
+    }
+    plan = {fp32, low};
+  } else {
+    plan = {config};
+  }
+  for (const TrainConfig& c : plan) {
+    Progress progress(fmt::format("[{} {}]", c.sample, precision_name(c.precision)), terminal);
+    runs.emplace_back(c, train(c, std::ref(progress), &g_stop));
+    if (runs.back().second.interrupted) break;
+  }
+  std::signal(SIGINT, SIG_DFL);
+  fmt::print("\n");
+  for (const auto& [c, r] : runs) print_summary("summary", c, r);
+  return 0;
+}
+
+}  // namespace ampscope::samples

@@ -1,0 +1,32 @@
+// samples/train_command.h: the `ampscope train` subcommand: every option with its default in --help, a
+// TOML --config file for the same settings, progress, Ctrl-C, --compare, --list-samples/--list-scenarios.
+//
+//   CLI::App app;  TrainCommand train(app);  CLI11_PARSE(app, argc, argv);  if (train.parsed()) return train.run();
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "samples/train.h"
+
+namespace ampscope::samples {
+
+class TrainCommand {
+ public:
+  explicit TrainCommand(CLI::App& app);
+  bool parsed() const;
+  int run();  // throws ampscope::Error on bad values and files
+
+ private:
+  CLI::App* cmd_ = nullptr;
+  TrainConfig config_;
+  std::string precision_ = "fp16";
+  std::string config_file_;
+  bool no_scaler_ = false;
+  bool compare_ = false;
+  bool list_samples_ = false;
+  bool list_scenarios_ = false;
+};
+
+}  // namespace ampscope::samples
