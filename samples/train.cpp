@@ -50,6 +50,27 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
   if (config.sample_every < 1) throw Error(fmt::format("--sample-every must be at least 1, got {}", config.sample_every));
   const Device device = resolve_device(config.device);
 
+  // A resumed run continues the checkpointed one: its seed (which decides the data stream) comes from
+  // the checkpoint, and the sample must be the same.
+  if (!config.resume.empty()) {
+    Checkpoint peek{.states = {{"run", StateDict{}}}};
+    load_checkpoint(config.resume, peek);
+    const StateDict& run = peek.states.at("run");
+    const auto sample_it = run.find("sample");
+    const auto seed_it = run.find("seed");
+    if (sample_it == run.end() || seed_it == run.end()) {
+      throw Error(fmt::format("--resume: '{}' has no run configuration (sample, seed)\nhint: resume from a checkpoint "
+                              "written by ampscope train --checkpoint",
+                              config.resume));
+    }
+    const std::string saved_sample = std::get<std::string>(sample_it->second);
+    if (saved_sample != config.sample) {
+      throw Error(fmt::format("--resume: '{}' was written by a '{}' run, not '{}'\nhint: resume with --sample {}",
+                              config.resume, saved_sample, config.sample, saved_sample));
+    }
+    config.seed = static_cast<std::uint64_t>(std::get<std::int64_t>(seed_it->second));
+  }
+
   // Build: model parameters are drawn from the seed; the model then moves to the device. Parameters stay
   // f32 (master weights); autocast runs the ops in the lower precision.
   Generator gen(config.seed);
@@ -67,9 +88,13 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
                      .enabled = scaling});
 
   std::int64_t first_step = 0;
+  const StateDict run_state = {{"sample", config.sample},
+                               {"seed", static_cast<std::int64_t>(config.seed)},
+                               {"precision", std::string(precision_name(config.precision))},
+                               {"scenario", config.scenario}};
   if (!config.resume.empty()) {
     Checkpoint ck{.model = &model, .optimizer = &opt, .generators = {{"model", &gen}},
-                  .states = {{"scaler", scaler.state_dict()}}};
+                  .states = {{"scaler", scaler.state_dict()}, {"run", StateDict{}}}};
     load_checkpoint(config.resume, ck);
     if (scaling) scaler.load_state_dict(ck.states.at("scaler"));
     first_step = ck.step;
@@ -92,7 +117,7 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
   const auto start = std::chrono::steady_clock::now();
   auto save = [&](std::int64_t next_step) {
     Checkpoint ck{.model = &model, .optimizer = &opt, .generators = {{"model", &gen}},
-                  .states = {{"scaler", scaler.state_dict()}}, .step = next_step};
+                  .states = {{"scaler", scaler.state_dict()}, {"run", run_state}}, .step = next_step};
     save_checkpoint(config.checkpoint, ck);
   };
 
