@@ -1,14 +1,58 @@
 #include "samples/recording.h"
 
+#include "core/probe_hook.h"
+#include "probes/probe.h"
+#include "probes/trace_writer.h"
+
 namespace ampscope::samples {
 
-// Until the probe and the trace writer land, a run records nothing.
-struct Recording::Impl {};
+// The probe writes rows to the trace writer; both live as long as the recording.
+struct Recording::Impl {
+  std::shared_ptr<trace::TraceWriter> writer;
+  std::shared_ptr<probe::Probe> probe;
+  std::unique_ptr<probe::HookGuard> installed;
+  bool closed = false;
+};
 
 Recording::Recording(const TrainConfig& config, const std::string& config_json, Device device)
-    : impl_(std::make_unique<Impl>()), path_(config.out) {}
-Recording::~Recording() = default;
-std::int64_t Recording::anomalies() const { return 0; }
-void Recording::close() {}
+    : impl_(std::make_unique<Impl>()), path_(config.out) {
+  if (config.out.empty()) return;
+  trace::RunInfo info;
+  info.precision = std::string(precision_name(config.precision));
+  info.device = device.str();
+  info.model = config.sample;
+  info.seed = static_cast<std::int64_t>(config.seed);
+  info.config = config_json;
+  impl_->writer = std::make_shared<trace::TraceWriter>(config.out, info);
+  probe::ProbeOptions options;
+  options.level = probe::parse_level(config.probe);
+  options.every = config.sample_every;
+  // With sampling, the flight recorder keeps every step in memory and writes the anomalous ones too.
+  options.flight_recorder = config.sample_every > 1;
+  impl_->probe = std::make_shared<probe::Probe>(impl_->writer, options);
+  impl_->installed = std::make_unique<probe::HookGuard>(impl_->probe);
+}
+
+Recording::~Recording() {
+  try {
+    close();
+  } catch (...) {
+    // The destructor runs during unwinding too; the writer closes its file (complete = 0) on its own.
+  }
+}
+
+std::int64_t Recording::anomalies() const {
+  if (!impl_->probe) return 0;
+  const auto& c = impl_->probe->counters();
+  return c.origins + c.propagations + c.grad_overflows + (c.cast_overflow > 0 ? 1 : 0);
+}
+
+void Recording::close() {
+  if (impl_->closed || !impl_->writer) return;
+  impl_->closed = true;
+  impl_->installed.reset();
+  impl_->probe->flush();
+  impl_->writer->close();
+}
 
 }  // namespace ampscope::samples
