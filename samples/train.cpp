@@ -113,6 +113,8 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
   Recording recording(config, run_config_json(config), device);
 
   TrainResult result;
+  result.sample = config.sample;
+  result.scenario = config.scenario;
   result.trace = recording.trace_path();
   const auto start = std::chrono::steady_clock::now();
   auto save = [&](std::int64_t next_step) {

@@ -113,6 +113,8 @@ struct StepReport {
 };
 
 struct TrainResult {
+  std::string sample;           // as trained (a scenario may choose it)
+  std::string scenario;
   std::int64_t steps = 0;       // steps run in this call
   std::int64_t skipped = 0;
   std::int64_t anomalies = 0;   // anomaly events the probe recorded

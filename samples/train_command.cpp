@@ -47,7 +47,7 @@ class Progress {
     const double rate = r.seconds > 0 ? static_cast<double>(done - first_) / r.seconds : 0;
     if (first_ < 0) first_ = r.step;
     const double left = rate > 0 ? static_cast<double>(r.total - done) / rate : -1;
-    const std::string line = fmt::format("{} step {}/{}  loss {:.4f}  scale {:g}  skipped {}  anomalies {}  {:.1f} steps/s  "
+    const std::string line = fmt::format("{} step {}/{}  loss {:.4g}  scale {:g}  skipped {}  anomalies {}  {:.1f} steps/s  "
                                          "{} left",
                                          label_, done, r.total, r.loss, r.scale, r.skipped_so_far, r.anomalies_so_far,
                                          rate, format_duration(left));
@@ -121,8 +121,8 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
 }
 
 void print_summary(const std::string& label, const TrainConfig& c, const TrainResult& r) {
-  fmt::print("{}: {} steps of '{}' in {}{}{}: {} skipped, {} anomalies, final loss {:.4f}, final scale {:g}{}\n", label,
-             r.steps, c.sample, precision_name(c.precision), c.scenario.empty() ? "" : " with scenario ", c.scenario,
+  fmt::print("{}: {} steps of '{}' in {}{}{}: {} skipped, {} anomalies, final loss {:.4g}, final scale {:g}{}\n", label,
+             r.steps, r.sample, precision_name(c.precision), r.scenario.empty() ? "" : " with scenario ", r.scenario,
              r.skipped, r.anomalies, r.final_loss, r.final_scale, r.interrupted ? " (interrupted by Ctrl-C)" : "");
   if (!r.trace.empty()) fmt::print("  trace: {}\n", r.trace);
 }
@@ -231,7 +231,8 @@ int TrainCommand::run() {
     plan = {config};
   }
   for (const TrainConfig& c : plan) {
-    Progress progress(fmt::format("[{} {}]", c.sample, precision_name(c.precision)), terminal);
+    const std::string sample = c.scenario.empty() ? c.sample : find_scenario(c.scenario).sample;
+    Progress progress(fmt::format("[{} {}]", sample, precision_name(c.precision)), terminal);
     runs.emplace_back(c, train(c, std::ref(progress), &g_stop));
     if (runs.back().second.interrupted) break;
   }
