@@ -40,7 +40,7 @@
     } catch (const exception_type& e_) {                                                            \
       caught_ = true;                                                                               \
       const std::string what_ = e_.what();                                                          \
-      for (std::string_view piece_ : std::initializer_list<std::string_view>{__VA_ARGS__}) {        \
+      for (const std::string& piece_ : std::initializer_list<std::string>{__VA_ARGS__}) {        \
         EXPECT_NE(what_.find(piece_), std::string::npos)                                            \
             << "message of " #exception_type " lacks \"" << piece_ << "\"; message was:\n" << what_; \
       }                                                                                             \

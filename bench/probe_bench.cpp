@@ -1,0 +1,157 @@
+// Probe overhead: the forward + backward step of the sample models on the CPU backend without a probe and
+// with a probe at level health (every op's output and every gradient measured), as a ratio of step times
+// measured in the same run. Each iteration runs one step without and one step with the probe, in
+// alternating order, so both see the same machine load; the counters give the mean step times and their
+// ratio (of the means, and the median of the pairs' ratios). The probe writes to a sink that discards
+// rows ("discard") or to a real HDF5 trace in /tmp ("trace"). A step is what bench/training_bench.cpp
+// times, plus a StepScope and the report of the gradients a training loop makes. Results:
+// bench/RESULTS.md.
+//
+//   build/bench/probe_bench --benchmark_filter=mlp
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "core/probe_hook.h"
+#include "probes/probe.h"
+#include "probes/trace_writer.h"
+#include "samples/models.h"
+#include "samples/synthetic.h"
+
+namespace ampscope {
+namespace {
+
+struct DiscardSink : trace::Sink {
+  void write(const trace::StepRow&) override {}
+  void write(const trace::OpRow&) override {}
+  void write(const trace::GradRow&) override {}
+  void write(const trace::EventRow&) override {}
+  void write(const trace::HistogramRow&) override {}
+  void write(const trace::DumpRow&) override {}
+};
+
+enum class SinkKind { discard, trace };
+
+std::shared_ptr<trace::Sink> make_sink(SinkKind kind, const std::string& model) {
+  if (kind == SinkKind::discard) return std::make_shared<DiscardSink>();
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("ampscope_probe_bench_" + model + "_" + std::to_string(::getpid()) + ".h5");
+  return std::make_shared<trace::TraceWriter>(
+      path, trace::RunInfo{.precision = "fp32", .device = "cpu", .model = model, .seed = 0, .config = "{}"});
+}
+
+template <class LossFn>
+void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const Tensor& y, LossFn loss_of,
+             SinkKind kind, const std::string& name) {
+  const std::vector<Tensor> params = model.parameters();
+  std::int64_t step = 0;
+  auto one_step = [&] {
+    probe::StepScope scope(step);
+    for (const Tensor& p : params) const_cast<Tensor&>(p).set_grad(Tensor());
+    Tensor loss = loss_of(model(x), y);
+    loss.backward();
+    probe::report_grads(params, /*unscaled=*/true);
+    scope.end({.step = step});
+    ++step;
+    benchmark::DoNotOptimize(loss.data());
+  };
+  const std::shared_ptr<trace::Sink> sink = make_sink(kind, name);
+  const auto probe = std::make_shared<probe::Probe>(sink, probe::ProbeOptions{.level = probe::Level::health});
+  using clock = std::chrono::steady_clock;
+  clock::duration plain{}, probed{};
+  std::vector<double> pair_ratios;
+  std::int64_t i = 0;
+  for (auto _ : state) {
+    const bool probe_first = (i++ % 2) == 1;
+    clock::duration pair[2]{};  // [0] without, [1] with the probe
+    for (int half = 0; half < 2; ++half) {
+      const bool with_probe = (half == 0) == probe_first;
+      const auto t0 = clock::now();
+      if (with_probe) {
+        probe::HookGuard installed(probe);
+        one_step();
+      } else {
+        one_step();
+      }
+      pair[with_probe ? 1 : 0] = clock::now() - t0;
+    }
+    plain += pair[0];
+    probed += pair[1];
+    pair_ratios.push_back(std::chrono::duration<double>(pair[1]) / std::chrono::duration<double>(pair[0]));
+  }
+  probe->flush();
+  if (auto* writer = dynamic_cast<trace::TraceWriter*>(sink.get())) {
+    writer->close();
+    std::filesystem::remove(writer->path());
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double plain_ms = std::chrono::duration<double, std::milli>(plain).count() / n;
+  const double probed_ms = std::chrono::duration<double, std::milli>(probed).count() / n;
+  state.counters["plain_ms"] = plain_ms;
+  state.counters["health_ms"] = probed_ms;
+  state.counters["ratio"] = probed_ms / plain_ms;
+  // On a shared machine a burst of other work can land in either half of a pair; the median of the
+  // pairs' ratios is what such bursts move least.
+  std::sort(pair_ratios.begin(), pair_ratios.end());
+  state.counters["median_ratio"] = pair_ratios[pair_ratios.size() / 2];
+}
+
+// MLP 784 -> 256 -> 256 -> 10, batch 128.
+void mlp(benchmark::State& state, DType dtype, SinkKind kind) {
+  Generator gen(1);
+  auto model = samples::make_mlp({.in_features = 784, .hidden = 256, .classes = 10}, gen);
+  model->to(dtype);
+  const samples::Dataset d = samples::make_blobs({.samples = 128, .features = 784, .classes = 10}, gen);
+  compare(
+      state, *model, d.x.to(dtype), d.y, [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, kind,
+      "mlp");
+}
+
+// The classic MNIST CNN, batch 64.
+void cnn(benchmark::State& state, DType dtype, SinkKind kind) {
+  Generator gen(2);
+  auto model = samples::make_mnist_cnn(gen);
+  model->to(dtype);
+  const samples::Dataset d = samples::make_random_images(64, gen);
+  compare(
+      state, *model, d.x.to(dtype), d.y, [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, kind,
+      "cnn");
+}
+
+// Tiny GPT: 2 blocks, d_model 128, 4 heads, context 64, vocabulary 256, batch 16.
+void transformer(benchmark::State& state, DType dtype, SinkKind kind) {
+  Generator gen(3);
+  const samples::TinyTransformerConfig config{.vocab = 256, .context = 64, .d_model = 128, .n_heads = 4, .n_layers = 2};
+  samples::TinyTransformer model(config, gen);
+  model.to(dtype);
+  const samples::Dataset d = samples::make_token_sequences(16, 64, 256, gen);
+  compare(
+      state, model, d.x, d.y,
+      [](const Tensor& out, const Tensor& y) {
+        return cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1}));
+      },
+      kind, "transformer");
+}
+
+BENCHMARK_CAPTURE(mlp, f32_discard, DType::f32, SinkKind::discard)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(mlp, f16_discard, DType::f16, SinkKind::discard)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(mlp, f32_trace, DType::f32, SinkKind::trace)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(cnn, f32_discard, DType::f32, SinkKind::discard)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(cnn, f16_discard, DType::f16, SinkKind::discard)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(cnn, f32_trace, DType::f32, SinkKind::trace)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(transformer, f32_discard, DType::f32, SinkKind::discard)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(transformer, f16_discard, DType::f16, SinkKind::discard)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(transformer, f32_trace, DType::f32, SinkKind::trace)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace ampscope
+
+BENCHMARK_MAIN();

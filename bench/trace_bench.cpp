@@ -1,0 +1,270 @@
+// The HDF5 trace writer: op rows per second through TraceWriter (caller thread + writer thread, rows
+// compressed and flushed at every step end, file closed), and bytes on disk per op row for a realistic
+// health-level trace: a 4-block tiny GPT's forward and backward op sequence under f16 autocast, module
+// paths like "blocks.3.attn.qkv", statistics that drift from step to step as in training, gradient rows
+// before and after unscaling, one /steps row per step. Targets (issue 5): >= 1,000,000 op rows/s, and
+// <= 64 bytes per op row. Results: bench/RESULTS.md.
+//
+//   build/bench/trace_bench --benchmark_filter=throughput
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "probes/trace_writer.h"
+
+namespace ampscope::trace {
+namespace {
+
+// One op of the model's step, with the typical size of its output's statistics.
+struct OpTemplate {
+  Phase phase;
+  std::string op, module, in_dtypes, out_dtype, shape, autocast;
+  std::int64_t numel;
+  double scale;       // typical |value|
+  double zero_share;  // share of exact zeros (activations after gelu, masked scores)
+};
+
+std::vector<OpTemplate> tiny_gpt_step(int blocks) {
+  const std::string lp = " is on the lower_precision_fp list: runs in f16";
+  const std::string fp32 = " is on the fp32 list: runs in f32";
+  const std::string promote = " is on the promote list: inputs promoted to f32";
+  std::vector<OpTemplate> fwd;
+  auto add = [&](std::string op, std::string module, std::string in, std::string out, std::string shape, std::string reason,
+                 std::int64_t numel, double scale, double zeros = 0) {
+    fwd.push_back({Phase::forward, std::move(op), std::move(module), std::move(in), std::move(out), std::move(shape),
+                   std::move(reason), numel, scale, zeros});
+  };
+  const std::int64_t act = 16 * 64 * 128;
+  add("embedding", "tok_emb", "f32,i64", "f32", "[16, 64, 128]", "", act, 1.0);
+  add("embedding", "pos_emb", "f32,i64", "f32", "[1, 64, 128]", "", 64 * 128, 0.02);
+  add("add", "", "f32,f32", "f32", "[16, 64, 128]", "add" + promote, act, 1.0);
+  for (int b = 0; b < blocks; ++b) {
+    const std::string p = fmt::format("blocks.{}", b);
+    add("layer_norm", p + ".ln1", "f32,f32,f32", "f32", "[16, 64, 128]", "layer_norm" + fp32, act, 1.0);
+    add("to", p + ".attn.qkv", "f32", "f16", "[16, 64, 128]", "", act, 1.0);
+    add("linear", p + ".attn.qkv", "f16,f16,f16", "f16", "[16, 64, 384]", "linear" + lp, 3 * act, 0.8);
+    add("view", p + ".attn", "f16", "f16", "[16, 64, 3, 4, 32]", "", 3 * act, 0.8);
+    add("matmul", p + ".attn", "f16,f16", "f16", "[16, 4, 64, 64]", "matmul" + lp, 16 * 4 * 64 * 64, 4.0);
+    add("mul", p + ".attn", "f16", "f16", "[16, 4, 64, 64]", "", 16 * 4 * 64 * 64, 0.7);
+    add("masked_fill", p + ".attn", "f16,bool", "f16", "[16, 4, 64, 64]", "", 16 * 4 * 64 * 64, 0.7);
+    add("softmax", p + ".attn", "f16", "f32", "[16, 4, 64, 64]", "softmax" + fp32, 16 * 4 * 64 * 64, 0.03, 0.49);
+    add("to", p + ".attn", "f32", "f16", "[16, 4, 64, 64]", "", 16 * 4 * 64 * 64, 0.03, 0.49);
+    add("matmul", p + ".attn", "f16,f16", "f16", "[16, 4, 64, 32]", "matmul" + lp, act, 0.5);
+    add("linear", p + ".attn.proj", "f16,f16,f16", "f16", "[16, 64, 128]", "linear" + lp, act, 0.5);
+    add("add", p, "f32,f16", "f32", "[16, 64, 128]", "add" + promote, act, 1.2);
+    add("layer_norm", p + ".ln2", "f32,f32,f32", "f32", "[16, 64, 128]", "layer_norm" + fp32, act, 1.0);
+    add("linear", p + ".mlp.fc1", "f16,f16,f16", "f16", "[16, 64, 512]", "linear" + lp, 4 * act, 1.0);
+    add("gelu", p + ".mlp.act", "f16", "f16", "[16, 64, 512]", "", 4 * act, 0.5, 0.001);
+    add("linear", p + ".mlp.fc2", "f16,f16,f16", "f16", "[16, 64, 128]", "linear" + lp, act, 0.6);
+    add("add", p, "f32,f16", "f32", "[16, 64, 128]", "add" + promote, act, 1.4);
+  }
+  add("layer_norm", "ln_f", "f32,f32,f32", "f32", "[16, 64, 128]", "layer_norm" + fp32, act, 1.0);
+  add("linear", "head", "f16,f16", "f16", "[16, 64, 256]", "linear" + lp, 16 * 64 * 256, 2.0);
+  add("cross_entropy", "", "f16,i64", "f32", "[]", "cross_entropy" + fp32, 1, 5.5);
+  // Backward: one node per forward op, newest first, gradients an order of magnitude smaller.
+  std::vector<OpTemplate> step = fwd;
+  for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
+    OpTemplate b = *it;
+    b.phase = Phase::backward;
+    b.autocast.clear();
+    b.scale = it->scale * 1e-3;
+    b.zero_share = it->zero_share;
+    step.push_back(std::move(b));
+  }
+  return step;
+}
+
+std::vector<std::string> parameter_names(int blocks) {
+  std::vector<std::string> names = {"tok_emb.weight", "pos_emb.weight"};
+  for (int b = 0; b < blocks; ++b) {
+    for (const char* m : {"ln1", "attn.qkv", "attn.proj", "ln2", "mlp.fc1", "mlp.fc2"}) {
+      names.push_back(fmt::format("blocks.{}.{}.weight", b, m));
+      names.push_back(fmt::format("blocks.{}.{}.bias", b, m));
+    }
+  }
+  for (const char* n : {"ln_f.weight", "ln_f.bias", "head.weight"}) names.emplace_back(n);
+  return names;
+}
+
+// Produces the rows of successive training steps, with statistics that drift like a real run's.
+class TraceGenerator {
+ public:
+  explicit TraceGenerator(int blocks = 4) : ops_(tiny_gpt_step(blocks)), params_(parameter_names(blocks)) {}
+
+  std::size_t ops_per_step() const { return ops_.size(); }
+
+  template <class Fn>
+  void op_rows(std::int64_t step, Fn&& emit) {
+    OpRow row;
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      const OpTemplate& t = ops_[i];
+      row.step = step;
+      row.seq = static_cast<std::int64_t>(i);
+      row.phase = t.phase;
+      row.op = t.op;
+      row.module = t.module;
+      row.in_dtypes = t.in_dtypes;
+      row.out_dtype = t.out_dtype;
+      row.shape = t.shape;
+      row.autocast = t.autocast;
+      const double s = t.scale * std::exp(0.05 * normal_(rng_));  // drifts, like training
+      TensorHealth& h = row.health;
+      h.numel = t.numel;
+      h.zero = static_cast<std::int64_t>(t.zero_share * static_cast<double>(t.numel) * (1 + 0.1 * normal_(rng_)));
+      h.subnormal = t.out_dtype == "f16" && t.phase == Phase::backward ? static_cast<std::int64_t>(uniform_(rng_) * 40) : 0;
+      h.absmax = 4 * s * (1 + 0.1 * uniform_(rng_));
+      h.max = h.absmax * (0.8 + 0.2 * uniform_(rng_));
+      h.min = -h.absmax * (0.8 + 0.2 * uniform_(rng_));
+      h.mean = s * 0.01 * normal_(rng_);
+      h.rms = s * (1 + 0.05 * normal_(rng_));
+      emit(row);
+    }
+  }
+
+  template <class Fn>
+  void grad_rows(std::int64_t step, double scale, Fn&& emit) {
+    GradRow row;
+    for (int unscaled = 0; unscaled < 2; ++unscaled) {
+      for (const std::string& p : params_) {
+        const double norm = 0.1 * std::exp(0.1 * normal_(rng_));
+        row.step = step;
+        row.param = p;
+        row.dtype = "f32";
+        row.zero = 0;
+        row.absmax = norm * 0.3 * (unscaled ? 1.0 : scale);
+        row.norm = norm * (unscaled ? 1.0 : scale);
+        row.unscaled = unscaled != 0;
+        emit(row);
+      }
+    }
+  }
+
+  StepRow step_row(std::int64_t step) {
+    StepRow row;
+    row.step = step;
+    row.loss = 5.5 * std::exp(-static_cast<double>(step) / 2000.0) + 0.05 * normal_(rng_);
+    row.scale = 65536.0;
+    row.scale_after = 65536.0;
+    row.growth_tracker = step % 2000;
+    row.grad_norm = 0.5 + 0.1 * normal_(rng_);
+    row.lr = 3e-4 * std::min(1.0, static_cast<double>(step + 1) / 100.0);
+    row.time_ms = 58.0 + 2.0 * normal_(rng_);
+    return row;
+  }
+
+ private:
+  std::vector<OpTemplate> ops_;
+  std::vector<std::string> params_;
+  std::mt19937_64 rng_{42};
+  std::normal_distribution<double> normal_;
+  std::uniform_real_distribution<double> uniform_;
+};
+
+std::filesystem::path bench_file(std::string_view name) {
+  return std::filesystem::temp_directory_path() / fmt::format("ampscope-trace-bench-{}-{}.h5", name, getpid());
+}
+
+// CPU seconds used so far by every thread of this process: on a shared machine, where the wall time
+// depends on what else runs, CPU time per row is the steadier measure of the writer's cost.
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+const RunInfo kRun{.precision = "fp16", .device = "cpu", .model = "tiny_gpt", .seed = 1, .config = R"({"blocks": 4})"};
+
+// Op rows per second through the writer: rows_per_step op rows (cycled from the tiny GPT's step), an
+// end_step after each step, 200,000 rows per iteration, close() inside the timing so every row is on disk.
+void throughput(benchmark::State& state) {
+  const std::size_t rows_per_step = static_cast<std::size_t>(state.range(0));
+  const int compression = static_cast<int>(state.range(1));
+  constexpr std::int64_t kRows = 200000;
+  TraceGenerator gen;
+  std::vector<OpRow> rows;  // pre-generated: the benchmark measures the writer, not the generator
+  for (std::int64_t step = 0; static_cast<std::int64_t>(rows.size()) < kRows; ++step) {
+    gen.op_rows(step, [&](const OpRow& r) { rows.push_back(r); });
+  }
+  rows.resize(kRows);
+  const auto path = bench_file("throughput");
+  std::int64_t bytes = 0;
+  const double cpu_before = process_cpu_seconds();
+  for (auto _ : state) {
+    TraceWriter w(path, kRun, {.compression = compression});
+    std::int64_t step = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      OpRow& r = rows[i];
+      r.step = step;
+      w.write(r);
+      if ((i + 1) % rows_per_step == 0) w.end_step(step++);
+    }
+    w.close();
+    bytes = static_cast<std::int64_t>(std::filesystem::file_size(path));
+  }
+  const double cpu = process_cpu_seconds() - cpu_before;
+  std::filesystem::remove(path);
+  state.SetItemsProcessed(state.iterations() * kRows);
+  state.counters["bytes/op_row"] = static_cast<double>(bytes) / kRows;
+  state.counters["cpu_us/op_row"] = 1e6 * cpu / static_cast<double>(state.iterations() * kRows);
+}
+
+// A realistic health-level trace: `steps` training steps of the tiny GPT (op rows, gradient rows
+// before and after unscaling, a step row, end_step), at the default options. Reports the file's bytes
+// per op row (everything in the file counted) and op rows per second.
+void health_trace(benchmark::State& state) {
+  const std::int64_t steps = state.range(0);
+  const int compression = static_cast<int>(state.range(1));
+  const auto path = bench_file("health");
+  std::int64_t op_rows = 0, bytes = 0;
+  const double cpu_before = process_cpu_seconds();
+  for (auto _ : state) {
+    state.PauseTiming();
+    TraceGenerator gen;
+    state.ResumeTiming();
+    op_rows = 0;
+    TraceWriter w(path, kRun, {.compression = compression});
+    for (std::int64_t step = 0; step < steps; ++step) {
+      gen.op_rows(step, [&](const OpRow& r) {
+        w.write(r);
+        ++op_rows;
+      });
+      gen.grad_rows(step, 65536.0, [&](const GradRow& r) { w.write(r); });
+      w.write(gen.step_row(step));
+      w.end_step(step);
+    }
+    w.close();
+    bytes = static_cast<std::int64_t>(std::filesystem::file_size(path));
+  }
+  const double cpu = process_cpu_seconds() - cpu_before;
+  std::filesystem::remove(path);
+  state.SetItemsProcessed(state.iterations() * op_rows);
+  state.counters["cpu_us/op_row"] = 1e6 * cpu / static_cast<double>(state.iterations() * op_rows);
+  state.counters["ops/step"] = static_cast<double>(op_rows) / static_cast<double>(steps);
+  state.counters["bytes/op_row"] = static_cast<double>(bytes) / static_cast<double>(op_rows);
+  state.counters["MiB"] = static_cast<double>(bytes) / (1 << 20);
+}
+
+BENCHMARK(throughput)
+    ->ArgNames({"rows_per_step", "deflate"})
+    ->Args({150, 1})
+    ->Args({1000, 1})
+    ->Args({10000, 1})
+    ->Args({1000, 4})
+    ->Args({1000, 0})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(health_trace)->ArgNames({"steps", "deflate"})->Args({1000, 1})->Args({1000, 4})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace ampscope::trace
+
+BENCHMARK_MAIN();

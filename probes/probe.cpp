@@ -1,0 +1,547 @@
+#include "probes/probe.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <fnmatch.h>
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "core/error.h"
+
+namespace ampscope::probe {
+namespace {
+
+trace::Phase to_trace_phase(Phase phase) {
+  switch (phase) {
+    case Phase::forward: return trace::Phase::forward;
+    case Phase::backward: return trace::Phase::backward;
+    case Phase::optimizer: return trace::Phase::optimizer;
+    case Phase::scaler: return trace::Phase::scaler;
+  }
+  return trace::Phase::forward;
+}
+
+bool glob_matches(const std::vector<std::string>& patterns, std::string_view text) {
+  if (patterns.empty()) return true;
+  const std::string s(text);
+  for (const std::string& p : patterns) {
+    if (fnmatch(p.c_str(), s.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+// "fc1" for "fc1.weight", "" for an unnamed or top-level parameter.
+std::string_view parameter_module(std::string_view name) {
+  const std::size_t dot = name.rfind('.');
+  return dot == std::string_view::npos ? std::string_view() : name.substr(0, dot);
+}
+
+double largest_finite(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return kF16Max;
+    case DType::bf16: return kBF16Max;
+    case DType::f32: return std::numeric_limits<float>::max();
+    case DType::f64: return std::numeric_limits<double>::max();
+    default: return 0;
+  }
+}
+
+double smallest_subnormal(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return kF16MinSubnormal;
+    case DType::bf16: return std::ldexp(1.0, -133);
+    case DType::f32: return std::numeric_limits<float>::denorm_min();
+    case DType::f64: return std::numeric_limits<double>::denorm_min();
+    default: return 0;
+  }
+}
+
+// "2 NaN, 3 +inf"
+std::string count_text(std::int64_t nan, std::int64_t pos_inf, std::int64_t neg_inf) {
+  std::string out;
+  auto add = [&](std::int64_t n, std::string_view what) {
+    if (n == 0) return;
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{} {}", n, what);
+  };
+  add(nan, "NaN");
+  add(pos_inf, "+inf");
+  add(neg_inf, "-inf");
+  return out;
+}
+
+std::string count_text(const trace::TensorHealth& h) { return count_text(h.nan, h.pos_inf, h.neg_inf); }
+
+std::string where(const std::string& scope) { return scope.empty() ? std::string() : " in '" + scope + "'"; }
+
+// Frees a written step's rows (clear() would keep the capacity for the recorder's whole life).
+template <class T>
+void clear_rows(std::vector<T>& rows) {
+  std::vector<T>().swap(rows);
+}
+
+}  // namespace
+
+std::string_view level_name(Level level) {
+  switch (level) {
+    case Level::off: return "off";
+    case Level::dtype: return "dtype";
+    case Level::health: return "health";
+    case Level::full: return "full";
+  }
+  return "?";
+}
+
+const std::vector<std::string_view>& level_names() {
+  static const std::vector<std::string_view> names{"off", "dtype", "health", "full"};
+  return names;
+}
+
+Level parse_level(std::string_view name) {
+  for (Level level : {Level::off, Level::dtype, Level::health, Level::full}) {
+    if (level_name(level) == name) return level;
+  }
+  throw Error(fmt::format("unknown probe level '{}' (known levels: {})", name, fmt::join(level_names(), ", ")));
+}
+
+Probe::Probe(std::shared_ptr<trace::Sink> sink, ProbeOptions options)
+    : sink_(std::move(sink)), options_(std::move(options)) {
+  if (!sink_) throw Error("Probe: no sink given\nhint: pass a trace::Sink, for example a trace::TraceWriter");
+  if (options_.every < 1) {
+    throw Error(
+        fmt::format("Probe: every must be at least 1, got {}\nhint: every = 1 records every step", options_.every));
+  }
+  if (options_.recorder_steps < 1) {
+    throw Error(
+        fmt::format("Probe: recorder_steps must be at least 1 (the current step), got {}", options_.recorder_steps));
+  }
+  if (options_.dump_max_elements < 0) {
+    throw Error(fmt::format("Probe: dump_max_elements must not be negative, got {}\nhint: 0 dumps no values",
+                            options_.dump_max_elements));
+  }
+  recording_ = options_.level != Level::off;
+}
+
+Probe::~Probe() {
+  try {
+    flush();
+  } catch (...) {
+    // A destructor must not throw; flush() called by the owner reports the error.
+  }
+}
+
+bool Probe::selected(std::int64_t step) const { return (step % options_.every + options_.every) % options_.every == 0; }
+
+bool Probe::module_wanted(std::string_view module) const { return glob_matches(options_.modules, module); }
+
+bool Probe::wants_op(std::string_view op, const std::string& scope) {
+  return recording_ && glob_matches(options_.ops, op) && glob_matches(options_.modules, scope);
+}
+
+Probe::StepRecord* Probe::record_for(std::int64_t step) { return open_ && step == step_ ? &recent_.back() : nullptr; }
+
+void Probe::emit(trace::OpRow row) {
+  if (StepRecord* r = record_for(row.step)) {
+    r->ops.push_back(std::move(row));
+  } else {
+    sink_->write(row);
+  }
+}
+
+void Probe::emit(trace::GradRow row) {
+  if (StepRecord* r = record_for(row.step)) {
+    r->grads.push_back(std::move(row));
+  } else {
+    sink_->write(row);
+  }
+}
+
+void Probe::emit(trace::HistogramRow row) {
+  if (StepRecord* r = record_for(row.step)) {
+    r->histograms.push_back(std::move(row));
+  } else {
+    sink_->write(row);
+  }
+}
+
+void Probe::emit(trace::DumpRow row) {
+  if (StepRecord* r = record_for(row.step)) {
+    r->dumps.push_back(std::move(row));
+  } else {
+    sink_->write(row);
+  }
+}
+
+void Probe::emit_event(trace::EventRow row, bool anomaly) {
+  if (StepRecord* r = record_for(row.step)) {
+    r->anomalous = r->anomalous || anomaly;
+    r->events.push_back(std::move(row));
+  } else {
+    sink_->write(row);
+  }
+}
+
+void Probe::mark_anomaly(std::int64_t step) {
+  if (StepRecord* r = record_for(step)) r->anomalous = true;
+}
+
+void Probe::on_op(const OpEvent& event) {
+  if (recording_) record_op(event, trace::Phase::forward);
+}
+
+void Probe::on_backward_op(const OpEvent& event) {
+  if (recording_) record_op(event, to_trace_phase(event.phase));
+}
+
+void Probe::record_op(const OpEvent& e, trace::Phase phase) {
+  trace::OpRow row;
+  row.step = e.step;
+  row.seq = e.seq;
+  row.phase = phase;
+  row.op = std::string(e.op);
+  row.module = e.scope;
+  for (const Tensor& t : e.inputs) {
+    if (!t.defined()) continue;
+    if (!row.in_dtypes.empty()) row.in_dtypes += ',';
+    row.in_dtypes += dtype_name(t.dtype());
+  }
+  if (e.output.defined()) {
+    row.out_dtype = dtype_name(e.output.dtype());
+    row.shape = shape_str(e.output.shape());
+  }
+  row.autocast = e.autocast.reason;
+  if (options_.level == Level::dtype) {
+    emit(std::move(row));
+    return;
+  }
+
+  // ---- health: one pass over every output ----
+  const bool full = options_.level == Level::full;
+  const bool backward = phase == trace::Phase::backward;
+  std::vector<TensorStats> out_stats(e.outputs.size());
+  int primary = -1;
+  std::int64_t out_nan = 0, out_pos_inf = 0, out_neg_inf = 0;
+  for (std::size_t i = 0; i < e.outputs.size(); ++i) {
+    const Tensor& t = e.outputs[i];
+    if (!t.defined()) continue;
+    out_stats[i] = tensor_stats(t, full && is_floating(t.dtype()));
+    if (primary < 0) primary = static_cast<int>(i);
+    out_nan += out_stats[i].health.nan;
+    out_pos_inf += out_stats[i].health.pos_inf;
+    out_neg_inf += out_stats[i].health.neg_inf;
+  }
+  row.health = primary >= 0 ? out_stats[static_cast<std::size_t>(primary)].health : tensor_stats(Tensor()).health;
+
+  // ---- casts: what they overflowed and flushed ----
+  std::vector<trace::EventRow> events;
+  bool anomaly = false;
+  auto count_cast = [&](const Tensor& source, const Tensor& result, const std::string& which) {
+    const CastCounts c = cast_counts(source, result);
+    row.cast_overflow += c.overflow;
+    row.cast_underflow += c.underflow;
+    counters_.cast_overflow += c.overflow;
+    counters_.cast_underflow += c.underflow;
+    const std::string_view from = dtype_name(source.dtype()), to = dtype_name(result.dtype());
+    if (c.overflow > 0) {
+      anomaly = true;
+      events.push_back({e.step, e.seq, "cast_overflow", row.op, row.module,
+                        fmt::format("{} finite value{} became inf casting {} from {} to {} (source absmax {:.6g}; the "
+                                    "largest finite {} is {:.6g})",
+                                    c.overflow, c.overflow == 1 ? "" : "s", which, from, to,
+                                    tensor_stats(source).health.absmax, to, largest_finite(result.dtype()))});
+    }
+    if (c.underflow > 0) {
+      events.push_back({e.step, e.seq, "cast_underflow", row.op, row.module,
+                        fmt::format("{} non-zero value{} became zero casting {} from {} to {} (the smallest non-zero "
+                                    "{} is {:.3g})",
+                                    c.underflow, c.underflow == 1 ? "" : "s", which, from, to, to,
+                                    smallest_subnormal(result.dtype()))});
+    }
+  };
+  if (e.op == "to" && !e.inputs.empty() && e.inputs[0].defined() && e.output.defined() &&
+      e.inputs[0].dtype() != e.output.dtype() && e.inputs[0].shape() == e.output.shape()) {
+    count_cast(e.inputs[0], e.output, backward ? "the gradient in the backward of to" : "the input of to");
+  }
+  for (const CastRecord& c : e.autocast.casts) {
+    // A cast from the weight-cast cache was counted at the op that made it.
+    if (c.from_cache || !c.source.defined() || !c.result.defined()) continue;
+    count_cast(c.source, c.result, fmt::format("input {} of {} (autocast)", c.input, row.op));
+  }
+
+  // ---- anomalies: did this op create the non-finite values, or pass them on? ----
+  // masked_fill writes -inf on purpose (attention's causal mask): that is the mask, not an overflow;
+  // only its NaN and +inf count.
+  const bool intended_neg_inf = !backward && row.op == "masked_fill";
+  if (intended_neg_inf) out_neg_inf = 0;
+  if (out_nan + out_pos_inf + out_neg_inf > 0) {
+    struct Input {
+      std::string label;
+      TensorStats stats;
+    };
+    std::vector<Input> inputs;
+    const Input* first_bad = nullptr;
+    for (std::size_t i = 0; i < e.inputs.size(); ++i) {
+      Tensor t = e.inputs[i];
+      if (!t.defined() || !is_floating(t.dtype())) continue;
+      std::string label = backward ? "the incoming gradient" : fmt::format("input {}", i);
+      for (const CastRecord& c : e.autocast.casts) {
+        if (c.input == static_cast<int>(i) && c.source.defined()) {
+          t = c.source;  // judged before autocast's cast: an overflowing cast makes this op the origin
+          label += " before autocast";
+        }
+      }
+      inputs.push_back({std::move(label), tensor_stats(t)});
+    }
+    for (const Input& in : inputs) {
+      if (in.stats.non_finite() > 0) {
+        first_bad = &in;
+        break;
+      }
+    }
+    const std::string counts = count_text(out_nan, out_pos_inf, out_neg_inf);
+    const std::string shape_text = fmt::format("{} {}", row.out_dtype, row.shape);
+    const std::string subject =
+        backward ? fmt::format("the gradients computed by the backward of {}{}", row.op, where(row.module))
+                 : fmt::format("the output of {}{}", row.op, where(row.module));
+    // A backward node after a forward pass that already held NaN/inf in this step works on saved values
+    // that were non-finite: it passes the failure on, even when its incoming gradient is finite.
+    const bool after_forward_anomaly = backward && forward_anomaly_step_ == e.step;
+    if (!backward) forward_anomaly_step_ = e.step;
+    if (first_bad == nullptr && !after_forward_anomaly) {
+      row.origin = true;
+      anomaly = true;
+      ++counters_.origins;
+      std::string detail = fmt::format("{} in {} ({}); ", counts, subject, shape_text);
+      if (inputs.empty()) {
+        detail += "no floating inputs";
+      } else {
+        std::vector<std::string> absmax;
+        for (const Input& in : inputs) absmax.push_back(fmt::format("{:.6g}", in.stats.health.absmax));
+        detail += fmt::format("{} finite (absmax {})", backward ? "the incoming gradient is" : "inputs",
+                              fmt::join(absmax, ", "));
+      }
+      if (out_pos_inf + out_neg_inf > 0 && is_floating(e.output.dtype())) {
+        detail += fmt::format("; the largest finite {} is {:.6g}", row.out_dtype, largest_finite(e.output.dtype()));
+      }
+      events.push_back({e.step, e.seq, "origin", row.op, row.module, std::move(detail)});
+
+      if (options_.dump_first_origin && !dumped_) {
+        dumped_ = true;
+        auto dump = [&](const std::string& name, const Tensor& t) {
+          emit(trace::DumpRow{e.step, e.seq, row.op, row.module, name, std::string(dtype_name(t.dtype())),
+                              shape_str(t.shape()), leading_values(t, options_.dump_max_elements)});
+        };
+        for (std::size_t i = 0; i < e.inputs.size(); ++i) {
+          if (!e.inputs[i].defined()) continue;
+          dump(fmt::format("input {}", i), e.inputs[i]);
+          for (const CastRecord& c : e.autocast.casts) {
+            if (c.input == static_cast<int>(i) && c.source.defined())
+              dump(fmt::format("input {} before autocast", i), c.source);
+          }
+        }
+        for (std::size_t i = 0; i < e.outputs.size(); ++i) {
+          if (e.outputs[i].defined())
+            dump(static_cast<int>(i) == primary ? "output" : fmt::format("output {}", i), e.outputs[i]);
+        }
+      }
+    } else {
+      ++counters_.propagations;
+      anomaly = true;
+      std::string key = row.op + '\0' + row.module + '\0' + std::string(trace::phase_name(phase));
+      StepRecord* r = record_for(e.step);
+      bool first = true;
+      if (r != nullptr) {
+        auto found = r->propagated.find(key);
+        if (found != r->propagated.end()) {
+          ++found->second.second;
+          first = false;
+        } else {
+          // The event's index once the cast events of this op before it are in.
+          r->propagated.emplace(std::move(key), std::make_pair(r->events.size() + events.size(), std::int64_t{0}));
+        }
+      } else {
+        first = loose_propagated_.emplace(std::move(key), true).second;
+      }
+      if (first) {
+        const std::string cause =
+            first_bad != nullptr
+                ? fmt::format("{} already held {}", first_bad->label, count_text(first_bad->stats.health))
+                : std::string("the forward pass of this step already held NaN/inf, and this backward uses its saved "
+                              "values");
+        events.push_back({e.step, e.seq, "propagate", row.op, row.module,
+                          fmt::format("{} in {} ({}); {}", counts, subject, shape_text, cause)});
+      }
+    }
+  }
+
+  // ---- full: exponent histograms ----
+  if (full) {
+    for (std::size_t i = 0; i < e.outputs.size(); ++i) {
+      if (!e.outputs[i].defined() || !is_floating(e.outputs[i].dtype())) continue;
+      emit(trace::HistogramRow{e.step, e.seq, static_cast<int>(i) == primary ? "output" : fmt::format("output {}", i),
+                               out_stats[i].histogram});
+    }
+  }
+
+  emit(std::move(row));
+  for (trace::EventRow& ev : events) {
+    const bool is_anomaly = ev.kind != "cast_underflow";
+    emit_event(std::move(ev), is_anomaly);
+  }
+  if (anomaly) mark_anomaly(e.step);
+}
+
+void Probe::on_grads(const GradEvent& event) {
+  if (options_.level < Level::health || !recording_) return;
+  const bool full = options_.level == Level::full;
+  for (const auto& [name, grad] : event.grads) {
+    if (!grad.defined() || !module_wanted(parameter_module(name))) continue;
+    // Histograms of the true gradients only: a scaled gradient's histogram is the same shifted by
+    // log2(scale) bins, and its overflows are counted in its GradRow.
+    const bool histogram = full && event.unscaled && is_floating(grad.dtype());
+    const TensorStats s = tensor_stats(grad, histogram);
+    trace::GradRow row;
+    row.step = event.step;
+    row.param = name;
+    row.dtype = std::string(dtype_name(grad.dtype()));
+    row.nan = s.health.nan;
+    row.pos_inf = s.health.pos_inf;
+    row.neg_inf = s.health.neg_inf;
+    row.zero = s.health.zero;
+    row.absmax = s.health.absmax;
+    row.norm = s.norm();
+    row.unscaled = event.unscaled;
+    if (s.non_finite() > 0) mark_anomaly(event.step);
+    emit(std::move(row));
+    if (histogram) emit(trace::HistogramRow{event.step, -1, name, s.histogram});
+  }
+}
+
+void Probe::on_scaler(const ScalerEvent& event) {
+  const std::int64_t step = current_step();
+  auto add = [&](std::string kind, std::string module, std::string detail, bool anomaly) {
+    trace::EventRow row{step, next_seq(), std::move(kind), "", std::move(module), std::move(detail)};
+    if (open_ && step == step_) {
+      step_events_.push_back(std::move(row));
+      if (anomaly) recent_.back().anomalous = true;
+    } else {
+      sink_->write(row);
+    }
+  };
+  for (const ScalerOptimizerReport& opt : event.optimizers) {
+    for (const NonFiniteGrad& g : opt.non_finite) {
+      ++counters_.grad_overflows;
+      add("grad_overflow", g.name,
+          fmt::format("{}: {} inf, {} NaN in its scaled gradient (scale {:.6g}, {})", g.name, g.inf_count, g.nan_count,
+                      event.scale, opt.optimizer),
+          true);
+    }
+    if (opt.skipped) {
+      ++counters_.skipped_steps;
+      add("skipped_step", "",
+          fmt::format("{} skipped its step: its gradients held inf or NaN at scale {:.6g}", opt.optimizer, event.scale),
+          true);
+    }
+  }
+  if (event.change == ScalerEvent::Change::backoff) {
+    add("scale_backoff", "",
+        fmt::format("scale {:.6g} -> {:.6g}: the gradients held inf or NaN", event.scale, event.new_scale), true);
+  } else if (event.change == ScalerEvent::Change::growth) {
+    add("scale_growth", "",
+        fmt::format("scale {:.6g} -> {:.6g}: growth after a run of steps without inf or NaN", event.scale,
+                    event.new_scale),
+        false);
+  }
+  if (open_ && step == step_) last_scaler_ = event;
+}
+
+void Probe::on_step_begin(std::int64_t step) {
+  if (open_) end_step(std::nullopt);
+  recent_.push_back(StepRecord{});
+  recent_.back().step = step;
+  const std::size_t keep = options_.flight_recorder ? static_cast<std::size_t>(options_.recorder_steps) : 1;
+  while (recent_.size() > keep) recent_.pop_front();
+  open_ = true;
+  step_ = step;
+  recording_ = options_.level != Level::off && (options_.flight_recorder || selected(step));
+  loose_propagated_.clear();
+}
+
+void Probe::on_step_end(const StepSummary& summary) {
+  if (open_) {
+    end_step(summary);
+    return;
+  }
+  // The probe was installed after the step began: only the summary is known.
+  trace::StepRow row{summary.step,    summary.loss,           summary.scale,     summary.scale_after, summary.found_inf,
+                     summary.skipped, summary.growth_tracker, summary.grad_norm, summary.lr,          summary.time_ms};
+  sink_->write(row);
+  sink_->end_step(summary.step);
+}
+
+void Probe::flush() {
+  if (open_) end_step(std::nullopt);
+}
+
+void Probe::write_record(StepRecord& r) {
+  for (const trace::OpRow& row : r.ops) sink_->write(row);
+  for (const trace::GradRow& row : r.grads) sink_->write(row);
+  for (const trace::HistogramRow& row : r.histograms) sink_->write(row);
+  for (const trace::DumpRow& row : r.dumps) sink_->write(row);
+  for (const trace::EventRow& row : r.events) sink_->write(row);
+  r.written = true;
+  ++counters_.steps_written;
+  clear_rows(r.ops);
+  clear_rows(r.grads);
+  clear_rows(r.histograms);
+  clear_rows(r.dumps);
+  clear_rows(r.events);
+  r.propagated.clear();
+}
+
+void Probe::end_step(const std::optional<StepSummary>& summary) {
+  StepRecord& rec = recent_.back();
+  open_ = false;
+  recording_ = options_.level != Level::off;
+  for (const auto& [key, first] : rec.propagated) {
+    if (first.second > 0) rec.events[first.first].detail += fmt::format(" ({} more times in this step)", first.second);
+  }
+
+  std::optional<trace::StepRow> step_row;
+  if (summary) {
+    const StepSummary& s = *summary;
+    trace::StepRow row{s.step,    s.loss,           s.scale,     s.scale_after, s.found_inf,
+                       s.skipped, s.growth_tracker, s.grad_norm, s.lr,          s.time_ms};
+    // The training loop's summary is authoritative; one that left the scaler's fields at their defaults
+    // takes them from the step's scaler update.
+    if (last_scaler_ && s.scale == 1 && s.scale_after == 1) {
+      row.scale = last_scaler_->scale;
+      row.scale_after = last_scaler_->new_scale;
+      row.growth_tracker = last_scaler_->growth_tracker;
+      for (const ScalerOptimizerReport& opt : last_scaler_->optimizers) {
+        row.found_inf = row.found_inf || opt.found_inf;
+        row.skipped = row.skipped || opt.skipped;
+      }
+    }
+    if (row.found_inf || row.skipped) rec.anomalous = true;
+    step_row = row;
+  }
+
+  if (!rec.written && (selected(rec.step) || rec.anomalous)) {
+    if (options_.flight_recorder && rec.anomalous) {
+      for (StepRecord& earlier : recent_) {
+        if (&earlier != &rec && !earlier.written) write_record(earlier);
+      }
+    }
+    write_record(rec);
+  }
+  for (const trace::EventRow& row : step_events_) sink_->write(row);
+  if (step_row) sink_->write(*step_row);
+  sink_->end_step(rec.step);
+  step_events_.clear();
+  last_scaler_.reset();
+}
+
+}  // namespace ampscope::probe

@@ -1,0 +1,162 @@
+// probes/probe.h: the probe that watches a training run through core's hook (core/probe_hook.h) and
+// writes what it saw as trace rows (probes/trace_schema.h) to a sink: per-op dtypes and tensor health,
+// gradients before and after unscaling, scaler decisions, and the anomalies it finds as ops run.
+//
+//   auto sink = std::make_shared<trace::TraceWriter>(...);        // or any trace::Sink
+//   auto probe = std::make_shared<probe::Probe>(sink, probe::ProbeOptions{.level = probe::Level::health});
+//   probe::HookGuard installed(probe);
+//   for (std::int64_t step = 0; ...; ++step) {
+//     probe::StepScope scope(step);                               // rows are grouped and written per step
+//     ... forward, scaler.scale(loss).backward(), scaler.step(opt), scaler.update() ...
+//     scope.end({.step = step, .loss = loss.item(), ...});       // the /steps row; the step is written
+//   }
+//   probe->flush();                                               // a step left open, if any
+//
+// Levels (each adds to the one before):
+//   off     no op or gradient rows; /steps rows and scaler events only.
+//   dtype   one OpRow per op: step, seq, phase, op, module, input and output dtypes, shape, autocast's
+//           reason. No pass over the data, so no statistics and no anomaly detection.
+//   health  the output's TensorHealth; cast overflow/underflow counts of casts (the op "to", input 0
+//           to output, and autocast's casts of an op, summed; casts served by the weight-cast cache
+//           were counted where they were made); GradRows; anomaly detection (below).
+//   full    an exponent histogram of every op output and of every unscaled gradient. A backward
+//           node's histograms are named "output" for the gradient its OpRow describes (the first
+//           defined one) and "output i" for the gradient of its input i otherwise.
+//
+// Anomalies (health and full; they need a pass over the output): an op whose output holds NaN or inf
+// while every defined floating input is finite is an *origin* (OpRow.origin, an "origin" event; an input
+// that autocast cast is judged by its value before the cast, so an overflowing autocast cast makes its
+// op the origin). One whose inputs already held NaN or inf *propagates*: one "propagate" event per op
+// and module per step, its detail saying how many more times it happened. A backward node is judged the
+// same way, its input being the gradient it received. Cast overflows are events ("cast_overflow"), and
+// so are cast underflows ("cast_underflow", not counted as an anomaly: small values flush to zero in
+// every f16 run). The first origin of the run can dump the op's inputs and outputs (DumpRows, at most
+// dump_max_elements values each).
+//
+// Sampling and the flight recorder: op, gradient, histogram and dump rows and op events are recorded on
+// steps whose number is a multiple of `every`; on other steps wants_op answers false and the probe costs
+// one call per op. With `flight_recorder`, every step is recorded at the configured level and kept in
+// memory (the last `recorder_steps` steps), but a step is written only if it is sampled or had an anomaly
+// (origin, propagate, cast overflow, non-finite gradient, gradient overflow found by the scaler, skipped
+// step); an anomalous step first writes the kept steps before it that were not written, so the lead-up
+// is there too. /steps rows and scaler events are written for every step, sampled or not: the scale
+// history must be complete. Every row of a table reaches the sink in step order; sink.end_step(step)
+// follows the rows of each step (a kept step written late comes before the end_step of the anomalous
+// step that wrote it). Ops outside any StepScope are recorded and written as they come, with step -1.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/probe_hook.h"
+#include "probes/stats.h"
+#include "probes/trace_schema.h"
+
+namespace ampscope::probe {
+
+enum class Level { off, dtype, health, full };
+std::string_view level_name(Level level);  // "off", "dtype", "health", "full"
+// Throws Error "unknown probe level 'x' (known levels: off, dtype, health, full)".
+Level parse_level(std::string_view name);
+const std::vector<std::string_view>& level_names();
+
+struct ProbeOptions {
+  Level level = Level::health;
+  // Globs (fnmatch: *, ?, [..]) on the op name ("linear", "to") and on the module path of the op
+  // ("blocks.*.attn.*"); an op is recorded when it matches one of each list, an empty list matching
+  // everything. Module globs also select gradients, by the module of the parameter ("fc1" for
+  // "fc1.weight").
+  std::vector<std::string> ops{};
+  std::vector<std::string> modules{};
+  std::int64_t every = 1;  // record steps whose number is a multiple of this
+  bool flight_recorder = false;
+  std::int64_t recorder_steps = 4;  // steps kept by the flight recorder, the current one included
+  bool dump_first_origin = true;
+  std::int64_t dump_max_elements = 4096;  // per dumped tensor
+};
+
+class Probe : public Hook {
+ public:
+  // Throws Error for an `every` or `recorder_steps` below 1 or a negative dump size.
+  Probe(std::shared_ptr<trace::Sink> sink, ProbeOptions options = {});
+  ~Probe() override;  // flushes (errors from the sink are swallowed there: call flush() to see them)
+  Probe(const Probe&) = delete;
+  Probe& operator=(const Probe&) = delete;
+
+  bool wants_op(std::string_view op, const std::string& scope) override;
+  void on_op(const OpEvent& event) override;
+  void on_backward_op(const OpEvent& event) override;
+  void on_grads(const GradEvent& event) override;
+  void on_scaler(const ScalerEvent& event) override;
+  void on_step_begin(std::int64_t step) override;
+  void on_step_end(const StepSummary& summary) override;
+
+  // Ends a step left open (a StepScope destroyed without end(): no /steps row) and writes it if it is
+  // selected. Call before closing the sink.
+  void flush();
+
+  const ProbeOptions& options() const { return options_; }
+
+  // What the probe has found so far in this run.
+  struct Counters {
+    std::int64_t origins = 0;
+    std::int64_t propagations = 0;    // ops, including those folded into one event
+    std::int64_t cast_overflow = 0;   // values
+    std::int64_t cast_underflow = 0;  // values
+    std::int64_t grad_overflows = 0;  // parameters the scaler found non-finite
+    std::int64_t skipped_steps = 0;
+    std::int64_t steps_written = 0;  // steps whose op-level rows reached the sink
+  };
+  const Counters& counters() const { return counters_; }
+
+ private:
+  // The op-level rows of one step, kept until the step is written or falls out of the recorder.
+  struct StepRecord {
+    std::int64_t step = 0;
+    std::vector<trace::OpRow> ops;
+    std::vector<trace::GradRow> grads;
+    std::vector<trace::EventRow> events;
+    std::vector<trace::HistogramRow> histograms;
+    std::vector<trace::DumpRow> dumps;
+    bool anomalous = false;
+    bool written = false;
+    // "op\0module\0phase" -> (index in events of the first propagate event, later occurrences)
+    std::unordered_map<std::string, std::pair<std::size_t, std::int64_t>> propagated;
+  };
+
+  bool selected(std::int64_t step) const;
+  bool module_wanted(std::string_view module) const;
+  StepRecord* record_for(std::int64_t step);
+  void record_op(const OpEvent& event, trace::Phase phase);
+  void emit(trace::OpRow row);
+  void emit(trace::GradRow row);
+  void emit(trace::HistogramRow row);
+  void emit(trace::DumpRow row);
+  void emit_event(trace::EventRow row, bool anomaly);
+  void mark_anomaly(std::int64_t step);
+  void end_step(const std::optional<StepSummary>& summary);
+  void write_record(StepRecord& record);
+
+  std::shared_ptr<trace::Sink> sink_;
+  ProbeOptions options_;
+  bool recording_ = false;  // whether ops are recorded now
+  bool open_ = false;       // between on_step_begin and the step's end
+  std::int64_t step_ = -1;
+  std::deque<StepRecord> recent_;                           // the last steps, the open one at the back
+  std::vector<trace::EventRow> step_events_;                // scaler events of the open step
+  std::optional<ScalerEvent> last_scaler_;                  // the open step's last scaler update
+  std::unordered_map<std::string, bool> loose_propagated_;  // propagate events outside steps
+  bool dumped_ = false;
+  // The last step whose forward pass held a NaN/inf (origin or propagated).
+  std::int64_t forward_anomaly_step_ = std::numeric_limits<std::int64_t>::min();
+  Counters counters_;
+};
+
+}  // namespace ampscope::probe

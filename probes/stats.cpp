@@ -1,0 +1,544 @@
+#include "probes/stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "core/device.h"
+#include "kernels/cpu/parallel.h"
+
+namespace ampscope::probe {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int kExponentOffset = -trace::kHistMinExponent;  // bin of exponent e is e + 64
+
+// The bit layout of each floating storage type: the magnitude bits (sign cleared) order values by
+// magnitude, so one comparison classifies a value (>= inf bits: inf or NaN; < min-normal bits and
+// non-zero: subnormal), and the exponent field gives the histogram bin without a log.
+template <class T>
+struct Bits;
+template <>
+struct Bits<float> {
+  using U = std::uint32_t;
+  static constexpr U kAbs = 0x7FFFFFFFu, kInf = 0x7F800000u, kMinNormal = 0x00800000u, kSign = 0x80000000u;
+  static constexpr int kShift = 23, kBias = 127;
+  static U raw(float x) {
+    U u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+  }
+  static double value(float x) { return x; }
+};
+template <>
+struct Bits<double> {
+  using U = std::uint64_t;
+  static constexpr U kAbs = 0x7FFFFFFFFFFFFFFFull, kInf = 0x7FF0000000000000ull, kMinNormal = 0x0010000000000000ull,
+                     kSign = 0x8000000000000000ull;
+  static constexpr int kShift = 52, kBias = 1023;
+  static U raw(double x) {
+    U u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+  }
+  static double value(double x) { return x; }
+};
+template <>
+struct Bits<f16> {
+  using U = std::uint32_t;
+  static constexpr U kAbs = 0x7FFFu, kInf = 0x7C00u, kMinNormal = 0x0400u, kSign = 0x8000u;
+  static constexpr int kShift = 10, kBias = 15;
+  static U raw(f16 x) { return x.bits; }
+  static double value(f16 x) { return detail::f16_bits_to_float(x.bits); }
+};
+template <>
+struct Bits<bf16> {
+  using U = std::uint32_t;
+  static constexpr U kAbs = 0x7FFFu, kInf = 0x7F80u, kMinNormal = 0x0080u, kSign = 0x8000u;
+  static constexpr int kShift = 7, kBias = 127;
+  static U raw(bf16 x) { return x.bits; }
+  static double value(bf16 x) { return detail::bf16_bits_to_float(x.bits); }
+};
+
+template <class T>
+constexpr bool kIsFloat =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, f16> || std::is_same_v<T, bf16>;
+
+// The histogram bin of a finite, non-zero magnitude given by its bits.
+template <class T>
+int exponent_bin(typename Bits<T>::U magnitude) {
+  using B = Bits<T>;
+  if (magnitude < B::kMinNormal) return kSubnormalBin;
+  const int e = static_cast<int>(magnitude >> B::kShift) - B::kBias;
+  if (e < trace::kHistMinExponent) return kSubnormalBin;
+  return std::min(e, trace::kHistMaxExponent) + kExponentOffset;
+}
+
+int integer_bin(double v) {
+  if (v == 0) return kZeroBin;
+  return std::min(std::ilogb(std::fabs(v)), trace::kHistMaxExponent) + kExponentOffset;
+}
+
+// Calls fn(offset_a, offset_b, count, stride_a, stride_b) for the runs along the last dimension that
+// cover the row-major elements [begin, end) of two same-shaped strided tensors (offsets in elements).
+template <class Fn>
+void for_each_run(const Shape& sizes, const Shape& sa, const Shape& sb, std::int64_t begin, std::int64_t end, Fn&& fn) {
+  const int nd = static_cast<int>(sizes.size());
+  if (begin >= end) return;
+  if (nd == 0) {
+    fn(0, 0, 1, 0, 0);
+    return;
+  }
+  std::int64_t idx[kMaxDims] = {};
+  std::int64_t rem = begin, oa = 0, ob = 0;
+  for (int d = nd - 1; d >= 0; --d) {
+    idx[d] = rem % sizes[d];
+    rem /= sizes[d];
+    oa += idx[d] * sa[d];
+    ob += idx[d] * sb[d];
+  }
+  const std::int64_t inner = sizes[nd - 1], ia = sa[nd - 1], ib = sb[nd - 1];
+  for (std::int64_t pos = begin; pos < end;) {
+    const std::int64_t count = std::min(inner - idx[nd - 1], end - pos);
+    fn(oa, ob, count, ia, ib);
+    pos += count;
+    idx[nd - 1] += count;
+    oa += count * ia;
+    ob += count * ib;
+    for (int d = nd - 1; d > 0 && idx[d] == sizes[d]; --d) {
+      oa += sa[d - 1] - sizes[d] * sa[d];
+      ob += sb[d - 1] - sizes[d] * sb[d];
+      idx[d] = 0;
+      ++idx[d - 1];
+    }
+  }
+}
+
+// Runs fn(begin, end, partial) over [0, n) in chunks, one partial result per chunk, in chunk order, so
+// the merged result does not depend on which thread ran which chunk.
+template <class Partial, class Fn>
+void run_chunked(std::int64_t n, std::vector<Partial>& parts, Fn&& fn) {
+  const std::int64_t wanted = std::max<std::int64_t>(1, n / cpu::kElementwiseGrain);
+  const int chunks = static_cast<int>(std::min<std::int64_t>(cpu::num_threads(), wanted));
+  parts.assign(static_cast<std::size_t>(chunks), Partial{});
+  if (chunks == 1) {
+    fn(0, n, parts[0]);
+    return;
+  }
+  cpu::parallel_for(chunks, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t c = first; c < last; ++c)
+      fn(n * c / chunks, n * (c + 1) / chunks, parts[static_cast<std::size_t>(c)]);
+  });
+}
+
+// Statistics are read from host memory. A CUDA tensor is copied to the host first, for now: a
+// device-side reduction (issue 10) will replace the copy.
+Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.detach().to(Device::cpu()); }
+
+struct Partial {
+  std::int64_t nan = 0, pos_inf = 0, neg_inf = 0, zero = 0, subnormal = 0;
+  double min = kInf, max = -kInf, absmax = 0, sum = 0, sum_sq = 0;
+  std::array<std::int64_t, trace::kHistBins> hist{};
+};
+
+// The hot loop: one run of `count` elements `stride` apart. The common case (a finite value) takes no
+// unpredictable branch: zero and subnormal counts are added as comparisons, since relu outputs are
+// half zeros.
+// Always inlined, so that inside the AVX2 version of the fast path below it is AVX code too: a call from
+// there into SSE code would run with the vector registers' upper halves dirty, which is slow.
+template <class T, bool kHist>
+[[gnu::always_inline]] inline void accumulate_run(const T* p, std::int64_t count, std::int64_t stride, Partial& a) {
+  double sum = 0, sum_sq = 0, mn = a.min, mx = a.max, amax = a.absmax;
+  std::int64_t zero = 0, subnormal = 0;
+  if constexpr (kIsFloat<T>) {
+    using B = Bits<T>;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const T x = p[i * stride];
+      const typename B::U r = B::raw(x);
+      const typename B::U m = r & B::kAbs;
+      if (m >= B::kInf) [[unlikely]] {
+        if (m > B::kInf) {
+          ++a.nan;
+          if constexpr (kHist) ++a.hist[kNanBin];
+        } else {
+          ++((r & B::kSign) != 0 ? a.neg_inf : a.pos_inf);
+          if constexpr (kHist) ++a.hist[kInfBin];
+        }
+        continue;
+      }
+      const double v = B::value(x);
+      sum += v;
+      sum_sq += v * v;
+      mn = v < mn ? v : mn;
+      mx = v > mx ? v : mx;
+      const double av = std::fabs(v);
+      amax = av > amax ? av : amax;
+      zero += m == 0;
+      subnormal += (m - 1) < (B::kMinNormal - 1);  // m in [1, min normal): wraps around for m == 0
+      if constexpr (kHist) ++a.hist[m == 0 ? kZeroBin : exponent_bin<T>(m)];
+    }
+  } else {
+    for (std::int64_t i = 0; i < count; ++i) {
+      const double v = static_cast<double>(p[i * stride]);
+      sum += v;
+      sum_sq += v * v;
+      mn = v < mn ? v : mn;
+      mx = v > mx ? v : mx;
+      amax = std::max(amax, std::fabs(v));
+      zero += v == 0;
+      if constexpr (kHist) ++a.hist[integer_bin(v)];
+    }
+  }
+  a.sum += sum;
+  a.sum_sq += sum_sq;
+  a.min = mn;
+  a.max = mx;
+  a.absmax = amax;
+  a.zero += zero;
+  a.subnormal += subnormal;
+}
+
+// ---- the fast path: contiguous f32, f16 and bf16 without histogram ----
+// Blocks of kBlock values, eight at a time: the magnitude bits give the non-finite, zero and subnormal
+// counts as vector compares, and the values, widened to double, feed separate accumulators (two
+// vectors each for sum, sum of squares, min and max) so that no add waits for the one before. A block
+// that turns out to hold NaN or inf (rare) is dropped and re-read by the scalar loop above. The types
+// are GCC/Clang vector extensions. About 5x the scalar loop's speed with AVX2, which is what keeps the
+// probe's overhead at level health under its 1.3x target (bench/RESULTS.md).
+using F8 = float __attribute__((vector_size(32)));
+using D4 = double __attribute__((vector_size(32)));
+using U8 = std::uint32_t __attribute__((vector_size(32)));
+using I8 = std::int32_t __attribute__((vector_size(32)));
+using H8 = std::uint16_t __attribute__((vector_size(16)));
+
+template <class T>
+constexpr bool kHasFastPath = std::is_same_v<T, float> || std::is_same_v<T, f16> || std::is_same_v<T, bf16>;
+
+// The helpers pass vectors by reference: a 32-byte vector by value would change the calling convention
+// between the AVX2 and baseline builds (GCC's -Wpsabi), and they are always inlined anyway.
+
+// The raw bits of eight values (f16 and bf16 widened to 32 bits).
+template <class T>
+[[gnu::always_inline]] inline void load_bits8(const T* p, U8& out) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(&out, p, sizeof out);
+  } else {
+    H8 h;
+    std::memcpy(&h, p, sizeof h);
+    out = __builtin_convertvector(h, U8);
+  }
+}
+
+// The values of eight finite elements as floats (exact: f16 and bf16 widen without rounding).
+template <class T>
+[[gnu::always_inline]] inline void finite_floats8(const U8& r, F8& out) {
+  if constexpr (std::is_same_v<T, float>) {
+    out = reinterpret_cast<F8>(r);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    out = reinterpret_cast<F8>(r << 16);  // a bf16 is the top half of a float
+  } else {
+    // An f16's exponent and mantissa bits moved to a float's places read as its magnitude times
+    // 2^-112, subnormals and zero included; multiplying by 2^112 is exact.
+    const U8 bits = ((r & 0x7FFFu) << 13) | ((r & 0x8000u) << 16);
+    out = reinterpret_cast<F8>(bits) * 0x1p112f;
+  }
+}
+
+template <class T>
+[[gnu::always_inline]] inline void accumulate_contiguous_impl(const T* p, std::int64_t count, Partial& a) {
+  using B = Bits<T>;
+  constexpr int kBlock = 256;
+  constexpr double kBig = std::numeric_limits<double>::infinity();
+  const D4 inf4 = {kBig, kBig, kBig, kBig};
+  D4 sum{}, sq{}, mn = inf4, mx = -inf4;
+  bool any_fast = false;
+  std::int64_t i = 0;
+  for (; i + kBlock <= count; i += kBlock) {
+    D4 s0{}, s1{}, q0{}, q1{}, mn0 = inf4, mn1 = inf4, mx0 = -inf4, mx1 = -inf4;
+    I8 bad{}, zero{}, subnormal{};
+    for (int j = 0; j < kBlock; j += 8) {
+      U8 r;
+      load_bits8(p + i + j, r);
+      const U8 m = r & static_cast<std::uint32_t>(B::kAbs);
+      bad |= reinterpret_cast<I8>(m >= static_cast<std::uint32_t>(B::kInf));
+      zero -= reinterpret_cast<I8>(m == 0u);  // a true compare is -1 in every bit
+      subnormal -= reinterpret_cast<I8>((m - 1u) < static_cast<std::uint32_t>(B::kMinNormal - 1));
+      F8 f;
+      finite_floats8<T>(r, f);
+      const D4 lo = __builtin_convertvector(__builtin_shufflevector(f, f, 0, 1, 2, 3), D4);
+      const D4 hi = __builtin_convertvector(__builtin_shufflevector(f, f, 4, 5, 6, 7), D4);
+      s0 += lo;
+      s1 += hi;
+      q0 += lo * lo;
+      q1 += hi * hi;
+      mn0 = lo < mn0 ? lo : mn0;
+      mn1 = hi < mn1 ? hi : mn1;
+      mx0 = lo > mx0 ? lo : mx0;
+      mx1 = hi > mx1 ? hi : mx1;
+    }
+    std::int32_t any_bad = 0, zeros = 0, subnormals = 0;
+    for (int k = 0; k < 8; ++k) {
+      any_bad |= bad[k];
+      zeros += zero[k];
+      subnormals += subnormal[k];
+    }
+    if (any_bad != 0) {
+      accumulate_run<T, false>(p + i, kBlock, 1, a);
+      continue;
+    }
+    any_fast = true;
+    a.zero += zeros;
+    a.subnormal += subnormals;
+    sum += s0 + s1;
+    sq += q0 + q1;
+    const D4 bmn = mn0 < mn1 ? mn0 : mn1, bmx = mx0 > mx1 ? mx0 : mx1;
+    mn = bmn < mn ? bmn : mn;
+    mx = bmx > mx ? bmx : mx;
+  }
+  if (any_fast) {
+    const double lo = std::min(std::min(mn[0], mn[1]), std::min(mn[2], mn[3]));
+    const double hi = std::max(std::max(mx[0], mx[1]), std::max(mx[2], mx[3]));
+    a.sum += (sum[0] + sum[1]) + (sum[2] + sum[3]);
+    a.sum_sq += (sq[0] + sq[1]) + (sq[2] + sq[3]);
+    a.min = std::min(a.min, lo);
+    a.max = std::max(a.max, hi);
+    a.absmax = std::max({a.absmax, std::fabs(lo), std::fabs(hi)});  // every value here lies in [lo, hi]
+  }
+  accumulate_run<T, false>(p + i, count - i, 1, a);
+}
+
+// On x86-64 the loop is compiled twice, for AVX2 and for the baseline (SSE2), and chosen once by what the
+// CPU supports. The AVX2 version ends with vzeroupper itself: GCC's target_clones left it out, and the
+// dirty upper halves of the vector registers then made the next SSE code (glibc's tanhf and expm1f in
+// gelu) about half again as slow.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+template <class T>
+__attribute__((target("avx2"))) void accumulate_contiguous_avx2(const T* p, std::int64_t count, Partial& a) {
+  accumulate_contiguous_impl(p, count, a);
+  __builtin_ia32_vzeroupper();
+}
+
+template <class T>
+void accumulate_contiguous(const T* p, std::int64_t count, Partial& a) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) {
+    accumulate_contiguous_avx2(p, count, a);
+  } else {
+    accumulate_contiguous_impl(p, count, a);
+  }
+}
+#else
+template <class T>
+void accumulate_contiguous(const T* p, std::int64_t count, Partial& a) {
+  accumulate_contiguous_impl(p, count, a);
+}
+#endif
+
+template <class T, bool kHist>
+void accumulate_range(const Tensor& t, const T* base, std::int64_t begin, std::int64_t end, Partial& a) {
+  if (t.is_contiguous()) {
+    if constexpr (!kHist && kHasFastPath<T>) {
+      accumulate_contiguous(base + begin, end - begin, a);
+    } else {
+      accumulate_run<T, kHist>(base + begin, end - begin, 1, a);
+    }
+    return;
+  }
+  if constexpr (!kHist && kHasFastPath<T>) {
+    // Views (heads split by a permute, transposes) gathered into a small buffer reach the fast path:
+    // the copy costs less than the scalar loop would.
+    constexpr std::int64_t kGather = 4096;
+    T buffer[kGather];
+    std::int64_t filled = 0;
+    for_each_run(t.shape(), t.strides(), t.strides(), begin, end,
+                 [&](std::int64_t off, std::int64_t, std::int64_t count, std::int64_t stride, std::int64_t) {
+                   for (std::int64_t k = 0; k < count; ++k) {
+                     buffer[filled++] = base[off + k * stride];
+                     if (filled == kGather) {
+                       accumulate_contiguous(buffer, filled, a);
+                       filled = 0;
+                     }
+                   }
+                 });
+    accumulate_contiguous(buffer, filled, a);
+  } else {
+    for_each_run(t.shape(), t.strides(), t.strides(), begin, end,
+                 [&](std::int64_t off, std::int64_t, std::int64_t count, std::int64_t stride, std::int64_t) {
+                   accumulate_run<T, kHist>(base + off, count, stride, a);
+                 });
+  }
+}
+
+// Cast counting over one run of paired elements.
+template <class S, class R>
+void count_cast_run(const S* s, std::int64_t ss, const R* r, std::int64_t rs, std::int64_t count, CastCounts& c) {
+  using BR = Bits<R>;
+  std::int64_t overflow = 0, underflow = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    bool finite = true, nonzero;
+    if constexpr (kIsFloat<S>) {
+      const auto m = Bits<S>::raw(s[i * ss]) & Bits<S>::kAbs;
+      finite = m < Bits<S>::kInf;
+      nonzero = m != 0;
+    } else {
+      nonzero = s[i * ss] != S{};
+    }
+    const auto rm = BR::raw(r[i * rs]) & BR::kAbs;
+    overflow += finite && rm == BR::kInf;
+    underflow += finite && nonzero && rm == 0;
+  }
+  c.overflow += overflow;
+  c.underflow += underflow;
+}
+
+}  // namespace
+
+double TensorStats::norm() const {
+  if (health.nan > 0) return kNaN;
+  if (health.pos_inf + health.neg_inf > 0) return kInf;
+  return std::sqrt(sum_sq);
+}
+
+double smallest_normal(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return std::ldexp(1.0, -14);
+    case DType::bf16:
+    case DType::f32: return std::ldexp(1.0, -126);
+    case DType::f64: return std::numeric_limits<double>::min();
+    case DType::i64:
+    case DType::boolean: return 0;
+  }
+  return 0;
+}
+
+int histogram_bin(double value, DType dtype) {
+  if (std::isnan(value)) return kNanBin;
+  if (std::isinf(value)) return kInfBin;
+  if (value == 0) return kZeroBin;
+  const double a = std::fabs(value);
+  if (a < smallest_normal(dtype)) return kSubnormalBin;
+  const int e = std::ilogb(a);
+  if (e < trace::kHistMinExponent) return kSubnormalBin;
+  return std::min(e, trace::kHistMaxExponent) + kExponentOffset;
+}
+
+TensorStats tensor_stats(const Tensor& input, bool with_histogram) {
+  TensorStats out;
+  trace::TensorHealth& h = out.health;
+  h.min = h.max = h.absmax = h.mean = h.rms = kNaN;
+  if (!input.defined() || input.numel() == 0) return out;
+  const Tensor t = on_host(input);
+  const std::int64_t n = t.numel();
+  std::vector<Partial> parts;
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* base = static_cast<const T*>(t.data());
+    run_chunked(n, parts, [&](std::int64_t begin, std::int64_t end, Partial& a) {
+      if (with_histogram) {
+        accumulate_range<T, true>(t, base, begin, end, a);
+      } else {
+        accumulate_range<T, false>(t, base, begin, end, a);
+      }
+    });
+  });
+  Partial total;
+  for (const Partial& p : parts) {
+    total.nan += p.nan;
+    total.pos_inf += p.pos_inf;
+    total.neg_inf += p.neg_inf;
+    total.zero += p.zero;
+    total.subnormal += p.subnormal;
+    total.min = std::min(total.min, p.min);
+    total.max = std::max(total.max, p.max);
+    total.absmax = std::max(total.absmax, p.absmax);
+    total.sum += p.sum;
+    total.sum_sq += p.sum_sq;
+    if (with_histogram) {
+      for (int b = 0; b < trace::kHistBins; ++b) total.hist[b] += p.hist[b];
+    }
+  }
+  h.numel = n;
+  h.nan = total.nan;
+  h.pos_inf = total.pos_inf;
+  h.neg_inf = total.neg_inf;
+  h.zero = total.zero;
+  h.subnormal = total.subnormal;
+  out.sum_sq = total.sum_sq;
+  if (with_histogram) out.histogram = total.hist;
+  const std::int64_t finite = n - out.non_finite();
+  if (finite > 0) {
+    h.min = total.min;
+    h.max = total.max;
+    h.absmax = total.absmax;
+    h.mean = total.sum / static_cast<double>(finite);
+    h.rms = std::sqrt(total.sum_sq / static_cast<double>(finite));
+  }
+  return out;
+}
+
+CastCounts cast_counts(const Tensor& source_in, const Tensor& result_in) {
+  CastCounts total;
+  if (!source_in.defined() || !result_in.defined() || !is_floating(result_in.dtype())) return total;
+  if (source_in.shape() != result_in.shape()) {
+    throw ShapeError("cast_counts: source " + shape_str(source_in.shape()) + " and result " +
+                     shape_str(result_in.shape()) + " differ in shape");
+  }
+  const Tensor source = on_host(source_in), result = on_host(result_in);
+  const std::int64_t n = source.numel();
+  std::vector<CastCounts> parts;
+  visit_dtype(source.dtype(), [&](auto stag) {
+    using S = decltype(stag);
+    visit_dtype(result.dtype(), [&](auto rtag) {
+      using R = decltype(rtag);
+      if constexpr (kIsFloat<R>) {
+        const S* sp = static_cast<const S*>(source.data());
+        const R* rp = static_cast<const R*>(result.data());
+        const bool contiguous = source.is_contiguous() && result.is_contiguous();
+        run_chunked(n, parts, [&](std::int64_t begin, std::int64_t end, CastCounts& c) {
+          if (contiguous) {
+            count_cast_run(sp + begin, 1, rp + begin, 1, end - begin, c);
+            return;
+          }
+          for_each_run(source.shape(), source.strides(), result.strides(), begin, end,
+                       [&](std::int64_t os, std::int64_t orr, std::int64_t count, std::int64_t ss, std::int64_t rs) {
+                         count_cast_run(sp + os, ss, rp + orr, rs, count, c);
+                       });
+        });
+      }
+    });
+  });
+  for (const CastCounts& c : parts) {
+    total.overflow += c.overflow;
+    total.underflow += c.underflow;
+  }
+  return total;
+}
+
+std::vector<double> leading_values(const Tensor& input, std::int64_t max_elements) {
+  std::vector<double> out;
+  if (!input.defined() || max_elements <= 0) return out;
+  const Tensor t = on_host(input);
+  const std::int64_t n = std::min(t.numel(), max_elements);
+  out.reserve(static_cast<std::size_t>(n));
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* base = static_cast<const T*>(t.data());
+    for_each_run(t.shape(), t.strides(), t.strides(), 0, n,
+                 [&](std::int64_t off, std::int64_t, std::int64_t count, std::int64_t stride, std::int64_t) {
+                   for (std::int64_t i = 0; i < count; ++i) {
+                     const T x = base[off + i * stride];
+                     if constexpr (kIsFloat<T>) {
+                       out.push_back(Bits<T>::value(x));
+                     } else {
+                       out.push_back(static_cast<double>(x));
+                     }
+                   }
+                 });
+  });
+  return out;
+}
+
+}  // namespace ampscope::probe

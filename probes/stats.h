@@ -1,0 +1,64 @@
+// probes/stats.h: what the probe measures in a tensor, in one pass over its elements: counts of NaN,
+// +inf, -inf, zero and subnormal values, min/max/absmax/mean/rms of the finite values (accumulated in
+// double), the exponent histogram of trace_schema.h, and what a cast did (finite values that became
+// inf, non-zero values that became zero).
+//
+//   TensorStats s = tensor_stats(x, /*with_histogram=*/true);
+//   if (s.health.pos_inf > 0) fmt::print("{} +inf, absmax of the rest {}\n", s.health.pos_inf, s.health.absmax);
+//   CastCounts c = cast_counts(x, x.to(DType::f16));   // c.overflow: values >= 65520 in magnitude
+//
+// Subnormal means subnormal in the tensor's own dtype: below 2^-14 in magnitude for f16, 2^-126 for
+// bf16 and f32, 2^-1022 for f64. CPU tensors are read in place (strided views too, element by
+// element in row-major order) and split over the CPU backend's threads when large.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "probes/trace_schema.h"
+
+namespace ampscope::probe {
+
+struct TensorStats {
+  trace::TensorHealth health;
+  // Sum of the squares of the finite values, in double: rms^2 * finite count, kept exact for norms.
+  double sum_sq = 0;
+  std::array<std::int64_t, trace::kHistBins> histogram{};  // all zero unless asked for
+
+  std::int64_t non_finite() const { return health.nan + health.pos_inf + health.neg_inf; }
+  // torch.linalg.vector_norm: NaN if any value is NaN, else inf if any is infinite, else the L2 norm.
+  double norm() const;
+};
+
+// One pass over `t` (any dtype; integer and bool tensors have no NaN, inf or subnormal values). Undefined
+// or empty tensors give numel 0 and NaN moments.
+TensorStats tensor_stats(const Tensor& t, bool with_histogram = false);
+
+// The histogram bin of a value stored in `dtype`: floor(log2 |v|) + 64 for exponents -64 .. 63 (larger
+// values go to the top bin), then the subnormal bin (values subnormal in `dtype`, and anything below
+// 2^-64), zero, inf (either sign) and NaN. Bin indices are those of trace::HistogramRow::bins.
+int histogram_bin(double value, DType dtype);
+inline constexpr int kSubnormalBin = trace::kHistMaxExponent - trace::kHistMinExponent + 1;
+inline constexpr int kZeroBin = kSubnormalBin + 1;
+inline constexpr int kInfBin = kSubnormalBin + 2;
+inline constexpr int kNanBin = kSubnormalBin + 3;
+
+// The smallest positive normal value of a floating dtype (0 for integer dtypes).
+double smallest_normal(DType dtype);
+
+// What casting `source` into `result` (same shape) lost: finite values that became +-inf (overflow) and
+// non-zero finite values that became zero (underflow). Only floating results count; a cast to an integer
+// dtype truncates rather than underflows, and gives zeros.
+struct CastCounts {
+  std::int64_t overflow = 0;
+  std::int64_t underflow = 0;
+};
+CastCounts cast_counts(const Tensor& source, const Tensor& result);
+
+// Up to `max_elements` values of `t`, row-major, widened to double (for dumps).
+std::vector<double> leading_values(const Tensor& t, std::int64_t max_elements);
+
+}  // namespace ampscope::probe

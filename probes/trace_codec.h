@@ -1,0 +1,59 @@
+// probes/trace_codec.h: compresses a chunk of trace records exactly as HDF5's shuffle + deflate filter
+// pipeline would (internal to ampscope_trace), so the writer can compress chunks on several threads
+// and hand HDF5 finished bytes (H5Dwrite_chunk); HDF5, h5py and h5dump decode them with their own
+// filters. zlib comes with HDF5 (Debian's libhdf5 links it, and libhdf5-dev depends on zlib1g-dev).
+//
+//   detail::ChunkCodec codec(record_bytes, chunk_rows, /*level=*/1, /*run_length=*/{{8, 16}});
+//   std::vector<std::byte> out;
+//   codec.encode(rows, row_count, out);   // as if rows beyond row_count, up to chunk_rows, were zeros
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace ampscope::trace::detail {
+
+// HDF5's shuffle filter on `records` whole records: byte b of record i goes to out[b * column + i]
+// (column = records for a whole chunk; a partial chunk leaves room for the records still to come).
+void shuffle_records(const std::byte* in, std::size_t records, std::size_t record_bytes, std::size_t column, std::byte* out);
+
+// zlib's Adler-32 checksum of `size` bytes, continuing from `adler` (1 to start).
+std::uint32_t adler32_of(std::uint32_t adler, const std::byte* data, std::size_t size);
+
+// Bytes [begin, end) of a record.
+struct ByteRange {
+  std::size_t begin = 0, end = 0;
+};
+
+class ChunkCodec {
+ public:
+  // level 0: no filters (chunks are stored raw); 1..9: shuffle, then deflate at that level. The byte
+  // columns of `run_length` (the records' floating-point fields: their mantissas look random) are
+  // deflated with zlib's run-length strategy, which costs half as much there and compresses as well;
+  // the rest (text, counters) with the default one, whose string matches text needs.
+  ChunkCodec(std::size_t record_bytes, std::size_t chunk_rows, int level, const std::vector<ByteRange>& run_length = {});
+  ~ChunkCodec();
+  ChunkCodec(const ChunkCodec&) = delete;
+  ChunkCodec& operator=(const ChunkCodec&) = delete;
+
+  // The stored bytes of a chunk holding `rows` records (rows <= chunk_rows), the rest zeros.
+  // Throws std::runtime_error when zlib fails (it does not, short of memory).
+  void encode(const std::byte* records, std::size_t rows, std::vector<std::byte>& out);
+
+ private:
+  struct Deflater;
+  struct Region {
+    std::size_t begin, end;  // byte columns
+    int strategy;            // zlib's
+  };
+  std::size_t record_bytes_;
+  std::size_t chunk_rows_;
+  int level_;
+  std::vector<Region> regions_;
+  std::vector<std::byte> shuffled_;
+  std::unique_ptr<Deflater> deflater_;
+};
+
+}  // namespace ampscope::trace::detail

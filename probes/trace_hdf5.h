@@ -1,0 +1,125 @@
+// probes/trace_hdf5.h: the HDF5 plumbing the trace writer and reader share (internal to ampscope_trace):
+// one owning handle per HDF5 id type, the one checked call wrapper whose exception carries HDF5's error
+// stack with the file and dataset, and a guard that keeps HDF5 from printing errors to stderr.
+//
+//   detail::Io io(path, "read");
+//   detail::File file(io.check(H5Fopen(...), "H5Fopen", "/"));   // throws TraceError on failure
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "probes/trace_error.h"
+
+namespace ampscope::trace::detail {
+
+// Copies the calling thread's HDF5 error stack into text (one line per frame) and clears it.
+std::string take_hdf5_errors();
+
+// Turns off HDF5's printing of errors to stderr on this thread while the guard lives: errors become
+// exceptions with the same text instead. The previous handler is put back.
+class QuietHdf5Errors {
+ public:
+  QuietHdf5Errors();
+  ~QuietHdf5Errors();
+  QuietHdf5Errors(const QuietHdf5Errors&) = delete;
+  QuietHdf5Errors& operator=(const QuietHdf5Errors&) = delete;
+
+ private:
+  H5E_auto2_t function_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// The file being written or read, for messages: every error starts "cannot VERB trace 'PATH': ".
+class Io {
+ public:
+  Io(std::string path, std::string_view verb) : path_(std::move(path)), verb_(verb) {}
+
+  const std::string& path() const { return path_; }
+  // A hint added to every failed HDF5 call's message (the reader: the file may be damaged).
+  void set_call_hint(std::string hint) { call_hint_ = std::move(hint); }
+
+  [[noreturn]] void fail(std::string_view problem, std::string_view hint = {}) const;
+
+  // The one check of every HDF5 call: a negative result throws with the call, the object (a dataset or
+  // attribute in the file) and HDF5's own error stack.
+  template <class T>
+  T check(T result, std::string_view call, std::string_view object) const {
+    if (result < 0) fail_call(call, object);
+    return result;
+  }
+
+ private:
+  [[noreturn]] void fail_call(std::string_view call, std::string_view object) const;
+  std::string path_;
+  std::string_view verb_;
+  std::string call_hint_;
+};
+
+// One owning handle per HDF5 id type, closed by the matching H5?close. Movable, not copyable; the
+// destructor never throws (a failed close there is ignored; close() reports it where it matters).
+template <herr_t (*Close)(hid_t)>
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(hid_t id) : id_(id) {}
+  Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)) {}
+  Handle& operator=(Handle&& other) noexcept {
+    if (this != &other) {
+      reset();
+      id_ = std::exchange(other.id_, H5I_INVALID_HID);
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { reset(); }
+
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  // Closes now and reports a failure (closing a file flushes it, which can fail).
+  void close(const Io& io, std::string_view call, std::string_view object) {
+    io.check(Close(std::exchange(id_, H5I_INVALID_HID)), call, object);
+  }
+  void reset() noexcept {
+    if (id_ >= 0) Close(id_);
+    id_ = H5I_INVALID_HID;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+using File = Handle<H5Fclose>;
+using Group = Handle<H5Gclose>;
+using Dataset = Handle<H5Dclose>;
+using Dataspace = Handle<H5Sclose>;
+using Datatype = Handle<H5Tclose>;
+using Attribute = Handle<H5Aclose>;
+using PropertyList = Handle<H5Pclose>;
+
+Datatype copy_type(const Io& io, hid_t predefined);
+// Fixed-length string of `width` bytes, NUL-terminated (so at most width - 1 bytes of text: h5dump then
+// prints the text alone, not its padding), UTF-8.
+Datatype fixed_text_type(const Io& io, std::size_t width);
+// Variable-length UTF-8 string: what h5py writes for a Python str, and reads back as one.
+Datatype variable_text_type(const Io& io);
+// h5py's bool: an int8 enumeration {FALSE = 0, TRUE = 1}; numpy reads it as bool, h5dump as FALSE/TRUE.
+Datatype bool_type(const Io& io);
+
+// Root (or dataset) attributes, created before SWMR writing starts. `where` names the object in messages.
+void write_text_attribute(const Io& io, hid_t object, std::string_view where, const char* name, std::string_view value);
+void write_int_attribute(const Io& io, hid_t object, std::string_view where, const char* name, std::int64_t value);
+// Overwrites an existing integer attribute in place (allowed while SWMR writing, unlike creating one).
+void rewrite_int_attribute(const Io& io, hid_t object, std::string_view where, const char* name, std::int64_t value);
+
+// Reading: nullopt when the attribute does not exist; a clear error when it has another type.
+std::optional<std::string> read_text_attribute(const Io& io, hid_t object, std::string_view where, const char* name);
+std::optional<std::int64_t> read_int_attribute(const Io& io, hid_t object, std::string_view where, const char* name);
+
+}  // namespace ampscope::trace::detail

@@ -1,0 +1,66 @@
+// probes/trace_reader.h: reads an ampscope trace (docs/trace-format.md): a finished one, one still being
+// written (HDF5 SWMR: call refresh() to see new rows), or one whose writer was killed (every step flushed
+// before the kill is there). Rows are read by step range, table by table, into the structs of
+// probes/trace_schema.h. Needs only HDF5: no runtime, no CUDA.
+//
+//   trace::TraceReader r("run.h5");            // throws TraceError: not HDF5, not a trace, newer version...
+//   for (const trace::OpRow& op : r.ops(10, 12)) fmt::print("{} {} {}\n", op.step, op.op, op.health.absmax);
+//   if (!r.complete()) fmt::print("the run did not finish (or is still running)\n");
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "probes/trace_error.h"
+#include "probes/trace_schema.h"
+
+namespace ampscope::trace {
+
+// Row counts of the tables, as far as the last flush the reader has seen.
+struct RowCounts {
+  std::int64_t steps = 0, ops = 0, grads = 0, events = 0, histograms = 0, dumps = 0;
+};
+
+inline constexpr std::int64_t kFirstStep = std::numeric_limits<std::int64_t>::min();
+inline constexpr std::int64_t kLastStep = std::numeric_limits<std::int64_t>::max();
+
+class TraceReader {
+ public:
+  // Opens and checks the file: TraceError when it is missing, not HDF5, damaged, not an ampscope trace,
+  // or of a newer format_version than this build reads (kFormatVersion).
+  explicit TraceReader(const std::filesystem::path& path);
+  ~TraceReader();
+  TraceReader(TraceReader&&) noexcept;
+  TraceReader& operator=(TraceReader&&) noexcept;
+
+  const std::filesystem::path& path() const;
+  const RunInfo& run_info() const;
+  std::int64_t format_version() const;
+  // True once the writer closed the file cleanly (root attribute complete = 1). False while it is still
+  // being written, and forever when the writer was killed or failed.
+  bool complete() const;
+  // The step of the last flush seen (the last end_step before it), if any.
+  std::optional<std::int64_t> last_flushed_step() const;
+  RowCounts row_counts() const;
+
+  // Sees what a writer still running has flushed since the open or the last refresh (no-op otherwise).
+  void refresh();
+
+  // Rows with begin <= step < end, in the order they were written.
+  std::vector<StepRow> steps(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+  std::vector<OpRow> ops(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+  std::vector<GradRow> grads(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+  std::vector<EventRow> events(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+  std::vector<HistogramRow> histograms(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+  std::vector<DumpRow> dumps(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ampscope::trace

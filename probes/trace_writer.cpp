@@ -1,0 +1,707 @@
+// The trace writer: the caller's thread packs rows into one chunk buffer per table; compression threads
+// turn chunks into the bytes HDF5's shuffle + deflate filters would store; the writer thread, the only
+// one that calls HDF5 after the file is created, puts them into the file with H5Dwrite_chunk, in order.
+// How the file stays readable and compact:
+//  - Every dataset and attribute is created before H5Fstart_swmr_write (SWMR forbids creating objects
+//    afterwards); `complete` is created as 0 and overwritten in place at close, which SWMR allows.
+//  - A chunk filled between two step ends is compressed and written once. A step that ends inside a
+//    chunk makes us compress and write the chunk's rows so far (the rest zeros, beyond the dataset's
+//    extent), and again at each step end until it is full; so each step end costs compressing up to a
+//    chunk. Chunks are therefore sized from the first step (about four steps' rows) unless the options
+//    fix them, and the tables are created at the first step end.
+//  - Under SWMR, HDF5 never reuses the space of a chunk that moves, so a rewritten chunk must keep its
+//    size: its bytes are padded with zeros to a slot sized from earlier full chunks (the deflate stream
+//    ends before the padding, and the decoder stops there). A chunk that outgrows its slot moves, and
+//    its old slot is lost. (Storing unfinished chunks unshuffled, to compress each row only once, does
+//    not work: HDF5 keeps a chunk's first filter mask when it rewrites the chunk in place.)
+//  - A flush (end_step, flush, close) H5Dflush-es every dataset written since the last one, then appends
+//    a row to /index with every table's row count and flushes that. Rows beyond the last /index row may
+//    be half-written if the writer is killed; readers trust /index, so a killed trace shows whole steps.
+#include "probes/trace_writer.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "probes/trace_codec.h"
+#include "probes/trace_hdf5.h"
+#include "probes/trace_layout.h"
+
+namespace ampscope::trace {
+
+using namespace detail;
+
+namespace {
+
+constexpr std::size_t kIndexChunk = 64;          // /index: a row per flush
+constexpr std::size_t kMaxChunkBytes = 2 << 20;  // automatic chunks: at most this much raw data
+
+std::size_t index_of(Table t) { return static_cast<std::size_t>(t); }
+
+using Totals = std::array<std::int64_t, kDataTableCount>;
+using ChunkRows = std::array<std::size_t, kTableCount>;
+
+// The most rows an automatic chunk of `table` may have: 1024 (deflate gains little beyond; 16384 for
+// 8-byte dump values), and at most 2 MiB. A first step with more rows makes the writer choose chunk
+// sizes before it ends.
+std::size_t max_automatic_rows(Table table) {
+  const std::size_t most = table == Table::dump_values ? 16384 : 1024;
+  return std::min(most, std::bit_floor(kMaxChunkBytes / record_size(table)));
+}
+
+// Automatic chunk rows: about four first steps' worth, in multiples of 64, within limits. A step end
+// recompresses the unfinished chunk, so its cost grows with the chunk; a chunk needs a few hundred rows
+// to deflate well. Short steps (small models) get small chunks and cheap step ends.
+std::size_t automatic_rows(Table table, std::size_t first_step_rows) {
+  const std::size_t least = table == Table::dump_values ? 1024 : 64;
+  const std::size_t rows = (4 * std::max<std::size_t>(first_step_rows, 1) + 63) / 64 * 64;
+  return std::clamp(rows, least, std::max(least, max_automatic_rows(table)));
+}
+
+// Chunk rows when the options fix them: chunk_rows for most tables, fewer for the 1 KiB histogram
+// records and the tables that get a row per step, more for 8-byte dump values.
+std::size_t fixed_rows(Table table, std::size_t chunk_rows) {
+  switch (table) {
+    case Table::steps: return std::min(chunk_rows, kIndexChunk);
+    case Table::histograms: return std::max<std::size_t>(1, chunk_rows / 4);
+    case Table::dump_values: return chunk_rows * 4;
+    default: return chunk_rows;
+  }
+}
+
+// A unit of work for the writer thread, in the order the caller gave it: creating the tables, a chunk
+// of one table (whole, or the rows so far at a step end), a flush, or the close.
+struct Job {
+  enum class Kind { create, chunk, flush, close };
+  Kind kind = Kind::chunk;
+  Table table = Table::steps;
+  std::int64_t chunk = 0;           // chunk index in its table
+  std::size_t rows = 0;             // records in the chunk so far
+  std::vector<std::byte> records;   // rows * record_size(table) bytes
+  std::vector<std::byte> stored;    // the chunk's bytes in the file, from a compression thread
+  bool encoded = false;
+  std::exception_ptr encode_error;
+  std::size_t weight = 1;           // what the job counts against the queue's capacity
+  ChunkRows chunks{};               // create: rows per chunk of each table
+  std::int64_t step = -1;           // flush and close: the step recorded in /index
+  Totals totals{};                  // flush and close: rows of each table so far
+  bool complete = false;            // close: set the root attribute complete = 1
+};
+
+// The HDF5 file: created with its root attributes on the caller's thread, then used by the writer
+// thread only.
+class FileWriter {
+ public:
+  FileWriter(const std::filesystem::path& path, const RunInfo& info, int compression)
+      : io_(path.string(), "write"), compression_(compression) {
+    const QuietHdf5Errors quiet;
+    PropertyList fapl(io_.check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", "/"));
+    io_.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds", "/");
+    file_ = File(io_.check(H5Fcreate(io_.path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), "H5Fcreate", "/"));
+
+    const hid_t root = file_.get();
+    write_text_attribute(io_, root, "/", "format", kFormat);
+    write_int_attribute(io_, root, "/", "format_version", kFormatVersion);
+    write_text_attribute(io_, root, "/", "precision", info.precision);
+    write_text_attribute(io_, root, "/", "device", info.device);
+    write_text_attribute(io_, root, "/", "model", info.model);
+    write_int_attribute(io_, root, "/", "seed", info.seed);
+    write_text_attribute(io_, root, "/", "config", info.config);
+    write_int_attribute(io_, root, "/", "complete", 0);
+  }
+
+  // Creates every table, then starts SWMR writing: from here on readers can follow the file.
+  void create_tables(const ChunkRows& chunks) {
+    chunks_ = chunks;
+    for (int t = 0; t < kTableCount; ++t) {
+      const Table table = static_cast<Table>(t);
+      // /index is tiny and written with H5Dwrite: uncompressed, so its chunk is rewritten in place.
+      create_dataset(table, table == Table::index ? 0 : compression_);
+    }
+    const std::string hist = table_path(Table::histograms);
+    write_int_attribute(io_, datasets_[index_of(Table::histograms)].get(), hist, "min_exponent", kHistMinExponent);
+    write_int_attribute(io_, datasets_[index_of(Table::histograms)].get(), hist, "max_exponent", kHistMaxExponent);
+    io_.check(H5Fstart_swmr_write(file_.get()), "H5Fstart_swmr_write", "/");
+  }
+
+  // Stores chunk `chunk` of `table`, which holds `rows` records, as `stored` (padded here when the
+  // chunk will be rewritten).
+  void write_chunk(Table table, std::int64_t chunk, std::size_t rows, std::vector<std::byte>& stored) {
+    const std::size_t t = index_of(table);
+    const std::string where = table_path(table);
+    const hid_t dataset = datasets_[t].get();
+    const std::size_t chunk_rows = chunks_[t];
+    const hsize_t first = static_cast<hsize_t>(chunk) * chunk_rows;
+    const hsize_t size = first + rows;
+    if (size > extent_[t]) {
+      io_.check(H5Dset_extent(dataset, &size), "H5Dset_extent", where);
+      extent_[t] = size;
+    }
+    Slot& slot = slots_[t];
+    const bool full = rows == chunk_rows;
+    if (slot.chunk != chunk) {  // the chunk's first write
+      slot.chunk = chunk;
+      slot.bytes = full ? stored.size() : slot_size(t, stored.size());
+    } else if (stored.size() > slot.bytes) {
+      slot.bytes = round_up(stored.size() + stored.size() / 8);  // the chunk moves; its old slot is lost
+    }
+    if (full) last_full_[t][full_count_[t]++ % last_full_[t].size()] = stored.size();
+    stored.resize(std::max(stored.size(), slot.bytes), std::byte{0});
+    io_.check(H5Dwrite_chunk(dataset, H5P_DEFAULT, 0, &first, stored.size(), stored.data()), "H5Dwrite_chunk", where);
+    dirty_[t] = true;
+  }
+
+  void flush(std::int64_t step, const Totals& totals) {
+    IndexRecord record{};
+    record.step = step;
+    for (int t = 0; t < kDataTableCount; ++t) {
+      if (dirty_[t]) io_.check(H5Dflush(datasets_[t].get()), "H5Dflush", table_path(static_cast<Table>(t)));
+      dirty_[t] = false;
+      record.rows[t] = totals[static_cast<std::size_t>(t)];
+    }
+    if (indexed_ && std::memcmp(&record, &last_index_, sizeof record) == 0) return;
+    append_index(record);
+    last_index_ = record;
+    indexed_ = true;
+  }
+
+  void close(std::int64_t step, const Totals& totals, bool complete) {
+    flush(step, totals);
+    if (complete) rewrite_int_attribute(io_, file_.get(), "/", "complete", 1);
+    for (int t = 0; t < kTableCount; ++t) datasets_[t].close(io_, "H5Dclose", table_path(static_cast<Table>(t)));
+    file_.close(io_, "H5Fclose", "/");
+  }
+
+ private:
+  // Where a chunk that is rewritten at step ends lives: its index and the size of its space.
+  struct Slot {
+    std::int64_t chunk = -1;
+    std::size_t bytes = 0;
+  };
+
+  static std::size_t round_up(std::size_t n) { return (n + 63) / 64 * 64; }
+
+  // Room for a chunk that now takes `stored` bytes and will grow to full: the largest of the last few
+  // full chunks plus 1/32 (one run's data changes slowly, and a chunk that outgrows its slot costs the
+  // slot), or, before any chunk was full, an extrapolation from this one.
+  std::size_t slot_size(std::size_t t, std::size_t stored) const {
+    const std::size_t full = *std::max_element(last_full_[t].begin(), last_full_[t].end());
+    if (full > 0) return round_up(std::max(full + full / 32, stored));
+    const std::size_t raw = chunks_[t] * record_size(static_cast<Table>(t));
+    return round_up(std::max(stored, raw / 8));  // trace records deflate to a tenth or less
+  }
+
+  void append_index(const IndexRecord& record) {
+    const std::size_t t = index_of(Table::index);
+    const std::string where = table_path(Table::index);
+    const hid_t dataset = datasets_[t].get();
+    const hsize_t start = extent_[t], count = 1, size = start + 1;
+    io_.check(H5Dset_extent(dataset, &size), "H5Dset_extent", where);
+    extent_[t] = size;
+    Dataspace file_space(io_.check(H5Dget_space(dataset), "H5Dget_space", where));
+    io_.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr), "H5Sselect_hyperslab",
+              where);
+    Dataspace memory_space(io_.check(H5Screate_simple(1, &count, nullptr), "H5Screate_simple", where));
+    io_.check(H5Dwrite(dataset, types_[t].get(), memory_space.get(), file_space.get(), H5P_DEFAULT, &record), "H5Dwrite",
+              where);
+    io_.check(H5Dflush(dataset), "H5Dflush", where);
+  }
+
+  void create_dataset(Table table, int compression) {
+    const std::size_t t = index_of(table);
+    const std::string where = table_path(table);
+    types_[t] = record_type(io_, table);
+
+    PropertyList dcpl(io_.check(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate", where));
+    const hsize_t chunk = chunks_[t];
+    io_.check(H5Pset_chunk(dcpl.get(), 1, &chunk), "H5Pset_chunk", where);
+    if (compression > 0) {
+      // The pipeline ChunkCodec reproduces: shuffle (byte k of every record together, so near-constant
+      // columns become runs), then deflate. Readers decode with HDF5's own filters.
+      io_.check(H5Pset_shuffle(dcpl.get()), "H5Pset_shuffle", where);
+      io_.check(H5Pset_deflate(dcpl.get(), static_cast<unsigned>(compression)), "H5Pset_deflate", where);
+    }
+    // Modification times would rewrite every object header at every flush, for nothing.
+    io_.check(H5Pset_obj_track_times(dcpl.get(), false), "H5Pset_obj_track_times", where);
+
+    const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
+    Dataspace space(io_.check(H5Screate_simple(1, &zero, &unlimited), "H5Screate_simple", where));
+    datasets_[t] = Dataset(io_.check(
+        H5Dcreate2(file_.get(), where.c_str(), types_[t].get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+        "H5Dcreate2", where));
+  }
+
+  Io io_;
+  int compression_;
+  ChunkRows chunks_{};
+  File file_;
+  std::array<Datatype, kTableCount> types_;
+  std::array<Dataset, kTableCount> datasets_;
+  std::array<hsize_t, kTableCount> extent_{};
+  std::array<bool, kTableCount> dirty_{};
+  std::array<Slot, kTableCount> slots_{};
+  std::array<std::array<std::size_t, 8>, kTableCount> last_full_{};  // sizes of recent full chunks
+  std::array<std::size_t, kTableCount> full_count_{};
+  IndexRecord last_index_{};
+  bool indexed_ = false;
+};
+
+// The byte ranges of a table's floating-point fields, merged where adjacent: ChunkCodec deflates their
+// columns with zlib's run-length strategy.
+std::vector<ByteRange> float_columns(const Io& io, Table table) {
+  const Datatype type = record_type(io, table);
+  const std::string where = table_path(table);
+  std::vector<ByteRange> ranges;
+  auto add = [&](std::size_t begin, std::size_t size) {
+    if (!ranges.empty() && ranges.back().end == begin) {
+      ranges.back().end = begin + size;
+    } else {
+      ranges.push_back({begin, begin + size});
+    }
+  };
+  if (io.check(H5Tget_class(type.get()), "H5Tget_class", where) == H5T_FLOAT) {
+    add(0, H5Tget_size(type.get()));
+    return ranges;
+  }
+  const int members = io.check(H5Tget_nmembers(type.get()), "H5Tget_nmembers", where);
+  for (int m = 0; m < members; ++m) {
+    const unsigned i = static_cast<unsigned>(m);
+    if (io.check(H5Tget_member_class(type.get(), i), "H5Tget_member_class", where) != H5T_FLOAT) continue;
+    const Datatype member(io.check(H5Tget_member_type(type.get(), i), "H5Tget_member_type", where));
+    add(H5Tget_member_offset(type.get(), i), H5Tget_size(member.get()));
+  }
+  return ranges;
+}
+
+bool same_run(const RunInfo& a, const RunInfo& b) {
+  return a.precision == b.precision && a.device == b.device && a.model == b.model && a.seed == b.seed && a.config == b.config;
+}
+
+}  // namespace
+
+struct TraceWriter::State {
+  // The chunk being filled on the caller's side, per table. Before the tables exist it holds the first
+  // step's rows, however many (up to max_automatic_rows).
+  struct Staging {
+    std::vector<std::byte> bytes;  // room for chunk_rows records
+    std::size_t rows = 0;          // records in it
+    std::size_t handed = 0;        // of which were handed over at the last step end
+    std::int64_t chunk = 0;        // its index
+  };
+
+  std::filesystem::path path;
+  RunInfo info;
+  TraceWriterOptions options;
+  bool created = false;                                              // the tables (and chunk sizes) exist
+  ChunkRows chunks{};                                                // rows per chunk, once created
+  std::array<std::vector<ByteRange>, kDataTableCount> float_ranges;  // per table, for ChunkCodec
+  std::array<Staging, kDataTableCount> staging;
+  std::int64_t last_step = -1;
+  bool closed = false;
+
+  // Shared with the writer and compression threads, under `mutex`.
+  std::mutex mutex;
+  std::condition_variable work_ready;    // the writer waits for jobs
+  std::condition_variable encode_ready;  // compression threads wait for chunks
+  std::condition_variable encoded;       // the writer waits for a chunk's bytes
+  std::condition_variable progress;      // the caller waits for room in the queue, or for a job to finish
+  std::deque<std::unique_ptr<Job>> queue;
+  std::deque<Job*> to_encode;
+  std::size_t queued = 0;                // weight of the jobs queued or being written
+  std::uint64_t jobs_pushed = 0;
+  std::uint64_t jobs_done = 0;
+  std::array<std::vector<std::vector<std::byte>>, kDataTableCount> spare;  // record buffers, per table
+  std::vector<std::vector<std::byte>> spare_stored;                        // compressed chunk buffers
+  std::exception_ptr error;
+  bool failed = false;
+  bool stopping = false;                 // compression threads: exit when idle
+
+  std::unique_ptr<FileWriter> file;      // the writer thread's
+  std::thread writer;
+  std::vector<std::thread> compressors;
+
+  std::int64_t total(std::size_t t) const {
+    return staging[t].chunk * static_cast<std::int64_t>(chunks[t]) + static_cast<std::int64_t>(staging[t].rows);
+  }
+  Totals totals() const {
+    Totals out{};
+    for (std::size_t t = 0; t < kDataTableCount; ++t) out[t] = total(t);
+    return out;
+  }
+
+  // Every call of the caller's thread starts here: the writer thread's error, or a call after close().
+  void check_error() {
+    {
+      std::lock_guard lock(mutex);
+      if (failed) std::rethrow_exception(error);
+    }
+    if (closed) Io(path.string(), "write").fail("the trace writer was already closed");
+  }
+
+  // Waits for room, then queues the job (and its chunk for compression); returns its number. Throws
+  // the writer's error, if any.
+  std::uint64_t push(std::unique_ptr<Job> job) {
+    std::unique_lock lock(mutex);
+    progress.wait(lock, [&] { return failed || queued == 0 || queued + job->weight <= options.queue_rows; });
+    if (failed) std::rethrow_exception(error);
+    return enqueue(std::move(job), lock);
+  }
+
+  std::uint64_t enqueue(std::unique_ptr<Job> job, std::unique_lock<std::mutex>& lock) {
+    queued += job->weight;
+    const bool compress = job->kind == Job::Kind::chunk;
+    if (compress) {
+      if (!spare_stored.empty()) {
+        job->stored = std::move(spare_stored.back());
+        spare_stored.pop_back();
+      }
+      to_encode.push_back(job.get());
+    }
+    queue.push_back(std::move(job));
+    const std::uint64_t id = ++jobs_pushed;
+    lock.unlock();
+    work_ready.notify_one();
+    if (compress) encode_ready.notify_one();
+    return id;
+  }
+
+  // A recycled record buffer of table t (any size), or an empty one.
+  std::vector<std::byte> spare_buffer(std::size_t t) {
+    std::lock_guard lock(mutex);
+    auto& pool = spare[t];
+    if (pool.empty()) return {};
+    std::vector<std::byte> b = std::move(pool.back());
+    pool.pop_back();
+    return b;
+  }
+
+  // Fixes the chunk sizes (from the first step's rows, unless the options fix them) and has the writer
+  // thread create the tables.
+  void create_tables() {
+    for (int t = 0; t < kTableCount; ++t) {
+      const Table table = static_cast<Table>(t);
+      const std::size_t i = index_of(table);
+      if (table == Table::index) {
+        chunks[i] = kIndexChunk;
+      } else {
+        chunks[i] = options.chunk_rows > 0 ? fixed_rows(table, options.chunk_rows) : automatic_rows(table, staging[i].rows);
+        staging[i].bytes.resize(chunks[i] * record_size(table));
+      }
+    }
+    created = true;
+    auto job = std::make_unique<Job>();
+    job->kind = Job::Kind::create;
+    job->chunks = chunks;
+    push(std::move(job));
+    for (std::size_t t = 0; t < kDataTableCount; ++t) {
+      if (staging[t].rows == chunks[t]) hand_over(t);
+    }
+  }
+
+  // Hands over the chunk being filled: the buffer itself when full (a fresh one takes its place),
+  // else a copy of its rows so far.
+  void hand_over(std::size_t t) {
+    Staging& s = staging[t];
+    const Table table = static_cast<Table>(t);
+    auto job = std::make_unique<Job>();
+    job->kind = Job::Kind::chunk;
+    job->table = table;
+    job->chunk = s.chunk;
+    job->rows = s.rows;
+    job->weight = s.rows;  // what it holds in memory, and will once compressed
+    if (s.rows == chunks[t]) {
+      job->records = std::move(s.bytes);
+      s.bytes = spare_buffer(t);
+      s.bytes.resize(chunks[t] * record_size(table));
+      ++s.chunk;
+      s.rows = 0;
+      s.handed = 0;
+    } else {
+      job->records = spare_buffer(t);
+      job->records.assign(s.bytes.begin(), s.bytes.begin() + static_cast<std::ptrdiff_t>(s.rows * record_size(table)));
+      s.handed = s.rows;
+    }
+    push(std::move(job));
+  }
+
+  // Hands over every chunk with rows not handed over yet.
+  void hand_over_partial() {
+    if (!created) create_tables();
+    for (std::size_t t = 0; t < kDataTableCount; ++t) {
+      if (staging[t].rows > staging[t].handed) hand_over(t);
+    }
+  }
+
+  // Room for `count` more records of `table` at the end of its staging buffer: up to the end of the
+  // chunk, or, before the tables exist, up to max_automatic_rows (growing the buffer). Returns how many
+  // fit (at least one).
+  std::size_t room(Table table, std::size_t count) {
+    Staging& s = staging[index_of(table)];
+    const std::size_t size = record_size(table);
+    if (created) return std::min(count, chunks[index_of(table)] - s.rows);
+    const std::size_t n = std::min(count, max_automatic_rows(table) - s.rows);
+    if ((s.rows + n) * size > s.bytes.size()) s.bytes.resize(std::max(2 * s.bytes.size(), (s.rows + n) * size));
+    return n;
+  }
+
+  // Counts `count` records written at the end of `table`'s buffer, and hands the chunk over when full.
+  void added(Table table, std::size_t count) {
+    const std::size_t t = index_of(table);
+    staging[t].rows += count;
+    if (!created) {
+      if (staging[t].rows == max_automatic_rows(table)) create_tables();  // hands over what is full
+    } else if (staging[t].rows == chunks[t]) {
+      hand_over(t);
+    }
+  }
+
+  // One record: encoded in place at the end of the table's buffer.
+  template <class Record, class Row>
+  void write_record(Table table, const Row& row) {
+    check_error();
+    room(table, 1);
+    Staging& s = staging[index_of(table)];
+    encode(row, *new (s.bytes.data() + s.rows * sizeof(Record)) Record);
+    added(table, 1);
+  }
+
+  // Many plain values (dump values), split at chunk ends.
+  void write_values(const double* values, std::size_t count) {
+    const Table table = Table::dump_values;
+    while (count > 0) {
+      const std::size_t n = room(table, count);
+      Staging& s = staging[index_of(table)];
+      std::memcpy(s.bytes.data() + s.rows * sizeof(double), values, n * sizeof(double));
+      added(table, n);
+      values += n;
+      count -= n;
+    }
+  }
+
+  void run_compressor() {
+    std::map<Table, std::unique_ptr<ChunkCodec>> codecs;  // this thread's, one per table it has seen
+    for (;;) {
+      Job* job;
+      {
+        std::unique_lock lock(mutex);
+        encode_ready.wait(lock, [&] { return stopping || !to_encode.empty(); });
+        if (to_encode.empty()) return;
+        job = to_encode.front();
+        to_encode.pop_front();
+      }
+      try {
+        auto& codec = codecs[job->table];
+        if (!codec) {
+          const std::size_t t = index_of(job->table);
+          codec = std::make_unique<ChunkCodec>(record_size(job->table), chunks[t], options.compression, float_ranges[t]);
+        }
+        codec->encode(job->records.data(), job->rows, job->stored);
+      } catch (...) {
+        job->encode_error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(mutex);
+        job->encoded = true;
+      }
+      encoded.notify_all();
+    }
+  }
+
+  void process(Job& job) {
+    switch (job.kind) {
+      case Job::Kind::create: file->create_tables(job.chunks); break;
+      case Job::Kind::chunk:
+        if (job.encode_error) std::rethrow_exception(job.encode_error);
+        file->write_chunk(job.table, job.chunk, job.rows, job.stored);
+        break;
+      case Job::Kind::flush: file->flush(job.step, job.totals); break;
+      case Job::Kind::close: file->close(job.step, job.totals, job.complete); break;
+    }
+  }
+
+  void run_writer() {
+    const QuietHdf5Errors quiet;  // this thread's HDF5 errors become exceptions, not stderr output
+    for (;;) {
+      std::unique_ptr<Job> job;
+      bool ok;
+      {
+        std::unique_lock lock(mutex);
+        work_ready.wait(lock, [&] { return !queue.empty(); });
+        job = std::move(queue.front());
+        queue.pop_front();
+        // A compression thread may still hold the chunk: wait for it even when only discarding.
+        if (job->kind == Job::Kind::chunk) encoded.wait(lock, [&] { return job->encoded; });
+        ok = !failed;
+      }
+      if (ok) {
+        try {
+          process(*job);
+        } catch (...) {
+          std::lock_guard lock(mutex);
+          error = std::current_exception();
+          failed = true;
+        }
+      }
+      const bool stop = job->kind == Job::Kind::close;
+      if (stop) file.reset();  // closes whatever a failure left open, quietly
+      {
+        std::lock_guard lock(mutex);
+        queued -= job->weight;
+        ++jobs_done;
+        // Buffers are recycled, never freed: there are never more than the queue holds at its fullest,
+        // and fresh ones cost more in page faults than zlib's time on small chunks.
+        if (job->kind == Job::Kind::chunk) {
+          spare[index_of(job->table)].push_back(std::move(job->records));
+          spare_stored.push_back(std::move(job->stored));
+        }
+      }
+      progress.notify_all();
+      if (stop) return;
+    }
+  }
+
+  // Hands everything over, queues the close and waits for the threads. Never throws.
+  void finish(bool complete) noexcept {
+    closed = true;
+    try {
+      hand_over_partial();
+    } catch (...) {
+      // The writer failed: its error is in `error`, and it discards work from now on.
+    }
+    auto job = std::make_unique<Job>();
+    job->kind = Job::Kind::close;
+    job->step = last_step;
+    job->totals = totals();
+    job->complete = complete;
+    {
+      std::unique_lock lock(mutex);
+      enqueue(std::move(job), lock);  // even when the queue is full: the close must reach the thread
+    }
+    writer.join();
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+    }
+    encode_ready.notify_all();
+    for (std::thread& c : compressors) c.join();
+  }
+};
+
+TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info, TraceWriterOptions options)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.path = path;
+  s.info = info;
+  s.options = options;
+  const Io io(path.string(), "write");
+  if (options.queue_rows == 0) io.fail("queue_rows is 0", "use at least 1 (16384 is the default)");
+  if (options.compression < 0 || options.compression > 9) {
+    io.fail(fmt::format("compression level {} is outside 0..9", options.compression), "0 turns deflate off; 1 is the default");
+  }
+  if (options.compression_threads < 1) {
+    io.fail(fmt::format("compression_threads is {}", options.compression_threads), "use at least 1 (2 is the default)");
+  }
+  if (info.precision != "fp32" && info.precision != "fp16" && info.precision != "bf16") {
+    io.fail(fmt::format("precision '{}' is not one of fp32, fp16, bf16", info.precision));
+  }
+  const std::filesystem::path folder = path.parent_path();
+  std::error_code ec;
+  if (!folder.empty() && !std::filesystem::is_directory(folder, ec)) {
+    io.fail(fmt::format("folder '{}' does not exist", folder.string()), "create it first, or choose another path");
+  }
+  {
+    const QuietHdf5Errors quiet;
+    for (std::size_t t = 0; t < kDataTableCount; ++t) s.float_ranges[t] = float_columns(io, static_cast<Table>(t));
+  }
+  s.file = std::make_unique<FileWriter>(path, info, options.compression);
+  s.writer = std::thread([&s] { s.run_writer(); });
+  for (int i = 0; i < options.compression_threads; ++i) s.compressors.emplace_back([&s] { s.run_compressor(); });
+  if (options.chunk_rows > 0) s.create_tables();  // readers can open the trace at once
+}
+
+TraceWriter::~TraceWriter() {
+  if (!state_->closed) state_->finish(false);
+}
+
+const std::filesystem::path& TraceWriter::path() const { return state_->path; }
+
+void TraceWriter::begin(const RunInfo& info) {
+  if (same_run(info, state_->info)) return;
+  Io(state_->path.string(), "write")
+      .fail(fmt::format("begin() was given run info (model '{}', precision '{}', seed {}) that differs from the info "
+                        "the file was created with (model '{}', precision '{}', seed {})",
+                        info.model, info.precision, info.seed, state_->info.model, state_->info.precision,
+                        state_->info.seed),
+            "the root attributes are written when the file is created: pass the run info to TraceWriter's constructor");
+}
+
+void TraceWriter::write(const StepRow& row) { state_->write_record<StepRecord>(Table::steps, row); }
+void TraceWriter::write(const OpRow& row) { state_->write_record<OpRecord>(Table::ops, row); }
+void TraceWriter::write(const GradRow& row) { state_->write_record<GradRecord>(Table::grads, row); }
+void TraceWriter::write(const EventRow& row) { state_->write_record<EventRecord>(Table::events, row); }
+void TraceWriter::write(const HistogramRow& row) { state_->write_record<HistogramRecord>(Table::histograms, row); }
+
+void TraceWriter::write(const DumpRow& row) {
+  State& s = *state_;
+  s.check_error();
+  // The record points at its values in /dump_values: where the next value will go.
+  const std::int64_t offset = s.total(index_of(Table::dump_values));
+  s.room(Table::dumps, 1);
+  State::Staging& d = s.staging[index_of(Table::dumps)];
+  DumpRecord* record = new (d.bytes.data() + d.rows * sizeof(DumpRecord)) DumpRecord;
+  encode(row, *record);
+  record->values_offset = offset;
+  s.added(Table::dumps, 1);
+  s.write_values(row.values.data(), row.values.size());
+}
+
+void TraceWriter::end_step(std::int64_t step) {
+  State& s = *state_;
+  s.check_error();
+  s.last_step = step;
+  s.hand_over_partial();
+  auto job = std::make_unique<Job>();
+  job->kind = Job::Kind::flush;
+  job->step = step;
+  job->totals = s.totals();
+  s.push(std::move(job));
+}
+
+void TraceWriter::flush() {
+  State& s = *state_;
+  s.check_error();
+  s.hand_over_partial();
+  auto job = std::make_unique<Job>();
+  job->kind = Job::Kind::flush;
+  job->step = s.last_step;
+  job->totals = s.totals();
+  const std::uint64_t id = s.push(std::move(job));
+  std::unique_lock lock(s.mutex);
+  s.progress.wait(lock, [&] { return s.jobs_done >= id; });
+  if (s.failed) std::rethrow_exception(s.error);
+}
+
+void TraceWriter::close() {
+  State& s = *state_;
+  if (s.closed) return;
+  bool ok;
+  {
+    std::lock_guard lock(s.mutex);
+    ok = !s.failed;
+  }
+  s.finish(ok);
+  if (s.failed) std::rethrow_exception(s.error);
+}
+
+}  // namespace ampscope::trace

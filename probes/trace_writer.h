@@ -1,0 +1,77 @@
+// probes/trace_writer.h: the HDF5 trace file sink. Rows are packed into the file's record layout on the
+// caller's thread and handed over a chunk at a time; compression threads shuffle and deflate chunks as
+// HDF5's filters would, and one writer thread appends them to chunked, extendible datasets (one per
+// table) of a file in SWMR mode, so the trace can be read while it is written and survives the writer
+// being killed: end_step() makes every row given so far durable. The queue is bounded: write() blocks
+// while it is full. The file format is documented field by field in docs/trace-format.md.
+//
+//   trace::TraceWriter w("run.h5", {.precision = "fp16", .device = "cpu", .model = "mlp", .seed = 1, .config = "{}"});
+//   w.write(trace::OpRow{...});
+//   w.end_step(0);   // flushed by the writer thread: a reader, or a crash, sees step 0 complete
+//   w.close();       // root attribute complete = 1
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+
+#include "probes/trace_error.h"
+#include "probes/trace_schema.h"
+
+namespace ampscope::trace {
+
+struct TraceWriterOptions {
+  // Rows (all tables together) handed over by write() and not yet in the file; write() blocks while
+  // more are waiting (a whole chunk is always accepted). Memory stays below about queue_rows records
+  // plus their compressed copies, and one chunk per table being filled on the caller's side.
+  std::size_t queue_rows = 1 << 14;
+  // Rows per HDF5 chunk of /ops, /grads, /events and /dumps (other tables: see docs/trace-format.md).
+  // A chunk filled between two step ends is compressed once; a step that ends inside a chunk makes the
+  // writer compress the chunk's rows so far again, so small chunks suit short steps and large ones
+  // compress better. 0 (the default): about four times the first step's rows of each table, chosen at
+  // the first end_step(), which is when the tables are created and readers can first open the file.
+  std::size_t chunk_rows = 0;
+  // Deflate level, 0 (chunks stored raw) to 9; HDF5's byte shuffle filter runs before deflate.
+  int compression = 1;
+  // Threads that compress chunks in parallel, besides the one that writes the file.
+  int compression_threads = 2;
+};
+
+class TraceWriter final : public Sink {
+ public:
+  // Creates (or truncates) the file and writes the root attributes; throws TraceError when it cannot.
+  TraceWriter(const std::filesystem::path& path, const RunInfo& info, TraceWriterOptions options = {});
+  // Without close(), the rows given so far are written and the file is closed with complete = 0, as
+  // after an exception in the training loop. Never throws.
+  ~TraceWriter() override;
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  // The root attributes are written when the file is created: begin() accepts only the same run info.
+  void begin(const RunInfo& info) override;
+
+  // Errors on the writer thread (a full disk, an HDF5 failure) are thrown by the next call of the
+  // caller's thread (write, end_step, flush or close), as TraceError.
+  void write(const StepRow& row) override;
+  void write(const OpRow& row) override;
+  void write(const GradRow& row) override;
+  void write(const EventRow& row) override;
+  void write(const HistogramRow& row) override;
+  void write(const DumpRow& row) override;
+
+  // Queues a flush of every row given so far (H5Dflush of each dataset, then a row of /index) and
+  // returns without waiting for it.
+  void end_step(std::int64_t step) override;
+  // Like end_step, but waits until the rows are written and flushed.
+  void flush();
+  // Writes everything, sets complete = 1, closes the file and stops the thread. A second call does nothing.
+  void close() override;
+
+  const std::filesystem::path& path() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ampscope::trace

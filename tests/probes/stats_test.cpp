@@ -1,0 +1,354 @@
+// tests/probes/stats_test.cpp: the probe's tensor statistics (probes/stats.h) against values worked out
+// by hand: exact counts of NaN, +-inf, zeros and subnormals in each dtype's own terms, moments of the
+// finite values in double, exponent histogram bins, and cast overflow/underflow counts.
+//
+// Expected moments are written as the formula over the finite values, evaluated in double; the values
+// are chosen so that every one is exact in its dtype (or its rounding is given by the independent
+// reference roundings of tests/test_support.h).
+#include "probes/stats.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/tensor.h"
+#include "tests/test_support.h"
+
+namespace ampscope {
+namespace {
+
+using probe::histogram_bin;
+using probe::kInfBin;
+using probe::kNanBin;
+using probe::kSubnormalBin;
+using probe::kZeroBin;
+using probe::tensor_stats;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The bin of binary exponent e (floor(log2 |v|) = e).
+int bin_of_exponent(int e) { return e - trace::kHistMinExponent; }
+
+TEST(stats_test, counts_and_moments_of_an_f32_tensor_with_every_kind_of_value) {
+  const double tiny = std::ldexp(1.0, -130);  // subnormal in f32 (below 2^-126), exact
+  const Tensor t = from_values({1.5, -2.0, 0.0, -0.0, kNaN, kInf, -kInf, tiny, 3.0}, {9});
+  const trace::TensorHealth h = tensor_stats(t).health;
+  EXPECT_EQ(h.numel, 9);
+  EXPECT_EQ(h.nan, 1);
+  EXPECT_EQ(h.pos_inf, 1);
+  EXPECT_EQ(h.neg_inf, 1);
+  EXPECT_EQ(h.zero, 2) << "+0 and -0";
+  EXPECT_EQ(h.subnormal, 1);
+  // Finite values: 1.5, -2, 0, -0, 2^-130, 3.
+  EXPECT_EQ(h.min, -2.0);
+  EXPECT_EQ(h.max, 3.0);
+  EXPECT_EQ(h.absmax, 3.0);
+  EXPECT_DOUBLE_EQ(h.mean, (1.5 - 2.0 + 0.0 + 0.0 + tiny + 3.0) / 6.0);
+  EXPECT_DOUBLE_EQ(h.rms, std::sqrt((2.25 + 4.0 + tiny * tiny + 9.0) / 6.0));
+}
+
+TEST(stats_test, f16_subnormals_start_below_two_to_the_minus_14) {
+  const double sub = std::ldexp(1.0, -20);         // f16 subnormal, exact
+  const double min_normal = std::ldexp(1.0, -14);  // the smallest normal f16: not subnormal
+  // 70000 and -1e5 overflow to +-inf when rounded to f16; 0.1 rounds to the nearest f16.
+  const Tensor t = from_values({1.0, sub, min_normal, 0.0, 70000.0, -1e5, kNaN, 0.1}, {2, 4}, {.dtype = DType::f16});
+  const trace::TensorHealth h = tensor_stats(t).health;
+  EXPECT_EQ(h.numel, 8);
+  EXPECT_EQ(h.nan, 1);
+  EXPECT_EQ(h.pos_inf, 1);
+  EXPECT_EQ(h.neg_inf, 1);
+  EXPECT_EQ(h.zero, 1);
+  EXPECT_EQ(h.subnormal, 1);
+  const double tenth = testing::reference_f16(0.1f);  // 0.0999755859375
+  EXPECT_EQ(h.min, 0.0);
+  EXPECT_EQ(h.max, 1.0);
+  EXPECT_EQ(h.absmax, 1.0);
+  EXPECT_DOUBLE_EQ(h.mean, (1.0 + sub + min_normal + 0.0 + tenth) / 5.0);
+  EXPECT_DOUBLE_EQ(h.rms, std::sqrt((1.0 + sub * sub + min_normal * min_normal + tenth * tenth) / 5.0));
+}
+
+TEST(stats_test, bf16_subnormals_start_below_two_to_the_minus_126) {
+  const double sub = std::ldexp(1.0, -127);  // a bf16 subnormal, exact
+  const double third = testing::reference_bf16(static_cast<float>(1.0 / 3.0));
+  // 1e39 is beyond f32's range: f64 -> f32 already gives +inf.
+  const Tensor t = from_values({sub, 1e39, 3.0, -0.0, 1.0 / 3.0, -kInf}, {6}, {.dtype = DType::bf16});
+  const trace::TensorHealth h = tensor_stats(t).health;
+  EXPECT_EQ(h.nan, 0);
+  EXPECT_EQ(h.pos_inf, 1);
+  EXPECT_EQ(h.neg_inf, 1);
+  EXPECT_EQ(h.zero, 1);
+  EXPECT_EQ(h.subnormal, 1);
+  EXPECT_EQ(h.min, -0.0);
+  EXPECT_EQ(h.max, 3.0);
+  EXPECT_DOUBLE_EQ(h.mean, (sub + 3.0 + 0.0 + third) / 4.0);
+  EXPECT_DOUBLE_EQ(h.rms, std::sqrt((sub * sub + 9.0 + third * third) / 4.0));
+}
+
+TEST(stats_test, f32_values_between_f16_and_f32_subnormal_range_are_normal_in_f32) {
+  // 2^-20 is subnormal as an f16 but a normal f32: subnormal is judged in the tensor's own dtype.
+  const Tensor t = from_values({std::ldexp(1.0, -20), std::ldexp(1.0, -126), std::ldexp(1.0, -149)}, {3});
+  EXPECT_EQ(tensor_stats(t).health.subnormal, 1) << "only 2^-149 is subnormal in f32";
+}
+
+TEST(stats_test, integer_tensors_have_moments_and_zeros_but_no_special_values) {
+  const Tensor t = from_values({0, 3, -5}, {3}, {.dtype = DType::i64});
+  const trace::TensorHealth h = tensor_stats(t).health;
+  EXPECT_EQ(h.zero, 1);
+  EXPECT_EQ(h.nan + h.pos_inf + h.neg_inf + h.subnormal, 0);
+  EXPECT_EQ(h.min, -5.0);
+  EXPECT_EQ(h.max, 3.0);
+  EXPECT_EQ(h.absmax, 5.0);
+  EXPECT_DOUBLE_EQ(h.mean, -2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(h.rms, std::sqrt(34.0 / 3.0));
+}
+
+TEST(stats_test, a_tensor_without_finite_values_has_nan_moments) {
+  for (const Tensor& t : {from_values({kNaN, kInf}, {2}), Tensor::empty({0}), Tensor()}) {
+    const trace::TensorHealth h = tensor_stats(t).health;
+    EXPECT_TRUE(std::isnan(h.min) && std::isnan(h.max) && std::isnan(h.absmax) && std::isnan(h.mean) &&
+                std::isnan(h.rms));
+  }
+  EXPECT_EQ(tensor_stats(Tensor::empty({0})).health.numel, 0);
+}
+
+TEST(stats_test, views_are_read_through_their_strides) {
+  const Tensor x = from_values({1, 2, 3, 4, 5, 6}, {2, 3});
+  const trace::TensorHealth t = tensor_stats(x.transpose(0, 1)).health;
+  EXPECT_EQ(t.numel, 6);
+  EXPECT_DOUBLE_EQ(t.mean, 3.5);
+  EXPECT_DOUBLE_EQ(t.rms, std::sqrt(91.0 / 6.0));
+  // Columns 0 and 2: 1, 3, 4, 6.
+  const trace::TensorHealth s = tensor_stats(x.slice(1, 0, 3, 2)).health;
+  EXPECT_EQ(s.numel, 4);
+  EXPECT_EQ(s.min, 1.0);
+  EXPECT_EQ(s.max, 6.0);
+  EXPECT_DOUBLE_EQ(s.mean, 14.0 / 4.0);
+  // A broadcast view counts each element as often as it appears.
+  const trace::TensorHealth b = tensor_stats(from_values({0, 2}, {2, 1}).expand({2, 5})).health;
+  EXPECT_EQ(b.numel, 10);
+  EXPECT_EQ(b.zero, 5);
+  EXPECT_DOUBLE_EQ(b.mean, 1.0);
+}
+
+TEST(stats_test, large_tensors_split_over_threads_give_exact_counts) {
+  // v_i = (i mod 4) - 1: -1, 0, 1, 2 repeated 25000 times; element 5 (a 0) becomes NaN and element
+  // 99999 (a 2) becomes +inf.
+  const std::int64_t n = 100000;
+  std::vector<double> v(n);
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<double>(i % 4) - 1.0;
+  v[5] = kNaN;
+  v[99999] = kInf;
+  const probe::TensorStats s = tensor_stats(from_values(v, {n / 100, 100}), /*with_histogram=*/true);
+  const trace::TensorHealth& h = s.health;
+  EXPECT_EQ(h.nan, 1);
+  EXPECT_EQ(h.pos_inf, 1);
+  EXPECT_EQ(h.zero, 24999);
+  EXPECT_DOUBLE_EQ(h.mean, (25000.0 * 2.0 - 2.0) / (n - 2));
+  EXPECT_DOUBLE_EQ(h.rms, std::sqrt((25000.0 * 6.0 - 4.0) / (n - 2)));
+  EXPECT_EQ(s.sum_sq, 25000.0 * 6.0 - 4.0);
+  EXPECT_EQ(s.histogram[bin_of_exponent(0)], 50000) << "the -1s and 1s";
+  EXPECT_EQ(s.histogram[bin_of_exponent(1)], 24999) << "the 2s";
+  EXPECT_EQ(s.histogram[kZeroBin], 24999);
+  EXPECT_EQ(s.histogram[kNanBin], 1);
+  EXPECT_EQ(s.histogram[kInfBin], 1);
+}
+
+// A plain reference for the vectorised path: the tensor's values (core's own widening to double) classified
+// one by one with <cmath>, moments summed in order. Counts and extremes must match exactly; the sums
+// may differ by the order of additions only.
+void expect_matches_reference(const Tensor& t, double min_normal) {
+  const std::vector<double> v = t.values();
+  std::int64_t nan = 0, pos_inf = 0, neg_inf = 0, zero = 0, subnormal = 0, finite = 0;
+  double mn = kInf, mx = -kInf, absmax = 0, sum = 0, sum_sq = 0;
+  for (double x : v) {
+    if (std::isnan(x)) {
+      ++nan;
+    } else if (std::isinf(x)) {
+      ++(x > 0 ? pos_inf : neg_inf);
+    } else {
+      ++finite;
+      zero += x == 0;
+      subnormal += x != 0 && std::fabs(x) < min_normal;
+      mn = std::min(mn, x);
+      mx = std::max(mx, x);
+      absmax = std::max(absmax, std::fabs(x));
+      sum += x;
+      sum_sq += x * x;
+    }
+  }
+  const trace::TensorHealth h = tensor_stats(t).health;
+  EXPECT_EQ(h.numel, static_cast<std::int64_t>(v.size()));
+  EXPECT_EQ(h.nan, nan);
+  EXPECT_EQ(h.pos_inf, pos_inf);
+  EXPECT_EQ(h.neg_inf, neg_inf);
+  EXPECT_EQ(h.zero, zero);
+  EXPECT_EQ(h.subnormal, subnormal);
+  EXPECT_GT(subnormal, 0) << "the pattern must reach the subnormal range";
+  EXPECT_EQ(h.min, mn);
+  EXPECT_EQ(h.max, mx);
+  EXPECT_EQ(h.absmax, absmax);
+  EXPECT_NEAR(h.mean, sum / finite, 1e-12 * std::fabs(sum / finite));
+  EXPECT_NEAR(h.rms, std::sqrt(sum_sq / finite), 1e-12 * std::sqrt(sum_sq / finite));
+}
+
+// 1000 values (three full blocks of the vectorised loop and a tail), multipliers -3 .. 3 (zeros among
+// them) times powers of two from `lowest` up `span` exponents; optionally NaN in the second block and
+// -inf in the tail.
+Tensor pattern(DType dtype, int lowest, int span, bool with_special) {
+  std::vector<double> v(1000);
+  for (int i = 0; i < 1000; ++i) v[static_cast<std::size_t>(i)] = (i % 7 - 3) * std::ldexp(1.0, i % span + lowest);
+  if (with_special) {
+    v[300] = kNaN;
+    v[990] = -kInf;
+  }
+  return from_values(v, {1000}, {.dtype = dtype});
+}
+
+TEST(stats_test, the_vectorised_path_matches_a_plain_reference_in_each_dtype) {
+  for (bool special : {false, true}) {
+    SCOPED_TRACE(special ? "with NaN and -inf" : "finite");
+    {
+      SCOPED_TRACE("f32");
+      expect_matches_reference(pattern(DType::f32, -140, 250, special), std::ldexp(1.0, -126));
+    }
+    {
+      SCOPED_TRACE("f16");
+      expect_matches_reference(pattern(DType::f16, -24, 35, special), std::ldexp(1.0, -14));
+    }
+    {
+      SCOPED_TRACE("bf16");
+      expect_matches_reference(pattern(DType::bf16, -133, 250, special), std::ldexp(1.0, -126));
+    }
+  }
+}
+
+TEST(stats_test, the_vectorised_path_reads_negative_zero_and_f16_extremes) {
+  std::vector<double> v(512, -0.0);
+  v[7] = 65504;
+  v[300] = -65504;
+  v[301] = std::ldexp(1.0, -24);   // the smallest f16 subnormal
+  v[302] = -std::ldexp(1.0, -14);  // the smallest normal
+  const trace::TensorHealth h = tensor_stats(from_values(v, {512}, {.dtype = DType::f16})).health;
+  EXPECT_EQ(h.zero, 508);
+  EXPECT_EQ(h.subnormal, 1);
+  EXPECT_EQ(h.min, -65504.0);
+  EXPECT_EQ(h.max, 65504.0);
+  EXPECT_EQ(h.absmax, 65504.0);
+  EXPECT_DOUBLE_EQ(h.mean, (std::ldexp(1.0, -24) - std::ldexp(1.0, -14)) / 512);
+}
+
+TEST(stats_test, norm_is_inf_or_nan_when_the_tensor_holds_them) {
+  EXPECT_EQ(tensor_stats(from_values({3, 4}, {2})).norm(), 5.0);
+  EXPECT_EQ(tensor_stats(from_values({3, -kInf}, {2})).norm(), kInf);
+  EXPECT_TRUE(std::isnan(tensor_stats(from_values({kInf, kNaN}, {2})).norm()));
+}
+
+TEST(stats_test, histogram_bin_is_the_binary_exponent_with_special_bins) {
+  EXPECT_EQ(histogram_bin(1.0, DType::f32), bin_of_exponent(0));
+  EXPECT_EQ(histogram_bin(1.5, DType::f32), bin_of_exponent(0));
+  EXPECT_EQ(histogram_bin(-2.0, DType::f32), bin_of_exponent(1));
+  EXPECT_EQ(histogram_bin(0.75, DType::f32), bin_of_exponent(-1));
+  EXPECT_EQ(histogram_bin(65504.0, DType::f16), bin_of_exponent(15));
+  EXPECT_EQ(histogram_bin(std::ldexp(1.0, -20), DType::f16), kSubnormalBin) << "subnormal in f16";
+  EXPECT_EQ(histogram_bin(std::ldexp(1.0, -14), DType::f16), bin_of_exponent(-14));
+  EXPECT_EQ(histogram_bin(std::ldexp(1.0, -20), DType::f32), bin_of_exponent(-20)) << "normal in f32";
+  EXPECT_EQ(histogram_bin(std::ldexp(1.0, -64), DType::f32), bin_of_exponent(-64));
+  EXPECT_EQ(histogram_bin(std::ldexp(1.0, -65), DType::f32), kSubnormalBin) << "below the range";
+  EXPECT_EQ(histogram_bin(1e30, DType::f32), bin_of_exponent(63)) << "above the range: the top bin";
+  EXPECT_EQ(histogram_bin(0.0, DType::bf16), kZeroBin);
+  EXPECT_EQ(histogram_bin(-0.0, DType::bf16), kZeroBin);
+  EXPECT_EQ(histogram_bin(-kInf, DType::f16), kInfBin);
+  EXPECT_EQ(histogram_bin(kNaN, DType::f16), kNanBin);
+  EXPECT_EQ(kNanBin, trace::kHistBins - 1);
+}
+
+TEST(stats_test, histogram_of_an_f16_tensor_puts_each_value_in_its_bin) {
+  const Tensor t =
+      from_values({1, 3, 0.75, std::ldexp(1.0, -20), 0, kInf, kNaN, 65504, -4}, {9}, {.dtype = DType::f16});
+  const probe::TensorStats s = tensor_stats(t, /*with_histogram=*/true);
+  std::array<std::int64_t, trace::kHistBins> expected{};
+  expected[bin_of_exponent(0)] = 1;   // 1
+  expected[bin_of_exponent(1)] = 1;   // 3
+  expected[bin_of_exponent(-1)] = 1;  // 0.75
+  expected[bin_of_exponent(15)] = 1;  // 65504
+  expected[bin_of_exponent(2)] = 1;   // -4
+  expected[kSubnormalBin] = 1;
+  expected[kZeroBin] = 1;
+  expected[kInfBin] = 1;
+  expected[kNanBin] = 1;
+  EXPECT_EQ(s.histogram, expected);
+  EXPECT_EQ(tensor_stats(t).histogram, (std::array<std::int64_t, trace::kHistBins>{})) << "only when asked for";
+}
+
+TEST(stats_test, histogram_of_bf16_and_f64_uses_their_exponents) {
+  const probe::TensorStats b =
+      tensor_stats(from_values({std::ldexp(1.0, -100), std::ldexp(1.0, -127)}, {2}, {.dtype = DType::bf16}), true);
+  EXPECT_EQ(b.histogram[kSubnormalBin], 2) << "2^-100 is below the range, 2^-127 a bf16 subnormal";
+  const probe::TensorStats d = tensor_stats(from_values({std::ldexp(1.0, 40), 0.1}, {2}, {.dtype = DType::f64}), true);
+  EXPECT_EQ(d.histogram[bin_of_exponent(40)], 1);
+  EXPECT_EQ(d.histogram[bin_of_exponent(-4)], 1) << "0.1 = 1.6 * 2^-4";
+}
+
+TEST(stats_test, cast_counts_finite_to_inf_and_non_zero_to_zero) {
+  const double half_tiny = std::ldexp(1.0, -25);  // the f16 rounding tie between 0 and 2^-24: goes to 0
+  const Tensor x = from_values({70000, 65519, 65520, -1e5, 1e-8, half_tiny, std::ldexp(1.0, -24), 0, kNaN, kInf}, {10});
+  const Tensor y = x.to(DType::f16);
+  const probe::CastCounts c = probe::cast_counts(x, y);
+  EXPECT_EQ(c.overflow, 3) << "70000, 65520 and -1e5 (65519 rounds down to 65504; inf was not finite)";
+  EXPECT_EQ(c.underflow, 2) << "1e-8 and 2^-25 (2^-24 is the smallest f16 subnormal; 0 was zero already)";
+}
+
+TEST(stats_test, cast_counts_to_bf16_agree_with_the_reference_rounding) {
+  const std::vector<double> values{3.4e38, 3.3e38, 1e-40, 3e-41, -3.398e38, 1.0, 1e-45};
+  const Tensor x = from_values(values, {7});
+  const probe::CastCounts c = probe::cast_counts(x, x.to(DType::bf16));
+  std::int64_t overflow = 0, underflow = 0;
+  for (double v : values) {
+    const float f = static_cast<float>(v);
+    const double r = testing::reference_bf16(f);
+    overflow += std::isinf(r) && std::isfinite(f);
+    underflow += r == 0 && f != 0;
+  }
+  EXPECT_EQ(underflow, 2)
+      << "the reference itself: 3e-41 and 1e-45 are below half of bf16's smallest subnormal, 2^-133";
+  EXPECT_EQ(overflow, 2) << "the reference itself: 3.4e38 and -3.398e38 lie above the midpoint between bf16's largest "
+                            "value (3.3895e38) and 2^128";
+  EXPECT_EQ(c.overflow, overflow);
+  EXPECT_EQ(c.underflow, underflow);
+}
+
+TEST(stats_test, cast_counts_read_strided_sources) {
+  const Tensor x = from_values({1e5, 1, 1, 1e-9}, {2, 2}).transpose(0, 1);
+  const Tensor y = x.to(DType::f16);
+  const probe::CastCounts c = probe::cast_counts(x, y);
+  EXPECT_EQ(c.overflow, 1);
+  EXPECT_EQ(c.underflow, 1);
+}
+
+TEST(stats_test, cast_counts_refuse_tensors_of_different_shapes) {
+  EXPECT_THROW_MSG(probe::cast_counts(zeros({2, 3}), zeros({3, 2}, {.dtype = DType::f16})), ShapeError, "cast_counts",
+                   "[2, 3]", "[3, 2]");
+}
+
+TEST(stats_test, leading_values_stop_at_the_bound_in_row_major_order) {
+  const Tensor x = from_values({1, 2, 3, 4, 5, 6}, {2, 3}).transpose(0, 1);  // rows [1, 4], [2, 5], [3, 6]
+  EXPECT_EQ(probe::leading_values(x, 4), (std::vector<double>{1, 4, 2, 5}));
+  EXPECT_EQ(probe::leading_values(x, 100).size(), 6u);
+  EXPECT_TRUE(probe::leading_values(x, 0).empty());
+}
+
+TEST(stats_test, smallest_normal_is_that_of_each_dtype) {
+  EXPECT_EQ(probe::smallest_normal(DType::f16), std::ldexp(1.0, -14));
+  EXPECT_EQ(probe::smallest_normal(DType::bf16), std::ldexp(1.0, -126));
+  EXPECT_EQ(probe::smallest_normal(DType::f32), std::ldexp(1.0, -126));
+  EXPECT_EQ(probe::smallest_normal(DType::f64), std::ldexp(1.0, -1022));
+  EXPECT_EQ(probe::smallest_normal(DType::i64), 0.0);
+}
+
+}  // namespace
+}  // namespace ampscope

@@ -1,0 +1,394 @@
+// Round trips through the HDF5 trace: every field of every table written by TraceWriter comes back
+// from TraceReader as it was given (text longer than its field truncated with the documented marker),
+// including NaN, infinities, -0, subnormal doubles and empty strings; rows are selected by step range;
+// small chunks exercise chunks rewritten at step ends, and a tiny queue exercises back-pressure.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <hdf5.h>
+
+#include <gtest/gtest.h>
+
+#include "probes/trace_reader.h"
+#include "probes/trace_writer.h"
+#include "tests/test_support.h"
+#include "tests/trace/trace_test_util.h"
+
+namespace ampscope::trace {
+namespace {
+
+using testing::TempDir;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kDenormal = 4.9406564584124654e-324;  // the smallest positive double
+
+// Field widths of the format (docs/trace-format.md), NUL included: a field holds width - 1 bytes of
+// text; a longer text keeps width - 4 bytes, then "...".
+constexpr std::size_t kModuleWidth = 64;
+constexpr std::size_t kReasonWidth = 128;
+
+TEST(trace_roundtrip_test, keeps_every_field_of_every_table) {
+  TempDir dir;
+  const auto path = dir.file("all.h5");
+
+  StepRow step0 = testing::numbered_step(0);
+  StepRow step1 = testing::numbered_step(1);
+  step1.loss = kNaN;
+  step1.scale_after = kInf;
+  step1.grad_norm = -kInf;
+  step1.lr = -0.0;
+  step1.time_ms = kDenormal;
+
+  OpRow plain = testing::numbered_op(0, 0);
+  OpRow odd = testing::numbered_op(1, 1);
+  odd.phase = Phase::scaler;
+  odd.op = "";
+  odd.module = "";
+  odd.in_dtypes = "";
+  odd.out_dtype = "bool";
+  odd.shape = "[]";
+  odd.autocast = "";
+  odd.health.min = kNaN;
+  odd.health.max = kInf;
+  odd.health.absmax = -kInf;
+  odd.health.mean = -0.0;
+  odd.health.rms = kDenormal;
+  odd.health.numel = std::numeric_limits<std::int64_t>::max();
+  odd.cast_overflow = std::numeric_limits<std::int64_t>::min();
+  OpRow optimizer = testing::numbered_op(1, 2);
+  optimizer.phase = Phase::optimizer;
+  OpRow backward = testing::numbered_op(1, 3);
+  backward.phase = Phase::backward;
+  backward.health.max = 1.7976931348623157e308;
+
+  GradRow grad;
+  grad.step = 1;
+  grad.param = "blocks.3.attn.qkv.weight";
+  grad.dtype = "bf16";
+  grad.nan = 1;
+  grad.pos_inf = 2;
+  grad.neg_inf = 3;
+  grad.zero = 4;
+  grad.absmax = kInf;
+  grad.norm = kNaN;
+  grad.unscaled = true;
+  GradRow grad_before = grad;
+  grad_before.unscaled = false;
+  grad_before.absmax = 65504.0;
+  grad_before.norm = 1e300;
+
+  EventRow event{.step = 1, .seq = 3, .kind = "origin", .op = "linear", .module = "blocks.3.attn.qkv",
+                 .detail = "3 NaN, 1 +inf in the output of linear; inputs finite"};
+  EventRow step_event{.step = 1, .seq = -1, .kind = "skipped_step", .op = "", .module = "", .detail = ""};
+
+  HistogramRow hist;
+  hist.step = 1;
+  hist.seq = 3;
+  hist.tensor = "output";
+  for (std::size_t i = 0; i < hist.bins.size(); ++i) hist.bins[i] = static_cast<std::int64_t>(i * 1000 + 7);
+  HistogramRow grad_hist;
+  grad_hist.step = 1;
+  grad_hist.seq = -1;
+  grad_hist.tensor = "blocks.3.attn.qkv.weight";
+  grad_hist.bins[kHistBins - 1] = 5;  // the NaN bin
+
+  DumpRow dump{.step = 1, .seq = 3, .op = "linear", .module = "blocks.3.attn.qkv", .tensor = "input 0", .dtype = "f16",
+               .shape = "[2, 3]", .values = {1.0, -2.5, kNaN, kInf, -kInf, -0.0}};
+  DumpRow empty_dump{.step = 1, .seq = 3, .op = "linear", .module = "blocks.3.attn.qkv", .tensor = "output",
+                     .dtype = "f16", .shape = "[0]", .values = {}};
+  DumpRow long_dump{.step = 1, .seq = 4, .op = "matmul", .module = "m", .tensor = "output", .dtype = "f32",
+                    .shape = "[50]", .values = {}};
+  for (int i = 0; i < 50; ++i) long_dump.values.push_back(i * 0.5 - 3.0);
+
+  const RunInfo run = testing::sample_run();
+  {
+    // Chunks of 4 rows (16 dump values): tables span several chunks and steps end inside chunks.
+    TraceWriter w(path, run, {.chunk_rows = 4});
+    w.write(step0);
+    w.write(plain);
+    w.end_step(0);
+    w.write(odd);
+    w.write(optimizer);
+    w.write(backward);
+    w.write(grad_before);
+    w.write(grad);
+    w.write(event);
+    w.write(step_event);
+    w.write(hist);
+    w.write(grad_hist);
+    w.write(dump);
+    w.write(empty_dump);
+    w.write(long_dump);
+    w.write(step1);
+    w.end_step(1);
+    w.close();
+  }
+
+  TraceReader r(path);
+  EXPECT_TRUE(r.complete());
+  EXPECT_EQ(r.format_version(), kFormatVersion);
+  EXPECT_EQ(r.run_info().precision, run.precision);
+  EXPECT_EQ(r.run_info().device, run.device);
+  EXPECT_EQ(r.run_info().model, run.model);
+  EXPECT_EQ(r.run_info().seed, run.seed);
+  EXPECT_EQ(r.run_info().config, run.config);
+  EXPECT_EQ(r.last_flushed_step(), 1);
+
+  const std::vector<StepRow> steps = r.steps();
+  ASSERT_EQ(steps.size(), 2u);
+  testing::expect_same_step(step0, steps[0]);
+  testing::expect_same_step(step1, steps[1]);
+
+  const std::vector<OpRow> ops = r.ops();
+  ASSERT_EQ(ops.size(), 4u);
+  testing::expect_same_op(plain, ops[0]);
+  testing::expect_same_op(odd, ops[1]);
+  testing::expect_same_op(optimizer, ops[2]);
+  testing::expect_same_op(backward, ops[3]);
+
+  const std::vector<GradRow> grads = r.grads();
+  ASSERT_EQ(grads.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const GradRow& e = i == 0 ? grad_before : grad;
+    EXPECT_EQ(grads[i].step, e.step);
+    EXPECT_EQ(grads[i].param, e.param);
+    EXPECT_EQ(grads[i].dtype, e.dtype);
+    EXPECT_EQ(grads[i].nan, e.nan);
+    EXPECT_EQ(grads[i].pos_inf, e.pos_inf);
+    EXPECT_EQ(grads[i].neg_inf, e.neg_inf);
+    EXPECT_EQ(grads[i].zero, e.zero);
+    EXPECT_SAME_DOUBLE(e.absmax, grads[i].absmax);
+    EXPECT_SAME_DOUBLE(e.norm, grads[i].norm);
+    EXPECT_EQ(grads[i].unscaled, e.unscaled);
+  }
+
+  const std::vector<EventRow> events = r.events();
+  ASSERT_EQ(events.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const EventRow& e = i == 0 ? event : step_event;
+    EXPECT_EQ(events[i].step, e.step);
+    EXPECT_EQ(events[i].seq, e.seq);
+    EXPECT_EQ(events[i].kind, e.kind);
+    EXPECT_EQ(events[i].op, e.op);
+    EXPECT_EQ(events[i].module, e.module);
+    EXPECT_EQ(events[i].detail, e.detail);
+  }
+
+  const std::vector<HistogramRow> hists = r.histograms();
+  ASSERT_EQ(hists.size(), 2u);
+  EXPECT_EQ(hists[0].step, 1);
+  EXPECT_EQ(hists[0].seq, 3);
+  EXPECT_EQ(hists[0].tensor, "output");
+  EXPECT_EQ(hists[0].bins, hist.bins);
+  EXPECT_EQ(hists[1].seq, -1);
+  EXPECT_EQ(hists[1].tensor, grad_hist.tensor);
+  EXPECT_EQ(hists[1].bins, grad_hist.bins);
+
+  const std::vector<DumpRow> dumps = r.dumps();
+  ASSERT_EQ(dumps.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const DumpRow& e = i == 0 ? dump : i == 1 ? empty_dump : long_dump;
+    EXPECT_EQ(dumps[i].step, e.step);
+    EXPECT_EQ(dumps[i].seq, e.seq);
+    EXPECT_EQ(dumps[i].op, e.op);
+    EXPECT_EQ(dumps[i].module, e.module);
+    EXPECT_EQ(dumps[i].tensor, e.tensor);
+    EXPECT_EQ(dumps[i].dtype, e.dtype);
+    EXPECT_EQ(dumps[i].shape, e.shape);
+    ASSERT_EQ(dumps[i].values.size(), e.values.size());
+    for (std::size_t k = 0; k < e.values.size(); ++k) EXPECT_SAME_DOUBLE(e.values[k], dumps[i].values[k]);
+  }
+
+  const RowCounts counts = r.row_counts();
+  EXPECT_EQ(counts.steps, 2);
+  EXPECT_EQ(counts.ops, 4);
+  EXPECT_EQ(counts.grads, 2);
+  EXPECT_EQ(counts.events, 2);
+  EXPECT_EQ(counts.histograms, 2);
+  EXPECT_EQ(counts.dumps, 3);
+}
+
+TEST(trace_roundtrip_test, truncates_long_text_with_a_marker_at_a_character_boundary) {
+  TempDir dir;
+  const auto path = dir.file("long.h5");
+  OpRow ascii = testing::numbered_op(0, 0);
+  ascii.module = std::string(200, 'm');
+  ascii.autocast = std::string(300, 'r');
+  OpRow exact = testing::numbered_op(0, 1);
+  exact.module = std::string(kModuleWidth - 1, 'x');  // fits exactly
+  OpRow one_more = testing::numbered_op(0, 3);
+  one_more.module = std::string(kModuleWidth, 'y');  // one byte too long
+  OpRow utf8 = testing::numbered_op(0, 2);
+  utf8.module = "a";
+  for (int i = 0; i < 40; ++i) utf8.module += "\xC3\xA9";  // "a" then "é" x 40: 81 bytes
+  {
+    TraceWriter w(path, testing::sample_run());
+    w.write(ascii);
+    w.write(exact);
+    w.write(utf8);
+    w.write(one_more);
+    w.close();
+  }
+  TraceReader r(path);
+  const std::vector<OpRow> ops = r.ops();
+  ASSERT_EQ(ops.size(), 4u);
+  EXPECT_EQ(ops[0].module, std::string(kModuleWidth - 4, 'm') + "...");
+  EXPECT_EQ(ops[0].autocast, std::string(kReasonWidth - 4, 'r') + "...");
+  EXPECT_EQ(ops[1].module, exact.module);
+  EXPECT_EQ(ops[3].module, std::string(kModuleWidth - 4, 'y') + "...");
+  // 60 bytes would end inside the 30th "é": keep "a" and 29 whole characters (59 bytes).
+  std::string expected = "a";
+  for (int i = 0; i < 29; ++i) expected += "\xC3\xA9";
+  EXPECT_EQ(ops[2].module, expected + "...");
+}
+
+TEST(trace_roundtrip_test, selects_rows_by_step_range_in_written_order) {
+  TempDir dir;
+  const auto path = dir.file("range.h5");
+  // Steps written out of order, as a flight recorder writing an anomalous step's history would.
+  const std::vector<std::int64_t> order = {5, 3, 4, 0, 7};
+  {
+    TraceWriter w(path, testing::sample_run(), {.chunk_rows = 3});
+    for (std::int64_t step : order) {
+      for (std::int64_t seq = 0; seq < 4; ++seq) w.write(testing::numbered_op(step, seq));
+      w.write(testing::numbered_step(step));
+      w.end_step(step);
+    }
+    w.close();
+  }
+  TraceReader r(path);
+  const std::vector<OpRow> ops = r.ops(3, 5);
+  ASSERT_EQ(ops.size(), 8u);
+  for (std::size_t i = 0; i < 8; ++i) testing::expect_same_op(testing::numbered_op(i < 4 ? 3 : 4, static_cast<std::int64_t>(i % 4)), ops[i]);
+  EXPECT_TRUE(r.ops(1, 3).empty());
+  EXPECT_TRUE(r.ops(8, 100).empty());
+  const std::vector<StepRow> steps = r.steps(4, 8);
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_EQ(steps[0].step, 5);
+  EXPECT_EQ(steps[1].step, 4);
+  EXPECT_EQ(steps[2].step, 7);
+  EXPECT_EQ(r.ops().size(), 20u);
+  EXPECT_EQ(r.last_flushed_step(), 7);
+}
+
+TEST(trace_roundtrip_test, writes_every_row_through_a_queue_of_one_row) {
+  TempDir dir;
+  const auto path = dir.file("tiny_queue.h5");
+  constexpr int kSteps = 20, kOps = 37;
+  {
+    TraceWriter w(path, testing::sample_run(), {.queue_rows = 1, .chunk_rows = 5, .compression_threads = 1});
+    for (int step = 0; step < kSteps; ++step) {
+      for (int seq = 0; seq < kOps; ++seq) w.write(testing::numbered_op(step, seq));
+      w.write(testing::numbered_step(step));
+      w.end_step(step);
+    }
+    w.close();
+  }
+  TraceReader r(path);
+  const std::vector<OpRow> ops = r.ops();
+  ASSERT_EQ(ops.size(), static_cast<std::size_t>(kSteps * kOps));
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    testing::expect_same_op(testing::numbered_op(static_cast<std::int64_t>(i / kOps), static_cast<std::int64_t>(i % kOps)), ops[i]);
+  }
+  EXPECT_EQ(r.steps().size(), static_cast<std::size_t>(kSteps));
+}
+
+TEST(trace_roundtrip_test, stores_chunks_raw_when_compression_is_off) {
+  TempDir dir;
+  const auto path = dir.file("raw.h5");
+  {
+    TraceWriter w(path, testing::sample_run(), {.chunk_rows = 8, .compression = 0});
+    for (int seq = 0; seq < 20; ++seq) w.write(testing::numbered_op(0, seq));
+    w.end_step(0);
+    for (int seq = 20; seq < 30; ++seq) w.write(testing::numbered_op(0, seq));
+    w.close();
+  }
+  TraceReader r(path);
+  const std::vector<OpRow> ops = r.ops();
+  ASSERT_EQ(ops.size(), 30u);
+  for (std::size_t i = 0; i < ops.size(); ++i) testing::expect_same_op(testing::numbered_op(0, static_cast<std::int64_t>(i)), ops[i]);
+}
+
+TEST(trace_roundtrip_test, leaves_complete_zero_when_destroyed_without_close) {
+  TempDir dir;
+  const auto path = dir.file("unclosed.h5");
+  {
+    TraceWriter w(path, testing::sample_run());
+    w.write(testing::numbered_op(0, 0));
+    w.end_step(0);
+    w.write(testing::numbered_op(1, 0));  // after the last step end: written by the destructor
+  }
+  TraceReader r(path);
+  EXPECT_FALSE(r.complete());
+  EXPECT_EQ(r.ops().size(), 2u);
+}
+
+TEST(trace_roundtrip_test, reads_an_empty_trace) {
+  TempDir dir;
+  const auto path = dir.file("empty.h5");
+  TraceWriter(path, testing::sample_run()).close();
+  TraceReader r(path);
+  EXPECT_TRUE(r.complete());
+  EXPECT_TRUE(r.steps().empty());
+  EXPECT_TRUE(r.ops().empty());
+  EXPECT_TRUE(r.dumps().empty());
+  EXPECT_EQ(r.last_flushed_step(), -1);  // flushed by close() before any end_step()
+}
+
+// The chunk size HDF5 reports for a dataset of a finished trace.
+hsize_t chunk_rows_of(const std::filesystem::path& path, const char* dataset) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t data = H5Dopen2(file, dataset, H5P_DEFAULT);
+  const hid_t dcpl = H5Dget_create_plist(data);
+  hsize_t rows = 0;
+  H5Pget_chunk(dcpl, 1, &rows);
+  H5Pclose(dcpl);
+  H5Dclose(data);
+  H5Fclose(file);
+  return rows;
+}
+
+TEST(trace_roundtrip_test, sizes_chunks_from_the_first_step) {
+  TempDir dir;
+  const auto path = dir.file("auto.h5");
+  {
+    TraceWriter w(path, testing::sample_run());
+    for (int step = 0; step < 3; ++step) {
+      for (int seq = 0; seq < 37; ++seq) w.write(testing::numbered_op(step, seq));
+      w.write(testing::numbered_step(step));
+      w.end_step(step);
+    }
+    w.close();
+  }
+  // Four first steps' rows, rounded up to a multiple of 64; at least 64 (1024 for dump values).
+  EXPECT_EQ(chunk_rows_of(path, "/ops"), 192u);
+  EXPECT_EQ(chunk_rows_of(path, "/steps"), 64u);
+  EXPECT_EQ(chunk_rows_of(path, "/grads"), 64u);
+  EXPECT_EQ(chunk_rows_of(path, "/dump_values"), 1024u);
+  TraceReader r(path);
+  EXPECT_EQ(r.ops().size(), 3u * 37u);
+}
+
+TEST(trace_roundtrip_test, chooses_chunks_early_when_the_first_step_is_long) {
+  TempDir dir;
+  const auto path = dir.file("long_step.h5");
+  constexpr int kRows = 9000;  // more than the largest automatic chunk of /ops (1024 rows)
+  {
+    TraceWriter w(path, testing::sample_run());
+    for (int seq = 0; seq < kRows; ++seq) w.write(testing::numbered_op(0, seq));
+    w.end_step(0);
+    w.close();
+  }
+  EXPECT_EQ(chunk_rows_of(path, "/ops"), 1024u);
+  TraceReader r(path);
+  const std::vector<OpRow> ops = r.ops();
+  ASSERT_EQ(ops.size(), static_cast<std::size_t>(kRows));
+  for (std::size_t i = 0; i < ops.size(); i += 997) testing::expect_same_op(testing::numbered_op(0, static_cast<std::int64_t>(i)), ops[i]);
+  testing::expect_same_op(testing::numbered_op(0, kRows - 1), ops.back());
+}
+
+}  // namespace
+}  // namespace ampscope::trace
