@@ -17,7 +17,11 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+#include <unistd.h>
+
 #include "core/error.h"
+#include "probes/trace_reader.h"
 #include "samples/train.h"
 #include "tests/scenarios/run_log.h"
 #include "tests/test_support.h"
@@ -210,6 +214,59 @@ TEST_P(first_anomaly, is_what_the_scenarios_expect_line_says) {
   if (want.phase == probe::Phase::backward) {
     EXPECT_NE(expect.find("backward"), std::string::npos) << expect;
   }
+}
+
+// The same first anomaly, read back from the HDF5 trace `ampscope train --out` writes: the probe's own
+// origin rule and the file agree with the hook-based log above.
+TEST_P(first_anomaly, is_the_first_origin_the_trace_records) {
+  const FirstAnomaly& want = GetParam();
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("ampscope_scenario_" + want.scenario + "_" + std::to_string(::getpid()) + ".h5");
+  TrainConfig c = scenario_config(want.scenario, Precision::fp16);
+  c.out = path.string();
+  train(c);
+  trace::TraceReader reader(path);
+  ASSERT_TRUE(reader.complete());
+  const std::vector<trace::OpRow> ops = reader.ops();
+  const trace::OpRow* first = nullptr;
+  for (const trace::OpRow& row : ops) {
+    if (row.origin) {
+      first = &row;
+      break;
+    }
+  }
+  ASSERT_NE(first, nullptr) << want.scenario << ": no origin in the trace";
+  EXPECT_EQ(first->step, want.step);
+  EXPECT_EQ(first->op, want.op);
+  EXPECT_EQ(first->module, want.scope);
+  EXPECT_EQ(first->phase, want.phase == probe::Phase::forward ? trace::Phase::forward : trace::Phase::backward);
+  bool event = false;
+  for (const trace::EventRow& e : reader.events()) {
+    if (e.kind == "origin") {
+      event = e.step == want.step && e.op == want.op && e.module == want.scope;
+      break;
+    }
+  }
+  EXPECT_TRUE(event) << "the first origin event names the same op";
+  std::filesystem::remove(path);
+}
+
+TEST(attention_overflow_test, the_fp32_trace_records_no_anomaly_although_the_causal_mask_writes_minus_inf) {
+  // masked_fill's -inf is attention's causal mask, not an overflow: the probe must not call it an origin.
+  const auto path = std::filesystem::temp_directory_path() / ("ampscope_fp32_attention_" + std::to_string(::getpid()) + ".h5");
+  TrainConfig c = scenario_config("attention-overflow", Precision::fp32);
+  c.out = path.string();
+  const TrainResult r = train(c);
+  EXPECT_EQ(r.anomalies, 0);
+  trace::TraceReader reader(path);
+  for (const trace::EventRow& e : reader.events()) {
+    EXPECT_NE(e.kind, "origin") << e.op << " in " << e.module << ": " << e.detail;
+    EXPECT_NE(e.kind, "propagate") << e.op << " in " << e.module << ": " << e.detail;
+  }
+  bool saw_mask = false;
+  for (const trace::OpRow& row : reader.ops()) saw_mask = saw_mask || (row.op == "masked_fill" && row.health.neg_inf > 0);
+  EXPECT_TRUE(saw_mask) << "the mask's -inf is still counted in the op's health";
+  std::filesystem::remove(path);
 }
 
 INSTANTIATE_TEST_SUITE_P(scenarios, first_anomaly, ::testing::ValuesIn(first_anomalies()),
