@@ -172,17 +172,9 @@ TrainCommand::TrainCommand(CLI::App& app) {
 
 bool TrainCommand::parsed() const { return cmd_->parsed(); }
 
-int TrainCommand::run() {
-  if (list_samples_) {
-    for (const SampleInfo& s : sample_registry()) fmt::print("{:<12} {}\n", s.name, s.description);
-    return 0;
-  }
-  if (list_scenarios_) {
-    for (const Scenario& s : scenario_registry()) fmt::print("{:<20} {} (sample {})\n", s.name, s.description, s.sample);
-    return 0;
-  }
+TrainConfig TrainCommand::resolve(bool& compare) const {
   TrainConfig config;
-  bool compare = false;
+  compare = false;
   if (!config_file_.empty()) apply_config_file(config_file_, config, compare);
   // Options given on the command line override the file.
   auto given = [&](const char* name) { return cmd_->get_option(name)->count() > 0; };
@@ -212,7 +204,20 @@ int TrainCommand::run() {
   // Validate names before any work, so a typo costs nothing.
   find_sample(config.sample);
   if (!config.scenario.empty()) find_scenario(config.scenario);
+  return config;
+}
 
+int TrainCommand::run() {
+  if (list_samples_) {
+    for (const SampleInfo& s : sample_registry()) fmt::print("{:<12} {}\n", s.name, s.description);
+    return 0;
+  }
+  if (list_scenarios_) {
+    for (const Scenario& s : scenario_registry()) fmt::print("{:<20} {} (sample {})\n", s.name, s.description, s.sample);
+    return 0;
+  }
+  bool compare = false;
+  const TrainConfig config = resolve(compare);
   g_stop.store(false);
   std::signal(SIGINT, on_sigint);
   const bool terminal = isatty(fileno(stdout)) != 0;

@@ -17,6 +17,9 @@ class TrainCommand {
   explicit TrainCommand(CLI::App& app);
   bool parsed() const;
   int run();  // throws ampscope::Error on bad values and files
+  // The configuration the parsed options and the --config file give (options win); `compare` is set
+  // when --compare was asked for. Checks the sample and scenario names.
+  TrainConfig resolve(bool& compare) const;
 
  private:
   CLI::App* cmd_ = nullptr;
