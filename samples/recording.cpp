@@ -47,6 +47,10 @@ std::int64_t Recording::anomalies() const {
   return c.origins + c.propagations + c.grad_overflows + (c.cast_overflow > 0 ? 1 : 0);
 }
 
+void Recording::quiesce() {
+  if (impl_->writer && !impl_->closed) impl_->writer->flush();
+}
+
 void Recording::close() {
   if (impl_->closed || !impl_->writer) return;
   impl_->closed = true;

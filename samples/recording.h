@@ -25,6 +25,9 @@ class Recording {
   const std::string& trace_path() const { return path_; }
   std::int64_t anomalies() const;  // anomaly events recorded so far
   void close();                    // a clean end: the trace is marked complete
+  // Waits until the writer thread has written and flushed everything: HDF5 here is not thread-safe,
+  // so the loop calls this before it saves a checkpoint (also HDF5) on its own thread.
+  void quiesce();
 
  private:
   struct Impl;

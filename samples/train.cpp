@@ -118,6 +118,7 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
   result.trace = recording.trace_path();
   const auto start = std::chrono::steady_clock::now();
   auto save = [&](std::int64_t next_step) {
+    recording.quiesce();  // the trace writer's thread must not be inside HDF5 while the checkpoint is
     Checkpoint ck{.model = &model, .optimizer = &opt, .generators = {{"model", &gen}},
                   .states = {{"scaler", scaler.state_dict()}, {"run", run_state}}, .step = next_step};
     save_checkpoint(config.checkpoint, ck);

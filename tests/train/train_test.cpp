@@ -70,6 +70,8 @@ TEST(train_test, resume_continues_bit_identically) {
   TrainConfig first = full;
   first.steps = 2;
   first.checkpoint = (dir / "ck.h5").string();
+  first.checkpoint_every = 1;             // checkpoints saved while the trace writer runs
+  first.out = (dir / "first.h5").string();
   train(first);
   TrainConfig second = full;
   second.steps = 2;
