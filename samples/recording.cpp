@@ -34,18 +34,21 @@ Recording::Recording(const TrainConfig& config, const std::string& config_json, 
 }
 
 Recording::~Recording() {
+  // Reached without close() only when training failed: the rows so far are written, but the trace keeps
+  // complete = 0 (the writer's destructor closes the file that way), so nobody mistakes it for a
+  // finished run.
+  if (impl_->closed || !impl_->writer) return;
+  impl_->installed.reset();
   try {
-    close();
+    impl_->probe->flush();
   } catch (...) {
-    // The destructor runs during unwinding too; the writer closes its file (complete = 0) on its own.
+    // Unwinding already: the training error is the one to report.
   }
+  impl_->probe.reset();
+  impl_->writer.reset();
 }
 
-std::int64_t Recording::anomalies() const {
-  if (!impl_->probe) return 0;
-  const auto& c = impl_->probe->counters();
-  return c.origins + c.propagations + c.grad_overflows + (c.cast_overflow > 0 ? 1 : 0);
-}
+std::int64_t Recording::anomalies() const { return impl_->probe ? impl_->probe->counters().origins : 0; }
 
 void Recording::quiesce() {
   if (impl_->writer && !impl_->closed) impl_->writer->flush();

@@ -23,7 +23,7 @@ class Recording {
   Recording& operator=(const Recording&) = delete;
 
   const std::string& trace_path() const { return path_; }
-  std::int64_t anomalies() const;  // anomaly events recorded so far
+  std::int64_t anomalies() const;  // NaN/Inf origins recorded so far (ops that created non-finite values)
   void close();                    // a clean end: the trace is marked complete
   // Waits until the writer thread has written and flushed everything: HDF5 here is not thread-safe,
   // so the loop calls this before it saves a checkpoint (also HDF5) on its own thread.

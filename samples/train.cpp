@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -49,6 +51,15 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
   if (config.steps < 0) throw Error(fmt::format("--steps must be at least 0, got {}", config.steps));
   if (config.sample_every < 1) throw Error(fmt::format("--sample-every must be at least 1, got {}", config.sample_every));
   const Device device = resolve_device(config.device);
+  // A checkpoint that cannot be written must fail now, not after the whole run.
+  if (!config.checkpoint.empty()) {
+    const std::filesystem::path folder = std::filesystem::absolute(config.checkpoint).parent_path();
+    if (!std::filesystem::is_directory(folder)) {
+      throw Error(fmt::format("--checkpoint '{}': the folder '{}' does not exist\nhint: create it first, or choose "
+                              "another path",
+                              config.checkpoint, folder.string()));
+    }
+  }
 
   // A resumed run continues the checkpointed one: its seed (which decides the data stream) comes from
   // the checkpoint, and the sample must be the same.
@@ -67,6 +78,17 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
     if (saved_sample != config.sample) {
       throw Error(fmt::format("--resume: '{}' was written by a '{}' run, not '{}'\nhint: resume with --sample {}",
                               config.resume, saved_sample, config.sample, saved_sample));
+    }
+    // The precision decides whether a GradScaler state exists; the scenario changes model and data.
+    for (const auto& [key, requested] : {std::pair<std::string, std::string>{"precision", std::string(precision_name(config.precision))},
+                                         std::pair<std::string, std::string>{"scenario", config.scenario}}) {
+      const auto it = run.find(key);
+      const std::string saved = it == run.end() ? "" : std::get<std::string>(it->second);
+      if (it != run.end() && saved != requested) {
+        throw Error(fmt::format("--resume: '{}' was written by a run with {} '{}', not '{}'\nhint: resume with the "
+                                "same --{} (a resumed run continues the same training)",
+                                config.resume, key, saved, requested, key));
+      }
     }
     config.seed = static_cast<std::uint64_t>(std::get<std::int64_t>(seed_it->second));
   }
@@ -147,9 +169,12 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
     scaler.scale(loss).backward();
     scaler.unscale_(opt);
     if (!scaling) probe::report_grads(model.parameters(), /*unscaled=*/true);
-    const double grad_norm = config.max_grad_norm > 0
-                                 ? optim::clip_grad_norm_(model.parameters(), config.max_grad_norm).item()
-                                 : 0.0;
+    // Without clipping the norm is still measured: an infinite max_norm makes the clip coefficient 1,
+    // and multiplying by 1 leaves every gradient bit unchanged.
+    const double grad_norm =
+        optim::clip_grad_norm_(model.parameters(), config.max_grad_norm > 0 ? config.max_grad_norm
+                                                                            : std::numeric_limits<double>::infinity())
+            .item();
     const StepResult stepped = scaler.step(opt, return_found_inf);
     scaler.update();
 

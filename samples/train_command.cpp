@@ -44,10 +44,10 @@ class Progress {
 
   void operator()(const StepReport& r) {
     const std::int64_t done = r.step + 1;
+    if (first_ < 0) first_ = r.step;  // a resumed run starts counting at its first step
     const double rate = r.seconds > 0 ? static_cast<double>(done - first_) / r.seconds : 0;
-    if (first_ < 0) first_ = r.step;
     const double left = rate > 0 ? static_cast<double>(r.total - done) / rate : -1;
-    const std::string line = fmt::format("{} step {}/{}  loss {:.4g}  scale {:g}  skipped {}  anomalies {}  {:.1f} steps/s  "
+    const std::string line = fmt::format("{} step {}/{}  loss {:.4g}  scale {:g}  skipped {}  NaN/Inf origins {}  {:.1f} steps/s  "
                                          "{} left",
                                          label_, done, r.total, r.loss, r.scale, r.skipped_so_far, r.anomalies_so_far,
                                          rate, format_duration(left));
@@ -121,7 +121,7 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
 }
 
 void print_summary(const std::string& label, const TrainConfig& c, const TrainResult& r) {
-  fmt::print("{}: {} steps of '{}' in {}{}{}: {} skipped, {} anomalies, final loss {:.4g}, final scale {:g}{}\n", label,
+  fmt::print("{}: {} steps of '{}' in {}{}{}: {} skipped, {} NaN/Inf origins, final loss {:.4g}, final scale {:g}{}\n", label,
              r.steps, r.sample, precision_name(c.precision), r.scenario.empty() ? "" : " with scenario ", r.scenario,
              r.skipped, r.anomalies, r.final_loss, r.final_scale, r.interrupted ? " (interrupted by Ctrl-C)" : "");
   if (!r.trace.empty()) fmt::print("  trace: {}\n", r.trace);
@@ -231,20 +231,34 @@ int TrainCommand::run() {
       fp32.out = with_suffix(config.out, "fp32");
       low.out = with_suffix(config.out, precision_name(low.precision));
     }
+    // Each run has its own checkpoint; a resumed comparison resumes each from its own.
+    if (!config.checkpoint.empty()) {
+      fp32.checkpoint = with_suffix(config.checkpoint, "fp32");
+      low.checkpoint = with_suffix(config.checkpoint, precision_name(low.precision));
+    }
+    if (!config.resume.empty()) {
+      fp32.resume = with_suffix(config.resume, "fp32");
+      low.resume = with_suffix(config.resume, precision_name(low.precision));
+    }
     plan = {fp32, low};
   } else {
     plan = {config};
   }
+  bool interrupted = false;
   for (const TrainConfig& c : plan) {
     const std::string sample = c.scenario.empty() ? c.sample : find_scenario(c.scenario).sample;
     Progress progress(fmt::format("[{} {}]", sample, precision_name(c.precision)), terminal);
-    runs.emplace_back(c, train(c, std::ref(progress), &g_stop));
-    if (runs.back().second.interrupted) break;
+    const TrainResult r = train(c, std::ref(progress), &g_stop);
+    print_summary("summary", c, r);  // at once: a later run's failure must not hide this one
+    std::fflush(stdout);
+    runs.emplace_back(c, r);
+    if (r.interrupted) {
+      interrupted = true;
+      break;
+    }
   }
   std::signal(SIGINT, SIG_DFL);
-  fmt::print("\n");
-  for (const auto& [c, r] : runs) print_summary("summary", c, r);
-  return 0;
+  return interrupted ? 130 : 0;  // 130: interrupted by SIGINT, as shells report it
 }
 
 }  // namespace ampscope::samples

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "samples/idx.h"
+#include "probes/trace_reader.h"
 #include "samples/train.h"
 #include "tests/test_support.h"
 
@@ -160,6 +161,65 @@ TEST(idx_test, the_cnn_sample_trains_on_idx_files) {
   labels.back() = 12;
   write_bytes(dir / "train-labels-idx1-ubyte", labels);
   EXPECT_THROW_MSG(train(c), Error, "label 12", "not a digit");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(train_test, a_run_that_fails_leaves_a_trace_marked_incomplete) {
+  const auto dir = temp_dir();
+  TrainConfig c;
+  c.sample = "mlp";
+  c.steps = 5;
+  c.device = "cpu";
+  c.out = (dir / "failed.h5").string();
+  // The progress callback stands in for anything that throws in the middle of training.
+  EXPECT_THROW(train(c, [](const StepReport& r) {
+                 if (r.step == 2) throw Error("stopped by the test");
+               }),
+               Error);
+  trace::TraceReader reader(c.out);
+  EXPECT_FALSE(reader.complete());
+  EXPECT_EQ(reader.steps().size(), 3u);  // every finished step is there
+  c.out = (dir / "finished.h5").string();
+  train(c);
+  EXPECT_TRUE(trace::TraceReader(c.out).complete());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(train_test, a_checkpoint_folder_that_does_not_exist_fails_before_training) {
+  TrainConfig c;
+  c.sample = "mlp";
+  c.steps = 1000000;  // would take long: the error must come first
+  c.device = "cpu";
+  c.checkpoint = "/nonexistent-folder/ck.h5";
+  EXPECT_THROW_MSG(train(c), Error, "--checkpoint", "/nonexistent-folder", "does not exist");
+}
+
+TEST(train_test, resume_refuses_another_precision_naming_both) {
+  const auto dir = temp_dir();
+  TrainConfig c;
+  c.sample = "mlp";
+  c.steps = 1;
+  c.device = "cpu";
+  c.checkpoint = (dir / "ck.h5").string();
+  train(c);
+  TrainConfig again = c;
+  again.checkpoint.clear();
+  again.resume = c.checkpoint;
+  again.precision = Precision::fp32;
+  EXPECT_THROW_MSG(train(again), Error, "--resume", "precision 'fp16', not 'fp32'");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(train_test, the_gradient_norm_is_measured_also_without_clipping) {
+  TrainConfig c;
+  c.sample = "mlp";
+  c.steps = 2;
+  c.device = "cpu";
+  c.max_grad_norm = 0;
+  const auto dir = temp_dir();
+  c.out = (dir / "norm.h5").string();
+  train(c);
+  for (const trace::StepRow& row : trace::TraceReader(c.out).steps()) EXPECT_GT(row.grad_norm, 0.0) << row.step;
   std::filesystem::remove_all(dir);
 }
 
