@@ -1,0 +1,155 @@
+// The diagnosis of probes/analysis.h on traces written by real training runs of the failure scenarios
+// (docs/scenarios.md): the first diagnosis names the origin module, op and cause the document gives, and
+// a remedy with the option the document's fix uses. References: docs/scenarios.md's "Diagnosis" and
+// "Fix" paragraphs per scenario; a healthy fp32 run has nothing to report; hand-built rows check the rules
+// that no scenario reaches (non-finite input data).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <unistd.h>
+
+#include "probes/analysis.h"
+#include "probes/trace_reader.h"
+#include "samples/train.h"
+
+namespace ampscope::analysis {
+namespace {
+
+using samples::Precision;
+using samples::TrainConfig;
+
+// Each scenario runs once per test program; the trace is removed afterwards.
+const Report& report_of(const std::string& scenario, Precision precision = Precision::fp16,
+                        const std::string& sample = "") {
+  static std::map<std::string, Report> cache;
+  const std::string key = scenario + "/" + sample + "/" + std::string(samples::precision_name(precision));
+  auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("ampscope_analysis_" + std::to_string(::getpid()) + "_" + std::to_string(cache.size()) + ".h5");
+  TrainConfig c;
+  c.scenario = scenario;
+  if (!sample.empty()) c.sample = sample;
+  c.precision = precision;
+  c.device = "cpu";
+  c.out = path.string();
+  if (scenario.empty()) c.steps = 4;
+  samples::train(c);
+  Report rep;
+  {
+    trace::TraceReader reader(path);
+    rep = analyse(reader);
+  }
+  std::filesystem::remove(path);
+  return cache.emplace(key, std::move(rep)).first->second;
+}
+
+bool mentions(const Diagnosis& d, const std::string& text) { return d.remedy.find(text) != std::string::npos; }
+
+TEST(analysis_test, attention_overflow_is_an_f16_overflow_of_bmm_in_blocks_0_attn) {
+  const Report& rep = report_of("attention-overflow");
+  ASSERT_FALSE(rep.anomalies.empty());
+  const Diagnosis& d = rep.anomalies.front();
+  EXPECT_EQ(d.step, 0);
+  EXPECT_EQ(d.op, "bmm");
+  EXPECT_EQ(d.module, "blocks.0.attn");
+  EXPECT_EQ(d.cause, "f16_overflow");
+  EXPECT_EQ(d.out_dtype, "f16");
+  EXPECT_TRUE(d.loss_nonfinite);
+  EXPECT_GT(d.downstream_nonfinite, 0);  // softmax's NaN and what follows
+  EXPECT_EQ(d.skipped_steps, 6);         // 6 steps, every one skipped
+  EXPECT_TRUE(mentions(d, "--autocast-fp32 'blocks.0.attn'")) << d.remedy;
+  EXPECT_TRUE(mentions(d, "'blocks.*.attn'")) << d.remedy;
+  EXPECT_EQ(d.occurrences, 6);
+  EXPECT_EQ(rep.scaler.skipped, 6);
+  EXPECT_EQ(rep.scaler.longest_skip_run, 6);
+  EXPECT_EQ(rep.scaler.scale_start, 65536.0);
+  EXPECT_EQ(rep.scaler.scale_end, 1024.0);  // halved six times
+}
+
+TEST(analysis_test, log_zero_is_a_log_of_zero_in_the_loss_outside_any_module) {
+  const Report& rep = report_of("log-zero");
+  ASSERT_FALSE(rep.anomalies.empty());
+  const Diagnosis& d = rep.anomalies.front();
+  EXPECT_EQ(d.step, 0);
+  EXPECT_EQ(d.op, "log");
+  EXPECT_EQ(d.module, "");
+  EXPECT_EQ(d.cause, "log_of_zero");
+  EXPECT_TRUE(d.loss_nonfinite);
+  EXPECT_TRUE(mentions(d, "log_softmax")) << d.remedy;
+  bool min_zero = false;
+  for (const std::string& e : d.evidence) min_zero |= e.find("min of log input = 0") != std::string::npos;
+  EXPECT_TRUE(min_zero);
+}
+
+TEST(analysis_test, grad_underflow_is_a_gradient_underflow_without_a_scaler) {
+  const Report& rep = report_of("grad-underflow");
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  const Diagnosis& d = rep.anomalies.front();
+  EXPECT_EQ(d.step, 0);
+  EXPECT_EQ(d.op, "");
+  EXPECT_EQ(d.module, "");
+  EXPECT_EQ(d.cause, "gradient_underflow");
+  EXPECT_EQ(d.occurrences, 20);  // every one of the 20 steps
+  EXPECT_TRUE(mentions(d, "GradScaler")) << d.remedy;
+  EXPECT_FALSE(rep.scaler.used);
+  EXPECT_EQ(rep.scaler.skipped, 0);
+}
+
+TEST(analysis_test, scale_collapse_names_the_fc1_cast_overflow_first_then_the_collapse) {
+  const Report& rep = report_of("scale-collapse");
+  ASSERT_GE(rep.anomalies.size(), 2u);
+  const Diagnosis& d = rep.anomalies.front();
+  EXPECT_EQ(d.step, 0);
+  EXPECT_EQ(d.op, "linear");
+  EXPECT_EQ(d.module, "fc1");
+  EXPECT_EQ(d.cause, "f16_overflow");
+  EXPECT_EQ(d.occurrences, 20);
+  EXPECT_TRUE(mentions(d, "standardise")) << d.remedy;
+  EXPECT_TRUE(mentions(d, "--autocast-fp32 'fc1'")) << d.remedy;
+  const Diagnosis& c = rep.anomalies.back();
+  EXPECT_EQ(c.cause, "scale_collapse");
+  // 65536 * 2^-k < 1 first after the 17th halving: step 16's update.
+  EXPECT_EQ(c.step, 16);
+  EXPECT_TRUE(mentions(c, "fc1")) << c.remedy;
+  EXPECT_EQ(rep.scaler.skipped, 20);
+  EXPECT_EQ(rep.scaler.longest_skip_run, 20);
+  EXPECT_EQ(rep.scaler.scale_min, 65536.0 / std::ldexp(1.0, 20));
+  EXPECT_EQ(rep.scaler.scale_end, 0.0625);
+}
+
+TEST(analysis_test, a_healthy_fp32_mlp_run_has_no_anomalies) {
+  const Report& rep = report_of("", Precision::fp32, "mlp");
+  EXPECT_TRUE(rep.healthy()) << rep.anomalies.front().cause << " at " << rep.anomalies.front().op;
+  EXPECT_EQ(rep.scaler.skipped, 0);
+  EXPECT_FALSE(rep.scaler.used);
+}
+
+TEST(analysis_test, nan_in_the_input_data_is_nonfinite_input_at_the_first_op) {
+  std::vector<trace::StepRow> steps(1);
+  steps[0].loss = NAN;
+  steps[0].skipped = true;
+  std::vector<trace::OpRow> ops(2);
+  ops[0].seq = 0;
+  ops[0].op = "linear";
+  ops[0].module = "fc1";
+  ops[0].out_dtype = "f16";
+  ops[0].health.numel = 8;
+  ops[0].health.nan = 2;
+  ops[1] = ops[0];
+  ops[1].seq = 1;
+  ops[1].op = "relu";
+  const Report rep = analyse(steps, ops, {});
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  EXPECT_EQ(rep.anomalies[0].cause, "nonfinite_input");
+  EXPECT_EQ(rep.anomalies[0].op, "linear");
+  EXPECT_EQ(rep.anomalies[0].module, "fc1");
+  EXPECT_EQ(rep.anomalies[0].downstream_nonfinite, 1);
+  EXPECT_TRUE(rep.anomalies[0].loss_nonfinite);
+}
+
+}  // namespace
+}  // namespace ampscope::analysis
