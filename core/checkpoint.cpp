@@ -37,6 +37,7 @@
 #include <fmt/format.h>
 
 #include "core/autograd.h"
+#include "core/hdf5_support.h"
 
 namespace ampscope {
 namespace {
@@ -48,45 +49,8 @@ constexpr std::string_view kFormatName = "ampscope checkpoint";
 
 // ---- errors ----------------------------------------------------------------------------------------
 
-// Copies the calling thread's HDF5 error stack into text (one line per frame, innermost last) and
-// clears it.
-std::string take_hdf5_errors() {
-  const hid_t stack = H5Eget_current_stack();  // a copy; the thread's stack is cleared
-  if (stack < 0) return "  (HDF5's error stack could not be read)";
-  std::string text;
-  auto walk = [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
-    auto message = [](hid_t id) {
-      char buffer[256] = {};
-      H5E_type_t type;
-      return H5Eget_msg(id, &type, buffer, sizeof buffer) > 0 ? std::string(buffer) : std::string("?");
-    };
-    *static_cast<std::string*>(data) += fmt::format("  {}(): {} [{}: {}]\n", e->func_name ? e->func_name : "?",
-                                                    e->desc ? e->desc : "", message(e->maj_num), message(e->min_num));
-    return 0;
-  };
-  H5Ewalk2(stack, H5E_WALK_DOWNWARD, walk, &text);
-  H5Eclose_stack(stack);
-  if (text.empty()) return "  (HDF5 reported no details)";
-  text.pop_back();  // the last newline
-  return text;
-}
-
-// Turns off HDF5's printing of errors to stderr for the lifetime of the guard: errors become
-// exceptions with the same text instead. The previous handler is put back.
-class QuietHdf5Errors {
- public:
-  QuietHdf5Errors() {
-    H5Eget_auto2(H5E_DEFAULT, &function_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietHdf5Errors() { H5Eset_auto2(H5E_DEFAULT, function_, data_); }
-  QuietHdf5Errors(const QuietHdf5Errors&) = delete;
-  QuietHdf5Errors& operator=(const QuietHdf5Errors&) = delete;
-
- private:
-  H5E_auto2_t function_ = nullptr;
-  void* data_ = nullptr;
-};
+using hdf5::take_errors;
+using QuietHdf5Errors = hdf5::QuietErrors;
 
 // The file being saved or loaded, for messages: every error starts "cannot load checkpoint 'PATH': ".
 class Io {
@@ -103,7 +67,7 @@ class Io {
   // the file) and HDF5's own error stack.
   template <class T>
   T check(T result, std::string_view call, std::string_view object) const {
-    if (result < 0) fail(fmt::format("{} failed on '{}'\nHDF5 error stack:\n{}", call, object, take_hdf5_errors()));
+    if (result < 0) fail(fmt::format("{} failed on '{}'\nHDF5 error stack:\n{}", call, object, take_errors()));
     return result;
   }
 
@@ -114,45 +78,12 @@ class Io {
 
 // ---- handles ---------------------------------------------------------------------------------------
 
-// One owning handle per HDF5 id type, closed by the matching H5?close. Movable, not copyable; the
-// destructor never throws (a failed close there is ignored: the checked close() is for the file).
-template <herr_t (*Close)(hid_t)>
-class Handle {
- public:
-  Handle() = default;
-  explicit Handle(hid_t id) : id_(id) {}
-  Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)) {}
-  Handle& operator=(Handle&& other) noexcept {
-    if (this != &other) {
-      reset();
-      id_ = std::exchange(other.id_, H5I_INVALID_HID);
-    }
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  ~Handle() { reset(); }
-
-  hid_t get() const { return id_; }
-  // Closes now and reports a failure (closing a file flushes it, which can fail).
-  void close(const Io& io, std::string_view call, std::string_view object) {
-    io.check(Close(std::exchange(id_, H5I_INVALID_HID)), call, object);
-  }
-
- private:
-  void reset() noexcept {
-    if (id_ >= 0) Close(id_);
-    id_ = H5I_INVALID_HID;
-  }
-  hid_t id_ = H5I_INVALID_HID;
-};
-
-using File = Handle<H5Fclose>;
-using Group = Handle<H5Gclose>;
-using Dataset = Handle<H5Dclose>;
-using Dataspace = Handle<H5Sclose>;
-using Datatype = Handle<H5Tclose>;
-using Attribute = Handle<H5Aclose>;
+using hdf5::Attribute;
+using hdf5::Dataset;
+using hdf5::Dataspace;
+using hdf5::Datatype;
+using hdf5::File;
+using hdf5::Group;
 
 std::string child_path(std::string_view parent, std::string_view name) {
   return parent == "/" ? fmt::format("/{}", name) : fmt::format("{}/{}", parent, name);
@@ -972,7 +903,7 @@ File open_checkpoint(const Io& io, const std::filesystem::path& path) {
   const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (id < 0) {
     io.fail(fmt::format("HDF5 cannot open it ({} bytes; it may be truncated or damaged)\nHDF5 error stack:\n{}",
-                        ec ? 0 : size, take_hdf5_errors()),
+                        ec ? 0 : size, take_errors()),
             "a checkpoint cut short (disk full, copied while being written) cannot be repaired; use an earlier one");
   }
   return File(id);

@@ -6,34 +6,6 @@
 
 namespace ampscope::trace::detail {
 
-std::string take_hdf5_errors() {
-  const hid_t stack = H5Eget_current_stack();  // a copy; the thread's stack is cleared
-  if (stack < 0) return "  (HDF5's error stack could not be read)";
-  std::string text;
-  auto walk = [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
-    auto message = [](hid_t id) {
-      char buffer[256] = {};
-      H5E_type_t type;
-      return H5Eget_msg(id, &type, buffer, sizeof buffer) > 0 ? std::string(buffer) : std::string("?");
-    };
-    *static_cast<std::string*>(data) += fmt::format("  {}(): {} [{}: {}]\n", e->func_name ? e->func_name : "?",
-                                                    e->desc ? e->desc : "", message(e->maj_num), message(e->min_num));
-    return 0;
-  };
-  H5Ewalk2(stack, H5E_WALK_DOWNWARD, walk, &text);
-  H5Eclose_stack(stack);
-  if (text.empty()) return "  (HDF5 reported no details)";
-  text.pop_back();
-  return text;
-}
-
-QuietHdf5Errors::QuietHdf5Errors() {
-  H5Eget_auto2(H5E_DEFAULT, &function_, &data_);
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-}
-
-QuietHdf5Errors::~QuietHdf5Errors() { H5Eset_auto2(H5E_DEFAULT, function_, data_); }
-
 void Io::fail(std::string_view problem, std::string_view hint) const {
   std::string message = fmt::format("cannot {} trace '{}': {}", verb_, path_, problem);
   if (!hint.empty()) message += fmt::format("\nhint: {}", hint);

@@ -14,26 +14,14 @@
 #include <string_view>
 #include <utility>
 
+#include "core/hdf5_support.h"
 #include "probes/trace_error.h"
 
 namespace ampscope::trace::detail {
 
-// Copies the calling thread's HDF5 error stack into text (one line per frame) and clears it.
-std::string take_hdf5_errors();
-
-// Turns off HDF5's printing of errors to stderr on this thread while the guard lives: errors become
-// exceptions with the same text instead. The previous handler is put back.
-class QuietHdf5Errors {
- public:
-  QuietHdf5Errors();
-  ~QuietHdf5Errors();
-  QuietHdf5Errors(const QuietHdf5Errors&) = delete;
-  QuietHdf5Errors& operator=(const QuietHdf5Errors&) = delete;
-
- private:
-  H5E_auto2_t function_ = nullptr;
-  void* data_ = nullptr;
-};
+// The handles, the error-stack text and the quiet guard are shared with checkpoints (core/hdf5_support.h).
+inline std::string take_hdf5_errors() { return hdf5::take_errors(); }
+using QuietHdf5Errors = hdf5::QuietErrors;
 
 // The file being written or read, for messages: every error starts "cannot VERB trace 'PATH': ".
 class Io {
@@ -61,47 +49,13 @@ class Io {
   std::string call_hint_;
 };
 
-// One owning handle per HDF5 id type, closed by the matching H5?close. Movable, not copyable; the
-// destructor never throws (a failed close there is ignored; close() reports it where it matters).
-template <herr_t (*Close)(hid_t)>
-class Handle {
- public:
-  Handle() = default;
-  explicit Handle(hid_t id) : id_(id) {}
-  Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)) {}
-  Handle& operator=(Handle&& other) noexcept {
-    if (this != &other) {
-      reset();
-      id_ = std::exchange(other.id_, H5I_INVALID_HID);
-    }
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  ~Handle() { reset(); }
-
-  hid_t get() const { return id_; }
-  bool valid() const { return id_ >= 0; }
-  // Closes now and reports a failure (closing a file flushes it, which can fail).
-  void close(const Io& io, std::string_view call, std::string_view object) {
-    io.check(Close(std::exchange(id_, H5I_INVALID_HID)), call, object);
-  }
-  void reset() noexcept {
-    if (id_ >= 0) Close(id_);
-    id_ = H5I_INVALID_HID;
-  }
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-};
-
-using File = Handle<H5Fclose>;
-using Group = Handle<H5Gclose>;
-using Dataset = Handle<H5Dclose>;
-using Dataspace = Handle<H5Sclose>;
-using Datatype = Handle<H5Tclose>;
-using Attribute = Handle<H5Aclose>;
-using PropertyList = Handle<H5Pclose>;
+using hdf5::Attribute;
+using hdf5::Dataset;
+using hdf5::Dataspace;
+using hdf5::Datatype;
+using hdf5::File;
+using hdf5::Group;
+using hdf5::PropertyList;
 
 Datatype copy_type(const Io& io, hid_t predefined);
 // Fixed-length string of `width` bytes, NUL-terminated (so at most width - 1 bytes of text: h5dump then
