@@ -125,7 +125,7 @@ struct Key {
 std::string autocast_pattern(const std::string& module) { return "'" + module + "'"; }
 
 Report analyse(const std::vector<StepRow>& steps, const std::vector<OpRow>& ops, const std::vector<GradRow>& grads,
-               const std::vector<EventRow>& events) {
+               const std::vector<EventRow>& events, const std::vector<trace::HistogramRow>&, const AnalysisOptions&) {
   Report rep;
 
   // ---- scaler health ----
@@ -387,8 +387,8 @@ Report analyse(const std::vector<StepRow>& steps, const std::vector<OpRow>& ops,
   return rep;
 }
 
-Report analyse(trace::TraceReader& reader) {
-  return analyse(reader.steps(), reader.ops(), reader.grads(), reader.events());
+Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const Progress&) {
+  return analyse(reader.steps(), reader.ops(), reader.grads(), reader.events(), {}, options);
 }
 
 }  // namespace ampscope::analysis

@@ -34,6 +34,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,26 +80,104 @@ struct Diagnosis {
   std::int64_t last_step = 0;
 };
 
+// A warning before anything breaks (no NaN/inf yet): section "Headroom" of docs/report-format.md.
+//   near_f16_max:  an op output (or a gradient) whose absmax came within AnalysisOptions::headroom_factor
+//                  of f16's largest finite value (absmax * factor >= 65504) while still finite;
+//   subnormal:     a large fraction (>= underflow_fraction) of an f16/bf16 op output is subnormal;
+//   flush_to_zero: a cast turned a large fraction of the non-zero values into zero (cast_underflow);
+//   below_f16:     at level full, a large fraction of a tensor's non-zero values have exponents below f16's
+//                  smallest subnormal (2^-24): they would flush to zero in f16 (gradients mostly).
+// Grouped like anomalies by (kind, phase, module, op, tensor): the first occurrence is kept, with a count.
+struct HeadroomWarning {
+  std::string kind;       // near_f16_max, subnormal, flush_to_zero, below_f16
+  std::int64_t step = 0;
+  std::int64_t seq = -1;  // -1 for a gradient
+  trace::Phase phase = trace::Phase::forward;
+  std::string module;
+  std::string op;         // "" for a gradient
+  std::string tensor;     // "output", or the parameter's name for a gradient
+  std::string dtype;
+  double absmax = 0;      // near_f16_max: the recorded absmax
+  double fraction = 0;    // subnormal / flush_to_zero / below_f16: the fraction of values concerned
+  std::string message;    // one sentence quoting the recorded numbers
+  std::int64_t occurrences = 1;
+  std::int64_t last_step = 0;
+};
+
+// What the GradScaler did over the run. verdict, one of:
+//   "no_scaler"     the scale is 1 at every step (no GradScaler, or fp32/bf16 without one);
+//   "healthy"       no skipped step, or skips rare and spread out (rate under 5% after settling);
+//   "settled"       the early skips of a too-high initial scale, then none for the rest of the run;
+//   "persistent"    skips keep coming (over 5% of the steps after the first settle window, or a run of
+//                   more than 5 in a row): an overflow that backing off does not cure;
+//   "collapsed"     the scale fell below 1;
+//   "never_grows"   the scaler ran more than growth_interval steps (from the run's config) without a single
+//                   growth, although no step was skipped at the end: the interval may be too long.
 struct ScalerHealth {
   bool used = false;          // some step ran with a scale other than 1
   std::int64_t steps = 0;
   std::int64_t skipped = 0;
+  double skip_rate = 0;       // skipped / steps
   std::int64_t longest_skip_run = 0;
+  std::int64_t first_skip = -1, last_skip = -1;  // steps, -1 when none
+  std::int64_t growths = 0, backoffs = 0;        // scale_after above / below the step's scale
   double scale_start = 1, scale_min = 1, scale_max = 1, scale_end = 1;
+  std::string verdict = "no_scaler";
+  std::string message;        // one sentence for the report
+};
+
+struct AnalysisOptions {
+  double headroom_factor = 2.0;     // near_f16_max when absmax * headroom_factor >= 65504
+  double underflow_fraction = 0.25; // subnormal / flush_to_zero / below_f16 from this fraction on
+  std::int64_t rows_per_read = 200000;  // op rows read at once from a file (bounds memory)
 };
 
 struct Report {
+  std::string path;           // the trace, when read from a file
+  trace::RunInfo run;
+  bool complete = true;       // false: the writer did not close the file (killed, failed or still running)
+  std::int64_t steps = 0, op_rows = 0, grad_rows = 0;  // what was analysed
   std::vector<Diagnosis> anomalies;
+  std::vector<HeadroomWarning> warnings;
   ScalerHealth scaler;
   bool healthy() const { return anomalies.empty(); }
 };
 
-// Reads every step of the trace. Throws what the reader throws (TraceError) for a damaged file.
-Report analyse(trace::TraceReader& reader);
+// Streams a run through the rules one step at a time, so memory holds one step's rows plus a few numbers
+// per step. Steps must come in increasing order, each once (all its rows in one call); rows of a step
+// without a StepRow (a truncated trace's last step) pass step = nullptr.
+//   Analyser a(options);  a.set_run(info);
+//   for (...) a.add_step(&step_row, ops, grads, events, histograms);
+//   Report rep = a.finish();
+class Analyser {
+ public:
+  explicit Analyser(AnalysisOptions options = {});
+  ~Analyser();
+  Analyser(Analyser&&) noexcept;
+  Analyser& operator=(Analyser&&) noexcept;
 
-// The same rules on rows already in memory (hand-built traces in tests, a streaming caller).
+  void set_run(const trace::RunInfo& run, std::string path = "", bool complete = true);
+  void add_step(std::int64_t step, const trace::StepRow* step_row, std::span<const trace::OpRow> ops,
+                std::span<const trace::GradRow> grads, std::span<const trace::EventRow> events = {},
+                std::span<const trace::HistogramRow> histograms = {});
+  Report finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Progress of a long analysis: rows done of rows in all (called every read).
+using Progress = std::function<void(std::int64_t done, std::int64_t total)>;
+
+// Reads every step of the trace in blocks of about options.rows_per_read op rows. Throws what the reader
+// throws (TraceError) for a damaged file.
+Report analyse(trace::TraceReader& reader, const AnalysisOptions& options = {}, const Progress& progress = {});
+
+// The same rules on rows already in memory (hand-built traces in tests); rows in any order.
 Report analyse(const std::vector<trace::StepRow>& steps, const std::vector<trace::OpRow>& ops,
-               const std::vector<trace::GradRow>& grads, const std::vector<trace::EventRow>& events = {});
+               const std::vector<trace::GradRow>& grads, const std::vector<trace::EventRow>& events = {},
+               const std::vector<trace::HistogramRow>& histograms = {}, const AnalysisOptions& options = {});
 
 // The --autocast-fp32 pattern for a module: the module itself, quoted ("'blocks.0.attn'").
 std::string autocast_pattern(const std::string& module);
