@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <set>
 #include <tuple>
 
 #include <limits>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -120,161 +122,237 @@ struct Key {
   }
 };
 
+struct WarningKey {
+  std::string kind, module, op, tensor;
+  Phase phase;
+  bool operator<(const WarningKey& o) const {
+    return std::tie(kind, module, op, tensor, phase) < std::tie(o.kind, o.module, o.op, o.tensor, o.phase);
+  }
+};
+
+// What the rules need to remember of a step once its rows are gone.
+struct StepFacts {
+  bool has_ops = false;
+  bool nonfinite = false;  // some op output held NaN/inf (masked_fill's -inf aside)
+  bool origin = false;
+  int grad_state = -1;     // -1 no gradient rows, 1 every gradient exactly zero, 0 otherwise
+};
+
+// The growth interval the run's config names ("growth_interval": N in the JSON text), 2000 otherwise.
+std::int64_t growth_interval_of(const trace::RunInfo& run) {
+  const std::string key = "\"growth_interval\"";
+  const auto at = run.config.find(key);
+  if (at == std::string::npos) return 2000;
+  std::size_t i = run.config.find(':', at + key.size());
+  if (i == std::string::npos) return 2000;
+  ++i;
+  while (i < run.config.size() && run.config[i] == ' ') ++i;
+  std::int64_t v = 0;
+  bool any = false;
+  while (i < run.config.size() && run.config[i] >= '0' && run.config[i] <= '9') {
+    v = v * 10 + (run.config[i++] - '0');
+    any = true;
+  }
+  return any && v > 0 ? v : 2000;
+}
+
+bool is_low(const std::string& dtype) { return dtype == "f16" || dtype == "bf16"; }
+
+// A warning about the output of op row r.
+HeadroomWarning warning_at(const char* kind, const OpRow& r) {
+  HeadroomWarning w;
+  w.kind = kind;
+  w.step = r.step;
+  w.seq = r.seq;
+  w.phase = r.phase;
+  w.module = r.module;
+  w.op = r.op;
+  w.tensor = "output";
+  w.dtype = r.out_dtype;
+  return w;
+}
+
+std::string fraction_text(double f) { return fmt::format("{:.1f}%", 100.0 * f); }
+
 }  // namespace
 
 std::string autocast_pattern(const std::string& module) { return "'" + module + "'"; }
 
-Report analyse(const std::vector<StepRow>& steps, const std::vector<OpRow>& ops, const std::vector<GradRow>& grads,
-               const std::vector<EventRow>& events, const std::vector<trace::HistogramRow>&, const AnalysisOptions&) {
+struct Analyser::State {
+  AnalysisOptions options;
   Report rep;
-
-  // ---- scaler health ----
-  ScalerHealth& sh = rep.scaler;
-  sh.steps = static_cast<std::int64_t>(steps.size());
-  std::int64_t run = 0;
-  std::map<std::int64_t, const StepRow*> step_of;
-  for (const StepRow& s : steps) {
-    step_of[s.step] = &s;
-    if (s.scale != 1 || s.scale_after != 1) sh.used = true;
-    if (s.skipped) {
-      ++sh.skipped;
-      sh.longest_skip_run = std::max(sh.longest_skip_run, ++run);
-    } else {
-      run = 0;
-    }
-  }
-  if (!steps.empty()) {
-    sh.scale_start = steps.front().scale;
-    sh.scale_end = steps.back().scale_after;
-    sh.scale_min = sh.scale_max = sh.scale_start;
-    for (const StepRow& s : steps) {
-      sh.scale_min = std::min({sh.scale_min, s.scale, s.scale_after});
-      sh.scale_max = std::max({sh.scale_max, s.scale, s.scale_after});
-    }
-  }
-  auto skipped_from = [&](std::int64_t step) {
-    std::int64_t n = 0;
-    for (const StepRow& s : steps) n += (s.step >= step && s.skipped) ? 1 : 0;
-    return n;
-  };
-
-  // ---- per-step summaries ----
-  std::map<std::int64_t, std::vector<const OpRow*>> ops_of;
-  for (const OpRow& r : ops) ops_of[r.step].push_back(&r);
-  std::set<std::int64_t> steps_with_origin, steps_with_nonfinite;
-  for (const OpRow& r : ops) {
-    if (r.origin) steps_with_origin.insert(r.step);
-    if (non_finite(r) > 0) steps_with_nonfinite.insert(r.step);
-  }
-
+  std::vector<StepRow> steps;
+  std::map<std::int64_t, StepFacts> facts;
   std::map<Key, std::size_t> index;
-  auto add = [&](Diagnosis d, std::int64_t step) {
+  std::map<WarningKey, std::size_t> warning_index;
+  std::set<std::string> params;                // every parameter with a gradient row
+  std::int64_t last_step = std::numeric_limits<std::int64_t>::min();
+  bool any_nonfinite = false;
+
+  // The forward ops of the last few steps (absmax of their finite outputs), for "the values grew" evidence.
+  struct Seen {
+    std::string module, op;
+    double absmax;
+  };
+  static constexpr std::size_t kRecentSteps = 4;
+  std::deque<std::pair<std::int64_t, std::vector<Seen>>> recent;
+  std::map<std::int64_t, double> lr_of;
+
+  // The absmax of the k-th (module, op) forward row in each recent step where it was finite.
+  std::vector<std::pair<std::int64_t, double>> history(const OpRow& r, std::span<const OpRow> ops) const {
+    std::int64_t k = 0;
+    for (const OpRow& o : ops)
+      if (&o != &r && o.seq < r.seq && o.phase == r.phase && o.op == r.op && o.module == r.module) ++k;
+    std::vector<std::pair<std::int64_t, double>> out;
+    for (const auto& [step, seen] : recent) {
+      std::int64_t i = 0;
+      for (const Seen& x : seen) {
+        if (x.op != r.op || x.module != r.module) continue;
+        if (i++ == k) {
+          if (std::isfinite(x.absmax)) out.emplace_back(step, x.absmax);
+          break;
+        }
+      }
+    }
+    return out;
+  }
+
+  void remember(std::int64_t step, std::span<const OpRow> ops) {
+    std::vector<Seen> seen;
+    seen.reserve(ops.size());
+    for (const OpRow& o : ops)
+      if (o.phase == Phase::forward)
+        seen.push_back({o.module, o.op, non_finite(o) == 0 ? o.health.absmax : std::nan("")});
+    recent.emplace_back(step, std::move(seen));
+    if (recent.size() > kRecentSteps) recent.pop_front();
+  }
+  bool finished = false;
+
+  // Adds a diagnosis or counts a recurrence of one already seen.
+  void add(Diagnosis d, std::int64_t step, bool* was_new = nullptr) {
     Key k{d.op, d.module, d.cause, d.phase};
     auto found = index.find(k);
     if (found != index.end()) {
       Diagnosis& first = rep.anomalies[found->second];
       if (step != first.last_step) ++first.occurrences;
       first.last_step = std::max(first.last_step, step);
+      if (was_new) *was_new = false;
       return;
     }
     d.last_step = step;
     index.emplace(k, rep.anomalies.size());
     rep.anomalies.push_back(std::move(d));
-  };
+    if (was_new) *was_new = true;
+  }
+  bool seen(const Diagnosis& d) const { return index.count(Key{d.op, d.module, d.cause, d.phase}) > 0; }
 
-  auto fill_propagation = [&](Diagnosis& d, const OpRow* origin) {
-    for (const OpRow* o : ops_of[d.step]) {
-      if (origin != nullptr && o->seq <= origin->seq) continue;
-      if (o != origin && !o->origin && non_finite(*o) > 0) ++d.downstream_nonfinite;
+  void warn(HeadroomWarning w) {
+    WarningKey k{w.kind, w.module, w.op, w.tensor, w.phase};
+    auto found = warning_index.find(k);
+    if (found != warning_index.end()) {
+      HeadroomWarning& first = rep.warnings[found->second];
+      if (w.step != first.last_step) ++first.occurrences;
+      first.last_step = std::max(first.last_step, w.step);
+      return;
     }
-    auto s = step_of.find(d.step);
-    if (s != step_of.end()) d.loss_nonfinite = !std::isfinite(s->second->loss);
-    std::set<std::string> seen;
-    for (const GradRow& g : grads) {
-      if (g.step == d.step && g.nan + g.pos_inf + g.neg_inf > 0 && seen.insert(g.param).second)
-        d.gradients.push_back(g.param);
-    }
-    d.skipped_steps = skipped_from(d.step);
-    d.evidence.push_back(fmt::format("{} later op{} of step {} turned non-finite; the loss was {}; {} step{} "
-                                     "skipped from step {} on",
-                                     d.downstream_nonfinite, d.downstream_nonfinite == 1 ? "" : "s", d.step,
-                                     d.loss_nonfinite ? "non-finite" : "finite", d.skipped_steps,
-                                     d.skipped_steps == 1 ? "" : "s", d.step));
-  };
+    w.last_step = w.step;
+    warning_index.emplace(k, rep.warnings.size());
+    rep.warnings.push_back(std::move(w));
+  }
 
-  // Skipped steps whose ops are all finite: the scaler found inf in gradients no op of the step produced.
-  std::vector<std::int64_t> stale;
-  const std::int64_t first_origin_step = steps_with_origin.empty() ? -1 : *steps_with_origin.begin();
-  if (first_origin_step >= 0) {
-    for (const StepRow& s : steps) {
-      if (s.step > first_origin_step && s.skipped && !steps_with_nonfinite.count(s.step) && !ops_of[s.step].empty())
-        stale.push_back(s.step);
+  // Propagation within the step: later non-finite ops, the loss, the gradients.
+  void propagation(Diagnosis& d, std::span<const OpRow> ops, const OpRow* origin, const StepRow* step_row,
+                   std::span<const GradRow> grads) {
+    for (const OpRow& o : ops) {
+      if (origin != nullptr && o.seq <= origin->seq) continue;
+      if (&o != origin && !o.origin && non_finite(o) > 0) ++d.downstream_nonfinite;
+    }
+    d.loss_nonfinite = step_row != nullptr && !std::isfinite(step_row->loss);
+    std::set<std::string> seen_params;
+    for (const GradRow& g : grads)
+      if (g.nan + g.pos_inf + g.neg_inf > 0 && seen_params.insert(g.param).second) d.gradients.push_back(g.param);
+  }
+
+  void origins(std::int64_t step, std::span<const OpRow> ops, const StepRow* step_row, std::span<const GradRow> grads,
+               std::span<const EventRow> events) {
+    for (const OpRow& r : ops) {
+      if (!r.origin) continue;
+      Diagnosis d;
+      d.step = r.step;
+      d.seq = r.seq;
+      d.phase = r.phase;
+      d.module = r.module;
+      d.op = r.op;
+      d.in_dtypes = r.in_dtypes;
+      d.out_dtype = r.out_dtype;
+      d.autocast = r.autocast;
+      d.cause = cause_of(r);
+      if (seen(d)) {
+        add(std::move(d), step);
+        continue;
+      }
+      const auto& h = r.health;
+      d.evidence.push_back(fmt::format("{} of {} values in the {} {} output of {} at step {} (inputs finite)",
+                                       counts_text(h), h.numel, r.out_dtype, r.shape, place(r), r.step));
+      if (r.cast_overflow > 0)
+        d.evidence.push_back(fmt::format("{} finite value{} overflowed on the cast to {} (largest finite f16 {})",
+                                         r.cast_overflow, r.cast_overflow == 1 ? "" : "s", r.out_dtype, kF16Max));
+      if (h.pos_inf + h.neg_inf > 0 && r.out_dtype == "f16" && std::isfinite(h.absmax))
+        d.evidence.push_back(fmt::format("output absmax of the finite values {:.6g}; beyond f16 max {} became inf",
+                                         h.absmax, kF16Max));
+      if (d.cause == "log_of_zero") {
+        // The op before the log in the same phase produced its input: its zeros are the log's -inf.
+        const OpRow* before = nullptr;
+        for (const OpRow& o : ops)
+          if (o.phase == r.phase && o.seq < r.seq && (before == nullptr || o.seq > before->seq)) before = &o;
+        if (before != nullptr)
+          d.evidence.push_back(fmt::format("min of log input = {:.6g}: the output of {} ({}) holds {} exact zero{}",
+                                           before->health.min, before->op, before->out_dtype, before->health.zero,
+                                           before->health.zero == 1 ? "" : "s"));
+      }
+      for (const EventRow& e : events) {
+        if (e.step == r.step && e.seq == r.seq && (e.kind == "origin" || e.kind == "cast_overflow"))
+          d.evidence.push_back(fmt::format("probe ({}): {}", e.kind, e.detail));
+      }
+      propagation(d, ops, &r, step_row, grads);
+      d.remedy = remedy_of(d, r);
+      if (d.cause == "f16_overflow" && r.cast_overflow == 0 && r.phase == Phase::forward) grown(d, r, ops);
+      add(std::move(d), step);
     }
   }
 
-  // ---- origins ----
-  for (const OpRow& r : ops) {
-    if (!r.origin) continue;
-    Diagnosis d;
-    d.step = r.step;
-    d.seq = r.seq;
-    d.phase = r.phase;
-    d.module = r.module;
-    d.op = r.op;
-    d.in_dtypes = r.in_dtypes;
-    d.out_dtype = r.out_dtype;
-    d.autocast = r.autocast;
-    d.cause = cause_of(r);
-    if (d.cause == "gradient_overflow" && stale.size() >= 2) d.cause = "accumulating_gradients";
-    Key k{d.op, d.module, d.cause, d.phase};
-    if (index.count(k)) {
-      add(std::move(d), r.step);
-      continue;
-    }
-    const auto& h = r.health;
-    d.evidence.push_back(fmt::format("{} of {} values in the {} {} output of {} at step {} (inputs finite)",
-                                     counts_text(h), h.numel, r.out_dtype, r.shape, place(r), r.step));
-    if (r.cast_overflow > 0)
-      d.evidence.push_back(fmt::format("{} finite value{} overflowed on the cast to {} (largest finite f16 {})",
-                                       r.cast_overflow, r.cast_overflow == 1 ? "" : "s", r.out_dtype, kF16Max));
-    if (h.pos_inf + h.neg_inf > 0 && r.out_dtype == "f16" && std::isfinite(h.absmax))
-      d.evidence.push_back(fmt::format("output absmax of the finite values {:.6g}; beyond f16 max {} became inf",
-                                       h.absmax, kF16Max));
-    if (d.cause == "log_of_zero") {
-      // The op before the log in the same step produced its input: its zeros are the log's -inf.
-      const OpRow* before = nullptr;
-      for (const OpRow* o : ops_of[r.step])
-        if (o->phase == r.phase && o->seq < r.seq && (before == nullptr || o->seq > before->seq)) before = o;
-      if (before != nullptr)
-        d.evidence.push_back(fmt::format("min of log input = {:.6g}: the output of {} ({}) holds {} exact zero{}",
-                                         before->health.min, before->op, before->out_dtype, before->health.zero,
-                                         before->health.zero == 1 ? "" : "s"));
-    }
-    for (const EventRow& e : events) {
-      if (e.step == r.step && e.seq == r.seq && (e.kind == "origin" || e.kind == "cast_overflow"))
-        d.evidence.push_back(fmt::format("probe ({}): {}", e.kind, e.detail));
-    }
-    if (d.cause == "accumulating_gradients") {
-      d.evidence.push_back(fmt::format("{} later skipped step{} (first {}) had no non-finite op: the inf stayed in "
-                                       ".grad, so gradients are never cleared",
-                                       stale.size(), stale.size() == 1 ? "" : "s", stale.front()));
-      std::vector<std::string> norms;
-      for (const StepRow& s : steps)
-        if (s.step <= r.step) norms.push_back(fmt::format("{:.4g}", s.grad_norm));
-      d.evidence.push_back(fmt::format("grad_norm up to step {}: {}", r.step, fmt::join(norms, ", ")));
-    }
-    fill_propagation(d, &r);
-    d.remedy = remedy_of(d, r);
-    add(std::move(d), r.step);
+  // An output that was finite in the steps before and grew past f16's range: the weights grew, so the
+  // learning rate is the first suspect (a jump in one step: far too high; a steady climb: too high for f16).
+  void grown(Diagnosis& d, const OpRow& r, std::span<const OpRow> ops) {
+    const auto h = history(r, ops);
+    if (h.empty() || h.front().second * 4 > kF16Max) return;
+    std::vector<std::string> points;
+    for (const auto& [step, absmax] : h) points.push_back(fmt::format("{:.4g} (step {})", absmax, step));
+    d.evidence.push_back(fmt::format("the same output's absmax before: {}; then beyond {} at step {}: it grew "
+                                     "{:.3g}x as the weights trained",
+                                     fmt::join(points, ", "), kF16Max, r.step, kF16Max / h.front().second));
+    auto lr = lr_of.find(h.back().first);
+    const std::string lr_text = lr == lr_of.end() ? "" : fmt::format(", this run: {:.4g}", lr->second);
+    const std::string pat = d.module.empty() ? autocast_pattern(d.op) : autocast_pattern(d.module);
+    if (h.size() == 1)
+      d.remedy = fmt::format("lower the learning rate (--lr{}) or add warm-up: one optimizer step took this output "
+                             "from {:.4g} past f16's range; keeping it in f32 (--autocast-fp32 {}) or bf16 only "
+                             "trades the inf for a diverging loss",
+                             lr_text, h.front().second, pat);
+    else
+      d.remedy = fmt::format("keep it in f32 (--autocast-fp32 {}) or train in bf16 (--precision bf16); the output "
+                             "climbed step after step, so also lower the learning rate (--lr{}) or regularise "
+                             "(weight decay); clamping to f16's range is a stopgap that hides the growth",
+                             pat, lr_text);
   }
 
-  // ---- non-finite input data: non-finite forward outputs in a step without origin ----
-  for (const auto& [step, rows] : ops_of) {
-    if (steps_with_origin.count(step) || !steps_with_nonfinite.count(step)) continue;
+  // Non-finite forward outputs in a step without origin: the data were non-finite before the first op.
+  void nonfinite_input(std::int64_t step, std::span<const OpRow> ops, const StepRow* step_row,
+                       std::span<const GradRow> grads) {
     const OpRow* first = nullptr;
-    for (const OpRow* o : rows)
-      if (o->phase == Phase::forward && non_finite(*o) > 0 && (first == nullptr || o->seq < first->seq)) first = o;
-    if (first == nullptr) continue;
+    for (const OpRow& o : ops)
+      if (o.phase == Phase::forward && non_finite(o) > 0 && (first == nullptr || o.seq < first->seq)) first = &o;
+    if (first == nullptr) return;
     Diagnosis d;
     d.step = step;
     d.seq = first->seq;
@@ -285,61 +363,324 @@ Report analyse(const std::vector<StepRow>& steps, const std::vector<OpRow>& ops,
     d.out_dtype = first->out_dtype;
     d.autocast = first->autocast;
     d.cause = "nonfinite_input";
-    if (index.count(Key{d.op, d.module, d.cause, d.phase})) {
+    if (seen(d)) {
       add(std::move(d), step);
-      continue;
+      return;
     }
     d.evidence.push_back(fmt::format("{} in the output of {} at step {}, and no op of the step produced them from "
                                      "finite inputs: its input already held them",
                                      counts_text(first->health), place(*first), step));
-    fill_propagation(d, first);
+    propagation(d, ops, first, step_row, grads);
     d.remedy = remedy_of(d, *first);
     add(std::move(d), step);
   }
 
-  // ---- gradient underflow: nothing non-finite, and every gradient exactly zero ----
-  if (steps_with_nonfinite.empty() && !grads.empty()) {
-    std::map<std::int64_t, bool> all_zero;
-    std::set<std::string> params;
-    for (const GradRow& g : grads) {
-      params.insert(g.param);
-      const bool zero = g.norm == 0 && g.absmax == 0 && g.zero > 0;
-      auto [it, inserted] = all_zero.emplace(g.step, zero);
-      if (!inserted) it->second = it->second && zero;
-    }
-    std::int64_t zero_steps = 0, first_step = -1;
-    for (const auto& [step, z] : all_zero) {
-      if (!z) continue;
-      ++zero_steps;
-      if (first_step < 0) first_step = step;
-    }
-    if (zero_steps * 2 > static_cast<std::int64_t>(all_zero.size())) {
-      Diagnosis d;
-      d.step = first_step;
-      d.phase = Phase::backward;
-      d.cause = "gradient_underflow";
-      d.occurrences = zero_steps;
-      d.evidence.push_back(fmt::format("every gradient ({} parameters: {}) is exactly 0 (norm 0, absmax 0) at {} of "
-                                       "{} recorded steps, from step {}; no NaN or inf anywhere",
-                                       params.size(), fmt::join(params, ", "), zero_steps, all_zero.size(),
-                                       first_step));
-      if (!steps.empty())
-        d.evidence.push_back(fmt::format("the loss went {:.6g} -> {:.6g}: no parameter moved", steps.front().loss,
-                                         steps.back().loss));
-      if (!sh.used) {
-        d.evidence.push_back("the scale is 1 at every step: no loss scaler");
-        d.remedy = "enable the GradScaler (ampscope train uses one by default in fp16), or raise the initial scale "
-                   "(--init-scale), or train in bf16 (--precision bf16)";
-      } else {
-        d.evidence.push_back(fmt::format("the scale ran between {} and {}", sh.scale_min, sh.scale_max));
-        d.remedy = "raise the initial scale (--init-scale) so the scaled gradients stay above f16's smallest "
-                   "subnormal (2^-24), or train in bf16 (--precision bf16)";
+  void headroom(std::span<const OpRow> ops, std::span<const GradRow> grads, std::span<const trace::HistogramRow> hists) {
+    const bool f16_run = rep.run.precision == "fp16";
+    const double factor = options.headroom_factor, frac = options.underflow_fraction;
+    for (const OpRow& r : ops) {
+      const auto& h = r.health;
+      if (h.numel <= 0) continue;
+      // Close to f16's largest value, still finite: f16 outputs, and in an fp16 run anything that a later
+      // cast to f16 may meet.
+      if ((r.out_dtype == "f16" || (f16_run && r.out_dtype != "bf16")) && non_finite(r) == 0 &&
+          std::isfinite(h.absmax) && h.absmax * factor >= kF16Max) {
+        HeadroomWarning w = warning_at("near_f16_max", r);
+        w.absmax = h.absmax;
+        w.message = h.absmax > kF16Max
+                        ? fmt::format("absmax {:.6g} of the {} output of {} is beyond f16's max {}: a cast to f16 "
+                                      "turns it into inf",
+                                      h.absmax, r.out_dtype, place(r), kF16Max)
+                        : fmt::format("absmax {:.6g} of the {} output of {} is within a factor {:.3g} of f16's max {} "
+                                      "({:.3g}x headroom left)",
+                                      h.absmax, r.out_dtype, place(r), factor, kF16Max, kF16Max / h.absmax);
+        warn(std::move(w));
       }
-      d.gradients.assign(params.begin(), params.end());
-      d.last_step = all_zero.rbegin()->first;
-      index.emplace(Key{"", "", d.cause, d.phase}, rep.anomalies.size());
-      rep.anomalies.push_back(std::move(d));
+      if (is_low(r.out_dtype) && h.subnormal > 0) {
+        const double f = static_cast<double>(h.subnormal) / static_cast<double>(h.numel);
+        if (f >= frac) {
+          HeadroomWarning w = warning_at("subnormal", r);
+          w.fraction = f;
+          w.message = fmt::format("{} of {} values ({}) of the {} output of {} are subnormal: they keep few "
+                                  "significant bits and are next to flushing to zero",
+                                  h.subnormal, h.numel, fraction_text(f), r.out_dtype, place(r));
+          warn(std::move(w));
+        }
+      }
+      if (r.cast_underflow > 0) {
+        const double f = static_cast<double>(r.cast_underflow) / static_cast<double>(h.numel);
+        if (f >= frac) {
+          HeadroomWarning w = warning_at("flush_to_zero", r);
+          w.fraction = f;
+          w.message = fmt::format("{} of {} values ({}) became 0 on the cast to {} in {}", r.cast_underflow, h.numel,
+                                  fraction_text(f), r.out_dtype, place(r));
+          warn(std::move(w));
+        }
+      }
     }
+    for (const GradRow& g : grads) {
+      if (g.dtype == "f16" && g.nan + g.pos_inf + g.neg_inf == 0 && std::isfinite(g.absmax) &&
+          g.absmax * factor >= kF16Max) {
+        HeadroomWarning w;
+        w.kind = "near_f16_max";
+        w.step = g.step;
+        w.phase = Phase::backward;
+        w.tensor = g.param;
+        w.dtype = g.dtype;
+        w.absmax = g.absmax;
+        w.message = fmt::format("the gradient of {} reached absmax {:.6g}, within a factor {:.3g} of f16's max {}",
+                                g.param, g.absmax, factor, kF16Max);
+        warn(std::move(w));
+      }
+    }
+    // At level full: values whose exponent is below f16's smallest subnormal (2^-24) flush to zero in f16.
+    if (!f16_run) return;
+    for (const trace::HistogramRow& hr : hists) {
+      std::int64_t below = hr.bins[trace::kHistBins - 4], nonzero = hr.bins[trace::kHistBins - 4];
+      for (int e = trace::kHistMinExponent; e <= trace::kHistMaxExponent; ++e) {
+        const std::int64_t n = hr.bins[static_cast<std::size_t>(e - trace::kHistMinExponent)];
+        nonzero += n;
+        if (e < -24) below += n;
+      }
+      if (nonzero == 0 || below == 0) continue;
+      const double f = static_cast<double>(below) / static_cast<double>(nonzero);
+      if (f < frac) continue;
+      const OpRow* op = nullptr;
+      if (hr.seq >= 0)
+        for (const OpRow& r : ops)
+          if (r.seq == hr.seq) op = &r;
+      if (op != nullptr && op->out_dtype == "f16") continue;  // an f16 tensor shows this as subnormal/zero
+      HeadroomWarning w;
+      if (op != nullptr) w = warning_at("below_f16", *op);
+      w.kind = "below_f16";
+      w.step = hr.step;
+      w.seq = hr.seq;
+      if (op == nullptr) w.phase = Phase::backward;
+      w.tensor = hr.tensor;
+      w.fraction = f;
+      w.message = op != nullptr
+                      ? fmt::format("{} of {} non-zero values ({}) of the output of {} are below 2^-24, f16's smallest "
+                                    "subnormal: in f16 they would be 0",
+                                    below, nonzero, fraction_text(f), place(*op))
+                      : fmt::format("{} of {} non-zero values ({}) of the gradient of {} are below 2^-24, f16's "
+                                    "smallest subnormal: in f16 they would be 0",
+                                    below, nonzero, fraction_text(f), hr.tensor);
+      warn(std::move(w));
+    }
+  }
+};
+
+Analyser::Analyser(AnalysisOptions options) : state_(std::make_unique<State>()) { state_->options = options; }
+Analyser::~Analyser() = default;
+Analyser::Analyser(Analyser&&) noexcept = default;
+Analyser& Analyser::operator=(Analyser&&) noexcept = default;
+
+void Analyser::set_run(const trace::RunInfo& run, std::string path, bool complete) {
+  state_->rep.run = run;
+  state_->rep.path = std::move(path);
+  state_->rep.complete = complete;
+}
+
+void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<const OpRow> ops,
+                        std::span<const GradRow> grads, std::span<const EventRow> events,
+                        std::span<const trace::HistogramRow> histograms) {
+  State& st = *state_;
+  if (st.finished) throw std::logic_error("Analyser::add_step after finish()");
+  if (step <= st.last_step)
+    throw std::invalid_argument(fmt::format("Analyser::add_step: step {} after step {}; steps must come in "
+                                            "increasing order, each once",
+                                            step, st.last_step));
+  st.last_step = step;
+  if (step_row != nullptr) st.steps.push_back(*step_row);
+  st.rep.op_rows += static_cast<std::int64_t>(ops.size());
+  st.rep.grad_rows += static_cast<std::int64_t>(grads.size());
+
+  StepFacts& f = st.facts[step];
+  f.has_ops = !ops.empty();
+  for (const OpRow& r : ops) {
+    f.origin |= r.origin;
+    f.nonfinite |= non_finite(r) > 0;
+  }
+  st.any_nonfinite |= f.nonfinite;
+  for (const GradRow& g : grads) {
+    st.params.insert(g.param);
+    const bool zero = g.norm == 0 && g.absmax == 0 && g.zero > 0;
+    f.grad_state = (f.grad_state != 0 && zero) ? 1 : 0;
+  }
+
+  if (step_row != nullptr) st.lr_of[step] = step_row->lr;
+  if (f.origin) st.origins(step, ops, step_row, grads, events);
+  else if (f.nonfinite) st.nonfinite_input(step, ops, step_row, grads);
+  st.headroom(ops, grads, histograms);
+  st.remember(step, ops);
+}
+
+Report Analyser::finish() {
+  State& st = *state_;
+  if (st.finished) throw std::logic_error("Analyser::finish called twice");
+  st.finished = true;
+  Report& rep = st.rep;
+  const std::vector<StepRow>& steps = st.steps;
+  rep.steps = static_cast<std::int64_t>(std::max(steps.size(), st.facts.size()));
+
+  // ---- scaler health ----
+  ScalerHealth& sh = rep.scaler;
+  sh.steps = static_cast<std::int64_t>(steps.size());
+  std::int64_t run = 0, clean_run = 0, longest_clean = 0;
+  for (const StepRow& s : steps) {
+    if (s.scale != 1 || s.scale_after != 1) sh.used = true;
+    if (s.scale_after > s.scale) ++sh.growths;
+    if (s.scale_after < s.scale) ++sh.backoffs;
+    if (s.skipped) {
+      ++sh.skipped;
+      if (sh.first_skip < 0) sh.first_skip = s.step;
+      sh.last_skip = s.step;
+      sh.longest_skip_run = std::max(sh.longest_skip_run, ++run);
+      clean_run = 0;
+    } else {
+      run = 0;
+      longest_clean = std::max(longest_clean, ++clean_run);
+    }
+  }
+  if (!steps.empty()) {
+    sh.skip_rate = static_cast<double>(sh.skipped) / static_cast<double>(steps.size());
+    sh.scale_start = steps.front().scale;
+    sh.scale_end = steps.back().scale_after;
+    sh.scale_min = sh.scale_max = sh.scale_start;
+    for (const StepRow& s : steps) {
+      sh.scale_min = std::min({sh.scale_min, s.scale, s.scale_after});
+      sh.scale_max = std::max({sh.scale_max, s.scale, s.scale_after});
+    }
+  }
+  {
+    // The settle window: the first max(20, 10%) steps, where a too-high initial scale backs off.
+    const std::int64_t n = sh.steps;
+    const std::int64_t window = std::max<std::int64_t>(20, n / 10);
+    std::int64_t late_steps = 0, late_skips = 0, late_run = 0, late_longest = 0;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      if (static_cast<std::int64_t>(i) < window) continue;
+      ++late_steps;
+      if (steps[i].skipped) {
+        ++late_skips;
+        late_longest = std::max(late_longest, ++late_run);
+      } else {
+        late_run = 0;
+      }
+    }
+    const std::int64_t interval = growth_interval_of(rep.run);
+    const std::string trajectory = fmt::format("scale {} -> {} (min {}, max {})", sh.scale_start, sh.scale_end,
+                                               sh.scale_min, sh.scale_max);
+    const std::string skips = fmt::format("{} of {} steps skipped ({}), longest run {}", sh.skipped, n,
+                                          fraction_text(sh.skip_rate), sh.longest_skip_run);
+    if (!sh.used) {
+      sh.verdict = "no_scaler";
+      sh.message = "the scale is 1 at every step: no loss scaling (fine in fp32 and bf16; fp16 gradients can "
+                   "underflow without it)";
+    } else if (sh.scale_min < 1) {
+      sh.verdict = "collapsed";
+      sh.message = fmt::format("the scale collapsed below 1: {}; {}. Backing off cannot fix an overflow that "
+                               "comes back every step",
+                               trajectory, skips);
+    } else if ((late_steps > 0 && (static_cast<double>(late_skips) > 0.05 * static_cast<double>(late_steps) ||
+                                   late_longest > 5)) ||
+               (late_steps == 0 && (sh.longest_skip_run > 5 || sh.skip_rate > 0.5))) {
+      sh.verdict = "persistent";
+      sh.message = fmt::format("skipping persists: {}; {}. An overflow keeps coming back", skips, trajectory);
+    } else if (sh.growths == 0 && n > interval) {
+      sh.verdict = "never_grows";
+      sh.message = fmt::format("the scale never grew in {} steps (growth interval {}; longest run of unskipped "
+                               "steps {}): {}; {}",
+                               n, interval, longest_clean, trajectory,
+                               longest_clean < interval ? "skips keep resetting the growth tracker"
+                                                        : "a clean run long enough to grow did not");
+    } else if (sh.skipped > 0 && late_skips == 0 && late_steps > 0) {
+      sh.verdict = "settled";
+      sh.message = fmt::format("{} early skip{} while the scale backed off from {} (normal), none after step {}; {}",
+                               sh.skipped, sh.skipped == 1 ? "" : "s", sh.scale_start, sh.last_skip, trajectory);
+    } else {
+      sh.verdict = "healthy";
+      sh.message = sh.skipped == 0 ? fmt::format("no step skipped; {}", trajectory)
+                                   : fmt::format("occasional skips: {}; {}", skips, trajectory);
+    }
+  }
+
+  // Skipped steps whose ops are all finite, after the first origin: the scaler found inf in gradients no op
+  // of the step produced, so the inf stayed in .grad: gradients are never cleared.
+  std::vector<std::int64_t> stale;
+  std::int64_t first_origin_step = -1;
+  for (const auto& [step, f] : st.facts)
+    if (f.origin) {
+      first_origin_step = step;
+      break;
+    }
+  if (first_origin_step >= 0) {
+    for (const StepRow& s : steps) {
+      auto f = st.facts.find(s.step);
+      if (s.step > first_origin_step && s.skipped && f != st.facts.end() && !f->second.nonfinite && f->second.has_ops)
+        stale.push_back(s.step);
+    }
+  }
+  auto skipped_from = [&](std::int64_t step) {
+    std::int64_t n = 0;
+    for (const StepRow& s : steps) n += (s.step >= step && s.skipped) ? 1 : 0;
+    return n;
+  };
+  for (Diagnosis& d : rep.anomalies) {
+    d.skipped_steps = skipped_from(d.step);
+    d.evidence.push_back(fmt::format("{} later op{} of step {} turned non-finite; the loss was {}; {} step{} "
+                                     "skipped from step {} on",
+                                     d.downstream_nonfinite, d.downstream_nonfinite == 1 ? "" : "s", d.step,
+                                     d.loss_nonfinite ? "non-finite" : "finite", d.skipped_steps,
+                                     d.skipped_steps == 1 ? "" : "s", d.step));
+    if (d.cause == "gradient_overflow" && stale.size() >= 2) {
+      d.cause = "accumulating_gradients";
+      d.evidence.push_back(fmt::format("{} later skipped step{} (first {}) had no non-finite op: the inf stayed in "
+                                       ".grad, so gradients are never cleared",
+                                       stale.size(), stale.size() == 1 ? "" : "s", stale.front()));
+      std::vector<std::string> norms;
+      for (const StepRow& s : steps)
+        if (s.step <= d.step) norms.push_back(fmt::format("{:.4g}", s.grad_norm));
+      d.evidence.push_back(fmt::format("grad_norm up to step {}: {}", d.step, fmt::join(norms, ", ")));
+      d.remedy = "clear gradients every step (optimizer.zero_grad()), or every accumulation window when "
+                 "accumulating on purpose";
+    }
+  }
+
+  // ---- gradient underflow: nothing non-finite, and every gradient exactly zero at most steps ----
+  std::int64_t grad_steps = 0, zero_steps = 0, first_zero = -1, last_grad_step = 0;
+  for (const auto& [step, f] : st.facts) {
+    if (f.grad_state < 0) continue;
+    ++grad_steps;
+    last_grad_step = step;
+    if (f.grad_state == 1) {
+      ++zero_steps;
+      if (first_zero < 0) first_zero = step;
+    }
+  }
+  if (!st.any_nonfinite && grad_steps > 0 && zero_steps * 2 > grad_steps) {
+    Diagnosis d;
+    d.step = first_zero;
+    d.phase = Phase::backward;
+    d.cause = "gradient_underflow";
+    d.occurrences = zero_steps;
+    d.evidence.push_back(fmt::format("every gradient ({} parameters: {}) is exactly 0 (norm 0, absmax 0) at {} of "
+                                     "{} recorded steps, from step {}; no NaN or inf anywhere",
+                                     st.params.size(), fmt::join(st.params, ", "), zero_steps, grad_steps, first_zero));
+    if (!steps.empty())
+      d.evidence.push_back(fmt::format("the loss went {:.6g} -> {:.6g}: no parameter moved", steps.front().loss,
+                                       steps.back().loss));
+    if (!sh.used) {
+      d.evidence.push_back("the scale is 1 at every step: no loss scaler");
+      d.remedy = "enable the GradScaler (ampscope train uses one by default in fp16), or raise the initial scale "
+                 "(--init-scale), or train in bf16 (--precision bf16)";
+    } else {
+      d.evidence.push_back(fmt::format("the scale ran between {} and {}", sh.scale_min, sh.scale_max));
+      d.remedy = "raise the initial scale (--init-scale) so the scaled gradients stay above f16's smallest "
+                 "subnormal (2^-24), or train in bf16 (--precision bf16)";
+    }
+    d.gradients.assign(st.params.begin(), st.params.end());
+    d.last_step = last_grad_step;
+    rep.anomalies.push_back(std::move(d));
   }
 
   // ---- scale collapse: the scale fell below 1 while skipping ----
@@ -358,6 +699,7 @@ Report analyse(const std::vector<StepRow>& steps, const std::vector<OpRow>& ops,
       d.phase = Phase::scaler;
       d.cause = "scale_collapse";
       d.skipped_steps = sh.skipped;
+      d.last_step = below->step;
       d.evidence.push_back(fmt::format("the scale went {} -> {} (min {}); {} of {} steps skipped, the longest run {}",
                                        sh.scale_start, sh.scale_end, sh.scale_min, sh.skipped, sh.steps,
                                        sh.longest_skip_run));
@@ -384,11 +726,89 @@ Report analyse(const std::vector<StepRow>& steps, const std::vector<OpRow>& ops,
   std::stable_sort(rep.anomalies.begin(), rep.anomalies.end(), [](const Diagnosis& a, const Diagnosis& b) {
     return std::tie(a.step, a.seq) < std::tie(b.step, b.seq);
   });
-  return rep;
+  std::stable_sort(rep.warnings.begin(), rep.warnings.end(), [](const HeadroomWarning& a, const HeadroomWarning& b) {
+    return std::tie(a.step, a.seq) < std::tie(b.step, b.seq);
+  });
+  return std::move(rep);
 }
 
-Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const Progress&) {
-  return analyse(reader.steps(), reader.ops(), reader.grads(), reader.events(), {}, options);
+namespace {
+
+// Feeds rows (any order) to an Analyser grouped by step.
+template <class Rows>
+std::map<std::int64_t, std::vector<typename Rows::value_type>> by_step(const Rows& rows) {
+  std::map<std::int64_t, std::vector<typename Rows::value_type>> out;
+  for (const auto& r : rows) out[r.step].push_back(r);
+  return out;
+}
+
+template <class Row>
+std::span<const Row> rows_of(const std::map<std::int64_t, std::vector<Row>>& m, std::int64_t step) {
+  auto it = m.find(step);
+  return it == m.end() ? std::span<const Row>{} : std::span<const Row>(it->second);
+}
+
+void feed(Analyser& a, const std::map<std::int64_t, const StepRow*>& step_rows,
+          const std::map<std::int64_t, std::vector<OpRow>>& ops, const std::map<std::int64_t, std::vector<GradRow>>& grads,
+          const std::map<std::int64_t, std::vector<EventRow>>& events,
+          const std::map<std::int64_t, std::vector<trace::HistogramRow>>& hists, std::int64_t begin, std::int64_t end) {
+  std::set<std::int64_t> all;
+  for (const auto& [s, _] : step_rows) if (s >= begin && s < end) all.insert(s);
+  for (const auto& [s, _] : ops) all.insert(s);
+  for (const auto& [s, _] : grads) all.insert(s);
+  for (const auto& [s, _] : events) all.insert(s);
+  for (const auto& [s, _] : hists) all.insert(s);
+  for (std::int64_t s : all) {
+    auto row = step_rows.find(s);
+    std::vector<OpRow> sorted(rows_of(ops, s).begin(), rows_of(ops, s).end());
+    std::stable_sort(sorted.begin(), sorted.end(), [](const OpRow& x, const OpRow& y) { return x.seq < y.seq; });
+    a.add_step(s, row == step_rows.end() ? nullptr : row->second, sorted, rows_of(grads, s), rows_of(events, s),
+               rows_of(hists, s));
+  }
+}
+
+}  // namespace
+
+Report analyse(const std::vector<StepRow>& steps, const std::vector<OpRow>& ops, const std::vector<GradRow>& grads,
+               const std::vector<EventRow>& events, const std::vector<trace::HistogramRow>& histograms,
+               const AnalysisOptions& options) {
+  Analyser a(options);
+  std::map<std::int64_t, const StepRow*> step_rows;
+  for (const StepRow& s : steps) step_rows[s.step] = &s;
+  feed(a, step_rows, by_step(ops), by_step(grads), by_step(events), by_step(histograms), trace::kFirstStep,
+       trace::kLastStep);
+  return a.finish();
+}
+
+Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const Progress& progress) {
+  Analyser a(options);
+  a.set_run(reader.run_info(), reader.path().string(), reader.complete());
+  const std::vector<StepRow> steps = reader.steps();
+  const trace::RowCounts counts = reader.row_counts();
+  std::map<std::int64_t, const StepRow*> step_rows;
+  for (const StepRow& s : steps) step_rows[s.step] = &s;
+
+  // Blocks of whole steps, about rows_per_read op rows each; the first block starts at the smallest step
+  // number and the last one is open-ended, so rows of a step without a step row are read too.
+  std::vector<std::int64_t> numbers;
+  for (const auto& [s, _] : step_rows) numbers.push_back(s);
+  const std::int64_t per_step =
+      numbers.empty() ? counts.ops : std::max<std::int64_t>(1, counts.ops / static_cast<std::int64_t>(numbers.size()));
+  const std::size_t block = static_cast<std::size_t>(std::max<std::int64_t>(1, options.rows_per_read / per_step));
+  std::int64_t done = 0;
+  for (std::size_t i = 0; i == 0 || i < numbers.size(); i += block) {
+    const std::int64_t begin = i == 0 ? trace::kFirstStep : numbers[i];
+    const std::int64_t end = i + block >= numbers.size() ? trace::kLastStep : numbers[i + block];
+    std::map<std::int64_t, const StepRow*> rows_here;
+    for (auto it = step_rows.lower_bound(begin); it != step_rows.end() && it->first < end; ++it) rows_here.insert(*it);
+    const auto ops = by_step(reader.ops(begin, end));
+    for (const auto& [_, v] : ops) done += static_cast<std::int64_t>(v.size());
+    feed(a, rows_here, ops, by_step(reader.grads(begin, end)), by_step(reader.events(begin, end)),
+         by_step(reader.histograms(begin, end)), begin, end);
+    if (progress) progress(done, counts.ops);
+    if (numbers.empty()) break;
+  }
+  return a.finish();
 }
 
 }  // namespace ampscope::analysis

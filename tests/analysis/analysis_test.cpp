@@ -151,5 +151,83 @@ TEST(analysis_test, nan_in_the_input_data_is_nonfinite_input_at_the_first_op) {
   EXPECT_TRUE(rep.anomalies[0].loss_nonfinite);
 }
 
+TEST(analysis_test, masked_softmax_is_an_f16_overflow_on_the_cast_into_softmax_in_blocks_0_attn) {
+  const Report& rep = report_of("masked-softmax");
+  ASSERT_FALSE(rep.anomalies.empty());
+  const Diagnosis& d = rep.anomalies.front();
+  EXPECT_EQ(d.step, 0);
+  EXPECT_EQ(d.phase, trace::Phase::forward);
+  EXPECT_EQ(d.op, "softmax");
+  EXPECT_EQ(d.module, "blocks.0.attn");
+  // docs/scenarios.md: the f32 input held -131008, which the cast to f16 made -inf.
+  EXPECT_EQ(d.cause, "f16_overflow");
+  bool cast = false;
+  for (const std::string& e : d.evidence) cast |= e.find("overflowed on the cast to f16") != std::string::npos;
+  EXPECT_TRUE(cast);
+  EXPECT_TRUE(mentions(d, "--autocast-fp32 'blocks.0.attn'")) << d.remedy;
+  EXPECT_GT(d.downstream_nonfinite, 0);
+}
+
+TEST(analysis_test, activation_overflow_is_an_f16_overflow_of_blocks_1_mlp_2_that_grew_over_three_steps) {
+  const Report& rep = report_of("activation-overflow");
+  ASSERT_FALSE(rep.anomalies.empty());
+  const Diagnosis& d = rep.anomalies.front();
+  EXPECT_EQ(d.step, 3);
+  EXPECT_EQ(d.op, "linear");
+  EXPECT_EQ(d.module, "blocks.1.mlp.2");
+  EXPECT_EQ(d.cause, "f16_overflow");
+  // docs/scenarios.md: steps 0-2 are clean and the op's absmax grows toward 65504 over them.
+  bool grew = false;
+  for (const std::string& e : d.evidence) grew |= e.find("grew") != std::string::npos && e.find("(step 2)") != std::string::npos;
+  EXPECT_TRUE(grew);
+  EXPECT_TRUE(mentions(d, "--autocast-fp32 'blocks.1.mlp.2'")) << d.remedy;
+  EXPECT_TRUE(mentions(d, "--lr")) << d.remedy;
+  // The warning a trace gives before the overflow: within a factor 2 of 65504 at step 2 (about 47000).
+  const HeadroomWarning* w = nullptr;
+  for (const HeadroomWarning& x : rep.warnings)
+    if (x.kind == "near_f16_max" && x.module == "blocks.1.mlp.2" && x.op == "linear" && w == nullptr) w = &x;
+  ASSERT_NE(w, nullptr);
+  EXPECT_LT(w->step, 3);
+  EXPECT_GE(w->absmax * 2, kF16Max);
+  EXPECT_LE(w->absmax, kF16Max);
+}
+
+TEST(analysis_test, lr_explosion_is_an_f16_overflow_of_fc3_at_step_1_whose_remedy_is_the_learning_rate) {
+  const Report& rep = report_of("lr-explosion");
+  ASSERT_FALSE(rep.anomalies.empty());
+  const Diagnosis& d = rep.anomalies.front();
+  EXPECT_EQ(d.step, 1);
+  EXPECT_EQ(d.op, "linear");
+  EXPECT_EQ(d.module, "fc3");
+  EXPECT_EQ(d.cause, "f16_overflow");
+  EXPECT_EQ(d.remedy.rfind("lower the learning rate (--lr, this run: 1.5)", 0), 0u) << d.remedy;
+}
+
+TEST(analysis_test, no_zero_grad_is_accumulating_gradients_found_in_the_backward_of_fc3_at_step_5) {
+  const Report& rep = report_of("no-zero-grad");
+  ASSERT_FALSE(rep.anomalies.empty());
+  const Diagnosis& d = rep.anomalies.front();
+  EXPECT_EQ(d.step, 5);
+  EXPECT_EQ(d.phase, trace::Phase::backward);
+  EXPECT_EQ(d.op, "linear");
+  EXPECT_EQ(d.module, "fc3");
+  EXPECT_EQ(d.cause, "accumulating_gradients");
+  EXPECT_TRUE(mentions(d, "zero_grad")) << d.remedy;
+  EXPECT_EQ(rep.scaler.verdict, "persistent");
+}
+
+TEST(analysis_test, every_scenario_cause_is_one_of_the_documented_causes) {
+  for (const char* name : {"attention-overflow", "masked-softmax", "activation-overflow", "log-zero", "lr-explosion",
+                           "grad-underflow", "scale-collapse", "no-zero-grad"}) {
+    for (const Diagnosis& d : report_of(name).anomalies) {
+      bool known = false;
+      for (const char* c : kCauses) known |= d.cause == c;
+      EXPECT_TRUE(known) << name << ": " << d.cause;
+      EXPECT_FALSE(d.remedy.empty()) << name << ": " << d.cause;
+      EXPECT_FALSE(d.evidence.empty()) << name << ": " << d.cause;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ampscope::analysis

@@ -1,0 +1,323 @@
+// The rules of probes/analysis.h that no training scenario reaches, on hand-built rows whose expected
+// diagnosis follows from the rule text: an anomaly only in backward, a truncated trace (writer killed),
+// the scaler verdicts on hand-made scale trajectories (PyTorch's update rule: halve on a skip, double after
+// growth_interval clean steps), the headroom warnings with fractions computed by hand, and the streaming
+// reader path against the in-memory one.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "probes/analysis.h"
+#include "probes/trace_reader.h"
+#include "probes/trace_writer.h"
+#include "tests/test_support.h"
+
+namespace ampscope::analysis {
+namespace {
+
+using trace::GradRow;
+using trace::OpRow;
+using trace::Phase;
+using trace::StepRow;
+
+OpRow op_row(std::int64_t step, std::int64_t seq, std::string op, std::string module, std::string dtype = "f16") {
+  OpRow r;
+  r.step = step;
+  r.seq = seq;
+  r.op = std::move(op);
+  r.module = std::move(module);
+  r.in_dtypes = dtype + "," + dtype;
+  r.out_dtype = std::move(dtype);
+  r.shape = "[4, 4]";
+  r.health.numel = 16;
+  r.health.absmax = 1.5;
+  r.health.min = -1.5;
+  r.health.max = 1.5;
+  return r;
+}
+
+StepRow step_row(std::int64_t step, double scale, double scale_after, bool skipped) {
+  StepRow s;
+  s.step = step;
+  s.loss = skipped ? NAN : 1.0;
+  s.scale = scale;
+  s.scale_after = scale_after;
+  s.found_inf = skipped;
+  s.skipped = skipped;
+  s.lr = 1e-3;
+  return s;
+}
+
+// PyTorch's update rule over a pattern of skips: halve on a skip, double after `interval` clean steps.
+std::vector<StepRow> trajectory(double start, const std::vector<bool>& skips, std::int64_t interval = 2000) {
+  std::vector<StepRow> out;
+  double scale = start;
+  std::int64_t tracker = 0;
+  for (std::size_t i = 0; i < skips.size(); ++i) {
+    double after = scale;
+    if (skips[i]) {
+      after = scale * 0.5;
+      tracker = 0;
+    } else if (++tracker == interval) {
+      after = scale * 2;
+      tracker = 0;
+    }
+    out.push_back(step_row(static_cast<std::int64_t>(i), scale, after, skips[i]));
+    scale = after;
+  }
+  return out;
+}
+
+TEST(analysis_rules_test, an_anomaly_only_in_backward_is_a_gradient_overflow_of_that_node) {
+  std::vector<StepRow> steps = {step_row(0, 65536, 32768, true), step_row(1, 32768, 32768, false)};
+  steps[0].loss = 2.0;  // the forward was finite: only the backward overflowed
+  std::vector<OpRow> ops = {op_row(0, 0, "linear", "fc1"), op_row(0, 1, "relu", "fc1"),
+                            op_row(0, 2, "relu", "fc1"), op_row(0, 3, "linear", "fc1"),
+                            op_row(1, 0, "linear", "fc1"), op_row(1, 1, "relu", "fc1")};
+  ops[2].phase = ops[3].phase = Phase::backward;
+  ops[2].health.pos_inf = 3;
+  ops[2].origin = true;
+  ops[3].health.pos_inf = 3;  // propagated to the next backward node
+  std::vector<GradRow> grads(1);
+  grads[0].param = "fc1.weight";
+  grads[0].pos_inf = 2;
+  const Report rep = analyse(steps, ops, grads);
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  const Diagnosis& d = rep.anomalies[0];
+  EXPECT_EQ(d.phase, Phase::backward);
+  EXPECT_EQ(d.op, "relu");
+  EXPECT_EQ(d.cause, "gradient_overflow");
+  EXPECT_EQ(d.downstream_nonfinite, 1);
+  EXPECT_FALSE(d.loss_nonfinite);
+  EXPECT_EQ(d.gradients, std::vector<std::string>{"fc1.weight"});
+  EXPECT_EQ(d.skipped_steps, 1);
+  EXPECT_NE(d.remedy.find("--init-scale"), std::string::npos) << d.remedy;
+  EXPECT_EQ(rep.scaler.skipped, 1);
+  EXPECT_EQ(rep.scaler.backoffs, 1);
+}
+
+TEST(analysis_rules_test, cause_rules_pick_exp_division_and_invalid_operation) {
+  std::vector<OpRow> ops = {op_row(0, 0, "exp", "head", "f32"), op_row(0, 1, "div", "head", "f32"),
+                            op_row(0, 2, "sub", "head", "f32"), op_row(0, 3, "mul", "head", "f32")};
+  ops[0].health.pos_inf = 1;
+  ops[1].health.neg_inf = 1;
+  ops[2].health.nan = 1;   // NaN only: inf - inf
+  ops[3].health.pos_inf = 1;  // inf in an f32 output that is neither exp nor div: no rule knows it
+  for (OpRow& r : ops) r.origin = true;
+  const Report rep = analyse({step_row(0, 1, 1, false)}, ops, {});
+  ASSERT_EQ(rep.anomalies.size(), 4u);
+  EXPECT_EQ(rep.anomalies[0].cause, "exp_overflow");
+  EXPECT_EQ(rep.anomalies[1].cause, "division_by_zero");
+  EXPECT_EQ(rep.anomalies[2].cause, "invalid_operation");
+  EXPECT_EQ(rep.anomalies[3].cause, "unknown");
+}
+
+TEST(analysis_rules_test, recurrences_are_grouped_with_a_count_and_the_last_step) {
+  std::vector<OpRow> ops;
+  std::vector<StepRow> steps;
+  for (int s = 0; s < 5; ++s) {
+    steps.push_back(step_row(s, 1024, 512, true));
+    OpRow r = op_row(s, 0, "bmm", "attn");
+    r.health.pos_inf = 2;
+    r.origin = true;
+    ops.push_back(r);
+  }
+  const Report rep = analyse(steps, ops, {});
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  EXPECT_EQ(rep.anomalies[0].occurrences, 5);
+  EXPECT_EQ(rep.anomalies[0].step, 0);
+  EXPECT_EQ(rep.anomalies[0].last_step, 4);
+}
+
+TEST(analysis_rules_test, a_truncated_trace_is_analysed_up_to_its_last_flushed_rows_and_marked_incomplete) {
+  const auto path = std::filesystem::temp_directory_path() / ("ampscope_truncated_" + std::to_string(::getpid()) + ".h5");
+  {
+    trace::RunInfo info;
+    info.precision = "fp16";
+    info.device = "cpu";
+    info.model = "hand";
+    trace::TraceWriter w(path, info);
+    for (int s = 0; s < 3; ++s) {
+      w.write(op_row(s, 0, "linear", "fc1"));
+      OpRow r = op_row(s, 1, "linear", "fc2");
+      if (s == 2) {
+        r.health.pos_inf = 4;
+        r.origin = true;
+      }
+      w.write(r);
+      w.write(step_row(s, 65536, s == 2 ? 32768 : 65536, s == 2));
+      w.end_step(s);
+    }
+    w.write(op_row(3, 0, "linear", "fc1"));  // step 3 never ends: no step row
+    // No close(): the destructor leaves complete = 0, as a killed or failed run does.
+  }
+  Report rep;
+  {
+    trace::TraceReader reader(path);
+    rep = analyse(reader);
+  }
+  std::filesystem::remove(path);
+  EXPECT_FALSE(rep.complete);
+  EXPECT_EQ(rep.run.model, "hand");
+  EXPECT_EQ(rep.scaler.steps, 3);
+  EXPECT_EQ(rep.steps, 4);  // three step rows and the unfinished step's ops
+  EXPECT_EQ(rep.op_rows, 7);
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  EXPECT_EQ(rep.anomalies[0].step, 2);
+  EXPECT_EQ(rep.anomalies[0].module, "fc2");
+  EXPECT_EQ(rep.anomalies[0].cause, "f16_overflow");
+}
+
+TEST(analysis_rules_test, streaming_in_small_blocks_gives_the_same_report_as_rows_in_memory) {
+  const auto path = std::filesystem::temp_directory_path() / ("ampscope_blocks_" + std::to_string(::getpid()) + ".h5");
+  std::vector<StepRow> steps;
+  std::vector<OpRow> ops;
+  trace::RunInfo info;
+  info.precision = "fp16";
+  {
+    trace::TraceWriter w(path, info);
+    double absmax = 4000;
+    for (int s = 0; s < 12; ++s, absmax *= 1.6) {
+      for (int k = 0; k < 3; ++k) {
+        OpRow r = op_row(s, k, k == 1 ? "gelu" : "linear", fmt::format("mlp.{}", k));
+        if (k == 2) r.health.absmax = absmax;
+        if (k == 2 && absmax > kF16Max) {
+          r.health.pos_inf = 1;
+          r.origin = true;
+        }
+        ops.push_back(r);
+        w.write(r);
+      }
+      steps.push_back(step_row(s, 65536, 65536, absmax > kF16Max));
+      w.write(steps.back());
+      w.end_step(s);
+    }
+    w.close();
+  }
+  Report streamed;
+  std::vector<std::int64_t> progress;
+  {
+    trace::TraceReader reader(path);
+    streamed = analyse(reader, AnalysisOptions{.rows_per_read = 5},
+                       [&](std::int64_t done, std::int64_t total) { progress.push_back(done * 100 + total); });
+  }
+  std::filesystem::remove(path);
+  Report memory = analyse(steps, ops, {}, {}, {});
+  memory.run = streamed.run;
+  ASSERT_EQ(streamed.anomalies.size(), memory.anomalies.size());
+  ASSERT_EQ(streamed.anomalies.size(), 1u);
+  EXPECT_EQ(streamed.anomalies[0].step, memory.anomalies[0].step);
+  EXPECT_EQ(streamed.anomalies[0].evidence, memory.anomalies[0].evidence);
+  EXPECT_EQ(streamed.anomalies[0].remedy, memory.anomalies[0].remedy);
+  EXPECT_EQ(streamed.anomalies[0].occurrences, memory.anomalies[0].occurrences);
+  ASSERT_EQ(streamed.warnings.size(), memory.warnings.size());
+  // 5 rows per read at 3 rows per step: one step per block, 12 blocks; the last reports every row.
+  ASSERT_EQ(progress.size(), 12u);
+  EXPECT_EQ(progress.back(), 36 * 100 + 36);
+  // absmax 4000 * 1.6^k: first within a factor 2 of 65504 at step 5 (41943; step 4 has 26214), beyond it
+  // at step 6 (67109).
+  ASSERT_EQ(streamed.anomalies[0].step, 6);
+  ASSERT_FALSE(streamed.warnings.empty());
+  EXPECT_EQ(streamed.warnings[0].kind, "near_f16_max");
+  EXPECT_EQ(streamed.warnings[0].step, 5);
+  EXPECT_EQ(streamed.warnings[0].occurrences, 1);
+  EXPECT_DOUBLE_EQ(streamed.warnings[0].absmax, 4000 * std::pow(1.6, 5));
+}
+
+TEST(analysis_rules_test, subnormal_and_flush_to_zero_warnings_quote_the_fraction) {
+  std::vector<OpRow> ops = {op_row(0, 0, "mul", "head"), op_row(0, 1, "to", "head")};
+  ops[0].health.numel = 1000;
+  ops[0].health.subnormal = 300;  // 30% >= 25%
+  ops[1].health.numel = 1000;
+  ops[1].cast_underflow = 240;    // 24% < 25%: no warning at the default
+  Report rep = analyse({step_row(0, 1, 1, false)}, ops, {});
+  ASSERT_EQ(rep.warnings.size(), 1u);
+  EXPECT_EQ(rep.warnings[0].kind, "subnormal");
+  EXPECT_DOUBLE_EQ(rep.warnings[0].fraction, 0.3);
+  EXPECT_NE(rep.warnings[0].message.find("300 of 1000 values (30.0%)"), std::string::npos) << rep.warnings[0].message;
+  rep = analyse({step_row(0, 1, 1, false)}, ops, {}, {}, {}, AnalysisOptions{.underflow_fraction = 0.2});
+  ASSERT_EQ(rep.warnings.size(), 2u);
+  EXPECT_EQ(rep.warnings[1].kind, "flush_to_zero");
+  EXPECT_DOUBLE_EQ(rep.warnings[1].fraction, 0.24);
+  EXPECT_TRUE(rep.healthy());  // warnings are not anomalies
+}
+
+TEST(analysis_rules_test, gradients_below_f16s_smallest_subnormal_in_a_histogram_warn_in_an_fp16_run) {
+  trace::HistogramRow h;
+  h.step = 0;
+  h.seq = -1;
+  h.tensor = "fc1.weight";
+  h.bins[static_cast<std::size_t>(-30 - trace::kHistMinExponent)] = 60;  // 2^-30: below 2^-24
+  h.bins[static_cast<std::size_t>(-20 - trace::kHistMinExponent)] = 40;  // 2^-20: an f16 subnormal, kept
+  h.bins[trace::kHistBins - 3] = 500;                                     // zeros do not count
+  Analyser a;
+  trace::RunInfo run;
+  run.precision = "fp16";
+  a.set_run(run);
+  const StepRow s = step_row(0, 65536, 65536, false);
+  a.add_step(0, &s, {}, {}, {}, std::span<const trace::HistogramRow>(&h, 1));
+  const Report rep = a.finish();
+  ASSERT_EQ(rep.warnings.size(), 1u);
+  EXPECT_EQ(rep.warnings[0].kind, "below_f16");
+  EXPECT_EQ(rep.warnings[0].tensor, "fc1.weight");
+  EXPECT_DOUBLE_EQ(rep.warnings[0].fraction, 0.6);
+}
+
+TEST(analysis_rules_test, steps_out_of_order_are_refused) {
+  Analyser a;
+  a.add_step(3, nullptr, {}, {});
+  EXPECT_THROW_MSG(a.add_step(2, nullptr, {}, {}), std::invalid_argument, "step 2 after step 3");
+}
+
+TEST(analysis_rules_test, scaler_verdicts_follow_the_skip_pattern) {
+  // No scaler: the scale is 1 throughout.
+  EXPECT_EQ(analyse(trajectory(1, std::vector<bool>(50, false)), {}, {}).scaler.verdict, "no_scaler");
+  // A too-high initial scale: 5 skips at the start, then 95 clean steps.
+  std::vector<bool> settle(100, false);
+  for (int i = 0; i < 5; ++i) settle[static_cast<std::size_t>(i)] = true;
+  ScalerHealth h = analyse(trajectory(65536, settle), {}, {}).scaler;
+  EXPECT_EQ(h.verdict, "settled");
+  EXPECT_EQ(h.skipped, 5);
+  EXPECT_EQ(h.first_skip, 0);
+  EXPECT_EQ(h.last_skip, 4);
+  EXPECT_EQ(h.scale_end, 2048);
+  EXPECT_DOUBLE_EQ(h.skip_rate, 0.05);
+  // A skip every 10th step after the window: 10% > 5% of the late steps.
+  std::vector<bool> persistent(100, false);
+  for (std::size_t i = 0; i < 100; i += 10) persistent[i] = true;
+  EXPECT_EQ(analyse(trajectory(65536, persistent), {}, {}).scaler.verdict, "persistent");
+  // Two skips in 100 steps, spread out: occasional, healthy.
+  std::vector<bool> rare(100, false);
+  rare[40] = rare[80] = true;
+  EXPECT_EQ(analyse(trajectory(65536, rare), {}, {}).scaler.verdict, "healthy");
+  // Growth interval 30 in the config; a skip every 25 steps keeps resetting the tracker: never grows.
+  std::vector<bool> resets(100, false);
+  for (std::size_t i = 24; i < 100; i += 25) resets[i] = true;
+  std::vector<StepRow> rows = trajectory(65536, resets, 30);
+  Analyser a;
+  trace::RunInfo run;
+  run.config = R"({"sample": "mlp", "growth_interval": 30, "use_scaler": true})";
+  a.set_run(run);
+  for (const StepRow& s : rows) a.add_step(s.step, &s, {}, {});
+  h = a.finish().scaler;
+  EXPECT_EQ(h.growths, 0);
+  EXPECT_EQ(h.verdict, "never_grows");
+  EXPECT_NE(h.message.find("growth interval 30"), std::string::npos) << h.message;
+  // The same pattern with clean runs of 30 grows: healthy.
+  std::vector<bool> grows(100, false);
+  grows[45] = true;
+  EXPECT_EQ(analyse(trajectory(65536, grows, 30), {}, {}).scaler.growths, 2);  // after steps 29 and 75
+  // Collapse: halving every step below 1.
+  const ScalerHealth c = analyse(trajectory(4, std::vector<bool>(6, true)), {}, {}).scaler;
+  EXPECT_EQ(c.verdict, "collapsed");
+  EXPECT_EQ(c.scale_min, 4.0 / 64);
+}
+
+}  // namespace
+}  // namespace ampscope::analysis
