@@ -292,8 +292,13 @@ struct Analyser::State {
         continue;
       }
       const auto& h = r.health;
-      d.evidence.push_back(fmt::format("{} of {} values in the {} {} output of {} at step {} (inputs finite)",
-                                       counts_text(h), h.numel, r.out_dtype, r.shape, place(r), r.step));
+      if (non_finite(r) > 0)
+        d.evidence.push_back(fmt::format("{} of {} values in the {} {} output of {} at step {} (inputs finite)",
+                                         counts_text(h), h.numel, r.out_dtype, r.shape, place(r), r.step));
+      else  // the row's statistics are those of the first output; another output (a weight's gradient) held them
+        d.evidence.push_back(fmt::format("non-finite values in an output of {} at step {} other than its first "
+                                         "({} {}), from finite inputs",
+                                         place(r), r.step, r.out_dtype, r.shape));
       if (r.cast_overflow > 0)
         d.evidence.push_back(fmt::format("{} finite value{} overflowed on the cast to {} (largest finite f16 {})",
                                          r.cast_overflow, r.cast_overflow == 1 ? "" : "s", r.out_dtype, kF16Max));
@@ -381,17 +386,13 @@ struct Analyser::State {
     for (const OpRow& r : ops) {
       const auto& h = r.health;
       if (h.numel <= 0) continue;
-      // Close to f16's largest value, still finite: f16 outputs, and in an fp16 run anything that a later
-      // cast to f16 may meet.
-      if ((r.out_dtype == "f16" || (f16_run && r.out_dtype != "bf16")) && non_finite(r) == 0 &&
+      // Close to f16's largest value, still finite, in an f16 output. (f32 outputs are left alone: the
+      // scaled loss and its gradient are large on purpose.)
+      if (r.out_dtype == "f16" && non_finite(r) == 0 &&
           std::isfinite(h.absmax) && h.absmax * factor >= kF16Max) {
         HeadroomWarning w = warning_at("near_f16_max", r);
         w.absmax = h.absmax;
-        w.message = h.absmax > kF16Max
-                        ? fmt::format("absmax {:.6g} of the {} output of {} is beyond f16's max {}: a cast to f16 "
-                                      "turns it into inf",
-                                      h.absmax, r.out_dtype, place(r), kF16Max)
-                        : fmt::format("absmax {:.6g} of the {} output of {} is within a factor {:.3g} of f16's max {} "
+        w.message = fmt::format("absmax {:.6g} of the {} output of {} is within a factor {:.3g} of f16's max {} "
                                       "({:.3g}x headroom left)",
                                       h.absmax, r.out_dtype, place(r), factor, kF16Max, kF16Max / h.absmax);
         warn(std::move(w));

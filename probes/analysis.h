@@ -81,8 +81,9 @@ struct Diagnosis {
 };
 
 // A warning before anything breaks (no NaN/inf yet): section "Headroom" of docs/report-format.md.
-//   near_f16_max:  an op output (or a gradient) whose absmax came within AnalysisOptions::headroom_factor
-//                  of f16's largest finite value (absmax * factor >= 65504) while still finite;
+//   near_f16_max:  an f16 op output (or f16 gradient) whose absmax came within
+//                  AnalysisOptions::headroom_factor of f16's largest finite value (absmax * factor >= 65504)
+//                  while still finite (f32 outputs are not judged: the scaled loss is large on purpose);
 //   subnormal:     a large fraction (>= underflow_fraction) of an f16/bf16 op output is subnormal;
 //   flush_to_zero: a cast turned a large fraction of the non-zero values into zero (cast_underflow);
 //   below_f16:     at level full, a large fraction of a tensor's non-zero values have exponents below f16's

@@ -10,7 +10,9 @@
 //
 // Alignment: within a step, the k-th row with the same (phase, module, op) in one run meets the k-th in the
 // other (occurrence k, from 0). Rows without a partner are "only in a" / "only in b" (an fp16 run records
-// casts an fp32 run does not have, for example).
+// casts an fp32 run does not have, for example). Op rows are compared in the steps both runs have a /steps
+// row for, and in steps neither has one for (ops outside steps, step -1); the op rows of a step that only
+// one run finished are not listed one by one: the step is in steps_only_in_a/b.
 // Relative difference of a statistic x: |x_a - x_b| / max(|x_a|, |x_b|, options.floor); 0 when both are
 // NaN (no finite values in either); infinite when one is NaN and the other not. The compared statistics are
 // absmax, mean and rms of the output; a difference in the NaN/inf counts is a divergence of its own
@@ -33,7 +35,8 @@ struct DiffOptions {
   double threshold = 0.05;      // a relative difference above this is a divergence
   double floor = 1e-6;          // magnitudes below this count as this (no huge ratios between two tiny values)
   std::size_t largest = 20;     // how many of the largest per-op differences DiffReport keeps
-  std::int64_t rows_per_read = 200000;  // op rows read at once from each file (bounds memory)
+  std::int64_t rows_per_read = 200000;  // op rows read at once from each file (bounds memory: about 0.5 KB
+                                        // per row, so 100 MB per file at the default); at least 1
 };
 
 struct OpKey {
@@ -65,7 +68,7 @@ struct LossPoint {
   double rel = 0;                       // relative difference of the losses (as for statistics)
 };
 
-// Ops that ran in different dtypes in the two runs, grouped by (phase, module, op).
+// Ops that ran in different dtypes in the two runs, grouped by (phase, module, op, dtypes_a, dtypes_b).
 struct DtypeDifference {
   trace::Phase phase = trace::Phase::forward;
   std::string module, op;
@@ -91,7 +94,8 @@ struct DiffReport {
   std::vector<LossPoint> losses;        // every step of either run, in step order
   std::optional<std::int64_t> first_loss_divergence;  // first step whose losses differ beyond the threshold
   std::optional<OpDiff> first_divergence;             // first (step, seq in a) aligned op beyond the threshold
-  std::vector<OpDiff> largest;          // the options.largest largest max_rel, largest first
+  std::vector<OpDiff> largest;          // the options.largest largest max_rel above 0, largest first (ties:
+                                        // earlier step and seq first)
   std::vector<DtypeDifference> dtype_differences;     // in order of first appearance
   std::vector<Unmatched> only_in_a, only_in_b;        // in order of first appearance
   std::vector<std::int64_t> steps_only_in_a, steps_only_in_b;
@@ -103,7 +107,8 @@ std::vector<OpDiff> diff_ops(std::span<const trace::OpRow> a, std::span<const tr
 
 using DiffProgress = std::function<void(std::int64_t done, std::int64_t total)>;
 
-// Streams both traces step by step (memory: a block of rows of each). Throws TraceError for a damaged file.
+// Streams both traces step by step (memory: a block of rows of each). Throws TraceError for a damaged file,
+// Error for rows_per_read below 1.
 DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions& options = {},
                 const DiffProgress& progress = {});
 

@@ -20,6 +20,8 @@ namespace ampscope::analysis {
 struct TextStyle {
   bool colour = false;        // ANSI colours (a terminal)
   std::size_t max_items = 10; // anomalies, warnings, ops listed before "... and N more"
+  bool brief = false;         // only the answer: the first anomaly (report), or the first divergence and the
+                              // count of dtype differences (diff); `train --compare` prints these
 };
 
 std::string render_text(const Report& report, const TextStyle& style = {});

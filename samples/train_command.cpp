@@ -7,6 +7,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 
@@ -14,6 +15,10 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "probes/analysis.h"
+#include "probes/analysis_diff.h"
+#include "probes/analysis_render.h"
+#include "probes/trace_reader.h"
 
 namespace ampscope::samples {
 namespace {
@@ -125,6 +130,27 @@ void print_summary(const std::string& label, const TrainConfig& c, const TrainRe
              r.steps, r.sample, precision_name(c.precision), r.scenario.empty() ? "" : " with scenario ", r.scenario,
              r.skipped, r.anomalies, r.final_loss, r.final_scale, r.interrupted ? " (interrupted by Ctrl-C)" : "");
   if (!r.trace.empty()) fmt::print("  trace: {}\n", r.trace);
+}
+
+// After --compare: where the low-precision run parts from the fp32 one and its first anomaly, in a few
+// lines; `ampscope diff` and `ampscope report` give the whole story.
+void print_comparison(const TrainConfig& low, const TrainResult& fp32_run, const TrainResult& low_run, bool colour) {
+  if (fp32_run.trace.empty() || low_run.trace.empty()) {
+    fmt::print("compare: no traces to compare (give --out to write them)\n");
+    return;
+  }
+  analysis::TextStyle style;
+  style.colour = colour;
+  style.brief = true;
+  const std::string name(precision_name(low.precision));
+  {
+    trace::TraceReader a(fp32_run.trace), b(low_run.trace);
+    fmt::print("\ncompare fp32 (a) with {} (b):\n{}", name, analysis::render_text(analysis::diff(a, b), style));
+  }
+  trace::TraceReader reader(low_run.trace);
+  fmt::print("\n{} run:\n{}", name, analysis::render_text(analysis::analyse(reader), style));
+  fmt::print("\nthe whole story: ampscope report {}\n                 ampscope diff {} {}\n", low_run.trace,
+             fp32_run.trace, low_run.trace);
 }
 
 }  // namespace
@@ -258,6 +284,8 @@ int TrainCommand::run() {
     }
   }
   std::signal(SIGINT, SIG_DFL);
+  if (compare && !interrupted && runs.size() == 2)
+    print_comparison(runs[1].first, runs[0].second, runs[1].second, terminal && std::getenv("NO_COLOR") == nullptr);
   return interrupted ? 130 : 0;  // 130: interrupted by SIGINT, as shells report it
 }
 

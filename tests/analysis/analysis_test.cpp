@@ -128,6 +128,15 @@ TEST(analysis_test, a_healthy_fp32_mlp_run_has_no_anomalies) {
   EXPECT_FALSE(rep.scaler.used);
 }
 
+TEST(analysis_test, a_healthy_fp16_mlp_run_has_no_anomalies_and_no_headroom_warnings) {
+  // The scaled loss (65536 x loss, f32) and its gradient are large on purpose: not a warning.
+  const Report& rep = report_of("", Precision::fp16, "mlp");
+  EXPECT_TRUE(rep.healthy()) << rep.anomalies.front().cause << " at " << rep.anomalies.front().op;
+  EXPECT_TRUE(rep.warnings.empty()) << rep.warnings.front().message;
+  EXPECT_TRUE(rep.scaler.used);
+  EXPECT_EQ(rep.scaler.verdict, "healthy");
+}
+
 TEST(analysis_test, nan_in_the_input_data_is_nonfinite_input_at_the_first_op) {
   std::vector<trace::StepRow> steps(1);
   steps[0].loss = NAN;
@@ -214,6 +223,10 @@ TEST(analysis_test, no_zero_grad_is_accumulating_gradients_found_in_the_backward
   EXPECT_EQ(d.cause, "accumulating_gradients");
   EXPECT_TRUE(mentions(d, "zero_grad")) << d.remedy;
   EXPECT_EQ(rep.scaler.verdict, "persistent");
+  // The backward row's statistics are of its first output; the inf was in another (a weight's gradient).
+  EXPECT_NE(d.evidence.front().find("non-finite values in an output of the backward of linear in fc3"),
+            std::string::npos)
+      << d.evidence.front();
 }
 
 TEST(analysis_test, every_scenario_cause_is_one_of_the_documented_causes) {

@@ -1,0 +1,307 @@
+// The analysis of traces of 1,000,000 op rows (issue 7): analysis::diff of two runs and analysis::analyse
+// of one, each read from its HDF5 file as `ampscope diff` and `ampscope report` would. Target: each
+// within 2 s on the development machine, with memory bounded by the rows read at once, not by the trace.
+// The traces are written once, by a child process (so its memory does not count in this process's peak),
+// into the temp folder: a tiny GPT of 29 blocks, 1000 op rows per step (forward, backward, scaler),
+// 1000 steps, at level health. Run b has the same op sequence with every statistic perturbed by about
+// 0.1% and one planted divergence (step 500, blocks.7.attn's score matmul 50% larger); run c is the same
+// model in fp32 (no casts, f32 everywhere: 884 rows per step, the same perturbation and planted
+// divergence), the realistic partner of an fp16 run, whose steps differ in their op sequence and so take
+// the aligner's hashed path, with every linear and matmul a dtype difference.
+// `read_ops` reads run a's op rows in the same blocks as the diff does, without comparing anything: the
+// reader's share of the diff's time; `open_and_index` the part of that spent opening the file and
+// building the reader's step index. Results: bench/RESULTS.md.
+//
+//   build/bench/analysis_bench    # counters: the process's peak RSS before and after (getrusage ru_maxrss),
+//                                 # and the benchmark's own peak (VmHWM, reset before it starts), in MiB
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "probes/analysis.h"
+#include "probes/analysis_diff.h"
+#include "probes/trace_reader.h"
+#include "probes/trace_writer.h"
+
+namespace ampscope::trace {
+namespace {
+
+constexpr std::int64_t kSteps = 1000;
+constexpr int kBlocks = 29;  // 2 * (6 + 17 * 29) + 2 = 1000 op rows per step
+constexpr std::int64_t kPlantedStep = 500;
+
+struct OpTemplate {
+  Phase phase;
+  std::string op, module, in_dtypes, out_dtype, shape, autocast;
+  std::int64_t numel;
+  double scale;
+};
+
+// One step of a tiny GPT under f16 autocast (fp16) or without autocast (fp32: no casts, f32 throughout).
+std::vector<OpTemplate> gpt_step(bool fp16) {
+  const std::string lp = fp16 ? " is on the lower_precision_fp list: runs in f16" : "";
+  const std::string fp32 = fp16 ? " is on the fp32 list: runs in f32" : "";
+  const std::string half = fp16 ? "f16" : "f32";
+  std::vector<OpTemplate> fwd;
+  auto add = [&](std::string op, std::string module, std::string in, std::string out, std::string shape, std::string why,
+                 std::int64_t numel, double scale) {
+    fwd.push_back({Phase::forward, std::move(op), std::move(module), std::move(in), std::move(out), std::move(shape),
+                   std::move(why), numel, scale});
+  };
+  const auto why = [&](const char* op, const std::string& reason) { return reason.empty() ? std::string() : op + reason; };
+  const std::string h3 = fmt::format("{0},{0},{0}", half), h2 = fmt::format("{0},{0}", half);
+  const std::int64_t act = 16 * 64 * 128, att = 16 * 4 * 64 * 64;
+  add("embedding", "tok_emb", "f32,i64", "f32", "[16, 64, 128]", "", act, 1.0);
+  add("embedding", "pos_emb", "f32,i64", "f32", "[1, 64, 128]", "", 64 * 128, 0.02);
+  add("add", "", "f32,f32", "f32", "[16, 64, 128]", "", act, 1.0);
+  for (int b = 0; b < kBlocks; ++b) {
+    const std::string p = fmt::format("blocks.{}", b);
+    add("layer_norm", p + ".ln1", "f32,f32,f32", "f32", "[16, 64, 128]", why("layer_norm", fp32), act, 1.0);
+    if (fp16) add("to", p + ".attn.qkv", "f32", "f16", "[16, 64, 128]", "", act, 1.0);
+    add("linear", p + ".attn.qkv", h3, half, "[16, 64, 384]", why("linear", lp), 3 * act, 0.8);
+    add("view", p + ".attn", half, half, "[16, 64, 3, 4, 32]", "", 3 * act, 0.8);
+    add("matmul", p + ".attn", h2, half, "[16, 4, 64, 64]", why("matmul", lp), att, 4.0);
+    add("mul", p + ".attn", half, half, "[16, 4, 64, 64]", "", att, 0.7);
+    add("masked_fill", p + ".attn", half + ",bool", half, "[16, 4, 64, 64]", "", att, 0.7);
+    add("softmax", p + ".attn", half, "f32", "[16, 4, 64, 64]", why("softmax", fp32), att, 0.03);
+    if (fp16) add("to", p + ".attn", "f32", "f16", "[16, 4, 64, 64]", "", att, 0.03);
+    add("matmul", p + ".attn", h2, half, "[16, 4, 64, 32]", why("matmul", lp), act, 0.5);
+    add("linear", p + ".attn.proj", h3, half, "[16, 64, 128]", why("linear", lp), act, 0.5);
+    add("add", p, "f32," + half, "f32", "[16, 64, 128]", "", act, 1.2);
+    add("layer_norm", p + ".ln2", "f32,f32,f32", "f32", "[16, 64, 128]", why("layer_norm", fp32), act, 1.0);
+    add("linear", p + ".mlp.fc1", h3, half, "[16, 64, 512]", why("linear", lp), 4 * act, 1.0);
+    add("gelu", p + ".mlp.act", half, half, "[16, 64, 512]", "", 4 * act, 0.5);
+    add("linear", p + ".mlp.fc2", h3, half, "[16, 64, 128]", why("linear", lp), act, 0.6);
+    add("add", p, "f32," + half, "f32", "[16, 64, 128]", "", act, 1.4);
+  }
+  add("layer_norm", "ln_f", "f32,f32,f32", "f32", "[16, 64, 128]", why("layer_norm", fp32), act, 1.0);
+  add("linear", "head", h2, half, "[16, 64, 256]", why("linear", lp), 16 * 64 * 256, 2.0);
+  add("cross_entropy", "", half + ",i64", "f32", "[]", why("cross_entropy", fp32), 1, 5.5);
+  std::vector<OpTemplate> step = fwd;
+  for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
+    OpTemplate b = *it;
+    b.phase = Phase::backward;
+    b.autocast.clear();
+    b.scale = it->scale * 1e-3;
+    step.push_back(std::move(b));
+  }
+  step.push_back({Phase::scaler, "unscale_", "", "f32", "f32", "[]", "", 1, 1.0});
+  step.push_back({Phase::scaler, "update", "", "f32", "f32", "[]", "", 1, 65536.0});
+  return step;
+}
+
+// Writes one run. Statistics drift from step to step; `noise` perturbs each one (same base values for
+// every run: the base comes from its own generator, the noise from another).
+void write_run(const std::filesystem::path& path, bool fp16, double noise, bool plant) {
+  const std::vector<OpTemplate> reference = gpt_step(true), own = gpt_step(fp16);
+  TraceWriter w(path, {.precision = fp16 ? "fp16" : "fp32", .device = "cpu", .model = "tiny_gpt", .seed = 1,
+                       .config = fmt::format(R"({{"blocks": {}}})", kBlocks)});
+  std::mt19937_64 base_rng(42), noise_rng(7);
+  // One distribution per engine: a normal distribution keeps the second value of each pair it draws, so
+  // sharing one would let the noise shift the base values.
+  std::normal_distribution<double> normal, noise_normal;
+  std::uniform_real_distribution<double> uniform;
+  OpRow row;
+  for (std::int64_t step = 0; step < kSteps; ++step) {
+    std::int64_t seq = 0;
+    std::size_t k = 0;
+    for (const OpTemplate& ref : reference) {
+      // The base values are drawn for every op of the fp16 sequence, so an fp32 run (no casts) sees the
+      // same values for the ops it shares: its casts are skipped after drawing.
+      const double s = ref.scale * std::exp(0.05 * normal(base_rng));
+      const double u1 = uniform(base_rng), m = normal(base_rng), r = normal(base_rng);
+      if (!fp16 && ref.op == "to") continue;
+      const OpTemplate& t = own[k++];
+      auto perturb = [&](double v) { return noise > 0 ? v * (1 + noise * noise_normal(noise_rng)) : v; };
+      row.step = step;
+      row.seq = seq++;
+      row.phase = t.phase;
+      row.op = t.op;
+      row.module = t.module;
+      row.in_dtypes = t.in_dtypes;
+      row.out_dtype = t.out_dtype;
+      row.shape = t.shape;
+      row.autocast = t.autocast;
+      TensorHealth& h = row.health;
+      h.numel = t.numel;
+      h.absmax = perturb(4 * s * (1 + 0.1 * u1));
+      h.max = h.absmax;
+      h.min = -h.absmax;
+      h.mean = perturb(s * 0.01 * m);
+      h.rms = perturb(s * (1 + 0.05 * r));
+      if (plant && step == kPlantedStep && t.phase == Phase::forward && t.op == "matmul" && t.module == "blocks.7.attn" && t.numel == 16 * 4 * 64 * 64) {
+        h.absmax *= 1.5;
+      }
+      w.write(row);
+    }
+    StepRow sr;
+    sr.step = step;
+    sr.loss = 5.5 * std::exp(-static_cast<double>(step) / 2000.0) * (1 + (noise > 0 ? 1e-3 : 0));
+    sr.scale = fp16 ? 65536.0 : 1.0;
+    sr.scale_after = sr.scale;
+    w.write(sr);
+    w.end_step(step);
+  }
+  w.close();
+}
+
+std::filesystem::path folder() {
+  static const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("ampscope-analysis-bench-{}", getpid());
+  return dir;
+}
+std::filesystem::path run_a() { return folder() / "a-fp16.h5"; }
+std::filesystem::path run_b() { return folder() / "b-fp16-perturbed.h5"; }
+std::filesystem::path run_c() { return folder() / "c-fp32.h5"; }
+
+// The process's peak resident memory so far (getrusage): it only grows, so a benchmark raises it only
+// when it needs more than everything before it.
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // kilobytes on Linux
+}
+
+// Linux can reset the peak (VmHWM) to the current resident size ("5" into /proc/self/clear_refs), which
+// gives each benchmark its own peak. Returns false where that is not allowed.
+bool reset_own_peak() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
+double own_peak_mib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  double kib = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "VmHWM: %lf kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib / 1024.0;
+}
+
+// Call before the benchmark's loop: returns the process's peak so far.
+double start_memory() {
+  const double before = peak_rss_mib();
+  reset_own_peak();
+  return before;
+}
+
+void report_memory(benchmark::State& state, double before, std::int64_t rows) {
+  state.counters["maxrss_MiB_before"] = before;
+  state.counters["maxrss_MiB_after"] = peak_rss_mib();
+  state.counters["own_peak_MiB"] = own_peak_mib();
+  state.SetItemsProcessed(state.iterations() * rows);
+}
+
+// Reads run a's op rows in blocks of 200 steps (as diff does at rows_per_read 200,000) and drops them.
+void read_ops(benchmark::State& state) {
+  const double before = start_memory();
+  std::int64_t rows = 0;
+  for (auto _ : state) {
+    TraceReader r(run_a());
+    rows = 0;
+    for (std::int64_t s = 0; s < kSteps; s += 200) rows += static_cast<std::int64_t>(r.ops(s, s + 200).size());
+  }
+  report_memory(state, before, rows);
+}
+
+// Opens run a and reads step 0's rows: the reader's first ops() call reads the `step` field of every
+// row of /ops (its step index), which is a pass over the whole compressed table.
+void open_and_index(benchmark::State& state) {
+  std::int64_t rows = 0;
+  for (auto _ : state) {
+    TraceReader r(run_a());
+    rows = static_cast<std::int64_t>(r.ops(0, 1).size());
+    benchmark::DoNotOptimize(rows);
+  }
+}
+
+void diff_runs(benchmark::State& state, const std::filesystem::path& b_path) {
+  const double before = start_memory();
+  std::int64_t rows = 0;
+  for (auto _ : state) {
+    TraceReader a(run_a()), b(b_path);
+    const analysis::DiffReport d = analysis::diff(a, b, {.rows_per_read = state.range(0)});
+    rows = a.row_counts().ops + b.row_counts().ops;
+    if (!d.first_divergence) state.SkipWithError("no divergence found");
+    benchmark::DoNotOptimize(d.ops_aligned);
+    state.counters["first_divergence_step"] = static_cast<double>(d.first_divergence ? d.first_divergence->key.step : -1);
+    state.counters["ops_aligned"] = static_cast<double>(d.ops_aligned);
+  }
+  report_memory(state, before, rows);
+}
+
+// fp16 against its perturbed twin: same op sequence, the planted divergence at step 500.
+void diff_perturbed(benchmark::State& state) { diff_runs(state, run_b()); }
+// fp16 against fp32: the casts are only in a, every linear/matmul differs in dtype.
+void diff_fp32(benchmark::State& state) { diff_runs(state, run_c()); }
+
+void analyse_run(benchmark::State& state) {
+  const double before = start_memory();
+  std::int64_t rows = 0;
+  for (auto _ : state) {
+    TraceReader r(run_a());
+    const analysis::Report rep = analysis::analyse(r);
+    rows = r.row_counts().ops;
+    benchmark::DoNotOptimize(rep.anomalies.size());
+  }
+  report_memory(state, before, rows);
+}
+
+// own_peak_MiB is each benchmark's own; ru_maxrss never goes down, so a benchmark that needed more
+// memory than the ones before it is the one that raises maxrss_MiB_after.
+BENCHMARK(open_and_index)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(read_ops)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(diff_perturbed)->ArgName("rows_per_read")->Arg(200000)->Arg(50000)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(diff_fp32)->ArgName("rows_per_read")->Arg(200000)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(analyse_run)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace ampscope::trace
+
+int main(int argc, char** argv) {
+  using namespace ampscope::trace;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  std::filesystem::create_directories(folder());
+  // The writer's queues and the generator stay out of this process's peak memory.
+  const pid_t child = fork();
+  if (child == 0) {
+    try {
+      write_run(run_a(), true, 0.0, false);
+      write_run(run_b(), true, 1e-3, true);
+      write_run(run_c(), false, 1e-3, true);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "writing the traces failed: %s\n", e.what());
+      _exit(1);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  int rc = 1;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    std::fprintf(stderr, "traces in %s: %.0f, %.0f, %.0f MiB\n", folder().c_str(),
+                 static_cast<double>(std::filesystem::file_size(run_a())) / (1 << 20),
+                 static_cast<double>(std::filesystem::file_size(run_b())) / (1 << 20),
+                 static_cast<double>(std::filesystem::file_size(run_c())) / (1 << 20));
+    benchmark::RunSpecifiedBenchmarks();
+    rc = 0;
+  }
+  benchmark::Shutdown();
+  std::filesystem::remove_all(folder());
+  return rc;
+}

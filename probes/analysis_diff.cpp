@@ -1,0 +1,445 @@
+// The two-trace diff (probes/analysis_diff.h). Both files are read a block of steps at a time, the blocks
+// sized from the row counts so each holds about options.rows_per_read op rows per file; within a step the
+// rows are paired by (phase, module, op, occurrence). Two runs of the same model usually record the same op
+// sequence, so a step whose keys match position by position is paired without hashing; only steps that
+// differ (an fp16 run's extra casts) build a map of the other run's rows.
+#include "probes/analysis_diff.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace ampscope::analysis {
+namespace {
+
+using trace::OpRow;
+using trace::Phase;
+using trace::StepRow;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// |x - y| / max(|x|, |y|, floor); NaN stands for "no finite values", so two NaN agree and one NaN is
+// infinitely far from any number.
+double relative(double x, double y, double floor) {
+  const bool nan_x = std::isnan(x), nan_y = std::isnan(y);
+  if (nan_x && nan_y) return 0;
+  if (nan_x || nan_y) return kInf;
+  if (x == y) return 0;  // also two equal infinities, whose difference would be NaN
+  if (std::isinf(x) || std::isinf(y)) return kInf;
+  return std::fabs(x - y) / std::max({std::fabs(x), std::fabs(y), floor});
+}
+
+bool same_key(const OpRow& x, const OpRow& y) { return x.phase == y.phase && x.op == y.op && x.module == y.module; }
+
+struct KeyView {
+  Phase phase;
+  std::string_view module, op;
+  bool operator==(const KeyView&) const = default;
+};
+
+struct KeyViewHash {
+  std::size_t operator()(const KeyView& k) const noexcept {
+    const std::size_t h = std::hash<std::string_view>{}(k.module);
+    return (h * 31 + std::hash<std::string_view>{}(k.op)) * 31 + static_cast<std::size_t>(k.phase);
+  }
+};
+
+KeyView key_of(const OpRow& r) { return {r.phase, r.module, r.op}; }
+
+std::string dtypes_of(const OpRow& r) { return r.in_dtypes + " -> " + r.out_dtype; }
+
+// The numbers of one aligned pair, computed for every pair; an OpDiff (with its strings) is built only for
+// the pairs the report keeps.
+struct PairStats {
+  double rel_absmax = 0, rel_mean = 0, rel_rms = 0, max_rel = 0;
+  const char* stat = "absmax";
+  bool nonfinite_differs = false;
+  bool dtype_differs = false;
+};
+
+PairStats compare(const OpRow& x, const OpRow& y, double floor) {
+  PairStats s;
+  const trace::TensorHealth &a = x.health, &b = y.health;
+  s.rel_absmax = relative(a.absmax, b.absmax, floor);
+  s.rel_mean = relative(a.mean, b.mean, floor);
+  s.rel_rms = relative(a.rms, b.rms, floor);
+  s.max_rel = s.rel_absmax;
+  if (s.rel_mean > s.max_rel) {
+    s.max_rel = s.rel_mean;
+    s.stat = "mean";
+  }
+  if (s.rel_rms > s.max_rel) {
+    s.max_rel = s.rel_rms;
+    s.stat = "rms";
+  }
+  s.nonfinite_differs = a.nan != b.nan || a.pos_inf != b.pos_inf || a.neg_inf != b.neg_inf;
+  if (s.nonfinite_differs) {
+    s.max_rel = kInf;
+    s.stat = "nonfinite";
+  }
+  s.dtype_differs = x.in_dtypes != y.in_dtypes || x.out_dtype != y.out_dtype;
+  return s;
+}
+
+OpDiff make_diff(const OpRow& x, const OpRow& y, std::int64_t occurrence, const PairStats& s) {
+  OpDiff d;
+  d.key = {.step = x.step, .phase = x.phase, .module = x.module, .op = x.op, .occurrence = occurrence};
+  d.seq_a = x.seq;
+  d.seq_b = y.seq;
+  d.dtypes_a = dtypes_of(x);
+  d.dtypes_b = dtypes_of(y);
+  d.a = x.health;
+  d.b = y.health;
+  d.rel_absmax = s.rel_absmax;
+  d.rel_mean = s.rel_mean;
+  d.rel_rms = s.rel_rms;
+  d.max_rel = s.max_rel;
+  d.stat = s.stat;
+  d.nonfinite_differs = s.nonfinite_differs;
+  d.dtype_differs = s.dtype_differs;
+  return d;
+}
+
+bool diverges(const PairStats& s, double threshold) { return s.nonfinite_differs || s.max_rel > threshold; }
+
+// Pairs the rows of one step: the k-th row of a key in `a` with the k-th of the same key in `b`.
+class StepAligner {
+ public:
+  void align(std::span<const OpRow> a, std::span<const OpRow> b) {
+    a_ = a;
+    pairs_.clear();
+    only_a_.clear();
+    only_b_.clear();
+    occurrence_.clear();
+    bool same = a.size() == b.size();
+    for (std::size_t i = 0; same && i < a.size(); ++i) same = same_key(a[i], b[i]);
+    if (same) {
+      for (std::size_t i = 0; i < a.size(); ++i) pairs_.emplace_back(i, i);
+      return;
+    }
+    rows_b_.clear();
+    for (std::size_t j = 0; j < b.size(); ++j) rows_b_[key_of(b[j])].indices.push_back(j);
+    occurrence_.resize(a.size());
+    paired_b_.assign(b.size(), false);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      // A key b lacks gets an empty entry, so a's occurrences of it are counted too.
+      Partners& p = rows_b_[key_of(a[i])];
+      occurrence_[i] = static_cast<std::int64_t>(p.next);
+      if (p.next < p.indices.size()) {
+        pairs_.emplace_back(i, p.indices[p.next]);
+        paired_b_[p.indices[p.next]] = true;
+      } else {
+        only_a_.push_back(i);
+      }
+      ++p.next;
+    }
+    for (std::size_t j = 0; j < b.size(); ++j) {
+      if (!paired_b_[j]) only_b_.push_back(j);
+    }
+  }
+
+  // The occurrence of a's row i among the rows of its key, counted on first use in the fast path.
+  std::int64_t occurrence(std::size_t i) {
+    if (occurrence_.empty()) {
+      std::unordered_map<KeyView, std::int64_t, KeyViewHash> seen;
+      occurrence_.resize(a_.size());
+      for (std::size_t k = 0; k < a_.size(); ++k) occurrence_[k] = seen[key_of(a_[k])]++;
+    }
+    return occurrence_[i];
+  }
+
+  const std::vector<std::pair<std::size_t, std::size_t>>& pairs() const { return pairs_; }
+  const std::vector<std::size_t>& only_a() const { return only_a_; }
+  const std::vector<std::size_t>& only_b() const { return only_b_; }
+
+ private:
+  struct Partners {
+    std::vector<std::size_t> indices;
+    std::size_t next = 0;
+  };
+  std::span<const OpRow> a_;
+  std::vector<std::pair<std::size_t, std::size_t>> pairs_;
+  std::vector<std::size_t> only_a_, only_b_;
+  std::vector<std::int64_t> occurrence_;
+  std::unordered_map<KeyView, Partners, KeyViewHash> rows_b_;
+  std::vector<bool> paired_b_;
+};
+
+// Groups by a text key in order of first appearance.
+template <class Item>
+class Groups {
+ public:
+  Item& at(const std::string& key, bool& created) {
+    auto [it, inserted] = index_.try_emplace(key, items_.size());
+    created = inserted;
+    if (inserted) items_.emplace_back();
+    return items_[it->second];
+  }
+  std::vector<Item> take() { return std::move(items_); }
+
+ private:
+  std::unordered_map<std::string, std::size_t> index_;
+  std::vector<Item> items_;
+};
+
+std::string group_key(const OpRow& r) {
+  std::string k(trace::phase_name(r.phase));
+  k += '\x1f';
+  k += r.module;
+  k += '\x1f';
+  k += r.op;
+  return k;
+}
+
+// "Better" = kept first among the largest differences: larger, then earlier.
+bool larger(const OpDiff& x, const OpDiff& y) {
+  if (x.max_rel != y.max_rel) return x.max_rel > y.max_rel;
+  return std::tie(x.key.step, x.seq_a) < std::tie(y.key.step, y.seq_a);
+}
+
+class Comparison {
+ public:
+  Comparison(DiffReport& report, const DiffOptions& options) : report_(report), options_(options) {}
+
+  void step(std::span<const OpRow> a, std::span<const OpRow> b) {
+    aligner_.align(a, b);
+    for (const auto& [i, j] : aligner_.pairs()) {
+      const OpRow &x = a[i], &y = b[j];
+      const PairStats s = compare(x, y, options_.floor);
+      ++report_.ops_aligned;
+      if (s.dtype_differs) add_dtype_difference(x, y);
+      const bool divergent = diverges(s, options_.threshold);
+      const std::optional<OpDiff>& earliest = report_.first_divergence;
+      const bool first = divergent && (!earliest || (earliest->key.step == x.step && x.seq < earliest->seq_a));
+      const bool keep = s.max_rel > 0 && options_.largest > 0 &&
+                        (largest_.size() < options_.largest || s.max_rel >= largest_.front().max_rel);
+      if (!first && !keep) continue;
+      OpDiff d = make_diff(x, y, aligner_.occurrence(i), s);
+      if (keep) offer(d);
+      if (first) report_.first_divergence = std::move(d);
+    }
+    for (std::size_t i : aligner_.only_a()) add_unmatched(only_a_, a[i]);
+    for (std::size_t j : aligner_.only_b()) add_unmatched(only_b_, b[j]);
+  }
+
+  void finish() {
+    std::sort(largest_.begin(), largest_.end(), larger);
+    report_.largest = std::move(largest_);
+    report_.dtype_differences = dtypes_.take();
+    report_.only_in_a = only_a_.take();
+    report_.only_in_b = only_b_.take();
+  }
+
+ private:
+  // A min-heap (the smallest kept difference on top) of at most options.largest entries.
+  void offer(const OpDiff& d) {
+    if (largest_.size() < options_.largest) {
+      largest_.push_back(d);
+      std::push_heap(largest_.begin(), largest_.end(), larger);
+    } else if (larger(d, largest_.front())) {
+      std::pop_heap(largest_.begin(), largest_.end(), larger);
+      largest_.back() = d;
+      std::push_heap(largest_.begin(), largest_.end(), larger);
+    }
+  }
+
+  void add_dtype_difference(const OpRow& x, const OpRow& y) {
+    std::string key = group_key(x);
+    key += '\x1f';
+    key += x.in_dtypes;
+    key += '>';
+    key += x.out_dtype;
+    key += '\x1f';
+    key += y.in_dtypes;
+    key += '>';
+    key += y.out_dtype;
+    bool created = false;
+    DtypeDifference& g = dtypes_.at(key, created);
+    if (created) {
+      g.phase = x.phase;
+      g.module = x.module;
+      g.op = x.op;
+      g.dtypes_a = dtypes_of(x);
+      g.dtypes_b = dtypes_of(y);
+      g.first_step = x.step;
+    }
+    ++g.count;
+  }
+
+  void add_unmatched(Groups<Unmatched>& groups, const OpRow& r) {
+    bool created = false;
+    Unmatched& g = groups.at(group_key(r), created);
+    if (created) {
+      g.phase = r.phase;
+      g.module = r.module;
+      g.op = r.op;
+      g.first_step = r.step;
+    }
+    ++g.count;
+  }
+
+  DiffReport& report_;
+  const DiffOptions& options_;
+  StepAligner aligner_;
+  std::vector<OpDiff> largest_;
+  Groups<DtypeDifference> dtypes_;
+  Groups<Unmatched> only_a_, only_b_;
+};
+
+void sort_by_step(std::vector<OpRow>& rows) {
+  const auto by_step = [](const OpRow& x, const OpRow& y) { return x.step < y.step; };
+  if (!std::is_sorted(rows.begin(), rows.end(), by_step)) std::stable_sort(rows.begin(), rows.end(), by_step);
+}
+
+// The end of the run of rows with the same step as rows[begin].
+std::size_t step_end(const std::vector<OpRow>& rows, std::size_t begin) {
+  std::size_t end = begin;
+  while (end < rows.size() && rows[end].step == rows[begin].step) ++end;
+  return end;
+}
+
+bool has(const std::vector<std::int64_t>& sorted, std::int64_t step) {
+  return std::binary_search(sorted.begin(), sorted.end(), step);
+}
+
+std::vector<std::int64_t> step_numbers(const std::vector<StepRow>& rows) {
+  std::vector<std::int64_t> steps;
+  steps.reserve(rows.size());
+  for (const StepRow& r : rows) steps.push_back(r.step);
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  return steps;
+}
+
+// The loss curves side by side, every step of either run; the first step whose losses part.
+void compare_losses(DiffReport& report, const std::vector<StepRow>& a, const std::vector<StepRow>& b,
+                    const std::vector<std::int64_t>& all_steps) {
+  std::unordered_map<std::int64_t, const StepRow*> row_a, row_b;
+  for (const StepRow& r : a) row_a.try_emplace(r.step, &r);
+  for (const StepRow& r : b) row_b.try_emplace(r.step, &r);
+  report.losses.reserve(all_steps.size());
+  for (std::int64_t s : all_steps) {
+    LossPoint p;
+    p.step = s;
+    auto fa = row_a.find(s);
+    auto fb = row_b.find(s);
+    if (fa != row_a.end()) {
+      p.in_a = true;
+      p.loss_a = fa->second->loss;
+      p.scale_a = fa->second->scale;
+      p.skipped_a = fa->second->skipped;
+    }
+    if (fb != row_b.end()) {
+      p.in_b = true;
+      p.loss_b = fb->second->loss;
+      p.scale_b = fb->second->scale;
+      p.skipped_b = fb->second->skipped;
+    }
+    if (p.in_a && p.in_b) {
+      ++report.steps_compared;
+      p.rel = relative(p.loss_a, p.loss_b, report.options.floor);
+      if (!report.first_loss_divergence && p.rel > report.options.threshold) report.first_loss_divergence = s;
+    } else if (p.in_a) {
+      report.steps_only_in_a.push_back(s);
+    } else {
+      report.steps_only_in_b.push_back(s);
+    }
+    report.losses.push_back(p);
+  }
+}
+
+}  // namespace
+
+std::vector<OpDiff> diff_ops(std::span<const trace::OpRow> a, std::span<const trace::OpRow> b, const DiffOptions& options) {
+  // Rows of several steps are aligned step by step, as diff() does.
+  std::vector<OpRow> rows_a(a.begin(), a.end()), rows_b(b.begin(), b.end());
+  sort_by_step(rows_a);
+  sort_by_step(rows_b);
+  std::vector<OpDiff> out;
+  StepAligner aligner;
+  std::size_t i = 0, j = 0;
+  while (i < rows_a.size()) {
+    const std::size_t ie = step_end(rows_a, i);
+    const std::int64_t s = rows_a[i].step;
+    while (j < rows_b.size() && rows_b[j].step < s) ++j;
+    const std::size_t jb = j;
+    while (j < rows_b.size() && rows_b[j].step == s) ++j;
+    const std::span<const OpRow> step_a(rows_a.data() + i, ie - i), step_b(rows_b.data() + jb, j - jb);
+    aligner.align(step_a, step_b);
+    for (const auto& [pi, pj] : aligner.pairs()) {
+      const PairStats s = compare(step_a[pi], step_b[pj], options.floor);
+      out.push_back(make_diff(step_a[pi], step_b[pj], aligner.occurrence(pi), s));
+    }
+    i = ie;
+  }
+  return out;
+}
+
+DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions& options, const DiffProgress& progress) {
+  if (options.rows_per_read < 1) {
+    throw Error(fmt::format("diff: rows_per_read must be at least 1, got {}\nhint: the default, 200000, holds about "
+                            "100 MB of rows per file",
+                            options.rows_per_read));
+  }
+  DiffReport report;
+  report.path_a = a.path().string();
+  report.path_b = b.path().string();
+  report.run_a = a.run_info();
+  report.run_b = b.run_info();
+  report.options = options;
+
+  const std::vector<StepRow> step_rows_a = a.steps(), step_rows_b = b.steps();
+  const std::vector<std::int64_t> steps_a = step_numbers(step_rows_a), steps_b = step_numbers(step_rows_b);
+  std::vector<std::int64_t> all_steps;
+  std::set_union(steps_a.begin(), steps_a.end(), steps_b.begin(), steps_b.end(), std::back_inserter(all_steps));
+  compare_losses(report, step_rows_a, step_rows_b, all_steps);
+
+  // Blocks of whole steps; the first reaches down to the smallest step and the last up to the largest,
+  // so op rows outside steps (-1) and those of a truncated last step are read too.
+  const trace::RowCounts counts_a = a.row_counts(), counts_b = b.row_counts();
+  const auto per_step = [](std::int64_t rows, std::size_t steps) {
+    return rows / std::max<std::int64_t>(1, static_cast<std::int64_t>(steps));
+  };
+  const std::int64_t rows_per_step =
+      std::max<std::int64_t>({1, per_step(counts_a.ops, steps_a.size()), per_step(counts_b.ops, steps_b.size())});
+  const std::size_t steps_per_block =
+      static_cast<std::size_t>(std::max<std::int64_t>(1, options.rows_per_read / rows_per_step));
+  const std::int64_t total = counts_a.ops + counts_b.ops;
+  std::int64_t done = 0;
+
+  Comparison comparison(report, options);
+  for (std::size_t k = 0; k == 0 || k < all_steps.size(); k += steps_per_block) {
+    const std::int64_t begin = k == 0 ? trace::kFirstStep : all_steps[k];
+    const std::int64_t end = k + steps_per_block >= all_steps.size() ? trace::kLastStep : all_steps[k + steps_per_block];
+    std::vector<OpRow> rows_a = a.ops(begin, end);
+    std::vector<OpRow> rows_b = b.ops(begin, end);
+    done += static_cast<std::int64_t>(rows_a.size() + rows_b.size());
+    sort_by_step(rows_a);
+    sort_by_step(rows_b);
+    std::size_t i = 0, j = 0;
+    while (i < rows_a.size() || j < rows_b.size()) {
+      const std::int64_t s = std::min(i < rows_a.size() ? rows_a[i].step : trace::kLastStep,
+                                      j < rows_b.size() ? rows_b[j].step : trace::kLastStep);
+      const std::size_t ie = i < rows_a.size() && rows_a[i].step == s ? step_end(rows_a, i) : i;
+      const std::size_t je = j < rows_b.size() && rows_b[j].step == s ? step_end(rows_b, j) : j;
+      // A step recorded in one run only is in steps_only_in_a/b; its ops are not listed again one by one.
+      if (has(steps_a, s) == has(steps_b, s)) {
+        comparison.step({rows_a.data() + i, ie - i}, {rows_b.data() + j, je - j});
+      }
+      i = ie;
+      j = je;
+    }
+    if (progress) progress(done, total);
+  }
+  comparison.finish();
+  return report;
+}
+
+}  // namespace ampscope::analysis

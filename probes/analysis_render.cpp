@@ -1,0 +1,674 @@
+// The report and the diff as text and JSON (probes/analysis_render.h). The text answers "what went wrong
+// first, and where" in its first lines, then gives the details; the JSON mirrors the structs of
+// probes/analysis.h and probes/analysis_diff.h field for field (docs/report-format.md).
+#include "probes/analysis_render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace ampscope::analysis {
+namespace {
+
+using json = nlohmann::ordered_json;  // fields in the order docs/report-format.md lists them
+using trace::Phase;
+
+// One line per cause: what the cause name means, for a reader who has not read docs/report-format.md.
+struct CauseText {
+  std::string_view cause;
+  std::string_view explanation;
+};
+constexpr CauseText kCauseTexts[] = {
+    {"f16_overflow", "a finite value beyond f16's largest (65504) became inf, in an f16 result or in autocast's cast to f16"},
+    {"exp_overflow", "exp of a large argument overflowed to inf (above about 11.1 in f16, 88.7 in f32)"},
+    {"log_of_zero", "log of 0 gives -inf and log of a negative value gives NaN (often log(softmax(x)) after softmax underflowed to 0)"},
+    {"division_by_zero", "a division by zero (or by a denominator that underflowed to 0) gave inf"},
+    {"invalid_operation", "an operation without a defined result (inf - inf, 0 * inf, 0 / 0) gave NaN"},
+    {"nonfinite_input", "the data already held NaN or inf before the first op: no op created them"},
+    {"gradient_overflow", "a gradient became inf or NaN in the backward pass (scaled gradients beyond the dtype's range)"},
+    {"gradient_underflow", "gradients flushed to zero: too small for f16 (below 2^-24) without enough loss scaling"},
+    {"accumulating_gradients", "gradients are never cleared, so they grow step after step and an inf in .grad stays there"},
+    {"scale_collapse", "the GradScaler kept meeting inf/NaN and halved the scale below 1: an overflow that backing off cannot cure"},
+    {"unknown", "inf appeared where no rule applies (an f32 or bf16 result): compare with an fp32 run of the same seed"},
+};
+
+std::string_view explanation(std::string_view cause) {
+  for (const CauseText& c : kCauseTexts)
+    if (c.cause == cause) return c.explanation;
+  return "not one of the documented causes";
+}
+
+// ---- text helpers ----
+
+// ANSI SGR codes, written only when the style asks for colour.
+constexpr std::string_view kBold = "1", kRed = "1;31", kYellow = "33", kGreen = "1;32", kCyan = "36", kDim = "2";
+
+class Text {
+ public:
+  explicit Text(const TextStyle& style) : style_(style) {}
+  std::string paint(std::string_view code, std::string_view text) const {
+    if (!style_.colour || text.empty()) return std::string(text);
+    return fmt::format("\x1b[{}m{}\x1b[0m", code, text);
+  }
+  template <typename... Args>
+  void line(fmt::format_string<Args...> f, Args&&... args) {
+    out_ += fmt::format(f, std::forward<Args>(args)...);
+    out_ += '\n';
+  }
+  void blank() {
+    if (!out_.empty() && out_.back() == '\n' && (out_.size() < 2 || out_[out_.size() - 2] != '\n')) out_ += '\n';
+  }
+  const TextStyle& style() const { return style_; }
+  std::string take() { return std::move(out_); }
+
+ private:
+  const TextStyle& style_;
+  std::string out_;
+};
+
+std::string plural(std::int64_t n, std::string_view one, std::string_view many) {
+  return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+
+std::string plural(std::int64_t n, std::string_view word) { return plural(n, word, std::string(word) + "s"); }
+
+// A statistic for a person: 4 significant digits; NaN (no finite values) as "nan".
+std::string num(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return fmt::format("{:.4g}", x);
+}
+
+// A loss scale: shortest exact form (65536, 0.5), since scales are powers of two.
+std::string scale(double x) {
+  if (!std::isfinite(x)) return num(x);
+  return fmt::format("{}", x);
+}
+
+std::string percent(double fraction) {
+  if (!std::isfinite(fraction)) return num(fraction);
+  return fmt::format("{:.1f}%", 100.0 * fraction);
+}
+
+bool has_seq(std::int64_t seq) { return seq >= 0 && seq != std::numeric_limits<std::int64_t>::max(); }
+
+// "bmm in blocks.0.attn", "log (outside any module)", "the backward of linear in fc1".
+std::string place(Phase phase, const std::string& op, const std::string& module) {
+  if (op.empty()) return module.empty() ? std::string() : module;
+  std::string s = phase == Phase::backward ? "the backward of " + op : op;
+  return module.empty() ? s + " (outside any module)" : fmt::format("{} in {}", s, module);
+}
+
+// place() for lists that give no phase column: the optimizer's and scaler's ops say their phase.
+std::string phase_place(Phase phase, const std::string& op, const std::string& module) {
+  std::string s = place(phase, op, module);
+  if (phase == Phase::optimizer || phase == Phase::scaler) s += fmt::format(" [{}]", trace::phase_name(phase));
+  return s;
+}
+
+// Where a diagnosis sits: an op, or the whole run for the step-level causes.
+std::string where(const Diagnosis& d) {
+  if (!d.op.empty()) return place(d.phase, d.op, d.module);
+  if (d.cause == "gradient_underflow") return "every gradient (no single op)";
+  if (d.cause == "scale_collapse") return "the GradScaler (no single op)";
+  return "the whole step (no single op)";
+}
+
+// "f16,f16 -> f16; autocast: lower_precision_fp"
+std::string dtypes(const std::string& in, const std::string& out, const std::string& autocast) {
+  std::string s;
+  if (!in.empty() || !out.empty()) s = fmt::format("{} -> {}", in.empty() ? "?" : in, out.empty() ? "?" : out);
+  if (!autocast.empty()) s += (s.empty() ? "" : "; ") + fmt::format("autocast: {}", autocast);
+  return s;
+}
+
+std::string run_text(const trace::RunInfo& run) {
+  std::vector<std::string> parts;
+  if (!run.model.empty()) parts.push_back(run.model);
+  if (!run.precision.empty()) parts.push_back(run.precision);
+  if (!run.device.empty()) parts.push_back(run.device);
+  parts.push_back(fmt::format("seed {}", run.seed));
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+std::string propagation(const Diagnosis& d, std::size_t max_names) {
+  std::vector<std::string> parts;
+  if (has_seq(d.seq) || d.downstream_nonfinite > 0)
+    parts.push_back(fmt::format("{} of step {} turned non-finite", plural(d.downstream_nonfinite, "later op"), d.step));
+  parts.push_back(d.loss_nonfinite ? "the loss was non-finite" : "the loss stayed finite");
+  if (!d.gradients.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < d.gradients.size() && i < max_names; ++i) names += (i ? ", " : "") + d.gradients[i];
+    if (d.gradients.size() > max_names) names += fmt::format(" and {} more", d.gradients.size() - max_names);
+    parts.push_back(fmt::format("non-finite gradients of {} ({})", plural(static_cast<std::int64_t>(d.gradients.size()),
+                                                                           "parameter"), names));
+  }
+  parts.push_back(fmt::format("{} skipped from step {} on", plural(d.skipped_steps, "step"), d.step));
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+std::string occurrences(std::int64_t n, std::int64_t first, std::int64_t last) {
+  if (n <= 1 && last <= first) return fmt::format("once (step {})", first);
+  return fmt::format("{} (steps {} to {})", plural(n, "time"), first, last);
+}
+
+std::string headroom_message(const HeadroomWarning& w) {
+  if (!w.message.empty()) return w.message;
+  // The analysis writes the sentence; this is only the fallback for a warning built without one.
+  if (w.kind == "near_f16_max") return fmt::format("absmax {} is within a factor {} of f16's largest value 65504", num(w.absmax),
+                                                   num(w.absmax > 0 ? kF16Max / w.absmax : 0));
+  if (w.kind == "subnormal") return fmt::format("{} of the values are subnormal", percent(w.fraction));
+  if (w.kind == "flush_to_zero") return fmt::format("{} of the non-zero values became zero in the cast", percent(w.fraction));
+  if (w.kind == "below_f16") return fmt::format("{} of the non-zero values are below f16's smallest subnormal (2^-24)",
+                                                percent(w.fraction));
+  return w.kind;
+}
+
+std::string scaler_numbers(const ScalerHealth& s) {
+  std::string skips = fmt::format("{} of {} skipped ({})", s.skipped, plural(s.steps, "step"), percent(s.skip_rate));
+  if (s.skipped > 0)
+    skips += fmt::format(", longest run {}, first at step {}, last at step {}", s.longest_skip_run, s.first_skip, s.last_skip);
+  return fmt::format("{}; scale {} -> {} (min {}, max {}); {} growths, {} backoffs", skips, scale(s.scale_start),
+                     scale(s.scale_end), scale(s.scale_min), scale(s.scale_max), s.growths, s.backoffs);
+}
+
+std::string scaler_message(const ScalerHealth& s) {
+  if (!s.message.empty()) return s.message;
+  if (!s.used) return "no loss scaling (the scale is 1 at every step)";
+  return s.skipped == 0 ? "no step was skipped" : fmt::format("{} skipped", plural(s.skipped, "step"));
+}
+
+std::string_view verdict_colour(const std::string& verdict) {
+  if (verdict == "healthy" || verdict == "settled" || verdict == "no_scaler") return kGreen;
+  if (verdict == "never_grows") return kYellow;
+  return kRed;
+}
+
+// ---- JSON helpers ----
+
+// JSON has no NaN or infinity: NaN is written null, the infinities as the strings "inf" and "-inf".
+json number(double x) {
+  if (std::isnan(x)) return nullptr;
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return x;
+}
+
+json seq_json(std::int64_t seq) { return has_seq(seq) ? json(seq) : json(nullptr); }
+
+json run_json(const trace::RunInfo& r) {
+  return {{"precision", r.precision}, {"device", r.device}, {"model", r.model}, {"seed", r.seed}, {"config", r.config}};
+}
+
+json health_json(const trace::TensorHealth& h) {
+  return {{"numel", h.numel}, {"nan", h.nan},           {"pos_inf", h.pos_inf},   {"neg_inf", h.neg_inf},
+          {"zero", h.zero},   {"subnormal", h.subnormal}, {"min", number(h.min)}, {"max", number(h.max)},
+          {"absmax", number(h.absmax)}, {"mean", number(h.mean)}, {"rms", number(h.rms)}};
+}
+
+json diagnosis_json(const Diagnosis& d) {
+  return {{"step", d.step},
+          {"seq", seq_json(d.seq)},
+          {"phase", std::string(trace::phase_name(d.phase))},
+          {"module", d.module},
+          {"op", d.op},
+          {"in_dtypes", d.in_dtypes},
+          {"out_dtype", d.out_dtype},
+          {"autocast", d.autocast},
+          {"cause", d.cause},
+          {"explanation", std::string(explanation(d.cause))},
+          {"evidence", d.evidence},
+          {"downstream_nonfinite", d.downstream_nonfinite},
+          {"loss_nonfinite", d.loss_nonfinite},
+          {"gradients", d.gradients},
+          {"skipped_steps", d.skipped_steps},
+          {"remedy", d.remedy},
+          {"occurrences", d.occurrences},
+          {"last_step", d.last_step}};
+}
+
+json warning_json(const HeadroomWarning& w) {
+  return {{"kind", w.kind},
+          {"step", w.step},
+          {"seq", seq_json(w.seq)},
+          {"phase", std::string(trace::phase_name(w.phase))},
+          {"module", w.module},
+          {"op", w.op},
+          {"tensor", w.tensor},
+          {"dtype", w.dtype},
+          {"absmax", number(w.absmax)},
+          {"fraction", number(w.fraction)},
+          {"message", headroom_message(w)},
+          {"occurrences", w.occurrences},
+          {"last_step", w.last_step}};
+}
+
+json scaler_json(const ScalerHealth& s) {
+  return {{"used", s.used},
+          {"steps", s.steps},
+          {"skipped", s.skipped},
+          {"skip_rate", number(s.skip_rate)},
+          {"longest_skip_run", s.longest_skip_run},
+          {"first_skip", s.first_skip},
+          {"last_skip", s.last_skip},
+          {"growths", s.growths},
+          {"backoffs", s.backoffs},
+          {"scale_start", number(s.scale_start)},
+          {"scale_min", number(s.scale_min)},
+          {"scale_max", number(s.scale_max)},
+          {"scale_end", number(s.scale_end)},
+          {"verdict", s.verdict},
+          {"message", s.message}};
+}
+
+json key_json(const OpKey& k) {
+  return {{"step", k.step}, {"phase", std::string(trace::phase_name(k.phase))}, {"module", k.module}, {"op", k.op},
+          {"occurrence", k.occurrence}};
+}
+
+json op_diff_json(const OpDiff& d) {
+  return {{"key", key_json(d.key)},
+          {"seq_a", d.seq_a},
+          {"seq_b", d.seq_b},
+          {"dtypes_a", d.dtypes_a},
+          {"dtypes_b", d.dtypes_b},
+          {"a", health_json(d.a)},
+          {"b", health_json(d.b)},
+          {"rel_absmax", number(d.rel_absmax)},
+          {"rel_mean", number(d.rel_mean)},
+          {"rel_rms", number(d.rel_rms)},
+          {"max_rel", number(d.max_rel)},
+          {"stat", d.stat},
+          {"nonfinite_differs", d.nonfinite_differs},
+          {"dtype_differs", d.dtype_differs}};
+}
+
+json unmatched_json(const std::vector<Unmatched>& list) {
+  json out = json::array();
+  for (const Unmatched& u : list)
+    out.push_back({{"phase", std::string(trace::phase_name(u.phase))}, {"module", u.module}, {"op", u.op},
+                   {"count", u.count}, {"first_step", u.first_step}});
+  return out;
+}
+
+// ---- diff text helpers ----
+
+bool diverged(const DiffReport& d) { return d.first_divergence.has_value() || d.first_loss_divergence.has_value(); }
+
+std::string op_diff_place(const OpDiff& d) {
+  std::string s = phase_place(d.key.phase, d.key.op, d.key.module);
+  if (d.key.occurrence > 0) s += fmt::format(" (occurrence {})", d.key.occurrence);
+  return s;
+}
+
+// "nonfinite: a 12 +inf, b none" / "absmax: a 6.55e+04, b 1.45e+05 (rel 0.55)"
+std::string op_diff_detail(const OpDiff& d) {
+  auto counts = [](const trace::TensorHealth& h) {
+    std::vector<std::string> parts;
+    if (h.nan > 0) parts.push_back(fmt::format("{} NaN", h.nan));
+    if (h.pos_inf > 0) parts.push_back(fmt::format("{} +inf", h.pos_inf));
+    if (h.neg_inf > 0) parts.push_back(fmt::format("{} -inf", h.neg_inf));
+    return parts.empty() ? std::string("none") : fmt::format("{}", fmt::join(parts, ", "));
+  };
+  if (d.stat == "nonfinite" || d.nonfinite_differs)
+    return fmt::format("NaN/inf counts differ: a {}, b {} (absmax a {}, b {})", counts(d.a), counts(d.b), num(d.a.absmax),
+                       num(d.b.absmax));
+  auto pick = [&](const trace::TensorHealth& h) {
+    if (d.stat == "mean") return h.mean;
+    if (d.stat == "rms") return h.rms;
+    return h.absmax;
+  };
+  return fmt::format("{}: a {}, b {} (relative difference {})", d.stat.empty() ? "absmax" : d.stat, num(pick(d.a)),
+                     num(pick(d.b)), num(d.max_rel));
+}
+
+std::string loss_cell(bool in, double loss, bool skipped) {
+  if (!in) return "-";
+  return num(loss) + (skipped ? " S" : "");
+}
+
+}  // namespace
+
+// ===================================================================================================
+// Report
+
+std::string render_text(const Report& rep, const TextStyle& style) {
+  Text t(style);
+  const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
+  const std::size_t max_names = 5;
+
+  // ---- the answer first ----
+  if (rep.anomalies.empty()) {
+    t.line("{}", t.paint(kGreen, fmt::format("OK: no NaN/Inf found in {} ({} op rows, {} gradient rows)",
+                                             plural(rep.steps, "step"), rep.op_rows, rep.grad_rows)));
+  } else {
+    const Diagnosis& d = rep.anomalies.front();
+    const std::string types = dtypes(d.in_dtypes, d.out_dtype, d.autocast);
+    t.line("{} step {}, {}, {}{}", t.paint(kRed, "FIRST ANOMALY:"), d.step, trace::phase_name(d.phase),
+           t.paint(kBold, where(d)), types.empty() ? "" : " (" + types + ")");
+    t.line("  cause: {}: {}", t.paint(kRed, d.cause), explanation(d.cause));
+    if (!d.evidence.empty()) t.line("  evidence: {}", d.evidence.front());
+    if (!d.remedy.empty()) t.line("  fix: {}", t.paint(kGreen, d.remedy));
+    if (rep.anomalies.size() > 1)
+      t.line("  {} more anomal{} {}", rep.anomalies.size() - 1, rep.anomalies.size() == 2 ? "y" : "ies",
+             style.brief ? "(ampscope report lists them)" : "below (they come later, often because of this one)");
+  }
+  if (!rep.complete)
+    t.line("{} the trace is incomplete: its writer did not close it (killed, failed or still running); "
+           "analysed the {} it holds",
+           t.paint(kYellow, "NOTE:"), plural(rep.steps, "step"));
+  if (style.brief) return t.take();
+  t.blank();
+
+  // ---- the run ----
+  t.line("{} {}", t.paint(kCyan, "trace:"), rep.path.empty() ? std::string("(rows in memory)") : rep.path);
+  t.line("{} {}; {} analysed, {} op rows, {} gradient rows{}", t.paint(kCyan, "run:  "), run_text(rep.run),
+         plural(rep.steps, "step"), rep.op_rows, rep.grad_rows, rep.complete ? "" : " (incomplete)");
+
+  // ---- every anomaly ----
+  if (!rep.anomalies.empty()) {
+    t.blank();
+    t.line("{}", t.paint(kBold, fmt::format("ANOMALIES ({})", rep.anomalies.size())));
+    for (std::size_t i = 0; i < rep.anomalies.size() && i < max_items; ++i) {
+      const Diagnosis& d = rep.anomalies[i];
+      if (i > 0) t.blank();
+      t.line("[{}] {} {}", i + 1, t.paint(kRed, d.cause), t.paint(kBold, where(d)));
+      std::string origin = fmt::format("step {}, {}", d.step, trace::phase_name(d.phase));
+      if (has_seq(d.seq)) origin += fmt::format(", op #{} of the step", d.seq);
+      const std::string types = dtypes(d.in_dtypes, d.out_dtype, d.autocast);
+      if (!types.empty()) origin += ", " + types;
+      t.line("    {}  {}", t.paint(kCyan, "origin:     "), origin);
+      t.line("    {}  {}", t.paint(kCyan, "cause:      "), explanation(d.cause));
+      for (std::size_t e = 0; e < d.evidence.size(); ++e)
+        t.line("    {}  - {}", t.paint(kCyan, e == 0 ? "evidence:   " : "            "), d.evidence[e]);
+      t.line("    {}  {}", t.paint(kCyan, "propagation:"), propagation(d, max_names));
+      if (!d.remedy.empty()) t.line("    {}  {}", t.paint(kCyan, "remedy:     "), t.paint(kGreen, d.remedy));
+      t.line("    {}  {}", t.paint(kCyan, "occurrences:"), occurrences(d.occurrences, d.step, d.last_step));
+    }
+    if (rep.anomalies.size() > max_items) t.line("... and {} more (--json lists them all)", rep.anomalies.size() - max_items);
+  }
+
+  // ---- scaler ----
+  t.blank();
+  const ScalerHealth& s = rep.scaler;
+  t.line("{} {}: {}", t.paint(kBold, "SCALER:"), t.paint(verdict_colour(s.verdict), s.verdict), scaler_message(s));
+  if (s.used || s.skipped > 0) t.line("  {}", scaler_numbers(s));
+
+  // ---- headroom ----
+  t.blank();
+  if (rep.warnings.empty()) {
+    t.line("{} none (no op came within the headroom factor of f16's range, nothing flushed to zero)",
+           t.paint(kBold, "HEADROOM:"));
+  } else {
+    t.line("{}", t.paint(kBold, fmt::format("HEADROOM WARNINGS ({})", rep.warnings.size())));
+    for (std::size_t i = 0; i < rep.warnings.size() && i < max_items; ++i) {
+      const HeadroomWarning& w = rep.warnings[i];
+      std::string at = w.op.empty() ? fmt::format("gradient of {}", w.tensor) : place(w.phase, w.op, w.module);
+      if (!w.op.empty() && !w.tensor.empty() && w.tensor != "output") at += fmt::format(" ({})", w.tensor);
+      t.line("  {} step {}, {}{}: {}{}", t.paint(kYellow, w.kind), w.step, at, w.dtype.empty() ? "" : " [" + w.dtype + "]",
+             headroom_message(w),
+             w.occurrences > 1 ? fmt::format(" ({}, last at step {})", plural(w.occurrences, "time"), w.last_step) : "");
+    }
+    if (rep.warnings.size() > max_items) t.line("  ... and {} more (--json lists them all)", rep.warnings.size() - max_items);
+  }
+
+  // ---- summary ----
+  t.blank();
+  std::string summary;
+  if (rep.anomalies.empty()) {
+    summary = "healthy: no NaN/Inf";
+  } else {
+    const Diagnosis& d = rep.anomalies.front();
+    summary = fmt::format("{} (first: {} at step {}, {})", plural(static_cast<std::int64_t>(rep.anomalies.size()), "anomaly",
+                                                                  "anomalies"),
+                          d.cause, d.step, where(d));
+  }
+  summary += fmt::format("; {}; scaler {}", plural(static_cast<std::int64_t>(rep.warnings.size()), "headroom warning"),
+                         s.verdict);
+  if (s.skipped > 0) summary += fmt::format(" ({} of {} steps skipped)", s.skipped, s.steps);
+  if (!rep.complete) summary += "; trace incomplete";
+  t.line("{} {}", t.paint(rep.anomalies.empty() ? kGreen : kRed, "SUMMARY:"), summary);
+  return t.take();
+}
+
+std::string render_json(const Report& rep) {
+  json doc;
+  doc["schema_version"] = kReportSchemaVersion;
+  doc["kind"] = "report";
+  doc["path"] = rep.path;
+  doc["run"] = run_json(rep.run);
+  doc["complete"] = rep.complete;
+  doc["steps"] = rep.steps;
+  doc["op_rows"] = rep.op_rows;
+  doc["grad_rows"] = rep.grad_rows;
+  doc["healthy"] = rep.healthy();
+  doc["anomalies"] = json::array();
+  for (const Diagnosis& d : rep.anomalies) doc["anomalies"].push_back(diagnosis_json(d));
+  doc["warnings"] = json::array();
+  for (const HeadroomWarning& w : rep.warnings) doc["warnings"].push_back(warning_json(w));
+  doc["scaler"] = scaler_json(rep.scaler);
+  // Invalid UTF-8 in a recorded name (a cut string) becomes U+FFFD rather than an exception.
+  return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+// ===================================================================================================
+// Diff
+
+std::string render_text(const DiffReport& d, const TextStyle& style) {
+  Text t(style);
+  const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
+  const std::string threshold = fmt::format("{} relative", num(d.options.threshold));
+
+  // ---- the answer first ----
+  if (d.first_divergence) {
+    const OpDiff& f = *d.first_divergence;
+    t.line("{} step {}, {}", t.paint(kRed, "FIRST DIVERGENCE:"), f.key.step, t.paint(kBold, op_diff_place(f)));
+    t.line("  {}", op_diff_detail(f));
+    if (f.dtypes_a != f.dtypes_b)
+      t.line("  dtypes: a {}, b {}", f.dtypes_a.empty() ? "?" : f.dtypes_a, f.dtypes_b.empty() ? "?" : f.dtypes_b);
+    else if (!f.dtypes_a.empty())
+      t.line("  dtypes: {} in both", f.dtypes_a);
+  } else {
+    t.line("{}", t.paint(kGreen, fmt::format("NO OP DIVERGENCE: no aligned op differs by more than {} ({} aligned op rows)",
+                                             threshold, d.ops_aligned)));
+  }
+  if (d.first_loss_divergence) {
+    const std::int64_t step = *d.first_loss_divergence;
+    const auto p = std::find_if(d.losses.begin(), d.losses.end(), [&](const LossPoint& l) { return l.step == step; });
+    if (p != d.losses.end())
+      t.line("{} step {}: a {}, b {} (relative difference {})", t.paint(kRed, "LOSSES PART:"), step, num(p->loss_a),
+             num(p->loss_b), num(p->rel));
+    else
+      t.line("{} step {}", t.paint(kRed, "LOSSES PART:"), step);
+  } else if (!d.losses.empty()) {
+    t.line("{} the losses stay within {}", t.paint(kGreen, "LOSSES AGREE:"), threshold);
+  }
+  if (style.brief) {
+    std::int64_t rows = 0;
+    for (const DtypeDifference& x : d.dtype_differences) rows += x.count;
+    t.line("  dtype differences: {} in {} (phase, module, op) group{}", plural(rows, "op row"), d.dtype_differences.size(),
+           d.dtype_differences.size() == 1 ? "" : "s");
+    return t.take();
+  }
+  t.blank();
+
+  // ---- the two runs ----
+  t.line("{} {}  ({})", t.paint(kCyan, "a:"), d.path_a.empty() ? std::string("(rows in memory)") : d.path_a, run_text(d.run_a));
+  t.line("{} {}  ({})", t.paint(kCyan, "b:"), d.path_b.empty() ? std::string("(rows in memory)") : d.path_b, run_text(d.run_b));
+  t.line("compared: {} in both, {} aligned op rows; threshold {} (magnitudes below {} count as {})",
+         plural(d.steps_compared, "step"), d.ops_aligned, threshold, num(d.options.floor), num(d.options.floor));
+
+  // ---- loss curves ----
+  if (!d.losses.empty()) {
+    t.blank();
+    // Every step when few; otherwise evenly spaced rows, plus the first and last and the divergence steps.
+    constexpr std::size_t kAllRows = 24, kSampledRows = 16;
+    std::set<std::size_t> rows;
+    if (d.losses.size() <= kAllRows) {
+      for (std::size_t i = 0; i < d.losses.size(); ++i) rows.insert(i);
+    } else {
+      for (std::size_t k = 0; k < kSampledRows; ++k) rows.insert(k * (d.losses.size() - 1) / (kSampledRows - 1));
+      for (std::optional<std::int64_t> s : {d.first_loss_divergence, d.first_divergence
+                                                                         ? std::optional<std::int64_t>(d.first_divergence->key.step)
+                                                                         : std::nullopt}) {
+        if (!s) continue;
+        for (std::size_t i = 0; i < d.losses.size(); ++i)
+          if (d.losses[i].step == *s) rows.insert(i);
+      }
+    }
+    t.line("{}", t.paint(kBold, fmt::format("LOSS (a | b){}", rows.size() < d.losses.size()
+                                                                  ? fmt::format(": {} of {} steps", rows.size(), d.losses.size())
+                                                                  : "")));
+    t.line("  {:>7}  {:>12}  {:>12}  {:>10}  {:>10}  {:>10}", "step", "loss a", "loss b", "rel diff", "scale a", "scale b");
+    std::size_t previous = 0;
+    bool any = false;
+    for (std::size_t i : rows) {
+      if (any && i > previous + 1) t.line("  {:>7}", "...");
+      const LossPoint& p = d.losses[i];
+      const bool mark = (d.first_loss_divergence && *d.first_loss_divergence == p.step) ||
+                        (d.first_divergence && d.first_divergence->key.step == p.step);
+      const std::string rel = p.in_a && p.in_b ? num(p.rel) : "-";
+      std::string row = fmt::format("  {:>7}  {:>12}  {:>12}  {:>10}  {:>10}  {:>10}", p.step, loss_cell(p.in_a, p.loss_a, p.skipped_a),
+                                    loss_cell(p.in_b, p.loss_b, p.skipped_b), rel, p.in_a ? scale(p.scale_a) : "-",
+                                    p.in_b ? scale(p.scale_b) : "-");
+      if (mark) row = t.paint(kRed, row + "  <- first divergence");
+      t.line("{}", row);
+      previous = i;
+      any = true;
+    }
+    t.line("  (S: the step was skipped; -: not recorded in that run)");
+  }
+
+  // ---- largest per-op differences ----
+  t.blank();
+  if (d.largest.empty()) {
+    t.line("{} none", t.paint(kBold, "LARGEST DIFFERENCES:"));
+  } else {
+    t.line("{}", t.paint(kBold, fmt::format("LARGEST DIFFERENCES ({} shown of the {} largest)", std::min(max_items, d.largest.size()),
+                                            d.largest.size())));
+    for (std::size_t i = 0; i < d.largest.size() && i < max_items; ++i) {
+      const OpDiff& o = d.largest[i];
+      const bool over = o.nonfinite_differs || o.max_rel > d.options.threshold;
+      t.line("  {} step {}, {}: {}", t.paint(over ? kRed : kDim, fmt::format("{:>9}", num(o.max_rel))), o.key.step,
+             op_diff_place(o), op_diff_detail(o));
+    }
+  }
+
+  // ---- dtype differences ----
+  t.blank();
+  if (d.dtype_differences.empty()) {
+    t.line("{} none: every aligned op ran in the same dtypes", t.paint(kBold, "DTYPE DIFFERENCES:"));
+  } else {
+    t.line("{}", t.paint(kBold, fmt::format("DTYPE DIFFERENCES ({})", d.dtype_differences.size())));
+    for (std::size_t i = 0; i < d.dtype_differences.size() && i < max_items; ++i) {
+      const DtypeDifference& x = d.dtype_differences[i];
+      t.line("  {}: a {}, b {} ({}, from step {})", phase_place(x.phase, x.op, x.module),
+             x.dtypes_a, x.dtypes_b, plural(x.count, "row"), x.first_step);
+    }
+    if (d.dtype_differences.size() > max_items)
+      t.line("  ... and {} more (--json lists them all)", d.dtype_differences.size() - max_items);
+  }
+
+  // ---- only in one run ----
+  auto only = [&](std::string_view label, const std::vector<Unmatched>& list, const std::vector<std::int64_t>& steps) {
+    t.blank();
+    if (list.empty() && steps.empty()) {
+      t.line("{} nothing", t.paint(kBold, fmt::format("ONLY IN {}:", label)));
+      return;
+    }
+    std::int64_t rows = 0;
+    for (const Unmatched& u : list) rows += u.count;
+    t.line("{}", t.paint(kBold, fmt::format("ONLY IN {} ({} op rows)", label, rows)));
+    for (std::size_t i = 0; i < list.size() && i < max_items; ++i) {
+      const Unmatched& u = list[i];
+      t.line("  {}: {}, from step {}", phase_place(u.phase, u.op, u.module), plural(u.count, "row"),
+             u.first_step);
+    }
+    if (list.size() > max_items) t.line("  ... and {} more (--json lists them all)", list.size() - max_items);
+    if (!steps.empty()) {
+      std::string s;
+      for (std::size_t i = 0; i < steps.size() && i < 3 * max_items; ++i) s += (i ? ", " : "") + std::to_string(steps[i]);
+      if (steps.size() > 3 * max_items) s += fmt::format(" and {} more", steps.size() - 3 * max_items);
+      t.line("  {}: {}", plural(static_cast<std::int64_t>(steps.size()), "step"), s);
+    }
+  };
+  only("A", d.only_in_a, d.steps_only_in_a);
+  only("B", d.only_in_b, d.steps_only_in_b);
+
+  // ---- summary ----
+  t.blank();
+  std::string summary;
+  if (d.first_divergence) {
+    summary = fmt::format("the runs part at step {}, at {} ({})", d.first_divergence->key.step,
+                          op_diff_place(*d.first_divergence), d.first_divergence->stat);
+  } else if (d.first_loss_divergence) {
+    summary = fmt::format("the losses part at step {}", *d.first_loss_divergence);
+  } else {
+    summary = fmt::format("no divergence beyond {}", threshold);
+  }
+  std::int64_t dtype_rows = 0;
+  for (const DtypeDifference& x : d.dtype_differences) dtype_rows += x.count;
+  std::int64_t only_a = 0, only_b = 0;
+  for (const Unmatched& u : d.only_in_a) only_a += u.count;
+  for (const Unmatched& u : d.only_in_b) only_b += u.count;
+  summary += fmt::format("; {} in other dtypes; {} only in a, {} only in b", plural(dtype_rows, "op row"), only_a, only_b);
+  t.line("{} {}", t.paint(diverged(d) ? kRed : kGreen, "SUMMARY:"), summary);
+  return t.take();
+}
+
+std::string render_json(const DiffReport& d) {
+  json doc;
+  doc["schema_version"] = kReportSchemaVersion;
+  doc["kind"] = "diff";
+  doc["path_a"] = d.path_a;
+  doc["path_b"] = d.path_b;
+  doc["run_a"] = run_json(d.run_a);
+  doc["run_b"] = run_json(d.run_b);
+  doc["options"] = {{"threshold", number(d.options.threshold)},
+                    {"floor", number(d.options.floor)},
+                    {"largest", d.options.largest},
+                    {"rows_per_read", d.options.rows_per_read}};
+  doc["steps_compared"] = d.steps_compared;
+  doc["ops_aligned"] = d.ops_aligned;
+  doc["diverged"] = diverged(d);
+  doc["losses"] = json::array();
+  for (const LossPoint& p : d.losses)
+    doc["losses"].push_back({{"step", p.step},
+                             {"in_a", p.in_a},
+                             {"in_b", p.in_b},
+                             {"loss_a", number(p.loss_a)},
+                             {"loss_b", number(p.loss_b)},
+                             {"scale_a", number(p.scale_a)},
+                             {"scale_b", number(p.scale_b)},
+                             {"skipped_a", p.skipped_a},
+                             {"skipped_b", p.skipped_b},
+                             {"rel", number(p.rel)}});
+  doc["first_loss_divergence"] = d.first_loss_divergence ? json(*d.first_loss_divergence) : json(nullptr);
+  doc["first_divergence"] = d.first_divergence ? op_diff_json(*d.first_divergence) : json(nullptr);
+  doc["largest"] = json::array();
+  for (const OpDiff& o : d.largest) doc["largest"].push_back(op_diff_json(o));
+  doc["dtype_differences"] = json::array();
+  for (const DtypeDifference& x : d.dtype_differences)
+    doc["dtype_differences"].push_back({{"phase", std::string(trace::phase_name(x.phase))},
+                                        {"module", x.module},
+                                        {"op", x.op},
+                                        {"dtypes_a", x.dtypes_a},
+                                        {"dtypes_b", x.dtypes_b},
+                                        {"count", x.count},
+                                        {"first_step", x.first_step}});
+  doc["only_in_a"] = unmatched_json(d.only_in_a);
+  doc["only_in_b"] = unmatched_json(d.only_in_b);
+  doc["steps_only_in_a"] = d.steps_only_in_a;
+  doc["steps_only_in_b"] = d.steps_only_in_b;
+  return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace ampscope::analysis

@@ -1,0 +1,75 @@
+// samples/report_command.h: the `ampscope report` and `ampscope diff` subcommands: a trace's diagnosis (or
+// two traces' comparison) as text or JSON (docs/report-format.md), with exit statuses a CI job can gate on.
+// The work is in run_report / run_diff, which write to the streams given and return the exit status, so
+// tests call them without a subprocess; the classes only wire them to CLI11.
+//
+//   std::ostringstream out, err;
+//   int status = run_report({.trace = "run.h5", .json = true}, out, err);   // 0 healthy, 1 anomalies, 2 error
+#pragma once
+
+#include <iosfwd>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "probes/analysis.h"
+#include "probes/analysis_diff.h"
+
+namespace ampscope::samples {
+
+// Exit statuses of both commands.
+inline constexpr int kExitClean = 0;     // report: no anomaly; diff: no divergence beyond the threshold
+inline constexpr int kExitFound = 1;     // report: anomalies found; diff: the runs diverge
+inline constexpr int kExitUsage = 2;     // a usage error, a missing or unreadable file, a file that is not a trace
+
+struct ReportRequest {
+  std::string trace{};
+  bool json = false;
+  std::string output{};       // write here instead of `out` ("" for `out`)
+  bool colour = false;        // ANSI colours in the text (the command decides: terminal, NO_COLOR, --no-colour)
+  bool progress = false;      // progress of a big trace on `err`
+  analysis::AnalysisOptions analysis{};
+};
+
+struct DiffRequest {
+  std::string a{}, b{};
+  bool json = false;
+  std::string output{};
+  bool colour = false;
+  bool progress = false;
+  analysis::DiffOptions diff{};
+};
+
+// Analyse / compare, write the result to `out` (or request.output) and messages to `err`; returns one of the
+// exit statuses above. File errors are reported on `err`, never thrown.
+int run_report(const ReportRequest& request, std::ostream& out, std::ostream& err);
+int run_diff(const DiffRequest& request, std::ostream& out, std::ostream& err);
+
+// True when the text may be coloured: stdout is a terminal, NO_COLOR is unset and --no-colour was not given.
+bool colour_wanted(bool no_colour);
+
+class ReportCommand {
+ public:
+  explicit ReportCommand(CLI::App& app);
+  bool parsed() const;
+  int run();
+
+ private:
+  CLI::App* cmd_ = nullptr;
+  ReportRequest request_;
+  bool no_colour_ = false;
+};
+
+class DiffCommand {
+ public:
+  explicit DiffCommand(CLI::App& app);
+  bool parsed() const;
+  int run();
+
+ private:
+  CLI::App* cmd_ = nullptr;
+  DiffRequest request_;
+  bool no_colour_ = false;
+};
+
+}  // namespace ampscope::samples
