@@ -1,26 +1,24 @@
 // The CUDA backend: device memory from the stream-ordered pool, one stream, kernels from
-// cuda_kernels.cu. Every CUDA call is checked once, and a failure carries the call, the error's name
-// and CUDA's own text.
+// cuda_kernels.cu and cuda_nn_kernels.cu, matrix products on cuBLAS (cuda_gemm.cpp). Every CUDA and
+// cuBLAS call is checked once, and a failure carries the call, the error's name and the library's text.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_gemm.h"
 #include "kernels/cuda/cuda_launch.h"
 
 namespace ampscope {
 namespace {
 
-void check(cudaError_t status, const char* call) {
-  if (status == cudaSuccess) return;
-  cudaGetLastError();  // clear the sticky-free error state so later calls report their own errors
-  throw DeviceRuntimeError(
-      fmt::format("CUDA call {} failed: {} ({})", call, cudaGetErrorName(status), cudaGetErrorString(status)));
-}
-#define AMPSCOPE_CUDA_CHECK(call) check((call), #call)
+using cuda::check;
 
 // Owns a cudaStream_t. Movable, not copyable; the destructor never throws.
 class CudaStream {
@@ -41,7 +39,8 @@ class CudaStream {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int index) : index_(index), stream_(make_stream(index)) {
+  explicit CudaBackend(int index)
+      : index_(index), stream_(make_stream(index)), allow_tf32_(cuda::allow_tf32_from_env()) {
     // Keep freed memory in the pool instead of returning it to the driver at every synchronisation:
     // training allocates the same sizes every step, and the pool then serves them without the driver.
     cudaMemPool_t pool = nullptr;
@@ -49,18 +48,22 @@ class CudaBackend final : public Backend {
     std::uint64_t keep_all = UINT64_MAX;
     AMPSCOPE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
 
+    // The same (op, dtype) table as the CPU backend (kernels/cpu/cpu_backend.cpp, nn_kernels.cpp).
     for (int t = 0; t < kNumDTypes; ++t) {
       const DType d = static_cast<DType>(t);
-      register_kernel(Op::fill, d, &run<cuda::launch_fill>);
-      register_kernel(Op::copy, d, &run<cuda::launch_copy>);
-      if (d != DType::boolean) register_kernel(Op::arange, d, &run<cuda::launch_arange>);
+      register_kernel(Op::fill, d, runner(Op::fill));
+      register_kernel(Op::copy, d, runner(Op::copy));
+      if (d != DType::boolean) register_kernel(Op::arange, d, runner(Op::arange));
       if (!is_floating(d)) continue;
-      register_kernel(Op::uniform, d, &run<cuda::launch_uniform>);
-      register_kernel(Op::normal, d, &run<cuda::launch_normal>);
-      for (Op op : {Op::add, Op::sub, Op::mul, Op::div, Op::add_scalar, Op::mul_scalar, Op::neg, Op::relu, Op::exp}) {
-        register_kernel(op, d, elementwise_runner(op));
+      for (int o = 0; o < kNumOps; ++o) {
+        const Op op = static_cast<Op>(o);
+        if (op == Op::argmax_rows || !dispatched(op)) continue;
+        if (op == Op::fill || op == Op::copy || op == Op::arange) continue;
+        register_kernel(op, d, runner(op));
       }
     }
+    // argmax is chosen by its output dtype (i64); the input's dtype is dispatched in the launcher.
+    register_kernel(Op::argmax_rows, DType::i64, runner(Op::argmax_rows));
   }
 
   std::string_view name() const override { return "cuda"; }
@@ -111,35 +114,79 @@ class CudaBackend final : public Backend {
     return CudaStream();
   }
 
-  template <cudaError_t (*Launch)(const KernelArgs&, cudaStream_t)>
-  static void run(Backend& backend, const KernelArgs& args) {
-    auto& self = static_cast<CudaBackend&>(backend);
-    AMPSCOPE_CUDA_CHECK(cudaSetDevice(self.index_));
-    check(Launch(args, self.stream()), "kernel launch");
+  // The ops dispatch() knows; an op added to core/backend.h stays unsupported here (supports() says
+  // so) until it has a kernel.
+  static bool dispatched(Op op) {
+    switch (op) {
+      case Op::fill: case Op::copy: case Op::arange: case Op::uniform: case Op::normal: case Op::gemm:
+      case Op::embedding_backward:
+        return true;
+      default:
+        return cuda::is_elementwise_op(op) || cuda::is_nn_op(op);
+    }
+  }
+
+  // The kernel function registered for an op: one instantiation of run<O> per op, so the table's plain
+  // function pointers still know which op they run.
+  static KernelFn runner(Op op) {
+    switch (op) {
+#define AMPSCOPE_CUDA_RUNNER(name) \
+  case Op::name:                   \
+    return &run<Op::name>;
+      AMPSCOPE_OPS(AMPSCOPE_CUDA_RUNNER)
+#undef AMPSCOPE_CUDA_RUNNER
+      case Op::kCount: break;
+    }
+    return nullptr;
   }
 
   template <Op O>
-  static cudaError_t launch_op(const KernelArgs& args, cudaStream_t stream) {
-    return cuda::launch_elementwise(O, args, stream);
+  static void run(Backend& backend, const KernelArgs& args) {
+    static_cast<CudaBackend&>(backend).dispatch(O, args);
   }
 
-  static KernelFn elementwise_runner(Op op) {
+  void dispatch(Op op, const KernelArgs& a) {
+    AMPSCOPE_CUDA_CHECK(cudaSetDevice(index_));
+    const cudaStream_t s = stream();
     switch (op) {
-      case Op::add: return &run<launch_op<Op::add>>;
-      case Op::sub: return &run<launch_op<Op::sub>>;
-      case Op::mul: return &run<launch_op<Op::mul>>;
-      case Op::div: return &run<launch_op<Op::div>>;
-      case Op::add_scalar: return &run<launch_op<Op::add_scalar>>;
-      case Op::mul_scalar: return &run<launch_op<Op::mul_scalar>>;
-      case Op::neg: return &run<launch_op<Op::neg>>;
-      case Op::relu: return &run<launch_op<Op::relu>>;
-      case Op::exp: return &run<launch_op<Op::exp>>;
-      default: return nullptr;
+      case Op::fill: return check_launch(cuda::launch_fill(a, s), op);
+      case Op::copy: return check_launch(cuda::launch_copy(a, s), op);
+      case Op::arange: return check_launch(cuda::launch_arange(a, s), op);
+      case Op::uniform: return check_launch(cuda::launch_uniform(a, s), op);
+      case Op::normal: return check_launch(cuda::launch_normal(a, s), op);
+      case Op::gemm: return cuda::gemm(*this, blas(), s, allow_tf32_, a);
+      case Op::embedding_backward: {
+        // Summed in the accumulation type: out itself for f32/f64, a scratch buffer for f16/bf16.
+        void* acc = a.out.data;
+        const bool wide = a.out.dtype == DType::f16 || a.out.dtype == DType::bf16;
+        const std::size_t acc_bytes = static_cast<std::size_t>(a.out.numel) * sizeof(float);
+        if (wide) acc = allocate(acc_bytes);
+        const cudaError_t status = cuda::launch_embedding_backward(a, acc, s);
+        if (wide) deallocate(acc, acc_bytes);  // stream-ordered: after the kernels that use it
+        return check_launch(status, op);
+      }
+      default:
+        if (cuda::is_elementwise_op(op)) return check_launch(cuda::launch_elementwise(op, a, s), op);
+        if (cuda::is_nn_op(op)) return check_launch(cuda::launch_nn(op, a, s), op);
+        throw UnsupportedError(fmt::format("op '{}' has no kernel on backend 'cuda' (not dispatched)", op_name(op)));
     }
+  }
+
+  static void check_launch(cudaError_t status, Op op) {
+    if (status != cudaSuccess) check(status, fmt::format("launch of kernel '{}'", op_name(op)));
+  }
+
+  // Created on the first matrix product: a program that never multiplies matrices does not pay for
+  // cuBLAS's initialisation and workspace.
+  cublasHandle_t blas() {
+    if (!blas_) blas_ = std::make_unique<cuda::CublasHandle>(stream());
+    return blas_->get();
   }
 
   int index_;
   CudaStream stream_;
+  bool allow_tf32_;
+  std::unique_ptr<cuda::CublasHandle> blas_;
 };
 
 }  // namespace

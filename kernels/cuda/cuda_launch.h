@@ -1,7 +1,11 @@
-// kernels/cuda/cuda_launch.h: the launchers of kernels/cuda/cuda_kernels.cu, the only way into it.
-// Each takes the stream to run on and returns the launch status (cudaGetLastError) for the caller to
-// check; no exceptions cross the .cu boundary (nvcc 13 fails on fmt 9 at C++20).
+// kernels/cuda/cuda_launch.h: the launchers of kernels/cuda/cuda_kernels.cu and cuda_nn_kernels.cu, the
+// only way into them. Each takes the stream to run on and returns the launch status (cudaGetLastError)
+// for the caller to check; no exceptions cross the .cu boundary (nvcc 13 fails on fmt 9 at C++20).
+//
+//   if (cuda::is_elementwise_op(op)) check(cuda::launch_elementwise(op, args, stream), "softmax_rows");
 #pragma once
+
+#include <cstdint>
 
 #include <cuda_runtime_api.h>
 
@@ -9,12 +13,37 @@
 
 namespace ampscope::cuda {
 
+// ---- cuda_kernels.cu: creation, copies, element-wise ops ----
 cudaError_t launch_fill(const KernelArgs& args, cudaStream_t stream);
+// Any dtype to any dtype, through any strides of out and in[0] (also packs gemm operands).
 cudaError_t launch_copy(const KernelArgs& args, cudaStream_t stream);
 cudaError_t launch_arange(const KernelArgs& args, cudaStream_t stream);
 cudaError_t launch_uniform(const KernelArgs& args, cudaStream_t stream);
 cudaError_t launch_normal(const KernelArgs& args, cudaStream_t stream);
-// op is one of add, sub, mul, div, add_scalar, mul_scalar, neg, relu, exp.
+// The element-wise ops: arithmetic, unary math, where/masked_fill, the backward functors, the binary
+// cross-entropy losses, dropout and masked_scale. Floating output dtypes only.
+bool is_elementwise_op(Op op);
 cudaError_t launch_elementwise(Op op, const KernelArgs& args, cudaStream_t stream);
+
+// ---- cuda_nn_kernels.cu: rows, windows, embedding, nll ----
+// sum_rows, argmax_rows, softmax/log_softmax (+ backward), layer_norm (+ backward, param grad), im2col,
+// col2im, max_pool2d (+ backward), embedding, nll_rows (+ backward).
+bool is_nn_op(Op op);
+cudaError_t launch_nn(Op op, const KernelArgs& args, cudaStream_t stream);
+// embedding_backward: `acc` is out.numel elements of the accumulation type (out itself for f32/f64); it
+// is zeroed here, summed into in index order, then rounded into out.
+cudaError_t launch_embedding_backward(const KernelArgs& args, void* acc, cudaStream_t stream);
+
+// The last step of a matrix product: out[i] = round(acc[i] + bias), acc the [B, M, N] product in the
+// accumulation type (float; double for f64 out), bias (or null) already in that type, one value per
+// row (bias_per_row) or per column. acc may be out's own memory.
+struct GemmEpilogue {
+  TensorView out;
+  const void* acc = nullptr;
+  const void* bias = nullptr;
+  bool bias_per_row = false;
+  std::int64_t m = 0, n = 0;
+};
+cudaError_t launch_gemm_epilogue(const GemmEpilogue& epilogue, cudaStream_t stream);
 
 }  // namespace ampscope::cuda

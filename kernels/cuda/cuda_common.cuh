@@ -1,0 +1,93 @@
+// kernels/cuda/cuda_common.cuh: the launch helpers and warp reductions shared by the CUDA kernel files
+// (included by .cu files only). Two shapes of work: one thread per element (linear_kernel, a grid-stride
+// loop) and one warp per row (warp_rows_kernel). warp_lane_sum reproduces lane_tree_sum
+// (kernels/functors.h) exactly, so the GPU's row sums have the CPU's bits.
+//
+//   return launch_linear(out.numel, MyBody{out, in}, stream);          // body(i) for every i
+//   return launch_warp_rows(rows, MyRowBody{...}, stream);             // body(r, lane) for every row
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+#include <math_constants.h>
+
+#include "kernels/functors.h"
+
+namespace ampscope::cuda {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarp = 32;
+inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
+// Enough blocks to fill any current GPU several times over; grid-stride loops cover the rest.
+inline constexpr std::int64_t kMaxBlocks = 4096;
+
+static_assert(kWarp == kReduceLanes, "warp_lane_sum must use lane_tree_sum's number of lanes");
+
+// ---- kernels -------------------------------------------------------------------------------------
+
+// body(i) for every linear index i < n.
+template <class Body>
+__global__ void linear_kernel(std::int64_t n, Body body) {
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) body(i);
+}
+
+// body(r, lane) for every row r < rows, one warp per row. The loop bound is the same for every lane of
+// a warp, so whole warps enter the body together and may use shuffles.
+template <class Body>
+__global__ void warp_rows_kernel(std::int64_t rows, Body body) {
+  const std::int64_t warps_per_block = blockDim.x / kWarp;
+  const std::int64_t total_warps = warps_per_block * gridDim.x;
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  for (std::int64_t r = blockIdx.x * warps_per_block + threadIdx.x / kWarp; r < rows; r += total_warps) body(r, lane);
+}
+
+// The sum of load(0) ... load(n - 1) in lane_tree_sum's order: lane k adds elements k, k + 32, ... in
+// turn, starting from +0, then the partial sums are folded in halves (lane k += lane k + 16, 8, 4, 2, 1).
+// Every lane of the warp must call it; every lane gets the result.
+template <class Acc, class Load>
+__device__ Acc warp_lane_sum(int lane, std::int64_t n, const Load& load) {
+  Acc s = Acc(0);
+  for (std::int64_t j = lane; j < n; j += kWarp) s += load(j);
+  for (int width = kWarp / 2; width > 0; width /= 2) s += __shfl_down_sync(kFullMask, s, width);
+  return __shfl_sync(kFullMask, s, 0);
+}
+
+// ---- launchers -----------------------------------------------------------------------------------
+
+template <class Body>
+cudaError_t launch_linear(std::int64_t n, const Body& body, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  const std::int64_t blocks = std::min<std::int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks);
+  linear_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(n, body);
+  return cudaGetLastError();
+}
+
+template <class Body>
+cudaError_t launch_warp_rows(std::int64_t rows, const Body& body, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  constexpr int kRowsPerBlock = kThreads / kWarp;
+  const std::int64_t blocks = std::min<std::int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxBlocks);
+  warp_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(rows, body);
+  return cudaGetLastError();
+}
+
+// -infinity in float or double (std::numeric_limits is host-only in nvcc without relaxed constexpr).
+template <class Acc>
+__device__ Acc minus_infinity() {
+  if constexpr (std::is_same_v<Acc, double>) {
+    return -CUDART_INF;
+  } else {
+    return -CUDART_INF_F;
+  }
+}
+
+template <class T>
+constexpr bool is_float_like() {
+  return std::is_floating_point_v<T> || std::is_same_v<T, f16> || std::is_same_v<T, bf16>;
+}
+
+}  // namespace ampscope::cuda

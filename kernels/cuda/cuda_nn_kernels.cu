@@ -1,0 +1,571 @@
+// CUDA kernels for the training runtime's ops that are not element-wise: rows (sum, argmax, softmax,
+// log_softmax and their backward, layer norm and its gradients), windows (im2col, col2im, max pooling),
+// embedding, nll and the epilogue of a cuBLAS matrix product. Each mirrors its CPU kernel in
+// kernels/cpu/nn_kernels.cpp operation for operation: row sums go through warp_lane_sum (the order of
+// lane_tree_sum), every other sum runs on one thread in the CPU's order, and nothing accumulates with
+// atomics, so results are deterministic and, where the math library is not involved, the CPU's bits.
+// Two sections: kernels (bodies run by the generic kernels of cuda_common.cuh), then launchers.
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/convert.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_launch.h"
+#include "kernels/functors.h"
+
+namespace ampscope::cuda {
+namespace {
+
+// ---- kernels: rows (one warp per row) ------------------------------------------------------------
+
+template <class T>
+struct SumRowsBody {
+  const T* in;
+  T* out;
+  std::int64_t cols;
+  acc_type<T> factor, divisor;
+  __device__ void operator()(std::int64_t r, int lane) const {
+    using Acc = acc_type<T>;
+    const T* row = in + r * cols;
+    const Acc s = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return convert<Acc>(row[j]); });
+    if (lane == 0) out[r] = convert<T>(canonical_nan(s * factor / divisor));
+  }
+};
+
+// Whether candidate (b at index ib) replaces the current (a at ia) as row_max's answer: the first NaN
+// if there is one, else the largest value, the first of equal ones (so -0 and +0 resolve as on the CPU).
+template <class Acc>
+__device__ bool better_max(Acc b, long long ib, Acc a, long long ia) {
+  const bool a_nan = a != a, b_nan = b != b;
+  if (a_nan || b_nan) return b_nan && (!a_nan || ib < ia);
+  return b > a || (b == a && ib < ia);
+}
+
+// The CPU's row_max: the first NaN of the row, else the first largest value; -inf for an empty row.
+template <class Acc, class T>
+__device__ Acc warp_row_max(int lane, const T* row, std::int64_t cols) {
+  Acc m = minus_infinity<Acc>();
+  long long at = LLONG_MAX;
+  for (std::int64_t j = lane; j < cols; j += kWarp) {
+    const Acc v = convert<Acc>(row[j]);
+    if (v != v) {
+      m = v;
+      at = j;
+      break;
+    }
+    if (v > m) {
+      m = v;
+      at = j;
+    }
+  }
+  for (int width = kWarp / 2; width > 0; width /= 2) {
+    const Acc om = __shfl_down_sync(kFullMask, m, width);
+    const long long oat = __shfl_down_sync(kFullMask, at, width);
+    if (better_max(om, oat, m, at)) {
+      m = om;
+      at = oat;
+    }
+  }
+  return __shfl_sync(kFullMask, m, 0);
+}
+
+template <class T, bool kLog>
+struct SoftmaxRowsBody {
+  const T* in;
+  T* out;
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t r, int lane) const {
+    using Acc = acc_type<T>;
+    const T* row = in + r * cols;
+    T* o = out + r * cols;
+    const Acc m = warp_row_max<Acc>(lane, row, cols);
+    const Acc sum = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return std::exp(convert<Acc>(row[j]) - m); });
+    if constexpr (kLog) {
+      const Acc log_sum = std::log(sum);
+      for (std::int64_t j = lane; j < cols; j += kWarp) o[j] = convert<T>(canonical_nan(convert<Acc>(row[j]) - m - log_sum));
+    } else {
+      for (std::int64_t j = lane; j < cols; j += kWarp) o[j] = convert<T>(canonical_nan(std::exp(convert<Acc>(row[j]) - m) / sum));
+    }
+  }
+};
+
+// softmax: dx = y (g - sum(g y)); log_softmax: dx = g - exp(y) sum(g).
+template <class T, bool kLog>
+struct SoftmaxBackwardRowsBody {
+  const T* g;
+  const T* y;
+  T* out;
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t r, int lane) const {
+    using Acc = acc_type<T>;
+    const T* gr = g + r * cols;
+    const T* yr = y + r * cols;
+    T* o = out + r * cols;
+    if constexpr (kLog) {
+      const Acc s = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return convert<Acc>(gr[j]); });
+      for (std::int64_t j = lane; j < cols; j += kWarp) {
+        o[j] = convert<T>(canonical_nan(convert<Acc>(gr[j]) - std::exp(convert<Acc>(yr[j])) * s));
+      }
+    } else {
+      const Acc s = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return convert<Acc>(gr[j]) * convert<Acc>(yr[j]); });
+      for (std::int64_t j = lane; j < cols; j += kWarp) {
+        o[j] = convert<T>(canonical_nan(convert<Acc>(yr[j]) * (convert<Acc>(gr[j]) - s)));
+      }
+    }
+  }
+};
+
+template <class T>
+struct LayerNormRowsBody {
+  const T* x;
+  const T* w;     // may be null
+  const T* bias;  // may be null
+  T* out;
+  acc_type<T>* mean_out;
+  acc_type<T>* rstd_out;
+  std::int64_t cols;
+  acc_type<T> eps;
+  __device__ void operator()(std::int64_t r, int lane) const {
+    using Acc = acc_type<T>;
+    const T* xr = x + r * cols;
+    T* o = out + r * cols;
+    const Acc n = static_cast<Acc>(cols);
+    const Acc mean = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return convert<Acc>(xr[j]); }) / n;
+    const Acc var = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) {
+                      const Acc d = convert<Acc>(xr[j]) - mean;
+                      return d * d;
+                    }) / n;
+    const Acc rstd = Acc(1) / std::sqrt(var + eps);
+    if (lane == 0) {
+      mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+    for (std::int64_t j = lane; j < cols; j += kWarp) {
+      Acc v = (convert<Acc>(xr[j]) - mean) * rstd;
+      if (w) v = v * convert<Acc>(w[j]);
+      if (bias) v = v + convert<Acc>(bias[j]);
+      o[j] = convert<T>(canonical_nan(v));
+    }
+  }
+};
+
+// dx = rstd / n * (n * gw - sum(gw) - xhat * sum(gw * xhat)), gw = g * w, xhat = (x - mean) * rstd.
+template <class T>
+struct LayerNormBackwardRowsBody {
+  const T* g;
+  const T* x;
+  const acc_type<T>* mean;
+  const acc_type<T>* rstd;
+  const T* w;  // may be null
+  T* out;
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t r, int lane) const {
+    using Acc = acc_type<T>;
+    const T* gr = g + r * cols;
+    const T* xr = x + r * cols;
+    T* o = out + r * cols;
+    const Acc m = mean[r], rs = rstd[r], n = static_cast<Acc>(cols);
+    auto gw = [&](std::int64_t j) { return w ? convert<Acc>(gr[j]) * convert<Acc>(w[j]) : convert<Acc>(gr[j]); };
+    auto xhat = [&](std::int64_t j) { return (convert<Acc>(xr[j]) - m) * rs; };
+    const Acc sum_gw = warp_lane_sum<Acc>(lane, cols, gw);
+    const Acc sum_gw_xhat = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return gw(j) * xhat(j); });
+    for (std::int64_t j = lane; j < cols; j += kWarp) {
+      o[j] = convert<T>(canonical_nan(rs / n * (n * gw(j) - sum_gw - xhat(j) * sum_gw_xhat)));
+    }
+  }
+};
+
+// ---- kernels: one thread per output element ------------------------------------------------------
+
+// out[r] = first index of the row's maximum (the first NaN counts as the maximum); one thread per row,
+// the CPU's scan exactly.
+template <class T>
+struct ArgmaxRowsBody {
+  const T* in;
+  std::int64_t* out;
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t r) const {
+    using Acc = acc_type<T>;
+    const T* row = in + r * cols;
+    std::int64_t best = 0;
+    if (cols > 0) {
+      Acc m = convert<Acc>(row[0]);
+      for (std::int64_t j = 1; j < cols && m == m; ++j) {
+        const Acc v = convert<Acc>(row[j]);
+        if (v != v || v > m) {
+          m = v;
+          best = j;
+        }
+      }
+    }
+    out[r] = best;
+  }
+};
+
+// dw[c] = sum_r g[r, c] xhat[r, c], db[c] = sum_r g[r, c]: one thread per column, rows in order.
+template <class T>
+struct LayerNormParamGradBody {
+  const T* g;
+  const T* x;
+  const acc_type<T>* mean;
+  const acc_type<T>* rstd;
+  T* dw;
+  T* db;
+  std::int64_t rows, cols;
+  __device__ void operator()(std::int64_t c) const {
+    using Acc = acc_type<T>;
+    Acc sw = 0, sb = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const Acc gv = convert<Acc>(g[r * cols + c]);
+      sw += gv * ((convert<Acc>(x[r * cols + c]) - mean[r]) * rstd[r]);
+      sb += gv;
+    }
+    dw[c] = convert<T>(canonical_nan(sw));
+    db[c] = convert<T>(canonical_nan(sb));
+  }
+};
+
+struct Window {
+  std::int64_t kh, kw, sh, sw, ph, pw;
+};
+Window window_of(const KernelArgs& a) {
+  return {static_cast<std::int64_t>(a.scalars[0]), static_cast<std::int64_t>(a.scalars[1]),
+          static_cast<std::int64_t>(a.scalars[2]), static_cast<std::int64_t>(a.scalars[3]),
+          static_cast<std::int64_t>(a.scalars[4]), static_cast<std::int64_t>(a.scalars[5])};
+}
+
+// cols [N, C*KH*KW, L] from x [N, C, H, W]; padding reads as zero. Element i = ((nc * KH + ki) * KW + kj) * L + l.
+template <class T>
+struct Im2colBody {
+  const T* in;
+  T* out;
+  Window w;
+  std::int64_t H, W, L, OW;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t l = i % L;
+    const std::int64_t kk = (i / L) % (w.kh * w.kw);
+    const std::int64_t nc = i / (L * w.kh * w.kw);
+    const std::int64_t ki = kk / w.kw, kj = kk % w.kw;
+    const std::int64_t h = (l / OW) * w.sh - w.ph + ki, x = (l % OW) * w.sw - w.pw + kj;
+    out[i] = (h >= 0 && h < H && x >= 0 && x < W) ? in[nc * H * W + h * W + x] : convert<T>(0.0);
+  }
+};
+
+// dx[n, c, h, x] = the column entries that read it, summed kernel rows first, then kernel columns.
+template <class T>
+struct Col2imBody {
+  const T* cols;
+  T* out;
+  Window w;
+  std::int64_t H, W, OH, OW;
+  __device__ void operator()(std::int64_t i) const {
+    using Acc = acc_type<T>;
+    const std::int64_t x = i % W, h = (i / W) % H, nc = i / (H * W);
+    const T* rows = cols + nc * w.kh * w.kw * OH * OW;
+    Acc s = 0;
+    for (std::int64_t ki = 0; ki < w.kh; ++ki) {
+      const std::int64_t th = h + w.ph - ki;
+      if (th < 0 || th % w.sh != 0 || th / w.sh >= OH) continue;
+      for (std::int64_t kj = 0; kj < w.kw; ++kj) {
+        const std::int64_t tw = x + w.pw - kj;
+        if (tw < 0 || tw % w.sw != 0 || tw / w.sw >= OW) continue;
+        s += convert<Acc>(rows[(ki * w.kw + kj) * OH * OW + (th / w.sh) * OW + tw / w.sw]);
+      }
+    }
+    out[i] = convert<T>(canonical_nan(s));
+  }
+};
+
+// NaN wins, as in PyTorch: a NaN replaces the running maximum whenever it is met.
+template <class T>
+struct MaxPoolBody {
+  const T* in;
+  T* out;
+  std::int64_t* idx;
+  Window w;
+  std::int64_t H, W, OH, OW;
+  __device__ void operator()(std::int64_t o) const {
+    using Acc = acc_type<T>;
+    const std::int64_t ow = o % OW, oh = (o / OW) % OH, nc = o / (OH * OW);
+    const T* plane = in + nc * H * W;
+    const std::int64_t h0 = oh * w.sh - w.ph, w0 = ow * w.sw - w.pw;
+    const std::int64_t h_begin = h0 > 0 ? h0 : 0, w_begin = w0 > 0 ? w0 : 0;
+    const std::int64_t h_end = h0 + w.kh < H ? h0 + w.kh : H, w_end = w0 + w.kw < W ? w0 + w.kw : W;
+    Acc m = minus_infinity<Acc>();
+    std::int64_t best = h_begin * W + w_begin;
+    for (std::int64_t h = h_begin; h < h_end; ++h) {
+      for (std::int64_t c = w_begin; c < w_end; ++c) {
+        const Acc v = convert<Acc>(plane[h * W + c]);
+        if (v > m || v != v) {
+          m = v;
+          best = h * W + c;
+        }
+      }
+    }
+    out[o] = plane[best];
+    idx[o] = best;
+  }
+};
+
+// Each input element gathers the gradients of the windows whose maximum it was, windows in order.
+template <class T>
+struct MaxPoolBackwardBody {
+  const T* g;
+  const std::int64_t* idx;
+  T* out;
+  Window w;
+  std::int64_t H, W, OH, OW;
+  __device__ void operator()(std::int64_t i) const {
+    using Acc = acc_type<T>;
+    const std::int64_t x = i % W, h = (i / W) % H, nc = i / (H * W);
+    const T* gp = g + nc * OH * OW;
+    const std::int64_t* ip = idx + nc * OH * OW;
+    const std::int64_t ph0 = (h + w.ph < w.kh) ? 0 : (h + w.ph - w.kh) / w.sh + 1;
+    const std::int64_t ph1 = (h + w.ph) / w.sh + 1 < OH ? (h + w.ph) / w.sh + 1 : OH;
+    const std::int64_t pw0 = (x + w.pw < w.kw) ? 0 : (x + w.pw - w.kw) / w.sw + 1;
+    const std::int64_t pw1 = (x + w.pw) / w.sw + 1 < OW ? (x + w.pw) / w.sw + 1 : OW;
+    Acc s = 0;
+    for (std::int64_t oh = ph0; oh < ph1; ++oh) {
+      for (std::int64_t ow = pw0; ow < pw1; ++ow) {
+        if (ip[oh * OW + ow] == h * W + x) s += convert<Acc>(gp[oh * OW + ow]);
+      }
+    }
+    out[i] = convert<T>(canonical_nan(s));
+  }
+};
+
+template <class T>
+struct EmbeddingBody {
+  const T* weight;
+  const std::int64_t* index;
+  T* out;
+  std::int64_t d;
+  __device__ void operator()(std::int64_t i) const { out[i] = weight[index[i / d] * d + i % d]; }
+};
+
+// One thread per embedding column j adds the gradient rows into acc in index order: the CPU's order,
+// and no two threads ever write the same element, so no atomics.
+template <class T>
+struct EmbeddingBackwardBody {
+  const T* g;
+  const std::int64_t* index;
+  acc_type<T>* acc;
+  std::int64_t n, d;
+  __device__ void operator()(std::int64_t j) const {
+    for (std::int64_t i = 0; i < n; ++i) acc[index[i] * d + j] += convert<acc_type<T>>(g[i * d + j]);
+  }
+};
+
+// out[i] = round(canonical(acc[i])); acc may be out itself (f32, f64), read and written by one thread.
+template <class T>
+struct RoundAccBody {
+  const acc_type<T>* acc;
+  T* out;
+  __device__ void operator()(std::int64_t i) const { out[i] = convert<T>(canonical_nan(acc[i])); }
+};
+
+template <class T>
+struct NllRowsBody {
+  const T* logp;
+  const std::int64_t* target;
+  T* out;
+  std::int64_t cols, ignore;
+  __device__ void operator()(std::int64_t r) const {
+    out[r] = target[r] == ignore ? convert<T>(0.0)
+                                 : convert<T>(canonical_nan(-convert<acc_type<T>>(logp[r * cols + target[r]])));
+  }
+};
+
+template <class T>
+struct NllBackwardRowsBody {
+  const T* g;
+  std::int64_t gstride;
+  const std::int64_t* target;
+  T* out;
+  std::int64_t cols, ignore;
+  acc_type<T> divisor;
+  __device__ void operator()(std::int64_t i) const {
+    using Acc = acc_type<T>;
+    const std::int64_t r = i / cols, c = i % cols;
+    const std::int64_t t = target[r];
+    out[i] = (t != ignore && c == t) ? convert<T>(canonical_nan(-convert<Acc>(g[r * gstride]) / divisor)) : convert<T>(0.0);
+  }
+};
+
+// out = round(c + bias) per element of a [B, M, N] product held in the accumulation type.
+template <class T>
+struct GemmEpilogueBody {
+  const acc_type<T>* c;
+  const acc_type<T>* bias;  // null without bias
+  T* out;
+  bool bias_per_row;
+  std::int64_t m, n;
+  __device__ void operator()(std::int64_t i) const {
+    acc_type<T> v = c[i];
+    if (bias) {
+      const std::int64_t within = i % (m * n);
+      v += bias[bias_per_row ? within / n : within % n];
+    }
+    out[i] = convert<T>(canonical_nan(v));
+  }
+};
+
+// ---- launchers -----------------------------------------------------------------------------------
+
+template <class T>
+cudaError_t launch_nn_typed(Op op, const KernelArgs& a, cudaStream_t s) {
+  using Acc = acc_type<T>;
+  const TensorView& x = a.in[0];
+  switch (op) {
+    case Op::sum_rows:
+      return launch_warp_rows(x.sizes[0],
+                              SumRowsBody<T>{x.ptr<T>(), a.out.ptr<T>(), x.sizes[1], static_cast<Acc>(a.scalars[0]),
+                                             static_cast<Acc>(a.scalars[1])},
+                              s);
+    case Op::softmax_rows:
+      return launch_warp_rows(x.sizes[0], SoftmaxRowsBody<T, false>{x.ptr<T>(), a.out.ptr<T>(), x.sizes[1]}, s);
+    case Op::log_softmax_rows:
+      return launch_warp_rows(x.sizes[0], SoftmaxRowsBody<T, true>{x.ptr<T>(), a.out.ptr<T>(), x.sizes[1]}, s);
+    case Op::softmax_backward_rows:
+      return launch_warp_rows(
+          x.sizes[0], SoftmaxBackwardRowsBody<T, false>{x.ptr<T>(), a.in[1].ptr<T>(), a.out.ptr<T>(), x.sizes[1]}, s);
+    case Op::log_softmax_backward_rows:
+      return launch_warp_rows(
+          x.sizes[0], SoftmaxBackwardRowsBody<T, true>{x.ptr<T>(), a.in[1].ptr<T>(), a.out.ptr<T>(), x.sizes[1]}, s);
+    case Op::layer_norm_rows:
+      return launch_warp_rows(
+          x.sizes[0],
+          LayerNormRowsBody<T>{x.ptr<T>(), a.in[1].data ? a.in[1].ptr<T>() : nullptr,
+                               a.in[2].data ? a.in[2].ptr<T>() : nullptr, a.out.ptr<T>(), a.aux[0].ptr<Acc>(),
+                               a.aux[1].ptr<Acc>(), x.sizes[1], static_cast<Acc>(a.scalars[0])},
+          s);
+    case Op::layer_norm_backward_rows:
+      return launch_warp_rows(
+          a.in[1].sizes[0],
+          LayerNormBackwardRowsBody<T>{x.ptr<T>(), a.in[1].ptr<T>(), a.in[2].ptr<Acc>(), a.in[3].ptr<Acc>(),
+                                       a.in[4].data ? a.in[4].ptr<T>() : nullptr, a.out.ptr<T>(), a.in[1].sizes[1]},
+          s);
+    case Op::layer_norm_param_grad:
+      return launch_linear(a.in[1].sizes[1],
+                           LayerNormParamGradBody<T>{x.ptr<T>(), a.in[1].ptr<T>(), a.in[2].ptr<Acc>(),
+                                                     a.in[3].ptr<Acc>(), a.out.ptr<T>(), a.aux[0].ptr<T>(),
+                                                     a.in[1].sizes[0], a.in[1].sizes[1]},
+                           s);
+    case Op::im2col: {
+      const Window w = window_of(a);
+      const std::int64_t W = x.sizes[3];
+      return launch_linear(a.out.numel,
+                           Im2colBody<T>{x.ptr<T>(), a.out.ptr<T>(), w, x.sizes[2], W, a.out.sizes[2],
+                                         (W + 2 * w.pw - w.kw) / w.sw + 1},
+                           s);
+    }
+    case Op::col2im: {
+      const Window w = window_of(a);
+      const std::int64_t H = a.out.sizes[2], W = a.out.sizes[3];
+      return launch_linear(a.out.numel,
+                           Col2imBody<T>{x.ptr<T>(), a.out.ptr<T>(), w, H, W, (H + 2 * w.ph - w.kh) / w.sh + 1,
+                                         (W + 2 * w.pw - w.kw) / w.sw + 1},
+                           s);
+    }
+    case Op::max_pool2d:
+      return launch_linear(a.out.numel,
+                           MaxPoolBody<T>{x.ptr<T>(), a.out.ptr<T>(), a.aux[0].ptr<std::int64_t>(), window_of(a),
+                                          x.sizes[2], x.sizes[3], a.out.sizes[2], a.out.sizes[3]},
+                           s);
+    case Op::max_pool2d_backward:
+      return launch_linear(a.out.numel,
+                           MaxPoolBackwardBody<T>{x.ptr<T>(), a.in[1].ptr<std::int64_t>(), a.out.ptr<T>(), window_of(a),
+                                                  a.out.sizes[2], a.out.sizes[3], x.sizes[2], x.sizes[3]},
+                           s);
+    case Op::embedding:
+      return launch_linear(a.out.numel,
+                           EmbeddingBody<T>{x.ptr<T>(), a.in[1].ptr<std::int64_t>(), a.out.ptr<T>(), x.sizes[1]}, s);
+    case Op::nll_rows:
+      return launch_linear(x.sizes[0],
+                           NllRowsBody<T>{x.ptr<T>(), a.in[1].ptr<std::int64_t>(), a.out.ptr<T>(), x.sizes[1],
+                                          static_cast<std::int64_t>(a.scalars[0])},
+                           s);
+    case Op::nll_backward_rows:
+      return launch_linear(a.out.numel,
+                           NllBackwardRowsBody<T>{x.ptr<T>(), x.strides[0], a.in[1].ptr<std::int64_t>(), a.out.ptr<T>(),
+                                                  a.out.sizes[1], static_cast<std::int64_t>(a.scalars[0]),
+                                                  static_cast<Acc>(a.scalars[1])},
+                           s);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+bool is_nn_op(Op op) {
+  switch (op) {
+    case Op::sum_rows: case Op::argmax_rows: case Op::softmax_rows: case Op::log_softmax_rows:
+    case Op::softmax_backward_rows: case Op::log_softmax_backward_rows: case Op::layer_norm_rows:
+    case Op::layer_norm_backward_rows: case Op::layer_norm_param_grad: case Op::im2col: case Op::col2im:
+    case Op::max_pool2d: case Op::max_pool2d_backward: case Op::embedding: case Op::nll_rows:
+    case Op::nll_backward_rows:
+      return true;
+    default:
+      return false;
+  }
+}
+
+cudaError_t launch_nn(Op op, const KernelArgs& a, cudaStream_t s) {
+  if (op == Op::argmax_rows) {  // chosen by its i64 output; the input's dtype is dispatched here
+    return visit_dtype(a.in[0].dtype, [&](auto tag) -> cudaError_t {
+      using T = decltype(tag);
+      if constexpr (std::is_same_v<T, bool>) {
+        return cudaErrorInvalidValue;
+      } else {
+        return launch_linear(a.in[0].sizes[0],
+                             ArgmaxRowsBody<T>{a.in[0].ptr<T>(), a.out.ptr<std::int64_t>(), a.in[0].sizes[1]}, s);
+      }
+    });
+  }
+  return visit_dtype(a.out.dtype, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    if constexpr (!is_float_like<T>()) {
+      return cudaErrorInvalidValue;  // never registered for non-floating dtypes
+    } else {
+      return launch_nn_typed<T>(op, a, s);
+    }
+  });
+}
+
+cudaError_t launch_embedding_backward(const KernelArgs& a, void* acc, cudaStream_t s) {
+  return visit_dtype(a.out.dtype, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    if constexpr (!is_float_like<T>()) {
+      return cudaErrorInvalidValue;
+    } else {
+      using Acc = acc_type<T>;
+      const std::int64_t n = a.in[1].numel, d = a.out.sizes[1];
+      auto* acc_p = static_cast<Acc*>(acc);
+      cudaError_t status = cudaMemsetAsync(acc_p, 0, static_cast<std::size_t>(a.out.numel) * sizeof(Acc), s);
+      if (status != cudaSuccess) return status;
+      status = launch_linear(d, EmbeddingBackwardBody<T>{a.in[0].ptr<T>(), a.in[1].ptr<std::int64_t>(), acc_p, n, d}, s);
+      if (status != cudaSuccess) return status;
+      return launch_linear(a.out.numel, RoundAccBody<T>{acc_p, a.out.ptr<T>()}, s);
+    }
+  });
+}
+
+cudaError_t launch_gemm_epilogue(const GemmEpilogue& e, cudaStream_t s) {
+  return visit_dtype(e.out.dtype, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    if constexpr (!is_float_like<T>()) {
+      return cudaErrorInvalidValue;
+    } else {
+      using Acc = acc_type<T>;
+      return launch_linear(e.out.numel,
+                           GemmEpilogueBody<T>{static_cast<const Acc*>(e.acc), static_cast<const Acc*>(e.bias),
+                                               e.out.ptr<T>(), e.bias_per_row, e.m, e.n},
+                           s);
+    }
+  });
+}
+
+}  // namespace ampscope::cuda
