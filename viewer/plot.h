@@ -38,13 +38,29 @@ struct Tick {
   double value;
   std::string label;  // "0.001", "2^16", "1e+05"
 };
-// Ticks for an axis drawn over `pixels` pixels: about one per 60-100 pixels, at 1/2/5 x 10^k on a linear
-// axis, at powers of 2 (log2) or 10 (log10) on a log axis (every k-th power when there are too many).
+// Ticks for an axis drawn over `pixels` pixels, at 1/2/5 x 10^k on a linear axis, at powers of 2 (log2)
+// or 10 (log10) on a log axis (every k-th power when there are too many). The step is the smallest that
+// puts ticks at least 70 pixels apart (a quarter of the length on an axis under 280 px, but not under
+// 24 px), so [0, 1000] over 600 px gives 0, 200, ..., 1000 and [0, 3] over 200 px gives 0, 1, 2, 3; on
+// log2 every 2^j-th power, on log10 every 1/2/5 x 10^j-th; a log range holding fewer than two such powers
+// gets 1/2/5 x 10^k ticks on the values instead.
+// Never more than 64 ticks; none for pixels < 1. Labels: fixed decimals for magnitudes in [1e-4, 1e6),
+// otherwise %g with just enough digits; "2^k" on log2; "0.001" to "1000", then "1e+04", on log10.
 std::vector<Tick> ticks(const Axis& axis, double pixels);
 
 // Zoom about a data value (factor < 1 zooms in) and pan by a data distance; both keep log axes positive.
+// zoom keeps `about` on the same pixel (about <= 0 on a log axis zooms about the middle) and throws
+// ampscope::Error for a factor that is not finite and > 0. pan moves the range so that the value under
+// pixel p lies under p + pixels_moved afterwards (over the same [p0, p1] as to_pixel). Both clear fit.
 void zoom(Axis& axis, double about, double factor);
 void pan(Axis& axis, double pixels_moved, double p0, double p1);
+
+// Repairs a range that cannot be drawn: NaN or infinite ends, min > max, min == max (widened by 10% of
+// the value, or by 1 at 0, or by one power on a log axis), a span too small to tell pixels apart, ends
+// <= 0 on a log axis (the range then starts 10 octaves / 3 decades below max, or becomes [1, 2] / [1, 10]),
+// magnitudes beyond 1e300 (1e-300 on a log axis). A valid range is left exactly as it is. ticks(), zoom(),
+// pan() and draw() call it; panels that set min/max by hand may call it too.
+void make_valid(Axis& axis);
 
 enum class Style { line, markers, line_and_markers };
 
@@ -66,14 +82,31 @@ struct State {
   Axis x, y;
 };
 
+// Refits the axes whose `fit` is set and clears their flag: x over every series' finite x, then y over
+// the points whose x lies inside the (new) x range, each with a 5% margin; a log axis from the positive
+// values only. An axis with nothing to fit to (no series, all NaN, nothing > 0 on a log axis) keeps its
+// range and its flag, so it fits when data arrives. draw() calls this at the start of every frame.
+// Series should be given as in draw(); x need not be sorted.
+void fit(State& state, std::span<const Series> series);
+
 struct Result {
   bool hovered = false;
   double hover_x = 0, hover_y = 0;   // data coordinates under the mouse
   bool clicked = false;              // a left click without a drag
   double clicked_x = 0;
+  // The data area this frame, in screen pixels (x grows right, y down): to_pixel(state.x, v, plot_min.x,
+  // plot_max.x) and to_pixel(state.y, v, plot_max.y, plot_min.y) give where a value was drawn. For tests
+  // and screenshot checks; zero when the plot was clipped away.
+  ImVec2 plot_min{0, 0}, plot_max{0, 0};
 };
 
-// Draws in the current ImGui window at the cursor; size.x <= 0 takes the available width.
+// Draws in the current ImGui window at the cursor; size.x <= 0 takes the available width (size.y <= 0
+// the available height; never under 60 x 40). Interaction: wheel zooms x about the mouse, shift+wheel zooms y, left drag pans
+// both axes, double click refits both (its second click is not reported as a click), hover shows a
+// vertical line and a tooltip with each series' y at the data x nearest the mouse and the labels of
+// markers on that x. Series of any length are cheap: points on one pixel column are drawn as that
+// column's first, min, max and last. Throws ampscope::ShapeError, before drawing anything, when a series'
+// x and y differ in length. The id must be unique in the window (it names a child window).
 Result draw(const char* id, State& state, std::span<const Series> series, std::span<const Marker> markers,
             ImVec2 size);
 

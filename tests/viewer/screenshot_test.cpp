@@ -1,0 +1,158 @@
+// ampscope-view run headless (--screenshot) on small traces written here, and the picture checked: the
+// skipped-step colour appears where the skipped step is on the scale panel and nowhere for a healthy run,
+// the non-finite cell colour appears in the ops table of the NaN step and nowhere for a healthy one, a file
+// that is not HDF5 gives the error box (and exit status 0, no crash), and without a display the program
+// says so and exits 2. Needs an X display: ctest runs these under xvfb-run (tests/CMakeLists.txt); run
+// directly without DISPLAY, they skip.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <stb_image.h>
+#include <sys/wait.h>
+
+#include "tests/viewer/viewer_fixtures.h"
+#include "viewer/view_model.h"
+
+#ifndef AMPSCOPE_VIEW_BINARY
+#error "AMPSCOPE_VIEW_BINARY must name the ampscope-view program"
+#endif
+
+namespace ampscope::viewer {
+namespace {
+
+#define SKIP_WITHOUT_DISPLAY()                                                                  \
+  do {                                                                                          \
+    if (std::getenv("DISPLAY") == nullptr) {                                                    \
+      GTEST_SKIP() << "no X display (DISPLAY is not set): ctest runs this test under xvfb-run"; \
+    }                                                                                           \
+  } while (0)
+
+struct Image {
+  int w = 0, h = 0;
+  std::unique_ptr<unsigned char, void (*)(void*)> pixels{nullptr, stbi_image_free};
+  std::uint32_t at(int x, int y) const {
+    const unsigned char* p = pixels.get() + (static_cast<std::size_t>(y) * w + x) * 3;
+    return rgba(p[0], p[1], p[2]);
+  }
+};
+
+Image load_png(const std::filesystem::path& path) {
+  Image img;
+  int channels = 0;
+  img.pixels.reset(stbi_load(path.c_str(), &img.w, &img.h, &channels, 3));
+  return img;
+}
+
+struct ProgramRun {
+  int status = -1;
+  std::string output;
+};
+
+ProgramRun run(const std::string& args, const std::string& env = "") {
+  const std::string command = env + " '" AMPSCOPE_VIEW_BINARY "' " + args + " 2>&1";
+  ProgramRun r;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buffer{};
+  while (std::fgets(buffer.data(), buffer.size(), pipe)) r.output += buffer.data();
+  const int raw = pclose(pipe);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return r;
+}
+
+// Renders `panel` of the traces into a PNG of 800x500 and loads it.
+Image screenshot(const std::string& traces, const std::string& panel, const std::string& name, const std::string& extra = "") {
+  const auto png = testing::fixture_dir() / name;
+  std::filesystem::remove(png);
+  const ProgramRun r = run(traces + " --screenshot '" + png.string() + "' --panel " + panel + " --size 800x500 " + extra);
+  EXPECT_EQ(r.status, 0) << r.output;
+  Image img = load_png(png);
+  EXPECT_TRUE(img.pixels) << "no PNG at " << png << "; output:\n" << r.output;
+  EXPECT_EQ(img.w, 800);
+  EXPECT_EQ(img.h, 500);
+  return img;
+}
+
+// Pixels of exactly this colour, and the range of their x coordinates.
+struct Found {
+  int count = 0, min_x = 1 << 30, max_x = -1;
+};
+Found find_colour(const Image& img, std::uint32_t colour) {
+  Found f;
+  if (!img.pixels) return f;
+  for (int y = 0; y < img.h; ++y) {
+    for (int x = 0; x < img.w; ++x) {
+      if (img.at(x, y) == colour) {
+        ++f.count;
+        f.min_x = std::min(f.min_x, x);
+        f.max_x = std::max(f.max_x, x);
+      }
+    }
+  }
+  return f;
+}
+
+std::string quoted(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+
+TEST(screenshot_test, skipped_step_colour_marks_step_1_of_4_on_the_scale_panel) {
+  SKIP_WITHOUT_DISPLAY();
+  const auto trace = testing::write_fixture(testing::fixture_dir() / "shot_nan.h5", true);
+  const Image img = screenshot(quoted(trace), "scale", "scale_nan.png");
+  const Found f = find_colour(img, colours::kSkippedStep);
+  // The step strip spans the width: step 1 of steps 0..3 is its second quarter; the plots' markers at x = 1
+  // of 0..3 sit a third of the way along. Both lie between a fifth and a little over half of the width.
+  EXPECT_GT(f.count, 100);
+  EXPECT_GE(f.min_x, img.w / 5);
+  EXPECT_LE(f.max_x, img.w * 55 / 100);
+
+  const auto healthy = testing::write_fixture(testing::fixture_dir() / "shot_ok.h5", false);
+  const Image ok = screenshot(quoted(healthy), "scale", "scale_ok.png");
+  EXPECT_GT(find_colour(ok, colours::kHealthyStep).count, 100);
+  EXPECT_EQ(find_colour(ok, colours::kSkippedStep).count, 0);
+}
+
+TEST(screenshot_test, nan_step_shows_red_cells_in_the_ops_table_and_a_healthy_step_none) {
+  SKIP_WITHOUT_DISPLAY();
+  const auto trace = testing::write_fixture(testing::fixture_dir() / "shot_ops.h5", true);
+  const Image bad = screenshot(quoted(trace), "ops", "ops_nan.png", "--step 1");
+  EXPECT_GT(find_colour(bad, colours::kNonFiniteCell).count, 200);  // two cells with 5 NaN
+  EXPECT_GT(find_colour(bad, colours::kOriginMark).count, 20);      // the origin's seq cell
+  const Image good = screenshot(quoted(trace), "ops", "ops_ok.png", "--step 2");
+  EXPECT_EQ(find_colour(good, colours::kNonFiniteCell).count, 0);
+  EXPECT_EQ(find_colour(good, colours::kOriginMark).count, 0);
+}
+
+TEST(screenshot_test, a_file_that_is_not_hdf5_shows_the_error_box_and_exits_cleanly) {
+  SKIP_WITHOUT_DISPLAY();
+  const auto bad = testing::write_not_hdf5(testing::fixture_dir() / "shot_bad.h5");
+  const Image img = screenshot(quoted(bad), "overview", "bad.png");
+  const Found f = find_colour(img, colours::kErrorBackground);
+  EXPECT_GT(f.count, 800 * 20);  // a box across the window, a few lines high
+  EXPECT_EQ(find_colour(img, colours::kSkippedStep).count, 0);
+}
+
+TEST(screenshot_test, without_a_display_the_program_says_so_and_exits_2) {
+  // Needs no display: it takes the display away.
+  const ProgramRun r = run("--screenshot /dev/null", "env -u DISPLAY -u WAYLAND_DISPLAY");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("no display"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("DISPLAY"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("xvfb-run"), std::string::npos) << r.output;
+}
+
+TEST(screenshot_test, help_lists_the_headless_options) {
+  const ProgramRun r = run("--help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* flag : {"--screenshot", "--panel", "--step", "--size"}) {
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag << " missing from:\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace ampscope::viewer

@@ -1,0 +1,251 @@
+// What the viewer's panels show, checked without a window (viewer/view_model.h, document.h, options.h):
+// series and markers from hand-written step rows, the ops table's filtering and sorting, exponent zones
+// from f16's definition (max 65504 < 2^16, smallest normal 2^-14, smallest subnormal 2^-24), cards from the
+// analysis of a hand-built trace, and a document opened from files written with the real TraceWriter.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "tests/test_support.h"
+#include "tests/viewer/viewer_fixtures.h"
+#include "viewer/document.h"
+#include "viewer/options.h"
+#include "viewer/view_model.h"
+
+namespace ampscope::viewer {
+namespace {
+
+using testing::op_row;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+trace::StepRow step_row(std::int64_t step, double scale, double scale_after, bool skipped) {
+  trace::StepRow r;
+  r.step = step;
+  r.loss = skipped ? kNaN : 1.0;
+  r.scale = scale;
+  r.scale_after = scale_after;
+  r.skipped = skipped;
+  r.found_inf = skipped;
+  return r;
+}
+
+TEST(view_model_test, step_series_marks_skipped_steps_backoffs_and_growths) {
+  const std::vector<trace::StepRow> steps = {step_row(0, 8, 8, false), step_row(1, 8, 4, true),
+                                             step_row(2, 4, 8, false), step_row(3, 8, 8, false)};
+  const StepSeries s = step_series(steps);
+  EXPECT_EQ(s.step, (std::vector<double>{0, 1, 2, 3}));
+  EXPECT_EQ(s.scale, (std::vector<double>{8, 8, 4, 8}));
+  EXPECT_EQ(s.skipped, (std::vector<double>{1}));
+  EXPECT_EQ(s.backoffs, (std::vector<double>{1}));  // 8 -> 4
+  EXPECT_EQ(s.growths, (std::vector<double>{2}));   // 4 -> 8
+  EXPECT_TRUE(std::isnan(s.loss[1]));               // a gap in the loss curve
+  EXPECT_EQ(nearest_step(steps, 1.4), 1);
+  EXPECT_EQ(nearest_step(steps, 2.6), 3);
+  EXPECT_EQ(step_index(steps, 2), 2u);
+  EXPECT_FALSE(step_index(steps, 9).has_value());
+}
+
+TEST(view_model_test, ops_table_filters_case_insensitively_and_sorts_nan_after_numbers) {
+  std::vector<trace::OpRow> rows = {op_row(0, 0, "blocks.0.attn", "bmm", "f16", 30), op_row(0, 1, "fc", "linear", "f32", 10),
+                                    op_row(0, 2, "blocks.1.ATTN", "softmax", "f16", kNaN), op_row(0, 3, "fc", "add", "f16", 20)};
+  rows[2].health.nan = 3;
+  EXPECT_EQ(op_order(rows, {}, OpColumn::seq, true), (std::vector<std::uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(op_order(rows, {.text = "attn"}, OpColumn::seq, true), (std::vector<std::uint32_t>{0, 2}));
+  EXPECT_EQ(op_order(rows, {.text = "f32"}, OpColumn::seq, true), (std::vector<std::uint32_t>{1}));
+  OpFilter nonfinite;
+  nonfinite.nonfinite_only = true;
+  EXPECT_EQ(op_order(rows, nonfinite, OpColumn::seq, true), (std::vector<std::uint32_t>{2}));
+  EXPECT_EQ(op_order(rows, {}, OpColumn::absmax, true), (std::vector<std::uint32_t>{1, 3, 0, 2}));
+  EXPECT_EQ(op_order(rows, {}, OpColumn::absmax, false), (std::vector<std::uint32_t>{2, 0, 3, 1}));
+  EXPECT_EQ(op_order(rows, {}, OpColumn::seq, false), (std::vector<std::uint32_t>{3, 2, 1, 0}));
+  EXPECT_EQ(op_order(rows, {}, OpColumn::module, true), (std::vector<std::uint32_t>{0, 2, 1, 3}));  // stable ties
+  EXPECT_EQ(op_cell(rows[2], OpColumn::nonfinite), "3 nan");
+  EXPECT_EQ(op_cell(rows[2], OpColumn::absmax), "nan");
+  EXPECT_EQ(op_cell(rows[0], OpColumn::dtypes), "f16,f16 -> f16");
+  rows[3].health.pos_inf = 2;
+  rows[3].health.neg_inf = 1;
+  EXPECT_EQ(op_cell(rows[3], OpColumn::nonfinite), "2 +inf, 1 -inf");
+  EXPECT_NE(dtype_colour("f16"), dtype_colour("bf16"));
+  EXPECT_NE(dtype_colour("f16"), dtype_colour("f32"));
+}
+
+TEST(view_model_test, exponent_zones_follow_f16_and_bf16_definitions) {
+  // f16: largest finite 65504 = 1.999 * 2^15, smallest normal 2^-14, smallest subnormal 2^-24.
+  EXPECT_EQ(f16_zone(15), Zone::normal);
+  EXPECT_EQ(f16_zone(16), Zone::overflow);
+  EXPECT_EQ(f16_zone(-14), Zone::normal);
+  EXPECT_EQ(f16_zone(-15), Zone::subnormal);
+  EXPECT_EQ(f16_zone(-24), Zone::subnormal);
+  EXPECT_EQ(f16_zone(-25), Zone::flush_to_zero);
+  // bf16: f32's exponent range, 7 stored mantissa bits: subnormals down to 2^-133.
+  EXPECT_EQ(bf16_zone(127), Zone::normal);
+  EXPECT_EQ(bf16_zone(128), Zone::overflow);
+  EXPECT_EQ(bf16_zone(-127), Zone::subnormal);
+  EXPECT_EQ(bf16_zone(-133), Zone::subnormal);
+  EXPECT_EQ(bf16_zone(-134), Zone::flush_to_zero);
+}
+
+TEST(view_model_test, exponent_histogram_counts_values_beyond_and_below_f16) {
+  trace::HistogramRow row;
+  row.seq = 4;
+  row.tensor = "output";
+  auto bin = [](int e) { return static_cast<std::size_t>(e - trace::kHistMinExponent); };
+  row.bins[bin(0)] = 100;   // 1 .. 2
+  row.bins[bin(16)] = 7;    // 65536 .. : inf in f16
+  row.bins[bin(-20)] = 5;   // f16 subnormal
+  row.bins[bin(-30)] = 3;   // flushes to zero in f16
+  constexpr std::size_t kExponents = trace::kHistMaxExponent - trace::kHistMinExponent + 1;
+  row.bins[kExponents] = 2;      // subnormal
+  row.bins[kExponents + 1] = 11; // zero
+  row.bins[kExponents + 3] = 1;  // nan
+  const auto h = op_histogram(std::vector<trace::HistogramRow>{row}, 4);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->exponent, (std::vector<double>{-30, -20, 0, 16}));
+  EXPECT_EQ(h->count, (std::vector<double>{3, 5, 100, 7}));
+  EXPECT_EQ(h->above_f16, 7);
+  EXPECT_EQ(h->f16_subnormal, 5);
+  EXPECT_EQ(h->below_f16, 3);
+  EXPECT_EQ(h->zero, 11);
+  EXPECT_EQ(h->nan, 1);
+  EXPECT_EQ(h->total, 100 + 7 + 5 + 3 + 2 + 11 + 1);
+  EXPECT_FALSE(op_histogram(std::vector<trace::HistogramRow>{row}, 5).has_value());
+}
+
+TEST(view_model_test, why_nan_cards_select_the_origin_step_and_op) {
+  std::vector<trace::StepRow> steps = {step_row(0, 8, 8, false), step_row(1, 8, 4, true)};
+  std::vector<trace::OpRow> ops = {op_row(0, 0, "fc1", "linear", "f16", 3), op_row(1, 0, "fc1", "linear", "f16", 3),
+                                   op_row(1, 1, "fc2", "exp", "f16", kNaN)};
+  ops[2].health.pos_inf = 4;
+  ops[2].origin = true;
+  const analysis::Report rep = analysis::analyse(steps, ops, {});
+  const auto cards = why_nan_cards(rep);
+  ASSERT_FALSE(cards.empty());
+  EXPECT_EQ(cards[0].kind, Card::Kind::anomaly);
+  EXPECT_EQ(cards[0].step, 1);
+  EXPECT_EQ(cards[0].seq, 1);
+  EXPECT_NE(cards[0].title.find("exp_overflow"), std::string::npos) << cards[0].title;
+  EXPECT_NE(cards[0].title.find("fc2"), std::string::npos) << cards[0].title;
+  bool has_remedy = false;
+  for (const auto& kv : cards[0].lines) has_remedy |= kv.key == "remedy" && !kv.value.empty();
+  EXPECT_TRUE(has_remedy);
+  // The scaler skipped a step: its card comes last.
+  EXPECT_EQ(cards.back().kind, Card::Kind::scaler);
+}
+
+TEST(view_model_test, overview_counts_skipped_steps_and_says_when_analysis_runs) {
+  const std::vector<trace::StepRow> steps = {step_row(0, 8, 8, false), step_row(1, 8, 4, true), step_row(2, 4, 4, true)};
+  OverviewInput in;
+  in.path = "x.h5";
+  in.steps = steps;
+  in.analysis_progress = 0.5;
+  in.run.model = "mlp";
+  const auto rows = overview_rows(in);
+  auto value = [&](const std::string& key) {
+    for (const auto& r : rows) if (r.key == key) return r.value;
+    return std::string("<missing>");
+  };
+  EXPECT_EQ(value("skipped steps"), "2");
+  EXPECT_EQ(value("steps"), "3 (step 0 .. 2)");
+  EXPECT_EQ(value("anomalies"), "analysing... 50%");
+  EXPECT_EQ(value("final scale"), "4");
+  EXPECT_EQ(value("model"), "mlp");
+}
+
+TEST(view_model_test, numbers_print_with_thousands_separators_and_named_non_finite_values) {
+  EXPECT_EQ(format_count(1234567), "1,234,567");
+  EXPECT_EQ(format_count(999), "999");
+  EXPECT_EQ(format_count(-1000), "-1,000");
+  EXPECT_EQ(format_number(65504), "65504");
+  EXPECT_EQ(format_number(kNaN), "nan");
+  EXPECT_EQ(format_number(-std::numeric_limits<double>::infinity()), "-inf");
+}
+
+TEST(view_model_test, compare_series_keeps_each_runs_own_steps) {
+  analysis::DiffReport d;
+  d.losses = {{.step = 0, .in_a = true, .in_b = true, .loss_a = 2, .loss_b = 2.1},
+              {.step = 1, .in_a = true, .in_b = false, .loss_a = kNaN, .skipped_a = true},
+              {.step = 2, .in_a = false, .in_b = true, .loss_b = 1.5}};
+  const CompareSeries s = compare_series(d);
+  EXPECT_EQ(s.step_a, (std::vector<double>{0, 1}));
+  EXPECT_EQ(s.step_b, (std::vector<double>{0, 2}));
+  EXPECT_EQ(s.loss_b, (std::vector<double>{2.1, 1.5}));
+  EXPECT_EQ(s.skipped_a, (std::vector<double>{1}));
+  EXPECT_TRUE(s.skipped_b.empty());
+}
+
+TEST(view_model_test, options_parse_the_headless_flags_and_reject_bad_values) {
+  const ViewerOptions o = parse_options({"a.h5", "b.h5", "--screenshot", "x.png", "--panel", "ops", "--step", "3",
+                                         "--size", "1024x640"});
+  EXPECT_EQ(o.traces, (std::vector<std::string>{"a.h5", "b.h5"}));
+  EXPECT_EQ(o.screenshot, "x.png");
+  EXPECT_EQ(o.panel, "ops");
+  EXPECT_EQ(o.step, 3);
+  EXPECT_EQ(o.width, 1024);
+  EXPECT_EQ(o.height, 640);
+  EXPECT_TRUE(parse_options({"--help"}).help);
+  EXPECT_THROW_MSG(parse_options({"--panel", "plots"}), Error, "unknown panel 'plots'", "hint:");
+  EXPECT_THROW_MSG(parse_options({"--size", "big"}), Error, "--size expects WxH", "'big'");
+  EXPECT_THROW_MSG(parse_options({"--step", "x3"}), Error, "--step expects an integer", "'x3'");
+  EXPECT_THROW_MSG(parse_options({"a.h5", "b.h5", "c.h5"}), Error, "at most two traces", "got 3");
+  EXPECT_THROW_MSG(parse_options({"--screenshot"}), Error, "--screenshot needs a value");
+}
+
+TEST(view_model_test, document_reads_steps_at_open_and_a_steps_ops_on_demand) {
+  const auto path = testing::write_fixture(testing::fixture_dir() / "doc_nan.h5", true);
+  auto doc = TraceDocument::open(path);
+  ASSERT_TRUE(doc->ok()) << doc->error();
+  EXPECT_EQ(doc->steps().size(), 4u);
+  EXPECT_EQ(doc->run_info().model, "fixture");
+  EXPECT_TRUE(doc->complete());
+  EXPECT_EQ(doc->step_data(), nullptr);  // nothing read before a step is selected
+  doc->select_step(1);
+  doc->wait_idle();
+  ASSERT_NE(doc->step_data(), nullptr);
+  EXPECT_EQ(doc->step_data()->step, 1);
+  ASSERT_EQ(doc->step_data()->ops.size(), 3u);
+  EXPECT_TRUE(doc->step_data()->ops[1].origin);
+  EXPECT_EQ(doc->step_data()->ops[1].health.nan, 5);
+  ASSERT_NE(doc->report(), nullptr) << doc->analysis_error();
+  ASSERT_FALSE(doc->report()->anomalies.empty());
+  EXPECT_EQ(doc->report()->anomalies[0].step, 1);
+  EXPECT_EQ(doc->report()->anomalies[0].module, "fc2");
+  std::filesystem::remove(path);
+}
+
+TEST(view_model_test, document_of_a_bad_file_says_why_instead_of_throwing) {
+  const auto dir = testing::fixture_dir();
+  const auto bad = testing::write_not_hdf5(dir / "not_a_trace.h5");
+  auto doc = TraceDocument::open(bad);
+  EXPECT_FALSE(doc->ok());
+  EXPECT_NE(doc->error().find("not_a_trace.h5"), std::string::npos) << doc->error();
+  auto missing = TraceDocument::open(dir / "missing.h5");
+  EXPECT_FALSE(missing->ok());
+  EXPECT_NE(missing->error().find("missing.h5"), std::string::npos) << missing->error();
+  std::filesystem::remove(bad);
+}
+
+TEST(view_model_test, file_browser_lists_folders_first_then_h5_files) {
+  const auto dir = testing::fixture_dir() / "browse";
+  std::filesystem::create_directories(dir / "sub");
+  testing::write_not_hdf5(dir / "b.h5");
+  testing::write_not_hdf5(dir / "a.h5");
+  testing::write_not_hdf5(dir / "notes.txt");
+  std::string error;
+  const auto entries = list_directory(dir, &error);
+  EXPECT_TRUE(error.empty()) << error;
+  ASSERT_EQ(entries.size(), 4u);
+  EXPECT_EQ(entries[0].name, "..");
+  EXPECT_EQ(entries[1].name, "sub");
+  EXPECT_TRUE(entries[1].directory);
+  EXPECT_EQ(entries[2].name, "a.h5");
+  EXPECT_EQ(entries[3].name, "b.h5");
+  EXPECT_TRUE(list_directory(dir / "nowhere", &error).empty());
+  EXPECT_NE(error.find("nowhere"), std::string::npos) << error;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ampscope::viewer

@@ -1,0 +1,86 @@
+// Small traces for the viewer's tests, written with the real TraceWriter: a run whose step 1 has an op
+// creating NaN (an origin) and is skipped with a scale backoff, a healthy run, and a file that is not HDF5.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include <unistd.h>
+
+#include "probes/trace_writer.h"
+
+namespace ampscope::viewer::testing {
+
+inline std::filesystem::path fixture_dir() {
+  const auto dir = std::filesystem::temp_directory_path() / ("ampscope_viewer_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+inline trace::OpRow op_row(std::int64_t step, std::int64_t seq, const std::string& module, const std::string& op,
+                           const std::string& dtype, double absmax) {
+  trace::OpRow r;
+  r.step = step;
+  r.seq = seq;
+  r.phase = trace::Phase::forward;
+  r.op = op;
+  r.module = module;
+  r.in_dtypes = dtype + "," + dtype;
+  r.out_dtype = dtype;
+  r.shape = "[4, 8]";
+  r.health.numel = 32;
+  r.health.min = -absmax;
+  r.health.max = absmax;
+  r.health.absmax = absmax;
+  r.health.mean = absmax / 4;
+  r.health.rms = absmax / 2;
+  return r;
+}
+
+// steps: 4 (0..3). With nan_at_step1: step 1's op seq 1 (fc2 linear, f16) has 5 NaN from finite inputs, step
+// 1 is skipped and the scale halves; ops after it in that step carry the NaN.
+inline std::filesystem::path write_fixture(const std::filesystem::path& path, bool nan_at_step1, int ops_per_step = 3) {
+  trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "fixture", .seed = 7, .config = "{}"});
+  double scale = 1024;
+  for (std::int64_t step = 0; step < 4; ++step) {
+    const bool bad = nan_at_step1 && step == 1;
+    for (int seq = 0; seq < ops_per_step; ++seq) {
+      trace::OpRow r = op_row(step, seq, seq == 0 ? "fc1" : (seq == 1 ? "fc2" : "head"), seq == 2 ? "softmax" : "linear",
+                              "f16", 10.0 * (seq + 1) + step);
+      if (bad && seq >= 1) {
+        r.health.nan = 5;
+        r.origin = seq == 1;
+      }
+      w.write(r);
+    }
+    trace::StepRow s;
+    s.step = step;
+    s.loss = bad ? std::numeric_limits<double>::quiet_NaN() : 2.0 - 0.1 * static_cast<double>(step);
+    s.scale = scale;
+    s.found_inf = bad;
+    s.skipped = bad;
+    s.scale_after = bad ? scale / 2 : scale;
+    s.grad_norm = bad ? std::numeric_limits<double>::infinity() : 1.0;
+    s.lr = 1e-3;
+    w.write(s);
+    if (bad) {
+      w.write(trace::EventRow{.step = step, .seq = 1, .kind = "origin", .op = "linear", .module = "fc2",
+                              .detail = "5 NaN in the output of linear; inputs finite"});
+    }
+    scale = s.scale_after;
+    w.end_step(step);
+  }
+  w.close();
+  return path;
+}
+
+inline std::filesystem::path write_not_hdf5(const std::filesystem::path& path) {
+  std::ofstream(path) << "this is not an HDF5 file\n";
+  return path;
+}
+
+}  // namespace ampscope::viewer::testing

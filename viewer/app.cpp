@@ -1,0 +1,341 @@
+// ampscope-view's program: documents and selection, the layout of the frame, the GLFW window and its
+// frame loop, and the headless screenshot.
+#include <algorithm>
+#include <chrono>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <GLFW/glfw3.h>
+#include <fmt/format.h>
+#include <imgui.h>
+#include <backends/imgui_impl_glfw.h>
+#include <backends/imgui_impl_opengl3.h>
+#include <stb_image_write.h>
+
+#include "viewer/app.h"
+
+namespace ampscope::viewer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// The selection without marking it the user's own choice.
+void set_selection(ViewerState& s, std::int64_t step, std::optional<std::int64_t> seq) {
+  if (!s.a) return;
+  s.a->select_step(step);
+  if (s.b) s.b->select_step(step);
+  s.selected_seq = seq;
+  s.scroll_to_selected = seq.has_value();
+}
+
+// Where the first anomaly is, to show it when the analysis ends.
+void select_first_anomaly(ViewerState& s) {
+  const analysis::Report* rep = s.a->report();
+  if (rep && !rep->anomalies.empty()) {
+    const auto& d = rep->anomalies.front();
+    set_selection(s, d.step, d.seq >= 0 ? std::optional<std::int64_t>(d.seq) : std::nullopt);
+  } else if (!s.a->selected_step()) {
+    if (auto first = initial_step(s.a->steps(), rep)) set_selection(s, *first, std::nullopt);
+  }
+}
+
+std::string glfw_error_text;
+void glfw_error(int code, const char* text) { glfw_error_text = fmt::format("GLFW error {}: {}", code, text ? text : "?"); }
+
+void drop_callback(GLFWwindow* window, int count, const char** paths) {
+  auto* s = static_cast<ViewerState*>(glfwGetWindowUserPointer(window));
+  for (int i = 0; i < count; ++i) s->dropped.emplace_back(paths[i]);
+}
+
+float errors_height(const ViewerState& s, float width) {
+  if (s.errors.empty()) return 0;
+  float h = 50;  // title bar, dismiss button, padding
+  for (const auto& e : s.errors) h += ImGui::CalcTextSize(e.c_str(), nullptr, false, width - 40).y + 20;
+  return h;
+}
+
+bool write_png(const std::string& path, int w, int h) {
+  std::vector<unsigned char> pixels(static_cast<std::size_t>(w) * h * 3);
+  glPixelStorei(GL_PACK_ALIGNMENT, 1);
+  glReadBuffer(GL_BACK);
+  glReadPixels(0, 0, w, h, GL_RGB, GL_UNSIGNED_BYTE, pixels.data());
+  // OpenGL's rows start at the bottom; PNG's at the top.
+  std::vector<unsigned char> flipped(pixels.size());
+  const std::size_t row = static_cast<std::size_t>(w) * 3;
+  for (int y = 0; y < h; ++y) {
+    std::copy_n(pixels.data() + static_cast<std::size_t>(h - 1 - y) * row, row, flipped.data() + static_cast<std::size_t>(y) * row);
+  }
+  return stbi_write_png(path.c_str(), w, h, 3, flipped.data(), static_cast<int>(row)) != 0;
+}
+
+}  // namespace
+
+void open_trace(ViewerState& s, const std::filesystem::path& path, bool as_b) {
+  auto doc = TraceDocument::open(path);
+  if (!doc->ok()) {
+    s.errors.push_back(fmt::format("cannot open {}:\n{}", path.string(), doc->error()));
+    return;
+  }
+  s.comparison.reset();
+  s.op_diffs.clear();
+  s.op_diffs_for_a = s.op_diffs_for_b = 0;
+  if (as_b && s.a) {
+    s.b = std::move(doc);
+    s.show_compare = true;
+    if (auto step = s.a->selected_step()) s.b->select_step(*step);
+  } else {
+    s.a = std::move(doc);
+    s.selected_seq.reset();
+    s.user_selected = false;
+    s.jumped_to_anomaly = false;
+    s.op_rows_for = 0;
+    s.op_rows_dirty = true;
+    s.series_steps = static_cast<std::size_t>(-1);
+    s.histogram_plot = {};
+    s.compare_plot = {};
+  }
+  if (s.a && s.b) s.comparison = std::make_unique<Comparison>(s.a->reader(), s.b->reader());
+}
+
+void select_step(ViewerState& s, std::int64_t step, std::optional<std::int64_t> seq) {
+  s.user_selected = true;
+  set_selection(s, step, seq);
+}
+
+void poll_documents(ViewerState& s) {
+  if (!s.dropped.empty()) {
+    std::vector<std::string> files;
+    files.swap(s.dropped);
+    if (files.size() >= 2) {
+      open_trace(s, files[0], false);
+      open_trace(s, files[1], true);
+    } else {
+      open_trace(s, files[0], s.compare_hovered && s.a != nullptr);
+    }
+  }
+  if (s.a) s.a->poll();
+  if (s.b) s.b->poll();
+  if (s.comparison) s.comparison->poll();
+  if (!s.a) return;
+  if (!s.a->selected_step()) {
+    if (s.wanted_step) {
+      set_selection(s, *s.wanted_step, s.wanted_seq);
+      s.user_selected = true;
+    } else if (s.a->report() || !s.a->analysing()) {
+      select_first_anomaly(s);
+      s.jumped_to_anomaly = true;
+    } else if (!s.headless) {
+      // Show the first step while the analysis runs; jump to the anomaly when it ends.
+      if (auto first = initial_step(s.a->steps(), nullptr)) set_selection(s, *first, std::nullopt);
+    }
+  }
+  if (s.a->report() && !s.user_selected && !s.jumped_to_anomaly) {
+    select_first_anomaly(s);
+    s.jumped_to_anomaly = true;
+  }
+}
+
+bool idle(const ViewerState& s) {
+  auto doc_idle = [](const TraceDocument* d) { return !d || (!d->analysing() && !d->step_loading()); };
+  return doc_idle(s.a.get()) && doc_idle(s.b.get()) && (!s.comparison || !s.comparison->running()) &&
+         (!s.a || s.a->selected_step() || s.a->steps().empty());
+}
+
+void draw_frame(ViewerState& s) {
+  const ImGuiViewport* vp = ImGui::GetMainViewport();
+  Layout& l = s.layout;
+  l = Layout{};
+  if (s.panel == "all") draw_menu_bar(s);
+  const float x0 = vp->WorkPos.x, W = vp->WorkSize.x;
+  float y0 = vp->WorkPos.y, H = vp->WorkSize.y;
+  if (!s.errors.empty()) {
+    const float eh = std::min(errors_height(s, W), H * 0.5f);
+    l.errors = {x0, y0, W, eh, true};
+    y0 += eh;
+    H -= eh;
+  }
+  if (s.panel == "all") {
+    const float left_w = std::floor(W * 0.34f), right_w = W - left_w;
+    const float overview_h = std::floor(H * 0.42f);
+    l.overview = {x0, y0, left_w, overview_h, true};
+    l.why = {x0, y0 + overview_h, left_w, H - overview_h, true};
+    const float scale_h = std::floor(H * 0.5f);
+    l.scale = {x0 + left_w, y0, right_w, scale_h, true};
+    const float bottom_y = y0 + scale_h, bottom_h = H - scale_h;
+    const float ops_w = std::floor(right_w * (s.show_compare ? 0.45f : 0.6f));
+    l.ops = {x0 + left_w, bottom_y, ops_w, bottom_h, true};
+    PanelRect& other = s.show_compare ? l.compare : l.detail;
+    other = {x0 + left_w + ops_w, bottom_y, right_w - ops_w, bottom_h, true};
+  } else {
+    const PanelRect full{x0, y0, W, H, true};
+    if (s.panel == "overview") l.overview = full;
+    if (s.panel == "scale") l.scale = full;
+    if (s.panel == "ops") l.ops = full;
+    if (s.panel == "detail") l.detail = full;
+    if (s.panel == "why") l.why = full;
+    if (s.panel == "compare") l.compare = full;
+  }
+  s.compare_hovered = false;
+  draw_errors(s);
+  draw_overview_panel(s);
+  draw_why_panel(s);
+  draw_scale_panel(s);
+  draw_ops_panel(s);
+  draw_detail_panel(s);
+  draw_compare_panel(s);
+  draw_file_browser(s);
+}
+
+int run_viewer(const ViewerOptions& o) {
+  const auto t_start = Clock::now();
+  const bool headless = !o.screenshot.empty() || o.scroll_frames > 0;
+  glfwSetErrorCallback(glfw_error);
+  if (!glfwInit()) {
+    std::fprintf(stderr,
+                 "ampscope-view: cannot open a window: there is no display (%s).\n"
+                 "hint: run it on a desktop, set DISPLAY, or run it under Xvfb: xvfb-run -a ampscope-view ...\n",
+                 glfw_error_text.c_str());
+    return 2;
+  }
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
+  glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
+  glfwWindowHint(GLFW_OPENGL_FORWARD_COMPAT, GLFW_TRUE);
+  if (headless) glfwWindowHint(GLFW_RESIZABLE, GLFW_FALSE);
+  GLFWwindow* window = glfwCreateWindow(o.width, o.height, "ampscope-view", nullptr, nullptr);
+  if (!window) {
+    std::fprintf(stderr, "ampscope-view: cannot create an OpenGL 3.3 window (%s).\n"
+                         "hint: under Xvfb, Mesa's llvmpipe provides it (Debian: libgl1-mesa-dri)\n",
+                 glfw_error_text.c_str());
+    glfwTerminate();
+    return 2;
+  }
+  glfwMakeContextCurrent(window);
+  glfwSwapInterval(headless ? 0 : 1);
+
+  IMGUI_CHECKVERSION();
+  ImGui::CreateContext();
+  ImGuiIO& io = ImGui::GetIO();
+  io.IniFilename = nullptr;  // the layout is fixed: nothing to remember between runs
+  ImGui::StyleColorsDark();
+  ImGui_ImplGlfw_InitForOpenGL(window, true);
+  ImGui_ImplOpenGL3_Init("#version 330");
+
+  ViewerState s;
+  s.panel = o.panel;
+  s.headless = headless;
+  s.wanted_step = o.step;
+  s.wanted_seq = o.seq;
+  s.show_compare = o.panel == "compare";
+  glfwSetWindowUserPointer(window, &s);
+  glfwSetDropCallback(window, drop_callback);
+  for (std::size_t i = 0; i < o.traces.size(); ++i) open_trace(s, o.traces[i], i == 1);
+  const auto t_opened = Clock::now();
+  if (s.b) s.show_compare = true;
+
+  int status = 0;
+  int settled = 0;  // frames drawn since everything was loaded
+  bool first_frame_done = false;
+  Clock::time_point t_first_frame{}, t_ready{};
+  int scroll_done = 0;
+  std::vector<double> frame_ms, ui_ms;  // whole frames; the UI's own work (events, panels, ImGui) within them
+  while (!glfwWindowShouldClose(window)) {
+    const auto t_frame = Clock::now();
+    if (headless || !idle(s) || (s.a && s.a->live())) {
+      glfwPollEvents();
+    } else {
+      glfwWaitEventsTimeout(0.25);
+    }
+    poll_documents(s);
+    ImGui_ImplOpenGL3_NewFrame();
+    ImGui_ImplGlfw_NewFrame();
+    // Xvfb's pointer rests mid-screen: keep it from hovering (and highlighting) anything in a screenshot.
+    if (headless) io.MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
+    ImGui::NewFrame();
+    draw_frame(s);
+    ImGui::Render();
+    const auto t_built = Clock::now();
+    int fw = 0, fh = 0;
+    glfwGetFramebufferSize(window, &fw, &fh);
+    glViewport(0, 0, fw, fh);
+    glClearColor(0.08f, 0.08f, 0.09f, 1.0f);
+    glClear(GL_COLOR_BUFFER_BIT);
+    ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+
+    const bool ready = idle(s);
+    if (ready) ++settled;
+    // A few frames after loading, so auto-sized columns and fitted axes have settled.
+    const bool shoot = !o.screenshot.empty() && settled >= 4 && (o.scroll_frames == 0 || scroll_done >= o.scroll_frames);
+    if (shoot) {
+      if (fw != o.width || fh != o.height) {
+        std::fprintf(stderr, "ampscope-view: note: the window is %dx%d, not the %dx%d asked for (the screen is smaller?)\n",
+                     fw, fh, o.width, o.height);
+      }
+      if (!write_png(o.screenshot, fw, fh)) {
+        std::fprintf(stderr, "ampscope-view: cannot write %s\n", o.screenshot.c_str());
+        status = 1;
+      }
+    }
+    glfwSwapBuffers(window);
+    if (o.timings || o.scroll_frames > 0) glFinish();
+    const auto t_end = Clock::now();
+    if (!first_frame_done) {
+      first_frame_done = true;
+      t_first_frame = t_end;
+    }
+    if (ready && settled == 1) t_ready = t_end;
+    if (o.scroll_frames > 0 && settled >= 4) {
+      if (scroll_done > 0) {
+        frame_ms.push_back(ms_between(t_frame, t_end));
+        ui_ms.push_back(ms_between(t_frame, t_built));
+      }
+      if (scroll_done == 0) s.bench_scroll_pixels = std::max(1.0f, s.op_row_height) * 7.3f;  // rows a frame
+      if (scroll_done++ >= o.scroll_frames) break;
+    }
+    if (shoot) break;
+    if (headless && !ready) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (headless && ms_between(t_start, t_end) > 120000) {
+      std::fprintf(stderr, "ampscope-view: still loading after 120 s; giving up\n");
+      status = 1;
+      break;
+    }
+  }
+  if (o.timings) {
+    std::printf("open_ms %.1f\nfirst_frame_ms %.1f\nready_ms %.1f\n", ms_between(t_start, t_opened),
+                ms_between(t_start, t_first_frame), ms_between(t_start, t_ready));
+    if (s.a) {
+      std::printf("steps %zu\nop_rows %lld\n", s.a->steps().size(), static_cast<long long>(s.a->counts().ops));
+      if (const StepData* d = s.a->step_data()) std::printf("step_rows %zu\nstep_read_ms %.1f\n", d->ops.size(), d->read_ms);
+    }
+  }
+  auto print_stats = [](const char* name, std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    double sum = 0;
+    for (double x : v) sum += x;
+    std::printf("%s_mean_ms %.2f\n%s_p50_ms %.2f\n%s_p95_ms %.2f\n%s_max_ms %.2f\n", name,
+                sum / static_cast<double>(v.size()), name, v[v.size() / 2], name,
+                v[std::min(v.size() - 1, v.size() * 95 / 100)], name, v.back());
+  };
+  if (!frame_ms.empty()) {
+    std::printf("scroll_frames %zu\n", frame_ms.size());
+    print_stats("frame", frame_ms);  // events, panels, rendering by OpenGL (llvmpipe under Xvfb), swap
+    print_stats("ui", ui_ms);        // events, panels and ImGui's own work, without the rendering
+    std::printf("ops_table_rows %zu\n", s.op_rows.size());
+  }
+  ImGui_ImplOpenGL3_Shutdown();
+  ImGui_ImplGlfw_Shutdown();
+  ImGui::DestroyContext();
+  glfwDestroyWindow(window);
+  glfwTerminate();
+  return status;
+}
+
+}  // namespace ampscope::viewer

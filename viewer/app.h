@@ -1,0 +1,114 @@
+// viewer/app.h: ampscope-view's window: all UI state in one struct (ViewerState), one function per panel
+// (draw_xxx_panel), a frame that is a flat list of panels, and the program (run_viewer: the GLFW window,
+// the frame loop, headless screenshots). What the panels show comes from viewer/view_model.h and
+// viewer/document.h; this layer only draws it.
+//
+//   ViewerOptions o = parse_options(args);
+//   return run_viewer(o);   // exit status: 0, or 2 when there is no display
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "viewer/document.h"
+#include "viewer/options.h"
+#include "viewer/plot.h"
+#include "viewer/view_model.h"
+
+namespace ampscope::viewer {
+
+// Where each panel's window goes this frame (computed by draw_frame); a panel not visible is not drawn.
+struct PanelRect {
+  float x = 0, y = 0, w = 0, h = 0;
+  bool visible = false;
+};
+struct Layout {
+  PanelRect errors, overview, scale, ops, detail, why, compare;
+};
+
+struct ViewerState {
+  // Traces: a (the one the panels show) and b (compared against a), either may be null.
+  std::unique_ptr<TraceDocument> a, b;
+  std::unique_ptr<Comparison> comparison;
+  std::vector<std::string> errors;  // files that could not be opened, with the reason; shown on top
+
+  // Selection. The step lives in the document (it loads that step's rows); the op is its seq.
+  std::optional<std::int64_t> selected_seq;
+  bool user_selected = false;      // the user picked a step: do not jump to the first anomaly later
+  bool jumped_to_anomaly = false;  // the selection moved to the first anomaly once the analysis ended
+  std::optional<std::int64_t> wanted_step, wanted_seq;  // --step / --seq
+  bool headless = false;           // select nothing until the analysis has said where the anomaly is
+  bool scroll_to_selected = false; // the ops table brings the selected row into view once
+
+  // Ops table.
+  char filter_text[128] = "";
+  OpFilter filter;
+  OpColumn sort_column = OpColumn::seq;
+  bool sort_ascending = true;
+  std::vector<std::uint32_t> op_rows;  // filtered and sorted indices into the step's ops
+  std::uint64_t op_rows_for = 0;  // StepData::load_id of the rows op_rows indexes
+  bool op_rows_dirty = true;
+  float op_row_height = 0;
+
+  // Plots: the scale, loss and gradient-norm plots share their x axis.
+  plot::State scale_plot, loss_plot, norm_plot, histogram_plot, compare_plot;
+  plot::Axis shared_x;
+  std::optional<std::int64_t> histogram_seq;  // the op whose histogram set the histogram plot's x range
+  std::uint64_t histogram_load = 0;
+  StepSeries series;
+  std::size_t series_steps = static_cast<std::size_t>(-1);
+
+  // Compare: the per-op differences of the selected step.
+  std::vector<analysis::OpDiff> op_diffs;
+  std::uint64_t op_diffs_for_a = 0, op_diffs_for_b = 0;  // StepData::load_id
+
+  // File browser.
+  bool browser_open = false;
+  bool browser_for_b = false;
+  std::filesystem::path browser_dir;
+  char browser_path[512] = "";
+  std::vector<DirEntry> browser_entries;
+  std::string browser_error;
+  bool browser_dirty = true;
+
+  // Files dropped onto the window since the last frame (GLFW callback).
+  std::vector<std::string> dropped;
+  bool compare_hovered = false;
+
+  // Layout: "all" places every panel; any other name fills the window with that panel (--panel).
+  std::string panel = "all";
+  bool show_compare = false;  // the lower-right area shows Compare instead of Op detail
+  Layout layout;
+
+  // Benchmark: scroll the ops table by this many pixels a frame.
+  float bench_scroll_pixels = 0;
+  bool ops_table_drawn = false;  // the table drew rows this frame
+};
+
+// Opening and selecting (the panels and the drop callback call these).
+void open_trace(ViewerState& s, const std::filesystem::path& path, bool as_b);
+void select_step(ViewerState& s, std::int64_t step, std::optional<std::int64_t> seq = std::nullopt);
+void poll_documents(ViewerState& s);
+// True when nothing is loading or being analysed (headless mode waits for this).
+bool idle(const ViewerState& s);
+
+// The frame, and each panel. Each panel opens its own window at the position and size given.
+void draw_frame(ViewerState& s);
+void draw_errors(ViewerState& s);
+void draw_overview_panel(ViewerState& s);
+void draw_scale_panel(ViewerState& s);
+void draw_ops_panel(ViewerState& s);
+void draw_detail_panel(ViewerState& s);
+void draw_why_panel(ViewerState& s);
+void draw_compare_panel(ViewerState& s);
+void draw_file_browser(ViewerState& s);
+void draw_menu_bar(ViewerState& s);
+
+// The program: 0 on success, 1 on an error (a screenshot that could not be written), 2 without a display.
+int run_viewer(const ViewerOptions& options);
+
+}  // namespace ampscope::viewer

@@ -1,0 +1,263 @@
+#include "viewer/document.h"
+
+#include <exception>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "viewer/view_model.h"
+
+namespace ampscope::viewer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Thrown from a progress callback to stop a job whose window has closed.
+struct Cancelled {};
+
+bool ready(const std::future<StepData>& f) {
+  return f.valid() && f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+template <class T>
+bool is_ready(const std::future<T>& f) {
+  return f.valid() && f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+}  // namespace
+
+// A document opens its file once and its jobs share that reader, taking turns through this lock: two
+// TraceReaders open on the same file at once were seen to return too few rows of a large step, and one
+// reader must not be used by two threads at once.
+std::mutex& trace_io_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+namespace {
+
+template <class Row>
+std::map<std::int64_t, std::vector<Row>> by_step(std::vector<Row> rows) {
+  std::map<std::int64_t, std::vector<Row>> out;
+  for (auto& r : rows) out[r.step].push_back(std::move(r));
+  return out;
+}
+
+// analysis::analyse(reader) with the reader lock taken per block of steps rather than for the whole run,
+// so the selected step's rows can be read in between.
+analysis::Report analyse_in_turns(trace::TraceReader& reader, const analysis::AnalysisOptions& options,
+                                  JobControl& control) {
+  std::unique_lock lock(trace_io_mutex());
+  analysis::Analyser a(options);
+  a.set_run(reader.run_info(), reader.path().string(), reader.complete());
+  const std::vector<trace::StepRow> steps = reader.steps();
+  const trace::RowCounts counts = reader.row_counts();
+  lock.unlock();
+  control.total = counts.ops;
+  std::map<std::int64_t, const trace::StepRow*> step_rows;
+  for (const auto& r : steps) step_rows[r.step] = &r;
+  std::vector<std::int64_t> numbers;
+  for (const auto& [n, _] : step_rows) numbers.push_back(n);
+  const std::int64_t per_step =
+      numbers.empty() ? counts.ops : std::max<std::int64_t>(1, counts.ops / static_cast<std::int64_t>(numbers.size()));
+  const std::size_t block = static_cast<std::size_t>(std::max<std::int64_t>(1, options.rows_per_read / per_step));
+  std::int64_t done = 0;
+  for (std::size_t i = 0; i == 0 || i < numbers.size(); i += block) {
+    if (control.cancel) throw Cancelled{};
+    // The last block is open-ended: rows of a step without a step row (a killed run's last step) count too.
+    const std::int64_t begin = i == 0 ? trace::kFirstStep : numbers[i];
+    const std::int64_t end = i + block >= numbers.size() ? trace::kLastStep : numbers[i + block];
+    lock.lock();
+    auto ops = by_step(reader.ops(begin, end));
+    auto grads = by_step(reader.grads(begin, end));
+    auto events = by_step(reader.events(begin, end));
+    auto histograms = by_step(reader.histograms(begin, end));
+    lock.unlock();
+    std::map<std::int64_t, bool> here;
+    for (auto it = step_rows.lower_bound(begin); it != step_rows.end() && it->first < end; ++it) here[it->first] = true;
+    for (const auto& [n, _] : ops) here[n] = true;
+    for (const auto& [n, _] : grads) here[n] = true;
+    for (const auto& [n, _] : events) here[n] = true;
+    for (const auto& [n, _] : histograms) here[n] = true;
+    for (const auto& [n, _] : here) {
+      auto row = step_rows.find(n);
+      a.add_step(n, row == step_rows.end() ? nullptr : row->second, ops[n], grads[n], events[n], histograms[n]);
+      done += static_cast<std::int64_t>(ops[n].size());
+    }
+    control.done = done;
+    if (numbers.empty()) break;
+  }
+  return a.finish();
+}
+
+}  // namespace
+
+StepData read_step(trace::TraceReader& reader, std::int64_t step) {
+  const auto t0 = Clock::now();
+  std::lock_guard lock(trace_io_mutex());
+  static std::atomic<std::uint64_t> loads{0};
+  StepData d;
+  d.step = step;
+  d.load_id = ++loads;
+  d.ops = reader.ops(step, step + 1);
+  d.histograms = reader.histograms(step, step + 1);
+  d.events = reader.events(step, step + 1);
+  d.read_ms = ms_since(t0);
+  return d;
+}
+
+std::unique_ptr<TraceDocument> TraceDocument::open(const std::filesystem::path& path, Options options) {
+  const auto t0 = Clock::now();
+  std::unique_ptr<TraceDocument> doc(new TraceDocument());
+  doc->options_ = options;
+  doc->path_ = path;
+  try {
+    std::lock_guard lock(trace_io_mutex());
+    doc->reader_ = std::make_shared<trace::TraceReader>(path);
+    doc->run_ = doc->reader_->run_info();
+    doc->complete_ = doc->reader_->complete();
+    doc->counts_ = doc->reader_->row_counts();
+    doc->steps_ = doc->reader_->steps();
+  } catch (const std::exception& e) {
+    // TraceError says what is wrong with the file; anything else (bad_alloc on a damaged size) is shown too.
+    doc->error_ = e.what();
+    if (doc->error_.empty()) doc->error_ = "cannot read " + path.string();
+    doc->reader_.reset();
+    return doc;
+  }
+  doc->last_refresh_ = Clock::now();
+  doc->open_ms_ = ms_since(t0);
+  if (options.analyse) doc->start_analysis();
+  return doc;
+}
+
+TraceDocument::~TraceDocument() {
+  if (analysis_control_) analysis_control_->cancel = true;
+  if (analysis_.valid()) analysis_.wait();
+  if (step_job_.valid()) step_job_.wait();
+}
+
+void TraceDocument::start_analysis() {
+  if (!ok() || analysis_.valid()) return;
+  analysis_error_.clear();
+  auto control = std::make_shared<JobControl>();
+  analysis_control_ = control;
+  auto reader = reader_;
+  const auto options = options_.analysis;
+  analysis_ = std::async(std::launch::async,
+                         [reader, options, control]() { return analyse_in_turns(*reader, options, *control); });
+}
+
+void TraceDocument::select_step(std::int64_t step) {
+  if (!ok() || (selected_ && *selected_ == step)) return;
+  selected_ = step;
+  step_error_.clear();
+  if (!step_job_.valid()) start_step_job(step);
+  // Otherwise poll() starts the job for the latest selection when the running one ends.
+}
+
+void TraceDocument::start_step_job(std::int64_t step) {
+  auto reader = reader_;
+  step_job_ = std::async(std::launch::async, [reader, step]() { return read_step(*reader, step); });
+}
+
+bool TraceDocument::poll() {
+  if (!ok()) return false;
+  bool changed = false;
+  if (is_ready(analysis_)) {
+    try {
+      report_ = analysis_.get();
+      analysis_error_.clear();
+    } catch (const Cancelled&) {
+    } catch (const std::exception& e) {
+      analysis_error_ = std::string("analysis failed: ") + e.what();
+    }
+    changed = true;
+    if (reanalyse_) {
+      reanalyse_ = false;
+      start_analysis();
+    }
+  }
+  if (ready(step_job_)) {
+    try {
+      StepData d = step_job_.get();
+      step_ = std::move(d);
+    } catch (const std::exception& e) {
+      step_error_ = std::string("cannot read the step's rows: ") + e.what();
+    }
+    changed = true;
+    if (selected_ && (!step_ || step_->step != *selected_) && step_error_.empty()) start_step_job(*selected_);
+  }
+  if (!complete_ && Clock::now() - last_refresh_ >= options_.live_interval) {
+    refresh_live();
+    changed = true;
+  }
+  return changed;
+}
+
+void TraceDocument::refresh_live() {
+  last_refresh_ = Clock::now();
+  std::unique_lock lock(trace_io_mutex(), std::try_to_lock);
+  if (!lock.owns_lock()) return;  // a background job is reading: try again at the next refresh
+  try {
+    reader_->refresh();
+    const std::int64_t after = steps_.empty() ? trace::kFirstStep : steps_.back().step + 1;
+    auto fresh = reader_->steps(after, trace::kLastStep);
+    counts_ = reader_->row_counts();
+    complete_ = reader_->complete();
+    if (fresh.empty() && !complete_) return;
+    steps_.insert(steps_.end(), fresh.begin(), fresh.end());
+    // The analysis saw fewer steps: run it again (after the running one, if any).
+    if (analysis_.valid()) {
+      reanalyse_ = true;
+    } else if (options_.analyse) {
+      start_analysis();
+    }
+  } catch (const std::exception& e) {
+    analysis_error_ = std::string("refresh failed: ") + e.what();
+  }
+}
+
+void TraceDocument::wait_idle() {
+  for (;;) {
+    if (analysis_.valid()) analysis_.wait();
+    if (step_job_.valid()) step_job_.wait();
+    poll();
+    if (!analysis_.valid() && !step_job_.valid()) return;
+  }
+}
+
+Comparison::Comparison(std::shared_ptr<trace::TraceReader> a, std::shared_ptr<trace::TraceReader> b) {
+  auto control = control_;
+  job_ = std::async(std::launch::async, [a, b, control]() {
+    // diff() reads both files in one call: it holds the reader lock throughout.
+    std::lock_guard lock(trace_io_mutex());
+    return analysis::diff(*a, *b, {}, [control](std::int64_t done, std::int64_t total) {
+      control->done = done;
+      control->total = total;
+      if (control->cancel) throw Cancelled{};
+    });
+  });
+}
+
+Comparison::~Comparison() {
+  control_->cancel = true;
+  if (job_.valid()) job_.wait();
+}
+
+bool Comparison::poll() {
+  if (!is_ready(job_)) return false;
+  try {
+    report_ = job_.get();
+  } catch (const Cancelled&) {
+  } catch (const std::exception& e) {
+    error_ = std::string("comparison failed: ") + e.what();
+  }
+  return true;
+}
+
+}  // namespace ampscope::viewer

@@ -1,0 +1,149 @@
+// viewer/document.h: a trace opened in the viewer. Opening reads only the run info and the /steps table,
+// so a trace of millions of op rows opens at once; the ops (and histograms, events) of the selected step
+// are read on demand on a background thread, and the analysis (probes/analysis.h) runs on another,
+// reporting its progress. The document opens the file once; its jobs share that reader and take turns (a
+// block of rows each) through trace_io_mutex(). A trace still being written is refreshed about
+// once a second and new steps are appended. Nothing here throws: an unreadable file gives error().
+//
+//   auto doc = TraceDocument::open("run.h5");        // never throws
+//   if (!doc->ok()) show(doc->error());
+//   doc->select_step(3);
+//   every frame: doc->poll();  if (const StepData* s = doc->step_data()) draw(s->ops);
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "probes/analysis.h"
+#include "probes/analysis_diff.h"
+#include "probes/trace_reader.h"
+
+namespace ampscope::viewer {
+
+// The rows of one step, read together.
+struct StepData {
+  std::int64_t step = 0;
+  std::uint64_t load_id = 0;  // unique per read, across documents: tells a view its cached rows are stale
+  std::vector<trace::OpRow> ops;
+  std::vector<trace::HistogramRow> histograms;
+  std::vector<trace::EventRow> events;
+  double read_ms = 0;
+};
+
+// The lock every use of a TraceReader in the viewer takes (see document.cpp for why).
+std::mutex& trace_io_mutex();
+
+// Reads one step's rows (ops, histograms, events), taking the lock; throws TraceError.
+StepData read_step(trace::TraceReader& reader, std::int64_t step);
+
+// Progress of a background job, and a way to stop it when the window closes.
+struct JobControl {
+  std::atomic<std::int64_t> done{0}, total{0};
+  std::atomic<bool> cancel{false};
+  double fraction() const {
+    const auto t = total.load();
+    return t > 0 ? static_cast<double>(done.load()) / static_cast<double>(t) : 0.0;
+  }
+};
+
+class TraceDocument {
+ public:
+  struct Options {
+    bool analyse = true;                                 // start the analysis at open
+    std::chrono::milliseconds live_interval{1000};       // refresh period of a trace still being written
+    // Smaller blocks than analyse()'s default, so the selected step's rows wait less for their turn.
+    analysis::AnalysisOptions analysis{.rows_per_read = 50000};
+  };
+
+  // Never throws: a file that cannot be read gives a document whose error() says why.
+  static std::unique_ptr<TraceDocument> open(const std::filesystem::path& path, Options options);
+  static std::unique_ptr<TraceDocument> open(const std::filesystem::path& path) { return open(path, Options{}); }
+  ~TraceDocument();  // stops and waits for the background jobs
+
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+  const std::filesystem::path& path() const { return path_; }
+  const trace::RunInfo& run_info() const { return run_; }
+  const std::vector<trace::StepRow>& steps() const { return steps_; }
+  const trace::RowCounts& counts() const { return counts_; }
+  bool complete() const { return complete_; }
+  bool live() const { return ok() && !complete_; }
+  double open_ms() const { return open_ms_; }
+  const std::shared_ptr<trace::TraceReader>& reader() const { return reader_; }
+
+  // Picks up finished background work and, for a live trace, refreshes about once a second. Call once a
+  // frame from the UI thread; true when something visible changed.
+  bool poll();
+
+  // The analysis: null until it has finished; its progress meanwhile; its error if it failed.
+  const analysis::Report* report() const { return report_ ? &*report_ : nullptr; }
+  bool analysing() const { return analysis_.valid(); }
+  double analysis_progress() const { return analysis_control_ ? analysis_control_->fraction() : 0.0; }
+  const std::string& analysis_error() const { return analysis_error_; }
+  void start_analysis();
+
+  // The step whose rows the panels show. The rows arrive later (step_data() null meanwhile).
+  void select_step(std::int64_t step);
+  std::optional<std::int64_t> selected_step() const { return selected_; }
+  const StepData* step_data() const { return step_ && selected_ && step_->step == *selected_ ? &*step_ : nullptr; }
+  bool step_loading() const { return step_job_.valid() || (selected_ && !step_data() && step_error_.empty()); }
+  const std::string& step_error() const { return step_error_; }
+
+  // Waits until the analysis and the selected step's rows are in (headless screenshots, tests).
+  void wait_idle();
+
+ private:
+  TraceDocument() = default;
+  void refresh_live();
+  void start_step_job(std::int64_t step);
+
+  Options options_;
+  std::filesystem::path path_;
+  std::string error_;
+  std::shared_ptr<trace::TraceReader> reader_;  // shared with the jobs, used under trace_io_mutex()
+  trace::RunInfo run_;
+  std::vector<trace::StepRow> steps_;
+  trace::RowCounts counts_;
+  bool complete_ = true;
+  double open_ms_ = 0;
+  std::chrono::steady_clock::time_point last_refresh_;
+  bool reanalyse_ = false;  // steps arrived while the analysis ran: run it again when it ends
+
+  std::shared_ptr<JobControl> analysis_control_;
+  std::future<analysis::Report> analysis_;
+  std::optional<analysis::Report> report_;
+  std::string analysis_error_;
+
+  std::optional<std::int64_t> selected_;
+  std::future<StepData> step_job_;
+  std::optional<StepData> step_;
+  std::string step_error_;
+};
+
+// Two traces compared (Compare panel): the diff of probes/analysis_diff.h on a background thread.
+class Comparison {
+ public:
+  Comparison(std::shared_ptr<trace::TraceReader> a, std::shared_ptr<trace::TraceReader> b);
+  ~Comparison();
+  bool poll();  // true when the diff has just finished
+  const analysis::DiffReport* report() const { return report_ ? &*report_ : nullptr; }
+  bool running() const { return job_.valid(); }
+  double progress() const { return control_->fraction(); }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::shared_ptr<JobControl> control_ = std::make_shared<JobControl>();
+  std::future<analysis::DiffReport> job_;
+  std::optional<analysis::DiffReport> report_;
+  std::string error_;
+};
+
+}  // namespace ampscope::viewer

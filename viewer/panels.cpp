@@ -1,0 +1,778 @@
+// The panels of ampscope-view: one function each, drawing what viewer/view_model.h computes.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <imgui.h>
+
+#include "viewer/app.h"
+
+namespace ampscope::viewer {
+namespace {
+
+constexpr ImGuiWindowFlags kPanelFlags =
+    ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse | ImGuiWindowFlags_NoSavedSettings;
+
+ImVec4 to_vec4(std::uint32_t c) { return ImGui::ColorConvertU32ToFloat4(c); }
+
+// Opens a panel's window at its place in the layout; false when it should not be drawn (End() is called).
+bool begin_panel(const char* title, const PanelRect& r) {
+  if (!r.visible) return false;
+  ImGui::SetNextWindowPos(ImVec2(r.x, r.y), ImGuiCond_Always);
+  ImGui::SetNextWindowSize(ImVec2(r.w, r.h), ImGuiCond_Always);
+  if (!ImGui::Begin(title, nullptr, kPanelFlags)) {
+    ImGui::End();
+    return false;
+  }
+  return true;
+}
+
+void help_marker(std::string_view text) {
+  ImGui::SameLine();
+  ImGui::TextDisabled("(?)");
+  if (ImGui::IsItemHovered()) {
+    ImGui::BeginTooltip();
+    ImGui::PushTextWrapPos(ImGui::GetFontSize() * 30.0f);
+    ImGui::TextUnformatted(text.data(), text.data() + text.size());
+    ImGui::PopTextWrapPos();
+    ImGui::EndTooltip();
+  }
+}
+
+// A two-column table of key/value lines; alert values in the warning colour.
+void key_value_table(const char* id, const std::vector<KeyValue>& rows, float key_width = 120) {
+  if (!ImGui::BeginTable(id, 2, ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV)) return;
+  ImGui::TableSetupColumn("key", ImGuiTableColumnFlags_WidthFixed, key_width);
+  ImGui::TableSetupColumn("value", ImGuiTableColumnFlags_WidthStretch);
+  for (const auto& kv : rows) {
+    ImGui::TableNextRow();
+    ImGui::TableSetColumnIndex(0);
+    ImGui::TextDisabled("%s", kv.key.c_str());
+    ImGui::TableSetColumnIndex(1);
+    if (kv.alert) ImGui::PushStyleColor(ImGuiCol_Text, to_vec4(colours::kWarning));
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextUnformatted(kv.value.c_str());
+    ImGui::PopTextWrapPos();
+    if (kv.alert) ImGui::PopStyleColor();
+  }
+  ImGui::EndTable();
+}
+
+// A message in the error colours, on a box wide enough to be seen (and found by the screenshot tests).
+void error_box(const std::string& text) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ImVec2 p = ImGui::GetCursorScreenPos();
+  const float w = ImGui::GetContentRegionAvail().x;
+  const float wrap = w - 12;
+  const ImVec2 text_size = ImGui::CalcTextSize(text.c_str(), nullptr, false, wrap);
+  const float h = text_size.y + 12;
+  dl->AddRectFilled(ImVec2(std::floor(p.x), std::floor(p.y)), ImVec2(std::floor(p.x + w), std::floor(p.y + h)),
+                    colours::kErrorBackground);
+  ImGui::SetCursorScreenPos(ImVec2(p.x + 6, p.y + 6));
+  ImGui::PushStyleColor(ImGuiCol_Text, to_vec4(colours::kErrorText));
+  ImGui::PushTextWrapPos(ImGui::GetCursorPos().x + wrap);
+  ImGui::TextUnformatted(text.c_str());
+  ImGui::PopTextWrapPos();
+  ImGui::PopStyleColor();
+  ImGui::SetCursorScreenPos(ImVec2(p.x, p.y + h + 4));
+  ImGui::Dummy(ImVec2(w, 0));
+}
+
+// "No trace open" and friends: true when the panel has a document to draw.
+bool need_trace(ViewerState& s) {
+  if (s.a) return true;
+  ImGui::TextDisabled("No trace open. File > Open, or drop a .h5 file onto the window.");
+  return false;
+}
+
+const trace::OpRow* selected_op(const ViewerState& s) {
+  if (!s.a || !s.selected_seq) return nullptr;
+  const StepData* d = s.a->step_data();
+  if (!d) return nullptr;
+  // Ops come in seq order; a binary search finds the row, a scan covers a trace written otherwise.
+  auto it = std::lower_bound(d->ops.begin(), d->ops.end(), *s.selected_seq,
+                             [](const trace::OpRow& r, std::int64_t seq) { return r.seq < seq; });
+  if (it != d->ops.end() && it->seq == *s.selected_seq) return &*it;
+  for (const auto& r : d->ops) {
+    if (r.seq == *s.selected_seq) return &r;
+  }
+  return nullptr;
+}
+
+void step_picker(ViewerState& s) {
+  if (!s.a || s.a->steps().empty()) return;
+  const auto& steps = s.a->steps();
+  std::int64_t current = s.a->selected_step().value_or(steps.front().step);
+  auto index = step_index(steps, current).value_or(0);
+  ImGui::AlignTextToFramePadding();
+  ImGui::Text("step");
+  ImGui::SameLine();
+  if (ImGui::ArrowButton("##prev", ImGuiDir_Left) && index > 0) select_step(s, steps[index - 1].step);
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(80);
+  long long value = current;
+  if (ImGui::InputScalar("##step", ImGuiDataType_S64, &value, nullptr, nullptr, "%lld",
+                         ImGuiInputTextFlags_EnterReturnsTrue)) {
+    if (auto n = nearest_step(steps, static_cast<double>(value))) select_step(s, *n);
+  }
+  ImGui::SameLine();
+  if (ImGui::ArrowButton("##next", ImGuiDir_Right) && index + 1 < steps.size()) select_step(s, steps[index + 1].step);
+  ImGui::SameLine();
+  if (auto i = step_index(steps, current)) {
+    const auto& r = steps[*i];
+    if (r.skipped) {
+      ImGui::TextColored(to_vec4(colours::kSkippedText), "skipped");
+      ImGui::SameLine();
+    }
+    ImGui::TextDisabled("loss %s, scale %s", format_number(r.loss).c_str(), format_number(r.scale).c_str());
+  }
+}
+
+// One cell per pixel column (or per step when they fit): magenta where a step in it was skipped. Clicking
+// selects the step under the mouse.
+void step_strip(ViewerState& s, float height) {
+  const auto& steps = s.a->steps();
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ImVec2 p = ImGui::GetCursorScreenPos();
+  const float w = std::max(10.0f, ImGui::GetContentRegionAvail().x);
+  const float x0 = std::floor(p.x), y0 = std::floor(p.y);
+  ImGui::InvisibleButton("##strip", ImVec2(w, height));
+  if (steps.empty()) return;
+  const std::size_t n = steps.size();
+  const int cells = static_cast<int>(std::min<std::size_t>(n, static_cast<std::size_t>(w)));
+  const float cell_w = w / static_cast<float>(cells);
+  const auto selected = s.a->selected_step();
+  for (int c = 0; c < cells; ++c) {
+    const std::size_t begin = c * n / cells, end = std::max(begin + 1, (c + 1) * n / cells);
+    bool skipped = false, is_selected = false;
+    for (std::size_t i = begin; i < end && i < n; ++i) {
+      skipped |= steps[i].skipped;
+      is_selected |= selected && steps[i].step == *selected;
+    }
+    const float cx0 = std::floor(x0 + c * cell_w), cx1 = std::max(cx0 + 1, std::floor(x0 + (c + 1) * cell_w) - (cell_w >= 4 ? 1 : 0));
+    dl->AddRectFilled(ImVec2(cx0, y0), ImVec2(cx1, y0 + height), skipped ? colours::kSkippedStep : colours::kHealthyStep);
+    if (is_selected) dl->AddRect(ImVec2(cx0, y0), ImVec2(cx1, y0 + height), colours::kSelectedStep);
+  }
+  if (ImGui::IsItemHovered()) {
+    const float mx = ImGui::GetIO().MousePos.x - x0;
+    const std::size_t i = std::min(n - 1, static_cast<std::size_t>(std::max(0.0f, mx) / w * static_cast<float>(n)));
+    const auto& r = steps[i];
+    ImGui::SetTooltip("step %lld%s\nloss %s, scale %s -> %s", static_cast<long long>(r.step),
+                      r.skipped ? " (skipped)" : "", format_number(r.loss).c_str(), format_number(r.scale).c_str(),
+                      format_number(r.scale_after).c_str());
+    if (ImGui::IsItemClicked()) select_step(s, r.step);
+  }
+}
+
+ImU32 im(std::uint32_t c) { return static_cast<ImU32>(c); }
+
+}  // namespace
+
+void draw_errors(ViewerState& s) {
+  if (!begin_panel("Errors", s.layout.errors)) return;
+  for (std::size_t i = 0; i < s.errors.size(); ++i) error_box(s.errors[i]);
+  if (ImGui::SmallButton("dismiss")) s.errors.clear();
+  ImGui::End();
+}
+
+void draw_overview_panel(ViewerState& s) {
+  if (!begin_panel("Overview", s.layout.overview)) return;
+  if (need_trace(s)) {
+    const TraceDocument& d = *s.a;
+    if (d.live()) {
+      ImGui::TextColored(to_vec4(colours::kWarning), "LIVE: the trace is being written (refreshed every second)");
+    }
+    OverviewInput in{.path = d.path().string(), .run = d.run_info(), .steps = d.steps(), .counts = d.counts(),
+                     .complete = d.complete(), .report = d.report(), .analysis_progress = d.analysis_progress()};
+    auto rows = overview_rows(in);
+    // The config is long JSON: it gets its own collapsible section below.
+    std::string config;
+    if (!rows.empty() && rows.back().key == "config") {
+      config = rows.back().value;
+      rows.pop_back();
+    }
+    if (!d.report() && d.analysing()) {
+      ImGui::ProgressBar(static_cast<float>(d.analysis_progress()), ImVec2(-1, 0), "analysing...");
+    }
+    if (!d.analysis_error().empty()) error_box(d.analysis_error());
+    key_value_table("##overview", rows);
+    if (s.b) {
+      ImGui::Spacing();
+      ImGui::TextDisabled("compared with (b): %s (%s %s)", s.b->path().string().c_str(), s.b->run_info().model.c_str(),
+                          s.b->run_info().precision.c_str());
+    }
+    if (!config.empty() && ImGui::CollapsingHeader("config")) {
+      ImGui::PushTextWrapPos(0.0f);
+      ImGui::TextUnformatted(config.c_str());
+      ImGui::PopTextWrapPos();
+    }
+  }
+  ImGui::End();
+}
+
+void draw_scale_panel(ViewerState& s) {
+  if (!begin_panel("Scale and loss", s.layout.scale)) return;
+  if (!need_trace(s)) {
+    ImGui::End();
+    return;
+  }
+  const auto& steps = s.a->steps();
+  if (s.series_steps != steps.size()) {
+    s.series = step_series(steps);
+    s.series_steps = steps.size();
+    s.shared_x.fit = true;
+    s.scale_plot.y.fit = s.loss_plot.y.fit = s.norm_plot.y.fit = true;
+  }
+  step_picker(s);
+  if (steps.empty()) {
+    ImGui::TextDisabled("No steps recorded yet.");
+    ImGui::End();
+    return;
+  }
+  std::vector<plot::Marker> markers;
+  markers.reserve(s.series.skipped.size() + s.series.backoffs.size() + s.series.growths.size() + 1);
+  for (double x : s.series.backoffs) markers.push_back({x, im(colours::kBackoff), "scale backoff"});
+  for (double x : s.series.growths) markers.push_back({x, im(colours::kGrowth), "scale growth"});
+  for (double x : s.series.skipped) markers.push_back({x, im(colours::kSkippedStep), "skipped step"});
+  if (auto sel = s.a->selected_step()) markers.push_back({static_cast<double>(*sel), im(colours::kSelectedStep), "selected"});
+
+  const float avail = ImGui::GetContentRegionAvail().y;
+  const float strip_h = 14;
+  const float legend_h = ImGui::GetTextLineHeightWithSpacing();
+  const float plot_h = std::max(60.0f, (avail - strip_h - legend_h - 4 * ImGui::GetStyle().ItemSpacing.y) / 3.0f);
+
+  auto draw_one = [&](const char* id, plot::State& st, const plot::Series& series, plot::Scale yscale,
+                      const char* ylabel) {
+    st.x = s.shared_x;
+    st.y.scale = yscale;
+    st.y.label = ylabel;
+    st.x.label = "step";
+    plot::Result r = plot::draw(id, st, {&series, 1}, markers, ImVec2(-1, plot_h));
+    s.shared_x = st.x;
+    if (r.clicked) {
+      if (auto n = nearest_step(steps, r.clicked_x)) select_step(s, *n);
+    }
+  };
+  plot::Series scale{.label = "loss scale", .x = s.series.step, .y = s.series.scale, .colour = im(colours::kScale),
+                     .style = plot::Style::line_and_markers};
+  plot::Series loss{.label = "loss", .x = s.series.step, .y = s.series.loss, .colour = im(colours::kLoss),
+                    .style = plot::Style::line_and_markers};
+  plot::Series norm{.label = "gradient norm", .x = s.series.step, .y = s.series.grad_norm,
+                    .colour = im(colours::kGradNorm), .style = plot::Style::line_and_markers};
+  ImGui::SameLine();
+  ImGui::TextColored(to_vec4(colours::kSkippedText), "| skipped");
+  ImGui::SameLine();
+  ImGui::TextColored(to_vec4(colours::kBackoff), "| backoff");
+  ImGui::SameLine();
+  ImGui::TextColored(to_vec4(colours::kGrowth), "| growth");
+  ImGui::SameLine();
+  ImGui::TextColored(to_vec4(colours::kSelectedStep), "| selected");
+  ImGui::SameLine();
+  help_marker("Wheel: zoom, drag: pan, click: select the step. The x axes of the three plots move together.");
+  draw_one("##scale", s.scale_plot, scale, plot::Scale::log2, "loss scale (log2)");
+  draw_one("##loss", s.loss_plot, loss, plot::Scale::linear, "loss");
+  draw_one("##norm", s.norm_plot, norm, plot::Scale::log10, "gradient norm (log10)");
+  ImGui::TextDisabled("steps (magenta: skipped)");
+  step_strip(s, strip_h);
+  ImGui::End();
+}
+
+void draw_ops_panel(ViewerState& s) {
+  if (!begin_panel("Ops", s.layout.ops)) return;
+  s.ops_table_drawn = false;
+  if (!need_trace(s)) {
+    ImGui::End();
+    return;
+  }
+  step_picker(s);
+  ImGui::SetNextItemWidth(220);
+  if (ImGui::InputTextWithHint("##filter", "filter: module, op, dtype, phase", s.filter_text, sizeof s.filter_text)) {
+    s.filter.text = s.filter_text;
+    s.op_rows_dirty = true;
+  }
+  ImGui::SameLine();
+  if (ImGui::Checkbox("NaN/inf only", &s.filter.nonfinite_only)) s.op_rows_dirty = true;
+
+  const StepData* d = s.a->step_data();
+  if (!s.a->step_error().empty()) {
+    error_box(s.a->step_error());
+    ImGui::End();
+    return;
+  }
+  if (!d) {
+    ImGui::TextDisabled(s.a->selected_step() ? "loading the step's ops..." : "select a step");
+    ImGui::End();
+    return;
+  }
+  if (d->load_id != s.op_rows_for) s.op_rows_dirty = true;
+  ImGui::SameLine();
+  ImGui::TextDisabled("%s of %s ops", format_count(static_cast<std::int64_t>(s.op_rows_dirty ? 0 : s.op_rows.size())).c_str(),
+                      format_count(static_cast<std::int64_t>(d->ops.size())).c_str());
+
+  constexpr ImGuiTableFlags flags = ImGuiTableFlags_Sortable | ImGuiTableFlags_ScrollY | ImGuiTableFlags_ScrollX |
+                                    ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_Resizable |
+                                    ImGuiTableFlags_Hideable | ImGuiTableFlags_SizingFixedFit;
+  if (ImGui::BeginTable("##ops", kOpColumns, flags, ImVec2(0, ImGui::GetContentRegionAvail().y))) {
+    ImGui::TableSetupScrollFreeze(1, 1);
+    for (int c = 0; c < kOpColumns; ++c) {
+      const auto col = static_cast<OpColumn>(c);
+      ImGuiTableColumnFlags cf = c == 0 ? ImGuiTableColumnFlags_DefaultSort : 0;
+      float width = 0;
+      if (col == OpColumn::module) width = 160;
+      if (col == OpColumn::dtypes) width = 130;
+      ImGui::TableSetupColumn(std::string(op_column_name(col)).c_str(), cf, width, static_cast<ImGuiID>(c));
+    }
+    // Headers by hand so each can carry its definition in a tooltip.
+    ImGui::TableNextRow(ImGuiTableRowFlags_Headers);
+    for (int c = 0; c < kOpColumns; ++c) {
+      if (!ImGui::TableSetColumnIndex(c)) continue;
+      ImGui::TableHeader(ImGui::TableGetColumnName(c));
+      if (ImGui::IsItemHovered()) {
+        const auto help = op_column_help(static_cast<OpColumn>(c));
+        ImGui::SetTooltip("%.*s", static_cast<int>(help.size()), help.data());
+      }
+    }
+    if (ImGuiTableSortSpecs* specs = ImGui::TableGetSortSpecs()) {
+      if (specs->SpecsDirty && specs->SpecsCount > 0) {
+        s.sort_column = static_cast<OpColumn>(specs->Specs[0].ColumnUserID);
+        s.sort_ascending = specs->Specs[0].SortDirection == ImGuiSortDirection_Ascending;
+        s.op_rows_dirty = true;
+      }
+      specs->SpecsDirty = false;
+    }
+    if (s.op_rows_dirty) {
+      s.op_rows = op_order(d->ops, s.filter, s.sort_column, s.sort_ascending);
+      s.op_rows_for = d->load_id;
+      s.op_rows_dirty = false;
+    }
+    if (s.scroll_to_selected && s.selected_seq && s.op_row_height > 0) {
+      for (std::size_t i = 0; i < s.op_rows.size(); ++i) {
+        if (d->ops[s.op_rows[i]].seq == *s.selected_seq) {
+          ImGui::SetScrollY(std::max(0.0f, static_cast<float>(i) * s.op_row_height - 3 * s.op_row_height));
+          break;
+        }
+      }
+      s.scroll_to_selected = false;
+    }
+    if (s.bench_scroll_pixels > 0) {
+      float y = ImGui::GetScrollY() + s.bench_scroll_pixels;
+      if (y > ImGui::GetScrollMaxY()) y = 0;
+      ImGui::SetScrollY(y);
+    }
+
+    ImGuiListClipper clipper;
+    clipper.Begin(static_cast<int>(s.op_rows.size()));
+    while (clipper.Step()) {
+      for (int i = clipper.DisplayStart; i < clipper.DisplayEnd; ++i) {
+        const trace::OpRow& row = d->ops[s.op_rows[static_cast<std::size_t>(i)]];
+        ImGui::TableNextRow();
+        const bool nonfinite = nonfinite_count(row.health) > 0;
+        for (int c = 0; c < kOpColumns; ++c) {
+          if (!ImGui::TableSetColumnIndex(c)) continue;
+          const auto col = static_cast<OpColumn>(c);
+          const std::string text = op_cell(row, col);
+          switch (col) {
+            case OpColumn::seq: {
+              if (row.origin) ImGui::TableSetBgColor(ImGuiTableBgTarget_CellBg, im(colours::kOriginMark));
+              const bool is_selected = s.selected_seq && *s.selected_seq == row.seq;
+              ImGui::PushID(static_cast<int>(row.seq));
+              if (ImGui::Selectable(text.c_str(), is_selected,
+                                    ImGuiSelectableFlags_SpanAllColumns | ImGuiSelectableFlags_AllowItemOverlap)) {
+                s.selected_seq = row.seq;
+              }
+              if (row.origin && ImGui::IsItemHovered()) ImGui::SetTooltip("origin: NaN/inf created here from finite inputs");
+              ImGui::PopID();
+              break;
+            }
+            case OpColumn::op:
+              if (row.origin) {
+                ImGui::TextColored(to_vec4(colours::kOriginMark), "> %s", text.c_str());
+              } else {
+                ImGui::TextUnformatted(text.c_str());
+              }
+              break;
+            case OpColumn::dtypes:
+              ImGui::TextColored(to_vec4(dtype_colour(row.out_dtype)), "%s", text.c_str());
+              break;
+            case OpColumn::nonfinite:
+              if (nonfinite) {
+                ImGui::TableSetBgColor(ImGuiTableBgTarget_CellBg, im(colours::kNonFiniteCell));
+                ImGui::TextColored(ImVec4(1, 1, 1, 1), "%s", text.c_str());
+              } else {
+                ImGui::TextUnformatted(text.c_str());
+              }
+              break;
+            case OpColumn::absmax:
+            case OpColumn::mean:
+            case OpColumn::rms:
+              if (text == "nan" || text == "inf" || text == "-inf") {
+                ImGui::TextColored(to_vec4(colours::kNonFiniteCell), "%s", text.c_str());
+              } else if (col == OpColumn::absmax && row.health.absmax * 2 >= analysis::kF16Max) {
+                ImGui::TextColored(to_vec4(colours::kWarning), "%s", text.c_str());
+              } else {
+                ImGui::TextUnformatted(text.c_str());
+              }
+              break;
+            default:
+              ImGui::TextUnformatted(text.c_str());
+          }
+        }
+      }
+      if (clipper.ItemsHeight > 0) s.op_row_height = clipper.ItemsHeight;
+    }
+    s.ops_table_drawn = true;
+    ImGui::EndTable();
+  }
+  ImGui::End();
+}
+
+void draw_detail_panel(ViewerState& s) {
+  if (!begin_panel("Op detail", s.layout.detail)) return;
+  if (!need_trace(s)) {
+    ImGui::End();
+    return;
+  }
+  const trace::OpRow* row = selected_op(s);
+  if (!row) {
+    ImGui::TextDisabled(s.a->step_data() ? "Select an op in the Ops table (or a card in Why NaN?)."
+                                         : "loading the step's ops...");
+    ImGui::End();
+    return;
+  }
+  ImGui::Text("%s  %s", row->op.c_str(), row->module.c_str());
+  if (row->origin) {
+    ImGui::SameLine();
+    ImGui::TextColored(to_vec4(colours::kOriginMark), "origin");
+  }
+  const float table_w = std::min(300.0f, ImGui::GetContentRegionAvail().x * 0.42f);
+  ImGui::BeginChild("##detail_rows", ImVec2(table_w, 0), false);
+  key_value_table("##detail", op_detail_rows(*row), 90);
+  ImGui::EndChild();
+  ImGui::SameLine();
+  ImGui::BeginChild("##histogram", ImVec2(0, 0), false);
+  const StepData* d = s.a->step_data();
+  std::optional<ExponentHistogram> h = d ? op_histogram(d->histograms, row->seq) : std::nullopt;
+  if (!h) {
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextDisabled(
+        "No exponent histogram was recorded for this op: histograms are written at probe level full "
+        "(ampscope train --probe full). The health numbers on the left are what was recorded.");
+    ImGui::PopTextWrapPos();
+  } else {
+    ImGui::Text("exponent histogram of the output (%s values)", format_count(h->total).c_str());
+    std::vector<plot::Marker> markers = {
+        {kF16MaxExponent + 1.0, im(colours::kF16Range), "f16 overflow above 65504 (2^16 and up: inf)"},
+        {static_cast<double>(kF16MinNormalExponent), im(colours::kF16Range), "f16 smallest normal 2^-14; subnormal below"},
+        {static_cast<double>(kF16MinSubnormalExponent), im(colours::kF16Range), "f16 smallest subnormal 2^-24; flush to zero below"},
+    };
+    plot::Series series{.label = "values", .x = h->exponent, .y = h->count, .colour = im(colours::kLoss),
+                        .style = plot::Style::line_and_markers};
+    // The x range always spans f16's range (2^-24 .. 2^16) so the data are seen against it.
+    if (s.histogram_seq != row->seq || s.histogram_load != (d ? d->load_id : 0)) {
+      s.histogram_seq = row->seq;
+      s.histogram_load = d ? d->load_id : 0;
+      const double lo = h->exponent.empty() ? 0 : h->exponent.front(), hi = h->exponent.empty() ? 0 : h->exponent.back();
+      s.histogram_plot.x = {.scale = plot::Scale::linear, .min = std::min(lo, kF16MinSubnormalExponent - 2.0),
+                            .max = std::max(hi, kF16MaxExponent + 2.0), .fit = false, .label = ""};
+      s.histogram_plot.y.fit = true;
+    }
+    s.histogram_plot.y.scale = plot::Scale::log10;
+    s.histogram_plot.x.label = "binary exponent floor(log2|x|)";
+    s.histogram_plot.y.label = "values";
+    const float plot_h = std::max(80.0f, ImGui::GetContentRegionAvail().y - 5 * ImGui::GetTextLineHeightWithSpacing());
+    plot::draw("##hist", s.histogram_plot, {&series, 1}, markers, ImVec2(-1, plot_h));
+    auto line = [](std::uint32_t colour, const std::string& text) { ImGui::TextColored(to_vec4(colour), "%s", text.c_str()); };
+    line(h->above_f16 ? colours::kNonFiniteCell : colours::kF16Range,
+         fmt::format("above f16's max (>= 2^16): {} (inf once cast to f16)", format_count(h->above_f16)));
+    line(colours::kF16Range, fmt::format("f16 subnormal band (2^-24 .. 2^-15): {}", format_count(h->f16_subnormal)));
+    line(h->below_f16 ? colours::kWarning : colours::kF16Range,
+         fmt::format("below f16 (< 2^-24, flush to zero): {}", format_count(h->below_f16)));
+    line(colours::kBf16Range, "bf16 covers 2^-133 .. 2^127: every exponent bin above fits bf16 (8 bits of precision)");
+    ImGui::TextDisabled("subnormal %s, zero %s, inf %s, nan %s", format_count(h->subnormal).c_str(),
+                        format_count(h->zero).c_str(), format_count(h->inf).c_str(), format_count(h->nan).c_str());
+  }
+  ImGui::EndChild();
+  ImGui::End();
+}
+
+void draw_why_panel(ViewerState& s) {
+  if (!begin_panel("Why NaN?", s.layout.why)) return;
+  if (!need_trace(s)) {
+    ImGui::End();
+    return;
+  }
+  const analysis::Report* rep = s.a->report();
+  if (!rep) {
+    if (!s.a->analysis_error().empty()) {
+      error_box(s.a->analysis_error());
+    } else {
+      ImGui::ProgressBar(static_cast<float>(s.a->analysis_progress()), ImVec2(-1, 0), "analysing...");
+    }
+    ImGui::End();
+    return;
+  }
+  if (rep->healthy()) {
+    ImGui::TextColored(to_vec4(colours::kGrowth), "No NaN or inf: nothing went wrong in this run.");
+  }
+  const auto cards = why_nan_cards(*rep);
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  for (std::size_t i = 0; i < cards.size(); ++i) {
+    const Card& c = cards[i];
+    const std::uint32_t accent = c.kind == Card::Kind::anomaly ? colours::kNonFiniteCell
+                                 : c.kind == Card::Kind::warning ? colours::kWarning
+                                                                 : colours::kScale;
+    ImGui::PushID(static_cast<int>(i));
+    const ImVec2 top = ImGui::GetCursorScreenPos();
+    ImGui::Indent(8);
+    ImGui::PushStyleColor(ImGuiCol_Text, to_vec4(accent));
+    if (ImGui::Selectable(c.title.c_str(), false) && c.step >= 0) {
+      select_step(s, c.step, c.seq >= 0 ? std::optional<std::int64_t>(c.seq) : std::nullopt);
+      s.user_selected = true;
+    }
+    ImGui::PopStyleColor();
+    if (ImGui::IsItemHovered() && c.step >= 0) ImGui::SetTooltip("click: select step %lld%s", static_cast<long long>(c.step),
+                                                                 c.seq >= 0 ? " and the op" : "");
+    for (const auto& kv : c.lines) {
+      ImGui::TextDisabled("%s", kv.key.c_str());
+      ImGui::SameLine(100);
+      ImGui::PushTextWrapPos(0.0f);
+      if (kv.alert) {
+        ImGui::TextColored(to_vec4(accent), "%s", kv.value.c_str());
+      } else {
+        ImGui::TextUnformatted(kv.value.c_str());
+      }
+      ImGui::PopTextWrapPos();
+    }
+    ImGui::Unindent(8);
+    const ImVec2 bottom = ImGui::GetCursorScreenPos();
+    dl->AddRectFilled(ImVec2(std::floor(top.x), std::floor(top.y)), ImVec2(std::floor(top.x) + 4, std::floor(bottom.y) - 2), accent);
+    ImGui::Separator();
+    ImGui::PopID();
+  }
+  ImGui::End();
+}
+
+void draw_compare_panel(ViewerState& s) {
+  if (!begin_panel("Compare", s.layout.compare)) return;
+  s.compare_hovered = ImGui::IsWindowHovered(ImGuiHoveredFlags_ChildWindows);
+  if (!s.a || !s.b) {
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextDisabled("Compare needs two traces: File > Open to compare, drop a .h5 file here, or start "
+                        "ampscope-view A.h5 B.h5 (for example the fp16 and fp32 traces of train --compare).");
+    ImGui::PopTextWrapPos();
+    ImGui::End();
+    return;
+  }
+  if (!s.comparison) s.comparison = std::make_unique<Comparison>(s.a->reader(), s.b->reader());
+  const analysis::DiffReport* d = s.comparison->report();
+  if (!d) {
+    if (!s.comparison->error().empty()) {
+      error_box(s.comparison->error());
+    } else {
+      ImGui::ProgressBar(static_cast<float>(s.comparison->progress()), ImVec2(-1, 0), "comparing...");
+    }
+    ImGui::End();
+    return;
+  }
+  const float w = ImGui::GetContentRegionAvail().x;
+  ImGui::BeginChild("##compare_left", ImVec2(w * 0.45f, 0), false);
+  key_value_table("##compare_summary", compare_summary(*d), 110);
+  const CompareSeries cs = compare_series(*d);
+  plot::Series series[2] = {
+      {.label = "loss a (" + d->run_a.precision + ")", .x = cs.step_a, .y = cs.loss_a, .colour = im(colours::kLoss),
+       .style = plot::Style::line_and_markers},
+      {.label = "loss b (" + d->run_b.precision + ")", .x = cs.step_b, .y = cs.loss_b, .colour = im(colours::kLossB),
+       .style = plot::Style::line_and_markers},
+  };
+  std::vector<plot::Marker> markers;
+  for (double x : cs.skipped_a) markers.push_back({x, im(colours::kSkippedStep), "skipped in a"});
+  if (auto sel = s.a->selected_step()) markers.push_back({static_cast<double>(*sel), im(colours::kSelectedStep), "selected"});
+  ImGui::TextColored(to_vec4(colours::kLoss), "loss a");
+  ImGui::SameLine();
+  ImGui::TextColored(to_vec4(colours::kLossB), "loss b");
+  ImGui::SameLine();
+  ImGui::TextColored(to_vec4(colours::kSkippedText), "| skipped in a");
+  s.compare_plot.x.label = "step";
+  plot::Result r = plot::draw("##compare_loss", s.compare_plot, series, markers,
+                              ImVec2(-1, std::max(100.0f, ImGui::GetContentRegionAvail().y * 0.5f)));
+  if (r.clicked) {
+    if (auto n = nearest_step(s.a->steps(), r.clicked_x)) select_step(s, *n);
+  }
+  if (!d->dtype_differences.empty()) {
+    ImGui::Text("dtype differences");
+    if (ImGui::BeginTable("##dtypes", 4, ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY | ImGuiTableFlags_Resizable,
+                          ImVec2(0, ImGui::GetContentRegionAvail().y))) {
+      ImGui::TableSetupScrollFreeze(0, 1);
+      ImGui::TableSetupColumn("module / op");
+      ImGui::TableSetupColumn("a");
+      ImGui::TableSetupColumn("b");
+      ImGui::TableSetupColumn("rows");
+      ImGui::TableHeadersRow();
+      for (const auto& x : d->dtype_differences) {
+        ImGui::TableNextRow();
+        ImGui::TableSetColumnIndex(0);
+        ImGui::Text("%s %s %s", std::string(trace::phase_name(x.phase)).c_str(), x.module.c_str(), x.op.c_str());
+        ImGui::TableSetColumnIndex(1);
+        ImGui::TextUnformatted(x.dtypes_a.c_str());
+        ImGui::TableSetColumnIndex(2);
+        ImGui::TextUnformatted(x.dtypes_b.c_str());
+        ImGui::TableSetColumnIndex(3);
+        ImGui::Text("%lld", static_cast<long long>(x.count));
+      }
+      ImGui::EndTable();
+    }
+  }
+  ImGui::EndChild();
+  ImGui::SameLine();
+  ImGui::BeginChild("##compare_ops", ImVec2(0, 0), false);
+  const StepData* da = s.a->step_data();
+  const StepData* db = s.b->step_data();
+  ImGui::Text("ops of step %lld, a against b", static_cast<long long>(s.a->selected_step().value_or(0)));
+  if (!da || !db) {
+    ImGui::TextDisabled(s.b->step_error().empty() ? "loading..." : s.b->step_error().c_str());
+  } else {
+    if (da->load_id != s.op_diffs_for_a || db->load_id != s.op_diffs_for_b) {
+      s.op_diffs = analysis::diff_ops(da->ops, db->ops);
+      s.op_diffs_for_a = da->load_id;
+      s.op_diffs_for_b = db->load_id;
+    }
+    if (ImGui::BeginTable("##op_diffs", 6, ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY | ImGuiTableFlags_ScrollX | ImGuiTableFlags_Resizable |
+                                               ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_SizingFixedFit,
+                          ImVec2(0, ImGui::GetContentRegionAvail().y))) {
+      ImGui::TableSetupScrollFreeze(0, 1);
+      ImGui::TableSetupColumn("module / op");
+      ImGui::TableSetupColumn("dtypes a");
+      ImGui::TableSetupColumn("dtypes b");
+      ImGui::TableSetupColumn("absmax a");
+      ImGui::TableSetupColumn("absmax b");
+      ImGui::TableSetupColumn("max rel diff");
+      ImGui::TableHeadersRow();
+      ImGuiListClipper clipper;
+      clipper.Begin(static_cast<int>(s.op_diffs.size()));
+      while (clipper.Step()) {
+        for (int i = clipper.DisplayStart; i < clipper.DisplayEnd; ++i) {
+          const auto& o = s.op_diffs[static_cast<std::size_t>(i)];
+          ImGui::TableNextRow();
+          ImGui::TableSetColumnIndex(0);
+          ImGui::PushID(i);
+          if (ImGui::Selectable(fmt::format("{} {} {}", trace::phase_name(o.key.phase), o.key.module, o.key.op).c_str(),
+                                s.selected_seq && *s.selected_seq == o.seq_a, ImGuiSelectableFlags_SpanAllColumns)) {
+            s.selected_seq = o.seq_a;
+          }
+          ImGui::PopID();
+          ImGui::TableSetColumnIndex(1);
+          ImGui::TextColored(to_vec4(o.dtype_differs ? colours::kWarning : dtype_colour("")), "%s", o.dtypes_a.c_str());
+          ImGui::TableSetColumnIndex(2);
+          ImGui::TextColored(to_vec4(o.dtype_differs ? colours::kWarning : dtype_colour("")), "%s", o.dtypes_b.c_str());
+          ImGui::TableSetColumnIndex(3);
+          ImGui::TextUnformatted(format_number(o.a.absmax).c_str());
+          ImGui::TableSetColumnIndex(4);
+          ImGui::TextUnformatted(format_number(o.b.absmax).c_str());
+          ImGui::TableSetColumnIndex(5);
+          if (o.nonfinite_differs) ImGui::TableSetBgColor(ImGuiTableBgTarget_CellBg, im(colours::kNonFiniteCell));
+          const bool big = o.max_rel > d->options.threshold;
+          ImGui::TextColored(big ? to_vec4(colours::kWarning) : ImVec4(0.8f, 0.8f, 0.8f, 1), "%s %s",
+                             format_number(o.max_rel).c_str(), o.stat.c_str());
+        }
+      }
+      ImGui::EndTable();
+    }
+  }
+  ImGui::EndChild();
+  ImGui::End();
+}
+
+void draw_file_browser(ViewerState& s) {
+  if (!s.browser_open) return;
+  const ImVec2 vp = ImGui::GetMainViewport()->WorkSize;
+  ImGui::SetNextWindowSize(ImVec2(std::min(640.0f, vp.x - 40), std::min(480.0f, vp.y - 40)), ImGuiCond_Appearing);
+  ImGui::SetNextWindowPos(ImVec2(vp.x * 0.5f, vp.y * 0.5f), ImGuiCond_Appearing, ImVec2(0.5f, 0.5f));
+  if (!ImGui::Begin(s.browser_for_b ? "Open a trace to compare (b)" : "Open a trace", &s.browser_open,
+                    ImGuiWindowFlags_NoCollapse | ImGuiWindowFlags_NoSavedSettings)) {
+    ImGui::End();
+    return;
+  }
+  namespace fs = std::filesystem;
+  if (s.browser_dir.empty()) {
+    std::error_code ec;
+    s.browser_dir = fs::current_path(ec);
+    s.browser_dirty = true;
+  }
+  if (s.browser_dirty) {
+    s.browser_entries = list_directory(s.browser_dir, &s.browser_error);
+    std::snprintf(s.browser_path, sizeof s.browser_path, "%s", s.browser_dir.string().c_str());
+    s.browser_dirty = false;
+  }
+  ImGui::SetNextItemWidth(-60);
+  if (ImGui::InputText("##path", s.browser_path, sizeof s.browser_path, ImGuiInputTextFlags_EnterReturnsTrue)) {
+    const fs::path p = s.browser_path;
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      s.browser_dir = p;
+      s.browser_dirty = true;
+    } else {
+      open_trace(s, p, s.browser_for_b);
+      s.browser_open = false;
+    }
+  }
+  ImGui::SameLine();
+  if (ImGui::Button("up")) {
+    s.browser_dir = s.browser_dir.parent_path();
+    s.browser_dirty = true;
+  }
+  if (!s.browser_error.empty()) error_box(s.browser_error);
+  ImGui::TextDisabled("folders and .h5 files; click a file to open it");
+  ImGui::BeginChild("##entries", ImVec2(0, 0), true);
+  for (const auto& e : s.browser_entries) {
+    const std::string label = e.directory ? "[dir]  " + e.name : fmt::format("       {}  ({} KiB)", e.name, e.size / 1024);
+    if (ImGui::Selectable(label.c_str())) {
+      if (e.directory) {
+        s.browser_dir = e.name == ".." ? s.browser_dir.parent_path() : s.browser_dir / e.name;
+        s.browser_dirty = true;
+      } else {
+        open_trace(s, s.browser_dir / e.name, s.browser_for_b);
+        s.browser_open = false;
+      }
+    }
+  }
+  ImGui::EndChild();
+  ImGui::End();
+}
+
+void draw_menu_bar(ViewerState& s) {
+  if (!ImGui::BeginMainMenuBar()) return;
+  if (ImGui::BeginMenu("File")) {
+    if (ImGui::MenuItem("Open...")) {
+      s.browser_open = true;
+      s.browser_for_b = false;
+      s.browser_dirty = true;
+    }
+    if (ImGui::MenuItem("Open to compare (b)...", nullptr, false, s.a != nullptr)) {
+      s.browser_open = true;
+      s.browser_for_b = true;
+      s.browser_dirty = true;
+    }
+    if (ImGui::MenuItem("Close b", nullptr, false, s.b != nullptr)) {
+      s.comparison.reset();
+      s.b.reset();
+      s.show_compare = false;
+    }
+    ImGui::EndMenu();
+  }
+  if (ImGui::BeginMenu("View")) {
+    if (ImGui::MenuItem("Op detail", nullptr, !s.show_compare)) s.show_compare = false;
+    if (ImGui::MenuItem("Compare", nullptr, s.show_compare)) s.show_compare = true;
+    ImGui::EndMenu();
+  }
+  if (s.a) {
+    ImGui::TextDisabled("%s", s.a->path().filename().string().c_str());
+    if (s.b) ImGui::TextDisabled("vs %s", s.b->path().filename().string().c_str());
+    if (s.a->live()) ImGui::TextColored(to_vec4(colours::kWarning), "LIVE");
+    if (s.a->analysing()) ImGui::TextDisabled("analysing... %.0f%%", 100.0 * s.a->analysis_progress());
+  }
+  ImGui::EndMainMenuBar();
+}
+
+}  // namespace ampscope::viewer

@@ -1,0 +1,672 @@
+// viewer/plot.cpp: the plot widget. The axis arithmetic works in "transformed" units (the value itself on
+// a linear axis, log2 or log10 of it on a log axis), where every scale is linear, so zoom, pan and fit
+// are written once.
+#include "viewer/plot.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include <imgui_internal.h>  // SetItemUsingMouseWheel: stops the parent window scrolling while we zoom
+
+#include "core/error.h"
+
+namespace ampscope::viewer::plot {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Ranges are kept inside [-1e300, 1e300] (positive values in [1e-300, 1e300] on log axes) so that spans,
+// zoom products and pixel positions stay finite in double.
+constexpr double kMaxMagnitude = 1e300;
+constexpr double kMinPositive = 1e-300;
+// Below this span (relative to the values) neighbouring pixels would map to the same double.
+constexpr double kMinRelativeSpan = 1e-12;
+constexpr double kMinLinearSpan = 1e-290;
+constexpr double kMinLogSpan = 1e-12;  // in powers of the base
+
+constexpr double kMinTickSpacing = 70;  // pixels between ticks: 70 to 175 with steps of 1/2/5 x 10^k
+constexpr double kMinLabelSpacing = 24; // closer than this, labels (13 px high) would touch
+constexpr int kMaxTicks = 64;            // whatever the axis length, never more labels than this
+constexpr double kFitMargin = 0.05;      // of the data span, on each side
+constexpr double kWheelZoom = 0.8;       // one notch of the wheel shows 80% of the range
+constexpr float kPixelClamp = 1e5f;      // pixel positions further than this outside the plot are clamped
+constexpr int kPolylineChunk = 4096;     // points per AddPolyline call
+
+double forward(Scale scale, double v) {
+  switch (scale) {
+    case Scale::linear:
+      return v;
+    case Scale::log2:
+      return v > 0 ? std::log2(v) : kNaN;
+    case Scale::log10:
+      return v > 0 ? std::log10(v) : kNaN;
+  }
+  return kNaN;
+}
+
+double inverse(Scale scale, double t) {
+  switch (scale) {
+    case Scale::linear:
+      return t;
+    case Scale::log2:
+      return std::exp2(t);
+    case Scale::log10:
+      return std::pow(10.0, t);
+  }
+  return kNaN;
+}
+
+// The transformed range every axis is kept inside.
+double bound_lo(Scale scale) { return scale == Scale::linear ? -kMaxMagnitude : forward(scale, kMinPositive); }
+double bound_hi(Scale scale) { return forward(scale, kMaxMagnitude); }
+
+// Ranges used when there is nothing to go on (no data, NaN ends).
+double default_lo(Scale scale) { return scale == Scale::linear ? 0.0 : 1.0; }
+double default_hi(Scale scale) { return scale == Scale::linear ? 1.0 : scale == Scale::log2 ? 2.0 : 10.0; }
+// How far below max a log axis whose min is <= 0 starts, in powers of the base (2^-10, 10^-3).
+double default_log_decades(Scale scale) { return scale == Scale::log2 ? 10.0 : 3.0; }
+
+// Sets the transformed range [t0, t1] (t0 < t1 assumed), writing back only what changed so that an axis
+// that needs no repair is not nudged by a log/exp round trip every frame.
+void set_transformed(Axis& axis, double t0, double t1, double old_t0, double old_t1) {
+  if (t0 != old_t0) axis.min = inverse(axis.scale, t0);  // a NaN old end compares unequal: rewritten
+  if (t1 != old_t1) axis.max = inverse(axis.scale, t1);
+}
+
+// Data <-> pixel for a valid axis, with the transform's constants computed once per frame.
+struct Mapper {
+  Scale scale;
+  double t0, p0, k;  // pixel = p0 + (t - t0) * k
+
+  Mapper(const Axis& axis, double p0_, double p1_) : scale(axis.scale), p0(p0_) {
+    t0 = forward(axis.scale, axis.min);
+    const double span = forward(axis.scale, axis.max) - t0;
+    k = span > 0 && std::isfinite(span) ? (p1_ - p0_) / span : 0.0;
+  }
+  double pixel(double v) const { return p0 + (forward(scale, v) - t0) * k; }
+  double value(double p) const { return k != 0 ? inverse(scale, t0 + (p - p0) / k) : kNaN; }
+};
+
+std::string format(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+
+std::string format(const char* fmt, int precision, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, precision, v);
+  return buf;
+}
+
+// A label for a multiple of `step` that tells neighbouring ticks apart: fixed decimals for everyday
+// magnitudes, %g with just enough significant digits otherwise.
+std::string linear_label(double v, double step, double max_abs) {
+  const int step_exp = static_cast<int>(std::floor(std::log10(step) + 1e-9));
+  if (v == 0) v = 0;  // no "-0"
+  if (max_abs >= 1e6 || max_abs < 1e-4) {
+    const int mag_exp = static_cast<int>(std::floor(std::log10(std::max(max_abs, step))));
+    return format("%.*g", std::clamp(mag_exp - step_exp + 1, 1, 17), v);
+  }
+  return format("%.*f", std::max(0, -step_exp), v);
+}
+
+// The smallest step from {1, 2, 5} x 10^k that is at least `raw`.
+double nice_step(double raw) {
+  const double base = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * base >= raw * (1 - 1e-9)) return m * base;
+  }
+  return 10 * base;
+}
+
+// Multiples of a 1/2/5 x 10^k step inside [lo, hi], at least `spacing` pixels apart over `pixels`.
+std::vector<Tick> linear_ticks(double lo, double hi, double pixels, double spacing) {
+  std::vector<Tick> out;
+  const double span = hi - lo;
+  if (!(span > 0) || !std::isfinite(span)) return out;
+  double step = nice_step(span * spacing / pixels);
+  double first = std::ceil(lo / step), last = std::floor(hi / step);
+  while (last - first + 1 > kMaxTicks) {  // only when pixels is huge; each pass at least doubles the step
+    step = nice_step(step * 1.5);
+    first = std::ceil(lo / step);
+    last = std::floor(hi / step);
+  }
+  const double max_abs = std::max(std::fabs(lo), std::fabs(hi));
+  for (double k = first; k <= last; k += 1) {
+    const double v = k * step;
+    out.push_back({v, linear_label(v, step, max_abs)});
+  }
+  return out;
+}
+
+std::string power_label(Scale scale, int k) {
+  if (scale == Scale::log2) return "2^" + std::to_string(k);
+  if (k >= -3 && k <= 3) return linear_label(std::pow(10.0, k), std::pow(10.0, k), 1.0);
+  return format("%.0e", std::pow(10.0, k));
+}
+
+// Whether the left button, since it went down, has moved further than ImGui's drag threshold.
+bool dragged(const ImGuiIO& io) {
+  return io.MouseDragMaxDistanceSqr[0] >= io.MouseDragThreshold * io.MouseDragThreshold;
+}
+
+std::string format_value(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == std::round(v) && std::fabs(v) < 1e15) return format("%.0f", v);
+  return format("%.6g", v);
+}
+
+ImU32 with_alpha(ImU32 colour, int alpha) {
+  return (colour & ~IM_COL32_A_MASK) | (static_cast<ImU32>(alpha) << IM_COL32_A_SHIFT);
+}
+
+// One series in pixels: the points to draw, split into runs at NaN gaps. Consecutive points that fall in
+// the same pixel column collapse to at most four (first, the minimum and maximum in the order they
+// occurred, last), so a 100k-point series costs a few points per column; points outside the plot on
+// either side collapse to their first and last, which keeps the slope of the line that enters the plot.
+struct Polyline {
+  std::vector<ImVec2> points;
+  std::vector<size_t> run_begin;  // index into points where each run starts
+};
+
+class ColumnReducer {
+ public:
+  ColumnReducer(Polyline& out, double left, double right) : out_(out), left_(left), right_(right) {}
+
+  void add(double px, double py) {
+    const int64_t key = px < left_ - 1   ? std::numeric_limits<int64_t>::min()
+                        : px > right_ + 1 ? std::numeric_limits<int64_t>::max()
+                                          : static_cast<int64_t>(std::floor(px));
+    const ImVec2 p(static_cast<float>(px), static_cast<float>(py));
+    if (count_ == 0 || key != key_) {
+      flush();
+      key_ = key;
+      first_ = last_ = min_ = max_ = p;
+      min_index_ = max_index_ = 0;
+      count_ = 1;
+      return;
+    }
+    if (p.y < min_.y) {
+      min_ = p;
+      min_index_ = count_;
+    }
+    if (p.y > max_.y) {
+      max_ = p;
+      max_index_ = count_;
+    }
+    last_ = p;
+    ++count_;
+  }
+
+  void gap() {
+    flush();
+    run_open_ = false;
+  }
+
+  void flush() {
+    if (count_ == 0) return;
+    emit(first_);
+    const bool offscreen = key_ == std::numeric_limits<int64_t>::min() || key_ == std::numeric_limits<int64_t>::max();
+    if (!offscreen && count_ > 2) {
+      emit(min_index_ < max_index_ ? min_ : max_);
+      emit(min_index_ < max_index_ ? max_ : min_);
+    }
+    if (count_ > 1) emit(last_);
+    count_ = 0;
+  }
+
+ private:
+  void emit(ImVec2 p) {
+    if (!run_open_) {
+      out_.run_begin.push_back(out_.points.size());
+      run_open_ = true;
+    } else if (out_.points.back().x == p.x && out_.points.back().y == p.y) {
+      return;
+    }
+    out_.points.push_back(p);
+  }
+
+  Polyline& out_;
+  double left_, right_;
+  bool run_open_ = false;
+  int64_t key_ = 0;
+  int count_ = 0;
+  int min_index_ = 0, max_index_ = 0;
+  ImVec2 first_, last_, min_, max_;
+};
+
+Polyline to_polyline(const Series& s, const Mapper& mx, const Mapper& my, ImVec2 lo, ImVec2 hi) {
+  Polyline out;
+  ColumnReducer reducer(out, lo.x, hi.x);
+  const size_t n = std::min(s.x.size(), s.y.size());
+  for (size_t i = 0; i < n; ++i) {
+    double px = mx.pixel(s.x[i]);
+    double py = my.pixel(s.y[i]);
+    if (!std::isfinite(px) || !std::isfinite(py)) {  // NaN y, or y <= 0 on a log axis: a gap
+      reducer.gap();
+      continue;
+    }
+    // Far-away points keep their direction but stay representable as float.
+    px = std::clamp(px, static_cast<double>(lo.x - kPixelClamp), static_cast<double>(hi.x + kPixelClamp));
+    py = std::clamp(py, static_cast<double>(lo.y - kPixelClamp), static_cast<double>(hi.y + kPixelClamp));
+    reducer.add(px, py);
+  }
+  reducer.flush();
+  return out;
+}
+
+// Index of the point whose x is nearest `x` (any y), or npos when the series has no finite x.
+size_t nearest_index(const Series& s, double x) {
+  size_t best = std::string::npos;
+  double best_d = std::numeric_limits<double>::infinity();
+  const size_t n = std::min(s.x.size(), s.y.size());
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::fabs(s.x[i] - x);
+    if (d < best_d) {
+      best_d = d;
+      best = i;
+    }
+  }
+  return best;
+}
+
+// Transformed min/max of the values an axis can show (finite; positive on a log axis).
+struct Extent {
+  double lo = std::numeric_limits<double>::infinity();
+  double hi = -std::numeric_limits<double>::infinity();
+  void add(double t) {
+    if (!std::isfinite(t)) return;
+    lo = std::min(lo, t);
+    hi = std::max(hi, t);
+  }
+  bool empty() const { return !(lo <= hi); }
+};
+
+void fit_axis(Axis& axis, const Extent& e) {
+  if (e.empty()) return;  // nothing to fit to: keep the range, keep the flag for when data arrives
+  double t0 = e.lo, t1 = e.hi;
+  if (t0 == t1) {
+    const double d = axis.scale != Scale::linear ? 1.0 : t0 == 0 ? 1.0 : std::fabs(t0) * 0.1;
+    t0 -= d;
+    t1 += d;
+  } else {
+    const double margin = (t1 - t0) * kFitMargin;
+    t0 -= margin;
+    t1 += margin;
+  }
+  t0 = std::max(t0, bound_lo(axis.scale));
+  t1 = std::min(t1, bound_hi(axis.scale));
+  axis.min = inverse(axis.scale, t0);
+  axis.max = inverse(axis.scale, t1);
+  axis.fit = false;
+  make_valid(axis);
+}
+
+}  // namespace
+
+double to_pixel(const Axis& axis, double value, double p0, double p1) {
+  const double t = forward(axis.scale, value);
+  const double t0 = forward(axis.scale, axis.min);
+  const double span = forward(axis.scale, axis.max) - t0;
+  if (!std::isfinite(t)) return kNaN;
+  if (!(span > 0) || !std::isfinite(span)) return 0.5 * (p0 + p1);  // a degenerate axis: the middle
+  return p0 + (t - t0) / span * (p1 - p0);
+}
+
+double from_pixel(const Axis& axis, double pixel, double p0, double p1) {
+  const double t0 = forward(axis.scale, axis.min);
+  const double t1 = forward(axis.scale, axis.max);
+  if (p1 == p0 || !std::isfinite(t0) || !std::isfinite(t1)) return kNaN;
+  return inverse(axis.scale, t0 + (pixel - p0) / (p1 - p0) * (t1 - t0));
+}
+
+void make_valid(Axis& axis) {
+  const Scale s = axis.scale;
+  const double old_t0 = forward(s, axis.min), old_t1 = forward(s, axis.max);
+  double t0 = old_t0, t1 = old_t1;
+  if (std::isnan(t1) && std::isnan(t0)) {  // NaN ends, or a log axis entirely <= 0
+    t0 = forward(s, default_lo(s));
+    t1 = forward(s, default_hi(s));
+  } else if (std::isnan(t0) || std::isnan(t1)) {
+    // One usable end: a log axis that reaches 0 or below starts a few powers below its top.
+    const double good = std::isnan(t0) ? t1 : t0;
+    const double width = s == Scale::linear ? 1.0 : default_log_decades(s);
+    if (std::isnan(t0)) {
+      t0 = good - width;
+      t1 = good;
+    } else {
+      t1 = good + width;
+    }
+  }
+  if (t0 > t1) std::swap(t0, t1);
+  t0 = std::clamp(t0, bound_lo(s), bound_hi(s));
+  t1 = std::clamp(t1, bound_lo(s), bound_hi(s));
+  if (t0 == t1) {
+    const double d = s != Scale::linear ? 1.0 : t0 == 0 ? 1.0 : std::fabs(t0) * 0.1;
+    t0 -= d;
+    t1 += d;
+  }
+  const double min_span = std::max(kMinRelativeSpan * std::max(std::fabs(t0), std::fabs(t1)),
+                                   s == Scale::linear ? kMinLinearSpan : kMinLogSpan);
+  if (t1 - t0 < min_span) {
+    const double c = 0.5 * (t0 + t1);
+    t0 = c - 0.5 * min_span;
+    t1 = c + 0.5 * min_span;
+  }
+  set_transformed(axis, t0, t1, old_t0, old_t1);
+}
+
+std::vector<Tick> ticks(const Axis& axis_in, double pixels) {
+  if (!(pixels >= 1) || !std::isfinite(pixels)) return {};
+  Axis axis = axis_in;
+  make_valid(axis);
+  // A short axis (a 200 px high plot) still gets three or four ticks, as long as their labels fit.
+  const double spacing = std::clamp(pixels / 4, std::min(kMinLabelSpacing, pixels / 2), kMinTickSpacing);
+  if (axis.scale == Scale::linear) return linear_ticks(axis.min, axis.max, pixels, spacing);
+
+  const double t0 = forward(axis.scale, axis.min), t1 = forward(axis.scale, axis.max);
+  const double px_per_power = pixels / (t1 - t0);
+  // Every m-th power, m from 1, 2, 4, 8... (log2: the labels stay powers of two) or 1, 2, 5, 10...
+  double m = 1;
+  for (int i = 0; m * px_per_power < spacing || std::floor(t1 / m) - std::ceil(t0 / m) + 1 > kMaxTicks; ++i) {
+    m = axis.scale == Scale::log2 ? std::exp2(i + 1) : nice_step(m * 1.5);
+  }
+  const double first = std::ceil(t0 / m), last = std::floor(t1 / m);
+  if (last - first + 1 < 2) {
+    // Less than a power of the base in view: plain 1/2/5 ticks on the values read better than one label.
+    return linear_ticks(axis.min, axis.max, pixels, spacing);
+  }
+  std::vector<Tick> out;
+  for (double k = first; k <= last; k += 1) {
+    const int power = static_cast<int>(k * m);
+    out.push_back({inverse(axis.scale, power), power_label(axis.scale, power)});
+  }
+  return out;
+}
+
+void zoom(Axis& axis, double about, double factor) {
+  if (!(factor > 0) || !std::isfinite(factor)) {
+    throw Error("plot::zoom: factor must be finite and > 0 (< 1 zooms in), got " + format("%g", factor));
+  }
+  make_valid(axis);
+  const Scale s = axis.scale;
+  const double t0 = forward(s, axis.min), t1 = forward(s, axis.max);
+  double ta = forward(s, about);
+  if (!std::isfinite(ta)) ta = 0.5 * (t0 + t1);  // about <= 0 on a log axis: zoom about the middle
+  const double n0 = std::max(ta + (t0 - ta) * factor, bound_lo(s));
+  const double n1 = std::min(ta + (t1 - ta) * factor, bound_hi(s));
+  set_transformed(axis, n0, n1, t0, t1);
+  axis.fit = false;
+  make_valid(axis);
+}
+
+void pan(Axis& axis, double pixels_moved, double p0, double p1) {
+  if (p1 == p0 || !std::isfinite(pixels_moved) || !std::isfinite(p0) || !std::isfinite(p1)) return;
+  make_valid(axis);
+  const Scale s = axis.scale;
+  const double t0 = forward(s, axis.min), t1 = forward(s, axis.max);
+  const double span = t1 - t0;
+  // The value under pixel p moves to p + pixels_moved: the range shifts the other way.
+  double shift = -pixels_moved * span / (p1 - p0);
+  shift = std::clamp(shift, bound_lo(s) - t0, bound_hi(s) - t1);  // in transformed units, log stays > 0
+  if (shift == 0) return;
+  set_transformed(axis, t0 + shift, t1 + shift, t0, t1);
+  axis.fit = false;
+  make_valid(axis);
+}
+
+void fit(State& state, std::span<const Series> series) {
+  if (state.x.fit) {
+    Extent e;
+    for (const Series& s : series) {
+      const size_t n = std::min(s.x.size(), s.y.size());
+      for (size_t i = 0; i < n; ++i) {
+        e.add(forward(state.x.scale, s.x[i]));
+      }
+    }
+    fit_axis(state.x, e);
+  }
+  if (state.y.fit) {
+    make_valid(state.x);
+    Extent e;
+    for (const Series& s : series) {
+      const size_t n = std::min(s.x.size(), s.y.size());
+      for (size_t i = 0; i < n; ++i) {
+        if (!(s.x[i] >= state.x.min && s.x[i] <= state.x.max)) continue;
+        e.add(forward(state.y.scale, s.y[i]));
+      }
+    }
+    fit_axis(state.y, e);
+  }
+}
+
+Result draw(const char* id, State& state, std::span<const Series> series, std::span<const Marker> markers,
+            ImVec2 size) {
+  // Checked before any ImGui call, so a throw leaves no child window open.
+  for (const Series& s : series) {
+    if (s.x.size() != s.y.size()) {
+      throw ShapeError("plot::draw('" + std::string(id) + "'): series '" + s.label + "' has " +
+                       std::to_string(s.x.size()) + " x values but " + std::to_string(s.y.size()) +
+                       " y values\nhint: pass x and y spans of the same length");
+    }
+  }
+  Result result;
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  if (size.x <= 0) size.x = avail.x;
+  if (size.y <= 0) size.y = avail.y;
+  size.x = std::max(size.x, 60.0f);
+  size.y = std::max(size.y, 40.0f);
+
+  const bool visible =
+      ImGui::BeginChild(id, size, false, ImGuiWindowFlags_NoScrollbar | ImGuiWindowFlags_NoScrollWithMouse);
+  if (!visible) {
+    ImGui::EndChild();
+    return result;
+  }
+  ImGuiIO& io = ImGui::GetIO();
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float font = ImGui::GetFontSize();
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  const ImVec2 outer_max(origin.x + size.x, origin.y + size.y);
+
+  fit(state, series);
+  make_valid(state.x);
+  make_valid(state.y);
+
+  // Layout: y tick labels on the left, the y axis label above the plot, x tick labels and the x axis
+  // label below. The y ticks depend only on the height, so they size the left margin.
+  const float top = origin.y + (state.y.label.empty() ? font * 0.5f + 2 : font + 4);
+  const float bottom = outer_max.y - (font + 6) - (state.x.label.empty() ? 0 : font + 2);
+  const float plot_h = std::max(bottom - top, 10.0f);
+  std::vector<Tick> y_ticks = ticks(state.y, plot_h);
+  float label_w = 0;
+  for (const Tick& t : y_ticks) label_w = std::max(label_w, ImGui::CalcTextSize(t.label.c_str()).x);
+  const ImVec2 lo(origin.x + label_w + 8, top);
+  const ImVec2 hi(std::max(outer_max.x - 12, lo.x + 10), top + plot_h);
+  result.plot_min = lo;
+  result.plot_max = hi;
+
+  // Interaction, on the range as laid out this frame.
+  ImGui::SetCursorScreenPos(lo);
+  const bool pressed = ImGui::InvisibleButton("##plot_area", ImVec2(hi.x - lo.x, hi.y - lo.y));
+  const bool hovered = ImGui::IsItemHovered();
+  const bool active = ImGui::IsItemActive();
+  if (hovered) ImGui::SetItemUsingMouseWheel();
+  const ImVec2 mouse = io.MousePos;
+  if (hovered && (io.MouseWheel != 0 || (io.KeyShift && io.MouseWheelH != 0))) {
+    // Shift+wheel arrives as a horizontal wheel on some systems. A clamp keeps a wild trackpad from
+    // asking for a factor that underflows.
+    const double notches = std::clamp(io.MouseWheel != 0 ? io.MouseWheel : io.MouseWheelH, -10.0f, 10.0f);
+    const double factor = std::pow(kWheelZoom, notches);
+    if (io.KeyShift) {
+      zoom(state.y, from_pixel(state.y, mouse.y, hi.y, lo.y), factor);
+    } else {
+      zoom(state.x, from_pixel(state.x, mouse.x, lo.x, hi.x), factor);
+    }
+  }
+  if (active && !io.MouseClicked[0] && (io.MouseDelta.x != 0 || io.MouseDelta.y != 0)) {
+    pan(state.x, io.MouseDelta.x, lo.x, hi.x);
+    pan(state.y, io.MouseDelta.y, hi.y, lo.y);
+  }
+  if (hovered && ImGui::IsMouseDoubleClicked(0)) state.x.fit = state.y.fit = true;
+  // The second click of a double click refits; it does not select.
+  if (pressed && !dragged(io) && io.MouseClickedLastCount[0] < 2) {
+    result.clicked = true;
+    result.clicked_x = from_pixel(state.x, mouse.x, lo.x, hi.x);
+  }
+  fit(state, series);
+  make_valid(state.x);
+  make_valid(state.y);
+  y_ticks = ticks(state.y, plot_h);
+  const std::vector<Tick> x_ticks = ticks(state.x, hi.x - lo.x);
+  const Mapper mx(state.x, lo.x, hi.x);
+  const Mapper my(state.y, hi.y, lo.y);
+
+  result.hovered = hovered;
+  if (hovered) {
+    result.hover_x = mx.value(mouse.x);
+    result.hover_y = my.value(mouse.y);
+  }
+
+  // Frame, grid and tick labels.
+  const ImU32 text_colour = ImGui::GetColorU32(ImGuiCol_Text);
+  const ImU32 grid_colour = ImGui::GetColorU32(ImGuiCol_Text, 0.12f);
+  dl->AddRectFilled(lo, hi, ImGui::GetColorU32(ImGuiCol_FrameBg));
+  float label_end = -1e30f;  // long x labels ("1.00002e+06") can be wider than the tick spacing
+  for (const Tick& t : x_ticks) {
+    const float px = static_cast<float>(mx.pixel(t.value));
+    if (!(px >= lo.x - 0.5f && px <= hi.x + 0.5f)) continue;
+    dl->AddLine(ImVec2(px, lo.y), ImVec2(px, hi.y), grid_colour);
+    const float w = ImGui::CalcTextSize(t.label.c_str()).x;
+    const float tx = std::clamp(px - w / 2, origin.x, outer_max.x - w);
+    if (tx < label_end + 6) continue;
+    dl->AddText(ImVec2(tx, hi.y + 3), text_colour, t.label.c_str());
+    label_end = tx + w;
+  }
+  for (const Tick& t : y_ticks) {
+    const float py = static_cast<float>(my.pixel(t.value));
+    if (!(py >= lo.y - 0.5f && py <= hi.y + 0.5f)) continue;
+    dl->AddLine(ImVec2(lo.x, py), ImVec2(hi.x, py), grid_colour);
+    const float w = ImGui::CalcTextSize(t.label.c_str()).x;
+    const float ty = std::clamp(py - font / 2, origin.y, outer_max.y - font);
+    dl->AddText(ImVec2(lo.x - 4 - w, ty), text_colour, t.label.c_str());
+  }
+  if (!state.y.label.empty()) dl->AddText(ImVec2(origin.x, origin.y), text_colour, state.y.label.c_str());
+  if (!state.x.label.empty()) {
+    const float w = ImGui::CalcTextSize(state.x.label.c_str()).x;
+    dl->AddText(ImVec2(0.5f * (lo.x + hi.x) - w / 2, hi.y + font + 6), text_colour, state.x.label.c_str());
+  }
+
+  dl->PushClipRect(lo, hi, true);
+  // Vertical markers behind the series; many markers on one pixel column are drawn once.
+  float last_marker_px = -1e30f;
+  ImU32 last_marker_colour = 0;
+  for (const Marker& m : markers) {
+    const double px = std::round(mx.pixel(m.x));
+    if (!(px >= lo.x - 1 && px <= hi.x + 1)) continue;
+    if (static_cast<float>(px) == last_marker_px && m.colour == last_marker_colour) continue;
+    last_marker_px = static_cast<float>(px);
+    last_marker_colour = m.colour;
+    dl->AddLine(ImVec2(last_marker_px, lo.y), ImVec2(last_marker_px, hi.y), m.colour, 1.5f);
+  }
+
+  for (const Series& s : series) {
+    const Polyline line = to_polyline(s, mx, my, lo, hi);
+    const bool lines = s.style != Style::markers;
+    const bool dots = s.style != Style::line;
+    for (size_t r = 0; r < line.run_begin.size(); ++r) {
+      const size_t begin = line.run_begin[r];
+      const size_t end = r + 1 < line.run_begin.size() ? line.run_begin[r + 1] : line.points.size();
+      if (lines && end - begin == 1 && !dots) {
+        dl->AddCircleFilled(line.points[begin], 1.5f, s.colour, 6);  // a point between two gaps
+      }
+      // Chunks overlap by one point so the line is continuous.
+      for (size_t c = begin; lines && c + 1 < end; c += kPolylineChunk - 1) {
+        const int count = static_cast<int>(std::min<size_t>(kPolylineChunk, end - c));
+        dl->AddPolyline(&line.points[c], count, s.colour, ImDrawFlags_None, 1.5f);
+      }
+    }
+    if (dots) {
+      ImVec2 last(-1e30f, -1e30f);
+      for (const ImVec2& p : line.points) {
+        if (p.x < lo.x - 3 || p.x > hi.x + 3 || p.y < lo.y - 3 || p.y > hi.y + 3) continue;
+        if (std::fabs(p.x - last.x) < 2 && std::fabs(p.y - last.y) < 2) continue;
+        dl->AddCircleFilled(p, 2.5f, s.colour, 8);
+        last = p;
+      }
+    }
+  }
+
+  // Hover read-out: a line at the data x nearest the mouse, and each series' value there.
+  const bool dragging = active && dragged(io) && ImGui::IsMouseDown(0);
+  if (hovered && !dragging) {
+    double snap_x = result.hover_x;
+    double best = std::numeric_limits<double>::infinity();
+    for (const Series& s : series) {
+      const size_t i = nearest_index(s, result.hover_x);
+      if (i != std::string::npos && std::fabs(mx.pixel(s.x[i]) - mouse.x) < best) {
+        best = std::fabs(mx.pixel(s.x[i]) - mouse.x);
+        snap_x = s.x[i];
+      }
+    }
+    const float snap_px = static_cast<float>(std::isfinite(mx.pixel(snap_x)) ? mx.pixel(snap_x) : mouse.x);
+    dl->AddLine(ImVec2(snap_px, lo.y), ImVec2(snap_px, hi.y), ImGui::GetColorU32(ImGuiCol_Text, 0.5f));
+    ImGui::BeginTooltip();
+    ImGui::Text("x = %s", format_value(snap_x).c_str());
+    for (const Series& s : series) {
+      const size_t i = nearest_index(s, snap_x);
+      if (i == std::string::npos) continue;
+      const ImVec4 colour = ImGui::ColorConvertU32ToFloat4(with_alpha(s.colour, 255));
+      if (s.x[i] == snap_x) {
+        ImGui::TextColored(colour, "%s: %s", s.label.c_str(), format_value(s.y[i]).c_str());
+      } else {
+        ImGui::TextColored(colour, "%s: %s (at x = %s)", s.label.c_str(), format_value(s.y[i]).c_str(),
+                           format_value(s.x[i]).c_str());
+      }
+      const double py = my.pixel(s.y[i]);
+      if (std::isfinite(py) && py >= lo.y && py <= hi.y) {
+        dl->AddCircle(ImVec2(static_cast<float>(mx.pixel(s.x[i])), static_cast<float>(py)), 4, s.colour, 12, 1.5f);
+      }
+    }
+    for (const Marker& m : markers) {
+      if (m.label.empty() || !(std::fabs(mx.pixel(m.x) - snap_px) <= 2)) continue;
+      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(with_alpha(m.colour, 255)), "%s", m.label.c_str());
+    }
+    ImGui::EndTooltip();
+  }
+
+  // Legend: top right, only labelled series.
+  float legend_w = 0;
+  int legend_n = 0;
+  for (const Series& s : series) {
+    if (s.label.empty()) continue;
+    legend_w = std::max(legend_w, ImGui::CalcTextSize(s.label.c_str()).x);
+    ++legend_n;
+  }
+  if (legend_n > 0) {
+    const float swatch = font * 0.8f, pad = 4, line_h = font + 2;
+    const ImVec2 box_max(hi.x - 6, lo.y + 6 + pad * 2 + line_h * legend_n);
+    const ImVec2 box_min(box_max.x - legend_w - swatch - pad * 3, lo.y + 6);
+    dl->AddRectFilled(box_min, box_max, ImGui::GetColorU32(ImGuiCol_PopupBg, 0.85f));
+    dl->AddRect(box_min, box_max, ImGui::GetColorU32(ImGuiCol_Border));
+    float y = box_min.y + pad;
+    for (const Series& s : series) {
+      if (s.label.empty()) continue;
+      const ImVec2 sw(box_min.x + pad, y + (line_h - swatch) / 2);
+      dl->AddRectFilled(sw, ImVec2(sw.x + swatch, sw.y + swatch), with_alpha(s.colour, 255));
+      dl->AddText(ImVec2(sw.x + swatch + pad, y + 1), text_colour, s.label.c_str());
+      y += line_h;
+    }
+  }
+  dl->PopClipRect();
+  dl->AddRect(lo, hi, ImGui::GetColorU32(ImGuiCol_Border));
+
+  ImGui::EndChild();
+  return result;
+}
+
+}  // namespace ampscope::viewer::plot

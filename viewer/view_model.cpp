@@ -1,0 +1,497 @@
+#include "viewer/view_model.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <numeric>
+#include <system_error>
+
+#include <fmt/format.h>
+
+namespace ampscope::viewer {
+
+std::uint32_t dtype_colour(std::string_view dtype) {
+  if (dtype == "f16") return rgba(255, 170, 60);
+  if (dtype == "bf16") return rgba(120, 220, 120);
+  if (dtype == "f32") return rgba(130, 180, 255);
+  if (dtype == "f64") return rgba(200, 150, 255);
+  return rgba(170, 170, 170);
+}
+
+std::string format_number(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  return fmt::format("{:.5g}", value);
+}
+
+std::string format_count(std::int64_t value) {
+  std::string digits = std::to_string(value < 0 ? -value : value);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return value < 0 ? "-" + out : out;
+}
+
+// ---- Overview ----
+
+std::vector<KeyValue> overview_rows(const OverviewInput& in) {
+  std::vector<KeyValue> rows;
+  rows.push_back({"file", in.path});
+  rows.push_back({"model", in.run.model});
+  rows.push_back({"precision", in.run.precision});
+  rows.push_back({"device", in.run.device});
+  rows.push_back({"seed", std::to_string(in.run.seed)});
+  if (in.steps.empty()) {
+    rows.push_back({"steps", "none recorded", true});
+  } else {
+    rows.push_back({"steps", fmt::format("{} (step {} .. {})", in.steps.size(), in.steps.front().step,
+                                         in.steps.back().step)});
+  }
+  std::int64_t skipped = 0;
+  for (const auto& s : in.steps) skipped += s.skipped ? 1 : 0;
+  rows.push_back({"skipped steps", std::to_string(skipped), skipped > 0});
+  if (in.report == nullptr) {
+    rows.push_back({"anomalies", fmt::format("analysing... {:.0f}%", 100.0 * in.analysis_progress)});
+  } else {
+    rows.push_back({"anomalies", in.report->anomalies.empty() ? std::string("none")
+                                                              : std::to_string(in.report->anomalies.size()),
+                    !in.report->anomalies.empty()});
+    rows.push_back({"warnings", std::to_string(in.report->warnings.size()), !in.report->warnings.empty()});
+    rows.push_back({"scaler", in.report->scaler.verdict,
+                    in.report->scaler.verdict != "healthy" && in.report->scaler.verdict != "no_scaler"});
+  }
+  if (!in.steps.empty()) {
+    rows.push_back({"final scale", format_number(in.steps.back().scale_after)});
+    rows.push_back({"final loss", format_number(in.steps.back().loss), !std::isfinite(in.steps.back().loss)});
+  }
+  rows.push_back({"op rows", format_count(in.counts.ops)});
+  rows.push_back({"grad rows", format_count(in.counts.grads)});
+  rows.push_back({"histogram rows", in.counts.histograms > 0 ? format_count(in.counts.histograms)
+                                                              : std::string("none (probe level below full)")});
+  rows.push_back({"status", in.complete ? "complete" : "not closed: still being written, or the writer stopped",
+                  !in.complete});
+  rows.push_back({"config", in.run.config});
+  return rows;
+}
+
+// ---- Scale and loss ----
+
+StepSeries step_series(std::span<const trace::StepRow> steps) {
+  StepSeries s;
+  s.step.reserve(steps.size());
+  for (const auto& r : steps) {
+    const double x = static_cast<double>(r.step);
+    s.step.push_back(x);
+    s.loss.push_back(r.loss);
+    s.scale.push_back(r.scale);
+    s.grad_norm.push_back(r.grad_norm);
+    if (r.skipped) s.skipped.push_back(x);
+    if (r.scale_after < r.scale) s.backoffs.push_back(x);
+    if (r.scale_after > r.scale) s.growths.push_back(x);
+  }
+  return s;
+}
+
+std::optional<std::size_t> step_index(std::span<const trace::StepRow> steps, std::int64_t step) {
+  auto it = std::lower_bound(steps.begin(), steps.end(), step,
+                             [](const trace::StepRow& r, std::int64_t s) { return r.step < s; });
+  if (it != steps.end() && it->step == step) return static_cast<std::size_t>(it - steps.begin());
+  // Steps are written in order; fall back to a scan should a trace hold them otherwise.
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].step == step) return i;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::int64_t> nearest_step(std::span<const trace::StepRow> steps, double x) {
+  if (steps.empty() || std::isnan(x)) return std::nullopt;
+  std::int64_t best = steps.front().step;
+  double best_d = std::fabs(static_cast<double>(best) - x);
+  for (const auto& r : steps) {
+    const double d = std::fabs(static_cast<double>(r.step) - x);
+    if (d < best_d) best = r.step, best_d = d;
+  }
+  return best;
+}
+
+std::optional<std::int64_t> initial_step(std::span<const trace::StepRow> steps, const analysis::Report* report) {
+  if (report != nullptr && !report->anomalies.empty()) return report->anomalies.front().step;
+  if (steps.empty()) return std::nullopt;
+  return steps.front().step;
+}
+
+// ---- Ops ----
+
+std::string_view op_column_name(OpColumn c) {
+  switch (c) {
+    case OpColumn::seq: return "seq";
+    case OpColumn::phase: return "phase";
+    case OpColumn::module: return "module";
+    case OpColumn::op: return "op";
+    case OpColumn::dtypes: return "in -> out";
+    case OpColumn::shape: return "shape";
+    case OpColumn::numel: return "numel";
+    case OpColumn::nonfinite: return "nan/inf";
+    case OpColumn::zero: return "zero";
+    case OpColumn::subnormal: return "subnormal";
+    case OpColumn::absmax: return "absmax";
+    case OpColumn::mean: return "mean";
+    case OpColumn::rms: return "rms";
+  }
+  return "?";
+}
+
+std::string_view op_column_help(OpColumn c) {
+  switch (c) {
+    case OpColumn::seq: return "Order of the op within the step (forward ops, then backward nodes).";
+    case OpColumn::phase: return "forward, backward, optimizer or scaler.";
+    case OpColumn::module: return "The module the op ran in (\"\" outside any module).";
+    case OpColumn::op: return "The op's name. A mark before it: this op created NaN/inf from finite inputs (an origin).";
+    case OpColumn::dtypes: return "The inputs' dtypes after autocast -> the output's dtype.";
+    case OpColumn::shape: return "The output's shape.";
+    case OpColumn::numel: return "Elements in the output.";
+    case OpColumn::nonfinite: return "NaN + inf + -inf values in the output. Red when not zero.";
+    case OpColumn::zero: return "Values equal to zero in the output.";
+    case OpColumn::subnormal: return "Subnormal values in the output (in its own dtype): precision already lost.";
+    case OpColumn::absmax: return "Largest |x| over the finite values. f16 overflows above 65504.";
+    case OpColumn::mean: return "Mean over the finite values, accumulated in double.";
+    case OpColumn::rms: return "Root mean square over the finite values.";
+  }
+  return "";
+}
+
+namespace {
+
+bool contains_nocase(std::string_view hay, std::string_view needle) {
+  if (needle.empty()) return true;
+  auto it = std::search(hay.begin(), hay.end(), needle.begin(), needle.end(), [](char a, char b) {
+    return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+  });
+  return it != hay.end();
+}
+
+// NaN sorts after every number in ascending order (and first in descending), so non-finite rows gather.
+int compare_double(double a, double b) {
+  const bool na = std::isnan(a), nb = std::isnan(b);
+  if (na || nb) return na == nb ? 0 : (na ? 1 : -1);
+  return a < b ? -1 : (a > b ? 1 : 0);
+}
+
+template <class T>
+int compare_plain(const T& a, const T& b) {
+  return a < b ? -1 : (b < a ? 1 : 0);
+}
+
+int compare_rows(const trace::OpRow& a, const trace::OpRow& b, OpColumn c) {
+  switch (c) {
+    case OpColumn::seq: return compare_plain(a.seq, b.seq);
+    case OpColumn::phase: return compare_plain(static_cast<int>(a.phase), static_cast<int>(b.phase));
+    case OpColumn::module: return a.module.compare(b.module);
+    case OpColumn::op: return a.op.compare(b.op);
+    case OpColumn::dtypes: {
+      const int o = a.out_dtype.compare(b.out_dtype);
+      return o != 0 ? o : a.in_dtypes.compare(b.in_dtypes);
+    }
+    case OpColumn::shape: return a.shape.compare(b.shape);
+    case OpColumn::numel: return compare_plain(a.health.numel, b.health.numel);
+    case OpColumn::nonfinite: return compare_plain(nonfinite_count(a.health), nonfinite_count(b.health));
+    case OpColumn::zero: return compare_plain(a.health.zero, b.health.zero);
+    case OpColumn::subnormal: return compare_plain(a.health.subnormal, b.health.subnormal);
+    case OpColumn::absmax: return compare_double(a.health.absmax, b.health.absmax);
+    case OpColumn::mean: return compare_double(a.health.mean, b.health.mean);
+    case OpColumn::rms: return compare_double(a.health.rms, b.health.rms);
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::int64_t nonfinite_count(const trace::TensorHealth& h) { return h.nan + h.pos_inf + h.neg_inf; }
+
+bool op_matches(const trace::OpRow& row, const OpFilter& filter) {
+  if (filter.nonfinite_only && nonfinite_count(row.health) == 0 && !row.origin) return false;
+  if (filter.text.empty()) return true;
+  return contains_nocase(row.module, filter.text) || contains_nocase(row.op, filter.text) ||
+         contains_nocase(trace::phase_name(row.phase), filter.text) || contains_nocase(row.in_dtypes, filter.text) ||
+         contains_nocase(row.out_dtype, filter.text) || contains_nocase(row.autocast, filter.text);
+}
+
+std::vector<std::uint32_t> op_order(std::span<const trace::OpRow> rows, const OpFilter& filter, OpColumn sort,
+                                    bool ascending) {
+  std::vector<std::uint32_t> order;
+  order.reserve(rows.size());
+  const bool all = filter.text.empty() && !filter.nonfinite_only;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (all || op_matches(rows[i], filter)) order.push_back(static_cast<std::uint32_t>(i));
+  }
+  // Rows arrive in seq order: sorting by seq ascending is the identity, and skipping it keeps a
+  // million-row step instant.
+  if (sort == OpColumn::seq && ascending) return order;
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t x, std::uint32_t y) {
+    const int c = compare_rows(rows[x], rows[y], sort);
+    return ascending ? c < 0 : c > 0;
+  });
+  return order;
+}
+
+std::string dtype_arrow(const trace::OpRow& row) {
+  return row.in_dtypes.empty() ? "-> " + row.out_dtype : row.in_dtypes + " -> " + row.out_dtype;
+}
+
+std::string op_cell(const trace::OpRow& row, OpColumn c) {
+  switch (c) {
+    case OpColumn::seq: return std::to_string(row.seq);
+    case OpColumn::phase: return std::string(trace::phase_name(row.phase));
+    case OpColumn::module: return row.module;
+    case OpColumn::op: return row.op;
+    case OpColumn::dtypes: return dtype_arrow(row);
+    case OpColumn::shape: return row.shape;
+    case OpColumn::numel: return std::to_string(row.health.numel);
+    case OpColumn::nonfinite: {
+      const auto& h = row.health;
+      if (nonfinite_count(h) == 0) return "0";
+      std::string s;
+      if (h.nan) s += fmt::format("{} nan", h.nan);
+      if (h.pos_inf) s += fmt::format("{}{} +inf", s.empty() ? "" : ", ", h.pos_inf);
+      if (h.neg_inf) s += fmt::format("{}{} -inf", s.empty() ? "" : ", ", h.neg_inf);
+      return s;
+    }
+    case OpColumn::zero: return std::to_string(row.health.zero);
+    case OpColumn::subnormal: return std::to_string(row.health.subnormal);
+    case OpColumn::absmax: return format_number(row.health.absmax);
+    case OpColumn::mean: return format_number(row.health.mean);
+    case OpColumn::rms: return format_number(row.health.rms);
+  }
+  return "";
+}
+
+// ---- Op detail ----
+
+std::vector<KeyValue> op_detail_rows(const trace::OpRow& row) {
+  const auto& h = row.health;
+  std::vector<KeyValue> rows = {
+      {"step / seq", fmt::format("{} / {}", row.step, row.seq)},
+      {"phase", std::string(trace::phase_name(row.phase))},
+      {"module", row.module.empty() ? "(outside any module)" : row.module},
+      {"op", row.op},
+      {"dtypes", dtype_arrow(row)},
+      {"autocast", row.autocast.empty() ? "(outside autocast)" : row.autocast},
+      {"shape", row.shape},
+      {"numel", format_count(h.numel)},
+      {"NaN", format_count(h.nan), h.nan > 0},
+      {"+inf", format_count(h.pos_inf), h.pos_inf > 0},
+      {"-inf", format_count(h.neg_inf), h.neg_inf > 0},
+      {"zero", format_count(h.zero)},
+      {"subnormal", format_count(h.subnormal), h.subnormal > 0},
+      {"min", format_number(h.min)},
+      {"max", format_number(h.max)},
+      {"absmax", format_number(h.absmax), std::isfinite(h.absmax) && h.absmax * 2 >= analysis::kF16Max},
+      {"mean", format_number(h.mean)},
+      {"rms", format_number(h.rms)},
+  };
+  if (row.cast_overflow || row.cast_underflow) {
+    rows.push_back({"cast overflow", format_count(row.cast_overflow), row.cast_overflow > 0});
+    rows.push_back({"cast underflow", format_count(row.cast_underflow), row.cast_underflow > 0});
+  }
+  rows.push_back({"origin", row.origin ? "yes: NaN/inf created here from finite inputs" : "no", row.origin});
+  return rows;
+}
+
+Zone f16_zone(int e) {
+  if (e > kF16MaxExponent) return Zone::overflow;
+  if (e >= kF16MinNormalExponent) return Zone::normal;
+  if (e >= kF16MinSubnormalExponent) return Zone::subnormal;
+  return Zone::flush_to_zero;
+}
+
+Zone bf16_zone(int e) {
+  if (e > kBf16MaxExponent) return Zone::overflow;
+  if (e >= kBf16MinNormalExponent) return Zone::normal;
+  if (e >= kBf16MinSubnormalExponent) return Zone::subnormal;
+  return Zone::flush_to_zero;
+}
+
+ExponentHistogram exponent_histogram(const trace::HistogramRow& row) {
+  ExponentHistogram h;
+  constexpr int kExponents = trace::kHistMaxExponent - trace::kHistMinExponent + 1;
+  for (int i = 0; i < kExponents; ++i) {
+    const std::int64_t n = row.bins[i];
+    h.total += n;
+    if (n == 0) continue;
+    const int e = trace::kHistMinExponent + i;
+    h.exponent.push_back(e);
+    h.count.push_back(static_cast<double>(n));
+    switch (f16_zone(e)) {
+      case Zone::overflow: h.above_f16 += n; break;
+      case Zone::subnormal: h.f16_subnormal += n; break;
+      case Zone::flush_to_zero: h.below_f16 += n; break;
+      case Zone::normal: break;
+    }
+  }
+  h.subnormal = row.bins[kExponents];
+  h.zero = row.bins[kExponents + 1];
+  h.inf = row.bins[kExponents + 2];
+  h.nan = row.bins[kExponents + 3];
+  h.total += h.subnormal + h.zero + h.inf + h.nan;
+  return h;
+}
+
+std::optional<ExponentHistogram> op_histogram(std::span<const trace::HistogramRow> rows, std::int64_t seq) {
+  for (const auto& r : rows) {
+    if (r.seq == seq && r.tensor == "output") return exponent_histogram(r);
+  }
+  return std::nullopt;
+}
+
+// ---- Why NaN? ----
+
+std::vector<Card> why_nan_cards(const analysis::Report& report) {
+  std::vector<Card> cards;
+  for (const auto& d : report.anomalies) {
+    Card c;
+    c.kind = Card::Kind::anomaly;
+    c.step = d.step;
+    c.seq = d.seq;
+    const std::string where = d.op.empty() ? std::string("the run")
+                                           : fmt::format("{} ({})", d.module.empty() ? "(no module)" : d.module, d.op);
+    c.title = fmt::format("{} in {}, step {}", d.cause, where, d.step);
+    if (!d.op.empty()) {
+      c.lines.push_back({"origin", fmt::format("step {}, seq {}, {} {} in {}: {} -> {}{}", d.step, d.seq,
+                                               trace::phase_name(d.phase), d.op,
+                                               d.module.empty() ? "(no module)" : d.module, d.in_dtypes,
+                                               d.out_dtype, d.autocast.empty() ? "" : " (autocast: " + d.autocast + ")")});
+    }
+    c.lines.push_back({"cause", d.cause, true});
+    for (const auto& e : d.evidence) c.lines.push_back({"evidence", e});
+    std::string spread = fmt::format("{} later ops non-finite; loss {}", d.downstream_nonfinite,
+                                     d.loss_nonfinite ? "non-finite" : "finite");
+    if (!d.gradients.empty()) {
+      spread += fmt::format("; {} gradients with NaN/inf ({}{})", d.gradients.size(), d.gradients.front(),
+                            d.gradients.size() > 1 ? ", ..." : "");
+    }
+    spread += fmt::format("; {} skipped steps from here", d.skipped_steps);
+    c.lines.push_back({"propagation", spread});
+    if (d.occurrences > 1) {
+      c.lines.push_back({"recurs", fmt::format("{} times, last at step {}", d.occurrences, d.last_step)});
+    }
+    c.lines.push_back({"remedy", d.remedy});
+    cards.push_back(std::move(c));
+  }
+  for (const auto& w : report.warnings) {
+    Card c;
+    c.kind = Card::Kind::warning;
+    c.step = w.step;
+    c.seq = w.seq;
+    c.title = fmt::format("{}: {} {}, step {}", w.kind, w.module.empty() ? "(no module)" : w.module,
+                          w.op.empty() ? w.tensor : w.op, w.step);
+    c.lines.push_back({"warning", w.message});
+    if (w.occurrences > 1) {
+      c.lines.push_back({"recurs", fmt::format("{} times, last at step {}", w.occurrences, w.last_step)});
+    }
+    cards.push_back(std::move(c));
+  }
+  const auto& s = report.scaler;
+  if (s.used || s.skipped > 0) {
+    Card c;
+    c.kind = Card::Kind::scaler;
+    c.step = s.first_skip;
+    c.title = fmt::format("GradScaler: {}", s.verdict);
+    if (!s.message.empty()) c.lines.push_back({"verdict", s.message});
+    c.lines.push_back({"skipped", fmt::format("{} of {} steps ({:.1f}%), longest run {}", s.skipped, s.steps,
+                                              100.0 * s.skip_rate, s.longest_skip_run),
+                       s.skipped > 0});
+    c.lines.push_back({"scale", fmt::format("{} at the start, {} .. {}, {} at the end; {} growths, {} backoffs",
+                                            format_number(s.scale_start), format_number(s.scale_min),
+                                            format_number(s.scale_max), format_number(s.scale_end), s.growths,
+                                            s.backoffs)});
+    cards.push_back(std::move(c));
+  }
+  return cards;
+}
+
+// ---- Compare ----
+
+CompareSeries compare_series(const analysis::DiffReport& d) {
+  CompareSeries s;
+  for (const auto& p : d.losses) {
+    const double x = static_cast<double>(p.step);
+    if (p.in_a) {
+      s.step_a.push_back(x);
+      s.loss_a.push_back(p.loss_a);
+      if (p.skipped_a) s.skipped_a.push_back(x);
+    }
+    if (p.in_b) {
+      s.step_b.push_back(x);
+      s.loss_b.push_back(p.loss_b);
+      if (p.skipped_b) s.skipped_b.push_back(x);
+    }
+  }
+  return s;
+}
+
+std::string op_key_text(const analysis::OpKey& k) {
+  return fmt::format("step {} {} {} {} #{}", k.step, trace::phase_name(k.phase), k.module.empty() ? "(no module)" : k.module,
+                     k.op, k.occurrence);
+}
+
+std::vector<KeyValue> compare_summary(const analysis::DiffReport& d) {
+  std::vector<KeyValue> rows;
+  rows.push_back({"a", fmt::format("{} ({} {})", d.path_a, d.run_a.model, d.run_a.precision)});
+  rows.push_back({"b", fmt::format("{} ({} {})", d.path_b, d.run_b.model, d.run_b.precision)});
+  rows.push_back({"steps compared", std::to_string(d.steps_compared)});
+  rows.push_back({"ops aligned", format_count(d.ops_aligned)});
+  rows.push_back({"losses part at", d.first_loss_divergence ? fmt::format("step {}", *d.first_loss_divergence)
+                                                           : std::string("never (within the threshold)"),
+                  d.first_loss_divergence.has_value()});
+  if (d.first_divergence) {
+    const auto& f = *d.first_divergence;
+    rows.push_back({"first divergence", fmt::format("{}: {} differs by {} ({} vs {})", op_key_text(f.key), f.stat,
+                                                    format_number(f.max_rel), f.dtypes_a, f.dtypes_b),
+                    true});
+  } else {
+    rows.push_back({"first divergence", "none"});
+  }
+  rows.push_back({"dtype differences", std::to_string(d.dtype_differences.size()), !d.dtype_differences.empty()});
+  rows.push_back({"only in a", fmt::format("{} op kinds, {} steps", d.only_in_a.size(), d.steps_only_in_a.size())});
+  rows.push_back({"only in b", fmt::format("{} op kinds, {} steps", d.only_in_b.size(), d.steps_only_in_b.size())});
+  return rows;
+}
+
+// ---- File browser ----
+
+std::vector<DirEntry> list_directory(const std::filesystem::path& dir, std::string* error) {
+  namespace fs = std::filesystem;
+  std::vector<DirEntry> dirs, files;
+  std::error_code ec;
+  fs::directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec);
+  if (ec) {
+    if (error) *error = fmt::format("cannot list {}: {}", dir.string(), ec.message());
+    return {};
+  }
+  if (error) error->clear();
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const fs::directory_entry& e = *it;
+    std::error_code ec2;
+    const std::string name = e.path().filename().string();
+    if (!name.empty() && name[0] == '.') continue;
+    if (e.is_directory(ec2)) {
+      dirs.push_back({name, true, 0});
+    } else if (e.path().extension() == ".h5") {
+      files.push_back({name, false, e.file_size(ec2)});
+    }
+  }
+  auto by_name = [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; };
+  std::sort(dirs.begin(), dirs.end(), by_name);
+  std::sort(files.begin(), files.end(), by_name);
+  std::vector<DirEntry> out;
+  const fs::path abs = fs::absolute(dir, ec);
+  if (abs.has_relative_path()) out.push_back({"..", true, 0});
+  out.insert(out.end(), dirs.begin(), dirs.end());
+  out.insert(out.end(), files.begin(), files.end());
+  return out;
+}
+
+}  // namespace ampscope::viewer

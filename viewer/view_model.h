@@ -1,0 +1,163 @@
+// viewer/view_model.h: what each panel of ampscope-view shows, as plain data computed from trace rows and
+// the analysis (no ImGui, no OpenGL), so the tests check the panels' content without a window: the
+// overview's lines, the scale/loss/gradient-norm series and their markers, the ops table's filtered and
+// sorted rows and their colours, the op detail's exponent histogram against the f16/bf16 ranges, the
+// "Why NaN?" cards, the compare panel's series. The colours are exact values the screenshot tests look for.
+//
+//   StepSeries s = step_series(steps);                 // s.skipped holds the steps to mark
+//   std::vector<std::uint32_t> rows = op_order(ops, {.text = "attn"}, OpColumn::absmax, false);
+//   std::vector<Card> cards = why_nan_cards(report);   // cards[0].step, cards[0].seq select the op
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "probes/analysis.h"
+#include "probes/analysis_diff.h"
+#include "probes/trace_reader.h"
+#include "probes/trace_schema.h"
+
+namespace ampscope::viewer {
+
+// A colour packed as ImGui packs IM_COL32 (0xAABBGGRR), so the model needs no ImGui.
+constexpr std::uint32_t rgba(std::uint32_t r, std::uint32_t g, std::uint32_t b, std::uint32_t a = 255) {
+  return r | (g << 8) | (b << 16) | (a << 24);
+}
+
+// Exact colours that mean something; the screenshot tests look for them, so each differs from every
+// colour ImGui's dark theme uses.
+namespace colours {
+inline constexpr std::uint32_t kSkippedStep = rgba(255, 0, 255);    // magenta: a skipped step
+inline constexpr std::uint32_t kSkippedText = rgba(255, 90, 255);   // words about skipping (not a marker)
+inline constexpr std::uint32_t kBackoff = rgba(255, 150, 0);        // the scale was halved
+inline constexpr std::uint32_t kGrowth = rgba(0, 200, 120);         // the scale grew
+inline constexpr std::uint32_t kHealthyStep = rgba(40, 90, 60);     // a step that ran
+inline constexpr std::uint32_t kSelectedStep = rgba(255, 255, 0);
+inline constexpr std::uint32_t kNonFiniteCell = rgba(230, 20, 20);  // a cell counting NaN/inf values
+inline constexpr std::uint32_t kOriginMark = rgba(255, 0, 128);     // an op that created NaN/inf
+inline constexpr std::uint32_t kErrorBackground = rgba(120, 0, 30); // the box that shows an error
+inline constexpr std::uint32_t kErrorText = rgba(255, 210, 210);
+inline constexpr std::uint32_t kWarning = rgba(255, 200, 60);
+inline constexpr std::uint32_t kLoss = rgba(80, 160, 255);
+inline constexpr std::uint32_t kLossB = rgba(255, 120, 80);
+inline constexpr std::uint32_t kScale = rgba(120, 230, 120);
+inline constexpr std::uint32_t kGradNorm = rgba(200, 170, 255);
+inline constexpr std::uint32_t kF16Range = rgba(255, 170, 60);
+inline constexpr std::uint32_t kBf16Range = rgba(120, 220, 120);
+}  // namespace colours
+
+// The colour of a dtype's name in the ops table ("f16" orange, "bf16" green, "f32" blue, others grey).
+std::uint32_t dtype_colour(std::string_view dtype);
+
+// Numbers as the panels print them: 4 significant digits, "nan", "inf", "-inf".
+std::string format_number(double value);
+std::string format_count(std::int64_t value);  // 1234567 -> "1,234,567"
+
+// ---- Overview ----
+struct KeyValue {
+  std::string key, value;
+  bool alert = false;  // drawn in the warning colour (skipped steps, anomalies, an unfinished trace)
+};
+
+struct OverviewInput {
+  std::string path;
+  trace::RunInfo run;
+  std::span<const trace::StepRow> steps;
+  trace::RowCounts counts;
+  bool complete = true;
+  const analysis::Report* report = nullptr;  // null while the analysis runs
+  double analysis_progress = 0;              // 0..1, shown while report is null
+};
+std::vector<KeyValue> overview_rows(const OverviewInput& in);
+
+// ---- Scale and loss ----
+struct StepSeries {
+  std::vector<double> step, loss, scale, grad_norm;
+  std::vector<double> skipped, backoffs, growths;  // steps to mark
+};
+StepSeries step_series(std::span<const trace::StepRow> steps);
+
+// The index in `steps` of the row for `step`, if recorded.
+std::optional<std::size_t> step_index(std::span<const trace::StepRow> steps, std::int64_t step);
+// The recorded step nearest to a (plot) x value; nullopt when there are no steps.
+std::optional<std::int64_t> nearest_step(std::span<const trace::StepRow> steps, double x);
+// The step to show first: that of the first anomaly when there is one, else the first step.
+std::optional<std::int64_t> initial_step(std::span<const trace::StepRow> steps, const analysis::Report* report);
+
+// ---- Ops ----
+// In the table's order: what identifies the op, then what went wrong, then the rest.
+enum class OpColumn { seq, phase, module, op, dtypes, nonfinite, absmax, mean, rms, zero, subnormal, numel, shape };
+inline constexpr int kOpColumns = 13;
+std::string_view op_column_name(OpColumn c);
+std::string_view op_column_help(OpColumn c);  // the definition, shown when hovering the header
+
+struct OpFilter {
+  std::string text;            // case-insensitive substring of module, op, phase, dtypes or autocast reason
+  bool nonfinite_only = false; // only rows with NaN/inf outputs (and origins)
+};
+bool op_matches(const trace::OpRow& row, const OpFilter& filter);
+// Indices of the rows that match, ordered by the column (stable: ties keep seq order).
+std::vector<std::uint32_t> op_order(std::span<const trace::OpRow> rows, const OpFilter& filter, OpColumn sort,
+                                    bool ascending);
+
+std::string dtype_arrow(const trace::OpRow& row);  // "f16,f16 -> f16"
+std::int64_t nonfinite_count(const trace::TensorHealth& h);
+// The text of a cell (the ops table, the bench and the tests agree on it).
+std::string op_cell(const trace::OpRow& row, OpColumn c);
+
+// ---- Op detail ----
+std::vector<KeyValue> op_detail_rows(const trace::OpRow& row);
+
+// Where an exponent e (values with floor(log2|x|) = e) falls for f16 and for bf16.
+enum class Zone { normal, subnormal, flush_to_zero, overflow };
+Zone f16_zone(int exponent);   // normal 2^-14 .. 2^15, subnormal 2^-24 .. 2^-15, overflow >= 2^16
+Zone bf16_zone(int exponent);  // normal 2^-126 .. 2^127, subnormal 2^-133 .. 2^-127
+inline constexpr int kF16MaxExponent = 15, kF16MinNormalExponent = -14, kF16MinSubnormalExponent = -24;
+inline constexpr int kBf16MaxExponent = 127, kBf16MinNormalExponent = -126, kBf16MinSubnormalExponent = -133;
+
+struct ExponentHistogram {
+  std::vector<double> exponent, count;  // non-empty bins, for the plot (count > 0 only)
+  std::int64_t total = 0;               // every value counted
+  std::int64_t subnormal = 0, zero = 0, inf = 0, nan = 0;
+  std::int64_t above_f16 = 0;           // finite values with exponent >= 16: inf once cast to f16
+  std::int64_t f16_subnormal = 0;       // exponents -24 .. -15: lose precision in f16
+  std::int64_t below_f16 = 0;           // exponents below -24: flush to zero in f16
+};
+ExponentHistogram exponent_histogram(const trace::HistogramRow& row);
+// The histogram of an op's output among a step's histogram rows (level full); nullopt when none.
+std::optional<ExponentHistogram> op_histogram(std::span<const trace::HistogramRow> rows, std::int64_t seq);
+
+// ---- Why NaN? ----
+struct Card {
+  enum class Kind { anomaly, warning, scaler } kind = Kind::anomaly;
+  std::string title;                  // "f16_overflow in blocks.0.attn (bmm), step 0"
+  std::vector<KeyValue> lines;        // origin, cause, evidence, propagation, remedy
+  std::int64_t step = -1, seq = -1;   // what a click selects (-1: nothing / no op)
+};
+std::vector<Card> why_nan_cards(const analysis::Report& report);
+
+// ---- Compare ----
+struct CompareSeries {
+  std::vector<double> step_a, loss_a, step_b, loss_b;
+  std::vector<double> skipped_a, skipped_b;
+};
+CompareSeries compare_series(const analysis::DiffReport& d);
+std::vector<KeyValue> compare_summary(const analysis::DiffReport& d);
+std::string op_key_text(const analysis::OpKey& k);  // "step 3 forward blocks.0.attn bmm #0"
+
+// ---- File browser ----
+struct DirEntry {
+  std::string name;
+  bool directory = false;
+  std::uintmax_t size = 0;
+};
+// Folders first, then files ending in .h5, each sorted by name; ".." first unless at the root. An unreadable
+// folder gives its error text in `error` and no entries.
+std::vector<DirEntry> list_directory(const std::filesystem::path& dir, std::string* error);
+
+}  // namespace ampscope::viewer
