@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs README.md's first command (the demo) as CI sees it: the first ```sh block, with the set-up step
 # dropped (the build already exists) and build/ replaced by the build folder under test. So the command
-# a user copies from the README is the command CI runs.
+# a user copies from the README is the command CI runs. Then the report and diff of the two traces.
 #   scripts/readme-demo.sh BUILD_DIR WORK_DIR
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,3 +22,15 @@ eval "$run"
 for f in demo-fp16.h5 demo-fp32.h5; do
   [[ -s "$f" ]] || { echo "readme-demo: $f was not written" >&2; exit 1; }
 done
+# The README's next commands: the fp16 run has anomalies (exit 1), the fp32 run none (exit 0), and the
+# two runs part (exit 1).
+expect_status() {
+  local want=$1; shift
+  local got=0
+  "$@" > /dev/null || got=$?
+  [[ $got == "$want" ]] || { echo "readme-demo: '$*' exited $got, expected $want" >&2; exit 1; }
+}
+expect_status 1 "$build/bin/ampscope" report demo-fp16.h5
+expect_status 0 "$build/bin/ampscope" report demo-fp32.h5
+expect_status 1 "$build/bin/ampscope" diff demo-fp32.h5 demo-fp16.h5
+echo "readme-demo: report and diff gave the expected exit statuses"
