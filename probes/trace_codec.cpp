@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -71,6 +72,28 @@ void shuffle_records(const std::byte* in, std::size_t records, std::size_t recor
   }
 #endif
   shuffle_scalar(in, row, records, 0, record_bytes, column, out);
+}
+
+void unshuffle_records(const std::byte* in, std::size_t column, std::size_t first, std::size_t records, std::size_t record_bytes,
+                       std::byte* out) {
+  std::size_t row = 0;
+  // A transpose is its own inverse: the same 16 x 16 blocks, read from the columns, written to records.
+#if defined(__SSE2__)
+  const std::size_t block_bytes = record_bytes / 16 * 16;
+  for (; row + 16 <= records; row += 16) {
+    for (std::size_t b = 0; b < block_bytes; b += 16) {
+      transpose_16x16(in + b * column + first + row, column, out + row * record_bytes + b, record_bytes);
+    }
+    for (std::size_t b = block_bytes; b < record_bytes; ++b) {
+      const std::byte* c = in + b * column + first;
+      for (std::size_t i = row; i < row + 16; ++i) out[i * record_bytes + b] = c[i];
+    }
+  }
+#endif
+  for (std::size_t b = 0; b < record_bytes; ++b) {
+    const std::byte* c = in + b * column + first;
+    for (std::size_t i = row; i < records; ++i) out[i * record_bytes + b] = c[i];
+  }
 }
 
 // zlib's Adler-32 (RFC 1950) of `size` bytes, continuing from `adler`: zlib's own runs a byte at a time
@@ -139,6 +162,12 @@ void put_big_endian(std::byte* out, std::uint32_t value) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<std::byte>(value >> (24 - 8 * i));
 }
 
+std::uint32_t get_big_endian(const std::byte* in) {
+  std::uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value = value << 8 | std::to_integer<std::uint32_t>(in[i]);
+  return value;
+}
+
 }  // namespace
 
 // One raw-deflate z_stream reused for every chunk (deflateReset, not an allocation per chunk). The zlib
@@ -204,6 +233,57 @@ void ChunkCodec::encode(const std::byte* records, std::size_t rows, std::vector<
   }
   put_big_endian(out.data() + 2 + z.total_out, adler32_of(1, shuffled_.data(), chunk_bytes));
   out.resize(2 + z.total_out + 4);
+}
+
+// One raw-inflate z_stream reused for every chunk (inflateReset). The zlib header and the Adler-32
+// trailer are checked by ChunkDecoder itself: zlib's checksum runs a byte at a time, ours in SSE2.
+struct ChunkDecoder::Inflater {
+  z_stream stream{};
+  bool ok = false;
+  Inflater() { ok = inflateInit2(&stream, -15) == Z_OK; }
+  ~Inflater() {
+    if (ok) inflateEnd(&stream);
+  }
+  Inflater(const Inflater&) = delete;
+  Inflater& operator=(const Inflater&) = delete;
+};
+
+ChunkDecoder::ChunkDecoder(std::size_t record_bytes, std::size_t chunk_rows)
+    : record_bytes_(record_bytes), chunk_rows_(chunk_rows), inflater_(std::make_unique<Inflater>()) {}
+
+ChunkDecoder::~ChunkDecoder() = default;
+
+bool ChunkDecoder::inflate(const std::byte* stored, std::size_t size) {
+  return run(stored, size, record_bytes_ * chunk_rows_, true);
+}
+
+bool ChunkDecoder::inflate_prefix(const std::byte* stored, std::size_t size, std::size_t bytes) {
+  return run(stored, size, std::min(bytes, record_bytes_ * chunk_rows_), false);
+}
+
+bool ChunkDecoder::run(const std::byte* stored, std::size_t size, std::size_t bytes, bool whole) {
+  const std::size_t chunk_bytes = record_bytes_ * chunk_rows_;
+  if (!inflater_->ok || size < 6 || chunk_bytes > std::numeric_limits<uInt>::max() ||
+      size > std::numeric_limits<uInt>::max()) {
+    return false;
+  }
+  // RFC 1950: deflate with a window of at most 32 KiB, no preset dictionary, header a multiple of 31.
+  const unsigned cmf = std::to_integer<unsigned>(stored[0]), flg = std::to_integer<unsigned>(stored[1]);
+  if ((cmf & 0x0F) != 8 || (cmf >> 4) > 7 || (flg & 0x20) != 0 || (cmf << 8 | flg) % 31 != 0) return false;
+  if (shuffled_.size() < chunk_bytes) shuffled_.resize(chunk_bytes);
+  z_stream& z = inflater_->stream;
+  if (inflateReset(&z) != Z_OK) return false;
+  z.next_in = const_cast<Bytef*>(reinterpret_cast<const Bytef*>(stored + 2));
+  z.avail_in = static_cast<uInt>(size - 2);
+  z.next_out = reinterpret_cast<Bytef*>(shuffled_.data());
+  z.avail_out = static_cast<uInt>(bytes);
+  const int status = ::inflate(&z, whole ? Z_FINISH : Z_SYNC_FLUSH);
+  if (!whole) {
+    // Stopped with the prefix filled, or at the stream's end exactly there (a chunk of one column).
+    return z.total_out == bytes && (status == Z_OK || status == Z_BUF_ERROR || (status == Z_STREAM_END && bytes == chunk_bytes));
+  }
+  if (status != Z_STREAM_END || z.total_out != chunk_bytes || z.avail_in < 4) return false;
+  return get_big_endian(reinterpret_cast<const std::byte*>(z.next_in)) == adler32_of(1, shuffled_.data(), chunk_bytes);
 }
 
 }  // namespace ampscope::trace::detail

@@ -6,6 +6,10 @@
 //   detail::ChunkCodec codec(record_bytes, chunk_rows, /*level=*/1, /*run_length=*/{{8, 16}});
 //   std::vector<std::byte> out;
 //   codec.encode(rows, row_count, out);   // as if rows beyond row_count, up to chunk_rows, were zeros
+//
+// The reader goes the other way with ChunkDecoder, for chunks HDF5 or the writer stored (H5Dread_chunk):
+//   detail::ChunkDecoder decoder(record_bytes, chunk_rows);
+//   if (decoder.inflate(stored.data(), stored.size())) decoder.unshuffle(first, count, records);
 #pragma once
 
 #include <cstddef>
@@ -18,6 +22,11 @@ namespace ampscope::trace::detail {
 // HDF5's shuffle filter on `records` whole records: byte b of record i goes to out[b * column + i]
 // (column = records for a whole chunk; a partial chunk leaves room for the records still to come).
 void shuffle_records(const std::byte* in, std::size_t records, std::size_t record_bytes, std::size_t column, std::byte* out);
+
+// The inverse: records [first, first + records) of a shuffled chunk whose byte columns are `column`
+// records long, put back together in `out` (record 0 of out is record `first` of the chunk).
+void unshuffle_records(const std::byte* in, std::size_t column, std::size_t first, std::size_t records, std::size_t record_bytes,
+                       std::byte* out);
 
 // zlib's Adler-32 checksum of `size` bytes, continuing from `adler` (1 to start).
 std::uint32_t adler32_of(std::uint32_t adler, const std::byte* data, std::size_t size);
@@ -54,6 +63,39 @@ class ChunkCodec {
   std::vector<Region> regions_;
   std::vector<std::byte> shuffled_;
   std::unique_ptr<Deflater> deflater_;
+};
+
+// Undoes the shuffle + deflate pipeline on one chunk, with one reused inflate stream, the SSE2 Adler-32
+// and transpose above (HDF5's own filters run byte by byte). Not thread-safe: one per thread.
+class ChunkDecoder {
+ public:
+  ChunkDecoder(std::size_t record_bytes, std::size_t chunk_rows);
+  ~ChunkDecoder();
+  ChunkDecoder(const ChunkDecoder&) = delete;
+  ChunkDecoder& operator=(const ChunkDecoder&) = delete;
+
+  // Inflates a stored chunk (a zlib stream, possibly followed by the writer's zero padding) into the
+  // shuffled chunk. False, never an exception, when the bytes are not a zlib stream of exactly
+  // record_bytes * chunk_rows bytes whose Adler-32 matches: the caller then lets HDF5 read the chunk,
+  // which says what is wrong with it.
+  bool inflate(const std::byte* stored, std::size_t size);
+  // Inflates only the first `bytes` bytes of the shuffled chunk (its first byte columns: the first
+  // field of every record), without the checksum, which needs the whole stream.
+  bool inflate_prefix(const std::byte* stored, std::size_t size, std::size_t bytes);
+  // The shuffled chunk, after a successful inflate (or its first `bytes`, after inflate_prefix).
+  const std::byte* shuffled() const { return shuffled_.data(); }
+  // Records [first, first + count) of the chunk inflated last, unshuffled into `out`.
+  void unshuffle(std::size_t first, std::size_t count, std::byte* out) const {
+    unshuffle_records(shuffled_.data(), chunk_rows_, first, count, record_bytes_, out);
+  }
+
+ private:
+  struct Inflater;
+  bool run(const std::byte* stored, std::size_t size, std::size_t bytes, bool whole);
+  std::size_t record_bytes_;
+  std::size_t chunk_rows_;
+  std::vector<std::byte> shuffled_;
+  std::unique_ptr<Inflater> inflater_;
 };
 
 }  // namespace ampscope::trace::detail

@@ -5,15 +5,37 @@
 //
 // How many rows of each table to trust comes from the last row of /index, which the writer appends
 // after flushing all tables: rows past it may be half-written by a killed writer.
+//
+// Rows are selected by step through a step index: the runs of equal steps in each table's row order.
+// /index cannot give it: rows need not be written in step order (the probe's flight recorder writes
+// the history of an anomalous step after the end_step of the steps it holds, and rows outside steps
+// say step -1), so the index is built from the rows' own `step` fields, read once per row.
+//
+// Chunks stored with exactly the writer's pipeline (shuffle, then deflate, of our record type) are read
+// as stored bytes (H5Dread_chunk) and decoded here: inflated on up to two threads with the SSE2
+// Adler-32 and transpose of trace_codec.h, where HDF5's filters run byte by byte; every HDF5 call stays
+// on the calling thread. The step index then needs only each chunk's first 8 byte columns (the `step`
+// field, first in every record): 8 of an /ops record's 445 bytes. Everything else goes through
+// H5Dread: a file rewritten by h5repack or h5py with other filters or types, a chunk with a filter
+// skipped, a chunk whose bytes do not decode (HDF5 then says what is wrong), and, in a trace still being
+// written, the chunk holding the last trusted row, which the writer may rewrite (and move) at any time.
 #include "probes/trace_reader.h"
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <span>
 #include <stdexcept>
 #include <system_error>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "probes/trace_codec.h"
 #include "probes/trace_hdf5.h"
 #include "probes/trace_layout.h"
 
@@ -24,10 +46,49 @@ using namespace detail;
 namespace {
 
 constexpr std::size_t kReadBlockRows = 8192;  // rows read (and decoded) per H5Dread
+constexpr std::size_t kBatchChunks = 64;       // stored chunks held at once by a direct read
 constexpr const char* kDamageHint =
     "the file may be truncated or damaged; if the run that writes it is still going, try again";
 
 std::size_t index_of(Table t) { return static_cast<std::size_t>(t); }
+
+// Consecutive rows [first, last) of one step.
+struct StepRun {
+  std::int64_t step, first, last;
+};
+
+// Rows [first, last) of one chunk, to go to out[out] onwards.
+struct Piece {
+  std::int64_t first, last;
+  std::size_t out;
+};
+
+// One chunk of a direct read: its stored bytes and the pieces wanted from it.
+struct ChunkJob {
+  std::int64_t chunk = 0;
+  std::size_t pieces_begin = 0, pieces_end = 0;
+  std::vector<std::byte> stored;
+  bool direct = false;  // stored holds the chunk's bytes, all filters applied
+  bool failed = false;  // they did not decode: read the pieces with H5Dread
+};
+
+// What a decoding thread keeps between chunks.
+struct Worker {
+  std::unique_ptr<ChunkDecoder> decoder;
+  std::vector<std::byte> records;  // a chunk's records, unshuffled
+};
+
+// Decodes one record into `row`; false (with the message) on an unknown phase name.
+template <class Record, class Row>
+bool decode_into(const Record& record, Row& row, std::string& error) {
+  try {
+    row = decode(record);
+    return true;
+  } catch (const std::invalid_argument& e) {
+    error = e.what();
+    return false;
+  }
+}
 
 }  // namespace
 
@@ -43,7 +104,14 @@ struct TraceReader::State {
   std::array<Datatype, kTableCount> types;      // the record types, our memory types
   std::array<Dataset, kTableCount> datasets;
   std::array<std::int64_t, kDataTableCount> rows{};          // trusted rows per table
-  std::array<std::vector<std::int64_t>, kDataTableCount> step_column;  // steps of rows [0, size)
+  // The step index: runs of rows [0, indexed) of each table.
+  std::array<std::vector<StepRun>, kDataTableCount> runs;
+  std::array<std::int64_t, kDataTableCount> indexed{};
+  // Rows per chunk of the tables whose chunks we decode ourselves (0: H5Dread only).
+  std::array<std::size_t, kDataTableCount> direct_rows{};
+  std::array<std::array<Worker, 2>, kDataTableCount> workers;
+  std::vector<std::byte> stored;  // a chunk's stored bytes, for the step index
+  std::vector<ChunkJob> spare;    // stored-bytes buffers of the last direct read, reused
 
   explicit State(const std::filesystem::path& p) : path(p), io(p.string(), "read") {}
 
@@ -80,7 +148,10 @@ struct TraceReader::State {
     io.set_call_hint(kDamageHint);
 
     read_root_attributes();
-    for (int t = 0; t < kTableCount; ++t) open_table(static_cast<Table>(t));
+    // /index first: the tables opened after its last row was read hold at least the rows it counts.
+    open_table(Table::index);
+    const IndexRecord last = read_last_index();
+    for (int t = 0; t < kDataTableCount; ++t) open_table(static_cast<Table>(t));
     const std::string hist = table_path(Table::histograms);
     const hid_t histograms = datasets[index_of(Table::histograms)].get();
     for (auto [name, expected] : {std::pair{"min_exponent", kHistMinExponent}, std::pair{"max_exponent", kHistMaxExponent}}) {
@@ -89,7 +160,7 @@ struct TraceReader::State {
         io.fail(fmt::format("'{}' has {} = {}, but this build of ampscope uses {}", hist, name, *value, expected));
       }
     }
-    refresh_rows();
+    trust_rows(last, false);
   }
 
   std::string required_text(const char* name) {
@@ -147,6 +218,7 @@ struct TraceReader::State {
                           expected == H5T_COMPOUND ? "records" : "plain values"));
     }
     if (expected != H5T_COMPOUND) return;
+    if (t < kDataTableCount) direct_rows[t] = direct_chunk_rows(table, file_type.get());
     // HDF5 matches fields by name when the types differ; every field we read must be there.
     const int members = io.check(H5Tget_nmembers(types[t].get()), "H5Tget_nmembers", where);
     for (int m = 0; m < members; ++m) {
@@ -158,6 +230,32 @@ struct TraceReader::State {
         io.fail(fmt::format("the dataset '{}' has no field '{}'", where, field));
       }
     }
+  }
+
+  // Rows per chunk when the table's chunks can be decoded here: chunked, shuffle then deflate and no
+  // other filter, and records of exactly our type (so bytes are fields, as the writer stores them).
+  // 0 otherwise: h5repack, h5py and older layouts are read through H5Dread.
+  std::size_t direct_chunk_rows(Table table, hid_t file_type) {
+    const std::size_t t = index_of(table);
+    const std::string where = table_path(table);
+    if (io.check(H5Tequal(file_type, types[t].get()), "H5Tequal", where) <= 0) return 0;
+    PropertyList dcpl(io.check(H5Dget_create_plist(datasets[t].get()), "H5Dget_create_plist", where));
+    if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return 0;
+    hsize_t chunk = 0;
+    if (H5Pget_chunk(dcpl.get(), 1, &chunk) != 1 || chunk == 0) return 0;
+    if (io.check(H5Pget_nfilters(dcpl.get()), "H5Pget_nfilters", where) != 2) return 0;
+    for (unsigned i = 0; i < 2; ++i) {
+      unsigned flags = 0, values[8] = {};
+      std::size_t count = 8;
+      const H5Z_filter_t filter = io.check(H5Pget_filter2(dcpl.get(), i, &flags, &count, values, 0, nullptr, nullptr),
+                                           "H5Pget_filter2", where);
+      if (filter != (i == 0 ? H5Z_FILTER_SHUFFLE : H5Z_FILTER_DEFLATE)) return 0;
+      // The shuffle's element size, set when the dataset was created: the record's.
+      if (i == 0 && count >= 1 && values[0] != record_size(table)) return 0;
+    }
+    const std::size_t bytes = static_cast<std::size_t>(chunk) * record_size(table);
+    if (bytes > (std::size_t{1} << 30)) return 0;
+    return static_cast<std::size_t>(chunk);
   }
 
   std::int64_t extent(Table table) {
@@ -172,9 +270,8 @@ struct TraceReader::State {
     if (swmr) io.check(H5Drefresh(datasets[index_of(table)].get()), "H5Drefresh", table_path(table));
   }
 
-  // Trusts, per table, the rows counted by the last complete row of /index.
-  void refresh_rows() {
-    refresh_dataset(Table::index);
+  // The last complete row of /index (all zeros when it has none).
+  IndexRecord read_last_index() {
     const std::int64_t n = extent(Table::index);
     IndexRecord last{};
     last_step.reset();
@@ -190,13 +287,21 @@ struct TraceReader::State {
       }
       last_step = std::int64_t{last.step};
     }
+    return last;
+  }
+
+  // Trusts, per table, the rows counted by `last`. Datasets just opened need no H5Drefresh, and must
+  // not get one: when the process has the same file open twice (`ampscope diff a.h5 a.h5`), HDF5 1.10
+  // shares the dataset between the handles, and an H5Drefresh through the second breaks the chunk
+  // lookups of both (a read of /index chunk 15 then returns chunk 0).
+  void trust_rows(const IndexRecord& last, bool refresh_datasets) {
     for (int t = 0; t < kDataTableCount; ++t) {
       const Table table = static_cast<Table>(t);
-      refresh_dataset(table);
+      if (refresh_datasets) refresh_dataset(table);
       const std::int64_t size = extent(table);
       if (last.rows[t] < 0) io.fail(fmt::format("'/index' gives {} a negative row count", table_path(table)), kDamageHint);
       rows[t] = std::min(last.rows[t], size);
-      if (static_cast<std::int64_t>(step_column[t].size()) > rows[t]) step_column[t].resize(static_cast<std::size_t>(rows[t]));
+      trim_index(static_cast<std::size_t>(t));
     }
   }
 
@@ -206,96 +311,359 @@ struct TraceReader::State {
     Group root(io.check(H5Gopen2(file.get(), "/", H5P_DEFAULT), "H5Gopen2", "/"));
     io.check(H5Orefresh(root.get()), "H5Orefresh", "/");
     complete = required_int("complete") == 1;
-    refresh_rows();
+    refresh_dataset(Table::index);
+    trust_rows(read_last_index(), true);
   }
 
   template <class Record>
   std::vector<Record> read_records(Table table, std::int64_t start, std::int64_t count) {
     std::vector<Record> records(static_cast<std::size_t>(count));
-    if (count == 0) return records;
+    read_records_into(table, start, count, records.data());
+    return records;
+  }
+
+  // Rows [start, start + count) through H5Dread, converted to `type` (the table's record type unless
+  // given): HDF5's filters, whatever they are.
+  void read_records_into(Table table, std::int64_t start, std::int64_t count, void* records, hid_t type = -1) {
+    if (count == 0) return;
     const std::size_t t = index_of(table);
     const std::string where = table_path(table);
     const hsize_t first = static_cast<hsize_t>(start), n = static_cast<hsize_t>(count);
     Dataspace file_space(io.check(H5Dget_space(datasets[t].get()), "H5Dget_space", where));
     io.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &first, nullptr, &n, nullptr), "H5Sselect_hyperslab", where);
     Dataspace memory_space(io.check(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", where));
-    io.check(H5Dread(datasets[t].get(), types[t].get(), memory_space.get(), file_space.get(), H5P_DEFAULT, records.data()),
+    io.check(H5Dread(datasets[t].get(), type >= 0 ? type : types[t].get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                     records),
              "H5Dread", where);
-    return records;
   }
 
-  // The step of every trusted row of a table, read once (only the `step` field) and extended as it grows.
-  const std::vector<std::int64_t>& steps_of(Table table) {
-    const std::size_t t = index_of(table);
-    std::vector<std::int64_t>& column = step_column[t];
-    const std::int64_t have = static_cast<std::int64_t>(column.size());
-    if (have >= rows[t]) return column;
+  // --- the step index ---
+
+  // Appends the steps of rows [indexed, indexed + count) to the runs.
+  void append_steps(std::size_t t, const std::int64_t* steps, std::int64_t count) {
+    std::vector<StepRun>& r = runs[t];
+    std::int64_t row = indexed[t];
+    for (std::int64_t i = 0; i < count; ++i, ++row) {
+      if (!r.empty() && r.back().step == steps[i] && r.back().last == row) {
+        ++r.back().last;
+      } else {
+        r.push_back({steps[i], row, row + 1});
+      }
+    }
+    indexed[t] = row;
+  }
+
+  // Forgets rows past the trusted ones (a refresh never shrinks them, but the index must not outlive them).
+  void trim_index(std::size_t t) {
+    if (indexed[t] <= rows[t]) return;
+    std::vector<StepRun>& r = runs[t];
+    while (!r.empty() && r.back().first >= rows[t]) r.pop_back();
+    if (!r.empty()) r.back().last = std::min(r.back().last, rows[t]);
+    indexed[t] = rows[t];
+  }
+
+  // The `step` field of rows [start, start + count) through H5Dread.
+  void read_steps(Table table, std::int64_t start, std::int64_t count, std::int64_t* steps) {
     const std::string where = table_path(table);
     Datatype step_only(io.check(H5Tcreate(H5T_COMPOUND, sizeof(std::int64_t)), "H5Tcreate", where));
     io.check(H5Tinsert(step_only.get(), "step", 0, H5T_NATIVE_INT64), "H5Tinsert", where);
-    const hsize_t first = static_cast<hsize_t>(have), n = static_cast<hsize_t>(rows[t] - have);
-    column.resize(static_cast<std::size_t>(rows[t]));
-    Dataspace file_space(io.check(H5Dget_space(datasets[t].get()), "H5Dget_space", where));
-    io.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &first, nullptr, &n, nullptr), "H5Sselect_hyperslab", where);
-    Dataspace memory_space(io.check(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", where));
-    const herr_t status = H5Dread(datasets[t].get(), step_only.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
-                                  column.data() + have);
-    if (status < 0) column.resize(static_cast<std::size_t>(have));
-    io.check(status, "H5Dread", where);
-    return column;
+    read_records_into(table, start, count, steps, step_only.get());
   }
 
-  // Rows of `table` with begin <= step < end, decoded by `decode_block`, read a block at a time.
-  template <class Record, class Row, class Decode>
-  std::vector<Row> read_rows(Table table, std::int64_t begin, std::int64_t end, Decode decode_block) {
-    const std::vector<std::int64_t>& steps = steps_of(table);
-    std::vector<Row> out;
-    std::size_t i = 0;
-    while (i < steps.size()) {
-      if (steps[i] < begin || steps[i] >= end) {
-        ++i;
-        continue;
-      }
-      std::size_t j = i;
-      while (j < steps.size() && j - i < kReadBlockRows && steps[j] >= begin && steps[j] < end) ++j;
-      const std::vector<Record> records =
-          read_records<Record>(table, static_cast<std::int64_t>(i), static_cast<std::int64_t>(j - i));
-      decode_block(records, static_cast<std::int64_t>(i), out);
-      i = j;
+  // Whether chunk `chunk` of table t has its final bytes: the writer rewrites a chunk at step ends until
+  // it is full, so in a trace still being written (or killed) the chunk of the last trusted row may change,
+  // and move, between two HDF5 calls. HDF5 reads that one.
+  bool settled(std::size_t t, std::int64_t chunk) const {
+    const auto chunk_rows = static_cast<std::int64_t>(direct_rows[t]);
+    return complete || !swmr || (chunk + 1) * chunk_rows <= rows[t];
+  }
+
+  // The stored bytes of a chunk into `bytes`: false when they cannot be had with all filters applied.
+  bool read_stored_chunk(std::size_t t, std::int64_t chunk, std::vector<std::byte>& bytes) {
+    const hid_t dataset = datasets[t].get();
+    hsize_t offset = static_cast<hsize_t>(chunk) * direct_rows[t], size = 0;
+    if (H5Dget_chunk_storage_size(dataset, &offset, &size) < 0 || size == 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return false;
     }
-    return out;
+    bytes.resize(static_cast<std::size_t>(size));
+    std::uint32_t skipped = 0;
+    if (H5Dread_chunk(dataset, H5P_DEFAULT, &offset, &skipped, bytes.data()) < 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return false;
+    }
+    return skipped == 0;  // a bit per filter HDF5 skipped when it wrote the chunk
   }
 
+  Worker& worker(std::size_t t, std::size_t k) {
+    Worker& w = workers[t][k];
+    if (!w.decoder) {
+      w.decoder = std::make_unique<ChunkDecoder>(record_size(static_cast<Table>(t)), direct_rows[t]);
+      w.records.resize(direct_rows[t] * record_size(static_cast<Table>(t)));
+    }
+    return w;
+  }
+
+  // Extends the step index of table t to its trusted rows.
+  void index_steps(Table table) {
+    const std::size_t t = index_of(table);
+    const std::int64_t want = rows[t];
+    if (indexed[t] >= want) return;
+    std::vector<std::int64_t> steps;
+    if (direct_rows[t] == 0) {
+      steps.resize(static_cast<std::size_t>(want - indexed[t]));
+      read_steps(table, indexed[t], want - indexed[t], steps.data());
+      append_steps(t, steps.data(), want - indexed[t]);
+      return;
+    }
+    const auto chunk_rows = static_cast<std::int64_t>(direct_rows[t]);
+    steps.resize(direct_rows[t]);
+    ChunkDecoder& decoder = *worker(t, 0).decoder;
+    for (std::int64_t chunk = indexed[t] / chunk_rows; indexed[t] < want; ++chunk) {
+      const std::int64_t origin = chunk * chunk_rows, first = indexed[t], last = std::min(want, origin + chunk_rows);
+      if (settled(t, chunk) && read_stored_chunk(t, chunk, stored) &&
+          decoder.inflate_prefix(stored.data(), stored.size(), sizeof(std::int64_t) * direct_rows[t])) {
+        // Byte b of row i's step is at shuffled[b * chunk_rows + i].
+        const std::byte* columns = decoder.shuffled();
+        for (std::int64_t i = first; i < last; ++i) {
+          std::uint64_t value = 0;
+          for (std::size_t b = 0; b < sizeof value; ++b) {
+            value |= std::to_integer<std::uint64_t>(columns[b * direct_rows[t] + static_cast<std::size_t>(i - origin)]) << (8 * b);
+          }
+          steps[static_cast<std::size_t>(i - first)] = static_cast<std::int64_t>(value);
+        }
+      } else {
+        read_steps(table, first, last - first, steps.data());
+      }
+      append_steps(t, steps.data(), last - first);
+    }
+  }
+
+  // Rows of table t with begin <= step < end, as ranges in row order.
+  std::vector<std::pair<std::int64_t, std::int64_t>> row_ranges(Table table, std::int64_t begin, std::int64_t end) {
+    index_steps(table);
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+    for (const StepRun& run : runs[index_of(table)]) {
+      if (run.step < begin || run.step >= end) continue;
+      if (!ranges.empty() && ranges.back().second == run.first) {
+        ranges.back().second = run.last;
+      } else {
+        ranges.emplace_back(run.first, run.last);
+      }
+    }
+    return ranges;
+  }
+
+  [[noreturn]] void fail_row(Table table, std::int64_t row, const std::string& error) {
+    io.fail(fmt::format("row {} of '{}': {}", row, table_path(table), error), kDamageHint);
+  }
+
+  // --- reading rows ---
+
+  // Rows [first, last) through H5Dread, decoded into out[at] onwards.
   template <class Record, class Row>
-  std::vector<Row> read_plain(Table table, std::int64_t begin, std::int64_t end) {
-    return read_rows<Record, Row>(table, begin, end, [&](const std::vector<Record>& records, std::int64_t first, std::vector<Row>& out) {
-      for (std::size_t k = 0; k < records.size(); ++k) {
-        try {
-          out.push_back(decode(records[k]));
-        } catch (const std::invalid_argument& e) {  // an unknown phase name
-          io.fail(fmt::format("row {} of '{}': {}", first + static_cast<std::int64_t>(k), table_path(table), e.what()), kDamageHint);
+  void read_through_hdf5(Table table, std::int64_t first, std::int64_t last, std::vector<Row>& out, std::size_t at,
+                         std::vector<Record>& buffer) {
+    std::string error;
+    while (first < last) {
+      const std::int64_t n = std::min<std::int64_t>(last - first, static_cast<std::int64_t>(kReadBlockRows));
+      buffer.resize(static_cast<std::size_t>(n));
+      read_records_into(table, first, n, buffer.data());
+      for (std::int64_t k = 0; k < n; ++k) {
+        if (!decode_into(buffer[static_cast<std::size_t>(k)], out[at++], error)) fail_row(table, first + k, error);
+      }
+      first += n;
+    }
+  }
+
+  // Inflates a chunk and decodes its pieces; marks it failed when its bytes do not decode. Runs on any
+  // thread: no HDF5 here.
+  template <class Record, class Row>
+  void decode_chunk(Worker& w, std::size_t chunk_rows, ChunkJob& job, std::span<const Piece> pieces, std::vector<Row>& out,
+                    std::int64_t& bad_row, std::string& error) {
+    if (!w.decoder->inflate(job.stored.data(), job.stored.size())) {
+      job.failed = true;
+      return;
+    }
+    const std::int64_t origin = job.chunk * static_cast<std::int64_t>(chunk_rows);
+    for (const Piece& p : pieces) {
+      const auto count = static_cast<std::size_t>(p.last - p.first);
+      w.decoder->unshuffle(static_cast<std::size_t>(p.first - origin), count, w.records.data());
+      const auto* records = reinterpret_cast<const Record*>(w.records.data());
+      for (std::size_t k = 0; k < count; ++k) {
+        if (!decode_into(records[k], out[p.out + k], error)) {
+          bad_row = p.first + static_cast<std::int64_t>(k);
+          return;
         }
       }
-    });
+    }
+  }
+
+  // The pieces of `jobs` decoded into `out`: the calling thread reads stored chunks (HDF5) while a
+  // second thread starts inflating them, then both inflate and decode what is left.
+  template <class Record, class Row>
+  void run_batch(Table table, std::span<ChunkJob> jobs, const std::vector<Piece>& pieces, std::vector<Row>& out,
+                 std::vector<Record>& buffer) {
+    const std::size_t t = index_of(table);
+    std::mutex mutex;
+    std::condition_variable ready_cv;
+    std::size_t ready = 0;  // jobs whose stored bytes were read
+    std::atomic<std::size_t> next{0};
+    struct Outcome {
+      std::int64_t bad_row = -1;
+      std::string error;
+      std::exception_ptr exception;
+    };
+    std::array<Outcome, 2> outcomes;
+    auto work = [&](std::size_t k) {
+      Worker& w = workers[t][k];
+      Outcome& o = outcomes[k];
+      try {
+        for (;;) {
+          const std::size_t i = next.fetch_add(1);
+          if (i >= jobs.size()) return;
+          {
+            std::unique_lock lock(mutex);
+            ready_cv.wait(lock, [&] { return ready > i; });
+          }
+          ChunkJob& job = jobs[i];
+          if (!job.direct) continue;
+          decode_chunk<Record>(w, direct_rows[t], job, std::span(pieces).subspan(job.pieces_begin, job.pieces_end - job.pieces_begin),
+                               out, o.bad_row, o.error);
+          if (o.bad_row >= 0) return;
+        }
+      } catch (...) {
+        o.exception = std::current_exception();
+      }
+    };
+    worker(t, 0);
+    const bool two = jobs.size() >= 2 && std::thread::hardware_concurrency() >= 2;
+    if (two) worker(t, 1);
+    std::thread helper;
+    try {
+      if (two) helper = std::thread(work, 1);
+      for (std::size_t i = 0; i < jobs.size(); ++i) {
+        ChunkJob& job = jobs[i];
+        job.failed = false;
+        job.direct = settled(t, job.chunk) && read_stored_chunk(t, job.chunk, job.stored);
+        {
+          std::lock_guard lock(mutex);
+          ready = i + 1;
+        }
+        ready_cv.notify_one();
+      }
+    } catch (...) {
+      {
+        std::lock_guard lock(mutex);
+        ready = jobs.size();
+      }
+      ready_cv.notify_all();
+      if (helper.joinable()) helper.join();
+      throw;
+    }
+    work(0);
+    if (helper.joinable()) helper.join();
+    for (const Outcome& o : outcomes) {
+      if (o.exception) std::rethrow_exception(o.exception);
+    }
+    // Chunks we could not decode go through HDF5, which decodes them or says what is wrong.
+    for (ChunkJob& job : jobs) {
+      if (job.direct && !job.failed) continue;
+      for (std::size_t p = job.pieces_begin; p < job.pieces_end; ++p) {
+        read_through_hdf5(table, pieces[p].first, pieces[p].last, out, pieces[p].out, buffer);
+      }
+    }
+    std::int64_t bad_row = -1;
+    std::string error;
+    for (const Outcome& o : outcomes) {
+      if (o.bad_row >= 0 && (bad_row < 0 || o.bad_row < bad_row)) {
+        bad_row = o.bad_row;
+        error = o.error;
+      }
+    }
+    if (bad_row >= 0) fail_row(table, bad_row, error);
+  }
+
+  // Rows of `table` with begin <= step < end, in row order.
+  template <class Record, class Row>
+  std::vector<Row> read_plain(Table table, std::int64_t begin, std::int64_t end) {
+    const std::size_t t = index_of(table);
+    const auto ranges = row_ranges(table, begin, end);
+    std::size_t total = 0;
+    for (const auto& [first, last] : ranges) total += static_cast<std::size_t>(last - first);
+    std::vector<Row> out(total);
+    std::vector<Record> buffer;
+    if (direct_rows[t] == 0) {
+      std::size_t at = 0;
+      for (const auto& [first, last] : ranges) {
+        read_through_hdf5(table, first, last, out, at, buffer);
+        at += static_cast<std::size_t>(last - first);
+      }
+      return out;
+    }
+    // Split the ranges at chunk boundaries, a job per chunk, and decode a batch of chunks at a time.
+    const auto chunk_rows = static_cast<std::int64_t>(direct_rows[t]);
+    std::vector<ChunkJob> jobs;
+    std::vector<Piece> pieces;
+    std::size_t at = 0;
+    auto flush = [&] {
+      if (jobs.empty()) return;
+      run_batch<Record, Row>(table, jobs, pieces, out, buffer);
+      // Keep the stored-bytes buffers of the batch for the next one.
+      std::vector<ChunkJob> keep(jobs.size());
+      for (std::size_t i = 0; i < jobs.size(); ++i) keep[i].stored = std::move(jobs[i].stored);
+      spare = std::move(keep);
+      jobs.clear();
+      pieces.clear();
+    };
+    for (auto [first, last] : ranges) {  // in row order: so are the jobs
+      std::int64_t next_row = first;
+      while (next_row < last) {
+        const std::int64_t chunk = next_row / chunk_rows;
+        const std::int64_t piece_last = std::min(last, (chunk + 1) * chunk_rows);
+        if (jobs.empty() || jobs.back().chunk != chunk) {
+          if (jobs.size() == kBatchChunks) flush();
+          ChunkJob job;
+          job.chunk = chunk;
+          if (!spare.empty()) {
+            job.stored = std::move(spare.back().stored);
+            spare.pop_back();
+          }
+          job.pieces_begin = job.pieces_end = pieces.size();
+          jobs.push_back(std::move(job));
+        }
+        pieces.push_back({next_row, piece_last, at});
+        jobs.back().pieces_end = pieces.size();
+        at += static_cast<std::size_t>(piece_last - next_row);
+        next_row = piece_last;
+      }
+    }
+    flush();
+    return out;
   }
 
   std::vector<DumpRow> read_dumps(std::int64_t begin, std::int64_t end) {
     const std::int64_t values = rows[index_of(Table::dump_values)];
-    return read_rows<DumpRecord, DumpRow>(Table::dumps, begin, end,
-                                          [&](const std::vector<DumpRecord>& records, std::int64_t first, std::vector<DumpRow>& out) {
-      for (std::size_t k = 0; k < records.size(); ++k) {
-        const DumpRecord& r = records[k];
-        const std::int64_t offset = r.values_offset, count = r.values_count;
-        if (offset < 0 || count < 0 || offset > values || count > values - offset) {
-          io.fail(fmt::format("row {} of '/dumps' points at values [{}, {}) of '/dump_values', which has {} values",
-                              first + static_cast<std::int64_t>(k), offset, offset + count, values),
-                  kDamageHint);
+    std::vector<DumpRow> out;
+    for (auto [first, last] : row_ranges(Table::dumps, begin, end)) {
+      for (std::int64_t block = first; block < last; block += static_cast<std::int64_t>(kReadBlockRows)) {
+        const std::int64_t n = std::min<std::int64_t>(last - block, static_cast<std::int64_t>(kReadBlockRows));
+        const std::vector<DumpRecord> records = read_records<DumpRecord>(Table::dumps, block, n);
+        for (std::size_t k = 0; k < records.size(); ++k) {
+          const DumpRecord& r = records[k];
+          const std::int64_t offset = r.values_offset, count = r.values_count;
+          if (offset < 0 || count < 0 || offset > values || count > values - offset) {
+            io.fail(fmt::format("row {} of '/dumps' points at values [{}, {}) of '/dump_values', which has {} values",
+                                block + static_cast<std::int64_t>(k), offset, offset + count, values),
+                    kDamageHint);
+          }
+          DumpRow row = decode(r);
+          row.values = read_records<double>(Table::dump_values, offset, count);
+          out.push_back(std::move(row));
         }
-        DumpRow row = decode(r);
-        row.values = read_records<double>(Table::dump_values, offset, count);
-        out.push_back(std::move(row));
       }
-    });
+    }
+    return out;
   }
 };
 

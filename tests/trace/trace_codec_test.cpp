@@ -1,6 +1,7 @@
 // The writer's own chunk compression must produce exactly what HDF5's shuffle + deflate filters decode:
 // checked against zlib itself (uncompress, which verifies the Adler-32 trailer, and zlib's adler32) and
-// a byte-by-byte transpose written here.
+// a byte-by-byte transpose written here. The reader's ChunkDecoder undoes it: what the codec and zlib
+// itself encode comes back, and bytes that are not such a chunk are refused, never decoded wrongly.
 #include <zlib.h>
 
 #include <cstring>
@@ -88,6 +89,74 @@ TEST(trace_codec_test, stores_raw_chunks_padded_with_zero_records_at_level_zero)
   ASSERT_EQ(stored.size(), kRecordBytes * kChunkRows);
   EXPECT_EQ(std::memcmp(stored.data(), records.data(), 4 * kRecordBytes), 0);
   for (std::size_t i = 4 * kRecordBytes; i < stored.size(); ++i) EXPECT_EQ(stored[i], std::byte{0});
+}
+
+TEST(trace_codec_test, unshuffles_any_run_of_records_of_a_chunk) {
+  for (std::size_t record_bytes : {1, 8, 15, 16, 17, 445}) {
+    constexpr std::size_t kColumn = 100;
+    const std::vector<std::byte> records = random_bytes(kColumn * record_bytes, static_cast<unsigned>(record_bytes));
+    const std::vector<std::byte> shuffled = reference_shuffle(records, kColumn, record_bytes, kColumn);
+    for (auto [first, count] : {std::pair<std::size_t, std::size_t>{0, 100}, {0, 1}, {3, 16}, {7, 33}, {50, 50}, {99, 1}, {20, 0}}) {
+      std::vector<std::byte> out(count * record_bytes, std::byte{0x5A});
+      unshuffle_records(shuffled.data(), kColumn, first, count, record_bytes, out.data());
+      const std::vector<std::byte> expected(records.begin() + static_cast<std::ptrdiff_t>(first * record_bytes),
+                                            records.begin() + static_cast<std::ptrdiff_t>((first + count) * record_bytes));
+      EXPECT_EQ(out, expected) << record_bytes << "-byte records " << first << ".." << first + count;
+    }
+  }
+}
+
+TEST(trace_codec_test, decodes_chunks_the_codec_and_zlib_encode) {
+  constexpr std::size_t kRecordBytes = 45, kChunkRows = 200;
+  const std::vector<std::byte> records = random_bytes(kRecordBytes * kChunkRows, 17);
+  ChunkDecoder decoder(kRecordBytes, kChunkRows);
+  for (std::size_t rows : {kChunkRows, std::size_t{77}}) {
+    // The codec's own stream, followed by the zero padding the writer adds to chunks it rewrites.
+    ChunkCodec codec(kRecordBytes, kChunkRows, 1, {{8, 24}});
+    std::vector<std::byte> stored;
+    codec.encode(records.data(), rows, stored);
+    stored.resize(stored.size() + 300, std::byte{0});
+    ASSERT_TRUE(decoder.inflate(stored.data(), stored.size())) << rows << " rows";
+    std::vector<std::byte> out(rows * kRecordBytes);
+    decoder.unshuffle(0, rows, out.data());
+    EXPECT_EQ(out, std::vector<std::byte>(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(rows * kRecordBytes)));
+  }
+  // zlib's compress2 (what HDF5's deflate filter calls) at level 9 on a shuffled chunk.
+  const std::vector<std::byte> shuffled = reference_shuffle(records, kChunkRows, kRecordBytes, kChunkRows);
+  std::vector<std::byte> stored(compressBound(static_cast<uLong>(shuffled.size())));
+  uLongf size = static_cast<uLongf>(stored.size());
+  ASSERT_EQ(compress2(reinterpret_cast<Bytef*>(stored.data()), &size, reinterpret_cast<const Bytef*>(shuffled.data()),
+                      static_cast<uLong>(shuffled.size()), 9),
+            Z_OK);
+  stored.resize(size);
+  ASSERT_TRUE(decoder.inflate(stored.data(), stored.size()));
+  EXPECT_EQ(std::memcmp(decoder.shuffled(), shuffled.data(), shuffled.size()), 0);
+  // The first byte columns alone: the first field of every record.
+  ASSERT_TRUE(decoder.inflate_prefix(stored.data(), stored.size(), 8 * kChunkRows));
+  EXPECT_EQ(std::memcmp(decoder.shuffled(), shuffled.data(), 8 * kChunkRows), 0);
+}
+
+TEST(trace_codec_test, refuses_bytes_that_are_not_a_whole_chunk) {
+  constexpr std::size_t kRecordBytes = 45, kChunkRows = 200;
+  const std::vector<std::byte> records = random_bytes(kRecordBytes * kChunkRows, 23);
+  ChunkCodec codec(kRecordBytes, kChunkRows, 1);
+  std::vector<std::byte> stored;
+  codec.encode(records.data(), kChunkRows, stored);
+  ChunkDecoder decoder(kRecordBytes, kChunkRows);
+  ASSERT_TRUE(decoder.inflate(stored.data(), stored.size()));
+
+  std::vector<std::byte> checksum = stored;
+  checksum[checksum.size() - 1] ^= std::byte{1};  // the Adler-32 trailer
+  EXPECT_FALSE(decoder.inflate(checksum.data(), checksum.size()));
+  std::vector<std::byte> header = stored;
+  header[0] = std::byte{0x79};  // not deflate
+  EXPECT_FALSE(decoder.inflate(header.data(), header.size()));
+  EXPECT_FALSE(decoder.inflate(stored.data(), stored.size() / 2));  // truncated
+  ChunkDecoder bigger(kRecordBytes, kChunkRows + 1);                 // a stream of another size
+  EXPECT_FALSE(bigger.inflate(stored.data(), stored.size()));
+  std::vector<std::byte> noise = random_bytes(stored.size(), 29);
+  EXPECT_FALSE(decoder.inflate(noise.data(), noise.size()));
+  EXPECT_FALSE(decoder.inflate_prefix(noise.data(), noise.size(), 8 * kChunkRows));
 }
 
 }  // namespace
