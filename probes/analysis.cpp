@@ -95,9 +95,14 @@ std::string remedy_of(const Diagnosis& d, const OpRow& r) {
   if (d.cause == "f16_overflow") {
     if (r.cast_overflow > 0)
       return fmt::format("the input of {} is beyond f16's range before autocast's cast: rescale it (standardise "
-                         "the data or activations feeding it), or run it in f32: --autocast-fp32 {}; or "
+                         "the data or activations feeding it{}), or run it in f32: --autocast-fp32 {}{}; or "
                          "--precision bf16. Raising or lowering the scale cannot fix a forward overflow",
-                         d.module.empty() ? d.op : d.module, pat);
+                         place(r),
+                         r.op == "softmax" || r.op == "log_softmax"
+                             ? "; an additive mask: mask with a value that stays within f16 once the terms are "
+                               "summed, not the dtype's minimum"
+                             : "",
+                         pat, all);
     return fmt::format("run it in f32: --autocast-fp32 {}{}; or train in bf16 (--precision bf16); or scale the "
                        "inputs down (or clamp) before the op; if the values grew during training, lower the "
                        "learning rate (--lr)",
@@ -228,6 +233,16 @@ struct Analyser::State {
   }
   bool finished = false;
 
+  // A step that was not skipped although its gradients were non-finite (no scaler to catch them): the
+  // optimizer wrote NaN/inf into the weights, so later steps are non-finite from their first op without any
+  // origin. Those steps follow from the diagnosis of that step; they are not non-finite input data.
+  struct Applied {
+    std::int64_t step = -1;  // the first such step, -1 when none
+    double scale = 1;
+    std::int64_t later_steps = 0, first_later = -1, last_later = -1;
+    std::string first_op;    // the first non-finite op of the first later step
+  } applied;
+
   // Adds a diagnosis or counts a recurrence of one already seen.
   void add(Diagnosis d, std::int64_t step, bool* was_new = nullptr) {
     Key k{d.op, d.module, d.cause, d.phase};
@@ -302,7 +317,8 @@ struct Analyser::State {
       if (r.cast_overflow > 0)
         d.evidence.push_back(fmt::format("{} finite value{} overflowed on the cast to {} (largest finite f16 {})",
                                          r.cast_overflow, r.cast_overflow == 1 ? "" : "s", r.out_dtype, kF16Max));
-      if (h.pos_inf + h.neg_inf > 0 && r.out_dtype == "f16" && std::isfinite(h.absmax))
+      // With a cast overflow the inf entered through the input: the finite values say nothing about 65504.
+      if (h.pos_inf + h.neg_inf > 0 && r.out_dtype == "f16" && std::isfinite(h.absmax) && r.cast_overflow == 0)
         d.evidence.push_back(fmt::format("output absmax of the finite values {:.6g}; beyond f16 max {} became inf",
                                          h.absmax, kF16Max));
       if (d.cause == "log_of_zero") {
@@ -510,8 +526,30 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
   }
 
   if (step_row != nullptr) st.lr_of[step] = step_row->lr;
-  if (f.origin) st.origins(step, ops, step_row, grads, events);
-  else if (f.nonfinite) st.nonfinite_input(step, ops, step_row, grads);
+  if (f.origin) {
+    st.origins(step, ops, step_row, grads, events);
+  } else if (f.nonfinite && st.applied.step >= 0 && !st.rep.anomalies.empty()) {
+    auto& a = st.applied;
+    if (a.first_later < 0) {
+      const OpRow* first = nullptr;
+      for (const OpRow& o : ops)
+        if (non_finite(o) > 0 && (first == nullptr || o.seq < first->seq)) first = &o;
+      a.first_later = step;
+      if (first != nullptr) a.first_op = place(*first);
+    }
+    ++a.later_steps;
+    a.last_later = step;
+  } else if (f.nonfinite) {
+    st.nonfinite_input(step, ops, step_row, grads);
+  }
+  if (st.applied.step < 0 && step_row != nullptr && !step_row->skipped) {
+    bool nonfinite_grads = !std::isfinite(step_row->grad_norm);
+    for (const GradRow& g : grads) nonfinite_grads |= g.nan + g.pos_inf + g.neg_inf > 0;
+    if (nonfinite_grads) {
+      st.applied.step = step;
+      st.applied.scale = step_row->scale;
+    }
+  }
   st.headroom(ops, grads, histograms);
   st.remember(step, ops);
 }
@@ -647,6 +685,26 @@ Report Analyser::finish() {
     }
   }
 
+  // Steps made non-finite by weights that an applied non-finite step corrupted: evidence of the diagnosis of
+  // that step (or the last one before it), not diagnoses of their own.
+  if (st.applied.later_steps > 0) {
+    const auto& a = st.applied;
+    Diagnosis* cause = nullptr;
+    for (Diagnosis& d : rep.anomalies)
+      if (d.step <= a.step && (cause == nullptr || d.step > cause->step)) cause = &d;
+    if (cause == nullptr && !rep.anomalies.empty()) cause = &rep.anomalies.front();
+    if (cause != nullptr) {
+      cause->evidence.push_back(fmt::format(
+          "step {} was not skipped ({}), so the optimizer applied its non-finite gradients: the weights hold "
+          "NaN/inf, and {} later step{} ({} to {}) turned non-finite from their first op ({}) with no new origin",
+          a.step, a.scale == 1 ? "the scale is 1: no GradScaler to skip it" : "the scaler did not skip it",
+          a.later_steps, a.later_steps == 1 ? "" : "s", a.first_later, a.last_later,
+          a.first_op.empty() ? "?" : a.first_op));
+      cause->remedy += "; also never apply a step whose gradients are non-finite (the GradScaler skips it), so "
+                       "one bad step cannot write NaN/inf into the weights";
+    }
+  }
+
   // ---- gradient underflow: nothing non-finite, and every gradient exactly zero at most steps ----
   std::int64_t grad_steps = 0, zero_steps = 0, first_zero = -1, last_grad_step = 0;
   for (const auto& [step, f] : st.facts) {
@@ -699,7 +757,9 @@ Report Analyser::finish() {
       d.seq = std::numeric_limits<std::int64_t>::max();
       d.phase = Phase::scaler;
       d.cause = "scale_collapse";
-      d.skipped_steps = sh.skipped;
+      // Propagation as for any diagnosis: from its own step on (the skips before it are in the evidence).
+      d.skipped_steps = skipped_from(below->step);
+      d.loss_nonfinite = !std::isfinite(below->loss);
       d.last_step = below->step;
       d.evidence.push_back(fmt::format("the scale went {} -> {} (min {}); {} of {} steps skipped, the longest run {}",
                                        sh.scale_start, sh.scale_end, sh.scale_min, sh.skipped, sh.steps,
@@ -793,8 +853,9 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
   // number and the last one is open-ended, so rows of a step without a step row are read too.
   std::vector<std::int64_t> numbers;
   for (const auto& [s, _] : step_rows) numbers.push_back(s);
-  const std::int64_t per_step =
-      numbers.empty() ? counts.ops : std::max<std::int64_t>(1, counts.ops / static_cast<std::int64_t>(numbers.size()));
+  // At least 1: a trace without steps (or without op rows) has nothing to divide by.
+  const std::int64_t per_step = std::max<std::int64_t>(
+      1, numbers.empty() ? counts.ops : counts.ops / static_cast<std::int64_t>(numbers.size()));
   const std::size_t block = static_cast<std::size_t>(std::max<std::int64_t>(1, options.rows_per_read / per_step));
   std::int64_t done = 0;
   for (std::size_t i = 0; i == 0 || i < numbers.size(); i += block) {

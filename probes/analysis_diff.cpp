@@ -430,7 +430,13 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
       const std::size_t ie = i < rows_a.size() && rows_a[i].step == s ? step_end(rows_a, i) : i;
       const std::size_t je = j < rows_b.size() && rows_b[j].step == s ? step_end(rows_b, j) : j;
       // A step recorded in one run only is in steps_only_in_a/b; its ops are not listed again one by one.
-      if (has(steps_a, s) == has(steps_b, s)) {
+      // So is a step both runs finished whose ops only one recorded (the other's --sample-every left them out).
+      const bool both = has(steps_a, s) && has(steps_b, s);
+      if (both && ie == i && je > j) {
+        report.steps_only_in_b.push_back(s);
+      } else if (both && je == j && ie > i) {
+        report.steps_only_in_a.push_back(s);
+      } else if (has(steps_a, s) == has(steps_b, s)) {
         comparison.step({rows_a.data() + i, ie - i}, {rows_b.data() + j, je - j});
       }
       i = ie;
@@ -439,6 +445,8 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
     if (progress) progress(done, total);
   }
   comparison.finish();
+  std::sort(report.steps_only_in_a.begin(), report.steps_only_in_a.end());
+  std::sort(report.steps_only_in_b.begin(), report.steps_only_in_b.end());
   return report;
 }
 

@@ -149,8 +149,9 @@ std::string propagation(const Diagnosis& d, std::size_t max_names) {
     std::string names;
     for (std::size_t i = 0; i < d.gradients.size() && i < max_names; ++i) names += (i ? ", " : "") + d.gradients[i];
     if (d.gradients.size() > max_names) names += fmt::format(" and {} more", d.gradients.size() - max_names);
-    parts.push_back(fmt::format("non-finite gradients of {} ({})", plural(static_cast<std::int64_t>(d.gradients.size()),
-                                                                           "parameter"), names));
+    // gradient_underflow lists the parameters whose gradients were all zero, not non-finite ones.
+    parts.push_back(fmt::format("{} gradients of {} ({})", d.cause == "gradient_underflow" ? "all-zero" : "non-finite",
+                                plural(static_cast<std::int64_t>(d.gradients.size()), "parameter"), names));
   }
   parts.push_back(fmt::format("{} skipped from step {} on", plural(d.skipped_steps, "step"), d.step));
   return fmt::format("{}", fmt::join(parts, "; "));
@@ -488,8 +489,10 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
              num(p->loss_b), num(p->rel));
     else
       t.line("{} step {}", t.paint(kRed, "LOSSES PART:"), step);
-  } else if (!d.losses.empty()) {
+  } else if (d.steps_compared > 0) {
     t.line("{} the losses stay within {}", t.paint(kGreen, "LOSSES AGREE:"), threshold);
+  } else if (!d.losses.empty()) {
+    t.line("{} no step is recorded in both runs: nothing to compare", t.paint(kYellow, "LOSSES:"));
   }
   if (style.brief) {
     std::int64_t rows = 0;

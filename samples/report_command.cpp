@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <ostream>
 #include <sstream>
 
@@ -72,6 +73,22 @@ bool deliver(const std::string& text, const std::string& output, std::ostream& o
     return false;
   }
   return true;
+}
+
+// A number from lo to hi (hi may be infinity: --threshold inf counts only NaN/inf differences). CLI11's Range
+// and NonNegativeNumber let "nan" through (every comparison with NaN is false), and NonNegativeNumber prints
+// DBL_MAX as its upper bound.
+CLI::Validator number_in(double lo, double hi, std::string description) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !(v >= lo && v <= hi))
+          return hi == std::numeric_limits<double>::infinity()
+                     ? fmt::format("value {} is not a number of at least {}", text, lo)
+                     : fmt::format("value {} is not a number from {} to {}", text, lo, hi);
+        return {};
+      },
+      std::move(description));
 }
 
 bool diverged(const analysis::DiffReport& d) { return d.first_divergence.has_value() || d.first_loss_divergence.has_value(); }
@@ -152,11 +169,11 @@ ReportCommand::ReportCommand(CLI::App& app) {
   cmd_->add_option("--headroom-factor", r.analysis.headroom_factor,
                    "Warn about finite outputs whose absmax comes within this factor of f16's largest value 65504")
       ->capture_default_str()
-      ->check(CLI::Range(1.0, 1000.0));
+      ->check(number_in(1.0, 1000.0, "FLOAT in [1 - 1000]"));
   cmd_->add_option("--underflow-fraction", r.analysis.underflow_fraction,
                    "Warn when at least this fraction of a tensor's values are subnormal or flush to zero")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(number_in(0.0, 1.0, "FLOAT in [0 - 1]"));
 }
 
 bool ReportCommand::parsed() const { return cmd_->parsed(); }
@@ -180,7 +197,7 @@ DiffCommand::DiffCommand(CLI::App& app) {
   cmd_->add_option("--threshold", r.diff.threshold,
                    "Relative difference of a statistic (or of the loss) above which the runs diverge")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_in(0.0, std::numeric_limits<double>::infinity(), "FLOAT >= 0"));
   cmd_->add_flag("--no-colour,--no-color", no_colour_, "No terminal colours (also when NO_COLOR is set)");
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <filesystem>
@@ -267,6 +268,109 @@ TEST(analysis_rules_test, gradients_below_f16s_smallest_subnormal_in_a_histogram
   EXPECT_EQ(rep.warnings[0].kind, "below_f16");
   EXPECT_EQ(rep.warnings[0].tensor, "fc1.weight");
   EXPECT_DOUBLE_EQ(rep.warnings[0].fraction, 0.6);
+}
+
+TEST(analysis_rules_test, a_trace_without_any_step_is_healthy_rather_than_a_crash) {
+  // The block size divided by the op rows per step, 0 here (a division by zero before the fix).
+  const auto path = std::filesystem::temp_directory_path() / ("ampscope_no_steps_" + std::to_string(::getpid()) + ".h5");
+  {
+    trace::RunInfo info;
+    info.precision = "fp16";
+    info.model = "hand";
+    trace::TraceWriter w(path, info);
+    w.close();
+  }
+  Report rep;
+  {
+    trace::TraceReader reader(path);
+    rep = analyse(reader);
+  }
+  std::filesystem::remove(path);
+  EXPECT_TRUE(rep.healthy());
+  EXPECT_EQ(rep.steps, 0);
+  EXPECT_EQ(rep.op_rows, 0);
+  EXPECT_EQ(rep.scaler.verdict, "no_scaler");
+}
+
+TEST(analysis_rules_test, steps_after_an_applied_nonfinite_step_are_evidence_of_its_origin_not_nonfinite_input) {
+  // No scaler: step 0's log makes -inf, its gradients are NaN and the step is applied (not skipped), so the
+  // weights are NaN: steps 1 and 2 are NaN from their first op with finite data. The data are not the cause.
+  std::vector<StepRow> steps = {step_row(0, 1, 1, false), step_row(1, 1, 1, false), step_row(2, 1, 1, false)};
+  for (StepRow& s : steps) s.loss = NAN;
+  steps[0].grad_norm = NAN;
+  std::vector<OpRow> ops = {op_row(0, 0, "linear", "fc1"), op_row(0, 1, "log", "", "f32")};
+  ops[1].health.neg_inf = 3;
+  ops[1].origin = true;
+  for (std::int64_t s = 1; s < 3; ++s) {
+    OpRow r = op_row(s, 0, "linear", "fc1");
+    r.health.nan = 16;
+    ops.push_back(r);
+  }
+  std::vector<GradRow> grads(1);
+  grads[0].param = "fc1.weight";
+  grads[0].nan = 4;
+  const Report rep = analyse(steps, ops, grads);
+  ASSERT_EQ(rep.anomalies.size(), 1u) << rep.anomalies.back().cause;
+  const Diagnosis& d = rep.anomalies[0];
+  EXPECT_EQ(d.cause, "log_of_zero");
+  bool applied = false;
+  for (const std::string& e : d.evidence)
+    applied |= e.find("step 0 was not skipped (the scale is 1: no GradScaler to skip it)") != std::string::npos &&
+               e.find("2 later steps (1 to 2) turned non-finite from their first op (linear in fc1)") != std::string::npos;
+  EXPECT_TRUE(applied) << fmt::format("{}", fmt::join(d.evidence, "\n"));
+  EXPECT_NE(d.remedy.find("never apply a step whose gradients are non-finite"), std::string::npos) << d.remedy;
+}
+
+TEST(analysis_rules_test, nonfinite_data_in_a_later_step_of_a_skipping_run_is_still_nonfinite_input) {
+  // The same shape with a scaler that skipped step 0: the weights stayed finite, so step 1's NaN is the data's.
+  std::vector<StepRow> steps = {step_row(0, 1024, 512, true), step_row(1, 512, 256, true)};
+  std::vector<OpRow> ops = {op_row(0, 0, "exp", "head", "f32"), op_row(1, 0, "linear", "fc1")};
+  ops[0].health.pos_inf = 1;
+  ops[0].origin = true;
+  ops[1].health.nan = 16;
+  std::vector<GradRow> grads(1);
+  grads[0].param = "fc1.weight";
+  grads[0].nan = 4;
+  const Report rep = analyse(steps, ops, grads);
+  ASSERT_EQ(rep.anomalies.size(), 2u);
+  EXPECT_EQ(rep.anomalies[1].cause, "nonfinite_input");
+  EXPECT_EQ(rep.anomalies[1].step, 1);
+}
+
+TEST(analysis_rules_test, scale_collapse_counts_the_skips_from_its_own_step_and_its_non_finite_loss) {
+  // Scale 4 halved at each of 6 skipped steps (loss NaN): below 1 first at step 2 (1 -> 0.5); steps 2..5 skip.
+  std::vector<StepRow> steps = trajectory(4, std::vector<bool>(6, true));
+  std::vector<OpRow> ops;
+  for (std::int64_t s = 0; s < 6; ++s) {
+    OpRow r = op_row(s, 0, "linear", "fc1");
+    r.health.pos_inf = 2;
+    r.origin = true;
+    ops.push_back(r);
+  }
+  const Report rep = analyse(steps, ops, {});
+  const Diagnosis* collapse = nullptr;
+  for (const Diagnosis& d : rep.anomalies)
+    if (d.cause == "scale_collapse") collapse = &d;
+  ASSERT_NE(collapse, nullptr);
+  EXPECT_EQ(collapse->step, 2);
+  EXPECT_EQ(collapse->skipped_steps, 4);
+  EXPECT_TRUE(collapse->loss_nonfinite);
+}
+
+TEST(analysis_rules_test, a_cast_overflow_does_not_quote_the_finite_absmax_as_if_the_op_had_passed_65504) {
+  // fc1's f32 input overflowed in the cast to f16; the op's finite outputs are small (7892), so "beyond f16
+  // max became inf" about them would be false: the inf came in through the input.
+  OpRow r = op_row(0, 0, "linear", "fc1");
+  r.health.pos_inf = 5;
+  r.health.absmax = 7892;
+  r.cast_overflow = 2;
+  r.origin = true;
+  const Report rep = analyse({step_row(0, 65536, 32768, true)}, {r}, {});
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  const Diagnosis& d = rep.anomalies[0];
+  EXPECT_EQ(d.cause, "f16_overflow");
+  for (const std::string& e : d.evidence) EXPECT_EQ(e.find("output absmax of the finite values"), std::string::npos) << e;
+  EXPECT_EQ(d.remedy.rfind("the input of linear in fc1 is beyond f16's range", 0), 0u) << d.remedy;
 }
 
 TEST(analysis_rules_test, steps_out_of_order_are_refused) {

@@ -298,6 +298,27 @@ TEST(diff_test, an_op_recorded_in_one_run_only_is_listed_with_its_count_and_firs
   EXPECT_EQ(r.only_in_a[0].first_step, 2);
 }
 
+TEST(diff_test, a_step_whose_ops_one_run_sampled_out_is_a_step_only_in_the_other_not_a_list_of_ops) {
+  // --sample-every: both runs finish every step (a /steps row each), but b recorded the ops of steps 0, 3 only.
+  const HandRun a = make_run();
+  HandRun b = a;
+  std::erase_if(b.ops, [](const OpRow& r) { return r.step != 0 && r.step != 3; });
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  EXPECT_TRUE(d.only_in_a.empty());
+  EXPECT_TRUE(d.only_in_b.empty());
+  EXPECT_EQ(d.steps_only_in_a, (std::vector<std::int64_t>{1, 2, 4, 5}));
+  EXPECT_TRUE(d.steps_only_in_b.empty());
+  EXPECT_EQ(d.ops_aligned, 2 * 11);
+  EXPECT_EQ(d.steps_compared, 6);  // the losses of every step
+  EXPECT_FALSE(d.first_divergence.has_value());
+
+  Pair reversed(b, a);
+  const DiffReport r = reversed.diff();
+  EXPECT_TRUE(r.only_in_b.empty());
+  EXPECT_EQ(r.steps_only_in_b, (std::vector<std::int64_t>{1, 2, 4, 5}));
+}
+
 TEST(diff_test, dtype_differences_are_grouped_by_op_with_their_count) {
   HandRun a = make_run();
   a.precision = "fp16";

@@ -405,6 +405,31 @@ TEST(render_test, diff_without_divergence_says_so_first) {
   EXPECT_TRUE(contains(render_text(planted_diff(10), {.colour = true}), "\x1b[1;32mNO OP DIVERGENCE"));
 }
 
+TEST(render_test, gradient_underflow_propagation_calls_its_gradients_all_zero_not_non_finite) {
+  // gradient_underflow lists every parameter in `gradients` (docs/report-format.md): their gradients are 0.
+  Report rep = healthy_report();
+  Diagnosis d;
+  d.step = 0;
+  d.phase = Phase::backward;
+  d.cause = "gradient_underflow";
+  d.evidence = {"every gradient is exactly 0"};
+  d.gradients = {"fc1.weight", "fc1.bias"};
+  d.remedy = "enable the GradScaler";
+  rep.anomalies.push_back(d);
+  const std::string text = render_text(rep);
+  EXPECT_TRUE(contains(text, "all-zero gradients of 2 parameters (fc1.weight, fc1.bias)")) << text;
+  EXPECT_FALSE(contains(text, "non-finite gradients")) << text;
+}
+
+TEST(render_test, diff_without_a_step_in_both_runs_does_not_claim_the_losses_agree) {
+  DiffReport d = planted_diff(3);
+  d.steps_compared = 0;
+  for (LossPoint& p : d.losses) p.in_a = false;
+  const std::string text = render_text(d);
+  EXPECT_EQ(lines_of(text)[1], "LOSSES: no step is recorded in both runs: nothing to compare") << text;
+  EXPECT_FALSE(contains(text, "LOSSES AGREE")) << text;
+}
+
 TEST(render_test, brief_diff_gives_the_divergence_and_the_count_of_dtype_differences) {
   const std::string text = render_text(planted_diff(60), {.brief = true});
   EXPECT_TRUE(contains(text, "FIRST DIVERGENCE: step 37")) << text;

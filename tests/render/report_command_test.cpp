@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -156,6 +157,40 @@ TEST(report_command_test, exits_2_on_a_file_that_is_not_hdf5) {
       << r.err;
   EXPECT_TRUE(contains(r.err, "hint:")) << r.err;
   std::filesystem::remove(file);
+}
+
+TEST(report_command_test, exits_0_on_a_trace_without_any_step) {
+  // `ampscope train --steps 0` writes one; its analysis divided by zero op rows per step (SIGFPE).
+  const auto file = temp_path("no-steps.h5");
+  {
+    trace::TraceWriter w(file, {.precision = "fp16", .device = "cpu", .model = "mlp", .seed = 0, .config = "{}"});
+    w.close();
+  }
+  const Result r = report({.trace = file.string()});
+  EXPECT_EQ(r.status, kExitClean) << r.out << r.err;
+  EXPECT_EQ(r.out.rfind("OK: no NaN/Inf found in 0 steps", 0), 0u) << r.out;
+  std::filesystem::remove(file);
+}
+
+TEST(report_command_test, refuses_nan_and_negative_values_of_the_numeric_options) {
+  // CLI11's Range and NonNegativeNumber let "nan" through (every comparison with NaN is false); a NaN threshold
+  // would make every finite difference "not above the threshold".
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"report", "--headroom-factor", "nan", "x.h5"},
+        std::vector<std::string>{"report", "--underflow-fraction", "nan", "x.h5"},
+        std::vector<std::string>{"report", "--underflow-fraction", "1.5", "x.h5"},
+        std::vector<std::string>{"diff", "--threshold", "nan", "x.h5", "y.h5"},
+        std::vector<std::string>{"diff", "--threshold", "-0.1", "x.h5", "y.h5"}}) {
+    CLI::App app;
+    ReportCommand report_cmd(app);
+    DiffCommand diff_cmd(app);
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes a reversed vector
+    EXPECT_THROW(app.parse(reversed), CLI::ValidationError) << args[1] << " " << args[2];
+  }
+  CLI::App app;
+  DiffCommand diff_cmd(app);
+  std::vector<std::string> ok = {"y.h5", "x.h5", "inf", "--threshold", "diff"};  // only NaN/inf counts diverge
+  EXPECT_NO_THROW(app.parse(ok));
 }
 
 TEST(report_command_test, analyses_a_trace_whose_writer_never_closed_it_with_a_note) {
