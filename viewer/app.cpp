@@ -36,14 +36,15 @@ void set_selection(ViewerState& s, std::int64_t step, std::optional<std::int64_t
   s.scroll_to_selected = seq.has_value();
 }
 
-// Where the first anomaly is, to show it when the analysis ends.
+// Where the first anomaly is, to show it when the analysis ends. --seq without --step picks the op in
+// that step.
 void select_first_anomaly(ViewerState& s) {
   const analysis::Report* rep = s.a->report();
   if (rep && !rep->anomalies.empty()) {
     const auto& d = rep->anomalies.front();
-    set_selection(s, d.step, d.seq >= 0 ? std::optional<std::int64_t>(d.seq) : std::nullopt);
+    set_selection(s, d.step, s.wanted_seq ? s.wanted_seq : d.seq >= 0 ? std::optional<std::int64_t>(d.seq) : std::nullopt);
   } else if (!s.a->selected_step()) {
-    if (auto first = initial_step(s.a->steps(), rep)) set_selection(s, *first, std::nullopt);
+    if (auto first = initial_step(s.a->steps(), rep)) set_selection(s, *first, s.wanted_seq);
   }
 }
 

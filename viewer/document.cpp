@@ -62,8 +62,9 @@ analysis::Report analyse_in_turns(trace::TraceReader& reader, const analysis::An
   for (const auto& r : steps) step_rows[r.step] = &r;
   std::vector<std::int64_t> numbers;
   for (const auto& [n, _] : step_rows) numbers.push_back(n);
+  // At least 1: a trace without steps or ops yet (a live run that has just started) divides by it.
   const std::int64_t per_step =
-      numbers.empty() ? counts.ops : std::max<std::int64_t>(1, counts.ops / static_cast<std::int64_t>(numbers.size()));
+      std::max<std::int64_t>(1, numbers.empty() ? counts.ops : counts.ops / static_cast<std::int64_t>(numbers.size()));
   const std::size_t block = static_cast<std::size_t>(std::max<std::int64_t>(1, options.rows_per_read / per_step));
   std::int64_t done = 0;
   for (std::size_t i = 0; i == 0 || i < numbers.size(); i += block) {
@@ -103,9 +104,11 @@ StepData read_step(trace::TraceReader& reader, std::int64_t step) {
   StepData d;
   d.step = step;
   d.load_id = ++loads;
-  d.ops = reader.ops(step, step + 1);
-  d.histograms = reader.histograms(step, step + 1);
-  d.events = reader.events(step, step + 1);
+  // step + 1 would overflow for the last representable step (--step 9223372036854775807).
+  const std::int64_t end = step == trace::kLastStep ? trace::kLastStep : step + 1;
+  d.ops = reader.ops(step, end);
+  d.histograms = reader.histograms(step, end);
+  d.events = reader.events(step, end);
   d.read_ms = ms_since(t0);
   return d;
 }
@@ -161,6 +164,7 @@ void TraceDocument::select_step(std::int64_t step) {
 }
 
 void TraceDocument::start_step_job(std::int64_t step) {
+  step_job_step_ = step;
   auto reader = reader_;
   step_job_ = std::async(std::launch::async, [reader, step]() { return read_step(*reader, step); });
 }
@@ -183,11 +187,15 @@ bool TraceDocument::poll() {
     }
   }
   if (ready(step_job_)) {
+    const std::int64_t job_step = step_job_step_;
     try {
       StepData d = step_job_.get();
       step_ = std::move(d);
     } catch (const std::exception& e) {
-      step_error_ = std::string("cannot read the step's rows: ") + e.what();
+      // A step selected while this one was read must still be read, not shown this step's error.
+      if (selected_ && *selected_ == job_step) {
+        step_error_ = fmt::format("cannot read the rows of step {}: {}", job_step, e.what());
+      }
     }
     changed = true;
     if (selected_ && (!step_ || step_->step != *selected_) && step_error_.empty()) start_step_job(*selected_);

@@ -124,6 +124,7 @@ class TraceDocument {
 
   std::optional<std::int64_t> selected_;
   std::future<StepData> step_job_;
+  std::int64_t step_job_step_ = 0;  // the step step_job_ reads: its failure is only news for that step
   std::optional<StepData> step_;
   std::string step_error_;
 };

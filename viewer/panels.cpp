@@ -377,7 +377,8 @@ void draw_ops_panel(ViewerState& s) {
             case OpColumn::seq: {
               if (row.origin) ImGui::TableSetBgColor(ImGuiTableBgTarget_CellBg, im(colours::kOriginMark));
               const bool is_selected = s.selected_seq && *s.selected_seq == row.seq;
-              ImGui::PushID(static_cast<int>(row.seq));
+              // The row's index, not its seq: a damaged or merged trace can repeat a seq within a step.
+              ImGui::PushID(static_cast<int>(s.op_rows[static_cast<std::size_t>(i)]));
               if (ImGui::Selectable(text.c_str(), is_selected,
                                     ImGuiSelectableFlags_SpanAllColumns | ImGuiSelectableFlags_AllowItemOverlap)) {
                 s.selected_seq = row.seq;
@@ -446,11 +447,15 @@ void draw_detail_panel(ViewerState& s) {
     ImGui::SameLine();
     ImGui::TextColored(to_vec4(colours::kOriginMark), "origin");
   }
-  const float table_w = std::min(300.0f, ImGui::GetContentRegionAvail().x * 0.42f);
-  ImGui::BeginChild("##detail_rows", ImVec2(table_w, 0), false);
+  // Side by side when there is room; in the default layout's narrow column a side table would leave its
+  // values a few letters wide, so the table goes above the histogram there.
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const bool side_by_side = avail.x >= 600;
+  const ImVec2 table_size = side_by_side ? ImVec2(std::min(300.0f, avail.x * 0.42f), 0) : ImVec2(0, std::floor(avail.y * 0.5f));
+  ImGui::BeginChild("##detail_rows", table_size, false);
   key_value_table("##detail", op_detail_rows(*row), 90);
   ImGui::EndChild();
-  ImGui::SameLine();
+  if (side_by_side) ImGui::SameLine();
   ImGui::BeginChild("##histogram", ImVec2(0, 0), false);
   const StepData* d = s.a->step_data();
   std::optional<ExponentHistogram> h = d ? op_histogram(d->histograms, row->seq) : std::nullopt;

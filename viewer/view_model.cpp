@@ -25,7 +25,9 @@ std::string format_number(double value) {
 }
 
 std::string format_count(std::int64_t value) {
-  std::string digits = std::to_string(value < 0 ? -value : value);
+  // In unsigned arithmetic, so that the most negative count (a damaged row) has a magnitude too.
+  const std::uint64_t magnitude = value < 0 ? 0 - static_cast<std::uint64_t>(value) : static_cast<std::uint64_t>(value);
+  std::string digits = std::to_string(magnitude);
   std::string out;
   for (std::size_t i = 0; i < digits.size(); ++i) {
     if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';

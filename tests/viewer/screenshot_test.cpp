@@ -124,8 +124,32 @@ TEST(screenshot_test, nan_step_shows_red_cells_in_the_ops_table_and_a_healthy_st
   EXPECT_GT(find_colour(bad, colours::kNonFiniteCell).count, 200);  // two cells with 5 NaN
   EXPECT_GT(find_colour(bad, colours::kOriginMark).count, 20);      // the origin's seq cell
   const Image good = screenshot(quoted(trace), "ops", "ops_ok.png", "--step 2");
+  // The table was drawn (its f16 dtype cells are there), and none of its cells is red.
+  EXPECT_GT(find_colour(good, dtype_colour("f16")).count, 50);
   EXPECT_EQ(find_colour(good, colours::kNonFiniteCell).count, 0);
   EXPECT_EQ(find_colour(good, colours::kOriginMark).count, 0);
+}
+
+TEST(screenshot_test, a_bad_second_trace_shows_the_error_box_beside_the_first_trace) {
+  SKIP_WITHOUT_DISPLAY();
+  const auto trace = testing::write_fixture(testing::fixture_dir() / "shot_pair_a.h5", true);
+  const auto bad = testing::write_not_hdf5(testing::fixture_dir() / "shot_pair_b.h5");
+  const Image img = screenshot(quoted(trace) + " " + quoted(bad), "all", "pair_bad.png");
+  EXPECT_GT(find_colour(img, colours::kErrorBackground).count, 800 * 20);
+  EXPECT_GT(find_colour(img, colours::kOriginMark).count, 20);  // trace a's origin, in its ops table
+}
+
+TEST(screenshot_test, a_trace_without_steps_renders_every_panel_without_an_error) {
+  SKIP_WITHOUT_DISPLAY();
+  const auto path = testing::fixture_dir() / "shot_empty.h5";
+  {
+    trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "empty", .seed = 1, .config = "{}"});
+    w.close();
+  }
+  const Image img = screenshot(quoted(path), "all", "empty.png");
+  EXPECT_EQ(find_colour(img, colours::kErrorBackground).count, 0);
+  EXPECT_EQ(find_colour(img, colours::kHealthyStep).count, 0);  // no step strip: there are no steps
+  EXPECT_EQ(find_colour(img, colours::kSkippedStep).count, 0);
 }
 
 TEST(screenshot_test, a_file_that_is_not_hdf5_shows_the_error_box_and_exits_cleanly) {

@@ -4,9 +4,14 @@
 // analysis of a hand-built trace, and a document opened from files written with the real TraceWriter.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <thread>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "tests/test_support.h"
 #include "tests/viewer/viewer_fixtures.h"
@@ -158,6 +163,7 @@ TEST(view_model_test, numbers_print_with_thousands_separators_and_named_non_fini
   EXPECT_EQ(format_count(1234567), "1,234,567");
   EXPECT_EQ(format_count(999), "999");
   EXPECT_EQ(format_count(-1000), "-1,000");
+  EXPECT_EQ(format_count(std::numeric_limits<std::int64_t>::min()), "-9,223,372,036,854,775,808");
   EXPECT_EQ(format_number(65504), "65504");
   EXPECT_EQ(format_number(kNaN), "nan");
   EXPECT_EQ(format_number(-std::numeric_limits<double>::infinity()), "-inf");
@@ -212,6 +218,109 @@ TEST(view_model_test, document_reads_steps_at_open_and_a_steps_ops_on_demand) {
   ASSERT_FALSE(doc->report()->anomalies.empty());
   EXPECT_EQ(doc->report()->anomalies[0].step, 1);
   EXPECT_EQ(doc->report()->anomalies[0].module, "fc2");
+  std::filesystem::remove(path);
+}
+
+// A writer in another process (as a training run would be) writes steps 0 and 1, waits for a byte on a
+// pipe, then writes steps 2 .. 4 and closes the file.
+pid_t start_live_writer(const std::filesystem::path& path, int ready_fd, int go_fd) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  int status = 0;
+  try {
+    trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "live", .seed = 1, .config = "{}"});
+    auto step = [&](std::int64_t n) {
+      for (int seq = 0; seq < 3; ++seq) w.write(op_row(n, seq, "fc", "linear", "f16", 1.0 + seq));
+      trace::StepRow r;
+      r.step = n;
+      r.loss = 1.0;
+      r.scale = r.scale_after = 1024;
+      w.write(r);
+      w.end_step(n);
+    };
+    step(0);
+    step(1);
+    w.flush();
+    char c = 1;
+    if (write(ready_fd, &c, 1) != 1 || read(go_fd, &c, 1) != 1) status = 3;
+    for (std::int64_t n = 2; n < 5; ++n) step(n);
+    w.close();
+  } catch (...) {
+    status = 2;
+  }
+  _exit(status);
+}
+
+TEST(view_model_test, live_document_appends_new_steps_and_keeps_the_selected_step) {
+  const auto path = testing::fixture_dir() / "live.h5";
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t writer = start_live_writer(path, ready[1], go[0]);
+  ASSERT_GT(writer, 0);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);  // steps 0 and 1 are flushed; the file is still open for writing
+
+  TraceDocument::Options options;
+  options.live_interval = std::chrono::milliseconds(20);
+  auto doc = TraceDocument::open(path, options);
+  ASSERT_TRUE(doc->ok()) << doc->error();
+  EXPECT_TRUE(doc->live());
+  EXPECT_EQ(doc->steps().size(), 2u);
+  doc->select_step(1);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (doc->step_loading() && std::chrono::steady_clock::now() < until) {
+    doc->poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_NE(doc->step_data(), nullptr) << doc->step_error();
+
+  ASSERT_EQ(write(go[1], &c, 1), 1);
+  int status = -1;
+  ASSERT_EQ(waitpid(writer, &status, 0), writer);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  while ((doc->live() || doc->analysing()) && std::chrono::steady_clock::now() < until) {
+    doc->poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(doc->complete());
+  ASSERT_EQ(doc->steps().size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(doc->steps()[i].step, static_cast<std::int64_t>(i));
+  EXPECT_EQ(doc->selected_step(), 1);
+  ASSERT_NE(doc->step_data(), nullptr);
+  EXPECT_EQ(doc->step_data()->ops.size(), 3u);
+  ASSERT_NE(doc->report(), nullptr) << doc->analysis_error();  // analysed again, over the five steps
+  EXPECT_EQ(doc->report()->steps, 5);
+  EXPECT_TRUE(doc->report()->complete);
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+  std::filesystem::remove(path);
+}
+
+TEST(view_model_test, document_of_a_trace_without_steps_or_ops_is_analysed_without_dividing_by_zero) {
+  // A live run that has only just started: the file exists, nothing is written yet.
+  const auto path = testing::fixture_dir() / "doc_empty.h5";
+  {
+    trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "empty", .seed = 1, .config = "{}"});
+    w.close();
+  }
+  auto doc = TraceDocument::open(path);
+  ASSERT_TRUE(doc->ok()) << doc->error();
+  EXPECT_TRUE(doc->steps().empty());
+  doc->wait_idle();
+  ASSERT_NE(doc->report(), nullptr) << doc->analysis_error();
+  EXPECT_EQ(doc->report()->steps, 0);
+  EXPECT_TRUE(doc->report()->healthy());
+  std::filesystem::remove(path);
+}
+
+TEST(view_model_test, document_selecting_the_last_representable_step_reads_no_rows) {
+  const auto path = testing::write_fixture(testing::fixture_dir() / "doc_last.h5", false);
+  auto doc = TraceDocument::open(path);
+  ASSERT_TRUE(doc->ok()) << doc->error();
+  doc->select_step(std::numeric_limits<std::int64_t>::max());  // --step 9223372036854775807
+  doc->wait_idle();
+  ASSERT_NE(doc->step_data(), nullptr) << doc->step_error();
+  EXPECT_TRUE(doc->step_data()->ops.empty());
   std::filesystem::remove(path);
 }
 
