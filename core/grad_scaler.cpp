@@ -11,6 +11,9 @@
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
+#if defined(AMPSCOPE_WITH_CUDA)
+#include "kernels/cuda/fused_amp.h"
+#endif
 
 namespace ampscope {
 
@@ -41,6 +44,28 @@ void unscale_in_place(Tensor& grad, float inv_scale) {
 // NaN, on the device: float -> bool is x != 0, so NaN is true.
 void set_found_inf(Tensor& found_inf, const Tensor& flags) {
   found_inf.copy_(masked_fill(found_inf, flags.to(DType::boolean), 1.0));  // a 0-dim mask broadcasts
+}
+
+// The GPU fast path (issue 10, kernels/cuda/fused_amp.h): for gradients on a CUDA device, one
+// multi-tensor launch sets found_inf and unscales them all, with the bits of the unfused ops above.
+// Not while a probe listens: it wants each gradient's own flag and sees the gradients before unscaling.
+// Returns false (nothing done) where the unfused path must run: CPU tensors always.
+bool try_fused_unscale(Device device, const std::vector<Tensor>& grads, Tensor& found_inf, float inv_scale,
+                       bool probe_listening) {
+#if defined(AMPSCOPE_WITH_CUDA)
+  if (!device.is_cuda() || probe_listening || !cuda::fused_amp_enabled()) return false;
+  std::vector<TensorView> views;
+  for (const Tensor& g : grads) {
+    if (!g.is_contiguous()) return false;
+    views.push_back(g.kernel_view());
+  }
+  cuda::fused_non_finite_check_and_unscale(backend_for(device), views, static_cast<float*>(found_inf.data()),
+                                           inv_scale);
+  return true;
+#else
+  (void)device, (void)grads, (void)found_inf, (void)inv_scale, (void)probe_listening;
+  return false;
+#endif
 }
 
 // Inf and NaN counts of one gradient, on the host, judged on floats as the kernel judges them. Only
@@ -174,6 +199,7 @@ void non_finite_check_and_unscale_(const std::vector<Tensor>& grads, Tensor& fou
   NoGradGuard no_grad;
   RuntimeInternalGuard internal;
   const auto inv = static_cast<float>(inv_scale.item());
+  if (try_fused_unscale(device, grads, found_inf, inv, /*probe_listening=*/false)) return;
   Tensor flags;
   for (const Tensor& g : grads) {
     const Tensor f = non_finite_flag(g);
@@ -364,14 +390,23 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   // PyTorch groups by device and then dtype for its multi-tensor kernel; every result here is per
   // tensor, so grouping by device (one found_inf per device) gives the same values.
   std::vector<std::pair<Device, Tensor>> found_inf_per_device;
-  for (auto& [device, grads] : by_device) {
-    Tensor flags;
-    for (Grad& g : grads) {
-      g.flag = non_finite_flag(g.grad);
-      flags = flags.defined() ? add(flags, g.flag) : g.flag;
-    }
+  std::vector<bool> fused(by_device.size(), false);  // devices whose grads the fused kernel has unscaled
+  for (std::size_t d = 0; d < by_device.size(); ++d) {
+    auto& [device, grads] = by_device[d];
     Tensor found_inf = zeros({}, {DType::f32, device});
-    set_found_inf(found_inf, flags);
+    if (device.is_cuda()) {
+      std::vector<Tensor> tensors;
+      for (const Grad& g : grads) tensors.push_back(g.grad);
+      fused[d] = try_fused_unscale(device, tensors, found_inf, inv_scale, probe::hook() != nullptr);
+    }
+    if (!fused[d]) {
+      Tensor flags;
+      for (Grad& g : grads) {
+        g.flag = non_finite_flag(g.grad);
+        flags = flags.defined() ? add(flags, g.flag) : g.flag;
+      }
+      set_found_inf(found_inf, flags);
+    }
     found_inf_per_device.emplace_back(device, std::move(found_inf));
   }
   state.found_inf_per_device = std::move(found_inf_per_device);
@@ -395,8 +430,9 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
     for (const optim::ParamGroup& group : groups) params.insert(params.end(), group.params.begin(), group.params.end());
     probe::report_grads(params, /*unscaled=*/false);
   }
-  for (auto& [device, grads] : by_device) {
-    for (Grad& g : grads) unscale_in_place(g.grad, inv_scale);
+  for (std::size_t d = 0; d < by_device.size(); ++d) {
+    if (fused[d]) continue;
+    for (Grad& g : by_device[d].second) unscale_in_place(g.grad, inv_scale);
   }
   if (!params.empty()) probe::report_grads(params, /*unscaled=*/true);
   state.stage = Stage::unscaled;

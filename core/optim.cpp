@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <typeinfo>
 #include <utility>
 
 #include <fmt/format.h>
@@ -11,8 +12,12 @@
 
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/ops.h"
+#if defined(AMPSCOPE_WITH_CUDA)
+#include "kernels/cuda/fused_amp.h"
+#endif
 
 namespace ampscope::optim {
 
@@ -172,9 +177,14 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
   groups_.push_back(std::move(group));
 }
 
+namespace {
+bool try_fused_cuda_step(Optimizer& opt);
+}  // namespace
+
 void Optimizer::step() {
   NoGradGuard no_grad;
   RuntimeInternalGuard internal;  // updates are not the model's ops: no autocast, no probe events
+  if (try_fused_cuda_step(*this)) return;  // CUDA f32 parameters only; never taken for CPU tensors
   for (ParamGroup& group : groups_) {
     for (Tensor& p : group.params) {
       const Tensor grad = p.grad();
@@ -622,5 +632,92 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   }
   return total;
 }
+
+// ---- the GPU fast path (issue 10) ----
+
+namespace {
+
+// One fused kernel per group (kernels/cuda/fused_amp.h) instead of SGD::update / Adam::update's ops per
+// parameter, with the same bits. Taken only when every parameter with a gradient, its gradient and its
+// state are contiguous f32 tensors on one CUDA device; anything else (the CPU backend, f16 parameters,
+// views) runs the unfused loop. The state is created here as the unfused path creates it.
+bool try_fused_cuda_step(Optimizer& opt) {
+#if defined(AMPSCOPE_WITH_CUDA)
+  if (!cuda::fused_amp_enabled()) return false;
+  // Exactly these classes: a subclass may override update(), which the fused kernels would bypass.
+  const std::type_info& type = typeid(opt);
+  const bool sgd = type == typeid(SGD);
+  const bool decoupled = type == typeid(AdamW);
+  if (!sgd && !decoupled && type != typeid(Adam)) return false;
+  std::optional<Device> device;
+  auto usable = [&](const Tensor& t, const Tensor& p) {
+    return !t.defined() || (t.device() == p.device() && t.dtype() == DType::f32 && t.is_contiguous() &&
+                            t.shape() == p.shape());
+  };
+  for (const ParamGroup& group : opt.param_groups()) {
+    for (const Tensor& p : group.params) {
+      const Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      if (!p.device().is_cuda() || (device && *device != p.device())) return false;
+      device = p.device();
+      if (p.dtype() != DType::f32 || !p.is_contiguous() || !usable(grad, p)) return false;
+      if (const ParamState* st = opt.find_state(p)) {
+        if (!usable(st->momentum_buffer, p) || !usable(st->exp_avg, p) || !usable(st->exp_avg_sq, p) ||
+            !usable(st->max_exp_avg_sq, p)) {
+          return false;
+        }
+      }
+    }
+  }
+  if (!device) return false;
+  Backend& backend = backend_for(*device);
+  for (const ParamGroup& group : opt.param_groups()) {
+    const Hyperparameters& h = group.options;
+    if (sgd) {
+      std::vector<cuda::FusedSgdTensor> tensors;
+      for (const Tensor& p : group.params) {
+        const Tensor grad = p.grad();
+        if (!grad.defined()) continue;
+        ParamState& st = opt.state(p);
+        const bool first = h.momentum != 0.0 && !st.momentum_buffer.defined();
+        if (first) st.momentum_buffer = zeros(p.shape(), {DType::f32, p.device()});  // the kernel writes g
+        tensors.push_back({p.kernel_view(), grad.kernel_view(),
+                           h.momentum != 0.0 ? st.momentum_buffer.kernel_view() : TensorView{}, first});
+      }
+      cuda::fused_sgd_step(backend, tensors,
+                           {.lr = h.lr, .momentum = h.momentum, .dampening = h.dampening,
+                            .weight_decay = h.weight_decay, .nesterov = h.nesterov, .maximize = h.maximize},
+                           /*found_inf=*/nullptr);
+    } else {
+      std::vector<cuda::FusedAdamTensor> tensors;
+      for (const Tensor& p : group.params) {
+        const Tensor grad = p.grad();
+        if (!grad.defined()) continue;
+        ParamState& st = opt.state(p);
+        const TensorOptions like{DType::f32, p.device()};
+        if (!st.exp_avg.defined()) {
+          st.exp_avg = zeros(p.shape(), like);
+          st.exp_avg_sq = zeros(p.shape(), like);
+        }
+        if (h.amsgrad && !st.max_exp_avg_sq.defined()) st.max_exp_avg_sq = zeros(p.shape(), like);
+        st.step += 1;
+        tensors.push_back({p.kernel_view(), grad.kernel_view(), st.exp_avg.kernel_view(), st.exp_avg_sq.kernel_view(),
+                           h.amsgrad ? st.max_exp_avg_sq.kernel_view() : TensorView{}, st.step});
+      }
+      cuda::fused_adam_step(backend, tensors,
+                            {.lr = h.lr, .beta1 = h.betas[0], .beta2 = h.betas[1], .eps = h.eps,
+                             .weight_decay = h.weight_decay, .amsgrad = h.amsgrad, .maximize = h.maximize,
+                             .decoupled_weight_decay = decoupled},
+                            /*found_inf=*/nullptr);
+    }
+  }
+  return true;
+#else
+  (void)opt;
+  return false;
+#endif
+}
+
+}  // namespace
 
 }  // namespace ampscope::optim
