@@ -477,10 +477,10 @@ struct Analyser::State {
       w.fraction = f;
       w.message = op != nullptr
                       ? fmt::format("{} of {} non-zero values ({}) of the output of {} are below 2^-24, f16's smallest "
-                                    "subnormal: in f16 they would be 0",
+                                    "subnormal: in f16 they would flush to 0 (or, just under it, round up to 2^-24)",
                                     below, nonzero, fraction_text(f), place(*op))
                       : fmt::format("{} of {} non-zero values ({}) of the gradient of {} are below 2^-24, f16's "
-                                    "smallest subnormal: in f16 they would be 0",
+                                    "smallest subnormal: in f16 they would flush to 0 (or, just under it, round up to 2^-24)",
                                     below, nonzero, fraction_text(f), hr.tensor);
       warn(std::move(w));
     }

@@ -98,6 +98,7 @@ struct DiffReport {
                                         // earlier step and seq first)
   std::vector<DtypeDifference> dtype_differences;     // in order of first appearance
   std::vector<Unmatched> only_in_a, only_in_b;        // in order of first appearance
+  // Steps only one run finished, or whose ops only one run recorded (--sample-every, the flight recorder).
   std::vector<std::int64_t> steps_only_in_a, steps_only_in_b;
 };
 
