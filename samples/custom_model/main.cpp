@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   optim::AdamW opt(model.parameters(), {.lr = 1e-3});
   GradScaler scaler({.device = "cpu"});
   const std::string path = argc > 1 ? argv[1] : "custom.h5";
-  auto writer = std::make_shared<trace::TraceWriter>(path, trace::RunInfo{.precision = "fp16", .model = "MyModel"});
+  const trace::RunInfo run{.precision = "fp16", .device = "cpu", .model = "MyModel", .seed = 0, .config = "{}"};
+  auto writer = std::make_shared<trace::TraceWriter>(path, run);
   auto probe = std::make_shared<probe::Probe>(writer, probe::ProbeOptions{.level = probe::Level::health});
   probe::HookGuard watching(probe);
   const Tensor x = randn({8, 16}, gen), y = from_values({0, 1, 2, 3, 0, 1, 2, 3}, {8}, {DType::i64});
