@@ -319,7 +319,8 @@ struct Analyser::State {
                                          r.cast_overflow, r.cast_overflow == 1 ? "" : "s", r.out_dtype, kF16Max));
       // With a cast overflow the inf entered through the input: the finite values say nothing about 65504.
       if (h.pos_inf + h.neg_inf > 0 && r.out_dtype == "f16" && std::isfinite(h.absmax) && r.cast_overflow == 0)
-        d.evidence.push_back(fmt::format("output absmax of the finite values {:.6g}; beyond f16 max {} became inf",
+        d.evidence.push_back(fmt::format("output absmax of the finite values {:.6g}; the results beyond f16 max {} "
+                                         "became inf",
                                          h.absmax, kF16Max));
       if (d.cause == "log_of_zero") {
         // The op before the log in the same phase produced its input: its zeros are the log's -inf.
