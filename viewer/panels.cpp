@@ -249,6 +249,7 @@ void draw_scale_panel(ViewerState& s) {
     st.y.scale = yscale;
     st.y.label = ylabel;
     st.x.label = "step";
+    st.x.integer = true;
     plot::Result r = plot::draw(id, st, {&series, 1}, markers, ImVec2(-1, plot_h));
     s.shared_x = st.x;
     if (r.clicked) {
@@ -600,6 +601,7 @@ void draw_compare_panel(ViewerState& s) {
   ImGui::SameLine();
   ImGui::TextColored(to_vec4(colours::kSkippedText), "| skipped in a");
   s.compare_plot.x.label = "step";
+  s.compare_plot.x.integer = true;
   plot::Result r = plot::draw("##compare_loss", s.compare_plot, series, markers,
                               ImVec2(-1, std::max(100.0f, ImGui::GetContentRegionAvail().y * 0.5f)));
   if (r.clicked) {

@@ -123,11 +123,12 @@ double nice_step(double raw) {
 }
 
 // Multiples of a 1/2/5 x 10^k step inside [lo, hi], at least `spacing` pixels apart over `pixels`.
-std::vector<Tick> linear_ticks(double lo, double hi, double pixels, double spacing) {
+std::vector<Tick> linear_ticks(double lo, double hi, double pixels, double spacing, bool integer = false) {
   std::vector<Tick> out;
   const double span = hi - lo;
   if (!(span > 0) || !std::isfinite(span)) return out;
   double step = nice_step(span * spacing / pixels);
+  if (integer) step = std::max(step, 1.0);  // nice steps >= 1 are whole numbers (1, 2, 5, 10, ...)
   double first = std::ceil(lo / step), last = std::floor(hi / step);
   while (last - first + 1 > kMaxTicks) {  // only when pixels is huge; each pass at least doubles the step
     step = nice_step(step * 1.5);
@@ -366,7 +367,7 @@ std::vector<Tick> ticks(const Axis& axis_in, double pixels) {
   make_valid(axis);
   // A short axis (a 200 px high plot) still gets three or four ticks, as long as their labels fit.
   const double spacing = std::clamp(pixels / 4, std::min(kMinLabelSpacing, pixels / 2), kMinTickSpacing);
-  if (axis.scale == Scale::linear) return linear_ticks(axis.min, axis.max, pixels, spacing);
+  if (axis.scale == Scale::linear) return linear_ticks(axis.min, axis.max, pixels, spacing, axis.integer);
 
   const double t0 = forward(axis.scale, axis.min), t1 = forward(axis.scale, axis.max);
   const double px_per_power = pixels / (t1 - t0);

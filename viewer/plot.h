@@ -27,6 +27,7 @@ struct Axis {
   double min = 0, max = 1;   // the visible range, in data units
   bool fit = true;           // refit to the data on the next draw (set after loading, cleared by zoom/pan)
   std::string label;
+  bool integer = false;      // linear ticks at whole numbers only (a step axis: no "2.5")
 };
 
 // Where a data value lands on a pixel range [p0, p1] (p1 < p0 allowed: y grows downwards), and back.

@@ -94,6 +94,18 @@ TEST(plot_axis_test, degenerate_axes_map_into_the_middle_rather_than_to_nan) {
 
 // ---- ticks ----------------------------------------------------------------------------------------
 
+TEST(plot_ticks_test, an_integer_axis_puts_ticks_on_whole_numbers_only) {
+  // Steps 0..5 over 900 px: a free axis takes 0.5 apart (about 75 px each); a step axis takes 1 apart.
+  Axis steps = axis(Scale::linear, 0, 5);
+  EXPECT_EQ(values_of(ticks(steps, 900)), (std::vector<double>{0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5}));
+  steps.integer = true;
+  EXPECT_EQ(values_of(ticks(steps, 900)), (std::vector<double>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(labels_of(ticks(steps, 900)), (std::vector<std::string>{"0", "1", "2", "3", "4", "5"}));
+  // A long run keeps its coarser 1/2/5 x 10^k spacing.
+  steps.max = 1000;
+  EXPECT_EQ(values_of(ticks(steps, 600)), (std::vector<double>{0, 200, 400, 600, 800, 1000}));
+}
+
 TEST(plot_ticks_test, puts_linear_ticks_at_1_2_5_times_powers_of_ten) {
   const auto t = ticks(axis(Scale::linear, 0, 1000), 600);
   EXPECT_EQ(values_of(t), (std::vector<double>{0, 200, 400, 600, 800, 1000}));
