@@ -100,10 +100,13 @@ void open_trace(ViewerState& s, const std::filesystem::path& path, bool as_b) {
     s.op_rows_for = 0;
     s.op_rows_dirty = true;
     s.series_steps = static_cast<std::size_t>(-1);
+    // A new trace is fitted afresh, whatever the user had zoomed in the last one.
+    s.shared_x = {};
+    s.scale_plot = s.loss_plot = s.norm_plot = {};
     s.histogram_plot = {};
     s.compare_plot = {};
   }
-  if (s.a && s.b) s.comparison = std::make_unique<Comparison>(s.a->reader(), s.b->reader());
+  if (s.a && s.b) s.comparison = std::make_unique<Comparison>(s.a->path(), s.b->path());
 }
 
 void select_step(ViewerState& s, std::int64_t step, std::optional<std::int64_t> seq) {

@@ -30,11 +30,8 @@ bool is_ready(const std::future<T>& f) {
 
 }  // namespace
 
-// A document opens its file once and its jobs share that reader, taking turns through this lock: two
-// TraceReaders open on the same file at once were seen to return too few rows of a large step, and one
-// reader must not be used by two threads at once.
-std::mutex& trace_io_mutex() {
-  static std::mutex m;
+std::shared_mutex& refresh_gate() {
+  static std::shared_mutex m;
   return m;
 }
 
@@ -49,9 +46,10 @@ std::map<std::int64_t, std::vector<Row>> by_step(std::vector<Row> rows) {
 
 // analysis::analyse(reader) with the reader lock taken per block of steps rather than for the whole run,
 // so the selected step's rows can be read in between.
-analysis::Report analyse_in_turns(trace::TraceReader& reader, const analysis::AnalysisOptions& options,
+analysis::Report analyse_in_turns(SharedReader& shared, const analysis::AnalysisOptions& options,
                                   JobControl& control) {
-  std::unique_lock lock(trace_io_mutex());
+  std::unique_lock lock(shared.mutex);
+  trace::TraceReader& reader = shared.reader;
   analysis::Analyser a(options);
   a.set_run(reader.run_info(), reader.path().string(), reader.complete());
   const std::vector<trace::StepRow> steps = reader.steps();
@@ -97,9 +95,10 @@ analysis::Report analyse_in_turns(trace::TraceReader& reader, const analysis::An
 
 }  // namespace
 
-StepData read_step(trace::TraceReader& reader, std::int64_t step) {
+StepData read_step(SharedReader& shared, std::int64_t step) {
   const auto t0 = Clock::now();
-  std::lock_guard lock(trace_io_mutex());
+  std::lock_guard lock(shared.mutex);
+  trace::TraceReader& reader = shared.reader;
   static std::atomic<std::uint64_t> loads{0};
   StepData d;
   d.step = step;
@@ -119,12 +118,13 @@ std::unique_ptr<TraceDocument> TraceDocument::open(const std::filesystem::path& 
   doc->options_ = options;
   doc->path_ = path;
   try {
-    std::lock_guard lock(trace_io_mutex());
-    doc->reader_ = std::make_shared<trace::TraceReader>(path);
-    doc->run_ = doc->reader_->run_info();
-    doc->complete_ = doc->reader_->complete();
-    doc->counts_ = doc->reader_->row_counts();
-    doc->steps_ = doc->reader_->steps();
+    // No job has the reader yet: no lock needed.
+    doc->reader_ = std::make_shared<SharedReader>(path);
+    trace::TraceReader& r = doc->reader_->reader;
+    doc->run_ = r.run_info();
+    doc->complete_ = r.complete();
+    doc->counts_ = r.row_counts();
+    doc->steps_ = r.steps();
   } catch (const std::exception& e) {
     // TraceError says what is wrong with the file; anything else (bad_alloc on a damaged size) is shown too.
     doc->error_ = e.what();
@@ -156,7 +156,9 @@ void TraceDocument::start_analysis() {
 }
 
 void TraceDocument::select_step(std::int64_t step) {
-  if (!ok() || (selected_ && *selected_ == step)) return;
+  if (!ok()) return;
+  // The same step again: nothing to do, unless its read failed; then this is the way to retry it.
+  if (selected_ && *selected_ == step && step_error_.empty()) return;
   selected_ = step;
   step_error_.clear();
   if (!step_job_.valid()) start_step_job(step);
@@ -209,14 +211,18 @@ bool TraceDocument::poll() {
 
 void TraceDocument::refresh_live() {
   last_refresh_ = Clock::now();
-  std::unique_lock lock(trace_io_mutex(), std::try_to_lock);
-  if (!lock.owns_lock()) return;  // a background job is reading: try again at the next refresh
+  // Not now if a background job is reading, or a comparison has a second reader open: next time.
+  std::unique_lock gate(refresh_gate(), std::try_to_lock);
+  if (!gate.owns_lock()) return;
+  std::unique_lock lock(reader_->mutex, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  trace::TraceReader& reader = reader_->reader;
   try {
-    reader_->refresh();
+    reader.refresh();
     const std::int64_t after = steps_.empty() ? trace::kFirstStep : steps_.back().step + 1;
-    auto fresh = reader_->steps(after, trace::kLastStep);
-    counts_ = reader_->row_counts();
-    complete_ = reader_->complete();
+    auto fresh = reader.steps(after, trace::kLastStep);
+    counts_ = reader.row_counts();
+    complete_ = reader.complete();
     if (fresh.empty() && !complete_) return;
     steps_.insert(steps_.end(), fresh.begin(), fresh.end());
     // The analysis saw fewer steps: run it again (after the running one, if any).
@@ -239,14 +245,17 @@ void TraceDocument::wait_idle() {
   }
 }
 
-Comparison::Comparison(std::shared_ptr<trace::TraceReader> a, std::shared_ptr<trace::TraceReader> b) {
+Comparison::Comparison(const std::filesystem::path& a, const std::filesystem::path& b, Options options) {
   auto control = control_;
-  job_ = std::async(std::launch::async, [a, b, control]() {
-    // diff() reads both files in one call: it holds the reader lock throughout.
-    std::lock_guard lock(trace_io_mutex());
-    return analysis::diff(*a, *b, {}, [control](std::int64_t done, std::int64_t total) {
+  job_ = std::async(std::launch::async, [a, b, options = std::move(options), control]() {
+    // Readers of its own, opened, used and closed on this thread: no document waits for the diff. The
+    // gate keeps live refreshes off the files while these second handles are open.
+    std::shared_lock gate(refresh_gate());
+    trace::TraceReader ra(a), rb(b);
+    return analysis::diff(ra, rb, options.diff, [&options, control](std::int64_t done, std::int64_t total) {
       control->done = done;
       control->total = total;
+      if (options.on_progress) options.on_progress(done, total);
       if (control->cancel) throw Cancelled{};
     });
   });

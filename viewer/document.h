@@ -2,8 +2,10 @@
 // so a trace of millions of op rows opens at once; the ops (and histograms, events) of the selected step
 // are read on demand on a background thread, and the analysis (probes/analysis.h) runs on another,
 // reporting its progress. The document opens the file once; its jobs share that reader and take turns (a
-// block of rows each) through trace_io_mutex(). A trace still being written is refreshed about
-// once a second and new steps are appended. Nothing here throws: an unreadable file gives error().
+// block of rows each) through the reader's own lock (SharedReader). A comparison opens its own readers,
+// so it never waits for a document nor makes one wait. A trace still being written is refreshed about
+// once a second and new steps are appended. A step whose read failed is read again when selected again.
+// Nothing here throws: an unreadable file gives error().
 //
 //   auto doc = TraceDocument::open("run.h5");        // never throws
 //   if (!doc->ok()) show(doc->error());
@@ -19,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -38,11 +41,20 @@ struct StepData {
   double read_ms = 0;
 };
 
-// The lock every use of a TraceReader in the viewer takes (see document.cpp for why).
-std::mutex& trace_io_mutex();
+// A reader and the lock its users take turns through: a TraceReader is used by one thread at a time.
+struct SharedReader {
+  explicit SharedReader(const std::filesystem::path& path) : reader(path) {}
+  std::mutex mutex;
+  trace::TraceReader reader;  // use only while holding mutex
+};
 
-// Reads one step's rows (ops, histograms, events), taking the lock; throws TraceError.
-StepData read_step(trace::TraceReader& reader, std::int64_t step);
+// Reads one step's rows (ops, histograms, events), holding the reader's lock; throws TraceError.
+StepData read_step(SharedReader& reader, std::int64_t step);
+
+// Held shared by every job that has its own second reader of a file open (a comparison), and exclusively
+// by a live refresh: an H5Drefresh while another handle of the same file is open breaks that handle's
+// chunk lookups (probes/trace_reader.cpp), so a live trace is not refreshed while a comparison runs.
+std::shared_mutex& refresh_gate();
 
 // Progress of a background job, and a way to stop it when the window closes.
 struct JobControl {
@@ -77,7 +89,6 @@ class TraceDocument {
   bool complete() const { return complete_; }
   bool live() const { return ok() && !complete_; }
   double open_ms() const { return open_ms_; }
-  const std::shared_ptr<trace::TraceReader>& reader() const { return reader_; }
 
   // Picks up finished background work and, for a live trace, refreshes about once a second. Call once a
   // frame from the UI thread; true when something visible changed.
@@ -90,7 +101,8 @@ class TraceDocument {
   const std::string& analysis_error() const { return analysis_error_; }
   void start_analysis();
 
-  // The step whose rows the panels show. The rows arrive later (step_data() null meanwhile).
+  // The step whose rows the panels show. The rows arrive later (step_data() null meanwhile). Selecting
+  // the step already selected does nothing, unless its read failed (step_error()): then it is read again.
   void select_step(std::int64_t step);
   std::optional<std::int64_t> selected_step() const { return selected_; }
   const StepData* step_data() const { return step_ && selected_ && step_->step == *selected_ ? &*step_ : nullptr; }
@@ -108,7 +120,7 @@ class TraceDocument {
   Options options_;
   std::filesystem::path path_;
   std::string error_;
-  std::shared_ptr<trace::TraceReader> reader_;  // shared with the jobs, used under trace_io_mutex()
+  std::shared_ptr<SharedReader> reader_;  // shared with the jobs, used under its lock
   trace::RunInfo run_;
   std::vector<trace::StepRow> steps_;
   trace::RowCounts counts_;
@@ -129,11 +141,20 @@ class TraceDocument {
   std::string step_error_;
 };
 
-// Two traces compared (Compare panel): the diff of probes/analysis_diff.h on a background thread.
+// Two traces compared (Compare panel): the diff of probes/analysis_diff.h on a background thread, over
+// readers of its own that only that thread uses (opened and closed there), so the documents' step reads
+// and analyses go on meanwhile.
 class Comparison {
  public:
-  Comparison(std::shared_ptr<trace::TraceReader> a, std::shared_ptr<trace::TraceReader> b);
-  ~Comparison();
+  struct Options {
+    analysis::DiffOptions diff;
+    // Called on the comparison's thread after each block of steps, with the rows done and the total
+    // (tests hold a comparison half-way through with it); may throw to stop the comparison.
+    analysis::DiffProgress on_progress;
+  };
+  Comparison(const std::filesystem::path& a, const std::filesystem::path& b, Options options);
+  Comparison(const std::filesystem::path& a, const std::filesystem::path& b) : Comparison(a, b, Options{}) {}
+  ~Comparison();  // stops the diff at its next block and waits for it
   bool poll();  // true when the diff has just finished
   const analysis::DiffReport* report() const { return report_ ? &*report_ : nullptr; }
   bool running() const { return job_.valid(); }

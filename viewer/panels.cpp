@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 #include <imgui.h>
@@ -220,10 +221,12 @@ void draw_scale_panel(ViewerState& s) {
   }
   const auto& steps = s.a->steps();
   if (s.series_steps != steps.size()) {
+    // New steps (a live trace, about once a second): refit only the axes the user has not zoomed or
+    // panned, so a zoomed plot stays put; a double click on a plot makes it follow again.
     s.series = step_series(steps);
     s.series_steps = steps.size();
-    s.shared_x.fit = true;
-    s.scale_plot.y.fit = s.loss_plot.y.fit = s.norm_plot.y.fit = true;
+    plot::follow_data(s.shared_x);
+    for (plot::State* p : {&s.scale_plot, &s.loss_plot, &s.norm_plot}) plot::follow_data(p->y);
   }
   step_picker(s);
   if (steps.empty()) {
@@ -271,7 +274,9 @@ void draw_scale_panel(ViewerState& s) {
   ImGui::SameLine();
   ImGui::TextColored(to_vec4(colours::kSelectedStep), "| selected");
   ImGui::SameLine();
-  help_marker("Wheel: zoom, drag: pan, click: select the step. The x axes of the three plots move together.");
+  help_marker("Wheel: zoom, drag: pan, click: select the step, double click: fit the data again (and follow new "
+              "steps of a live trace, which a zoomed or panned axis no longer does). The x axes of the three plots "
+              "move together.");
   draw_one("##scale", s.scale_plot, scale, plot::Scale::log2, "loss scale (log2)");
   draw_one("##loss", s.loss_plot, loss, plot::Scale::linear, "loss");
   draw_one("##norm", s.norm_plot, norm, plot::Scale::log10, "gradient norm (log10)");
@@ -299,6 +304,8 @@ void draw_ops_panel(ViewerState& s) {
   const StepData* d = s.a->step_data();
   if (!s.a->step_error().empty()) {
     error_box(s.a->step_error());
+    // Selecting the step again reads it again (the file may have been a moment away, or is being written).
+    if (ImGui::Button("retry") && s.a->selected_step()) select_step(s, *s.a->selected_step(), s.selected_seq);
     ImGui::End();
     return;
   }
@@ -468,6 +475,15 @@ void draw_detail_panel(ViewerState& s) {
     ImGui::PopTextWrapPos();
   } else {
     ImGui::Text("exponent histogram of the output (%s values)", format_count(h->total).c_str());
+    // f16's zones shaded, on the exponent axis (a bin e holds |x| in [2^e, 2^(e+1))): overflow from 2^16,
+    // the subnormal band 2^-24 .. 2^-15 (bins -24 .. -15, up to 2^-14), flush to zero below 2^-24.
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    const plot::Band bands[] = {
+        {kF16MaxExponent + 1.0, kInf, im(colours::kF16OverflowZone), "overflow"},
+        {static_cast<double>(kF16MinSubnormalExponent), static_cast<double>(kF16MinNormalExponent),
+         im(colours::kF16SubnormalZone), "subnormal"},
+        {-kInf, static_cast<double>(kF16MinSubnormalExponent), im(colours::kF16FlushZone), "flush to 0"},
+    };
     std::vector<plot::Marker> markers = {
         {kF16MaxExponent + 1.0, im(colours::kF16Range), "f16 overflow above 65504 (2^16 and up: inf)"},
         {static_cast<double>(kF16MinNormalExponent), im(colours::kF16Range), "f16 smallest normal 2^-14; subnormal below"},
@@ -475,27 +491,42 @@ void draw_detail_panel(ViewerState& s) {
     };
     plot::Series series{.label = "values", .x = h->exponent, .y = h->count, .colour = im(colours::kLoss),
                         .style = plot::Style::line_and_markers};
-    // The x range always spans f16's range (2^-24 .. 2^16) so the data are seen against it.
+    // The x range always spans f16's range (2^-24 .. 2^16) and a few bins beyond each end, so the data are
+    // seen against it and the overflow and flush-to-zero zones show even when nothing falls in them.
     if (s.histogram_seq != row->seq || s.histogram_load != (d ? d->load_id : 0)) {
       s.histogram_seq = row->seq;
       s.histogram_load = d ? d->load_id : 0;
       const double lo = h->exponent.empty() ? 0 : h->exponent.front(), hi = h->exponent.empty() ? 0 : h->exponent.back();
-      s.histogram_plot.x = {.scale = plot::Scale::linear, .min = std::min(lo, kF16MinSubnormalExponent - 2.0),
-                            .max = std::max(hi, kF16MaxExponent + 2.0), .fit = false, .label = ""};
+      s.histogram_plot.x = {.scale = plot::Scale::linear, .min = std::min(lo - 1, kF16MinSubnormalExponent - 5.0),
+                            .max = std::max(hi + 1, kF16MaxExponent + 6.0), .fit = false, .label = ""};
       s.histogram_plot.y.fit = true;
     }
     s.histogram_plot.y.scale = plot::Scale::log10;
     s.histogram_plot.x.label = "binary exponent floor(log2|x|)";
     s.histogram_plot.y.label = "values";
     const float plot_h = std::max(80.0f, ImGui::GetContentRegionAvail().y - 5 * ImGui::GetTextLineHeightWithSpacing());
-    plot::draw("##hist", s.histogram_plot, {&series, 1}, markers, ImVec2(-1, plot_h));
-    auto line = [](std::uint32_t colour, const std::string& text) { ImGui::TextColored(to_vec4(colour), "%s", text.c_str()); };
-    line(h->above_f16 ? colours::kNonFiniteCell : colours::kF16Range,
+    plot::draw("##hist", s.histogram_plot, {&series, 1}, markers, ImVec2(-1, plot_h), bands);
+    // Each zone's line starts with a swatch of its shade: the legend of the bands.
+    auto line = [](std::uint32_t swatch, std::uint32_t colour, const std::string& text) {
+      const float size = ImGui::GetFontSize() * 0.8f;
+      const ImVec2 p = ImGui::GetCursorScreenPos();
+      const float y = p.y + (ImGui::GetTextLineHeight() - size) / 2;
+      if (swatch != 0) {
+        ImDrawList* dl = ImGui::GetWindowDrawList();
+        dl->AddRectFilled(ImVec2(p.x, y), ImVec2(p.x + size, y + size), im(swatch));
+        dl->AddRect(ImVec2(p.x, y), ImVec2(p.x + size, y + size), im(colour));
+      }
+      ImGui::Dummy(ImVec2(size, ImGui::GetTextLineHeight()));
+      ImGui::SameLine();
+      ImGui::TextColored(to_vec4(colour), "%s", text.c_str());
+    };
+    line(colours::kF16OverflowZone, h->above_f16 ? colours::kNonFiniteCell : colours::kF16Range,
          fmt::format("above f16's max (>= 2^16): {} (inf once cast to f16)", format_count(h->above_f16)));
-    line(colours::kF16Range, fmt::format("f16 subnormal band (2^-24 .. 2^-15): {}", format_count(h->f16_subnormal)));
-    line(h->below_f16 ? colours::kWarning : colours::kF16Range,
+    line(colours::kF16SubnormalZone, colours::kF16Range,
+         fmt::format("f16 subnormal band (2^-24 .. 2^-15): {}", format_count(h->f16_subnormal)));
+    line(colours::kF16FlushZone, h->below_f16 ? colours::kWarning : colours::kF16Range,
          fmt::format("below f16 (< 2^-24, flush to zero): {}", format_count(h->below_f16)));
-    line(colours::kBf16Range, "bf16 covers 2^-133 .. 2^127: every exponent bin above fits bf16 (8 bits of precision)");
+    line(0, colours::kBf16Range, "bf16 covers 2^-133 .. 2^127: every exponent bin above fits bf16 (8 bits of precision)");
     ImGui::TextDisabled("subnormal %s, zero %s, inf %s, nan %s", format_count(h->subnormal).c_str(),
                         format_count(h->zero).c_str(), format_count(h->inf).c_str(), format_count(h->nan).c_str());
   }
@@ -571,7 +602,7 @@ void draw_compare_panel(ViewerState& s) {
     ImGui::End();
     return;
   }
-  if (!s.comparison) s.comparison = std::make_unique<Comparison>(s.a->reader(), s.b->reader());
+  if (!s.comparison) s.comparison = std::make_unique<Comparison>(s.a->path(), s.b->path());
   const analysis::DiffReport* d = s.comparison->report();
   if (!d) {
     if (!s.comparison->error().empty()) {

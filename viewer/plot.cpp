@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <utility>
 
 #include <imgui_internal.h>  // SetItemUsingMouseWheel: stops the parent window scrolling while we zoom
 
@@ -163,6 +164,21 @@ std::string format_value(double v) {
 
 ImU32 with_alpha(ImU32 colour, int alpha) {
   return (colour & ~IM_COL32_A_MASK) | (static_cast<ImU32>(alpha) << IM_COL32_A_SHIFT);
+}
+
+// A band's span in pixels, inside [left, right]: -infinity (and <= 0 on a log axis) is the left edge,
+// +infinity the right; {0, 0} for a NaN end.
+std::pair<float, float> band_pixels(const Band& b, const Mapper& mx, double left, double right) {
+  const auto pixel = [&](double v) {
+    if (std::isnan(v)) return kNaN;
+    if (std::isinf(v)) return v > 0 ? right : left;
+    const double p = mx.pixel(v);
+    return std::isnan(p) ? left : std::clamp(p, left, right);
+  };
+  double p0 = pixel(b.x0), p1 = pixel(b.x1);
+  if (std::isnan(p0) || std::isnan(p1)) return {0.0f, 0.0f};
+  if (p0 > p1) std::swap(p0, p1);
+  return {static_cast<float>(p0), static_cast<float>(p1)};
 }
 
 // One series in pixels: the points to draw, split into runs at NaN gaps. Consecutive points that fall in
@@ -402,6 +418,7 @@ void zoom(Axis& axis, double about, double factor) {
   const double n1 = std::min(ta + (t1 - ta) * factor, bound_hi(s));
   set_transformed(axis, n0, n1, t0, t1);
   axis.fit = false;
+  axis.follow = false;
   make_valid(axis);
 }
 
@@ -417,7 +434,17 @@ void pan(Axis& axis, double pixels_moved, double p0, double p1) {
   if (shift == 0) return;
   set_transformed(axis, t0 + shift, t1 + shift, t0, t1);
   axis.fit = false;
+  axis.follow = false;
   make_valid(axis);
+}
+
+void follow_data(Axis& axis) {
+  if (axis.follow) axis.fit = true;
+}
+
+void follow_data(State& state) {
+  follow_data(state.x);
+  follow_data(state.y);
 }
 
 void fit(State& state, std::span<const Series> series) {
@@ -446,7 +473,7 @@ void fit(State& state, std::span<const Series> series) {
 }
 
 Result draw(const char* id, State& state, std::span<const Series> series, std::span<const Marker> markers,
-            ImVec2 size) {
+            ImVec2 size, std::span<const Band> bands) {
   // Checked before any ImGui call, so a throw leaves no child window open.
   for (const Series& s : series) {
     if (s.x.size() != s.y.size()) {
@@ -513,7 +540,10 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
     pan(state.x, io.MouseDelta.x, lo.x, hi.x);
     pan(state.y, io.MouseDelta.y, hi.y, lo.y);
   }
-  if (hovered && ImGui::IsMouseDoubleClicked(0)) state.x.fit = state.y.fit = true;
+  if (hovered && ImGui::IsMouseDoubleClicked(0)) {
+    state.x.fit = state.y.fit = true;
+    state.x.follow = state.y.follow = true;
+  }
   // The second click of a double click refits; it does not select.
   if (pressed && !dragged(io) && io.MouseClickedLastCount[0] < 2) {
     result.clicked = true;
@@ -537,6 +567,16 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
   const ImU32 text_colour = ImGui::GetColorU32(ImGuiCol_Text);
   const ImU32 grid_colour = ImGui::GetColorU32(ImGuiCol_Text, 0.12f);
   dl->AddRectFilled(lo, hi, ImGui::GetColorU32(ImGuiCol_FrameBg));
+  // Bands over the background, under the grid: the grid lines stay visible through them.
+  for (const Band& b : bands) {
+    const auto [x0, x1] = band_pixels(b, mx, lo.x, hi.x);
+    if (!(x1 > x0)) continue;
+    dl->AddRectFilled(ImVec2(x0, lo.y), ImVec2(x1, hi.y), b.colour);
+    const ImVec2 text = ImGui::CalcTextSize(b.label.c_str());
+    if (!b.label.empty() && text.x + 6 <= x1 - x0) {
+      dl->AddText(ImVec2(x0 + 3, hi.y - text.y - 2), with_alpha(b.colour, 255), b.label.c_str());
+    }
+  }
   float label_end = -1e30f;  // long x labels ("1.00002e+06") can be wider than the tick spacing
   for (const Tick& t : x_ticks) {
     const float px = static_cast<float>(mx.pixel(t.value));
@@ -636,6 +676,11 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
     for (const Marker& m : markers) {
       if (m.label.empty() || !(std::fabs(mx.pixel(m.x) - snap_px) <= 2)) continue;
       ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(with_alpha(m.colour, 255)), "%s", m.label.c_str());
+    }
+    for (const Band& b : bands) {
+      const auto [x0, x1] = band_pixels(b, mx, lo.x, hi.x);
+      if (b.label.empty() || !(mouse.x >= x0 && mouse.x < x1)) continue;
+      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(with_alpha(b.colour, 255)), "%s", b.label.c_str());
     }
     ImGui::EndTooltip();
   }

@@ -1,13 +1,14 @@
 // viewer/plot.h: the viewer's own small plot widget, drawn with ImDrawList (ImPlot is not packaged in
 // Debian): linear and log2/log10 axes with ticks and labels, several series (lines or markers), vertical
-// markers (skipped steps, backoffs), zoom with the wheel, pan by dragging, a hover read-out, and a click
-// that reports the x under the mouse. The axis arithmetic (ticks, data <-> pixel) is plain functions,
-// tested without a window.
+// markers (skipped steps, backoffs), shaded x bands (f16's overflow zone), zoom with the wheel, pan by
+// dragging, a hover read-out, and a click that reports the x under the mouse. The axis arithmetic (ticks,
+// data <-> pixel) is plain functions, tested without a window.
 //
 //   plot::State state;                                   // lives in the panel's state, across frames
 //   plot::Series loss{.label = "loss", .x = steps, .y = losses, .colour = IM_COL32(80, 160, 255, 255)};
 //   plot::Result r = plot::draw("##loss", state, {&loss, 1}, {}, ImVec2(-1, 200));
 //   if (r.clicked) select_step(std::llround(r.clicked_x));
+//   when more data arrive: plot::follow_data(state);      // refits the axes the user has not zoomed
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,8 @@ struct Axis {
   Scale scale = Scale::linear;
   double min = 0, max = 1;   // the visible range, in data units
   bool fit = true;           // refit to the data on the next draw (set after loading, cleared by zoom/pan)
+  bool follow = true;        // the user has not zoomed or panned it: follow_data() refits it (zoom/pan
+                             // clear this, a double click sets it again)
   std::string label;
   bool integer = false;      // linear ticks at whole numbers only (a step axis: no "2.5")
 };
@@ -52,7 +55,8 @@ std::vector<Tick> ticks(const Axis& axis, double pixels);
 // Zoom about a data value (factor < 1 zooms in) and pan by a data distance; both keep log axes positive.
 // zoom keeps `about` on the same pixel (about <= 0 on a log axis zooms about the middle) and throws
 // ampscope::Error for a factor that is not finite and > 0. pan moves the range so that the value under
-// pixel p lies under p + pixels_moved afterwards (over the same [p0, p1] as to_pixel). Both clear fit.
+// pixel p lies under p + pixels_moved afterwards (over the same [p0, p1] as to_pixel). Both clear fit and
+// follow (the user has chosen the range; a pan of 0 pixels changes nothing and clears nothing).
 void zoom(Axis& axis, double about, double factor);
 void pan(Axis& axis, double pixels_moved, double p0, double p1);
 
@@ -79,9 +83,26 @@ struct Marker {
   std::string label;  // shown in the hover read-out
 };
 
+// A shaded band across the plot's height over x0 .. x1 (a range of x that means something, such as f16's
+// overflow zone), drawn behind the grid lines, markers and series. An end may be -/+infinity: the band then
+// reaches the plot's edge; x0 > x1 is taken as x1 .. x0. The colour is used as given, so give it a low alpha
+// (IM_COL32(230, 40, 40, 60)) for the grid and series to show through. The label is written at the band's
+// foot when it fits inside, and in the hover read-out when the mouse is over the band.
+struct Band {
+  double x0 = 0, x1 = 0;
+  ImU32 colour = IM_COL32(255, 80, 80, 48);
+  std::string label;
+};
+
 struct State {
   Axis x, y;
 };
+
+// New data have arrived (a live trace grew): sets fit on the axes whose follow is still set, so the next
+// draw() refits them, and leaves an axis the user has zoomed or panned where the user put it. The Axis
+// form is for an axis shared by several plots.
+void follow_data(Axis& axis);
+void follow_data(State& state);
 
 // Refits the axes whose `fit` is set and clears their flag: x over every series' finite x, then y over
 // the points whose x lies inside the (new) x range, each with a 5% margin; a log axis from the positive
@@ -103,12 +124,12 @@ struct Result {
 
 // Draws in the current ImGui window at the cursor; size.x <= 0 takes the available width (size.y <= 0
 // the available height; never under 60 x 40). Interaction: wheel zooms x about the mouse, shift+wheel zooms y, left drag pans
-// both axes, double click refits both (its second click is not reported as a click), hover shows a
-// vertical line and a tooltip with each series' y at the data x nearest the mouse and the labels of
-// markers on that x. Series of any length are cheap: points on one pixel column are drawn as that
+// both axes, double click refits both and makes them follow new data again (its second click is not
+// reported as a click), hover shows a vertical line and a tooltip with each series' y at the data x
+// nearest the mouse, the labels of markers on that x and of the bands under the mouse. Series of any length are cheap: points on one pixel column are drawn as that
 // column's first, min, max and last. Throws ampscope::ShapeError, before drawing anything, when a series'
 // x and y differ in length. The id must be unique in the window (it names a child window).
 Result draw(const char* id, State& state, std::span<const Series> series, std::span<const Marker> markers,
-            ImVec2 size);
+            ImVec2 size, std::span<const Band> bands = {});
 
 }  // namespace ampscope::viewer::plot

@@ -49,6 +49,10 @@ inline constexpr std::uint32_t kScale = rgba(120, 230, 120);
 inline constexpr std::uint32_t kGradNorm = rgba(200, 170, 255);
 inline constexpr std::uint32_t kF16Range = rgba(255, 170, 60);
 inline constexpr std::uint32_t kBf16Range = rgba(120, 220, 120);
+// The shaded zones of the exponent histogram (see-through, over the plot's background).
+inline constexpr std::uint32_t kF16OverflowZone = rgba(230, 40, 40, 70);
+inline constexpr std::uint32_t kF16SubnormalZone = rgba(255, 170, 60, 55);
+inline constexpr std::uint32_t kF16FlushZone = rgba(200, 90, 255, 60);
 }  // namespace colours
 
 // The colour of a dtype's name in the ops table ("f16" orange, "bf16" green, "f32" blue, others grey).

@@ -312,6 +312,24 @@ TEST(plot_axis_test, pan_keeps_log_axes_positive_however_far_it_goes) {
 
 // ---- fit ------------------------------------------------------------------------------------------
 
+TEST(plot_axis_test, zoom_and_pan_stop_an_axis_following_new_data) {
+  State st;
+  st.x = axis(Scale::linear, 0, 100);
+  st.y = axis(Scale::linear, 0, 10);
+  follow_data(st);  // untouched axes follow: both refit at the next draw
+  EXPECT_TRUE(st.x.fit && st.y.fit);
+  st.x.fit = st.y.fit = false;
+  pan(st.y, 0, 0, 400);  // a drag with no vertical motion leaves y alone
+  zoom(st.x, 50, 0.5);
+  EXPECT_FALSE(st.x.follow);
+  EXPECT_TRUE(st.y.follow);
+  follow_data(st);
+  EXPECT_FALSE(st.x.fit);
+  EXPECT_TRUE(st.y.fit);
+  pan(st.y, 10, 0, 400);
+  EXPECT_FALSE(st.y.follow);
+}
+
 TEST(plot_fit_test, fits_both_axes_to_the_data_with_a_five_percent_margin) {
   const std::vector<double> x = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
   const std::vector<double> y = {3, kNaN, 5, 4, 7, 2, kNaN, 6, 5, 4, 3};  // finite 2..7
@@ -632,6 +650,128 @@ TEST_F(PlotDrawTest, double_click_refits_and_only_its_first_click_selects) {
   EXPECT_NEAR(state_.x.max, 103.95, 1e-12);
   EXPECT_NEAR(state_.y.min, -0.495, 1e-12);
   EXPECT_NEAR(state_.y.max, 10.395, 1e-12);
+}
+
+TEST_F(PlotDrawTest, new_data_refit_an_axis_until_the_user_zooms_it_and_again_after_a_double_click) {
+  // As the scale panel does for a live trace: data grow, follow_data(), draw.
+  const auto grow_to = [&](int n) {
+    xs_.clear();
+    ys_.clear();
+    for (int i = 0; i < n; ++i) xs_.push_back(i), ys_.push_back(0.1 * i);
+    follow_data(state_);
+  };
+  grow_to(200);
+  Result r = frame(kAway, false);
+  EXPECT_NEAR(state_.x.min, -0.05 * 199, 1e-9);  // x 0 .. 199 with a 5% margin
+  EXPECT_NEAR(state_.x.max, 199 + 0.05 * 199, 1e-9);
+
+  const ImVec2 p = at(r, 0.5, 0.5);
+  frame(p, false);
+  frame(p, false, 2.0f);  // two notches in: the user has chosen an x range
+  const double x_min = state_.x.min, x_max = state_.x.max;
+  ASSERT_LT(x_max - x_min, 0.7 * 199 * 1.1);
+  grow_to(300);
+  frame(kAway, false);
+  EXPECT_EQ(state_.x.min, x_min);  // stays where the user put it
+  EXPECT_EQ(state_.x.max, x_max);
+  // y still follows: refit over the points in view, y = 0.1 x for whole x in [x_min, x_max].
+  const double y_lo = 0.1 * std::ceil(x_min), y_hi = 0.1 * std::floor(x_max);
+  EXPECT_NEAR(state_.y.min, y_lo - 0.05 * (y_hi - y_lo), 1e-9);
+  EXPECT_NEAR(state_.y.max, y_hi + 0.05 * (y_hi - y_lo), 1e-9);
+
+  frame(p, false);  // a double click: fit the data, and follow them again
+  frame(p, true);
+  frame(p, false);
+  frame(p, true);
+  frame(p, false);
+  EXPECT_TRUE(state_.x.follow && state_.y.follow);
+  EXPECT_NEAR(state_.x.max, 299 + 0.05 * 299, 1e-9);
+  grow_to(400);
+  frame(kAway, false);
+  EXPECT_NEAR(state_.x.min, -0.05 * 399, 1e-9);
+  EXPECT_NEAR(state_.x.max, 399 + 0.05 * 399, 1e-9);
+  EXPECT_NEAR(state_.y.max, 39.9 + 0.05 * 39.9, 1e-9);
+}
+
+TEST_F(PlotDrawTest, draws_bands_over_their_x_range_behind_the_series_and_names_them_on_hover) {
+  constexpr ImU32 kBandA = IM_COL32(200, 40, 40, 60), kBandB = IM_COL32(40, 200, 40, 61),
+                  kBandC = IM_COL32(40, 40, 200, 62), kBandNaN = IM_COL32(90, 90, 90, 63);
+  const Band bands[] = {
+      {.x0 = 40, .x1 = 20, .colour = kBandA, .label = "zone A"},  // ends in either order
+      {.x0 = 90, .x1 = std::numeric_limits<double>::infinity(), .colour = kBandB, .label = ""},
+      {.x0 = -std::numeric_limits<double>::infinity(), .x1 = 5, .colour = kBandC, .label = "zone C"},
+      {.x0 = kNaN, .x1 = 3, .colour = kBandNaN, .label = "never"},
+  };
+  const auto draw_frame = [&](ImVec2 mouse) {
+    ImGuiIO& io = ImGui::GetIO();
+    io.MousePos = mouse;
+    begin_frame();
+    const Series s{.label = "", .x = xs_, .y = ys_, .colour = kBlue};
+    const Result r = draw("##p", state_, {&s, 1}, {}, ImVec2(600, 300), bands);
+    ImGui::End();
+    ImGui::Render();
+    return r;
+  };
+  const Result r = draw_frame(kAway);
+  const auto span_of = [](const std::vector<ImDrawVert>& vs) {
+    ImVec4 out(1e9f, 1e9f, -1e9f, -1e9f);  // min x, min y, max x, max y
+    for (const ImDrawVert& v : vs) {
+      out = ImVec4(std::min(out.x, v.pos.x), std::min(out.y, v.pos.y), std::max(out.z, v.pos.x), std::max(out.w, v.pos.y));
+    }
+    return out;
+  };
+  const auto a = vertices_of_colour(kBandA), b = vertices_of_colour(kBandB), c = vertices_of_colour(kBandC);
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  ASSERT_FALSE(c.empty());
+  EXPECT_TRUE(vertices_of_colour(kBandNaN).empty());
+  const ImVec4 sa = span_of(a), sb = span_of(b), sc = span_of(c);
+  EXPECT_NEAR(sa.x, to_pixel(state_.x, 20, r.plot_min.x, r.plot_max.x), 0.01);
+  EXPECT_NEAR(sa.z, to_pixel(state_.x, 40, r.plot_min.x, r.plot_max.x), 0.01);
+  EXPECT_FLOAT_EQ(sa.y, r.plot_min.y);  // the plot's whole height
+  EXPECT_FLOAT_EQ(sa.w, r.plot_max.y);
+  EXPECT_NEAR(sb.x, to_pixel(state_.x, 90, r.plot_min.x, r.plot_max.x), 0.01);
+  EXPECT_FLOAT_EQ(sb.z, r.plot_max.x);  // +infinity: the right edge
+  EXPECT_FLOAT_EQ(sc.x, r.plot_min.x);  // -infinity: the left edge
+  EXPECT_NEAR(sc.z, to_pixel(state_.x, 5, r.plot_min.x, r.plot_max.x), 0.01);
+
+  // Behind the series: the band's rectangle comes before the line in the draw list.
+  const ImDrawList* list = nullptr;
+  for (int l = 0; l < ImGui::GetDrawData()->CmdListsCount; ++l) {
+    for (const ImDrawVert& v : ImGui::GetDrawData()->CmdLists[l]->VtxBuffer) {
+      if (v.col == kBandA) list = ImGui::GetDrawData()->CmdLists[l];
+    }
+  }
+  ASSERT_NE(list, nullptr);
+  int first_blue = -1, last_band = -1;
+  for (int i = 0; i < list->VtxBuffer.Size; ++i) {
+    if (list->VtxBuffer[i].col == kBandA) last_band = i;
+    if (list->VtxBuffer[i].col == kBlue && first_blue < 0) first_blue = i;
+  }
+  EXPECT_GT(first_blue, last_band);
+
+  // Band A's label (opaque) is written at its foot; C (5 units, about 28 px) is too narrow for "zone C".
+  const auto label_a = vertices_of_colour(IM_COL32(200, 40, 40, 255));
+  ASSERT_FALSE(label_a.empty());
+  const ImVec4 sl = span_of(label_a);
+  EXPECT_GE(sl.x, sa.x);
+  EXPECT_LE(sl.z, sa.z);
+  EXPECT_GT(sl.y, r.plot_max.y - 2 * ImGui::GetFontSize());
+  EXPECT_TRUE(vertices_of_colour(IM_COL32(40, 40, 200, 255)).empty());
+
+  // Hovering inside band C names it in the tooltip, in its colour.
+  const ImVec2 in_c(std::floor(r.plot_min.x + 0.5f * (sc.z - sc.x)), std::floor(0.5f * (r.plot_min.y + r.plot_max.y)));
+  draw_frame(in_c);
+  draw_frame(in_c);
+  ImGuiWindow* tooltip = ImGui::FindWindowByName("##Tooltip_00");
+  ASSERT_NE(tooltip, nullptr);
+  EXPECT_TRUE(tooltip->Active);
+  int c_in_tooltip = 0;
+  for (const ImDrawVert& v : vertices_of_colour(IM_COL32(40, 40, 200, 255))) {
+    c_in_tooltip += v.pos.x >= tooltip->Pos.x && v.pos.y >= tooltip->Pos.y &&
+                    v.pos.x <= tooltip->Pos.x + tooltip->Size.x && v.pos.y <= tooltip->Pos.y + tooltip->Size.y;
+  }
+  EXPECT_GT(c_in_tooltip, 0);
 }
 
 TEST_F(PlotDrawTest, draws_degenerate_data_without_nan_ranges_or_vertices) {

@@ -4,11 +4,16 @@
 // analysis of a hand-built trace, and a document opened from files written with the real TraceWriter.
 #include <gtest/gtest.h>
 
+#include <hdf5.h>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <future>
 #include <limits>
 #include <thread>
+#include <vector>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -334,6 +339,122 @@ TEST(view_model_test, document_of_a_bad_file_says_why_instead_of_throwing) {
   EXPECT_FALSE(missing->ok());
   EXPECT_NE(missing->error().find("missing.h5"), std::string::npos) << missing->error();
   std::filesystem::remove(bad);
+}
+
+// Polls a document until `done` or 20 s have passed.
+template <class Done>
+bool poll_until(TraceDocument& doc, Done done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!done() && std::chrono::steady_clock::now() < until) {
+    doc.poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return done();
+}
+
+TEST(view_model_test, a_step_is_read_while_a_comparison_of_the_same_file_is_half_way) {
+  const auto dir = testing::fixture_dir();
+  const auto a = testing::write_fixture(dir / "cmp_a.h5", true);
+  const auto b = testing::write_fixture(dir / "cmp_b.h5", false);
+  // The comparison stops in its first progress call until released (20 s at most, so a failure cannot hang).
+  std::promise<void> entered_promise, release_promise;
+  std::shared_future<void> release = release_promise.get_future().share();
+  auto entered = entered_promise.get_future();
+  bool first = true;
+  Comparison::Options options;
+  options.diff.rows_per_read = 3;  // one step of 3 ops per block: four progress calls
+  options.on_progress = [&, release](std::int64_t, std::int64_t) {
+    if (!first) return;
+    first = false;
+    entered_promise.set_value();
+    release.wait_for(std::chrono::seconds(20));
+  };
+  Comparison comparison(a, b, options);
+  ASSERT_EQ(entered.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+
+  TraceDocument::Options doc_options;
+  doc_options.analyse = false;
+  auto doc = TraceDocument::open(a, doc_options);  // the same file as the comparison's a
+  ASSERT_TRUE(doc->ok()) << doc->error();
+  doc->select_step(1);
+  const bool read = poll_until(*doc, [&] { return doc->step_data() != nullptr || !doc->step_error().empty(); });
+  const bool comparison_still_held = comparison.running() && !comparison.report();
+  release_promise.set_value();
+  ASSERT_TRUE(read) << "the step's rows waited for the comparison";
+  EXPECT_TRUE(comparison_still_held);
+  ASSERT_NE(doc->step_data(), nullptr) << doc->step_error();
+  ASSERT_EQ(doc->step_data()->ops.size(), 3u);
+  EXPECT_EQ(doc->step_data()->ops[1].health.nan, 5);
+
+  // Released, the comparison finishes with every step and op of the two runs (4 steps of 3 ops each).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!comparison.poll() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_NE(comparison.report(), nullptr) << comparison.error();
+  EXPECT_EQ(comparison.report()->steps_compared, 4);
+  EXPECT_EQ(comparison.report()->ops_aligned, 12);
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
+}
+
+// Where the first chunk of /ops lies in the file (offset, bytes), from HDF5.
+std::pair<haddr_t, hsize_t> first_ops_chunk(const std::filesystem::path& path) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t ops = H5Dopen2(file, "/ops", H5P_DEFAULT);
+  const hsize_t origin[1] = {0};
+  unsigned mask = 0;
+  haddr_t address = 0;
+  hsize_t size = 0;
+  const herr_t status = H5Dget_chunk_info_by_coord(ops, origin, &mask, &address, &size);
+  H5Dclose(ops);
+  H5Fclose(file);
+  return status < 0 ? std::pair<haddr_t, hsize_t>{0, 0} : std::pair{address, size};
+}
+
+// Inverts a byte range of a file in place (twice restores it).
+void invert_bytes(const std::filesystem::path& path, std::uint64_t offset, std::uint64_t size) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  std::vector<char> bytes(size);
+  f.seekg(static_cast<std::streamoff>(offset));
+  f.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  for (char& c : bytes) c = static_cast<char>(~c);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+TEST(view_model_test, a_step_whose_read_failed_is_read_again_when_selected_again) {
+  const auto path = testing::write_fixture(testing::fixture_dir() / "retry.h5", true);
+  const auto [offset, size] = first_ops_chunk(path);
+  ASSERT_GT(size, 16u);
+  TraceDocument::Options options;
+  options.analyse = false;
+  auto doc = TraceDocument::open(path, options);
+  ASSERT_TRUE(doc->ok()) << doc->error();
+  doc->select_step(0);
+  doc->wait_idle();
+  ASSERT_NE(doc->step_data(), nullptr) << doc->step_error();
+
+  invert_bytes(path, offset, size);  // the chunk holding every op row is damaged: step 1 cannot be read
+  doc->select_step(1);
+  doc->wait_idle();
+  EXPECT_EQ(doc->step_data(), nullptr);
+  ASSERT_FALSE(doc->step_error().empty());
+  EXPECT_NE(doc->step_error().find("step 1"), std::string::npos) << doc->step_error();
+
+  invert_bytes(path, offset, size);  // repaired; selecting step 1 again reads it
+  doc->select_step(1);
+  EXPECT_TRUE(doc->step_error().empty()) << doc->step_error();
+  doc->wait_idle();
+  ASSERT_NE(doc->step_data(), nullptr) << doc->step_error();
+  EXPECT_EQ(doc->step_data()->step, 1);
+  ASSERT_EQ(doc->step_data()->ops.size(), 3u);
+  EXPECT_EQ(doc->step_data()->ops[1].health.nan, 5);
+  // A step read well is not read again when selected again.
+  const std::uint64_t load = doc->step_data()->load_id;
+  doc->select_step(1);
+  doc->wait_idle();
+  ASSERT_NE(doc->step_data(), nullptr);
+  EXPECT_EQ(doc->step_data()->load_id, load);
+  std::filesystem::remove(path);
 }
 
 TEST(view_model_test, file_browser_lists_folders_first_then_h5_files) {
