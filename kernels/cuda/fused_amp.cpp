@@ -27,6 +27,8 @@ std::atomic<bool>& enabled_flag() {
   return flag;
 }
 
+std::atomic<std::uint64_t> g_fused_calls{0};
+
 // Runs `launch(stream)` ordered after everything queued on the backend's stream and before anything
 // queued after this call. The backend does not export its stream yet (cuda_backend.h), so the order is
 // kept with two host synchronisations: the backend's stream is drained, the kernels run on this thread's
@@ -45,6 +47,7 @@ void run_ordered(Backend& backend, const char* kernel, Launch&& launch) {
   const cudaError_t status = launch(stream);
   if (status != cudaSuccess) check(status, fmt::format("launch of kernel '{}'", kernel));
   AMPSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  g_fused_calls.fetch_add(1);
 }
 
 void check_f32(const TensorView& v, std::int64_t numel, const char* op, const char* what, std::size_t index) {
@@ -78,6 +81,7 @@ void for_each_batch(std::size_t count, Fill&& fill, Launch&& launch) {
 
 bool fused_amp_enabled() { return enabled_flag().load(); }
 void set_fused_amp_enabled(bool enabled) { enabled_flag().store(enabled); }
+std::uint64_t fused_amp_call_count() { return g_fused_calls.load(); }
 
 void fused_non_finite_check_and_unscale(Backend& backend, const std::vector<TensorView>& grads, float* found_inf,
                                         float inv_scale) {

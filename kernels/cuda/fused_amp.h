@@ -24,6 +24,10 @@ namespace ampscope::cuda {
 // set_fused_amp_enabled(true) turns them on. The unfused per-op path is what the tests compare against.
 bool fused_amp_enabled();
 void set_fused_amp_enabled(bool enabled);
+// How many fused calls (unscale, scale update, SGD, Adam) have launched kernels in this process: the
+// tests compare it before and after a step, so that a fused-vs-unfused comparison cannot pass by
+// quietly running the unfused path twice.
+std::uint64_t fused_amp_call_count();
 
 // _amp_foreach_non_finite_check_and_unscale_: found_inf (device pointer, one f32) is set to 1 when any
 // element of any grad is inf or NaN, tested on a float (an f64 beyond the f32 range counts); every grad

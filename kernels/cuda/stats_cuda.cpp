@@ -35,22 +35,41 @@ void check_slot(int slot, int slots) {
 StatsBuffer::StatsBuffer(int device, int slots) : device_(device), slots_(slots) {
   if (slots <= 0) throw Error(fmt::format("StatsBuffer: needs at least one slot, got {}", slots));
   AMPSCOPE_CUDA_CHECK(cudaSetDevice(device_));
-  // One partials region for the whole ring: every launch of a buffer runs on one stream (see launch()),
-  // so a slot's two kernels finish with it before the next slot's first kernel starts.
-  AMPSCOPE_CUDA_CHECK(cudaMalloc(&partials_, kStatsPartialBytes));
-  AMPSCOPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_results_), sizeof(DeviceStats) * slots_));
-  AMPSCOPE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_results_), sizeof(DeviceStats) * slots_));
-  events_.resize(static_cast<std::size_t>(slots_), nullptr);
-  for (cudaEvent_t& e : events_) AMPSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  try {
+    // One partials region for the whole ring: launches on one stream run one after the other, so a
+    // slot's two kernels finish with it before the next slot's first kernel starts (launch() orders a
+    // launch on another stream after the previous one).
+    AMPSCOPE_CUDA_CHECK(cudaMalloc(&partials_, kStatsPartialBytes));
+    AMPSCOPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_results_), sizeof(DeviceStats) * slots_));
+    AMPSCOPE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_results_), sizeof(DeviceStats) * slots_));
+    events_.resize(static_cast<std::size_t>(slots_), nullptr);
+    for (cudaEvent_t& e : events_) AMPSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  } catch (...) {
+    release();
+    throw;
+  }
 }
 
-StatsBuffer::~StatsBuffer() {
+StatsBuffer::~StatsBuffer() { release(); }
+
+void StatsBuffer::release() noexcept {
+  if (partials_ == nullptr && device_results_ == nullptr && host_results_ == nullptr && events_.empty()) return;
+  cudaSetDevice(device_);
+  // A queued copy may still be writing into host_results_ (and its kernels reading partials_): wait
+  // for every slot before the memory goes back.
   for (cudaEvent_t e : events_) {
-    if (e != nullptr) cudaEventDestroy(e);
+    if (e != nullptr) {
+      cudaEventSynchronize(e);
+      cudaEventDestroy(e);
+    }
   }
+  events_.clear();
   if (host_results_ != nullptr) cudaFreeHost(host_results_);
   if (device_results_ != nullptr) cudaFree(device_results_);
   if (partials_ != nullptr) cudaFree(partials_);
+  host_results_ = nullptr;
+  device_results_ = nullptr;
+  partials_ = nullptr;
 }
 
 StatsBuffer::StatsBuffer(StatsBuffer&& other) noexcept
@@ -59,9 +78,12 @@ StatsBuffer::StatsBuffer(StatsBuffer&& other) noexcept
       partials_(std::exchange(other.partials_, nullptr)),
       device_results_(std::exchange(other.device_results_, nullptr)),
       host_results_(std::exchange(other.host_results_, nullptr)),
-      events_(std::move(other.events_)) {
+      events_(std::move(other.events_)),
+      last_stream_(other.last_stream_),
+      last_slot_(other.last_slot_) {
   other.events_.clear();
   other.slots_ = 0;
+  other.last_slot_ = -1;
 }
 
 void StatsBuffer::launch(const TensorView& t, bool histogram, int slot, cudaStream_t stream) {
@@ -72,11 +94,18 @@ void StatsBuffer::launch(const TensorView& t, bool histogram, int slot, cudaStre
                                  dtype_name(t.dtype)));
   }
   AMPSCOPE_CUDA_CHECK(cudaSetDevice(device_));
+  // The shared partials: the previous launch's kernels (recorded with its slot's event, after its copy)
+  // must be done with them before this launch's kernels start. On one stream that is the stream's order.
+  if (last_slot_ >= 0 && stream != last_stream_) {
+    AMPSCOPE_CUDA_CHECK(cudaStreamWaitEvent(stream, events_[static_cast<std::size_t>(last_slot_)], 0));
+  }
   const cudaError_t status = launch_tensor_stats(t, histogram, partials_, device_results_ + slot, stream);
   if (status != cudaSuccess) check(status, "launch of kernel 'tensor_stats'");
   AMPSCOPE_CUDA_CHECK(cudaMemcpyAsync(host_results_ + slot, device_results_ + slot, sizeof(DeviceStats),
                                       cudaMemcpyDeviceToHost, stream));
   AMPSCOPE_CUDA_CHECK(cudaEventRecord(events_[static_cast<std::size_t>(slot)], stream));
+  last_stream_ = stream;
+  last_slot_ = slot;
 }
 
 bool StatsBuffer::ready(int slot) const {

@@ -58,7 +58,8 @@ class StatsBuffer {
   int slots() const { return slots_; }
   // Queues the statistics of `t` (f32, f64, f16 or bf16; any strides) into `slot` on `stream`, then the
   // copy of the result to the slot's pinned host memory; returns without waiting. Throws DTypeError for
-  // other dtypes, DeviceRuntimeError on a CUDA failure.
+  // other dtypes, DeviceRuntimeError on a CUDA failure. The slots share one scratch region, so a launch
+  // on another stream than the previous launch first waits (on the device) for that launch.
   void launch(const TensorView& t, bool histogram, int slot, cudaStream_t stream);
   // Whether the slot's copy has landed (no wait).
   bool ready(int slot) const;
@@ -66,12 +67,16 @@ class StatsBuffer {
   const DeviceStats& wait(int slot);
 
  private:
+  void release() noexcept;  // waits for queued copies, then frees everything (destructor, failed constructor)
+
   int device_ = 0;
   int slots_ = 0;
   void* partials_ = nullptr;          // slots x kStatsBlocks partial results
   DeviceStats* device_results_ = nullptr;
   DeviceStats* host_results_ = nullptr;  // pinned
   std::vector<cudaEvent_t> events_;
+  cudaStream_t last_stream_ = nullptr;  // the stream and slot of the latest launch (-1: none yet)
+  int last_slot_ = -1;
 };
 
 // The statistics of `t` on `backend`'s device, waited for: ordered after the backend's queued work.

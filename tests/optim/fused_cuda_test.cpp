@@ -69,7 +69,10 @@ std::vector<Tensor> train(Device device, bool fused, const MakeOptimizer& make, 
     Generator g(100 + s);
     w.set_grad(mul(randn({1024, 300}, g), 1e-2).to(device));
     b.set_grad(s == 1 ? Tensor() : randn({37}, g).to(device));
+    const std::uint64_t calls = cuda::fused_amp_call_count();
     opt->step();
+    // Fused against unfused means nothing if the fused run quietly took the unfused path.
+    EXPECT_EQ(cuda::fused_amp_call_count() > calls, fused && device.is_cuda()) << "fused step, step " << s;
   }
   std::vector<Tensor> out = {w.detach(), b.detach()};
   for (const Tensor& p : {w, b}) {
@@ -129,16 +132,21 @@ TEST(fused_optimizer_cuda_test, leaves_f16_parameters_to_the_unfused_path) {
   SKIP_WITHOUT_GPU();
 #if defined(AMPSCOPE_WITH_CUDA)
   // Not eligible: the fused kernels take f32 only; the step must still run, unfused, with the CPU's bits.
+  // The fast path is on, or the test would pass whatever the eligibility check does.
+  const FusedGuard guard(true);
   std::vector<Tensor> results[2];
   for (const Device device : {Device::cpu(), Device::cuda(0)}) {
     Tensor w = full({64}, 0.5, {DType::f16, device}).requires_grad_();
     w.set_grad(full({64}, 0.25, {DType::f16, device}));
     optim::Adam opt({w}, {.lr = 0.1});
+    const std::uint64_t calls = cuda::fused_amp_call_count();
     opt.step();
+    EXPECT_EQ(cuda::fused_amp_call_count(), calls) << "an f16 parameter took the fused path on " << device.str();
     results[device.is_cuda()].push_back(w.detach());
   }
   const std::vector<std::uint8_t> a = bytes_of(results[0][0]), b = bytes_of(results[1][0]);
   EXPECT_EQ(a, b);
+  EXPECT_NE(results[1][0].to(Device::cpu()).values()[0], 0.5) << "the step did not run";
 #endif
 }
 

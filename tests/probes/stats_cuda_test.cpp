@@ -148,6 +148,29 @@ TEST(stats_cuda_test, keeps_earlier_ring_slots_while_later_ones_are_queued) {
 #endif
 }
 
+TEST(stats_cuda_test, orders_launches_on_two_streams_that_share_the_ring) {
+  SKIP_WITHOUT_GPU();
+#if defined(AMPSCOPE_WITH_CUDA)
+  // Large tensors, so that the first launch is still running when the second is queued on another
+  // stream: without the ring's ordering the second would overwrite the first's block partials.
+  const Tensor a = full({1 << 24}, 1.0, {DType::f32, Device::cuda(0)});
+  const Tensor b = full({1 << 24}, 3.0, {DType::f32, Device::cuda(0)});
+  backend_for(Device::cuda(0)).synchronize();
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  {
+    cuda::StatsBuffer ring(0, 2);
+    ring.launch(a.kernel_view(), true, 0, cudaStreamPerThread);
+    ring.launch(b.kernel_view(), true, 1, other);
+    EXPECT_EQ(ring.wait(0).sum, static_cast<double>(1 << 24));
+    EXPECT_EQ(ring.wait(0).histogram[64], static_cast<std::uint64_t>(1) << 24);  // 1.0: exponent 0
+    EXPECT_EQ(ring.wait(1).sum, 3.0 * (1 << 24));
+    EXPECT_EQ(ring.wait(1).histogram[65], static_cast<std::uint64_t>(1) << 24);  // 3.0: exponent 1
+  }
+  cudaStreamDestroy(other);
+#endif
+}
+
 // ---- measurements for bench/gpu_bench.sh (disabled: not tests) ----
 
 #if defined(AMPSCOPE_WITH_CUDA)

@@ -86,7 +86,10 @@ UnscaleResult unscale_on(Device device, const std::vector<Tensor>& grads, float 
   for (const Tensor& g : grads) r.grads.push_back(g.to(device).clone());
   r.found_inf = zeros({}, {DType::f32, device});
   const Tensor inv = full({}, inv_scale, {DType::f32, device});
+  const std::uint64_t calls = cuda::fused_amp_call_count();
   non_finite_check_and_unscale_(r.grads, r.found_inf, inv);
+  // The comparison means nothing if the "fused" run quietly took the unfused path.
+  EXPECT_EQ(cuda::fused_amp_call_count() > calls, fused && device.is_cuda()) << "fused kernel launched";
   return r;
 }
 
@@ -193,7 +196,9 @@ TEST(fused_unscale_cuda_test, grad_scaler_unscale_gives_the_same_gradients_and_v
       optim::SGD opt({w, b}, {.lr = 0.1});
       GradScaler scaler({.device = "cuda", .init_scale = 1024.0});
       scaler.scale(ones({}, {DType::f32, Device::cuda(0)}));
+      const std::uint64_t calls = cuda::fused_amp_call_count();
       stepped[fused] = scaler.step(opt);
+      EXPECT_EQ(cuda::fused_amp_call_count() > calls, fused) << "fused kernels launched by step()";
       scaler.update();
       results[fused] = {w.detach().clone(), w.grad().clone(), b.detach().clone(), b.grad().clone()};
       EXPECT_EQ(scaler.get_scale(), poison ? 512.0 : 1024.0);
