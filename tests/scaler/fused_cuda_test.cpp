@@ -16,6 +16,7 @@
 #include "core/optim.h"
 #include "core/random.h"
 #include "tests/test_support.h"
+#include "tests/fused_cuda_support.h"
 #if defined(AMPSCOPE_WITH_CUDA)
 #include "kernels/cuda/fused_amp.h"
 #endif
@@ -25,36 +26,9 @@ namespace {
 
 #if defined(AMPSCOPE_WITH_CUDA)
 
-// Selects the fused or the unfused path for the scope; restores the fused one.
-struct FusedGuard {
-  explicit FusedGuard(bool on) : before_(cuda::fused_amp_enabled()) { cuda::set_fused_amp_enabled(on); }
-  ~FusedGuard() { cuda::set_fused_amp_enabled(before_); }
-  bool before_;
-};
-
-std::vector<std::uint8_t> bytes_of(const Tensor& t) {
-  const Tensor c = t.to(Device::cpu()).contiguous();
-  std::vector<std::uint8_t> out(static_cast<std::size_t>(c.numel()) * dtype_size(c.dtype()));
-  if (!out.empty()) std::memcpy(out.data(), c.data(), out.size());
-  return out;
-}
-
-// Prints the first differing elements (as doubles) so a failure shows the shape of the error.
-void expect_same_bits(const Tensor& expected, const Tensor& actual, const std::string& what) {
-  ASSERT_EQ(expected.dtype(), actual.dtype()) << what;
-  ASSERT_EQ(expected.numel(), actual.numel()) << what;
-  if (bytes_of(expected) == bytes_of(actual)) return;
-  const std::vector<double> e = expected.to(Device::cpu()).values(), a = actual.to(Device::cpu()).values();
-  int shown = 0;
-  const std::size_t width = dtype_size(expected.dtype());
-  const std::vector<std::uint8_t> eb = bytes_of(expected), ab = bytes_of(actual);
-  for (std::size_t i = 0; i < e.size() && shown < 5; ++i) {
-    if (std::memcmp(eb.data() + i * width, ab.data() + i * width, width) != 0) {
-      ADD_FAILURE() << what << ": element " << i << " expected " << e[i] << ", got " << a[i];
-      ++shown;
-    }
-  }
-}
+using testing::bytes_of;
+using testing::expect_same_bits;
+using testing::FusedGuard;
 
 // A gradient with every kind of value: normal values around `magnitude`, zeros, subnormals (of the
 // dtype), and, when `poison`, one +inf, one -inf and one NaN.
