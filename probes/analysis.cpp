@@ -796,12 +796,18 @@ Report Analyser::finish() {
 
 namespace {
 
-// Feeds rows (any order) to an Analyser grouped by step.
-template <class Rows>
-std::map<std::int64_t, std::vector<typename Rows::value_type>> by_step(const Rows& rows) {
-  std::map<std::int64_t, std::vector<typename Rows::value_type>> out;
-  for (const auto& r : rows) out[r.step].push_back(r);
+// Groups rows by step, moving them (the reader's blocks are large: no copy per row).
+template <class Row>
+std::map<std::int64_t, std::vector<Row>> by_step(std::vector<Row>&& rows) {
+  std::map<std::int64_t, std::vector<Row>> out;
+  for (Row& r : rows) out[r.step].push_back(std::move(r));
   return out;
+}
+
+// The same for rows the caller keeps (hand-built traces).
+template <class Row>
+std::map<std::int64_t, std::vector<Row>> by_step(const std::vector<Row>& rows) {
+  return by_step(std::vector<Row>(rows));
 }
 
 template <class Row>
@@ -811,7 +817,7 @@ std::span<const Row> rows_of(const std::map<std::int64_t, std::vector<Row>>& m, 
 }
 
 void feed(Analyser& a, const std::map<std::int64_t, const StepRow*>& step_rows,
-          const std::map<std::int64_t, std::vector<OpRow>>& ops, const std::map<std::int64_t, std::vector<GradRow>>& grads,
+          std::map<std::int64_t, std::vector<OpRow>>& ops, const std::map<std::int64_t, std::vector<GradRow>>& grads,
           const std::map<std::int64_t, std::vector<EventRow>>& events,
           const std::map<std::int64_t, std::vector<trace::HistogramRow>>& hists, std::int64_t begin, std::int64_t end) {
   std::set<std::int64_t> all;
@@ -822,9 +828,15 @@ void feed(Analyser& a, const std::map<std::int64_t, const StepRow*>& step_rows,
   for (const auto& [s, _] : hists) all.insert(s);
   for (std::int64_t s : all) {
     auto row = step_rows.find(s);
-    std::vector<OpRow> sorted(rows_of(ops, s).begin(), rows_of(ops, s).end());
-    std::stable_sort(sorted.begin(), sorted.end(), [](const OpRow& x, const OpRow& y) { return x.seq < y.seq; });
-    a.add_step(s, row == step_rows.end() ? nullptr : row->second, sorted, rows_of(grads, s), rows_of(events, s),
+    // The rules read a step's ops in seq order; a file written in order is already sorted.
+    std::span<const OpRow> step_ops;
+    if (auto it = ops.find(s); it != ops.end()) {
+      auto by_seq = [](const OpRow& x, const OpRow& y) { return x.seq < y.seq; };
+      if (!std::is_sorted(it->second.begin(), it->second.end(), by_seq))
+        std::stable_sort(it->second.begin(), it->second.end(), by_seq);
+      step_ops = it->second;
+    }
+    a.add_step(s, row == step_rows.end() ? nullptr : row->second, step_ops, rows_of(grads, s), rows_of(events, s),
                rows_of(hists, s));
   }
 }
@@ -837,7 +849,8 @@ Report analyse(const std::vector<StepRow>& steps, const std::vector<OpRow>& ops,
   Analyser a(options);
   std::map<std::int64_t, const StepRow*> step_rows;
   for (const StepRow& s : steps) step_rows[s.step] = &s;
-  feed(a, step_rows, by_step(ops), by_step(grads), by_step(events), by_step(histograms), trace::kFirstStep,
+  auto ops_by_step = by_step(ops);
+  feed(a, step_rows, ops_by_step, by_step(grads), by_step(events), by_step(histograms), trace::kFirstStep,
        trace::kLastStep);
   return a.finish();
 }
@@ -864,7 +877,7 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
     const std::int64_t end = i + block >= numbers.size() ? trace::kLastStep : numbers[i + block];
     std::map<std::int64_t, const StepRow*> rows_here;
     for (auto it = step_rows.lower_bound(begin); it != step_rows.end() && it->first < end; ++it) rows_here.insert(*it);
-    const auto ops = by_step(reader.ops(begin, end));
+    auto ops = by_step(reader.ops(begin, end));
     for (const auto& [_, v] : ops) done += static_cast<std::int64_t>(v.size());
     feed(a, rows_here, ops, by_step(reader.grads(begin, end)), by_step(reader.events(begin, end)),
          by_step(reader.histograms(begin, end)), begin, end);
