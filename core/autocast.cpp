@@ -231,6 +231,13 @@ AutocastOverrideGuard::~AutocastOverrideGuard() {
   g_have_overrides.store(!g_overrides.empty(), std::memory_order_release);
 }
 
+std::vector<AutocastOverride> autocast_overrides() {
+  std::lock_guard<std::mutex> lock(g_override_mutex);
+  std::vector<AutocastOverride> out;
+  for (const OverrideEntry& e : g_overrides) out.push_back(e.rule);
+  return out;
+}
+
 probe::AutocastPolicy autocast_policy(std::string_view op) {
   for (const PolicyLine& line : kPolicyTable) {
     if (line.op == op) return line.policy;
@@ -320,13 +327,26 @@ OpDispatch::OpDispatch(std::string_view op, std::vector<Tensor> args, bool dtype
 OpDispatch::~OpDispatch() { --t_state.op_depth; }
 
 Tensor OpDispatch::finish(Tensor out) {
-  if (!outer_ || !wanted_) return out;
+  if (!outer_) return out;
   probe::Hook* h = probe::hook();
   if (h == nullptr) return out;
+  const std::int64_t step = probe::current_step();
+  if (!wanted_) {
+    // Downstream ops must not mistake this output for data: say that an op the probe skipped wrote it.
+    const bool passthrough = std::any_of(args_.begin(), args_.end(),
+                                         [&](const Tensor& a) { return a.defined() && out.defined() && a.id() == out.id(); });
+    if (out.defined() && !passthrough) out.set_producer(step, probe::Producer::unrecorded);
+    return out;
+  }
+  const std::int64_t seq = probe::next_seq();
   const std::vector<Tensor> outputs{out};
-  const probe::OpEvent event{op_,  current_scope(), g_op_index.fetch_add(1), probe::current_step(), probe::next_seq(),
-                             probe::Phase::forward, info_, args_, out, outputs};
+  const probe::OpEvent event{op_, current_scope(), g_op_index.fetch_add(1), step, seq, probe::Phase::forward,
+                             info_, args_, out, outputs};
   h->on_op(event);
+  // An op that hands back one of its inputs unchanged (a no-op reshape) leaves that tensor's producer.
+  const bool passthrough = std::any_of(args_.begin(), args_.end(),
+                                       [&](const Tensor& a) { return a.defined() && out.defined() && a.id() == out.id(); });
+  if (out.defined() && !passthrough) out.set_producer(step, seq);
   return out;
 }
 

@@ -74,6 +74,9 @@ class AutocastOverrideGuard {
   std::uint64_t id_;
 };
 
+// The overrides installed now, in the order they are tried (for probes recording what shaped a run).
+std::vector<AutocastOverride> autocast_overrides();
+
 // The policy of an op name in the table (none for ops on no list).
 probe::AutocastPolicy autocast_policy(std::string_view op);
 

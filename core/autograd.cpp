@@ -235,10 +235,20 @@ Tensor record(std::string_view op, const Tensor& out, const std::vector<Tensor>&
 
 namespace {
 // Tells the probe hook what one node computed: the gradient it received and those it produced.
+// The gradients it produced are stamped with its seq afterwards (provenance, core/probe_hook.h).
 void report_backward_node(const Node& node, const Tensor& grad_output, const std::vector<Tensor>& grads) {
   probe::Hook* h = probe::hook();
   if (h == nullptr || !grad_output.defined() || node.op() == "AccumulateGrad") return;
-  if (!h->wants_op(node.op(), node.scope())) return;
+  const std::int64_t step = probe::current_step();
+  auto stamp = [&](std::int64_t seq) {
+    for (const Tensor& g : grads) {
+      if (g.defined()) g.set_producer(step, seq);
+    }
+  };
+  if (!h->wants_op(node.op(), node.scope())) {
+    stamp(probe::Producer::unrecorded);
+    return;
+  }
   const std::vector<Tensor> inputs{grad_output};
   Tensor first;
   for (const Tensor& g : grads) {
@@ -248,9 +258,11 @@ void report_backward_node(const Node& node, const Tensor& grad_output, const std
     }
   }
   const probe::AutocastInfo no_autocast;
-  const probe::OpEvent event{node.op(), node.scope(), ampscope::detail::next_op_index(), probe::current_step(),
-                             probe::next_seq(), probe::Phase::backward, no_autocast, inputs, first, grads};
+  const std::int64_t seq = probe::next_seq();
+  const probe::OpEvent event{node.op(), node.scope(), ampscope::detail::next_op_index(), step,
+                             seq, probe::Phase::backward, no_autocast, inputs, first, grads};
   h->on_backward_op(event);
+  stamp(seq);
 }
 }  // namespace
 
@@ -315,7 +327,12 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
                                   shape_str(info.shape), dtype_name(info.dtype)));
         }
         Tensor& slot = pending[next.get()];
-        slot = slot.defined() ? add(slot, grads[i]) : grads[i];
+        if (slot.defined()) {
+          slot = add(slot, grads[i]);
+          if (probe::hook() != nullptr) slot.set_producer(probe::current_step(), probe::Producer::summed);
+        } else {
+          slot = grads[i];
+        }
       }
       if (--dependencies[next.get()] == 0) ready.push(next);
     }

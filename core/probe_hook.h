@@ -50,6 +50,15 @@ struct AutocastInfo {
   std::vector<CastRecord> casts;
 };
 
+// Provenance: while a hook is installed, the dispatcher and the autograd engine stamp every tensor a
+// reported op writes (Tensor::set_producer) with the step and the seq of that op, after the hook has seen
+// the op, so a probe can say which row produced each input of a later op. The seq is the op's seq, or:
+struct Producer {
+  static constexpr std::int64_t none = -1;        // no reported op wrote the tensor (data, constants, parameters)
+  static constexpr std::int64_t unrecorded = -2;  // a reported op the hook did not want (filtered, not sampled)
+  static constexpr std::int64_t summed = -3;      // backward: the sum of the gradients several nodes produced
+};
+
 // One op as the user called it (ops that an op calls internally are not reported separately), or, in
 // the backward phase, one autograd node: then `op` is the forward op's name, `inputs` holds the
 // gradient of its output and `outputs` the gradients of its inputs (undefined where none flows).

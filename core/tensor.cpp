@@ -307,6 +307,17 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
+std::pair<std::int64_t, std::int64_t> Tensor::producer() const {
+  const detail::TensorImpl& i = impl();
+  return {i.producer_step, i.producer_seq};
+}
+
+void Tensor::set_producer(std::int64_t step, std::int64_t seq) const {
+  impl();  // throws on an undefined tensor
+  impl_->producer_step = step;
+  impl_->producer_seq = seq;
+}
+
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
   return clone();

@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend.h"
@@ -69,6 +70,10 @@ struct TensorImpl {
   Shape strides;  // in elements
   DType dtype = DType::f32;
   std::shared_ptr<autograd::Meta> autograd;  // null for tensors that never took part in autograd
+  // Which reported op wrote this tensor object last (core/probe_hook.h, Producer): set by the op
+  // dispatcher and the autograd engine while a probe hook is installed.
+  std::int64_t producer_step = -1;
+  std::int64_t producer_seq = -1;  // -1: none
 };
 }  // namespace detail
 
@@ -148,6 +153,12 @@ class Tensor {
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
   // Identity of the underlying tensor object (the same for copies of this handle, not for views).
   const void* id() const { return impl_.get(); }
+
+  // ---- provenance (for probes; core/probe_hook.h) ----
+  // The reported op that wrote this tensor object last, as (step, seq), with seq one of probe::Producer's
+  // values; (-1, -1) when no reported op did (data, constants, parameters). Views have their own.
+  std::pair<std::int64_t, std::int64_t> producer() const;
+  void set_producer(std::int64_t step, std::int64_t seq) const;
 
  private:
   friend struct detail::TensorAccess;

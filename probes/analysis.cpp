@@ -6,12 +6,14 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 
 #include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 namespace ampscope::analysis {
 namespace {
@@ -74,49 +76,280 @@ std::string cause_of(const OpRow& r) {
   return "unknown";
 }
 
-std::string remedy_of(const Diagnosis& d, const OpRow& r) {
-  const std::string pat = d.module.empty() ? autocast_pattern(d.op) : autocast_pattern(d.module);
-  const std::string wild = wildcard(d.module);
-  const std::string all = wild.empty() ? "" : fmt::format(" (every block: --autocast-fp32 '{}')", wild);
-  if (d.cause == "log_of_zero")
-    return "use log_softmax (or cross_entropy) instead of log(softmax(x)), or clamp before the log "
-           "(clamp(p, 1e-8), a stopgap); --precision bf16 shows whether the failure is f16's range";
-  if (d.cause == "exp_overflow")
-    return fmt::format("subtract the max before exp, or run it in f32: --autocast-fp32 {}{}; or --precision bf16",
-                       pat, all);
-  if (d.cause == "division_by_zero")
-    return fmt::format("add an epsilon to the denominator or mask the zero entries in {}; "
-                       "or run it in f32: --autocast-fp32 {}",
-                       d.module.empty() ? d.op : d.module, pat);
-  if (d.cause == "invalid_operation")
-    return fmt::format("mask with a finite value rather than the dtype's extreme (inf - inf and 0 * inf give NaN), "
-                       "or run it in f32: --autocast-fp32 {}{}; or --precision bf16",
-                       pat, all);
-  if (d.cause == "f16_overflow") {
-    if (r.cast_overflow > 0)
-      return fmt::format("the input of {} is beyond f16's range before autocast's cast: rescale it (standardise "
-                         "the data or activations feeding it{}), or run it in f32: --autocast-fp32 {}{}; or "
-                         "--precision bf16. Raising or lowering the scale cannot fix a forward overflow",
-                         place(r),
-                         r.op == "softmax" || r.op == "log_softmax"
-                             ? "; an additive mask: mask with a value that stays within f16 once the terms are "
-                               "summed, not the dtype's minimum"
-                             : "",
-                         pat, all);
-    return fmt::format("run it in f32: --autocast-fp32 {}{}; or train in bf16 (--precision bf16); or scale the "
-                       "inputs down (or clamp) before the op; if the values grew during training, lower the "
-                       "learning rate (--lr)",
-                       pat, all);
+// ---- remedies ----
+
+// An epsilon (or clamp bound) for an op of this dtype: 1e-4 in f16 (normal there: 1e-8 and 1e-5 are not),
+// 1e-8 otherwise.
+double safe_epsilon(const std::string& dtype) { return dtype == "f16" ? 1e-4 : 1e-8; }
+
+std::string number(double v) { return fmt::format("{:.6g}", v); }
+
+Remedy autocast_remedy(const std::string& module, const std::string& op, const std::string& why) {
+  Remedy m;
+  m.kind = "autocast_fp32";
+  m.pattern_is_op = module.empty();
+  m.pattern = m.pattern_is_op ? op : module;
+  m.flag = fmt::format("--autocast-fp32 {}", autocast_pattern(m.pattern));
+  m.code = fmt::format("AutocastOverrideGuard keep_f32({{.{} = \"{}\", .precision = Precision::f32}});  // around the "
+                       "forward pass",
+                       m.pattern_is_op ? "op" : "module", m.pattern);
+  m.text = fmt::format("run {} in f32{}", m.pattern_is_op ? fmt::format("every {} op", op) : fmt::format("module {}", module),
+                       why.empty() ? "" : ": " + why);
+  return m;
+}
+
+Remedy every_block_remedy(const std::string& module) {
+  const std::string wild = wildcard(module);
+  if (wild.empty()) return {};
+  Remedy m = autocast_remedy(wild, "", "the same layer in every block");
+  return m;
+}
+
+Remedy bf16_remedy() {
+  Remedy m;
+  m.kind = "bf16";
+  m.text = "train in bf16: the same exponent range as f32, so this overflow cannot happen (it has fewer "
+           "significant bits than f16)";
+  m.flag = "--precision bf16";
+  m.code = "AutocastGuard autocast(DType::bf16);  // instead of DType::f16; bf16 needs no GradScaler";
+  return m;
+}
+
+Remedy lr_remedy(double current) {
+  Remedy m;
+  m.kind = "learning_rate";
+  const bool known = std::isfinite(current) && current > 0;
+  m.value = known ? current / 10 : 0;
+  m.text = known ? fmt::format("lower the learning rate (this run: {}; try {}) or add warm-up", number(current), number(m.value))
+                 : "lower the learning rate or add warm-up";
+  m.flag = known ? fmt::format("--lr {}", number(m.value)) : "--lr <smaller>";
+  m.code = known ? fmt::format("opt.param_groups()[0].options.lr = {};", number(m.value))
+                 : "opt.param_groups()[0].options.lr /= 10;";
+  return m;
+}
+
+Remedy simple(const char* kind, std::string text, std::string flag, std::string code, double value = 0) {
+  Remedy m;
+  m.kind = kind;
+  m.text = std::move(text);
+  m.flag = std::move(flag);
+  m.code = std::move(code);
+  m.value = value;
+  return m;
+}
+
+std::string dtype_words(const std::string& dtype) { return dtype.empty() ? "its dtype" : dtype; }
+
+}  // namespace
+
+std::string autocast_pattern(const std::string& module) { return "'" + module + "'"; }
+
+namespace {
+
+// Remedies for a diagnosis, best first. Nothing dtype-specific for fp32 runs (no f32 override, no bf16);
+// bf16 only for range problems; constants representable (and normal) in the dtype of the op they protect.
+std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::string& run_precision) {
+  // Rows analysed without run info (hand-built traces): the op's own dtypes say what the run was.
+  const std::string precision =
+      !run_precision.empty() ? run_precision
+      : (r.out_dtype == "f16" || r.in_dtypes.find("f16") != std::string::npos) && r.in_dtypes.find("bf16") == std::string::npos
+          ? "fp16"
+      : (r.out_dtype == "bf16" || r.in_dtypes.find("bf16") != std::string::npos) ? "bf16"
+                                                                                 : "fp32";
+  const bool low = precision == "fp16" || precision == "bf16";
+  const bool f16 = precision == "fp16";
+  // An op outside any autocast region runs in its inputs' dtype: an autocast override cannot reach it, an
+  // explicit cast can.
+  const bool outside_autocast = d.autocast.empty() && r.phase == Phase::forward;
+  std::vector<Remedy> out;
+  auto f32 = [&](const std::string& why) {
+    if (!low) return;
+    if (outside_autocast && (r.out_dtype == "f16" || r.out_dtype == "bf16")) {
+      Remedy m = simple("cast_f32",
+                        fmt::format("{} ran outside autocast, in its inputs' {} (an autocast override cannot reach "
+                                    "it): cast its input to f32 first{}",
+                                    place(r), r.out_dtype, why.empty() ? "" : " (" + why + ")"),
+                        "", fmt::format("Tensor x32 = x.to(DType::f32);  // then {}(x32, ...)", r.op));
+      out.push_back(std::move(m));
+      return;
+    }
+    out.push_back(autocast_remedy(d.module, d.op, why));
+    Remedy every = every_block_remedy(d.module);
+    if (!every.kind.empty()) out.push_back(std::move(every));
+  };
+  // The op whose output the chain starts from (the root), for wording.
+  const ChainLink* root = d.chain.empty() ? nullptr : &d.chain.front();
+  const std::string root_op = root ? root->op : "";
+  const std::string dtype = root ? root->out_dtype : r.out_dtype;
+  const double eps = safe_epsilon(!d.in_dtypes.empty() && d.in_dtypes.find("f16") != std::string::npos && f16 ? "f16" : dtype);
+  const std::string eps_why =
+      eps == 1e-4 ? " (1e-4 is a normal f16 value; 1e-8 rounds to 0 in f16 and 1e-5 is subnormal)" : "";
+
+  if (d.cause == "log_of_zero" || (d.cause == "division_by_zero" && !d.root_cause.empty()) ||
+      (d.cause == "invalid_operation" && !d.root_cause.empty())) {
+    if (root_op == "sigmoid" && d.cause == "log_of_zero") {
+      out.push_back(simple("stable_formulation",
+                           "compute the loss from the logits, not from sigmoid's probabilities: "
+                           "binary_cross_entropy_with_logits(z, y) never rounds a probability to 0 or 1",
+                           "", "Tensor loss = binary_cross_entropy_with_logits(z, y);  // instead of s = sigmoid(z), "
+                               "then log(s) and log(1 - s)"));
+    } else if (root_op == "softmax" || d.op == "log") {
+      out.push_back(simple("stable_formulation",
+                           "use log_softmax (or cross_entropy on the logits) instead of log(softmax(x)): it never "
+                           "takes the log of a probability that rounded to 0",
+                           "", "Tensor logp = log_softmax(x, -1);  // instead of log(softmax(x, -1))"));
+    }
+    if (d.cause == "log_of_zero") {
+      Remedy c = simple("clamp",
+                        fmt::format("clamp the log's input away from 0: clamp(p, {}){} (a stopgap: the gradient is 0 "
+                                    "where it clamps)",
+                                    number(eps), eps_why),
+                        "", fmt::format("Tensor safe = clamp(p, {}, std::nullopt);  // then log(safe)", number(eps)), eps);
+      out.push_back(std::move(c));
+    } else {
+      out.push_back(simple("epsilon",
+                           fmt::format("add an epsilon to the denominator that survives {}: {}{}", dtype_words(dtype),
+                                       number(eps), eps_why),
+                           "", fmt::format("Tensor denom = add(denominator, {});", number(eps)), eps));
+    }
+    if (low) f32(d.root_cause == "saturation" || d.root_cause == "cancellation"
+                     ? fmt::format("{} has more significant bits, so {} saturates later (a delay, not a cure)",
+                                   "f32", root_op.empty() ? "the op" : root_op)
+                     : "");
+    return out;
   }
-  if (d.cause == "gradient_overflow")
-    return "lower the initial scale (--init-scale); an occasional overflow that the scaler skips and backs off "
-           "is normal, a persistent one means the loss or the learning rate is too large (lower --lr)";
-  if (d.cause == "accumulating_gradients")
-    return "clear gradients every step (optimizer.zero_grad()), or every accumulation window when accumulating "
-           "on purpose";
-  if (d.cause == "nonfinite_input")
-    return "check the data: the batch already held NaN or inf before the first op (filter or clean it)";
-  return "compare with an fp32 run of the same seed (--precision fp32) to see whether the failure is the precision's";
+  if (d.cause == "exp_overflow") {
+    out.push_back(simple("stable_formulation",
+                         "subtract the row's max before exp (softmax, log_softmax and cross_entropy do it for you): "
+                         "exp of a value above 11.09 overflows f16",
+                         "", "Tensor p = softmax(x, -1);  // or log_softmax / cross_entropy, instead of exp(x) then a sum"));
+    f32("exp overflows f32 only above 88.7");
+    if (f16) out.push_back(bf16_remedy());
+    return out;
+  }
+  if (d.cause == "division_by_zero") {
+    out.push_back(simple("epsilon",
+                         fmt::format("add an epsilon to the denominator that survives {} ({}){}, or mask the zero "
+                                     "entries",
+                                     dtype_words(r.out_dtype), number(eps), eps_why),
+                         "", fmt::format("Tensor denom = add(denominator, {});", number(eps)), eps));
+    f32("");
+    return out;
+  }
+  if (d.cause == "invalid_operation") {
+    out.push_back(simple("finite_mask",
+                         "mask with a finite value rather than the dtype's extreme (inf - inf and 0 * inf give NaN)",
+                         "", "Tensor masked = masked_fill(scores, mask, -1e4);  // not -inf, not the dtype's minimum"));
+    f32("");
+    if (f16) out.push_back(bf16_remedy());
+    return out;
+  }
+  if (d.cause == "f16_overflow") {
+    f32(r.cast_overflow > 0 ? "the cast to f16 is what overflows" : "f32's range ends at 3.4e38");
+    if (f16) out.push_back(bf16_remedy());
+    if (r.cast_overflow > 0)
+      out.push_back(simple("rescale_input",
+                           fmt::format("rescale what feeds {}: standardise the data or activations{}", place(r),
+                                       r.op == "softmax" || r.op == "log_softmax"
+                                           ? "; with an additive mask, mask with a value that stays within f16 once "
+                                             "the terms are summed, not the dtype's minimum"
+                                           : ""),
+                           "", ""));
+    return out;
+  }
+  if (d.cause == "gradient_overflow") {
+    out.push_back(simple("init_scale",
+                         "lower the GradScaler's initial scale; an occasional overflow that the scaler skips and "
+                         "backs off is normal, a persistent one means the loss or the learning rate is too large",
+                         "--init-scale 1024", "GradScaler scaler({.init_scale = 1024});", 1024));
+    return out;
+  }
+  if (d.cause == "accumulating_gradients") {
+    out.push_back(simple("zero_grad",
+                         "clear gradients every step (optimizer.zero_grad()), or every accumulation window when "
+                         "accumulating on purpose",
+                         "", "opt.zero_grad();  // at the start of every step"));
+    return out;
+  }
+  if (d.cause == "nonfinite_input") {
+    out.push_back(simple("clean_data", "check the data: the batch already held NaN or inf before the first op "
+                                       "(filter or clean it)",
+                         "", "if (!isfinite(batch)) skip it  // e.g. count NaN/inf with the probe's statistics"));
+    return out;
+  }
+  if (low)
+    out.push_back(simple("compare_fp32", "compare with an fp32 run of the same seed to see whether the failure is the "
+                                         "precision's",
+                         "--precision fp32", "// run the same loop without AutocastGuard and GradScaler"));
+  return out;
+}
+
+std::string remedy_text(const std::vector<Remedy>& remedies) {
+  std::vector<std::string> parts;
+  for (const Remedy& m : remedies) {
+    std::string t = m.text;
+    if (!m.flag.empty()) t += fmt::format(" ({})", m.flag);
+    parts.push_back(std::move(t));
+  }
+  return fmt::format("{}", fmt::join(parts, "; or "));
+}
+
+// ---- dataflow provenance ----
+
+// The rows of one step by seq.
+using SeqIndex = std::unordered_map<std::int64_t, const OpRow*>;
+
+const OpRow* producer_of(const OpRow& r, std::size_t i, const SeqIndex& idx) {
+  if (i >= r.inputs.size() || r.inputs[i] < 0) return nullptr;
+  auto it = idx.find(r.inputs[i]);
+  return it == idx.end() ? nullptr : it->second;
+}
+
+std::size_t tensor_inputs(const OpRow& r) {
+  std::size_t n = 0;
+  for (std::int64_t v : r.inputs) n += v != trace::kInputNone ? 1 : 0;
+  return n;
+}
+
+std::string where_text(const OpRow& r) {
+  return fmt::format("{} ({} {}, seq {})", place(r), r.out_dtype, r.shape, r.seq);
+}
+
+// The argument z above which sigmoid(z) rounds to exactly 1 in a dtype: (mantissa bits + 2) ln 2.
+double sigmoid_one_at(const std::string& dtype) {
+  const int bits = dtype == "f16" ? 10 : dtype == "bf16" ? 7 : dtype == "f64" ? 52 : 23;
+  return (bits + 2) * std::log(2.0);
+}
+
+// An op whose mathematical range is open, at a boundary of it: "" when not.
+std::string saturation_of(const OpRow& r) {
+  const auto& h = r.health;
+  if (h.numel <= 0) return "";
+  if (r.op == "sigmoid" && h.max == 1.0)
+    return fmt::format("{} returned exactly 1.0 (max {}): {} rounds sigmoid(z) to 1 once z > {:.3g}", where_text(r),
+                       number(h.max), r.out_dtype, sigmoid_one_at(r.out_dtype));
+  if (r.op == "sigmoid" && h.zero > 0)
+    return fmt::format("{} returned {} exact zeros of {}: sigmoid(z) is never 0, {} rounds it to 0 for very negative z",
+                       where_text(r), h.zero, h.numel, r.out_dtype);
+  if (r.op == "tanh" && (h.max == 1.0 || h.min == -1.0))
+    return fmt::format("{} returned exactly {}: tanh never reaches it, {} rounds it there", where_text(r),
+                       h.max == 1.0 ? "1.0" : "-1.0", r.out_dtype);
+  if (r.op == "softmax" && h.max == 1.0)
+    return fmt::format("{} returned a probability of exactly 1.0 (the others of its row are then exactly 0)", where_text(r));
+  if (r.op == "softmax" && h.zero > 0)
+    return fmt::format("{} returned {} probabilities of exactly 0 of {}", where_text(r), h.zero, h.numel);
+  if (r.op == "exp" && h.zero > 0)
+    return fmt::format("{} returned {} exact zeros of {}: exp is never 0, it underflowed", where_text(r), h.zero, h.numel);
+  return "";
+}
+
+// Ops that hand their input's values on (up to sign, layout, dtype or a constant factor): a zero or a
+// boundary value in the input stays one in the output.
+bool passes_on(const OpRow& r) {
+  static const std::set<std::string> ops = {"neg", "to", "view", "reshape", "transpose", "permute", "slice", "expand",
+                                            "contiguous", "clone", "mul", "sqrt", "mean", "sum", "relu", "clamp",
+                                            "abs", "pow", "add", "sub", "div", "cat", "squeeze", "unsqueeze"};
+  return ops.count(r.op) > 0;
 }
 
 struct Key {
@@ -181,7 +414,74 @@ std::string fraction_text(double f) { return fmt::format("{:.1f}%", 100.0 * f); 
 
 }  // namespace
 
-std::string autocast_pattern(const std::string& module) { return "'" + module + "'"; }
+namespace {
+
+std::string globs_text(const std::vector<std::string>& globs) {
+  std::vector<std::string> q;
+  for (const std::string& g : globs) q.push_back("'" + g + "'");
+  return fmt::format("{}", fmt::join(q, ", "));
+}
+
+// What the probe's set-up (the root attribute `probe`) may have hidden, as notes and as evidence on the
+// diagnoses it concerns.
+void coverage(Report& rep) {
+  Coverage& c = rep.coverage;
+  if (rep.run.probe.empty()) {
+    if (!rep.anomalies.empty())
+      c.notes.push_back("this trace does not say how the probe was set up (an older trace, or a writer given no "
+                        "probe description): if it filtered ops or sampled steps, the origin may be in an op it did "
+                        "not record");
+    return;
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(rep.run.probe);
+    c.level = j.value("level", "");
+    c.ops = j.value("ops", std::vector<std::string>{});
+    c.modules = j.value("modules", std::vector<std::string>{});
+    c.every = j.value("every", std::int64_t{1});
+    c.flight_recorder = j.value("flight_recorder", false);
+    for (const auto& o : j.value("autocast_overrides", nlohmann::json::array())) {
+      const std::string op = o.value("op", ""), module = o.value("module", ""), to = o.value("precision", "f32");
+      c.autocast_overrides.push_back(!op.empty() && !module.empty()
+                                         ? fmt::format("op '{}' in module '{}' -> {}", op, module, to)
+                                         : !op.empty() ? fmt::format("op '{}' -> {}", op, to)
+                                                       : fmt::format("module '{}' -> {}", module, to));
+    }
+    c.known = true;
+  } catch (const std::exception& e) {
+    c.notes.push_back(fmt::format("the trace's probe description is not valid JSON ({}): what the probe recorded "
+                                  "is unknown",
+                                  e.what()));
+    return;
+  }
+  const bool filtered = !c.ops.empty() || !c.modules.empty();
+  if (filtered) {
+    std::vector<std::string> what;
+    if (!c.ops.empty()) what.push_back("ops " + globs_text(c.ops));
+    if (!c.modules.empty()) what.push_back("modules " + globs_text(c.modules));
+    c.notes.push_back(fmt::format("the probe recorded only {}: an origin in any other op is invisible here, and "
+                                  "the first anomaly recorded may be downstream of it; record every op to be sure",
+                                  fmt::join(what, " in ")));
+  }
+  if (c.every > 1)
+    c.notes.push_back(fmt::format("ops were recorded every {} steps{}: an origin in another step is seen only if "
+                                  "its step was kept",
+                                  c.every, c.flight_recorder ? " (the flight recorder also kept anomalous steps and "
+                                                               "the steps before them)"
+                                                             : ""));
+  if (c.level == "off" || c.level == "dtype")
+    c.notes.push_back(fmt::format("probe level {}: no statistics, so no NaN/inf can be found in ops", c.level));
+  if (!filtered) return;
+  for (Diagnosis& d : rep.anomalies) {
+    if (d.op.empty() || d.cause == "nonfinite_input") {
+      d.evidence.push_back("the probe did not record every op (see the coverage notes): the true origin may be "
+                           "an op it never saw");
+      d.remedy = "first record every op and run again to find the origin; then: " + d.remedy;
+    }
+  }
+}
+
+}  // namespace
 
 struct Analyser::State {
   AnalysisOptions options;
@@ -288,8 +588,172 @@ struct Analyser::State {
       if (g.nan + g.pos_inf + g.neg_inf > 0 && seen_params.insert(g.param).second) d.gradients.push_back(g.param);
   }
 
+  // Diagnoses of skipped steps that may be the scaler calibrating (forward and loss finite, only
+  // gradients overflowed): decided in finish(), when the later steps are known.
+  std::map<std::int64_t, std::vector<Diagnosis>> pending_calibration;
+
+  static ChainLink link(const OpRow& r, std::string role, std::string evidence) {
+    ChainLink l;
+    l.seq = r.seq;
+    l.phase = r.phase;
+    l.op = r.op;
+    l.module = r.module;
+    l.out_dtype = r.out_dtype;
+    l.role = std::move(role);
+    l.evidence = std::move(evidence);
+    return l;
+  }
+
+  // From an origin that met zeros (a log of 0, a division by 0, 0/0), walks the provenance upstream to the
+  // op that made the zeros, and from a cancellation on to an operand that saturated. Fills d.chain (root
+  // first) and d.root_cause; leaves both empty when the trace has no provenance or the walk finds no cause.
+  void root_walk(Diagnosis& d, const OpRow& origin, const SeqIndex& idx) const {
+    if (origin.inputs[0] == trace::kInputUnknown) return;
+    std::vector<std::size_t> starts;
+    if (is_log(origin.op) || origin.op == "rsqrt" || origin.op == "reciprocal" || origin.op == "sqrt") starts = {0};
+    else if (origin.op == "div") starts = {1, 0};
+    else if (d.cause == "invalid_operation") starts = {0, 1, 2};
+    else return;
+    const OpRow* p = nullptr;
+    for (std::size_t i : starts) {
+      const OpRow* q = producer_of(origin, i, idx);
+      if (q != nullptr && q->health.zero > 0) {
+        p = q;
+        break;
+      }
+    }
+    if (p == nullptr) return;
+    std::vector<ChainLink> rev;  // origin first
+    rev.push_back(link(origin, "origin", fmt::format("{} returned {} from an input holding exact zeros", where_text(origin),
+                                                     counts_text(origin.health))));
+    std::string root;
+    for (int guard = 0; p != nullptr && guard < 64 && root.empty(); ++guard) {
+      const OpRow* zin = nullptr;
+      for (std::size_t i = 0; i < trace::kOpInputs; ++i) {
+        const OpRow* q = producer_of(*p, i, idx);
+        if (q != nullptr && q->health.zero > 0) {
+          zin = q;
+          break;
+        }
+      }
+      if (zin != nullptr && passes_on(*p)) {
+        std::string why;
+        if ((p->op == "add" || p->op == "sub") && tensor_inputs(*p) == 1 && p->health.zero >= zin->health.zero)
+          why = fmt::format("{} adds a constant to an input with {} exact zeros and still holds {}: the constant rounds "
+                            "to 0 in {} (in f16 anything below 2^-25 = 3e-8 does, an epsilon of 1e-8 included)",
+                            where_text(*p), zin->health.zero, p->health.zero, p->out_dtype);
+        else if (p->op == "clamp" && p->health.zero > 0)
+          why = fmt::format("{} still holds {} exact zeros: its lower bound rounds to 0 in {} (in f16 anything below "
+                            "2^-25 = 3e-8 does, 1e-8 included)",
+                            where_text(*p), p->health.zero, p->out_dtype);
+        else
+          why = fmt::format("{} passes on exact zeros ({} of {}) from its input", where_text(*p), p->health.zero,
+                            p->health.numel);
+        rev.push_back(link(*p, "passes on", std::move(why)));
+        p = zin;
+        continue;
+      }
+      if (std::string sat = saturation_of(*p); !sat.empty()) {
+        rev.push_back(link(*p, "saturation", std::move(sat)));
+        root = "saturation";
+        break;
+      }
+      if (p->op == "add" || p->op == "sub") {
+        rev.push_back(link(*p, "cancellation",
+                           fmt::format("{} returned {} exact zeros of {} from inputs that held none: the values it "
+                                       "combines cancel exactly in {}",
+                                       where_text(*p), p->health.zero, p->health.numel, p->out_dtype)));
+        root = "cancellation";
+        // An operand pinned at a boundary (sigmoid rounded to 1, so 1 - s is 0), through ops that pass it on.
+        for (std::size_t i = 0; i < trace::kOpInputs && root == "cancellation"; ++i) {
+          std::vector<ChainLink> passed;
+          const OpRow* q = producer_of(*p, i, idx);
+          for (int depth = 0; q != nullptr && depth < 6; ++depth) {
+            if (std::string sat = saturation_of(*q); !sat.empty()) {
+              for (ChainLink& l : passed) rev.push_back(std::move(l));
+              rev.push_back(link(*q, "saturation", std::move(sat)));
+              root = "saturation";
+              break;
+            }
+            if (!passes_on(*q) || tensor_inputs(*q) != 1) break;
+            passed.push_back(link(*q, "passes on",
+                                  fmt::format("{} passes the values on (min {}, max {})", where_text(*q),
+                                              number(q->health.min), number(q->health.max))));
+            q = producer_of(*q, 0, idx);
+          }
+        }
+        break;
+      }
+      rev.push_back(link(*p, "underflow",
+                         fmt::format("{} returned {} exact zeros of {} from inputs that held none{}", where_text(*p),
+                                     p->health.zero, p->health.numel,
+                                     p->cast_underflow > 0
+                                         ? fmt::format(" ({} values flushed to zero on a cast)", p->cast_underflow)
+                                         : ": the results are below the smallest subnormal of " + p->out_dtype)));
+      root = "underflow";
+    }
+    if (root.empty()) return;
+    d.root_cause = root;
+    d.chain.assign(rev.rbegin(), rev.rend());
+  }
+
+  // Silent damage: forward ops of the step that took NaN/inf in and returned finite values, and the ops
+  // downstream of them (their finite outputs are computed from wrong values).
+  void silent_damage(Diagnosis& d, std::span<const OpRow> ops, const SeqIndex& idx, const StepRow* step_row) const {
+    if (ops.empty() || ops.front().inputs[0] == trace::kInputUnknown) return;
+    std::set<std::int64_t> wrong;
+    std::vector<const OpRow*> absorbing;
+    for (const OpRow& r : ops) {
+      if (r.phase != Phase::forward || non_finite(r) > 0 || r.health.numel <= 0) continue;
+      for (std::size_t i = 0; i < trace::kOpInputs; ++i) {
+        const OpRow* q = producer_of(r, i, idx);
+        if (q != nullptr && q->phase == Phase::forward && non_finite(*q) > 0) {
+          absorbing.push_back(&r);
+          wrong.insert(r.seq);
+          break;
+        }
+      }
+    }
+    if (absorbing.empty()) return;
+    std::int64_t later = 0;
+    for (const OpRow& r : ops) {
+      if (r.phase != Phase::forward || wrong.count(r.seq) > 0) continue;
+      for (std::int64_t in : r.inputs) {
+        if (in >= 0 && wrong.count(in) > 0) {
+          wrong.insert(r.seq);
+          if (non_finite(r) == 0) ++later;
+          break;
+        }
+      }
+    }
+    for (const OpRow* r : absorbing) d.absorbed_by.push_back(fmt::format("{} (seq {})", place(*r), r->seq));
+    d.silently_wrong = later;
+    const OpRow& a = *absorbing.front();
+    const OpRow* fed = nullptr;
+    for (std::size_t i = 0; i < trace::kOpInputs && fed == nullptr; ++i) {
+      const OpRow* q = producer_of(a, i, idx);
+      if (q != nullptr && non_finite(*q) > 0) fed = q;
+    }
+    d.evidence.push_back(fmt::format(
+        "silent damage: {} took in {} (from {}) and returned finite values (absmax {}, {} exact zeros of {}); its "
+        "output{} and {} later op{} of step {} are wrong but finite{}",
+        where_text(a), fed ? counts_text(fed->health) : std::string("non-finite values"), fed ? where_text(*fed) : "?",
+        number(a.health.absmax), a.health.zero, a.health.numel,
+        absorbing.size() > 1 ? fmt::format(" (and those of {} more ops like it)", absorbing.size() - 1) : "", later,
+        later == 1 ? "" : "s", a.step,
+        step_row != nullptr && std::isfinite(step_row->loss)
+            ? fmt::format(", and the loss ({}) does not show it", number(step_row->loss))
+            : ""));
+  }
+
   void origins(std::int64_t step, std::span<const OpRow> ops, const StepRow* step_row, std::span<const GradRow> grads,
-               std::span<const EventRow> events) {
+               std::span<const EventRow> events, const SeqIndex& idx) {
+    // A skipped step whose forward pass and loss are finite: its backward origins may be calibration.
+    bool forward_finite = true;
+    for (const OpRow& r : ops) forward_finite &= r.phase != Phase::forward || non_finite(r) == 0;
+    const bool maybe_calibration = step_row != nullptr && step_row->skipped && std::isfinite(step_row->loss) &&
+                                   forward_finite && step_row->scale != 1.0;
+    bool damage_told = false;
     for (const OpRow& r : ops) {
       if (!r.origin) continue;
       Diagnosis d;
@@ -302,7 +766,8 @@ struct Analyser::State {
       d.out_dtype = r.out_dtype;
       d.autocast = r.autocast;
       d.cause = cause_of(r);
-      if (seen(d)) {
+      const bool deferred = maybe_calibration && r.phase == Phase::backward;
+      if (!deferred && seen(d)) {
         add(std::move(d), step);
         continue;
       }
@@ -323,22 +788,51 @@ struct Analyser::State {
                                          "became inf",
                                          h.absmax, kF16Max));
       if (d.cause == "log_of_zero") {
-        // The op before the log in the same phase produced its input: its zeros are the log's -inf.
-        const OpRow* before = nullptr;
-        for (const OpRow& o : ops)
-          if (o.phase == r.phase && o.seq < r.seq && (before == nullptr || o.seq > before->seq)) before = &o;
-        if (before != nullptr)
-          d.evidence.push_back(fmt::format("min of log input = {:.6g}: the output of {} ({}) holds {} exact zero{}",
-                                           before->health.min, before->op, before->out_dtype, before->health.zero,
-                                           before->health.zero == 1 ? "" : "s"));
+        if (r.inputs[0] != trace::kInputUnknown) {
+          // The provenance names the row that produced the log's input.
+          if (const OpRow* in = producer_of(r, 0, idx))
+            d.evidence.push_back(fmt::format("min of log input = {}: its input is the output of {}, which holds {} "
+                                             "exact zero{} of {}",
+                                             number(in->health.min), where_text(*in), in->health.zero,
+                                             in->health.zero == 1 ? "" : "s", in->health.numel));
+          else
+            d.evidence.push_back(fmt::format("the log's input is not the output of a recorded op of this step ({})",
+                                             trace::input_marker_name(r.inputs[0])));
+        } else {
+          // No provenance (format_version 1): the op before the log in the same phase is the best guess.
+          const OpRow* before = nullptr;
+          for (const OpRow& o : ops)
+            if (o.phase == r.phase && o.seq < r.seq && (before == nullptr || o.seq > before->seq)) before = &o;
+          if (before != nullptr)
+            d.evidence.push_back(fmt::format("the op recorded just before the log, {} ({}), holds {} exact zero{} "
+                                             "(min {}); this trace has no provenance, so that it is the log's input "
+                                             "is a guess",
+                                             before->op, before->out_dtype, before->health.zero,
+                                             before->health.zero == 1 ? "" : "s", number(before->health.min)));
+        }
       }
       for (const EventRow& e : events) {
         if (e.step == r.step && e.seq == r.seq && (e.kind == "origin" || e.kind == "cast_overflow"))
           d.evidence.push_back(fmt::format("probe ({}): {}", e.kind, e.detail));
       }
+      root_walk(d, r, idx);
+      for (const ChainLink& l : d.chain)
+        if (l.role != "origin") d.evidence.push_back(fmt::format("{}: {}", l.role, l.evidence));
       propagation(d, ops, &r, step_row, grads);
-      d.remedy = remedy_of(d, r);
+      if (!damage_told && r.phase == Phase::forward) {
+        silent_damage(d, ops, idx, step_row);
+        damage_told = true;
+      }
+      d.remedies = remedies_of(d, r, rep.run.precision);
       if (d.cause == "f16_overflow" && r.cast_overflow == 0 && r.phase == Phase::forward) grown(d, r, ops);
+      d.remedy = remedy_text(d.remedies);
+      if (deferred) {
+        d.evidence.push_back(fmt::format("the step's forward pass and loss ({}) were finite: only the scaled "
+                                         "gradients overflowed",
+                                         number(step_row->loss)));
+        pending_calibration[step].push_back(std::move(d));
+        continue;
+      }
       add(std::move(d), step);
     }
   }
@@ -348,24 +842,49 @@ struct Analyser::State {
   void grown(Diagnosis& d, const OpRow& r, std::span<const OpRow> ops) {
     const auto h = history(r, ops);
     if (h.empty() || h.front().second * 4 > kF16Max) return;
+    // Did the batch itself grow? The first op that reads the data (provenance) tells: when its output jumped
+    // as much since the last step, the data, not the weights, carried the output past f16's range.
+    const OpRow* entry = nullptr;
+    for (const OpRow& o : ops) {
+      if (o.phase != Phase::forward) continue;
+      if (std::find(o.inputs.begin(), o.inputs.end(), trace::kInputData) != o.inputs.end()) {
+        entry = &o;
+        break;
+      }
+    }
+    if (entry != nullptr && entry != &r && non_finite(*entry) == 0) {
+      const auto eh = history(*entry, ops);
+      if (!eh.empty() && eh.back().second > 0 && entry->health.absmax >= 2 * eh.back().second) {
+        d.evidence.push_back(fmt::format("the batch was larger: {} on the data went from absmax {:.4g} (step {}) to "
+                                         "{:.4g}, while this output went from {:.4g} past {}",
+                                         where_text(*entry), eh.back().second, eh.back().first, entry->health.absmax,
+                                         h.back().second, kF16Max));
+        d.remedies.insert(d.remedies.begin(),
+                          simple("rescale_input",
+                                 fmt::format("standardise the input data (this batch's values reach {:.4g}, {:.3g}x "
+                                             "the last one's): f16 cannot hold what it produces in {}",
+                                             entry->health.absmax, entry->health.absmax / eh.back().second, place(r)),
+                                 "", "x = div(sub(x, mean), std);  // per feature, with the training set's statistics"));
+        return;
+      }
+    }
     std::vector<std::string> points;
     for (const auto& [step, absmax] : h) points.push_back(fmt::format("{:.4g} (step {})", absmax, step));
     d.evidence.push_back(fmt::format("the same output's absmax before: {}; then beyond {} at step {}: it grew "
                                      "{:.3g}x as the weights trained",
                                      fmt::join(points, ", "), kF16Max, r.step, kF16Max / h.front().second));
     auto lr = lr_of.find(h.back().first);
-    const std::string lr_text = lr == lr_of.end() ? "" : fmt::format(", this run: {:.4g}", lr->second);
-    const std::string pat = d.module.empty() ? autocast_pattern(d.op) : autocast_pattern(d.module);
-    if (h.size() == 1)
-      d.remedy = fmt::format("lower the learning rate (--lr{}) or add warm-up: one optimizer step took this output "
-                             "from {:.4g} past f16's range; keeping it in f32 (--autocast-fp32 {}) or bf16 only "
-                             "trades the inf for a diverging loss",
-                             lr_text, h.front().second, pat);
-    else
-      d.remedy = fmt::format("keep it in f32 (--autocast-fp32 {}) or train in bf16 (--precision bf16); the output "
-                             "climbed step after step, so also lower the learning rate (--lr{}) or regularise "
-                             "(weight decay); clamping to f16's range is a stopgap that hides the growth",
-                             pat, lr_text);
+    Remedy lower = lr_remedy(lr == lr_of.end() ? std::nan("") : lr->second);
+    if (h.size() == 1) {
+      lower.text += fmt::format(": one optimizer step took this output from {:.4g} past f16's range; keeping it in "
+                                "f32 or bf16 only trades the inf for a diverging loss",
+                                h.front().second);
+      d.remedies.insert(d.remedies.begin(), std::move(lower));
+    } else {
+      lower.text += ": the output climbed step after step (or regularise with weight decay); clamping to f16's range "
+                    "is a stopgap that hides the growth";
+      d.remedies.push_back(std::move(lower));
+    }
   }
 
   // Non-finite forward outputs in a step without origin: the data were non-finite before the first op.
@@ -389,11 +908,28 @@ struct Analyser::State {
       add(std::move(d), step);
       return;
     }
-    d.evidence.push_back(fmt::format("{} in the output of {} at step {}, and no op of the step produced them from "
-                                     "finite inputs: its input already held them",
-                                     counts_text(first->health), place(*first), step));
+    // Where its non-finite input came from, when the trace says: an op the probe did not record (a filter,
+    // or sampling) is a hidden origin, not bad data.
+    bool hidden = false;
+    for (std::int64_t in : first->inputs) hidden |= in == trace::kInputUnrecorded;
+    if (hidden) {
+      d.evidence.push_back(fmt::format("{} in the output of {} at step {}: an input came from an op the probe did not "
+                                       "record (filtered out or not sampled), so the origin is upstream of what this "
+                                       "trace holds",
+                                       counts_text(first->health), place(*first), step));
+      d.remedies.push_back(simple("compare_fp32",
+                                  "record every op (no op or module filter, every step) and run again: the origin is "
+                                  "in an op this trace does not hold",
+                                  "--probe health --sample-every 1",
+                                  "probe::ProbeOptions options;  // no .ops / .modules filter, .every = 1"));
+    } else {
+      d.evidence.push_back(fmt::format("{} in the output of {} at step {}, and no op of the step produced them from "
+                                       "finite inputs: its input already held them",
+                                       counts_text(first->health), place(*first), step));
+      d.remedies = remedies_of(d, *first, rep.run.precision);
+    }
     propagation(d, ops, first, step_row, grads);
-    d.remedy = remedy_of(d, *first);
+    d.remedy = remedy_text(d.remedies);
     add(std::move(d), step);
   }
 
@@ -513,6 +1049,7 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
   st.rep.op_rows += static_cast<std::int64_t>(ops.size());
   st.rep.grad_rows += static_cast<std::int64_t>(grads.size());
 
+  if (!ops.empty()) st.rep.provenance |= ops.front().inputs[0] != trace::kInputUnknown;
   StepFacts& f = st.facts[step];
   f.has_ops = !ops.empty();
   for (const OpRow& r : ops) {
@@ -527,8 +1064,13 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
   }
 
   if (step_row != nullptr) st.lr_of[step] = step_row->lr;
+  SeqIndex idx;
+  if (f.origin || f.nonfinite) {
+    idx.reserve(ops.size());
+    for (const OpRow& r : ops) idx.emplace(r.seq, &r);
+  }
   if (f.origin) {
-    st.origins(step, ops, step_row, grads, events);
+    st.origins(step, ops, step_row, grads, events, idx);
   } else if (f.nonfinite && st.applied.step >= 0 && !st.rep.anomalies.empty()) {
     auto& a = st.applied;
     if (a.first_later < 0) {
@@ -561,7 +1103,10 @@ Report Analyser::finish() {
   st.finished = true;
   Report& rep = st.rep;
   const std::vector<StepRow>& steps = st.steps;
-  rep.steps = static_cast<std::int64_t>(std::max(steps.size(), st.facts.size()));
+  // Rows outside steps (step -1: an evaluation pass the probe was asked to record) are no step of their own.
+  std::int64_t numbered = 0;
+  for (const auto& [step, _] : st.facts) numbered += step >= 0 ? 1 : 0;
+  rep.steps = static_cast<std::int64_t>(std::max<std::size_t>(steps.size(), static_cast<std::size_t>(numbered)));
 
   // ---- scaler health ----
   ScalerHealth& sh = rep.scaler;
@@ -644,6 +1189,44 @@ Report Analyser::finish() {
     }
   }
 
+  // ---- calibration: skips that a smaller scale cured ----
+  // A skipped step whose forward pass and loss were finite is the scaler calibrating when a later unskipped
+  // step ran at a smaller scale (the backoff cured it) and no earlier unskipped step had run at this scale or
+  // above (the gradients did not grow: the scale was too high, from the start or after a growth).
+  for (auto& [step, diagnoses] : st.pending_calibration) {
+    double scale = 0;
+    for (const StepRow& s : steps)
+      if (s.step == step) scale = s.scale;
+    bool cured = false, fine_before = false;
+    for (const StepRow& s : steps) {
+      if (s.skipped) continue;
+      if (s.step > step && s.scale < scale) cured = true;
+      if (s.step < step && s.scale >= scale) fine_before = true;
+    }
+    if (cured && !fine_before) {
+      ++sh.calibration_skips;
+      sh.last_calibration_step = std::max(sh.last_calibration_step, step);
+      continue;
+    }
+    for (Diagnosis& d : diagnoses) {
+      d.evidence.push_back(
+          !cured ? fmt::format("no later step ran unskipped at a smaller scale than this step's {}: backing off did "
+                               "not cure it",
+                               number(scale))
+                 : fmt::format("an earlier step ran unskipped at scale {} or above: the gradients grew, it is not the "
+                               "scaler calibrating",
+                               number(scale)));
+      st.add(std::move(d), step);
+    }
+  }
+  st.pending_calibration.clear();
+  if (sh.calibration_skips > 0) {
+    sh.message += fmt::format("; {} skip{} up to step {} {} the scaler calibrating (gradients overflowed only at a "
+                              "scale a smaller one cured): not anomalies",
+                              sh.calibration_skips, sh.calibration_skips == 1 ? "" : "s", sh.last_calibration_step,
+                              sh.calibration_skips == 1 ? "was" : "were");
+  }
+
   // Skipped steps whose ops are all finite, after the first origin: the scaler found inf in gradients no op
   // of the step produced, so the inf stayed in .grad: gradients are never cleared.
   std::vector<std::int64_t> stale;
@@ -667,9 +1250,14 @@ Report Analyser::finish() {
   };
   for (Diagnosis& d : rep.anomalies) {
     d.skipped_steps = skipped_from(d.step);
-    d.evidence.push_back(fmt::format("{} later op{} of step {} turned non-finite; the loss was {}; {} step{} "
+    d.evidence.push_back(fmt::format("{} later op{} of step {} turned non-finite{}; the loss was {}; {} step{} "
                                      "skipped from step {} on",
                                      d.downstream_nonfinite, d.downstream_nonfinite == 1 ? "" : "s", d.step,
+                                     d.silently_wrong > 0 || !d.absorbed_by.empty()
+                                         ? fmt::format(" and {} more are silently wrong (finite, from absorbed "
+                                                       "NaN/inf)",
+                                                       d.silently_wrong + static_cast<std::int64_t>(d.absorbed_by.size()))
+                                         : "",
                                      d.loss_nonfinite ? "non-finite" : "finite", d.skipped_steps,
                                      d.skipped_steps == 1 ? "" : "s", d.step));
     if (d.cause == "gradient_overflow" && stale.size() >= 2) {
@@ -681,8 +1269,11 @@ Report Analyser::finish() {
       for (const StepRow& s : steps)
         if (s.step <= d.step) norms.push_back(fmt::format("{:.4g}", s.grad_norm));
       d.evidence.push_back(fmt::format("grad_norm up to step {}: {}", d.step, fmt::join(norms, ", ")));
-      d.remedy = "clear gradients every step (optimizer.zero_grad()), or every accumulation window when "
-                 "accumulating on purpose";
+      d.remedies = {simple("zero_grad",
+                           "clear gradients every step (optimizer.zero_grad()), or every accumulation window when "
+                           "accumulating on purpose",
+                           "", "opt.zero_grad();  // at the start of every step")};
+      d.remedy = remedy_text(d.remedies);
     }
   }
 
@@ -701,8 +1292,12 @@ Report Analyser::finish() {
           a.step, a.scale == 1 ? "the scale is 1: no GradScaler to skip it" : "the scaler did not skip it",
           a.later_steps, a.later_steps == 1 ? "" : "s", a.first_later, a.last_later,
           a.first_op.empty() ? "?" : a.first_op));
-      cause->remedy += "; also never apply a step whose gradients are non-finite (the GradScaler skips it), so "
-                       "one bad step cannot write NaN/inf into the weights";
+      cause->remedies.push_back(simple("enable_scaler",
+                                       "never apply a step whose gradients are non-finite (a GradScaler skips it), so "
+                                       "one bad step cannot write NaN/inf into the weights",
+                                       "", "GradScaler scaler;  // scaler.scale(loss).backward(); scaler.step(opt); "
+                                           "scaler.update();"));
+      cause->remedy = remedy_text(cause->remedies);
     }
   }
 
@@ -731,13 +1326,24 @@ Report Analyser::finish() {
                                        steps.back().loss));
     if (!sh.used) {
       d.evidence.push_back("the scale is 1 at every step: no loss scaler");
-      d.remedy = "enable the GradScaler (ampscope train uses one by default in fp16), or raise the initial scale "
-                 "(--init-scale), or train in bf16 (--precision bf16)";
+      d.remedies.push_back(simple("enable_scaler",
+                                  "enable the GradScaler (ampscope train uses one by default in fp16): it multiplies "
+                                  "the loss so small gradients stay above f16's smallest subnormal (2^-24)",
+                                  "--init-scale 65536",
+                                  "GradScaler scaler({.init_scale = 65536});  // scaler.scale(loss).backward(); "
+                                  "scaler.step(opt); scaler.update();",
+                                  65536));
     } else {
       d.evidence.push_back(fmt::format("the scale ran between {} and {}", sh.scale_min, sh.scale_max));
-      d.remedy = "raise the initial scale (--init-scale) so the scaled gradients stay above f16's smallest "
-                 "subnormal (2^-24), or train in bf16 (--precision bf16)";
+      const double higher = std::max(65536.0, sh.scale_max * 256);
+      d.remedies.push_back(simple("init_scale",
+                                  "raise the initial scale so the scaled gradients stay above f16's smallest "
+                                  "subnormal (2^-24)",
+                                  fmt::format("--init-scale {}", number(higher)),
+                                  fmt::format("GradScaler scaler({{.init_scale = {}}});", number(higher)), higher));
     }
+    if (rep.run.precision == "fp16") d.remedies.push_back(bf16_remedy());
+    d.remedy = remedy_text(d.remedies);
     d.gradients.assign(st.params.begin(), st.params.end());
     d.last_step = last_grad_step;
     rep.anomalies.push_back(std::move(d));
@@ -773,17 +1379,21 @@ Report Analyser::finish() {
                                          "not transient, so backing off cannot fix it",
                                          recurring->op, recurring->module.empty() ? "no module" : recurring->module,
                                          recurring->cause, recurring->occurrences));
+        d.remedies = recurring->remedies;
         d.remedy = fmt::format("fix the recurring origin ({} in {}: {}); raising the initial scale or lowering the "
                                "minimum scale only delays the collapse",
                                recurring->op, recurring->module.empty() ? "no module" : recurring->module,
                                recurring->remedy);
       } else {
-        d.remedy = "find the overflow the scaler keeps meeting (non-finite gradients every step); lower the "
-                   "learning rate (--lr) or the initial scale (--init-scale)";
+        d.remedies.push_back(lr_remedy(steps.empty() ? std::nan("") : steps.front().lr));
+        d.remedy = "find the overflow the scaler keeps meeting (non-finite gradients every step); " +
+                   remedy_text(d.remedies);
       }
       rep.anomalies.push_back(std::move(d));
     }
   }
+
+  coverage(rep);
 
   std::stable_sort(rep.anomalies.begin(), rep.anomalies.end(), [](const Diagnosis& a, const Diagnosis& b) {
     return std::tie(a.step, a.seq) < std::tie(b.step, b.seq);

@@ -53,6 +53,55 @@ inline constexpr const char* kCauses[] = {
 
 inline constexpr double kF16Max = 65504.0;
 
+// Root causes: why the values an origin met were what they were, found by walking the dataflow
+// provenance (trace::OpRow::inputs) upstream from the origin.
+//   saturation    an op whose mathematical range is open returned the boundary in f16/bf16: sigmoid or
+//                 tanh at exactly 1 (or -1), softmax probabilities at exactly 0 or 1, exp at 0;
+//   cancellation  an add or sub returned exact zeros from inputs that held none (nearly equal values
+//                 subtracted: 1 - s with s rounded to 1);
+//   underflow     an op returned exact zeros from non-zero inputs (a product or a cast below the dtype's
+//                 smallest subnormal; an added epsilon that rounds to 0 in the dtype does not lift them).
+inline constexpr const char* kRootCauses[] = {"saturation", "cancellation", "underflow"};
+
+// Remedy kinds (Remedy::kind). Each is applied and re-run in tests/analysis/user_models_test.cpp.
+inline constexpr const char* kRemedyKinds[] = {
+    "stable_formulation",  // a fused, stable op instead of the hand-written one (code only)
+    "clamp",               // clamp the input of the op (value: the bound, representable in the op's dtype)
+    "epsilon",             // an epsilon that survives the dtype (value)
+    "autocast_fp32",       // keep an op or module in f32 (pattern, and whether it names an op or a module)
+    "cast_f32",            // cast the input to f32 by hand (an op outside autocast, which overrides cannot reach)
+    "rescale_input",       // the values feeding the op are too large: standardise the data or activations
+    "bf16",                // train in bf16: only for range problems (overflow, underflow of gradients)
+    "learning_rate",       // lower the learning rate (value: a suggestion)
+    "init_scale",          // the GradScaler's initial scale (value)
+    "enable_scaler",       // use a GradScaler
+    "zero_grad",           // clear gradients every step
+    "finite_mask",         // mask with a finite value rather than the dtype's extreme
+    "clean_data",          // the input data hold NaN/inf
+    "compare_fp32",        // nothing specific: compare with an fp32 run
+};
+
+// One remedy in the two forms a user needs: the `ampscope train` option (empty when none applies, for
+// example a change to a hand-written loss) and the C++ for a training loop of their own.
+struct Remedy {
+  std::string kind;     // one of kRemedyKinds
+  std::string text;     // what to change and why, one or two sentences
+  std::string flag;     // "--autocast-fp32 'blocks.0.attn'", "--lr 0.0005", ""
+  std::string code;     // "AutocastOverrideGuard keep_f32({.module = \"blocks.0.attn\", .precision = Precision::f32});"
+  std::string pattern;  // autocast_fp32: the glob
+  bool pattern_is_op = false;  // autocast_fp32: the glob names ops (true) or module paths (false)
+  double value = 0;     // clamp/epsilon: the bound; learning_rate, init_scale: the suggested value
+};
+
+// One op on the way from the root cause to the origin (Diagnosis::chain).
+struct ChainLink {
+  std::int64_t seq = -1;
+  trace::Phase phase = trace::Phase::forward;
+  std::string op, module, out_dtype;
+  std::string role;      // "saturation", "cancellation", "underflow", "passes on", "origin"
+  std::string evidence;  // one sentence quoting the recorded numbers of this op
+};
+
 struct Diagnosis {
   // Origin: where the anomaly first appeared. op and module are "" for step-level diagnoses
   // (gradient_underflow, scale_collapse); module is "" for an op outside any module (a hand-written loss).
@@ -74,7 +123,17 @@ struct Diagnosis {
   std::vector<std::string> gradients;     // parameters whose gradients held NaN/inf in that step
   std::int64_t skipped_steps = 0;         // skipped steps from that step to the end of the run
 
-  std::string remedy;
+  // The root cause, when the provenance shows one: chain runs from the root op to the origin (the origin
+  // last); root_cause is one of kRootCauses, "" when the walk found none (or the trace has no provenance).
+  std::string root_cause;
+  std::vector<ChainLink> chain;
+  // Silent damage: ops of the step that took the non-finite values in and returned finite ones (rsqrt of
+  // inf giving 0, a clamp, a mask), and the later ops whose finite outputs are wrong because of them.
+  std::vector<std::string> absorbed_by;     // "rsqrt in blocks.1.norm (seq 14)"
+  std::int64_t silently_wrong = 0;          // ops downstream of those, finite but computed from wrong values
+
+  std::vector<Remedy> remedies;  // best first
+  std::string remedy;            // the remedies' texts in one paragraph (what the text report prints)
 
   std::int64_t occurrences = 1;  // steps (or rows) where the same origin came back, the first included
   std::int64_t last_step = 0;
@@ -125,6 +184,25 @@ struct ScalerHealth {
   double scale_start = 1, scale_min = 1, scale_max = 1, scale_end = 1;
   std::string verdict = "no_scaler";
   std::string message;        // one sentence for the report
+  // Calibration: skipped steps whose forward pass and loss were finite, whose gradients overflowed only at
+  // the scale of that step, and which a smaller scale cured (a later unskipped step ran at a smaller scale,
+  // and no earlier unskipped step ran at this scale or above). This is what the GradScaler is designed to
+  // do while it settles from its initial scale, or after a growth overshoots; such skips are counted here,
+  // not reported as anomalies. docs/report-format.md, "Calibration".
+  std::int64_t calibration_skips = 0;
+  std::int64_t last_calibration_step = -1;
+};
+
+// What the probe's set-up may have hidden (from the trace's root attribute `probe`): a filter or sampling
+// means the origin may be in an op the trace never saw.
+struct Coverage {
+  bool known = false;                   // the trace says how the probe was set up (format_version 2)
+  std::string level;                    // "health", ...
+  std::vector<std::string> ops, modules;  // the probe's filters ([] records every op)
+  std::int64_t every = 1;               // sampling: steps recorded
+  bool flight_recorder = false;
+  std::vector<std::string> autocast_overrides;  // "module 'blocks.*.attn' -> f32"
+  std::vector<std::string> notes;       // warnings for the report: "the probe recorded only modules 'head': ..."
 };
 
 struct AnalysisOptions {
@@ -141,6 +219,8 @@ struct Report {
   std::vector<Diagnosis> anomalies;
   std::vector<HeadroomWarning> warnings;
   ScalerHealth scaler;
+  Coverage coverage;
+  bool provenance = false;    // the trace records which rows produced each op's inputs (format_version 2)
   bool healthy() const { return anomalies.empty(); }
 };
 

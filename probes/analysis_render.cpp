@@ -144,6 +144,11 @@ std::string propagation(const Diagnosis& d, std::size_t max_names) {
   std::vector<std::string> parts;
   if (has_seq(d.seq) || d.downstream_nonfinite > 0)
     parts.push_back(fmt::format("{} of step {} turned non-finite", plural(d.downstream_nonfinite, "later op"), d.step));
+  if (!d.absorbed_by.empty())
+    parts.push_back(fmt::format("SILENT DAMAGE: {} took the NaN/inf in and returned finite values, so {} {} wrong "
+                                "but finite",
+                                d.absorbed_by.front(), plural(d.silently_wrong + static_cast<std::int64_t>(d.absorbed_by.size()), "op output", "op outputs"),
+                                d.silently_wrong + static_cast<std::int64_t>(d.absorbed_by.size()) == 1 ? "is" : "are"));
   parts.push_back(d.loss_nonfinite ? "the loss was non-finite" : "the loss stayed finite");
   if (!d.gradients.empty()) {
     std::string names;
@@ -155,6 +160,26 @@ std::string propagation(const Diagnosis& d, std::size_t max_names) {
   }
   parts.push_back(fmt::format("{} skipped from step {} on", plural(d.skipped_steps, "step"), d.step));
   return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+// "sigmoid (seq 41, saturation) -> neg -> add (cancellation) -> log (the origin)"
+std::string chain_text(const Diagnosis& d) {
+  std::vector<std::string> parts;
+  for (const ChainLink& l : d.chain) {
+    std::string p = l.module.empty() ? l.op : fmt::format("{} in {}", l.op, l.module);
+    p += fmt::format(" (seq {}", l.seq);
+    if (l.role != "passes on") p += ", " + l.role;
+    p += ")";
+    parts.push_back(std::move(p));
+  }
+  return fmt::format("{}", fmt::join(parts, " -> "));
+}
+
+std::string_view root_explanation(std::string_view root) {
+  if (root == "saturation") return "an op returned a value its math never reaches (sigmoid or tanh at exactly 1, softmax at 0 or 1, exp at 0): the dtype rounded it there";
+  if (root == "cancellation") return "an addition or subtraction of nearly equal values cancelled to exact zeros";
+  if (root == "underflow") return "results below the dtype's smallest subnormal became exact zeros";
+  return "";
 }
 
 std::string occurrences(std::int64_t n, std::int64_t first, std::int64_t last) {
@@ -206,13 +231,40 @@ json number(double x) {
 json seq_json(std::int64_t seq) { return has_seq(seq) ? json(seq) : json(nullptr); }
 
 json run_json(const trace::RunInfo& r) {
-  return {{"precision", r.precision}, {"device", r.device}, {"model", r.model}, {"seed", r.seed}, {"config", r.config}};
+  return {{"precision", r.precision}, {"device", r.device}, {"model", r.model},
+          {"seed", r.seed},           {"config", r.config}, {"probe", r.probe}};
 }
 
 json health_json(const trace::TensorHealth& h) {
   return {{"numel", h.numel}, {"nan", h.nan},           {"pos_inf", h.pos_inf},   {"neg_inf", h.neg_inf},
           {"zero", h.zero},   {"subnormal", h.subnormal}, {"min", number(h.min)}, {"max", number(h.max)},
           {"absmax", number(h.absmax)}, {"mean", number(h.mean)}, {"rms", number(h.rms)}};
+}
+
+json chain_json(const std::vector<ChainLink>& chain) {
+  json out = json::array();
+  for (const ChainLink& l : chain)
+    out.push_back({{"seq", l.seq},
+                   {"phase", std::string(trace::phase_name(l.phase))},
+                   {"op", l.op},
+                   {"module", l.module},
+                   {"out_dtype", l.out_dtype},
+                   {"role", l.role},
+                   {"evidence", l.evidence}});
+  return out;
+}
+
+json remedies_json(const std::vector<Remedy>& remedies) {
+  json out = json::array();
+  for (const Remedy& m : remedies)
+    out.push_back({{"kind", m.kind},
+                   {"text", m.text},
+                   {"flag", m.flag},
+                   {"code", m.code},
+                   {"pattern", m.pattern},
+                   {"pattern_is_op", m.pattern_is_op},
+                   {"value", number(m.value)}});
+  return out;
 }
 
 json diagnosis_json(const Diagnosis& d) {
@@ -231,6 +283,11 @@ json diagnosis_json(const Diagnosis& d) {
           {"loss_nonfinite", d.loss_nonfinite},
           {"gradients", d.gradients},
           {"skipped_steps", d.skipped_steps},
+          {"root_cause", d.root_cause},
+          {"chain", chain_json(d.chain)},
+          {"absorbed_by", d.absorbed_by},
+          {"silently_wrong", d.silently_wrong},
+          {"remedies", remedies_json(d.remedies)},
           {"remedy", d.remedy},
           {"occurrences", d.occurrences},
           {"last_step", d.last_step}};
@@ -267,7 +324,20 @@ json scaler_json(const ScalerHealth& s) {
           {"scale_max", number(s.scale_max)},
           {"scale_end", number(s.scale_end)},
           {"verdict", s.verdict},
-          {"message", s.message}};
+          {"message", s.message},
+          {"calibration_skips", s.calibration_skips},
+          {"last_calibration_step", s.last_calibration_step}};
+}
+
+json coverage_json(const Coverage& c) {
+  return {{"known", c.known},
+          {"level", c.level},
+          {"ops", c.ops},
+          {"modules", c.modules},
+          {"every", c.every},
+          {"flight_recorder", c.flight_recorder},
+          {"autocast_overrides", c.autocast_overrides},
+          {"notes", c.notes}};
 }
 
 json key_json(const OpKey& k) {
@@ -356,8 +426,17 @@ std::string render_text(const Report& rep, const TextStyle& style) {
     t.line("{} step {}, {}, {}{}", t.paint(kRed, "FIRST ANOMALY:"), d.step, trace::phase_name(d.phase),
            t.paint(kBold, where(d)), types.empty() ? "" : " (" + types + ")");
     t.line("  cause: {}: {}", t.paint(kRed, d.cause), explanation(d.cause));
+    if (!d.root_cause.empty())
+      t.line("  root cause: {} at {}: {}", t.paint(kRed, d.root_cause), chain_text(d), root_explanation(d.root_cause));
     if (!d.evidence.empty()) t.line("  evidence: {}", d.evidence.front());
-    if (!d.remedy.empty()) t.line("  fix: {}", t.paint(kGreen, d.remedy));
+    if (!d.remedies.empty()) {
+      const Remedy& m = d.remedies.front();
+      t.line("  fix: {}", t.paint(kGreen, m.text));
+      if (!m.flag.empty()) t.line("       ampscope train: {}", m.flag);
+      if (!m.code.empty()) t.line("       your own loop:  {}", m.code);
+    } else if (!d.remedy.empty()) {
+      t.line("  fix: {}", t.paint(kGreen, d.remedy));
+    }
     if (rep.anomalies.size() > 1)
       t.line("  {} more anomal{} {}", rep.anomalies.size() - 1, rep.anomalies.size() == 2 ? "y" : "ies",
              style.brief ? "(ampscope report lists them)" : "below (they come later, often because of this one)");
@@ -366,6 +445,11 @@ std::string render_text(const Report& rep, const TextStyle& style) {
     t.line("{} the trace is incomplete: its writer did not close it (killed, failed or still running); "
            "analysed the {} it holds",
            t.paint(kYellow, "NOTE:"), plural(rep.steps, "step"));
+  for (const std::string& note : rep.coverage.notes) t.line("{} {}", t.paint(kYellow, "NOTE:"), note);
+  if (rep.scaler.calibration_skips > 0)
+    t.line("{} {} while the GradScaler calibrated its scale (forward and loss finite; a smaller scale cured "
+           "them): expected, not anomalies",
+           t.paint(kCyan, "CALIBRATION:"), plural(rep.scaler.calibration_skips, "skipped step"));
   if (style.brief) return t.take();
   t.blank();
 
@@ -388,10 +472,21 @@ std::string render_text(const Report& rep, const TextStyle& style) {
       if (!types.empty()) origin += ", " + types;
       t.line("    {}  {}", t.paint(kCyan, "origin:     "), origin);
       t.line("    {}  {}", t.paint(kCyan, "cause:      "), explanation(d.cause));
+      if (!d.root_cause.empty())
+        t.line("    {}  {} at {}", t.paint(kCyan, "root cause: "), d.root_cause, chain_text(d));
       for (std::size_t e = 0; e < d.evidence.size(); ++e)
         t.line("    {}  - {}", t.paint(kCyan, e == 0 ? "evidence:   " : "            "), d.evidence[e]);
       t.line("    {}  {}", t.paint(kCyan, "propagation:"), propagation(d, max_names));
-      if (!d.remedy.empty()) t.line("    {}  {}", t.paint(kCyan, "remedy:     "), t.paint(kGreen, d.remedy));
+      if (!d.remedies.empty()) {
+        for (std::size_t k = 0; k < d.remedies.size(); ++k) {
+          const Remedy& m = d.remedies[k];
+          t.line("    {}  {}. {}", t.paint(kCyan, k == 0 ? "remedies:   " : "            "), k + 1, t.paint(kGreen, m.text));
+          if (!m.flag.empty()) t.line("                     ampscope train: {}", m.flag);
+          if (!m.code.empty()) t.line("                     your own loop:  {}", m.code);
+        }
+      } else if (!d.remedy.empty()) {
+        t.line("    {}  {}", t.paint(kCyan, "remedy:     "), t.paint(kGreen, d.remedy));
+      }
       t.line("    {}  {}", t.paint(kCyan, "occurrences:"), occurrences(d.occurrences, d.step, d.last_step));
     }
     if (rep.anomalies.size() > max_items) t.line("... and {} more (--json lists them all)", rep.anomalies.size() - max_items);
@@ -456,6 +551,8 @@ std::string render_json(const Report& rep) {
   doc["warnings"] = json::array();
   for (const HeadroomWarning& w : rep.warnings) doc["warnings"].push_back(warning_json(w));
   doc["scaler"] = scaler_json(rep.scaler);
+  doc["coverage"] = coverage_json(rep.coverage);
+  doc["provenance"] = rep.provenance;
   // Invalid UTF-8 in a recorded name (a cut string) becomes U+FFFD rather than an exception.
   return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }

@@ -31,6 +31,6 @@ std::string render_text(const DiffReport& diff, const TextStyle& style = {});
 std::string render_json(const DiffReport& diff);
 
 // The JSON schema's version (a field of every document); raised when a field changes meaning.
-inline constexpr int kReportSchemaVersion = 1;
+inline constexpr int kReportSchemaVersion = 2;  // 2: remedies, root causes, coverage, calibration
 
 }  // namespace ampscope::analysis

@@ -4,10 +4,13 @@
 #include <fmt/ranges.h>
 #include <fnmatch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <limits>
 #include <utility>
 
+#include "core/autocast.h"
 #include "core/error.h"
 
 namespace ampscope::probe {
@@ -84,6 +87,23 @@ void clear_rows(std::vector<T>& rows) {
 
 }  // namespace
 
+std::string describe(const ProbeOptions& o) {
+  nlohmann::ordered_json j;
+  j["level"] = std::string(level_name(o.level));
+  j["ops"] = o.ops;
+  j["modules"] = o.modules;
+  j["every"] = o.every;
+  j["flight_recorder"] = o.flight_recorder;
+  j["recorder_steps"] = o.recorder_steps;
+  j["outside_steps"] = o.outside_steps;
+  nlohmann::ordered_json overrides = nlohmann::ordered_json::array();
+  for (const AutocastOverride& r : autocast_overrides()) {
+    overrides.push_back({{"op", r.op}, {"module", r.module}, {"precision", r.precision == Precision::f32 ? "f32" : "lower"}});
+  }
+  j["autocast_overrides"] = std::move(overrides);
+  return j.dump();
+}
+
 std::string_view level_name(Level level) {
   switch (level) {
     case Level::off: return "off";
@@ -121,7 +141,7 @@ Probe::Probe(std::shared_ptr<trace::Sink> sink, ProbeOptions options)
     throw Error(fmt::format("Probe: dump_max_elements must not be negative, got {}\nhint: 0 dumps no values",
                             options_.dump_max_elements));
   }
-  recording_ = options_.level != Level::off;
+  recording_ = options_.level != Level::off && options_.outside_steps;
 }
 
 Probe::~Probe() {
@@ -195,6 +215,35 @@ void Probe::on_backward_op(const OpEvent& event) {
   if (recording_) record_op(event, to_trace_phase(event.phase));
 }
 
+// Which rows produced the op's inputs (trace::OpRow::inputs). An input autocast cast is named by the
+// producer of what was cast: the cast is part of this op's row, not a row of its own.
+std::array<std::int64_t, trace::kOpInputs> Probe::input_producers(const OpEvent& e) const {
+  std::array<std::int64_t, trace::kOpInputs> out;
+  out.fill(trace::kInputNone);
+  for (std::size_t i = 0; i < e.inputs.size() && i < out.size(); ++i) {
+    Tensor t = e.inputs[i];
+    for (const CastRecord& c : e.autocast.casts) {
+      if (c.input == static_cast<int>(i) && c.source.defined()) t = c.source;
+    }
+    if (!t.defined()) continue;
+    if (t.is_leaf() && t.requires_grad()) {
+      out[i] = trace::kInputParameter;
+      continue;
+    }
+    const auto [step, seq] = t.producer();
+    if (seq == Producer::none) {
+      out[i] = trace::kInputData;
+    } else if (seq == Producer::summed && step == e.step) {
+      out[i] = trace::kInputSummed;
+    } else if (seq >= 0 && step == e.step) {
+      out[i] = seq;
+    } else {
+      out[i] = trace::kInputUnrecorded;  // a skipped op, or an op of another step
+    }
+  }
+  return out;
+}
+
 void Probe::record_op(const OpEvent& e, trace::Phase phase) {
   trace::OpRow row;
   row.step = e.step;
@@ -212,6 +261,7 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
     row.shape = shape_str(e.output.shape());
   }
   row.autocast = e.autocast.reason;
+  row.inputs = input_producers(e);
   if (options_.level == Level::dtype) {
     emit(std::move(row));
     return;
@@ -504,7 +554,7 @@ void Probe::write_record(StepRecord& r) {
 void Probe::end_step(const std::optional<StepSummary>& summary) {
   StepRecord& rec = recent_.back();
   open_ = false;
-  recording_ = options_.level != Level::off;
+  recording_ = options_.level != Level::off && options_.outside_steps;
   for (const auto& [key, first] : rec.propagated) {
     if (first.second > 0) rec.events[first.first].detail += fmt::format(" ({} more times in this step)", first.second);
   }

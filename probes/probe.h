@@ -45,6 +45,7 @@
 // step that wrote it). Ops outside any StepScope are recorded and written as they come, with step -1.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -80,7 +81,17 @@ struct ProbeOptions {
   std::int64_t recorder_steps = 4;  // steps kept by the flight recorder, the current one included
   bool dump_first_origin = true;
   std::int64_t dump_max_elements = 4096;  // per dumped tensor
+  // Ops outside any StepScope (an evaluation pass after the step, a check before training) are not
+  // recorded unless this is set; they then get step -1 and belong to no step.
+  bool outside_steps = false;
 };
+
+// How a probe with these options is set up, as JSON text for the trace's root attribute `probe`
+// (trace::RunInfo::probe): level, op and module filters, sampling, the flight recorder, whether ops
+// outside steps are recorded, and the autocast overrides installed when it is called. A report uses it to
+// say what a filter or sampling may have hidden.
+//   trace::RunInfo info{...};  info.probe = probe::describe(options);   // before creating the writer
+std::string describe(const ProbeOptions& options);
 
 class Probe : public Hook {
  public:
@@ -135,6 +146,7 @@ class Probe : public Hook {
   bool module_wanted(std::string_view module) const;
   StepRecord* record_for(std::int64_t step);
   void record_op(const OpEvent& event, trace::Phase phase);
+  std::array<std::int64_t, trace::kOpInputs> input_producers(const OpEvent& event) const;
   void emit(trace::OpRow row);
   void emit(trace::GradRow row);
   void emit(trace::HistogramRow row);

@@ -9,7 +9,7 @@ namespace {
 // Records are the file's bytes, which are little-endian.
 static_assert(std::endian::native == std::endian::little, "trace records assume a little-endian host");
 static_assert(sizeof(OpRecord) == 16 + kPhaseWidth + kOpWidth + kModuleWidth + kDTypesWidth + kDTypeWidth + kShapeWidth +
-                                      kReasonWidth + 6 * 8 + 5 * 8 + 2 * 8 + 1,
+                                      kReasonWidth + 6 * 8 + 5 * 8 + 2 * 8 + 1 + kOpInputs * 8,
               "OpRecord must be packed: it is the file's compound type byte for byte");
 
 // Builds a compound type member by member; `table` names it in messages.
@@ -84,6 +84,9 @@ Datatype op_type(const Io& io) {
   AMPSCOPE_I64(R, cast_overflow);
   AMPSCOPE_I64(R, cast_underflow);
   AMPSCOPE_FLAG(R, origin);
+  const hsize_t inputs = kOpInputs;
+  const Datatype array(io.check(H5Tarray_create2(H5T_STD_I64LE, 1, &inputs), "H5Tarray_create2", "/ops"));
+  b.add("inputs", offsetof(R, inputs), array.get());
   return b.take();
 }
 
@@ -271,6 +274,7 @@ void encode(const OpRow& row, OpRecord& r) {
   r.cast_overflow = row.cast_overflow;
   r.cast_underflow = row.cast_underflow;
   r.origin = row.origin;
+  std::memcpy(r.inputs, row.inputs.data(), sizeof r.inputs);
 }
 
 void encode(const GradRow& row, GradRecord& r) {
@@ -355,6 +359,7 @@ OpRow decode(const OpRecord& r) {
   row.cast_overflow = r.cast_overflow;
   row.cast_underflow = r.cast_underflow;
   row.origin = r.origin != 0;
+  std::memcpy(row.inputs.data(), r.inputs, sizeof r.inputs);
   return row;
 }
 

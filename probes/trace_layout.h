@@ -69,6 +69,7 @@ struct [[gnu::packed]] OpRecord {
   double min, max, absmax, mean, rms;
   std::int64_t cast_overflow, cast_underflow;
   std::int8_t origin;
+  std::int64_t inputs[kOpInputs];  // format_version 2
 };
 
 struct [[gnu::packed]] GradRecord {

@@ -196,6 +196,7 @@ struct TraceReader::State {
     info.model = required_text("model");
     info.seed = required_int("seed");
     info.config = required_text("config");
+    if (version >= 2) info.probe = required_text("probe");
     complete = required_int("complete") == 1;
   }
 
@@ -227,6 +228,8 @@ struct TraceReader::State {
       H5free_memory(name);
       if (H5Tget_member_index(file_type.get(), field.c_str()) < 0) {
         take_hdf5_errors();
+        // Fields a version added are absent from older traces; their rows get the "unknown" value.
+        if (version < 2 && table == Table::ops && field == "inputs") continue;
         io.fail(fmt::format("the dataset '{}' has no field '{}'", where, field));
       }
     }
@@ -700,7 +703,11 @@ std::vector<StepRow> TraceReader::steps(std::int64_t begin, std::int64_t end) {
 
 std::vector<OpRow> TraceReader::ops(std::int64_t begin, std::int64_t end) {
   const QuietHdf5Errors quiet;
-  return state_->read_plain<OpRecord, OpRow>(Table::ops, begin, end);
+  std::vector<OpRow> rows = state_->read_plain<OpRecord, OpRow>(Table::ops, begin, end);
+  if (state_->version < 2) {
+    for (OpRow& row : rows) row.inputs.fill(kInputUnknown);  // format_version 1 has no provenance
+  }
+  return rows;
 }
 
 std::vector<GradRow> TraceReader::grads(std::int64_t begin, std::int64_t end) {

@@ -15,6 +15,18 @@ std::string_view phase_name(Phase phase) {
   return "?";
 }
 
+std::string_view input_marker_name(std::int64_t marker) {
+  switch (marker) {
+    case kInputNone: return "none";
+    case kInputParameter: return "parameter";
+    case kInputData: return "data";
+    case kInputUnrecorded: return "unrecorded";
+    case kInputSummed: return "summed";
+    case kInputUnknown: return "unknown";
+    default: return marker >= 0 ? "" : "invalid";
+  }
+}
+
 Phase parse_phase(std::string_view name) {
   for (Phase p : {Phase::forward, Phase::backward, Phase::optimizer, Phase::scaler}) {
     if (phase_name(p) == name) return p;

@@ -16,7 +16,7 @@
 namespace ampscope::trace {
 
 inline constexpr std::string_view kFormat = "ampscope-trace";
-inline constexpr std::int64_t kFormatVersion = 1;
+inline constexpr std::int64_t kFormatVersion = 2;  // 2: /ops `inputs` (provenance), the root attribute `probe`
 
 // Root attributes.
 struct RunInfo {
@@ -25,6 +25,10 @@ struct RunInfo {
   std::string model;      // sample or model name
   std::int64_t seed = 0;
   std::string config;     // JSON text
+  // How the probe was set up, as JSON text (level, op and module filters, sampling, flight recorder, the
+  // autocast overrides in force): what the trace can and cannot show. "" when unknown (format_version 1,
+  // or a sink the probe never described itself to).
+  std::string probe{};
 };
 
 // Phases, stored as their names ("forward", "backward", "optimizer", "scaler").
@@ -52,6 +56,18 @@ struct StepRow {
   double time_ms = 0;
 };
 
+// Provenance of an op's inputs (OpRow::inputs): the seq of the row, in the same step, whose op produced the
+// input (a backward row's input is the gradient it received), or one of these markers.
+inline constexpr int kOpInputs = 4;  // inputs recorded per row; an op with more records its first four
+inline constexpr std::int64_t kInputNone = -1;        // no input at this position
+inline constexpr std::int64_t kInputParameter = -2;   // a parameter (a leaf that requires grad)
+inline constexpr std::int64_t kInputData = -3;        // data or a constant: no reported op produced it
+inline constexpr std::int64_t kInputUnrecorded = -4;  // an op the trace does not hold produced it (filtered
+                                                      // out, not sampled, or in an earlier step)
+inline constexpr std::int64_t kInputSummed = -5;      // backward: gradients from several nodes, summed
+inline constexpr std::int64_t kInputUnknown = -6;     // not recorded (format_version 1 traces)
+std::string_view input_marker_name(std::int64_t marker);  // "none", "parameter", "data", ...; "" for a seq
+
 // /ops: one row per recorded op (forward ops and backward nodes).
 struct OpRow {
   std::int64_t step = 0;
@@ -67,6 +83,9 @@ struct OpRow {
   std::int64_t cast_overflow = 0;   // casts only: finite values that became inf
   std::int64_t cast_underflow = 0;  // casts only: non-zero values that became zero
   bool origin = false;        // non-finite output from all-finite inputs
+  // Which rows produced the inputs (after autocast: a cast input names the producer of what was cast),
+  // in input order: a seq of the same step, or a marker (kInputNone, ...).
+  std::array<std::int64_t, kOpInputs> inputs{kInputNone, kInputNone, kInputNone, kInputNone};
 };
 
 // /grads: one row per parameter per recorded step, before and after unscaling.

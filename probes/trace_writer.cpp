@@ -118,6 +118,7 @@ class FileWriter {
     write_text_attribute(io_, root, "/", "model", info.model);
     write_int_attribute(io_, root, "/", "seed", info.seed);
     write_text_attribute(io_, root, "/", "config", info.config);
+    write_text_attribute(io_, root, "/", "probe", info.probe);
     write_int_attribute(io_, root, "/", "complete", 0);
   }
 

@@ -23,12 +23,13 @@ Recording::Recording(const TrainConfig& config, const std::string& config_json, 
   info.model = config.sample;
   info.seed = static_cast<std::int64_t>(config.seed);
   info.config = config_json;
-  impl_->writer = std::make_shared<trace::TraceWriter>(config.out, info);
   probe::ProbeOptions options;
   options.level = probe::parse_level(config.probe);
   options.every = config.sample_every;
   // With sampling, the flight recorder keeps every step in memory and writes the anomalous ones too.
   options.flight_recorder = config.sample_every > 1;
+  info.probe = probe::describe(options);  // the autocast overrides are installed by now
+  impl_->writer = std::make_shared<trace::TraceWriter>(config.out, info);
   impl_->probe = std::make_shared<probe::Probe>(impl_->writer, options);
   impl_->installed = std::make_unique<probe::HookGuard>(impl_->probe);
 }

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/autocast.h"
 #include "core/checkpoint.h"
@@ -30,13 +31,34 @@ Device resolve_device(const std::string& name) {
   return Device::parse(name);
 }
 
+// The run's configuration as JSON (the trace's root attribute `config`): every option that shapes what the
+// trace holds. Non-finite numbers are written as strings ("nan", "inf"), so the text stays valid JSON.
 std::string run_config_json(const TrainConfig& c) {
-  return fmt::format(R"({{"sample": "{}", "precision": "{}", "device": "{}", "steps": {}, "batch": {}, "lr": {}, )"
-                     R"("seed": {}, "scenario": "{}", "init_scale": {}, "growth_interval": {}, "use_scaler": {}, )"
-                     R"("probe": "{}", "sample_every": {}, "max_grad_norm": {}, "zero_grad": {}}})",
-                     c.sample, precision_name(c.precision), c.device, c.steps, c.batch, c.lr, c.seed, c.scenario,
-                     c.init_scale, c.growth_interval, c.use_scaler, c.probe, c.sample_every, c.max_grad_norm,
-                     c.zero_grad);
+  auto number = [](double v) -> nlohmann::ordered_json {
+    if (std::isfinite(v)) return v;
+    return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+  };
+  nlohmann::ordered_json j;
+  j["sample"] = c.sample;
+  j["precision"] = std::string(precision_name(c.precision));
+  j["device"] = c.device;
+  j["steps"] = c.steps;
+  j["batch"] = c.batch;
+  j["lr"] = number(c.lr);
+  j["seed"] = c.seed;
+  j["scenario"] = c.scenario;
+  j["init_scale"] = number(c.init_scale);
+  j["growth_interval"] = c.growth_interval;
+  j["use_scaler"] = c.use_scaler;
+  j["probe"] = c.probe;
+  j["sample_every"] = c.sample_every;
+  j["max_grad_norm"] = number(c.max_grad_norm);
+  j["zero_grad"] = c.zero_grad;
+  j["autocast_fp32"] = c.autocast_fp32;
+  j["data"] = c.data_dir;
+  j["text"] = c.text_file;
+  j["resume"] = c.resume;
+  return j.dump();
 }
 
 }  // namespace

@@ -209,7 +209,12 @@ TEST(analysis_test, lr_explosion_is_an_f16_overflow_of_fc3_at_step_1_whose_remed
   EXPECT_EQ(d.op, "linear");
   EXPECT_EQ(d.module, "fc3");
   EXPECT_EQ(d.cause, "f16_overflow");
-  EXPECT_EQ(d.remedy.rfind("lower the learning rate (--lr, this run: 1.5)", 0), 0u) << d.remedy;
+  // One step took the output past f16's range: the learning rate comes first, a tenth of the run's 1.5.
+  ASSERT_FALSE(d.remedies.empty());
+  EXPECT_EQ(d.remedies.front().kind, "learning_rate") << d.remedy;
+  EXPECT_DOUBLE_EQ(d.remedies.front().value, 0.15);
+  EXPECT_EQ(d.remedies.front().flag, "--lr 0.15");
+  EXPECT_EQ(d.remedy.rfind("lower the learning rate (this run: 1.5; try 0.15)", 0), 0u) << d.remedy;
 }
 
 TEST(analysis_test, no_zero_grad_is_accumulating_gradients_found_in_the_backward_of_fc3_at_step_5) {

@@ -228,8 +228,8 @@ TEST(probe_test, sampling_records_every_nth_step_and_writes_every_step_row) {
   EXPECT_EQ(p.sink->ended, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5}));
 }
 
-TEST(probe_test, ops_outside_steps_are_written_as_they_come) {
-  Probed p;
+TEST(probe_test, ops_outside_steps_are_written_as_they_come_when_asked_for) {
+  Probed p({.outside_steps = true});
   relu(from_values({1, -1}, {2}));
   ASSERT_EQ(p.sink->ops.size(), 1u);
   EXPECT_EQ(p.sink->ops[0].step, -1);

@@ -110,7 +110,7 @@ TEST(report_command_test, json_gives_the_same_diagnosis_as_the_text) {
   const Result r = report({.trace = Traces::get("log-zero", Precision::fp16), .json = true});
   EXPECT_EQ(r.status, kExitFound);
   const json j = json::parse(r.out);
-  EXPECT_EQ(j["schema_version"], 1);
+  EXPECT_EQ(j["schema_version"], 2);
   EXPECT_EQ(j["healthy"], false);
   EXPECT_EQ(j["steps"], 3);
   EXPECT_EQ(j["run"]["precision"], "fp16");

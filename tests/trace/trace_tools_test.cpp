@@ -73,7 +73,7 @@ TEST(trace_tools_test, debian_h5py_reads_steps_ops_and_complete) {
   }
   ASSERT_EQ(testing::run_command(python + " " + script.string() + " " + path.string(), out), 0) << out;
   EXPECT_NE(out.find("complete 1"), std::string::npos) << out;
-  EXPECT_NE(out.find("format ampscope-trace 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("format ampscope-trace 2"), std::string::npos) << out;
   // numbered_step: loss = 5 / (step + 1); found_inf on odd steps.
   EXPECT_NE(out.find("steps 3 [0, 1, 2] 1.666667 [False, True, False]"), std::string::npos) << out;
   // numbered_op: op "linear" when seq % 3 == 0, module blocks.(seq % 7), phase seq % 4, mean step*1000+seq+0.25.
