@@ -15,6 +15,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "probes/f16_ranges.h"
+
 namespace ampscope::analysis {
 namespace {
 
@@ -987,15 +989,15 @@ struct Analyser::State {
         warn(std::move(w));
       }
     }
-    // At level full: values whose exponent is below f16's smallest subnormal (2^-24) flush to zero in f16.
+    // At level full: values below f16's smallest subnormal (2^-24) flush to zero in f16, or round up to it.
     if (!f16_run) return;
     for (const trace::HistogramRow& hr : hists) {
-      std::int64_t below = hr.bins[trace::kHistBins - 4], nonzero = hr.bins[trace::kHistBins - 4];
-      for (int e = trace::kHistMinExponent; e <= trace::kHistMaxExponent; ++e) {
-        const std::int64_t n = hr.bins[static_cast<std::size_t>(e - trace::kHistMinExponent)];
-        nonzero += n;
-        if (e < -24) below += n;
-      }
+      // f16's zones (probes/f16_ranges.h); the tensor's dtype says what its subnormal bin holds.
+      std::string_view dtype;
+      for (const OpRow& r : ops) if (hr.seq >= 0 && r.seq == hr.seq) dtype = r.out_dtype;
+      for (const GradRow& g : grads) if (hr.seq < 0 && g.param == hr.tensor) dtype = g.dtype;
+      const half_ranges::ZoneCounts zones = half_ranges::f16_zone_counts(hr, dtype);
+      const std::int64_t below = zones.below_f16(), nonzero = zones.nonzero_finite();
       if (nonzero == 0 || below == 0) continue;
       const double f = static_cast<double>(below) / static_cast<double>(nonzero);
       if (f < frac) continue;

@@ -180,7 +180,9 @@ TrainCommand::TrainCommand(CLI::App& app) {
       ->capture_default_str();
   cmd_->add_flag("--no-scaler", no_scaler_, "Train fp16 without loss scaling");
   cmd_->add_option("--autocast-fp32", c.autocast_fp32,
-                   "Keep ops or modules matching this glob in f32 under autocast (repeatable), e.g. 'blocks.*.attn.*'");
+                   "Keep ops or modules matching this glob in f32 under autocast (repeatable); * matches dots "
+                   "too: e.g. 'blocks.*.attn' (the ops the attention modules run themselves: bmm, softmax) or "
+                   "'blocks.*.attn*' (their children qkv and proj too)");
   cmd_->add_option("--max-grad-norm", c.max_grad_norm, "Clip gradients to this norm after unscaling (0: no clipping)")
       ->capture_default_str();
   cmd_->add_option("--checkpoint", c.checkpoint, "Save a checkpoint here (at the end, and every --checkpoint-every)");

@@ -104,6 +104,7 @@ void open_trace(ViewerState& s, const std::filesystem::path& path, bool as_b) {
     s.shared_x = {};
     s.scale_plot = s.loss_plot = s.norm_plot = {};
     s.histogram_plot = {};
+    s.histogram_special = {};
     s.compare_plot = {};
   }
   if (s.a && s.b) s.comparison = std::make_unique<Comparison>(s.a->path(), s.b->path());

@@ -56,6 +56,7 @@ struct ViewerState {
 
   // Plots: the scale, loss and gradient-norm plots share their x axis.
   plot::State scale_plot, loss_plot, norm_plot, histogram_plot, compare_plot;
+  plot::State histogram_special;  // the subnormal, zero, inf and NaN bars beside the histogram (its y is histogram_plot's)
   plot::Axis shared_x;
   std::optional<std::int64_t> histogram_seq;  // the op whose histogram set the histogram plot's x range
   std::uint64_t histogram_load = 0;

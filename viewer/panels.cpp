@@ -466,7 +466,7 @@ void draw_detail_panel(ViewerState& s) {
   if (side_by_side) ImGui::SameLine();
   ImGui::BeginChild("##histogram", ImVec2(0, 0), false);
   const StepData* d = s.a->step_data();
-  std::optional<ExponentHistogram> h = d ? op_histogram(d->histograms, row->seq) : std::nullopt;
+  std::optional<ExponentHistogram> h = d ? op_histogram(d->histograms, row->seq, row->out_dtype) : std::nullopt;
   if (!h) {
     ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled(
@@ -474,38 +474,72 @@ void draw_detail_panel(ViewerState& s) {
         "(ampscope train --probe full). The health numbers on the left are what was recorded.");
     ImGui::PopTextWrapPos();
   } else {
-    ImGui::Text("exponent histogram of the output (%s values)", format_count(h->total).c_str());
-    // f16's zones shaded, on the exponent axis (a bin e holds |x| in [2^e, 2^(e+1))): overflow from 2^16,
-    // the subnormal band 2^-24 .. 2^-15 (bins -24 .. -15, up to 2^-14), flush to zero below 2^-24.
-    constexpr double kInf = std::numeric_limits<double>::infinity();
-    const plot::Band bands[] = {
-        {kF16MaxExponent + 1.0, kInf, im(colours::kF16OverflowZone), "overflow"},
-        {static_cast<double>(kF16MinSubnormalExponent), static_cast<double>(kF16MinNormalExponent),
-         im(colours::kF16SubnormalZone), "subnormal"},
-        {-kInf, static_cast<double>(kF16MinSubnormalExponent), im(colours::kF16FlushZone), "flush to 0"},
-    };
+    using half_ranges::kF16;
+    ImGui::Text("exponent histogram of the %s output (%s values)", h->dtype.c_str(), format_count(h->total).c_str());
+    // Bars over log2|x| (bin e is the bar over [e, e + 1)), drawn over f16's zones (probes/f16_ranges.h).
+    std::vector<plot::Band> bands;
+    for (const ZoneBand& z : f16_zone_bands()) bands.push_back({z.x0, z.x1, im(z.colour), z.label});
+    const double s_exp = kF16.min_subnormal_exponent();
     std::vector<plot::Marker> markers = {
-        {kF16MaxExponent + 1.0, im(colours::kF16Range), "f16 overflow above 65504 (2^16 and up: inf)"},
-        {static_cast<double>(kF16MinNormalExponent), im(colours::kF16Range), "f16 smallest normal 2^-14; subnormal below"},
-        {static_cast<double>(kF16MinSubnormalExponent), im(colours::kF16Range), "f16 smallest subnormal 2^-24; flush to zero below"},
+        {std::log2(kF16.overflow_threshold()), im(colours::kF16Range),
+         "65520: inf from here (f16's max is 65504; 65520 ties to inf)"},
+        {static_cast<double>(kF16.min_normal_exponent), im(colours::kF16Range), "f16 smallest normal 2^-14; subnormal below"},
+        {s_exp, im(colours::kF16Range), "f16 smallest subnormal 2^-24"},
+        {s_exp - 1, im(colours::kF16Range), "2^-25: rounds to 0; above it, up to 2^-24"},
     };
-    plot::Series series{.label = "values", .x = h->exponent, .y = h->count, .colour = im(colours::kLoss),
-                        .style = plot::Style::line_and_markers};
-    // The x range always spans f16's range (2^-24 .. 2^16) and a few bins beyond each end, so the data are
-    // seen against it and the overflow and flush-to-zero zones show even when nothing falls in them.
+    plot::Series series{.label = "values", .x = h->exponent, .y = h->count, .colour = im(colours::kHistogramBar),
+                        .style = plot::Style::bars};
+    const std::vector<Bar> special = special_bars(*h);
+    // The x range always spans f16's range and a few bins beyond each end, so the data are seen against it
+    // and the overflow and flush-to-zero zones show even when nothing falls in them.
     if (s.histogram_seq != row->seq || s.histogram_load != (d ? d->load_id : 0)) {
       s.histogram_seq = row->seq;
       s.histogram_load = d ? d->load_id : 0;
-      const double lo = h->exponent.empty() ? 0 : h->exponent.front(), hi = h->exponent.empty() ? 0 : h->exponent.back();
-      s.histogram_plot.x = {.scale = plot::Scale::linear, .min = std::min(lo - 1, kF16MinSubnormalExponent - 5.0),
-                            .max = std::max(hi + 1, kF16MaxExponent + 6.0), .fit = false, .label = ""};
+      const double lo = h->exponent.empty() ? 0 : h->exponent.front(), hi = h->exponent.empty() ? 0 : h->exponent.back() + 1;
+      s.histogram_plot.x = {.scale = plot::Scale::linear, .min = std::min(lo - 1, s_exp - 5.0),
+                            .max = std::max(hi + 1, kF16.max_exponent + 6.0), .fit = false, .label = ""};
       s.histogram_plot.y.fit = true;
     }
     s.histogram_plot.y.scale = plot::Scale::log10;
-    s.histogram_plot.x.label = "binary exponent floor(log2|x|)";
+    // Counts from 1 (the bars' floor) to the largest bar, the special bins' included.
+    s.histogram_plot.y.fit_also = {1.0};
+    for (const Bar& b : special) s.histogram_plot.y.fit_also.push_back(b.count);
+    s.histogram_plot.x.label = "log2|x| (bin e: [2^e, 2^(e+1)))";
     s.histogram_plot.y.label = "values";
-    const float plot_h = std::max(80.0f, ImGui::GetContentRegionAvail().y - 5 * ImGui::GetTextLineHeightWithSpacing());
-    plot::draw("##hist", s.histogram_plot, {&series, 1}, markers, ImVec2(-1, plot_h), bands);
+    s.histogram_plot.legend = false;
+    const float plot_h = std::max(80.0f, ImGui::GetContentRegionAvail().y - 6 * ImGui::GetTextLineHeightWithSpacing());
+    // The special bins beside the exponent bars, on the same y axis.
+    const float special_w = std::max(170.0f, ImGui::GetFontSize() * 14);
+    const float main_w = std::max(120.0f, ImGui::GetContentRegionAvail().x - special_w - ImGui::GetStyle().ItemSpacing.x);
+    plot::draw("##hist", s.histogram_plot, {&series, 1}, markers, ImVec2(main_w, plot_h), bands);
+    ImGui::SameLine();
+    {
+      std::vector<double> x, y;
+      std::vector<ImU32> bar_colours;
+      plot::State& sp = s.histogram_special;
+      sp.x = {.scale = plot::Scale::linear, .min = 0, .max = static_cast<double>(special.size()), .fit = false,
+              .label = "other bins"};  // a label as the main plot has: both plot areas end at the same height
+      sp.x.labels.clear();
+      for (std::size_t i = 0; i < special.size(); ++i) {
+        x.push_back(static_cast<double>(i) + 0.15);
+        y.push_back(special[i].count);
+        bar_colours.push_back(im(special[i].colour));
+        sp.x.labels.push_back({static_cast<double>(i) + 0.5, special[i].label});
+      }
+      sp.y = s.histogram_plot.y;  // after the main plot's fit: one scale (and label) for every bar
+      sp.legend = false;
+      plot::Series bars{.label = "values", .x = x, .y = y, .colour = im(colours::kHistogramBar),
+                        .style = plot::Style::bars, .bar_width = 0.7, .bar_colours = bar_colours};
+      const plot::Result r = plot::draw("##hist_special", sp, {&bars, 1}, {}, ImVec2(special_w, plot_h));
+      if (r.hovered && ImGui::IsMouseDoubleClicked(0)) {
+        s.histogram_plot.y.fit = true;  // refit over every bar, next frame
+      } else if (r.hovered) {
+        // A zoom or pan of y here moves the main plot's y too; x stays on the four bars.
+        s.histogram_plot.y.min = sp.y.min;
+        s.histogram_plot.y.max = sp.y.max;
+        s.histogram_plot.y.follow = sp.y.follow;
+      }
+    }
     // Each zone's line starts with a swatch of its shade: the legend of the bands.
     auto line = [](std::uint32_t swatch, std::uint32_t colour, const std::string& text) {
       const float size = ImGui::GetFontSize() * 0.8f;
@@ -520,15 +554,10 @@ void draw_detail_panel(ViewerState& s) {
       ImGui::SameLine();
       ImGui::TextColored(to_vec4(colour), "%s", text.c_str());
     };
-    line(colours::kF16OverflowZone, h->above_f16 ? colours::kNonFiniteCell : colours::kF16Range,
-         fmt::format("above f16's max (>= 2^16): {} (inf once cast to f16)", format_count(h->above_f16)));
-    line(colours::kF16SubnormalZone, colours::kF16Range,
-         fmt::format("f16 subnormal band (2^-24 .. 2^-15): {}", format_count(h->f16_subnormal)));
-    line(colours::kF16FlushZone, h->below_f16 ? colours::kWarning : colours::kF16Range,
-         fmt::format("below f16 (< 2^-24, flush to zero): {}", format_count(h->below_f16)));
-    line(0, colours::kBf16Range, "bf16 covers 2^-133 .. 2^127: every exponent bin above fits bf16 (8 bits of precision)");
-    ImGui::TextDisabled("subnormal %s, zero %s, inf %s, nan %s", format_count(h->subnormal).c_str(),
-                        format_count(h->zero).c_str(), format_count(h->inf).c_str(), format_count(h->nan).c_str());
+    for (const ZoneLine& l : f16_zone_lines(*h)) line(l.swatch, l.colour, l.text);
+    line(0, colours::kBf16Range,
+         fmt::format("bf16: 2^{} .. {:.3g}, every finite bin fits (8 bits)", half_ranges::kBf16.min_subnormal_exponent(),
+                     half_ranges::kBf16.max_finite()));
   }
   ImGui::EndChild();
   ImGui::End();

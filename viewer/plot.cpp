@@ -276,13 +276,16 @@ Polyline to_polyline(const Series& s, const Mapper& mx, const Mapper& my, ImVec2
   return out;
 }
 
-// Index of the point whose x is nearest `x` (any y), or npos when the series has no finite x.
+// Where a point is read out on x: the point's x, or a bar's middle.
+double anchor_x(const Series& s, size_t i) { return s.style == Style::bars ? s.x[i] + s.bar_width / 2 : s.x[i]; }
+
+// Index of the point whose x (a bar's middle) is nearest `x` (any y), or npos when the series has no finite x.
 size_t nearest_index(const Series& s, double x) {
   size_t best = std::string::npos;
   double best_d = std::numeric_limits<double>::infinity();
   const size_t n = std::min(s.x.size(), s.y.size());
   for (size_t i = 0; i < n; ++i) {
-    const double d = std::fabs(s.x[i] - x);
+    const double d = std::fabs(anchor_x(s, i) - x);
     if (d < best_d) {
       best_d = d;
       best = i;
@@ -383,6 +386,12 @@ std::vector<Tick> ticks(const Axis& axis_in, double pixels) {
   make_valid(axis);
   // A short axis (a 200 px high plot) still gets three or four ticks, as long as their labels fit.
   const double spacing = std::clamp(pixels / 4, std::min(kMinLabelSpacing, pixels / 2), kMinTickSpacing);
+  if (!axis.labels.empty()) {
+    std::vector<Tick> out;
+    for (const Tick& t : axis.labels)
+      if (t.value >= axis.min && t.value <= axis.max && out.size() < static_cast<size_t>(kMaxTicks)) out.push_back(t);
+    return out;
+  }
   if (axis.scale == Scale::linear) return linear_ticks(axis.min, axis.max, pixels, spacing, axis.integer);
 
   const double t0 = forward(axis.scale, axis.min), t1 = forward(axis.scale, axis.max);
@@ -454,8 +463,10 @@ void fit(State& state, std::span<const Series> series) {
       const size_t n = std::min(s.x.size(), s.y.size());
       for (size_t i = 0; i < n; ++i) {
         e.add(forward(state.x.scale, s.x[i]));
+        if (s.style == Style::bars) e.add(forward(state.x.scale, s.x[i] + s.bar_width));
       }
     }
+    for (double v : state.x.fit_also) e.add(forward(state.x.scale, v));
     fit_axis(state.x, e);
   }
   if (state.y.fit) {
@@ -464,10 +475,12 @@ void fit(State& state, std::span<const Series> series) {
     for (const Series& s : series) {
       const size_t n = std::min(s.x.size(), s.y.size());
       for (size_t i = 0; i < n; ++i) {
-        if (!(s.x[i] >= state.x.min && s.x[i] <= state.x.max)) continue;
+        const double right = s.style == Style::bars ? s.x[i] + s.bar_width : s.x[i];
+        if (!(right >= state.x.min && s.x[i] <= state.x.max)) continue;
         e.add(forward(state.y.scale, s.y[i]));
       }
     }
+    for (double v : state.y.fit_also) e.add(forward(state.y.scale, v));
     fit_axis(state.y, e);
   }
 }
@@ -616,6 +629,24 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
   }
 
   for (const Series& s : series) {
+    if (s.style == Style::bars) {
+      const size_t n = std::min(s.x.size(), s.y.size());
+      for (size_t i = 0; i < n; ++i) {
+        const double py = my.pixel(s.y[i]);
+        double x0 = mx.pixel(s.x[i]), x1 = mx.pixel(s.x[i] + s.bar_width);
+        if (!std::isfinite(py) || !std::isfinite(x0) || !std::isfinite(x1)) continue;  // NaN, or <= 0 on a log axis
+        if (x0 > x1) std::swap(x0, x1);
+        if (x1 < lo.x || x0 > hi.x) continue;
+        x0 = std::max(x0, static_cast<double>(lo.x));
+        x1 = std::min(x1, static_cast<double>(hi.x));
+        const float top = static_cast<float>(std::clamp(py, static_cast<double>(lo.y), static_cast<double>(hi.y)));
+        const ImU32 colour = i < s.bar_colours.size() ? s.bar_colours[i] : s.colour;
+        // At least a pixel wide, with a one-pixel gap between neighbouring bars when they are wide enough.
+        const float right = static_cast<float>(x1 - x0 >= 4 ? x1 - 1 : std::max(x1, x0 + 1));
+        dl->AddRectFilled(ImVec2(static_cast<float>(x0), top), ImVec2(right, hi.y), colour);
+      }
+      continue;
+    }
     const Polyline line = to_polyline(s, mx, my, lo, hi);
     const bool lines = s.style != Style::markers;
     const bool dots = s.style != Style::line;
@@ -646,23 +677,32 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
   const bool dragging = active && dragged(io) && ImGui::IsMouseDown(0);
   if (hovered && !dragging) {
     double snap_x = result.hover_x;
+    std::string snap_text = format_value(snap_x);
     double best = std::numeric_limits<double>::infinity();
     for (const Series& s : series) {
       const size_t i = nearest_index(s, result.hover_x);
-      if (i != std::string::npos && std::fabs(mx.pixel(s.x[i]) - mouse.x) < best) {
-        best = std::fabs(mx.pixel(s.x[i]) - mouse.x);
-        snap_x = s.x[i];
+      if (i != std::string::npos && std::fabs(mx.pixel(anchor_x(s, i)) - mouse.x) < best) {
+        best = std::fabs(mx.pixel(anchor_x(s, i)) - mouse.x);
+        snap_x = anchor_x(s, i);
+        // A bar reads as its span, or as its category when the axis names it.
+        snap_text = format_value(s.x[i]);
+        if (s.style == Style::bars) {
+          snap_text += " .. ";
+          snap_text += format_value(s.x[i] + s.bar_width);
+          for (const Tick& t : state.x.labels)
+            if (t.value >= s.x[i] && t.value <= s.x[i] + s.bar_width) snap_text = t.label;
+        }
       }
     }
     const float snap_px = static_cast<float>(std::isfinite(mx.pixel(snap_x)) ? mx.pixel(snap_x) : mouse.x);
     dl->AddLine(ImVec2(snap_px, lo.y), ImVec2(snap_px, hi.y), ImGui::GetColorU32(ImGuiCol_Text, 0.5f));
     ImGui::BeginTooltip();
-    ImGui::Text("x = %s", format_value(snap_x).c_str());
+    ImGui::Text("x = %s", snap_text.c_str());
     for (const Series& s : series) {
       const size_t i = nearest_index(s, snap_x);
       if (i == std::string::npos) continue;
       const ImVec4 colour = ImGui::ColorConvertU32ToFloat4(with_alpha(s.colour, 255));
-      if (s.x[i] == snap_x) {
+      if (anchor_x(s, i) == snap_x) {
         ImGui::TextColored(colour, "%s: %s", s.label.c_str(), format_value(s.y[i]).c_str());
       } else {
         ImGui::TextColored(colour, "%s: %s (at x = %s)", s.label.c_str(), format_value(s.y[i]).c_str(),
@@ -670,7 +710,7 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
       }
       const double py = my.pixel(s.y[i]);
       if (std::isfinite(py) && py >= lo.y && py <= hi.y) {
-        dl->AddCircle(ImVec2(static_cast<float>(mx.pixel(s.x[i])), static_cast<float>(py)), 4, s.colour, 12, 1.5f);
+        dl->AddCircle(ImVec2(static_cast<float>(mx.pixel(anchor_x(s, i))), static_cast<float>(py)), 4, s.colour, 12, 1.5f);
       }
     }
     for (const Marker& m : markers) {
@@ -689,7 +729,7 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
   float legend_w = 0;
   int legend_n = 0;
   for (const Series& s : series) {
-    if (s.label.empty()) continue;
+    if (s.label.empty() || !state.legend) continue;
     legend_w = std::max(legend_w, ImGui::CalcTextSize(s.label.c_str()).x);
     ++legend_n;
   }

@@ -23,6 +23,11 @@ namespace ampscope::viewer::plot {
 
 enum class Scale { linear, log2, log10 };
 
+struct Tick {
+  double value;
+  std::string label;  // "0.001", "2^16", "1e+05"
+};
+
 struct Axis {
   Scale scale = Scale::linear;
   double min = 0, max = 1;   // the visible range, in data units
@@ -31,6 +36,9 @@ struct Axis {
                              // clear this, a double click sets it again)
   std::string label;
   bool integer = false;      // linear ticks at whole numbers only (a step axis: no "2.5")
+  std::vector<Tick> labels{};  // when not empty: the ticks, fixed (categories: "zero", "inf"), instead of computed ones
+  std::vector<double> fit_also{};  // values a fit of this axis includes besides the series' (bars drawn elsewhere
+                                 // on the same scale)
 };
 
 // Where a data value lands on a pixel range [p0, p1] (p1 < p0 allowed: y grows downwards), and back.
@@ -38,17 +46,14 @@ struct Axis {
 double to_pixel(const Axis& axis, double value, double p0, double p1);
 double from_pixel(const Axis& axis, double pixel, double p0, double p1);
 
-struct Tick {
-  double value;
-  std::string label;  // "0.001", "2^16", "1e+05"
-};
 // Ticks for an axis drawn over `pixels` pixels, at 1/2/5 x 10^k on a linear axis, at powers of 2 (log2)
 // or 10 (log10) on a log axis (every k-th power when there are too many). The step is the smallest that
 // puts ticks at least 70 pixels apart (a quarter of the length on an axis under 280 px, but not under
 // 24 px), so [0, 1000] over 600 px gives 0, 200, ..., 1000 and [0, 3] over 200 px gives 0, 1, 2, 3; on
 // log2 every 2^j-th power, on log10 every 1/2/5 x 10^j-th; a log range holding fewer than two such powers
 // gets 1/2/5 x 10^k ticks on the values instead.
-// Never more than 64 ticks; none for pixels < 1. Labels: fixed decimals for magnitudes in [1e-4, 1e6),
+// An axis with `labels` gets those of them inside its range instead. Never more than 64 ticks; none for
+// pixels < 1. Labels: fixed decimals for magnitudes in [1e-4, 1e6),
 // otherwise %g with just enough digits; "2^k" on log2; "0.001" to "1000", then "1e+04", on log10.
 std::vector<Tick> ticks(const Axis& axis, double pixels);
 
@@ -67,13 +72,17 @@ void pan(Axis& axis, double pixels_moved, double p0, double p1);
 // pan() and draw() call it; panels that set min/max by hand may call it too.
 void make_valid(Axis& axis);
 
-enum class Style { line, markers, line_and_markers };
+// bars: each point (x, y) is a filled bar over [x, x + bar_width), from the bottom of the plot up to y (an
+// exponent bin e, which holds [2^e, 2^(e+1)), is the bar over [e, e + 1) on a log2|x| axis).
+enum class Style { line, markers, line_and_markers, bars };
 
 struct Series {
   std::string label;
   std::span<const double> x, y;  // same length; NaN y leaves a gap
   ImU32 colour = IM_COL32(255, 255, 255, 255);
   Style style = Style::line;
+  double bar_width = 1;               // Style::bars: in x's units
+  std::span<const ImU32> bar_colours{}; // Style::bars: one colour per point (empty: `colour` for all)
 };
 
 // A vertical line at x across the plot (a skipped step, a backoff, the selected step).
@@ -96,6 +105,7 @@ struct Band {
 
 struct State {
   Axis x, y;
+  bool legend = true;  // the box naming the labelled series, top right
 };
 
 // New data have arrived (a live trace grew): sets fit on the axes whose follow is still set, so the next

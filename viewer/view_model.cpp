@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <system_error>
 
@@ -301,50 +302,80 @@ std::vector<KeyValue> op_detail_rows(const trace::OpRow& row) {
   return rows;
 }
 
-Zone f16_zone(int e) {
-  if (e > kF16MaxExponent) return Zone::overflow;
-  if (e >= kF16MinNormalExponent) return Zone::normal;
-  if (e >= kF16MinSubnormalExponent) return Zone::subnormal;
-  return Zone::flush_to_zero;
-}
-
-Zone bf16_zone(int e) {
-  if (e > kBf16MaxExponent) return Zone::overflow;
-  if (e >= kBf16MinNormalExponent) return Zone::normal;
-  if (e >= kBf16MinSubnormalExponent) return Zone::subnormal;
-  return Zone::flush_to_zero;
-}
-
-ExponentHistogram exponent_histogram(const trace::HistogramRow& row) {
+ExponentHistogram exponent_histogram(const trace::HistogramRow& row, std::string_view dtype) {
+  using namespace half_ranges;
   ExponentHistogram h;
-  constexpr int kExponents = trace::kHistMaxExponent - trace::kHistMinExponent + 1;
-  for (int i = 0; i < kExponents; ++i) {
-    const std::int64_t n = row.bins[i];
-    h.total += n;
+  h.dtype = std::string(dtype);
+  for (int i = 0; i < kExponentBins; ++i) {
+    const std::int64_t n = row.bins[static_cast<std::size_t>(i)];
     if (n == 0) continue;
-    const int e = trace::kHistMinExponent + i;
-    h.exponent.push_back(e);
+    h.exponent.push_back(exponent_of_bin(i));
     h.count.push_back(static_cast<double>(n));
-    switch (f16_zone(e)) {
-      case Zone::overflow: h.above_f16 += n; break;
-      case Zone::subnormal: h.f16_subnormal += n; break;
-      case Zone::flush_to_zero: h.below_f16 += n; break;
-      case Zone::normal: break;
-    }
+    h.zone.push_back(f16_bin_zone(i, dtype));
   }
-  h.subnormal = row.bins[kExponents];
-  h.zero = row.bins[kExponents + 1];
-  h.inf = row.bins[kExponents + 2];
-  h.nan = row.bins[kExponents + 3];
-  h.total += h.subnormal + h.zero + h.inf + h.nan;
+  h.subnormal = row.bins[kSubnormalBin];
+  h.zero = row.bins[kZeroBin];
+  h.inf = row.bins[kInfBin];
+  h.nan = row.bins[kNanBin];
+  h.f16 = f16_zone_counts(row, dtype);
+  for (std::int64_t n : row.bins) h.total += n;
   return h;
 }
 
-std::optional<ExponentHistogram> op_histogram(std::span<const trace::HistogramRow> rows, std::int64_t seq) {
+std::optional<ExponentHistogram> op_histogram(std::span<const trace::HistogramRow> rows, std::int64_t seq,
+                                              std::string_view dtype) {
   for (const auto& r : rows) {
-    if (r.seq == seq && r.tensor == "output") return exponent_histogram(r);
+    if (r.seq == seq && r.tensor == "output") return exponent_histogram(r, dtype);
   }
   return std::nullopt;
+}
+
+std::vector<Bar> special_bars(const ExponentHistogram& h) {
+  return {
+      {"sub", static_cast<double>(h.subnormal), colours::kSubnormalBar},
+      {"0", static_cast<double>(h.zero), colours::kZeroBar},
+      {"inf", static_cast<double>(h.inf), colours::kInfBar},
+      {"NaN", static_cast<double>(h.nan), colours::kNanBar},
+  };
+}
+
+std::vector<ZoneBand> f16_zone_bands() {
+  using namespace half_ranges;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const double s = kF16.min_subnormal_exponent();
+  return {
+      {-kInf, s - 1, colours::kF16FlushZone, "flush to 0", Zone::flushes_to_zero},
+      {s - 1, s, colours::kF16RoundUpZone, "rounds up to 2^-24", Zone::rounds_up},
+      {s, static_cast<double>(kF16.min_normal_exponent), colours::kF16SubnormalZone, "subnormal", Zone::subnormal},
+      {std::log2(kF16.overflow_threshold()), kInf, colours::kF16OverflowZone, "inf", Zone::overflows},
+  };
+}
+
+std::vector<ZoneLine> f16_zone_lines(const ExponentHistogram& h) {
+  using half_ranges::Zone;
+  const auto& c = h.f16;
+  std::vector<ZoneLine> lines;
+  // Overflow: the infs the tensor already holds, finite values from 2^16, and bin 15's values from 65520.
+  std::string over = fmt::format("inf in f16: {} inf recorded, {} finite >= 2^16", format_count(c[Zone::inf]),
+                                 format_count(c[Zone::overflows]));
+  if (c[Zone::partly_overflows] > 0)
+    over += fmt::format(", those >= 65520 of {} in 2^15 .. 2^16", format_count(c[Zone::partly_overflows]));
+  const bool overflow = c[Zone::inf] + c[Zone::overflows] > 0;
+  lines.push_back({colours::kF16OverflowZone,
+                   overflow ? colours::kNonFiniteCell : c[Zone::partly_overflows] > 0 ? colours::kWarning : colours::kF16Range,
+                   std::move(over)});
+  lines.push_back({colours::kF16SubnormalZone, colours::kF16Range,
+                   fmt::format("f16 subnormal (2^-24 .. 2^-14): {}", format_count(c[Zone::subnormal]))});
+  lines.push_back({colours::kF16RoundUpZone, c[Zone::rounds_up] > 0 ? colours::kWarning : colours::kF16Range,
+                   fmt::format("round up to 2^-24 (2^-25 .. 2^-24): {}", format_count(c[Zone::rounds_up]))});
+  lines.push_back({colours::kF16FlushZone, c[Zone::flushes_to_zero] > 0 ? colours::kWarning : colours::kF16Range,
+                   fmt::format("flush to 0 in f16 (<= 2^-25): {}", format_count(c[Zone::flushes_to_zero]))});
+  const std::string sub = h.dtype == "f16" ? std::string("f16 subnormals")
+                                           : fmt::format("{} subnormal or < 2^-64: flush", h.dtype.empty() ? "?" : h.dtype);
+  lines.push_back({0, c[Zone::nan] > 0 ? colours::kNonFiniteCell : colours::kF16Range,
+                   fmt::format("NaN: {}; zero: {}; sub: {} ({})", format_count(c[Zone::nan]), format_count(c[Zone::zero]),
+                               format_count(h.subnormal), sub)});
+  return lines;
 }
 
 // ---- Why NaN? ----

@@ -19,6 +19,7 @@
 
 #include "probes/analysis.h"
 #include "probes/analysis_diff.h"
+#include "probes/f16_ranges.h"
 #include "probes/trace_reader.h"
 #include "probes/trace_schema.h"
 
@@ -53,6 +54,14 @@ inline constexpr std::uint32_t kBf16Range = rgba(120, 220, 120);
 inline constexpr std::uint32_t kF16OverflowZone = rgba(230, 40, 40, 70);
 inline constexpr std::uint32_t kF16SubnormalZone = rgba(255, 170, 60, 55);
 inline constexpr std::uint32_t kF16FlushZone = rgba(200, 90, 255, 60);
+inline constexpr std::uint32_t kF16RoundUpZone = rgba(120, 140, 255, 70);  // (2^-25, 2^-24): rounds up to 2^-24
+// The histogram's bars: exponent bins, and the special bins (the inf and NaN bars are what a screenshot
+// test looks for).
+inline constexpr std::uint32_t kHistogramBar = rgba(90, 150, 240);
+inline constexpr std::uint32_t kSubnormalBar = rgba(255, 190, 90);
+inline constexpr std::uint32_t kZeroBar = rgba(170, 170, 185);
+inline constexpr std::uint32_t kInfBar = rgba(250, 50, 70);
+inline constexpr std::uint32_t kNanBar = rgba(255, 110, 200);
 }  // namespace colours
 
 // The colour of a dtype's name in the ops table ("f16" orange, "bf16" green, "f32" blue, others grey).
@@ -117,24 +126,51 @@ std::string op_cell(const trace::OpRow& row, OpColumn c);
 // ---- Op detail ----
 std::vector<KeyValue> op_detail_rows(const trace::OpRow& row);
 
-// Where an exponent e (values with floor(log2|x|) = e) falls for f16 and for bf16.
-enum class Zone { normal, subnormal, flush_to_zero, overflow };
-Zone f16_zone(int exponent);   // normal 2^-14 .. 2^15, subnormal 2^-24 .. 2^-15, overflow >= 2^16
-Zone bf16_zone(int exponent);  // normal 2^-126 .. 2^127, subnormal 2^-133 .. 2^-127
-inline constexpr int kF16MaxExponent = 15, kF16MinNormalExponent = -14, kF16MinSubnormalExponent = -24;
-inline constexpr int kBf16MaxExponent = 127, kBf16MinNormalExponent = -126, kBf16MinSubnormalExponent = -133;
-
+// The exponent histogram (level full) against f16's range. What becomes of each bin in f16 is
+// probes/f16_ranges.h's (the analysis uses the same): a bin e holds |x| in [2^e, 2^(e+1)), so on the plot's
+// axis, log2|x|, it is the bar over [e, e + 1), and f16's zones have their exact edges there: flush to zero
+// up to 2^-25 (a tie, to 0), round up to 2^-24 in (2^-25, 2^-24), subnormal 2^-24 .. 2^-14, normal, inf from
+// 65520 (log2 65520 = 15.9996: bin 15 partly overflows when the tensor is finer than f16).
 struct ExponentHistogram {
-  std::vector<double> exponent, count;  // non-empty bins, for the plot (count > 0 only)
-  std::int64_t total = 0;               // every value counted
-  std::int64_t subnormal = 0, zero = 0, inf = 0, nan = 0;
-  std::int64_t above_f16 = 0;           // finite values with exponent >= 16: inf once cast to f16
-  std::int64_t f16_subnormal = 0;       // exponents -24 .. -15: lose precision in f16
-  std::int64_t below_f16 = 0;           // exponents below -24: flush to zero in f16
+  std::string dtype;                          // the tensor's own dtype: what its bin 15 and subnormal bin mean
+  std::vector<double> exponent, count;        // non-empty exponent bins (count > 0), for the bars
+  std::vector<half_ranges::Zone> zone;        // each of those bins' zone in f16
+  std::int64_t total = 0;                     // every value counted
+  std::int64_t subnormal = 0, zero = 0, inf = 0, nan = 0;  // the recorded special bins
+  half_ranges::ZoneCounts f16;                // every bin's values by their zone in f16
 };
-ExponentHistogram exponent_histogram(const trace::HistogramRow& row);
-// The histogram of an op's output among a step's histogram rows (level full); nullopt when none.
-std::optional<ExponentHistogram> op_histogram(std::span<const trace::HistogramRow> rows, std::int64_t seq);
+ExponentHistogram exponent_histogram(const trace::HistogramRow& row, std::string_view dtype);
+// The histogram of an op's output (of dtype `dtype`) among a step's histogram rows; nullopt when none.
+std::optional<ExponentHistogram> op_histogram(std::span<const trace::HistogramRow> rows, std::int64_t seq,
+                                              std::string_view dtype);
+
+// The bins that are not exponents, each drawn as a bar of its own beside the exponent bars: "sub" (the
+// subnormal bin: an f16 tensor's subnormals; for other dtypes their subnormals and anything below 2^-64),
+// "0", "inf" and "NaN".
+struct Bar {
+  std::string label;
+  double count = 0;
+  std::uint32_t colour = 0;
+};
+std::vector<Bar> special_bars(const ExponentHistogram& h);
+
+// f16's zones on the log2|x| axis, in the order drawn (an end may be -/+infinity).
+struct ZoneBand {
+  double x0 = 0, x1 = 0;
+  std::uint32_t colour = 0;
+  std::string label;
+  half_ranges::Zone zone = half_ranges::Zone::normal;
+};
+std::vector<ZoneBand> f16_zone_bands();
+
+// The lines under the plot: what each zone holds (with the recorded infs and NaNs), each with the swatch of
+// its band; the colour says whether the line is a warning.
+struct ZoneLine {
+  std::uint32_t swatch = 0;  // 0: no swatch
+  std::uint32_t colour = 0;
+  std::string text;
+};
+std::vector<ZoneLine> f16_zone_lines(const ExponentHistogram& h);
 
 // ---- Why NaN? ----
 struct Card {

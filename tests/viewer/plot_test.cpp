@@ -774,6 +774,60 @@ TEST_F(PlotDrawTest, draws_bands_over_their_x_range_behind_the_series_and_names_
   EXPECT_GT(c_in_tooltip, 0);
 }
 
+TEST_F(PlotDrawTest, draws_bars_over_x_to_x_plus_width_from_the_bottom_in_their_own_colours) {
+  // Exponent-bin bars on a log10 count axis: bin e is the bar over [e, e + 1), from the plot's floor up to
+  // its count; a count of 0 (nothing on a log axis) draws nothing; per-bar colours override the series'.
+  const std::vector<double> x = {2, 5, 7}, y = {10, 1000, 0};
+  const std::vector<ImU32> colours = {kBlue, kGreen, kPurple};
+  state_.x = axis(Scale::linear, 0, 10);
+  state_.y = axis(Scale::log10, 1, 10000);
+  begin_frame();
+  const Series s{.label = "", .x = x, .y = y, .colour = kBlue, .style = Style::bars, .bar_width = 1,
+                 .bar_colours = colours};
+  const Result r = draw("##bars", state_, {&s, 1}, {}, ImVec2(600, 300));
+  ImGui::End();
+  ImGui::Render();
+  const auto blue = vertices_of_colour(kBlue), green = vertices_of_colour(kGreen);
+  ASSERT_EQ(blue.size(), 4u);  // one filled rectangle each
+  ASSERT_EQ(green.size(), 4u);
+  EXPECT_TRUE(vertices_of_colour(kPurple).empty());
+  auto span = [](const std::vector<ImDrawVert>& vs) {
+    ImVec4 out(1e9f, 1e9f, -1e9f, -1e9f);
+    for (const ImDrawVert& v : vs)
+      out = ImVec4(std::min(out.x, v.pos.x), std::min(out.y, v.pos.y), std::max(out.z, v.pos.x), std::max(out.w, v.pos.y));
+    return out;
+  };
+  const ImVec4 b = span(blue), g = span(green);
+  EXPECT_NEAR(b.x, to_pixel(state_.x, 2, r.plot_min.x, r.plot_max.x), 0.01);
+  EXPECT_NEAR(b.z, to_pixel(state_.x, 3, r.plot_min.x, r.plot_max.x) - 1, 0.01);  // a pixel's gap to the next
+  EXPECT_NEAR(b.y, to_pixel(state_.y, 10, r.plot_max.y, r.plot_min.y), 0.01);
+  EXPECT_FLOAT_EQ(b.w, r.plot_max.y);
+  EXPECT_NEAR(g.x, to_pixel(state_.x, 5, r.plot_min.x, r.plot_max.x), 0.01);
+  EXPECT_NEAR(g.y, to_pixel(state_.y, 1000, r.plot_max.y, r.plot_min.y), 0.01);
+  EXPECT_FLOAT_EQ(g.w, r.plot_max.y);
+  EXPECT_LT(g.y, b.y);  // the taller count reaches higher
+}
+
+TEST_F(PlotDrawTest, fixed_labels_replace_computed_ticks_and_fit_also_widens_the_fit) {
+  Axis a = axis(Scale::linear, 0, 4);
+  a.labels = {{0.5, "subn"}, {1.5, "zero"}, {2.5, "inf"}, {3.5, "NaN"}, {9.5, "outside"}};
+  EXPECT_EQ(labels_of(ticks(a, 200)), (std::vector<std::string>{"subn", "zero", "inf", "NaN"}));
+  EXPECT_EQ(values_of(ticks(a, 200)), (std::vector<double>{0.5, 1.5, 2.5, 3.5}));
+
+  // A y fit over the series' counts and over counts drawn elsewhere on the same axis.
+  const std::vector<double> x = {0, 1}, y = {10, 100};
+  const Series s{.label = "", .x = x, .y = y, .colour = kBlue, .style = Style::bars};
+  State st;
+  st.y.scale = Scale::log10;
+  fit(st, {&s, 1});
+  EXPECT_LT(st.y.max, 1000);
+  st.x.fit = st.y.fit = true;
+  st.y.fit_also = {7101};
+  fit(st, {&s, 1});
+  EXPECT_GE(st.y.max, 7101);
+  EXPECT_GE(st.x.max, 2);  // the last bar's right edge, x + bar_width
+}
+
 TEST_F(PlotDrawTest, draws_degenerate_data_without_nan_ranges_or_vertices) {
   const std::vector<double> none;
   const std::vector<double> one_x = {3}, one_y = {7};

@@ -155,6 +155,25 @@ TEST(screenshot_test, a_trace_without_steps_renders_every_panel_without_an_error
   EXPECT_EQ(find_colour(img, colours::kSkippedStep).count, 0);
 }
 
+TEST(screenshot_test, op_detail_draws_the_histogram_as_bars_with_an_inf_bar_when_the_output_holds_infs) {
+  SKIP_WITHOUT_DISPLAY();
+  const auto with_inf = testing::write_histogram_fixture(testing::fixture_dir() / "shot_hist_inf.h5", 7101);
+  const Image img = screenshot(quoted(with_inf), "detail", "detail_inf.png", "--step 0 --seq 0");
+  // The exponent bins are bars (filled areas, not a line through two points), and the 7,101 infs are a bar
+  // of their own, at least as tall as the 1,000-value bar.
+  const Found bars = find_colour(img, colours::kHistogramBar);
+  const Found inf = find_colour(img, colours::kInfBar);
+  EXPECT_GT(bars.count, 400);
+  EXPECT_GT(inf.count, 400);
+  EXPECT_GT(inf.min_x, bars.max_x);  // beside the exponent bars, on the right
+  EXPECT_EQ(find_colour(img, colours::kErrorBackground).count, 0);
+
+  const auto without = testing::write_histogram_fixture(testing::fixture_dir() / "shot_hist_ok.h5", 0);
+  const Image ok = screenshot(quoted(without), "detail", "detail_ok.png", "--step 0 --seq 0");
+  EXPECT_GT(find_colour(ok, colours::kHistogramBar).count, 400);
+  EXPECT_EQ(find_colour(ok, colours::kInfBar).count, 0);
+}
+
 TEST(screenshot_test, a_file_that_is_not_hdf5_shows_the_error_box_and_exits_cleanly) {
   SKIP_WITHOUT_DISPLAY();
   const auto bad = testing::write_not_hdf5(testing::fixture_dir() / "shot_bad.h5");

@@ -82,46 +82,103 @@ TEST(view_model_test, ops_table_filters_case_insensitively_and_sorts_nan_after_n
   EXPECT_NE(dtype_colour("f16"), dtype_colour("f32"));
 }
 
-TEST(view_model_test, exponent_zones_follow_f16_and_bf16_definitions) {
-  // f16: largest finite 65504 = 1.999 * 2^15, smallest normal 2^-14, smallest subnormal 2^-24.
-  EXPECT_EQ(f16_zone(15), Zone::normal);
-  EXPECT_EQ(f16_zone(16), Zone::overflow);
-  EXPECT_EQ(f16_zone(-14), Zone::normal);
-  EXPECT_EQ(f16_zone(-15), Zone::subnormal);
-  EXPECT_EQ(f16_zone(-24), Zone::subnormal);
-  EXPECT_EQ(f16_zone(-25), Zone::flush_to_zero);
-  // bf16: f32's exponent range, 7 stored mantissa bits: subnormals down to 2^-133.
-  EXPECT_EQ(bf16_zone(127), Zone::normal);
-  EXPECT_EQ(bf16_zone(128), Zone::overflow);
-  EXPECT_EQ(bf16_zone(-127), Zone::subnormal);
-  EXPECT_EQ(bf16_zone(-133), Zone::subnormal);
-  EXPECT_EQ(bf16_zone(-134), Zone::flush_to_zero);
-}
-
-TEST(view_model_test, exponent_histogram_counts_values_beyond_and_below_f16) {
+// The histogram's zones are probes/f16_ranges.h's (tested against the conversion in tests/probes); here:
+// the viewer uses them, with the tensor's dtype, where it used to call bin -25 "flush to zero" and count
+// [65520, 65536) as finite.
+TEST(view_model_test, exponent_histogram_counts_each_bin_by_what_f16_makes_of_it) {
   trace::HistogramRow row;
   row.seq = 4;
   row.tensor = "output";
   auto bin = [](int e) { return static_cast<std::size_t>(e - trace::kHistMinExponent); };
   row.bins[bin(0)] = 100;   // 1 .. 2
+  row.bins[bin(15)] = 6;    // 32768 .. 65536: from 65520 inf in f16
   row.bins[bin(16)] = 7;    // 65536 .. : inf in f16
   row.bins[bin(-20)] = 5;   // f16 subnormal
+  row.bins[bin(-25)] = 4;   // 2^-25 .. 2^-24: round UP to 2^-24 (only 2^-25 itself goes to 0)
   row.bins[bin(-30)] = 3;   // flushes to zero in f16
-  constexpr std::size_t kExponents = trace::kHistMaxExponent - trace::kHistMinExponent + 1;
-  row.bins[kExponents] = 2;      // subnormal
-  row.bins[kExponents + 1] = 11; // zero
-  row.bins[kExponents + 3] = 1;  // nan
-  const auto h = op_histogram(std::vector<trace::HistogramRow>{row}, 4);
+  row.bins[half_ranges::kSubnormalBin] = 2;  // f32 subnormal or < 2^-64: flushes
+  row.bins[half_ranges::kZeroBin] = 11;
+  row.bins[half_ranges::kInfBin] = 7101;
+  row.bins[half_ranges::kNanBin] = 1;
+  const auto h = op_histogram(std::vector<trace::HistogramRow>{row}, 4, "f32");
   ASSERT_TRUE(h.has_value());
-  EXPECT_EQ(h->exponent, (std::vector<double>{-30, -20, 0, 16}));
-  EXPECT_EQ(h->count, (std::vector<double>{3, 5, 100, 7}));
-  EXPECT_EQ(h->above_f16, 7);
-  EXPECT_EQ(h->f16_subnormal, 5);
-  EXPECT_EQ(h->below_f16, 3);
+  using half_ranges::Zone;
+  EXPECT_EQ(h->exponent, (std::vector<double>{-30, -25, -20, 0, 15, 16}));
+  EXPECT_EQ(h->count, (std::vector<double>{3, 4, 5, 100, 6, 7}));
+  EXPECT_EQ(h->zone, (std::vector<Zone>{Zone::flushes_to_zero, Zone::rounds_up, Zone::subnormal, Zone::normal,
+                                        Zone::partly_overflows, Zone::overflows}));
+  EXPECT_EQ(h->f16[Zone::overflows], 7);
+  EXPECT_EQ(h->f16[Zone::partly_overflows], 6);
+  EXPECT_EQ(h->f16[Zone::subnormal], 5);
+  EXPECT_EQ(h->f16[Zone::rounds_up], 4);
+  EXPECT_EQ(h->f16[Zone::flushes_to_zero], 3 + 2);
+  EXPECT_EQ(h->inf, 7101);
   EXPECT_EQ(h->zero, 11);
   EXPECT_EQ(h->nan, 1);
-  EXPECT_EQ(h->total, 100 + 7 + 5 + 3 + 2 + 11 + 1);
-  EXPECT_FALSE(op_histogram(std::vector<trace::HistogramRow>{row}, 5).has_value());
+  EXPECT_EQ(h->total, 100 + 6 + 7 + 5 + 4 + 3 + 2 + 11 + 7101 + 1);
+  EXPECT_FALSE(op_histogram(std::vector<trace::HistogramRow>{row}, 5, "f32").has_value());
+
+  // The lines under the plot: the recorded infs are in the overflow line (not "above f16's max: 0"), bin 15
+  // is named as partly overflowing, bin -25 as rounding up.
+  const auto lines = f16_zone_lines(*h);
+  EXPECT_NE(lines[0].text.find("7,101 inf recorded"), std::string::npos) << lines[0].text;
+  EXPECT_NE(lines[0].text.find("7 finite >= 2^16"), std::string::npos) << lines[0].text;
+  EXPECT_NE(lines[0].text.find(">= 65520 of 6 in 2^15 .. 2^16"), std::string::npos) << lines[0].text;
+  EXPECT_EQ(lines[0].colour, colours::kNonFiniteCell);
+  EXPECT_NE(lines[2].text.find("round up to 2^-24 (2^-25 .. 2^-24): 4"), std::string::npos) << lines[2].text;
+  EXPECT_NE(lines[3].text.find("flush to 0 in f16 (<= 2^-25): 5"), std::string::npos) << lines[3].text;
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_NE(lines[4].text.find("NaN: 1; zero: 11; sub: 2 (f32 subnormal or < 2^-64: flush)"), std::string::npos)
+      << lines[4].text;
+
+  // Infs alone still fill the overflow line.
+  trace::HistogramRow only_inf;
+  only_inf.bins[half_ranges::kInfBin] = 7101;
+  const auto lines_inf = f16_zone_lines(exponent_histogram(only_inf, "f16"));
+  EXPECT_NE(lines_inf[0].text.find("7,101 inf recorded"), std::string::npos) << lines_inf[0].text;
+  EXPECT_EQ(lines_inf[0].colour, colours::kNonFiniteCell);
+
+  // An f16 tensor: bin 15 is finite (nothing above 65504), the subnormal bin is f16's subnormals.
+  const auto f16 = exponent_histogram(row, "f16");
+  EXPECT_EQ(f16.f16[Zone::partly_overflows], 0);
+  EXPECT_EQ(f16.f16[Zone::normal], 106);
+  EXPECT_EQ(f16.f16[Zone::subnormal], 5 + 2);
+}
+
+TEST(view_model_test, special_bins_are_bars_of_their_own_and_zones_have_f16s_exact_edges) {
+  trace::HistogramRow row;
+  row.bins[half_ranges::kSubnormalBin] = 2;
+  row.bins[half_ranges::kZeroBin] = 11;
+  row.bins[half_ranges::kInfBin] = 7101;
+  row.bins[half_ranges::kNanBin] = 3;
+  const auto bars = special_bars(exponent_histogram(row, "f32"));
+  ASSERT_EQ(bars.size(), 4u);
+  EXPECT_EQ(bars[0].label, "sub");
+  EXPECT_EQ(bars[0].count, 2);
+  EXPECT_EQ(bars[1].label, "0");
+  EXPECT_EQ(bars[1].count, 11);
+  EXPECT_EQ(bars[2].label, "inf");
+  EXPECT_EQ(bars[2].count, 7101);
+  EXPECT_EQ(bars[2].colour, colours::kInfBar);
+  EXPECT_EQ(bars[3].label, "NaN");
+  EXPECT_EQ(bars[3].count, 3);
+
+  // On the log2|x| axis: flush up to -25, round up in (-25, -24), subnormal [-24, -14), inf from log2(65520).
+  using half_ranges::Zone;
+  const auto bands = f16_zone_bands();
+  auto band = [&](Zone z) {
+    for (const auto& b : bands)
+      if (b.zone == z) return b;
+    ADD_FAILURE() << "no band for " << half_ranges::zone_name(z);
+    return ZoneBand{};
+  };
+  EXPECT_EQ(band(Zone::flushes_to_zero).x1, -25);
+  EXPECT_EQ(band(Zone::rounds_up).x0, -25);
+  EXPECT_EQ(band(Zone::rounds_up).x1, -24);
+  EXPECT_EQ(band(Zone::subnormal).x0, -24);
+  EXPECT_EQ(band(Zone::subnormal).x1, -14);
+  EXPECT_DOUBLE_EQ(band(Zone::overflows).x0, std::log2(65520.0));
+  EXPECT_LT(band(Zone::overflows).x0, 16);
 }
 
 TEST(view_model_test, why_nan_cards_select_the_origin_step_and_op) {

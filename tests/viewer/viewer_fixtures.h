@@ -78,6 +78,33 @@ inline std::filesystem::path write_fixture(const std::filesystem::path& path, bo
   return path;
 }
 
+// One healthy step with one op (seq 0, "attn" bmm with an f32 output) and the exponent histogram of its
+// output (level full): 1000 values in [1, 2), 200 in [2^14, 2^15), and `infs` infinities in the inf bin.
+inline std::filesystem::path write_histogram_fixture(const std::filesystem::path& path, std::int64_t infs) {
+  trace::TraceWriter w(path, {.precision = "fp32", .device = "cpu", .model = "fixture", .seed = 3, .config = "{}"});
+  trace::OpRow r = op_row(0, 0, "attn", "bmm", "f32", 30000);
+  r.health.numel = 1200 + infs;
+  r.health.pos_inf = infs;
+  w.write(r);
+  trace::HistogramRow h;
+  h.step = 0;
+  h.seq = 0;
+  h.tensor = "output";
+  h.bins[static_cast<std::size_t>(0 - trace::kHistMinExponent)] = 1000;
+  h.bins[static_cast<std::size_t>(14 - trace::kHistMinExponent)] = 200;
+  h.bins[trace::kHistBins - 2] = infs;
+  w.write(h);
+  trace::StepRow s;
+  s.step = 0;
+  s.loss = 1.0;
+  s.grad_norm = 1.0;
+  s.lr = 1e-3;
+  w.write(s);
+  w.end_step(0);
+  w.close();
+  return path;
+}
+
 inline std::filesystem::path write_not_hdf5(const std::filesystem::path& path) {
   std::ofstream(path) << "this is not an HDF5 file\n";
   return path;
