@@ -195,7 +195,16 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--steps", c.steps, "Optimizer steps to run")->capture_default_str();
   cmd_->add_option("--batch", c.batch, "Batch size (0: the sample's default)")->capture_default_str();
   cmd_->add_option("--lr", c.lr, "Learning rate of AdamW (0: the sample's default)")->capture_default_str();
-  cmd_->add_option("--seed", c.seed, "Seed of parameters, data and dropout")->capture_default_str();
+  // CLI11 would read "-1" into the unsigned seed as 2^64 - 1 without a word.
+  cmd_->add_option("--seed", c.seed, "Seed of parameters, data and dropout")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            return !value.empty() && value.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : fmt::format("{} is not allowed; expected an integer >= 0", value);
+          },
+          "INT >= 0"));
   cmd_->add_option("--out", c.out, "Trace file to write (HDF5); empty: no trace")->capture_default_str();
   cmd_->add_option("--probe", c.probe, "Probe level: off, dtype, health or full")
       ->capture_default_str()
