@@ -14,19 +14,37 @@
 // uses HDF5's default (oldest) format version, so any HDF5 1.8+ reader opens it. No SWMR: a checkpoint
 // is written once, to a temporary file, and only becomes visible by rename.
 //
+// Checksums (version 2). HDF5 1.10's default format checksums none of this: a flipped byte in a tensor
+// or in an attribute's value reads back as a different number without a word. So every dataset carries
+// an attribute ampscope_crc32 (zlib's CRC-32 over its link name, type class and size, dimensions and
+// raw bytes), and every object holding values as attributes carries ampscope_crc32 = u32[n], one CRC
+// per other attribute in name order (over name, type class and size, element count and raw bytes), so
+// a mismatch names the one value. Strings are fixed-length (version 1 wrote variable-length ones, which
+// live in HDF5's global heap: unchecksummed, and a flipped byte there can crash HDF5 itself).
+//
+// Writing. The file is built in memory (HDF5's core driver, no backing store) and its image is written
+// with plain write() + fsync() to the temporary file. HDF5 therefore never meets a full disk: when
+// HDF5 itself failed a write there, the file stayed open inside the library with dirty metadata, and
+// the library's clean-up at exit flushed it again and crashed (SIGSEGV) or looped ("infinite loop
+// closing library"). A failing write() is ours to report, and nothing is left open.
+//
 // Errors: HDF5's automatic printing is off while a checkpoint is read or written (and restored after);
 // every call goes through Io::check, which on failure copies HDF5's error stack into the message.
 #include "core/checkpoint.h"
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <signal.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -46,6 +64,8 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "checkpoints assume a little-endian host");
 
 constexpr std::string_view kFormatName = "ampscope checkpoint";
+// The checksum attribute of every dataset and of every object holding value attributes (version 2).
+constexpr const char* kCrcName = "ampscope_crc32";
 
 // ---- errors ----------------------------------------------------------------------------------------
 
@@ -56,6 +76,9 @@ using QuietHdf5Errors = hdf5::QuietErrors;
 class Io {
  public:
   Io(const std::filesystem::path& path, std::string_view verb) : path_(path.string()), verb_(verb) {}
+
+  // Loading a version 2 file: every value read is checked against its checksum.
+  bool verify_checksums = false;
 
   [[noreturn]] void fail(std::string_view problem, std::string_view hint = {}) const {
     std::string message = fmt::format("cannot {} checkpoint '{}': {}", verb_, path_, problem);
@@ -112,11 +135,68 @@ Datatype bool_type(const Io& io) {
   return t;
 }
 
+// Variable-length UTF-8 strings: what version 1 wrote; read only.
 Datatype string_type(const Io& io) {
   Datatype t = copy_type(io, H5T_C_S1);
   io.check(H5Tset_size(t.get(), H5T_VARIABLE), "H5Tset_size", "/");
   io.check(H5Tset_cset(t.get(), H5T_CSET_UTF8), "H5Tset_cset", "/");
   return t;
+}
+
+// Fixed-length UTF-8 strings of `size` bytes, padded with NULs (what version 2 writes: h5py reads them as
+// bytes). HDF5 refuses a size of 0, so an empty string takes one NUL byte.
+Datatype fixed_string_type(const Io& io, std::size_t size) {
+  Datatype t = copy_type(io, H5T_C_S1);
+  io.check(H5Tset_size(t.get(), std::max<std::size_t>(size, 1)), "H5Tset_size", "/");
+  io.check(H5Tset_strpad(t.get(), H5T_STR_NULLPAD), "H5Tset_strpad", "/");
+  io.check(H5Tset_cset(t.get(), H5T_CSET_UTF8), "H5Tset_cset", "/");
+  return t;
+}
+
+// ---- checksums -------------------------------------------------------------------------------------
+
+// zlib's CRC-32 fed in pieces; lengths go in as 64-bit numbers so that no two inputs run together.
+class Crc {
+ public:
+  void bytes(const void* data, std::size_t n) {
+    const auto* p = static_cast<const Bytef*>(data);
+    while (n > 0) {
+      const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, std::numeric_limits<uInt>::max()));
+      value_ = ::crc32(value_, p, chunk);
+      p += chunk;
+      n -= chunk;
+    }
+  }
+  void number(std::uint64_t v) { bytes(&v, sizeof v); }
+  void text(std::string_view t) {
+    number(t.size());
+    bytes(t.data(), t.size());
+  }
+  std::uint32_t value() const { return static_cast<std::uint32_t>(value_); }
+
+ private:
+  uLong value_ = ::crc32(0L, Z_NULL, 0);
+};
+
+// The checksum of one stored value: its name, its HDF5 type's class and size, its dimensions (or element
+// count) and its raw bytes.
+std::uint32_t value_crc(const Io& io, std::string_view name, hid_t type, const std::vector<hsize_t>& dims,
+                        const void* data, std::size_t size, std::string_view where) {
+  Crc crc;
+  crc.text(name);
+  crc.number(static_cast<std::uint64_t>(io.check(H5Tget_class(type), "H5Tget_class", where)));
+  crc.number(H5Tget_size(type));
+  crc.number(dims.size());
+  for (hsize_t d : dims) crc.number(d);
+  crc.bytes(data, size);
+  return crc.value();
+}
+
+[[noreturn]] void checksum_mismatch(const Io& io, std::string_view where, std::uint32_t stored, std::uint32_t computed) {
+  io.fail(fmt::format("'{}' does not match its checksum (stored {:08x}, computed {:08x}): the file was changed "
+                      "after it was saved",
+                      where, stored, computed),
+          "a damaged checkpoint cannot be trusted; resume from an earlier one");
 }
 
 // The file (and memory) type of a tensor dtype.
@@ -241,8 +321,7 @@ void write_bool(const Io& io, hid_t object, std::string_view path, std::string_v
   write_attribute(io, object, path, name, bool_type(io).get(), &v);
 }
 void write_string(const Io& io, hid_t object, std::string_view path, std::string_view name, const std::string& value) {
-  const char* v = value.c_str();
-  write_attribute(io, object, path, name, string_type(io).get(), &v);
+  write_attribute(io, object, path, name, fixed_string_type(io, value.size()).get(), value.c_str());
 }
 
 // An open attribute with its type and element count, for the typed readers below.
@@ -267,6 +346,101 @@ OpenAttribute open_attribute(const Io& io, hid_t object, std::string_view path, 
   a.count = io.check(H5Sget_simple_extent_npoints(space.get()), "H5Sget_simple_extent_npoints", a.where);
   a.scalar = io.check(H5Sget_simple_extent_type(space.get()), "H5Sget_simple_extent_type", a.where) == H5S_SCALAR;
   return a;
+}
+
+// The checksum of one attribute's value (see value_crc). Variable-length values are refused: version 2
+// never writes them, and their bytes live outside the attribute.
+std::uint32_t attribute_crc(const Io& io, hid_t object, std::string_view path, const std::string& name) {
+  const std::string where = fmt::format("{}@{}", path, name);
+  const Attribute attr(io.check(H5Aopen(object, name.c_str(), H5P_DEFAULT), "H5Aopen", where));
+  const Datatype type(io.check(H5Aget_type(attr.get()), "H5Aget_type", where));
+  const H5T_class_t cls = io.check(H5Tget_class(type.get()), "H5Tget_class", where);
+  if (cls == H5T_VLEN || cls == H5T_REFERENCE || io.check(H5Tis_variable_str(type.get()), "H5Tis_variable_str",
+                                                          where) > 0) {
+    io.fail(fmt::format("'{}' holds a variable-length value, which checkpoints of version 2 never hold", where),
+            "the file was not written by save_checkpoint, or was edited");
+  }
+  const Dataspace space(io.check(H5Aget_space(attr.get()), "H5Aget_space", where));
+  const hssize_t count = io.check(H5Sget_simple_extent_npoints(space.get()), "H5Sget_simple_extent_npoints", where);
+  const std::size_t size = H5Tget_size(type.get());
+  // An attribute lives in an object header (64 KiB at most); a larger claim is damage, not data.
+  if (size == 0 || count < 0 || static_cast<std::uint64_t>(count) * size > (std::uint64_t{1} << 16)) {
+    io.fail(fmt::format("'{}' claims {} values of {} bytes, more than an attribute can hold", where, count, size),
+            "the file is damaged; resume from an earlier checkpoint");
+  }
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(count) * size + 1);
+  io.check(H5Aread(attr.get(), type.get(), bytes.data()), "H5Aread", where);
+  return value_crc(io, name, type.get(), {static_cast<hsize_t>(count)}, bytes.data(), bytes.size() - 1, where);
+}
+
+// The names of an object's attributes other than its checksum, in name order.
+std::vector<std::string> value_names(const Io& io, hid_t object, std::string_view path) {
+  std::vector<std::string> names = attribute_names(io, object, path);
+  std::erase(names, std::string(kCrcName));
+  return names;
+}
+
+// Writes the checksum of every attribute `object` holds (call it after the last one is written).
+void seal_attributes(const Io& io, hid_t object, std::string_view path) {
+  std::vector<std::uint32_t> crcs;
+  for (const std::string& name : value_names(io, object, path)) crcs.push_back(attribute_crc(io, object, path, name));
+  if (crcs.empty()) return;
+  write_attribute(io, object, path, kCrcName, H5T_STD_U32LE, crcs.data(), hsize_t{crcs.size()});
+}
+
+// Checks every attribute of `object` against the checksums seal_attributes wrote (version 2 files only).
+void verify_attributes(const Io& io, hid_t object, std::string_view path) {
+  if (!io.verify_checksums) return;
+  const std::vector<std::string> names = value_names(io, object, path);
+  if (names.empty()) return;
+  const std::string where = fmt::format("{}@{}", path, kCrcName);
+  if (io.check(H5Aexists(object, kCrcName), "H5Aexists", where) <= 0) {
+    io.fail(fmt::format("'{}' holds values ({}) but no checksum ('{}')", path, fmt::join(names, ", "), where),
+            "the file was not written by save_checkpoint, or was edited");
+  }
+  const Attribute attr(io.check(H5Aopen(object, kCrcName, H5P_DEFAULT), "H5Aopen", where));
+  const Datatype type(io.check(H5Aget_type(attr.get()), "H5Aget_type", where));
+  const Dataspace space(io.check(H5Aget_space(attr.get()), "H5Aget_space", where));
+  const hssize_t count = io.check(H5Sget_simple_extent_npoints(space.get()), "H5Sget_simple_extent_npoints", where);
+  if (io.check(H5Tget_class(type.get()), "H5Tget_class", where) != H5T_INTEGER ||
+      static_cast<std::size_t>(count) != names.size()) {
+    io.fail(fmt::format("'{}' holds {} values ({}), but its checksum '{}' covers {}", path, names.size(),
+                        fmt::join(names, ", "), where, count),
+            "a value was added or removed after the file was saved; resume from an earlier checkpoint");
+  }
+  std::vector<std::uint32_t> stored(names.size());
+  io.check(H5Aread(attr.get(), H5T_NATIVE_UINT32, stored.data()), "H5Aread", where);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::uint32_t computed = attribute_crc(io, object, path, names[i]);
+    if (computed != stored[i]) checksum_mismatch(io, fmt::format("{}@{}", path, names[i]), stored[i], computed);
+  }
+}
+
+// A dataset's checksum attribute (seal_dataset) and its check (verify_dataset).
+void seal_dataset(const Io& io, hid_t dset, std::string_view path, std::uint32_t crc) {
+  write_attribute(io, dset, path, kCrcName, H5T_STD_U32LE, &crc);
+}
+
+void verify_dataset(const Io& io, hid_t dset, std::string_view path, std::uint32_t computed) {
+  if (!io.verify_checksums) return;
+  const std::string where = fmt::format("{}@{}", path, kCrcName);
+  if (io.check(H5Aexists(dset, kCrcName), "H5Aexists", where) <= 0) {
+    io.fail(fmt::format("dataset '{}' has no checksum ('{}')", path, where),
+            "the file was not written by save_checkpoint, or was edited");
+  }
+  const Attribute attr(io.check(H5Aopen(dset, kCrcName, H5P_DEFAULT), "H5Aopen", where));
+  const Dataspace space(io.check(H5Aget_space(attr.get()), "H5Aget_space", where));
+  if (io.check(H5Sget_simple_extent_npoints(space.get()), "H5Sget_simple_extent_npoints", where) != 1) {
+    io.fail(fmt::format("'{}' is not one checksum", where), "the file was not written by save_checkpoint, or was edited");
+  }
+  std::uint32_t stored = 0;
+  io.check(H5Aread(attr.get(), H5T_NATIVE_UINT32, &stored), "H5Aread", where);
+  if (stored != computed) checksum_mismatch(io, path, stored, computed);
+}
+
+std::string_view base_name(std::string_view path) {
+  const std::size_t slash = path.rfind('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
 // The kinds of value an attribute can hold, as save_checkpoint writes them.
@@ -379,6 +553,8 @@ void write_tensor(const Io& io, hid_t loc, std::string_view parent, std::string_
   static const char kNoElements = 0;  // HDF5 refuses a null buffer even for zero elements
   const void* data = host.numel() > 0 ? host.data() : &kNoElements;
   io.check(H5Dwrite(dset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "H5Dwrite", path);
+  const std::size_t size = static_cast<std::size_t>(host.numel()) * dtype_size(host.dtype());
+  seal_dataset(io, dset.get(), path, value_crc(io, name, type.get(), dims, data, size, path));
 }
 
 // A tensor dataset's header, read before its values so mismatches are reported without reading data.
@@ -415,6 +591,9 @@ Tensor read_values(const Io& io, const Dataset& dset, const TensorHeader& h) {
   static char no_elements = 0;
   void* data = out.numel() > 0 ? out.data() : &no_elements;
   io.check(H5Dread(dset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "H5Dread", h.path);
+  const std::vector<hsize_t> dims(h.shape.begin(), h.shape.end());
+  const std::size_t size = static_cast<std::size_t>(out.numel()) * dtype_size(*h.dtype);
+  verify_dataset(io, dset.get(), h.path, value_crc(io, base_name(h.path), type.get(), dims, data, size, h.path));
   return out;
 }
 
@@ -423,15 +602,16 @@ void write_string_list(const Io& io, hid_t loc, std::string_view parent, std::st
   const std::string path = child_path(parent, name);
   const hsize_t n = values.size();
   Dataspace space(io.check(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", path));
-  const Datatype type = string_type(io);
+  std::size_t width = 1;
+  for (const std::string& v : values) width = std::max(width, v.size());
+  const Datatype type = fixed_string_type(io, width);
   Dataset dset(io.check(H5Dcreate2(loc, std::string(name).c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT,
                                    H5P_DEFAULT),
                         "H5Dcreate2", path));
-  std::vector<const char*> pointers;
-  for (const std::string& v : values) pointers.push_back(v.c_str());
-  static const char* const kNoElements = "";
-  io.check(H5Dwrite(dset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, n > 0 ? pointers.data() : &kNoElements),
-           "H5Dwrite", path);
+  std::vector<char> packed(std::max<std::size_t>(values.size(), 1) * width, '\0');  // NUL-padded, one row each
+  for (std::size_t i = 0; i < values.size(); ++i) std::memcpy(packed.data() + i * width, values[i].data(), values[i].size());
+  io.check(H5Dwrite(dset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, packed.data()), "H5Dwrite", path);
+  seal_dataset(io, dset.get(), path, value_crc(io, name, type.get(), {n}, packed.data(), values.size() * width, path));
 }
 
 std::vector<std::string> read_string_list(const Io& io, hid_t loc, std::string_view parent, std::string_view name) {
@@ -440,11 +620,34 @@ std::vector<std::string> read_string_list(const Io& io, hid_t loc, std::string_v
   const Datatype file_type(io.check(H5Dget_type(dset.get()), "H5Dget_type", path));
   const Dataspace space(io.check(H5Dget_space(dset.get()), "H5Dget_space", path));
   const int rank = io.check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", path);
-  if (io.check(H5Tis_variable_str(file_type.get()), "H5Tis_variable_str", path) <= 0 || rank != 1) {
-    io.fail(fmt::format("dataset '{}' is {} of rank {}, but a list of variable-length strings is expected", path,
-                        describe_type(io, file_type.get(), path), rank));
-  }
   const hssize_t n = io.check(H5Sget_simple_extent_npoints(space.get()), "H5Sget_simple_extent_npoints", path);
+  const bool is_string = io.check(H5Tget_class(file_type.get()), "H5Tget_class", path) == H5T_STRING;
+  const bool variable = is_string && io.check(H5Tis_variable_str(file_type.get()), "H5Tis_variable_str", path) > 0;
+  // Version 2 writes fixed-length strings (one NUL-padded row each), version 1 variable-length ones.
+  if (!is_string || rank != 1 || variable == io.verify_checksums) {
+    io.fail(fmt::format("dataset '{}' is {} of rank {}, but a list of {} strings is expected", path,
+                        describe_type(io, file_type.get(), path), rank,
+                        io.verify_checksums ? "fixed-length" : "variable-length"),
+            "the file was not written by save_checkpoint, or was edited");
+  }
+  if (!variable) {
+    const std::size_t width = H5Tget_size(file_type.get());
+    // A list of parameter names: a claim beyond 1 GiB is damage, not data.
+    if (width == 0 || static_cast<std::uint64_t>(n) * width > (std::uint64_t{1} << 30)) {
+      io.fail(fmt::format("dataset '{}' claims {} strings of {} bytes", path, n, width),
+              "the file is damaged; resume from an earlier checkpoint");
+    }
+    std::vector<char> packed(static_cast<std::size_t>(n) * width + 1, '\0');
+    io.check(H5Dread(dset.get(), file_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, packed.data()), "H5Dread", path);
+    verify_dataset(io, dset.get(), path,
+                   value_crc(io, name, file_type.get(), {static_cast<hsize_t>(n)}, packed.data(), packed.size() - 1, path));
+    std::vector<std::string> values;
+    for (hssize_t i = 0; i < n; ++i) {
+      const char* row = packed.data() + static_cast<std::size_t>(i) * width;
+      values.emplace_back(row, strnlen(row, width));
+    }
+    return values;
+  }
   std::vector<char*> raw(static_cast<std::size_t>(n) + 1, nullptr);  // + 1: a valid pointer when n is 0
   const Datatype memory = string_type(io);
   io.check(H5Dread(dset.get(), memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()), "H5Dread", path);
@@ -526,6 +729,7 @@ void write_optimizer(const Io& io, hid_t root, const optim::Optimizer& opt) {
   const std::vector<std::vector<std::string>> names = optimizer_names(io, opt);
   const Group group = create_group(io, root, "/", "optimizer");
   write_string(io, group.get(), "/optimizer", "type", opt.name());
+  seal_attributes(io, group.get(), "/optimizer");
   const Group groups = create_group(io, group.get(), "/optimizer", "param_groups");
   for (std::size_t g = 0; g < opt.param_groups().size(); ++g) {
     const optim::ParamGroup& pg = opt.param_groups()[g];
@@ -542,6 +746,7 @@ void write_optimizer(const Io& io, hid_t root, const optim::Optimizer& opt) {
     write_f64(io, gg.get(), path, "weight_decay", h.weight_decay);
     write_bool(io, gg.get(), path, "maximize", h.maximize);
     if (pg.initial_lr) write_f64(io, gg.get(), path, "initial_lr", *pg.initial_lr);
+    seal_attributes(io, gg.get(), path);
     write_string_list(io, gg.get(), path, "params", names[g]);
   }
   const Group states = create_group(io, group.get(), "/optimizer", "state");
@@ -557,6 +762,7 @@ void write_optimizer(const Io& io, hid_t root, const optim::Optimizer& opt) {
       const std::string path = child_path("/optimizer/state", name);
       const Group ps = create_group(io, states.get(), "/optimizer/state", name);
       write_i64(io, ps.get(), path, "step", s->step);
+      seal_attributes(io, ps.get(), path);
       for (std::string_view field : kStateFields) {
         const Tensor& t = s->*state_field(field);
         if (t.defined()) write_tensor(io, ps.get(), path, field, t);
@@ -571,6 +777,10 @@ void write_state_dict(const Io& io, hid_t parent, const std::string& name, const
   const Group group = create_group(io, parent, "/states", name);
   for (const auto& [key, value] : state) {
     check_link_name(io, fmt::format("state '{}' key", name), key);
+    if (key == kCrcName) {
+      io.fail(fmt::format("state '{}' key '{}' is reserved for the checksum of the state's values", name, key),
+              "rename the key");
+    }
     std::visit(
         [&](const auto& v) {
           using V = std::decay_t<decltype(v)>;
@@ -585,6 +795,7 @@ void write_state_dict(const Io& io, hid_t parent, const std::string& name, const
         },
         value);
   }
+  seal_attributes(io, group.get(), path);
 }
 
 void write_checkpoint(const Io& io, hid_t file, const Checkpoint& what) {
@@ -592,6 +803,7 @@ void write_checkpoint(const Io& io, hid_t file, const Checkpoint& what) {
   write_string(io, root.get(), "/", "format", std::string(kFormatName));
   write_i64(io, root.get(), "/", "format_version", kCheckpointFormatVersion);
   write_i64(io, root.get(), "/", "step", what.step);
+  seal_attributes(io, root.get(), "/");
   if (what.model != nullptr) write_model(io, root.get(), *what.model);
   if (what.optimizer != nullptr) write_optimizer(io, root.get(), *what.optimizer);
   if (!what.generators.empty()) {
@@ -603,6 +815,7 @@ void write_checkpoint(const Io& io, hid_t file, const Checkpoint& what) {
       const Group g = create_group(io, group.get(), "/generators", name);
       write_u64(io, g.get(), path, "seed", gen->seed());
       write_u64(io, g.get(), path, "offset", gen->offset());
+      seal_attributes(io, g.get(), path);
     }
   }
   if (!what.states.empty()) {
@@ -633,6 +846,41 @@ struct PreparedOptimizer {
   std::vector<std::pair<Tensor, optim::ParamState>> states;  // for every parameter, empty when none saved
 };
 
+// What a load does with NaN and Inf in model tensors and optimizer state.
+struct NonFinitePolicy {
+  bool allow = false;
+  std::vector<std::string>* warnings = nullptr;  // where an allowed one is reported
+};
+
+// Refuses (or, when allowed, reports) NaN and Inf in a floating-point tensor read from the file.
+void check_finite(const Io& io, const Tensor& host, const std::string& what, const std::string& path,
+                  const NonFinitePolicy& policy) {
+  const DType d = host.dtype();
+  if (d != DType::f64 && d != DType::f32 && d != DType::f16 && d != DType::bf16) return;
+  Tensor wide;
+  {
+    NoGradGuard no_grad;
+    wide = host.to(DType::f64).contiguous();  // exact for every narrower float, NaN and Inf included
+  }
+  const auto* v = static_cast<const double*>(wide.data());
+  std::int64_t nans = 0, infs = 0, first = -1;
+  for (std::int64_t i = 0; i < wide.numel(); ++i) {
+    if (std::isnan(v[i])) ++nans;
+    else if (std::isinf(v[i])) ++infs;
+    else continue;
+    if (first < 0) first = i;
+  }
+  if (nans + infs == 0) return;
+  const std::string text = fmt::format("{} ('{}') holds {} NaN and {} Inf of its {} values (the first at flat index {})",
+                                       what, path, nans, infs, wide.numel(), first);
+  if (policy.allow) {
+    if (policy.warnings != nullptr) policy.warnings->push_back(fmt::format("loaded although {}", text));
+    return;
+  }
+  io.fail(text, "the run had diverged when it saved; resume from an earlier checkpoint, or accept it explicitly "
+                "(CheckpointLoadOptions::allow_nonfinite; ampscope train --resume-allow-nonfinite)");
+}
+
 // Compares a checkpoint tensor's header with the live tensor it is for; `what` is "parameter 'fc1.weight'".
 void check_fits(const Io& io, const TensorHeader& h, const std::string& what, const Tensor& live,
                 std::string_view live_side, std::string_view dtype_hint) {
@@ -648,7 +896,7 @@ void check_fits(const Io& io, const TensorHeader& h, const std::string& what, co
   }
 }
 
-PreparedModel read_model(const Io& io, hid_t root, const nn::Module& model) {
+PreparedModel read_model(const Io& io, hid_t root, const nn::Module& model, const NonFinitePolicy& finite) {
   if (!has_link(io, root, "/", "model")) {
     io.fail("the file holds no model (no '/model' group)", "it was saved without one; leave Checkpoint::model null");
   }
@@ -662,6 +910,8 @@ PreparedModel read_model(const Io& io, hid_t root, const nn::Module& model) {
               "the checkpoint was saved from a different model; build the model the saving run built");
     }
   }
+  std::set<std::string> buffers;
+  for (const auto& entry : model.named_buffers()) buffers.insert(entry.first);
   PreparedModel prepared;
   for (const auto& [name, tensor] : live) {
     if (!has_link(io, group.get(), "/model", name)) {
@@ -674,18 +924,22 @@ PreparedModel read_model(const Io& io, hid_t root, const nn::Module& model) {
                fmt::format("convert the model with to(DType::{}) before loading, as the saving run did (and build the "
                            "optimizer after that)",
                            h.type_text));
-    prepared.copies.emplace_back(tensor, read_values(io, dset, h).to(tensor.device()));
+    const Tensor values = read_values(io, dset, h);
+    check_finite(io, values, fmt::format("{} '{}'", buffers.count(name) > 0 ? "buffer" : "parameter", name), h.path,
+                 finite);
+    prepared.copies.emplace_back(tensor, values.to(tensor.device()));
   }
   return prepared;
 }
 
-PreparedOptimizer read_optimizer(const Io& io, hid_t root, optim::Optimizer& opt) {
+PreparedOptimizer read_optimizer(const Io& io, hid_t root, optim::Optimizer& opt, const NonFinitePolicy& finite) {
   if (!has_link(io, root, "/", "optimizer")) {
     io.fail("the file holds no optimizer (no '/optimizer' group)",
             "it was saved without one; leave Checkpoint::optimizer null");
   }
   const std::vector<std::vector<std::string>> names = optimizer_names(io, opt);
   const Group group = open_group(io, root, "/", "optimizer");
+  verify_attributes(io, group.get(), "/optimizer");
   const std::string type = read_string(io, group.get(), "/optimizer", "type");
   if (type != opt.name()) {
     io.fail(fmt::format("the checkpoint holds {} state, but the optimizer is {}", type, opt.name()),
@@ -707,6 +961,7 @@ PreparedOptimizer read_optimizer(const Io& io, hid_t root, optim::Optimizer& opt
       io.fail(fmt::format("'{}' is missing", path), "the file was not written by save_checkpoint, or was edited");
     }
     const Group gg = open_group(io, groups.get(), "/optimizer/param_groups", gname);
+    verify_attributes(io, gg.get(), path);
     const std::vector<std::string> saved = read_string_list(io, gg.get(), path, "params");
     const std::set<std::string> saved_set(saved.begin(), saved.end());
     const std::set<std::string> live_set(names[g].begin(), names[g].end());
@@ -761,6 +1016,7 @@ PreparedOptimizer read_optimizer(const Io& io, hid_t root, optim::Optimizer& opt
     const Tensor& param = it->second;
     const std::string path = child_path("/optimizer/state", name);
     const Group ps = open_group(io, states.get(), "/optimizer/state", name);
+    verify_attributes(io, ps.get(), path);
     optim::ParamState s;
     s.step = read_i64(io, ps.get(), path, "step");
     for (const std::string& field : link_names(io, ps.get(), path)) {
@@ -777,7 +1033,9 @@ PreparedOptimizer read_optimizer(const Io& io, hid_t root, optim::Optimizer& opt
                  fmt::format("convert the model with to(DType::{}) before building the optimizer, as the saving run "
                              "did",
                              h.type_text));
-      s.*member = read_values(io, dset, h).to(param.device());
+      const Tensor values = read_values(io, dset, h);
+      check_finite(io, values, fmt::format("optimizer state {} of '{}'", field, name), h.path, finite);
+      s.*member = values.to(param.device());
     }
     loaded.emplace(name, std::move(s));
   }
@@ -798,6 +1056,7 @@ std::pair<std::uint64_t, std::uint64_t> read_generator(const Io& io, hid_t root,
   if (!has_link(io, group.get(), "/generators", name)) missing();
   const std::string path = child_path("/generators", name);
   const Group g = open_group(io, group.get(), "/generators", name);
+  verify_attributes(io, g.get(), path);
   return {read_u64(io, g.get(), path, "seed"), read_u64(io, g.get(), path, "offset")};
 }
 
@@ -821,8 +1080,9 @@ StateDict read_state_dict(const Io& io, hid_t root, const std::string& name, con
   if (!has_link(io, group.get(), "/states", name)) missing();
   const std::string path = child_path("/states", name);
   const Group sg = open_group(io, group.get(), "/states", name);
+  verify_attributes(io, sg.get(), path);
   StateDict state;
-  for (const std::string& key : attribute_names(io, sg.get(), path)) {
+  for (const std::string& key : value_names(io, sg.get(), path)) {
     const OpenAttribute a = open_attribute(io, sg.get(), path, key);
     const ValueKind kind = kind_of(io, a);
     if (!a.scalar || kind == ValueKind::other || kind == ValueKind::u64) {
@@ -889,10 +1149,9 @@ StateDict read_state_dict(const Io& io, hid_t root, const std::string& name, con
 
 // Opens an existing checkpoint for reading, with messages for the common ways a path is not one.
 File open_checkpoint(const Io& io, const std::filesystem::path& path) {
+  // Only regular files we may read: HDF5 blocks forever on a FIFO and calls an unreadable file "not HDF5".
+  if (const std::string reason = hdf5::unreadable_reason(path.c_str()); !reason.empty()) io.fail(reason);
   std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(status)) io.fail("the file does not exist");
-  if (!std::filesystem::is_regular_file(status)) io.fail("it is not a regular file");
   const auto size = std::filesystem::file_size(path, ec);
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
   if (is_hdf5 == 0) {
@@ -907,6 +1166,75 @@ File open_checkpoint(const Io& io, const std::filesystem::path& path) {
             "a checkpoint cut short (disk full, copied while being written) cannot be repaired; use an earlier one");
   }
   return File(id);
+}
+
+// Removes temporary files of `target` (".NAME.tmp-PID-N") left by saves whose process no longer exists:
+// a save killed half-way (kill -9, out of memory) leaves one. A file of a live process is left alone, as
+// that process may be saving right now; so is one whose PID was reused by an unrelated process (it goes
+// once that process ends). PIDs are those of this machine's PID namespace: a folder shared between
+// machines (NFS) can hold files of PIDs that mean nothing here, and those are removed too when no local
+// process has the PID, which is safe for a target that only one machine writes.
+void remove_stale_temporaries(const std::filesystem::path& directory, const std::string& target) {
+  const std::string prefix = fmt::format(".{}.tmp-", target);
+  std::error_code ec;
+  std::filesystem::directory_iterator it(directory, ec);
+  if (ec) return;  // the save reports an unusable folder itself
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string_view rest = std::string_view(name).substr(prefix.size());  // "PID-N"
+    const std::size_t dash = rest.find('-');
+    if (dash == 0 || dash == std::string_view::npos || dash + 1 == rest.size()) continue;
+    const std::string_view pid_text = rest.substr(0, dash), counter = rest.substr(dash + 1);
+    auto digits = [](std::string_view t) { return std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; }); };
+    if (!digits(pid_text) || !digits(counter) || pid_text.size() > 9) continue;
+    const auto pid = static_cast<pid_t>(std::stol(std::string(pid_text)));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (EPERM: alive, another user's)
+    std::error_code ignored;
+    std::filesystem::remove(entry.path(), ignored);
+  }
+}
+
+// Builds the whole checkpoint in memory (HDF5's core driver, nothing touches the disk) and returns the
+// file's image.
+std::vector<unsigned char> checkpoint_image(const Io& io, const Checkpoint& what) {
+  const hdf5::PropertyList fapl(io.check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", "/"));
+  io.check(H5Pset_fapl_core(fapl.get(), std::size_t{1} << 20, false), "H5Pset_fapl_core", "/");
+  File file(io.check(H5Fcreate("ampscope-checkpoint-in-memory.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
+                     "H5Fcreate", "(in memory)"));
+  write_checkpoint(io, file.get(), what);
+  io.check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "H5Fflush", "(in memory)");
+  const ssize_t size = io.check(H5Fget_file_image(file.get(), nullptr, 0), "H5Fget_file_image", "(in memory)");
+  std::vector<unsigned char> image(static_cast<std::size_t>(size));
+  io.check(H5Fget_file_image(file.get(), image.data(), image.size()), "H5Fget_file_image", "(in memory)");
+  file.close(io, "H5Fclose", "(in memory)");
+  return image;
+}
+
+// Writes `image` to a new file `path` and flushes it to the disk. Returns "" or what failed.
+std::string write_file(const std::filesystem::path& path, const std::vector<unsigned char>& image) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return fmt::format("creating '{}' failed: {}", path.string(), std::strerror(errno));
+  std::string problem;
+  std::size_t done = 0;
+  while (done < image.size() && problem.empty()) {
+    const ssize_t n = ::write(fd, image.data() + done, image.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      problem = fmt::format("writing '{}' failed after {} of {} bytes: {}", path.string(), done, image.size(),
+                            n < 0 ? std::strerror(errno) : "no progress");
+    } else {
+      done += static_cast<std::size_t>(n);
+    }
+  }
+  if (problem.empty() && ::fsync(fd) != 0) {
+    problem = fmt::format("flushing '{}' to disk failed: {}", path.string(), std::strerror(errno));
+  }
+  if (::close(fd) != 0 && problem.empty()) {
+    problem = fmt::format("closing '{}' failed: {}", path.string(), std::strerror(errno));
+  }
+  return problem;
 }
 
 }  // namespace
@@ -924,20 +1252,20 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& what) 
     io.fail(fmt::format("directory '{}' does not exist", directory.string()), "create it first");
   }
   if (!std::filesystem::is_directory(directory, ec)) io.fail(fmt::format("'{}' is not a directory", directory.string()));
+  remove_stale_temporaries(directory, path.filename().string());
+  const std::vector<unsigned char> image = checkpoint_image(io, what);
   // Beside the target, so the rename stays within one file system (and so is atomic). The name is
-  // unique per process and call; a crash can leave one behind, never a damaged target.
+  // unique per process and call; a crash can leave one behind (the next save removes it), never a
+  // damaged target.
   static std::atomic<std::uint64_t> counter{0};
   const std::filesystem::path temporary =
       directory / fmt::format(".{}.tmp-{}-{}", path.filename().string(), ::getpid(), counter.fetch_add(1));
   try {
-    {
-      File file(io.check(H5Fcreate(temporary.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), "H5Fcreate",
-                         temporary.string()));
-      write_checkpoint(io, file.get(), what);
-      file.close(io, "H5Fclose", temporary.string());
-    }
-    if (const int error = sync_path(temporary, false); error != 0) {
-      io.fail(fmt::format("flushing '{}' to disk failed: {}", temporary.string(), std::strerror(error)));
+    if (const std::string problem = write_file(temporary, image); !problem.empty()) {
+      io.fail(problem, problem.find(std::strerror(ENOSPC)) != std::string::npos
+                           ? "the disk is full; the previous checkpoint (if any) is untouched. Free some space, or "
+                             "choose another --checkpoint folder"
+                           : "");
     }
     std::filesystem::rename(temporary, path, ec);
     if (ec) io.fail(fmt::format("renaming '{}' over it failed: {}", temporary.string(), ec.message()));
@@ -950,8 +1278,11 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& what) 
   sync_path(directory, true);
 }
 
-void load_checkpoint(const std::filesystem::path& path, Checkpoint& into) {
-  const Io io(path, "load");
+CheckpointLoadReport load_checkpoint(const std::filesystem::path& path, Checkpoint& into,
+                                     const CheckpointLoadOptions& options) {
+  Io io(path, "load");
+  CheckpointLoadReport report;
+  const NonFinitePolicy finite{.allow = options.allow_nonfinite, .warnings = &report.warnings};
   const QuietHdf5Errors quiet;
   const File file = open_checkpoint(io, path);
   const Group root(io.check(H5Gopen2(file.get(), "/", H5P_DEFAULT), "H5Gopen2", "/"));
@@ -969,11 +1300,26 @@ void load_checkpoint(const std::filesystem::path& path, Checkpoint& into) {
                         kCheckpointFormatVersion),
             version > kCheckpointFormatVersion ? "it was written by a newer ampscope; load it with that version" : "");
   }
+  // A version 2 file whose version number was damaged to 1 still has its checksums: verify them, and the
+  // root's own check names the damaged format_version.
+  const bool has_checksums =
+      version >= 2 || io.check(H5Aexists(root.get(), kCrcName), "H5Aexists", fmt::format("/@{}", kCrcName)) > 0;
+  report.format_version = version;
+  report.checksums_verified = has_checksums;
+  io.verify_checksums = has_checksums;
+  if (has_checksums) {
+    verify_attributes(io, root.get(), "/");
+  } else {
+    report.warnings.push_back(fmt::format("'{}' is a version {} checkpoint, which has no checksums: its values were "
+                                          "checked for shape, type and NaN/Inf, but damage to them cannot be detected "
+                                          "(save it again to get checksums)",
+                                          path.string(), version));
+  }
   const std::int64_t step = read_i64(io, root.get(), "/", "step");
   PreparedModel model;
-  if (into.model != nullptr) model = read_model(io, root.get(), *into.model);
+  if (into.model != nullptr) model = read_model(io, root.get(), *into.model, finite);
   PreparedOptimizer optimizer;
-  if (into.optimizer != nullptr) optimizer = read_optimizer(io, root.get(), *into.optimizer);
+  if (into.optimizer != nullptr) optimizer = read_optimizer(io, root.get(), *into.optimizer, finite);
   std::vector<std::pair<Generator*, std::pair<std::uint64_t, std::uint64_t>>> generators;
   for (const auto& [name, gen] : into.generators) {
     if (gen == nullptr) io.fail(fmt::format("generator '{}' is a null pointer", name));
@@ -1003,6 +1349,7 @@ void load_checkpoint(const std::filesystem::path& path, Checkpoint& into) {
   }
   for (auto& [name, state] : states) into.states[name] = std::move(state);
   into.step = step;
+  return report;
 }
 
 }  // namespace ampscope

@@ -16,13 +16,19 @@
 //   scaler.load_state_dict(ck.states.at("scaler"));
 //
 // The layout (readable with h5py and h5dump; docs in the comments of checkpoint.cpp):
-//   /                              attributes format = "ampscope checkpoint", format_version = 1, step
+//   /                              attributes format = "ampscope checkpoint", format_version = 2, step
 //   /model/<name>                  one dataset per parameter and buffer ("/model/blocks.0.attn.qkv.weight")
 //   /optimizer                     attribute type ("Adam")
 //   /optimizer/param_groups/<g>    hyper-parameters as attributes; dataset "params": the parameter names
 //   /optimizer/state/<name>/...    datasets momentum_buffer, exp_avg, exp_avg_sq, max_exp_avg_sq; attribute step
 //   /generators/<name>             attributes seed, offset (unsigned 64-bit)
 //   /states/<name>                 scalar values as attributes (f64, i64, bool, UTF-8 string), tensors as datasets
+//
+// Checksums (format version 2): every dataset has a u32 attribute ampscope_crc32, zlib's CRC-32 over its
+// name, HDF5 type class and size, dimensions and raw bytes; every group or root that holds values as
+// attributes has a u32[n] attribute ampscope_crc32 with one CRC-32 per other attribute (name order),
+// over its name, type class and size, element count and raw bytes. Strings are fixed-length, so nothing
+// lives in HDF5's unchecksummed global heap. A load verifies every value it reads before it applies any.
 //
 // Tensors keep their dtype and bits: f64/f32 as IEEE types, f16 as a 16-bit HDF5 float type with
 // binary16's layout (what h5py writes for numpy float16), bf16 as a 16-bit HDF5 float type with
@@ -34,6 +40,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/nn.h"
@@ -51,8 +58,23 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
-// The layout version this build writes and the newest it reads.
-inline constexpr std::int64_t kCheckpointFormatVersion = 1;
+// The layout version this build writes and the newest it reads. Version 1 (no checksums, variable-length
+// strings) is still read, with a warning in LoadReport::warnings.
+inline constexpr std::int64_t kCheckpointFormatVersion = 2;
+
+// How a load treats values it could take but might not want.
+struct CheckpointLoadOptions {
+  // Accept NaN and Inf in model parameters and buffers and in optimizer state. Off: such a value is an
+  // error naming the tensor (a run that diverged before it saved would resume straight into NaN).
+  bool allow_nonfinite = false;
+};
+
+// What a successful load found.
+struct CheckpointLoadReport {
+  std::int64_t format_version = 0;
+  bool checksums_verified = false;     // false only for version 1 files, which have none
+  std::vector<std::string> warnings;   // one line each: unverified values, allowed non-finite tensors
+};
 
 // What to save, or what to load into. The pointers are not owned; a null pointer or an empty map
 // leaves that piece out (it is neither written nor read, even when the file holds it).
@@ -73,14 +95,21 @@ struct Checkpoint {
   std::int64_t step = 0;
 };
 
-// Writes `what` to `path` atomically: a temporary file in the same directory, flushed to disk, then
-// renamed over `path`. On failure the temporary file is removed and `path` is untouched. Keys and
-// names must not contain '/' (they become HDF5 link names).
+// Writes `what` to `path` atomically: a temporary file in the same directory (".NAME.tmp-PID-N"),
+// flushed to disk, then renamed over `path`. On failure (disk full included) the temporary file is
+// removed and `path` is untouched. Keys and names must not contain '/' (they become HDF5 link names),
+// and StateDict keys must not be "ampscope_crc32". Temporary files of this target left by saves in
+// processes that no longer exist (killed during a save) are removed first; those of live processes are
+// left alone (they may be saving right now).
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& what);
 
-// Reads `path` into the pieces `into` names, after checking that every piece fits; on any error
-// nothing in `into` (or what it points to) has changed. Model values are copied into the existing
-// parameter tensors (so an optimizer holding them stays valid), on whatever device they live.
-void load_checkpoint(const std::filesystem::path& path, Checkpoint& into);
+// Reads `path` into the pieces `into` names, after checking that every piece fits, that every value
+// read matches its checksum, and (unless options allow it) that no parameter, buffer or optimizer
+// state holds NaN or Inf; on any error nothing in `into` (or what it points to) has changed. Only
+// regular files are opened (a FIFO or a directory is an error at once). Model values are copied into
+// the existing parameter tensors (so an optimizer holding them stays valid), on whatever device they
+// live.
+CheckpointLoadReport load_checkpoint(const std::filesystem::path& path, Checkpoint& into,
+                                     const CheckpointLoadOptions& options = {});
 
 }  // namespace ampscope

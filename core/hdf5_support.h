@@ -9,8 +9,13 @@
 //   file.close(io, "H5Fclose", "/");   // checked; the destructor closes unchecked
 #pragma once
 
+#include <fcntl.h>
 #include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -40,6 +45,39 @@ inline std::string take_errors() {
   if (text.empty()) return "  (HDF5 reported no details)";
   text.pop_back();  // the last newline
   return text;
+}
+
+// Why `path` cannot be opened as an HDF5 file we read, before HDF5 sees it: "" when it is a regular file
+// this process may read, else one phrase ("it does not exist", "it is a FIFO (named pipe), not a regular
+// file", "permission denied"). Only regular files are opened: HDF5 would block forever on a FIFO and
+// report a directory, a device or an unreadable file as "not an HDF5 file". Used by the trace reader
+// and the checkpoint loader.
+inline std::string unreadable_reason(const char* path) {
+  struct stat st {};
+  if (::stat(path, &st) != 0) {
+    const int error = errno;
+    if (error == ENOENT) return "it does not exist";
+    if (error == EACCES) return "permission denied (a folder on its path cannot be searched)";
+    return fmt::format("it cannot be examined: {}", std::strerror(error));
+  }
+  std::string_view kind;
+  if (S_ISDIR(st.st_mode)) kind = "a directory";
+  else if (S_ISFIFO(st.st_mode)) kind = "a FIFO (named pipe)";
+  else if (S_ISCHR(st.st_mode)) kind = "a character device";
+  else if (S_ISBLK(st.st_mode)) kind = "a block device";
+  else if (S_ISSOCK(st.st_mode)) kind = "a socket";
+  else if (!S_ISREG(st.st_mode)) kind = "not a file";
+  if (!kind.empty()) return fmt::format("it is {}, not a regular file", kind);
+  // The open itself tells whether we may read it (access() would ask about the real, not the effective,
+  // user). A regular file never blocks here.
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int error = errno;
+    if (error == EACCES || error == EPERM) return "permission denied (the file is not readable by this user)";
+    return fmt::format("it cannot be opened: {}", std::strerror(error));
+  }
+  ::close(fd);
+  return {};
 }
 
 // Turns off HDF5's printing of errors to stderr while the guard lives: errors become exceptions with

@@ -119,6 +119,11 @@ struct TraceReader::State {
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) io.fail("no such file", "check the path");
     if (std::filesystem::is_directory(path, ec)) io.fail("it is a folder, not a trace file");
+    // Only regular files this user may read (core/hdf5_support.h, shared with checkpoints): HDF5 would block
+    // for ever on a FIFO and call an unreadable file "not an HDF5 file".
+    if (const std::string reason = hdf5::unreadable_reason(io.path().c_str()); !reason.empty()) {
+      io.fail(reason, "an ampscope trace is a regular HDF5 file written by ampscope train --out");
+    }
     if (std::filesystem::file_size(path, ec) == 0) io.fail("the file is empty (not an HDF5 file)");
     const htri_t hdf5 = H5Fis_hdf5(io.path().c_str());
     if (hdf5 <= 0) {

@@ -19,7 +19,13 @@
 //    be half-written if the writer is killed; readers trust /index, so a killed trace shows whole steps.
 #include "probes/trace_writer.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <bit>
 #include <condition_variable>
@@ -289,6 +295,56 @@ bool same_run(const RunInfo& a, const RunInfo& b) {
   return a.precision == b.precision && a.device == b.device && a.model == b.model && a.seed == b.seed && a.config == b.config;
 }
 
+// One writer per trace: an advisory lock (flock) on "<trace>.lock", taken before the trace is created
+// (HDF5's H5Fcreate truncates the file before its own lock, and an SWMR writer drops that lock so that
+// readers can open the file) and held until the writer is gone. Readers never touch the lock file, so
+// they are never blocked. The lock file is removed by its holder before it lets go; a process that locked
+// a lock file which was removed meanwhile sees that the path no longer names it, and tries again. The
+// lock dies with its process, so a killed run never blocks the next one.
+class OutputLock {
+ public:
+  explicit OutputLock(const std::filesystem::path& trace) : path_(trace.string() + ".lock") {
+    const Io io(trace.string(), "write");
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd_ < 0) {
+        io.fail(fmt::format("cannot create its lock file '{}': {}", path_, std::strerror(errno)),
+                "the trace's folder must be writable");
+      }
+      if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+        const int error = errno;
+        ::close(fd_);
+        fd_ = -1;
+        if (error == EWOULDBLOCK) {
+          io.fail("another process is writing this trace (it holds the lock file '" + path_ + "')",
+                  "give this run another --out; two writers would corrupt the trace (readers such as report and the "
+                  "viewer may open it meanwhile)");
+        }
+        io.fail(fmt::format("cannot lock '{}': {}", path_, std::strerror(error)));
+      }
+      struct stat held {}, named {};
+      if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+          held.st_dev == named.st_dev) {
+        return;  // the lock file the path names: ours
+      }
+      ::close(fd_);  // a lock file its holder removed as we opened it: try again
+      fd_ = -1;
+    }
+    io.fail(fmt::format("cannot take the lock file '{}': it keeps being replaced", path_));
+  }
+  ~OutputLock() {
+    if (fd_ < 0) return;
+    ::unlink(path_.c_str());  // while still holding the lock (see above)
+    ::close(fd_);
+  }
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 }  // namespace
 
 struct TraceWriter::State {
@@ -301,6 +357,7 @@ struct TraceWriter::State {
     std::int64_t chunk = 0;        // its index
   };
 
+  std::unique_ptr<OutputLock> lock;  // first member: released after everything else (the file) is closed
   std::filesystem::path path;
   RunInfo info;
   TraceWriterOptions options;
@@ -625,6 +682,7 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
     const QuietHdf5Errors quiet;
     for (std::size_t t = 0; t < kDataTableCount; ++t) s.float_ranges[t] = float_columns(io, static_cast<Table>(t));
   }
+  s.lock = std::make_unique<OutputLock>(path);  // before the file: a second writer must not truncate it
   s.file = std::make_unique<FileWriter>(path, info, options.compression);
   s.writer = std::thread([&s] { s.run_writer(); });
   for (int i = 0; i < options.compression_threads; ++i) s.compressors.emplace_back([&s] { s.run_compressor(); });
@@ -702,6 +760,7 @@ void TraceWriter::close() {
     ok = !s.failed;
   }
   s.finish(ok);
+  s.lock.reset();  // the file is closed: another run may write this path now
   if (s.failed) std::rethrow_exception(s.error);
 }
 

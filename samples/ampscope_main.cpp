@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <string>
 #include <string_view>
 
 #include "core/error.h"
@@ -10,20 +11,11 @@
 #include "samples/report_command.h"
 #include "samples/train_command.h"
 
-namespace {
-
-// The subcommand the command line names: its first argument that is not an option.
-std::string_view subcommand_of(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (argv[i][0] != '-') return argv[i];
-  return {};
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   CLI::App app{"ampscope: find out why mixed-precision (FP16/BF16) training goes wrong"};
   app.require_subcommand(1);
+  bool verbose = false;
+  app.add_flag("--verbose", verbose, "On errors, also print HDF5's own error stack");
 
   ampscope::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand("demo", "Show the tensors and backends at work: exact FP16/BF16 rounding, "
@@ -35,29 +27,29 @@ int main(int argc, char** argv) {
   ampscope::samples::TrainCommand train(app);
   ampscope::samples::ReportCommand report(app);
   ampscope::samples::DiffCommand diff(app);
+  // --verbose after the subcommand's name works too.
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) sub->fallthrough();
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int status = app.exit(e);  // prints the message (or the help, status 0)
-    // report and diff promise 2 for a usage error, so a CI job can tell it from "anomalies found" (1);
-    // CLI11's own parse-error statuses are 100 and up.
-    const std::string_view sub = subcommand_of(argc, argv);
-    if (status != 0 && (report.parsed() || diff.parsed() || sub == "report" || sub == "diff"))
-      return ampscope::samples::kExitUsage;
-    return status;
+    // Every command exits 2 on a usage error (docs/training.md), so a CI job can tell it from "anomalies
+    // found" (1); CLI11's own parse-error statuses are 100 and up.
+    return status == 0 ? 0 : ampscope::samples::kExitUsage;
   }
   try {
     if (demo_cmd->parsed()) return ampscope::run_demo(demo);
     if (train.parsed()) return train.run();
-    if (report.parsed()) return report.run();
-    if (diff.parsed()) return diff.run();
+    if (report.parsed()) return report.run(verbose);
+    if (diff.parsed()) return diff.run(verbose);
   } catch (const ampscope::Error& e) {
-    fmt::print(stderr, "ampscope: error: {}\n", e.what());
-    return 1;
+    // Usage and file errors (a bad value, a missing or damaged file): 2, as report and diff.
+    fmt::print(stderr, "ampscope: error: {}\n", verbose ? std::string(e.what()) : ampscope::samples::without_hdf5_stack(e.what()));
+    return ampscope::samples::kExitUsage;
   } catch (const std::exception& e) {
     fmt::print(stderr, "ampscope: internal error: {}\n", e.what());
-    return 2;
+    return ampscope::samples::kExitUsage;
   }
   return 0;
 }

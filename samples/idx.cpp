@@ -64,6 +64,11 @@ Dataset load_mnist(const std::string& dir, const std::string& split) {
                             labels.dims.empty() ? 0 : labels.dims[0], images.dims[0], images_path));
   }
   const std::int64_t n = images.dims[0];
+  if (n == 0) {
+    throw Error(fmt::format("'{}' holds no images (its header says 0)\nhint: --data needs the MNIST training files "
+                            "with at least one image",
+                            images_path));
+  }
   std::vector<double> x(images.data.size()), y(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = images.data[i] / 255.0;
   for (std::int64_t i = 0; i < n; ++i) {

@@ -19,6 +19,26 @@
 #include "probes/trace_reader.h"
 
 namespace ampscope::samples {
+
+std::string without_hdf5_stack(const std::string& text) {
+  std::string out;
+  bool in_stack = false;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + start, end - start);
+    if (line.starts_with("HDF5 error stack:")) in_stack = true;
+    else if (line.starts_with("hint:")) in_stack = false;
+    if (!in_stack) {
+      if (!out.empty()) out += '\n';
+      out += line;
+    }
+    start = end + 1;
+  }
+  return out;
+}
+
 namespace {
 
 // Below this many op rows an analysis takes well under a second: no progress line.
@@ -111,10 +131,10 @@ int run_report(const ReportRequest& request, std::ostream& out, std::ostream& er
     progress.clear();
     rep.path = request.trace;  // as the user wrote it
   } catch (const trace::TraceError& e) {
-    print_file_error(err, "report", e.what());
+    print_file_error(err, "report", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
     return kExitUsage;
   } catch (const Error& e) {
-    err << fmt::format("ampscope report: error: {}\n", e.what());
+    err << fmt::format("ampscope report: error: {}\n", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
     return kExitUsage;
   }
   // The text says so itself; JSON or a file would hide it from the person who ran the command.
@@ -145,10 +165,10 @@ int run_diff(const DiffRequest& request, std::ostream& out, std::ostream& err) {
                            "still running); compared the steps it holds\n",
                            r->path().string());
   } catch (const trace::TraceError& e) {
-    print_file_error(err, "diff", e.what());
+    print_file_error(err, "diff", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
     return kExitUsage;
   } catch (const Error& e) {
-    err << fmt::format("ampscope diff: error: {}\n", e.what());
+    err << fmt::format("ampscope diff: error: {}\n", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
     return kExitUsage;
   }
   analysis::TextStyle style;
@@ -178,8 +198,9 @@ ReportCommand::ReportCommand(CLI::App& app) {
 
 bool ReportCommand::parsed() const { return cmd_->parsed(); }
 
-int ReportCommand::run() {
+int ReportCommand::run(bool verbose) {
   ReportRequest r = request_;
+  r.verbose = verbose;
   r.colour = !r.json && colour_wanted(no_colour_);
   r.progress = isatty(fileno(stderr)) != 0;
   return run_report(r, std::cout, std::cerr);
@@ -203,8 +224,9 @@ DiffCommand::DiffCommand(CLI::App& app) {
 
 bool DiffCommand::parsed() const { return cmd_->parsed(); }
 
-int DiffCommand::run() {
+int DiffCommand::run(bool verbose) {
   DiffRequest r = request_;
+  r.verbose = verbose;
   r.colour = !r.json && colour_wanted(no_colour_);
   r.progress = isatty(fileno(stderr)) != 0;
   return run_diff(r, std::cout, std::cerr);

@@ -22,12 +22,18 @@ inline constexpr int kExitClean = 0;     // report: no anomaly; diff: no diverge
 inline constexpr int kExitFound = 1;     // report: anomalies found; diff: the runs diverge
 inline constexpr int kExitUsage = 2;     // a usage error, a missing or unreadable file, a file that is not a trace
 
+// An error's text without the HDF5 error stack it may carry ("HDF5 error stack:" and the frames under it,
+// up to a "hint:" line): those lines help a developer, not a user; every command shows them only with
+// --verbose.
+std::string without_hdf5_stack(const std::string& text);
+
 struct ReportRequest {
   std::string trace{};
   bool json = false;
   std::string output{};       // write here instead of `out` ("" for `out`)
   bool colour = false;        // ANSI colours in the text (the command decides: terminal, NO_COLOR, --no-colour)
   bool progress = false;      // progress of a big trace on `err`
+  bool verbose = false;       // errors keep HDF5's error stack
   analysis::AnalysisOptions analysis{};
 };
 
@@ -37,6 +43,7 @@ struct DiffRequest {
   std::string output{};
   bool colour = false;
   bool progress = false;
+  bool verbose = false;
   analysis::DiffOptions diff{};
 };
 
@@ -52,7 +59,7 @@ class ReportCommand {
  public:
   explicit ReportCommand(CLI::App& app);
   bool parsed() const;
-  int run();
+  int run(bool verbose = false);
 
  private:
   CLI::App* cmd_ = nullptr;
@@ -64,7 +71,7 @@ class DiffCommand {
  public:
   explicit DiffCommand(CLI::App& app);
   bool parsed() const;
-  int run();
+  int run(bool verbose = false);
 
  private:
   CLI::App* cmd_ = nullptr;

@@ -18,6 +18,15 @@ namespace ampscope::samples {
 namespace {
 
 // Batch `step` of a fixed data set: consecutive slices, wrapping around.
+// A batch larger than the data set is refused when the task is built (it used to run the whole set
+// while the trace recorded the batch asked for).
+void check_batch(std::int64_t batch, const Dataset& data, std::string_view what) {
+  const std::int64_t n = data.x.size(0);
+  if (batch > n) {
+    throw Error(fmt::format("--batch: {} is not allowed; expected at most {}, the number of samples in {}", batch, n, what));
+  }
+}
+
 Batch slice_batch(const Dataset& data, std::int64_t step, std::int64_t batch) {
   const std::int64_t n = data.x.size(0);
   const std::int64_t b = std::min(batch, n);
@@ -31,6 +40,7 @@ class MlpTask final : public SampleTask {
     model_ = make_mlp({.in_features = 64, .hidden = 256, .classes = 10}, gen);
     Generator data_gen(c.seed + 1000);
     data_ = make_blobs({.samples = 4096, .features = 64, .classes = 10, .spread = 1.0, .separation = 1.0}, data_gen);
+    check_batch(batch_, data_, "the mlp sample's data set");
   }
   nn::Module& model() override { return *model_; }
   Batch batch(std::int64_t step) override { return slice_batch(data_, step, batch_); }
@@ -73,6 +83,7 @@ class CnnTask final : public SampleTask {
       Generator data_gen(c.seed + 2000);
       data_ = make_square_images(1024, data_gen);
     }
+    check_batch(batch_, data_, c.data_dir.empty() ? "the cnn sample's synthetic data set" : "the --data set");
   }
   nn::Module& model() override { return *model_; }
   Batch batch(std::int64_t step) override { return slice_batch(data_, step, batch_); }

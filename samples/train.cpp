@@ -1,7 +1,14 @@
 // The training loop of `ampscope train`.
 #include "samples/train.h"
 
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -81,13 +88,22 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
                               "another path",
                               config.checkpoint, folder.string()));
     }
+    // Writable: try it (access() would answer for the real user, and yes for root on a read-only mount).
+    const std::filesystem::path probe = folder / fmt::format(".ampscope-write-test-{}", ::getpid());
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      throw Error(fmt::format("--checkpoint '{}': cannot write in the folder '{}': {}\nhint: choose a writable folder",
+                              config.checkpoint, folder.string(), std::strerror(errno)));
+    }
+    ::close(fd);
+    ::unlink(probe.c_str());
   }
 
   // A resumed run continues the checkpointed one: its seed (which decides the data stream) comes from
   // the checkpoint, and the sample must be the same.
   if (!config.resume.empty()) {
     Checkpoint peek{.states = {{"run", StateDict{}}}};
-    load_checkpoint(config.resume, peek);
+    load_checkpoint(config.resume, peek, {.allow_nonfinite = config.resume_allow_nonfinite});
     const StateDict& run = peek.states.at("run");
     const auto sample_it = run.find("sample");
     const auto seed_it = run.find("seed");
@@ -131,6 +147,7 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
                      .growth_interval = config.growth_interval,
                      .enabled = scaling});
 
+  std::vector<std::string> warnings;
   std::int64_t first_step = 0;
   const StateDict run_state = {{"sample", config.sample},
                                {"seed", static_cast<std::int64_t>(config.seed)},
@@ -139,12 +156,35 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
   if (!config.resume.empty()) {
     Checkpoint ck{.model = &model, .optimizer = &opt, .generators = {{"model", &gen}},
                   .states = {{"scaler", scaler.state_dict()}, {"run", StateDict{}}}};
-    load_checkpoint(config.resume, ck);
+    const CheckpointLoadReport loaded =
+        load_checkpoint(config.resume, ck, {.allow_nonfinite = config.resume_allow_nonfinite});
+    for (const std::string& w : loaded.warnings) warnings.push_back(fmt::format("--resume: {}", w));
     if (scaling) scaler.load_state_dict(ck.states.at("scaler"));
     first_step = ck.step;
   }
 
-  // Overrides for what-if runs: each pattern keeps matching modules (or ops) in f32.
+  // Overrides for what-if runs: each pattern keeps matching modules (or ops) in f32. Module paths are
+  // known now: a pattern with a '.' can only name modules (op names have none), so one that matches no
+  // module path is a typo and an error. A pattern without '.' may name an op, which is only known once it
+  // runs: when it matches no module either, a warning says so at the end of the run.
+  std::vector<std::string> module_paths;
+  for (const auto& [name, module] : model.named_modules())
+    if (!name.empty()) module_paths.push_back(name);
+  for (const std::string& pattern : config.autocast_fp32) {
+    const bool names_module = std::any_of(module_paths.begin(), module_paths.end(), [&](const std::string& path) {
+      return ::fnmatch(pattern.c_str(), path.c_str(), 0) == 0;
+    });
+    if (names_module) continue;
+    std::string examples;
+    for (std::size_t i = 0; i < module_paths.size() && i < 6; ++i) examples += (i ? ", " : "") + module_paths[i];
+    if (pattern.find('.') != std::string::npos) {
+      throw Error(fmt::format("--autocast-fp32: '{}' matches no module of the '{}' model; its modules are {}{}",
+                              pattern, config.sample, examples, module_paths.size() > 6 ? ", ..." : ""));
+    }
+    warnings.push_back(fmt::format("--autocast-fp32 '{}' matches no module of the '{}' model ({}{}); it had an effect "
+                                   "only if it names an op (softmax, linear, ...): check the trace",
+                                   pattern, config.sample, examples, module_paths.size() > 6 ? ", ..." : ""));
+  }
   std::vector<std::unique_ptr<AutocastOverrideGuard>> overrides;
   for (const std::string& pattern : config.autocast_fp32) {
     // One pattern names modules ("blocks.*.attn.*") or ops ("softmax"): match it against both.
@@ -157,6 +197,7 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
   Recording recording(config, run_config_json(config), device);
 
   TrainResult result;
+  result.warnings = warnings;
   result.sample = config.sample;
   result.scenario = config.scenario;
   result.trace = recording.trace_path();

@@ -51,6 +51,7 @@ struct TrainConfig {
   std::string checkpoint;       // save here
   std::int64_t checkpoint_every = 0;  // 0: only at the end, when checkpoint is set
   std::string resume;           // load from here before training
+  bool resume_allow_nonfinite = false;  // accept NaN/Inf in the resumed parameters or optimizer state
   std::string data_dir;         // MNIST IDX files for cnn
   std::string text_file;        // text for transformer
   bool zero_grad = true;        // scenarios may turn it off (no-zero-grad)
@@ -122,6 +123,7 @@ struct TrainResult {
   double final_scale = 1;
   std::string trace;            // path written, or ""
   bool interrupted = false;     // stopped early by the stop flag
+  std::vector<std::string> warnings;  // one line each, for the end of the run (unmatched globs, ...)
   std::vector<double> losses;   // per step
   std::vector<double> scales;   // per step, the scale used
 };

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "core/hdf5_support.h"
 #include "probes/analysis.h"
 #include "probes/analysis_diff.h"
 #include "probes/analysis_render.h"
@@ -72,8 +74,19 @@ class Progress {
   std::int64_t first_ = -1;
 };
 
+// "--lr: -1 is not allowed; expected a finite number > 0 (0: the sample's default)": one line naming the
+// option, the value and what is allowed.
+[[noreturn]] void bad_value(std::string_view option, const std::string& value, std::string_view allowed) {
+  throw Error(fmt::format("--{}: {} is not allowed; expected {}", option, value, allowed));
+}
+
+std::string number_text(double v) { return fmt::format("{}", v); }
+
 // Applies a TOML file's keys (the option names without dashes, e.g. init-scale = 1024.0) to the config.
 void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
+  if (const std::string reason = hdf5::unreadable_reason(path.c_str()); !reason.empty()) {
+    throw Error(fmt::format("--config: cannot read '{}': {}", path, reason));
+  }
   toml::table file;
   try {
     file = toml::parse_file(path);
@@ -82,9 +95,19 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
                             e.source().begin.line, e.source().begin.column));
   }
   const toml::table* table = file["train"].as_table() != nullptr ? file["train"].as_table() : &file;
+  // With a [train] table, every key belongs in it: a key outside would be silently ignored.
+  if (table != &file) {
+    for (const auto& [key, node] : file) {
+      if (key.str() != "train") {
+        throw Error(fmt::format("--config '{}': key '{}' is outside the [train] table and would be ignored; put "
+                                "every key under [train], or use no table at all",
+                                path, key.str()));
+      }
+    }
+  }
   const std::vector<std::string> known = {"sample", "precision", "device", "steps", "batch", "lr", "seed", "out",
                                           "probe", "sample-every", "scenario", "init-scale", "growth-interval",
-                                          "no-scaler", "autocast-fp32", "checkpoint", "checkpoint-every", "resume",
+                                          "no-scaler", "autocast-fp32", "checkpoint", "checkpoint-every", "resume", "resume-allow-nonfinite",
                                           "data", "text", "compare", "max-grad-norm"};
   for (const auto& [key, node] : *table) {
     const std::string k(key.str());
@@ -98,7 +121,11 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
     else if (k == "steps") c.steps = need(node.value<std::int64_t>(), "an integer");
     else if (k == "batch") c.batch = need(node.value<std::int64_t>(), "an integer");
     else if (k == "lr") c.lr = need(node.value<double>(), "a number");
-    else if (k == "seed") c.seed = static_cast<std::uint64_t>(need(node.value<std::int64_t>(), "an integer"));
+    else if (k == "seed") {
+      const std::int64_t seed = need(node.value<std::int64_t>(), "an integer");
+      if (seed < 0) throw Error(fmt::format("--config '{}': 'seed' = {} is not allowed; expected an integer >= 0", path, seed));
+      c.seed = static_cast<std::uint64_t>(seed);
+    }
     else if (k == "out") c.out = need(node.value<std::string>(), "a string");
     else if (k == "probe") c.probe = need(node.value<std::string>(), "a string");
     else if (k == "sample-every") c.sample_every = need(node.value<std::int64_t>(), "an integer");
@@ -109,6 +136,7 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
     else if (k == "checkpoint") c.checkpoint = need(node.value<std::string>(), "a string");
     else if (k == "checkpoint-every") c.checkpoint_every = need(node.value<std::int64_t>(), "an integer");
     else if (k == "resume") c.resume = need(node.value<std::string>(), "a string");
+    else if (k == "resume-allow-nonfinite") c.resume_allow_nonfinite = need(node.value<bool>(), "true or false");
     else if (k == "data") c.data_dir = need(node.value<std::string>(), "a string");
     else if (k == "text") c.text_file = need(node.value<std::string>(), "a string");
     else if (k == "compare") compare = need(node.value<bool>(), "true or false");
@@ -167,7 +195,16 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--steps", c.steps, "Optimizer steps to run")->capture_default_str();
   cmd_->add_option("--batch", c.batch, "Batch size (0: the sample's default)")->capture_default_str();
   cmd_->add_option("--lr", c.lr, "Learning rate of AdamW (0: the sample's default)")->capture_default_str();
-  cmd_->add_option("--seed", c.seed, "Seed of parameters, data and dropout")->capture_default_str();
+  // CLI11 would read "-1" into the unsigned seed as 2^64 - 1 without a word.
+  cmd_->add_option("--seed", c.seed, "Seed of parameters, data and dropout")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            return !value.empty() && value.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : fmt::format("{} is not allowed; expected an integer >= 0", value);
+          },
+          "INT >= 0"));
   cmd_->add_option("--out", c.out, "Trace file to write (HDF5); empty: no trace")->capture_default_str();
   cmd_->add_option("--probe", c.probe, "Probe level: off, dtype, health or full")
       ->capture_default_str()
@@ -189,6 +226,8 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--checkpoint-every", c.checkpoint_every, "Save the checkpoint every N steps (0: only at the end)")
       ->capture_default_str();
   cmd_->add_option("--resume", c.resume, "Continue from this checkpoint, bit for bit");
+  cmd_->add_flag("--resume-allow-nonfinite", c.resume_allow_nonfinite,
+                 "Resume even when the checkpoint's parameters or optimizer state hold NaN or Inf (refused otherwise)");
   cmd_->add_option("--data", c.data_dir, "Folder with MNIST IDX files (train-images-idx3-ubyte, ...) for the cnn sample");
   cmd_->add_option("--text", c.text_file, "Text file for the transformer sample (default: built-in synthetic text)");
   cmd_->add_flag("--compare", compare_, "Run fp32 and the chosen precision with the same seed; write both traces");
@@ -226,13 +265,75 @@ TrainConfig TrainCommand::resolve(bool& compare) const {
   if (given("--checkpoint")) config.checkpoint = cli.checkpoint;
   if (given("--checkpoint-every")) config.checkpoint_every = cli.checkpoint_every;
   if (given("--resume")) config.resume = cli.resume;
+  if (cli.resume_allow_nonfinite) config.resume_allow_nonfinite = true;
   if (given("--data")) config.data_dir = cli.data_dir;
   if (given("--text")) config.text_file = cli.text_file;
   compare = compare || compare_;
   // Validate names before any work, so a typo costs nothing.
   find_sample(config.sample);
-  if (!config.scenario.empty()) find_scenario(config.scenario);
+  if (!config.scenario.empty()) {
+    const Scenario& scenario = find_scenario(config.scenario);
+    // A scenario is written for one sample: without --sample it picks it, with another one it is an error
+    // (it used to run the scenario's sample silently).
+    const bool sample_given = given("--sample") || config.sample != TrainConfig{}.sample;
+    if (sample_given && config.sample != scenario.sample) {
+      throw Error(fmt::format("--scenario {} runs the '{}' sample, but --sample is '{}'; leave --sample out or "
+                              "give --sample {}",
+                              config.scenario, scenario.sample, config.sample, scenario.sample));
+    }
+    config.sample = scenario.sample;
+  }
+  validate_config(config);
   return config;
+}
+
+void validate_config(const TrainConfig& c) {
+  if (c.steps < 0) bad_value("steps", std::to_string(c.steps), "an integer >= 0");
+  if (c.batch < 0 || c.batch > kMaxBatch) {
+    bad_value("batch", std::to_string(c.batch), fmt::format("an integer from 1 to {} (0: the sample's default)", kMaxBatch));
+  }
+  if (!std::isfinite(c.lr) || c.lr < 0) bad_value("lr", number_text(c.lr), "a finite number > 0 (0: the sample's default)");
+  if (c.sample_every < 1) bad_value("sample-every", std::to_string(c.sample_every), "an integer >= 1");
+  if (!std::isfinite(c.init_scale) || c.init_scale <= 0) {
+    bad_value("init-scale", number_text(c.init_scale), "a finite number > 0 (a power of two such as 65536 is usual)");
+  }
+  if (c.growth_interval < 1) bad_value("growth-interval", std::to_string(c.growth_interval), "an integer >= 1");
+  if (!std::isfinite(c.max_grad_norm) || c.max_grad_norm < 0) {
+    bad_value("max-grad-norm", number_text(c.max_grad_norm), "a finite number >= 0 (0: no clipping)");
+  }
+  if (c.checkpoint_every < 0) bad_value("checkpoint-every", std::to_string(c.checkpoint_every), "an integer >= 0 (0: only at the end)");
+  if (c.checkpoint_every > 0 && c.checkpoint.empty()) {
+    throw Error(fmt::format("--checkpoint-every {} needs --checkpoint FILE (where to save)", c.checkpoint_every));
+  }
+  for (const std::string& pattern : c.autocast_fp32) {
+    if (pattern.empty()) bad_value("autocast-fp32", "''", "a glob naming ops or modules, e.g. 'blocks.*.attn.*' or 'softmax'");
+  }
+  // Options a sample would ignore are errors: the user expects them to matter.
+  if (!c.data_dir.empty()) {
+    if (c.sample != "cnn") {
+      throw Error(fmt::format("--data '{}': only the cnn sample reads IDX files, and this run's sample is '{}'", c.data_dir,
+                              c.sample));
+    }
+    if (!std::filesystem::is_directory(c.data_dir)) {
+      throw Error(fmt::format("--data '{}': not a folder; expected the folder holding train-images-idx3-ubyte and "
+                              "train-labels-idx1-ubyte",
+                              c.data_dir));
+    }
+  }
+  if (!c.text_file.empty()) {
+    if (c.sample != "transformer") {
+      throw Error(fmt::format("--text '{}': only the transformer sample reads text, and this run's sample is '{}'",
+                              c.text_file, c.sample));
+    }
+    if (const std::string reason = hdf5::unreadable_reason(c.text_file.c_str()); !reason.empty()) {
+      throw Error(fmt::format("--text '{}': {}; expected a readable text file", c.text_file, reason));
+    }
+  }
+  if (!c.resume.empty()) {
+    if (const std::string reason = hdf5::unreadable_reason(c.resume.c_str()); !reason.empty()) {
+      throw Error(fmt::format("--resume '{}': {}; expected a checkpoint written by --checkpoint", c.resume, reason));
+    }
+  }
 }
 
 int TrainCommand::run() {
@@ -278,6 +379,7 @@ int TrainCommand::run() {
     Progress progress(fmt::format("[{} {}]", sample, precision_name(c.precision)), terminal);
     const TrainResult r = train(c, std::ref(progress), &g_stop);
     print_summary("summary", c, r);  // at once: a later run's failure must not hide this one
+    for (const std::string& w : r.warnings) fmt::print(stderr, "ampscope train: warning: {}\n", w);
     std::fflush(stdout);
     runs.emplace_back(c, r);
     if (r.interrupted) {

@@ -12,6 +12,14 @@
 
 namespace ampscope::samples {
 
+// The largest --batch accepted (a batch beyond it would not fit in memory for any sample).
+inline constexpr std::int64_t kMaxBatch = 65536;
+
+// Checks every value of a resolved configuration; throws Error with one line naming the option, the
+// value and what is allowed. Files named by --config, --data, --text and --resume must exist as the
+// right kind (folder or readable regular file); --data and --text only with the sample that reads them.
+void validate_config(const TrainConfig& config);
+
 class TrainCommand {
  public:
   explicit TrainCommand(CLI::App& app);

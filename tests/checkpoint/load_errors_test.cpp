@@ -2,8 +2,16 @@
 // file and what is wrong, and leaves the model, optimizer, generators, StateDicts and step exactly as
 // they were (compared bit for bit before and after the failed load).
 #include <hdf5.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -12,7 +20,9 @@
 
 #include <gtest/gtest.h>
 
+#include "core/autograd.h"
 #include "core/checkpoint.h"
+#include "core/ops.h"
 #include "core/optim.h"
 #include "tests/checkpoint/checkpoint_test_support.h"
 #include "tests/test_support.h"
@@ -213,8 +223,8 @@ TEST(load_errors_test, a_file_that_is_not_hdf5_is_named) {
   std::ofstream(dir / "notes.txt") << "step 10: loss 0.3\n";
   EXPECT_LOAD_FAILS_UNTOUCHED(dir / "notes.txt", "cannot load checkpoint '",
                               "notes.txt': it is not an HDF5 file (18 bytes, no HDF5 signature)");
-  EXPECT_LOAD_FAILS_UNTOUCHED(dir / "absent.h5", "absent.h5': the file does not exist");
-  EXPECT_LOAD_FAILS_UNTOUCHED(dir.path(), "it is not a regular file");
+  EXPECT_LOAD_FAILS_UNTOUCHED(dir / "absent.h5", "absent.h5': it does not exist");
+  EXPECT_LOAD_FAILS_UNTOUCHED(dir.path(), "it is a directory, not a regular file");
 }
 
 TEST(load_errors_test, an_hdf5_file_that_is_not_a_checkpoint_is_refused) {
@@ -232,11 +242,11 @@ TEST(load_errors_test, a_newer_format_version_is_refused_with_a_hint) {
   const hid_t f = H5Fopen((dir / "ckpt.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(f, 0);
   const hid_t a = H5Aopen_by_name(f, "/", "format_version", H5P_DEFAULT, H5P_DEFAULT);
-  const std::int64_t version = 2;
+  const std::int64_t version = 3;
   ASSERT_GE(H5Awrite(a, H5T_NATIVE_INT64, &version), 0);
   H5Aclose(a);
   H5Fclose(f);
-  EXPECT_LOAD_FAILS_UNTOUCHED(dir / "ckpt.h5", "its format version is 2, but this build reads versions 1 to 1",
+  EXPECT_LOAD_FAILS_UNTOUCHED(dir / "ckpt.h5", "its format version is 3, but this build reads versions 1 to 2",
                               "hint: it was written by a newer ampscope");
 }
 
@@ -247,6 +257,214 @@ TEST(load_errors_test, an_error_late_in_the_file_leaves_earlier_pieces_untouched
   saved.ck.states["scaler"].erase("scale");
   save_checkpoint(dir / "ckpt.h5", saved.ck);
   EXPECT_LOAD_FAILS_UNTOUCHED(dir / "ckpt.h5", "state 'scaler' lacks key 'scale'");
+}
+
+// ---- integrity: checksums, NaN/Inf, stale temporaries, disk full -------------------------------------
+
+std::string read_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Every dataset of a file with the file offset and size of its (contiguous) data, found with HDF5's own
+// API, independently of checkpoint.cpp.
+std::vector<std::tuple<std::string, haddr_t, hsize_t>> dataset_regions(const std::filesystem::path& path) {
+  std::vector<std::tuple<std::string, haddr_t, hsize_t>> regions;
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  EXPECT_GE(f, 0);
+  auto visit = [](hid_t root, const char* name, const H5O_info_t* info, void* data) -> herr_t {
+    if (info->type != H5O_TYPE_DATASET) return 0;
+    const hid_t d = H5Dopen2(root, name, H5P_DEFAULT);
+    static_cast<std::vector<std::tuple<std::string, haddr_t, hsize_t>>*>(data)->emplace_back(
+        std::string("/") + name, H5Dget_offset(d), H5Dget_storage_size(d));
+    H5Dclose(d);
+    return 0;
+  };
+  H5Ovisit(f, H5_INDEX_NAME, H5_ITER_INC, visit, &regions);
+  H5Fclose(f);
+  return regions;
+}
+
+TEST(checkpoint_integrity_test, a_byte_changed_inside_any_stored_tensor_is_refused_naming_it) {
+  ScratchDir dir;
+  LiveRun saved(1);
+  save_checkpoint(dir / "ckpt.h5", saved.ck);
+  const std::string good = read_bytes(dir / "ckpt.h5");
+  const auto regions = dataset_regions(dir / "ckpt.h5");
+  // Model tensors, Adam's exp_avg/exp_avg_sq of each parameter, and the group's parameter-name list.
+  ASSERT_GE(regions.size(), 13u);
+  for (const auto& [name, offset, size] : regions) {
+    SCOPED_TRACE(name);
+    ASSERT_NE(offset, HADDR_UNDEF);
+    ASSERT_GT(size, 0u);
+    std::string bad = good;
+    bad[offset + size / 2] ^= 0x10;
+    write_bytes(dir / "bad.h5", bad);
+    EXPECT_LOAD_FAILS_UNTOUCHED(dir / "bad.h5", fmt::format("'{}' does not match its checksum", name),
+                                "the file was changed after it was saved", "hint: a damaged checkpoint cannot be trusted");
+  }
+  write_bytes(dir / "bad.h5", good);  // the same bytes unchanged load
+  LiveRun live(2);
+  EXPECT_TRUE(load_checkpoint(dir / "bad.h5", live.ck).checksums_verified);
+}
+
+// Flips one byte of the one place `value`'s bytes occur in the file.
+void flip_unique(const std::filesystem::path& path, const void* value, std::size_t size) {
+  std::string bytes = read_bytes(path);
+  const std::string needle(static_cast<const char*>(value), size);
+  const std::size_t at = bytes.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  ASSERT_EQ(bytes.find(needle, at + 1), std::string::npos) << "the value occurs twice";
+  bytes[at + size - 1] ^= 0x01;
+  write_bytes(path, bytes);
+}
+
+TEST(checkpoint_integrity_test, a_byte_changed_in_a_saved_value_is_refused_naming_the_value) {
+  ScratchDir dir;
+  LiveRun saved(1);
+  saved.ck.states["run"] = StateDict{{"ratio", 0.123456789012345}, {"label", std::string("a-unique-label-xyz")},
+                                     {"count", std::int64_t{0x0123456789abcd}}, {"flag", true}};
+  saved.ck.step = 987654321987;
+  save_checkpoint(dir / "ckpt.h5", saved.ck);
+  const std::string good = read_bytes(dir / "ckpt.h5");
+  const double ratio = 0.123456789012345;
+  const std::int64_t count = 0x0123456789abcd, step = 987654321987;
+  const std::string label = "a-unique-label-xyz";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {std::string(reinterpret_cast<const char*>(&ratio), 8), "'/states/run@ratio' does not match its checksum"},
+      {std::string(reinterpret_cast<const char*>(&count), 8), "'/states/run@count' does not match its checksum"},
+      {label, "'/states/run@label' does not match its checksum"},
+      {std::string(reinterpret_cast<const char*>(&step), 8), "'/@step' does not match its checksum"}};
+  for (const auto& [value, message] : cases) {
+    SCOPED_TRACE(message);
+    write_bytes(dir / "bad.h5", good);
+    flip_unique(dir / "bad.h5", value.data(), value.size());
+    LiveRun live(2);
+    live.ck.states["run"] = StateDict{};
+    const testing::Snapshot before = snapshot(live.ck);
+    EXPECT_THROW_MSG(load_checkpoint(dir / "bad.h5", live.ck), CheckpointError, message);
+    EXPECT_TRUE(snapshot(live.ck) == before);
+  }
+}
+
+TEST(checkpoint_integrity_test, a_version_2_file_edited_to_claim_version_1_is_still_verified) {
+  ScratchDir dir;
+  LiveRun saved(1);
+  save_checkpoint(dir / "ckpt.h5", saved.ck);
+  const hid_t f = H5Fopen((dir / "ckpt.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  const hid_t a = H5Aopen_by_name(f, "/", "format_version", H5P_DEFAULT, H5P_DEFAULT);
+  const std::int64_t version = 1;
+  ASSERT_GE(H5Awrite(a, H5T_NATIVE_INT64, &version), 0);
+  H5Aclose(a);
+  H5Fclose(f);
+  EXPECT_LOAD_FAILS_UNTOUCHED(dir / "ckpt.h5", "'/@format_version' does not match its checksum");
+}
+
+TEST(checkpoint_integrity_test, nan_or_inf_in_a_parameter_or_optimizer_state_is_refused_by_name_unless_allowed) {
+  ScratchDir dir;
+  {
+    LiveRun saved(1);
+    NoGradGuard no_grad;
+    Tensor w = saved.net.model->named_parameters()[2].second;  // fc2.weight
+    ASSERT_EQ(saved.net.model->named_parameters()[2].first, "fc2.weight");
+    w.copy_(mul(w, std::nan("")));
+    save_checkpoint(dir / "nan-param.h5", saved.ck);
+  }
+  {
+    LiveRun saved(1);
+    NoGradGuard no_grad;
+    const Tensor p = saved.net.model->named_parameters()[0].second;  // fc1.weight
+    optim::ParamState& st = saved.opt->state(p);
+    st.exp_avg_sq = mul(st.exp_avg_sq, std::numeric_limits<double>::infinity());
+    save_checkpoint(dir / "inf-state.h5", saved.ck);
+  }
+  EXPECT_LOAD_FAILS_UNTOUCHED(dir / "nan-param.h5", "parameter 'fc2.weight' ('/model/fc2.weight') holds ", " NaN and 0 Inf",
+                              "hint: the run had diverged when it saved", "allow_nonfinite");
+  EXPECT_LOAD_FAILS_UNTOUCHED(dir / "inf-state.h5",
+                              "optimizer state exp_avg_sq of 'fc1.weight' ('/optimizer/state/fc1.weight/exp_avg_sq') "
+                              "holds ", " Inf of its 128 values");
+  for (const char* file : {"nan-param.h5", "inf-state.h5"}) {
+    LiveRun live(2);
+    const CheckpointLoadReport report = load_checkpoint(dir / file, live.ck, {.allow_nonfinite = true});
+    ASSERT_EQ(report.warnings.size(), 1u) << file;
+    EXPECT_NE(report.warnings[0].find("loaded although "), std::string::npos) << report.warnings[0];
+  }
+  LiveRun live(2);
+  load_checkpoint(dir / "nan-param.h5", live.ck, {.allow_nonfinite = true});
+  const Tensor loaded = live.net.model->named_parameters()[2].second.to(DType::f64).contiguous();
+  EXPECT_TRUE(std::isnan(static_cast<const double*>(loaded.data())[0]));
+}
+
+TEST(checkpoint_integrity_test, a_save_removes_temporaries_of_dead_processes_and_keeps_those_of_live_ones) {
+  ScratchDir dir;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // reaped: the PID names no process now
+  const std::string dead = fmt::format(".ckpt.h5.tmp-{}-7", child);
+  const std::string live = ".ckpt.h5.tmp-1-3";                       // PID 1 is always alive
+  const std::string other = fmt::format(".other.h5.tmp-{}-7", child);  // another target's
+  const std::string odd = ".ckpt.h5.tmp-notes";                      // not a name we write
+  for (const std::string& name : {dead, live, other, odd}) write_bytes(dir / name, "half a checkpoint");
+  LiveRun saved(1);
+  save_checkpoint(dir / "ckpt.h5", saved.ck);
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{live, odd, other, "ckpt.h5"}));
+}
+
+// Runs `body` in a child process that must end by exit() (so HDF5's clean-up at exit runs) with status 0.
+template <class Body>
+void in_child(Body body) {
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) std::exit(body());
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(checkpoint_integrity_test, a_full_disk_fails_the_save_cleanly_and_keeps_the_previous_checkpoint) {
+  // RLIMIT_FSIZE makes write() fail (EFBIG) as a full disk does (ENOSPC): same path, no mount needed.
+  ScratchDir dir;
+  LiveRun saved(1);
+  saved.ck.step = 5;
+  save_checkpoint(dir / "ckpt.h5", saved.ck);
+  const std::string previous = read_bytes(dir / "ckpt.h5");
+  in_child([&] {
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{1024, 1024};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 10;
+    saved.ck.step = 6;
+    try {
+      save_checkpoint(dir / "ckpt.h5", saved.ck);
+      return 11;  // it should have failed
+    } catch (const CheckpointError& e) {
+      const std::string what = e.what();
+      if (what.find("writing '") == std::string::npos || what.find(std::strerror(EFBIG)) == std::string::npos) {
+        std::fprintf(stderr, "unexpected message: %s\n", what.c_str());
+        return 12;
+      }
+    }
+    if (H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL) != 0) return 13;  // nothing left open in HDF5
+    return 0;                                                         // exit() runs HDF5's clean-up
+  });
+  EXPECT_EQ(read_bytes(dir / "ckpt.h5"), previous);
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"ckpt.h5"});  // the temporary is gone
+  LiveRun live(2);
+  load_checkpoint(dir / "ckpt.h5", live.ck);
+  EXPECT_EQ(live.ck.step, 5);
+}
+
+TEST(checkpoint_integrity_test, a_fifo_is_refused_at_once_instead_of_blocking) {
+  ScratchDir dir;
+  ASSERT_EQ(mkfifo((dir / "pipe.h5").c_str(), 0600), 0);
+  EXPECT_LOAD_FAILS_UNTOUCHED(dir / "pipe.h5", "pipe.h5': it is a FIFO (named pipe), not a regular file");
 }
 
 }  // namespace

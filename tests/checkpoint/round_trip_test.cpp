@@ -65,7 +65,12 @@ TEST_P(float_dtype_round_trip_test, keeps_every_parameter_bit_including_nan_payl
   const Tensor fc1_weight = loaded.model->named_parameters()[0].second;  // the handle an optimizer would hold
   ASSERT_NE(bits(fc1_weight), bits(saved.model->named_parameters()[0].second));
   Checkpoint into{.model = loaded.model.get()};
-  load_checkpoint(dir / "ckpt.h5", into);
+  // The patterns include NaN and Inf, which a load refuses unless told otherwise; allowed, it says so.
+  EXPECT_THROW(load_checkpoint(dir / "ckpt.h5", into), CheckpointError);
+  const CheckpointLoadReport report = load_checkpoint(dir / "ckpt.h5", into, {.allow_nonfinite = true});
+  ASSERT_EQ(report.warnings.size(), 1u);
+  EXPECT_NE(report.warnings[0].find("loaded although parameter 'fc1.weight'"), std::string::npos) << report.warnings[0];
+  EXPECT_TRUE(report.checksums_verified);
 
   const auto want = saved.model->named_parameters(), got = loaded.model->named_parameters();
   ASSERT_EQ(got.size(), want.size());
@@ -138,7 +143,7 @@ TEST(checkpoint_layout_test, root_carries_format_name_version_and_step) {
   ASSERT_GE(s, 0);
   H5Aread(v, H5T_NATIVE_INT64, &version);
   H5Aread(s, H5T_NATIVE_INT64, &step);
-  EXPECT_EQ(version, 1);
+  EXPECT_EQ(version, 2);
   EXPECT_EQ(step, 1234);
   EXPECT_GT(H5Aexists_by_name(f, "/", "format", H5P_DEFAULT), 0);
   H5Aclose(v);

@@ -35,6 +35,7 @@ std::string write_config(const std::string& text) {
 TEST(train_command_test, refuses_values_outside_the_valid_sets) {
   EXPECT_THROW(run_train({"--precision", "fp8"}), CLI::ValidationError);
   EXPECT_THROW(run_train({"--probe", "everything"}), CLI::ValidationError);
+  EXPECT_THROW(run_train({"--seed", "-1"}), CLI::ValidationError);
   EXPECT_THROW_MSG(run_train({"--sample", "resnet"}), Error, "unknown sample 'resnet'", "mlp, cnn, transformer");
   EXPECT_THROW_MSG(run_train({"--scenario", "bogus"}), Error, "unknown scenario 'bogus'", "attention-overflow");
 }
@@ -66,6 +67,114 @@ TEST(train_command_test, names_an_unknown_key_or_a_wrong_type_in_the_config_file
   path = write_config("steps = [\n");
   EXPECT_THROW_MSG(run_train({"--config", path}), Error, "cannot parse", "line");
   std::filesystem::remove(path);
+}
+
+// Every bad value is refused at parse time (before any training) with one line naming the option, the
+// value and what is allowed.
+struct BadOptionCase {
+  std::vector<std::string> args;
+  std::vector<std::string> message;  // pieces the error must contain
+};
+
+class BadOptionTest : public ::testing::TestWithParam<BadOptionCase> {};
+
+TEST_P(BadOptionTest, is_refused_naming_the_option_the_value_and_what_is_allowed) {
+  const BadOptionCase& c = GetParam();
+  std::vector<std::string> args = {"--device", "cpu", "--steps", "1"};
+  args.insert(args.end(), c.args.begin(), c.args.end());
+  try {
+    run_train(args);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const std::string& piece : c.message) EXPECT_NE(what.find(piece), std::string::npos) << what;
+    EXPECT_EQ(what.find("HDF5 error stack"), std::string::npos) << what;
+  }
+}
+
+std::string scratch_folder() {
+  const auto path = std::filesystem::temp_directory_path() / ("ampscope_opts_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(path);
+  return path.string();
+}
+
+std::string top_level_and_table_config() {
+  static const std::string path = [] {
+    const std::string p = scratch_folder() + "/mixed.toml";
+    std::ofstream(p) << "steps = 3\n[train]\nsample = \"mlp\"\n";
+    return p;
+  }();
+  return path;
+}
+
+// An IDX pair holding zero images (and zero labels): well-formed, and useless.
+std::string empty_idx_folder() {
+  const std::string dir = scratch_folder() + "/empty-mnist";
+  std::filesystem::create_directories(dir);
+  const unsigned char images[] = {0, 0, 8, 3, 0, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28};
+  const unsigned char labels[] = {0, 0, 8, 1, 0, 0, 0, 0};
+  std::ofstream(dir + "/train-images-idx3-ubyte", std::ios::binary).write(reinterpret_cast<const char*>(images), sizeof images);
+  std::ofstream(dir + "/train-labels-idx1-ubyte", std::ios::binary).write(reinterpret_cast<const char*>(labels), sizeof labels);
+  return dir;
+}
+
+const std::string kPositiveLr = "a finite number > 0 (0: the sample's default)";
+const std::string kPositiveScale = "a finite number > 0";
+
+INSTANTIATE_TEST_SUITE_P(
+    train_options, BadOptionTest,
+    ::testing::Values(
+        BadOptionCase{{"--lr", "-1"}, {"--lr: -1 is not allowed; expected ", kPositiveLr}},
+        BadOptionCase{{"--lr", "-inf"}, {"--lr: -inf is not allowed", kPositiveLr}},
+        BadOptionCase{{"--lr", "nan"}, {"--lr: nan is not allowed", kPositiveLr}},
+        BadOptionCase{{"--lr", "inf"}, {"--lr: inf is not allowed", kPositiveLr}},
+        BadOptionCase{{"--init-scale", "0"}, {"--init-scale: 0 is not allowed", kPositiveScale}},
+        BadOptionCase{{"--init-scale", "-1"}, {"--init-scale: -1 is not allowed", kPositiveScale}},
+        BadOptionCase{{"--init-scale", "nan"}, {"--init-scale: nan is not allowed", kPositiveScale}},
+        BadOptionCase{{"--init-scale", "inf"}, {"--init-scale: inf is not allowed", kPositiveScale}},
+        BadOptionCase{{"--batch", "100000000"}, {"--batch: 100000000 is not allowed", "from 1 to 65536"}},
+        BadOptionCase{{"--batch", "-3"}, {"--batch: -3 is not allowed"}},
+        BadOptionCase{{"--batch", "5000"}, {"--batch: 5000 is not allowed; expected at most 4096", "mlp sample"}},
+        BadOptionCase{{"--sample-every", "0"}, {"--sample-every: 0 is not allowed", ">= 1"}},
+        BadOptionCase{{"--growth-interval", "0"}, {"--growth-interval: 0 is not allowed", ">= 1"}},
+        BadOptionCase{{"--max-grad-norm", "nan"}, {"--max-grad-norm: nan is not allowed", ">= 0"}},
+        BadOptionCase{{"--max-grad-norm", "-1"}, {"--max-grad-norm: -1 is not allowed"}},
+        BadOptionCase{{"--checkpoint-every", "-2"}, {"--checkpoint-every: -2 is not allowed"}},
+        BadOptionCase{{"--checkpoint-every", "5"}, {"--checkpoint-every 5 needs --checkpoint"}},
+        BadOptionCase{{"--sample", "mlp", "--scenario", "attention-overflow"},
+                      {"--scenario attention-overflow runs the 'transformer' sample, but --sample is 'mlp'"}},
+        BadOptionCase{{"--config", "/tmp"}, {"--config: cannot read '/tmp': it is a directory, not a regular file"}},
+        BadOptionCase{{"--config", top_level_and_table_config()},
+                      {"key 'steps' is outside the [train] table and would be ignored"}},
+        BadOptionCase{{"--data", "/tmp"}, {"--data '/tmp': only the cnn sample reads IDX files", "is 'mlp'"}},
+        BadOptionCase{{"--text", "/etc/hostname"}, {"--text '/etc/hostname': only the transformer sample reads text"}},
+        BadOptionCase{{"--sample", "transformer", "--text", "/tmp"},
+                      {"--text '/tmp': it is a directory, not a regular file"}},
+        BadOptionCase{{"--sample", "cnn", "--data", "/etc/hostname"}, {"--data '/etc/hostname': not a folder"}},
+        BadOptionCase{{"--sample", "cnn", "--data", empty_idx_folder()}, {"train-images-idx3-ubyte' holds no images"}},
+        BadOptionCase{{"--resume", "/tmp"}, {"--resume '/tmp': it is a directory, not a regular file"}},
+        BadOptionCase{{"--checkpoint", "/proc/ckpt.h5"}, {"--checkpoint '/proc/ckpt.h5': cannot write in the folder"}},
+        BadOptionCase{{"--autocast-fp32", "blocks.*.atn.*"},
+                      {"--autocast-fp32: 'blocks.*.atn.*' matches no module of the 'mlp' model", "fc1, relu1"}},
+        BadOptionCase{{"--autocast-fp32", ""}, {"--autocast-fp32: '' is not allowed"}}));
+
+TEST(train_command_test, a_glob_that_may_name_an_op_but_matches_no_module_is_warned_about_at_the_end) {
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(run_train({"--device", "cpu", "--steps", "1", "--autocast-fp32", "sofmax"}), 0);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("warning: --autocast-fp32 'sofmax' matches no module of the 'mlp' model"), std::string::npos) << err;
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(run_train({"--device", "cpu", "--steps", "1", "--autocast-fp32", "fc*"}), 0);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("warning"), std::string::npos);
+}
+
+TEST(train_command_test, a_scenario_without_sample_picks_the_scenarios_sample) {
+  CLI::App app;
+  TrainCommand train(app);
+  const std::vector<const char*> argv = {"ampscope", "train", "--scenario", "attention-overflow"};
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  bool compare = false;
+  EXPECT_EQ(train.resolve(compare).sample, "transformer");
 }
 
 }  // namespace
