@@ -260,14 +260,20 @@ TEST_F(user_models_test, lse_remedy_loss_inside_autocast_or_cast_to_f32_is_clean
   expect_clean(train(cast), "logits.to(f32) before the loss");
 }
 
-TEST_F(user_models_test, lse_exp_override_does_not_reach_ops_outside_autocast) {
-  RunConfig c = default_config(Model::lse);
-  apply_override(c, "exp", /*is_op=*/true);
-  const RunResult r = train(c);
-  const std::optional<trace::OpRow> o = first_origin(r.trace_path);
-  ASSERT_TRUE(o.has_value());
-  EXPECT_EQ(o->op, "exp");
-  EXPECT_EQ(o->out_dtype, "f16");
+// Overrides apply only inside enabled autocast regions: neither keeping the op exp nor the module 'loss'
+// in f32 changes a loss computed after the region closed (a remedy must say logits.to(f32) instead).
+TEST_F(user_models_test, lse_f32_overrides_do_not_reach_ops_outside_autocast) {
+  const std::int64_t step = first_origin(train(default_config(Model::lse)).trace_path)->step;
+  for (const bool is_op : {true, false}) {
+    RunConfig c = default_config(Model::lse);
+    apply_override(c, is_op ? "exp" : "loss", is_op);
+    const RunResult r = train(c);
+    const std::optional<trace::OpRow> o = first_origin(r.trace_path);
+    ASSERT_TRUE(o.has_value()) << (is_op ? "op exp" : "module loss");
+    EXPECT_EQ(o->step, step);
+    EXPECT_EQ(o->op, "exp");
+    EXPECT_EQ(o->out_dtype, "f16");
+  }
 }
 
 TEST_F(user_models_test, lse_remedy_bf16_is_clean) {
