@@ -164,6 +164,9 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
   // explicit cast can.
   const bool outside_autocast = d.autocast.empty() && r.phase == Phase::forward;
   std::vector<Remedy> out;
+  // Keep the root op in f32 when the chain names one (the op that saturated or underflowed), else the origin.
+  const std::string f32_module = !d.chain.empty() ? d.chain.front().module : d.module;
+  const std::string f32_op = !d.chain.empty() ? d.chain.front().op : d.op;
   auto f32 = [&](const std::string& why) {
     if (!low) return;
     if (outside_autocast && (r.out_dtype == "f16" || r.out_dtype == "bf16")) {
@@ -175,8 +178,8 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
       out.push_back(std::move(m));
       return;
     }
-    out.push_back(autocast_remedy(d.module, d.op, why));
-    Remedy every = every_block_remedy(d.module);
+    out.push_back(autocast_remedy(f32_module, f32_op, why));
+    Remedy every = every_block_remedy(f32_module);
     if (!every.kind.empty()) out.push_back(std::move(every));
   };
   // The op whose output the chain starts from (the root), for wording.
@@ -218,6 +221,9 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
                      ? fmt::format("{} has more significant bits, so {} saturates later (a delay, not a cure)",
                                    "f32", root_op.empty() ? "the op" : root_op)
                      : "");
+    // An underflow is a range problem: bf16 has f32's range. Saturation and cancellation are precision
+    // problems, which bf16 (fewer significant bits than f16) makes worse.
+    if (f16 && d.root_cause == "underflow") out.push_back(bf16_remedy());
     return out;
   }
   if (d.cause == "exp_overflow") {
@@ -343,6 +349,14 @@ std::string saturation_of(const OpRow& r) {
   if (r.op == "exp" && h.zero > 0)
     return fmt::format("{} returned {} exact zeros of {}: exp is never 0, it underflowed", where_text(r), h.zero, h.numel);
   return "";
+}
+
+// Ops whose output holds zeros by design (a ReLU of negative values, a mask, dropout): zeros there are not a
+// rounding, so a root-cause walk stops at them.
+bool zero_by_design(const OpRow& r) {
+  static const std::set<std::string> ops = {"relu", "masked_fill", "dropout", "where", "zeros", "embedding",
+                                            "max_pool2d"};
+  return ops.count(r.op) > 0;
 }
 
 // Ops that hand their input's values on (up to sign, layout, dtype or a constant factor): a zero or a
@@ -629,6 +643,9 @@ struct Analyser::State {
     rev.push_back(link(origin, "origin", fmt::format("{} returned {} from an input holding exact zeros", where_text(origin),
                                                      counts_text(origin.health))));
     std::string root;
+    // An epsilon (or a clamp's lower bound) that should have lifted the zeros but rounds to 0 in the dtype:
+    // the root unless the walk finds an op upstream that made the zeros by rounding.
+    std::size_t vanished = 0;  // index in rev + 1, 0 when none
     for (int guard = 0; p != nullptr && guard < 64 && root.empty(); ++guard) {
       const OpRow* zin = nullptr;
       for (std::size_t i = 0; i < trace::kOpInputs; ++i) {
@@ -639,22 +656,28 @@ struct Analyser::State {
         }
       }
       if (zin != nullptr && passes_on(*p)) {
-        std::string why;
-        if ((p->op == "add" || p->op == "sub") && tensor_inputs(*p) == 1 && p->health.zero >= zin->health.zero)
-          why = fmt::format("{} adds a constant to an input with {} exact zeros and still holds {}: the constant rounds "
-                            "to 0 in {} (in f16 anything below 2^-25 = 3e-8 does, an epsilon of 1e-8 included)",
-                            where_text(*p), zin->health.zero, p->health.zero, p->out_dtype);
-        else if (p->op == "clamp" && p->health.zero > 0)
-          why = fmt::format("{} still holds {} exact zeros: its lower bound rounds to 0 in {} (in f16 anything below "
-                            "2^-25 = 3e-8 does, 1e-8 included)",
-                            where_text(*p), p->health.zero, p->out_dtype);
-        else
-          why = fmt::format("{} passes on exact zeros ({} of {}) from its input", where_text(*p), p->health.zero,
-                            p->health.numel);
-        rev.push_back(link(*p, "passes on", std::move(why)));
+        if (vanished == 0 && (((p->op == "add" || p->op == "sub") && tensor_inputs(*p) == 1 &&
+                               p->health.zero >= zin->health.zero) ||
+                              (p->op == "clamp" && p->health.zero > 0))) {
+          rev.push_back(link(*p, "underflow",
+                             p->op == "clamp"
+                                 ? fmt::format("{} still holds {} exact zeros: its lower bound rounds to 0 in {} (in "
+                                               "f16 anything up to 2^-25 = 3e-8 does, 1e-8 included)",
+                                               where_text(*p), p->health.zero, p->out_dtype)
+                                 : fmt::format("{} adds a constant to an input with {} exact zeros and still holds {}: "
+                                               "the constant rounds to 0 in {} (in f16 anything up to 2^-25 = 3e-8 "
+                                               "does, an epsilon of 1e-8 included)",
+                                               where_text(*p), zin->health.zero, p->health.zero, p->out_dtype)));
+          vanished = rev.size();
+        } else {
+          rev.push_back(link(*p, "passes on",
+                             fmt::format("{} passes on exact zeros ({} of {}) from its input", where_text(*p),
+                                         p->health.zero, p->health.numel)));
+        }
         p = zin;
         continue;
       }
+      if (zero_by_design(*p)) break;  // relu, a mask: zeros that are the op's job, not a rounding
       if (std::string sat = saturation_of(*p); !sat.empty()) {
         rev.push_back(link(*p, "saturation", std::move(sat)));
         root = "saturation";
@@ -692,6 +715,10 @@ struct Analyser::State {
                                      p->cast_underflow > 0
                                          ? fmt::format(" ({} values flushed to zero on a cast)", p->cast_underflow)
                                          : ": the results are below the smallest subnormal of " + p->out_dtype)));
+      root = "underflow";
+    }
+    if (root.empty() && vanished > 0) {
+      rev.resize(vanished);  // the links above the vanished constant explain nothing more
       root = "underflow";
     }
     if (root.empty()) return;
@@ -855,8 +882,16 @@ struct Analyser::State {
       }
     }
     if (entry != nullptr && entry != &r && non_finite(*entry) == 0) {
+      // Only when that op was steady over the steps before (the weights feeding it barely moved) and then
+      // jumped with this batch: one earlier point cannot tell a larger batch from a large update.
       const auto eh = history(*entry, ops);
-      if (!eh.empty() && eh.back().second > 0 && entry->health.absmax >= 2 * eh.back().second) {
+      double lo = std::numeric_limits<double>::infinity(), hi = 0;
+      for (const auto& [_, a] : eh) {
+        lo = std::min(lo, a);
+        hi = std::max(hi, a);
+      }
+      const bool steady = eh.size() >= 2 && lo > 0 && hi <= 1.5 * lo;
+      if (steady && entry->health.absmax >= 2 * eh.back().second) {
         d.evidence.push_back(fmt::format("the batch was larger: {} on the data went from absmax {:.4g} (step {}) to "
                                          "{:.4g}, while this output went from {:.4g} past {}",
                                          where_text(*entry), eh.back().second, eh.back().first, entry->health.absmax,

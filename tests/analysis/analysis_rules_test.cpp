@@ -75,8 +75,53 @@ std::vector<StepRow> trajectory(double start, const std::vector<bool>& skips, st
   return out;
 }
 
-TEST(analysis_rules_test, an_anomaly_only_in_backward_is_a_gradient_overflow_of_that_node) {
+// The rows of a step whose forward pass is finite and whose backward overflowed (relu's backward, seq 2),
+// then a clean step at the backed-off scale: what the GradScaler calibrating from too high a scale looks
+// like.
+struct BackwardOnly {
+  std::vector<OpRow> ops;
+  std::vector<GradRow> grads;
+  BackwardOnly() {
+    ops = {op_row(0, 0, "linear", "fc1"), op_row(0, 1, "relu", "fc1"), op_row(0, 2, "relu", "fc1"),
+           op_row(0, 3, "linear", "fc1"), op_row(1, 0, "linear", "fc1"), op_row(1, 1, "relu", "fc1")};
+    ops[2].phase = ops[3].phase = Phase::backward;
+    ops[2].health.pos_inf = 3;
+    ops[2].origin = true;
+    ops[3].health.pos_inf = 3;  // propagated to the next backward node
+    grads.resize(1);
+    grads[0].param = "fc1.weight";
+    grads[0].pos_inf = 2;
+  }
+};
+
+TEST(analysis_rules_test, a_backward_overflow_that_the_backoff_cures_is_calibration_not_an_anomaly) {
+  // Skipped at 65536, clean at 32768 and no clean step at 65536 or above before: the scale was too high.
   std::vector<StepRow> steps = {step_row(0, 65536, 32768, true), step_row(1, 32768, 32768, false)};
+  steps[0].loss = 2.0;  // the forward was finite: only the backward overflowed
+  const BackwardOnly b;
+  const Report rep = analyse(steps, b.ops, b.grads);
+  EXPECT_TRUE(rep.anomalies.empty());
+  EXPECT_EQ(rep.scaler.calibration_skips, 1);
+  EXPECT_EQ(rep.scaler.last_calibration_step, 0);
+}
+
+TEST(analysis_rules_test, a_backward_overflow_at_a_scale_that_was_fine_before_stays_an_anomaly) {
+  // Step 0 ran clean at 65536; step 1 overflowed at the same scale: the gradients grew, not calibration.
+  std::vector<StepRow> steps = {step_row(0, 65536, 65536, false), step_row(1, 65536, 32768, true),
+                                step_row(2, 32768, 32768, false)};
+  steps[1].loss = 2.0;
+  BackwardOnly b;
+  for (OpRow& o : b.ops) o.step += 1;
+  const Report rep = analyse(steps, b.ops, b.grads);
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  EXPECT_EQ(rep.anomalies[0].cause, "gradient_overflow");
+  EXPECT_EQ(rep.anomalies[0].step, 1);
+  EXPECT_EQ(rep.scaler.calibration_skips, 0);
+}
+
+TEST(analysis_rules_test, an_anomaly_only_in_backward_is_a_gradient_overflow_of_that_node) {
+  // Skipped twice: backing off did not cure it within the run, so it is not calibration.
+  std::vector<StepRow> steps = {step_row(0, 65536, 32768, true), step_row(1, 32768, 16384, true)};
   steps[0].loss = 2.0;  // the forward was finite: only the backward overflowed
   std::vector<OpRow> ops = {op_row(0, 0, "linear", "fc1"), op_row(0, 1, "relu", "fc1"),
                             op_row(0, 2, "relu", "fc1"), op_row(0, 3, "linear", "fc1"),
@@ -97,10 +142,11 @@ TEST(analysis_rules_test, an_anomaly_only_in_backward_is_a_gradient_overflow_of_
   EXPECT_EQ(d.downstream_nonfinite, 1);
   EXPECT_FALSE(d.loss_nonfinite);
   EXPECT_EQ(d.gradients, std::vector<std::string>{"fc1.weight"});
-  EXPECT_EQ(d.skipped_steps, 1);
+  EXPECT_EQ(d.skipped_steps, 2);
   EXPECT_NE(d.remedy.find("--init-scale"), std::string::npos) << d.remedy;
-  EXPECT_EQ(rep.scaler.skipped, 1);
-  EXPECT_EQ(rep.scaler.backoffs, 1);
+  EXPECT_EQ(rep.scaler.skipped, 2);
+  EXPECT_EQ(rep.scaler.backoffs, 2);
+  EXPECT_EQ(rep.scaler.calibration_skips, 0);
 }
 
 TEST(analysis_rules_test, cause_rules_pick_exp_division_and_invalid_operation) {
@@ -361,6 +407,7 @@ TEST(analysis_rules_test, a_cast_overflow_does_not_quote_the_finite_absmax_as_if
   // fc1's f32 input overflowed in the cast to f16; the op's finite outputs are small (7892), so "beyond f16
   // max became inf" about them would be false: the inf came in through the input.
   OpRow r = op_row(0, 0, "linear", "fc1");
+  r.autocast = "linear is on the lower_precision_fp list: runs in f16";
   r.health.pos_inf = 5;
   r.health.absmax = 7892;
   r.cast_overflow = 2;
