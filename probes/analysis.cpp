@@ -1257,6 +1257,15 @@ Report Analyser::finish() {
     }
   }
   st.pending_calibration.clear();
+  if (sh.calibration_skips > 0 && sh.calibration_skips == sh.skipped &&
+      (sh.verdict == "healthy" || sh.verdict == "persistent")) {
+    // Every skip was the scaler settling: that is what the "settled" verdict means, whatever the run's length.
+    sh.verdict = "settled";
+    sh.message = fmt::format("{} skip{} while the scale backed off from {} (normal), none after step {}; scale {} -> {} "
+                             "(min {}, max {})",
+                             sh.skipped, sh.skipped == 1 ? "" : "s", sh.scale_start, sh.last_skip, sh.scale_start,
+                             sh.scale_end, sh.scale_min, sh.scale_max);
+  }
   if (sh.calibration_skips > 0) {
     sh.message += fmt::format("; {} skip{} up to step {} {} the scaler calibrating (gradients overflowed only at a "
                               "scale a smaller one cured): not anomalies",
