@@ -91,7 +91,7 @@ CLI::Validator number_in(double lo, double hi, std::string description) {
       std::move(description));
 }
 
-bool diverged(const analysis::DiffReport& d) { return d.first_divergence.has_value() || d.first_loss_divergence.has_value(); }
+bool diverged(const analysis::DiffReport& d) { return d.diverged(); }
 
 }  // namespace
 
@@ -195,7 +195,8 @@ DiffCommand::DiffCommand(CLI::App& app) {
   cmd_->add_flag("--json", r.json, "Print JSON (schema: docs/report-format.md) instead of text");
   cmd_->add_option("--output,-o", r.output, "Write the comparison to this file instead of stdout");
   cmd_->add_option("--threshold", r.diff.threshold,
-                   "Relative difference of a statistic (or of the loss) above which the runs diverge")
+                   "Difference of an op's rms or mean (against the op's largest rms so far), of a gradient's norm or of "
+                   "the loss (against its largest so far) above which the runs diverge")
       ->capture_default_str()
       ->check(number_in(0.0, std::numeric_limits<double>::infinity(), "FLOAT >= 0"));
   cmd_->add_flag("--no-colour,--no-color", no_colour_, "No terminal colours (also when NO_COLOR is set)");
