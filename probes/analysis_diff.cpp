@@ -131,7 +131,9 @@ struct PeakHash {
   std::size_t operator()(const PeakView& k) const noexcept {
     return KeyViewHash{}(KeyView{k.phase, k.module, k.op}) * 31 + static_cast<std::size_t>(k.occurrence);
   }
-  std::size_t operator()(const PeakKey& k) const noexcept { return (*this)(PeakView{k.phase, k.module, k.op, k.occurrence}); }
+  std::size_t operator()(const PeakKey& k) const noexcept {
+    return (*this)(PeakView{k.phase, k.module, k.op, k.occurrence});
+  }
 };
 
 // `peak` (optional) holds the op's largest magnitudes of earlier steps and takes this pair's.
@@ -316,7 +318,8 @@ class Comparison {
     aligner_.align(a, b);
     for (const auto& [i, j] : aligner_.pairs()) {
       const OpRow &x = a[i], &y = b[j];
-      const PairStats s = compare(x, y, options_.floor, options_.threshold, scale_a, scale_b, &peak(x, aligner_.occurrence(i)));
+      Peak& op_peak = peak(x, aligner_.occurrence(i));
+      const PairStats s = compare(x, y, options_.floor, options_.threshold, scale_a, scale_b, &op_peak);
       ++report_.ops_aligned;
       if (s.dtype_differs) add_dtype_difference(x, y);
       const bool divergent = diverges(s, options_.threshold);

@@ -41,8 +41,8 @@
 //    rel_mean = |mean_a - mean_b| / peak rms (|mean| <= rms).
 //  - absmax is reported (rel_absmax, against the op's largest absmax so far) but does not decide: it is one
 //    element, and rounding at a discontinuity (relu's kink, max-pool's choice, a mask) can switch which
-//    element is largest; healthy pairs differ by up to 18% in it (cnn, seed 2). An absmax that overflows shows in the NaN/inf
-//    counts, one pinned at the dtype's max as saturation.
+//    element is largest; healthy pairs differ by up to 18% in it (cnn, seed 2). An absmax that overflows
+//    shows in the NaN/inf counts, one pinned at the dtype's max as saturation.
 //  - nonfinite: the NaN/+inf/-inf counts differ (max_rel inf), whatever the threshold.
 //  - saturation: a forward output of an op whose range is open reaches the end of it in one run only
 //    (sigmoid or softmax at exactly 0 or 1, tanh at exactly +-1, exp at exactly 0), or an f16/bf16 output

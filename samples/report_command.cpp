@@ -75,9 +75,9 @@ bool deliver(const std::string& text, const std::string& output, std::ostream& o
   return true;
 }
 
-// A number from lo to hi (hi may be infinity: --threshold inf counts only NaN/inf differences). CLI11's Range
-// and NonNegativeNumber let "nan" through (every comparison with NaN is false), and NonNegativeNumber prints
-// DBL_MAX as its upper bound.
+// A number from lo to hi (hi may be infinity: --threshold inf counts only NaN/inf and saturation differences).
+// CLI11's Range and NonNegativeNumber let "nan" through (every comparison with NaN is false), and
+// NonNegativeNumber prints DBL_MAX as its upper bound.
 CLI::Validator number_in(double lo, double hi, std::string description) {
   return CLI::Validator(
       [lo, hi](std::string& text) -> std::string {
