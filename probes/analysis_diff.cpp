@@ -19,21 +19,22 @@
 namespace ampscope::analysis {
 namespace {
 
+using trace::GradRow;
 using trace::OpRow;
 using trace::Phase;
 using trace::StepRow;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// |x - y| / max(|x|, |y|, floor); NaN stands for "no finite values", so two NaN agree and one NaN is
+// |x - y| / max(reference, floor); NaN stands for "no finite values", so two NaN agree and one NaN is
 // infinitely far from any number.
-double relative(double x, double y, double floor) {
+double difference(double x, double y, double reference, double floor) {
   const bool nan_x = std::isnan(x), nan_y = std::isnan(y);
   if (nan_x && nan_y) return 0;
   if (nan_x || nan_y) return kInf;
   if (x == y) return 0;  // also two equal infinities, whose difference would be NaN
   if (std::isinf(x) || std::isinf(y)) return kInf;
-  return std::fabs(x - y) / std::max({std::fabs(x), std::fabs(y), floor});
+  return std::fabs(x - y) / std::max(std::isnan(reference) ? 0.0 : reference, floor);
 }
 
 bool same_key(const OpRow& x, const OpRow& y) { return x.phase == y.phase && x.op == y.op && x.module == y.module; }
@@ -55,30 +56,125 @@ KeyView key_of(const OpRow& r) { return {r.phase, r.module, r.op}; }
 
 std::string dtypes_of(const OpRow& r) { return r.in_dtypes + " -> " + r.out_dtype; }
 
+// The health as compared: a backward row's magnitudes divided by the loss scale its step's backward used
+// (exact: scales are powers of two). NaN scale: unknown, the magnitudes are left as recorded.
+trace::TensorHealth unscaled_health(const OpRow& r, double scale) {
+  trace::TensorHealth h = r.health;
+  if (r.phase != Phase::backward || scale == 1 || !(scale > 0) || !std::isfinite(scale)) return h;
+  for (double* x : {&h.min, &h.max, &h.absmax, &h.mean, &h.rms}) *x /= scale;
+  return h;
+}
+
+// The boundaries a recorded output sits at (on the recorded values, before any division by the scale).
+// Ops whose mathematical range is open: sigmoid and softmax in (0, 1), tanh in (-1, 1), exp in (0, inf);
+// their output at exactly the end of that range is saturation (the format's resolution, or range, ran
+// out). Any f16 or bf16 output: exactly the format's largest finite magnitude (a clamp or a rounding that
+// hides an overflow).
+unsigned pins_of(const OpRow& r) {
+  const trace::TensorHealth& h = r.health;
+  unsigned pins = 0;
+  if (r.phase == Phase::forward) {
+    const std::string& op = r.op;
+    const bool unit = op == "sigmoid" || op == "softmax";
+    if ((unit || op == "exp") && h.zero > 0) pins |= kPinLower;
+    if (op == "tanh" && h.min == -1.0) pins |= kPinLower;
+    if ((unit || op == "tanh") && h.max == 1.0) pins |= kPinUpper;
+  }
+  const double top = r.out_dtype == "f16" ? 65504.0 : r.out_dtype == "bf16" ? 3.3895313892515355e38 : 0.0;
+  if (top > 0 && (h.max == top || h.min == -top)) pins |= kPinDtypeMax;
+  return pins;
+}
+
 // The numbers of one aligned pair, computed for every pair; an OpDiff (with its strings) is built only for
 // the pairs the report keeps.
 struct PairStats {
-  double rel_absmax = 0, rel_mean = 0, rel_rms = 0, max_rel = 0;
-  const char* stat = "absmax";
+  double rel_absmax = 0, rel_mean = 0, rel_rms = 0, rel_zeros = 0, max_rel = 0;
+  const char* stat = "rms";
+  unsigned pins_a = 0, pins_b = 0;
   bool nonfinite_differs = false;
   bool dtype_differs = false;
+  bool magnitudes_compared = true;  // false: a backward row whose step's loss scale one run does not know
+  bool zeros_gained = false;
 };
 
-PairStats compare(const OpRow& x, const OpRow& y, double floor) {
-  PairStats s;
-  const trace::TensorHealth &a = x.health, &b = y.health;
-  s.rel_absmax = relative(a.absmax, b.absmax, floor);
-  s.rel_mean = relative(a.mean, b.mean, floor);
-  s.rel_rms = relative(a.rms, b.rms, floor);
-  s.max_rel = s.rel_absmax;
-  if (s.rel_mean > s.max_rel) {
-    s.max_rel = s.rel_mean;
-    s.stat = "mean";
+double zero_fraction(const trace::TensorHealth& h) {
+  return h.numel > 0 ? static_cast<double>(h.zero) / static_cast<double>(h.numel) : 0.0;
+}
+
+// The largest magnitudes an op (one key: phase, module, op, occurrence) has had in either run, in the steps
+// compared so far: the reference its differences are measured against.
+struct Peak {
+  double absmax = 0, rms = 0;
+  void add(const trace::TensorHealth& h) {
+    if (std::isfinite(h.absmax)) absmax = std::max(absmax, std::fabs(h.absmax));
+    if (std::isfinite(h.rms)) rms = std::max(rms, std::fabs(h.rms));
   }
-  if (s.rel_rms > s.max_rel) {
+};
+
+// An op's key across steps (phase, module, op, occurrence), owned, and looked up by a view of a row.
+struct PeakView {
+  Phase phase;
+  std::string_view module, op;
+  std::int64_t occurrence;
+};
+struct PeakKey {
+  Phase phase;
+  std::string module, op;
+  std::int64_t occurrence;
+  bool operator==(const PeakView& v) const {
+    return phase == v.phase && occurrence == v.occurrence && module == v.module && op == v.op;
+  }
+  bool operator==(const PeakKey& k) const { return *this == PeakView{k.phase, k.module, k.op, k.occurrence}; }
+};
+struct PeakHash {
+  using is_transparent = void;
+  std::size_t operator()(const PeakView& k) const noexcept {
+    return KeyViewHash{}(KeyView{k.phase, k.module, k.op}) * 31 + static_cast<std::size_t>(k.occurrence);
+  }
+  std::size_t operator()(const PeakKey& k) const noexcept {
+    return (*this)(PeakView{k.phase, k.module, k.op, k.occurrence});
+  }
+};
+
+// `peak` (optional) holds the op's largest magnitudes of earlier steps and takes this pair's.
+PairStats compare(const OpRow& x, const OpRow& y, double floor, double threshold, double scale_x, double scale_y,
+                  Peak* peak = nullptr) {
+  PairStats s;
+  const bool backward = x.phase == Phase::backward;
+  s.magnitudes_compared = !backward || (std::isfinite(scale_x) && std::isfinite(scale_y));
+  if (s.magnitudes_compared) {
+    const trace::TensorHealth a = unscaled_health(x, scale_x), b = unscaled_health(y, scale_y);
+    Peak here;
+    if (peak != nullptr) here = *peak;
+    here.add(a);
+    here.add(b);
+    if (peak != nullptr) *peak = here;
+    // Each statistic against the op's magnitude: its largest rms (absmax) in either run so far; the mean
+    // against the rms too (|mean| <= rms), since a mean near 0 is a difference of nearly equal sums.
+    s.rel_absmax = difference(a.absmax, b.absmax, here.absmax, floor);
+    s.rel_rms = difference(a.rms, b.rms, here.rms, floor);
+    s.rel_mean = difference(a.mean, b.mean, here.rms, floor);
+  }
+  // absmax is one element and does not decide (probes/analysis_diff.h).
+  s.rel_zeros = std::fabs(zero_fraction(x.health) - zero_fraction(y.health));
+  s.max_rel = s.rel_mean;
+  s.stat = "mean";
+  if (s.rel_rms >= s.max_rel) {
     s.max_rel = s.rel_rms;
     s.stat = "rms";
   }
+  // New exact zeros name the divergence when they moved the magnitudes too (the zeroed values mattered);
+  // zeros alone, with the magnitudes within the threshold, are values too small to matter flushed to 0.
+  s.zeros_gained = s.rel_zeros > threshold && s.max_rel > threshold;
+  if (s.zeros_gained) s.stat = "zeros";
+  s.pins_a = pins_of(x);
+  s.pins_b = pins_of(y);
+  if (s.pins_a != s.pins_b) {
+    // The distance to the boundary went to 0 in one run only: a relative difference of exactly 1.
+    s.max_rel = std::max(s.max_rel, 1.0);
+    s.stat = "saturation";
+  }
+  const trace::TensorHealth &a = x.health, &b = y.health;
   s.nonfinite_differs = a.nan != b.nan || a.pos_inf != b.pos_inf || a.neg_inf != b.neg_inf;
   if (s.nonfinite_differs) {
     s.max_rel = kInf;
@@ -88,18 +184,26 @@ PairStats compare(const OpRow& x, const OpRow& y, double floor) {
   return s;
 }
 
-OpDiff make_diff(const OpRow& x, const OpRow& y, std::int64_t occurrence, const PairStats& s) {
+OpDiff make_diff(const OpRow& x, const OpRow& y, std::int64_t occurrence, const PairStats& s, double scale_x,
+                 double scale_y) {
   OpDiff d;
   d.key = {.step = x.step, .phase = x.phase, .module = x.module, .op = x.op, .occurrence = occurrence};
   d.seq_a = x.seq;
   d.seq_b = y.seq;
   d.dtypes_a = dtypes_of(x);
   d.dtypes_b = dtypes_of(y);
-  d.a = x.health;
-  d.b = y.health;
+  const bool backward = x.phase == Phase::backward;
+  d.scale_a = backward ? scale_x : 1.0;
+  d.scale_b = backward ? scale_y : 1.0;
+  d.magnitudes_compared = s.magnitudes_compared;
+  d.a = unscaled_health(x, d.scale_a);
+  d.b = unscaled_health(y, d.scale_b);
   d.rel_absmax = s.rel_absmax;
   d.rel_mean = s.rel_mean;
   d.rel_rms = s.rel_rms;
+  d.rel_zeros = s.rel_zeros;
+  d.pins_a = s.pins_a;
+  d.pins_b = s.pins_b;
   d.max_rel = s.max_rel;
   d.stat = s.stat;
   d.nonfinite_differs = s.nonfinite_differs;
@@ -107,7 +211,9 @@ OpDiff make_diff(const OpRow& x, const OpRow& y, std::int64_t occurrence, const 
   return d;
 }
 
-bool diverges(const PairStats& s, double threshold) { return s.nonfinite_differs || s.max_rel > threshold; }
+bool diverges(const PairStats& s, double threshold) {
+  return s.nonfinite_differs || s.pins_a != s.pins_b || s.max_rel > threshold;
+}
 
 // Pairs the rows of one step: the k-th row of a key in `a` with the k-th of the same key in `b`.
 class StepAligner {
@@ -208,11 +314,12 @@ class Comparison {
  public:
   Comparison(DiffReport& report, const DiffOptions& options) : report_(report), options_(options) {}
 
-  void step(std::span<const OpRow> a, std::span<const OpRow> b) {
+  void step(std::span<const OpRow> a, std::span<const OpRow> b, double scale_a, double scale_b) {
     aligner_.align(a, b);
     for (const auto& [i, j] : aligner_.pairs()) {
       const OpRow &x = a[i], &y = b[j];
-      const PairStats s = compare(x, y, options_.floor);
+      Peak& op_peak = peak(x, aligner_.occurrence(i));
+      const PairStats s = compare(x, y, options_.floor, options_.threshold, scale_a, scale_b, &op_peak);
       ++report_.ops_aligned;
       if (s.dtype_differs) add_dtype_difference(x, y);
       const bool divergent = diverges(s, options_.threshold);
@@ -221,12 +328,19 @@ class Comparison {
       const bool keep = s.max_rel > 0 && options_.largest > 0 &&
                         (largest_.size() < options_.largest || s.max_rel >= largest_.front().max_rel);
       if (!first && !keep) continue;
-      OpDiff d = make_diff(x, y, aligner_.occurrence(i), s);
+      OpDiff d = make_diff(x, y, aligner_.occurrence(i), s, scale_a, scale_b);
       if (keep) offer(d);
       if (first) report_.first_divergence = std::move(d);
     }
     for (std::size_t i : aligner_.only_a()) add_unmatched(only_a_, a[i]);
     for (std::size_t j : aligner_.only_b()) add_unmatched(only_b_, b[j]);
+  }
+
+  Peak& peak(const OpRow& r, std::int64_t occurrence) {
+    const PeakView view{r.phase, r.module, r.op, occurrence};
+    auto it = peaks_.find(view);
+    if (it == peaks_.end()) it = peaks_.emplace(PeakKey{r.phase, r.module, r.op, occurrence}, Peak{}).first;
+    return it->second;
   }
 
   void finish() {
@@ -291,15 +405,18 @@ class Comparison {
   std::vector<OpDiff> largest_;
   Groups<DtypeDifference> dtypes_;
   Groups<Unmatched> only_a_, only_b_;
+  std::unordered_map<PeakKey, Peak, PeakHash, std::equal_to<>> peaks_;
 };
 
-void sort_by_step(std::vector<OpRow>& rows) {
-  const auto by_step = [](const OpRow& x, const OpRow& y) { return x.step < y.step; };
+template <class Row>
+void sort_by_step(std::vector<Row>& rows) {
+  const auto by_step = [](const Row& x, const Row& y) { return x.step < y.step; };
   if (!std::is_sorted(rows.begin(), rows.end(), by_step)) std::stable_sort(rows.begin(), rows.end(), by_step);
 }
 
 // The end of the run of rows with the same step as rows[begin].
-std::size_t step_end(const std::vector<OpRow>& rows, std::size_t begin) {
+template <class Row>
+std::size_t step_end(const std::vector<Row>& rows, std::size_t begin) {
   std::size_t end = begin;
   while (end < rows.size() && rows[end].step == rows[begin].step) ++end;
   return end;
@@ -318,10 +435,116 @@ std::vector<std::int64_t> step_numbers(const std::vector<StepRow>& rows) {
   return steps;
 }
 
+// One run's gradient of one parameter in one step, as compared: the row after unscale_, or (a run that
+// recorded only the scaled one) the scaled row with the step's scale to divide by.
+struct TrueGrad {
+  const GradRow* row = nullptr;
+  double divisor = 1;
+};
+
+std::vector<TrueGrad> true_gradients(std::span<const GradRow> rows, double scale) {
+  std::unordered_map<std::string_view, std::size_t> index;
+  std::vector<TrueGrad> out;
+  for (const GradRow& r : rows) {
+    auto [it, inserted] = index.try_emplace(r.param, out.size());
+    if (inserted)
+      out.push_back({&r, r.unscaled ? 1.0 : scale});
+    else if (r.unscaled && !out[it->second].row->unscaled)
+      out[it->second] = {&r, 1.0};
+  }
+  return out;
+}
+
+GradRow divided(const GradRow& r, double divisor) {
+  GradRow g = r;
+  if (divisor != 1 && divisor > 0 && std::isfinite(divisor)) {
+    g.absmax /= divisor;
+    g.norm /= divisor;
+  }
+  return g;
+}
+
+// The gradients of the steps both runs recorded, parameter by parameter, in a's order.
+class GradComparison {
+ public:
+  GradComparison(DiffReport& report, const DiffOptions& options) : report_(report), options_(options) {}
+
+  void step(std::span<const GradRow> a, std::span<const GradRow> b, double scale_a, double scale_b) {
+    const std::vector<TrueGrad> ga = true_gradients(a, scale_a), gb = true_gradients(b, scale_b);
+    std::unordered_map<std::string_view, const TrueGrad*> by_param;
+    for (const TrueGrad& g : gb) by_param.emplace(g.row->param, &g);
+    for (const TrueGrad& x : ga) {
+      const auto found = by_param.find(x.row->param);
+      if (found == by_param.end()) continue;
+      const TrueGrad& y = *found->second;
+      ++report_.grads_aligned;
+      const bool known = std::isfinite(x.divisor) && std::isfinite(y.divisor);
+      GradDiff d;
+      d.step = x.row->step;
+      d.param = x.row->param;
+      d.scale_a = x.divisor;
+      d.scale_b = y.divisor;
+      d.a = divided(*x.row, x.divisor);
+      d.b = divided(*y.row, y.divisor);
+      if (known) {
+        Peak& peak = peaks_[d.param];
+        for (const GradRow* g : {&d.a, &d.b}) {
+          if (std::isfinite(g->norm)) peak.rms = std::max(peak.rms, std::fabs(g->norm));
+          if (std::isfinite(g->absmax)) peak.absmax = std::max(peak.absmax, std::fabs(g->absmax));
+        }
+        d.rel_norm = difference(d.a.norm, d.b.norm, peak.rms, options_.floor);
+        d.rel_absmax = difference(d.a.absmax, d.b.absmax, peak.absmax, options_.floor);
+      }
+      d.max_rel = d.rel_norm;
+      d.stat = "norm";
+      d.nonfinite_differs = d.a.nan != d.b.nan || d.a.pos_inf != d.b.pos_inf || d.a.neg_inf != d.b.neg_inf;
+      if (d.nonfinite_differs) {
+        d.max_rel = kInf;
+        d.stat = "nonfinite";
+      }
+      // The norm of a gradient with inf is inf (NaN with NaN): the counts say it.
+      if (!d.nonfinite_differs && !std::isfinite(d.max_rel)) d.max_rel = 0;
+      if (!report_.first_grad_divergence && (d.nonfinite_differs || d.max_rel > options_.threshold))
+        report_.first_grad_divergence = std::move(d);
+    }
+  }
+
+ private:
+  DiffReport& report_;
+  const DiffOptions& options_;
+  std::unordered_map<std::string, Peak> peaks_;
+};
+
+// The loss scale each step's backward used, from a run's /steps rows: the step's own row, or for a step
+// without one (its writer stopped before the step ended) the scale the step before left (scale_after);
+// NaN (unknown) when no earlier step exists.
+class LossScales {
+ public:
+  explicit LossScales(const std::vector<StepRow>& rows) {
+    for (const StepRow& r : rows) rows_.push_back({r.step, r.scale, r.scale_after});
+    std::sort(rows_.begin(), rows_.end(), [](const Entry& x, const Entry& y) { return x.step < y.step; });
+  }
+  double at(std::int64_t step) const {
+    const auto after = std::upper_bound(rows_.begin(), rows_.end(), step,
+                                        [](std::int64_t s, const Entry& e) { return s < e.step; });
+    if (after == rows_.begin()) return std::numeric_limits<double>::quiet_NaN();
+    const Entry& e = *(after - 1);
+    return e.step == step ? e.scale : e.scale_after;
+  }
+
+ private:
+  struct Entry {
+    std::int64_t step;
+    double scale, scale_after;
+  };
+  std::vector<Entry> rows_;
+};
+
 // The loss curves side by side, every step of either run; the first step whose losses part.
 void compare_losses(DiffReport& report, const std::vector<StepRow>& a, const std::vector<StepRow>& b,
                     const std::vector<std::int64_t>& all_steps) {
   std::unordered_map<std::int64_t, const StepRow*> row_a, row_b;
+  double peak = 0;  // the largest finite |loss| of either run so far
   for (const StepRow& r : a) row_a.try_emplace(r.step, &r);
   for (const StepRow& r : b) row_b.try_emplace(r.step, &r);
   report.losses.reserve(all_steps.size());
@@ -344,7 +567,9 @@ void compare_losses(DiffReport& report, const std::vector<StepRow>& a, const std
     }
     if (p.in_a && p.in_b) {
       ++report.steps_compared;
-      p.rel = relative(p.loss_a, p.loss_b, report.options.floor);
+      for (double l : {p.loss_a, p.loss_b})
+        if (std::isfinite(l)) peak = std::max(peak, std::fabs(l));
+      p.rel = difference(p.loss_a, p.loss_b, peak, report.options.floor);
       if (!report.first_loss_divergence && p.rel > report.options.threshold) report.first_loss_divergence = s;
     } else if (p.in_a) {
       report.steps_only_in_a.push_back(s);
@@ -357,7 +582,8 @@ void compare_losses(DiffReport& report, const std::vector<StepRow>& a, const std
 
 }  // namespace
 
-std::vector<OpDiff> diff_ops(std::span<const trace::OpRow> a, std::span<const trace::OpRow> b, const DiffOptions& options) {
+std::vector<OpDiff> diff_ops(std::span<const trace::OpRow> a, std::span<const trace::OpRow> b, const DiffOptions& options,
+                             double scale_a, double scale_b) {
   // Rows of several steps are aligned step by step, as diff() does.
   std::vector<OpRow> rows_a(a.begin(), a.end()), rows_b(b.begin(), b.end());
   sort_by_step(rows_a);
@@ -374,8 +600,8 @@ std::vector<OpDiff> diff_ops(std::span<const trace::OpRow> a, std::span<const tr
     const std::span<const OpRow> step_a(rows_a.data() + i, ie - i), step_b(rows_b.data() + jb, j - jb);
     aligner.align(step_a, step_b);
     for (const auto& [pi, pj] : aligner.pairs()) {
-      const PairStats s = compare(step_a[pi], step_b[pj], options.floor);
-      out.push_back(make_diff(step_a[pi], step_b[pj], aligner.occurrence(pi), s));
+      const PairStats s = compare(step_a[pi], step_b[pj], options.floor, options.threshold, scale_a, scale_b);
+      out.push_back(make_diff(step_a[pi], step_b[pj], aligner.occurrence(pi), s, scale_a, scale_b));
     }
     i = ie;
   }
@@ -414,7 +640,9 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
   const std::int64_t total = counts_a.ops + counts_b.ops;
   std::int64_t done = 0;
 
+  const LossScales scales_a(step_rows_a), scales_b(step_rows_b);
   Comparison comparison(report, options);
+  GradComparison gradients(report, options);
   for (std::size_t k = 0; k == 0 || k < all_steps.size(); k += steps_per_block) {
     const std::int64_t begin = k == 0 ? trace::kFirstStep : all_steps[k];
     const std::int64_t end = k + steps_per_block >= all_steps.size() ? trace::kLastStep : all_steps[k + steps_per_block];
@@ -432,13 +660,34 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
       // A step recorded in one run only is in steps_only_in_a/b; its ops are not listed again one by one.
       // So is a step both runs finished whose ops only one recorded (the other's --sample-every left them out).
       const bool both = has(steps_a, s) && has(steps_b, s);
-      if (both && ie == i && je > j) {
+      if (s < 0) {
+        // Outside any step (an evaluation pass between steps): not a step, and not compared.
+        report.rows_outside_steps_a += static_cast<std::int64_t>(ie - i);
+        report.rows_outside_steps_b += static_cast<std::int64_t>(je - j);
+      } else if (both && ie == i && je > j) {
         report.steps_only_in_b.push_back(s);
       } else if (both && je == j && ie > i) {
         report.steps_only_in_a.push_back(s);
       } else if (has(steps_a, s) == has(steps_b, s)) {
-        comparison.step({rows_a.data() + i, ie - i}, {rows_b.data() + j, je - j});
+        comparison.step({rows_a.data() + i, ie - i}, {rows_b.data() + j, je - j}, scales_a.at(s), scales_b.at(s));
       }
+      i = ie;
+      j = je;
+    }
+    rows_a.clear();
+    rows_b.clear();
+    std::vector<GradRow> grads_a = a.grads(begin, end), grads_b = b.grads(begin, end);
+    sort_by_step(grads_a);
+    sort_by_step(grads_b);
+    i = 0;
+    j = 0;
+    while (i < grads_a.size() || j < grads_b.size()) {
+      const std::int64_t s = std::min(i < grads_a.size() ? grads_a[i].step : trace::kLastStep,
+                                      j < grads_b.size() ? grads_b[j].step : trace::kLastStep);
+      const std::size_t ie = i < grads_a.size() && grads_a[i].step == s ? step_end(grads_a, i) : i;
+      const std::size_t je = j < grads_b.size() && grads_b[j].step == s ? step_end(grads_b, j) : j;
+      if (s >= 0 && has(steps_a, s) == has(steps_b, s) && ie > i && je > j)
+        gradients.step({grads_a.data() + i, ie - i}, {grads_b.data() + j, je - j}, scales_a.at(s), scales_b.at(s));
       i = ie;
       j = je;
     }

@@ -345,21 +345,54 @@ json key_json(const OpKey& k) {
           {"occurrence", k.occurrence}};
 }
 
+json pins_json(unsigned pins) {
+  json out = json::array();
+  if (pins & kPinLower) out.push_back("lower");
+  if (pins & kPinUpper) out.push_back("upper");
+  if (pins & kPinDtypeMax) out.push_back("dtype_max");
+  return out;
+}
+
 json op_diff_json(const OpDiff& d) {
   return {{"key", key_json(d.key)},
           {"seq_a", d.seq_a},
           {"seq_b", d.seq_b},
           {"dtypes_a", d.dtypes_a},
           {"dtypes_b", d.dtypes_b},
+          {"scale_a", number(d.scale_a)},
+          {"scale_b", number(d.scale_b)},
           {"a", health_json(d.a)},
           {"b", health_json(d.b)},
           {"rel_absmax", number(d.rel_absmax)},
           {"rel_mean", number(d.rel_mean)},
           {"rel_rms", number(d.rel_rms)},
+          {"rel_zeros", number(d.rel_zeros)},
           {"max_rel", number(d.max_rel)},
           {"stat", d.stat},
+          {"pinned_a", pins_json(d.pins_a)},
+          {"pinned_b", pins_json(d.pins_b)},
           {"nonfinite_differs", d.nonfinite_differs},
-          {"dtype_differs", d.dtype_differs}};
+          {"dtype_differs", d.dtype_differs},
+          {"magnitudes_compared", d.magnitudes_compared}};
+}
+
+json grad_json(const trace::GradRow& g) {
+  return {{"dtype", g.dtype}, {"nan", g.nan},   {"pos_inf", g.pos_inf},        {"neg_inf", g.neg_inf},
+          {"zero", g.zero},   {"absmax", number(g.absmax)}, {"norm", number(g.norm)}, {"unscaled", g.unscaled}};
+}
+
+json grad_diff_json(const GradDiff& d) {
+  return {{"step", d.step},
+          {"param", d.param},
+          {"scale_a", number(d.scale_a)},
+          {"scale_b", number(d.scale_b)},
+          {"a", grad_json(d.a)},
+          {"b", grad_json(d.b)},
+          {"rel_norm", number(d.rel_norm)},
+          {"rel_absmax", number(d.rel_absmax)},
+          {"max_rel", number(d.max_rel)},
+          {"stat", d.stat},
+          {"nonfinite_differs", d.nonfinite_differs}};
 }
 
 json unmatched_json(const std::vector<Unmatched>& list) {
@@ -372,7 +405,7 @@ json unmatched_json(const std::vector<Unmatched>& list) {
 
 // ---- diff text helpers ----
 
-bool diverged(const DiffReport& d) { return d.first_divergence.has_value() || d.first_loss_divergence.has_value(); }
+bool diverged(const DiffReport& d) { return d.diverged(); }
 
 std::string op_diff_place(const OpDiff& d) {
   std::string s = phase_place(d.key.phase, d.key.op, d.key.module);
@@ -389,16 +422,72 @@ std::string op_diff_detail(const OpDiff& d) {
     if (h.neg_inf > 0) parts.push_back(fmt::format("{} -inf", h.neg_inf));
     return parts.empty() ? std::string("none") : fmt::format("{}", fmt::join(parts, ", "));
   };
+  // Backward rows are compared divided by the loss scale; say so where a scale is not 1.
+  const bool scaled = d.key.phase == Phase::backward && (d.scale_a != 1 || d.scale_b != 1);
+  const std::string divided = scaled ? fmt::format("; divided by the loss scale, a {}, b {}", scale(d.scale_a), scale(d.scale_b)) : "";
   if (d.stat == "nonfinite" || d.nonfinite_differs)
-    return fmt::format("NaN/inf counts differ: a {}, b {} (absmax a {}, b {})", counts(d.a), counts(d.b), num(d.a.absmax),
-                       num(d.b.absmax));
-  auto pick = [&](const trace::TensorHealth& h) {
-    if (d.stat == "mean") return h.mean;
-    if (d.stat == "rms") return h.rms;
-    return h.absmax;
+    return fmt::format("NaN/inf counts differ: a {}, b {} (absmax a {}, b {}{})", counts(d.a), counts(d.b), num(d.a.absmax),
+                       num(d.b.absmax), divided);
+  if (d.stat == "saturation") {
+    // Which boundary, in which run: the first bit one run has and the other not.
+    const unsigned only = d.pins_a ^ d.pins_b;
+    const bool in_a = (d.pins_a & only) != 0;
+    const char* run = in_a ? "a" : "b";
+    const trace::TensorHealth& pinned = in_a ? d.a : d.b;
+    const trace::TensorHealth& other = in_a ? d.b : d.a;
+    const double s_pinned = in_a ? d.scale_a : d.scale_b, s_other = in_a ? d.scale_b : d.scale_a;
+    if (only & kPinLower) {
+      if (d.key.op == "tanh")
+        return fmt::format("saturation: {} reaches -1 in {} only (min {} against {})", d.key.op, run, num(pinned.min), num(other.min));
+      return fmt::format("saturation: {} reaches exactly 0 in {} only ({} exact zeros of {}; the other run: {} zeros, min {})",
+                         d.key.op, run, pinned.zero, pinned.numel, other.zero, num(other.min));
+    }
+    if (only & kPinUpper)
+      return fmt::format("saturation: {} reaches exactly 1 in {} only (max {} against {})", d.key.op, run, num(pinned.max),
+                         num(other.max));
+    return fmt::format("saturation: the output sits at its dtype's largest finite value in {} only (absmax {} against {})", run,
+                       num(pinned.absmax * s_pinned), num(other.absmax * s_other));
+  }
+  if (d.stat == "zeros") {
+    const double za = d.a.numel > 0 ? static_cast<double>(d.a.zero) / static_cast<double>(d.a.numel) : 0.0;
+    const double zb = d.b.numel > 0 ? static_cast<double>(d.b.zero) / static_cast<double>(d.b.numel) : 0.0;
+    return fmt::format("exact zeros: a {} ({}), b {} ({}) of {}; rms a {}, b {} (difference {} of the op's largest rms{})", d.a.zero,
+                       percent(za), d.b.zero, percent(zb), d.a.numel, num(d.a.rms), num(d.b.rms), num(d.rel_rms), divided);
+  }
+  const bool mean = d.stat == "mean";
+  return fmt::format("{}: a {}, b {} (difference {} of the op's largest rms{})", mean ? "mean" : "rms",
+                     num(mean ? d.a.mean : d.a.rms), num(mean ? d.b.mean : d.b.rms), num(d.max_rel), divided);
+}
+
+std::string grad_diff_detail(const GradDiff& d) {
+  auto counts = [](const trace::GradRow& g) {
+    std::vector<std::string> parts;
+    if (g.nan > 0) parts.push_back(fmt::format("{} NaN", g.nan));
+    if (g.pos_inf > 0) parts.push_back(fmt::format("{} +inf", g.pos_inf));
+    if (g.neg_inf > 0) parts.push_back(fmt::format("{} -inf", g.neg_inf));
+    return parts.empty() ? std::string("none") : fmt::format("{}", fmt::join(parts, ", "));
   };
-  return fmt::format("{}: a {}, b {} (relative difference {})", d.stat.empty() ? "absmax" : d.stat, num(pick(d.a)),
-                     num(pick(d.b)), num(d.max_rel));
+  if (d.nonfinite_differs) return fmt::format("NaN/inf counts differ: a {}, b {}", counts(d.a), counts(d.b));
+  return fmt::format("norm: a {}, b {} (difference {} of the parameter's largest norm)", num(d.a.norm), num(d.b.norm), num(d.max_rel));
+}
+
+// "1 (no scaler)", "65536", "65536 to 1024": the loss scales a run's steps used.
+std::string scales_text(const std::vector<LossPoint>& losses, bool run_a) {
+  double lo = 0, hi = 0, first = 0, last = 0;
+  bool any = false;
+  for (const LossPoint& p : losses) {
+    if (!(run_a ? p.in_a : p.in_b)) continue;
+    const double x = run_a ? p.scale_a : p.scale_b;
+    if (!any) lo = hi = first = x;
+    lo = std::min(lo, x);
+    hi = std::max(hi, x);
+    last = x;
+    any = true;
+  }
+  if (!any) return "no steps";
+  if (lo == 1 && hi == 1) return "1 (no scaler)";
+  if (lo == hi) return scale(lo);
+  return fmt::format("{} to {} (min {}, max {})", scale(first), scale(last), scale(lo), scale(hi));
 }
 
 std::string loss_cell(bool in, double loss, bool skipped) {
@@ -563,7 +652,8 @@ std::string render_json(const Report& rep) {
 std::string render_text(const DiffReport& d, const TextStyle& style) {
   Text t(style);
   const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
-  const std::string threshold = fmt::format("{} relative", num(d.options.threshold));
+  const std::string threshold = num(d.options.threshold);
+  const std::string reference = "of each op's largest rms so far";
 
   // ---- the answer first ----
   if (d.first_divergence) {
@@ -575,21 +665,28 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
     else if (!f.dtypes_a.empty())
       t.line("  dtypes: {} in both", f.dtypes_a);
   } else {
-    t.line("{}", t.paint(kGreen, fmt::format("NO OP DIVERGENCE: no aligned op differs by more than {} ({} aligned op rows)",
-                                             threshold, d.ops_aligned)));
+    t.line("{}", t.paint(kGreen, fmt::format("NO OP DIVERGENCE: no aligned op differs by more than {} {} ({} aligned op rows)",
+                                             threshold, reference, d.ops_aligned)));
   }
   if (d.first_loss_divergence) {
     const std::int64_t step = *d.first_loss_divergence;
     const auto p = std::find_if(d.losses.begin(), d.losses.end(), [&](const LossPoint& l) { return l.step == step; });
     if (p != d.losses.end())
-      t.line("{} step {}: a {}, b {} (relative difference {})", t.paint(kRed, "LOSSES PART:"), step, num(p->loss_a),
+      t.line("{} step {}: a {}, b {} (difference {} of the largest loss so far)", t.paint(kRed, "LOSSES PART:"), step, num(p->loss_a),
              num(p->loss_b), num(p->rel));
     else
       t.line("{} step {}", t.paint(kRed, "LOSSES PART:"), step);
   } else if (d.steps_compared > 0) {
-    t.line("{} the losses stay within {}", t.paint(kGreen, "LOSSES AGREE:"), threshold);
+    t.line("{} the losses stay within {} of the largest loss so far", t.paint(kGreen, "LOSSES AGREE:"), threshold);
   } else if (!d.losses.empty()) {
     t.line("{} no step is recorded in both runs: nothing to compare", t.paint(kYellow, "LOSSES:"));
+  }
+  if (d.first_grad_divergence) {
+    const GradDiff& g = *d.first_grad_divergence;
+    t.line("{} step {}, {}: {}", t.paint(kRed, "GRADIENTS PART:"), g.step, g.param, grad_diff_detail(g));
+  } else if (d.grads_aligned > 0) {
+    t.line("{} {} within {} of each parameter's largest gradient norm so far", t.paint(kGreen, "GRADIENTS AGREE:"),
+           plural(d.grads_aligned, "gradient"), threshold);
   }
   if (style.brief) {
     std::int64_t rows = 0;
@@ -603,8 +700,15 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
   // ---- the two runs ----
   t.line("{} {}  ({})", t.paint(kCyan, "a:"), d.path_a.empty() ? std::string("(rows in memory)") : d.path_a, run_text(d.run_a));
   t.line("{} {}  ({})", t.paint(kCyan, "b:"), d.path_b.empty() ? std::string("(rows in memory)") : d.path_b, run_text(d.run_b));
-  t.line("compared: {} in both, {} aligned op rows; threshold {} (magnitudes below {} count as {})",
-         plural(d.steps_compared, "step"), d.ops_aligned, threshold, num(d.options.floor), num(d.options.floor));
+  t.line("compared: {} in both, {} aligned op rows, {} in both; threshold {} {} (mean and rms; absmax is shown, "
+         "not judged)",
+         plural(d.steps_compared, "step"), d.ops_aligned, plural(d.grads_aligned, "gradient"), threshold, reference);
+  t.line("scale-aware: backward rows and gradients are compared divided by each run's loss scale of the step "
+         "(a: {}; b: {})",
+         scales_text(d.losses, true), scales_text(d.losses, false));
+  if (d.rows_outside_steps_a > 0 || d.rows_outside_steps_b > 0)
+    t.line("outside steps: {} in a, {} in b (step -1: an evaluation pass between steps); not steps, not compared",
+           plural(d.rows_outside_steps_a, "op row"), d.rows_outside_steps_b);
 
   // ---- loss curves ----
   if (!d.losses.empty()) {
@@ -711,6 +815,9 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
                           op_diff_place(*d.first_divergence), d.first_divergence->stat);
   } else if (d.first_loss_divergence) {
     summary = fmt::format("the losses part at step {}", *d.first_loss_divergence);
+  } else if (d.first_grad_divergence) {
+    summary = fmt::format("the gradients part at step {}, at {} ({})", d.first_grad_divergence->step,
+                          d.first_grad_divergence->param, d.first_grad_divergence->stat);
   } else {
     summary = fmt::format("no divergence beyond {}", threshold);
   }
@@ -736,8 +843,12 @@ std::string render_json(const DiffReport& d) {
                     {"floor", number(d.options.floor)},
                     {"largest", d.options.largest},
                     {"rows_per_read", d.options.rows_per_read}};
+  doc["scale_aware"] = true;
   doc["steps_compared"] = d.steps_compared;
   doc["ops_aligned"] = d.ops_aligned;
+  doc["rows_outside_steps_a"] = d.rows_outside_steps_a;
+  doc["rows_outside_steps_b"] = d.rows_outside_steps_b;
+  doc["grads_aligned"] = d.grads_aligned;
   doc["diverged"] = diverged(d);
   doc["losses"] = json::array();
   for (const LossPoint& p : d.losses)
@@ -753,6 +864,7 @@ std::string render_json(const DiffReport& d) {
                              {"rel", number(p.rel)}});
   doc["first_loss_divergence"] = d.first_loss_divergence ? json(*d.first_loss_divergence) : json(nullptr);
   doc["first_divergence"] = d.first_divergence ? op_diff_json(*d.first_divergence) : json(nullptr);
+  doc["first_grad_divergence"] = d.first_grad_divergence ? grad_diff_json(*d.first_grad_divergence) : json(nullptr);
   doc["largest"] = json::array();
   for (const OpDiff& o : d.largest) doc["largest"].push_back(op_diff_json(o));
   doc["dtype_differences"] = json::array();

@@ -95,9 +95,9 @@ bool deliver(const std::string& text, const std::string& output, std::ostream& o
   return true;
 }
 
-// A number from lo to hi (hi may be infinity: --threshold inf counts only NaN/inf differences). CLI11's Range
-// and NonNegativeNumber let "nan" through (every comparison with NaN is false), and NonNegativeNumber prints
-// DBL_MAX as its upper bound.
+// A number from lo to hi (hi may be infinity: --threshold inf counts only NaN/inf and saturation differences).
+// CLI11's Range and NonNegativeNumber let "nan" through (every comparison with NaN is false), and
+// NonNegativeNumber prints DBL_MAX as its upper bound.
 CLI::Validator number_in(double lo, double hi, std::string description) {
   return CLI::Validator(
       [lo, hi](std::string& text) -> std::string {
@@ -111,7 +111,7 @@ CLI::Validator number_in(double lo, double hi, std::string description) {
       std::move(description));
 }
 
-bool diverged(const analysis::DiffReport& d) { return d.first_divergence.has_value() || d.first_loss_divergence.has_value(); }
+bool diverged(const analysis::DiffReport& d) { return d.diverged(); }
 
 }  // namespace
 
@@ -216,7 +216,8 @@ DiffCommand::DiffCommand(CLI::App& app) {
   cmd_->add_flag("--json", r.json, "Print JSON (schema: docs/report-format.md) instead of text");
   cmd_->add_option("--output,-o", r.output, "Write the comparison to this file instead of stdout");
   cmd_->add_option("--threshold", r.diff.threshold,
-                   "Relative difference of a statistic (or of the loss) above which the runs diverge")
+                   "Difference of an op's rms or mean (against the op's largest rms so far), of a gradient's norm or of "
+                   "the loss (against its largest so far) above which the runs diverge")
       ->capture_default_str()
       ->check(number_in(0.0, std::numeric_limits<double>::infinity(), "FLOAT >= 0"));
   cmd_->add_flag("--no-colour,--no-color", no_colour_, "No terminal colours (also when NO_COLOR is set)");

@@ -1,6 +1,8 @@
 // The two-trace diff of probes/analysis_diff.h: hand-built traces written with the TraceWriter (identical
-// runs, planted divergences, NaN, ops and steps in one run only, dtype differences, repeated ops), and a
-// real pair: the transformer's attention-overflow scenario trained in fp16 and in fp32 with the same seed.
+// runs, planted divergences, NaN, ops and steps in one run only, dtype differences, repeated ops, loss-scaled
+// backward rows and gradients, rows outside steps, saturated outputs, new exact zeros), and real pairs: the
+// transformer's attention-overflow scenario trained in fp16 and in fp32 with the same seed, and healthy
+// fp16/bf16 runs of every sample against their fp32 twins (tests/diff/healthy_pairs_test.cpp).
 // Expected values are worked out by hand from the planted numbers, never read back from the diff.
 #include <gtest/gtest.h>
 
@@ -23,6 +25,7 @@
 namespace ampscope::analysis {
 namespace {
 
+using trace::GradRow;
 using trace::OpRow;
 using trace::Phase;
 using trace::StepRow;
@@ -56,15 +59,29 @@ struct HandRun {
   std::string precision = "fp32";
   std::vector<StepRow> steps;
   std::vector<OpRow> ops;
+  std::vector<GradRow> grads;
+  // Op rows written outside the steps' loop, after step `outside_after` ended (-1: before the first): an
+  // evaluation pass (step -1), or the rows of a step the writer stopped in (no /steps row).
+  std::vector<OpRow> outside;
+  std::int64_t outside_after = 0;
 
   void write(const std::filesystem::path& path) const {
     trace::TraceWriter w(path, {.precision = precision, .device = "cpu", .model = "hand", .seed = 1, .config = "{}"});
+    if (outside_after == -1) {
+      for (const OpRow& r : outside) w.write(r);
+    }
     for (const StepRow& s : steps) {
       for (const OpRow& r : ops) {
         if (r.step == s.step) w.write(r);
       }
+      for (const GradRow& g : grads) {
+        if (g.step == s.step) w.write(g);
+      }
       w.write(s);
       w.end_step(s.step);
+      if (s.step == outside_after) {
+        for (const OpRow& r : outside) w.write(r);
+      }
     }
     w.close();
   }
@@ -179,8 +196,9 @@ TEST(diff_test, finds_a_planted_divergence_at_its_step_phase_module_op_and_occur
   const HandRun a = make_run();
   HandRun b = a;
   // Noise far below the threshold everywhere, so the planted difference is not the only non-zero one.
+  // (absmax, one element, is reported but does not decide: the divergence is planted in the rms.)
   for (OpRow& r : b.ops) r.health.rms *= 1.0 + 1e-4;
-  b.op(3, 4).health.absmax *= 1.3;
+  b.op(3, 4).health.rms *= 1.5;
   Pair pair(a, b);
   // rows_per_read 7 (under one step's 11 rows) forces a block per step: the result must not depend on it.
   for (std::int64_t rows_per_read : {std::int64_t{200000}, std::int64_t{7}, std::int64_t{25}}) {
@@ -197,17 +215,17 @@ TEST(diff_test, finds_a_planted_divergence_at_its_step_phase_module_op_and_occur
     EXPECT_EQ(f.key.occurrence, 0);
     EXPECT_EQ(f.seq_a, 4);
     EXPECT_EQ(f.seq_b, 4);
-    EXPECT_EQ(f.stat, "absmax");
-    // |x - 1.3x| / max(|x|, |1.3x|) with x = 1 + 0.1 * 3 + 4 = 5.3.
-    const double x = 5.3;
-    EXPECT_NEAR(f.rel_absmax, (1.3 * x - x) / (1.3 * x), 1e-12);
-    EXPECT_NEAR(f.rel_absmax, 0.3 / 1.3, 1e-12);
-    EXPECT_EQ(f.max_rel, f.rel_absmax);
+    EXPECT_EQ(f.stat, "rms");
+    // The op's rms grows with the step (0.5 + 0.1 * 4 + 0.01 * step), so its largest so far is b's planted
+    // one: |r - 1.5 r (1 + 1e-4)| / (1.5 r (1 + 1e-4)) with r = 0.93.
+    const double r = 0.93, rb = 1.5 * r * (1 + 1e-4);
+    EXPECT_NEAR(f.rel_rms, (rb - r) / rb, 1e-12);
+    EXPECT_NEAR(f.rel_rms, 1 - 1 / (1.5 * (1 + 1e-4)), 1e-12);
+    EXPECT_EQ(f.max_rel, f.rel_rms);
+    EXPECT_EQ(f.rel_absmax, 0.0);
     EXPECT_FALSE(f.nonfinite_differs);
     EXPECT_FALSE(f.dtype_differs);
     EXPECT_EQ(f.dtypes_a, "f32,f32 -> f32");
-    // rms: |r - r(1 + 1e-4)| / (r (1 + 1e-4)).
-    EXPECT_NEAR(f.rel_rms, 1e-4 / (1 + 1e-4), 1e-12);
     // The largest list is bounded by options.largest and led by the planted difference.
     ASSERT_EQ(d.largest.size(), 20u);
     EXPECT_EQ(d.largest.front().key.step, 3);
@@ -257,8 +275,8 @@ TEST(diff_test, statistics_without_finite_values_agree_when_both_are_nan_and_par
   const HandRun a = make_run(1);
   HandRun b = a;
   HandRun both = a;
-  both.op(0, 2).health.absmax = NAN;
-  b.op(0, 2).health.absmax = NAN;
+  both.op(0, 2).health.rms = NAN;
+  b.op(0, 2).health.rms = NAN;
   Pair same(both, b);
   const DiffReport d0 = same.diff();
   EXPECT_FALSE(d0.first_divergence.has_value());
@@ -266,8 +284,8 @@ TEST(diff_test, statistics_without_finite_values_agree_when_both_are_nan_and_par
   const DiffReport d1 = parted.diff();
   ASSERT_TRUE(d1.first_divergence.has_value());
   EXPECT_EQ(d1.first_divergence->seq_a, 2);
-  EXPECT_EQ(d1.first_divergence->rel_absmax, kInf);
-  EXPECT_EQ(d1.first_divergence->stat, "absmax");
+  EXPECT_EQ(d1.first_divergence->rel_rms, kInf);
+  EXPECT_EQ(d1.first_divergence->stat, "rms");
 }
 
 TEST(diff_test, an_op_recorded_in_one_run_only_is_listed_with_its_count_and_first_step) {
@@ -347,7 +365,7 @@ TEST(diff_test, dtype_differences_are_grouped_by_op_with_their_count) {
 TEST(diff_test, loss_curves_cover_every_step_of_either_run) {
   HandRun a = make_run(6);
   HandRun b = make_run(4);
-  b.steps[2].loss = a.steps[2].loss * 1.1;
+  b.steps[2].loss = a.steps[2].loss * 1.5;
   b.steps[1].scale = 1024;
   b.steps[1].skipped = true;
   Pair pair(a, b);
@@ -366,8 +384,10 @@ TEST(diff_test, loss_curves_cover_every_step_of_either_run) {
   EXPECT_EQ(d.losses[1].scale_b, 1024.0);
   EXPECT_TRUE(d.losses[1].skipped_b);
   EXPECT_FALSE(d.losses[1].skipped_a);
-  // Step 2: |l - 1.1 l| / (1.1 l), l = 1.8.
-  EXPECT_NEAR(d.losses[2].rel, (1.1 * 1.8 - 1.8) / (1.1 * 1.8), 1e-12);
+  // Step 2: |l - 1.5 l| against the largest loss so far, b's 1.5 l = 2.7 (above step 0's 2.0).
+  EXPECT_NEAR(d.losses[2].rel, (1.5 * 1.8 - 1.8) / (1.5 * 1.8), 1e-12);
+  // Step 1 (equal losses, before the plant): 0.
+  EXPECT_EQ(d.losses[1].rel, 0.0);
   ASSERT_TRUE(d.first_loss_divergence.has_value());
   EXPECT_EQ(*d.first_loss_divergence, 2);
   // The ops of steps 4 and 5 are not listed one by one: the steps themselves are.
@@ -382,7 +402,7 @@ TEST(diff_test, repeated_ops_in_a_module_align_by_occurrence_not_by_seq) {
   // in a, 4 in b) diverges.
   OpRow extra = make_op(0, 0, {Phase::forward, "to", "fc1"});
   insert_first(b, 1, extra);
-  b.op(1, 4).health.mean *= 2;  // mean 0.04 -> 0.08
+  b.op(1, 4).health.mean += 0.5;  // mean 0.04 -> 0.54, against an rms of 0.81
   Pair pair(a, b);
   const DiffReport d = pair.diff();
   ASSERT_TRUE(d.first_divergence.has_value());
@@ -394,7 +414,8 @@ TEST(diff_test, repeated_ops_in_a_module_align_by_occurrence_not_by_seq) {
   EXPECT_EQ(f.seq_a, 3);
   EXPECT_EQ(f.seq_b, 4);
   EXPECT_EQ(f.stat, "mean");
-  EXPECT_NEAR(f.rel_mean, (0.08 - 0.04) / 0.08, 1e-12);
+  // The mean against the op's largest rms so far: 0.5 + 0.1 * 3 + 0.01 * step, at step 1 0.81.
+  EXPECT_NEAR(f.rel_mean, 0.5 / 0.81, 1e-12);
   EXPECT_EQ(f.rel_absmax, 0.0);  // the partner is the same op: its other statistics agree
   EXPECT_EQ(f.rel_rms, 0.0);
 }
@@ -438,19 +459,323 @@ TEST(diff_test, diff_ops_pairs_one_steps_rows_in_the_order_of_a) {
   EXPECT_EQ(diffs[9].key.occurrence, 1);
   const double x = absmax_of(0, 3);  // 4
   EXPECT_NEAR(diffs[3].rel_absmax, (1.1 * x - x) / (1.1 * x), 1e-12);
-  EXPECT_EQ(diffs[3].stat, "absmax");
+  EXPECT_EQ(diffs[3].max_rel, 0.0);  // absmax is reported, not judged: one element
   EXPECT_EQ(diffs[2].max_rel, 0.0);
-  // A floor keeps two tiny values from looking far apart: |1e-9 - 2e-9| / 1e-6.
+  // A mean near 0 is measured against the rms (0.5 for seq 0): |1e-9 - 2e-9| / 0.5, not 1 (its own scale).
   std::vector<OpRow> tiny_a = {a[0]}, tiny_b = {a[0]};
   tiny_a[0].health.mean = 1e-9;
   tiny_b[0].health.mean = 2e-9;
-  EXPECT_NEAR(diff_ops(tiny_a, tiny_b)[0].rel_mean, 1e-9 / 1e-6, 1e-15);
+  EXPECT_NEAR(diff_ops(tiny_a, tiny_b)[0].rel_mean, 1e-9 / 0.5, 1e-18);
+  // A floor above the magnitudes replaces them: 1e-9 / 10.
+  EXPECT_NEAR(diff_ops(tiny_a, tiny_b, {.floor = 10})[0].rel_mean, 1e-9 / 10, 1e-20);
 }
 
 TEST(diff_test, refuses_a_block_size_below_one_row) {
   const HandRun run = make_run(1);
   Pair pair(run, run);
   EXPECT_THROW_MSG(pair.diff({.rows_per_read = 0}), Error, "rows_per_read must be at least 1, got 0", "hint:");
+}
+
+// ---- scale-aware comparison, gradients, rows outside steps, saturation, exact zeros ----
+
+// b: a's run under a GradScaler: each step's scale (65536 for steps 0-2, then 32768, as after a back-off),
+// every backward row's magnitudes multiplied by it, as a scaled backward records them.
+HandRun scaled_copy(const HandRun& a) {
+  HandRun b = a;
+  b.precision = "fp16";
+  for (StepRow& s : b.steps) {
+    s.scale = s.step < 3 ? 65536.0 : 32768.0;
+    s.scale_after = s.step < 2 ? 65536.0 : 32768.0;
+  }
+  for (OpRow& r : b.ops) {
+    if (r.phase != Phase::backward) continue;
+    const double scale = r.step < 3 ? 65536.0 : 32768.0;
+    for (double* x : {&r.health.min, &r.health.max, &r.health.absmax, &r.health.mean, &r.health.rms}) *x *= scale;
+  }
+  return b;
+}
+
+TEST(diff_test, a_scaled_backward_matches_the_unscaled_one_exactly_after_division_by_each_steps_scale) {
+  const HandRun a = make_run();
+  const HandRun b = scaled_copy(a);
+  // Compared as recorded (scale 1 for both), every backward row is 65536 times larger: rms differs by
+  // 1 - 1/65536 of the larger. This is what the diff must not do.
+  const std::vector<OpRow> step0_a(a.ops.begin(), a.ops.begin() + 11), step0_b(b.ops.begin(), b.ops.begin() + 11);
+  const std::vector<OpDiff> raw = diff_ops(step0_a, step0_b);
+  EXPECT_NEAR(raw[6].rel_rms, 1 - 1 / 65536.0, 1e-12);
+  // With the step's scales, nothing differs at all: the division by a power of two is exact.
+  for (const OpDiff& o : diff_ops(step0_a, step0_b, {}, 1, 65536)) {
+    EXPECT_EQ(o.max_rel, 0.0) << o.key.op;
+    EXPECT_EQ(o.rel_absmax, 0.0) << o.key.op;
+  }
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  EXPECT_FALSE(d.first_divergence.has_value());
+  EXPECT_TRUE(d.largest.empty());  // every max_rel is exactly 0
+  EXPECT_EQ(d.ops_aligned, 66);
+  EXPECT_EQ(d.losses[4].scale_b, 32768.0);
+
+  // A divergence planted on top of the scaling is found, at its step and op, measured after the division:
+  // b's backward linear in fc2 at step 4 (seq 8) has 1.5 times the rms: 1 - 1/1.5 of the larger.
+  HandRun planted = b;
+  planted.op(4, 8).health.rms *= 1.5;
+  Pair pair2(a, planted);
+  const DiffReport d2 = pair2.diff();
+  ASSERT_TRUE(d2.first_divergence.has_value());
+  const OpDiff& f = *d2.first_divergence;
+  EXPECT_EQ(f.key.step, 4);
+  EXPECT_EQ(f.key.phase, Phase::backward);
+  EXPECT_EQ(f.key.module, "fc2");
+  EXPECT_EQ(f.seq_a, 8);
+  EXPECT_EQ(f.stat, "rms");
+  EXPECT_EQ(f.scale_a, 1.0);
+  EXPECT_EQ(f.scale_b, 32768.0);
+  const double rms = 0.5 + 0.1 * 8 + 0.01 * 4;  // make_op's rms of seq 8 at step 4
+  EXPECT_EQ(f.a.rms, rms);
+  EXPECT_EQ(f.b.rms, 1.5 * rms);  // as compared: divided by 32768
+  EXPECT_NEAR(f.rel_rms, 1 - 1 / 1.5, 1e-12);
+}
+
+void scale_backward(OpRow& r, double scale) {
+  if (r.phase != Phase::backward) return;
+  for (double* x : {&r.health.min, &r.health.max, &r.health.absmax, &r.health.mean, &r.health.rms}) *x *= scale;
+}
+
+TEST(diff_test, a_step_without_a_steps_row_is_divided_by_the_scale_the_step_before_left_or_not_at_all) {
+  // Both writers stopped inside step 6 (its op rows, no /steps row): its backward used the scale step 5
+  // left (scale_after: 32768 in b, 1 in a).
+  HandRun a = make_run(6);
+  HandRun b = scaled_copy(a);
+  for (std::size_t i = 0; i < kStep.size(); ++i) {
+    OpRow r = make_op(6, static_cast<std::int64_t>(i), kStep[i]);
+    a.outside.push_back(r);
+    scale_backward(r, 32768.0);
+    b.outside.push_back(r);
+  }
+  a.outside_after = b.outside_after = 5;
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  EXPECT_FALSE(d.first_divergence.has_value());
+  EXPECT_TRUE(d.largest.empty());
+  EXPECT_EQ(d.ops_aligned, 7 * 11);  // step 6 compared too
+  EXPECT_EQ(d.steps_compared, 6);
+
+  // Stopped inside step 0: no step says what scale b's backward used, so its magnitudes are not compared
+  // (its NaN/inf counts still are); the forward is.
+  HandRun a0, b0;
+  for (std::size_t i = 0; i < kStep.size(); ++i) {
+    OpRow r = make_op(0, static_cast<std::int64_t>(i), kStep[i]);
+    a0.outside.push_back(r);
+    scale_backward(r, 65536.0);
+    b0.outside.push_back(r);
+  }
+  a0.outside_after = b0.outside_after = -1;
+  Pair pair0(a0, b0);
+  const DiffReport d0 = pair0.diff();
+  EXPECT_EQ(d0.ops_aligned, 11);
+  EXPECT_FALSE(d0.first_divergence.has_value());
+  b0.outside[8].health.pos_inf = 1;
+  Pair inf0(a0, b0);
+  const DiffReport i0 = inf0.diff();
+  ASSERT_TRUE(i0.first_divergence.has_value());
+  EXPECT_EQ(i0.first_divergence->seq_a, 8);
+  EXPECT_EQ(i0.first_divergence->stat, "nonfinite");
+  EXPECT_FALSE(i0.first_divergence->magnitudes_compared);
+  EXPECT_TRUE(std::isnan(i0.first_divergence->scale_b));
+}
+
+TEST(diff_test, rows_outside_steps_are_neither_steps_nor_divergences) {
+  HandRun a = make_run();
+  HandRun b = a;
+  // An evaluation forward pass after step 2 (step -1): in b it holds NaN and other magnitudes, and one op
+  // more than in a. None of it may become a "step -1" divergence, a step or an unmatched op.
+  for (std::size_t i = 0; i < 6; ++i) {
+    OpRow r = make_op(-1, static_cast<std::int64_t>(i), kStep[i]);
+    a.outside.push_back(r);
+    r.health.rms *= 10;
+    if (i == 4) r.health.nan = 7;
+    b.outside.push_back(r);
+  }
+  b.outside.push_back(make_op(-1, 6, {Phase::forward, "softmax", ""}));
+  a.outside_after = b.outside_after = 2;
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  EXPECT_FALSE(d.first_divergence.has_value());
+  EXPECT_FALSE(d.diverged());
+  EXPECT_EQ(d.rows_outside_steps_a, 6);
+  EXPECT_EQ(d.rows_outside_steps_b, 7);
+  EXPECT_EQ(d.steps_compared, 6);
+  EXPECT_EQ(d.ops_aligned, 66);
+  EXPECT_TRUE(d.only_in_b.empty());
+  EXPECT_TRUE(d.steps_only_in_a.empty());
+  EXPECT_TRUE(d.steps_only_in_b.empty());
+  ASSERT_EQ(d.losses.size(), 6u);
+  EXPECT_EQ(d.losses.front().step, 0);
+  for (const OpDiff& o : d.largest) EXPECT_GE(o.key.step, 0);
+}
+
+// Gradients of two parameters per step: norm 1 + 0.1 step (+1 for the bias), absmax a tenth of it.
+void add_grads(HandRun& run, double scale, bool scaled_row, bool unscaled_row) {
+  for (const StepRow& s : run.steps) {
+    for (const char* param : {"fc1.weight", "fc1.bias"}) {
+      GradRow g;
+      g.step = s.step;
+      g.param = param;
+      g.dtype = "f32";
+      g.norm = 1.0 + 0.1 * static_cast<double>(s.step) + (std::string(param) == "fc1.bias" ? 1.0 : 0.0);
+      g.absmax = g.norm / 10;
+      if (scaled_row) {
+        GradRow x = g;
+        x.norm *= scale;
+        x.absmax *= scale;
+        x.unscaled = false;
+        run.grads.push_back(x);
+      }
+      if (unscaled_row) {
+        g.unscaled = true;
+        run.grads.push_back(g);
+      }
+    }
+  }
+}
+
+TEST(diff_test, gradients_are_compared_after_unscaling_or_divided_by_the_scale) {
+  HandRun a = make_run();
+  add_grads(a, 1, false, true);  // no scaler: one row per parameter, after "unscale"
+  HandRun both = scaled_copy(a);  // a GradScaler's run: the scaled row, then the unscaled one
+  both.grads.clear();
+  HandRun only_scaled = both;
+  for (HandRun* run : {&both, &only_scaled}) {
+    for (const StepRow& s : run->steps) {
+      HandRun one;
+      one.steps = {s};
+      add_grads(one, s.scale, true, run == &both);
+      run->grads.insert(run->grads.end(), one.grads.begin(), one.grads.end());
+    }
+  }
+  for (const HandRun* b : {&both, &only_scaled}) {
+    Pair pair(a, *b);
+    const DiffReport d = pair.diff();
+    EXPECT_EQ(d.grads_aligned, 12);
+    EXPECT_FALSE(d.first_grad_divergence.has_value());
+    EXPECT_FALSE(d.diverged());
+  }
+  // b's fc1.bias gradient at step 3 twice as large (after unscale_): its norm 2 (1 + 0.3 + 1) against the
+  // largest so far, b's: |n - 2n| / 2n = 0.5.
+  HandRun planted = both;
+  for (GradRow& g : planted.grads) {
+    if (g.step == 3 && g.param == "fc1.bias" && g.unscaled) g.norm *= 2;
+  }
+  Pair pair(a, planted);
+  const DiffReport d = pair.diff();
+  ASSERT_TRUE(d.first_grad_divergence.has_value());
+  EXPECT_EQ(d.first_grad_divergence->step, 3);
+  EXPECT_EQ(d.first_grad_divergence->param, "fc1.bias");
+  EXPECT_EQ(d.first_grad_divergence->stat, "norm");
+  EXPECT_NEAR(d.first_grad_divergence->rel_norm, 0.5, 1e-12);
+  EXPECT_TRUE(d.diverged());
+  EXPECT_FALSE(d.first_divergence.has_value());
+  // An inf in one run's gradient is a divergence whatever the threshold.
+  HandRun inf = both;
+  for (GradRow& g : inf.grads) {
+    if (g.step == 1 && g.param == "fc1.weight") g.pos_inf = 2;
+  }
+  Pair pair3(a, inf);
+  const DiffReport d3 = pair3.diff({.threshold = 1e300});
+  ASSERT_TRUE(d3.first_grad_divergence.has_value());
+  EXPECT_EQ(d3.first_grad_divergence->step, 1);
+  EXPECT_EQ(d3.first_grad_divergence->stat, "nonfinite");
+}
+
+OpRow unit_op(std::int64_t step, std::int64_t seq, const char* op, double min, double max) {
+  OpRow r = make_op(step, seq, {Phase::forward, op, "head"});
+  r.health.min = min;
+  r.health.max = max;
+  r.health.absmax = std::max(std::fabs(min), std::fabs(max));
+  r.health.mean = (min + max) / 2;
+  r.health.rms = r.health.absmax / 2;
+  return r;
+}
+
+// Both runs end each step's forward with `op` in "head"; b's at `step` is `pinned` instead.
+DiffReport diff_with_head(const char* op, double min, double max, const OpRow& pinned, std::int64_t step) {
+  HandRun a = make_run();
+  for (std::int64_t s = 0; s < 6; ++s) a.ops.push_back(unit_op(s, 11, op, min, max));
+  HandRun b = a;
+  b.op(step, 11) = pinned;
+  Pair pair(a, b);
+  return pair.diff();
+}
+
+TEST(diff_test, an_output_pinned_at_the_end_of_its_open_range_in_one_run_is_saturation) {
+  // A sigmoid whose largest value is exactly 1 in b (f16 rounds 1 - 2^-12 and above to 1) and 0.9997 in a:
+  // the statistics agree within 0.03%, yet 1 - s is 0 in b only.
+  OpRow sat = unit_op(2, 11, "sigmoid", 0.01, 1.0);
+  DiffReport d = diff_with_head("sigmoid", 0.01, 0.9997, sat, 2);
+  ASSERT_TRUE(d.first_divergence.has_value());
+  EXPECT_EQ(d.first_divergence->key.step, 2);
+  EXPECT_EQ(d.first_divergence->key.op, "sigmoid");
+  EXPECT_EQ(d.first_divergence->stat, "saturation");
+  EXPECT_EQ(d.first_divergence->pins_a, 0u);
+  EXPECT_EQ(d.first_divergence->pins_b, kPinUpper);
+  EXPECT_EQ(d.first_divergence->max_rel, 1.0);
+  EXPECT_LT(d.first_divergence->rel_rms, 0.001);
+
+  // Softmax probabilities at exactly 0 (exact zeros) in b only.
+  OpRow zero = unit_op(4, 11, "softmax", 0.0, 0.5);
+  zero.health.zero = 3;
+  d = diff_with_head("softmax", 1e-9, 0.5, zero, 4);
+  ASSERT_TRUE(d.first_divergence.has_value());
+  EXPECT_EQ(d.first_divergence->key.step, 4);
+  EXPECT_EQ(d.first_divergence->stat, "saturation");
+  EXPECT_EQ(d.first_divergence->pins_b, kPinLower);
+
+  // tanh at exactly -1.
+  d = diff_with_head("tanh", -0.999, 0.5, unit_op(1, 11, "tanh", -1.0, 0.5), 1);
+  ASSERT_TRUE(d.first_divergence.has_value());
+  EXPECT_EQ(d.first_divergence->key.step, 1);
+  EXPECT_EQ(d.first_divergence->pins_b, kPinLower);
+
+  // An f16 output at exactly 65504 (a clamp hiding an overflow) in b only, any op.
+  OpRow clamp = unit_op(3, 11, "clamp", -2.0, 65504.0);
+  clamp.out_dtype = "f16";
+  d = diff_with_head("clamp", -2.0, 65000.0, clamp, 3);
+  ASSERT_TRUE(d.first_divergence.has_value());
+  EXPECT_EQ(d.first_divergence->key.step, 3);
+  EXPECT_EQ(d.first_divergence->pins_b, kPinDtypeMax);
+
+  // Both runs at the boundary, or an op whose range is not open (relu reaching 1): no divergence.
+  d = diff_with_head("sigmoid", 0.01, 1.0, unit_op(2, 11, "sigmoid", 0.01, 1.0), 2);
+  EXPECT_FALSE(d.first_divergence.has_value());
+  d = diff_with_head("exp", 0.5, 0.9997, unit_op(2, 11, "exp", 0.5, 1.0), 2);
+  EXPECT_FALSE(d.first_divergence.has_value());
+}
+
+TEST(diff_test, new_exact_zeros_name_a_divergence_only_when_the_zeroed_values_mattered) {
+  HandRun a = make_run();
+  // b: at step 3, the first relu's output became all zeros (a layer silently zeroed): rms 0.
+  HandRun b = a;
+  OpRow& zeroed = b.op(3, 1);
+  zeroed.health.zero = zeroed.health.numel;
+  zeroed.health.min = zeroed.health.max = zeroed.health.absmax = zeroed.health.mean = zeroed.health.rms = 0;
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  ASSERT_TRUE(d.first_divergence.has_value());
+  EXPECT_EQ(d.first_divergence->key.step, 3);
+  EXPECT_EQ(d.first_divergence->seq_a, 1);
+  EXPECT_EQ(d.first_divergence->stat, "zeros");
+  EXPECT_EQ(d.first_divergence->rel_zeros, 1.0);  // 0 of 128 against 128 of 128
+  EXPECT_EQ(d.first_divergence->rel_rms, 1.0);
+
+  // Half the values flushed to 0, but they were too small to move the rms (0.1%): not a divergence.
+  HandRun c = a;
+  c.op(3, 1).health.zero = 64;
+  c.op(3, 1).health.rms *= 0.999;
+  Pair flushed(a, c);
+  const DiffReport f = flushed.diff();
+  EXPECT_FALSE(f.first_divergence.has_value());
+  ASSERT_FALSE(f.largest.empty());
+  EXPECT_EQ(f.largest.front().rel_zeros, 0.5);
 }
 
 // The README's demo pair: attention logits that overflow f16 in blocks.0.attn's score bmm.

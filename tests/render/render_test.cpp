@@ -348,7 +348,7 @@ TEST(render_test, diff_text_starts_with_the_first_divergence_then_both_runs) {
   EXPECT_EQ(lines[0], "FIRST DIVERGENCE: step 37, bmm in blocks.0.attn (occurrence 1)");
   EXPECT_EQ(lines[1], "  NaN/inf counts differ: a none, b 12 +inf (absmax a 1.45e+05, b 6.1e+04)");
   EXPECT_EQ(lines[2], "  dtypes: a f32,f32 -> f32, b f16,f16 -> f16");
-  EXPECT_EQ(lines[3], "LOSSES PART: step 37: a 4.63, b nan (relative difference inf)");
+  EXPECT_EQ(lines[3], "LOSSES PART: step 37: a 4.63, b nan (difference inf of the largest loss so far)");
   const std::string text = render_text(planted_diff(60));
   EXPECT_TRUE(contains(text, "a: run-fp32.h5  (transformer, fp32, cpu, seed 7)")) << text;
   EXPECT_TRUE(contains(text, "b: run-fp16.h5  (transformer, fp16, cpu, seed 7)")) << text;
@@ -399,8 +399,9 @@ TEST(render_test, diff_loss_table_samples_many_steps_and_keeps_the_divergence_st
 
 TEST(render_test, diff_without_divergence_says_so_first) {
   const std::string text = render_text(planted_diff(10));
-  EXPECT_EQ(lines_of(text)[0], "NO OP DIVERGENCE: no aligned op differs by more than 0.05 relative (1000 aligned op rows)");
-  EXPECT_EQ(lines_of(text)[1], "LOSSES AGREE: the losses stay within 0.05 relative");
+  EXPECT_EQ(lines_of(text)[0],
+            "NO OP DIVERGENCE: no aligned op differs by more than 0.2 of each op's largest rms so far (1000 aligned op rows)");
+  EXPECT_EQ(lines_of(text)[1], "LOSSES AGREE: the losses stay within 0.2 of the largest loss so far");
   EXPECT_FALSE(contains(text, "\x1b["));
   EXPECT_TRUE(contains(render_text(planted_diff(10), {.colour = true}), "\x1b[1;32mNO OP DIVERGENCE"));
 }
@@ -444,8 +445,12 @@ TEST(render_test, diff_json_parses_back_with_every_field) {
   EXPECT_EQ(j["kind"], "diff");
   EXPECT_EQ(j["path_a"], "run-fp32.h5");
   EXPECT_EQ(j["run_b"]["precision"], "fp16");
-  EXPECT_EQ(j["options"]["threshold"], 0.05);
-  EXPECT_EQ(j["options"]["floor"], 1e-6);
+  EXPECT_EQ(j["options"]["threshold"], 0.2);
+  EXPECT_EQ(j["options"]["floor"], 0.0);
+  EXPECT_EQ(j["scale_aware"], true);
+  EXPECT_EQ(j["rows_outside_steps_a"], 0);
+  EXPECT_EQ(j["grads_aligned"], 0);
+  EXPECT_TRUE(j["first_grad_divergence"].is_null());
   EXPECT_EQ(j["options"]["largest"], 20);
   EXPECT_EQ(j["steps_compared"], 60);
   EXPECT_EQ(j["ops_aligned"], 6000);
@@ -476,6 +481,9 @@ TEST(render_test, diff_json_parses_back_with_every_field) {
   EXPECT_EQ(f["stat"], "nonfinite");
   EXPECT_EQ(f["nonfinite_differs"], true);
   EXPECT_EQ(f["dtype_differs"], true);
+  EXPECT_EQ(f["scale_a"], 1.0);
+  EXPECT_EQ(f["pinned_b"], json::array());
+  EXPECT_EQ(f["magnitudes_compared"], true);
   EXPECT_EQ(j["largest"].size(), 1u);
   ASSERT_EQ(j["dtype_differences"].size(), 1u);
   EXPECT_EQ(j["dtype_differences"][0]["count"], 120);
