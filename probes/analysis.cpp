@@ -1230,6 +1230,10 @@ Report Analyser::finish() {
   // A skipped step whose forward pass and loss were finite is the scaler calibrating when a later unskipped
   // step ran at a smaller scale (the backoff cured it) and no earlier unskipped step had run at this scale or
   // above (the gradients did not grow: the scale was too high, from the start or after a growth).
+  // A skip in the run's last step cannot show its cure: it is calibration when a skip at the same scale
+  // earlier in the run was (the same overshoot, cured before).
+  std::set<double> cured_scales;
+  const std::int64_t last_step_of_run = steps.empty() ? -1 : steps.back().step;
   for (auto& [step, diagnoses] : st.pending_calibration) {
     double scale = 0;
     for (const StepRow& s : steps)
@@ -1240,11 +1244,16 @@ Report Analyser::finish() {
       if (s.step > step && s.scale < scale) cured = true;
       if (s.step < step && s.scale >= scale) fine_before = true;
     }
+    if (!cured && step == last_step_of_run && cured_scales.count(scale) > 0) cured = true;
     if (cured && !fine_before) {
+      cured_scales.insert(scale);
       ++sh.calibration_skips;
       sh.last_calibration_step = std::max(sh.last_calibration_step, step);
       continue;
     }
+    double lr = std::nan("");
+    for (const StepRow& s : steps)
+      if (s.step == step) lr = s.lr;
     for (Diagnosis& d : diagnoses) {
       d.evidence.push_back(
           !cured ? fmt::format("no later step ran unskipped at a smaller scale than this step's {}: backing off did "
@@ -1253,6 +1262,13 @@ Report Analyser::finish() {
                  : fmt::format("an earlier step ran unskipped at scale {} or above: the gradients grew, it is not the "
                                "scaler calibrating",
                                number(scale)));
+      // Gradients that grew past what a scale handled before point at the learning rate (or the loss) first;
+      // an overflow no smaller scale cured, at the initial scale.
+      Remedy lower = lr_remedy(lr);
+      lower.text += ": the gradients grew until the scaled ones overflow f16";
+      if (fine_before) d.remedies.insert(d.remedies.begin(), std::move(lower));
+      else d.remedies.push_back(std::move(lower));
+      d.remedy = remedy_text(d.remedies);
       st.add(std::move(d), step);
     }
   }
@@ -1373,9 +1389,10 @@ Report Analyser::finish() {
     if (!sh.used) {
       d.evidence.push_back("the scale is 1 at every step: no loss scaler");
       d.remedies.push_back(simple("enable_scaler",
-                                  "enable the GradScaler (ampscope train uses one by default in fp16): it multiplies "
-                                  "the loss so small gradients stay above f16's smallest subnormal (2^-24)",
-                                  "--init-scale 65536",
+                                  "enable the GradScaler (ampscope train uses one in fp16 unless --no-scaler is "
+                                  "given: drop it): it multiplies the loss so small gradients stay above f16's "
+                                  "smallest subnormal (2^-24)",
+                                  "",
                                   "GradScaler scaler({.init_scale = 65536});  // scaler.scale(loss).backward(); "
                                   "scaler.step(opt); scaler.update();",
                                   65536));

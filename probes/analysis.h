@@ -186,7 +186,8 @@ struct ScalerHealth {
   std::string message;        // one sentence for the report
   // Calibration: skipped steps whose forward pass and loss were finite, whose gradients overflowed only at
   // the scale of that step, and which a smaller scale cured (a later unskipped step ran at a smaller scale,
-  // and no earlier unskipped step ran at this scale or above). This is what the GradScaler is designed to
+  // or, for the run's last step, an earlier skip at the same scale was cured; and no earlier unskipped step
+  // ran at this scale or above). This is what the GradScaler is designed to
   // do while it settles from its initial scale, or after a growth overshoots; such skips are counted here,
   // not reported as anomalies. docs/report-format.md, "Calibration".
   std::int64_t calibration_skips = 0;
