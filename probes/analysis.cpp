@@ -150,7 +150,8 @@ namespace {
 
 // Remedies for a diagnosis, best first. Nothing dtype-specific for fp32 runs (no f32 override, no bf16);
 // bf16 only for range problems; constants representable (and normal) in the dtype of the op they protect.
-std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::string& run_precision) {
+std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::string& run_precision,
+                                bool from_mask = false) {
   // Rows analysed without run info (hand-built traces): the op's own dtypes say what the run was.
   const std::string precision =
       !run_precision.empty() ? run_precision
@@ -242,6 +243,14 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
                                      dtype_words(r.out_dtype), number(eps), eps_why),
                          "", fmt::format("Tensor denom = add(denominator, {});", number(eps)), eps));
     f32("");
+    return out;
+  }
+  if (d.cause == "invalid_operation" && from_mask) {
+    // 0 / 0 of a row the mask filled with -inf: the same in every dtype, so no f32 or bf16 remedy.
+    out.push_back(simple("finite_mask",
+                         "fill the mask with a large finite negative value instead of -inf (a row that is masked "
+                         "everywhere then gets a uniform softmax instead of 0 / 0), or drop fully masked rows",
+                         "", "Tensor masked = masked_fill(scores, mask, -1e4);  // not -inf: finite in f16 too"));
     return out;
   }
   if (d.cause == "invalid_operation") {
@@ -845,6 +854,17 @@ struct Analyser::State {
           d.evidence.push_back(fmt::format("probe ({}): {}", e.kind, e.detail));
       }
       root_walk(d, r, idx);
+      // NaN from a masked_fill's -inf (a fully masked row through softmax is 0 / 0 in every dtype).
+      bool from_mask = false;
+      for (std::size_t i = 0; i < trace::kOpInputs && d.cause == "invalid_operation"; ++i) {
+        const OpRow* q = producer_of(r, i, idx);
+        if (q != nullptr && q->op == "masked_fill" && q->health.neg_inf > 0) {
+          from_mask = true;
+          d.evidence.push_back(fmt::format("its input is the output of {}, which filled {} of {} values with -inf: "
+                                           "a row masked everywhere is 0 / 0 in softmax, in any dtype",
+                                           where_text(*q), q->health.neg_inf, q->health.numel));
+        }
+      }
       for (const ChainLink& l : d.chain)
         if (l.role != "origin") d.evidence.push_back(fmt::format("{}: {}", l.role, l.evidence));
       propagation(d, ops, &r, step_row, grads);
@@ -852,7 +872,7 @@ struct Analyser::State {
         silent_damage(d, ops, idx, step_row);
         damage_told = true;
       }
-      d.remedies = remedies_of(d, r, rep.run.precision);
+      d.remedies = remedies_of(d, r, rep.run.precision, from_mask);
       if (d.cause == "f16_overflow" && r.cast_overflow == 0 && r.phase == Phase::forward) grown(d, r, ops);
       d.remedy = remedy_text(d.remedies);
       if (deferred) {

@@ -329,9 +329,11 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
     struct Input {
       std::string label;
       TensorStats stats;
+      bool mask = false;  // its only non-finite values are the -inf a masked_fill of this step wrote
     };
     std::vector<Input> inputs;
     const Input* first_bad = nullptr;
+    const StepRecord* record = record_for(e.step);
     for (std::size_t i = 0; i < e.inputs.size(); ++i) {
       Tensor t = e.inputs[i];
       if (!t.defined() || !is_floating(t.dtype())) continue;
@@ -342,10 +344,19 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
           label += " before autocast";
         }
       }
-      inputs.push_back({std::move(label), tensor_stats(t)});
+      Input in{std::move(label), tensor_stats(t)};
+      const std::int64_t from = i < row.inputs.size() ? row.inputs[i] : trace::kInputNone;
+      if (!backward && record != nullptr && from >= 0 && in.stats.health.nan == 0 && in.stats.health.pos_inf == 0) {
+        for (const trace::OpRow& o : record->ops)
+          if (o.seq == from && o.op == "masked_fill") in.mask = true;
+      }
+      inputs.push_back(std::move(in));
     }
+    // NaN (and nothing else) made from a mask's -inf, a fully masked row through softmax (0 / 0), is made
+    // here: this op is its origin. An op that only passes the -inf on (-inf out) is not.
+    const bool nan_from_mask = out_nan > 0 && out_pos_inf + out_neg_inf == 0;
     for (const Input& in : inputs) {
-      if (in.stats.non_finite() > 0) {
+      if (in.stats.non_finite() > 0 && !(in.mask && nan_from_mask)) {
         first_bad = &in;
         break;
       }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/autocast.h"
+#include "core/nn.h"
 #include "core/grad_scaler.h"
 #include "core/ops.h"
 #include "core/optim.h"
@@ -41,6 +43,8 @@ struct Loop {
   bool zero_grad = true;
   double loss_weight = 1.0;  // a tiny weight (an auxiliary loss averaged over many elements) underflows f16
   double lr = 1e-3;
+  double feature_scale = 1.0;  // feature 0 in raw units (1e5: a price, a count) overflows f16's cast
+  bool nan_in_data = false;    // one NaN in the batch, from step 1 on
 };
 
 Report run_and_report(const Loop& l, const std::string& name) {
@@ -57,7 +61,11 @@ Report run_and_report(const Loop& l, const std::string& name) {
     optim::AdamW opt(model->parameters(), {.lr = l.lr});
     GradScaler scaler({.device = "cpu", .init_scale = l.init_scale, .growth_interval = l.growth_interval,
                        .enabled = l.scaler});
-    const Tensor x = randn({32, 16}, gen);
+    std::vector<double> xv = randn({32, 16}, gen).values();
+    for (std::size_t i = 0; i < xv.size(); i += 16) xv[i] *= l.feature_scale;
+    const Tensor clean_x = from_values(xv, {32, 16});
+    xv[5] = std::nan("");
+    const Tensor dirty_x = from_values(xv, {32, 16});
     std::vector<double> labels(32);
     for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<double>(i % 4);
     const Tensor y = from_values(labels, {32}, {.dtype = DType::i64});
@@ -67,6 +75,7 @@ Report run_and_report(const Loop& l, const std::string& name) {
       Tensor loss;
       {
         AutocastGuard autocast(DType::f16);
+        const Tensor& x = l.nan_in_data && step >= 1 ? dirty_x : clean_x;
         loss = mul(cross_entropy((*model)(x), y), l.loss_weight);
       }
       const double scale = scaler.is_enabled() ? scaler.get_scale() : 1.0;
@@ -143,6 +152,87 @@ TEST(remedy_kinds_test, zero_grad_cures_gradients_that_accumulate) {
   // With gradients cleared, the overflow a doubled scale meets is cured by the next back-off: calibration.
   EXPECT_TRUE(after.healthy()) << after.anomalies.front().cause;
   EXPECT_GT(after.scaler.calibration_skips, 0);
+}
+
+TEST(remedy_kinds_test, rescale_input_cures_a_raw_feature_that_overflows_the_cast) {
+  Loop l{.steps = 4, .feature_scale = 1e5};  // fc1's f16 cast of feature 0 (~1e5) overflows every step
+  const Report before = run_and_report(l, "raw");
+  ASSERT_FALSE(before.anomalies.empty());
+  const Diagnosis& d = before.anomalies.front();
+  EXPECT_EQ(d.cause, "f16_overflow");
+  EXPECT_EQ(d.module, "fc1");
+  const Remedy* m = find_kind(d, "rescale_input");
+  ASSERT_NE(m, nullptr) << d.remedy;
+  l.feature_scale = 1.0;  // standardised: the remedy applied
+  EXPECT_TRUE(run_and_report(l, "raw-fixed").healthy());
+  // Its f32 remedy works too: fc1 in f32 takes the raw feature (1e5 * weights ~ 1e4, within f16 after it).
+  Loop f = {.steps = 4, .feature_scale = 1e5};
+  const Remedy* f32 = find_kind(d, "autocast_fp32");
+  ASSERT_NE(f32, nullptr);
+  AutocastOverrideGuard keep({.op = f32->pattern_is_op ? f32->pattern : "", .module = f32->pattern_is_op ? "" : f32->pattern,
+                              .precision = Precision::f32});
+  const Report after = run_and_report(f, "raw-f32");
+  for (const Diagnosis& a : after.anomalies) EXPECT_FALSE(a.module == "fc1" && a.cause == "f16_overflow");
+}
+
+TEST(remedy_kinds_test, clean_data_is_proposed_for_nan_in_the_batch_and_cleaning_cures_it) {
+  Loop l{.steps = 3, .nan_in_data = true};
+  const Report before = run_and_report(l, "nan-data");
+  ASSERT_FALSE(before.anomalies.empty());
+  const Diagnosis& d = before.anomalies.front();
+  EXPECT_EQ(d.cause, "nonfinite_input");
+  EXPECT_EQ(d.step, 1);
+  ASSERT_NE(find_kind(d, "clean_data"), nullptr) << d.remedy;
+  l.nan_in_data = false;
+  EXPECT_TRUE(run_and_report(l, "nan-data-fixed").healthy());
+}
+
+// Attention written by hand with a padding mask that covers a whole row (an empty sequence in the batch):
+// softmax of a row of -inf is 0 / 0 = NaN, in f16, bf16 and f32 alike. The fix is the mask's value.
+Report masked_attention(double fill, const std::string& name) {
+  const auto path = temp_trace(name);
+  probe::ProbeOptions options;
+  trace::RunInfo info{.precision = "fp16", .device = "cpu", .model = "user attention", .seed = 6, .config = "{}",
+                      .probe = probe::describe(options)};
+  {
+    auto writer = std::make_shared<trace::TraceWriter>(path, info);
+    auto probe = std::make_shared<probe::Probe>(writer, options);
+    probe::HookGuard installed(probe);
+    Generator gen(6);
+    nn::Linear proj(8, 8, gen);
+    const Tensor x = randn({4, 8}, gen);
+    std::vector<double> mask(16, 0.0);
+    for (int j = 0; j < 4; ++j) mask[static_cast<std::size_t>(3 * 4 + j)] = 1.0;  // row 3: every key masked
+    const Tensor m = from_values(mask, {4, 4}, {.dtype = DType::boolean});
+    probe::StepScope scope(0);
+    Tensor loss;
+    {
+      AutocastGuard autocast(DType::f16);
+      Tensor h = proj(x);
+      Tensor scores = matmul(h, h.transpose(0, 1));
+      Tensor p = softmax(masked_fill(scores, m, fill), -1);
+      loss = mean(matmul(p, h));
+    }
+    scope.end({.step = 0, .loss = loss.item()});
+    probe->flush();
+    writer->close();
+  }
+  trace::TraceReader reader(path);
+  Report rep = analyse(reader);
+  std::filesystem::remove(path);
+  return rep;
+}
+
+TEST(remedy_kinds_test, finite_mask_cures_a_fully_masked_row) {
+  const Report before = masked_attention(-std::numeric_limits<double>::infinity(), "mask");
+  ASSERT_FALSE(before.anomalies.empty());
+  const Diagnosis& d = before.anomalies.front();
+  EXPECT_EQ(d.op, "softmax");
+  EXPECT_EQ(d.cause, "invalid_operation");  // not nonfinite_input: the data are fine, the mask made the NaN
+  ASSERT_FALSE(d.remedies.empty());
+  EXPECT_EQ(d.remedies.front().kind, "finite_mask");
+  for (const Remedy& m : d.remedies) EXPECT_NE(m.kind, "bf16") << "0 / 0 is NaN in bf16 too";
+  EXPECT_TRUE(masked_attention(-1e4, "mask-fixed").healthy());
 }
 
 // The lr-explosion scenario (lr 1.5): the report's learning-rate remedy, applied as often as the report
