@@ -974,7 +974,7 @@ struct Analyser::State {
                                        "record (filtered out or not sampled), so the origin is upstream of what this "
                                        "trace holds",
                                        counts_text(first->health), place(*first), step));
-      d.remedies.push_back(simple("compare_fp32",
+      d.remedies.push_back(simple("record_every_op",
                                   "record every op (no op or module filter, every step) and run again: the origin is "
                                   "in an op this trace does not hold",
                                   "--probe health --sample-every 1",

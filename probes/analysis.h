@@ -78,6 +78,7 @@ inline constexpr const char* kRemedyKinds[] = {
     "zero_grad",           // clear gradients every step
     "finite_mask",         // mask with a finite value rather than the dtype's extreme
     "clean_data",          // the input data hold NaN/inf
+    "record_every_op",     // the probe filtered or sampled the origin away: record every op and run again
     "compare_fp32",        // nothing specific: compare with an fp32 run
 };
 

@@ -68,9 +68,9 @@ TEST(coverage_test, skips_while_the_scaler_settles_are_calibration_and_the_run_i
 
 // A user's loop whose probe records only fc3: the overflow happens in fc1 (an input scaled past f16's range),
 // so the first recorded non-finite op is fc3, fed by an op the probe skipped.
-TEST(coverage_test, a_module_filter_that_hides_the_origin_is_named_and_not_blamed_on_the_data) {
-  const auto path = temp_trace("filter");
-  probe::ProbeOptions options{.modules = {"fc3"}};
+Report filtered_run(const std::vector<std::string>& modules, const std::string& name) {
+  const auto path = temp_trace(name);
+  probe::ProbeOptions options{.modules = modules};
   trace::RunInfo info{.precision = "fp16", .device = "cpu", .model = "user mlp", .seed = 1, .config = "{}",
                       .probe = probe::describe(options)};
   {
@@ -94,8 +94,13 @@ TEST(coverage_test, a_module_filter_that_hides_the_origin_is_named_and_not_blame
     writer->close();
   }
   trace::TraceReader reader(path);
-  const Report rep = analyse(reader);
+  Report rep = analyse(reader);
   std::filesystem::remove(path);
+  return rep;
+}
+
+TEST(coverage_test, a_module_filter_that_hides_the_origin_is_named_and_not_blamed_on_the_data) {
+  const Report rep = filtered_run({"fc3"}, "filter");
   ASSERT_TRUE(rep.coverage.known);
   EXPECT_EQ(rep.coverage.modules, std::vector<std::string>{"fc3"});
   ASSERT_FALSE(rep.coverage.notes.empty());
@@ -108,6 +113,14 @@ TEST(coverage_test, a_module_filter_that_hides_the_origin_is_named_and_not_blame
   for (const std::string& e : d.evidence) hidden |= contains(e, "an op the probe did not record");
   EXPECT_TRUE(hidden);
   for (const Remedy& m : d.remedies) EXPECT_NE(m.kind, "clean_data") << "the data are fine; the origin is hidden";
+  ASSERT_FALSE(d.remedies.empty());
+  EXPECT_EQ(d.remedies.front().kind, "record_every_op");
+  // The remedy applied: the same run with every op recorded finds the origin, fc1's cast of x.
+  const Report all = filtered_run({}, "filter-removed");
+  ASSERT_FALSE(all.anomalies.empty());
+  EXPECT_EQ(all.anomalies.front().module, "fc1");
+  EXPECT_EQ(all.anomalies.front().cause, "f16_overflow");
+  EXPECT_TRUE(all.coverage.notes.empty());
 }
 
 // An evaluation forward pass after the step (outside any StepScope) is not recorded: no step -1 rows, and
