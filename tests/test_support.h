@@ -7,13 +7,34 @@
 #include <cstdlib>
 #include <limits>
 #include <exception>
+#include <filesystem>
 #include <initializer_list>
 #include <string>
 #include <string_view>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "core/backend.h"
+
+namespace ampscope::testing {
+
+// A scratch folder for this test process ("<tmp>/<prefix>_<pid>"), created on first use and removed with
+// everything in it when the process exits, so test runs leave nothing behind in the temporary folder.
+inline std::filesystem::path process_scratch_dir(const std::string& prefix) {
+  struct Folder {
+    std::filesystem::path path;
+    ~Folder() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static Folder folder{std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()))};
+  std::filesystem::create_directories(folder.path);
+  return folder.path;
+}
+
+}  // namespace ampscope::testing
 
 // Skips a GPU test, with the reason, where no CUDA device is usable; fails it instead when the
 // environment sets AMPSCOPE_REQUIRE_GPU=1 (scripts/device-check.sh does), so a GPU machine whose driver

@@ -22,6 +22,7 @@
 #include "probes/analysis.h"
 #include "probes/trace_reader.h"
 #include "samples/train_command.h"
+#include "tests/test_support.h"
 
 #ifndef AMPSCOPE_SOURCE_DIR
 #error "AMPSCOPE_SOURCE_DIR must name the source tree (for the docs)"
@@ -31,9 +32,7 @@ namespace ampscope::samples {
 namespace {
 
 std::filesystem::path temp_dir() {
-  const auto dir = std::filesystem::temp_directory_path() / ("ampscope_documented_fix_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return dir;
+  return ampscope::testing::process_scratch_dir("ampscope_documented_fix");
 }
 
 std::string read_text(const std::filesystem::path& path) {

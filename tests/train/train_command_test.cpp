@@ -93,9 +93,7 @@ TEST_P(BadOptionTest, is_refused_naming_the_option_the_value_and_what_is_allowed
 }
 
 std::string scratch_folder() {
-  const auto path = std::filesystem::temp_directory_path() / ("ampscope_opts_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(path);
-  return path.string();
+  return ampscope::testing::process_scratch_dir("ampscope_opts").string();
 }
 
 std::string top_level_and_table_config() {

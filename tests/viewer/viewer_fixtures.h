@@ -12,13 +12,12 @@
 #include <unistd.h>
 
 #include "probes/trace_writer.h"
+#include "tests/test_support.h"
 
 namespace ampscope::viewer::testing {
 
 inline std::filesystem::path fixture_dir() {
-  const auto dir = std::filesystem::temp_directory_path() / ("ampscope_viewer_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return dir;
+  return ampscope::testing::process_scratch_dir("ampscope_viewer_test");
 }
 
 inline trace::OpRow op_row(std::int64_t step, std::int64_t seq, const std::string& module, const std::string& op,
