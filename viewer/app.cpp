@@ -115,6 +115,12 @@ void select_step(ViewerState& s, std::int64_t step, std::optional<std::int64_t> 
   set_selection(s, step, seq);
 }
 
+void select_op(ViewerState& s, std::int64_t seq) {
+  s.user_selected = true;  // the user's choice: the jump to the first anomaly must not undo it
+  s.selected_seq = seq;
+  s.scroll_to_selected = true;
+}
+
 void poll_documents(ViewerState& s) {
   if (!s.dropped.empty()) {
     std::vector<std::string> files;

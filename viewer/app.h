@@ -63,6 +63,11 @@ struct ViewerState {
   StepSeries series;
   std::size_t series_steps = static_cast<std::size_t>(-1);
 
+  // Op detail: the selected op's inputs and consumers, computed again when the op or the step's rows change.
+  std::vector<OpLink> detail_producers, detail_consumers;
+  std::optional<std::int64_t> detail_links_seq;
+  std::uint64_t detail_links_load = 0;  // StepData::load_id of the rows they were computed from
+
   // Compare: the per-op differences of the selected step.
   std::vector<analysis::OpDiff> op_diffs;
   std::uint64_t op_diffs_for_a = 0, op_diffs_for_b = 0;  // StepData::load_id
@@ -93,6 +98,8 @@ struct ViewerState {
 // Opening and selecting (the panels and the drop callback call these).
 void open_trace(ViewerState& s, const std::filesystem::path& path, bool as_b);
 void select_step(ViewerState& s, std::int64_t step, std::optional<std::int64_t> seq = std::nullopt);
+// Selects an op of the step shown (an input or consumer clicked in Op detail): the ops table scrolls to it.
+void select_op(ViewerState& s, std::int64_t seq);
 void poll_documents(ViewerState& s);
 // True when nothing is loading or being analysed (headless mode waits for this).
 bool idle(const ViewerState& s);

@@ -169,6 +169,117 @@ void step_strip(ViewerState& s, float height) {
 
 ImU32 im(std::uint32_t c) { return static_cast<ImU32>(c); }
 
+// A small filled square on the current line (a legend swatch, a link's health), then the cursor after it.
+void swatch(std::uint32_t fill, std::uint32_t border) {
+  const float size = ImGui::GetFontSize() * 0.8f;
+  const ImVec2 p = ImGui::GetCursorScreenPos();
+  const float y = std::floor(p.y + (ImGui::GetTextLineHeight() - size) / 2);
+  if (fill != 0) {
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    dl->AddRectFilled(ImVec2(std::floor(p.x), y), ImVec2(std::floor(p.x + size), y + size), im(fill));
+    if (border != 0) dl->AddRect(ImVec2(std::floor(p.x), y), ImVec2(std::floor(p.x + size), y + size), im(border));
+  }
+  ImGui::Dummy(ImVec2(size, ImGui::GetTextLineHeight()));
+  ImGui::SameLine();
+}
+
+std::string positions_text(const std::vector<int>& positions) {
+  std::string out = positions.size() == 1 ? "input " : "inputs ";
+  for (std::size_t i = 0; i < positions.size(); ++i) out += (i ? ", " : "") + std::to_string(positions[i]);
+  return out;
+}
+
+// Op detail's inputs or consumers: a row is a line that selects it when clicked (its swatch red when its
+// output holds NaN/inf, else its dtype's colour), with its health below; a marker is said in words.
+void draw_links(ViewerState& s, const char* id, const std::vector<OpLink>& links, bool are_inputs) {
+  ImGui::PushID(id);
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    const OpLink& l = links[i];
+    ImGui::PushID(static_cast<int>(i));
+    const std::string where = positions_text(l.positions);
+    if (l.found) {
+      swatch(l.nonfinite ? colours::kNonFiniteCell : dtype_colour(l.out_dtype), 0);
+      const std::string label = are_inputs ? fmt::format("{}: {}", l.positions.front(), l.text)
+                                           : fmt::format("{}  (as {})", l.text, where);
+      if (ImGui::Selectable(label.c_str(), false)) select_op(s, l.seq);
+      if (ImGui::IsItemHovered()) ImGui::SetTooltip("click: select seq %lld", static_cast<long long>(l.seq));
+      ImGui::Indent(ImGui::GetFontSize());
+      ImGui::PushTextWrapPos(0.0f);
+      if (l.nonfinite) {
+        ImGui::TextColored(to_vec4(colours::kWarning), "%s", l.health.c_str());
+      } else {
+        ImGui::TextDisabled("%s", l.health.c_str());
+      }
+      ImGui::PopTextWrapPos();
+      ImGui::Unindent(ImGui::GetFontSize());
+    } else {
+      swatch(0, 0);
+      ImGui::PushTextWrapPos(0.0f);
+      const std::string text = are_inputs && !l.positions.empty() ? fmt::format("{}: {}", l.positions.front(), l.text) : l.text;
+      if (l.seq >= 0) {
+        ImGui::TextColored(to_vec4(colours::kWarning), "%s", text.c_str());  // a seq the step does not hold
+      } else {
+        ImGui::TextDisabled("%s", text.c_str());
+      }
+      ImGui::PopTextWrapPos();
+    }
+    ImGui::PopID();
+  }
+  ImGui::PopID();
+}
+
+// A root-cause chain, root first: each link a line that selects its op (in its step), the one at `current`
+// highlighted; with `evidence`, each link's sentence below it, else in its tooltip.
+void draw_chain(ViewerState& s, const std::vector<ChainItem>& chain, int current, bool evidence) {
+  for (std::size_t i = 0; i < chain.size(); ++i) {
+    const ChainItem& c = chain[i];
+    ImGui::PushID(static_cast<int>(i));
+    const bool root = i == 0, origin = i + 1 == chain.size();
+    swatch(origin ? colours::kOriginMark : root ? colours::kWarning : colours::kZeroBar, 0);
+    const std::string label = fmt::format("{}{} ({})", i == 0 ? "" : "-> ", c.text, c.role);
+    if (ImGui::Selectable(label.c_str(), static_cast<int>(i) == current) && c.step >= 0) {
+      if (s.a && s.a->selected_step() == c.step) {
+        select_op(s, c.seq);
+      } else {
+        select_step(s, c.step, c.seq);
+      }
+    }
+    if (ImGui::IsItemHovered()) {
+      ImGui::BeginTooltip();
+      ImGui::PushTextWrapPos(ImGui::GetFontSize() * 35.0f);
+      ImGui::Text("click: select step %lld, seq %lld", static_cast<long long>(c.step), static_cast<long long>(c.seq));
+      if (!evidence) ImGui::TextUnformatted(c.evidence.c_str());
+      ImGui::PopTextWrapPos();
+      ImGui::EndTooltip();
+    }
+    if (evidence && !c.evidence.empty()) {
+      ImGui::Indent(ImGui::GetFontSize() * 2);
+      ImGui::PushTextWrapPos(0.0f);
+      ImGui::TextDisabled("%s", c.evidence.c_str());
+      ImGui::PopTextWrapPos();
+      ImGui::Unindent(ImGui::GetFontSize() * 2);
+    }
+    ImGui::PopID();
+  }
+}
+
+// Text on a dark box (a command-line option, C++ lines), wrapped to the panel, with a copy button.
+void code_block(const char* id, const std::string& text) {
+  ImGui::PushID(id);
+  if (ImGui::SmallButton("copy")) ImGui::SetClipboardText(text.c_str());
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("copy to the clipboard");
+  ImGui::SameLine();
+  const ImVec2 p = ImGui::GetCursorScreenPos();
+  const float wrap = std::max(40.0f, ImGui::GetContentRegionAvail().x - 8);
+  const ImVec2 size = ImGui::CalcTextSize(text.c_str(), nullptr, false, wrap);
+  ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x - 2, p.y - 1), ImVec2(p.x + size.x + 4, p.y + size.y + 1),
+                                            im(rgba(35, 38, 48)));
+  ImGui::PushTextWrapPos(ImGui::GetCursorPos().x + wrap);
+  ImGui::TextColored(ImVec4(0.85f, 0.92f, 1.0f, 1), "%s", text.c_str());
+  ImGui::PopTextWrapPos();
+  ImGui::PopID();
+}
+
 }  // namespace
 
 void draw_errors(ViewerState& s) {
@@ -450,22 +561,66 @@ void draw_detail_panel(ViewerState& s) {
     ImGui::End();
     return;
   }
-  ImGui::Text("%s  %s", row->op.c_str(), row->module.c_str());
+  ImGui::Text("%s  %s", row->op.c_str(), row->module.empty() ? "(no module)" : row->module.c_str());
   if (row->origin) {
     ImGui::SameLine();
     ImGui::TextColored(to_vec4(colours::kOriginMark), "origin");
+  }
+  ImGui::SameLine();
+  ImGui::TextDisabled("step %lld, seq %lld, %s, %s", static_cast<long long>(row->step), static_cast<long long>(row->seq),
+                      dtype_arrow(*row).c_str(), row->shape.c_str());
+  const StepData* d = s.a->step_data();
+  // The dataflow around the op: computed once per op (a step may hold a million rows).
+  const std::uint64_t load = d ? d->load_id : 0;
+  if (s.detail_links_seq != row->seq || s.detail_links_load != load) {
+    const std::span<const trace::OpRow> rows = d ? std::span<const trace::OpRow>(d->ops) : std::span<const trace::OpRow>();
+    s.detail_producers = producers(*row, rows);
+    s.detail_consumers = consumers(*row, rows);
+    s.detail_links_seq = row->seq;
+    s.detail_links_load = load;
   }
   // Side by side when there is room; in the default layout's narrow column a side table would leave its
   // values a few letters wide, so the table goes above the histogram there.
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const bool side_by_side = avail.x >= 600;
-  const ImVec2 table_size = side_by_side ? ImVec2(std::min(300.0f, avail.x * 0.42f), 0) : ImVec2(0, std::floor(avail.y * 0.5f));
+  const ImVec2 table_size = side_by_side ? ImVec2(std::min(360.0f, avail.x * 0.42f), 0) : ImVec2(0, std::floor(avail.y * 0.5f));
   ImGui::BeginChild("##detail_rows", table_size, false);
+  // Inputs, consumers and the root-cause chain first: they are what a click follows.
+  ImGui::TextColored(to_vec4(colours::kLoss), "inputs");
+  help_marker("Where each input came from (the trace's provenance, /ops inputs): the row of this step that "
+              "produced it (click to select it; the swatch is red when its output holds NaN/inf, else its dtype's "
+              "colour), or a parameter, data or a constant, an op the trace did not record, or gradients summed "
+              "by autograd.");
+  if (s.detail_producers.empty()) {
+    ImGui::TextDisabled("none (the op takes no tensor inputs)");
+  } else {
+    draw_links(s, "##producers", s.detail_producers, true);
+  }
+  ImGui::TextColored(to_vec4(colours::kLoss), "consumers");
+  help_marker("The rows of this step that take this op's output in, and as which input (click to select one).");
+  if (s.detail_consumers.empty()) {
+    const bool known = !s.detail_producers.empty() && s.detail_producers.front().marker == trace::kInputUnknown;
+    ImGui::TextDisabled(known ? "unknown: this trace has no provenance (format_version 1)"
+                              : "none in this step (an output, a loss, or its users were not recorded)");
+  } else {
+    draw_links(s, "##consumers", s.detail_consumers, false);
+  }
+  if (const analysis::Report* rep = s.a->report()) {
+    const DiagnosisAt at = diagnosis_at(*rep, row->step, row->seq);
+    if (at.diagnosis != nullptr && !at.diagnosis->chain.empty()) {
+      ImGui::TextColored(to_vec4(colours::kOriginMark), "root cause: %s", at.diagnosis->root_cause.c_str());
+      help_marker("The analysis's walk from the origin upstream: the op that caused it first, the origin last "
+                  "(click a link to select it; hover for its evidence). Why NaN? shows the remedies.");
+      draw_chain(s, chain_items(*at.diagnosis), at.link, false);
+    } else if (at.diagnosis != nullptr && row->origin) {
+      ImGui::TextDisabled("root cause: none found upstream (%s)", at.diagnosis->cause.c_str());
+    }
+  }
+  ImGui::Separator();
   key_value_table("##detail", op_detail_rows(*row), 90);
   ImGui::EndChild();
   if (side_by_side) ImGui::SameLine();
   ImGui::BeginChild("##histogram", ImVec2(0, 0), false);
-  const StepData* d = s.a->step_data();
   std::optional<ExponentHistogram> h = d ? op_histogram(d->histograms, row->seq, row->out_dtype) : std::nullopt;
   if (!h) {
     ImGui::PushTextWrapPos(0.0f);
@@ -541,17 +696,8 @@ void draw_detail_panel(ViewerState& s) {
       }
     }
     // Each zone's line starts with a swatch of its shade: the legend of the bands.
-    auto line = [](std::uint32_t swatch, std::uint32_t colour, const std::string& text) {
-      const float size = ImGui::GetFontSize() * 0.8f;
-      const ImVec2 p = ImGui::GetCursorScreenPos();
-      const float y = p.y + (ImGui::GetTextLineHeight() - size) / 2;
-      if (swatch != 0) {
-        ImDrawList* dl = ImGui::GetWindowDrawList();
-        dl->AddRectFilled(ImVec2(p.x, y), ImVec2(p.x + size, y + size), im(swatch));
-        dl->AddRect(ImVec2(p.x, y), ImVec2(p.x + size, y + size), im(colour));
-      }
-      ImGui::Dummy(ImVec2(size, ImGui::GetTextLineHeight()));
-      ImGui::SameLine();
+    auto line = [](std::uint32_t fill, std::uint32_t colour, const std::string& text) {
+      swatch(fill, colour);
       ImGui::TextColored(to_vec4(colour), "%s", text.c_str());
     };
     for (const ZoneLine& l : f16_zone_lines(*h)) line(l.swatch, l.colour, l.text);
@@ -610,6 +756,38 @@ void draw_why_panel(ViewerState& s) {
         ImGui::TextUnformatted(kv.value.c_str());
       }
       ImGui::PopTextWrapPos();
+    }
+    if (!c.chain.empty()) {
+      ImGui::TextDisabled("chain");
+      ImGui::SameLine(100);
+      ImGui::TextDisabled("from the root cause to the origin (click a link to select its op)");
+      ImGui::Indent(92);
+      draw_chain(s, c.chain, -1, true);
+      ImGui::Unindent(92);
+    }
+    for (std::size_t k = 0; k < c.remedies.size(); ++k) {
+      const analysis::Remedy& r = c.remedies[k];
+      ImGui::PushID(static_cast<int>(k));
+      ImGui::TextDisabled("remedy %d", static_cast<int>(k + 1));
+      ImGui::SameLine(100);
+      ImGui::PushTextWrapPos(0.0f);
+      ImGui::TextColored(to_vec4(colours::kGrowth), "[%s]", r.kind.c_str());
+      ImGui::SameLine();
+      ImGui::TextUnformatted(r.text.c_str());
+      ImGui::PopTextWrapPos();
+      ImGui::Indent(92);
+      if (!r.flag.empty()) {
+        ImGui::TextDisabled("ampscope train");
+        ImGui::SameLine();
+        code_block("##flag", r.flag);
+      }
+      if (!r.code.empty()) {
+        ImGui::TextDisabled("your own loop ");
+        ImGui::SameLine();
+        code_block("##code", r.code);
+      }
+      ImGui::Unindent(92);
+      ImGui::PopID();
     }
     ImGui::Unindent(8);
     const ImVec2 bottom = ImGui::GetCursorScreenPos();

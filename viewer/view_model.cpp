@@ -302,6 +302,91 @@ std::vector<KeyValue> op_detail_rows(const trace::OpRow& row) {
   return rows;
 }
 
+std::string input_marker_words(std::int64_t marker) {
+  switch (marker) {
+    case trace::kInputNone: return "no input";
+    case trace::kInputParameter: return "parameter";
+    case trace::kInputData: return "data or constant";
+    case trace::kInputUnrecorded: return "an op this trace did not record (filtered, not sampled, or an earlier step)";
+    case trace::kInputSummed: return "summed gradients";
+    case trace::kInputUnknown: return "unknown: this trace has no provenance (format_version 1)";
+    default: return marker >= 0 ? "" : fmt::format("invalid marker {} (a damaged row?)", marker);
+  }
+}
+
+namespace {
+
+// The row with this seq among a step's rows: they come in seq order, so a binary search finds it; a scan
+// covers rows written otherwise. Null when there is none.
+const trace::OpRow* find_seq(std::span<const trace::OpRow> rows, std::int64_t seq) {
+  auto it = std::lower_bound(rows.begin(), rows.end(), seq,
+                             [](const trace::OpRow& r, std::int64_t s) { return r.seq < s; });
+  if (it != rows.end() && it->seq == seq) return &*it;
+  for (const auto& r : rows) {
+    if (r.seq == seq) return &r;
+  }
+  return nullptr;
+}
+
+OpLink link_to(const trace::OpRow& r) {
+  OpLink l;
+  l.seq = r.seq;
+  l.found = true;
+  l.text = fmt::format("seq {}  {}{} in {}  {} {}", r.seq, r.phase == trace::Phase::forward ? "" : std::string(trace::phase_name(r.phase)) + " ",
+                       r.op, r.module.empty() ? "(no module)" : r.module, r.out_dtype, r.shape);
+  l.health = fmt::format("NaN/inf {}, zeros {} of {}, absmax {}", op_cell(r, OpColumn::nonfinite),
+                         format_count(r.health.zero), format_count(r.health.numel), format_number(r.health.absmax));
+  l.nonfinite = nonfinite_count(r.health) > 0;
+  l.out_dtype = r.out_dtype;
+  return l;
+}
+
+}  // namespace
+
+std::vector<OpLink> producers(const trace::OpRow& row, std::span<const trace::OpRow> step_rows) {
+  std::vector<OpLink> out;
+  if (std::all_of(row.inputs.begin(), row.inputs.end(), [](std::int64_t v) { return v == trace::kInputUnknown; })) {
+    OpLink l;
+    l.marker = trace::kInputUnknown;
+    l.text = input_marker_words(trace::kInputUnknown);
+    out.push_back(std::move(l));
+    return out;
+  }
+  for (int i = 0; i < trace::kOpInputs; ++i) {
+    const std::int64_t v = row.inputs[static_cast<std::size_t>(i)];
+    if (v == trace::kInputNone) continue;
+    OpLink l;
+    if (v < 0) {
+      l.marker = v;
+      l.text = input_marker_words(v);
+    } else if (const trace::OpRow* p = find_seq(step_rows, v); p != nullptr && p->step == row.step) {
+      l = link_to(*p);
+    } else {
+      l.seq = v;
+      l.text = fmt::format("seq {}: not among this step's rows (a damaged trace?)", v);
+    }
+    l.positions = {i};
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+std::vector<OpLink> consumers(const trace::OpRow& row, std::span<const trace::OpRow> step_rows) {
+  std::vector<OpLink> out;
+  for (const auto& r : step_rows) {
+    if (r.step != row.step) continue;
+    std::vector<int> positions;
+    for (int i = 0; i < trace::kOpInputs; ++i) {
+      if (r.inputs[static_cast<std::size_t>(i)] == row.seq) positions.push_back(i);
+    }
+    if (positions.empty()) continue;
+    OpLink l = link_to(r);
+    l.positions = std::move(positions);
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
 ExponentHistogram exponent_histogram(const trace::HistogramRow& row, std::string_view dtype) {
   using namespace half_ranges;
   ExponentHistogram h;
@@ -380,6 +465,38 @@ std::vector<ZoneLine> f16_zone_lines(const ExponentHistogram& h) {
 
 // ---- Why NaN? ----
 
+std::vector<ChainItem> chain_items(const analysis::Diagnosis& d) {
+  std::vector<ChainItem> out;
+  for (const auto& l : d.chain) {
+    ChainItem c;
+    c.step = d.step;
+    c.seq = l.seq;
+    c.text = fmt::format("{}{} in {}, seq {}, {}", l.phase == trace::Phase::forward ? "" : std::string(trace::phase_name(l.phase)) + " ",
+                         l.op, l.module.empty() ? "(no module)" : l.module, l.seq, l.out_dtype);
+    c.role = l.role;
+    c.evidence = l.evidence;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+DiagnosisAt diagnosis_at(const analysis::Report& report, std::int64_t step, std::int64_t seq) {
+  auto link_of = [&](const analysis::Diagnosis& d) {
+    for (std::size_t i = 0; i < d.chain.size(); ++i) {
+      if (d.chain[i].seq == seq) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  for (const auto& d : report.anomalies) {
+    if (d.step == step && d.seq == seq && !d.op.empty()) return {&d, link_of(d)};
+  }
+  for (const auto& d : report.anomalies) {
+    if (d.step != step) continue;
+    if (const int i = link_of(d); i >= 0) return {&d, i};
+  }
+  return {};
+}
+
 std::vector<Card> why_nan_cards(const analysis::Report& report) {
   std::vector<Card> cards;
   for (const auto& d : report.anomalies) {
@@ -397,6 +514,14 @@ std::vector<Card> why_nan_cards(const analysis::Report& report) {
                                                d.out_dtype, d.autocast.empty() ? "" : " (autocast: " + d.autocast + ")")});
     }
     c.lines.push_back({"cause", d.cause, true});
+    if (!d.root_cause.empty()) {
+      const analysis::ChainLink* root = d.chain.empty() ? nullptr : &d.chain.front();
+      c.lines.push_back({"root cause", root == nullptr ? d.root_cause
+                                                       : fmt::format("{}: {} in {}, seq {}", d.root_cause, root->op,
+                                                                     root->module.empty() ? "(no module)" : root->module,
+                                                                     root->seq),
+                         true});
+    }
     for (const auto& e : d.evidence) c.lines.push_back({"evidence", e});
     std::string spread = fmt::format("{} later ops non-finite; loss {}", d.downstream_nonfinite,
                                      d.loss_nonfinite ? "non-finite" : "finite");
@@ -406,10 +531,24 @@ std::vector<Card> why_nan_cards(const analysis::Report& report) {
     }
     spread += fmt::format("; {} skipped steps from here", d.skipped_steps);
     c.lines.push_back({"propagation", spread});
+    if (!d.absorbed_by.empty()) {
+      std::string absorbed;
+      for (const auto& a : d.absorbed_by) absorbed += (absorbed.empty() ? "" : ", ") + a;
+      const std::int64_t wrong = d.silently_wrong + static_cast<std::int64_t>(d.absorbed_by.size());
+      c.lines.push_back({"silent damage",
+                         fmt::format("{} took the NaN/inf in and returned finite values: {} op output{} wrong but "
+                                     "finite{}",
+                                     absorbed, wrong, wrong == 1 ? " is" : "s are",
+                                     d.loss_nonfinite ? "" : "; the loss does not show it"),
+                         true});
+    }
     if (d.occurrences > 1) {
       c.lines.push_back({"recurs", fmt::format("{} times, last at step {}", d.occurrences, d.last_step)});
     }
-    c.lines.push_back({"remedy", d.remedy});
+    if (d.remedies.empty() && !d.remedy.empty()) c.lines.push_back({"remedy", d.remedy});
+    c.root_cause = d.root_cause;
+    c.chain = chain_items(d);
+    c.remedies = d.remedies;
     cards.push_back(std::move(c));
   }
   for (const auto& w : report.warnings) {

@@ -126,6 +126,30 @@ std::string op_cell(const trace::OpRow& row, OpColumn c);
 // ---- Op detail ----
 std::vector<KeyValue> op_detail_rows(const trace::OpRow& row);
 
+// The op's place in the dataflow (OpRow::inputs, format_version 2): where each input came from and which
+// rows of the step took its output in. A link to a row carries that row's seq (a click selects it); a
+// marker is said in words.
+struct OpLink {
+  std::vector<int> positions;  // producers: the input's position in the selected row; consumers: where the
+                               // consumer takes the selected row's output in (x * x: inputs 0 and 1)
+  std::int64_t seq = -1;       // the linked row's seq; -1 for a marker
+  std::int64_t marker = 0;     // producers: the marker (trace::kInputParameter, ...) when there is no row, else 0
+  bool found = false;          // the row is among the step's rows (a seq that is not says so in `text`)
+  std::string text;            // "seq 3  linear in fc1  f16 [4, 8]", or the marker in words
+  std::string health;          // the row's output in a few numbers: "NaN/inf 0, zeros 2 of 32, absmax 12.5"
+  bool nonfinite = false;      // the row's output holds NaN or inf
+  std::string out_dtype;       // the row's output dtype ("" for a marker)
+};
+// What a marker means, in words: "parameter", "data or constant", ...; "" for a seq (>= 0).
+std::string input_marker_words(std::int64_t marker);
+// The row's inputs in order, each its producer among `step_rows` (the rows of the row's step) or its
+// marker. Positions without an input (kInputNone) are left out; a row whose inputs are all kInputUnknown (a
+// format_version 1 trace) gives one link that says the trace has no provenance.
+std::vector<OpLink> producers(const trace::OpRow& row, std::span<const trace::OpRow> step_rows);
+// The rows of the row's step whose inputs name the row's seq, in their order, each once with the positions
+// where it takes the row in.
+std::vector<OpLink> consumers(const trace::OpRow& row, std::span<const trace::OpRow> step_rows);
+
 // The exponent histogram (level full) against f16's range. What becomes of each bin in f16 is
 // probes/f16_ranges.h's (the analysis uses the same): a bin e holds |x| in [2^e, 2^(e+1)), so on the plot's
 // axis, log2|x|, it is the bar over [e, e + 1), and f16's zones have their exact edges there: flush to zero
@@ -173,13 +197,34 @@ struct ZoneLine {
 std::vector<ZoneLine> f16_zone_lines(const ExponentHistogram& h);
 
 // ---- Why NaN? ----
+// One op of a diagnosis's root-cause chain (analysis::Diagnosis::chain, root first, the origin last).
+struct ChainItem {
+  std::int64_t step = -1, seq = -1;  // what a click selects
+  std::string text;                  // "sigmoid in (no module), seq 1, f16"
+  std::string role;                  // "saturation", "cancellation", "underflow", "passes on", "origin"
+  std::string evidence;              // the analysis's sentence quoting the op's recorded numbers
+};
+std::vector<ChainItem> chain_items(const analysis::Diagnosis& d);
+
 struct Card {
   enum class Kind { anomaly, warning, scaler } kind = Kind::anomaly;
   std::string title;                  // "f16_overflow in blocks.0.attn (bmm), step 0"
-  std::vector<KeyValue> lines;        // origin, cause, evidence, propagation, remedy
+  std::vector<KeyValue> lines;        // origin, cause, root cause, evidence, propagation, silent damage, recurs
+                                      // (and "remedy", the paragraph, only when there are no remedies below)
   std::int64_t step = -1, seq = -1;   // what a click selects (-1: nothing / no op)
+  std::string root_cause;             // anomalies: "saturation", "cancellation", "underflow", or ""
+  std::vector<ChainItem> chain;       // anomalies: from the root op to the origin; each link selects its op
+  std::vector<analysis::Remedy> remedies;  // anomalies: best first, each as a train flag and as C++ code
 };
 std::vector<Card> why_nan_cards(const analysis::Report& report);
+
+// The diagnosis whose origin is the op (step, seq), or, when none, one whose root-cause chain passes through
+// it; `link` is the op's index in that chain (-1 when it is not on it). Null when neither.
+struct DiagnosisAt {
+  const analysis::Diagnosis* diagnosis = nullptr;
+  int link = -1;
+};
+DiagnosisAt diagnosis_at(const analysis::Report& report, std::int64_t step, std::int64_t seq);
 
 // ---- Compare ----
 struct CompareSeries {

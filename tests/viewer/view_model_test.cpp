@@ -195,11 +195,317 @@ TEST(view_model_test, why_nan_cards_select_the_origin_step_and_op) {
   EXPECT_EQ(cards[0].seq, 1);
   EXPECT_NE(cards[0].title.find("exp_overflow"), std::string::npos) << cards[0].title;
   EXPECT_NE(cards[0].title.find("fc2"), std::string::npos) << cards[0].title;
-  bool has_remedy = false;
-  for (const auto& kv : cards[0].lines) has_remedy |= kv.key == "remedy" && !kv.value.empty();
-  EXPECT_TRUE(has_remedy);
+  // The remedies, each with its kind and text, are the analysis's (the paragraph is not repeated as a line).
+  ASSERT_EQ(cards[0].remedies.size(), rep.anomalies[0].remedies.size());
+  ASSERT_FALSE(cards[0].remedies.empty());
+  for (std::size_t i = 0; i < cards[0].remedies.size(); ++i) {
+    EXPECT_EQ(cards[0].remedies[i].kind, rep.anomalies[0].remedies[i].kind);
+    EXPECT_FALSE(cards[0].remedies[i].text.empty());
+  }
+  for (const auto& kv : cards[0].lines) EXPECT_NE(kv.key, "remedy") << kv.value;
   // The scaler skipped a step: its card comes last.
   EXPECT_EQ(cards.back().kind, Card::Kind::scaler);
+}
+
+// ---- Op detail: inputs and consumers ----
+
+// One step of hand-made rows whose provenance is written down here:
+//   seq 0  linear in fc1     inputs: data, parameter, parameter
+//   seq 1  exp in fc2        inputs: 0                    (4 +inf, 2 zeros: the unhealthy one)
+//   seq 2  mul in fc2        inputs: 1, 1                 (x * x: both operands are seq 1)
+//   seq 3  add in head       inputs: 2, unrecorded, 9     (seq 9 is not in the step: a damaged row)
+//   seq 4  backward of add   inputs: summed
+//   seq 5  mean (no module)  inputs: 3, none, 0           (a position left empty is skipped, not the rest)
+// and a row of the next step (seq 0) whose inputs name seq 1 and 2: it must not count as a consumer.
+std::vector<trace::OpRow> provenance_rows() {
+  std::vector<trace::OpRow> rows = {op_row(4, 0, "fc1", "linear", "f16", 3), op_row(4, 1, "fc2", "exp", "f16", 20),
+                                    op_row(4, 2, "fc2", "mul", "f16", 400),  op_row(4, 3, "head", "add", "f32", 401),
+                                    op_row(4, 4, "head", "add", "f32", 1),   op_row(4, 5, "", "mean", "f32", 5),
+                                    op_row(5, 0, "fc1", "linear", "f16", 3)};
+  rows[0].inputs = {trace::kInputData, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
+  rows[1].inputs = {0, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  rows[1].health.pos_inf = 4;
+  rows[1].health.zero = 2;
+  rows[2].inputs = {1, 1, trace::kInputNone, trace::kInputNone};
+  rows[3].inputs = {2, trace::kInputUnrecorded, 9, trace::kInputNone};
+  rows[3].shape = "[4]";
+  rows[4].phase = trace::Phase::backward;
+  rows[4].inputs = {trace::kInputSummed, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  rows[5].inputs = {3, trace::kInputNone, 0, trace::kInputNone};
+  rows[6].inputs = {1, 2, trace::kInputNone, trace::kInputNone};
+  return rows;
+}
+
+TEST(view_model_test, producers_name_each_inputs_row_in_order_or_say_its_marker_in_words) {
+  const auto rows = provenance_rows();
+  const std::span<const trace::OpRow> step(rows.data(), 6);
+
+  // seq 0: markers only, in input order.
+  auto p = producers(rows[0], step);
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[0].positions, std::vector<int>{0});
+  EXPECT_EQ(p[0].marker, trace::kInputData);
+  EXPECT_EQ(p[0].text, "data or constant");
+  EXPECT_EQ(p[1].text, "parameter");
+  EXPECT_EQ(p[2].positions, std::vector<int>{2});
+  for (const auto& l : p) {
+    EXPECT_FALSE(l.found);
+    EXPECT_EQ(l.seq, -1);
+    EXPECT_TRUE(l.health.empty());
+  }
+
+  // seq 1: its input is seq 0's row, with that row's op, module, seq, dtype, shape and health.
+  p = producers(rows[1], step);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_TRUE(p[0].found);
+  EXPECT_EQ(p[0].seq, 0);
+  EXPECT_EQ(p[0].marker, 0);
+  EXPECT_EQ(p[0].text, "seq 0  linear in fc1  f16 [4, 8]");
+  EXPECT_EQ(p[0].health, "NaN/inf 0, zeros 0 of 32, absmax 3");
+  EXPECT_FALSE(p[0].nonfinite);
+  EXPECT_EQ(p[0].out_dtype, "f16");
+
+  // seq 2 (x * x): both inputs are seq 1, whose output holds 4 +inf.
+  p = producers(rows[2], step);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].seq, 1);
+  EXPECT_EQ(p[1].seq, 1);
+  EXPECT_EQ(p[0].positions, std::vector<int>{0});
+  EXPECT_EQ(p[1].positions, std::vector<int>{1});
+  EXPECT_TRUE(p[0].nonfinite);
+  EXPECT_EQ(p[0].health, "NaN/inf 4 +inf, zeros 2 of 32, absmax 20");
+
+  // seq 3: a row, an op the trace did not record, and a seq the step does not hold (said, not dropped).
+  p = producers(rows[3], step);
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[0].seq, 2);
+  EXPECT_EQ(p[0].text, "seq 2  mul in fc2  f16 [4, 8]");
+  EXPECT_EQ(p[1].marker, trace::kInputUnrecorded);
+  EXPECT_EQ(p[1].text, "an op this trace did not record (filtered, not sampled, or an earlier step)");
+  EXPECT_EQ(p[2].seq, 9);
+  EXPECT_FALSE(p[2].found);
+  EXPECT_NE(p[2].text.find("seq 9"), std::string::npos) << p[2].text;
+  EXPECT_NE(p[2].text.find("not among"), std::string::npos) << p[2].text;
+
+  // A backward node's input: the summed gradients; its phase is named in a link to it.
+  p = producers(rows[4], step);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].text, "summed gradients");
+
+  // seq 5: position 1 is empty, position 2 is still read; a row outside any module says so.
+  p = producers(rows[5], step);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].seq, 3);
+  EXPECT_EQ(p[0].text, "seq 3  add in head  f32 [4]");
+  EXPECT_EQ(p[1].seq, 0);
+  EXPECT_EQ(p[1].positions, std::vector<int>{2});
+  const auto c = consumers(rows[3], step);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].text, "seq 5  mean in (no module)  f32 [4, 8]");
+
+  // Producers found in a step other than the row's are not its producers.
+  p = producers(rows[6], std::span<const trace::OpRow>(rows.data(), 6));
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_FALSE(p[0].found);
+  EXPECT_FALSE(p[1].found);
+}
+
+TEST(view_model_test, consumers_are_the_rows_of_the_step_naming_the_seq_each_once_with_its_positions) {
+  const auto rows = provenance_rows();  // all of them: the row of step 5 must be left out
+  auto c = consumers(rows[0], rows);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].seq, 1);
+  EXPECT_EQ(c[0].positions, std::vector<int>{0});
+  EXPECT_EQ(c[0].text, "seq 1  exp in fc2  f16 [4, 8]");
+  EXPECT_TRUE(c[0].nonfinite);
+  EXPECT_EQ(c[1].seq, 5);
+  EXPECT_EQ(c[1].positions, std::vector<int>{2});
+
+  c = consumers(rows[1], rows);  // x * x takes seq 1 in twice: one consumer, inputs 0 and 1
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].seq, 2);
+  EXPECT_EQ((c[0].positions), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(c[0].found);
+  EXPECT_EQ(c[0].health, "NaN/inf 0, zeros 0 of 32, absmax 400");
+
+  EXPECT_EQ(consumers(rows[2], rows).size(), 1u);  // seq 3 (not step 5's seq 0)
+  EXPECT_EQ(consumers(rows[2], rows)[0].seq, 3);
+  EXPECT_TRUE(consumers(rows[5], rows).empty());   // the last op: nothing takes it in
+  // The backward node is named by its phase.
+  std::vector<trace::OpRow> bwd = {rows[4], rows[4]};
+  bwd[1].seq = 6;
+  bwd[1].inputs = {4, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  c = consumers(bwd[0], bwd);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].text, "seq 6  backward add in head  f32 [4, 8]");
+}
+
+TEST(view_model_test, a_version_1_row_says_the_trace_has_no_provenance_once) {
+  // What the reader gives for a format_version 1 trace: every input kInputUnknown.
+  std::vector<trace::OpRow> rows = {op_row(0, 0, "fc1", "linear", "f16", 3), op_row(0, 1, "fc2", "linear", "f16", 3)};
+  for (auto& r : rows) r.inputs.fill(trace::kInputUnknown);
+  const auto p = producers(rows[1], rows);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].marker, trace::kInputUnknown);
+  EXPECT_EQ(p[0].text, "unknown: this trace has no provenance (format_version 1)");
+  EXPECT_FALSE(p[0].found);
+  EXPECT_TRUE(consumers(rows[0], rows).empty());
+  // Every marker has its words; a seq has none; an unknown negative value is called invalid, not a seq.
+  EXPECT_EQ(input_marker_words(trace::kInputParameter), "parameter");
+  EXPECT_EQ(input_marker_words(trace::kInputData), "data or constant");
+  EXPECT_EQ(input_marker_words(trace::kInputSummed), "summed gradients");
+  EXPECT_EQ(input_marker_words(3), "");
+  EXPECT_NE(input_marker_words(-17).find("invalid"), std::string::npos);
+  // A row with no inputs at all (a created tensor) has no producers.
+  trace::OpRow none = op_row(0, 2, "", "zeros", "f32", 0);
+  EXPECT_TRUE(producers(none, rows).empty());
+}
+
+// The tagger's failure as the probe records it (docs/scenarios.md): s = sigmoid(z) rounds to 1 in f16, the
+// 1 - s (neg, then add) cancels to exact zeros, log gives -inf. Provenance:
+//   seq 0 linear head (data, param, param) -> seq 1 sigmoid -> seq 2 neg -> seq 3 add (1 - s) -> seq 4 log.
+analysis::Report tagger_report() {
+  std::vector<trace::StepRow> steps = {step_row(0, 8, 8, false), step_row(1, 8, 4, true)};
+  std::vector<trace::OpRow> ops;
+  for (std::int64_t step = 0; step < 2; ++step) {
+    const bool bad = step == 1;
+    trace::OpRow z = op_row(step, 0, "head", "linear", "f16", 12);
+    z.inputs = {trace::kInputData, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
+    trace::OpRow s = op_row(step, 1, "", "sigmoid", "f16", bad ? 1.0 : 0.99);
+    s.health.min = 0.01;
+    s.inputs = {0, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+    trace::OpRow n = op_row(step, 2, "", "neg", "f16", s.health.max);
+    n.health.min = -s.health.max;
+    n.health.max = -0.01;
+    n.inputs = {1, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+    trace::OpRow a = op_row(step, 3, "", "add", "f16", 0.99);
+    a.health.min = 0;
+    a.health.zero = bad ? 5 : 0;
+    a.inputs = {2, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+    trace::OpRow l = op_row(step, 4, "", "log", "f16", bad ? kNaN : 4.6);
+    l.inputs = {3, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+    if (bad) {
+      l.health.neg_inf = 5;
+      l.health.min = -4.6;
+      l.health.max = -0.01;
+      l.health.absmax = 4.6;
+      l.origin = true;
+    }
+    for (auto* r : {&z, &s, &n, &a, &l}) ops.push_back(*r);
+  }
+  return analysis::analyse(steps, ops, {});
+}
+
+TEST(view_model_test, why_nan_cards_show_the_root_cause_chain_root_first_and_remedies_in_both_forms) {
+  const analysis::Report rep = tagger_report();
+  ASSERT_FALSE(rep.anomalies.empty());
+  const analysis::Diagnosis& d = rep.anomalies.front();
+  ASSERT_EQ(d.root_cause, "saturation") << d.cause;
+  const auto cards = why_nan_cards(rep);
+  ASSERT_FALSE(cards.empty());
+  const Card& c = cards[0];
+  EXPECT_EQ(c.step, 1);
+  EXPECT_EQ(c.seq, 4);
+  EXPECT_EQ(c.root_cause, "saturation");
+  // The chain, root first: sigmoid saturated, neg passed it on, add cancelled, log is the origin; each
+  // link selects its op in the origin's step.
+  ASSERT_EQ(c.chain.size(), 4u);
+  const std::int64_t want_seq[] = {1, 2, 3, 4};
+  const char* want_op[] = {"sigmoid in (no module), seq 1, f16", "neg in (no module), seq 2, f16",
+                           "add in (no module), seq 3, f16", "log in (no module), seq 4, f16"};
+  const char* want_role[] = {"saturation", "passes on", "cancellation", "origin"};
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(c.chain[i].step, 1);
+    EXPECT_EQ(c.chain[i].seq, want_seq[i]);
+    EXPECT_EQ(c.chain[i].text, want_op[i]);
+    EXPECT_EQ(c.chain[i].role, want_role[i]);
+    EXPECT_EQ(c.chain[i].evidence, d.chain[i].evidence);
+    EXPECT_FALSE(c.chain[i].evidence.empty());
+  }
+  // The root cause is a line of its own naming the root op.
+  bool root_line = false;
+  for (const auto& kv : c.lines) {
+    if (kv.key == "root cause") {
+      root_line = true;
+      EXPECT_EQ(kv.value, "saturation: sigmoid in (no module), seq 1");
+      EXPECT_TRUE(kv.alert);
+    }
+  }
+  EXPECT_TRUE(root_line);
+  // Remedies: the analysis's, each with its kind; at least one carries C++ for a user's own loop.
+  ASSERT_EQ(c.remedies.size(), d.remedies.size());
+  bool code = false;
+  for (std::size_t i = 0; i < c.remedies.size(); ++i) {
+    EXPECT_EQ(c.remedies[i].kind, d.remedies[i].kind);
+    EXPECT_EQ(c.remedies[i].flag, d.remedies[i].flag);
+    EXPECT_EQ(c.remedies[i].code, d.remedies[i].code);
+    code |= !c.remedies[i].code.empty();
+  }
+  EXPECT_TRUE(code);
+
+  // Op detail finds the diagnosis from the origin and from every link of its chain, and no other op's.
+  const DiagnosisAt at_origin = diagnosis_at(rep, 1, 4);
+  EXPECT_EQ(at_origin.diagnosis, &d);
+  EXPECT_EQ(at_origin.link, 3);
+  const DiagnosisAt at_root = diagnosis_at(rep, 1, 1);
+  EXPECT_EQ(at_root.diagnosis, &d);
+  EXPECT_EQ(at_root.link, 0);
+  EXPECT_EQ(diagnosis_at(rep, 1, 0).diagnosis, nullptr);  // the linear: not on the chain
+  EXPECT_EQ(diagnosis_at(rep, 0, 1).diagnosis, nullptr);  // the same seq in the healthy step
+}
+
+TEST(view_model_test, a_card_names_silent_damage_when_an_op_turned_the_inf_into_finite_values) {
+  // rmsnorm's failure (docs/scenarios.md): x * x overflows, rsqrt(inf) is 0, and x * 0 is finite but wrong.
+  //   seq 0 linear (data, param, param) -> seq 1 mul (0, 0) +inf -> seq 2 rsqrt (1) zeros -> seq 3 mul (0, 2)
+  std::vector<trace::StepRow> steps = {step_row(0, 8, 8, false)};
+  std::vector<trace::OpRow> ops = {op_row(0, 0, "blocks.1.norm", "linear", "f16", 300),
+                                   op_row(0, 1, "blocks.1.norm", "mul", "f16", 60000),
+                                   op_row(0, 2, "blocks.1.norm", "rsqrt", "f16", 0.5),
+                                   op_row(0, 3, "blocks.1.norm", "mul", "f16", 20)};
+  ops[0].inputs = {trace::kInputData, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
+  ops[1].inputs = {0, 0, trace::kInputNone, trace::kInputNone};
+  ops[1].health.pos_inf = 8;
+  ops[1].origin = true;
+  ops[2].inputs = {1, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  ops[2].health.zero = 8;
+  ops[3].inputs = {0, 2, trace::kInputNone, trace::kInputNone};
+  ops[3].health.zero = 8;
+  const analysis::Report rep = analysis::analyse(steps, ops, {});
+  ASSERT_FALSE(rep.anomalies.empty());
+  ASSERT_FALSE(rep.anomalies[0].absorbed_by.empty());
+  const auto cards = why_nan_cards(rep);
+  std::string damage;
+  for (const auto& kv : cards[0].lines) {
+    if (kv.key == "silent damage") damage = kv.value;
+  }
+  EXPECT_NE(damage.find("rsqrt"), std::string::npos) << damage;
+  EXPECT_NE(damage.find("wrong but finite"), std::string::npos) << damage;
+  EXPECT_NE(damage.find("the loss does not show it"), std::string::npos) << damage;  // the step's loss is finite
+  // The healthy-looking rsqrt lists the mul as its consumer, and the mul lists the inf row as its inputs.
+  const auto c = consumers(ops[2], ops);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].seq, 3);
+  EXPECT_EQ(c[0].positions, std::vector<int>{1});
+  const auto p = producers(ops[2], ops);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_TRUE(p[0].nonfinite);
+}
+
+TEST(view_model_test, a_card_without_provenance_has_no_chain_and_no_root_cause_line) {
+  std::vector<trace::StepRow> steps = {step_row(0, 8, 4, true)};
+  std::vector<trace::OpRow> ops = {op_row(0, 0, "fc1", "linear", "f16", 3), op_row(0, 1, "", "log", "f16", kNaN)};
+  ops[1].health.neg_inf = 3;
+  ops[1].origin = true;
+  for (auto& r : ops) r.inputs.fill(trace::kInputUnknown);  // format_version 1
+  const analysis::Report rep = analysis::analyse(steps, ops, {});
+  const auto cards = why_nan_cards(rep);
+  ASSERT_FALSE(cards.empty());
+  EXPECT_TRUE(cards[0].root_cause.empty());
+  EXPECT_TRUE(cards[0].chain.empty());
+  for (const auto& kv : cards[0].lines) EXPECT_NE(kv.key, "root cause");
+  const DiagnosisAt at = diagnosis_at(rep, 0, 1);
+  EXPECT_EQ(at.diagnosis, &rep.anomalies.front());
+  EXPECT_EQ(at.link, -1);
 }
 
 TEST(view_model_test, overview_counts_skipped_steps_and_says_when_analysis_runs) {
