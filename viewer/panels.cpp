@@ -199,16 +199,18 @@ void draw_links(ViewerState& s, const char* id, const std::vector<OpLink>& links
     const std::string where = positions_text(l.positions);
     if (l.found) {
       swatch(l.nonfinite ? colours::kNonFiniteCell : dtype_colour(l.out_dtype), 0);
-      const std::string label = are_inputs ? fmt::format("{}: {}", l.positions.front(), l.text)
-                                           : fmt::format("{}  (as {})", l.text, where);
+      // The input's position leads an input's line; a consumer's (where it takes this op in) leads its
+      // second line, so the narrow column keeps the op's name in view.
+      const std::string label = are_inputs ? fmt::format("{}: {}", l.positions.front(), l.text) : l.text;
+      const std::string second = are_inputs ? l.health : fmt::format("as {}; {}", where, l.health);
       if (ImGui::Selectable(label.c_str(), false)) select_op(s, l.seq);
       if (ImGui::IsItemHovered()) ImGui::SetTooltip("click: select seq %lld", static_cast<long long>(l.seq));
       ImGui::Indent(ImGui::GetFontSize());
       ImGui::PushTextWrapPos(0.0f);
       if (l.nonfinite) {
-        ImGui::TextColored(to_vec4(colours::kWarning), "%s", l.health.c_str());
+        ImGui::TextColored(to_vec4(colours::kWarning), "%s", second.c_str());
       } else {
-        ImGui::TextDisabled("%s", l.health.c_str());
+        ImGui::TextDisabled("%s", second.c_str());
       }
       ImGui::PopTextWrapPos();
       ImGui::Unindent(ImGui::GetFontSize());

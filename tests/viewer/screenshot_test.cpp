@@ -174,6 +174,34 @@ TEST(screenshot_test, op_detail_draws_the_histogram_as_bars_with_an_inf_bar_when
   EXPECT_EQ(find_colour(ok, colours::kInfBar).count, 0);
 }
 
+TEST(screenshot_test, op_detail_marks_a_neighbour_holding_nan_red_and_a_healthy_neighbourhood_not) {
+  SKIP_WITHOUT_DISPLAY();
+  // Step 1: seq 0 (fc1, healthy) feeds seq 1, which holds 5 NaN: its consumer's swatch is red. Step 2: seq 1
+  // takes seq 0 and feeds seq 2, all healthy: two f16 swatches (one input row, one consumer), nothing red.
+  const auto trace = testing::write_fixture(testing::fixture_dir() / "shot_links.h5", true);
+  const Image bad = screenshot(quoted(trace), "detail", "links_nan.png", "--step 1 --seq 0");
+  const Found red = find_colour(bad, colours::kNonFiniteCell);
+  EXPECT_GE(red.count, 60);   // one swatch of about 10x10 pixels
+  EXPECT_LE(red.count, 150);  // and only one
+  EXPECT_LT(red.max_x, bad.w / 2);  // in the left column, where inputs and consumers are listed
+  const Image ok = screenshot(quoted(trace), "detail", "links_ok.png", "--step 2 --seq 1");
+  EXPECT_EQ(find_colour(ok, colours::kNonFiniteCell).count, 0);
+  EXPECT_GE(find_colour(ok, dtype_colour("f16")).count, 120);  // the two swatches
+}
+
+TEST(screenshot_test, why_nan_shows_the_root_cause_chain_with_its_origin_link_and_no_chain_without_one) {
+  SKIP_WITHOUT_DISPLAY();
+  // The tagger fixture's analysis finds sigmoid -> neg -> add -> log: the chain's origin link has a swatch
+  // of the origin colour, which nothing else in the panel uses. The NaN fixture's linear origin has no chain.
+  const auto tagger = testing::write_tagger_fixture(testing::fixture_dir() / "shot_chain.h5");
+  const Image chain = screenshot(quoted(tagger), "why", "why_chain.png");
+  EXPECT_GE(find_colour(chain, colours::kOriginMark).count, 60);
+  const auto plain = testing::write_fixture(testing::fixture_dir() / "shot_nochain.h5", true);
+  const Image none = screenshot(quoted(plain), "why", "why_nochain.png");
+  EXPECT_GT(find_colour(none, colours::kNonFiniteCell).count, 100);  // the anomaly's card is drawn
+  EXPECT_EQ(find_colour(none, colours::kOriginMark).count, 0);
+}
+
 TEST(screenshot_test, a_file_that_is_not_hdf5_shows_the_error_box_and_exits_cleanly) {
   SKIP_WITHOUT_DISPLAY();
   const auto bad = testing::write_not_hdf5(testing::fixture_dir() / "shot_bad.h5");

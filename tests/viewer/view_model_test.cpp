@@ -361,38 +361,11 @@ TEST(view_model_test, a_version_1_row_says_the_trace_has_no_provenance_once) {
   EXPECT_TRUE(producers(none, rows).empty());
 }
 
-// The tagger's failure as the probe records it (docs/scenarios.md): s = sigmoid(z) rounds to 1 in f16, the
-// 1 - s (neg, then add) cancels to exact zeros, log gives -inf. Provenance:
-//   seq 0 linear head (data, param, param) -> seq 1 sigmoid -> seq 2 neg -> seq 3 add (1 - s) -> seq 4 log.
+// The tagger's failure (testing::tagger_ops): step 0 healthy, step 1 sigmoid -> neg -> add -> log, -inf.
 analysis::Report tagger_report() {
   std::vector<trace::StepRow> steps = {step_row(0, 8, 8, false), step_row(1, 8, 4, true)};
-  std::vector<trace::OpRow> ops;
-  for (std::int64_t step = 0; step < 2; ++step) {
-    const bool bad = step == 1;
-    trace::OpRow z = op_row(step, 0, "head", "linear", "f16", 12);
-    z.inputs = {trace::kInputData, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
-    trace::OpRow s = op_row(step, 1, "", "sigmoid", "f16", bad ? 1.0 : 0.99);
-    s.health.min = 0.01;
-    s.inputs = {0, trace::kInputNone, trace::kInputNone, trace::kInputNone};
-    trace::OpRow n = op_row(step, 2, "", "neg", "f16", s.health.max);
-    n.health.min = -s.health.max;
-    n.health.max = -0.01;
-    n.inputs = {1, trace::kInputNone, trace::kInputNone, trace::kInputNone};
-    trace::OpRow a = op_row(step, 3, "", "add", "f16", 0.99);
-    a.health.min = 0;
-    a.health.zero = bad ? 5 : 0;
-    a.inputs = {2, trace::kInputNone, trace::kInputNone, trace::kInputNone};
-    trace::OpRow l = op_row(step, 4, "", "log", "f16", bad ? kNaN : 4.6);
-    l.inputs = {3, trace::kInputNone, trace::kInputNone, trace::kInputNone};
-    if (bad) {
-      l.health.neg_inf = 5;
-      l.health.min = -4.6;
-      l.health.max = -0.01;
-      l.health.absmax = 4.6;
-      l.origin = true;
-    }
-    for (auto* r : {&z, &s, &n, &a, &l}) ops.push_back(*r);
-  }
+  std::vector<trace::OpRow> ops = testing::tagger_ops(0, false);
+  for (const auto& r : testing::tagger_ops(1, true)) ops.push_back(r);
   return analysis::analyse(steps, ops, {});
 }
 

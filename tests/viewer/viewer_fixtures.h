@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -41,7 +42,8 @@ inline trace::OpRow op_row(std::int64_t step, std::int64_t seq, const std::strin
 }
 
 // steps: 4 (0..3). With nan_at_step1: step 1's op seq 1 (fc2 linear, f16) has 5 NaN from finite inputs, step
-// 1 is skipped and the scale halves; ops after it in that step carry the NaN.
+// 1 is skipped and the scale halves; ops after it in that step carry the NaN. Provenance: seq 0 takes data
+// and two parameters, each later seq takes the one before it and two parameters.
 inline std::filesystem::path write_fixture(const std::filesystem::path& path, bool nan_at_step1, int ops_per_step = 3) {
   trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "fixture", .seed = 7, .config = "{}"});
   double scale = 1024;
@@ -50,6 +52,7 @@ inline std::filesystem::path write_fixture(const std::filesystem::path& path, bo
     for (int seq = 0; seq < ops_per_step; ++seq) {
       trace::OpRow r = op_row(step, seq, seq == 0 ? "fc1" : (seq == 1 ? "fc2" : "head"), seq == 2 ? "softmax" : "linear",
                               "f16", 10.0 * (seq + 1) + step);
+      r.inputs = {seq == 0 ? trace::kInputData : seq - 1, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
       if (bad && seq >= 1) {
         r.health.nan = 5;
         r.origin = seq == 1;
@@ -100,6 +103,58 @@ inline std::filesystem::path write_histogram_fixture(const std::filesystem::path
   s.lr = 1e-3;
   w.write(s);
   w.end_step(0);
+  w.close();
+  return path;
+}
+
+// The tagger's failure as the probe records it (docs/scenarios.md): s = sigmoid(z) rounds to 1 in f16, 1 - s
+// (neg, then add) cancels to exact zeros, log gives -inf. The rows of one step, healthy or failing:
+//   seq 0 linear in head (data, parameter, parameter) -> seq 1 sigmoid -> seq 2 neg -> seq 3 add -> seq 4 log
+// (the loss's ops are outside any module). Failing: sigmoid's max is exactly 1, the add holds 5 exact zeros,
+// and the log 5 -inf (an origin).
+inline std::vector<trace::OpRow> tagger_ops(std::int64_t step, bool bad) {
+  trace::OpRow z = op_row(step, 0, "head", "linear", "f16", 12);
+  z.inputs = {trace::kInputData, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
+  trace::OpRow s = op_row(step, 1, "", "sigmoid", "f16", bad ? 1.0 : 0.99);
+  s.health.min = 0.01;
+  s.inputs = {0, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  trace::OpRow n = op_row(step, 2, "", "neg", "f16", s.health.max);
+  n.health.min = -s.health.max;
+  n.health.max = -0.01;
+  n.inputs = {1, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  trace::OpRow a = op_row(step, 3, "", "add", "f16", 0.99);
+  a.health.min = 0;
+  a.health.zero = bad ? 5 : 0;
+  a.inputs = {2, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  trace::OpRow l = op_row(step, 4, "", "log", "f16", bad ? std::numeric_limits<double>::quiet_NaN() : 4.6);
+  l.inputs = {3, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  if (bad) {
+    l.health.neg_inf = 5;
+    l.health.min = -4.6;
+    l.health.max = -0.01;
+    l.health.absmax = 4.6;
+    l.origin = true;
+  }
+  return {z, s, n, a, l};
+}
+
+// Two steps of tagger_ops: step 0 healthy, step 1 failing (skipped, the scale halves).
+inline std::filesystem::path write_tagger_fixture(const std::filesystem::path& path) {
+  trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "tagger", .seed = 5, .config = "{}"});
+  for (std::int64_t step = 0; step < 2; ++step) {
+    const bool bad = step == 1;
+    for (const trace::OpRow& r : tagger_ops(step, bad)) w.write(r);
+    trace::StepRow s;
+    s.step = step;
+    s.loss = bad ? std::numeric_limits<double>::quiet_NaN() : 0.7;
+    s.scale = 1024;
+    s.scale_after = bad ? 512 : 1024;
+    s.found_inf = s.skipped = bad;
+    s.grad_norm = bad ? std::numeric_limits<double>::infinity() : 1.0;
+    s.lr = 1e-3;
+    w.write(s);
+    w.end_step(step);
+  }
   w.close();
   return path;
 }
