@@ -881,7 +881,10 @@ void draw_compare_panel(ViewerState& s) {
     ImGui::TextDisabled(s.b->step_error().empty() ? "loading..." : s.b->step_error().c_str());
   } else {
     if (da->load_id != s.op_diffs_for_a || db->load_id != s.op_diffs_for_b) {
-      s.op_diffs = analysis::diff_ops(da->ops, db->ops);
+      // Backward rows hold values times each run's loss scale: divided out, as ampscope diff does.
+      const std::int64_t step = s.a->selected_step().value_or(0);
+      s.op_diffs = analysis::diff_ops(da->ops, db->ops, {}, loss_scale_at(s.a->steps(), step),
+                                      loss_scale_at(s.b->steps(), step));
       s.op_diffs_for_a = da->load_id;
       s.op_diffs_for_b = db->load_id;
     }

@@ -666,4 +666,17 @@ std::vector<DirEntry> list_directory(const std::filesystem::path& dir, std::stri
   return out;
 }
 
+double loss_scale_at(std::span<const trace::StepRow> steps, std::int64_t step) {
+  double scale = 1;
+  std::int64_t best = std::numeric_limits<std::int64_t>::min();
+  for (const trace::StepRow& r : steps) {
+    if (r.step == step) return r.scale;
+    if (r.step < step && r.step > best) {
+      best = r.step;
+      scale = r.scale_after;
+    }
+  }
+  return scale;
+}
+
 }  // namespace ampscope::viewer

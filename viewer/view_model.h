@@ -146,6 +146,11 @@ std::string input_marker_words(std::int64_t marker);
 // marker. Positions without an input (kInputNone) are left out; a row whose inputs are all kInputUnknown (a
 // format_version 1 trace) gives one link that says the trace has no provenance.
 std::vector<OpLink> producers(const trace::OpRow& row, std::span<const trace::OpRow> step_rows);
+
+// The loss scale a step's backward used (its /steps row's `scale`), which the Compare panel divides that
+// step's backward rows by (analysis::diff_ops); the previous step's scale after update() when the step has
+// no row of its own (an unfinished last step); 1 when nothing earlier is known.
+double loss_scale_at(std::span<const trace::StepRow> steps, std::int64_t step);
 // The rows of the row's step whose inputs name the row's seq, in their order, each once with the positions
 // where it takes the row in.
 std::vector<OpLink> consumers(const trace::OpRow& row, std::span<const trace::OpRow> step_rows);

@@ -23,6 +23,7 @@
 #include "viewer/document.h"
 #include "viewer/options.h"
 #include "viewer/view_model.h"
+#include "probes/analysis_diff.h"
 
 namespace ampscope::viewer {
 namespace {
@@ -811,6 +812,34 @@ TEST(view_model_test, file_browser_lists_folders_first_then_h5_files) {
   EXPECT_TRUE(list_directory(dir / "nowhere", &error).empty());
   EXPECT_NE(error.find("nowhere"), std::string::npos) << error;
   std::filesystem::remove_all(dir);
+}
+
+// The Compare panel divides a step's backward rows by each run's loss scale of that step: a step's own
+// scale, or for a step without a row (unfinished) the scale the step before left, or 1.
+TEST(view_model_test, the_loss_scale_of_a_step_is_its_rows_scale_or_the_one_left_before_it) {
+  std::vector<trace::StepRow> steps(2);
+  steps[0].step = 0;
+  steps[0].scale = 65536;
+  steps[0].scale_after = 32768;
+  steps[1].step = 1;
+  steps[1].scale = 32768;
+  steps[1].scale_after = 32768;
+  EXPECT_EQ(loss_scale_at(steps, 0), 65536.0);
+  EXPECT_EQ(loss_scale_at(steps, 1), 32768.0);
+  steps[1].scale_after = 65536;  // grew after step 1: step 2, unfinished, used 65536
+  EXPECT_EQ(loss_scale_at(steps, 2), 65536.0);
+  EXPECT_EQ(loss_scale_at({}, 0), 1.0);
+  // A pair of backward rows that differ only by the runs' scales compares equal once divided.
+  trace::OpRow a;
+  a.phase = trace::Phase::backward;
+  a.op = "linear";
+  a.health = {.numel = 4, .absmax = 65536 * 0.5, .mean = 65536 * 0.25, .rms = 65536 * 0.3};
+  trace::OpRow b = a;
+  b.health = {.numel = 4, .absmax = 0.5, .mean = 0.25, .rms = 0.3};
+  const auto d = analysis::diff_ops(std::vector<trace::OpRow>{a}, std::vector<trace::OpRow>{b}, {},
+                                    loss_scale_at(steps, 0), 1.0);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].max_rel, 0.0);
 }
 
 }  // namespace
