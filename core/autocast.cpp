@@ -153,6 +153,9 @@ void cast_arg(std::vector<Tensor>& args, std::size_t i, DType target, probe::Aut
   } else {
     a = a.to(target);
   }
+  // The cast is part of the op, not a reported op: its result carries what was cast's producer, so the
+  // steps of a composite (attention's bmm on cast q, k, v) name the rows that made their inputs.
+  a.set_producer(source.producer().first, source.producer().second);
   info.casts.push_back({static_cast<int>(i), from, target, hit, source, a});
 }
 

@@ -166,6 +166,8 @@ Tensor Tensor::detach() const {
   impl->sizes = src.sizes;
   impl->strides = src.strides;
   impl->dtype = src.dtype;
+  impl->producer_step = src.producer_step;  // the same values, cut from the graph
+  impl->producer_seq = src.producer_seq;
   return Tensor(std::move(impl));
 }
 

@@ -199,6 +199,9 @@ Tensor Tensor::make_view(Shape sizes, Shape strides, std::int64_t offset) const 
   impl->sizes = std::move(sizes);
   impl->strides = std::move(strides);
   impl->dtype = this->impl().dtype;
+  // A view is the same values: the op that wrote them is its producer too (views are not reported ops).
+  impl->producer_step = this->impl().producer_step;
+  impl->producer_seq = this->impl().producer_seq;
   return Tensor(std::move(impl));
 }
 
@@ -326,6 +329,7 @@ Tensor Tensor::contiguous() const {
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), {dtype(), device()});
   run_kernel("clone", Op::copy, out, {*this});
+  out.set_producer(impl().producer_step, impl().producer_seq);  // the same values (clone is not a reported op)
   if (!tracks(*this)) return out;
   return autograd::record("clone", out, {*this}, [](const Tensor& g, const std::vector<bool>&) {
     return std::vector<Tensor>{g};

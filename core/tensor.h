@@ -156,7 +156,8 @@ class Tensor {
 
   // ---- provenance (for probes; core/probe_hook.h) ----
   // The reported op that wrote this tensor object last, as (step, seq), with seq one of probe::Producer's
-  // values; (-1, -1) when no reported op did (data, constants, parameters). Views have their own.
+  // values; (-1, -1) when no reported op did (data, constants, parameters). Views, clones, detached
+  // tensors and autocast's casts inherit their source's.
   std::pair<std::int64_t, std::int64_t> producer() const;
   void set_producer(std::int64_t step, std::int64_t seq) const;
 

@@ -162,20 +162,28 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
   const bool low = precision == "fp16" || precision == "bf16";
   const bool f16 = precision == "fp16";
   // An op outside any autocast region runs in its inputs' dtype: an autocast override cannot reach it, an
-  // explicit cast can.
-  const bool outside_autocast = d.autocast.empty() && r.phase == Phase::forward;
+  // explicit cast can. The op to keep in f32 is the chain's root when there is one (where the rounding
+  // happened), else the origin.
+  const ChainLink* root_link = d.chain.empty() ? nullptr : &d.chain.front();
+  const bool outside_autocast = (root_link ? root_link->autocast.empty() : d.autocast.empty()) && r.phase == Phase::forward;
+  const std::string target_dtype = root_link ? root_link->out_dtype : r.out_dtype;
+  const std::string target_place =
+      root_link ? (root_link->module.empty() ? root_link->op + " (outside any module)"
+                                             : fmt::format("{} in {}", root_link->op, root_link->module))
+                : place(r);
+  const std::string target_op = root_link ? root_link->op : r.op;
   std::vector<Remedy> out;
   // Keep the root op in f32 when the chain names one (the op that saturated or underflowed), else the origin.
   const std::string f32_module = !d.chain.empty() ? d.chain.front().module : d.module;
   const std::string f32_op = !d.chain.empty() ? d.chain.front().op : d.op;
   auto f32 = [&](const std::string& why) {
     if (!low) return;
-    if (outside_autocast && (r.out_dtype == "f16" || r.out_dtype == "bf16")) {
+    if (outside_autocast && (target_dtype == "f16" || target_dtype == "bf16")) {
       Remedy m = simple("cast_f32",
                         fmt::format("{} ran outside autocast, in its inputs' {} (an autocast override cannot reach "
                                     "it): cast its input to f32 first{}",
-                                    place(r), r.out_dtype, why.empty() ? "" : " (" + why + ")"),
-                        "", fmt::format("Tensor x32 = x.to(DType::f32);  // then {}(x32, ...)", r.op));
+                                    target_place, target_dtype, why.empty() ? "" : " (" + why + ")"),
+                        "", fmt::format("Tensor x32 = x.to(DType::f32);  // then {}(x32, ...)", target_op));
       out.push_back(std::move(m));
       return;
     }
@@ -187,7 +195,9 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
   const ChainLink* root = d.chain.empty() ? nullptr : &d.chain.front();
   const std::string root_op = root ? root->op : "";
   const std::string dtype = root ? root->out_dtype : r.out_dtype;
-  const double eps = safe_epsilon(!d.in_dtypes.empty() && d.in_dtypes.find("f16") != std::string::npos && f16 ? "f16" : dtype);
+  // In an fp16 run the value a clamp or an epsilon protects may be f16 wherever the op itself ran (a log runs
+  // in f32 on autocast's cast of an f16 1 - s): a bound that survives f16 is right in every case.
+  const double eps = safe_epsilon(f16 ? "f16" : dtype);
   const std::string eps_why =
       eps == 1e-4 ? " (1e-4 is a normal f16 value; 1e-8 rounds to 0 in f16 and 1e-5 is subnormal)" : "";
 
@@ -199,7 +209,7 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
                            "binary_cross_entropy_with_logits(z, y) never rounds a probability to 0 or 1",
                            "", "Tensor loss = binary_cross_entropy_with_logits(z, y);  // instead of s = sigmoid(z), "
                                "then log(s) and log(1 - s)"));
-    } else if (root_op == "softmax" || d.op == "log") {
+    } else if (std::any_of(d.chain.begin(), d.chain.end(), [](const ChainLink& l) { return l.op == "softmax"; })) {
       out.push_back(simple("stable_formulation",
                            "use log_softmax (or cross_entropy on the logits) instead of log(softmax(x)): it never "
                            "takes the log of a probability that rounded to 0",
@@ -258,8 +268,7 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
                          "mask with a finite value rather than the dtype's extreme (inf - inf and 0 * inf give NaN)",
                          "", "Tensor masked = masked_fill(scores, mask, -1e4);  // not -inf, not the dtype's minimum"));
     f32("");
-    if (f16) out.push_back(bf16_remedy());
-    return out;
+    return out;  // no bf16: a NaN from finite inputs is not shown to be a range problem (bf16 has fewer bits)
   }
   if (d.cause == "f16_overflow") {
     f32(r.cast_overflow > 0 ? "the cast to f16 is what overflows" : "f32's range ends at 3.4e38");
@@ -362,10 +371,19 @@ std::string saturation_of(const OpRow& r) {
 
 // Ops whose output holds zeros by design (a ReLU of negative values, a mask, dropout): zeros there are not a
 // rounding, so a root-cause walk stops at them.
-bool zero_by_design(const OpRow& r) {
+bool zero_by_design(const OpRow& r, const SeqIndex& idx) {
   static const std::set<std::string> ops = {"relu", "masked_fill", "dropout", "where", "zeros", "embedding",
                                             "max_pool2d"};
-  return ops.count(r.op) > 0;
+  if (ops.count(r.op) > 0) return true;
+  // A softmax over a row a mask filled with -inf: its exact zeros (and a 1 where one entry is left) are the
+  // mask's, in any dtype.
+  if (r.op == "softmax") {
+    for (std::size_t i = 0; i < trace::kOpInputs; ++i) {
+      const OpRow* q = producer_of(r, i, idx);
+      if (q != nullptr && q->op == "masked_fill" && q->health.neg_inf > 0) return true;
+    }
+  }
+  return false;
 }
 
 // Ops that hand their input's values on (up to sign, layout, dtype or a constant factor): a zero or a
@@ -451,6 +469,9 @@ std::string globs_text(const std::vector<std::string>& globs) {
 // diagnoses it concerns.
 void coverage(Report& rep) {
   Coverage& c = rep.coverage;
+  if (rep.steps == 0)
+    c.notes.push_back("the trace holds no step: a probe records ops only inside a probe::StepScope (an op outside "
+                      "any step is recorded only with ProbeOptions::outside_steps)");
   if (rep.run.probe.empty()) {
     if (!rep.anomalies.empty())
       c.notes.push_back("this trace does not say how the probe was set up (an older trace, or a writer given no "
@@ -499,9 +520,17 @@ void coverage(Report& rep) {
   if (!filtered) return;
   for (Diagnosis& d : rep.anomalies) {
     if (d.op.empty() || d.cause == "nonfinite_input") {
+      const bool has = std::any_of(d.remedies.begin(), d.remedies.end(),
+                                   [](const Remedy& m) { return m.kind == "record_every_op"; });
+      if (has) continue;
       d.evidence.push_back("the probe did not record every op (see the coverage notes): the true origin may be "
                            "an op it never saw");
-      d.remedy = "first record every op and run again to find the origin; then: " + d.remedy;
+      d.remedies.insert(d.remedies.begin(),
+                        simple("record_every_op",
+                               "first record every op (no op or module filter) and run again to find the origin; "
+                               "the remedies after this one answer what this trace shows, which may be downstream",
+                               "", "probe::ProbeOptions options;  // no .ops / .modules filter"));
+      d.remedy = remedy_text(d.remedies);
     }
   }
 }
@@ -624,6 +653,7 @@ struct Analyser::State {
     l.op = r.op;
     l.module = r.module;
     l.out_dtype = r.out_dtype;
+    l.autocast = r.autocast;
     l.role = std::move(role);
     l.evidence = std::move(evidence);
     return l;
@@ -686,7 +716,15 @@ struct Analyser::State {
         p = zin;
         continue;
       }
-      if (zero_by_design(*p)) break;  // relu, a mask: zeros that are the op's job, not a rounding
+      if (zero_by_design(*p, idx)) break;  // relu, a mask: zeros that are the op's job, not a rounding
+      if (zin != nullptr) {
+        // Its input held zeros already (a matmul of a row of relu zeros): they came from upstream.
+        rev.push_back(link(*p, "passes on",
+                           fmt::format("{} holds {} exact zeros of {}, and its input already held zeros",
+                                       where_text(*p), p->health.zero, p->health.numel)));
+        p = zin;
+        continue;
+      }
       if (std::string sat = saturation_of(*p); !sat.empty()) {
         rev.push_back(link(*p, "saturation", std::move(sat)));
         root = "saturation";
@@ -703,7 +741,7 @@ struct Analyser::State {
           std::vector<ChainLink> passed;
           const OpRow* q = producer_of(*p, i, idx);
           for (int depth = 0; q != nullptr && depth < 6; ++depth) {
-            if (std::string sat = saturation_of(*q); !sat.empty()) {
+            if (std::string sat = saturation_of(*q); !sat.empty() && !zero_by_design(*q, idx)) {
               for (ChainLink& l : passed) rev.push_back(std::move(l));
               rev.push_back(link(*q, "saturation", std::move(sat)));
               root = "saturation";
@@ -741,8 +779,12 @@ struct Analyser::State {
     if (ops.empty() || ops.front().inputs[0] == trace::kInputUnknown) return;
     std::set<std::int64_t> wrong;
     std::vector<const OpRow*> absorbing;
+    // Ops that select some of their input's entries (a loss picking the target's column, a mask, a pool)
+    // can return exactly the right values while other entries are non-finite: not damage.
+    static const std::set<std::string> selecting = {"nll_loss", "where", "masked_fill", "max_pool2d", "argmax",
+                                                    "embedding", "slice", "gather", "index_select", "cross_entropy"};
     for (const OpRow& r : ops) {
-      if (r.phase != Phase::forward || non_finite(r) > 0 || r.health.numel <= 0) continue;
+      if (r.phase != Phase::forward || non_finite(r) > 0 || r.health.numel <= 0 || selecting.count(r.op) > 0) continue;
       for (std::size_t i = 0; i < trace::kOpInputs; ++i) {
         const OpRow* q = producer_of(r, i, idx);
         if (q != nullptr && q->phase == Phase::forward && non_finite(*q) > 0) {
@@ -821,7 +863,8 @@ struct Analyser::State {
         d.evidence.push_back(fmt::format("{} finite value{} overflowed on the cast to {} (largest finite f16 {})",
                                          r.cast_overflow, r.cast_overflow == 1 ? "" : "s", r.out_dtype, kF16Max));
       // With a cast overflow the inf entered through the input: the finite values say nothing about 65504.
-      if (h.pos_inf + h.neg_inf > 0 && r.out_dtype == "f16" && std::isfinite(h.absmax) && r.cast_overflow == 0)
+      if (d.cause == "f16_overflow" && h.pos_inf + h.neg_inf > 0 && r.out_dtype == "f16" && std::isfinite(h.absmax) &&
+          r.cast_overflow == 0)
         d.evidence.push_back(fmt::format("output absmax of the finite values {:.6g}; the results beyond f16 max {} "
                                          "became inf",
                                          h.absmax, kF16Max));
@@ -970,9 +1013,9 @@ struct Analyser::State {
     bool hidden = false;
     for (std::int64_t in : first->inputs) hidden |= in == trace::kInputUnrecorded;
     if (hidden) {
-      d.evidence.push_back(fmt::format("{} in the output of {} at step {}: an input came from an op the probe did not "
-                                       "record (filtered out or not sampled), so the origin is upstream of what this "
-                                       "trace holds",
+      d.evidence.push_back(fmt::format("{} in the output of {} at step {}: an input came from an op of this step that "
+                                       "the probe did not record (filtered out by its op or module globs), so the "
+                                       "origin is upstream of what this trace holds",
                                        counts_text(first->health), place(*first), step));
       d.remedies.push_back(simple("record_every_op",
                                   "record every op (no op or module filter, every step) and run again: the origin is "
@@ -980,9 +1023,14 @@ struct Analyser::State {
                                   "--probe health --sample-every 1",
                                   "probe::ProbeOptions options;  // no .ops / .modules filter, .every = 1"));
     } else {
+      bool earlier = false;
+      for (std::int64_t in : first->inputs) earlier |= in == trace::kInputOtherStep;
       d.evidence.push_back(fmt::format("{} in the output of {} at step {}, and no op of the step produced them from "
-                                       "finite inputs: its input already held them",
-                                       counts_text(first->health), place(*first), step));
+                                       "finite inputs: its input already held them{}",
+                                       counts_text(first->health), place(*first), step,
+                                       earlier ? " (a tensor computed before this step: data prepared with ops "
+                                                 "before the loop, or kept from an earlier step)"
+                                               : ""));
       d.remedies = remedies_of(d, *first, rep.run.precision);
     }
     propagation(d, ops, first, step_row, grads);
@@ -1265,7 +1313,17 @@ Report Analyser::finish() {
       if (s.step < step && s.scale >= scale) fine_before = true;
     }
     if (!cured && step == last_step_of_run && cured_scales.count(scale) > 0) cured = true;
-    if (cured && !fine_before) {
+    // At a scale that was fine before, the gradients grew: still the scaler's job when the skip is isolated
+    // (the steps either side ran) and skips are rare overall (the verdict is not persistent); a run of such
+    // skips, or many, is an anomaly.
+    bool prev_ran = true, next_ran = true;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i].step != step) continue;
+      if (i > 0) prev_ran = !steps[i - 1].skipped;
+      if (i + 1 < steps.size()) next_ran = !steps[i + 1].skipped;
+    }
+    const bool occasional = prev_ran && next_ran && (sh.verdict == "healthy" || sh.verdict == "settled");
+    if (cured && (!fine_before || occasional)) {
       cured_scales.insert(scale);
       ++sh.calibration_skips;
       sh.last_calibration_step = std::max(sh.last_calibration_step, step);

@@ -99,6 +99,7 @@ struct ChainLink {
   std::int64_t seq = -1;
   trace::Phase phase = trace::Phase::forward;
   std::string op, module, out_dtype;
+  std::string autocast;  // autocast's reason for the op's dtype ("" outside autocast)
   std::string role;      // "saturation", "cancellation", "underflow", "passes on", "origin"
   std::string evidence;  // one sentence quoting the recorded numbers of this op
 };

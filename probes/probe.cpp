@@ -233,12 +233,14 @@ std::array<std::int64_t, trace::kOpInputs> Probe::input_producers(const OpEvent&
     const auto [step, seq] = t.producer();
     if (seq == Producer::none) {
       out[i] = trace::kInputData;
-    } else if (seq == Producer::summed && step == e.step) {
+    } else if (step != e.step) {
+      out[i] = trace::kInputOtherStep;  // kept from an earlier step, or prepared outside any step
+    } else if (seq == Producer::summed) {
       out[i] = trace::kInputSummed;
-    } else if (seq >= 0 && step == e.step) {
+    } else if (seq >= 0) {
       out[i] = seq;
     } else {
-      out[i] = trace::kInputUnrecorded;  // a skipped op, or an op of another step
+      out[i] = trace::kInputUnrecorded;  // an op of this step the probe skipped
     }
   }
   return out;

@@ -42,7 +42,11 @@
 // is there too. /steps rows and scaler events are written for every step, sampled or not: the scale
 // history must be complete. Every row of a table reaches the sink in step order; sink.end_step(step)
 // follows the rows of each step (a kept step written late comes before the end_step of the anomalous
-// step that wrote it). Ops outside any StepScope are recorded and written as they come, with step -1.
+// step that wrote it). Ops outside any StepScope are not recorded (an evaluation pass is no step) unless
+// ProbeOptions::outside_steps is set; then they are written as they come, with step -1.
+//
+// Provenance: each OpRow's `inputs` names the rows of the same step that produced the op's inputs (the
+// stamps of core/probe_hook.h, Producer), or a marker (trace::kInputParameter, kInputData, ...).
 #pragma once
 
 #include <array>

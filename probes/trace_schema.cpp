@@ -23,6 +23,7 @@ std::string_view input_marker_name(std::int64_t marker) {
     case kInputUnrecorded: return "unrecorded";
     case kInputSummed: return "summed";
     case kInputUnknown: return "unknown";
+    case kInputOtherStep: return "other step";
     default: return marker >= 0 ? "" : "invalid";
   }
 }

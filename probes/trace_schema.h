@@ -62,10 +62,13 @@ inline constexpr int kOpInputs = 4;  // inputs recorded per row; an op with more
 inline constexpr std::int64_t kInputNone = -1;        // no input at this position
 inline constexpr std::int64_t kInputParameter = -2;   // a parameter (a leaf that requires grad)
 inline constexpr std::int64_t kInputData = -3;        // data or a constant: no reported op produced it
-inline constexpr std::int64_t kInputUnrecorded = -4;  // an op the trace does not hold produced it (filtered
-                                                      // out, not sampled, or in an earlier step)
+inline constexpr std::int64_t kInputUnrecorded = -4;  // an op of this step the probe did not record produced
+                                                      // it (filtered out by the probe's op or module globs)
 inline constexpr std::int64_t kInputSummed = -5;      // backward: gradients from several nodes, summed
 inline constexpr std::int64_t kInputUnknown = -6;     // not recorded (format_version 1 traces)
+inline constexpr std::int64_t kInputOtherStep = -7;   // an op of an earlier step (or outside any step) produced
+                                                      // it: a tensor kept across steps, data prepared before
+                                                      // the loop
 std::string_view input_marker_name(std::int64_t marker);  // "none", "parameter", "data", ...; "" for a seq
 
 // /ops: one row per recorded op (forward ops and backward nodes).

@@ -307,7 +307,8 @@ std::string input_marker_words(std::int64_t marker) {
     case trace::kInputNone: return "no input";
     case trace::kInputParameter: return "parameter";
     case trace::kInputData: return "data or constant";
-    case trace::kInputUnrecorded: return "an op this trace did not record (filtered, not sampled, or an earlier step)";
+    case trace::kInputUnrecorded: return "an op of this step the probe did not record (filtered out)";
+    case trace::kInputOtherStep: return "an op of an earlier step, or run outside any step (data prepared before the loop)";
     case trace::kInputSummed: return "summed gradients";
     case trace::kInputUnknown: return "unknown: this trace has no provenance (format_version 1)";
     default: return marker >= 0 ? "" : fmt::format("invalid marker {} (a damaged row?)", marker);

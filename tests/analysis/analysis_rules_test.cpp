@@ -105,10 +105,11 @@ TEST(analysis_rules_test, a_backward_overflow_that_the_backoff_cures_is_calibrat
   EXPECT_EQ(rep.scaler.last_calibration_step, 0);
 }
 
-TEST(analysis_rules_test, a_backward_overflow_at_a_scale_that_was_fine_before_stays_an_anomaly) {
-  // Step 0 ran clean at 65536; step 1 overflowed at the same scale: the gradients grew, not calibration.
+TEST(analysis_rules_test, a_run_of_overflows_at_scales_that_were_fine_before_stays_an_anomaly) {
+  // Step 0 ran clean at 65536; steps 1 and 2 overflowed at 65536 and 32768: the gradients grew, twice in a
+  // row. Not the scaler's calibration, and the learning rate is the first remedy.
   std::vector<StepRow> steps = {step_row(0, 65536, 65536, false), step_row(1, 65536, 32768, true),
-                                step_row(2, 32768, 32768, false)};
+                                step_row(2, 32768, 16384, true), step_row(3, 16384, 16384, false)};
   steps[1].loss = 2.0;
   BackwardOnly b;
   for (OpRow& o : b.ops) o.step += 1;
@@ -116,7 +117,22 @@ TEST(analysis_rules_test, a_backward_overflow_at_a_scale_that_was_fine_before_st
   ASSERT_EQ(rep.anomalies.size(), 1u);
   EXPECT_EQ(rep.anomalies[0].cause, "gradient_overflow");
   EXPECT_EQ(rep.anomalies[0].step, 1);
+  ASSERT_FALSE(rep.anomalies[0].remedies.empty());
+  EXPECT_EQ(rep.anomalies[0].remedies.front().kind, "learning_rate");
   EXPECT_EQ(rep.scaler.calibration_skips, 0);
+}
+
+TEST(analysis_rules_test, an_isolated_overflow_at_a_fine_scale_in_a_healthy_run_is_the_scaler_at_work) {
+  // One skip between clean steps (the same scale ran clean before, the next step ran clean after the
+  // back-off): gradients drift over a long run and the GradScaler follows; not an anomaly.
+  std::vector<StepRow> steps = {step_row(0, 65536, 65536, false), step_row(1, 65536, 32768, true),
+                                step_row(2, 32768, 32768, false)};
+  steps[1].loss = 2.0;
+  BackwardOnly b;
+  for (OpRow& o : b.ops) o.step += 1;
+  const Report rep = analyse(steps, b.ops, b.grads);
+  EXPECT_TRUE(rep.anomalies.empty());
+  EXPECT_EQ(rep.scaler.calibration_skips, 1);
 }
 
 TEST(analysis_rules_test, an_anomaly_only_in_backward_is_a_gradient_overflow_of_that_node) {
@@ -475,6 +491,68 @@ TEST(analysis_rules_test, scaler_verdicts_follow_the_skip_pattern) {
   const ScalerHealth c = analyse(trajectory(4, std::vector<bool>(6, true)), {}, {}).scaler;
   EXPECT_EQ(c.verdict, "collapsed");
   EXPECT_EQ(c.scale_min, 4.0 / 64);
+}
+
+// Provenance rules on hand-built rows (inputs written down): what the dataflow lets the report say.
+
+TEST(analysis_rules_test, a_loss_that_picks_finite_entries_is_not_silent_damage) {
+  // log's output holds -inf in a column nll_loss does not pick; nll_loss's finite value is exactly right.
+  OpRow log_row = op_row(0, 0, "log", "", "f32");
+  log_row.health.neg_inf = 3;
+  log_row.origin = true;
+  log_row.inputs = {trace::kInputData, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  OpRow nll = op_row(0, 1, "nll_loss", "", "f32");
+  nll.inputs = {0, trace::kInputData, trace::kInputNone, trace::kInputNone};
+  OpRow after = op_row(0, 2, "mul", "", "f32");  // the loss times a weight: downstream of nll_loss
+  after.inputs = {1, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  const Report rep = analyse({step_row(0, 1, 1, false)}, {log_row, nll, after}, {});
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  EXPECT_TRUE(rep.anomalies[0].absorbed_by.empty());
+  EXPECT_EQ(rep.anomalies[0].silently_wrong, 0);
+}
+
+TEST(analysis_rules_test, rsqrt_of_inf_is_silent_damage_and_its_consumers_are_counted) {
+  // seq 0 mul overflows (+inf), seq 1 mean passes it on, seq 2 rsqrt gives 0 (finite), seq 3 mul and
+  // seq 4 linear compute from that 0: 2 ops silently wrong after the absorbing one.
+  std::vector<OpRow> rows;
+  const char* ops[] = {"mul", "mean", "rsqrt", "mul", "linear"};
+  for (std::int64_t i = 0; i < 5; ++i) {
+    OpRow r = op_row(0, i, ops[i], "blocks.1.norm");
+    r.inputs = {i == 0 ? trace::kInputData : i - 1, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+    rows.push_back(r);
+  }
+  rows[0].health.pos_inf = 4;
+  rows[0].origin = true;
+  rows[1].health.pos_inf = 1;
+  rows[2].health.zero = 16;
+  rows[2].health.absmax = 0;
+  const Report rep = analyse({step_row(0, 1024, 1024, false)}, rows, {});
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  const Diagnosis& d = rep.anomalies[0];
+  ASSERT_EQ(d.absorbed_by.size(), 1u);
+  EXPECT_NE(d.absorbed_by[0].find("rsqrt"), std::string::npos);
+  EXPECT_EQ(d.silently_wrong, 2);
+}
+
+TEST(analysis_rules_test, non_finite_data_prepared_before_the_step_is_data_not_a_hidden_origin) {
+  OpRow r = op_row(0, 0, "linear", "fc1");
+  r.health.nan = 2;
+  r.inputs = {trace::kInputOtherStep, trace::kInputParameter, trace::kInputNone, trace::kInputNone};
+  const Report rep = analyse({step_row(0, 1, 1, false)}, {r}, {});
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  EXPECT_EQ(rep.anomalies[0].cause, "nonfinite_input");
+  ASSERT_FALSE(rep.anomalies[0].remedies.empty());
+  EXPECT_EQ(rep.anomalies[0].remedies.front().kind, "clean_data");
+}
+
+TEST(analysis_rules_test, non_finite_input_from_a_filtered_op_is_a_hidden_origin) {
+  OpRow r = op_row(0, 3, "linear", "head");
+  r.health.nan = 2;
+  r.inputs = {trace::kInputUnrecorded, trace::kInputParameter, trace::kInputNone, trace::kInputNone};
+  const Report rep = analyse({step_row(0, 1, 1, false)}, {r}, {});
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  ASSERT_FALSE(rep.anomalies[0].remedies.empty());
+  EXPECT_EQ(rep.anomalies[0].remedies.front().kind, "record_every_op");
 }
 
 }  // namespace

@@ -112,6 +112,52 @@ TEST(Provenance, BackwardRowsNameTheGradientTheyReceived) {
   EXPECT_EQ(backward[2].inputs[0], kInputSummed);
 }
 
+// Views, clones and detached tensors are the same values, not ops: they carry their source's producer.
+TEST(Provenance, ViewsAndClonesCarryTheirSourcesProducer) {
+  auto sink = std::make_shared<MemorySink>();
+  probe::HookGuard installed(std::make_shared<probe::Probe>(sink));
+  Generator gen(9);
+  {
+    probe::StepScope scope(0);
+    Tensor s = sigmoid(randn({4, 3}, gen));              // seq 0
+    Tensor a = neg(s.reshape({12}));                      // seq 1, its input a view of seq 0
+    Tensor b = neg(s.transpose(0, 1).contiguous());      // seq 2 (contiguous copies: not a reported op)
+    Tensor c = neg(s.clone().detach());                   // seq 3
+    scope.end({.step = 0});
+  }
+  const auto ops = sink->ops_of_step(0);
+  ASSERT_EQ(ops.size(), 4u);
+  for (std::int64_t seq = 1; seq <= 3; ++seq) EXPECT_EQ(row(ops, seq).inputs[0], 0) << "seq " << seq;
+}
+
+// Attention's own steps (bmm, softmax) run on autocast's casts of q, k and v reshaped into heads: their
+// inputs still name the linear rows that made q, k and v.
+TEST(Provenance, AttentionStepsNameTheProjectionsThroughCastsAndReshapes) {
+  auto sink = std::make_shared<MemorySink>();
+  probe::HookGuard installed(std::make_shared<probe::Probe>(sink));
+  Generator gen(10);
+  Tensor x = randn({2, 4, 8}, gen);
+  Tensor wq = randn({8, 8}, gen).requires_grad_();
+  Tensor wk = randn({8, 8}, gen).requires_grad_();
+  Tensor wv = randn({8, 8}, gen).requires_grad_();
+  std::vector<trace::OpRow> ops;
+  {
+    probe::StepScope scope(0);
+    AutocastGuard autocast(DType::f16);
+    Tensor q = linear(x, wq);  // seq 0
+    Tensor k = linear(x, wk);  // seq 1
+    Tensor v = linear(x, wv);  // seq 2
+    scaled_dot_product_attention(q, k, v, /*causal=*/true);
+    scope.end({.step = 0});
+  }
+  ops = sink->ops_of_step(0);
+  const auto bmm = std::find_if(ops.begin(), ops.end(), [](const trace::OpRow& r) { return r.op == "bmm"; });
+  ASSERT_NE(bmm, ops.end());
+  // The first bmm is q against k's transpose: inputs 0 and 1 name seqs 0 and 1.
+  EXPECT_EQ(bmm->inputs[0], 0);
+  EXPECT_EQ(bmm->inputs[1], 1);
+}
+
 TEST(Provenance, AnOpTheProbeSkippedIsUnrecordedNotData) {
   auto sink = std::make_shared<MemorySink>();
   // Only log is recorded: its input comes from add, which the probe skipped.
@@ -131,7 +177,7 @@ TEST(Provenance, AnOpTheProbeSkippedIsUnrecordedNotData) {
   EXPECT_EQ(ops[0].inputs[0], kInputUnrecorded);
 }
 
-TEST(Provenance, ATensorFromAnEarlierStepIsUnrecorded) {
+TEST(Provenance, ATensorFromAnEarlierStepIsMarkedAsSuch) {
   auto sink = std::make_shared<MemorySink>();
   probe::HookGuard installed(std::make_shared<probe::Probe>(sink));
   Generator gen(6);
@@ -148,7 +194,7 @@ TEST(Provenance, ATensorFromAnEarlierStepIsUnrecorded) {
   }
   const auto ops = sink->ops_of_step(1);
   ASSERT_EQ(ops.size(), 1u);
-  EXPECT_EQ(ops[0].inputs[0], kInputUnrecorded);
+  EXPECT_EQ(ops[0].inputs[0], trace::kInputOtherStep);
 }
 
 TEST(Provenance, OpsOutsideStepsAreNotRecordedUnlessAskedFor) {

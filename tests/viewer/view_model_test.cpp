@@ -282,7 +282,7 @@ TEST(view_model_test, producers_name_each_inputs_row_in_order_or_say_its_marker_
   EXPECT_EQ(p[0].seq, 2);
   EXPECT_EQ(p[0].text, "seq 2  mul in fc2  f16 [4, 8]");
   EXPECT_EQ(p[1].marker, trace::kInputUnrecorded);
-  EXPECT_EQ(p[1].text, "an op this trace did not record (filtered, not sampled, or an earlier step)");
+  EXPECT_EQ(p[1].text, "an op of this step the probe did not record (filtered out)");
   EXPECT_EQ(p[2].seq, 9);
   EXPECT_FALSE(p[2].found);
   EXPECT_NE(p[2].text.find("seq 9"), std::string::npos) << p[2].text;
