@@ -116,8 +116,11 @@ TEST(coverage_test, a_module_filter_that_hides_the_origin_is_named_and_not_blame
   ASSERT_FALSE(d.remedies.empty());
   EXPECT_EQ(d.remedies.front().kind, "record_every_op");
   // Every diagnosis the filter may have misplaced (step-level ones too) leads with recording every op.
-  for (const Diagnosis& a : rep.anomalies)
-    if (a.op.empty() || a.cause == "nonfinite_input") EXPECT_EQ(a.remedies.front().kind, "record_every_op") << a.cause;
+  for (const Diagnosis& a : rep.anomalies) {
+    if (a.op.empty() || a.cause == "nonfinite_input") {
+      EXPECT_EQ(a.remedies.front().kind, "record_every_op") << a.cause;
+    }
+  }
   // The remedy applied: the same run with every op recorded finds the origin, fc1's cast of x.
   const Report all = filtered_run({}, "filter-removed");
   ASSERT_FALSE(all.anomalies.empty());
