@@ -35,10 +35,13 @@ std::string_view phase_name(Phase phase) {
 namespace {
 std::atomic<std::int64_t> g_step{-1};
 std::atomic<std::int64_t> g_seq{0};
+// Ops outside any step (step -1) count on their own, never reset: every pass outside steps gets seqs
+// no earlier one had, so a row of step -1 names the right producer.
+std::atomic<std::int64_t> g_outside_seq{0};
 }  // namespace
 
 std::int64_t current_step() { return g_step.load(); }
-std::int64_t next_seq() { return g_seq.fetch_add(1); }
+std::int64_t next_seq() { return g_step.load() < 0 ? g_outside_seq.fetch_add(1) : g_seq.fetch_add(1); }
 
 StepScope::StepScope(std::int64_t step) {
   g_step.store(step);

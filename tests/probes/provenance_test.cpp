@@ -212,6 +212,15 @@ TEST(Provenance, OpsOutsideStepsAreNotRecordedUnlessAskedFor) {
     exp(x);
     ASSERT_EQ(sink->ops.size(), 1u);
     EXPECT_EQ(sink->ops[0].step, -1);
+    // Two evaluation passes around a step: the second one's seqs are new, so its log names its own exp.
+    Tensor e1 = exp(x);
+    { probe::StepScope scope(0); scope.end({.step = 0}); }
+    Tensor e2 = exp(x);
+    Tensor l2 = log(e2);
+    const trace::OpRow& second_exp = sink->ops[sink->ops.size() - 2];
+    const trace::OpRow& second_log = sink->ops.back();
+    EXPECT_EQ(second_log.inputs[0], second_exp.seq);
+    for (std::size_t i = 0; i + 2 < sink->ops.size(); ++i) EXPECT_NE(sink->ops[i].seq, second_exp.seq) << i;
   }
 }
 
