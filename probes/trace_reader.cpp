@@ -151,6 +151,7 @@ struct TraceReader::State {
   std::uint64_t file_size = 0;
   // Rows per chunk of every chunked table (0: not chunked), for the check that trusted rows are stored.
   std::array<std::size_t, kDataTableCount> chunk_rows{};
+  std::array<std::int64_t, kDataTableCount> stored_checked{};  // rows whose chunks were found stored
   // Damage found that leaves the rest readable (TraceReader::damage): in the root attributes, and in
   // /index and the tables (recomputed at each refresh).
   std::vector<std::string> attribute_damage, index_damage;
@@ -459,7 +460,8 @@ struct TraceReader::State {
       // Rows in chunks that were never written would read as zeros.
       if (chunk_rows[t] > 0 && want > 0) {
         const auto per = static_cast<std::int64_t>(chunk_rows[t]);
-        for (std::int64_t chunk = 0; chunk * per < want; ++chunk) {
+        // Chunks found stored stay stored (a refresh checks only the new ones).
+        for (std::int64_t chunk = stored_checked[t] / per; chunk * per < want; ++chunk) {
           hsize_t offset = static_cast<hsize_t>(chunk * per), stored = 0;
           if (H5Dget_chunk_storage_size(datasets[t].get(), &offset, &stored) < 0 || stored == 0) {
             H5Eclear2(H5E_DEFAULT);
@@ -471,6 +473,11 @@ struct TraceReader::State {
         }
       }
       rows[t] = want;
+      // Whole chunks only: the writer rewrites a partly filled one.
+      if (chunk_rows[t] > 0) {
+        const auto per = static_cast<std::int64_t>(chunk_rows[t]);
+        stored_checked[t] = std::max(stored_checked[t], want / per * per);
+      }
       trim_index(static_cast<std::size_t>(t));
     }
     if (!recounted.empty()) {
