@@ -429,9 +429,11 @@ struct Child {
   pid_t pid = -1;
   std::string label;
   fs::path note;
+  fs::path mutant;  // removed when the case is done
 };
 
-Child start_child(const std::string& label, const fs::path& note, const std::function<int()>& body) {
+Child start_child(const std::string& label, const fs::path& note, const std::function<int()>& body,
+                  const fs::path& mutant = {}) {
   std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
@@ -452,7 +454,7 @@ Child start_child(const std::string& label, const fs::path& note, const std::fun
     std::fflush(nullptr);
     _exit(code);
   }
-  return {pid, label, note};
+  return {pid, label, note, mutant};
 }
 
 void finish_child(const Child& c, Tally& tally) {
@@ -460,6 +462,10 @@ void finish_child(const Child& c, Tally& tally) {
   rusage usage{};
   wait4(c.pid, &status, 0, &usage);
   ++tally.trials;
+  if (!c.mutant.empty()) {
+    std::error_code ec;
+    fs::remove(c.mutant, ec);
+  }
   std::string note;
   if (fs::exists(c.note)) {
     std::ifstream in(c.note);
@@ -545,6 +551,7 @@ std::int64_t env_int(const char* name, std::int64_t fallback) {
 
 // Runs `cases` cases, two children at a time; `make(i)` builds case i in the parent and returns the
 // child's label and body.
+// The mutant of case i is dir/mutant-i.h5 (removed when the case is done).
 Tally run_cases(std::int64_t cases, const fs::path& dir,
                 const std::function<std::pair<std::string, std::function<int()>>(std::int64_t)>& make) {
   Tally tally;
@@ -556,7 +563,7 @@ Tally run_cases(std::int64_t cases, const fs::path& dir,
       running.erase(running.begin());
     }
     auto [label, body] = make(i);
-    running.push_back(start_child(label, dir / fmt::format("note-{}.txt", i), body));
+    running.push_back(start_child(label, dir / fmt::format("note-{}.txt", i), body, dir / fmt::format("mutant-{}.h5", i)));
   }
   for (const Child& c : running) finish_child(c, tally);
   return tally;
@@ -608,7 +615,7 @@ TEST(trace_fuzz_test, every_bit_of_an_old_traces_global_heap_objects_gives_an_er
   Tally tally = run_cases(static_cast<std::int64_t>(fields.size() * 8), dir.file(""), [&](std::int64_t i) {
     const std::size_t at = fields[static_cast<std::size_t>(i / 8)];
     const int bit = static_cast<int>(i % 8);
-    const fs::path mutant = dir.file(fmt::format("heap-{}.h5", i));
+    const fs::path mutant = dir.file(fmt::format("mutant-{}.h5", i));
     std::vector<unsigned char> bytes = original;
     bytes[at] ^= static_cast<unsigned char>(1u << bit);
     write_bytes(mutant, bytes);
@@ -819,7 +826,7 @@ TEST(trace_fuzz_test, seeded_trace_mutants_never_crash_hang_blow_up_or_lose_rows
     const std::size_t b = rng() % c.traces.size();
     const Base& base = c.traces[b];
     auto kind = static_cast<Kind>(rng() % static_cast<std::uint64_t>(Kind::count));
-    const fs::path mutant = dir.file(fmt::format("case-{}.h5", i));
+    const fs::path mutant = dir.file(fmt::format("mutant-{}.h5", i));
     std::vector<unsigned char> bytes = originals[b];
     std::string what;
     bool shrunk = false;
@@ -863,7 +870,7 @@ TEST(trace_fuzz_test, seeded_checkpoint_mutants_are_refused_or_load_the_same_num
     std::vector<unsigned char> bytes = original;
     // Case 0 is the control: the checkpoint as saved must load and train to the same losses.
     const std::string what = i == 0 ? std::string("unchanged (control)") : mutate_bytes(bytes, kind, rng, false);
-    const fs::path mutant = dir.file(fmt::format("ck-{}.h5", i));
+    const fs::path mutant = dir.file(fmt::format("mutant-{}.h5", i));
     write_bytes(mutant, bytes);
     const fs::path note = dir.file(fmt::format("note-{}.txt", i));
     return std::pair{fmt::format("checkpoint case {} (seed {}): {}", i, seed, what),
