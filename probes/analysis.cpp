@@ -1635,7 +1635,9 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
     if (progress) progress(done, counts.ops);
     if (numbers.empty()) break;
   }
-  return a.finish();
+  Report report = a.finish();
+  report.damage = reader.damage();
+  return report;
 }
 
 }  // namespace ampscope::analysis

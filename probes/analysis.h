@@ -224,6 +224,9 @@ struct Report {
   ScalerHealth scaler;
   Coverage coverage;
   bool provenance = false;    // the trace records which rows produced each op's inputs (format_version 2)
+  // Damage the reader found in a trace whose rest it could read (trace::TraceReader::damage): the analysis
+  // covers what is intact; every rendering says DAMAGED.
+  std::vector<std::string> damage;
   bool healthy() const { return anomalies.empty(); }
 };
 

@@ -620,6 +620,8 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
   report.run_a = a.run_info();
   report.run_b = b.run_info();
   report.options = options;
+  report.damage_a = a.damage();
+  report.damage_b = b.damage();
 
   const std::vector<StepRow> step_rows_a = a.steps(), step_rows_b = b.steps();
   const std::vector<std::int64_t> steps_a = step_numbers(step_rows_a), steps_b = step_numbers(step_rows_b);

@@ -169,6 +169,8 @@ struct DiffReport {
   std::vector<Unmatched> only_in_a, only_in_b;        // in order of first appearance
   // Steps only one run finished, or whose ops only one run recorded (--sample-every, the flight recorder).
   std::vector<std::int64_t> steps_only_in_a, steps_only_in_b;
+  // Damage each reader found in a trace whose rest it could read (trace::TraceReader::damage).
+  std::vector<std::string> damage_a, damage_b;
 };
 
 // The per-op comparison of one step's rows (the viewer's Compare panel): every aligned pair, in a's order.

@@ -505,7 +505,9 @@ std::string render_text(const Report& rep, const TextStyle& style) {
   const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
   const std::size_t max_names = 5;
 
-  // ---- the answer first ----
+  // ---- the answer first (damage before it: the answer covers only what is intact) ----
+  for (const std::string& note : rep.damage)
+    t.line("{} {}; analysed what is intact", t.paint(kRed, "DAMAGED:"), note);
   if (rep.anomalies.empty()) {
     t.line("{}", t.paint(kGreen, fmt::format("OK: no NaN/Inf found in {} ({} op rows, {} gradient rows)",
                                              plural(rep.steps, "step"), rep.op_rows, rep.grad_rows)));
@@ -620,6 +622,7 @@ std::string render_text(const Report& rep, const TextStyle& style) {
                          s.verdict);
   if (s.skipped > 0) summary += fmt::format(" ({} of {} steps skipped)", s.skipped, s.steps);
   if (!rep.complete) summary += "; trace incomplete";
+  if (!rep.damage.empty()) summary += "; trace DAMAGED";
   t.line("{} {}", t.paint(rep.anomalies.empty() ? kGreen : kRed, "SUMMARY:"), summary);
   return t.take();
 }
@@ -631,6 +634,7 @@ std::string render_json(const Report& rep) {
   doc["path"] = rep.path;
   doc["run"] = run_json(rep.run);
   doc["complete"] = rep.complete;
+  doc["damage"] = rep.damage;  // [] for a sound trace
   doc["steps"] = rep.steps;
   doc["op_rows"] = rep.op_rows;
   doc["grad_rows"] = rep.grad_rows;
@@ -655,7 +659,9 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
   const std::string threshold = num(d.options.threshold);
   const std::string reference = "of each op's largest rms so far";
 
-  // ---- the answer first ----
+  // ---- the answer first (damage before it: the comparison covers only what is intact) ----
+  for (const std::string& note : d.damage_a) t.line("{} run a: {}; compared what is intact", t.paint(kRed, "DAMAGED:"), note);
+  for (const std::string& note : d.damage_b) t.line("{} run b: {}; compared what is intact", t.paint(kRed, "DAMAGED:"), note);
   if (d.first_divergence) {
     const OpDiff& f = *d.first_divergence;
     t.line("{} step {}, {}", t.paint(kRed, "FIRST DIVERGENCE:"), f.key.step, t.paint(kBold, op_diff_place(f)));
@@ -844,6 +850,8 @@ std::string render_json(const DiffReport& d) {
                     {"largest", d.options.largest},
                     {"rows_per_read", d.options.rows_per_read}};
   doc["scale_aware"] = true;
+  doc["damage_a"] = d.damage_a;  // [] for a sound trace
+  doc["damage_b"] = d.damage_b;
   doc["steps_compared"] = d.steps_compared;
   doc["ops_aligned"] = d.ops_aligned;
   doc["rows_outside_steps_a"] = d.rows_outside_steps_a;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+#include <fstream>
 #include <vector>
 
 namespace ampscope::trace::detail {
@@ -85,13 +87,145 @@ std::string_view class_name(H5T_class_t c) {
   }
 }
 
+// --- variable-length strings (format_version 1 and 2), read without HDF5's global heap ---
+//
+// A variable-length string attribute stores, in the object header (checksummed), the string's length and
+// a reference to an object in a global heap collection ("GCOL"), which HDF5 1.10 stores without any
+// checksum. HDF5's own decoding of a damaged collection reads out of bounds or loops for ever (an object
+// of size 0), and its read copies the heap object's size into a buffer sized by the header's length.
+// So the reference is taken as raw bytes (a no-op conversion to an opaque type, below) and the
+// collection is read from the file and walked here, every size checked against the bytes there are.
+
+constexpr const char* kRawReferenceTag = "ampscope: raw variable-length reference";
+
+// HDF5 conversion from a variable-length string (as stored on disk) to our opaque type of the same
+// size: the bytes stay as they are, so H5Aread hands back the stored length and heap reference.
+herr_t keep_reference_bytes(hid_t src, hid_t dst, H5T_cdata_t* cdata, size_t, size_t, size_t, void*, void*, hid_t) {
+  switch (cdata->command) {
+    case H5T_CONV_INIT: {
+      if (H5Tis_variable_str(src) <= 0 || H5Tget_class(dst) != H5T_OPAQUE) return -1;
+      char* tag = H5Tget_tag(dst);
+      const bool ours = tag != nullptr && std::strcmp(tag, kRawReferenceTag) == 0;
+      H5free_memory(tag);
+      if (!ours || H5Tget_size(src) != H5Tget_size(dst)) return -1;
+      cdata->need_bkg = H5T_BKG_NO;
+      return 0;
+    }
+    case H5T_CONV_CONV: return 0;  // same size, same bytes
+    case H5T_CONV_FREE: return 0;
+    default: return -1;
+  }
+}
+
+std::uint64_t little_endian(const unsigned char* p, std::size_t n) {
+  std::uint64_t v = 0;
+  for (std::size_t b = 0; b < n; ++b) v |= std::uint64_t{p[b]} << (8 * b);
+  return v;
+}
+
 }  // namespace
 
+std::string read_variable_text(const Io& io, hid_t object, hid_t attribute, hid_t type, const std::string& path) {
+  static const herr_t registered = H5Tregister(H5T_PERS_SOFT, "ampscope raw vlen", type, H5T_NATIVE_OPAQUE,
+                                               keep_reference_bytes);
+  if (registered < 0) io.fail(fmt::format("cannot read attribute '{}': H5Tregister failed", path));
+  auto damaged = [&](std::string_view what) -> std::string {
+    io.fail(fmt::format("attribute '{}' is damaged: {}", path, what),
+            "a variable-length text attribute (format_version 1 and 2) lives in HDF5's global heap, which has no "
+            "checksum; the file is damaged");
+  };
+
+  // The file's address and length sizes, and where its addresses start (after a user block).
+  const hid_t file_id = io.check(H5Iget_file_id(object), "H5Iget_file_id", path);
+  File file(file_id);
+  PropertyList fcpl(io.check(H5Fget_create_plist(file.get()), "H5Fget_create_plist", path));
+  std::size_t address_size = 0, length_size = 0;
+  io.check(H5Pget_sizes(fcpl.get(), &address_size, &length_size), "H5Pget_sizes", path);
+  hsize_t user_block = 0;
+  io.check(H5Pget_userblock(fcpl.get(), &user_block), "H5Pget_userblock", path);
+  if (address_size < 2 || address_size > 8 || length_size < 2 || length_size > 8) {
+    damaged(fmt::format("the file's address and length sizes are {} and {} bytes", address_size, length_size));
+  }
+
+  const std::size_t reference_size = 4 + address_size + 4;
+  Datatype raw(io.check(H5Tcreate(H5T_OPAQUE, reference_size), "H5Tcreate", path));
+  io.check(H5Tset_tag(raw.get(), kRawReferenceTag), "H5Tset_tag", path);
+  std::vector<unsigned char> reference(reference_size);
+  // (H5Aread fails, without reading anything, if the stored reference is not of this size.)
+  io.check(H5Aread(attribute, raw.get(), reference.data()), "H5Aread", path);
+  const std::uint64_t length = little_endian(reference.data(), 4);
+  const std::uint64_t address = little_endian(reference.data() + 4, address_size);
+  const std::uint64_t wanted = little_endian(reference.data() + 4 + address_size, 4);
+  if (length == 0) return {};
+  if (length > kMaxTextAttribute) damaged(fmt::format("it claims {} bytes of text", length));
+
+  // The collection: "GCOL", version 1, 3 reserved bytes, its size; then objects, each an index (2 bytes),
+  // a reference count (2), 4 reserved bytes, a size and the data padded to 8 bytes; index 0 is free space.
+  std::ifstream in(io.path(), std::ios::binary);
+  if (!in) damaged("the file cannot be opened to read it");
+  in.seekg(0, std::ios::end);
+  const auto file_size = static_cast<std::uint64_t>(static_cast<std::streamoff>(in.tellg()));
+  const std::uint64_t header_size = 8 + length_size;
+  const std::uint64_t at = address + user_block;
+  if (address >= file_size || at < address || at > file_size || file_size - at < header_size) {
+    damaged(fmt::format("its heap collection at byte {} lies outside the file ({} bytes)", at, file_size));
+  }
+  unsigned char header[16] = {};
+  in.seekg(static_cast<std::streamoff>(at));
+  in.read(reinterpret_cast<char*>(header), static_cast<std::streamsize>(header_size));
+  if (!in) damaged("its heap collection cannot be read");
+  if (std::memcmp(header, "GCOL", 4) != 0 || header[4] != 1) damaged(fmt::format("no heap collection at byte {}", at));
+  const std::uint64_t size = little_endian(header + 8, length_size);
+  constexpr std::uint64_t kMinCollection = 4096, kMaxCollection = std::uint64_t{64} << 20;
+  if (size < kMinCollection || size > kMaxCollection || size > file_size - at) {
+    damaged(fmt::format("its heap collection at byte {} claims {} bytes", at, size));
+  }
+  std::vector<unsigned char> heap(static_cast<std::size_t>(size));
+  in.seekg(static_cast<std::streamoff>(at));
+  in.read(reinterpret_cast<char*>(heap.data()), static_cast<std::streamsize>(size));
+  if (!in) damaged("its heap collection cannot be read");
+
+  const std::uint64_t object_header = 8 + length_size;
+  std::vector<bool> seen;
+  std::optional<std::string> found;
+  for (std::uint64_t p = header_size; p < size;) {
+    if (size - p < object_header) break;  // too small for an object: free space
+    const unsigned char* o = heap.data() + p;
+    const std::uint64_t index = little_endian(o, 2), object_size = little_endian(o + 8, length_size);
+    std::uint64_t need = 0;
+    if (index == 0) {  // free space: its size includes its header and is a multiple of 8
+      need = object_size;
+      if (need < object_header || need % 8 != 0 || need > size - p) damaged("its heap collection's free space is damaged");
+    } else {
+      if (object_size > size - p - object_header) damaged(fmt::format("heap object {} claims {} bytes", index, object_size));
+      need = object_header + (object_size + 7) / 8 * 8;
+      if (need > size - p) damaged(fmt::format("heap object {} runs past its collection", index));
+      if (seen.size() <= index) seen.resize(static_cast<std::size_t>(index) + 1);
+      if (seen[static_cast<std::size_t>(index)]) damaged(fmt::format("heap object {} appears twice", index));
+      seen[static_cast<std::size_t>(index)] = true;
+      if (index == wanted) {
+        if (object_size != length) {
+          damaged(fmt::format("its heap object holds {} bytes, the attribute says {}", object_size, length));
+        }
+        found = std::string(reinterpret_cast<const char*>(o + object_header), static_cast<std::size_t>(object_size));
+      }
+    }
+    p += need;
+  }
+  if (!found) damaged(fmt::format("its heap object {} is not in its collection", wanted));
+  if (found->find('\0') != std::string::npos) damaged("its text contains a NUL byte");
+  return *found;
+}
+
 void write_text_attribute(const Io& io, hid_t object, std::string_view where, const char* name, std::string_view value) {
-  const Datatype type = variable_text_type(io);
+  // A fixed-length string stored in the object header, never a variable-length one: HDF5 1.10 keeps those
+  // in its global heap, which has no checksum, and a changed byte there crashes or hangs every reader.
+  if (value.find('\0') != std::string_view::npos) {
+    io.fail(fmt::format("the text of attribute '{}' contains a NUL byte", attribute_path(where, name)));
+  }
+  const Datatype type = fixed_text_type(io, value.size() + 1);
   const std::string text(value);  // NUL-terminated
-  const char* pointer = text.c_str();
-  write_attribute(io, object, where, name, type.get(), &pointer);
+  write_attribute(io, object, where, name, type.get(), text.c_str());
 }
 
 void write_int_attribute(const Io& io, hid_t object, std::string_view where, const char* name, std::int64_t value) {
@@ -112,15 +246,15 @@ std::optional<std::string> read_text_attribute(const Io& io, hid_t object, std::
     io.fail(fmt::format("attribute '{}' is {} with {} element(s), expected one string", a->path, class_name(cls), a->count));
   }
   if (io.check(H5Tis_variable_str(a->type.get()), "H5Tis_variable_str", a->path) > 0) {
-    const Datatype memory = variable_text_type(io);
-    char* value = nullptr;
-    io.check(H5Aread(a->attr.get(), memory.get(), &value), "H5Aread", a->path);
-    std::string text = value ? value : "";
-    H5free_memory(value);
-    return text;
+    // Never through HDF5's global heap (see read_variable_text): its own reads crash on a damaged heap.
+    return read_variable_text(io, object, a->attr.get(), a->type.get(), a->path);
   }
   const std::size_t size = H5Tget_size(a->type.get());
   if (size == 0) io.fail(fmt::format("attribute '{}' has a string type of size 0", a->path));
+  if (size > kMaxTextAttribute) {
+    io.fail(fmt::format("attribute '{}' claims {} bytes of text, more than the {} a trace's attribute may hold", a->path, size,
+                        kMaxTextAttribute));
+  }
   std::vector<char> buffer(size + 1, '\0');
   io.check(H5Aread(a->attr.get(), a->type.get(), buffer.data()), "H5Aread", a->path);
   return std::string(buffer.data());  // up to the first NUL: null-padded and null-terminated alike

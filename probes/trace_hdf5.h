@@ -72,8 +72,16 @@ void write_int_attribute(const Io& io, hid_t object, std::string_view where, con
 // Overwrites an existing integer attribute in place (allowed while SWMR writing, unlike creating one).
 void rewrite_int_attribute(const Io& io, hid_t object, std::string_view where, const char* name, std::int64_t value);
 
-// Reading: nullopt when the attribute does not exist; a clear error when it has another type.
+// The longest text attribute a reader accepts (the run's config is the longest, a few KB).
+inline constexpr std::size_t kMaxTextAttribute = std::size_t{16} << 20;
+
+// Reading: nullopt when the attribute does not exist; a clear error when it has another type, or is
+// longer than kMaxTextAttribute. Variable-length strings (format_version 1 and 2) are read by
+// read_variable_text, never through HDF5's global heap code.
 std::optional<std::string> read_text_attribute(const Io& io, hid_t object, std::string_view where, const char* name);
+// A variable-length string attribute's text, read from its global heap collection by our own code, every
+// size checked (HDF5 1.10's reader crashes or hangs on a damaged collection): TraceError when damaged.
+std::string read_variable_text(const Io& io, hid_t object, hid_t attribute, hid_t type, const std::string& path);
 std::optional<std::int64_t> read_int_attribute(const Io& io, hid_t object, std::string_view where, const char* name);
 
 }  // namespace ampscope::trace::detail

@@ -1,7 +1,11 @@
 #include "probes/trace_layout.h"
 
+#include <zlib.h>
+
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <string>
 
 namespace ampscope::trace::detail {
 namespace {
@@ -153,6 +157,7 @@ Datatype index_type(const Io& io) {
     const std::string name(table_name(static_cast<Table>(t)));
     b.i64(name.c_str(), offsetof(R, rows) + sizeof(std::int64_t) * static_cast<std::size_t>(t));
   }
+  AMPSCOPE_I64(R, crc32);
   return b.take();
 }
 
@@ -408,6 +413,45 @@ DumpRow decode(const DumpRecord& r) {
   row.dtype = get(r.dtype);
   row.shape = get(r.shape);
   return row;
+}
+
+}  // namespace ampscope::trace::detail
+
+namespace ampscope::trace::detail {
+
+std::int64_t index_crc32(const IndexRecord& r) {
+  unsigned char bytes[8 * (1 + kDataTableCount)];
+  auto put = [&](std::size_t at, std::int64_t v) {
+    for (std::size_t b = 0; b < 8; ++b) bytes[at * 8 + b] = static_cast<unsigned char>(static_cast<std::uint64_t>(v) >> (8 * b));
+  };
+  put(0, r.step);
+  for (int t = 0; t < kDataTableCount; ++t) put(1 + static_cast<std::size_t>(t), r.rows[t]);
+  return static_cast<std::int64_t>(::crc32(0L, bytes, sizeof bytes));
+}
+
+std::int64_t root_attributes_crc32(std::string_view format, std::int64_t version, const RunInfo& info) {
+  std::string text;
+  auto add = [&](std::string_view name, std::string_view value) {
+    text.append(name);
+    text.push_back('\0');
+    text.append(value);
+    text.push_back('\0');
+  };
+  add("format", format);
+  add("format_version", std::to_string(version));
+  add("precision", info.precision);
+  add("device", info.device);
+  add("model", info.model);
+  add("seed", std::to_string(info.seed));
+  add("config", info.config);
+  add("probe", info.probe);
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  // zlib's crc32 takes a uInt length: feed it in pieces.
+  for (std::size_t at = 0; at < text.size(); at += 1u << 30) {
+    const std::size_t n = std::min<std::size_t>(text.size() - at, 1u << 30);
+    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(text.data() + at), static_cast<uInt>(n));
+  }
+  return static_cast<std::int64_t>(crc);
 }
 
 }  // namespace ampscope::trace::detail

@@ -110,7 +110,16 @@ struct [[gnu::packed]] DumpRecord {
 struct [[gnu::packed]] IndexRecord {
   std::int64_t step;  // the step whose end (or the close) caused the flush
   std::int64_t rows[kDataTableCount];
+  std::int64_t crc32;  // format_version 3: index_crc32 of the fields above (0 in older traces)
 };
+
+// CRC-32 (zlib's) of an /index row's step and row counts, as 8 little-endian bytes each.
+std::int64_t index_crc32(const IndexRecord& r);
+
+// The root attribute `attributes_crc32` (format_version 3): zlib's CRC-32 of, for each root attribute in
+// the order format, format_version, precision, device, model, seed, config, probe, its name, a NUL, its
+// value (text as it is, integers in decimal) and a NUL.
+std::int64_t root_attributes_crc32(std::string_view format, std::int64_t version, const RunInfo& info);
 
 std::size_t record_size(Table table);
 // The compound type of a table's records: the file type and the memory type alike.

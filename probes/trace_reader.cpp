@@ -34,6 +34,8 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "probes/trace_codec.h"
 #include "probes/trace_hdf5.h"
@@ -90,6 +92,41 @@ bool decode_into(const Record& record, Row& row, std::string& error) {
   }
 }
 
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool valid_utf8(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    std::size_t n = 0;
+    std::uint32_t cp = 0;
+    if (c < 0x80) { ++i; continue; }
+    if (c >= 0xC2 && c <= 0xDF) { n = 1; cp = c & 0x1Fu; }
+    else if (c >= 0xE0 && c <= 0xEF) { n = 2; cp = c & 0x0Fu; }
+    else if (c >= 0xF0 && c <= 0xF4) { n = 3; cp = c & 0x07u; }
+    else return false;
+    if (text.size() - i <= n) return false;
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(text[i + k]);
+      if ((d & 0xC0u) != 0x80u) return false;
+      cp = (cp << 6) | (d & 0x3Fu);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+// A damaged text for a message: at most 60 characters, bytes outside printable ASCII escaped.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size() && i < 60; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    out += c >= 0x20 && c < 0x7F ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+  }
+  if (text.size() > 60) out += "...";
+  return out;
+}
+
 }  // namespace
 
 struct TraceReader::State {
@@ -111,6 +148,13 @@ struct TraceReader::State {
   std::array<std::size_t, kDataTableCount> direct_rows{};
   std::array<std::array<Worker, 2>, kDataTableCount> workers;
   std::vector<std::byte> stored;  // a chunk's stored bytes, for the step index
+  std::uint64_t file_size = 0;
+  // Rows per chunk of every chunked table (0: not chunked), for the check that trusted rows are stored.
+  std::array<std::size_t, kDataTableCount> chunk_rows{};
+  std::array<std::int64_t, kDataTableCount> stored_checked{};  // rows whose chunks were found stored
+  // Damage found that leaves the rest readable (TraceReader::damage): in the root attributes, and in
+  // /index and the tables (recomputed at each refresh).
+  std::vector<std::string> attribute_damage, index_damage;
   std::vector<ChunkJob> spare;    // stored-bytes buffers of the last direct read, reused
 
   explicit State(const std::filesystem::path& p) : path(p), io(p.string(), "read") {}
@@ -124,7 +168,9 @@ struct TraceReader::State {
     if (const std::string reason = hdf5::unreadable_reason(io.path().c_str()); !reason.empty()) {
       io.fail(reason, "an ampscope trace is a regular HDF5 file written by ampscope train --out");
     }
-    if (std::filesystem::file_size(path, ec) == 0) io.fail("the file is empty (not an HDF5 file)");
+    file_size = std::filesystem::file_size(path, ec);
+    if (ec) io.fail(fmt::format("its size cannot be read: {}", ec.message()));
+    if (file_size == 0) io.fail("the file is empty (not an HDF5 file)");
     const htri_t hdf5 = H5Fis_hdf5(io.path().c_str());
     if (hdf5 <= 0) {
       take_hdf5_errors();
@@ -155,7 +201,7 @@ struct TraceReader::State {
     read_root_attributes();
     // /index first: the tables opened after its last row was read hold at least the rows it counts.
     open_table(Table::index);
-    const IndexRecord last = read_last_index();
+    const std::optional<IndexRecord> last = read_last_index();
     for (int t = 0; t < kDataTableCount; ++t) open_table(static_cast<Table>(t));
     const std::string hist = table_path(Table::histograms);
     const hid_t histograms = datasets[index_of(Table::histograms)].get();
@@ -187,7 +233,8 @@ struct TraceReader::State {
               fmt::format("an ampscope trace has the root attribute format = \"{}\"", kFormat));
     }
     if (*format != kFormat) {
-      io.fail(fmt::format("not an ampscope trace: the root attribute 'format' is \"{}\", expected \"{}\"", *format, kFormat));
+      io.fail(fmt::format("not an ampscope trace: the root attribute 'format' is \"{}\", expected \"{}\"", printable(*format),
+                          kFormat));
     }
     version = required_int("format_version");
     if (version > kFormatVersion) {
@@ -202,7 +249,39 @@ struct TraceReader::State {
     info.seed = required_int("seed");
     info.config = required_text("config");
     if (version >= 2) info.probe = required_text("probe");
-    complete = required_int("complete") == 1;
+    const std::int64_t complete_value = required_int("complete");
+    if (version >= 3) {
+      // Every byte of the attributes above, checked (HDF5 checksums only part of where it stores them).
+      const std::int64_t stored = required_int("attributes_crc32");
+      const std::int64_t actual = root_attributes_crc32(*format, version, info);
+      if (stored != actual) {
+        io.fail(fmt::format("the root attributes are damaged: their checksum attributes_crc32 is {}, their text gives {}",
+                            stored, actual),
+                kDamageHint);
+      }
+    }
+    // Then their values, against the schema (docs/trace-format.md).
+    for (const auto& [name, text] : {std::pair<const char*, const std::string*>{"precision", &info.precision},
+                                     {"device", &info.device}, {"model", &info.model}, {"config", &info.config},
+                                     {"probe", &info.probe}}) {
+      if (!valid_utf8(*text)) io.fail(fmt::format("the root attribute '{}' is not valid UTF-8 text: damaged", name), kDamageHint);
+    }
+    if (info.precision != "fp32" && info.precision != "fp16" && info.precision != "bf16") {
+      io.fail(fmt::format("the root attribute 'precision' is \"{}\", not fp32, fp16 or bf16: damaged", printable(info.precision)),
+              kDamageHint);
+    }
+    if (complete_value != 0 && complete_value != 1) {
+      io.fail(fmt::format("the root attribute 'complete' is {}, not 0 or 1: damaged", complete_value), kDamageHint);
+    }
+    complete = complete_value == 1;
+    // A config or probe description that is not JSON leaves the tables readable: a note, not an error
+    // (older ampscope wrote a config with a bare nan in it).
+    attribute_damage.clear();
+    for (const auto& [name, text] : {std::pair<const char*, const std::string*>{"config", &info.config}, {"probe", &info.probe}}) {
+      if (!text->empty() && !nlohmann::json::accept(*text)) {
+        attribute_damage.push_back(fmt::format("the root attribute '{}' is not valid JSON", name));
+      }
+    }
   }
 
   void open_table(Table table) {
@@ -223,6 +302,14 @@ struct TraceReader::State {
       io.fail(fmt::format("the dataset '{}' holds {}, expected {}", where, actual == H5T_COMPOUND ? "records" : "plain values",
                           expected == H5T_COMPOUND ? "records" : "plain values"));
     }
+    if (t < kDataTableCount) {
+      PropertyList dcpl(io.check(H5Dget_create_plist(datasets[t].get()), "H5Dget_create_plist", where));
+      hsize_t chunk = 0;
+      if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED && H5Pget_chunk(dcpl.get(), 1, &chunk) == 1) {
+        chunk_rows[t] = static_cast<std::size_t>(chunk);
+      }
+      H5Eclear2(H5E_DEFAULT);
+    }
     if (expected != H5T_COMPOUND) return;
     if (t < kDataTableCount) direct_rows[t] = direct_chunk_rows(table, file_type.get());
     // HDF5 matches fields by name when the types differ; every field we read must be there.
@@ -235,6 +322,7 @@ struct TraceReader::State {
         take_hdf5_errors();
         // Fields a version added are absent from older traces; their rows get the "unknown" value.
         if (version < 2 && table == Table::ops && field == "inputs") continue;
+        if (version < 3 && table == Table::index && field == "crc32") continue;
         io.fail(fmt::format("the dataset '{}' has no field '{}'", where, field));
       }
     }
@@ -278,38 +366,124 @@ struct TraceReader::State {
     if (swmr) io.check(H5Drefresh(datasets[index_of(table)].get()), "H5Drefresh", table_path(table));
   }
 
-  // The last complete row of /index (all zeros when it has none).
-  IndexRecord read_last_index() {
-    const std::int64_t n = extent(Table::index);
-    IndexRecord last{};
-    last_step.reset();
-    if (n > 0) {
-      const std::int64_t first = std::max<std::int64_t>(0, n - 2);
-      std::vector<IndexRecord> tail = read_records<IndexRecord>(Table::index, first, n - first);
-      last = tail.back();
-      // A reader can see /index grow before its newest row's bytes: such a row reads as zeros.
-      if (tail.size() == 2) {
-        for (int t = 0; t < kDataTableCount; ++t) {
-          if (tail[1].rows[t] < tail[0].rows[t]) last = tail[0];
-        }
-      }
-      last_step = std::int64_t{last.step};
+  // Whether an /index row is intact: its checksum (format_version 3), else plausible values.
+  bool index_row_intact(const IndexRecord& r) const {
+    if (version >= 3) return r.crc32 == index_crc32(r);
+    if (r.step < -1) return false;
+    for (int t = 0; t < kDataTableCount; ++t) {
+      if (r.rows[t] < 0) return false;
     }
-    return last;
+    return true;
   }
 
-  // Trusts, per table, the rows counted by `last`. Datasets just opened need no H5Drefresh, and must
+  // The last intact row of /index that counts no fewer rows than the rows before it (nullopt when it has
+  // none). Every row is read and checked; what is damaged becomes a note in index_damage.
+  std::optional<IndexRecord> read_last_index() {
+    const std::int64_t n = extent(Table::index);
+    last_step.reset();
+    // /index is not compressed: each row it claims takes its bytes in the file.
+    const std::uint64_t row_bytes = sizeof(IndexRecord);
+    if (static_cast<std::uint64_t>(n) > (file_size + 64 * row_bytes) / row_bytes) {
+      io.fail(fmt::format("'/index' claims {} rows, more than the file ({} bytes) can hold: damaged", n, file_size), kDamageHint);
+    }
+    std::optional<IndexRecord> accepted;
+    std::int64_t accepted_row = -1, bad = 0;
+    std::string first_bad;
+    auto note = [&](std::string text) {
+      if (++bad == 1) first_bad = std::move(text);
+    };
+    for (std::int64_t first = 0; first < n; first += static_cast<std::int64_t>(kReadBlockRows)) {
+      const std::int64_t count = std::min<std::int64_t>(n - first, static_cast<std::int64_t>(kReadBlockRows));
+      const std::vector<IndexRecord> block = read_records<IndexRecord>(Table::index, first, count);
+      for (std::int64_t k = 0; k < count; ++k) {
+        const IndexRecord& r = block[static_cast<std::size_t>(k)];
+        const std::int64_t row = first + k;
+        if (!index_row_intact(r)) {
+          // A reader can see /index grow before its newest row's bytes: such a row reads as zeros.
+          const IndexRecord zero{};
+          if (row == n - 1 && !complete && std::memcmp(&r, &zero, sizeof r) == 0) continue;
+          note(fmt::format("row {}: {}", row, version >= 3 ? "its checksum does not match" : "a negative step or row count"));
+          continue;
+        }
+        if (accepted) {
+          bool fewer = r.step < accepted->step;
+          for (int t = 0; t < kDataTableCount; ++t) fewer = fewer || r.rows[t] < accepted->rows[t];
+          if (fewer) {
+            const IndexRecord zero{};
+            if (row == n - 1 && !complete && std::memcmp(&r, &zero, sizeof r) == 0) continue;
+            note(fmt::format("row {}: fewer rows or an earlier step than row {}", row, accepted_row));
+            continue;
+          }
+        }
+        accepted = r;
+        accepted_row = row;
+      }
+    }
+    index_damage.clear();
+    if (bad > 0) index_damage.push_back(fmt::format("{} of the {} rows of '/index' are damaged (first {})", bad, n, first_bad));
+    if (accepted) last_step = std::int64_t{accepted->step};
+    return accepted;
+  }
+
+  // Trusts, per table, the rows counted by `last`, checked against the tables: never more than a table
+  // holds, every row of a complete trace (whose last /index row counts them all, unless /index is
+  // damaged), only rows whose chunks are stored, and never more than the file could hold compressed.
+  // Datasets just opened need no H5Drefresh, and must
   // not get one: when the process has the same file open twice (`ampscope diff a.h5 a.h5`), HDF5 1.10
   // shares the dataset between the handles, and an H5Drefresh through the second breaks the chunk
   // lookups of both (a read of /index chunk 15 then returns chunk 0).
-  void trust_rows(const IndexRecord& last, bool refresh_datasets) {
+  void trust_rows(const std::optional<IndexRecord>& last, bool refresh_datasets) {
+    // zlib's deflate expands at most 1032 times (a long run of one byte); shuffle does not change that.
+    constexpr std::uint64_t kMaxExpansion = 1100;
+    std::vector<std::string> recounted;  // tables of a complete trace that /index undercounts
     for (int t = 0; t < kDataTableCount; ++t) {
       const Table table = static_cast<Table>(t);
+      const std::string where = table_path(table);
       if (refresh_datasets) refresh_dataset(table);
       const std::int64_t size = extent(table);
-      if (last.rows[t] < 0) io.fail(fmt::format("'/index' gives {} a negative row count", table_path(table)), kDamageHint);
-      rows[t] = std::min(last.rows[t], size);
+      std::int64_t want = last ? last->rows[t] : 0;
+      if (want > size) {
+        index_damage.push_back(fmt::format("'/index' counts {} rows of '{}', which holds {}: {} rows lost", want, where, size,
+                                           want - size));
+        want = size;
+      } else if (complete && want < size) {
+        // A complete trace's last /index row counts every row: /index is damaged, the table is whole.
+        recounted.push_back(fmt::format("{} of {} rows of '{}'", want, size, where));
+        want = size;
+      }
+      const std::uint64_t bytes = static_cast<std::uint64_t>(want) * record_size(table);
+      if (static_cast<std::uint64_t>(want) > file_size * kMaxExpansion / record_size(table) + 1) {
+        io.fail(fmt::format("'{}' claims {} rows ({} bytes), more than a file of {} bytes can hold: damaged", where, want, bytes,
+                            file_size),
+                kDamageHint);
+      }
+      // Rows in chunks that were never written would read as zeros.
+      if (chunk_rows[t] > 0 && want > 0) {
+        const auto per = static_cast<std::int64_t>(chunk_rows[t]);
+        // Chunks found stored stay stored (a refresh checks only the new ones).
+        for (std::int64_t chunk = stored_checked[t] / per; chunk * per < want; ++chunk) {
+          hsize_t offset = static_cast<hsize_t>(chunk * per), stored = 0;
+          if (H5Dget_chunk_storage_size(datasets[t].get(), &offset, &stored) < 0 || stored == 0) {
+            H5Eclear2(H5E_DEFAULT);
+            index_damage.push_back(fmt::format("rows {} to {} of '{}' are counted but not stored: {} rows lost", chunk * per,
+                                               want - 1, where, want - chunk * per));
+            want = chunk * per;
+            break;
+          }
+        }
+      }
+      rows[t] = want;
+      // Whole chunks only: the writer rewrites a partly filled one.
+      if (chunk_rows[t] > 0) {
+        const auto per = static_cast<std::int64_t>(chunk_rows[t]);
+        stored_checked[t] = std::max(stored_checked[t], want / per * per);
+      }
       trim_index(static_cast<std::size_t>(t));
+    }
+    if (!recounted.empty()) {
+      index_damage.push_back(fmt::format("the last intact row of '/index' does not count every row of this complete trace ({}): "
+                                         "read every row the tables hold",
+                                         fmt::join(recounted, ", ")));
     }
   }
 
@@ -352,6 +526,7 @@ struct TraceReader::State {
     std::vector<StepRun>& r = runs[t];
     std::int64_t row = indexed[t];
     for (std::int64_t i = 0; i < count; ++i, ++row) {
+      if (steps[i] < -1) fail_row(static_cast<Table>(t), row, fmt::format("its step is {}, not a step (-1 or more)", steps[i]));
       if (!r.empty() && r.back().step == steps[i] && r.back().last == row) {
         ++r.back().last;
       } else {
@@ -689,6 +864,12 @@ const RunInfo& TraceReader::run_info() const { return state_->info; }
 std::int64_t TraceReader::format_version() const { return state_->version; }
 bool TraceReader::complete() const { return state_->complete; }
 std::optional<std::int64_t> TraceReader::last_flushed_step() const { return state_->last_step; }
+
+std::vector<std::string> TraceReader::damage() const {
+  std::vector<std::string> notes = state_->attribute_damage;
+  notes.insert(notes.end(), state_->index_damage.begin(), state_->index_damage.end());
+  return notes;
+}
 
 RowCounts TraceReader::row_counts() const {
   const auto& r = state_->rows;

@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "probes/trace_error.h"
@@ -46,6 +47,11 @@ class TraceReader {
   // The step of the last flush seen (the last end_step before it), if any.
   std::optional<std::int64_t> last_flushed_step() const;
   RowCounts row_counts() const;
+  // Damage found in a trace whose rest is readable, one note each (empty for a sound trace): an /index
+  // row that is damaged (its rows then come from the rows before it, or from the tables of a complete
+  // trace), rows counted but not in the file ("N rows lost"; lost /steps rows are lost steps), a config or
+  // probe attribute that is not JSON. Damage that leaves nothing trustworthy throws TraceError instead.
+  std::vector<std::string> damage() const;
 
   // Sees what a writer still running has flushed since the open or the last refresh (no-op otherwise).
   void refresh();

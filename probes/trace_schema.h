@@ -16,7 +16,10 @@
 namespace ampscope::trace {
 
 inline constexpr std::string_view kFormat = "ampscope-trace";
-inline constexpr std::int64_t kFormatVersion = 2;  // 2: /ops `inputs` (provenance), the root attribute `probe`
+// 2: /ops `inputs` (provenance), the root attribute `probe`. 3: root text attributes are fixed-length
+// strings (no variable-length data, which HDF5 keeps unchecksummed in its global heap), the root attribute
+// `attributes_crc32` and the /index field `crc32`.
+inline constexpr std::int64_t kFormatVersion = 3;
 
 // Root attributes.
 struct RunInfo {

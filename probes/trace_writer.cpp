@@ -126,6 +126,9 @@ class FileWriter {
     write_text_attribute(io_, root, "/", "config", info.config);
     write_text_attribute(io_, root, "/", "probe", info.probe);
     write_int_attribute(io_, root, "/", "complete", 0);
+    // format_version 3: a checksum over the attributes above (HDF5 checksums the object header, not the
+    // large values it stores elsewhere), so that a reader detects a changed byte in any of them.
+    write_int_attribute(io_, root, "/", "attributes_crc32", root_attributes_crc32(kFormat, kFormatVersion, info));
   }
 
   // Creates every table, then starts SWMR writing: from here on readers can follow the file.
@@ -177,6 +180,7 @@ class FileWriter {
       dirty_[t] = false;
       record.rows[t] = totals[static_cast<std::size_t>(t)];
     }
+    record.crc32 = index_crc32(record);
     if (indexed_ && std::memcmp(&record, &last_index_, sizeof record) == 0) return;
     append_index(record);
     last_index_ = record;

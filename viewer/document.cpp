@@ -90,7 +90,10 @@ analysis::Report analyse_in_turns(SharedReader& shared, const analysis::Analysis
     control.done = done;
     if (numbers.empty()) break;
   }
-  return a.finish();
+  analysis::Report report = a.finish();
+  lock.lock();
+  report.damage = reader.damage();  // what the reader found damaged: the Overview shows it
+  return report;
 }
 
 }  // namespace

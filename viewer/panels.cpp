@@ -298,6 +298,9 @@ void draw_overview_panel(ViewerState& s) {
     if (d.live()) {
       ImGui::TextColored(to_vec4(colours::kWarning), "LIVE: the trace is being written (refreshed every second)");
     }
+    if (d.report()) {
+      for (const std::string& note : d.report()->damage) error_box("DAMAGED: " + note + "; analysed what is intact");
+    }
     OverviewInput in{.path = d.path().string(), .run = d.run_info(), .steps = d.steps(), .counts = d.counts(),
                      .complete = d.complete(), .report = d.report(), .analysis_progress = d.analysis_progress()};
     auto rows = overview_rows(in);

@@ -259,7 +259,7 @@ TEST(Provenance, RoundTripsThroughTheTraceAndOldTracesReadAsUnknown) {
     writer->close();
   }
   trace::TraceReader r(path);
-  EXPECT_EQ(r.format_version(), 2);
+  EXPECT_EQ(r.format_version(), trace::kFormatVersion);  // 2 added provenance
   EXPECT_EQ(r.run_info().probe, info.probe);
   const auto ops = r.ops();
   ASSERT_GE(ops.size(), 6u);

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "probes/trace_writer.h"
@@ -65,7 +66,13 @@ TEST(trace_tools_test, debian_h5py_reads_steps_ops_and_complete) {
     s << "import sys, h5py\n"
          "f = h5py.File(sys.argv[1], 'r')\n"
          "print('complete', int(f.attrs['complete']))\n"
-         "print('format', f.attrs['format'], int(f.attrs['format_version']))\n"
+         // Fixed-length text attributes (format_version 3) read as bytes.
+         "print('format', f.attrs['format'].decode(), int(f.attrs['format_version']), f.attrs['precision'].decode())\n"
+         "import zlib\n"
+         "a = f.attrs\n"
+         "text = b''.join(n.encode() + b'\\0' + (a[n] if isinstance(a[n], bytes) else str(int(a[n])).encode()) + b'\\0'\n"
+         "               for n in ['format', 'format_version', 'precision', 'device', 'model', 'seed', 'config', 'probe'])\n"
+         "print('crc', zlib.crc32(text) == int(a['attributes_crc32']))\n"
          "steps = f['steps']\n"
          "print('steps', len(steps), list(steps['step']), round(float(steps['loss'][2]), 6), list(steps['found_inf']))\n"
          "ops = f['ops']\n"
@@ -73,7 +80,9 @@ TEST(trace_tools_test, debian_h5py_reads_steps_ops_and_complete) {
   }
   ASSERT_EQ(testing::run_command(python + " " + script.string() + " " + path.string(), out), 0) << out;
   EXPECT_NE(out.find("complete 1"), std::string::npos) << out;
-  EXPECT_NE(out.find("format ampscope-trace 2"), std::string::npos) << out;
+  EXPECT_NE(out.find(fmt::format("format ampscope-trace {} ", kFormatVersion)), std::string::npos) << out;
+  // docs/trace-format.md's recipe for checking attributes_crc32 by hand.
+  EXPECT_NE(out.find("crc True"), std::string::npos) << out;
   // numbered_step: loss = 5 / (step + 1); found_inf on odd steps.
   EXPECT_NE(out.find("steps 3 [0, 1, 2] 1.666667 [False, True, False]"), std::string::npos) << out;
   // numbered_op: op "linear" when seq % 3 == 0, module blocks.(seq % 7), phase seq % 4, mean step*1000+seq+0.25.
