@@ -1147,10 +1147,74 @@ StateDict read_state_dict(const Io& io, hid_t root, const std::string& name, con
   return state;
 }
 
+// The whole-file checksum (from this version on): a 512-byte user block before HDF5's superblock holds
+// kUserBlockMagic, the byte count after the block (u64 LE) and zlib's CRC-32 of those bytes (u32 LE).
+// HDF5 1.10's default format checksums none of its own metadata, and a flipped byte in an object header
+// can crash HDF5 itself (H5Fclose, found by tests/trace/trace_fuzz_test.cpp): with the check done first,
+// HDF5 only ever parses the bytes that were saved.
+constexpr std::size_t kUserBlockBytes = 512;
+constexpr char kUserBlockMagic[32] = "ampscope checkpoint file crc32";
+
+std::uint32_t file_crc(const unsigned char* data, std::uint64_t n) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  while (n > 0) {
+    const auto chunk = static_cast<uInt>(std::min<std::uint64_t>(n, std::uint64_t{1} << 30));
+    crc = ::crc32(crc, data, chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+// Checks the user block's checksum of `path` before HDF5 sees it. Files without the block (saved before it
+// existed) pass; a file whose HDF5 signature sits after a user block without our magic is refused (the
+// block itself is damaged).
+void verify_file_checksum(const Io& io, const std::filesystem::path& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return;  // open_checkpoint says why
+  std::vector<unsigned char> block(kUserBlockBytes + 8);
+  const std::size_t got = std::fread(block.data(), 1, block.size(), f);
+  static constexpr unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  const bool magic = got >= sizeof kUserBlockMagic + 12 && std::memcmp(block.data(), kUserBlockMagic, sizeof kUserBlockMagic) == 0;
+  const bool signature_after_block = got == block.size() && std::memcmp(block.data() + kUserBlockBytes, kSignature, 8) == 0;
+  if (!magic) {
+    std::fclose(f);
+    if (signature_after_block) {
+      io.fail("its checksum block (the first 512 bytes) is damaged", "a damaged checkpoint cannot be trusted; use an earlier one");
+    }
+    return;
+  }
+  std::uint64_t rest = 0;
+  std::uint32_t stored = 0;
+  for (int i = 0; i < 8; ++i) rest |= std::uint64_t{block[sizeof kUserBlockMagic + i]} << (8 * i);
+  for (int i = 0; i < 4; ++i) stored |= std::uint32_t{block[sizeof kUserBlockMagic + 8 + i]} << (8 * i);
+  std::fseek(f, static_cast<long>(kUserBlockBytes), SEEK_SET);
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  std::uint64_t total = 0;
+  std::vector<unsigned char> buffer(std::size_t{1} << 20);
+  for (std::size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), f)) > 0;) {
+    crc = ::crc32(crc, buffer.data(), static_cast<uInt>(n));
+    total += n;
+  }
+  std::fclose(f);
+  if (total != rest) {
+    io.fail(fmt::format("it holds {} bytes after its checksum block, but was saved with {}: it was cut short or extended",
+                        total, rest),
+            "a checkpoint cut short (disk full, copied while being written) cannot be repaired; use an earlier one");
+  }
+  if (static_cast<std::uint32_t>(crc) != stored) {
+    io.fail(fmt::format("its bytes do not match the file checksum (stored {:08x}, computed {:08x}): the file was changed "
+                        "after it was saved",
+                        stored, static_cast<std::uint32_t>(crc)),
+            "a damaged checkpoint cannot be trusted; resume from an earlier one");
+  }
+}
+
 // Opens an existing checkpoint for reading, with messages for the common ways a path is not one.
 File open_checkpoint(const Io& io, const std::filesystem::path& path) {
   // Only regular files we may read: HDF5 blocks forever on a FIFO and calls an unreadable file "not HDF5".
   if (const std::string reason = hdf5::unreadable_reason(path.c_str()); !reason.empty()) io.fail(reason);
+  verify_file_checksum(io, path);
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
@@ -1201,7 +1265,11 @@ void remove_stale_temporaries(const std::filesystem::path& directory, const std:
 std::vector<unsigned char> checkpoint_image(const Io& io, const Checkpoint& what) {
   const hdf5::PropertyList fapl(io.check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", "/"));
   io.check(H5Pset_fapl_core(fapl.get(), std::size_t{1} << 20, false), "H5Pset_fapl_core", "/");
-  File file(io.check(H5Fcreate("ampscope-checkpoint-in-memory.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
+  // A user block (which HDF5, h5py and h5dump skip) holds the checksum of everything after it: checked
+  // before HDF5 parses anything (see verify_file_checksum).
+  const hdf5::PropertyList fcpl(io.check(H5Pcreate(H5P_FILE_CREATE), "H5Pcreate", "/"));
+  io.check(H5Pset_userblock(fcpl.get(), kUserBlockBytes), "H5Pset_userblock", "/");
+  File file(io.check(H5Fcreate("ampscope-checkpoint-in-memory.h5", H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
                      "H5Fcreate", "(in memory)"));
   write_checkpoint(io, file.get(), what);
   io.check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "H5Fflush", "(in memory)");
@@ -1209,6 +1277,19 @@ std::vector<unsigned char> checkpoint_image(const Io& io, const Checkpoint& what
   std::vector<unsigned char> image(static_cast<std::size_t>(size));
   io.check(H5Fget_file_image(file.get(), image.data(), image.size()), "H5Fget_file_image", "(in memory)");
   file.close(io, "H5Fclose", "(in memory)");
+  // HDF5 1.10's image starts at the superblock, without the user block it reserved: put the block in front.
+  static constexpr unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  if (image.size() >= 8 && std::memcmp(image.data(), kSignature, 8) == 0) {
+    image.insert(image.begin(), kUserBlockBytes, 0);
+  } else if (image.size() < kUserBlockBytes + 8 || std::memcmp(image.data() + kUserBlockBytes, kSignature, 8) != 0) {
+    io.fail("HDF5's file image has its signature neither at 0 nor after the user block");
+  }
+  std::fill_n(image.begin(), kUserBlockBytes, 0);
+  std::memcpy(image.data(), kUserBlockMagic, sizeof kUserBlockMagic);
+  const std::uint64_t rest = image.size() - kUserBlockBytes;
+  const std::uint32_t crc = file_crc(image.data() + kUserBlockBytes, rest);
+  for (int i = 0; i < 8; ++i) image[sizeof kUserBlockMagic + i] = static_cast<unsigned char>(rest >> (8 * i));
+  for (int i = 0; i < 4; ++i) image[sizeof kUserBlockMagic + 8 + i] = static_cast<unsigned char>(crc >> (8 * i));
   return image;
 }
 

@@ -24,6 +24,10 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <fstream>
+#include <iterator>
 
 #include "core/checkpoint.h"
 #include "core/nn.h"
@@ -32,6 +36,24 @@
 #include "samples/synthetic.h"
 
 namespace ampscope::testing {
+
+// Recomputes the whole-file checksum of a checkpoint that a test edited on purpose (core/checkpoint.cpp: a
+// 512-byte user block holding a 32-byte magic, the byte count after the block as u64 LE and zlib's CRC-32
+// of those bytes as u32 LE), so that the edit reaches the load's inner checks instead of this outer one.
+inline void reseal_checkpoint(const std::filesystem::path& path) {
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(bytes.size(), 512u);
+  const std::uint64_t rest = bytes.size() - 512;
+  const auto crc = static_cast<std::uint32_t>(
+      ::crc32(::crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data() + 512), static_cast<uInt>(rest)));
+  for (int i = 0; i < 8; ++i) bytes[32 + i] = static_cast<char>(rest >> (8 * i));
+  for (int i = 0; i < 4; ++i) bytes[40 + i] = static_cast<char>(crc >> (8 * i));
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
 
 // A fresh directory for the running test (unique per process and test), removed afterwards.
 class ScratchDir {
