@@ -467,7 +467,7 @@ std::string globs_text(const std::vector<std::string>& globs) {
 
 // What the probe's set-up (the root attribute `probe`) may have hidden, as notes and as evidence on the
 // diagnoses it concerns.
-void coverage(Report& rep) {
+void coverage(Report& rep, const std::set<std::string>& overrides_applied) {
   Coverage& c = rep.coverage;
   if (rep.steps == 0)
     c.notes.push_back("the trace holds no step: a probe records ops only inside a probe::StepScope (an op outside "
@@ -486,13 +486,24 @@ void coverage(Report& rep) {
     c.modules = j.value("modules", std::vector<std::string>{});
     c.every = j.value("every", std::int64_t{1});
     c.flight_recorder = j.value("flight_recorder", false);
+    std::set<std::string> unmatched;
     for (const auto& o : j.value("autocast_overrides", nlohmann::json::array())) {
       const std::string op = o.value("op", ""), module = o.value("module", ""), to = o.value("precision", "f32");
+      for (const std::string& g : {op, module})
+        if (!g.empty() && overrides_applied.count(g) == 0) unmatched.insert(g);
       c.autocast_overrides.push_back(!op.empty() && !module.empty()
                                          ? fmt::format("op '{}' in module '{}' -> {}", op, module, to)
                                          : !op.empty() ? fmt::format("op '{}' -> {}", op, to)
                                                        : fmt::format("module '{}' -> {}", module, to));
     }
+    // ampscope train installs each --autocast-fp32 glob twice (as an op glob and as a module glob): a glob
+    // is unmatched when neither decided an op's dtype.
+    for (const std::string& g : overrides_applied) unmatched.erase(g);
+    for (const std::string& g : unmatched)
+      c.notes.push_back(fmt::format("the autocast override '{}' decided no recorded op's dtype: a typo, or a pattern that "
+                                    "names neither an op nor the module path an op runs in (a module's own ops run "
+                                    "in its path, its children's in theirs)",
+                                    g));
     c.known = true;
   } catch (const std::exception& e) {
     c.notes.push_back(fmt::format("the trace's probe description is not valid JSON ({}): what the probe recorded "
@@ -545,6 +556,7 @@ struct Analyser::State {
   std::map<Key, std::size_t> index;
   std::map<WarningKey, std::size_t> warning_index;
   std::set<std::string> params;                // every parameter with a gradient row
+  std::set<std::string> overrides_applied;     // globs of autocast overrides that decided some op's dtype
   std::int64_t last_step = std::numeric_limits<std::int64_t>::min();
   bool any_nonfinite = false;
 
@@ -1157,6 +1169,17 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
   if (!ops.empty()) st.rep.provenance |= ops.front().inputs[0] != trace::kInputUnknown;
   StepFacts& f = st.facts[step];
   f.has_ops = !ops.empty();
+  // Which autocast overrides decided a dtype: the reason reads "override (op 'x', module 'y') -> f32".
+  for (const OpRow& r : ops) {
+    if (r.autocast.rfind("override (", 0) != 0) continue;
+    const std::size_t close = r.autocast.find(") -> ");
+    for (std::size_t q = r.autocast.find('\''); q != std::string::npos && q < close;) {
+      const std::size_t e = r.autocast.find('\'', q + 1);
+      if (e == std::string::npos) break;
+      st.overrides_applied.insert(r.autocast.substr(q + 1, e - q - 1));
+      q = r.autocast.find('\'', e + 1);
+    }
+  }
   for (const OpRow& r : ops) {
     f.origin |= r.origin;
     f.nonfinite |= non_finite(r) > 0;
@@ -1534,7 +1557,7 @@ Report Analyser::finish() {
     }
   }
 
-  coverage(rep);
+  coverage(rep, st.overrides_applied);
 
   std::stable_sort(rep.anomalies.begin(), rep.anomalies.end(), [](const Diagnosis& a, const Diagnosis& b) {
     return std::tie(a.step, a.seq) < std::tie(b.step, b.seq);

@@ -190,5 +190,27 @@ TEST(coverage_test, the_trace_records_the_overrides_and_the_probe_set_up) {
   EXPECT_TRUE(contains(info.probe, R"("level":"health")")) << info.probe;
 }
 
+// An --autocast-fp32 glob with a typo matches nothing: the trace's probe description lists it, no op row's
+// autocast reason names it, and the report says so (the run itself only warns at its end).
+TEST(coverage_test, an_override_that_decided_no_op_is_named) {
+  for (const std::string glob : {"sofmax", "softmax"}) {
+    const auto path = temp_trace("override-" + glob);
+    samples::TrainConfig c;
+    c.scenario = "attention-overflow";
+    c.precision = samples::Precision::fp16;
+    c.device = "cpu";
+    c.steps = 1;
+    c.autocast_fp32 = {glob};
+    c.out = path.string();
+    samples::train(c);
+    trace::TraceReader reader(path);
+    const Report rep = analyse(reader);
+    std::filesystem::remove(path);
+    bool named = false;
+    for (const std::string& n : rep.coverage.notes) named |= contains(n, "override '" + glob + "' decided no recorded op");
+    EXPECT_EQ(named, glob == "sofmax") << glob;
+  }
+}
+
 }  // namespace
 }  // namespace ampscope::analysis
