@@ -1323,28 +1323,32 @@ Report Analyser::finish() {
   // above (the gradients did not grow: the scale was too high, from the start or after a growth).
   // A skip in the run's last step cannot show its cure: it is calibration when a skip at the same scale
   // earlier in the run was (the same overshoot, cured before).
+  // One pass each way over /steps: the largest scale an unskipped step ran at before each step, and the
+  // smallest one after it (steps are in increasing order, each once).
+  const std::size_t n_steps = steps.size();
+  std::vector<double> clean_max_before(n_steps + 1, -std::numeric_limits<double>::infinity());
+  std::vector<double> clean_min_after(n_steps + 1, std::numeric_limits<double>::infinity());
+  for (std::size_t i = 0; i < n_steps; ++i)
+    clean_max_before[i + 1] = steps[i].skipped ? clean_max_before[i] : std::max(clean_max_before[i], steps[i].scale);
+  for (std::size_t i = n_steps; i-- > 0;)
+    clean_min_after[i] = steps[i].skipped ? clean_min_after[i + 1] : std::min(clean_min_after[i + 1], steps[i].scale);
   std::set<double> cured_scales;
   const std::int64_t last_step_of_run = steps.empty() ? -1 : steps.back().step;
   for (auto& [step, diagnoses] : st.pending_calibration) {
-    double scale = 0;
-    for (const StepRow& s : steps)
-      if (s.step == step) scale = s.scale;
-    bool cured = false, fine_before = false;
-    for (const StepRow& s : steps) {
-      if (s.skipped) continue;
-      if (s.step > step && s.scale < scale) cured = true;
-      if (s.step < step && s.scale >= scale) fine_before = true;
-    }
+    // Pending steps have a /steps row (origins() defers only those).
+    const auto at = std::lower_bound(steps.begin(), steps.end(), step,
+                                     [](const StepRow& s, std::int64_t k) { return s.step < k; });
+    if (at == steps.end() || at->step != step) continue;
+    const std::size_t i = static_cast<std::size_t>(at - steps.begin());
+    const double scale = at->scale;
+    bool cured = clean_min_after[i + 1] < scale;
+    const bool fine_before = clean_max_before[i] >= scale;
     if (!cured && step == last_step_of_run && cured_scales.count(scale) > 0) cured = true;
     // At a scale that was fine before, the gradients grew: still the scaler's job when the skip is isolated
     // (the steps either side ran) and skips are rare overall (the verdict is not persistent); a run of such
     // skips, or many, is an anomaly.
-    bool prev_ran = true, next_ran = true;
-    for (std::size_t i = 0; i < steps.size(); ++i) {
-      if (steps[i].step != step) continue;
-      if (i > 0) prev_ran = !steps[i - 1].skipped;
-      if (i + 1 < steps.size()) next_ran = !steps[i + 1].skipped;
-    }
+    const bool prev_ran = i == 0 || !steps[i - 1].skipped;
+    const bool next_ran = i + 1 == n_steps || !steps[i + 1].skipped;
     const bool occasional = prev_ran && next_ran && (sh.verdict == "healthy" || sh.verdict == "settled");
     if (cured && (!fine_before || occasional)) {
       cured_scales.insert(scale);
@@ -1352,9 +1356,7 @@ Report Analyser::finish() {
       sh.last_calibration_step = std::max(sh.last_calibration_step, step);
       continue;
     }
-    double lr = std::nan("");
-    for (const StepRow& s : steps)
-      if (s.step == step) lr = s.lr;
+    const double lr = at->lr;
     for (Diagnosis& d : diagnoses) {
       d.evidence.push_back(
           !cured ? fmt::format("no later step ran unskipped at a smaller scale than this step's {}: backing off did "

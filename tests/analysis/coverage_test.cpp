@@ -23,6 +23,7 @@
 #include "probes/trace_writer.h"
 #include "samples/models.h"
 #include "samples/train.h"
+#include "tests/analysis/recorded_run.h"
 
 namespace ampscope::analysis {
 namespace {
@@ -69,14 +70,9 @@ TEST(coverage_test, skips_while_the_scaler_settles_are_calibration_and_the_run_i
 // A user's loop whose probe records only fc3: the overflow happens in fc1 (an input scaled past f16's range),
 // so the first recorded non-finite op is fc3, fed by an op the probe skipped.
 Report filtered_run(const std::vector<std::string>& modules, const std::string& name) {
-  const auto path = temp_trace(name);
-  probe::ProbeOptions options{.modules = modules};
-  trace::RunInfo info{.precision = "fp16", .device = "cpu", .model = "user mlp", .seed = 1, .config = "{}",
-                      .probe = probe::describe(options)};
-  {
-    auto writer = std::make_shared<trace::TraceWriter>(path, info);
-    auto probe = std::make_shared<probe::Probe>(writer, options);
-    probe::HookGuard installed(probe);
+  return testing::record_and_analyse(name, {.precision = "fp16", .device = "cpu", .model = "user mlp", .seed = 1,
+                                            .config = "{}"},
+                                     {.modules = modules}, [] {
     Generator gen(11);
     auto model = samples::make_mlp({.in_features = 8, .hidden = 16, .classes = 4}, gen);
     optim::SGD opt(model->parameters(), {.lr = 0.01});
@@ -90,13 +86,7 @@ Report filtered_run(const std::vector<std::string>& modules, const std::string& 
       }
       scope.end({.step = step, .loss = loss.item()});
     }
-    probe->flush();
-    writer->close();
-  }
-  trace::TraceReader reader(path);
-  Report rep = analyse(reader);
-  std::filesystem::remove(path);
-  return rep;
+  });
 }
 
 TEST(coverage_test, a_module_filter_that_hides_the_origin_is_named_and_not_blamed_on_the_data) {

@@ -26,6 +26,7 @@
 #include "probes/trace_writer.h"
 #include "samples/models.h"
 #include "samples/train.h"
+#include "tests/analysis/recorded_run.h"
 
 namespace ampscope::analysis {
 namespace {
@@ -48,14 +49,9 @@ struct Loop {
 };
 
 Report run_and_report(const Loop& l, const std::string& name) {
-  const auto path = temp_trace(name);
-  probe::ProbeOptions options;
-  trace::RunInfo info{.precision = "fp16", .device = "cpu", .model = "user mlp", .seed = 5, .config = "{}",
-                      .probe = probe::describe(options)};
-  {
-    auto writer = std::make_shared<trace::TraceWriter>(path, info);
-    auto probe = std::make_shared<probe::Probe>(writer, options);
-    probe::HookGuard installed(probe);
+  return testing::record_and_analyse(name, {.precision = "fp16", .device = "cpu", .model = "user mlp", .seed = 5,
+                                            .config = "{}"},
+                                     {}, [&] {
     Generator gen(5);
     auto model = samples::make_mlp({.in_features = 16, .hidden = 32, .classes = 4}, gen);
     optim::AdamW opt(model->parameters(), {.lr = l.lr});
@@ -91,13 +87,7 @@ Report run_and_report(const Loop& l, const std::string& name) {
                  .skipped = !stepped.stepped,
                  .lr = l.lr});
     }
-    probe->flush();
-    writer->close();
-  }
-  trace::TraceReader reader(path);
-  Report rep = analyse(reader);
-  std::filesystem::remove(path);
-  return rep;
+  });
 }
 
 const Remedy* find_kind(const Diagnosis& d, std::string_view kind) {
@@ -190,14 +180,9 @@ TEST(remedy_kinds_test, clean_data_is_proposed_for_nan_in_the_batch_and_cleaning
 // Attention written by hand with a padding mask that covers a whole row (an empty sequence in the batch):
 // softmax of a row of -inf is 0 / 0 = NaN, in f16, bf16 and f32 alike. The fix is the mask's value.
 Report masked_attention(double fill, const std::string& name) {
-  const auto path = temp_trace(name);
-  probe::ProbeOptions options;
-  trace::RunInfo info{.precision = "fp16", .device = "cpu", .model = "user attention", .seed = 6, .config = "{}",
-                      .probe = probe::describe(options)};
-  {
-    auto writer = std::make_shared<trace::TraceWriter>(path, info);
-    auto probe = std::make_shared<probe::Probe>(writer, options);
-    probe::HookGuard installed(probe);
+  return testing::record_and_analyse(name, {.precision = "fp16", .device = "cpu", .model = "user attention", .seed = 6,
+                                            .config = "{}"},
+                                     {}, [&] {
     Generator gen(6);
     nn::Linear proj(8, 8, gen);
     const Tensor x = randn({4, 8}, gen);
@@ -214,13 +199,7 @@ Report masked_attention(double fill, const std::string& name) {
       loss = mean(matmul(p, h));
     }
     scope.end({.step = 0, .loss = loss.item()});
-    probe->flush();
-    writer->close();
-  }
-  trace::TraceReader reader(path);
-  Report rep = analyse(reader);
-  std::filesystem::remove(path);
-  return rep;
+  });
 }
 
 TEST(remedy_kinds_test, finite_mask_cures_a_fully_masked_row) {
