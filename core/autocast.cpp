@@ -40,6 +40,10 @@ constexpr PolicyLine kPolicyTable[] = {
     {"log", AutocastPolicy::fp32},
     {"rsqrt", AutocastPolicy::fp32},
     {"pow", AutocastPolicy::fp32},
+    {"log1p", AutocastPolicy::fp32},
+    {"expm1", AutocastPolicy::fp32},
+    {"reciprocal", AutocastPolicy::fp32},
+    {"softplus", AutocastPolicy::fp32},
     {"layer_norm", AutocastPolicy::fp32},
     {"nll_loss", AutocastPolicy::fp32},
     {"mse_loss", AutocastPolicy::fp32},
@@ -53,6 +57,8 @@ constexpr PolicyLine kPolicyTable[] = {
 
     // promote: none of our ops is on PyTorch's promote list (addcmul, addcdiv, cross, dot, ...); add,
     // mul, cat and where reach the same f32 result through built-in type promotion.
+    // On no list (run in their inputs' dtype, as in PyTorch): rsub, abs, logsigmoid, clamp_min,
+    // clamp_max, maximum, minimum (built-in promotion for mixed inputs), max, min, amax, amin, var, std.
 
     // banned: unsafe because a sigmoid usually precedes it, so its f16 input has already lost the
     // probabilities near 0 and 1 that the loss needs.

@@ -73,7 +73,26 @@ namespace ampscope {
   X(embedding)         /* (weight [V,D], index (i64) [n]) -> [n, D] */                                        \
   X(embedding_backward) /* (g [n,D], index) -> [V, D], summed per row in index order */                        \
   X(nll_rows)          /* (logp [N,C], target (i64) [N]) -> [N]: -logp[i, t_i], 0 where t_i = scalars[0] */   \
-  X(nll_backward_rows) /* (g [N], target) -> [N,C]: -g_i / scalars[1] at t_i, else 0; scalars[0] ignore */
+  X(nll_backward_rows) /* (g [N], target) -> [N,C]: -g_i / scalars[1] at t_i, else 0; scalars[0] ignore */ \
+  /* ops for hand-written losses (element-wise ones broadcast as above) */                                    \
+  X(rsub_scalar)       /* scalars[0] - in[0] */                                                               \
+  X(reciprocal)        /* 1 / in[0] */                                                                        \
+  X(abs) X(log1p) X(expm1)                                                                                    \
+  X(abs_backward)      /* (g, x): g * sign(x), sign(0) = sign(NaN) = 0 */                                    \
+  X(logsigmoid)        /* min(x, 0) - log1p(exp(-|x|)) */                                                     \
+  X(logsigmoid_backward) /* (g, x): g (max_deriv - sign z / (1 + z)), z = exp(-|x|) (PyTorch's CUDA form) */  \
+  X(softplus)          /* x beta > threshold ? x : log1p(exp(x beta)) / beta; scalars beta, threshold */      \
+  X(softplus_backward) /* (g, x): x beta > threshold ? g : g z / (z + 1), z = exp(x beta); same scalars */     \
+  X(maximum) X(minimum) /* NaN wins (the first operand's), else the larger (smaller); ties give in[0] */      \
+  X(maximum_backward)  /* (g, x, y): x == y ? g / 2 : x < y ? 0 : g (x's share of maximum(x, y)) */           \
+  X(minimum_backward)  /* (g, x, y): x == y ? g / 2 : x > y ? 0 : g */                                        \
+  X(std_backward)      /* (q, y): y == 0 ? 0 : q (std's masked_fill_(result == 0, 0)) */                      \
+  X(max_rows)          /* out[r] = the first largest value (the first NaN), aux[0] (i64, optional) its index */ \
+  X(min_rows)          /* the same with the smallest value */                                                 \
+  X(var_rows)          /* out[r] = sum (x - mean)^2 / max(cols - scalars[0], 0); sqrt of it if scalars[1] = 1 */ \
+  X(evenly_distribute_rows) /* (g [rows], x [rows, cols], v [rows]) -> dx: mask (g / count(mask)), mask = */ \
+                       /* x == v (or both NaN when scalars[0] = 1), in the stored dtype's rounding */         \
+  X(index_backward_rows) /* (g [rows], index (i64) [rows]) -> [rows, cols]: g at the index, 0 elsewhere */
 
 enum class Op : std::uint16_t {
 #define AMPSCOPE_OP_ENUM(name) name,

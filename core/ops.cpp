@@ -15,6 +15,7 @@
 
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/convert.h"
 #include "core/error.h"
 
 namespace ampscope {
@@ -91,6 +92,18 @@ Tensor map(std::string_view op, Op kernel, const Shape& shape, DType dtype, std:
 
 // The gradient of a broadcast input: summed back to its shape, in its dtype.
 Tensor reduce_grad(const Tensor& g, const Tensor& input) { return sum_to(g, input.shape()).to(input.dtype()); }
+
+// A bound as PyTorch's kernels see it: Scalar::to<scalar_t>(), rounded to the tensor's dtype (f64 ->
+// f32 -> f16/bf16). Comparing a stored value with the rounded bound or with the exact one selects the
+// same values in the forward, but only the rounded one lets the gradient through at x == bound.
+double round_to_dtype(double v, DType t) {
+  switch (t) {
+    case DType::f32: return static_cast<double>(static_cast<float>(v));
+    case DType::f16: return static_cast<double>(static_cast<float>(convert<f16>(v)));
+    case DType::bf16: return static_cast<double>(static_cast<float>(convert<bf16>(v)));
+    default: return v;
+  }
+}
 
 // ---- element-wise helpers ----
 
@@ -180,6 +193,22 @@ Tensor as_rows(const Tensor& a, const std::vector<std::int64_t>& dims) {
   }
   const std::int64_t rows = cols == 0 ? numel_of(reduced_shape(a.shape(), dims, false)) : a.numel() / cols;
   return a.permute(perm).contiguous().reshape({rows, cols});
+}
+
+// The inverse of as_rows: a [rows, cols] tensor back to `shape` (a permuted view of it).
+Tensor from_rows(const Tensor& r, const Shape& shape, const std::vector<std::int64_t>& dims) {
+  if (shape.empty()) return r.reshape({});
+  Shape perm, permuted;
+  for (std::int64_t d = 0; d < static_cast<std::int64_t>(shape.size()); ++d) {
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) perm.push_back(d);
+  }
+  for (std::int64_t d : dims) perm.push_back(d);
+  Shape inverse(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i) {
+    permuted.push_back(shape[perm[i]]);
+    inverse[perm[i]] = static_cast<std::int64_t>(i);
+  }
+  return r.reshape(permuted).permute(inverse);
 }
 
 // Sum over dims with out = sum * factor / divisor, computed in out_dtype's accumulation type.
@@ -435,8 +464,8 @@ static Tensor pow_impl(const Tensor& a, double exponent) {
 static Tensor clamp_impl(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
   if (!lo && !hi) throw Error(fmt::format("{}: at least one of the bounds must be given", label("clamp")));
   check_floating("clamp", a);
-  const double l = lo.value_or(-std::numeric_limits<double>::infinity());
-  const double h = hi.value_or(std::numeric_limits<double>::infinity());
+  const double l = round_to_dtype(lo.value_or(-std::numeric_limits<double>::infinity()), a.dtype());
+  const double h = round_to_dtype(hi.value_or(std::numeric_limits<double>::infinity()), a.dtype());
   Tensor out = untracked([&] { return unary_forward("clamp", Op::clamp, a, false, {l, h}); });
   return record_unary("clamp", out, a, Op::clamp_backward, a, l, h);
 }
@@ -476,6 +505,81 @@ static Tensor where_impl(const Tensor& cond, const Tensor& a, const Tensor& b) {
                             if (n[2]) gb = reduce_grad(map("where", Op::where, g.shape(), g.dtype(), {c, zero, g}), sb);
                             return Grads{Tensor(), ga, gb};
                           });
+}
+
+// ---- ops for hand-written losses: element-wise ----
+
+static Tensor rsub_impl(const Tensor& a, double b) {
+  Tensor out = untracked([&] { return scalar_forward("rsub", Op::rsub_scalar, a, b); });
+  if (!autograd::any_requires_grad({a})) return out;
+  return autograd::record("rsub", out, {a}, [dt = a.dtype()](const Tensor& g, const Needs&) {
+    return Grads{neg(g).to(dt)};  // PyTorch: -grad (times alpha = 1)
+  });
+}
+
+static Tensor reciprocal_impl(const Tensor& a) {
+  Tensor out = untracked([&] { return unary_forward("reciprocal", Op::reciprocal, a, true); });
+  if (!autograd::any_requires_grad({a})) return out;
+  return autograd::record("reciprocal", out, {a}, [y = out.detach()](const Tensor& g, const Needs&) {
+    return Grads{mul(neg(g), mul(y, y))};  // -grad * (result * result)
+  });
+}
+
+static Tensor abs_impl(const Tensor& a) {
+  Tensor out = untracked([&] { return unary_forward("abs", Op::abs, a, false); });
+  return record_unary("abs", out, a, Op::abs_backward, a);
+}
+
+// log1p and expm1 have no backward kernel in PyTorch: autograd composes tensor ops, each rounded.
+static Tensor log1p_impl(const Tensor& a) {
+  Tensor out = untracked([&] { return unary_forward("log1p", Op::log1p, a, true); });
+  if (!autograd::any_requires_grad({a})) return out;
+  return autograd::record("log1p", out, {a}, [x = a.detach()](const Tensor& g, const Needs&) {
+    return Grads{div(g, add(x, 1.0))};  // grad / (self + 1)
+  });
+}
+
+static Tensor expm1_impl(const Tensor& a) {
+  Tensor out = untracked([&] { return unary_forward("expm1", Op::expm1, a, true); });
+  if (!autograd::any_requires_grad({a})) return out;
+  return autograd::record("expm1", out, {a}, [y = out.detach()](const Tensor& g, const Needs&) {
+    return Grads{mul(g, add(y, 1.0))};  // grad * (result + 1)
+  });
+}
+
+static Tensor logsigmoid_impl(const Tensor& a) {
+  check_floating("logsigmoid", a);
+  Tensor out = untracked([&] { return unary_forward("logsigmoid", Op::logsigmoid, a, false); });
+  return record_unary("logsigmoid", out, a, Op::logsigmoid_backward, a);
+}
+
+static Tensor softplus_impl(const Tensor& a, double beta, double threshold) {
+  check_floating("softplus", a);
+  Tensor out = untracked([&] { return unary_forward("softplus", Op::softplus, a, false, {beta, threshold}); });
+  return record_unary("softplus", out, a, Op::softplus_backward, a, beta, threshold);
+}
+
+static Tensor clamp_bound_impl(std::string_view op, const Tensor& a, double lo, double hi) {
+  check_floating(op, a);
+  const double l = round_to_dtype(lo, a.dtype()), h = round_to_dtype(hi, a.dtype());
+  Tensor out = untracked([&] { return unary_forward(op, Op::clamp, a, false, {l, h}); });
+  return record_unary(op, out, a, Op::clamp_backward, a, l, h);
+}
+
+// maximum / minimum: the backward compares the saved operands in the result's dtype (exact: promotion
+// only widens) and sums each share back over its broadcast dimensions.
+static Tensor pairwise_extreme_impl(std::string_view op, Op kernel, Op backward_kernel, const Tensor& a, const Tensor& b) {
+  check_same_device(op, a, b);
+  Tensor out = untracked([&] { return binary_forward(op, kernel, a, b, false); });
+  if (!autograd::any_requires_grad({a, b})) return out;
+  return autograd::record(op, out, {a, b}, [op, backward_kernel, sa = a.detach(), sb = b.detach()](const Tensor& g,
+                                                                                                   const Needs& n) {
+    const Tensor x = sa.to(g.dtype()), y = sb.to(g.dtype());
+    Tensor ga, gb;
+    if (n[0]) ga = reduce_grad(map(op, backward_kernel, g.shape(), g.dtype(), {g, x, y}), sa);
+    if (n[1]) gb = reduce_grad(map(op, backward_kernel, g.shape(), g.dtype(), {g, y, x}), sb);
+    return Grads{ga, gb};
+  });
 }
 
 // ---- reductions ----
@@ -518,6 +622,117 @@ static Tensor argmax_impl(const Tensor& a, std::int64_t dim) {
     Tensor out = Tensor::empty({rows.size(0)}, {DType::i64, a.device()});
     run_kernel_general("argmax", Op::argmax_rows, {out}, {rows});
     return out.reshape(reduced_shape(a.shape(), dims, false));
+  });
+}
+
+// ---- ops for hand-written losses: reductions ----
+
+namespace {
+void check_reduced_dims_not_empty(std::string_view op, const Tensor& a, const std::vector<std::int64_t>& dims) {
+  for (std::int64_t d : dims) {
+    if (a.size(d) == 0) {
+      throw IndexError(fmt::format("{}: dimension {} of shape {} is empty, and {} needs at least one element to "
+                                   "reduce\nhint: reduce over the other dimensions, or check how the tensor was built",
+                                   label(op), d, shape_str(a.shape()), op));
+    }
+  }
+}
+
+// The elements of each row of `rows` equal to that row's result share its gradient evenly.
+Tensor evenly_distribute(std::string_view op, const Tensor& g, const Tensor& x, const Tensor& y,
+                         const std::vector<std::int64_t>& dims, bool nan_matches) {
+  const Tensor rows = as_rows(x, dims);
+  const std::int64_t r = rows.size(0);
+  Tensor dx = Tensor::empty(rows.shape(), {g.dtype(), g.device()});
+  run_kernel_general(op, Op::evenly_distribute_rows, {dx},
+                     {g.contiguous().reshape({r}), rows.to(g.dtype()), y.contiguous().reshape({r}).to(g.dtype())},
+                     {nan_matches ? 1.0 : 0.0});
+  return from_rows(dx, x.shape(), dims);
+}
+}  // namespace
+
+static Tensor max_all_impl(std::string_view op, bool largest, const Tensor& a) {
+  check_floating(op, a);
+  if (a.numel() == 0) {
+    throw IndexError(fmt::format("{}: the tensor of shape {} is empty, and {} needs at least one element\n"
+                                 "hint: give a dimension ({}(x, dim)) to reduce the non-empty ones", label(op),
+                                 shape_str(a.shape()), op, op));
+  }
+  const std::vector<std::int64_t> dims = normalize_dims(op, a, {});
+  Tensor out = untracked([&] {
+    const Tensor rows = a.contiguous().reshape({1, a.numel()});
+    Tensor v = Tensor::empty({1}, {a.dtype(), a.device()});
+    run_kernel_general(op, largest ? Op::max_rows : Op::min_rows, {v}, {rows});
+    return v.reshape({});
+  });
+  if (!autograd::any_requires_grad({a})) return out;
+  return autograd::record(op, out, {a}, [op, dims, x = a.detach(), y = out.detach()](const Tensor& g, const Needs&) {
+    return Grads{evenly_distribute(op, g, x, y, dims, /*nan_matches=*/true)};
+  });
+}
+
+static ValuesAndIndices max_dim_impl(std::string_view op, bool largest, const Tensor& a, std::int64_t dim, bool keepdim) {
+  check_floating(op, a);
+  const std::int64_t d = wrap(dim, a.dim(), op, a.shape());
+  const std::vector<std::int64_t> dims = a.dim() == 0 ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{d};
+  check_reduced_dims_not_empty(op, a, dims);
+  const Shape out_shape = reduced_shape(a.shape(), dims, keepdim);
+  Tensor index;
+  Tensor out = untracked([&] {
+    const Tensor rows = as_rows(a, dims);
+    Tensor v = Tensor::empty({rows.size(0)}, {a.dtype(), a.device()});
+    index = Tensor::empty({rows.size(0)}, {DType::i64, a.device()});
+    run_kernel_general(op, largest ? Op::max_rows : Op::min_rows, {v, index}, {rows});
+    return v.reshape(out_shape);
+  });
+  ValuesAndIndices result{out, index.reshape(out_shape)};
+  if (!autograd::any_requires_grad({a})) return result;
+  result.values = autograd::record(op, out, {a}, [op, dims, index, shape = a.shape()](const Tensor& g, const Needs&) {
+    const std::int64_t r = index.numel();
+    const std::int64_t cols = r == 0 ? 0 : numel_of(shape) / r;
+    Tensor dx = Tensor::empty({r, cols}, {g.dtype(), g.device()});
+    run_kernel_general(op, Op::index_backward_rows, {dx}, {g.contiguous().reshape({r}), index});
+    return Grads{from_rows(dx, shape, dims)};
+  });
+  return result;
+}
+
+static Tensor amax_impl(std::string_view op, bool largest, const Tensor& a, const std::vector<std::int64_t>& dims_in,
+                        bool keepdim) {
+  check_floating(op, a);
+  const std::vector<std::int64_t> dims = normalize_dims(op, a, dims_in);
+  check_reduced_dims_not_empty(op, a, dims);
+  Tensor out = untracked([&] {
+    const Tensor rows = as_rows(a, dims);
+    Tensor v = Tensor::empty({rows.size(0)}, {a.dtype(), a.device()});
+    run_kernel_general(op, largest ? Op::max_rows : Op::min_rows, {v}, {rows});
+    return v.reshape(reduced_shape(a.shape(), dims, keepdim));
+  });
+  if (!autograd::any_requires_grad({a})) return out;
+  return autograd::record(op, out, {a}, [op, dims, x = a.detach(), y = out.detach()](const Tensor& g, const Needs&) {
+    return Grads{evenly_distribute(op, g, x, y, dims, /*nan_matches=*/false)};
+  });
+}
+
+static Tensor var_impl(std::string_view op, bool take_sqrt, const Tensor& a, const std::vector<std::int64_t>& dims_in,
+                       double correction, bool keepdim) {
+  check_floating(op, a);
+  const std::vector<std::int64_t> dims = normalize_dims(op, a, dims_in);
+  Tensor out = untracked([&] {
+    const Tensor rows = as_rows(a, dims);
+    Tensor v = Tensor::empty({rows.size(0)}, {a.dtype(), a.device()});
+    run_kernel_general(op, Op::var_rows, {v}, {rows}, {correction, take_sqrt ? 1.0 : 0.0});
+    return v.reshape(reduced_shape(a.shape(), dims, keepdim));
+  });
+  if (!autograd::any_requires_grad({a})) return out;
+  std::int64_t n = 1;
+  for (std::int64_t d : dims) n *= a.size(d);
+  return autograd::record(op, out, {a}, [=, x = a.detach(), y = out.detach()](const Tensor& g, const Needs&) {
+    // std: var's backward at (grad / (result * 2)).masked_fill_(result == 0, 0).
+    const Tensor gv = take_sqrt ? map(op, Op::std_backward, g.shape(), g.dtype(), {div(g, mul(y, 2.0)), y}) : g;
+    // var: (2 / (N - correction)) * grad * (self - self.mean(dims, keepdim=true)), PyTorch's steps and order.
+    const Tensor ge = gv.reshape(reduced_shape(x.shape(), dims, true));
+    return Grads{mul(mul(ge, 2.0 / (static_cast<double>(n) - correction)), sub(x, mean(x, dims, true)))};
   });
 }
 
@@ -1248,6 +1463,69 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   return dispatched("binary_cross_entropy_with_logits", {input, target}, [&](const auto& d) {
     return binary_cross_entropy_with_logits_impl(d.arg(0), d.arg(1), reduction);
   });
+}
+
+
+// ---- ops for hand-written losses ----
+
+Tensor rsub(const Tensor& a, double s) {
+  return dispatched("rsub", {a}, [s](const auto& d) { return rsub_impl(d.arg(0), s); });
+}
+Tensor reciprocal(const Tensor& a) {
+  return dispatched("reciprocal", {a}, [](const auto& d) { return reciprocal_impl(d.arg(0)); });
+}
+Tensor abs(const Tensor& a) { return dispatched("abs", {a}, [](const auto& d) { return abs_impl(d.arg(0)); }); }
+Tensor log1p(const Tensor& a) { return dispatched("log1p", {a}, [](const auto& d) { return log1p_impl(d.arg(0)); }); }
+Tensor expm1(const Tensor& a) { return dispatched("expm1", {a}, [](const auto& d) { return expm1_impl(d.arg(0)); }); }
+Tensor logsigmoid(const Tensor& a) {
+  return dispatched("logsigmoid", {a}, [](const auto& d) { return logsigmoid_impl(d.arg(0)); });
+}
+Tensor softplus(const Tensor& a, double beta, double threshold) {
+  return dispatched("softplus", {a}, [=](const auto& d) { return softplus_impl(d.arg(0), beta, threshold); });
+}
+Tensor clamp_min(const Tensor& a, double min) {
+  return dispatched("clamp_min", {a}, [min](const auto& d) {
+    return clamp_bound_impl("clamp_min", d.arg(0), min, std::numeric_limits<double>::infinity());
+  });
+}
+Tensor clamp_max(const Tensor& a, double max) {
+  return dispatched("clamp_max", {a}, [max](const auto& d) {
+    return clamp_bound_impl("clamp_max", d.arg(0), -std::numeric_limits<double>::infinity(), max);
+  });
+}
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return dispatched("maximum", {a, b}, [](const auto& d) {
+    return pairwise_extreme_impl("maximum", Op::maximum, Op::maximum_backward, d.arg(0), d.arg(1));
+  });
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return dispatched("minimum", {a, b}, [](const auto& d) {
+    return pairwise_extreme_impl("minimum", Op::minimum, Op::minimum_backward, d.arg(0), d.arg(1));
+  });
+}
+Tensor max(const Tensor& a) { return dispatched("max", {a}, [](const auto& d) { return max_all_impl("max", true, d.arg(0)); }); }
+Tensor min(const Tensor& a) { return dispatched("min", {a}, [](const auto& d) { return max_all_impl("min", false, d.arg(0)); }); }
+namespace {
+ValuesAndIndices dispatched_dim(std::string_view op, bool largest, const Tensor& a, std::int64_t dim, bool keepdim) {
+  detail::OpDispatch d(op, {a});
+  ValuesAndIndices r = max_dim_impl(op, largest, d.arg(0), dim, keepdim);
+  r.values = d.finish(r.values);
+  return r;
+}
+}  // namespace
+ValuesAndIndices max(const Tensor& a, std::int64_t dim, bool keepdim) { return dispatched_dim("max", true, a, dim, keepdim); }
+ValuesAndIndices min(const Tensor& a, std::int64_t dim, bool keepdim) { return dispatched_dim("min", false, a, dim, keepdim); }
+Tensor amax(const Tensor& a, const std::vector<std::int64_t>& dims, bool keepdim) {
+  return dispatched("amax", {a}, [&](const auto& d) { return amax_impl("amax", true, d.arg(0), dims, keepdim); });
+}
+Tensor amin(const Tensor& a, const std::vector<std::int64_t>& dims, bool keepdim) {
+  return dispatched("amin", {a}, [&](const auto& d) { return amax_impl("amin", false, d.arg(0), dims, keepdim); });
+}
+Tensor var(const Tensor& a, const std::vector<std::int64_t>& dims, double correction, bool keepdim) {
+  return dispatched("var", {a}, [&](const auto& d) { return var_impl("var", false, d.arg(0), dims, correction, keepdim); });
+}
+Tensor std(const Tensor& a, const std::vector<std::int64_t>& dims, double correction, bool keepdim) {
+  return dispatched("std", {a}, [&](const auto& d) { return var_impl("std", true, d.arg(0), dims, correction, keepdim); });
 }
 
 }  // namespace ampscope

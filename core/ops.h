@@ -136,6 +136,83 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, Reduction
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         Reduction reduction = Reduction::mean);
 
+// ---- ops for hand-written losses ----
+// Each has PyTorch's semantics and autocast policy: log1p, expm1, softplus and reciprocal are on the
+// fp32 list (f16/bf16 inputs compute and return f32 under autocast); the others are on no list and run
+// in their inputs' dtype. Gradients are PyTorch's formulas (derivatives.yaml), composed of the same
+// rounded steps where PyTorch composes them.
+//
+//   Tensor z = maximum(x, zeros({}));                        // NaN in x stays NaN
+//   Tensor lse = add(log(sum(exp(sub(x, max(x, 1, true).values)), {1}, true)), max(x, 1, true).values);
+//   Tensor loss = mean(softplus(neg(margin)));               // = -logsigmoid(margin), stably
+
+// s - a as one op recorded as "rsub" (torch.rsub; what Python records for `1 - t`); the scalar stays in
+// the compute type, as in sub.
+Tensor rsub(const Tensor& a, double s);
+Tensor reciprocal(const Tensor& a);  // 1 / a (fp32 under autocast); gradient -g / a^2 as -g * (y * y)
+Tensor abs(const Tensor& a);         // a NaN keeps its payload; gradient g * sign(a), 0 at 0 and at NaN
+Tensor log1p(const Tensor& a);       // log(1 + a), accurate near 0; gradient g / (a + 1)
+Tensor expm1(const Tensor& a);       // exp(a) - 1, accurate near 0; gradient g * (y + 1)
+// log(sigmoid(a)) = min(a, 0) - log1p(exp(-|a|)), which never overflows (torch.nn.functional.logsigmoid).
+Tensor logsigmoid(const Tensor& a);
+// log1p(exp(beta a)) / beta, and a itself where beta a > threshold (torch.nn.functional.softplus).
+Tensor softplus(const Tensor& a, double beta = 1.0, double threshold = 20.0);
+// clamp with one bound, recorded under its own name. As in PyTorch the bound is first rounded to the
+// input's dtype (so the gradient flows at an input equal to the rounded bound); NaN stays NaN.
+Tensor clamp_min(const Tensor& a, double min);
+Tensor clamp_max(const Tensor& a, double max);
+// Element-wise maximum and minimum of two tensors, broadcast and promoted as in add. A NaN in either
+// wins; equal values (-0 and +0) give the first operand. Gradient: to the larger (smaller) operand, half
+// to each on a tie, all of it to both where a NaN makes the comparison false (PyTorch's formula).
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+
+// The largest (smallest) element of a non-empty tensor, as a 0-dim tensor; NaN if there is one. The
+// gradient is shared evenly among the elements equal to the result (the NaNs, if it is NaN).
+Tensor max(const Tensor& a);
+Tensor min(const Tensor& a);
+// Over one dimension (negative counts from the end), like torch.return_types.max: the values and the
+// i64 index of the first largest (smallest) one along dim, the first NaN where there is one. The
+// gradient goes to that index only. The dimension must not be empty.
+struct ValuesAndIndices {
+  Tensor values;
+  Tensor indices;
+};
+ValuesAndIndices max(const Tensor& a, std::int64_t dim, bool keepdim = false);
+ValuesAndIndices min(const Tensor& a, std::int64_t dim, bool keepdim = false);
+// Over several dimensions (all for an empty list), values only. The gradient is shared evenly among
+// the elements equal to the result; a NaN result equals nothing, so its gradient is NaN (as PyTorch's
+// (g / count) * mask gives it).
+Tensor amax(const Tensor& a, const std::vector<std::int64_t>& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& a, const std::vector<std::int64_t>& dims = {}, bool keepdim = false);
+
+// Variance and standard deviation over dims (all for an empty list): sum (x - mean)^2 / (N - correction)
+// with N the number of reduced elements; correction 1 is Bessel's (the default, as in PyTorch) and 0 the
+// population variance. N <= correction divides by 0: inf, or NaN where every deviation is 0 (one element,
+// an empty tensor). Computed in float (double for f64) in two passes and rounded once. The gradient is
+// (2 / (N - correction)) g (x - mean), and std's is var's at g / (2 std), 0 where std is 0.
+Tensor var(const Tensor& a, const std::vector<std::int64_t>& dims = {}, double correction = 1.0, bool keepdim = false);
+Tensor std(const Tensor& a, const std::vector<std::int64_t>& dims = {}, double correction = 1.0, bool keepdim = false);
+
+// ---- operators: exactly the functions above, so they record the same ops with the same bits ----
+// Tensor op Tensor: add, sub, mul, div; -t: neg; t op s and s + t, s * t: add, sub, mul, div with the
+// scalar. s - t is rsub(t, s) and s / t is mul(reciprocal(t), s): what PyTorch records for `1 - t` and
+// `2 / t` (so under autocast 2 / t is f32, reciprocal being on the fp32 list). Scalars are floating: an
+// i64 tensor times 2 gives f32, where PyTorch keeps i64 for an integer scalar.
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+inline Tensor operator-(const Tensor& a, double s) { return sub(a, s); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator/(const Tensor& a, double s) { return div(a, s); }
+inline Tensor operator+(double s, const Tensor& a) { return add(a, s); }
+inline Tensor operator-(double s, const Tensor& a) { return rsub(a, s); }
+inline Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
+inline Tensor operator/(double s, const Tensor& a) { return mul(reciprocal(a), s); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+
 // ---- attention ----
 // q, k, v [B, T, D] or [B, H, T, D]: softmax(q k^T * scale (+ causal mask)) v, as separate recorded
 // ops (bmm, mul, masked_fill, softmax, bmm) so each step is visible. scale defaults to 1/sqrt(D).

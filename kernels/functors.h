@@ -20,6 +20,7 @@
 #include <cstring>
 #endif
 
+#include "core/convert.h"
 #include "core/float16.h"
 
 namespace ampscope {
@@ -81,6 +82,84 @@ struct SigmoidFn {  // PyTorch's CUDA form: 1 / (1 + exp(-x))
 };
 struct TanhFn {
   template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(std::tanh(a)); }
+};
+
+// ---- functors for hand-written losses (PyTorch's CUDA kernels, in the op-math type) ----
+struct RsubFn {  // (x, s) -> s - x: the scalar operand comes second, as binary_scalar_kernel passes it
+  template <class T> AMPSCOPE_HD T operator()(T x, T s) const { return canonical_nan(s - x); }
+};
+struct ReciprocalFn {
+  template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(T(1) / a); }
+};
+// |x| only clears the sign bit, on both backends, as std::abs does in PyTorch's kernel: a NaN keeps its
+// payload (like relu, abs moves a value rather than computing one).
+struct AbsFn {
+  template <class T> AMPSCOPE_HD T operator()(T a) const { return std::fabs(a); }
+};
+struct Log1pFn {
+  template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(std::log1p(a)); }
+};
+struct Expm1Fn {
+  template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(std::expm1(a)); }
+};
+// PyTorch's abs backward is grad * sgn(x); sgn of 0 and of NaN is 0 (torch.sign(nan) == 0).
+struct AbsBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T g, T x) const {
+    const T s = x > T(0) ? T(1) : x < T(0) ? T(-1) : T(0);
+    return canonical_nan(g * s);
+  }
+};
+// log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): exp never overflows. min(0, NaN) is 0 as std::min
+// gives it, and the NaN then comes through exp.
+struct LogSigmoidFn {
+  template <class T> AMPSCOPE_HD T operator()(T x) const {
+    const T m = x < T(0) ? x : T(0);
+    return canonical_nan(m - std::log1p(std::exp(-std::fabs(x))));
+  }
+};
+struct LogSigmoidBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T g, T x) const {
+    const bool negative = x < T(0);
+    const T max_deriv = negative ? T(1) : T(0);
+    const T sign = negative ? T(1) : T(-1);
+    const T z = std::exp(-std::fabs(x));
+    return canonical_nan(g * (max_deriv - sign * (z / (T(1) + z))));
+  }
+};
+// maximum and minimum of two tensors: a NaN operand wins (the first one's bits if both are NaN), equal
+// values (-0 and +0) give the first operand, as PyTorch's kernels do.
+struct MaximumFn {
+  template <class T> AMPSCOPE_HD T operator()(T a, T b) const {
+    if (a != a) return a;
+    if (b != b) return b;
+    return a < b ? b : a;
+  }
+};
+struct MinimumFn {
+  template <class T> AMPSCOPE_HD T operator()(T a, T b) const {
+    if (a != a) return a;
+    if (b != b) return b;
+    return b < a ? b : a;
+  }
+};
+// x's share of the gradient of maximum(x, y) (PyTorch: where(x == y, g / 2, g).masked_fill_(x < y, 0)):
+// half each on a tie, all of it to both when a NaN makes every comparison false. y's share is the same
+// functor with the operands swapped.
+struct MaximumBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T g, T x, T y) const {
+    if (x == y) return canonical_nan(g * T(0.5));
+    return x < y ? T(0) : g;
+  }
+};
+struct MinimumBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T g, T x, T y) const {
+    if (x == y) return canonical_nan(g * T(0.5));
+    return x > y ? T(0) : g;
+  }
+};
+// std's backward divides by the result and then zeroes where the result is 0 (masked_fill_).
+struct StdBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T q, T y) const { return y == T(0) ? T(0) : q; }
 };
 
 // ---- functors with parameters: built from KernelArgs::scalars by make_functor ----
@@ -158,6 +237,26 @@ struct ClampBackwardFn {
   AMPSCOPE_HD explicit ClampBackwardFn(const double* s) : lo(s[0]), hi(s[1]) {}
   template <class T> AMPSCOPE_HD T operator()(T g, T x) const {
     return (x >= static_cast<T>(lo) && x <= static_cast<T>(hi)) ? g : T(0);
+  }
+};
+
+// softplus(x) = log1p(exp(beta x)) / beta, or x where beta x > threshold (PyTorch's form; beta and the
+// threshold in the op-math type).
+struct SoftplusFn {
+  double beta, threshold;
+  AMPSCOPE_HD explicit SoftplusFn(const double* s) : beta(s[0]), threshold(s[1]) {}
+  template <class T> AMPSCOPE_HD T operator()(T x) const {
+    const T b = static_cast<T>(beta), t = static_cast<T>(threshold);
+    return canonical_nan((x * b) > t ? x : std::log1p(std::exp(x * b)) / b);
+  }
+};
+struct SoftplusBackwardFn {
+  double beta, threshold;
+  AMPSCOPE_HD explicit SoftplusBackwardFn(const double* s) : beta(s[0]), threshold(s[1]) {}
+  template <class T> AMPSCOPE_HD T operator()(T g, T x) const {
+    const T b = static_cast<T>(beta), t = static_cast<T>(threshold);
+    const T z = std::exp(x * b);
+    return canonical_nan((x * b) > t ? g : g * z / (z + T(1)));
   }
 };
 
@@ -242,6 +341,60 @@ AMPSCOPE_HD inline Acc lane_tree_sum(std::int64_t n, const Load& load) {
     for (int k = 0; k < width; ++k) lanes[k] += lanes[k + width];
   }
   return lanes[0];
+}
+
+}  // namespace ampscope
+
+namespace ampscope {
+
+// ---- rows of the loss-writing reductions: one thread per row on the GPU, the same code on both ----
+
+// Index of the first largest (kMax) or smallest value of a row; the first NaN if there is one (NaN
+// counts as the extreme, as in PyTorch's max, min, argmax). n >= 1.
+template <bool kMax, class Acc, class T>
+AMPSCOPE_HD inline std::int64_t row_extreme_index(const T* row, std::int64_t n) {
+  std::int64_t best = 0;
+  Acc m = convert<Acc>(row[0]);
+  for (std::int64_t j = 1; j < n && m == m; ++j) {
+    const Acc v = convert<Acc>(row[j]);
+    if (v != v || (kMax ? v > m : v < m)) {
+      m = v;
+      best = j;
+    }
+  }
+  return best;
+}
+
+template <class Acc, class T>
+struct RowLoad {
+  const T* row;
+  AMPSCOPE_HD Acc operator()(std::int64_t j) const { return convert<Acc>(row[j]); }
+};
+template <class Acc, class T>
+struct RowSquaredDeviation {
+  const T* row;
+  Acc mean;
+  AMPSCOPE_HD Acc operator()(std::int64_t j) const {
+    const Acc d = convert<Acc>(row[j]) - mean;
+    return d * d;
+  }
+};
+
+// sum (x - mean)^2 / max(n - correction, 0) in two passes (the mean, then the squared deviations), each
+// summed in lane_tree_sum's order: PyTorch's divisor, so correction >= n gives inf (or NaN for 0 / 0).
+template <class Acc, class T>
+AMPSCOPE_HD inline Acc row_variance(const T* row, std::int64_t n, Acc correction) {
+  const Acc mean = lane_tree_sum<Acc>(n, RowLoad<Acc, T>{row}) / static_cast<Acc>(n);
+  const Acc m2 = lane_tree_sum<Acc>(n, RowSquaredDeviation<Acc, T>{row, mean});
+  const Acc dof = static_cast<Acc>(n) - correction;
+  return m2 / (dof > Acc(0) ? dof : Acc(0));
+}
+
+// Whether x is one of the elements that reduced to v: equal (so -0 and +0 both), or both NaN when
+// NaN counts (the full max/min; amax/amin compare with == only, as PyTorch does).
+template <class Acc>
+AMPSCOPE_HD inline bool selected_by(Acc x, Acc v, bool nan_matches) {
+  return x == v || (nan_matches && x != x && v != v);
 }
 
 }  // namespace ampscope

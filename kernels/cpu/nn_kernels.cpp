@@ -128,6 +128,83 @@ void argmax_rows_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
+// ---- rows of the loss-writing reductions (kernels/functors.h has the per-row math) ----
+
+// out[r] = the row's first largest (smallest) value, its bits moved; aux[0] (optional) its index.
+template <class T, bool kMax>
+void extreme_rows_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* in = a.in[0].ptr<T>();
+  T* out = a.out.ptr<T>();
+  std::int64_t* index = a.aux[0].data ? a.aux[0].ptr<std::int64_t>() : nullptr;
+  const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
+  parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) {
+      const T* row = in + r * cols;
+      const std::int64_t j = row_extreme_index<kMax, Acc>(row, cols);
+      out[r] = row[j];
+      if (index) index[r] = j;
+    }
+  });
+}
+
+template <class T>
+void var_rows_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* in = a.in[0].ptr<T>();
+  T* out = a.out.ptr<T>();
+  const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
+  const Acc correction = static_cast<Acc>(a.scalars[0]);
+  const bool take_sqrt = a.scalars[1] == 1.0;
+  parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) {
+      const Acc v = row_variance<Acc>(in + r * cols, cols, correction);
+      out[r] = convert<T>(canonical_nan(take_sqrt ? std::sqrt(v) : v));
+    }
+  });
+}
+
+// dx[r, j] = mask * (g[r] / count), the quotient rounded to T first (PyTorch divides a tensor by the
+// mask's sum, then multiplies by the mask: 0 * inf is NaN when no element matches).
+template <class T>
+void evenly_distribute_rows_kernel(Backend&, const KernelArgs& a) {
+  using Acc = acc_type<T>;
+  const T* g = a.in[0].ptr<T>();
+  const T* x = a.in[1].ptr<T>();
+  const T* v = a.in[2].ptr<T>();
+  T* out = a.out.ptr<T>();
+  const std::int64_t rows = a.in[1].sizes[0], cols = a.in[1].sizes[1];
+  const bool nan_matches = a.scalars[0] == 1.0;
+  parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) {
+      const T* row = x + r * cols;
+      const Acc value = convert<Acc>(v[r]);
+      std::int64_t count = 0;
+      for (std::int64_t j = 0; j < cols; ++j) count += selected_by(convert<Acc>(row[j]), value, nan_matches) ? 1 : 0;
+      const Acc q = convert<Acc>(convert<T>(canonical_nan(convert<Acc>(g[r]) / static_cast<Acc>(count))));
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const Acc m = selected_by(convert<Acc>(row[j]), value, nan_matches) ? Acc(1) : Acc(0);
+        out[r * cols + j] = convert<T>(canonical_nan(m * q));
+      }
+    }
+  });
+}
+
+// dx[r, j] = j == index[r] ? g[r] : 0 (the gradient of a value picked by max/min over a dimension).
+template <class T>
+void index_backward_rows_kernel(Backend&, const KernelArgs& a) {
+  const T* g = a.in[0].ptr<T>();
+  const std::int64_t* index = a.in[1].ptr<std::int64_t>();
+  T* out = a.out.ptr<T>();
+  const std::int64_t rows = a.out.sizes[0], cols = a.out.sizes[1];
+  const T zero = convert<T>(0.0);
+  parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) {
+      for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = j == index[r] ? g[r] : zero;
+    }
+  });
+}
+
 // Largest value of a row; a NaN anywhere makes it NaN.
 template <class Acc, class T>
 Acc row_max(const T* row, std::int64_t cols) {
@@ -714,6 +791,26 @@ void register_nn_kernels(const KernelRegistrar& reg) {
     reg(Op::embedding_backward, D, &embedding_backward_kernel<T>);
     reg(Op::nll_rows, D, &nll_rows_kernel<T>);
     reg(Op::nll_backward_rows, D, &nll_backward_rows_kernel<T>);
+    reg(Op::rsub_scalar, D, &binary_scalar_kernel<T, RsubFn>);
+    reg(Op::reciprocal, D, &unary_kernel<T, ReciprocalFn>);
+    reg(Op::abs, D, &unary_kernel<T, AbsFn>);
+    reg(Op::log1p, D, &unary_kernel<T, Log1pFn>);
+    reg(Op::expm1, D, &unary_kernel<T, Expm1Fn>);
+    reg(Op::abs_backward, D, &binary_kernel<T, AbsBackwardFn>);
+    reg(Op::logsigmoid, D, &unary_kernel<T, LogSigmoidFn>);
+    reg(Op::logsigmoid_backward, D, &binary_kernel<T, LogSigmoidBackwardFn>);
+    reg(Op::softplus, D, &unary_kernel<T, SoftplusFn>);
+    reg(Op::softplus_backward, D, &binary_kernel<T, SoftplusBackwardFn>);
+    reg(Op::maximum, D, &binary_kernel<T, MaximumFn>);
+    reg(Op::minimum, D, &binary_kernel<T, MinimumFn>);
+    reg(Op::maximum_backward, D, &ternary_kernel<T, MaximumBackwardFn>);
+    reg(Op::minimum_backward, D, &ternary_kernel<T, MinimumBackwardFn>);
+    reg(Op::std_backward, D, &binary_kernel<T, StdBackwardFn>);
+    reg(Op::max_rows, D, &extreme_rows_kernel<T, true>);
+    reg(Op::min_rows, D, &extreme_rows_kernel<T, false>);
+    reg(Op::var_rows, D, &var_rows_kernel<T>);
+    reg(Op::evenly_distribute_rows, D, &evenly_distribute_rows_kernel<T>);
+    reg(Op::index_backward_rows, D, &index_backward_rows_kernel<T>);
   };
   floating(double{});
   floating(float{});

@@ -221,6 +221,10 @@ bool is_elementwise_op(Op op) {
     case Op::relu_backward: case Op::gelu_backward: case Op::sigmoid_backward: case Op::tanh_backward:
     case Op::clamp_backward: case Op::bce: case Op::bce_backward: case Op::bce_logits:
     case Op::bce_logits_backward: case Op::dropout: case Op::masked_scale:
+    case Op::rsub_scalar: case Op::reciprocal: case Op::abs: case Op::log1p: case Op::expm1:
+    case Op::abs_backward: case Op::logsigmoid: case Op::logsigmoid_backward: case Op::softplus:
+    case Op::softplus_backward: case Op::maximum: case Op::minimum: case Op::maximum_backward:
+    case Op::minimum_backward: case Op::std_backward:
       return true;
     default:
       return false;
@@ -264,6 +268,21 @@ cudaError_t launch_elementwise(Op op, const KernelArgs& a, cudaStream_t s) {
           return launch_linear(a.out.numel, WhereBody<T>{a.out, a.in[0], a.in[1], a.in[2]}, s);
         case Op::masked_fill:
           return launch_linear(a.out.numel, MaskedFillBody<T>{a.out, a.in[0], a.in[1], convert<T>(a.scalars[0])}, s);
+        case Op::rsub_scalar: return launch_scalar<T, RsubFn>(a, s);
+        case Op::reciprocal: return launch_map<T, ReciprocalFn, 1>(a, s);
+        case Op::abs: return launch_map<T, AbsFn, 1>(a, s);
+        case Op::log1p: return launch_map<T, Log1pFn, 1>(a, s);
+        case Op::expm1: return launch_map<T, Expm1Fn, 1>(a, s);
+        case Op::abs_backward: return launch_map<T, AbsBackwardFn, 2>(a, s);
+        case Op::logsigmoid: return launch_map<T, LogSigmoidFn, 1>(a, s);
+        case Op::logsigmoid_backward: return launch_map<T, LogSigmoidBackwardFn, 2>(a, s);
+        case Op::softplus: return launch_map<T, SoftplusFn, 1>(a, s);
+        case Op::softplus_backward: return launch_map<T, SoftplusBackwardFn, 2>(a, s);
+        case Op::maximum: return launch_map<T, MaximumFn, 2>(a, s);
+        case Op::minimum: return launch_map<T, MinimumFn, 2>(a, s);
+        case Op::maximum_backward: return launch_map<T, MaximumBackwardFn, 3>(a, s);
+        case Op::minimum_backward: return launch_map<T, MinimumBackwardFn, 3>(a, s);
+        case Op::std_backward: return launch_map<T, StdBackwardFn, 2>(a, s);
         case Op::dropout: return launch_dropout<T>(a, s);
         case Op::masked_scale:
           return launch_linear(a.out.numel, MaskedScaleBody<T>{a.out, a.in[0], a.in[1], MaskedScaleFn(a.scalars.data())},

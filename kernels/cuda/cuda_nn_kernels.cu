@@ -204,6 +204,70 @@ struct ArgmaxRowsBody {
   }
 };
 
+// ---- kernels: rows of the loss-writing reductions (one thread per row; kernels/functors.h's row math,
+// so the CPU's order and bits) ----
+
+template <class T, bool kMax>
+struct ExtremeRowsBody {
+  const T* in;
+  T* out;
+  std::int64_t* index;  // may be null
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t r) const {
+    const T* row = in + r * cols;
+    const std::int64_t j = row_extreme_index<kMax, acc_type<T>>(row, cols);
+    out[r] = row[j];
+    if (index) index[r] = j;
+  }
+};
+
+template <class T>
+struct VarRowsBody {
+  const T* in;
+  T* out;
+  std::int64_t cols;
+  acc_type<T> correction;
+  bool take_sqrt;
+  __device__ void operator()(std::int64_t r) const {
+    const acc_type<T> v = row_variance<acc_type<T>>(in + r * cols, cols, correction);
+    out[r] = convert<T>(canonical_nan(take_sqrt ? std::sqrt(v) : v));
+  }
+};
+
+template <class T>
+struct EvenlyDistributeRowsBody {
+  const T* g;
+  const T* x;
+  const T* v;
+  T* out;
+  std::int64_t cols;
+  bool nan_matches;
+  __device__ void operator()(std::int64_t r) const {
+    using Acc = acc_type<T>;
+    const T* row = x + r * cols;
+    const Acc value = convert<Acc>(v[r]);
+    std::int64_t count = 0;
+    for (std::int64_t j = 0; j < cols; ++j) count += selected_by(convert<Acc>(row[j]), value, nan_matches) ? 1 : 0;
+    const Acc q = convert<Acc>(convert<T>(canonical_nan(convert<Acc>(g[r]) / static_cast<Acc>(count))));
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const Acc m = selected_by(convert<Acc>(row[j]), value, nan_matches) ? Acc(1) : Acc(0);
+      out[r * cols + j] = convert<T>(canonical_nan(m * q));
+    }
+  }
+};
+
+template <class T>
+struct IndexBackwardRowsBody {
+  const T* g;
+  const std::int64_t* index;
+  T* out;
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t r = i / cols, j = i % cols;
+    out[i] = j == index[r] ? g[r] : convert<T>(0.0);
+  }
+};
+
 // dw[c] = sum_r g[r, c] xhat[r, c], db[c] = sum_r g[r, c]: one thread per column, rows in order.
 template <class T>
 struct LayerNormParamGradBody {
@@ -493,6 +557,31 @@ cudaError_t launch_nn_typed(Op op, const KernelArgs& a, cudaStream_t s) {
                                                   a.out.sizes[1], static_cast<std::int64_t>(a.scalars[0]),
                                                   static_cast<Acc>(a.scalars[1])},
                            s);
+    case Op::max_rows:
+      return launch_linear(x.sizes[0],
+                           ExtremeRowsBody<T, true>{x.ptr<T>(), a.out.ptr<T>(),
+                                                    a.aux[0].data ? a.aux[0].ptr<std::int64_t>() : nullptr, x.sizes[1]},
+                           s);
+    case Op::min_rows:
+      return launch_linear(x.sizes[0],
+                           ExtremeRowsBody<T, false>{x.ptr<T>(), a.out.ptr<T>(),
+                                                     a.aux[0].data ? a.aux[0].ptr<std::int64_t>() : nullptr, x.sizes[1]},
+                           s);
+    case Op::var_rows:
+      return launch_linear(x.sizes[0],
+                           VarRowsBody<T>{x.ptr<T>(), a.out.ptr<T>(), x.sizes[1], static_cast<Acc>(a.scalars[0]),
+                                          a.scalars[1] == 1.0},
+                           s);
+    case Op::evenly_distribute_rows:
+      return launch_linear(a.in[1].sizes[0],
+                           EvenlyDistributeRowsBody<T>{x.ptr<T>(), a.in[1].ptr<T>(), a.in[2].ptr<T>(), a.out.ptr<T>(),
+                                                       a.in[1].sizes[1], a.scalars[0] == 1.0},
+                           s);
+    case Op::index_backward_rows:
+      return launch_linear(a.out.numel,
+                           IndexBackwardRowsBody<T>{x.ptr<T>(), a.in[1].ptr<std::int64_t>(), a.out.ptr<T>(),
+                                                    a.out.sizes[1]},
+                           s);
     default:
       return cudaErrorInvalidValue;
   }
@@ -506,7 +595,8 @@ bool is_nn_op(Op op) {
     case Op::softmax_backward_rows: case Op::log_softmax_backward_rows: case Op::layer_norm_rows:
     case Op::layer_norm_backward_rows: case Op::layer_norm_param_grad: case Op::im2col: case Op::col2im:
     case Op::max_pool2d: case Op::max_pool2d_backward: case Op::embedding: case Op::nll_rows:
-    case Op::nll_backward_rows:
+    case Op::nll_backward_rows: case Op::max_rows: case Op::min_rows: case Op::var_rows:
+    case Op::evenly_distribute_rows: case Op::index_backward_rows:
       return true;
     default:
       return false;

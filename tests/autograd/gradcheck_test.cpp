@@ -132,6 +132,26 @@ InputSpec grid(Shape shape, double lo, double hi, double step) {
           }};
 }
 
+// Distinct values (as `distinct`), then the largest copied onto one other element and the smallest onto
+// another: the full max and min each have exactly two ties. With two ties the central difference at a
+// tied element is exactly 1/2 (x + h raises the max, x - h leaves the twin in charge), which is
+// PyTorch's even share g / 2; with three it would be 1/2 against 1/3, so two it is.
+InputSpec two_tied_extremes(Shape shape) {
+  return {std::move(shape), Kind::floating, true, [](std::int64_t n, Rng& rng) {
+            std::vector<double> v(n);
+            for (std::int64_t i = 0; i < n; ++i) v[i] = -2.0 + 4.0 * (static_cast<double>(i) + 0.5) / n;
+            for (std::int64_t i = n - 1; i > 0; --i) std::swap(v[i], v[rng.next_u64() % (i + 1)]);
+            const auto hi = std::max_element(v.begin(), v.end()) - v.begin();
+            const auto lo = std::min_element(v.begin(), v.end()) - v.begin();
+            std::int64_t twin_hi = 0, twin_lo = 0;
+            while (twin_hi == hi || twin_hi == lo) ++twin_hi;
+            while (twin_lo == hi || twin_lo == lo || twin_lo == twin_hi) ++twin_lo;
+            v[twin_hi] = v[hi];
+            v[twin_lo] = v[lo];
+            return v;
+          }};
+}
+
 // A floating input that takes part without a gradient (a target, a constant operand).
 InputSpec constant(InputSpec spec) {
   spec.requires_grad = false;
@@ -528,6 +548,52 @@ std::vector<GradCase> all_cases() {
   add_case("cross_entropy_ignore_index_sum", {uniform({4, 5}, -3.0, 3.0), indices({4}, {2, 0, 2, 4})},
            [](const Inputs& in) { return cross_entropy(in[0], in[1], Reduction::sum, 2); });
 
+  // ---- ops for hand-written losses ----
+  add_case("rsub", {uniform({3, 4})}, [](const Inputs& in) { return rsub(in[0], 1.5); });
+  add_case("operator_scalar_minus_tensor", {uniform({3, 4})}, [](const Inputs& in) { return 1.0 - in[0]; });
+  add_case("operators_tensor_expression", {uniform({3, 4}), away_from({4}, -2.0, 2.0, {0.0}, 0.5)},
+           [](const Inputs& in) { return (in[0] * 2.0 + in[1]) / in[1] - -in[0]; });
+  // The reciprocal and 2 / x keep x at least 0.5 from zero.
+  add_case("reciprocal", {away_from({3, 5}, -2.0, 2.0, {0.0}, 0.5)}, [](const Inputs& in) { return reciprocal(in[0]); });
+  add_case("operator_scalar_divided_by_tensor", {away_from({3, 5}, -2.0, 2.0, {0.0}, 0.5)},
+           [](const Inputs& in) { return 2.0 / in[0]; });
+  add_case("abs", {away_from({3, 5}, -2.0, 2.0, {0.0}, 0.1)}, [](const Inputs& in) { return abs(in[0]); });
+  add_case("log1p", {uniform({3, 5}, -0.6, 3.0)}, [](const Inputs& in) { return log1p(in[0]); });
+  add_case("expm1", {uniform({3, 5})}, [](const Inputs& in) { return expm1(in[0]); });
+  add_case("logsigmoid", {uniform({3, 5}, -6.0, 6.0)}, [](const Inputs& in) { return logsigmoid(in[0]); });
+  add_case("softplus_default", {uniform({3, 5}, -6.0, 6.0)}, [](const Inputs& in) { return softplus(in[0]); });
+  // beta x crosses the threshold at x = 1.5, where softplus jumps from log1p(e^3) / 2 to x: values stay
+  // 0.05 away from it.
+  add_case("softplus_beta_2_threshold_3", {away_from({4, 5}, -3.0, 3.0, {1.5}, 0.05)},
+           [](const Inputs& in) { return softplus(in[0], 2.0, 3.0); });
+  add_case("clamp_min", {away_from({4, 5}, -2.0, 2.0, {-0.5}, 0.05)}, [](const Inputs& in) { return clamp_min(in[0], -0.5); });
+  add_case("clamp_max", {away_from({4, 5}, -2.0, 2.0, {0.5}, 0.05)}, [](const Inputs& in) { return clamp_max(in[0], 0.5); });
+  // Operands on two grids offset by 1/8: never equal, never closer than 1/8.
+  add_case("maximum_broadcast", {grid({3, 4}, -2.0, 2.0, 0.25), grid({4}, -1.875, 1.875, 0.25)},
+           [](const Inputs& in) { return maximum(in[0], in[1]); });
+  add_case("minimum_broadcast", {grid({3, 1}, -2.0, 2.0, 0.25), grid({3, 4}, -1.875, 1.875, 0.25)},
+           [](const Inputs& in) { return minimum(in[0], in[1]); });
+  // Operands on one coarse grid tie often: the central difference at a tie is 1/2 for each operand,
+  // which is PyTorch's even split.
+  add_case("maximum_with_ties", {grid({3, 4}, -1.0, 1.0, 0.5), grid({3, 4}, -1.0, 1.0, 0.5)},
+           [](const Inputs& in) { return maximum(in[0], in[1]); });
+  add_case("minimum_with_ties", {grid({3, 4}, -1.0, 1.0, 0.5), grid({3, 4}, -1.0, 1.0, 0.5)},
+           [](const Inputs& in) { return minimum(in[0], in[1]); });
+  add_case("max_all", {distinct({3, 4})}, [](const Inputs& in) { return max(in[0]); });
+  add_case("min_all", {distinct({3, 4})}, [](const Inputs& in) { return min(in[0]); });
+  add_case("max_all_two_ties", {two_tied_extremes({3, 4})}, [](const Inputs& in) { return max(in[0]); });
+  add_case("min_all_two_ties", {two_tied_extremes({3, 4})}, [](const Inputs& in) { return min(in[0]); });
+  add_case("max_dim_keepdim", {distinct({2, 3, 4})}, [](const Inputs& in) { return max(in[0], 1, true).values; });
+  add_case("min_negative_dim", {distinct({2, 3, 4})}, [](const Inputs& in) { return min(in[0], -1).values; });
+  add_case("amax_dims_0_2", {distinct({2, 3, 4})}, [](const Inputs& in) { return amax(in[0], {0, 2}); });
+  add_case("amin_all_keepdim", {distinct({2, 3})}, [](const Inputs& in) { return amin(in[0], {}, true); });
+  add_case("amax_all_two_ties", {two_tied_extremes({3, 4})}, [](const Inputs& in) { return amax(in[0]); });
+  add_case("var_all", {uniform({3, 4})}, [](const Inputs& in) { return var(in[0]); });
+  add_case("var_dim_keepdim_population", {uniform({3, 4})}, [](const Inputs& in) { return var(in[0], {1}, 0.0, true); });
+  add_case("var_dims_0_2_correction_2", {uniform({2, 3, 4})}, [](const Inputs& in) { return var(in[0], {0, -1}, 2.0); });
+  add_case("std_all", {uniform({3, 4})}, [](const Inputs& in) { return std(in[0]); });
+  add_case("std_last_dim", {uniform({2, 3, 4})}, [](const Inputs& in) { return std(in[0], {-1}); });
+
   // ---- attention: bmm, mul, masked_fill, softmax, bmm in one graph ----
   const auto sdpa = [](bool causal) {
     return [causal](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], causal); };
@@ -642,7 +708,8 @@ TEST(gradcheck_table_test, has_unique_names_and_covers_every_differentiable_op) 
       "clamp", "masked_fill", "where", "sum", "mean", "softmax", "log_softmax", "matmul", "bmm", "linear",
       "conv2d", "max_pool2d", "layer_norm", "embedding", "dropout", "cat", "nll_loss", "mse_loss",
       "binary_cross_entropy", "binary_cross_entropy_with_logits", "reshape", "view", "transpose", "permute",
-      "slice", "expand", "to", "clone"};
+      "slice", "expand", "to", "clone", "rsub", "reciprocal", "abs", "log1p", "expm1", "logsigmoid", "softplus",
+      "clamp_min", "clamp_max", "maximum", "minimum", "max", "min", "amax", "amin", "var", "std"};
   std::vector<std::string> names;
   std::set<std::string> recorded;
   for (const GradCase& c : all_cases()) {
