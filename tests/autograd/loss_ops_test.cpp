@@ -117,7 +117,7 @@ TEST(loss_ops_test, scalar_minus_tensor_keeps_the_scalar_in_float_and_rounds_onc
 }
 
 TEST(loss_ops_test, operators_record_what_pytorch_records) {
-  const Tensor x = leaf({1, 2, 3}, {3});
+  Tensor x = leaf({1, 2, 3}, {3});
   EXPECT_EQ((x + x).grad_fn()->op(), "add");
   EXPECT_EQ((x - x).grad_fn()->op(), "sub");
   EXPECT_EQ((x * x).grad_fn()->op(), "mul");
@@ -169,7 +169,7 @@ TEST(loss_ops_test, log1p_and_expm1_are_accurate_near_zero_and_round_once) {
   expect_values(log1p(from_values({-1.0, -2.0, kInf}, {3})), {-kInf, kNan, kInf}, "log1p edges");
   expect_values(expm1(from_values({-kInf, 100.0}, {2})), {-1.0, kInf}, "expm1 edges");
   // f16: computed in float, rounded once.
-  const Tensor h = from_values({0.001, 2.0, -3.0}, {3}, {.dtype = DType::f16});
+  const Tensor h = from_values({0.001, 2.0, -0.75}, {3}, {.dtype = DType::f16});
   const std::vector<double> hv = h.values(), hl = log1p(h).values(), he = expm1(h).values();
   for (std::size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(hl[i], reference_f16(std::log1p(static_cast<float>(hv[i])))) << i;
@@ -231,7 +231,7 @@ TEST(loss_ops_test, softplus_returns_the_input_itself_above_the_threshold) {
 }
 
 TEST(loss_ops_test, clamp_min_and_clamp_max_are_recorded_under_their_own_names) {
-  const Tensor x = leaf({-1.0, 0.25, 2.0, kNan}, {4});
+  Tensor x = leaf({-1.0, 0.25, 2.0, kNan}, {4});
   const Tensor lo = clamp_min(x, 0.0), hi = clamp_max(x, 0.5);
   EXPECT_EQ(lo.grad_fn()->op(), "clamp_min");
   EXPECT_EQ(hi.grad_fn()->op(), "clamp_max");
