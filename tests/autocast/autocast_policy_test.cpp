@@ -8,6 +8,7 @@
 // float with the host's own _Float16 rounding (tests/test_support.h).
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -296,6 +297,79 @@ TEST(autocast_policy_test, binary_cross_entropy_is_banned_with_a_message_naming_
   AutocastGuard outer;
   AutocastGuard disabled(std::nullopt, /*enabled=*/false);
   EXPECT_EQ(binary_cross_entropy(probs, target).dtype(), DType::f32);
+}
+
+// ---- the ops for hand-written losses (core/ops.h) ----
+
+// fp32 list: log1p, expm1, softplus and reciprocal (PyTorch's AT_FORALL_FP32 holds log1p, expm1,
+// softplus, reciprocal). Lower-precision inputs compute and return f32, equal to a manual cast.
+void check_fp32_loss_ops(DType lower) {
+  Generator gen(81);
+  const DType f32 = DType::f32;
+  const Tensor x = randn({3, 4}, gen, {.dtype = lower});
+  const Tensor pos = add(rand({3, 4}, gen, {.dtype = lower}), 0.5);
+  Tensor l1p, em1, sp, sp_beta, rec, scalar_over;
+  {
+    AutocastGuard region(lower);
+    l1p = log1p(pos);
+    em1 = expm1(x);
+    sp = softplus(x);
+    sp_beta = softplus(x, 2.0, 3.0);
+    rec = reciprocal(pos);
+    scalar_over = 2.0 / pos;  // PyTorch's reciprocal(t) * 2: reciprocal runs in f32, so the product is f32
+  }
+  EXPECT_TRUE(bit_equal(l1p, log1p(pos.to(f32)))) << "log1p";
+  EXPECT_TRUE(bit_equal(em1, expm1(x.to(f32)))) << "expm1";
+  EXPECT_TRUE(bit_equal(sp, softplus(x.to(f32)))) << "softplus";
+  EXPECT_TRUE(bit_equal(sp_beta, softplus(x.to(f32), 2.0, 3.0))) << "softplus with beta and threshold";
+  EXPECT_TRUE(bit_equal(rec, reciprocal(pos.to(f32)))) << "reciprocal";
+  EXPECT_TRUE(bit_equal(scalar_over, mul(reciprocal(pos.to(f32)), 2.0))) << "2 / t";
+}
+
+TEST(autocast_policy_test, fp32_loss_ops_give_f32_equal_to_manual_casts_on_f16_inputs) { check_fp32_loss_ops(DType::f16); }
+
+TEST(autocast_policy_test, fp32_loss_ops_give_f32_equal_to_manual_casts_on_bf16_inputs) { check_fp32_loss_ops(DType::bf16); }
+
+// On no list: rsub, abs, logsigmoid, clamp_min, clamp_max, maximum, minimum, max, min, amax, amin, var,
+// std run in their inputs' dtype (f16 stays f16, f32 stays f32), exactly as with autocast off; the
+// policy each reports is "none". Mixed maximum inputs follow built-in promotion (f16 and f32 -> f32).
+TEST(autocast_policy_test, unlisted_loss_ops_keep_their_inputs_dtype) {
+  const std::vector<std::string_view> unlisted = {"rsub", "abs", "logsigmoid", "clamp_min", "clamp_max",
+                                                  "maximum", "minimum", "max", "min", "amax", "amin", "var", "std"};
+  for (std::string_view op : unlisted) EXPECT_EQ(autocast_policy(op), probe::AutocastPolicy::none) << op;
+  for (std::string_view op : {"log1p", "expm1", "softplus", "reciprocal"}) {
+    EXPECT_EQ(autocast_policy(op), probe::AutocastPolicy::fp32) << op;
+  }
+  for (DType lower : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(lower));
+    Generator gen(82);
+    const Tensor x = randn({3, 4}, gen, {.dtype = lower}), y = randn({3, 4}, gen, {.dtype = lower});
+    const Tensor x32 = randn({3, 4}, gen);
+    std::vector<Tensor> in_region, reference;
+    Tensor mixed, max_dim_values, max_dim_indices, x32_var;
+    {
+      AutocastGuard region(lower);
+      in_region = {1.0 - x,        abs(x),          logsigmoid(x),    clamp_min(x, -0.5), clamp_max(x, 0.5),
+                   maximum(x, y),  minimum(x, y),   max(x),           min(x),             amax(x, {1}),
+                   amin(x, {0}),   var(x, {1}),     std(x),           -x,                 x * y};
+      const ValuesAndIndices m = max(x, 1);
+      max_dim_values = m.values;
+      max_dim_indices = m.indices;
+      mixed = maximum(x, x32);
+      x32_var = var(x32);
+    }
+    reference = {1.0 - x,       abs(x),        logsigmoid(x), clamp_min(x, -0.5), clamp_max(x, 0.5),
+                 maximum(x, y), minimum(x, y), max(x),        min(x),             amax(x, {1}),
+                 amin(x, {0}),  var(x, {1}),   std(x),        -x,                 x * y};
+    for (std::size_t i = 0; i < in_region.size(); ++i) {
+      EXPECT_EQ(in_region[i].dtype(), lower) << "op " << i;
+      EXPECT_TRUE(bit_equal(in_region[i], reference[i])) << "op " << i;
+    }
+    EXPECT_TRUE(bit_equal(max_dim_values, max(x, 1).values)) << "max over a dim";
+    EXPECT_EQ(max_dim_indices.dtype(), DType::i64);
+    EXPECT_TRUE(bit_equal(mixed, maximum(x.to(DType::f32), x32))) << "maximum of f16/bf16 and f32";
+    EXPECT_EQ(x32_var.dtype(), DType::f32);
+  }
 }
 
 // ---- ignored types: f64 and integers are never cast ----

@@ -21,6 +21,7 @@
 #include <functional>
 #include <initializer_list>
 #include <cstring>
+#include <set>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -589,8 +590,34 @@ TEST(ops_test, op_names_are_the_enumerator_names) {
       {Op::normal, "normal"}, {Op::add, "add"},         {Op::sub, "sub"},               {Op::mul, "mul"},
       {Op::div, "div"},       {Op::add_scalar, "add_scalar"}, {Op::mul_scalar, "mul_scalar"}, {Op::neg, "neg"},
       {Op::relu, "relu"},     {Op::exp, "exp"},
+      // The ops for hand-written losses, each under its own name.
+      {Op::rsub_scalar, "rsub_scalar"}, {Op::reciprocal, "reciprocal"}, {Op::abs, "abs"}, {Op::log1p, "log1p"},
+      {Op::expm1, "expm1"}, {Op::abs_backward, "abs_backward"}, {Op::logsigmoid, "logsigmoid"},
+      {Op::logsigmoid_backward, "logsigmoid_backward"}, {Op::softplus, "softplus"},
+      {Op::softplus_backward, "softplus_backward"}, {Op::maximum, "maximum"}, {Op::minimum, "minimum"},
+      {Op::maximum_backward, "maximum_backward"}, {Op::minimum_backward, "minimum_backward"},
+      {Op::std_backward, "std_backward"}, {Op::max_rows, "max_rows"}, {Op::min_rows, "min_rows"},
+      {Op::var_rows, "var_rows"}, {Op::evenly_distribute_rows, "evenly_distribute_rows"},
+      {Op::index_backward_rows, "index_backward_rows"},
   };
   for (const auto& [op, name] : names) EXPECT_EQ(ampscope::op_name(op), name);
+}
+
+// Every op of core/backend.h has a distinct name, and the CPU backend has a kernel for it in every
+// floating dtype (argmax_rows is chosen by its i64 output): an op added to the list without a kernel,
+// or registered for only some dtypes, shows here.
+TEST(ops_test, every_op_has_a_unique_name_and_a_cpu_kernel_in_every_floating_dtype) {
+  ampscope::Backend& cpu = ampscope::backend_for(Device::cpu());
+  std::set<std::string_view> seen;
+  for (int o = 0; o < ampscope::kNumOps; ++o) {
+    const auto op = static_cast<ampscope::Op>(o);
+    EXPECT_TRUE(seen.insert(ampscope::op_name(op)).second) << "duplicate name " << ampscope::op_name(op);
+    if (op == ampscope::Op::argmax_rows) {
+      EXPECT_TRUE(cpu.supports(op, DType::i64));
+      continue;
+    }
+    for (DType t : kFloatTypes) EXPECT_TRUE(cpu.supports(op, t)) << ampscope::op_name(op) << " " << ampscope::dtype_name(t);
+  }
 }
 
 TEST(ops_test, backend_for_a_missing_gpu_throws_device_error) {

@@ -294,7 +294,8 @@ TEST(cuda_parity_test, special_values_through_arithmetic_give_the_same_bits) {
       return std::vector<Tensor>{from_values(s, {n, 1}, {d}).to(dev).expand({n, n}),
                                  from_values(s, {1, n}, {d}).to(dev).expand({n, n})};
     };
-    for (Op op : {Op::add, Op::sub, Op::mul, Op::div, Op::relu_backward, Op::sigmoid_backward, Op::tanh_backward}) {
+    for (Op op : {Op::add, Op::sub, Op::mul, Op::div, Op::relu_backward, Op::sigmoid_backward, Op::tanh_backward,
+                  Op::maximum, Op::minimum, Op::abs_backward, Op::std_backward}) {
       check_case({std::string(op_name(op)) + " specials", op, d, {{{n, n}, d}}, inputs}, Check::exact);
     }
   }
@@ -333,6 +334,60 @@ TEST(cuda_parity_test, functions_from_the_math_library_match_the_cpu_within_a_fe
                                              uniform_values(dev, {8, 100}, d, 26, 0.0, 1.0)};
                 }},
                Check::math, 1.0);
+  }
+}
+
+// The ops for hand-written losses. Exact: rsub, reciprocal, abs, maximum/minimum and their backward
+// (ties included: the inputs are on a coarse grid), std_backward, the row extremes with their indices,
+// var_rows (two passes in lane_tree_sum's order, then a correctly rounded division and sqrt), the even
+// share of a tie's gradient and the index backward. Math library: log1p, expm1, logsigmoid, softplus and
+// their backward.
+TEST(cuda_parity_test, loss_ops_match_the_cpu) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : kFloating) {
+    const std::vector<std::pair<Shape, DType>> out = {{{8, 100}, d}};
+    auto x_only = [d](Device dev) { return std::vector<Tensor>{pair_inputs(dev, d, 3.0)[0]}; };
+    // Multiples of 1/2 in [-2, 2]: maximum, minimum and their backward meet many ties.
+    auto grid = [d](Device dev, std::uint64_t seed) {
+      Generator gen(seed);
+      const std::vector<double> v = randn({8, 100}, gen, {DType::f64}).values();
+      std::vector<double> r(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) r[i] = std::round(std::fmin(std::fmax(2.0 * v[i], -2.0), 2.0) * 2.0) / 2.0;
+      return from_values(r, {8, 100}, {d}).to(dev);
+    };
+    check_case({"rsub_scalar", Op::rsub_scalar, d, out, x_only, {0.1}}, Check::exact);
+    for (Op op : {Op::reciprocal, Op::abs}) check_case({std::string(op_name(op)), op, d, out, x_only}, Check::exact);
+    for (Op op : {Op::maximum, Op::minimum}) {
+      check_case({std::string(op_name(op)), op, d, out, [grid](Device dev) {
+                    return std::vector<Tensor>{grid(dev, 101), grid(dev, 102)};
+                  }},
+                 Check::exact);
+    }
+    for (Op op : {Op::maximum_backward, Op::minimum_backward}) {
+      check_case({std::string(op_name(op)), op, d, out, [d, grid](Device dev) {
+                    return std::vector<Tensor>{values(dev, {8, 100}, d, 103), grid(dev, 101), grid(dev, 102)};
+                  }},
+                 Check::exact);
+    }
+    check_case({"abs_backward", Op::abs_backward, d, out, [d, grid](Device dev) {
+                  return std::vector<Tensor>{values(dev, {8, 100}, d, 104), grid(dev, 105)};
+                }},
+               Check::exact);
+    check_case({"std_backward", Op::std_backward, d, out, [d](Device dev) {
+                  return std::vector<Tensor>{values(dev, {8, 100}, d, 106), relu(values(dev, {8, 100}, d, 107))};
+                }},
+               Check::exact);
+    for (Op op : {Op::log1p, Op::logsigmoid}) check_case({std::string(op_name(op)), op, d, out, x_only}, Check::math, 8.0);
+    check_case({"log1p (> -1)", Op::log1p, d, out,
+                [d](Device dev) { return std::vector<Tensor>{uniform_values(dev, {8, 100}, d, 108, -0.99, 20.0)}; }},
+               Check::math, 1.0);
+    check_case({"expm1", Op::expm1, d, out, x_only}, Check::math, 1.0);
+    check_case({"softplus", Op::softplus, d, out, x_only, {1.0, 20.0}}, Check::math, 1.0);
+    check_case({"softplus beta 2 threshold 3", Op::softplus, d, out, x_only, {2.0, 3.0}}, Check::math, 1.0);
+    auto gx = [d](Device dev) { return pair_inputs(dev, d, 3.0); };
+    check_case({"logsigmoid_backward", Op::logsigmoid_backward, d, out, gx}, Check::math, 1.0);
+    check_case({"softplus_backward", Op::softplus_backward, d, out, gx, {1.0, 20.0}}, Check::math, 1.0);
+    check_case({"softplus_backward beta 2 threshold 3", Op::softplus_backward, d, out, gx, {2.0, 3.0}}, Check::math, 1.0);
   }
 }
 
@@ -410,6 +465,62 @@ TEST(cuda_parity_test, rows_with_nans_infinities_ties_and_signed_zeros_resolve_a
     check_case({"sum_rows specials", Op::sum_rows, d, {{{5}, d}}, x, {1.0, 1.0}}, Check::exact);
     check_case({"softmax_rows specials", Op::softmax_rows, d, {{{5, cols}, d}}, x}, Check::math, 1.0);
     check_case({"log_softmax_rows specials", Op::log_softmax_rows, d, {{{5, cols}, d}}, x}, Check::math, 8.0);
+  }
+}
+
+TEST(cuda_parity_test, loss_reductions_match_the_cpu_bit_for_bit) {
+  SKIP_WITHOUT_GPU();
+  // Rows as in rows_with_nans...: a late NaN, an infinity, tied maxima in different lanes, -0 before +0,
+  // all -inf; then ordinary rows of several lengths.
+  const std::int64_t cols = 70;
+  std::vector<double> v(5 * cols, 0.0);
+  for (std::int64_t j = 0; j < cols; ++j) {
+    v[j] = std::sin(static_cast<double>(j));
+    v[cols + j] = std::cos(static_cast<double>(j));
+    v[2 * cols + j] = (j == 5 || j == 40 || j == 69) ? 2.0 : -1.0;
+    v[3 * cols + j] = j == 3 ? -0.0 : j == 50 ? 0.0 : -2.0;
+    v[4 * cols + j] = -INFINITY;
+  }
+  v[60] = NAN;
+  v[cols + 10] = INFINITY;
+  for (DType d : kFloating) {
+    std::vector<std::pair<std::string, std::function<std::vector<Tensor>(Device)>>> inputs = {
+        {"specials", [&v, d](Device dev) { return std::vector<Tensor>{from_values(v, {5, cols}, {d}).to(dev)}; }}};
+    for (const auto& [r, c] : kRowShapes) {
+      inputs.emplace_back(fmt::format("[{}, {}]", r, c), [d, shape = Shape{r, c}](Device dev) {
+        return std::vector<Tensor>{values(dev, shape, d, 110, 3.0)};
+      });
+    }
+    for (const auto& [name, x] : inputs) {
+      const std::int64_t rows = x(Device::cpu())[0].size(0);
+      for (Op op : {Op::max_rows, Op::min_rows}) {
+        const KernelCase c{std::string(op_name(op)) + " " + name, op, d, {{{rows}, d}, {{rows}, DType::i64}}, x};
+        check_case(c, Check::exact);
+        check_case({c.name + " without indices", op, d, {{{rows}, d}}, x}, Check::exact);
+        // The even share among the elements equal to the extreme, with and without NaN matching NaN.
+        const Tensor extreme = run_case(c, Device::cpu())[0];
+        for (double nan_matches : {0.0, 1.0}) {
+          check_case({fmt::format("evenly_distribute_rows {} {} nan {}", op_name(op), name, nan_matches),
+                      Op::evenly_distribute_rows, d, {{x(Device::cpu())[0].shape(), d}},
+                      [x, extreme, d, rows](Device dev) {
+                        return std::vector<Tensor>{values(dev, {rows}, d, 111), x(dev)[0], extreme.to(dev)};
+                      },
+                      {nan_matches}},
+                     Check::exact);
+        }
+        const Tensor index = run_case(c, Device::cpu())[1];
+        check_case({"index_backward_rows " + name, Op::index_backward_rows, d, {{x(Device::cpu())[0].shape(), d}},
+                    [index, d, rows](Device dev) { return std::vector<Tensor>{values(dev, {rows}, d, 112), index.to(dev)}; }},
+                   Check::exact);
+      }
+      for (double correction : {0.0, 1.0, 70.0}) {
+        for (double take_sqrt : {0.0, 1.0}) {
+          check_case({fmt::format("var_rows {} correction {} sqrt {}", name, correction, take_sqrt), Op::var_rows, d,
+                      {{{rows}, d}}, x, {correction, take_sqrt}},
+                     Check::exact);
+        }
+      }
+    }
   }
 }
 
