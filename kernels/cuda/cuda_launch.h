@@ -21,13 +21,15 @@ cudaError_t launch_arange(const KernelArgs& args, cudaStream_t stream);
 cudaError_t launch_uniform(const KernelArgs& args, cudaStream_t stream);
 cudaError_t launch_normal(const KernelArgs& args, cudaStream_t stream);
 // The element-wise ops: arithmetic, unary math, where/masked_fill, the backward functors, the binary
-// cross-entropy losses, dropout and masked_scale. Floating output dtypes only.
+// cross-entropy losses, dropout and masked_scale, and the loss ops (rsub, reciprocal, abs, log1p, expm1,
+// logsigmoid, softplus, maximum, minimum and their backward). Floating output dtypes only.
 bool is_elementwise_op(Op op);
 cudaError_t launch_elementwise(Op op, const KernelArgs& args, cudaStream_t stream);
 
 // ---- cuda_nn_kernels.cu: rows, windows, embedding, nll ----
 // sum_rows, argmax_rows, softmax/log_softmax (+ backward), layer_norm (+ backward, param grad), im2col,
-// col2im, max_pool2d (+ backward), embedding, nll_rows (+ backward).
+// col2im, max_pool2d (+ backward), embedding, nll_rows (+ backward), max_rows, min_rows, var_rows,
+// evenly_distribute_rows, index_backward_rows.
 bool is_nn_op(Op op);
 cudaError_t launch_nn(Op op, const KernelArgs& args, cudaStream_t stream);
 // embedding_backward: `acc` is out.numel elements of the accumulation type (out itself for f32/f64); it

@@ -13,9 +13,11 @@
 //   functors that use no math library (relu, sigmoid, tanh, clamp), bce_backward, dropout and its mask,
 //   masked_scale, sum_rows, argmax_rows, softmax_backward_rows, layer_norm (forward, backward, parameter
 //   gradients), im2col, col2im, max pooling (values and argmax) and its backward, embedding and its
-//   backward, nll and its backward. Layer norm's mean/rstd (kept in the accumulation type, never
+//   backward, nll and its backward, and the loss ops that use no math library (rsub, reciprocal, abs,
+//   maximum, minimum and their backward, std_backward, the row extremes, var_rows, the even share of a
+//   tie's gradient, the index backward). Layer norm's mean/rstd (kept in the accumulation type, never
 //   canonicalised) only need to be NaN together, not to have the same NaN bits.
-// - math: ops that call exp, log, log1p, tanh, erf or pow. glibc and CUDA's libdevice are different
+// - math: ops that call exp, log, log1p, expm1, tanh, erf or pow (log1p, expm1, logsigmoid, softplus). glibc and CUDA's libdevice are different
 //   implementations (CUDA documents expf 2 ulp, tanhf 2, erff 2, powf 4, double exp/log 1 ulp, tanh/erf
 //   2; glibc is within 1 ulp), so results may differ by a few units in the last place, and by more where
 //   the formula cancels (gelu's 1 + erf(x) near x = -3, log_softmax's x - max - log(sum)). Bound:
