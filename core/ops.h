@@ -180,6 +180,9 @@ struct ValuesAndIndices {
 };
 ValuesAndIndices max(const Tensor& a, std::int64_t dim, bool keepdim = false);
 ValuesAndIndices min(const Tensor& a, std::int64_t dim, bool keepdim = false);
+// torch.max(a, b) and torch.min(a, b) of two tensors are maximum and minimum (recorded under those names).
+inline Tensor max(const Tensor& a, const Tensor& b) { return maximum(a, b); }
+inline Tensor min(const Tensor& a, const Tensor& b) { return minimum(a, b); }
 // Over several dimensions (all for an empty list), values only. The gradient is shared evenly among
 // the elements equal to the result; a NaN result equals nothing, so its gradient is NaN (as PyTorch's
 // (g / count) * mask gives it).

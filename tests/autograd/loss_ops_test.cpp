@@ -258,6 +258,8 @@ TEST(loss_ops_test, maximum_and_minimum_propagate_nan_and_keep_the_first_of_equa
   // PyTorch: maximum([-0, 0, nan, 1], [0, -0, 1, nan]) = [-0, 0, nan, nan].
   expect_values(maximum(a, b), {-0.0, 0.0, kNan, kNan, 2.0}, "maximum");
   expect_values(minimum(a, b), {-0.0, 0.0, kNan, kNan, -3.0}, "minimum");
+  EXPECT_TRUE(same_bits(max(a, b), maximum(a, b)));  // torch.max(a, b) is maximum
+  EXPECT_TRUE(same_bits(min(a, b), minimum(a, b)));
   // Broadcasting and promotion as in add: f16 [3] against an f32 [2, 1] gives f32 [2, 3].
   const Tensor h = from_values({1.0, -2.0, 3.0}, {3}, {.dtype = DType::f16});
   const Tensor m = maximum(h, from_values({0.0, 2.5}, {2, 1}));
