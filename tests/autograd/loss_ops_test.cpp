@@ -251,6 +251,16 @@ TEST(loss_ops_test, a_bound_is_rounded_to_the_input_dtype_so_the_gradient_flows_
     expect_values(y, {0.0999755859375, 0.0999755859375}, "clamp_min in f16");
     expect_values(grad_of_sum(x, y), {1.0, 0.0}, "clamp_min gradient at the rounded bound");
   }
+  // The same in bf16, where PyTorch 1.13's CPU gives it: bf16(0.7) = 0.69921875 < 0.7, and
+  // clamp_min(x, 0.7) and clamp_max(x, 0.7) both pass the gradient at x = bf16(0.7).
+  Tensor b = leaf({0.7, 0.5}, {2}, DType::bf16);
+  const Tensor lo = clamp_min(b, 0.7);
+  expect_values(lo, {0.69921875, 0.69921875}, "clamp_min in bf16");
+  expect_values(grad_of_sum(b, lo), {1.0, 0.0}, "clamp_min gradient in bf16");
+  b = leaf({0.7, 0.9}, {2}, DType::bf16);
+  const Tensor hi = clamp_max(b, 0.7);
+  expect_values(hi, {0.69921875, 0.69921875}, "clamp_max in bf16");
+  expect_values(grad_of_sum(b, hi), {1.0, 0.0}, "clamp_max gradient in bf16");
 }
 
 TEST(loss_ops_test, maximum_and_minimum_propagate_nan_and_keep_the_first_of_equal_zeros) {
