@@ -17,7 +17,7 @@
 // Why the order cannot go wrong: finish() is the only place the loop's step and update happen, so it reads
 // the scale the backward used (before update()), the scale after update(), whether the step was skipped
 // (scaler.step's own answer), the gradient norm after unscaling and before the optimizer's step, and the lr
-// the step used, each at its moment. The loop never handles a StepSummary. What it could still get wrong
+// the step used, each at its moment. The loop never fills a StepSummary. What it could still get wrong
 // is refused with an Error before anything changes: a loop that also calls opt.step(), scaler.step() or
 // scaler.update() itself in the same step (a second unscale and a second step otherwise), finish() called
 // twice. A step left by an exception (the loop's code threw before finish()) is abandoned: the probe closes
