@@ -498,6 +498,7 @@ void GradScaler::set_scale(double value) {
 }
 
 void GradScaler::update() {
+  probe::detail::note_acted(this);  // probe::Step refuses to update twice in one training step
   if (!enabled_) return;
   check_scale_growth_tracker("update");
   bool recorded = false;
@@ -565,6 +566,7 @@ void GradScaler::update() {
 }
 
 void GradScaler::update(double new_scale) {
+  probe::detail::note_acted(this);
   if (!enabled_) return;
   check_scale_growth_tracker("update");
   const double used = scale_value_;

@@ -182,6 +182,7 @@ bool try_fused_cuda_step(Optimizer& opt);
 }  // namespace
 
 void Optimizer::step() {
+  probe::detail::note_acted(this);  // probe::Step refuses to take a second step in the same training step
   NoGradGuard no_grad;
   RuntimeInternalGuard internal;  // updates are not the model's ops: no autocast, no probe events
   if (try_fused_cuda_step(*this)) return;  // CUDA f32 parameters only; never taken for CPU tensors
@@ -568,27 +569,22 @@ Tensor vector_norm_of(const Tensor& x, bool inf_norm) {
   return sqrt(sum(mul(xm, xm))).to(x.dtype());
 }
 
-}  // namespace
-
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
+bool check_norm_type(const char* function, double norm_type) {
   const bool inf_norm = std::isinf(norm_type) && norm_type > 0;
   if (!inf_norm && norm_type != 2.0) {
-    throw Error(fmt::format("clip_grad_norm_: norm_type {} is not supported\nhint: use 2.0 or infinity "
+    throw Error(fmt::format("{}: norm_type {} is not supported\nhint: use 2.0 or infinity "
                             "(optim::kInfNorm)",
-                            py_float(norm_type)));
+                            function, py_float(norm_type)));
   }
-  NoGradGuard no_grad;
-  RuntimeInternalGuard internal;
-  std::vector<Tensor> grads;
-  for (const Tensor& p : params) {
-    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
-  }
-  if (grads.empty()) return zeros({});
+  return inf_norm;
+}
 
-  // PyTorch groups the gradients by (device, dtype), in order of first appearance, and stacks the
-  // per-gradient norms group after group: that order decides how the total's sum rounds.
+// PyTorch groups the tensors by (device, dtype), in order of first appearance, and stacks the per-tensor
+// norms group after group: that order decides how the total's sum rounds.
+std::vector<std::pair<std::pair<Device, DType>, std::vector<Tensor>>> group_by_device_and_dtype(
+    const std::vector<Tensor>& tensors) {
   std::vector<std::pair<std::pair<Device, DType>, std::vector<Tensor>>> groups;
-  for (const Tensor& g : grads) {
+  for (const Tensor& g : tensors) {
     const std::pair<Device, DType> key{g.device(), g.dtype()};
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == key; });
     if (it == groups.end()) {
@@ -597,8 +593,12 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
     }
     it->second.push_back(g);
   }
+  return groups;
+}
 
-  const Device first_device = grads.front().device();
+Tensor total_norm_of(const std::vector<std::pair<std::pair<Device, DType>, std::vector<Tensor>>>& groups,
+                     bool inf_norm) {
+  const Device first_device = groups.front().second.front().device();
   std::vector<Tensor> norms;
   DType total_dtype = groups.front().first.second;
   for (const auto& [key, members] : groups) {
@@ -607,7 +607,35 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   }
   std::vector<Tensor> stacked;
   for (const Tensor& n : norms) stacked.push_back(n.to(first_device).to(total_dtype).reshape({1}));
-  const Tensor total = vector_norm_of(cat(stacked, 0), inf_norm);
+  return vector_norm_of(cat(stacked, 0), inf_norm);
+}
+
+}  // namespace
+
+Tensor get_total_norm(const std::vector<Tensor>& tensors, double norm_type) {
+  const bool inf_norm = check_norm_type("get_total_norm", norm_type);
+  NoGradGuard no_grad;
+  RuntimeInternalGuard internal;
+  std::vector<Tensor> defined;
+  for (const Tensor& t : tensors) {
+    if (t.defined()) defined.push_back(t);
+  }
+  if (defined.empty()) return zeros({});
+  return total_norm_of(group_by_device_and_dtype(defined), inf_norm);
+}
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
+  const bool inf_norm = check_norm_type("clip_grad_norm_", norm_type);
+  NoGradGuard no_grad;
+  RuntimeInternalGuard internal;
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) {
+    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return zeros({});
+
+  const auto groups = group_by_device_and_dtype(grads);
+  const Tensor total = total_norm_of(groups, inf_norm);
 
   if (error_if_nonfinite && !std::isfinite(total.item())) {
     throw Error(fmt::format("clip_grad_norm_: The total norm of order {} for gradients from `parameters` is "

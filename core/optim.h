@@ -280,6 +280,11 @@ class WarmupCosineLR : public LRScheduler {
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
 
+// torch.nn.utils.get_total_norm: the total norm clip_grad_norm_ computes (the same bits), of the given
+// tensors themselves (gradients: p.grad()), without changing them. Undefined tensors are skipped; with
+// none at all the result is 0. norm_type: 2 or infinity. Returns a 0-dim tensor.
+Tensor get_total_norm(const std::vector<Tensor>& tensors, double norm_type = 2.0);
+
 inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 
 }  // namespace ampscope::optim

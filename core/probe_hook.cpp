@@ -1,5 +1,6 @@
 #include "core/probe_hook.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -38,27 +39,80 @@ std::atomic<std::int64_t> g_seq{0};
 // Ops outside any step (step -1) count on their own, never reset: every pass outside steps gets seqs
 // no earlier one had, so a row of step -1 names the right producer.
 std::atomic<std::int64_t> g_outside_seq{0};
+
+// What happened in the open step that probe::Step must know: which optimizers stepped and which scalers
+// updated (detail::note_acted), and whether unscaled gradients reached the hook.
+struct OpenStep {
+  std::mutex mutex;
+  bool open = false;
+  bool grads_reported = false;
+  std::vector<const void*> acted;
+};
+OpenStep g_open;
+
+void reset_open_step(bool open) {
+  std::lock_guard<std::mutex> lock(g_open.mutex);
+  g_open.open = open;
+  g_open.grads_reported = false;
+  g_open.acted.clear();
+}
 }  // namespace
 
 std::int64_t current_step() { return g_step.load(); }
 std::int64_t next_seq() { return g_step.load() < 0 ? g_outside_seq.fetch_add(1) : g_seq.fetch_add(1); }
 
-StepScope::StepScope(std::int64_t step) {
+StepScope::StepScope(std::int64_t step) : step_(step) {
   g_step.store(step);
   g_seq.store(0);
+  reset_open_step(true);
   if (Hook* h = hook()) h->on_step_begin(step);
 }
 
 void StepScope::end(const StepSummary& summary) {
   if (ended_) return;
   ended_ = true;
+  // The step is over whatever the hook does: a hook that throws must not leave the clock inside it.
+  struct Close {
+    ~Close() {
+      g_step.store(-1);
+      reset_open_step(false);
+    }
+  } close;
   if (Hook* h = hook()) h->on_step_end(summary);
-  g_step.store(-1);
 }
 
 StepScope::~StepScope() {
-  if (!ended_) g_step.store(-1);
+  if (ended_) return;
+  g_step.store(-1);
+  reset_open_step(false);
+  if (Hook* h = hook()) {
+    try {
+      h->on_step_abandoned(step_);
+    } catch (...) {
+      // A destructor must not throw (it may run while an exception unwinds the step); the hook's own
+      // error surfaces at its next call or its flush.
+    }
+  }
 }
+
+bool unscaled_grads_reported() {
+  std::lock_guard<std::mutex> lock(g_open.mutex);
+  return g_open.grads_reported;
+}
+
+namespace detail {
+void note_acted(const void* object) {
+  std::lock_guard<std::mutex> lock(g_open.mutex);
+  if (g_open.open && std::find(g_open.acted.begin(), g_open.acted.end(), object) == g_open.acted.end()) {
+    g_open.acted.push_back(object);
+  }
+}
+
+bool acted_in_open_step(const void* object) {
+  std::lock_guard<std::mutex> lock(g_open.mutex);
+  return g_open.open && std::find(g_open.acted.begin(), g_open.acted.end(), object) != g_open.acted.end();
+}
+}  // namespace detail
 
 void report_grads(const std::vector<Tensor>& params, bool unscaled) {
   Hook* h = hook();
@@ -70,6 +124,10 @@ void report_grads(const std::vector<Tensor>& params, bool unscaled) {
     grads.emplace_back(params[i].name().empty() ? "parameter " + std::to_string(i) : params[i].name(), g);
   }
   h->on_grads(GradEvent{current_step(), unscaled, grads});
+  if (unscaled) {
+    std::lock_guard<std::mutex> lock(g_open.mutex);
+    g_open.grads_reported = g_open.open;
+  }
 }
 
 std::string_view change_name(ScalerEvent::Change change) {

@@ -138,6 +138,9 @@ class Hook {
   virtual void on_scaler(const ScalerEvent& event) {}
   virtual void on_step_begin(std::int64_t step) {}
   virtual void on_step_end(const StepSummary& summary) {}
+  // A step that ended without a summary: its StepScope (or probe::Step) was destroyed before end(),
+  // typically because the loop's code threw. The hook closes the step; later events belong to no step.
+  virtual void on_step_abandoned(std::int64_t step) {}
 };
 
 // The installed hook (process-wide), or null. Install with a HookGuard, or set_hook(nullptr) to remove.
@@ -149,22 +152,38 @@ std::int64_t current_step();  // -1 outside steps
 std::int64_t next_seq();      // the next sequence number within the current step
 
 // Marks a training step: sets the step (and resets the sequence) and tells the hook; end() reports
-// the step's summary. The training loop owns one per step.
+// the step's summary. The training loop owns one per step; probe::Step (core/training_step.h) owns one
+// and fills the summary itself, which is what a loop should use.
 class StepScope {
  public:
   explicit StepScope(std::int64_t step);
-  ~StepScope();  // ends the step without a summary if end() was not called
+  // Ends the step: without end() (an exception left the step, or the loop never called it), the hook
+  // hears on_step_abandoned and the step has no summary. Never throws: a hook's error is swallowed here.
+  ~StepScope();
   StepScope(const StepScope&) = delete;
   StepScope& operator=(const StepScope&) = delete;
   void end(const StepSummary& summary);
 
  private:
+  std::int64_t step_;
   bool ended_ = false;
 };
 
-// Reports parameter gradients to the hook, if one is installed (named by Tensor::name()).
+// Reports parameter gradients to the hook, if one is installed (named by Tensor::name()). The GradScaler
+// calls it from unscale_; probe::Step calls it for a loop without a scaler.
 void report_grads(const std::vector<Tensor>& params, bool unscaled);
+// Whether report_grads(..., unscaled=true) has reached a hook in the open step (false outside steps).
+bool unscaled_grads_reported();
 
+namespace detail {
+// Optimizer::step() and GradScaler::update() note themselves in the open step, so probe::Step can refuse
+// to step an optimizer or update a scaler that the loop already stepped or updated in this step (which
+// would silently unscale the gradients twice and take two steps). Outside steps nothing is noted.
+void note_acted(const void* object);
+bool acted_in_open_step(const void* object);
+}  // namespace detail
+
+// Installs `hook` (null: none) until the guard goes out of scope, then reinstalls the previous one.
 class HookGuard {
  public:
   explicit HookGuard(std::shared_ptr<Hook> hook);
@@ -174,6 +193,21 @@ class HookGuard {
 
  private:
   std::shared_ptr<Hook> previous_;
+};
+
+// Pauses the probe for a stretch of code, inside a step or outside: the installed hook hears nothing
+// (no op, gradient, scaler or step event) until the guard goes out of scope, exceptions included, and
+// is then reinstalled. For work that must not be in the trace (a metric, a validation pass, a check).
+// Tensors made while paused carry no producer: later ops see them as data (trace::kInputData).
+//   { probe::Paused paused;  accuracy = evaluate(model, held_out); }
+class Paused {
+ public:
+  Paused() : guard_(nullptr) {}
+  Paused(const Paused&) = delete;
+  Paused& operator=(const Paused&) = delete;
+
+ private:
+  HookGuard guard_;
 };
 
 }  // namespace ampscope::probe

@@ -544,6 +544,10 @@ void Probe::on_step_end(const StepSummary& summary) {
   sink_->end_step(summary.step);
 }
 
+void Probe::on_step_abandoned(std::int64_t step) {
+  if (open_ && step == step_) end_step(std::nullopt);
+}
+
 void Probe::flush() {
   if (open_) end_step(std::nullopt);
 }

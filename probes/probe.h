@@ -5,10 +5,10 @@
 //   auto sink = std::make_shared<trace::TraceWriter>(...);        // or any trace::Sink
 //   auto probe = std::make_shared<probe::Probe>(sink, probe::ProbeOptions{.level = probe::Level::health});
 //   probe::HookGuard installed(probe);
-//   for (std::int64_t step = 0; ...; ++step) {
-//     probe::StepScope scope(step);                               // rows are grouped and written per step
-//     ... forward, scaler.scale(loss).backward(), scaler.step(opt), scaler.update() ...
-//     scope.end({.step = step, .loss = loss.item(), ...});       // the /steps row; the step is written
+//   for (std::int64_t n = 0; ...; ++n) {
+//     probe::Step step(n);                                        // rows are grouped and written per step
+//     ... forward under autocast, scaler.scale(loss).backward() ...
+//     step.finish(loss, opt, scaler);                             // step + update; the /steps row is written
 //   }
 //   probe->flush();                                               // a step left open, if any
 //
@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "core/probe_hook.h"
+#include "core/training_step.h"  // probe::Step, the training loop's side of the probe: one include for both
 #include "probes/stats.h"
 #include "probes/trace_schema.h"
 
@@ -112,9 +113,12 @@ class Probe : public Hook {
   void on_scaler(const ScalerEvent& event) override;
   void on_step_begin(std::int64_t step) override;
   void on_step_end(const StepSummary& summary) override;
+  // A step abandoned by an exception: ended as flush() ends it (no /steps row; its rows written if the
+  // step is selected), so ops after it are outside steps again.
+  void on_step_abandoned(std::int64_t step) override;
 
-  // Ends a step left open (a StepScope destroyed without end(): no /steps row) and writes it if it is
-  // selected. Call before closing the sink.
+  // Ends a step left open (a StepScope still open, or one destroyed without end() while no probe was
+  // installed to hear it: no /steps row) and writes it if it is selected. Call before closing the sink.
   void flush();
 
   const ProbeOptions& options() const { return options_; }

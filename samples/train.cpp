@@ -23,6 +23,7 @@
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/probe_hook.h"
+#include "core/training_step.h"
 #include "samples/recording.h"
 
 namespace ampscope::samples {
@@ -214,8 +215,7 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
       result.interrupted = true;
       break;
     }
-    const auto step_start = std::chrono::steady_clock::now();
-    probe::StepScope step_scope(step);
+    probe::Step recorded(step);
     Batch batch = task->batch(step);
     batch.x = batch.x.to(device);
     batch.y = batch.y.to(device);
@@ -228,31 +228,15 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
       loss = scenario != nullptr && scenario->loss ? scenario->loss(*task, output, batch.y)
                                                    : task->loss(output, batch.y);
     }
-    const double scale = scaler.is_enabled() ? scaler.get_scale() : 1.0;
     scaler.scale(loss).backward();
-    scaler.unscale_(opt);
-    if (!scaling) probe::report_grads(model.parameters(), /*unscaled=*/true);
-    // Without clipping the norm is still measured: an infinite max_norm makes the clip coefficient 1,
-    // and multiplying by 1 leaves every gradient bit unchanged.
-    const double grad_norm =
-        optim::clip_grad_norm_(model.parameters(), config.max_grad_norm > 0 ? config.max_grad_norm
-                                                                            : std::numeric_limits<double>::infinity())
-            .item();
-    const StepResult stepped = scaler.step(opt, return_found_inf);
-    scaler.update();
-
-    probe::StepSummary summary;
-    summary.step = step;
-    summary.loss = loss.item();
-    summary.scale = scale;
-    summary.scale_after = scaler.is_enabled() ? scaler.get_scale() : 1.0;
-    summary.found_inf = stepped.found_inf;
-    summary.skipped = !stepped.stepped;
-    summary.growth_tracker = scaler.is_enabled() ? scaler.get_growth_tracker() : 0;
-    summary.grad_norm = grad_norm;
-    summary.lr = opt.param_groups()[0].options.lr;
-    summary.time_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
-    step_scope.end(summary);
+    // finish(): unscale_, clip, scaler.step, scaler.update and the /steps row (core/training_step.h); the
+    // scaler is disabled when not scaling, and finish() then reports the gradients itself. Without
+    // clipping the norm is still measured: an infinite max_norm makes the clip coefficient 1, and
+    // multiplying by 1 leaves every gradient bit unchanged.
+    const probe::StepSummary summary = recorded.finish(
+        loss, opt, scaler,
+        {.max_grad_norm = config.max_grad_norm > 0 ? config.max_grad_norm : std::numeric_limits<double>::infinity()});
+    const double scale = summary.scale;
 
     ++result.steps;
     result.skipped += summary.skipped ? 1 : 0;

@@ -109,6 +109,13 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
                                           "probe", "sample-every", "scenario", "init-scale", "growth-interval",
                                           "no-scaler", "autocast-fp32", "checkpoint", "checkpoint-every", "resume", "resume-allow-nonfinite",
                                           "data", "text", "compare", "max-grad-norm"};
+  // Paths in the file are relative to the file's folder (a config keeps working from any working folder);
+  // absolute paths stay as they are. Paths on the command line stay relative to the working folder.
+  const std::filesystem::path config_folder = std::filesystem::path(path).parent_path();
+  auto file_path = [&](const std::string& p) {
+    if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
+    return (config_folder / p).lexically_normal().string();
+  };
   for (const auto& [key, node] : *table) {
     const std::string k(key.str());
     auto need = [&](auto value, std::string_view type) {
@@ -126,19 +133,19 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
       if (seed < 0) throw Error(fmt::format("--config '{}': 'seed' = {} is not allowed; expected an integer >= 0", path, seed));
       c.seed = static_cast<std::uint64_t>(seed);
     }
-    else if (k == "out") c.out = need(node.value<std::string>(), "a string");
+    else if (k == "out") c.out = file_path(need(node.value<std::string>(), "a string"));
     else if (k == "probe") c.probe = need(node.value<std::string>(), "a string");
     else if (k == "sample-every") c.sample_every = need(node.value<std::int64_t>(), "an integer");
     else if (k == "scenario") c.scenario = need(node.value<std::string>(), "a string");
     else if (k == "init-scale") c.init_scale = need(node.value<double>(), "a number");
     else if (k == "growth-interval") c.growth_interval = need(node.value<std::int64_t>(), "an integer");
     else if (k == "no-scaler") c.use_scaler = !need(node.value<bool>(), "true or false");
-    else if (k == "checkpoint") c.checkpoint = need(node.value<std::string>(), "a string");
+    else if (k == "checkpoint") c.checkpoint = file_path(need(node.value<std::string>(), "a string"));
     else if (k == "checkpoint-every") c.checkpoint_every = need(node.value<std::int64_t>(), "an integer");
-    else if (k == "resume") c.resume = need(node.value<std::string>(), "a string");
+    else if (k == "resume") c.resume = file_path(need(node.value<std::string>(), "a string"));
     else if (k == "resume-allow-nonfinite") c.resume_allow_nonfinite = need(node.value<bool>(), "true or false");
-    else if (k == "data") c.data_dir = need(node.value<std::string>(), "a string");
-    else if (k == "text") c.text_file = need(node.value<std::string>(), "a string");
+    else if (k == "data") c.data_dir = file_path(need(node.value<std::string>(), "a string"));
+    else if (k == "text") c.text_file = file_path(need(node.value<std::string>(), "a string"));
     else if (k == "compare") compare = need(node.value<bool>(), "true or false");
     else if (k == "max-grad-norm") c.max_grad_norm = need(node.value<double>(), "a number");
     else if (k == "autocast-fp32") {
@@ -228,11 +235,13 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--resume", c.resume, "Continue from this checkpoint, bit for bit");
   cmd_->add_flag("--resume-allow-nonfinite", c.resume_allow_nonfinite,
                  "Resume even when the checkpoint's parameters or optimizer state hold NaN or Inf (refused otherwise)");
-  cmd_->add_option("--data", c.data_dir, "Folder with MNIST IDX files (train-images-idx3-ubyte, ...) for the cnn sample");
+  cmd_->add_option("--data", c.data_dir, "Folder with the MNIST IDX files for the cnn sample (train-images-idx3-ubyte "
+                                         "or Kaggle's train-images.idx3-ubyte, the labels likewise; plain or .gz)");
   cmd_->add_option("--text", c.text_file, "Text file for the transformer sample (default: built-in synthetic text)");
   cmd_->add_flag("--compare", compare_, "Run fp32 and the chosen precision with the same seed; write both traces");
   cmd_->add_option("--config", config_file_, "TOML file with the same settings (keys as the option names: "
-                                             "init-scale = 1024.0); command-line options win");
+                                             "init-scale = 1024.0; paths relative to the file's folder); "
+                                             "command-line options win");
   cmd_->add_flag("--list-samples", list_samples_, "List the sample models and exit");
   cmd_->add_flag("--list-scenarios", list_scenarios_, "List the failure scenarios and exit");
 }
@@ -314,9 +323,18 @@ void validate_config(const TrainConfig& c) {
       throw Error(fmt::format("--data '{}': only the cnn sample reads IDX files, and this run's sample is '{}'", c.data_dir,
                               c.sample));
     }
+    if (std::filesystem::is_regular_file(c.data_dir)) {
+      // A file is refused rather than taken for its folder: which split and which labels the user meant is
+      // not knowable from one file.
+      const std::filesystem::path parent = std::filesystem::path(c.data_dir).parent_path();
+      throw Error(fmt::format("--data '{}': not a folder but a file; --data takes the folder that holds the MNIST "
+                              "files (train-images-idx3-ubyte and train-labels-idx1-ubyte, or Kaggle's "
+                              "train-images.idx3-ubyte and train-labels.idx1-ubyte, plain or .gz)\nhint: --data '{}'",
+                              c.data_dir, parent.empty() ? "." : parent.string()));
+    }
     if (!std::filesystem::is_directory(c.data_dir)) {
-      throw Error(fmt::format("--data '{}': not a folder; expected the folder holding train-images-idx3-ubyte and "
-                              "train-labels-idx1-ubyte",
+      throw Error(fmt::format("--data '{}': no such folder; expected the folder holding the MNIST files "
+                              "(train-images-idx3-ubyte and train-labels-idx1-ubyte, or Kaggle's names, plain or .gz)",
                               c.data_dir));
     }
   }

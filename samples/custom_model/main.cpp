@@ -32,18 +32,18 @@ int main(int argc, char** argv) {
   auto probe = std::make_shared<probe::Probe>(writer, probe::ProbeOptions{.level = probe::Level::health});
   probe::HookGuard watching(probe);
   const Tensor x = randn({8, 16}, gen), y = from_values({0, 1, 2, 3, 0, 1, 2, 3}, {8}, {DType::i64});
-  for (std::int64_t step = 0; step < 20; ++step) {
-    probe::StepScope scope(step);
+  for (std::int64_t n = 0; n < 20; ++n) {
+    probe::Step step(n);  // opens step n: the probe groups its ops, gradients and scaler events
     opt.zero_grad();
     Tensor loss;
-    { AutocastGuard autocast; loss = cross_entropy(model(x), y); }  // f16 forward, f32 loss
+    { AutocastGuard autocast; ScopeGuard in_loss("loss"); loss = cross_entropy(model(x), y); }  // f16, loss ops f32
     scaler.scale(loss).backward();
-    const double scale = scaler.get_scale();
-    const bool stepped = scaler.step(opt);  // unscales, then skips the step if a gradient is inf or NaN
-    scaler.update();
-    scope.end({.step = step, .loss = loss.item(), .scale = scale, .scale_after = scaler.get_scale(), .skipped = !stepped});
+    if (n % 10 == 0) {  // a look at the model that the trace should not hold: the probe hears nothing
+      probe::Paused paused;
+      fmt::print("step {}: loss {:.4f}, mean logit {:.4f}\n", n, loss.item(), mean(model(x)).item());
+    }
+    step.finish(loss, opt, scaler);  // scaler.step(opt), scaler.update(), and the step's /steps row
   }
-  probe->flush();
   writer->close();  // marks the trace complete
   fmt::print("wrote {}: {} NaN/inf origins\n", path, probe->counters().origins);
 }

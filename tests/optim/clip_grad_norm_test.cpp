@@ -173,3 +173,25 @@ TEST(clip_grad_norm_test, unsupported_norm_types_are_refused) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(clip_grad_norm_test, get_total_norm_is_the_clipping_norm_and_changes_no_gradient) {
+  // Mixed dtypes, so the grouping and the promotion of the total matter; an undefined tensor is skipped.
+  const Vec g3 = {0.5, -8.0, 2.0};
+  const Tensor a = param_with_grad(kG1), b = param_with_grad(kG2, DType::f16), c = param_with_grad(g3);
+  const Tensor total = get_total_norm({a.grad(), Tensor(), b.grad(), c.grad()});
+  // b's own norm is rounded to f16 before it joins the f32 total (PyTorch's per-dtype groups).
+  const double b_norm = ampscope::testing::reference_f16(static_cast<float>(l2({kG2})));
+  expect_rel(total.item(), std::sqrt(l2({kG1}) * l2({kG1}) + b_norm * b_norm + l2({g3}) * l2({g3})), "total norm");
+  EXPECT_EQ(a.grad().values(), kG1);
+  EXPECT_EQ(b.grad().values(), kG2);
+  EXPECT_EQ(get_total_norm({a.grad(), b.grad(), c.grad()}, kInfNorm).item(), 8.0);
+  // clip_grad_norm_ returns the same bits (it measures with the same code), also for the inf norm.
+  Tensor a2 = param_with_grad(kG1), b2 = param_with_grad(kG2, DType::f16), c2 = param_with_grad(g3);
+  EXPECT_EQ(clip_grad_norm_({a2, b2, c2}, kInf).item(), total.item());
+  EXPECT_EQ(get_total_norm({}).item(), 0.0);
+  EXPECT_THROW_MSG(get_total_norm({a.grad()}, 1.0), Error, "get_total_norm: norm_type 1.0 is not supported");
+}
+
+}  // namespace

@@ -236,18 +236,26 @@ TEST(probe_test, ops_outside_steps_are_written_as_they_come_when_asked_for) {
   EXPECT_TRUE(p.sink->ended.empty());
 }
 
-TEST(probe_test, a_step_left_open_is_written_by_flush_without_a_step_row) {
+TEST(probe_test, a_step_abandoned_or_left_open_is_written_without_a_step_row) {
   Probed p;
   {
     probe::StepScope scope(7);
     relu(from_values({1, -1}, {2}));
-  }  // no end(): the probe never hears the step's end
-  EXPECT_TRUE(p.sink->ops.empty()) << "still buffered";
-  p.probe->flush();
-  ASSERT_EQ(p.sink->ops.size(), 1u);
+  }  // no end() (an exception, say): the scope tells the probe the step is abandoned
+  ASSERT_EQ(p.sink->ops.size(), 1u) << "written when the scope ended";
   EXPECT_EQ(p.sink->ops[0].step, 7);
   EXPECT_TRUE(p.sink->steps.empty());
   EXPECT_EQ(p.sink->ended, (std::vector<std::int64_t>{7}));
+  {
+    probe::StepScope scope(8);
+    relu(from_values({1, -1}, {2}));
+    EXPECT_EQ(p.sink->ops.size(), 1u) << "still buffered while the step is open";
+    p.probe->flush();  // a step still open when the run closes its trace
+    ASSERT_EQ(p.sink->ops.size(), 2u);
+    EXPECT_EQ(p.sink->ops[1].step, 8);
+  }
+  EXPECT_TRUE(p.sink->steps.empty());
+  EXPECT_EQ(p.sink->ended, (std::vector<std::int64_t>{7, 8})) << "flushed once, not again when the scope ends";
 }
 
 // ---- origins and propagation ----

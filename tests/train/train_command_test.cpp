@@ -148,7 +148,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadOptionCase{{"--text", "/etc/hostname"}, {"--text '/etc/hostname': only the transformer sample reads text"}},
         BadOptionCase{{"--sample", "transformer", "--text", "/tmp"},
                       {"--text '/tmp': it is a directory, not a regular file"}},
-        BadOptionCase{{"--sample", "cnn", "--data", "/etc/hostname"}, {"--data '/etc/hostname': not a folder"}},
+        BadOptionCase{{"--sample", "cnn", "--data", "/etc/hostname"},
+                      {"--data '/etc/hostname': not a folder but a file", "train-images.idx3-ubyte",
+                       "hint: --data '/etc'"}},
+        BadOptionCase{{"--sample", "cnn", "--data", "/nonexistent-mnist"}, {"--data '/nonexistent-mnist': no such folder"}},
         BadOptionCase{{"--sample", "cnn", "--data", empty_idx_folder()}, {"train-images-idx3-ubyte' holds no images"}},
         BadOptionCase{{"--resume", "/tmp"}, {"--resume '/tmp': it is a directory, not a regular file"}},
         BadOptionCase{{"--checkpoint", "/proc/ckpt.h5"}, {"--checkpoint '/proc/ckpt.h5': cannot write in the folder"}},
@@ -164,6 +167,46 @@ TEST(train_command_test, a_glob_that_may_name_an_op_but_matches_no_module_is_war
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(run_train({"--device", "cpu", "--steps", "1", "--autocast-fp32", "fc*"}), 0);
   EXPECT_EQ(::testing::internal::GetCapturedStderr().find("warning"), std::string::npos);
+}
+
+TEST(train_command_test, paths_in_a_config_file_are_relative_to_its_folder_and_command_line_paths_to_the_working_one) {
+  // <scratch>/project/configs/run.toml names its data folder and trace relative to itself; the test runs
+  // in another working folder (the build's), so a path taken relative to it would not exist.
+  const std::filesystem::path project = std::filesystem::path(scratch_folder()) / "project";
+  std::filesystem::create_directories(project / "configs" / "mnist");
+  std::filesystem::create_directories(project / "traces");
+  unsigned char images[16 + 28 * 28] = {0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 28, 0, 0, 0, 28};
+  const unsigned char labels[] = {0, 0, 8, 1, 0, 0, 0, 1, 5};
+  std::ofstream(project / "configs" / "mnist" / "train-images.idx3-ubyte", std::ios::binary)
+      .write(reinterpret_cast<const char*>(images), sizeof images);
+  std::ofstream(project / "configs" / "mnist" / "train-labels.idx1-ubyte", std::ios::binary)
+      .write(reinterpret_cast<const char*>(labels), sizeof labels);
+  const std::filesystem::path config = project / "configs" / "run.toml";
+  const std::string absolute_checkpoint = (project / "ck.h5").string();
+  std::ofstream(config) << "[train]\nsample = \"cnn\"\nbatch = 1\nsteps = 1\ndevice = \"cpu\"\ndata = \"mnist\"\n"
+                           "out = \"../traces/run.h5\"\ncheckpoint = \"" << absolute_checkpoint << "\"\n";
+  ASSERT_NE(std::filesystem::current_path(), project / "configs");
+
+  auto resolve = [&](std::vector<std::string> args) {
+    CLI::App app;
+    TrainCommand train(app);
+    args.insert(args.begin(), {"ampscope", "train", "--config", config.string()});
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    app.parse(static_cast<int>(argv.size()), argv.data());
+    bool compare = false;
+    return train.resolve(compare);
+  };
+  const TrainConfig c = resolve({});
+  EXPECT_EQ(c.data_dir, (project / "configs" / "mnist").string());
+  EXPECT_EQ(c.out, (project / "traces" / "run.h5").string());
+  EXPECT_EQ(c.checkpoint, absolute_checkpoint) << "absolute paths stay as they are";
+  // On the command line, a relative path is the user's, relative to the working folder, unchanged.
+  EXPECT_EQ(resolve({"--out", "here.h5"}).out, "here.h5");
+  // And the run reads the config's data from there.
+  EXPECT_EQ(run_train({"--config", config.string()}), 0);
+  EXPECT_TRUE(std::filesystem::exists(project / "traces" / "run.h5"));
+  EXPECT_TRUE(std::filesystem::exists(absolute_checkpoint));
 }
 
 TEST(train_command_test, a_scenario_without_sample_picks_the_scenarios_sample) {
