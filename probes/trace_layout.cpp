@@ -204,6 +204,17 @@ std::string table_path(Table table) {
   return path;
 }
 
+std::string_view text_fields(Table table) {
+  switch (table) {
+    case Table::ops: return "phase,op,module,in_dtypes,out_dtype,shape,autocast";
+    case Table::grads: return "param,dtype";
+    case Table::events: return "kind,op,module,detail";
+    case Table::histograms: return "tensor";
+    case Table::dumps: return "op,module,tensor,dtype,shape";
+    default: return "";
+  }
+}
+
 bool has_table(Table table, std::int64_t version) {
   return version >= 4 || (table != Table::strings && table != Table::string_bytes);
 }

@@ -37,6 +37,10 @@ std::string table_path(Table table);         // "/steps", ...
 // Whether a trace of this format_version has the table.
 bool has_table(Table table, std::int64_t version);
 
+// The fields of a table that are text ids, comma-separated ("phase,op,module,..."; "" for a table with
+// none): the writer stores this as the table's attribute `text_fields`, so tools can find them.
+std::string_view text_fields(Table table);
+
 // A row of a text table: the id of a text is the row's index in /strings.
 using TextId = std::int64_t;
 

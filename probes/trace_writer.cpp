@@ -143,6 +143,12 @@ class FileWriter {
       // /index is tiny and written with H5Dwrite: uncompressed, so its chunk is rewritten in place.
       create_dataset(table, table == Table::index ? 0 : compression_);
     }
+    for (int t = 0; t < kDataTableCount; ++t) {
+      const Table table = static_cast<Table>(t);
+      if (!text_fields(table).empty()) {
+        write_text_attribute(io_, datasets_[index_of(table)].get(), table_path(table), "text_fields", text_fields(table));
+      }
+    }
     const std::string hist = table_path(Table::histograms);
     write_int_attribute(io_, datasets_[index_of(Table::histograms)].get(), hist, "min_exponent", kHistMinExponent);
     write_int_attribute(io_, datasets_[index_of(Table::histograms)].get(), hist, "max_exponent", kHistMaxExponent);

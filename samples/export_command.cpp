@@ -268,7 +268,7 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
   std::vector<std::string> op_header = {"step", "seq", "phase", "op", "module", "in_dtypes", "out_dtype", "shape", "autocast", "numel",
                                         "nan", "pos_inf", "neg_inf", "zero", "subnormal", "min", "max", "absmax", "mean", "rms",
                                         "cast_overflow", "cast_underflow", "origin"};
-  for (int i = 0; i < kOpInputs; ++i) op_header.push_back(fmt::format("input_{}", i));
+  for (int i = 0; i < kOpInputs; ++i) op_header.push_back(fmt::format("inputs_{}", i));
   ex.export_table<OpRow>(
       "ops", op_header, counts.ops, [&](std::int64_t b, std::int64_t e) { return reader.ops(b, e); },
       [](const OpRow& o) {
@@ -301,7 +301,7 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
       blocks);
 
   std::vector<std::string> hist_header = {"step", "seq", "tensor"};
-  for (int i = 0; i < kHistBins; ++i) hist_header.push_back(fmt::format("bin_{}", i));
+  for (int i = 0; i < kHistBins; ++i) hist_header.push_back(fmt::format("bins_{}", i));
   ex.export_table<HistogramRow>(
       "histograms", hist_header, counts.histograms, [&](std::int64_t b, std::int64_t e) { return reader.histograms(b, e); },
       [](const HistogramRow& h) {
