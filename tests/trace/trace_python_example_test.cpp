@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
@@ -149,6 +150,23 @@ TEST(trace_python_example_test, read_trace_py_prints_the_readers_values_from_hdf
   std::string expected_names;
   for (const std::string& n : names) expected_names += (expected_names.empty() ? "[\"" : ", \"") + n + "\"";
   EXPECT_NE(out.find(fmt::format("nonfinite {} {}]", nonfinite, expected_names)), std::string::npos) << out;
+}
+
+TEST(trace_python_example_test, the_trace_format_page_quotes_the_example_as_it_is) {
+  // docs/trace-format.md shows read_texts, read_table and read_ops_csv of the example: word for word.
+  auto text_of = [](const fs::path& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string example = text_of(kExample);
+  const std::string page = text_of(fs::path(AMPSCOPE_SOURCE_DIR) / "docs" / "trace-format.md");
+  for (const char* function : {"def read_texts(", "def read_table(", "def read_ops_csv("}) {
+    const std::size_t begin = example.find(function);
+    ASSERT_NE(begin, std::string::npos) << function;
+    const std::size_t end = example.find("\n\n\n", begin);
+    const std::string body = example.substr(begin, end - begin);
+    EXPECT_NE(page.find(body), std::string::npos) << "docs/trace-format.md does not quote this part of read_trace.py:\n" << body;
+  }
 }
 
 }  // namespace
