@@ -15,10 +15,15 @@
 // as stored bytes (H5Dread_chunk) and decoded here: inflated on up to two threads with the SSE2
 // Adler-32 and transpose of trace_codec.h, where HDF5's filters run byte by byte; every HDF5 call stays
 // on the calling thread. The step index then needs only each chunk's first 8 byte columns (the `step`
-// field, first in every record): 8 of an /ops record's 445 bytes. Everything else goes through
+// field, first in every record): 8 of an /ops record's 209 bytes (477 in format_version 3). Everything else goes through
 // H5Dread: a file rewritten by h5repack or h5py with other filters or types, a chunk with a filter
 // skipped, a chunk whose bytes do not decode (HDF5 then says what is wrong), and, in a trace still being
 // written, the chunk holding the last trusted row, which the writer may rewrite (and move) at any time.
+//
+// Texts (format_version 4) are ids into /strings: the trusted rows of /strings and bytes of /string_bytes
+// are loaded through H5Dread when rows first need them (and extended after a refresh), each entry checked
+// once (inside the bytes, CRC-32, UTF-8); decoding threads then share the table read-only. Versions 1 to
+// 3 are read with their fixed-width records (trace_layout_v3.h).
 #include "probes/trace_reader.h"
 
 #include <algorithm>
