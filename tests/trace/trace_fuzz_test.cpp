@@ -5,13 +5,15 @@
 //    a complete trace, /ops resized to 2^31 unwritten rows, a changed attribute, counts past the tables),
 //    each with the error or the marked partial result it must give.
 //  - Seeded mutants of real traces (a healthy run, a run with anomalies at probe level full, a run
-//    killed before it closed its trace, the committed format_version 1 and 2 fixtures) and of a
+//    killed before it closed its trace, the committed format_version 1, 2 and 3 fixtures) and of a
 //    checkpoint: byte flips anywhere, flips inside the global heap collection (GCOL), truncations, zeroed
-//    blocks, zeroed or edited /index rows, crafted table sizes, edited attributes. Each mutant runs in a
+//    blocks, zeroed or edited /index rows, crafted table sizes, edited attributes, and edits of format_version
+//    4's string table through HDF5 (a text's byte, an entry's field, a row's text id). Each mutant runs in a
 //    forked child with a time limit (alarm) and, without sanitizers, an address-space limit: a crash is a
 //    signal, a hang SIGALRM, a blow-up bad_alloc or a large peak RSS, and each counts as a failure. So does
-//    a result with fewer steps or op rows than the original and no damage note, and a checkpoint that
-//    loads and then trains to other numbers.
+//    a result with fewer steps or op rows than the original and no damage note, a row text (op name, module,
+//    event, parameter) other than the original's with no damage note, and a checkpoint that loads and then
+//    trains to other numbers.
 //
 // AMPSCOPE_FUZZ_CASES sets the number of trace mutants (default sized for about a minute on 2 cores in
 // CI, with a fifth as many checkpoint mutants); AMPSCOPE_FUZZ_SEED the first seed.
