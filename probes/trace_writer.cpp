@@ -407,8 +407,8 @@ struct TraceWriter::State {
         ids.clear();
         held = 0;
       }
-      const TextId id = next++;
       state->write_text(to_utf8(text), bytes);
+      const TextId id = next++;
       ids.emplace(std::string(text), id);
       held += text.size() + 64;  // the map's node and the string's header, roughly
       return id;

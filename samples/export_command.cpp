@@ -390,6 +390,19 @@ ExportCommand::ExportCommand(CLI::App& app) {
   cmd_->add_option("trace", r.trace, "The HDF5 trace `ampscope train --out` wrote")->required();
   cmd_->add_option("--csv", r.dir, "Folder to write the CSV files to (created when missing; files of the same names are replaced)")
       ->required();
+  cmd_->footer(
+      "Columns (units and meanings: docs/trace-format.md):\n"
+      "  run.csv          attribute, value (format, format_version, precision, device, model, seed, config, probe, complete)\n"
+      "  steps.csv        step, loss, scale, scale_after, found_inf, skipped, growth_tracker, grad_norm, lr, time_ms\n"
+      "  ops.csv          step, seq, phase, op, module, in_dtypes, out_dtype, shape, autocast, numel, nan, pos_inf,\n"
+      "                   neg_inf, zero, subnormal, min, max, absmax, mean, rms, cast_overflow, cast_underflow, origin,\n"
+      "                   inputs_0 .. inputs_3 (the seq of the row that produced each input, or a negative marker)\n"
+      "  grads.csv        step, param, dtype, nan, pos_inf, neg_inf, zero, absmax, norm, unscaled\n"
+      "  events.csv       step, seq, kind, op, module, detail\n"
+      "  histograms.csv   step, seq, tensor, bins_0 .. bins_131 (bin i < 128: values with floor(log2|x|) = i - 64;\n"
+      "                   128 subnormal, 129 zero, 130 inf, 131 NaN)\n"
+      "  dumps.csv        dump, step, seq, op, module, tensor, dtype, shape, values_count\n"
+      "  dump_values.csv  dump (its row in dumps.csv), index (row-major), value");
 }
 
 bool ExportCommand::parsed() const { return cmd_->parsed(); }

@@ -259,6 +259,36 @@ TEST(trace_export_test, every_exported_value_equals_the_readers) {
   for (const auto& entry : fs::directory_iterator(out_dir)) EXPECT_EQ(entry.path().extension(), ".csv") << entry.path();
 }
 
+TEST(trace_export_test, every_exported_column_is_documented) {
+  // docs/trace-format.md's "CSV export" table names each file's columns: every header column of an export
+  // is there, in the file's line (inputs_N and bins_N as their ranges).
+  TempDir dir;
+  const auto path = dir.file("hostile.h5");
+  write_hostile_trace(path);
+  std::ostringstream out, err;
+  ASSERT_EQ(samples::run_export({.trace = path.string(), .dir = dir.file("csv").string()}, out, err), samples::kExportDone);
+  std::ifstream in(fs::path(AMPSCOPE_SOURCE_DIR) / "docs" / "trace-format.md");
+  const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::size_t section = page.find("## CSV export");
+  ASSERT_NE(section, std::string::npos);
+  std::size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(dir.file("csv"))) {
+    const std::string name = entry.path().filename().string();
+    const std::size_t at = page.find("| `" + name + "` |", section);
+    ASSERT_NE(at, std::string::npos) << name << " is not in the CSV export table";
+    const std::string line = page.substr(at, page.find('\n', at) - at);
+    const auto rows = parse_csv(entry.path());
+    for (const std::string& column : rows.front()) {
+      std::string documented = "`" + column + "`";
+      if (column.rfind("inputs_", 0) == 0) documented = "`inputs_0` .. `inputs_3`";
+      if (column.rfind("bins_", 0) == 0) documented = "`bins_0` .. `bins_131`";
+      EXPECT_NE(line.find(documented), std::string::npos) << name << ": column " << column << " is not documented in: " << line;
+    }
+    ++files;
+  }
+  EXPECT_EQ(files, 8u);
+}
+
 TEST(trace_export_test, quotes_fields_as_rfc_4180_says) {
   EXPECT_EQ(samples::csv_field("linear"), "linear");
   EXPECT_EQ(samples::csv_field(""), "");

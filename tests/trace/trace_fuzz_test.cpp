@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -94,19 +95,21 @@ struct Base {
   bool complete = true;
   bool variable_length = false;  // format_version 1 or 2: text attributes in the global heap
   std::int64_t steps = 0, op_rows = 0;
-  std::vector<std::string> texts;  // every text of every /ops, /events and /grads row, in order
+  std::array<std::vector<std::string>, 3> texts;  // every text of every /ops, /events and /grads row, in order
 };
 
-// The texts of a trace's rows, one line per row: what a mutant must give back exactly unless it says it
-// is damaged.
-std::vector<std::string> texts_of(TraceReader& r) {
-  std::vector<std::string> out;
+// The texts of a trace's rows, one line per row of /ops, /events and /grads: what a mutant must give back
+// exactly unless it says it is damaged.
+std::array<std::vector<std::string>, 3> texts_of(TraceReader& r) {
+  std::array<std::vector<std::string>, 3> out;
   for (const OpRow& o : r.ops()) {
-    out.push_back(fmt::format("op {} {} {} {} {} {} {} {} {}", o.step, o.seq, phase_name(o.phase), o.op, o.module, o.in_dtypes,
-                              o.out_dtype, o.shape, o.autocast));
+    out[0].push_back(fmt::format("op {} {} {} {} {} {} {} {} {}", o.step, o.seq, phase_name(o.phase), o.op, o.module, o.in_dtypes,
+                                 o.out_dtype, o.shape, o.autocast));
   }
-  for (const EventRow& e : r.events()) out.push_back(fmt::format("event {} {} {} {} {} {}", e.step, e.seq, e.kind, e.op, e.module, e.detail));
-  for (const GradRow& g : r.grads()) out.push_back(fmt::format("grad {} {} {}", g.step, g.param, g.dtype));
+  for (const EventRow& e : r.events()) {
+    out[1].push_back(fmt::format("event {} {} {} {} {} {}", e.step, e.seq, e.kind, e.op, e.module, e.detail));
+  }
+  for (const GradRow& g : r.grads()) out[2].push_back(fmt::format("grad {} {} {}", g.step, g.param, g.dtype));
   return out;
 }
 
@@ -629,16 +632,20 @@ int check_trace(const Base& base, const fs::path& mutant, const fs::path& note, 
     }
     if (marked) return kMarked;
     // Unmarked: every text of every row as written (a shorter forgery: those of the rows it has).
-    const std::vector<std::string> texts = texts_of(r);
-    for (std::size_t i = 0; i < std::min(texts.size(), base.texts.size()); ++i) {
-      if (texts[i] != base.texts[i]) {
-        std::ofstream(note) << fmt::format("row text '{}' reads as '{}', no damage note", base.texts[i], texts[i]);
+    const auto texts = texts_of(r);
+    for (std::size_t t = 0; t < texts.size(); ++t) {
+      const auto& got = texts[t];
+      const auto& want = base.texts[t];
+      for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+        if (got[i] != want[i]) {
+          std::ofstream(note) << fmt::format("row text '{}' reads as '{}', no damage note", want[i], got[i]);
+          return kSilent;
+        }
+      }
+      if (got.size() < want.size() && !shrunk) {
+        std::ofstream(note) << fmt::format("{} of {} row texts ({}), no damage note", got.size(), want.size(), want.front());
         return kSilent;
       }
-    }
-    if (texts.size() < base.texts.size() && !shrunk) {
-      std::ofstream(note) << fmt::format("{} of {} row texts, no damage note", texts.size(), base.texts.size());
-      return kSilent;
     }
     return kIntact;
   } catch (const Error& e) {

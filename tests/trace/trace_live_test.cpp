@@ -1,7 +1,7 @@
 // A trace is readable while its writer runs (HDF5 SWMR: the reader sees rows grow at each step end, and
 // h5py can follow it too), and a writer killed with SIGKILL mid-run leaves a trace that opens with every
-// step flushed before the kill, whole (texts new in each step included), and complete = 0. Before the first step end (tables not created
-// yet) the reader says to try again. Writers run in child processes, since HDF5 does not let one
+// step flushed before the kill, whole (texts new in each step included), and complete = 0. Before the
+// first step end (tables not created yet) the reader says to try again. Writers run in child processes, since HDF5 does not let one
 // process open a file for writing and for SWMR reading at once.
 #include <signal.h>
 #include <sys/wait.h>
