@@ -5,46 +5,25 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <stdexcept>
 #include <string>
+
+#include <fmt/format.h>
+
+#include "probes/trace_layout_v3.h"
 
 namespace ampscope::trace::detail {
 namespace {
 
 // Records are the file's bytes, which are little-endian.
 static_assert(std::endian::native == std::endian::little, "trace records assume a little-endian host");
-static_assert(sizeof(OpRecord) == 16 + kPhaseWidth + kOpWidth + kModuleWidth + kDTypesWidth + kDTypeWidth + kShapeWidth +
-                                      kReasonWidth + 6 * 8 + 5 * 8 + 2 * 8 + 1 + kOpInputs * 8,
+static_assert(sizeof(OpRecord) == 16 + 7 * 8 + 6 * 8 + 5 * 8 + 2 * 8 + 1 + kOpInputs * 8,
               "OpRecord must be packed: it is the file's compound type byte for byte");
-
-// Builds a compound type member by member; `table` names it in messages.
-class CompoundBuilder {
- public:
-  CompoundBuilder(const Io& io, std::size_t size, Table table)
-      : io_(io), where_(table_path(table)), type_(io.check(H5Tcreate(H5T_COMPOUND, size), "H5Tcreate", where_)) {}
-
-  void add(const char* name, std::size_t offset, hid_t member) {
-    io_.check(H5Tinsert(type_.get(), name, offset, member), "H5Tinsert", where_);
-  }
-  void i64(const char* name, std::size_t offset) { add(name, offset, H5T_STD_I64LE); }
-  void f64(const char* name, std::size_t offset) { add(name, offset, H5T_IEEE_F64LE); }
-  void flag(const char* name, std::size_t offset) { add(name, offset, bool_.get()); }
-  void text(const char* name, std::size_t offset, std::size_t width) {
-    const Datatype t = fixed_text_type(io_, width);
-    add(name, offset, t.get());
-  }
-  Datatype take() { return std::move(type_); }
-
- private:
-  const Io& io_;
-  std::string where_;
-  Datatype type_;
-  Datatype bool_ = bool_type(io_);
-};
+static_assert(sizeof(IndexRecord) == 8 * (2 + kDataTableCount));
 
 #define AMPSCOPE_I64(R, f) b.i64(#f, offsetof(R, f))
 #define AMPSCOPE_F64(R, f) b.f64(#f, offsetof(R, f))
 #define AMPSCOPE_FLAG(R, f) b.flag(#f, offsetof(R, f))
-#define AMPSCOPE_TEXT(R, f) b.text(#f, offsetof(R, f), sizeof(R::f))
 
 Datatype step_type(const Io& io) {
   using R = StepRecord;
@@ -67,13 +46,13 @@ Datatype op_type(const Io& io) {
   CompoundBuilder b(io, sizeof(R), Table::ops);
   AMPSCOPE_I64(R, step);
   AMPSCOPE_I64(R, seq);
-  AMPSCOPE_TEXT(R, phase);
-  AMPSCOPE_TEXT(R, op);
-  AMPSCOPE_TEXT(R, module);
-  AMPSCOPE_TEXT(R, in_dtypes);
-  AMPSCOPE_TEXT(R, out_dtype);
-  AMPSCOPE_TEXT(R, shape);
-  AMPSCOPE_TEXT(R, autocast);
+  AMPSCOPE_I64(R, phase);
+  AMPSCOPE_I64(R, op);
+  AMPSCOPE_I64(R, module);
+  AMPSCOPE_I64(R, in_dtypes);
+  AMPSCOPE_I64(R, out_dtype);
+  AMPSCOPE_I64(R, shape);
+  AMPSCOPE_I64(R, autocast);
   AMPSCOPE_I64(R, numel);
   AMPSCOPE_I64(R, nan);
   AMPSCOPE_I64(R, pos_inf);
@@ -98,8 +77,8 @@ Datatype grad_type(const Io& io) {
   using R = GradRecord;
   CompoundBuilder b(io, sizeof(R), Table::grads);
   AMPSCOPE_I64(R, step);
-  AMPSCOPE_TEXT(R, param);
-  AMPSCOPE_TEXT(R, dtype);
+  AMPSCOPE_I64(R, param);
+  AMPSCOPE_I64(R, dtype);
   AMPSCOPE_I64(R, nan);
   AMPSCOPE_I64(R, pos_inf);
   AMPSCOPE_I64(R, neg_inf);
@@ -115,10 +94,10 @@ Datatype event_type(const Io& io) {
   CompoundBuilder b(io, sizeof(R), Table::events);
   AMPSCOPE_I64(R, step);
   AMPSCOPE_I64(R, seq);
-  AMPSCOPE_TEXT(R, kind);
-  AMPSCOPE_TEXT(R, op);
-  AMPSCOPE_TEXT(R, module);
-  AMPSCOPE_TEXT(R, detail);
+  AMPSCOPE_I64(R, kind);
+  AMPSCOPE_I64(R, op);
+  AMPSCOPE_I64(R, module);
+  AMPSCOPE_I64(R, detail);
   return b.take();
 }
 
@@ -127,7 +106,7 @@ Datatype histogram_type(const Io& io) {
   CompoundBuilder b(io, sizeof(R), Table::histograms);
   AMPSCOPE_I64(R, step);
   AMPSCOPE_I64(R, seq);
-  AMPSCOPE_TEXT(R, tensor);
+  AMPSCOPE_I64(R, tensor);
   const hsize_t bins = kHistBins;
   const Datatype array(io.check(H5Tarray_create2(H5T_STD_I64LE, 1, &bins), "H5Tarray_create2", "/histograms"));
   b.add("bins", offsetof(R, bins), array.get());
@@ -139,21 +118,32 @@ Datatype dump_type(const Io& io) {
   CompoundBuilder b(io, sizeof(R), Table::dumps);
   AMPSCOPE_I64(R, step);
   AMPSCOPE_I64(R, seq);
-  AMPSCOPE_TEXT(R, op);
-  AMPSCOPE_TEXT(R, module);
-  AMPSCOPE_TEXT(R, tensor);
-  AMPSCOPE_TEXT(R, dtype);
-  AMPSCOPE_TEXT(R, shape);
+  AMPSCOPE_I64(R, op);
+  AMPSCOPE_I64(R, module);
+  AMPSCOPE_I64(R, tensor);
+  AMPSCOPE_I64(R, dtype);
+  AMPSCOPE_I64(R, shape);
   AMPSCOPE_I64(R, values_offset);
   AMPSCOPE_I64(R, values_count);
   return b.take();
 }
 
-Datatype index_type(const Io& io) {
+Datatype string_type(const Io& io) {
+  using R = StringRecord;
+  CompoundBuilder b(io, sizeof(R), Table::strings);
+  AMPSCOPE_I64(R, offset);
+  AMPSCOPE_I64(R, length);
+  AMPSCOPE_I64(R, crc32);
+  return b.take();
+}
+
+// /index: step, a count per table the version has, then crc32 from format_version 3.
+Datatype index_type(const Io& io, std::int64_t version) {
   using R = IndexRecord;
   CompoundBuilder b(io, sizeof(R), Table::index);
   AMPSCOPE_I64(R, step);
   for (int t = 0; t < kDataTableCount; ++t) {
+    if (!has_table(static_cast<Table>(t), version)) continue;
     const std::string name(table_name(static_cast<Table>(t)));
     b.i64(name.c_str(), offsetof(R, rows) + sizeof(std::int64_t) * static_cast<std::size_t>(t));
   }
@@ -164,18 +154,25 @@ Datatype index_type(const Io& io) {
 #undef AMPSCOPE_I64
 #undef AMPSCOPE_F64
 #undef AMPSCOPE_FLAG
-#undef AMPSCOPE_TEXT
 
-template <std::size_t N>
-void put(char (&field)[N], std::string_view text) {
-  put_text(field, N, text);
-}
-template <std::size_t N>
-std::string get(const char (&field)[N]) {
-  return get_text(field, N);
+std::string text_of(const StringTable& strings, TextId id, std::string_view field) {
+  return std::string(strings.text(id, field));
 }
 
 }  // namespace
+
+CompoundBuilder::CompoundBuilder(const Io& io, std::size_t size, Table table)
+    : io_(io), where_(table_path(table)), type_(io.check(H5Tcreate(H5T_COMPOUND, size), "H5Tcreate", where_)),
+      bool_(bool_type(io)) {}
+
+void CompoundBuilder::add(const char* name, std::size_t offset, hid_t member) {
+  io_.check(H5Tinsert(type_.get(), name, offset, member), "H5Tinsert", where_);
+}
+
+void CompoundBuilder::text(const char* name, std::size_t offset, std::size_t width) {
+  const Datatype t = fixed_text_type(io_, width);
+  add(name, offset, t.get());
+}
 
 std::string_view table_name(Table table) {
   switch (table) {
@@ -186,9 +183,19 @@ std::string_view table_name(Table table) {
     case Table::histograms: return "histograms";
     case Table::dumps: return "dumps";
     case Table::dump_values: return "dump_values";
+    case Table::strings: return "strings";
+    case Table::string_bytes: return "string_bytes";
     case Table::index: return "index";
   }
   return "?";
+}
+
+std::string_view field_name(Table table) {
+  switch (table) {
+    case Table::dump_values: return "value";
+    case Table::string_bytes: return "byte";
+    default: return "row";
+  }
 }
 
 std::string table_path(Table table) {
@@ -197,23 +204,84 @@ std::string table_path(Table table) {
   return path;
 }
 
-void put_text(char* field, std::size_t width, std::string_view text) {
-  if (text.size() < width) {
-    std::memcpy(field, text.data(), text.size());
-    std::memset(field + text.size(), 0, width - text.size());
-    return;
+std::string_view text_fields(Table table) {
+  switch (table) {
+    case Table::ops: return "phase,op,module,in_dtypes,out_dtype,shape,autocast";
+    case Table::grads: return "param,dtype";
+    case Table::events: return "kind,op,module,detail";
+    case Table::histograms: return "tensor";
+    case Table::dumps: return "op,module,tensor,dtype,shape";
+    default: return "";
   }
-  std::size_t keep = width - 1 - kTruncationMarker.size();
-  // Never split a UTF-8 sequence: back up while the first byte cut off continues a character.
-  while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;
-  std::memcpy(field, text.data(), keep);
-  std::memcpy(field + keep, kTruncationMarker.data(), kTruncationMarker.size());
-  std::memset(field + keep + kTruncationMarker.size(), 0, width - keep - kTruncationMarker.size());
 }
 
-std::string get_text(const char* field, std::size_t width) { return std::string(field, strnlen(field, width)); }
+bool has_table(Table table, std::int64_t version) {
+  return version >= 4 || (table != Table::strings && table != Table::string_bytes);
+}
 
-std::size_t record_size(Table table) {
+std::int64_t crc32_of(const void* data, std::size_t size) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  const auto* bytes = static_cast<const Bytef*>(data);
+  // zlib's crc32 takes a uInt length: feed it in pieces.
+  for (std::size_t at = 0; at < size; at += 1u << 30) {
+    const std::size_t n = std::min<std::size_t>(size - at, 1u << 30);
+    crc = ::crc32(crc, bytes + at, static_cast<uInt>(n));
+  }
+  return static_cast<std::int64_t>(crc);
+}
+
+bool valid_utf8(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    std::size_t n = 0;
+    std::uint32_t cp = 0;
+    if (c < 0x80) { ++i; continue; }
+    if (c >= 0xC2 && c <= 0xDF) { n = 1; cp = c & 0x1Fu; }
+    else if (c >= 0xE0 && c <= 0xEF) { n = 2; cp = c & 0x0Fu; }
+    else if (c >= 0xF0 && c <= 0xF4) { n = 3; cp = c & 0x07u; }
+    else return false;
+    if (text.size() - i <= n) return false;
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(text[i + k]);
+      if ((d & 0xC0u) != 0x80u) return false;
+      cp = (cp << 6) | (d & 0x3Fu);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+std::string to_utf8(std::string_view text) {
+  if (valid_utf8(text)) return std::string(text);
+  std::string out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    // The longest well-formed character starting here (1 to 4 bytes), or U+FFFD for this byte.
+    std::size_t n = 0;
+    for (std::size_t k = 1; k <= 4 && i + k <= text.size(); ++k) {
+      if (valid_utf8(text.substr(i, k))) {
+        n = k;
+        break;
+      }
+    }
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(text.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
+std::size_t record_size(Table table, std::int64_t version) {
+  if (version < 4) {
+    if (table == Table::index) return 8 * (1 + kLegacyDataTables) + (version >= 3 ? 8 : 0);
+    if (const std::size_t size = v3::record_size(table); size > 0) return size;
+  }
   switch (table) {
     case Table::steps: return sizeof(StepRecord);
     case Table::ops: return sizeof(OpRecord);
@@ -222,12 +290,16 @@ std::size_t record_size(Table table) {
     case Table::histograms: return sizeof(HistogramRecord);
     case Table::dumps: return sizeof(DumpRecord);
     case Table::dump_values: return sizeof(double);
+    case Table::strings: return sizeof(StringRecord);
+    case Table::string_bytes: return 1;
     case Table::index: return sizeof(IndexRecord);
   }
   return 0;
 }
 
-Datatype record_type(const Io& io, Table table) {
+Datatype record_type(const Io& io, Table table, std::int64_t version) {
+  if (table == Table::index) return index_type(io, version);
+  if (version < 4 && v3::record_size(table) > 0) return v3::record_type(io, table);
   switch (table) {
     case Table::steps: return step_type(io);
     case Table::ops: return op_type(io);
@@ -236,10 +308,45 @@ Datatype record_type(const Io& io, Table table) {
     case Table::histograms: return histogram_type(io);
     case Table::dumps: return dump_type(io);
     case Table::dump_values: return copy_type(io, H5T_IEEE_F64LE);
-    case Table::index: return index_type(io);
+    case Table::strings: return string_type(io);
+    case Table::string_bytes: return copy_type(io, H5T_STD_U8LE);
+    case Table::index: break;
   }
   io.fail("unknown table");
 }
+
+// --- the string table ---
+
+void StringTable::append(const StringRecord* records, std::size_t count) {
+  const auto held = static_cast<std::int64_t>(bytes_.size());
+  for (std::size_t i = 0; i < count; ++i) {
+    const StringRecord& r = records[i];
+    Entry e{r.offset, r.length, nullptr};
+    if (r.offset < 0 || r.length < 0 || r.offset > held || r.length > held - r.offset) {
+      e.damage = "its bytes lie outside '/string_bytes'";
+    } else {
+      const std::string_view text(bytes_.data() + r.offset, static_cast<std::size_t>(r.length));
+      if (crc32_of(text.data(), text.size()) != r.crc32) e.damage = "its checksum does not match its text";
+      else if (!valid_utf8(text)) e.damage = "its text is not UTF-8";
+    }
+    if (e.damage != nullptr && damaged_++ == 0) first_damage_ = fmt::format("string {}: {}", entries_.size(), e.damage);
+    entries_.push_back(e);
+  }
+}
+
+std::string_view StringTable::text(TextId id, std::string_view field) const {
+  if (id < 0 || static_cast<std::uint64_t>(id) >= entries_.size()) {
+    throw std::invalid_argument(
+        fmt::format("its field '{}' names string {}, but '/strings' holds {} strings", field, id, entries_.size()));
+  }
+  const Entry& e = entries_[static_cast<std::size_t>(id)];
+  if (e.damage != nullptr) {
+    throw std::invalid_argument(fmt::format("its field '{}' names string {} of '/strings', which is damaged: {}", field, id, e.damage));
+  }
+  return std::string_view(bytes_.data() + e.offset, static_cast<std::size_t>(e.length));
+}
+
+// --- rows ---
 
 void encode(const StepRow& row, StepRecord& r) {
   r.step = row.step;
@@ -254,16 +361,16 @@ void encode(const StepRow& row, StepRecord& r) {
   r.time_ms = row.time_ms;
 }
 
-void encode(const OpRow& row, OpRecord& r) {
+void encode(const OpRow& row, OpRecord& r, TextIds& ids) {
   r.step = row.step;
   r.seq = row.seq;
-  put(r.phase, phase_name(row.phase));
-  put(r.op, row.op);
-  put(r.module, row.module);
-  put(r.in_dtypes, row.in_dtypes);
-  put(r.out_dtype, row.out_dtype);
-  put(r.shape, row.shape);
-  put(r.autocast, row.autocast);
+  r.phase = ids.id(phase_name(row.phase));
+  r.op = ids.id(row.op);
+  r.module = ids.id(row.module);
+  r.in_dtypes = ids.id(row.in_dtypes);
+  r.out_dtype = ids.id(row.out_dtype);
+  r.shape = ids.id(row.shape);
+  r.autocast = ids.id(row.autocast);
   const TensorHealth& h = row.health;
   r.numel = h.numel;
   r.nan = h.nan;
@@ -282,10 +389,10 @@ void encode(const OpRow& row, OpRecord& r) {
   std::memcpy(r.inputs, row.inputs.data(), sizeof r.inputs);
 }
 
-void encode(const GradRow& row, GradRecord& r) {
+void encode(const GradRow& row, GradRecord& r, TextIds& ids) {
   r.step = row.step;
-  put(r.param, row.param);
-  put(r.dtype, row.dtype);
+  r.param = ids.id(row.param);
+  r.dtype = ids.id(row.dtype);
   r.nan = row.nan;
   r.pos_inf = row.pos_inf;
   r.neg_inf = row.neg_inf;
@@ -295,30 +402,30 @@ void encode(const GradRow& row, GradRecord& r) {
   r.unscaled = row.unscaled;
 }
 
-void encode(const EventRow& row, EventRecord& r) {
+void encode(const EventRow& row, EventRecord& r, TextIds& ids) {
   r.step = row.step;
   r.seq = row.seq;
-  put(r.kind, row.kind);
-  put(r.op, row.op);
-  put(r.module, row.module);
-  put(r.detail, row.detail);
+  r.kind = ids.id(row.kind);
+  r.op = ids.id(row.op);
+  r.module = ids.id(row.module);
+  r.detail = ids.id(row.detail);
 }
 
-void encode(const HistogramRow& row, HistogramRecord& r) {
+void encode(const HistogramRow& row, HistogramRecord& r, TextIds& ids) {
   r.step = row.step;
   r.seq = row.seq;
-  put(r.tensor, row.tensor);
+  r.tensor = ids.id(row.tensor);
   std::memcpy(r.bins, row.bins.data(), sizeof r.bins);
 }
 
-void encode(const DumpRow& row, DumpRecord& r) {
+void encode(const DumpRow& row, DumpRecord& r, TextIds& ids) {
   r.step = row.step;
   r.seq = row.seq;
-  put(r.op, row.op);
-  put(r.module, row.module);
-  put(r.tensor, row.tensor);
-  put(r.dtype, row.dtype);
-  put(r.shape, row.shape);
+  r.op = ids.id(row.op);
+  r.module = ids.id(row.module);
+  r.tensor = ids.id(row.tensor);
+  r.dtype = ids.id(row.dtype);
+  r.shape = ids.id(row.shape);
   r.values_offset = 0;
   r.values_count = static_cast<std::int64_t>(row.values.size());
 }
@@ -338,17 +445,17 @@ StepRow decode(const StepRecord& r) {
   return row;
 }
 
-OpRow decode(const OpRecord& r) {
+OpRow decode(const OpRecord& r, const StringTable& s) {
   OpRow row;
   row.step = r.step;
   row.seq = r.seq;
-  row.phase = parse_phase(get(r.phase));
-  row.op = get(r.op);
-  row.module = get(r.module);
-  row.in_dtypes = get(r.in_dtypes);
-  row.out_dtype = get(r.out_dtype);
-  row.shape = get(r.shape);
-  row.autocast = get(r.autocast);
+  row.phase = parse_phase(s.text(r.phase, "phase"));
+  row.op = text_of(s, r.op, "op");
+  row.module = text_of(s, r.module, "module");
+  row.in_dtypes = text_of(s, r.in_dtypes, "in_dtypes");
+  row.out_dtype = text_of(s, r.out_dtype, "out_dtype");
+  row.shape = text_of(s, r.shape, "shape");
+  row.autocast = text_of(s, r.autocast, "autocast");
   TensorHealth& h = row.health;
   h.numel = r.numel;
   h.nan = r.nan;
@@ -368,11 +475,11 @@ OpRow decode(const OpRecord& r) {
   return row;
 }
 
-GradRow decode(const GradRecord& r) {
+GradRow decode(const GradRecord& r, const StringTable& s) {
   GradRow row;
   row.step = r.step;
-  row.param = get(r.param);
-  row.dtype = get(r.dtype);
+  row.param = text_of(s, r.param, "param");
+  row.dtype = text_of(s, r.dtype, "dtype");
   row.nan = r.nan;
   row.pos_inf = r.pos_inf;
   row.neg_inf = r.neg_inf;
@@ -383,50 +490,49 @@ GradRow decode(const GradRecord& r) {
   return row;
 }
 
-EventRow decode(const EventRecord& r) {
+EventRow decode(const EventRecord& r, const StringTable& s) {
   EventRow row;
   row.step = r.step;
   row.seq = r.seq;
-  row.kind = get(r.kind);
-  row.op = get(r.op);
-  row.module = get(r.module);
-  row.detail = get(r.detail);
+  row.kind = text_of(s, r.kind, "kind");
+  row.op = text_of(s, r.op, "op");
+  row.module = text_of(s, r.module, "module");
+  row.detail = text_of(s, r.detail, "detail");
   return row;
 }
 
-HistogramRow decode(const HistogramRecord& r) {
+HistogramRow decode(const HistogramRecord& r, const StringTable& s) {
   HistogramRow row;
   row.step = r.step;
   row.seq = r.seq;
-  row.tensor = get(r.tensor);
+  row.tensor = text_of(s, r.tensor, "tensor");
   std::memcpy(row.bins.data(), r.bins, sizeof r.bins);
   return row;
 }
 
-DumpRow decode(const DumpRecord& r) {
+DumpRow decode(const DumpRecord& r, const StringTable& s) {
   DumpRow row;
   row.step = r.step;
   row.seq = r.seq;
-  row.op = get(r.op);
-  row.module = get(r.module);
-  row.tensor = get(r.tensor);
-  row.dtype = get(r.dtype);
-  row.shape = get(r.shape);
+  row.op = text_of(s, r.op, "op");
+  row.module = text_of(s, r.module, "module");
+  row.tensor = text_of(s, r.tensor, "tensor");
+  row.dtype = text_of(s, r.dtype, "dtype");
+  row.shape = text_of(s, r.shape, "shape");
   return row;
 }
 
-}  // namespace ampscope::trace::detail
+// --- checksums ---
 
-namespace ampscope::trace::detail {
-
-std::int64_t index_crc32(const IndexRecord& r) {
+std::int64_t index_crc32(const IndexRecord& r, std::int64_t version) {
+  const int tables = version >= 4 ? kDataTableCount : kLegacyDataTables;
   unsigned char bytes[8 * (1 + kDataTableCount)];
   auto put = [&](std::size_t at, std::int64_t v) {
     for (std::size_t b = 0; b < 8; ++b) bytes[at * 8 + b] = static_cast<unsigned char>(static_cast<std::uint64_t>(v) >> (8 * b));
   };
   put(0, r.step);
-  for (int t = 0; t < kDataTableCount; ++t) put(1 + static_cast<std::size_t>(t), r.rows[t]);
-  return static_cast<std::int64_t>(::crc32(0L, bytes, sizeof bytes));
+  for (int t = 0; t < tables; ++t) put(1 + static_cast<std::size_t>(t), r.rows[t]);
+  return crc32_of(bytes, 8 * (1 + static_cast<std::size_t>(tables)));
 }
 
 std::int64_t root_attributes_crc32(std::string_view format, std::int64_t version, const RunInfo& info) {
@@ -445,13 +551,7 @@ std::int64_t root_attributes_crc32(std::string_view format, std::int64_t version
   add("seed", std::to_string(info.seed));
   add("config", info.config);
   add("probe", info.probe);
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  // zlib's crc32 takes a uInt length: feed it in pieces.
-  for (std::size_t at = 0; at < text.size(); at += 1u << 30) {
-    const std::size_t n = std::min<std::size_t>(text.size() - at, 1u << 30);
-    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(text.data() + at), static_cast<uInt>(n));
-  }
-  return static_cast<std::int64_t>(crc);
+  return crc32_of(text.data(), text.size());
 }
 
 }  // namespace ampscope::trace::detail

@@ -1,52 +1,48 @@
-// probes/trace_layout.h: how each trace table's rows are laid out in the HDF5 file (internal to
-// ampscope_trace; docs/trace-format.md is the description for readers). Each table is a 1-D dataset of
-// one compound type, whose fields are those of the row structs in probes/trace_schema.h, in that order.
-// The records below are byte-for-byte the file's compound types, so HDF5 converts nothing on write, and
-// text fields are fixed-length strings of the widths below: fixed strings cost nothing in the row
-// once shuffled and deflated, where variable-length ones would live, uncompressed, on HDF5's global heap.
+// probes/trace_layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 4
+// (internal to ampscope_trace; docs/trace-format.md is the description for readers; the layouts of
+// versions 1 to 3, which the reader still reads, are in probes/trace_layout_v3.h). Each table is a 1-D
+// dataset of one compound type, whose fields are those of the row structs in probes/trace_schema.h, in
+// that order. The records below are byte-for-byte the file's compound types, so HDF5 converts nothing.
 //
-//   detail::OpRecord r; detail::encode(row, r);   // row: a trace::OpRow
-//   trace::OpRow back = detail::decode(r);
+// Every text field (op names, module paths, dtypes, shapes, event kinds and details, parameter names,
+// the phase) is an int64 id: the row of /strings that locates the text in /string_bytes and holds its
+// CRC-32. Texts are interned, so a name repeated on every row costs 8 bytes, which shuffle and deflate
+// shrink to almost nothing, and no text is ever cut, however long.
+//
+//   detail::OpRecord r; detail::encode(row, r, ids);      // ids: a detail::TextIds that interns texts
+//   trace::OpRow back = detail::decode(r, strings);       // strings: the trace's detail::StringTable
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "probes/trace_hdf5.h"
 #include "probes/trace_schema.h"
 
 namespace ampscope::trace::detail {
 
-// Widths of the text fields, in bytes, their terminating NUL included: a field holds width - 1 bytes
-// of text. A longer text keeps its first (width - 4) bytes, cut back to a UTF-8 character boundary,
-// followed by "..." (kTruncationMarker).
-inline constexpr std::size_t kPhaseWidth = 12;    // "optimizer"
-inline constexpr std::size_t kOpWidth = 32;       // "scaled_dot_product_attention"
-inline constexpr std::size_t kModuleWidth = 64;   // "blocks.0.attn.qkv"
-inline constexpr std::size_t kNameWidth = 80;     // parameter and tensor names: "blocks.0.attn.qkv.weight"
-inline constexpr std::size_t kDTypesWidth = 32;   // "f16,f16,f16"
-inline constexpr std::size_t kDTypeWidth = 8;     // "bf16"
-inline constexpr std::size_t kShapeWidth = 48;    // "[64, 128]"
-inline constexpr std::size_t kReasonWidth = 128;  // autocast's reason
-inline constexpr std::size_t kKindWidth = 32;     // event kinds
-inline constexpr std::size_t kDetailWidth = 256;  // event details
-inline constexpr std::size_t kTensorWidth = 16;   // dumps: "input 0", "output"
-inline constexpr std::string_view kTruncationMarker = "...";
-
 // Every dataset of a trace. dump_values holds the values of all dumps back to back (/dumps rows point
-// into it); index holds one row per flush, the table sizes that flush made durable.
-enum class Table : int { steps, ops, grads, events, histograms, dumps, dump_values, index };
-inline constexpr int kTableCount = 8;
-inline constexpr int kDataTableCount = 7;  // every table but index
-std::string_view table_name(Table table);  // "steps", ..., "dump_values", "index"
-std::string table_path(Table table);        // "/steps", ...
+// into it); strings locates each text in string_bytes (format_version 4); index holds one row per flush,
+// the table sizes that flush made durable.
+enum class Table : int { steps, ops, grads, events, histograms, dumps, dump_values, strings, string_bytes, index };
+inline constexpr int kTableCount = 10;
+inline constexpr int kDataTableCount = 9;    // every table but index
+inline constexpr int kLegacyDataTables = 7;  // format_version 1 to 3: the tables before strings
+std::string_view table_name(Table table);    // "steps", ..., "string_bytes", "index"
+std::string_view field_name(Table table);    // what a row of the table is, for messages: "value", "byte", "row"
+std::string table_path(Table table);         // "/steps", ...
+// Whether a trace of this format_version has the table.
+bool has_table(Table table, std::int64_t version);
 
-// Writes `text` into a fixed field, NUL-terminated and padded, truncated with the marker when too long.
-void put_text(char* field, std::size_t width, std::string_view text);
-// The text of a fixed field: up to the first NUL, or all `width` bytes.
-std::string get_text(const char* field, std::size_t width);
+// The fields of a table that are text ids, comma-separated ("phase,op,module,..."; "" for a table with
+// none): the writer stores this as the table's attribute `text_fields`, so tools can find them.
+std::string_view text_fields(Table table);
+
+// A row of a text table: the id of a text is the row's index in /strings.
+using TextId = std::int64_t;
 
 struct [[gnu::packed]] StepRecord {
   std::int64_t step;
@@ -58,24 +54,17 @@ struct [[gnu::packed]] StepRecord {
 
 struct [[gnu::packed]] OpRecord {
   std::int64_t step, seq;
-  char phase[kPhaseWidth];
-  char op[kOpWidth];
-  char module[kModuleWidth];
-  char in_dtypes[kDTypesWidth];
-  char out_dtype[kDTypeWidth];
-  char shape[kShapeWidth];
-  char autocast[kReasonWidth];
+  TextId phase, op, module, in_dtypes, out_dtype, shape, autocast;
   std::int64_t numel, nan, pos_inf, neg_inf, zero, subnormal;
   double min, max, absmax, mean, rms;
   std::int64_t cast_overflow, cast_underflow;
   std::int8_t origin;
-  std::int64_t inputs[kOpInputs];  // format_version 2
+  std::int64_t inputs[kOpInputs];
 };
 
 struct [[gnu::packed]] GradRecord {
   std::int64_t step;
-  char param[kNameWidth];
-  char dtype[kDTypeWidth];
+  TextId param, dtype;
   std::int64_t nan, pos_inf, neg_inf, zero;
   double absmax, norm;
   std::int8_t unscaled;
@@ -83,61 +72,125 @@ struct [[gnu::packed]] GradRecord {
 
 struct [[gnu::packed]] EventRecord {
   std::int64_t step, seq;
-  char kind[kKindWidth];
-  char op[kOpWidth];
-  char module[kModuleWidth];
-  char detail[kDetailWidth];
+  TextId kind, op, module, detail;
 };
 
 struct [[gnu::packed]] HistogramRecord {
   std::int64_t step, seq;
-  char tensor[kNameWidth];
+  TextId tensor;
   std::int64_t bins[kHistBins];
 };
 
 // values_offset and values_count locate the dump's values in /dump_values.
 struct [[gnu::packed]] DumpRecord {
   std::int64_t step, seq;
-  char op[kOpWidth];
-  char module[kModuleWidth];
-  char tensor[kTensorWidth];
-  char dtype[kDTypeWidth];
-  char shape[kShapeWidth];
+  TextId op, module, tensor, dtype, shape;
   std::int64_t values_offset, values_count;
 };
 
-// Row counts of the data tables after a flush, in Table order.
+// A text: bytes [offset, offset + length) of /string_bytes (UTF-8, no NUL), and zlib's CRC-32 of them.
+struct [[gnu::packed]] StringRecord {
+  std::int64_t offset, length, crc32;
+};
+
+// Row counts of the data tables after a flush, in Table order (format_version 1 to 3: the first seven).
 struct [[gnu::packed]] IndexRecord {
   std::int64_t step;  // the step whose end (or the close) caused the flush
   std::int64_t rows[kDataTableCount];
-  std::int64_t crc32;  // format_version 3: index_crc32 of the fields above (0 in older traces)
+  std::int64_t crc32;  // format_version 3 and later: index_crc32 of the fields above (0 in older traces)
 };
 
-// CRC-32 (zlib's) of an /index row's step and row counts, as 8 little-endian bytes each.
-std::int64_t index_crc32(const IndexRecord& r);
+// CRC-32 (zlib's) of an /index row's step and row counts as 8 little-endian bytes each: seven counts in
+// format_version 3, nine from format_version 4.
+std::int64_t index_crc32(const IndexRecord& r, std::int64_t version);
+
+// zlib's CRC-32 of `size` bytes.
+std::int64_t crc32_of(const void* data, std::size_t size);
 
 // The root attribute `attributes_crc32` (format_version 3): zlib's CRC-32 of, for each root attribute in
 // the order format, format_version, precision, device, model, seed, config, probe, its name, a NUL, its
 // value (text as it is, integers in decimal) and a NUL.
 std::int64_t root_attributes_crc32(std::string_view format, std::int64_t version, const RunInfo& info);
 
-std::size_t record_size(Table table);
-// The compound type of a table's records: the file type and the memory type alike.
-Datatype record_type(const Io& io, Table table);
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool valid_utf8(std::string_view text);
+// `text` with every byte that is not part of well-formed UTF-8 replaced by U+FFFD: what the writer stores.
+std::string to_utf8(std::string_view text);
+
+// Record size and compound type of a table in the given format_version (older versions: the layouts of
+// trace_layout_v3.h; /index: the fields that version has, laid out as IndexRecord). The file type and
+// the memory type alike.
+std::size_t record_size(Table table, std::int64_t version = kFormatVersion);
+Datatype record_type(const Io& io, Table table, std::int64_t version = kFormatVersion);
+
+// Builds a compound type member by member; `table` names it in messages.
+class CompoundBuilder {
+ public:
+  CompoundBuilder(const Io& io, std::size_t size, Table table);
+  void add(const char* name, std::size_t offset, hid_t member);
+  void i64(const char* name, std::size_t offset) { add(name, offset, H5T_STD_I64LE); }
+  void f64(const char* name, std::size_t offset) { add(name, offset, H5T_IEEE_F64LE); }
+  void flag(const char* name, std::size_t offset) { add(name, offset, bool_.get()); }
+  void text(const char* name, std::size_t offset, std::size_t width);
+  Datatype take() { return std::move(type_); }
+
+ private:
+  const Io& io_;
+  std::string where_;
+  Datatype type_;
+  Datatype bool_;
+};
+
+// Where encode() gets the id of a text: the writer interns it, appending new texts to /strings.
+class TextIds {
+ public:
+  virtual ~TextIds() = default;
+  virtual TextId id(std::string_view text) = 0;
+};
+
+// The texts of a trace, as the reader loaded them from /strings and /string_bytes: every entry checked
+// (inside the bytes, CRC-32, UTF-8) when it is added. Read-only afterwards, so decoding threads share it.
+class StringTable {
+ public:
+  // Appends bytes of /string_bytes (those after the ones held), then entries (the rows of /strings after
+  // the ones held), each checked against the bytes held.
+  void append_bytes(std::string_view bytes) { bytes_.append(bytes); }
+  void append(const StringRecord* records, std::size_t count);
+  std::size_t size() const { return entries_.size(); }
+  std::size_t bytes() const { return bytes_.size(); }
+  std::size_t damaged() const { return damaged_; }
+  // The first damaged entry's description ("" when none).
+  const std::string& first_damage() const { return first_damage_; }
+  // The text of `id`, named `field` in messages; throws std::invalid_argument when the id is not a row
+  // of /strings or names a damaged one.
+  std::string_view text(TextId id, std::string_view field) const;
+
+ private:
+  struct Entry {
+    std::int64_t offset = 0, length = 0;
+    const char* damage = nullptr;  // why the entry is unusable; nullptr when it is sound
+  };
+  std::string bytes_;
+  std::vector<Entry> entries_;
+  std::size_t damaged_ = 0;
+  std::string first_damage_;
+};
 
 void encode(const StepRow& row, StepRecord& r);
-void encode(const OpRow& row, OpRecord& r);
-void encode(const GradRow& row, GradRecord& r);
-void encode(const EventRow& row, EventRecord& r);
-void encode(const HistogramRow& row, HistogramRecord& r);
+void encode(const OpRow& row, OpRecord& r, TextIds& ids);
+void encode(const GradRow& row, GradRecord& r, TextIds& ids);
+void encode(const EventRow& row, EventRecord& r, TextIds& ids);
+void encode(const HistogramRow& row, HistogramRecord& r, TextIds& ids);
 // values_offset and values_count are set by the writer.
-void encode(const DumpRow& row, DumpRecord& r);
+void encode(const DumpRow& row, DumpRecord& r, TextIds& ids);
 
+// Each throws std::invalid_argument, naming the field, on a text id that is not a sound row of /strings
+// and on an unknown phase name.
 StepRow decode(const StepRecord& r);
-OpRow decode(const OpRecord& r);          // throws std::invalid_argument on an unknown phase name
-GradRow decode(const GradRecord& r);
-EventRow decode(const EventRecord& r);
-HistogramRow decode(const HistogramRecord& r);
-DumpRow decode(const DumpRecord& r);      // values are filled in by the reader
+OpRow decode(const OpRecord& r, const StringTable& strings);
+GradRow decode(const GradRecord& r, const StringTable& strings);
+EventRow decode(const EventRecord& r, const StringTable& strings);
+HistogramRow decode(const HistogramRecord& r, const StringTable& strings);
+DumpRow decode(const DumpRecord& r, const StringTable& strings);  // values are filled in by the reader
 
 }  // namespace ampscope::trace::detail

@@ -15,10 +15,15 @@
 // as stored bytes (H5Dread_chunk) and decoded here: inflated on up to two threads with the SSE2
 // Adler-32 and transpose of trace_codec.h, where HDF5's filters run byte by byte; every HDF5 call stays
 // on the calling thread. The step index then needs only each chunk's first 8 byte columns (the `step`
-// field, first in every record): 8 of an /ops record's 445 bytes. Everything else goes through
+// field, first in every record): 8 of an /ops record's 209 bytes (477 in format_version 3). Everything else goes through
 // H5Dread: a file rewritten by h5repack or h5py with other filters or types, a chunk with a filter
 // skipped, a chunk whose bytes do not decode (HDF5 then says what is wrong), and, in a trace still being
 // written, the chunk holding the last trusted row, which the writer may rewrite (and move) at any time.
+//
+// Texts (format_version 4) are ids into /strings: the trusted rows of /strings and bytes of /string_bytes
+// are loaded through H5Dread when rows first need them (and extended after a refresh), each entry checked
+// once (inside the bytes, CRC-32, UTF-8); decoding threads then share the table read-only. Versions 1 to
+// 3 are read with their fixed-width records (trace_layout_v3.h).
 #include "probes/trace_reader.h"
 
 #include <algorithm>
@@ -40,6 +45,7 @@
 #include "probes/trace_codec.h"
 #include "probes/trace_hdf5.h"
 #include "probes/trace_layout.h"
+#include "probes/trace_layout_v3.h"
 
 namespace ampscope::trace {
 
@@ -80,40 +86,21 @@ struct Worker {
   std::vector<std::byte> records;  // a chunk's records, unshuffled
 };
 
-// Decodes one record into `row`; false (with the message) on an unknown phase name.
+// Decodes one record into `row`, its texts from `strings` (format_version 4); false (with the message)
+// on an unknown phase name or a text id that is not a sound row of /strings.
 template <class Record, class Row>
-bool decode_into(const Record& record, Row& row, std::string& error) {
+bool decode_into(const Record& record, const StringTable& strings, Row& row, std::string& error) {
   try {
-    row = decode(record);
+    if constexpr (requires { decode(record, strings); }) {
+      row = decode(record, strings);
+    } else {
+      row = decode(record);
+    }
     return true;
   } catch (const std::invalid_argument& e) {
     error = e.what();
     return false;
   }
-}
-
-// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
-bool valid_utf8(std::string_view text) {
-  std::size_t i = 0;
-  while (i < text.size()) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    std::size_t n = 0;
-    std::uint32_t cp = 0;
-    if (c < 0x80) { ++i; continue; }
-    if (c >= 0xC2 && c <= 0xDF) { n = 1; cp = c & 0x1Fu; }
-    else if (c >= 0xE0 && c <= 0xEF) { n = 2; cp = c & 0x0Fu; }
-    else if (c >= 0xF0 && c <= 0xF4) { n = 3; cp = c & 0x07u; }
-    else return false;
-    if (text.size() - i <= n) return false;
-    for (std::size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<unsigned char>(text[i + k]);
-      if ((d & 0xC0u) != 0x80u) return false;
-      cp = (cp << 6) | (d & 0x3Fu);
-    }
-    if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n + 1;
-  }
-  return true;
 }
 
 // A damaged text for a message: at most 60 characters, bytes outside printable ASCII escaped.
@@ -156,6 +143,10 @@ struct TraceReader::State {
   // /index and the tables (recomputed at each refresh).
   std::vector<std::string> attribute_damage, index_damage;
   std::vector<ChunkJob> spare;    // stored-bytes buffers of the last direct read, reused
+  // format_version 4: the texts of /strings rows [0, strings.size()), loaded when rows first need them
+  // (and extended when a refresh trusts more rows); string_damage notes the damaged ones.
+  StringTable strings;
+  std::vector<std::string> string_damage;
 
   explicit State(const std::filesystem::path& p) : path(p), io(p.string(), "read") {}
 
@@ -202,7 +193,9 @@ struct TraceReader::State {
     // /index first: the tables opened after its last row was read hold at least the rows it counts.
     open_table(Table::index);
     const std::optional<IndexRecord> last = read_last_index();
-    for (int t = 0; t < kDataTableCount; ++t) open_table(static_cast<Table>(t));
+    for (int t = 0; t < kDataTableCount; ++t) {
+      if (has_table(static_cast<Table>(t), version)) open_table(static_cast<Table>(t));
+    }
     const std::string hist = table_path(Table::histograms);
     const hid_t histograms = datasets[index_of(Table::histograms)].get();
     for (auto [name, expected] : {std::pair{"min_exponent", kHistMinExponent}, std::pair{"max_exponent", kHistMaxExponent}}) {
@@ -291,7 +284,7 @@ struct TraceReader::State {
       io.fail(fmt::format("the dataset '{}' is missing", where));
     }
     datasets[t] = Dataset(io.check(H5Dopen2(file.get(), where.c_str(), H5P_DEFAULT), "H5Dopen2", where));
-    types[t] = record_type(io, table);
+    types[t] = record_type(io, table, version);
     Dataspace space(io.check(H5Dget_space(datasets[t].get()), "H5Dget_space", where));
     const int rank = io.check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", where);
     if (rank != 1) io.fail(fmt::format("the dataset '{}' has {} dimensions, expected 1", where, rank));
@@ -347,9 +340,9 @@ struct TraceReader::State {
                                            "H5Pget_filter2", where);
       if (filter != (i == 0 ? H5Z_FILTER_SHUFFLE : H5Z_FILTER_DEFLATE)) return 0;
       // The shuffle's element size, set when the dataset was created: the record's.
-      if (i == 0 && count >= 1 && values[0] != record_size(table)) return 0;
+      if (i == 0 && count >= 1 && values[0] != record_size(table, version)) return 0;
     }
-    const std::size_t bytes = static_cast<std::size_t>(chunk) * record_size(table);
+    const std::size_t bytes = static_cast<std::size_t>(chunk) * record_size(table, version);
     if (bytes > (std::size_t{1} << 30)) return 0;
     return static_cast<std::size_t>(chunk);
   }
@@ -368,7 +361,7 @@ struct TraceReader::State {
 
   // Whether an /index row is intact: its checksum (format_version 3), else plausible values.
   bool index_row_intact(const IndexRecord& r) const {
-    if (version >= 3) return r.crc32 == index_crc32(r);
+    if (version >= 3) return r.crc32 == index_crc32(r, version);
     if (r.step < -1) return false;
     for (int t = 0; t < kDataTableCount; ++t) {
       if (r.rows[t] < 0) return false;
@@ -382,7 +375,7 @@ struct TraceReader::State {
     const std::int64_t n = extent(Table::index);
     last_step.reset();
     // /index is not compressed: each row it claims takes its bytes in the file.
-    const std::uint64_t row_bytes = sizeof(IndexRecord);
+    const std::uint64_t row_bytes = record_size(Table::index, version);
     if (static_cast<std::uint64_t>(n) > (file_size + 64 * row_bytes) / row_bytes) {
       io.fail(fmt::format("'/index' claims {} rows, more than the file ({} bytes) can hold: damaged", n, file_size), kDamageHint);
     }
@@ -439,6 +432,7 @@ struct TraceReader::State {
     for (int t = 0; t < kDataTableCount; ++t) {
       const Table table = static_cast<Table>(t);
       const std::string where = table_path(table);
+      if (!has_table(table, version)) continue;
       if (refresh_datasets) refresh_dataset(table);
       const std::int64_t size = extent(table);
       std::int64_t want = last ? last->rows[t] : 0;
@@ -451,10 +445,10 @@ struct TraceReader::State {
         recounted.push_back(fmt::format("{} of {} rows of '{}'", want, size, where));
         want = size;
       }
-      const std::uint64_t bytes = static_cast<std::uint64_t>(want) * record_size(table);
-      if (static_cast<std::uint64_t>(want) > file_size * kMaxExpansion / record_size(table) + 1) {
-        io.fail(fmt::format("'{}' claims {} rows ({} bytes), more than a file of {} bytes can hold: damaged", where, want, bytes,
-                            file_size),
+      const std::uint64_t bytes = static_cast<std::uint64_t>(want) * record_size(table, version);
+      if (static_cast<std::uint64_t>(want) > file_size * kMaxExpansion / record_size(table, version) + 1) {
+        io.fail(fmt::format("'{}' claims {} {}s ({} bytes), more than a file of {} bytes can hold: damaged", where, want,
+                            field_name(table), bytes, file_size),
                 kDamageHint);
       }
       // Rows in chunks that were never written would read as zeros.
@@ -581,8 +575,8 @@ struct TraceReader::State {
   Worker& worker(std::size_t t, std::size_t k) {
     Worker& w = workers[t][k];
     if (!w.decoder) {
-      w.decoder = std::make_unique<ChunkDecoder>(record_size(static_cast<Table>(t)), direct_rows[t]);
-      w.records.resize(direct_rows[t] * record_size(static_cast<Table>(t)));
+      w.decoder = std::make_unique<ChunkDecoder>(record_size(static_cast<Table>(t), version), direct_rows[t]);
+      w.records.resize(direct_rows[t] * record_size(static_cast<Table>(t), version));
     }
     return w;
   }
@@ -653,7 +647,7 @@ struct TraceReader::State {
       buffer.resize(static_cast<std::size_t>(n));
       read_records_into(table, first, n, buffer.data());
       for (std::int64_t k = 0; k < n; ++k) {
-        if (!decode_into(buffer[static_cast<std::size_t>(k)], out[at++], error)) fail_row(table, first + k, error);
+        if (!decode_into(buffer[static_cast<std::size_t>(k)], strings, out[at++], error)) fail_row(table, first + k, error);
       }
       first += n;
     }
@@ -674,7 +668,7 @@ struct TraceReader::State {
       w.decoder->unshuffle(static_cast<std::size_t>(p.first - origin), count, w.records.data());
       const auto* records = reinterpret_cast<const Record*>(w.records.data());
       for (std::size_t k = 0; k < count; ++k) {
-        if (!decode_into(records[k], out[p.out + k], error)) {
+        if (!decode_into(records[k], strings, out[p.out + k], error)) {
           bad_row = p.first + static_cast<std::int64_t>(k);
           return;
         }
@@ -825,22 +819,67 @@ struct TraceReader::State {
     return out;
   }
 
+  // format_version 4: loads the texts of the /strings rows trusted since the last call (every row read
+  // refers only to texts flushed with or before it). A text whose entry is damaged is noted here and
+  // refused when a row names it.
+  void load_strings() {
+    if (version < 4) return;
+    const auto want = static_cast<std::size_t>(rows[index_of(Table::strings)]);
+    if (strings.size() >= want) return;
+    const auto held = static_cast<std::int64_t>(strings.bytes());
+    const std::int64_t more = rows[index_of(Table::string_bytes)] - held;
+    if (more > 0) {
+      std::string bytes(static_cast<std::size_t>(more), '\0');
+      read_records_into(Table::string_bytes, held, more, bytes.data());
+      strings.append_bytes(bytes);
+    }
+    for (std::size_t first = strings.size(); first < want; first += kReadBlockRows) {
+      const std::size_t n = std::min(want - first, kReadBlockRows);
+      const std::vector<StringRecord> block =
+          read_records<StringRecord>(Table::strings, static_cast<std::int64_t>(first), static_cast<std::int64_t>(n));
+      strings.append(block.data(), block.size());
+    }
+    string_damage.clear();
+    if (strings.damaged() > 0) {
+      string_damage.push_back(fmt::format("{} of the {} strings of '/strings' are damaged (first {}); rows that name them "
+                                          "cannot be read",
+                                          strings.damaged(), strings.size(), strings.first_damage()));
+    }
+  }
+
+  // Rows of a table with text fields: the v4 record with the string table, or the older fixed-text one.
+  template <class Record, class LegacyRecord, class Row>
+  std::vector<Row> read_text_rows(Table table, std::int64_t begin, std::int64_t end) {
+    if (version < 4) return read_plain<LegacyRecord, Row>(table, begin, end);
+    load_strings();
+    return read_plain<Record, Row>(table, begin, end);
+  }
+
   std::vector<DumpRow> read_dumps(std::int64_t begin, std::int64_t end) {
+    if (version < 4) return read_dumps_as<v3::DumpRecord>(begin, end);
+    load_strings();
+    return read_dumps_as<DumpRecord>(begin, end);
+  }
+
+  template <class Record>
+  std::vector<DumpRow> read_dumps_as(std::int64_t begin, std::int64_t end) {
     const std::int64_t values = rows[index_of(Table::dump_values)];
     std::vector<DumpRow> out;
     for (auto [first, last] : row_ranges(Table::dumps, begin, end)) {
       for (std::int64_t block = first; block < last; block += static_cast<std::int64_t>(kReadBlockRows)) {
         const std::int64_t n = std::min<std::int64_t>(last - block, static_cast<std::int64_t>(kReadBlockRows));
-        const std::vector<DumpRecord> records = read_records<DumpRecord>(Table::dumps, block, n);
+        const std::vector<Record> records = read_records<Record>(Table::dumps, block, n);
         for (std::size_t k = 0; k < records.size(); ++k) {
-          const DumpRecord& r = records[k];
+          const Record& r = records[k];
           const std::int64_t offset = r.values_offset, count = r.values_count;
           if (offset < 0 || count < 0 || offset > values || count > values - offset) {
             io.fail(fmt::format("row {} of '/dumps' points at values [{}, {}) of '/dump_values', which has {} values",
                                 block + static_cast<std::int64_t>(k), offset, offset + count, values),
                     kDamageHint);
           }
-          DumpRow row = decode(r);
+          DumpRow row;
+          std::string error;
+          if (!decode_into(r, strings, row, error)) fail_row(Table::dumps, block + static_cast<std::int64_t>(k), error);
           row.values = read_records<double>(Table::dump_values, offset, count);
           out.push_back(std::move(row));
         }
@@ -868,6 +907,7 @@ std::optional<std::int64_t> TraceReader::last_flushed_step() const { return stat
 std::vector<std::string> TraceReader::damage() const {
   std::vector<std::string> notes = state_->attribute_damage;
   notes.insert(notes.end(), state_->index_damage.begin(), state_->index_damage.end());
+  notes.insert(notes.end(), state_->string_damage.begin(), state_->string_damage.end());
   return notes;
 }
 
@@ -889,7 +929,7 @@ std::vector<StepRow> TraceReader::steps(std::int64_t begin, std::int64_t end) {
 
 std::vector<OpRow> TraceReader::ops(std::int64_t begin, std::int64_t end) {
   const QuietHdf5Errors quiet;
-  std::vector<OpRow> rows = state_->read_plain<OpRecord, OpRow>(Table::ops, begin, end);
+  std::vector<OpRow> rows = state_->read_text_rows<OpRecord, v3::OpRecord, OpRow>(Table::ops, begin, end);
   if (state_->version < 2) {
     for (OpRow& row : rows) row.inputs.fill(kInputUnknown);  // format_version 1 has no provenance
   }
@@ -898,17 +938,17 @@ std::vector<OpRow> TraceReader::ops(std::int64_t begin, std::int64_t end) {
 
 std::vector<GradRow> TraceReader::grads(std::int64_t begin, std::int64_t end) {
   const QuietHdf5Errors quiet;
-  return state_->read_plain<GradRecord, GradRow>(Table::grads, begin, end);
+  return state_->read_text_rows<GradRecord, v3::GradRecord, GradRow>(Table::grads, begin, end);
 }
 
 std::vector<EventRow> TraceReader::events(std::int64_t begin, std::int64_t end) {
   const QuietHdf5Errors quiet;
-  return state_->read_plain<EventRecord, EventRow>(Table::events, begin, end);
+  return state_->read_text_rows<EventRecord, v3::EventRecord, EventRow>(Table::events, begin, end);
 }
 
 std::vector<HistogramRow> TraceReader::histograms(std::int64_t begin, std::int64_t end) {
   const QuietHdf5Errors quiet;
-  return state_->read_plain<HistogramRecord, HistogramRow>(Table::histograms, begin, end);
+  return state_->read_text_rows<HistogramRecord, v3::HistogramRecord, HistogramRow>(Table::histograms, begin, end);
 }
 
 std::vector<DumpRow> TraceReader::dumps(std::int64_t begin, std::int64_t end) {

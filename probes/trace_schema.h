@@ -18,8 +18,10 @@ namespace ampscope::trace {
 inline constexpr std::string_view kFormat = "ampscope-trace";
 // 2: /ops `inputs` (provenance), the root attribute `probe`. 3: root text attributes are fixed-length
 // strings (no variable-length data, which HDF5 keeps unchecksummed in its global heap), the root attribute
-// `attributes_crc32` and the /index field `crc32`.
-inline constexpr std::int64_t kFormatVersion = 3;
+// `attributes_crc32` and the /index field `crc32`. 4: every text field of a row is an id into the string
+// table (/strings and /string_bytes, each text with its CRC-32), so no name is ever cut; /index counts
+// the two new tables.
+inline constexpr std::int64_t kFormatVersion = 4;
 
 // Root attributes.
 struct RunInfo {

@@ -32,10 +32,13 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <new>
 #include <thread>
+#include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -59,10 +62,10 @@ using Totals = std::array<std::int64_t, kDataTableCount>;
 using ChunkRows = std::array<std::size_t, kTableCount>;
 
 // The most rows an automatic chunk of `table` may have: 1024 (deflate gains little beyond; 16384 for
-// 8-byte dump values), and at most 2 MiB. A first step with more rows makes the writer choose chunk
-// sizes before it ends.
+// 8-byte dump values, 65536 for the bytes of texts), and at most 2 MiB. A first step with more rows
+// makes the writer choose chunk sizes before it ends.
 std::size_t max_automatic_rows(Table table) {
-  const std::size_t most = table == Table::dump_values ? 16384 : 1024;
+  const std::size_t most = table == Table::dump_values ? 16384 : table == Table::string_bytes ? 65536 : 1024;
   return std::min(most, std::bit_floor(kMaxChunkBytes / record_size(table)));
 }
 
@@ -70,18 +73,19 @@ std::size_t max_automatic_rows(Table table) {
 // recompresses the unfinished chunk, so its cost grows with the chunk; a chunk needs a few hundred rows
 // to deflate well. Short steps (small models) get small chunks and cheap step ends.
 std::size_t automatic_rows(Table table, std::size_t first_step_rows) {
-  const std::size_t least = table == Table::dump_values ? 1024 : 64;
+  const std::size_t least = table == Table::dump_values ? 1024 : table == Table::string_bytes ? 4096 : 64;
   const std::size_t rows = (4 * std::max<std::size_t>(first_step_rows, 1) + 63) / 64 * 64;
   return std::clamp(rows, least, std::max(least, max_automatic_rows(table)));
 }
 
 // Chunk rows when the options fix them: chunk_rows for most tables, fewer for the 1 KiB histogram
-// records and the tables that get a row per step, more for 8-byte dump values.
+// records and the tables that get a row per step, more for 8-byte dump values and the bytes of texts.
 std::size_t fixed_rows(Table table, std::size_t chunk_rows) {
   switch (table) {
     case Table::steps: return std::min(chunk_rows, kIndexChunk);
     case Table::histograms: return std::max<std::size_t>(1, chunk_rows / 4);
     case Table::dump_values: return chunk_rows * 4;
+    case Table::string_bytes: return chunk_rows * 32;
     default: return chunk_rows;
   }
 }
@@ -139,6 +143,12 @@ class FileWriter {
       // /index is tiny and written with H5Dwrite: uncompressed, so its chunk is rewritten in place.
       create_dataset(table, table == Table::index ? 0 : compression_);
     }
+    for (int t = 0; t < kDataTableCount; ++t) {
+      const Table table = static_cast<Table>(t);
+      if (!text_fields(table).empty()) {
+        write_text_attribute(io_, datasets_[index_of(table)].get(), table_path(table), "text_fields", text_fields(table));
+      }
+    }
     const std::string hist = table_path(Table::histograms);
     write_int_attribute(io_, datasets_[index_of(Table::histograms)].get(), hist, "min_exponent", kHistMinExponent);
     write_int_attribute(io_, datasets_[index_of(Table::histograms)].get(), hist, "max_exponent", kHistMaxExponent);
@@ -180,7 +190,7 @@ class FileWriter {
       dirty_[t] = false;
       record.rows[t] = totals[static_cast<std::size_t>(t)];
     }
-    record.crc32 = index_crc32(record);
+    record.crc32 = index_crc32(record, kFormatVersion);
     if (indexed_ && std::memcmp(&record, &last_index_, sizeof record) == 0) return;
     append_index(record);
     last_index_ = record;
@@ -281,10 +291,12 @@ std::vector<ByteRange> float_columns(const Io& io, Table table) {
       ranges.push_back({begin, begin + size});
     }
   };
-  if (io.check(H5Tget_class(type.get()), "H5Tget_class", where) == H5T_FLOAT) {
+  const H5T_class_t type_class = io.check(H5Tget_class(type.get()), "H5Tget_class", where);
+  if (type_class == H5T_FLOAT) {
     add(0, H5Tget_size(type.get()));
     return ranges;
   }
+  if (type_class != H5T_COMPOUND) return ranges;  // the bytes of texts
   const int members = io.check(H5Tget_nmembers(type.get()), "H5Tget_nmembers", where);
   for (int m = 0; m < members; ++m) {
     const unsigned i = static_cast<unsigned>(m);
@@ -349,6 +361,16 @@ class OutputLock {
   int fd_ = -1;
 };
 
+// Hashes std::string and std::string_view alike, so the interner looks texts up without a copy.
+struct TextHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
+};
+
+// The interner keeps at most this many bytes of texts; past it, it starts afresh (a text seen before
+// then gets a second id: the trace stays correct and memory stays bounded, whatever the run writes).
+constexpr std::size_t kMaxInternedBytes = std::size_t{32} << 20;
+
 }  // namespace
 
 struct TraceWriter::State {
@@ -371,6 +393,27 @@ struct TraceWriter::State {
   std::array<Staging, kDataTableCount> staging;
   std::int64_t last_step = -1;
   bool closed = false;
+
+  // The texts written so far and their ids (rows of /strings), on the caller's thread.
+  struct Interner final : TextIds {
+    State* state = nullptr;
+    std::unordered_map<std::string, TextId, TextHash, std::equal_to<>> ids;
+    std::size_t held = 0;            // bytes of the texts in `ids`
+    TextId next = 0;                 // rows of /strings so far
+    std::int64_t bytes = 0;          // bytes of /string_bytes so far
+    TextId id(std::string_view text) override {
+      if (const auto it = ids.find(text); it != ids.end()) return it->second;
+      if (held + text.size() > kMaxInternedBytes) {
+        ids.clear();
+        held = 0;
+      }
+      state->write_text(to_utf8(text), bytes);
+      const TextId id = next++;
+      ids.emplace(std::string(text), id);
+      held += text.size() + 64;  // the map's node and the string's header, roughly
+      return id;
+    }
+  } interner;
 
   // Shared with the writer and compression threads, under `mutex`.
   std::mutex mutex;
@@ -481,7 +524,8 @@ struct TraceWriter::State {
     job->table = table;
     job->chunk = s.chunk;
     job->rows = s.rows;
-    job->weight = s.rows;  // what it holds in memory, and will once compressed
+    // What it holds in memory, and will once compressed, in records of a few hundred bytes.
+    job->weight = table == Table::string_bytes ? (s.rows + 255) / 256 : s.rows;
     if (s.rows == chunks[t]) {
       job->records = std::move(s.bytes);
       s.bytes = spare_buffer(t);
@@ -528,14 +572,43 @@ struct TraceWriter::State {
     }
   }
 
-  // One record: encoded in place at the end of the table's buffer.
+  // One record, appended to the table's buffer. It is encoded first: its new texts go to /strings and
+  // /string_bytes before it, so a flush that holds the row holds its texts.
   template <class Record, class Row>
   void write_record(Table table, const Row& row) {
     check_error();
+    Record record;
+    if constexpr (std::is_same_v<Record, StepRecord>) {
+      encode(row, record);
+    } else {
+      encode(row, record, interner);
+    }
+    append_record(table, &record, sizeof record);
+  }
+
+  void append_record(Table table, const void* record, std::size_t size) {
     room(table, 1);
     Staging& s = staging[index_of(table)];
-    encode(row, *new (s.bytes.data() + s.rows * sizeof(Record)) Record);
+    std::memcpy(s.bytes.data() + s.rows * size, record, size);
     added(table, 1);
+  }
+
+  // A new text: its bytes at the end of /string_bytes (`end` bytes so far, advanced), its row in /strings.
+  void write_text(const std::string& text, std::int64_t& end) {
+    const StringRecord record{end, static_cast<std::int64_t>(text.size()), crc32_of(text.data(), text.size())};
+    append_record(Table::strings, &record, sizeof record);
+    const Table table = Table::string_bytes;
+    const char* bytes = text.data();
+    std::size_t count = text.size();
+    while (count > 0) {
+      const std::size_t n = room(table, count);
+      Staging& s = staging[index_of(table)];
+      std::memcpy(s.bytes.data() + s.rows, bytes, n);
+      added(table, n);
+      bytes += n;
+      count -= n;
+    }
+    end += static_cast<std::int64_t>(text.size());
   }
 
   // Many plain values (dump values), split at chunk ends.
@@ -665,6 +738,7 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
   State& s = *state_;
   s.path = path;
   s.info = info;
+  s.interner.state = &s;
   s.options = options;
   const Io io(path.string(), "write");
   if (options.queue_rows == 0) io.fail("queue_rows is 0", "use at least 1 (16384 is the default)");
@@ -718,14 +792,11 @@ void TraceWriter::write(const HistogramRow& row) { state_->write_record<Histogra
 void TraceWriter::write(const DumpRow& row) {
   State& s = *state_;
   s.check_error();
+  DumpRecord record;
+  encode(row, record, s.interner);
   // The record points at its values in /dump_values: where the next value will go.
-  const std::int64_t offset = s.total(index_of(Table::dump_values));
-  s.room(Table::dumps, 1);
-  State::Staging& d = s.staging[index_of(Table::dumps)];
-  DumpRecord* record = new (d.bytes.data() + d.rows * sizeof(DumpRecord)) DumpRecord;
-  encode(row, *record);
-  record->values_offset = offset;
-  s.added(Table::dumps, 1);
+  record.values_offset = s.total(index_of(Table::dump_values));
+  s.append_record(Table::dumps, &record, sizeof record);
   s.write_values(row.values.data(), row.values.size());
 }
 

@@ -15,7 +15,7 @@ packages=(
   cmake ninja-build g++ pkgconf                      # build tools
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
   libopenblas-dev                                    # CPU matrix products
-  libhdf5-dev hdf5-tools python3-h5py                # traces
+  libhdf5-dev hdf5-tools python3-h5py python3-pandas # traces (pandas: docs/examples/read_trace.py)
   libimgui-dev libglfw3-dev libgl-dev libstb-dev     # viewer
   xvfb xauth libgl1-mesa-dri                         # viewer tests without a screen
   libgtest-dev libgmock-dev libbenchmark-dev         # tests and benchmarks

@@ -5,13 +5,15 @@
 //    a complete trace, /ops resized to 2^31 unwritten rows, a changed attribute, counts past the tables),
 //    each with the error or the marked partial result it must give.
 //  - Seeded mutants of real traces (a healthy run, a run with anomalies at probe level full, a run
-//    killed before it closed its trace, the committed format_version 1 and 2 fixtures) and of a
+//    killed before it closed its trace, the committed format_version 1, 2 and 3 fixtures) and of a
 //    checkpoint: byte flips anywhere, flips inside the global heap collection (GCOL), truncations, zeroed
-//    blocks, zeroed or edited /index rows, crafted table sizes, edited attributes. Each mutant runs in a
+//    blocks, zeroed or edited /index rows, crafted table sizes, edited attributes, and edits of format_version
+//    4's string table through HDF5 (a text's byte, an entry's field, a row's text id). Each mutant runs in a
 //    forked child with a time limit (alarm) and, without sanitizers, an address-space limit: a crash is a
 //    signal, a hang SIGALRM, a blow-up bad_alloc or a large peak RSS, and each counts as a failure. So does
-//    a result with fewer steps or op rows than the original and no damage note, and a checkpoint that
-//    loads and then trains to other numbers.
+//    a result with fewer steps or op rows than the original and no damage note, a row text (op name, module,
+//    event, parameter) other than the original's with no damage note, and a checkpoint that loads and then
+//    trains to other numbers.
 //
 // AMPSCOPE_FUZZ_CASES sets the number of trace mutants (default sized for about a minute on 2 cores in
 // CI, with a fifth as many checkpoint mutants); AMPSCOPE_FUZZ_SEED the first seed.
@@ -24,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -92,7 +95,23 @@ struct Base {
   bool complete = true;
   bool variable_length = false;  // format_version 1 or 2: text attributes in the global heap
   std::int64_t steps = 0, op_rows = 0;
+  std::array<std::vector<std::string>, 3> texts;  // every text of every /ops, /events and /grads row, in order
 };
+
+// The texts of a trace's rows, one line per row of /ops, /events and /grads: what a mutant must give back
+// exactly unless it says it is damaged.
+std::array<std::vector<std::string>, 3> texts_of(TraceReader& r) {
+  std::array<std::vector<std::string>, 3> out;
+  for (const OpRow& o : r.ops()) {
+    out[0].push_back(fmt::format("op {} {} {} {} {} {} {} {} {}", o.step, o.seq, phase_name(o.phase), o.op, o.module, o.in_dtypes,
+                                 o.out_dtype, o.shape, o.autocast));
+  }
+  for (const EventRow& e : r.events()) {
+    out[1].push_back(fmt::format("event {} {} {} {} {} {}", e.step, e.seq, e.kind, e.op, e.module, e.detail));
+  }
+  for (const GradRow& g : r.grads()) out[2].push_back(fmt::format("grad {} {} {}", g.step, g.param, g.dtype));
+  return out;
+}
 
 samples::TrainConfig config(const std::string& sample, std::int64_t steps, const fs::path& out, const std::string& scenario = "") {
   samples::TrainConfig c;
@@ -133,6 +152,7 @@ Base describe(std::string name, fs::path path) {
   const analysis::Report rep = analysis::analyse(r);
   b.steps = rep.steps;
   b.op_rows = rep.op_rows;
+  b.texts = texts_of(r);
   EXPECT_TRUE(rep.damage.empty()) << b.name << ": " << rep.damage.front();
   return b;
 }
@@ -159,6 +179,7 @@ struct Corpus {
     traces.push_back(describe("killed", killed));
     traces.push_back(describe("v1 fixture", kFixtures / "v1-mlp-log-zero.h5"));
     traces.push_back(describe("v2 fixture", kFixtures / "v2-mlp-log-zero-full.h5"));
+    traces.push_back(describe("v3 fixture", kFixtures / "v3-mlp-log-zero-full.h5"));
 
     checkpoint = dir.file("ck.h5");
     samples::TrainConfig save = config("mlp", 2, "");
@@ -196,18 +217,21 @@ hid_t open_rw(const fs::path& p) {
   return id;
 }
 
-const char* const kTables[] = {"steps", "ops", "grads", "events", "histograms", "dumps", "dump_values"};
+const char* const kTables[] = {"steps", "ops", "grads", "events", "histograms", "dumps", "dump_values", "strings", "string_bytes"};
 
-// The /index rows as step + 7 counts (and crc32 where the file has it), read and written by field name.
+// The /index rows as step + 7 counts (9 from format_version 4) and crc32 where the file has it, read and
+// written by field name.
 struct IndexRows {
   std::vector<detail::IndexRecord> rows;
   bool has_crc = false;
+  int tables = detail::kLegacyDataTables;
+  std::int64_t version() const { return tables == detail::kDataTableCount ? 4 : 3; }
 };
 
-hid_t index_memory_type(bool crc) {
+hid_t index_memory_type(bool crc, int tables) {
   const hid_t t = H5Tcreate(H5T_COMPOUND, sizeof(detail::IndexRecord));
   H5Tinsert(t, "step", offsetof(detail::IndexRecord, step), H5T_NATIVE_INT64);
-  for (int i = 0; i < detail::kDataTableCount; ++i) {
+  for (int i = 0; i < tables; ++i) {
     H5Tinsert(t, kTables[i], offsetof(detail::IndexRecord, rows) + 8 * static_cast<std::size_t>(i), H5T_NATIVE_INT64);
   }
   if (crc) H5Tinsert(t, "crc32", offsetof(detail::IndexRecord, crc32), H5T_NATIVE_INT64);
@@ -219,13 +243,14 @@ bool read_index(hid_t file, IndexRows& out) {
   if (ds < 0) return false;
   const hid_t ft = H5Dget_type(ds);
   out.has_crc = H5Tget_member_index(ft, "crc32") >= 0;
+  out.tables = H5Tget_member_index(ft, "strings") >= 0 ? detail::kDataTableCount : detail::kLegacyDataTables;
   H5Tclose(ft);
   const hid_t space = H5Dget_space(ds);
   hsize_t n = 0;
   H5Sget_simple_extent_dims(space, &n, nullptr);
   H5Sclose(space);
   out.rows.assign(static_cast<std::size_t>(n), detail::IndexRecord{});
-  const hid_t mt = index_memory_type(out.has_crc);
+  const hid_t mt = index_memory_type(out.has_crc, out.tables);
   const herr_t ok = n == 0 ? 0 : H5Dread(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.rows.data());
   H5Tclose(mt);
   H5Dclose(ds);
@@ -235,13 +260,13 @@ bool read_index(hid_t file, IndexRows& out) {
 bool write_index(hid_t file, const IndexRows& in, bool fix_crc) {
   IndexRows rows = in;
   if (fix_crc && rows.has_crc) {
-    for (auto& r : rows.rows) r.crc32 = detail::index_crc32(r);
+    for (auto& r : rows.rows) r.crc32 = detail::index_crc32(r, rows.version());
   }
   const hid_t ds = H5Dopen2(file, "/index", H5P_DEFAULT);
   if (ds < 0) return false;
   const hsize_t n = rows.rows.size();
   H5Dset_extent(ds, &n);
-  const hid_t mt = index_memory_type(rows.has_crc);
+  const hid_t mt = index_memory_type(rows.has_crc, rows.tables);
   const herr_t ok = n == 0 ? 0 : H5Dwrite(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.rows.data());
   H5Tclose(mt);
   H5Dclose(ds);
@@ -275,6 +300,54 @@ bool set_text_attribute(hid_t file, const char* name, const std::string& text) {
   return ok >= 0;
 }
 
+// Rows of a one-dimensional dataset (`count` from `first`) in `memory` type, read or written.
+bool rows_io(hid_t file, const char* table, hid_t memory, hsize_t first, hsize_t count, void* data, bool write) {
+  const hid_t ds = H5Dopen2(file, fmt::format("/{}", table).c_str(), H5P_DEFAULT);
+  if (ds < 0) return false;
+  const hid_t space = H5Dget_space(ds);
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  herr_t ok = -1;
+  if (count > 0 && first + count <= n) {
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, &first, nullptr, &count, nullptr);
+    const hid_t mspace = H5Screate_simple(1, &count, nullptr);
+    ok = write ? H5Dwrite(ds, memory, mspace, space, H5P_DEFAULT, data) : H5Dread(ds, memory, mspace, space, H5P_DEFAULT, data);
+    H5Sclose(mspace);
+  }
+  H5Sclose(space);
+  H5Dclose(ds);
+  return ok >= 0;
+}
+
+hsize_t rows_of(hid_t file, const char* table) {
+  const std::string path = fmt::format("/{}", table);
+  if (H5Lexists(file, path.c_str(), H5P_DEFAULT) <= 0) return 0;  // older traces have no string table
+  const hid_t ds = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
+  if (ds < 0) return 0;
+  const hid_t space = H5Dget_space(ds);
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  H5Sclose(space);
+  H5Dclose(ds);
+  return n;
+}
+
+// Reads `field` (int64) of row `row` of `table`, passes it through `change` and writes it back (HDF5
+// compresses the chunk again: a forgery whose chunk checksums are right). nullopt when it cannot.
+std::optional<std::int64_t> edit_int_field(hid_t file, const char* table, const char* field, hsize_t row,
+                                           const std::function<std::int64_t(std::int64_t)>& change) {
+  const hid_t t = H5Tcreate(H5T_COMPOUND, sizeof(std::int64_t));
+  H5Tinsert(t, field, 0, H5T_NATIVE_INT64);
+  std::int64_t value = 0;
+  std::optional<std::int64_t> done;
+  if (rows_io(file, table, t, row, 1, &value, false)) {
+    value = change(value);
+    if (rows_io(file, table, t, row, 1, &value, true)) done = value;
+  }
+  H5Tclose(t);
+  return done;
+}
+
 bool set_int_attribute(hid_t file, const char* name, std::int64_t value) {
   const hid_t a = H5Aopen(file, name, H5P_DEFAULT);
   if (a < 0) return false;
@@ -283,7 +356,7 @@ bool set_int_attribute(hid_t file, const char* name, std::int64_t value) {
   return ok >= 0;
 }
 
-enum class Kind { flip, heap_flip, truncate, zero_block, zero_index, edit_index, crafted_size, edit_attribute, count };
+enum class Kind { flip, heap_flip, truncate, zero_block, zero_index, edit_index, crafted_size, edit_attribute, edit_strings, count };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -295,6 +368,7 @@ const char* kind_name(Kind k) {
     case Kind::edit_index: return "edited /index";
     case Kind::crafted_size: return "crafted size";
     case Kind::edit_attribute: return "edited attribute";
+    case Kind::edit_strings: return "edited string table";
     default: return "?";
   }
 }
@@ -356,7 +430,7 @@ std::optional<std::string> mutate_with_hdf5(const fs::path& p, Kind kind, std::m
     what = all ? "zeroed every /index row" : "zeroed the last /index row";
   } else if (kind == Kind::edit_index && have_index && !index.rows.empty()) {
     auto& row = index.rows[pick(3) == 0 ? pick(index.rows.size()) : index.rows.size() - 1];
-    const std::size_t field = pick(1 + detail::kDataTableCount);
+    const std::size_t field = pick(1 + static_cast<std::uint64_t>(index.tables));
     std::int64_t v = field == 0 ? row.step : row.rows[field - 1];
     const std::int64_t values[] = {0, -1, v - 1, v + 1, v / 2, v * 2, std::int64_t{1} << 31, std::int64_t{1} << 62,
                                    std::numeric_limits<std::int64_t>::min(), static_cast<std::int64_t>(rng())};
@@ -367,7 +441,7 @@ std::optional<std::string> mutate_with_hdf5(const fs::path& p, Kind kind, std::m
     write_index(file, index, fix_crc);
     what = fmt::format("/index field {} set to {}{}", field, v, fix_crc ? " (crc recomputed)" : "");
   } else if (kind == Kind::crafted_size && have_index && !index.rows.empty()) {
-    const int t = static_cast<int>(pick(detail::kDataTableCount));
+    const int t = static_cast<int>(pick(static_cast<std::uint64_t>(index.tables)));
     const hsize_t sizes[] = {hsize_t{1} << 31, hsize_t{1} << 40, static_cast<hsize_t>(index.rows.back().rows[t]) + 1 + pick(5000),
                              static_cast<hsize_t>(pick(static_cast<std::uint64_t>(index.rows.back().rows[t]) + 1))};
     const hsize_t size = sizes[pick(std::size(sizes))];
@@ -378,6 +452,45 @@ std::optional<std::string> mutate_with_hdf5(const fs::path& p, Kind kind, std::m
       write_index(file, index, fix_crc);
     }
     what = fmt::format("/{} resized to {} rows", kTables[t], size);
+  } else if (kind == Kind::edit_strings && rows_of(file, "strings") > 0) {
+    // format_version 4's string table, edited through HDF5 (chunk checksums right): a byte of a text, a
+    // field of an entry, or a row's text id set to one that names no string. (A row's id set to another
+    // valid id is a consistent forgery, like a changed number: no reader can tell it from a real run.)
+    const hsize_t strings = rows_of(file, "strings"), bytes = rows_of(file, "string_bytes");
+    switch (pick(4)) {
+      case 0: {
+        const hsize_t at = pick(bytes);
+        const std::int64_t x = static_cast<std::int64_t>(1 + pick(255));
+        unsigned char b = 0;
+        if (rows_io(file, "string_bytes", H5T_NATIVE_UCHAR, at, 1, &b, false)) {
+          b ^= static_cast<unsigned char>(x);
+          rows_io(file, "string_bytes", H5T_NATIVE_UCHAR, at, 1, &b, true);
+        }
+        what = fmt::format("byte {} of /string_bytes ^ 0x{:02x}", at, x);
+        break;
+      }
+      case 1: {
+        const char* fields[] = {"offset", "length", "crc32"};
+        const char* field = fields[pick(3)];
+        const hsize_t row = pick(strings);
+        const std::int64_t delta = static_cast<std::int64_t>(pick(3)) == 0 ? std::int64_t{1} << 40 : 1 + static_cast<std::int64_t>(pick(7));
+        const auto v = edit_int_field(file, "strings", field, row, [&](std::int64_t x) { return pick(2) == 0 ? x + delta : x - delta; });
+        what = fmt::format("/strings row {} field {} set to {}", row, field, v ? *v : 0);
+        break;
+      }
+      default: {
+        const char* table = pick(2) == 0 ? "ops" : "events";
+        const char* field = std::string_view(table) == "ops" ? (pick(2) == 0 ? "op" : "module") : "kind";
+        const hsize_t rows = rows_of(file, table);
+        const hsize_t row = pick(rows);
+        const std::int64_t values[] = {-1, static_cast<std::int64_t>(strings), static_cast<std::int64_t>(strings) + 17,
+                                       std::int64_t{1} << 62, std::numeric_limits<std::int64_t>::min()};
+        const std::int64_t value = values[pick(std::size(values))];
+        const auto v = edit_int_field(file, table, field, row, [&](std::int64_t) { return value; });
+        what = fmt::format("/{} row {} field {} set to {}", table, row, field, v ? *v : 0);
+        break;
+      }
+    }
   } else if (kind == Kind::edit_attribute) {
     switch (pick(6)) {
       case 0: set_text_attribute(file, "precision", "fp64"); what = "precision fp64"; break;
@@ -517,7 +630,24 @@ int check_trace(const Base& base, const fs::path& mutant, const fs::path& note, 
       std::ofstream(note) << "the diff lost the damage note";
       return kSilent;
     }
-    return marked ? kMarked : kIntact;
+    if (marked) return kMarked;
+    // Unmarked: every text of every row as written (a shorter forgery: those of the rows it has).
+    const auto texts = texts_of(r);
+    for (std::size_t t = 0; t < texts.size(); ++t) {
+      const auto& got = texts[t];
+      const auto& want = base.texts[t];
+      for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+        if (got[i] != want[i]) {
+          std::ofstream(note) << fmt::format("row text '{}' reads as '{}', no damage note", want[i], got[i]);
+          return kSilent;
+        }
+      }
+      if (got.size() < want.size() && !shrunk) {
+        std::ofstream(note) << fmt::format("{} of {} row texts ({}), no damage note", got.size(), want.size(), want.front());
+        return kSilent;
+      }
+    }
+    return kIntact;
   } catch (const Error& e) {
     const std::string what = e.what();
     if (what.find(mutant.string()) == std::string::npos) {

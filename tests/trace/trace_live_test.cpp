@@ -1,7 +1,7 @@
 // A trace is readable while its writer runs (HDF5 SWMR: the reader sees rows grow at each step end, and
 // h5py can follow it too), and a writer killed with SIGKILL mid-run leaves a trace that opens with every
-// step flushed before the kill, whole, and complete = 0. Before the first step end (tables not created
-// yet) the reader says to try again. Writers run in child processes, since HDF5 does not let one
+// step flushed before the kill, whole (texts new in each step included), and complete = 0. Before the
+// first step end (tables not created yet) the reader says to try again. Writers run in child processes, since HDF5 does not let one
 // process open a file for writing and for SWMR reading at once.
 #include <signal.h>
 #include <sys/wait.h>
@@ -25,8 +25,16 @@ using testing::TempDir;
 
 constexpr int kOps = 37;
 
+// numbered_op with a module path new in every step and longer than a chunk of /string_bytes at
+// chunk_rows 16 (512 bytes) for some rows: each step end flushes texts, some across chunk boundaries.
+OpRow live_op(std::int64_t step, std::int64_t seq) {
+  OpRow o = testing::numbered_op(step, seq);
+  o.module = fmt::format("step{}.", step) + std::string(static_cast<std::size_t>(20 * seq), 'm');
+  return o;
+}
+
 void write_step(TraceWriter& w, int step) {
-  for (int seq = 0; seq < kOps; ++seq) w.write(testing::numbered_op(step, seq));
+  for (int seq = 0; seq < kOps; ++seq) w.write(live_op(step, seq));
   w.write(testing::numbered_step(step));
   w.end_step(step);
 }
@@ -40,7 +48,7 @@ char receive(int fd) {
   return read(fd, &c, 1) == 1 ? c : '\0';
 }
 
-// Every row of steps [0, steps) as numbered_op / numbered_step made them, and nothing else.
+// Every row of steps [0, steps) as live_op / numbered_step made them, and nothing else.
 void expect_whole_steps(TraceReader& r, int steps) {
   const std::vector<StepRow> step_rows = r.steps();
   ASSERT_EQ(step_rows.size(), static_cast<std::size_t>(steps));
@@ -48,7 +56,7 @@ void expect_whole_steps(TraceReader& r, int steps) {
   const std::vector<OpRow> ops = r.ops();
   ASSERT_EQ(ops.size(), static_cast<std::size_t>(steps * kOps));
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    testing::expect_same_op(testing::numbered_op(static_cast<std::int64_t>(i / kOps), static_cast<std::int64_t>(i % kOps)), ops[i]);
+    testing::expect_same_op(live_op(static_cast<std::int64_t>(i / kOps), static_cast<std::int64_t>(i % kOps)), ops[i]);
   }
 }
 

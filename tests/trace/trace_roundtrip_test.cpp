@@ -1,9 +1,10 @@
 // Round trips through the HDF5 trace: every field of every table written by TraceWriter comes back
-// from TraceReader as it was given (text longer than its field truncated with the documented marker),
+// from TraceReader as it was given (text of any length, whole: format_version 4),
 // including NaN, infinities, -0, subnormal doubles and empty strings; rows are selected by step range;
 // small chunks exercise chunks rewritten at step ends, and a tiny queue exercises back-pressure.
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,11 +25,6 @@ using testing::TempDir;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kDenormal = 4.9406564584124654e-324;  // the smallest positive double
-
-// Field widths of the format (docs/trace-format.md), NUL included: a field holds width - 1 bytes of
-// text; a longer text keeps width - 4 bytes, then "...".
-constexpr std::size_t kModuleWidth = 64;
-constexpr std::size_t kReasonWidth = 128;
 
 TEST(trace_roundtrip_test, keeps_every_field_of_every_table) {
   TempDir dir;
@@ -211,38 +207,107 @@ TEST(trace_roundtrip_test, keeps_every_field_of_every_table) {
   EXPECT_EQ(counts.dumps, 3);
 }
 
-TEST(trace_roundtrip_test, truncates_long_text_with_a_marker_at_a_character_boundary) {
+// The number of rows of a dataset, read with HDF5 itself.
+hsize_t dataset_rows(const std::filesystem::path& path, const char* name) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t ds = H5Dopen2(file, name, H5P_DEFAULT);
+  const hid_t space = H5Dget_space(ds);
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  H5Sclose(space);
+  H5Dclose(ds);
+  H5Fclose(file);
+  return n;
+}
+
+TEST(trace_roundtrip_test, keeps_every_text_whole_however_long) {
+  // Format_version 3 cut op names at 31 bytes and module paths at 63 (and every other text at its field's
+  // width); format_version 4 keeps texts in a string table. Lengths past those widths, texts spanning
+  // several chunks of /string_bytes (chunk_rows 3: 96 bytes), multi-byte UTF-8 and an embedded NUL.
   TempDir dir;
   const auto path = dir.file("long.h5");
-  OpRow ascii = testing::numbered_op(0, 0);
-  ascii.module = std::string(200, 'm');
-  ascii.autocast = std::string(300, 'r');
-  OpRow exact = testing::numbered_op(0, 1);
-  exact.module = std::string(kModuleWidth - 1, 'x');  // fits exactly
-  OpRow one_more = testing::numbered_op(0, 3);
-  one_more.module = std::string(kModuleWidth, 'y');  // one byte too long
-  OpRow utf8 = testing::numbered_op(0, 2);
-  utf8.module = "a";
-  for (int i = 0; i < 40; ++i) utf8.module += "\xC3\xA9";  // "a" then "é" x 40: 81 bytes
+  OpRow a = testing::numbered_op(0, 0);
+  a.op = "binary_cross_entropy_with_logits_and_a_sixty_character_names";  // 60 characters
+  ASSERT_EQ(a.op.size(), 60u);
+  a.module = "encoder";
+  while (a.module.size() < 200) a.module += ".block.11.layer.1.DenseReluDense";
+  a.module.resize(200);
+  a.autocast = std::string(300, 'r');
+  a.in_dtypes = "f16";
+  for (int i = 0; i < 40; ++i) a.in_dtypes += ",f16";  // cat of 41 tensors
+  a.shape = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]";
+  OpRow b = testing::numbered_op(0, 1);
+  b.module = "\xC3\xA9";
+  for (int i = 0; i < 100; ++i) b.module += ".\xE6\xA8\xA1\xE5\x9D\x97";  // ".模块" x 100
+  b.op = std::string("nul\0inside", 10);
+  OpRow c = a;  // the same texts again: stored once
+  c.seq = 2;
+  GradRow g{.step = 0, .param = std::string(500, 'p') + ".weight", .dtype = "f16"};
+  EventRow e{.step = 0, .seq = 0, .kind = std::string(40, 'k'), .op = a.op, .module = a.module, .detail = std::string(1000, 'd')};
+  HistogramRow h{.step = 0, .seq = 0, .tensor = g.param};
+  DumpRow d{.step = 0, .seq = 0, .op = a.op, .module = a.module, .tensor = "input 0 of a long op", .dtype = "f16", .shape = a.shape, .values = {1.5}};
   {
-    TraceWriter w(path, testing::sample_run());
-    w.write(ascii);
-    w.write(exact);
-    w.write(utf8);
-    w.write(one_more);
+    TraceWriter w(path, testing::sample_run(), {.chunk_rows = 3});
+    w.write(a);
+    w.write(b);
+    w.write(c);
+    w.write(g);
+    w.write(e);
+    w.write(h);
+    w.write(d);
+    w.write(testing::numbered_step(0));
+    w.end_step(0);
     w.close();
   }
   TraceReader r(path);
+  EXPECT_EQ(r.format_version(), 4);
   const std::vector<OpRow> ops = r.ops();
-  ASSERT_EQ(ops.size(), 4u);
-  EXPECT_EQ(ops[0].module, std::string(kModuleWidth - 4, 'm') + "...");
-  EXPECT_EQ(ops[0].autocast, std::string(kReasonWidth - 4, 'r') + "...");
-  EXPECT_EQ(ops[1].module, exact.module);
-  EXPECT_EQ(ops[3].module, std::string(kModuleWidth - 4, 'y') + "...");
-  // 60 bytes would end inside the 30th "é": keep "a" and 29 whole characters (59 bytes).
-  std::string expected = "a";
-  for (int i = 0; i < 29; ++i) expected += "\xC3\xA9";
-  EXPECT_EQ(ops[2].module, expected + "...");
+  ASSERT_EQ(ops.size(), 3u);
+  testing::expect_same_op(a, ops[0]);
+  testing::expect_same_op(b, ops[1]);
+  testing::expect_same_op(c, ops[2]);
+  ASSERT_EQ(r.grads().size(), 1u);
+  EXPECT_EQ(r.grads()[0].param, g.param);
+  ASSERT_EQ(r.events().size(), 1u);
+  EXPECT_EQ(r.events()[0].kind, e.kind);
+  EXPECT_EQ(r.events()[0].module, e.module);
+  EXPECT_EQ(r.events()[0].detail, e.detail);
+  ASSERT_EQ(r.histograms().size(), 1u);
+  EXPECT_EQ(r.histograms()[0].tensor, g.param);
+  ASSERT_EQ(r.dumps().size(), 1u);
+  EXPECT_EQ(r.dumps()[0].op, a.op);
+  EXPECT_EQ(r.dumps()[0].tensor, d.tensor);
+  EXPECT_EQ(r.dumps()[0].shape, a.shape);
+  EXPECT_TRUE(r.damage().empty());
+  // One row of /strings per distinct text given (a set of them), and their bytes back to back.
+  std::set<std::string> distinct;
+  for (const OpRow& o : {a, b, c}) {
+    for (const std::string& t : {std::string(phase_name(o.phase)), o.op, o.module, o.in_dtypes, o.out_dtype, o.shape, o.autocast})
+      distinct.insert(t);
+  }
+  for (const std::string& t : {g.param, g.dtype, e.kind, e.op, e.module, e.detail, h.tensor, d.op, d.module, d.tensor, d.dtype, d.shape})
+    distinct.insert(t);
+  EXPECT_EQ(dataset_rows(path, "/strings"), distinct.size());
+  std::size_t bytes = 0;
+  for (const std::string& t : distinct) bytes += t.size();
+  EXPECT_EQ(dataset_rows(path, "/string_bytes"), bytes);
+}
+
+TEST(trace_roundtrip_test, stores_text_that_is_not_utf8_with_replacement_characters) {
+  // Trace text is UTF-8 (h5py decodes it, JSON needs it): a byte that is not part of a well-formed
+  // character is stored as U+FFFD (EF BF BD), the rest as given.
+  TempDir dir;
+  const auto path = dir.file("bytes.h5");
+  OpRow o = testing::numbered_op(0, 0);
+  o.module = "ok.\xFF.\xC3\xA9.\xC3.\xED\xA0\x80";  // 0xFF; é; a lone lead byte; an encoded surrogate
+  {
+    TraceWriter w(path, testing::sample_run());
+    w.write(o);
+    w.close();
+  }
+  TraceReader r(path);
+  ASSERT_EQ(r.ops().size(), 1u);
+  EXPECT_EQ(r.ops()[0].module, "ok.\xEF\xBF\xBD.\xC3\xA9.\xEF\xBF\xBD.\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
 TEST(trace_roundtrip_test, selects_rows_by_step_range_in_written_order) {

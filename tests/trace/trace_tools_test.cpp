@@ -37,14 +37,20 @@ TEST(trace_tools_test, h5dump_prints_fields_values_and_attributes) {
   const auto path = dir.file("dump.h5");
   write_small_trace(path);
   std::string out;
-  ASSERT_EQ(testing::run_command("h5dump -d /steps -d /ops -a /complete -a /format " + path.string(), out), 0) << out;
+  // -r prints /string_bytes (one-byte integers) as text: the texts back to back, as docs/trace-format.md shows.
+  ASSERT_EQ(testing::run_command("h5dump -d /steps -d /ops -d /strings -a /complete -a /format -r -w 0 -d /string_bytes " +
+                                     path.string(),
+                                 out),
+            0)
+      << out;
   for (const char* field : {"\"step\"", "\"loss\"", "\"scale_after\"", "\"found_inf\"", "\"growth_tracker\"", "\"time_ms\"",
                             "\"phase\"", "\"op\"", "\"module\"", "\"in_dtypes\"", "\"out_dtype\"", "\"absmax\"", "\"rms\"",
-                            "\"cast_overflow\"", "\"origin\""}) {
+                            "\"cast_overflow\"", "\"origin\"", "\"offset\"", "\"length\"", "\"crc32\""}) {
     EXPECT_NE(out.find(field), std::string::npos) << "h5dump output lacks the field " << field << ":\n" << out;
   }
-  // Values as written: the module of op (2, 4), a loss of 5 / 3, the phase name, the format name.
-  for (const char* value : {"\"blocks.4.attn.qkv\"", "1.66667", "\"forward\"", "\"backward\"", "\"ampscope-trace\"", "TRUE"}) {
+  // Values as written: a loss of 5 / 3, the format name; texts in the order first written: op (0, 0)'s
+  // phase, op, module, dtypes.
+  for (const char* value : {"1.66667", "\"ampscope-trace\"", "TRUE", "\"forwardlinearblocks.0.attn.qkvf16,f16,f16f16[1, 128]"}) {
     EXPECT_NE(out.find(value), std::string::npos) << "h5dump output lacks " << value << ":\n" << out.substr(0, 4000);
   }
   EXPECT_NE(out.find("ATTRIBUTE \"complete\""), std::string::npos);
@@ -75,14 +81,20 @@ TEST(trace_tools_test, debian_h5py_reads_steps_ops_and_complete) {
          "print('crc', zlib.crc32(text) == int(a['attributes_crc32']))\n"
          "steps = f['steps']\n"
          "print('steps', len(steps), list(steps['step']), round(float(steps['loss'][2]), 6), list(steps['found_inf']))\n"
-         "ops = f['ops']\n"
-         "print('ops', len(ops), ops['op'][0].decode(), ops['module'][4].decode(), ops['phase'][1].decode(), float(ops['mean'][14]))\n";
+         // Texts (format_version 4): ids into /strings, whose rows locate them in /string_bytes, with their CRC-32.
+         "blob = f['string_bytes'][:].tobytes()\n"
+         "s = f['strings'][:]\n"
+         "texts = [blob[o:o + n].decode() for o, n in zip(s['offset'], s['length'])]\n"
+         "print('texts crc', all(zlib.crc32(t.encode()) == c for t, c in zip(texts, s['crc32'])))\n"
+         "ops = f['ops'][:]\n"
+         "print('ops', len(ops), texts[ops['op'][0]], texts[ops['module'][4]], texts[ops['phase'][1]], float(ops['mean'][14]))\n";
   }
   ASSERT_EQ(testing::run_command(python + " " + script.string() + " " + path.string(), out), 0) << out;
   EXPECT_NE(out.find("complete 1"), std::string::npos) << out;
   EXPECT_NE(out.find(fmt::format("format ampscope-trace {} ", kFormatVersion)), std::string::npos) << out;
   // docs/trace-format.md's recipe for checking attributes_crc32 by hand.
   EXPECT_NE(out.find("crc True"), std::string::npos) << out;
+  EXPECT_NE(out.find("texts crc True"), std::string::npos) << out;
   // numbered_step: loss = 5 / (step + 1); found_inf on odd steps.
   EXPECT_NE(out.find("steps 3 [0, 1, 2] 1.666667 [False, True, False]"), std::string::npos) << out;
   // numbered_op: op "linear" when seq % 3 == 0, module blocks.(seq % 7), phase seq % 4, mean step*1000+seq+0.25.
