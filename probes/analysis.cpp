@@ -71,7 +71,7 @@ std::string cause_of(const OpRow& r) {
   if (is_log(r.op) && (h.neg_inf > 0 || h.nan > 0)) return "log_of_zero";
   if (r.phase == Phase::backward) return "gradient_overflow";
   if (r.cast_overflow > 0) return "f16_overflow";
-  if (r.op == "exp" && h.pos_inf > 0) return "exp_overflow";
+  if ((r.op == "exp" || r.op == "expm1") && h.pos_inf > 0) return "exp_overflow";
   if ((r.op == "div" || r.op == "reciprocal" || r.op == "rsqrt") && inf) return "division_by_zero";
   if (inf && r.out_dtype == "f16") return "f16_overflow";
   if (!inf && h.nan > 0) return "invalid_operation";
@@ -208,7 +208,8 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
                            "compute the loss from the logits, not from sigmoid's probabilities: "
                            "binary_cross_entropy_with_logits(z, y) never rounds a probability to 0 or 1",
                            "", "Tensor loss = binary_cross_entropy_with_logits(z, y);  // instead of s = sigmoid(z), "
-                               "then log(s) and log(1 - s)"));
+                               "then log(s) and log(1 - s); or by hand: -mean(y * logsigmoid(z) + (1 - y) * "
+                               "logsigmoid(-z))"));
     } else if (std::any_of(d.chain.begin(), d.chain.end(), [](const ChainLink& l) { return l.op == "softmax"; })) {
       out.push_back(simple("stable_formulation",
                            "use log_softmax (or cross_entropy on the logits) instead of log(softmax(x)): it never "
@@ -220,13 +221,13 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
                         fmt::format("clamp the log's input away from 0: clamp(p, {}){} (a stopgap: the gradient is 0 "
                                     "where it clamps)",
                                     number(eps), eps_why),
-                        "", fmt::format("Tensor safe = clamp(p, {}, std::nullopt);  // then log(safe)", number(eps)), eps);
+                        "", fmt::format("Tensor safe = clamp_min(p, {});  // then log(safe)", number(eps)), eps);
       out.push_back(std::move(c));
     } else {
       out.push_back(simple("epsilon",
                            fmt::format("add an epsilon to the denominator that survives {}: {}{}", dtype_words(dtype),
                                        number(eps), eps_why),
-                           "", fmt::format("Tensor denom = add(denominator, {});", number(eps)), eps));
+                           "", fmt::format("Tensor denom = denominator + {};", number(eps)), eps));
     }
     if (low) f32(d.root_cause == "saturation" || d.root_cause == "cancellation"
                      ? fmt::format("{} has more significant bits, so {} saturates later (a delay, not a cure)",
@@ -241,7 +242,7 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
     out.push_back(simple("stable_formulation",
                          "subtract the row's max before exp (softmax, log_softmax and cross_entropy do it for you): "
                          "exp of a value above 11.09 overflows f16",
-                         "", "Tensor p = softmax(x, -1);  // or log_softmax / cross_entropy, instead of exp(x) then a sum"));
+                         "", "Tensor e = exp(x - amax(x, {-1}, true));  // or softmax / log_softmax / cross_entropy"));
     f32("exp overflows f32 only above 88.7");
     if (f16) out.push_back(bf16_remedy());
     return out;
@@ -251,7 +252,7 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
                          fmt::format("add an epsilon to the denominator that survives {} ({}){}, or mask the zero "
                                      "entries",
                                      dtype_words(r.out_dtype), number(eps), eps_why),
-                         "", fmt::format("Tensor denom = add(denominator, {});", number(eps)), eps));
+                         "", fmt::format("Tensor denom = denominator + {};", number(eps)), eps));
     f32("");
     return out;
   }
@@ -386,12 +387,18 @@ bool zero_by_design(const OpRow& r, const SeqIndex& idx) {
   return false;
 }
 
+// Ops that add or subtract (rsub is what `1 - t` records): where exact zeros from inputs without any are
+// a cancellation.
+bool adds_or_subtracts(const OpRow& r) { return r.op == "add" || r.op == "sub" || r.op == "rsub"; }
+
 // Ops that hand their input's values on (up to sign, layout, dtype or a constant factor): a zero or a
 // boundary value in the input stays one in the output.
 bool passes_on(const OpRow& r) {
   static const std::set<std::string> ops = {"neg", "to", "view", "reshape", "transpose", "permute", "slice", "expand",
                                             "contiguous", "clone", "mul", "sqrt", "mean", "sum", "relu", "clamp",
-                                            "abs", "pow", "add", "sub", "div", "cat", "squeeze", "unsqueeze"};
+                                            "abs", "pow", "add", "sub", "div", "cat", "squeeze", "unsqueeze",
+                                            "clamp_min", "clamp_max", "maximum", "minimum", "max", "min", "amax",
+                                            "amin"};
   return ops.count(r.op) > 0;
 }
 
@@ -699,7 +706,8 @@ struct Analyser::State {
     std::size_t vanished = 0;  // index in rev + 1, 0 when none
     for (int guard = 0; p != nullptr && guard < 64 && root.empty(); ++guard) {
       const OpRow* zin = nullptr;
-      for (std::size_t i = 0; i < trace::kOpInputs; ++i) {
+      // c - x (rsub, what `1 - s` records) makes its zeros where x equals c, not from zeros in x.
+      for (std::size_t i = 0; i < trace::kOpInputs && p->op != "rsub"; ++i) {
         const OpRow* q = producer_of(*p, i, idx);
         if (q != nullptr && q->health.zero > 0) {
           zin = q;
@@ -707,11 +715,11 @@ struct Analyser::State {
         }
       }
       if (zin != nullptr && passes_on(*p)) {
-        if (vanished == 0 && (((p->op == "add" || p->op == "sub") && tensor_inputs(*p) == 1 &&
-                               p->health.zero >= zin->health.zero) ||
-                              (p->op == "clamp" && p->health.zero > 0))) {
+        const bool clamps_low = p->op == "clamp" || p->op == "clamp_min";
+        if (vanished == 0 && (((p->op == "add" || p->op == "sub") && tensor_inputs(*p) == 1 && p->health.zero >= zin->health.zero) ||
+                              (clamps_low && p->health.zero > 0))) {
           rev.push_back(link(*p, "underflow",
-                             p->op == "clamp"
+                             clamps_low
                                  ? fmt::format("{} still holds {} exact zeros: its lower bound rounds to 0 in {} (in "
                                                "f16 anything up to 2^-25 = 3e-8 does, 1e-8 included)",
                                                where_text(*p), p->health.zero, p->out_dtype)
@@ -742,7 +750,7 @@ struct Analyser::State {
         root = "saturation";
         break;
       }
-      if (p->op == "add" || p->op == "sub") {
+      if (adds_or_subtracts(*p)) {
         rev.push_back(link(*p, "cancellation",
                            fmt::format("{} returned {} exact zeros of {} from inputs that held none: the values it "
                                        "combines cancel exactly in {}",
@@ -794,7 +802,8 @@ struct Analyser::State {
     // Ops that select some of their input's entries (a loss picking the target's column, a mask, a pool)
     // can return exactly the right values while other entries are non-finite: not damage.
     static const std::set<std::string> selecting = {"nll_loss", "where", "masked_fill", "max_pool2d", "argmax",
-                                                    "embedding", "slice", "gather", "index_select", "cross_entropy"};
+                                                    "embedding", "slice", "gather", "index_select", "cross_entropy",
+                                                    "max", "min", "amax", "amin", "maximum", "minimum"};
     for (const OpRow& r : ops) {
       if (r.phase != Phase::forward || non_finite(r) > 0 || r.health.numel <= 0 || selecting.count(r.op) > 0) continue;
       for (std::size_t i = 0; i < trace::kOpInputs; ++i) {
