@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -188,6 +189,7 @@ OpDiff make_diff(const OpRow& x, const OpRow& y, std::int64_t occurrence, const 
                  double scale_y) {
   OpDiff d;
   d.key = {.step = x.step, .phase = x.phase, .module = x.module, .op = x.op, .occurrence = occurrence};
+  d.step_b = y.step;
   d.seq_a = x.seq;
   d.seq_b = y.seq;
   d.dtypes_a = dtypes_of(x);
@@ -314,7 +316,7 @@ class Comparison {
  public:
   Comparison(DiffReport& report, const DiffOptions& options) : report_(report), options_(options) {}
 
-  void step(std::span<const OpRow> a, std::span<const OpRow> b, double scale_a, double scale_b) {
+  void step(std::span<const OpRow> a, std::span<const OpRow> b, double scale_a, double scale_b, std::int64_t step_b) {
     aligner_.align(a, b);
     for (const auto& [i, j] : aligner_.pairs()) {
       const OpRow &x = a[i], &y = b[j];
@@ -329,6 +331,7 @@ class Comparison {
                         (largest_.size() < options_.largest || s.max_rel >= largest_.front().max_rel);
       if (!first && !keep) continue;
       OpDiff d = make_diff(x, y, aligner_.occurrence(i), s, scale_a, scale_b);
+      d.step_b = step_b;
       if (keep) offer(d);
       if (first) report_.first_divergence = std::move(d);
     }
@@ -469,7 +472,8 @@ class GradComparison {
  public:
   GradComparison(DiffReport& report, const DiffOptions& options) : report_(report), options_(options) {}
 
-  void step(std::span<const GradRow> a, std::span<const GradRow> b, double scale_a, double scale_b) {
+  void step(std::span<const GradRow> a, std::span<const GradRow> b, double scale_a, double scale_b,
+            std::int64_t step_b) {
     const std::vector<TrueGrad> ga = true_gradients(a, scale_a), gb = true_gradients(b, scale_b);
     std::unordered_map<std::string_view, const TrueGrad*> by_param;
     for (const TrueGrad& g : gb) by_param.emplace(g.row->param, &g);
@@ -481,6 +485,7 @@ class GradComparison {
       const bool known = std::isfinite(x.divisor) && std::isfinite(y.divisor);
       GradDiff d;
       d.step = x.row->step;
+      d.step_b = step_b;
       d.param = x.row->param;
       d.scale_a = x.divisor;
       d.scale_b = y.divisor;
@@ -515,6 +520,80 @@ class GradComparison {
   std::unordered_map<std::string, Peak> peaks_;
 };
 
+// Steps a run skipped while its GradScaler calibrated (DiffReport::calibration_skips_a): skipped with a
+// finite loss, a later unskipped step ran at a smaller scale (backing off cured it), and no earlier unskipped
+// step had run at this scale or above (the scale was too high; the gradients had not grown). The analysis
+// (analysis.cpp, "calibration") applies the same test.
+std::vector<std::int64_t> calibration_skips(std::vector<StepRow> rows) {
+  std::sort(rows.begin(), rows.end(), [](const StepRow& x, const StepRow& y) { return x.step < y.step; });
+  const std::size_t n = rows.size();
+  std::vector<double> clean_max_before(n + 1, -std::numeric_limits<double>::infinity());
+  std::vector<double> clean_min_after(n + 1, std::numeric_limits<double>::infinity());
+  for (std::size_t i = 0; i < n; ++i)
+    clean_max_before[i + 1] = rows[i].skipped ? clean_max_before[i] : std::max(clean_max_before[i], rows[i].scale);
+  for (std::size_t i = n; i-- > 0;)
+    clean_min_after[i] = rows[i].skipped ? clean_min_after[i + 1] : std::min(clean_min_after[i + 1], rows[i].scale);
+  std::vector<std::int64_t> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    const StepRow& r = rows[i];
+    if (r.skipped && std::isfinite(r.loss) && clean_min_after[i + 1] < r.scale && !(clean_max_before[i] >= r.scale))
+      out.push_back(r.step);
+  }
+  return out;
+}
+
+// Which step of b is compared with which step of a. By step number (the identity), unless the runs'
+// calibration skips differ: then by optimizer update (DiffReport::aligned_by_update).
+struct StepPairing {
+  bool by_update = false;
+  std::map<std::int64_t, std::int64_t> a_to_b, b_to_a;  // paired steps (by_update only)
+  std::vector<std::int64_t> unpaired_b;                  // b's steps past a's last (by_update only)
+
+  StepPairing(const std::vector<std::int64_t>& steps_a, const std::vector<std::int64_t>& steps_b,
+              const std::vector<std::int64_t>& calibration_a, const std::vector<std::int64_t>& calibration_b) {
+    by_update = calibration_a != calibration_b;
+    if (!by_update) return;
+    std::vector<std::int64_t> rest_a, rest_b;
+    for (std::int64_t s : steps_a)
+      if (!has(calibration_a, s)) rest_a.push_back(s);
+    for (std::int64_t s : steps_b)
+      if (!has(calibration_b, s)) rest_b.push_back(s);
+    for (std::size_t k = 0; k < rest_b.size(); ++k) {
+      if (k < rest_a.size()) {
+        a_to_b.emplace(rest_a[k], rest_b[k]);
+        b_to_a.emplace(rest_b[k], rest_a[k]);
+      } else {
+        unpaired_b.push_back(rest_b[k]);
+      }
+    }
+  }
+  // b's step compared with a's step s (s itself when a's step has no partner or steps pair by number).
+  std::int64_t b_of(std::int64_t s) const {
+    if (!by_update) return s;
+    const auto it = a_to_b.find(s);
+    return it == a_to_b.end() ? s : it->second;
+  }
+  // The bound in b's numbering of a block of a's steps [.., a_bound).
+  std::int64_t b_bound(std::int64_t a_bound) const {
+    if (!by_update || a_bound == trace::kFirstStep || a_bound == trace::kLastStep) return a_bound;
+    const auto it = a_to_b.lower_bound(a_bound);
+    return it == a_to_b.end() ? trace::kLastStep : it->second;
+  }
+  // b's rows renumbered to the a step they are compared with; rows of b's steps without a partner (its
+  // calibration skips, steps past a's last) are dropped. Rows outside any step (negative) are kept.
+  template <class Row>
+  void renumber_b(std::vector<Row>& rows) const {
+    if (!by_update) return;
+    std::erase_if(rows, [&](Row& r) {
+      if (r.step < 0) return false;
+      const auto it = b_to_a.find(r.step);
+      if (it == b_to_a.end()) return true;
+      r.step = it->second;
+      return false;
+    });
+  }
+};
+
 // The loss scale each step's backward used, from a run's /steps rows: the step's own row, or for a step
 // without one (its writer stopped before the step ended) the scale the step before left (scale_after);
 // NaN (unknown) when no earlier step exists.
@@ -542,7 +621,7 @@ class LossScales {
 
 // The loss curves side by side, every step of either run; the first step whose losses part.
 void compare_losses(DiffReport& report, const std::vector<StepRow>& a, const std::vector<StepRow>& b,
-                    const std::vector<std::int64_t>& all_steps) {
+                    const std::vector<std::int64_t>& all_steps, const StepPairing& pairing) {
   std::unordered_map<std::int64_t, const StepRow*> row_a, row_b;
   double peak = 0;  // the largest finite |loss| of either run so far
   for (const StepRow& r : a) row_a.try_emplace(r.step, &r);
@@ -551,6 +630,7 @@ void compare_losses(DiffReport& report, const std::vector<StepRow>& a, const std
   for (std::int64_t s : all_steps) {
     LossPoint p;
     p.step = s;
+    p.step_b = pairing.b_of(s);
     auto fa = row_a.find(s);
     auto fb = row_b.find(s);
     if (fa != row_a.end()) {
@@ -623,11 +703,23 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
   report.damage_a = a.damage();
   report.damage_b = b.damage();
 
-  const std::vector<StepRow> step_rows_a = a.steps(), step_rows_b = b.steps();
-  const std::vector<std::int64_t> steps_a = step_numbers(step_rows_a), steps_b = step_numbers(step_rows_b);
+  const std::vector<StepRow> step_rows_a = a.steps(), step_rows_b_own = b.steps();
+  report.calibration_skips_a = calibration_skips(step_rows_a);
+  report.calibration_skips_b = calibration_skips(step_rows_b_own);
+  const StepPairing pairing(step_numbers(step_rows_a), step_numbers(step_rows_b_own), report.calibration_skips_a,
+                            report.calibration_skips_b);
+  report.aligned_by_update = pairing.by_update;
+  // From here on b's steps carry the numbers of the a steps they are compared with.
+  std::vector<StepRow> step_rows_b = step_rows_b_own;
+  pairing.renumber_b(step_rows_b);
+  std::vector<StepRow> step_rows_a_compared = step_rows_a;
+  if (pairing.by_update)
+    std::erase_if(step_rows_a_compared, [&](const StepRow& r) { return has(report.calibration_skips_a, r.step); });
+  const std::vector<std::int64_t> steps_a = step_numbers(step_rows_a_compared), steps_b = step_numbers(step_rows_b);
   std::vector<std::int64_t> all_steps;
   std::set_union(steps_a.begin(), steps_a.end(), steps_b.begin(), steps_b.end(), std::back_inserter(all_steps));
-  compare_losses(report, step_rows_a, step_rows_b, all_steps);
+  compare_losses(report, step_rows_a_compared, step_rows_b, all_steps, pairing);
+  for (std::int64_t s : pairing.unpaired_b) report.steps_only_in_b.push_back(s);
 
   // Blocks of whole steps; the first reaches down to the smallest step and the last up to the largest,
   // so op rows outside steps (-1) and those of a truncated last step are read too.
@@ -642,15 +734,17 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
   const std::int64_t total = counts_a.ops + counts_b.ops;
   std::int64_t done = 0;
 
-  const LossScales scales_a(step_rows_a), scales_b(step_rows_b);
+  const LossScales scales_a(step_rows_a), scales_b_own(step_rows_b_own);
+  const auto scale_b_at = [&](std::int64_t s) { return scales_b_own.at(pairing.b_of(s)); };
   Comparison comparison(report, options);
   GradComparison gradients(report, options);
   for (std::size_t k = 0; k == 0 || k < all_steps.size(); k += steps_per_block) {
     const std::int64_t begin = k == 0 ? trace::kFirstStep : all_steps[k];
     const std::int64_t end = k + steps_per_block >= all_steps.size() ? trace::kLastStep : all_steps[k + steps_per_block];
     std::vector<OpRow> rows_a = a.ops(begin, end);
-    std::vector<OpRow> rows_b = b.ops(begin, end);
+    std::vector<OpRow> rows_b = b.ops(pairing.b_bound(begin), pairing.b_bound(end));
     done += static_cast<std::int64_t>(rows_a.size() + rows_b.size());
+    pairing.renumber_b(rows_b);
     sort_by_step(rows_a);
     sort_by_step(rows_b);
     std::size_t i = 0, j = 0;
@@ -671,14 +765,16 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
       } else if (both && je == j && ie > i) {
         report.steps_only_in_a.push_back(s);
       } else if (has(steps_a, s) == has(steps_b, s)) {
-        comparison.step({rows_a.data() + i, ie - i}, {rows_b.data() + j, je - j}, scales_a.at(s), scales_b.at(s));
+        comparison.step({rows_a.data() + i, ie - i}, {rows_b.data() + j, je - j}, scales_a.at(s), scale_b_at(s),
+                        pairing.b_of(s));
       }
       i = ie;
       j = je;
     }
     rows_a.clear();
     rows_b.clear();
-    std::vector<GradRow> grads_a = a.grads(begin, end), grads_b = b.grads(begin, end);
+    std::vector<GradRow> grads_a = a.grads(begin, end), grads_b = b.grads(pairing.b_bound(begin), pairing.b_bound(end));
+    pairing.renumber_b(grads_b);
     sort_by_step(grads_a);
     sort_by_step(grads_b);
     i = 0;
@@ -689,7 +785,8 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
       const std::size_t ie = i < grads_a.size() && grads_a[i].step == s ? step_end(grads_a, i) : i;
       const std::size_t je = j < grads_b.size() && grads_b[j].step == s ? step_end(grads_b, j) : j;
       if (s >= 0 && has(steps_a, s) == has(steps_b, s) && ie > i && je > j)
-        gradients.step({grads_a.data() + i, ie - i}, {grads_b.data() + j, je - j}, scales_a.at(s), scales_b.at(s));
+        gradients.step({grads_a.data() + i, ie - i}, {grads_b.data() + j, je - j}, scales_a.at(s), scale_b_at(s),
+                       pairing.b_of(s));
       i = ie;
       j = je;
     }

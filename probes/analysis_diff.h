@@ -93,6 +93,8 @@ struct OpDiff {
   OpKey key;
   std::int64_t seq_a = -1, seq_b = -1;
   std::string dtypes_a, dtypes_b;       // "f16,f16 -> f16" (inputs -> output)
+  std::int64_t step_b = 0;              // run b's own step number: key.step unless the steps are paired by
+                                        // optimizer update (DiffReport::aligned_by_update)
   // The loss scale each backward row was divided by (its step's /steps scale; 1 for forward rows and runs
   // without a GradScaler; NaN when the step's scale is unknown, and then magnitudes are not compared).
   double scale_a = 1, scale_b = 1;
@@ -112,6 +114,7 @@ struct OpDiff {
 // The gradient of one parameter in one step, in both runs (after unscale_).
 struct GradDiff {
   std::int64_t step = 0;
+  std::int64_t step_b = 0;              // run b's own step number (as OpDiff::step_b)
   std::string param;
   double scale_a = 1, scale_b = 1;      // what the recorded row was divided by: 1 for a row after unscale_
   trace::GradRow a, b;                  // as compared: absmax and norm divided by scale_a/b
@@ -123,7 +126,8 @@ struct GradDiff {
 };
 
 struct LossPoint {
-  std::int64_t step = 0;
+  std::int64_t step = 0;                // run a's step (run b's when the step is in b only)
+  std::int64_t step_b = 0;              // run b's own step number (as OpDiff::step_b)
   bool in_a = false, in_b = false;      // the step is recorded in that run
   double loss_a = 0, loss_b = 0;
   double scale_a = 1, scale_b = 1;
@@ -171,6 +175,15 @@ struct DiffReport {
   std::vector<std::int64_t> steps_only_in_a, steps_only_in_b;
   // Damage each reader found in a trace whose rest it could read (trace::TraceReader::damage).
   std::vector<std::string> damage_a, damage_b;
+  // Steps a run skipped while its GradScaler calibrated (a skipped step with a finite loss, cured by a
+  // smaller scale later and at a scale no unskipped step had run at before: the first steps of most f16 runs
+  // at PyTorch's initial scale 65536). When the two runs' calibration skips differ, one run has taken fewer
+  // optimizer updates from then on, so comparing step s with step s compares states an update or more
+  // apart: the steps are then paired by optimizer update instead (aligned_by_update): calibration skips are
+  // set aside (listed here, not compared) and the k-th remaining step of a is compared with the k-th of b.
+  // Every step and loss point then carries b's own step number (step_b).
+  std::vector<std::int64_t> calibration_skips_a, calibration_skips_b;
+  bool aligned_by_update = false;
 };
 
 // The per-op comparison of one step's rows (the viewer's Compare panel): every aligned pair, in a's order.

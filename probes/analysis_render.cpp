@@ -355,6 +355,7 @@ json pins_json(unsigned pins) {
 
 json op_diff_json(const OpDiff& d) {
   return {{"key", key_json(d.key)},
+          {"step_b", d.step_b},
           {"seq_a", d.seq_a},
           {"seq_b", d.seq_b},
           {"dtypes_a", d.dtypes_a},
@@ -383,6 +384,7 @@ json grad_json(const trace::GradRow& g) {
 
 json grad_diff_json(const GradDiff& d) {
   return {{"step", d.step},
+          {"step_b", d.step_b},
           {"param", d.param},
           {"scale_a", number(d.scale_a)},
           {"scale_b", number(d.scale_b)},
@@ -406,6 +408,11 @@ json unmatched_json(const std::vector<Unmatched>& list) {
 // ---- diff text helpers ----
 
 bool diverged(const DiffReport& d) { return d.diverged(); }
+
+// "step 5", or "step 5 (b's step 4)" when the runs' steps are paired by optimizer update.
+std::string steps_text(const DiffReport& d, std::int64_t a, std::int64_t b) {
+  return !d.aligned_by_update || a == b ? fmt::format("step {}", a) : fmt::format("step {} (b's step {})", a, b);
+}
 
 std::string op_diff_place(const OpDiff& d) {
   std::string s = phase_place(d.key.phase, d.key.op, d.key.module);
@@ -662,9 +669,19 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
   // ---- the answer first (damage before it: the comparison covers only what is intact) ----
   for (const std::string& note : d.damage_a) t.line("{} run a: {}; compared what is intact", t.paint(kRed, "DAMAGED:"), note);
   for (const std::string& note : d.damage_b) t.line("{} run b: {}; compared what is intact", t.paint(kRed, "DAMAGED:"), note);
+  if (d.aligned_by_update) {
+    const auto skips = [](const std::vector<std::int64_t>& steps) {
+      return steps.empty() ? std::string("none") : fmt::format("step{} {}", steps.size() == 1 ? "" : "s", fmt::join(steps, ", "));
+    };
+    t.line("{} the GradScaler skipped steps while its scale calibrated: run a {}, run b {} (not compared). From there "
+           "one run had taken fewer optimizer updates, so steps are paired by update, not by number; where each step "
+           "reads a batch of its own, paired steps saw different batches",
+           t.paint(kYellow, "PAIRED BY UPDATE:"), skips(d.calibration_skips_a), skips(d.calibration_skips_b));
+  }
   if (d.first_divergence) {
     const OpDiff& f = *d.first_divergence;
-    t.line("{} step {}, {}", t.paint(kRed, "FIRST DIVERGENCE:"), f.key.step, t.paint(kBold, op_diff_place(f)));
+    t.line("{} {}, {}", t.paint(kRed, "FIRST DIVERGENCE:"), steps_text(d, f.key.step, f.step_b),
+           t.paint(kBold, op_diff_place(f)));
     t.line("  {}", op_diff_detail(f));
     if (f.dtypes_a != f.dtypes_b)
       t.line("  dtypes: a {}, b {}", f.dtypes_a.empty() ? "?" : f.dtypes_a, f.dtypes_b.empty() ? "?" : f.dtypes_b);
@@ -678,8 +695,8 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
     const std::int64_t step = *d.first_loss_divergence;
     const auto p = std::find_if(d.losses.begin(), d.losses.end(), [&](const LossPoint& l) { return l.step == step; });
     if (p != d.losses.end())
-      t.line("{} step {}: a {}, b {} (difference {} of the largest loss so far)", t.paint(kRed, "LOSSES PART:"), step, num(p->loss_a),
-             num(p->loss_b), num(p->rel));
+      t.line("{} {}: a {}, b {} (difference {} of the largest loss so far)", t.paint(kRed, "LOSSES PART:"),
+             steps_text(d, step, p->step_b), num(p->loss_a), num(p->loss_b), num(p->rel));
     else
       t.line("{} step {}", t.paint(kRed, "LOSSES PART:"), step);
   } else if (d.steps_compared > 0) {
@@ -689,7 +706,8 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
   }
   if (d.first_grad_divergence) {
     const GradDiff& g = *d.first_grad_divergence;
-    t.line("{} step {}, {}: {}", t.paint(kRed, "GRADIENTS PART:"), g.step, g.param, grad_diff_detail(g));
+    t.line("{} {}, {}: {}", t.paint(kRed, "GRADIENTS PART:"), steps_text(d, g.step, g.step_b), g.param,
+           grad_diff_detail(g));
   } else if (d.grads_aligned > 0) {
     t.line("{} {} within {} of each parameter's largest gradient norm so far", t.paint(kGreen, "GRADIENTS AGREE:"),
            plural(d.grads_aligned, "gradient"), threshold);
@@ -850,6 +868,9 @@ std::string render_json(const DiffReport& d) {
                     {"largest", d.options.largest},
                     {"rows_per_read", d.options.rows_per_read}};
   doc["scale_aware"] = true;
+  doc["aligned_by"] = d.aligned_by_update ? "update" : "step";
+  doc["calibration_skips_a"] = d.calibration_skips_a;
+  doc["calibration_skips_b"] = d.calibration_skips_b;
   doc["damage_a"] = d.damage_a;  // [] for a sound trace
   doc["damage_b"] = d.damage_b;
   doc["steps_compared"] = d.steps_compared;
@@ -861,6 +882,7 @@ std::string render_json(const DiffReport& d) {
   doc["losses"] = json::array();
   for (const LossPoint& p : d.losses)
     doc["losses"].push_back({{"step", p.step},
+                             {"step_b", p.step_b},
                              {"in_a", p.in_a},
                              {"in_b", p.in_b},
                              {"loss_a", number(p.loss_a)},

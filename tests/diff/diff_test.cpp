@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "probes/analysis_diff.h"
+#include "probes/analysis_render.h"
 #include "probes/trace_reader.h"
 #include "probes/trace_writer.h"
 #include "samples/train.h"
@@ -366,10 +367,14 @@ TEST(diff_test, loss_curves_cover_every_step_of_either_run) {
   HandRun a = make_run(6);
   HandRun b = make_run(4);
   b.steps[2].loss = a.steps[2].loss * 1.5;
+  // A skip at a scale step 0 ran at unskipped: the gradients grew (not the scaler calibrating), so the
+  // steps still pair by number (see a_calibration_skip_in_one_run_pairs_the_steps_by_optimizer_update).
+  b.steps[0].scale = 1024;
   b.steps[1].scale = 1024;
   b.steps[1].skipped = true;
   Pair pair(a, b);
   const DiffReport d = pair.diff();
+  EXPECT_FALSE(d.aligned_by_update);
   EXPECT_EQ(d.steps_compared, 4);
   EXPECT_EQ(d.steps_only_in_a, (std::vector<std::int64_t>{4, 5}));
   EXPECT_TRUE(d.steps_only_in_b.empty());
@@ -539,6 +544,88 @@ TEST(diff_test, a_scaled_backward_matches_the_unscaled_one_exactly_after_divisio
 void scale_backward(OpRow& r, double scale) {
   if (r.phase != Phase::backward) return;
   for (double* x : {&r.health.min, &r.health.max, &r.health.absmax, &r.health.mean, &r.health.rms}) *x *= scale;
+}
+
+// An f16 run whose GradScaler skipped step 0 while calibrating (scale 65536 overflowed the backward, 32768
+// did not), against an f32 run of the same model and data: a's step s + 1 starts from the parameters b's
+// step s started from, so its rows are b's step s rows (backward ones times 32768).
+HandRun calibrating_copy(const HandRun& b) {
+  HandRun a;
+  a.precision = "fp16";
+  StepRow first = b.steps.front();
+  first.skipped = true;
+  first.found_inf = true;
+  first.scale = 65536;
+  first.scale_after = 32768;
+  a.steps.push_back(first);
+  for (std::size_t i = 0; i < kStep.size(); ++i) {
+    OpRow r = make_op(0, static_cast<std::int64_t>(i), kStep[i]);
+    scale_backward(r, 65536);
+    if (r.phase == Phase::backward) r.health.pos_inf = 3;  // the scaled gradients overflowed
+    a.ops.push_back(r);
+  }
+  for (StepRow s : b.steps) {
+    s.step += 1;
+    s.scale = s.scale_after = 32768;
+    a.steps.push_back(s);
+  }
+  for (OpRow r : b.ops) {
+    r.step += 1;
+    scale_backward(r, 32768);
+    a.ops.push_back(r);
+  }
+  return a;
+}
+
+TEST(diff_test, a_calibration_skip_in_one_run_pairs_the_steps_by_optimizer_update) {
+  const HandRun b = make_run();  // steps 0..5
+  const HandRun a = calibrating_copy(b);  // steps 0..6, step 0 skipped
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  EXPECT_TRUE(d.aligned_by_update);
+  EXPECT_EQ(d.calibration_skips_a, (std::vector<std::int64_t>{0}));
+  EXPECT_TRUE(d.calibration_skips_b.empty());
+  EXPECT_FALSE(d.first_divergence.has_value());
+  EXPECT_FALSE(d.first_loss_divergence.has_value());
+  EXPECT_TRUE(d.largest.empty());   // every pair equal after dividing by the scales
+  EXPECT_EQ(d.ops_aligned, 66);     // a's steps 1..6 with b's 0..5; a's step 0 set aside
+  EXPECT_TRUE(d.steps_only_in_a.empty());
+  EXPECT_TRUE(d.steps_only_in_b.empty());
+  for (const LossPoint& p : d.losses) {
+    if (p.in_a && p.in_b) EXPECT_EQ(p.step_b, p.step - 1);
+  }
+
+  // A divergence planted in b's step 3 is found at a's step 4, with b's own step named.
+  HandRun planted = b;
+  planted.op(3, 2).health.rms *= 1.5;  // linear in fc2, forward
+  Pair pair2(a, planted);
+  const DiffReport d2 = pair2.diff();
+  ASSERT_TRUE(d2.first_divergence.has_value());
+  EXPECT_EQ(d2.first_divergence->key.step, 4);
+  EXPECT_EQ(d2.first_divergence->step_b, 3);
+  EXPECT_EQ(d2.first_divergence->key.module, "fc2");
+  EXPECT_NEAR(d2.first_divergence->rel_rms, 1 - 1 / 1.5, 1e-12);
+  const std::string text = render_text(d2);
+  EXPECT_EQ(text.rfind("PAIRED BY UPDATE: the GradScaler skipped steps while its scale calibrated: run a step 0, run b "
+                       "none (not compared).",
+                       0),
+            0u)
+      << text;
+  EXPECT_NE(text.find("FIRST DIVERGENCE: step 4 (b's step 3), linear in fc2"), std::string::npos) << text;
+}
+
+TEST(diff_test, a_skip_with_a_non_finite_loss_is_not_calibration_and_steps_pair_by_number) {
+  const HandRun b = make_run();
+  HandRun a = calibrating_copy(b);
+  a.steps.front().loss = std::numeric_limits<double>::quiet_NaN();  // the forward pass broke: an anomaly
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  EXPECT_FALSE(d.aligned_by_update);
+  EXPECT_TRUE(d.calibration_skips_a.empty());
+  ASSERT_TRUE(d.first_divergence.has_value());
+  EXPECT_EQ(d.first_divergence->key.step, 0);
+  EXPECT_EQ(d.first_divergence->step_b, 0);
+  EXPECT_EQ(d.first_divergence->stat, "nonfinite");
 }
 
 TEST(diff_test, a_step_without_a_steps_row_is_divided_by_the_scale_the_step_before_left_or_not_at_all) {
