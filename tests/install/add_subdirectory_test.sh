@@ -22,7 +22,7 @@ with_cuda=$3
 rm -rf "$work"
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
-mapfile -t toolchain < <(consumer_cmake_args "$build")
+mapfile -t toolchain < <(consumer_cmake_args "$build" cuda)
 
 project=$work/project
 cp -r "$root/tests/install/subdir_consumer" "$project"
