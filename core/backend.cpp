@@ -26,6 +26,28 @@ void Backend::run(Op op, DType dtype, const KernelArgs& args) {
   fn(*this, args);
 }
 
+namespace {
+
+[[noreturn]] void no_fused_amp(const Backend& backend, const char* what) {
+  throw UnsupportedError(fmt::format("{}: backend '{}' has no fused AMP kernels\nhint: ask "
+                                     "fused_amp_available() first and run the unfused ops when it is false",
+                                     what, backend.name()));
+}
+
+}  // namespace
+
+void Backend::fused_non_finite_check_and_unscale(const std::vector<TensorView>&, float*, float) {
+  no_fused_amp(*this, "fused_non_finite_check_and_unscale");
+}
+
+void Backend::fused_sgd_step(const std::vector<FusedSgdTensor>&, const FusedSgdOptions&, const float*) {
+  no_fused_amp(*this, "fused_sgd_step");
+}
+
+void Backend::fused_adam_step(const std::vector<FusedAdamTensor>&, const FusedAdamOptions&, const float*) {
+  no_fused_amp(*this, "fused_adam_step");
+}
+
 void Backend::register_kernel(Op op, DType dtype, KernelFn fn) {
   KernelFn& slot = table_[index(op)][index(dtype)];
   if (slot != nullptr) {

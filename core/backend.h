@@ -9,6 +9,10 @@
 //   if (be.supports(Op::add, DType::f16)) be.run(Op::add, DType::f16, args);
 //
 // Kernels see only TensorViews and scalars (KernelArgs): no autograd, no autocast, no probes.
+//
+// Besides the per-op table, a backend may offer the fused AMP fast path (multi-tensor unscale, one-kernel
+// optimizer steps); core asks `fused_amp_available()` and otherwise runs the unfused ops. This is how
+// core reaches the CUDA backend's fused kernels without including any backend header.
 #pragma once
 
 #include <array>
@@ -16,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -122,6 +127,33 @@ struct KernelArgs {
 class Backend;
 using KernelFn = void (*)(Backend&, const KernelArgs&);
 
+// The arguments of the fused AMP fast path (Backend::fused_sgd_step, fused_adam_step); the exact
+// semantics, which are the unfused per-op path's bits, are documented with the CUDA kernels
+// (kernels/cuda/fused_amp.h, docs/cuda.md).
+//
+// One parameter of a fused SGD step. All f32, contiguous, the same numel. momentum_buffer: null data
+// when momentum is 0; first_step: the buffer is written from the gradient (PyTorch's buf = g.clone()).
+struct FusedSgdTensor {
+  TensorView param, grad, momentum_buffer;
+  bool first_step = false;
+};
+struct FusedSgdOptions {
+  double lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false, maximize = false;
+};
+// One parameter of a fused Adam/AdamW step. All f32, contiguous, the same numel; max_exp_avg_sq only
+// with amsgrad. step is the step count after this step's increment (the bias corrections are computed
+// from it in double on the host, as the unfused path does).
+struct FusedAdamTensor {
+  TensorView param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq;
+  std::int64_t step = 1;
+};
+struct FusedAdamOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  bool amsgrad = false, maximize = false;
+  bool decoupled_weight_decay = false;  // AdamW
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -148,6 +180,22 @@ class Backend {
 
   // Runs the kernel for (op, dtype) or throws UnsupportedError naming the op, dtype and backend.
   void run(Op op, DType dtype, const KernelArgs& args);
+
+  // ---- the fused AMP fast path (optional) ----
+  // Whether core should use the fused AMP kernels for this backend's tensors now. False by default; the
+  // CUDA backend says true when its fused kernels are switched on (AMPSCOPE_FUSED_AMP=1, docs/cuda.md).
+  // When false, GradScaler and the optimizers run their unfused per-op path.
+  virtual bool fused_amp_available() const { return false; }
+  // _amp_foreach_non_finite_check_and_unscale_ over `grads` in one pass: *found_inf (one f32 in this
+  // backend's memory) is set to 1 when any element is inf or NaN, and every grad is multiplied in place
+  // by inv_scale. The steps: one SGD or Adam/AdamW step over a group; found_inf is null or a device f32
+  // that skips the whole step when non-zero. A backend without the fast path throws UnsupportedError.
+  virtual void fused_non_finite_check_and_unscale(const std::vector<TensorView>& grads, float* found_inf,
+                                                  float inv_scale);
+  virtual void fused_sgd_step(const std::vector<FusedSgdTensor>& tensors, const FusedSgdOptions& options,
+                              const float* found_inf);
+  virtual void fused_adam_step(const std::vector<FusedAdamTensor>& tensors, const FusedAdamOptions& options,
+                               const float* found_inf);
 
  protected:
   // Registering the same (op, dtype) twice is a programming error and throws.

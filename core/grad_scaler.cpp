@@ -11,9 +11,6 @@
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
-#if defined(AMPSCOPE_WITH_CUDA)
-#include "kernels/cuda/fused_amp.h"
-#endif
 
 namespace ampscope {
 
@@ -46,26 +43,23 @@ void set_found_inf(Tensor& found_inf, const Tensor& flags) {
   found_inf.copy_(masked_fill(found_inf, flags.to(DType::boolean), 1.0));  // a 0-dim mask broadcasts
 }
 
-// The GPU fast path (issue 10, kernels/cuda/fused_amp.h): for gradients on a CUDA device, one
-// multi-tensor launch sets found_inf and unscales them all, with the bits of the unfused ops above.
-// Not while a probe listens: it wants each gradient's own flag and sees the gradients before unscaling.
-// Returns false (nothing done) where the unfused path must run: CPU tensors always.
+// The GPU fast path (issue 10): where the gradients' backend has fused AMP kernels (the CUDA backend,
+// core/backend.h: fused_amp_available), one multi-tensor launch sets found_inf and unscales them all,
+// with the bits of the unfused ops above. Not while a probe listens: it wants each gradient's own flag
+// and sees the gradients before unscaling. Returns false (nothing done) where the unfused path must run:
+// CPU tensors always.
 bool try_fused_unscale(Device device, const std::vector<Tensor>& grads, Tensor& found_inf, float inv_scale,
                        bool probe_listening) {
-#if defined(AMPSCOPE_WITH_CUDA)
-  if (!device.is_cuda() || probe_listening || !cuda::fused_amp_enabled()) return false;
+  if (probe_listening) return false;
+  Backend& backend = backend_for(device);
+  if (!backend.fused_amp_available()) return false;
   std::vector<TensorView> views;
   for (const Tensor& g : grads) {
     if (!g.is_contiguous()) return false;
     views.push_back(g.kernel_view());
   }
-  cuda::fused_non_finite_check_and_unscale(backend_for(device), views, static_cast<float*>(found_inf.data()),
-                                           inv_scale);
+  backend.fused_non_finite_check_and_unscale(views, static_cast<float*>(found_inf.data()), inv_scale);
   return true;
-#else
-  (void)device, (void)grads, (void)found_inf, (void)inv_scale, (void)probe_listening;
-  return false;
-#endif
 }
 
 // Inf and NaN counts of one gradient, on the host, judged on floats as the kernel judges them. Only

@@ -15,9 +15,6 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/ops.h"
-#if defined(AMPSCOPE_WITH_CUDA)
-#include "kernels/cuda/fused_amp.h"
-#endif
 
 namespace ampscope::optim {
 
@@ -178,14 +175,14 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
 }
 
 namespace {
-bool try_fused_cuda_step(Optimizer& opt);
+bool try_fused_step(Optimizer& opt);
 }  // namespace
 
 void Optimizer::step() {
   probe::detail::note_acted(this);  // probe::Step refuses to take a second step in the same training step
   NoGradGuard no_grad;
   RuntimeInternalGuard internal;  // updates are not the model's ops: no autocast, no probe events
-  if (try_fused_cuda_step(*this)) return;  // CUDA f32 parameters only; never taken for CPU tensors
+  if (try_fused_step(*this)) return;  // CUDA f32 parameters only; never taken for CPU tensors
   for (ParamGroup& group : groups_) {
     for (Tensor& p : group.params) {
       const Tensor grad = p.grad();
@@ -665,13 +662,12 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 
 namespace {
 
-// One fused kernel per group (kernels/cuda/fused_amp.h) instead of SGD::update / Adam::update's ops per
-// parameter, with the same bits. Taken only when every parameter with a gradient, its gradient and its
-// state are contiguous f32 tensors on one CUDA device; anything else (the CPU backend, f16 parameters,
-// views) runs the unfused loop. The state is created here as the unfused path creates it.
-bool try_fused_cuda_step(Optimizer& opt) {
-#if defined(AMPSCOPE_WITH_CUDA)
-  if (!cuda::fused_amp_enabled()) return false;
+// One fused kernel per group (the backend's fused AMP hooks, core/backend.h; the CUDA backend's
+// kernels/cuda/fused_amp.h) instead of SGD::update / Adam::update's ops per parameter, with the same
+// bits. Taken only when every parameter with a gradient, its gradient and its state are contiguous f32
+// tensors on one device whose backend has the fused kernels switched on; anything else (the CPU backend,
+// f16 parameters, views) runs the unfused loop. The state is created here as the unfused path creates it.
+bool try_fused_step(Optimizer& opt) {
   // Exactly these classes: a subclass may override update(), which the fused kernels would bypass.
   const std::type_info& type = typeid(opt);
   const bool sgd = type == typeid(SGD);
@@ -686,7 +682,8 @@ bool try_fused_cuda_step(Optimizer& opt) {
     for (const Tensor& p : group.params) {
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      if (!p.device().is_cuda() || (device && *device != p.device())) return false;
+      if (device && *device != p.device()) return false;
+      if (!device && !backend_for(p.device()).fused_amp_available()) return false;
       device = p.device();
       if (p.dtype() != DType::f32 || !p.is_contiguous() || !usable(grad, p)) return false;
       if (const ParamState* st = opt.find_state(p)) {
@@ -702,7 +699,7 @@ bool try_fused_cuda_step(Optimizer& opt) {
   for (const ParamGroup& group : opt.param_groups()) {
     const Hyperparameters& h = group.options;
     if (sgd) {
-      std::vector<cuda::FusedSgdTensor> tensors;
+      std::vector<FusedSgdTensor> tensors;
       for (const Tensor& p : group.params) {
         const Tensor grad = p.grad();
         if (!grad.defined()) continue;
@@ -712,12 +709,12 @@ bool try_fused_cuda_step(Optimizer& opt) {
         tensors.push_back({p.kernel_view(), grad.kernel_view(),
                            h.momentum != 0.0 ? st.momentum_buffer.kernel_view() : TensorView{}, first});
       }
-      cuda::fused_sgd_step(backend, tensors,
-                           {.lr = h.lr, .momentum = h.momentum, .dampening = h.dampening,
-                            .weight_decay = h.weight_decay, .nesterov = h.nesterov, .maximize = h.maximize},
-                           /*found_inf=*/nullptr);
+      backend.fused_sgd_step(tensors,
+                             {.lr = h.lr, .momentum = h.momentum, .dampening = h.dampening,
+                              .weight_decay = h.weight_decay, .nesterov = h.nesterov, .maximize = h.maximize},
+                             /*found_inf=*/nullptr);
     } else {
-      std::vector<cuda::FusedAdamTensor> tensors;
+      std::vector<FusedAdamTensor> tensors;
       for (const Tensor& p : group.params) {
         const Tensor grad = p.grad();
         if (!grad.defined()) continue;
@@ -732,18 +729,14 @@ bool try_fused_cuda_step(Optimizer& opt) {
         tensors.push_back({p.kernel_view(), grad.kernel_view(), st.exp_avg.kernel_view(), st.exp_avg_sq.kernel_view(),
                            h.amsgrad ? st.max_exp_avg_sq.kernel_view() : TensorView{}, st.step});
       }
-      cuda::fused_adam_step(backend, tensors,
-                            {.lr = h.lr, .beta1 = h.betas[0], .beta2 = h.betas[1], .eps = h.eps,
-                             .weight_decay = h.weight_decay, .amsgrad = h.amsgrad, .maximize = h.maximize,
-                             .decoupled_weight_decay = decoupled},
-                            /*found_inf=*/nullptr);
+      backend.fused_adam_step(tensors,
+                              {.lr = h.lr, .beta1 = h.betas[0], .beta2 = h.betas[1], .eps = h.eps,
+                               .weight_decay = h.weight_decay, .amsgrad = h.amsgrad, .maximize = h.maximize,
+                               .decoupled_weight_decay = decoupled},
+                              /*found_inf=*/nullptr);
     }
   }
   return true;
-#else
-  (void)opt;
-  return false;
-#endif
 }
 
 }  // namespace

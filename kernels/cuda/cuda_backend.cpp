@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_gemm.h"
 #include "kernels/cuda/cuda_launch.h"
+#include "kernels/cuda/fused_amp.h"
 
 namespace ampscope {
 namespace {
@@ -107,6 +109,21 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize() override { AMPSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+  // The fused AMP fast path (core/backend.h): the kernels of fused_amp.h, while they are switched on.
+  bool fused_amp_available() const override { return cuda::fused_amp_enabled(); }
+  void fused_non_finite_check_and_unscale(const std::vector<TensorView>& grads, float* found_inf,
+                                          float inv_scale) override {
+    cuda::fused_non_finite_check_and_unscale(*this, grads, found_inf, inv_scale);
+  }
+  void fused_sgd_step(const std::vector<FusedSgdTensor>& tensors, const FusedSgdOptions& options,
+                      const float* found_inf) override {
+    cuda::fused_sgd_step(*this, tensors, options, found_inf);
+  }
+  void fused_adam_step(const std::vector<FusedAdamTensor>& tensors, const FusedAdamOptions& options,
+                       const float* found_inf) override {
+    cuda::fused_adam_step(*this, tensors, options, found_inf);
+  }
 
  private:
   static CudaStream make_stream(int index) {

@@ -4,7 +4,9 @@
 // device and leave parameters and state untouched when it is set. Each computes the bits of the unfused
 // per-op path (core/grad_scaler.cpp, core/optim.cpp): the same functors (kernels/functors.h), in the
 // same order, with the same f32 scalars. Host code only (no CUDA headers needed to include it); only
-// built with AMPSCOPE_WITH_CUDA. core calls these for CUDA tensors; everything else stays unfused.
+// built with AMPSCOPE_WITH_CUDA. core reaches them through the Backend interface (core/backend.h:
+// fused_amp_available() and the fused_* hooks, which the CUDA backend implements with these functions);
+// only kernels/cuda and the tests include this header.
 //
 //   float* found = ...;  // 1-element f32 on the grads' device, zeroed by the caller
 //   cuda::fused_non_finite_check_and_unscale(backend, {g1.kernel_view(), g2.kernel_view()}, found, 0.5f);
@@ -44,33 +46,20 @@ void fused_non_finite_check_and_unscale(Backend& backend, const std::vector<Tens
 void fused_update_scale(Backend& backend, float* scale, std::int32_t* growth_tracker, const float* found_inf,
                         double growth_factor, double backoff_factor, std::int64_t growth_interval);
 
-// One parameter of a fused SGD step. All f32, contiguous, the same numel. momentum_buffer: null data
-// when momentum is 0; first_step: the buffer is written from the gradient (PyTorch's buf = g.clone()).
-struct FusedSgdTensor {
-  TensorView param, grad, momentum_buffer;
-  bool first_step = false;
-};
-struct FusedSgdOptions {
-  double lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0;
-  bool nesterov = false, maximize = false;
-};
+// The argument structs are core's (core/backend.h), so that core reaches these kernels through the
+// Backend interface (Backend::fused_sgd_step and friends, which the CUDA backend implements with the
+// functions here) without including this header.
+using ampscope::FusedAdamOptions;
+using ampscope::FusedAdamTensor;
+using ampscope::FusedSgdOptions;
+using ampscope::FusedSgdTensor;
+
 // SGD (_single_tensor_sgd's ops, fused). found_inf: null, or a device f32 that skips the whole step when
 // non-zero (nothing written).
 void fused_sgd_step(Backend& backend, const std::vector<FusedSgdTensor>& tensors, const FusedSgdOptions& options,
                     const float* found_inf);
 
-// One parameter of a fused Adam/AdamW step. All f32, contiguous, the same numel; max_exp_avg_sq only
-// with amsgrad. step is the step count after this step's increment (host bookkeeping: the bias
-// corrections are computed from it in double on the host, as the unfused path does).
-struct FusedAdamTensor {
-  TensorView param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq;
-  std::int64_t step = 1;
-};
-struct FusedAdamOptions {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
-  bool amsgrad = false, maximize = false;
-  bool decoupled_weight_decay = false;  // AdamW
-};
+// Adam/AdamW (_single_tensor_adam's ops, fused); found_inf as for SGD.
 void fused_adam_step(Backend& backend, const std::vector<FusedAdamTensor>& tensors, const FusedAdamOptions& options,
                      const float* found_inf);
 

@@ -2,12 +2,12 @@
 // Build: part of the project (target custom_model_example). Run: build/bin/custom_model_example out.h5
 #include <fmt/format.h>
 
-#include "core/autocast.h"
-#include "core/grad_scaler.h"
-#include "core/nn.h"
-#include "core/optim.h"
-#include "probes/probe.h"
-#include "probes/trace_writer.h"
+#include <ampscope/core/autocast.h>
+#include <ampscope/core/grad_scaler.h>
+#include <ampscope/core/nn.h>
+#include <ampscope/core/optim.h>
+#include <ampscope/probes/probe.h>
+#include <ampscope/probes/trace_writer.h>
 
 using namespace ampscope;
 
