@@ -18,6 +18,7 @@ set(AMPSCOPE_INTERNAL_HEADERS
     probes/trace_codec.h  # the trace's chunk compression
     probes/trace_hdf5.h   # the trace's HDF5 wrappers
     probes/trace_layout.h # the trace's dataset layout
+    probes/trace_layout_v3.h # the fixed-width layouts of format_version 1 to 3, for the reader
     probes/f16_ranges.h   # the analysis's fp16 range tables
 )
 

@@ -592,7 +592,9 @@ TEST(diff_test, a_calibration_skip_in_one_run_pairs_the_steps_by_optimizer_updat
   EXPECT_TRUE(d.steps_only_in_a.empty());
   EXPECT_TRUE(d.steps_only_in_b.empty());
   for (const LossPoint& p : d.losses) {
-    if (p.in_a && p.in_b) EXPECT_EQ(p.step_b, p.step - 1);
+    if (p.in_a && p.in_b) {
+      EXPECT_EQ(p.step_b, p.step - 1);
+    }
   }
 
   // A divergence planted in b's step 3 is found at a's step 4, with b's own step named.

@@ -145,7 +145,7 @@ void train_trace(samples::TrainConfig config, std::optional<std::int64_t> kill_a
 }
 
 Base describe(std::string name, fs::path path) {
-  Base b{.name = std::move(name), .path = std::move(path)};
+  Base b{.name = std::move(name), .path = std::move(path), .texts = {}};
   TraceReader r(b.path);
   b.complete = r.complete();
   b.variable_length = r.format_version() < 3;

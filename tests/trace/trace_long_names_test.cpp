@@ -104,7 +104,9 @@ TEST(trace_long_names_test, a_user_module_tree_and_custom_op_keep_their_long_nam
     if (o.op != kLongOp) continue;
     EXPECT_EQ(o.module, path);
     backward |= o.phase == Phase::backward;
-    if (o.phase == Phase::backward) EXPECT_TRUE(o.origin) << "the zero row's gradient is inf from finite inputs";
+    if (o.phase == Phase::backward) {
+      EXPECT_TRUE(o.origin) << "the zero row's gradient is inf from finite inputs";
+    }
   }
   EXPECT_TRUE(backward) << "the custom op's backward node was not recorded under its 60-character name";
 

@@ -121,8 +121,11 @@ TEST(user_loop_test, the_remedy_written_by_hand_cures_the_f16_run_and_the_health
   EXPECT_TRUE(diff["first_grad_divergence"].is_null()) << diff["first_grad_divergence"].dump(2);
   EXPECT_GT(diff["ops_aligned"].get<std::int64_t>(), 0);
   // a's step 1 is compared with b's step 0, and so on; b's last step has no partner.
-  for (const auto& p : diff["losses"])
-    if (p["in_a"] && p["in_b"]) EXPECT_EQ(p["step_b"].get<std::int64_t>(), p["step"].get<std::int64_t>() - 1) << p.dump();
+  for (const auto& p : diff["losses"]) {
+    if (p["in_a"] && p["in_b"]) {
+      EXPECT_EQ(p["step_b"].get<std::int64_t>(), p["step"].get<std::int64_t>() - 1) << p.dump();
+    }
+  }
   EXPECT_EQ(diff["steps_only_in_b"], nlohmann::json::array({29}));
 
   // Step by step (what diff did before it paired by update), the same pair parts at step 1: the f16 run is an
