@@ -19,6 +19,7 @@ packages=(
   libimgui-dev libglfw3-dev libgl-dev libstb-dev     # viewer
   xvfb xauth libgl1-mesa-dri                         # viewer tests without a screen
   libgtest-dev libgmock-dev libbenchmark-dev         # tests and benchmarks
+  python3-torch                                      # PyTorch 1.13 (CPU) as the tests' reference for f32/bf16 ops
 )
 
 missing=()
