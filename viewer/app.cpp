@@ -31,7 +31,7 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 void set_selection(ViewerState& s, std::int64_t step, std::optional<std::int64_t> seq) {
   if (!s.a) return;
   s.a->select_step(step);
-  if (s.b) s.b->select_step(step);
+  if (s.b) s.b->select_step(paired_step_b(s.comparison ? s.comparison->report() : nullptr, step));
   s.selected_seq = seq;
   s.scroll_to_selected = seq.has_value();
 }
@@ -134,7 +134,10 @@ void poll_documents(ViewerState& s) {
   }
   if (s.a) s.a->poll();
   if (s.b) s.b->poll();
-  if (s.comparison) s.comparison->poll();
+  if (s.comparison && s.comparison->poll() && s.a && s.b && s.a->selected_step()) {
+    // The diff is in: when it paired the runs by optimizer update, b's step beside a's is another one.
+    s.b->select_step(paired_step_b(s.comparison->report(), *s.a->selected_step()));
+  }
   if (!s.a) return;
   if (!s.a->selected_step()) {
     if (s.wanted_step) {

@@ -879,15 +879,28 @@ void draw_compare_panel(ViewerState& s) {
   ImGui::BeginChild("##compare_ops", ImVec2(0, 0), false);
   const StepData* da = s.a->step_data();
   const StepData* db = s.b->step_data();
-  ImGui::Text("ops of step %lld, a against b", static_cast<long long>(s.a->selected_step().value_or(0)));
+  const std::int64_t step_a = s.a->selected_step().value_or(0);
+  const std::int64_t step_b = paired_step_b(d, step_a);
+  if (step_b == step_a) {
+    ImGui::Text("ops of step %lld, a against b", static_cast<long long>(step_a));
+  } else {
+    ImGui::Text("ops of step %lld, a against b's step %lld (paired by optimizer update)", static_cast<long long>(step_a),
+                static_cast<long long>(step_b));
+  }
+  if (db != nullptr && db->step != step_b) {
+    s.b->select_step(step_b);  // the diff finished after the selection: b's paired step is another one
+    db = nullptr;
+  }
   if (!da || !db) {
     ImGui::TextDisabled(s.b->step_error().empty() ? "loading..." : s.b->step_error().c_str());
   } else {
     if (da->load_id != s.op_diffs_for_a || db->load_id != s.op_diffs_for_b) {
       // Backward rows hold values times each run's loss scale: divided out, as ampscope diff does.
-      const std::int64_t step = s.a->selected_step().value_or(0);
-      s.op_diffs = analysis::diff_ops(da->ops, db->ops, {}, loss_scale_at(s.a->steps(), step),
-                                      loss_scale_at(s.b->steps(), step));
+      // b's rows carry b's own step number; diff_ops pairs rows of equal steps, so they take a's.
+      std::vector<trace::OpRow> rows_b = db->ops;
+      for (trace::OpRow& r : rows_b) r.step = step_a;
+      s.op_diffs = analysis::diff_ops(da->ops, rows_b, {}, loss_scale_at(s.a->steps(), step_a),
+                                      loss_scale_at(s.b->steps(), step_b));
       s.op_diffs_for_a = da->load_id;
       s.op_diffs_for_b = db->load_id;
     }

@@ -614,6 +614,13 @@ std::vector<KeyValue> compare_summary(const analysis::DiffReport& d) {
   rows.push_back({"a", fmt::format("{} ({} {})", d.path_a, d.run_a.model, d.run_a.precision)});
   rows.push_back({"b", fmt::format("{} ({} {})", d.path_b, d.run_b.model, d.run_b.precision)});
   rows.push_back({"steps compared", std::to_string(d.steps_compared)});
+  if (d.aligned_by_update) {
+    const auto list = [](const std::vector<std::int64_t>& steps) {
+      return steps.empty() ? std::string("none") : fmt::format("{}", fmt::join(steps, ", "));
+    };
+    rows.push_back({"paired by", fmt::format("optimizer update: calibration skips a {}, b {} (not compared)",
+                                             list(d.calibration_skips_a), list(d.calibration_skips_b))});
+  }
   rows.push_back({"ops aligned", format_count(d.ops_aligned)});
   rows.push_back({"losses part at", d.first_loss_divergence ? fmt::format("step {}", *d.first_loss_divergence)
                                                            : std::string("never (within the threshold)"),
@@ -665,6 +672,14 @@ std::vector<DirEntry> list_directory(const std::filesystem::path& dir, std::stri
   out.insert(out.end(), dirs.begin(), dirs.end());
   out.insert(out.end(), files.begin(), files.end());
   return out;
+}
+
+std::int64_t paired_step_b(const analysis::DiffReport* report, std::int64_t step) {
+  if (report == nullptr || !report->aligned_by_update) return step;
+  for (const analysis::LossPoint& p : report->losses) {
+    if (p.step == step && p.in_a && p.in_b) return p.step_b;
+  }
+  return step;
 }
 
 double loss_scale_at(std::span<const trace::StepRow> steps, std::int64_t step) {

@@ -151,6 +151,10 @@ std::vector<OpLink> producers(const trace::OpRow& row, std::span<const trace::Op
 // step's backward rows by (analysis::diff_ops); the previous step's scale after update() when the step has
 // no row of its own (an unfinished last step); 1 when nothing earlier is known.
 double loss_scale_at(std::span<const trace::StepRow> steps, std::int64_t step);
+// The step of run b the Compare panel shows beside run a's `step`: the one `ampscope diff` paired with it
+// (a different step when a calibration skip made diff pair the runs by optimizer update:
+// DiffReport::aligned_by_update), else `step` itself (also while the diff is still running: report null).
+std::int64_t paired_step_b(const analysis::DiffReport* report, std::int64_t step);
 // The rows of the row's step whose inputs name the row's seq, in their order, each once with the positions
 // where it takes the row in.
 std::vector<OpLink> consumers(const trace::OpRow& row, std::span<const trace::OpRow> step_rows);
