@@ -201,6 +201,22 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
   const std::string eps_why =
       eps == 1e-4 ? " (1e-4 is a normal f16 value; 1e-8 rounds to 0 in f16 and 1e-5 is subnormal)" : "";
 
+  if (d.cause == "invalid_operation" && d.root_cause == "cancellation" && !d.chain.empty() &&
+      (r.op == "sqrt" || r.op == "rsqrt" || is_log(r.op) || r.op == "pow")) {
+    // A difference that cannot be negative went below 0 (negative_walk): compute it without the cancellation.
+    out.push_back(simple("stable_formulation",
+                         "compute the variance from the deviations, var(x, dims, 0) or mean((x - m) * (x - m)), "
+                         "not as E[x^2] - E[x]^2: that difference cancels, below 0, when the mean is large against "
+                         "the spread",
+                         "", "Tensor v = var(x, {0}, /*correction=*/0, /*keepdim=*/true);  // not mean(x * x) - m * m"));
+    out.push_back(simple("clamp",
+                         fmt::format("clamp the difference at 0 before the {} (a stopgap: it hides how wrong the "
+                                     "difference is)",
+                                     r.op),
+                         "", "Tensor safe = clamp_min(v, 0.0);  // then sqrt(safe + eps)", 0.0));
+    f32(fmt::format("{} has 13 more significant bits, so the difference cancels later (a delay, not a cure)", "f32"));
+    return out;  // no bf16: a cancellation is a precision problem, which bf16 makes worse
+  }
   if (d.cause == "log_of_zero" || (d.cause == "division_by_zero" && !d.root_cause.empty()) ||
       (d.cause == "invalid_operation" && !d.root_cause.empty())) {
     if (root_op == "sigmoid" && d.cause == "log_of_zero") {
@@ -678,11 +694,64 @@ struct Analyser::State {
     return l;
   }
 
+  // From an origin that returned NaN for negative inputs (sqrt, rsqrt, log or pow of a value below 0), walks
+  // the provenance upstream through ops that hand the negative values on (adding a constant such as an
+  // epsilon, casts, views) to a difference of two operands that are never negative (a - b, or a + (-b)): a
+  // quantity that cannot be negative, such as a variance computed as E[x^2] - E[x]^2, that rounding cancelled
+  // below 0. Fills d.chain and d.root_cause ("cancellation") and returns true when it finds one.
+  bool negative_walk(Diagnosis& d, const OpRow& origin, const SeqIndex& idx) const {
+    const bool needs_non_negative = origin.op == "sqrt" || origin.op == "rsqrt" || is_log(origin.op) || origin.op == "pow";
+    if (!needs_non_negative || origin.health.nan == 0) return false;
+    const OpRow* p = producer_of(origin, 0, idx);
+    if (p == nullptr || !(p->health.min < 0)) return false;
+    const auto non_negative = [](const OpRow* q) { return q != nullptr && q->health.numel > 0 && q->health.min >= 0; };
+    std::vector<ChainLink> rev;  // origin first
+    rev.push_back(link(origin, "origin",
+                       fmt::format("{} returned {} NaN from an input holding negative values (min {}): {} of a "
+                                   "negative number is NaN",
+                                   where_text(origin), origin.health.nan, number(p->health.min), origin.op)));
+    static const std::set<std::string> hands_on = {"to", "view", "reshape", "contiguous", "clone", "expand", "slice",
+                                                   "squeeze", "unsqueeze"};
+    for (int guard = 0; p != nullptr && guard < 16; ++guard) {
+      const std::size_t n = tensor_inputs(*p);
+      if (hands_on.count(p->op) > 0 || ((p->op == "add" || p->op == "sub") && n == 1)) {
+        rev.push_back(link(*p, "passes on",
+                           fmt::format("{} hands the negative values on (min {}){}", where_text(*p), number(p->health.min),
+                                       n == 1 && (p->op == "add" || p->op == "sub")
+                                           ? ": adding a constant (an epsilon) does not lift them above 0"
+                                           : "")));
+        p = producer_of(*p, 0, idx);
+        continue;
+      }
+      if ((p->op == "sub" || p->op == "add") && n == 2) {
+        const OpRow* a = producer_of(*p, 0, idx);
+        const OpRow* b = producer_of(*p, 1, idx);
+        // a + (-b): the negated operand's own input is the subtrahend.
+        const OpRow* b_source = b != nullptr && p->op == "add" && b->op == "neg" ? producer_of(*b, 0, idx) : b;
+        const bool difference = p->op == "sub" || (b != nullptr && b->op == "neg");
+        if (!difference || !non_negative(a) || !non_negative(b_source)) return false;
+        rev.push_back(link(*p, "cancellation",
+                           fmt::format("{} returned negative values (min {}) as the difference of two operands that "
+                                       "are never negative here ({} min {}, {} min {}): a quantity that cannot be "
+                                       "negative, such as a variance computed as E[x^2] - E[x]^2, cancelled below 0 "
+                                       "in {}",
+                                       where_text(*p), number(p->health.min), a->op, number(a->health.min),
+                                       b_source->op, number(b_source->health.min), p->out_dtype)));
+        d.root_cause = "cancellation";
+        d.chain.assign(rev.rbegin(), rev.rend());
+        return true;
+      }
+      return false;
+    }
+    return false;
+  }
+
   // From an origin that met zeros (a log of 0, a division by 0, 0/0), walks the provenance upstream to the
   // op that made the zeros, and from a cancellation on to an operand that saturated. Fills d.chain (root
   // first) and d.root_cause; leaves both empty when the trace has no provenance or the walk finds no cause.
   void root_walk(Diagnosis& d, const OpRow& origin, const SeqIndex& idx) const {
     if (origin.inputs[0] == trace::kInputUnknown) return;
+    if (negative_walk(d, origin, idx)) return;
     std::vector<std::size_t> starts;
     if (is_log(origin.op) || origin.op == "rsqrt" || origin.op == "reciprocal" || origin.op == "sqrt") starts = {0};
     else if (origin.op == "div") starts = {1, 0};
