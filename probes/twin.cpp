@@ -112,8 +112,29 @@ ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, st
   }
   s.mean_rel = s.counted > 0 ? sum / static_cast<double>(s.counted) : 0;
   const double p = significand_bits(dtype);
-  s.bits = s.max_rel == 0 ? p : std::clamp(-std::log2(s.max_rel), 0.0, p);
+  s.bits = s.max_rel == 0 ? p : std::clamp(-std::log2(s.max_rel), 0.0, p) + 0.0;  // + 0.0: no -0 for an error of 1
   return s;
+}
+
+double precision_jump(const PrecisionRow& row) {
+  const double unit = std::ldexp(1.0, -significand_bits(parse_dtype(row.out_dtype)));
+  return row.acc_mean_rel / std::max(row.in_acc_mean_rel, unit);
+}
+
+std::vector<PrecisionRow> rank_by_jump(const std::vector<PrecisionRow>& rows) {
+  std::map<std::pair<std::string, std::string>, PrecisionRow> best;
+  for (const PrecisionRow& r : rows) {
+    auto [it, fresh] = best.emplace(std::make_pair(r.op, r.module), r);
+    if (!fresh && precision_jump(r) > precision_jump(it->second)) it->second = r;
+  }
+  std::vector<PrecisionRow> out;
+  for (auto& [key, r] : best) out.push_back(r);
+  std::stable_sort(out.begin(), out.end(), [](const PrecisionRow& a, const PrecisionRow& b) {
+    const double ja = precision_jump(a), jb = precision_jump(b);
+    if (ja != jb) return ja > jb;
+    return a.step != b.step ? a.step < b.step : a.seq < b.seq;
+  });
+  return out;
 }
 
 Twin::Twin(std::shared_ptr<Hook> inner, TwinOptions options) : inner_(std::move(inner)), options_(options) {
@@ -219,7 +240,9 @@ void Twin::twin(const OpEvent& event) {
     const Tensor& in = event.inputs[i];
     if (!in.defined() || !is_floating(in.dtype()) || !twin_inputs[i].defined()) continue;
     if (in.numel() != twin_inputs[i].numel()) continue;
-    row.in_acc_max_rel = std::max(row.in_acc_max_rel, compare(in, twin_inputs[i], in.dtype(), "").max_rel);
+    const ErrorStats e = compare(in, twin_inputs[i], in.dtype(), "");
+    row.in_acc_max_rel = std::max(row.in_acc_max_rel, e.max_rel);
+    row.in_acc_mean_rel = std::max(row.in_acc_mean_rel, e.mean_rel);
   }
   // Condition numbers, from the twin's values.
   row.cond = std::numeric_limits<double>::quiet_NaN();

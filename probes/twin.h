@@ -77,6 +77,7 @@ struct PrecisionRow {
   // The largest accumulated max relative error among the op's floating inputs (each input against its twin
   // value, judged in the input's own dtype): how much error reached the op, to compare with its output's.
   double in_acc_max_rel = 0;
+  double in_acc_mean_rel = 0;  // the largest accumulated mean relative error among the inputs
   std::int64_t flips = 0;  // accumulated: against the twin's values
   double bits = 0;         // accumulated
   // add, sub, rsub: max over elements of (|a| + |b|) / max(|a ± b|, floor); sum, mean: of sum|x| / max(|sum x|,
@@ -84,6 +85,16 @@ struct PrecisionRow {
   double cond = 0;
   bool followed = true;  // every input the twin follows had a twin value of its shape (else: widened input)
 };
+
+// The jump in accumulated error at an op: the factor by which its output's accumulated mean relative error
+// exceeds its inputs' (in_acc_mean_rel, taken as at least 2^-p of the output dtype, one rounding). The mean,
+// not the max: one near-zero output of a matmul whose terms cancel is a large relative error of little
+// consequence, while a cancellation that zeroes many outputs (1 - s with s rounded to 1) moves the mean.
+// An op that passes on its inputs' error scores about 1; one that adds only its own rounding about 1 to 2.
+double precision_jump(const PrecisionRow& row);
+// Where precision entered: the rows' ops (op and module), each with its row of the largest jump, largest
+// jump first (ties: earlier step and seq first).
+std::vector<PrecisionRow> rank_by_jump(const std::vector<PrecisionRow>& rows);
 
 class Twin : public Hook {
  public:

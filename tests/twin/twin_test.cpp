@@ -1,6 +1,6 @@
 // tests/twin/twin_test.cpp: the f32 twin (probes/twin.h). Its errors against an f64 computation done here,
-// independently of the twin; a planted sum that stops growing; and a run that is bit-identical with and
-// without the twin.
+// independently of the twin; planted precision losses (a cancellation ranked first, a sum that stops
+// growing); and a run that is bit-identical with and without the twin.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -144,7 +144,7 @@ BceRun train_bce(bool with_twin, std::int64_t steps = 6) {
     Tensor loss;
     {
       AutocastGuard autocast(DType::f16);
-      const Tensor s = sigmoid(model(x) * 4.0);
+      const Tensor s = sigmoid(model(x) * 40.0);
       loss = -mean(y * log(s) + (1.0 - y) * log(1.0 - s));
     }
     scaler.scale(loss).backward();
@@ -168,6 +168,15 @@ TEST(Twin, TheRunIsBitIdenticalWithAndWithoutIt) {
     EXPECT_EQ(std::memcmp(plain.params[p].data(), twinned.params[p].data(), plain.params[p].size() * sizeof(double)), 0)
         << "parameter " << p;
   }
+}
+
+// The planted cancellation: 1 - s with s = sigmoid(40 z) rounded to 1 in f16 is where precision entered.
+TEST(Twin, ThePlantedCancellationIsRankedFirst) {
+  const BceRun run = train_bce(true);
+  const std::vector<probe::PrecisionRow> ranked = probe::rank_by_jump(run.rows);
+  ASSERT_FALSE(ranked.empty());
+  EXPECT_EQ(ranked.front().op, "rsub");
+  EXPECT_GT(ranked.front().flips, 0);  // outputs cancelled to 0 while the twin's are not
 }
 
 // A long f16 running sum stops growing: every add's own rounding is the loss (local error), and the sum's
