@@ -158,6 +158,7 @@ void Twin::on_scaler(const ScalerEvent& event) { inner_->on_scaler(event); }
 
 void Twin::on_step_begin(std::int64_t step) {
   values_.clear();
+  stats_.clear();
   step_ = step;
   active_ = step % options_.every == 0;
   inner_->on_step_begin(step);
@@ -165,12 +166,14 @@ void Twin::on_step_begin(std::int64_t step) {
 
 void Twin::on_step_end(const StepSummary& summary) {
   values_.clear();
+  stats_.clear();
   active_ = false;
   inner_->on_step_end(summary);
 }
 
 void Twin::on_step_abandoned(std::int64_t step) {
   values_.clear();
+  stats_.clear();
   active_ = false;
   inner_->on_step_abandoned(step);
 }
@@ -182,13 +185,20 @@ void Twin::twin(const OpEvent& event) {
   // The twin's inputs: a twin value where a twinned op of this step produced the input, else the input
   // before autocast's cast.
   std::vector<Tensor> twin_inputs(event.inputs.size());
-  bool follows = false, followed = true;
+  // Per input: the producer row's accumulated errors, where the input is that row's output, uncast (its
+  // errors against the twin are then those already computed).
+  std::vector<const ErrorStats*> known(event.inputs.size(), nullptr);
+  bool follows = false, followed = true, cast = false;
   for (std::size_t i = 0; i < event.inputs.size(); ++i) {
     const Tensor& in = event.inputs[i];
     if (!in.defined()) continue;
     Tensor source = in;
+    bool was_cast = false;
     for (const CastRecord& c : event.autocast.casts) {
-      if (c.input == static_cast<int>(i)) source = c.source;
+      if (c.input == static_cast<int>(i)) {
+        source = c.source;
+        was_cast = cast = true;
+      }
     }
     twin_inputs[i] = widened(source);
     const auto [step, seq] = in.producer();
@@ -203,7 +213,10 @@ void Twin::twin(const OpEvent& event) {
       follows = true;
     } else {
       followed = false;
+      continue;
     }
+    const auto st = stats_.find(seq);
+    if (!was_cast && st != stats_.end()) known[i] = &st->second;
   }
   if (!low && !follows) return;  // an f32 op on values f32 computed: nothing to compare
   if (event.recompute == nullptr || random_op(event.op)) {
@@ -219,18 +232,23 @@ void Twin::twin(const OpEvent& event) {
   row.out_dtype = std::string(dtype_name(out_dtype));
   row.numel = event.output.numel();
   row.followed = followed;
+  Tensor local;
+  ErrorStats l;
   if (low) {
     std::vector<Tensor> own(event.inputs.size());
     for (std::size_t i = 0; i < event.inputs.size(); ++i) own[i] = widened(event.inputs[i]);
-    const Tensor local = (*event.recompute)(own);
-    const ErrorStats l = compare(event.output, local, out_dtype, event.op);
+    local = (*event.recompute)(own);
+    l = compare(event.output, local, out_dtype, event.op);
     row.local = true;
     row.local_max_rel = l.max_rel;
     row.local_mean_rel = l.mean_rel;
     row.local_max_ulp = l.max_ulp;
   }
-  const Tensor acc = (*event.recompute)(twin_inputs).to(DType::f32);
-  const ErrorStats a = compare(event.output, acc, out_dtype, event.op);
+  // Inputs the twin does not follow and autocast did not cast are the op's own: the accumulated values are
+  // the local ones.
+  const bool same = low && !follows && !cast;
+  const Tensor acc = same ? local.to(DType::f32) : (*event.recompute)(twin_inputs).to(DType::f32);
+  const ErrorStats a = same ? l : compare(event.output, acc, out_dtype, event.op);
   row.acc_max_rel = a.max_rel;
   row.acc_mean_rel = a.mean_rel;
   row.acc_max_ulp = a.max_ulp;
@@ -240,7 +258,7 @@ void Twin::twin(const OpEvent& event) {
     const Tensor& in = event.inputs[i];
     if (!in.defined() || !is_floating(in.dtype()) || !twin_inputs[i].defined()) continue;
     if (in.numel() != twin_inputs[i].numel()) continue;
-    const ErrorStats e = compare(in, twin_inputs[i], in.dtype(), "");
+    const ErrorStats e = known[i] != nullptr ? *known[i] : compare(in, twin_inputs[i], in.dtype(), "");
     row.in_acc_max_rel = std::max(row.in_acc_max_rel, e.max_rel);
     row.in_acc_mean_rel = std::max(row.in_acc_mean_rel, e.mean_rel);
   }
@@ -259,6 +277,7 @@ void Twin::twin(const OpEvent& event) {
     row.cond = max_ratio((*event.recompute)({abs(twin_inputs[0])}).to(DType::f32), acc, floor);
   }
   values_[event.seq] = acc;
+  stats_[event.seq] = a;
   rows_.push_back(std::move(row));
 }
 

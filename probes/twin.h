@@ -122,7 +122,8 @@ class Twin : public Hook {
   TwinOptions options_;
   bool active_ = false;  // twinning the open step
   std::int64_t step_ = -1;
-  std::unordered_map<std::int64_t, Tensor> values_;  // seq -> the twin's f32 value, for the open step
+  std::unordered_map<std::int64_t, Tensor> values_;      // seq -> the twin's f32 value, for the open step
+  std::unordered_map<std::int64_t, ErrorStats> stats_;   // seq -> its accumulated errors
   std::vector<PrecisionRow> rows_;
   std::map<std::string, std::int64_t> uncovered_;
 };
