@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -78,15 +79,25 @@ double relative_error_floor(DType dtype) {
   return std::ldexp(1.0, min_exponent(dtype));
 }
 
-ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
-  if (value.numel() != reference.numel()) {
-    throw Error(fmt::format("twin: {} has {} elements but its reference has {}; compare tensors of one shape", op,
-                            value.numel(), reference.numel()));
+namespace {
+// The elements of `t`, row-major, as T on the host (f32 by the cast kernel, or widened to double).
+template <class T>
+std::vector<T> host_values(const Tensor& t) {
+  if constexpr (std::is_same_v<T, double>) {
+    return t.values();
+  } else {
+    const Tensor c = t.to(DType::f32).to(Device::cpu()).contiguous();
+    const float* p = c.data_as<float>();
+    return std::vector<float>(p, p + c.numel());
   }
-  const std::vector<double> y = value.values(), r = reference.values();
+}
+
+template <class T>
+ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
+  const std::vector<T> y = host_values<T>(value), r = host_values<T>(reference);
   double scale = 0;
-  for (double ri : r) {
-    if (std::isfinite(ri)) scale = std::max(scale, std::fabs(ri));
+  for (T ri : r) {
+    if (std::isfinite(ri)) scale = std::max(scale, static_cast<double>(std::fabs(ri)));
   }
   const double floor = std::max(relative_error_floor(dtype), std::ldexp(scale, -significand_bits(dtype)));
   const double top = largest_finite(dtype);
@@ -114,6 +125,19 @@ ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, st
   const double p = significand_bits(dtype);
   s.bits = s.max_rel == 0 ? p : std::clamp(-std::log2(s.max_rel), 0.0, p) + 0.0;  // + 0.0: no -0 for an error of 1
   return s;
+}
+
+bool f32_exact(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
+}  // namespace
+
+ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
+  if (value.numel() != reference.numel()) {
+    throw Error(fmt::format("twin: {} has {} elements but its reference has {}; compare tensors of one shape", op,
+                            value.numel(), reference.numel()));
+  }
+  // f16, bf16 and f32 values are exact in float: read them as floats, not widened to double vectors.
+  if (f32_exact(value.dtype()) && f32_exact(reference.dtype())) return compare_as<float>(value, reference, dtype, op);
+  return compare_as<double>(value, reference, dtype, op);
 }
 
 double precision_jump(const PrecisionRow& row) {

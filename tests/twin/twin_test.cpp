@@ -199,6 +199,23 @@ TEST(Twin, ARunningF16SumThatStopsGrowing) {
   EXPECT_NEAR(last.local_max_rel, 1.0 / 2049.0, 1e-9);  // this add alone loses the 1
 }
 
+// Condition numbers, worked by hand: (|a| + |b|) / |a + b| and sum|x| / |sum x|.
+TEST(Twin, ConditionNumbersOfAddAndSum) {
+  auto twin = std::make_shared<probe::Twin>(std::make_shared<probe::Probe>(std::make_shared<NullSink>()));
+  {
+    probe::HookGuard installed(twin);
+    probe::StepScope step(0);
+    const Tensor a = from_values({1000.0, 2.0}, {2}).to(DType::f16);
+    const Tensor b = from_values({-999.5, 2.0}, {2}).to(DType::f16);
+    add(a, b);                                                // (1000 + 999.5) / 0.5 = 3999; (2 + 2) / 4 = 1
+    sum(from_values({1000.0, -1000.0, 0.5}, {3}).to(DType::f16));  // 2000.5 / 0.5 = 4001
+    step.end({});
+  }
+  EXPECT_DOUBLE_EQ(row_of(twin->rows(), "add").cond, 3999.0);
+  EXPECT_DOUBLE_EQ(row_of(twin->rows(), "sum").cond, 4001.0);
+  EXPECT_DOUBLE_EQ(row_of(twin->rows(), "add").acc_max_rel, 0.0);  // every value exact in f16
+}
+
 TEST(Twin, RefusesANullHookAndEveryBelowOne) {
   EXPECT_THROW(probe::Twin(nullptr), Error);
   EXPECT_THROW(probe::Twin(std::make_shared<probe::Probe>(std::make_shared<NullSink>()), {.every = 0}), Error);
