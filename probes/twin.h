@@ -18,9 +18,12 @@
 //   probe::HookGuard installed(twin);
 //   ... train ...;  twin->rows();   // one PrecisionRow per twinned op
 //
-// Not covered (listed by uncovered()): ops dispatched without a body to run again ("to", max/min along a
-// dim), ops that draw random numbers (dropout), and composites' steps only as their steps (cross_entropy,
-// attention are twinned step by step). The backward pass is not twinned.
+// Not covered (counted by uncovered()): ops dispatched without a body to run again ("to", max/min along a
+// dim), ops that draw random numbers (dropout), and ops whose body throws when run again in f32 (the error
+// is swallowed: the run goes on as without the twin). Composites (cross_entropy, attention) are twinned
+// step by step. The backward pass is not twinned. An input the twin cannot match to its producer's twin
+// value (a transposed view of it) is taken as it is, widened (PrecisionRow::followed is then false).
+// Memory: the twin keeps an f32 copy of every twinned op's output until the step ends.
 //
 // The numbers (compare()), per element i with y the op's value, r the reference (both widened to double) and
 // D the op's output dtype (f16: p = 11 significand bits, emin = -14; bf16: p = 8, emin = -126; f32: p = 24,
@@ -112,7 +115,8 @@ class Twin : public Hook {
   void on_step_abandoned(std::int64_t step) override;
 
   const std::vector<PrecisionRow>& rows() const { return rows_; }
-  // Ops with a low-precision output that the twin could not compute again, by name: how many times.
+  // Ops with a low-precision output that the twin could not compute again, by name: how many times (and
+  // ops of any dtype whose body threw when run again).
   const std::map<std::string, std::int64_t>& uncovered() const { return uncovered_; }
 
  private:

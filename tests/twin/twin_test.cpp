@@ -216,6 +216,25 @@ TEST(Twin, ConditionNumbersOfAddAndSum) {
   EXPECT_DOUBLE_EQ(row_of(twin->rows(), "add").acc_max_rel, 0.0);  // every value exact in f16
 }
 
+// What the twin does not compute again is counted, and dropout's generator is not advanced by it.
+TEST(Twin, CountsTheOpsItDoesNotCover) {
+  auto twin = std::make_shared<probe::Twin>(std::make_shared<probe::Probe>(std::make_shared<NullSink>()));
+  Generator with_twin(5), without(5);
+  Tensor kept;
+  {
+    probe::HookGuard installed(twin);
+    probe::StepScope step(0);
+    const Tensor x = from_values({1.0, 2.0, 3.0, 4.0}, {4}).to(DType::f16);  // "to": no body to run again
+    kept = dropout(x, 0.5, true, with_twin);
+    step.end({});
+  }
+  const Tensor plain = dropout(from_values({1.0, 2.0, 3.0, 4.0}, {4}).to(DType::f16), 0.5, true, without);
+  EXPECT_EQ(kept.values(), plain.values());
+  EXPECT_EQ(twin->uncovered().at("to"), 1);
+  EXPECT_EQ(twin->uncovered().at("dropout"), 1);
+  EXPECT_TRUE(twin->rows().empty());
+}
+
 TEST(Twin, RefusesANullHookAndEveryBelowOne) {
   EXPECT_THROW(probe::Twin(nullptr), Error);
   EXPECT_THROW(probe::Twin(std::make_shared<probe::Probe>(std::make_shared<NullSink>()), {.every = 0}), Error);
