@@ -161,6 +161,57 @@ std::vector<PrecisionRow> rank_by_jump(const std::vector<PrecisionRow>& rows) {
   return out;
 }
 
+std::vector<PrecisionRow> rank_by_local(const std::vector<PrecisionRow>& rows) {
+  std::map<std::pair<std::string, std::string>, PrecisionRow> best;
+  for (const PrecisionRow& r : rows) {
+    if (!r.local) continue;
+    auto [it, fresh] = best.emplace(std::make_pair(r.op, r.module), r);
+    if (!fresh && r.local_mean_rel > it->second.local_mean_rel) it->second = r;
+  }
+  std::vector<PrecisionRow> out;
+  for (auto& [key, r] : best) out.push_back(r);
+  std::stable_sort(out.begin(), out.end(), [](const PrecisionRow& a, const PrecisionRow& b) {
+    if (a.local_mean_rel != b.local_mean_rel) return a.local_mean_rel > b.local_mean_rel;
+    return a.step != b.step ? a.step < b.step : a.seq < b.seq;
+  });
+  return out;
+}
+
+std::vector<PrecisionTrend> precision_trends(const std::vector<PrecisionRow>& rows) {
+  // (op, module) -> step -> the largest acc_mean_rel of the step, as log2, floored at one rounding
+  std::map<std::pair<std::string, std::string>, std::map<std::int64_t, double>> series;
+  for (const PrecisionRow& r : rows) {
+    const double unit = std::ldexp(1.0, -significand_bits(parse_dtype(r.out_dtype)));
+    auto& per_step = series[{r.op, r.module}];
+    const auto [it, fresh] = per_step.emplace(r.step, std::max(r.acc_mean_rel, unit));
+    if (!fresh) it->second = std::max(it->second, std::max(r.acc_mean_rel, unit));
+  }
+  std::vector<PrecisionTrend> out;
+  for (const auto& [key, per_step] : series) {
+    if (per_step.size() < 2) continue;
+    const double n = static_cast<double>(per_step.size());
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (const auto& [step, err] : per_step) {
+      const double x = static_cast<double>(step), y = std::log2(err);
+      sx += x;
+      sy += y;
+      sxx += x * x;
+      sxy += x * y;
+    }
+    PrecisionTrend t;
+    t.op = key.first;
+    t.module = key.second;
+    t.steps = static_cast<std::int64_t>(per_step.size());
+    t.bits_per_step = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+    t.first = per_step.begin()->second;
+    t.last = per_step.rbegin()->second;
+    out.push_back(std::move(t));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const PrecisionTrend& a, const PrecisionTrend& b) { return a.bits_per_step > b.bits_per_step; });
+  return out;
+}
+
 Twin::Twin(std::shared_ptr<Hook> inner, TwinOptions options) : inner_(std::move(inner)), options_(options) {
   if (!inner_) throw Error("twin: no hook to wrap; pass the probe the twin rides along with");
   if (options_.every < 1) {

@@ -99,6 +99,21 @@ double precision_jump(const PrecisionRow& row);
 // jump first (ties: earlier step and seq first).
 std::vector<PrecisionRow> rank_by_jump(const std::vector<PrecisionRow>& rows);
 
+// The rows' ops (op and module), each with its row of the largest local mean relative error (what the op's
+// own rounding costs), largest first (ties: earlier step and seq first); ops that ran in f32 are left out.
+std::vector<PrecisionRow> rank_by_local(const std::vector<PrecisionRow>& rows);
+
+// The trend of an op's accumulated error over steps: the least-squares slope of log2(acc_mean_rel) (as
+// at least 2^-p of the output dtype) against the step, over the op's largest value per step; in bits per step
+// lost (positive: the error grows). Ops seen on fewer than two steps are left out. Steepest first.
+struct PrecisionTrend {
+  std::string op, module;
+  std::int64_t steps = 0;        // steps the op was twinned on
+  double bits_per_step = 0;      // slope of log2(error)
+  double first = 0, last = 0;    // acc_mean_rel on its first and last step
+};
+std::vector<PrecisionTrend> precision_trends(const std::vector<PrecisionRow>& rows);
+
 class Twin : public Hook {
  public:
   // Throws Error for a null hook or an `every` below 1.

@@ -235,6 +235,44 @@ TEST(Twin, CountsTheOpsItDoesNotCover) {
   EXPECT_TRUE(twin->rows().empty());
 }
 
+// Rankings by local error and by trend, on rows whose numbers are chosen here.
+TEST(Twin, RanksByLocalErrorAndByTrend) {
+  const auto row = [](std::int64_t step, std::int64_t seq, const char* op, bool local, double local_mean, double acc_mean) {
+    probe::PrecisionRow r;
+    r.step = step;
+    r.seq = seq;
+    r.op = op;
+    r.out_dtype = "f16";
+    r.local = local;
+    r.local_mean_rel = local_mean;
+    r.acc_mean_rel = acc_mean;
+    return r;
+  };
+  // sum's error doubles each step (1 bit per step); mul's halves; log ran in f32 (no local error).
+  const std::vector<probe::PrecisionRow> rows{
+      row(0, 0, "sum", true, 1e-4, 0.01),  row(0, 1, "mul", true, 3e-4, 0.04), row(0, 2, "log", false, 0, 0.5),
+      row(1, 0, "sum", true, 2e-4, 0.02),  row(1, 1, "mul", true, 1e-4, 0.02), row(1, 2, "log", false, 0, 0.5),
+      row(2, 0, "sum", true, 5e-5, 0.04),  row(2, 1, "mul", true, 1e-4, 0.01),
+  };
+  const std::vector<probe::PrecisionRow> local = probe::rank_by_local(rows);
+  ASSERT_EQ(local.size(), 2u);
+  EXPECT_EQ(local[0].op, "mul");
+  EXPECT_EQ(local[0].step, 0);
+  EXPECT_EQ(local[1].op, "sum");
+  EXPECT_EQ(local[1].step, 1);
+  const std::vector<probe::PrecisionTrend> trends = probe::precision_trends(rows);
+  ASSERT_EQ(trends.size(), 3u);
+  EXPECT_EQ(trends[0].op, "sum");
+  EXPECT_NEAR(trends[0].bits_per_step, 1.0, 1e-12);
+  EXPECT_EQ(trends[0].steps, 3);
+  EXPECT_DOUBLE_EQ(trends[0].first, 0.01);
+  EXPECT_DOUBLE_EQ(trends[0].last, 0.04);
+  EXPECT_EQ(trends[1].op, "log");
+  EXPECT_NEAR(trends[1].bits_per_step, 0.0, 1e-12);
+  EXPECT_EQ(trends[2].op, "mul");
+  EXPECT_NEAR(trends[2].bits_per_step, -1.0, 1e-12);
+}
+
 TEST(Twin, RefusesANullHookAndEveryBelowOne) {
   EXPECT_THROW(probe::Twin(nullptr), Error);
   EXPECT_THROW(probe::Twin(std::make_shared<probe::Probe>(std::make_shared<NullSink>()), {.every = 0}), Error);
