@@ -23,6 +23,7 @@
 #include "core/probe_hook.h"
 #include "probes/probe.h"
 #include "probes/trace_writer.h"
+#include "probes/twin.h"
 #include "samples/models.h"
 #include "samples/synthetic.h"
 
@@ -38,10 +39,12 @@ struct DiscardSink : trace::Sink {
   void write(const trace::DumpRow&) override {}
 };
 
-enum class SinkKind { discard, trace };
+// twin: both halves run with the probe (discarding rows); the second also with the f32 twin wrapped
+// around it (probes/twin.h), twinning every step; the ratio is the twin's cost over the probe's.
+enum class SinkKind { discard, trace, twin };
 
 std::shared_ptr<trace::Sink> make_sink(SinkKind kind, const std::string& model) {
-  if (kind == SinkKind::discard) return std::make_shared<DiscardSink>();
+  if (kind != SinkKind::trace) return std::make_shared<DiscardSink>();
   const auto path = std::filesystem::temp_directory_path() /
                     ("ampscope_probe_bench_" + model + "_" + std::to_string(::getpid()) + ".h5");
   return std::make_shared<trace::TraceWriter>(
@@ -65,6 +68,7 @@ void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const 
   };
   const std::shared_ptr<trace::Sink> sink = make_sink(kind, name);
   const auto probe = std::make_shared<probe::Probe>(sink, probe::ProbeOptions{.level = probe::Level::health});
+  const auto twin = kind == SinkKind::twin ? std::make_shared<probe::Twin>(probe) : nullptr;
   using clock = std::chrono::steady_clock;
   clock::duration plain{}, probed{};
   std::vector<double> pair_ratios;
@@ -75,7 +79,10 @@ void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const 
     for (int half = 0; half < 2; ++half) {
       const bool with_probe = (half == 0) == probe_first;
       const auto t0 = clock::now();
-      if (with_probe) {
+      if (twin) {
+        probe::HookGuard installed(with_probe ? std::shared_ptr<probe::Hook>(twin) : probe);
+        one_step();
+      } else if (with_probe) {
         probe::HookGuard installed(probe);
         one_step();
       } else {
@@ -95,8 +102,8 @@ void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const 
   const double n = static_cast<double>(state.iterations());
   const double plain_ms = std::chrono::duration<double, std::milli>(plain).count() / n;
   const double probed_ms = std::chrono::duration<double, std::milli>(probed).count() / n;
-  state.counters["plain_ms"] = plain_ms;
-  state.counters["health_ms"] = probed_ms;
+  state.counters[twin ? "health_ms" : "plain_ms"] = plain_ms;
+  state.counters[twin ? "twin_ms" : "health_ms"] = probed_ms;
   state.counters["ratio"] = probed_ms / plain_ms;
   // On a shared machine a burst of other work can land in either half of a pair; the median of the
   // pairs' ratios is what such bursts move least.
@@ -149,6 +156,9 @@ BENCHMARK_CAPTURE(cnn, f16_discard, DType::f16, SinkKind::discard)->Unit(benchma
 BENCHMARK_CAPTURE(cnn, f32_trace, DType::f32, SinkKind::trace)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(transformer, f32_discard, DType::f32, SinkKind::discard)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(transformer, f16_discard, DType::f16, SinkKind::discard)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(mlp, f16_twin, DType::f16, SinkKind::twin)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(cnn, f16_twin, DType::f16, SinkKind::twin)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(transformer, f16_twin, DType::f16, SinkKind::twin)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(transformer, f32_trace, DType::f32, SinkKind::trace)->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -335,7 +335,7 @@ OpDispatch::OpDispatch(std::string_view op, std::vector<Tensor> args, bool dtype
 
 OpDispatch::~OpDispatch() { --t_state.op_depth; }
 
-Tensor OpDispatch::finish(Tensor out) {
+Tensor OpDispatch::finish(Tensor out, const std::function<Tensor(const std::vector<Tensor>&)>* recompute) {
   if (!outer_) return out;
   probe::Hook* h = probe::hook();
   if (h == nullptr) return out;
@@ -350,7 +350,7 @@ Tensor OpDispatch::finish(Tensor out) {
   const std::int64_t seq = probe::next_seq();
   const std::vector<Tensor> outputs{out};
   const probe::OpEvent event{op_, current_scope(), g_op_index.fetch_add(1), step, seq, probe::Phase::forward,
-                             info_, args_, out, outputs};
+                             info_, args_, out, outputs, recompute};
   h->on_op(event);
   // An op that hands back one of its inputs unchanged (a no-op reshape) leaves that tensor's producer.
   const bool passthrough = std::any_of(args_.begin(), args_.end(),

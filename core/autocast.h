@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -105,8 +106,11 @@ class OpDispatch {
   const Tensor& arg(std::size_t i) const { return args_[i]; }
   // For fp32_set_opt_dtype ops: the dtype autocast asks for (f32), or nullopt.
   std::optional<DType> set_dtype() const { return set_dtype_; }
-  // Reports the op to the probe hook (if any wants it) and returns out.
-  Tensor finish(Tensor out);
+  // Reports the op to the probe hook (if any wants it) and returns out. `recompute`: the op's body on other
+  // arguments (probe::OpEvent::recompute), or null.
+  Tensor finish(Tensor out, const std::function<Tensor(const std::vector<Tensor>&)>* recompute = nullptr);
+  // Whether finish() will report the op to a hook (a user-level call that the installed hook wants).
+  bool reported() const { return outer_ && wanted_; }
 
  private:
   std::string_view op_;

@@ -1328,13 +1328,28 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // ---- the public ops: autocast, then the op, then the probe event (core/autocast.h) ----
 
 namespace {
+// What a body sees when the op is run again on other arguments (probe::OpEvent::recompute): the same
+// arg()/set_dtype() as an OpDispatch.
+struct RecomputeArgs {
+  const std::vector<Tensor>& args;
+  std::optional<DType> dtype;
+  const Tensor& arg(std::size_t i) const { return args.at(i); }
+  std::optional<DType> set_dtype() const { return dtype; }
+};
+
 // Runs `body` on the arguments as autocast leaves them, and reports the op.
 template <class Body>
 Tensor dispatched(std::string_view op, std::vector<Tensor> args, const Body& body, bool dtype_given = true) {
   detail::OpDispatch d(op, std::move(args), dtype_given);
-  return d.finish(body(d));
+  Tensor out = body(d);
+  if (!d.reported()) return d.finish(std::move(out));
+  const std::function<Tensor(const std::vector<Tensor>&)> again = [&](const std::vector<Tensor>& a) {
+    return body(RecomputeArgs{a, d.set_dtype()});
+  };
+  return d.finish(std::move(out), &again);
 }
-std::optional<DType> dtype_or_autocast(std::optional<DType> given, const detail::OpDispatch& d) {
+template <class D>
+std::optional<DType> dtype_or_autocast(std::optional<DType> given, const D& d) {
   return given ? given : d.set_dtype();
 }
 }  // namespace

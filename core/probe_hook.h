@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -73,6 +74,12 @@ struct OpEvent {
   const std::vector<Tensor>& inputs;  // after autocast's casts; undefined for absent optional inputs
   const Tensor& output;               // the (first) output
   const std::vector<Tensor>& outputs; // every output (one for forward ops)
+  // Forward ops whose body can run again (null for backward nodes and for ops dispatched without one:
+  // "to", max/min along a dim): runs the op's body on other inputs (same count and order, any dtype the
+  // op accepts) with the op's own scalar arguments, with autocast off, reporting nothing. A hook may call
+  // it only from on_op, and only on ops that draw no random numbers (dropout would advance its generator).
+  // The f32 twin (probes/twin.h) uses it.
+  const std::function<Tensor(const std::vector<Tensor>&)>* recompute = nullptr;
 };
 
 // Gradients of parameters, reported after backward: by the GradScaler before and after unscale_, or by

@@ -1,0 +1,282 @@
+// tests/twin/twin_test.cpp: the f32 twin (probes/twin.h). Its errors against an f64 computation done here,
+// independently of the twin; planted precision losses (a cancellation ranked first, a sum that stops
+// growing); and a run that is bit-identical with and without the twin.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/autocast.h"
+#include "core/grad_scaler.h"
+#include "core/nn.h"
+#include "core/ops.h"
+#include "core/optim.h"
+#include "probes/probe.h"
+#include "probes/twin.h"
+
+namespace ampscope {
+namespace {
+
+struct NullSink : trace::Sink {
+  void write(const trace::StepRow&) override {}
+  void write(const trace::OpRow&) override {}
+  void write(const trace::GradRow&) override {}
+  void write(const trace::EventRow&) override {}
+  void write(const trace::HistogramRow&) override {}
+  void write(const trace::DumpRow&) override {}
+};
+
+// The errors of the f16 values `y` against the f64 reference `r`, as probes/twin.h defines them for f16.
+struct F64Errors {
+  double max_rel = 0, mean_rel = 0, max_ulp = 0;
+};
+F64Errors errors_f16(const std::vector<double>& y, const std::vector<double>& r) {
+  F64Errors e;
+  double scale = 0;
+  for (double v : r) scale = std::max(scale, std::fabs(v));
+  const double floor = std::max(std::ldexp(1.0, -14), scale * std::ldexp(1.0, -11));
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const double err = std::fabs(y[i] - r[i]);
+    const double rel = err / std::max(std::fabs(r[i]), floor);
+    const int exponent = std::max(-14, static_cast<int>(std::floor(std::log2(std::fabs(r[i])))));
+    e.max_rel = std::max(e.max_rel, rel);
+    e.mean_rel += rel / static_cast<double>(y.size());
+    e.max_ulp = std::max(e.max_ulp, err / std::ldexp(1.0, exponent - 10));
+  }
+  return e;
+}
+
+const probe::PrecisionRow& row_of(const std::vector<probe::PrecisionRow>& rows, const std::string& op) {
+  for (const probe::PrecisionRow& r : rows) {
+    if (r.op == op) return r;
+  }
+  throw std::runtime_error("no twin row for " + op);
+}
+
+// sigmoid then 1 - s on f16 logits, the twin's numbers against f64 computed here.
+TEST(Twin, ErrorsMatchAnF64ComputationOnSmallTensors) {
+  const std::vector<double> logits{0.5, -2.0, 3.0, 9.0, 12.0, 6.5};
+  auto twin = std::make_shared<probe::Twin>(std::make_shared<probe::Probe>(std::make_shared<NullSink>()));
+  Tensor s, t;
+  {
+    probe::HookGuard installed(twin);
+    probe::StepScope step(0);
+    const Tensor z = from_values(logits, {6}).to(DType::f16);
+    s = sigmoid(z);
+    t = rsub(s, 1.0);
+    step.end({});
+  }
+  std::vector<double> ref_s, ref_t;
+  for (double z : logits) {
+    const double zz = static_cast<double>(static_cast<float>(f16(static_cast<float>(z))));
+    ref_s.push_back(1.0 / (1.0 + std::exp(-zz)));
+    ref_t.push_back(1.0 - ref_s.back());
+  }
+  const probe::PrecisionRow& sig = row_of(twin->rows(), "sigmoid");
+  const F64Errors es = errors_f16(s.values(), ref_s);
+  // The twin's reference is f32, 2^-24 relative from f64: its relative errors differ from ours by about that.
+  EXPECT_NEAR(sig.local_max_rel, es.max_rel, 1e-6);
+  EXPECT_NEAR(sig.local_mean_rel, es.mean_rel, 1e-6);
+  EXPECT_NEAR(sig.local_max_ulp, es.max_ulp, 1e-2);
+  EXPECT_NEAR(sig.acc_max_rel, es.max_rel, 1e-6);  // the logits are data: the twin's inputs are the same
+  EXPECT_LT(es.max_rel, std::ldexp(1.0, -11));      // sigmoid rounds once: at most half an f16 ulp
+  EXPECT_EQ(sig.flips, 2);                           // sigmoid(9) and sigmoid(12) round to exactly 1 in f16
+
+  const probe::PrecisionRow& sub = row_of(twin->rows(), "rsub");
+  const F64Errors et = errors_f16(t.values(), ref_t);
+  // Local: 1 - s on the f16 s, in f64, rounded by f16 alone.
+  std::vector<double> own_t;
+  for (double v : s.values()) own_t.push_back(1.0 - v);
+  const F64Errors lt = errors_f16(t.values(), own_t);
+  EXPECT_NEAR(sub.local_max_rel, lt.max_rel, 1e-6);
+  EXPECT_NEAR(sub.local_max_ulp, lt.max_ulp, 1e-2);
+  // 1 - 1 = 0 where 1 - sigmoid(9) = 1.2e-4: relative to the floor 2^-11 * (1 - sigmoid(-2)) = 4.3e-4.
+  EXPECT_NEAR(et.max_rel, (1.0 - ref_s[3]) / ((1.0 - ref_s[1]) * std::ldexp(1.0, -11)), 1e-9);
+  EXPECT_NEAR(sub.acc_max_rel, et.max_rel, 1e-3);
+  EXPECT_NEAR(sub.acc_mean_rel, et.mean_rel, 1e-3);
+  EXPECT_EQ(sub.flips, 2);
+  EXPECT_NEAR(sub.in_acc_max_rel, es.max_rel, 1e-6);  // its input is sigmoid's output, against sigmoid's twin
+  EXPECT_NEAR(sub.bits, -std::log2(et.max_rel), 1e-3);
+  // (|1| + |s|) / |1 - s| is largest at z = 12: 1 - sigmoid(12) = 6.1e-6 lies under the f16 floor 2^-14.
+  double cond = 0;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    cond = std::max(cond, (1.0 + ref_s[i]) / std::max(ref_t[i], std::ldexp(1.0, -14)));
+  }
+  EXPECT_NEAR(sub.cond, cond, cond * 1e-3);
+}
+
+struct Net : nn::Module {
+  std::shared_ptr<nn::Linear> hidden, out;
+  explicit Net(Generator& gen) : Module("Net") {
+    hidden = register_module("hidden", std::make_shared<nn::Linear>(4, 16, gen));
+    out = register_module("out", std::make_shared<nn::Linear>(16, 1, gen));
+  }
+  Tensor forward(const Tensor& x) override { return (*out)(tanh((*hidden)(x))); }
+};
+
+struct BceRun {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> params;
+  std::vector<probe::PrecisionRow> rows;
+};
+
+// A hand-written BCE on sigmoid, trained in f16 as a user writes it, with or without the twin.
+BceRun train_bce(bool with_twin, std::int64_t steps = 6) {
+  Generator gen(11);
+  Net model(gen);
+  optim::SGD opt(model.parameters(), {.lr = 0.05});
+  GradScaler scaler({.device = "cpu", .enabled = true});
+  std::shared_ptr<probe::Hook> hook = std::make_shared<probe::Probe>(std::make_shared<NullSink>());
+  std::shared_ptr<probe::Twin> twin;
+  if (with_twin) hook = twin = std::make_shared<probe::Twin>(hook);
+  probe::HookGuard installed(hook);
+  const Tensor x = randn({32, 4}, gen) * 6.0;
+  const std::vector<double> f = x.values();
+  std::vector<double> labels;
+  for (std::size_t i = 0; i < 32; ++i) labels.push_back(f[4 * i] + 0.5 * f[4 * i + 1] > 0 ? 1.0 : 0.0);
+  const Tensor y = from_values(labels, {32, 1});
+  BceRun run;
+  for (std::int64_t n = 0; n < steps; ++n) {
+    probe::Step step(n);
+    opt.zero_grad();
+    Tensor loss;
+    {
+      AutocastGuard autocast(DType::f16);
+      const Tensor s = sigmoid(model(x) * 40.0);
+      loss = -mean(y * log(s) + (1.0 - y) * log(1.0 - s));
+    }
+    scaler.scale(loss).backward();
+    run.losses.push_back(step.finish(loss, opt, scaler).loss);
+  }
+  for (const Tensor& p : model.parameters()) run.params.push_back(p.values());
+  if (twin) run.rows = twin->rows();
+  return run;
+}
+
+TEST(Twin, TheRunIsBitIdenticalWithAndWithoutIt) {
+  const BceRun plain = train_bce(false), twinned = train_bce(true);
+  ASSERT_FALSE(twinned.rows.empty());
+  ASSERT_EQ(plain.losses.size(), twinned.losses.size());
+  for (std::size_t i = 0; i < plain.losses.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&plain.losses[i], &twinned.losses[i], sizeof(double)), 0) << "step " << i;
+  }
+  ASSERT_EQ(plain.params.size(), twinned.params.size());
+  for (std::size_t p = 0; p < plain.params.size(); ++p) {
+    ASSERT_EQ(plain.params[p].size(), twinned.params[p].size());
+    EXPECT_EQ(std::memcmp(plain.params[p].data(), twinned.params[p].data(), plain.params[p].size() * sizeof(double)), 0)
+        << "parameter " << p;
+  }
+}
+
+// The planted cancellation: 1 - s with s = sigmoid(40 z) rounded to 1 in f16 is where precision entered.
+TEST(Twin, ThePlantedCancellationIsRankedFirst) {
+  const BceRun run = train_bce(true);
+  const std::vector<probe::PrecisionRow> ranked = probe::rank_by_jump(run.rows);
+  ASSERT_FALSE(ranked.empty());
+  EXPECT_EQ(ranked.front().op, "rsub");
+  EXPECT_GT(ranked.front().flips, 0);  // outputs cancelled to 0 while the twin's are not
+}
+
+// A long f16 running sum stops growing: every add's own rounding is the loss (local error), and the sum's
+// accumulated error grows step after step.
+TEST(Twin, ARunningF16SumThatStopsGrowing) {
+  auto twin = std::make_shared<probe::Twin>(std::make_shared<probe::Probe>(std::make_shared<NullSink>()));
+  Tensor total;
+  {
+    probe::HookGuard installed(twin);
+    probe::StepScope step(0);
+    total = from_values({2048.0}, {1}).to(DType::f16);
+    const Tensor one = from_values({1.0}, {1}).to(DType::f16);
+    for (int i = 0; i < 100; ++i) total = add(total, one);
+    step.end({});
+  }
+  EXPECT_DOUBLE_EQ(total.item(), 2048.0);  // 2048 + 1 rounds back to 2048 in f16 (spacing 2)
+  const probe::PrecisionRow& last = twin->rows().back();
+  EXPECT_EQ(last.op, "add");
+  EXPECT_NEAR(last.acc_max_rel, 100.0 / 2148.0, 1e-9);  // the f32 twin counts to 2148
+  EXPECT_NEAR(last.local_max_rel, 1.0 / 2049.0, 1e-9);  // this add alone loses the 1
+}
+
+// Condition numbers, worked by hand: (|a| + |b|) / |a + b| and sum|x| / |sum x|.
+TEST(Twin, ConditionNumbersOfAddAndSum) {
+  auto twin = std::make_shared<probe::Twin>(std::make_shared<probe::Probe>(std::make_shared<NullSink>()));
+  {
+    probe::HookGuard installed(twin);
+    probe::StepScope step(0);
+    const Tensor a = from_values({1000.0, 2.0}, {2}).to(DType::f16);
+    const Tensor b = from_values({-999.5, 2.0}, {2}).to(DType::f16);
+    add(a, b);                                                // (1000 + 999.5) / 0.5 = 3999; (2 + 2) / 4 = 1
+    sum(from_values({1000.0, -1000.0, 0.5}, {3}).to(DType::f16));  // 2000.5 / 0.5 = 4001
+    step.end({});
+  }
+  EXPECT_DOUBLE_EQ(row_of(twin->rows(), "add").cond, 3999.0);
+  EXPECT_DOUBLE_EQ(row_of(twin->rows(), "sum").cond, 4001.0);
+  EXPECT_DOUBLE_EQ(row_of(twin->rows(), "add").acc_max_rel, 0.0);  // every value exact in f16
+}
+
+// What the twin does not compute again is counted, and dropout's generator is not advanced by it.
+TEST(Twin, CountsTheOpsItDoesNotCover) {
+  auto twin = std::make_shared<probe::Twin>(std::make_shared<probe::Probe>(std::make_shared<NullSink>()));
+  Generator with_twin(5), without(5);
+  Tensor kept;
+  {
+    probe::HookGuard installed(twin);
+    probe::StepScope step(0);
+    const Tensor x = from_values({1.0, 2.0, 3.0, 4.0}, {4}).to(DType::f16);  // "to": no body to run again
+    kept = dropout(x, 0.5, true, with_twin);
+    step.end({});
+  }
+  const Tensor plain = dropout(from_values({1.0, 2.0, 3.0, 4.0}, {4}).to(DType::f16), 0.5, true, without);
+  EXPECT_EQ(kept.values(), plain.values());
+  EXPECT_EQ(twin->uncovered().at("to"), 1);
+  EXPECT_EQ(twin->uncovered().at("dropout"), 1);
+  EXPECT_TRUE(twin->rows().empty());
+}
+
+// Rankings by local error and by trend, on rows whose numbers are chosen here.
+TEST(Twin, RanksByLocalErrorAndByTrend) {
+  const auto row = [](std::int64_t step, std::int64_t seq, const char* op, bool local, double local_mean, double acc_mean) {
+    probe::PrecisionRow r;
+    r.step = step;
+    r.seq = seq;
+    r.op = op;
+    r.out_dtype = "f16";
+    r.local = local;
+    r.local_mean_rel = local_mean;
+    r.acc_mean_rel = acc_mean;
+    return r;
+  };
+  // sum's error doubles each step (1 bit per step); mul's halves; log ran in f32 (no local error).
+  const std::vector<probe::PrecisionRow> rows{
+      row(0, 0, "sum", true, 1e-4, 0.01),  row(0, 1, "mul", true, 3e-4, 0.04), row(0, 2, "log", false, 0, 0.5),
+      row(1, 0, "sum", true, 2e-4, 0.02),  row(1, 1, "mul", true, 1e-4, 0.02), row(1, 2, "log", false, 0, 0.5),
+      row(2, 0, "sum", true, 5e-5, 0.04),  row(2, 1, "mul", true, 1e-4, 0.01),
+  };
+  const std::vector<probe::PrecisionRow> local = probe::rank_by_local(rows);
+  ASSERT_EQ(local.size(), 2u);
+  EXPECT_EQ(local[0].op, "mul");
+  EXPECT_EQ(local[0].step, 0);
+  EXPECT_EQ(local[1].op, "sum");
+  EXPECT_EQ(local[1].step, 1);
+  const std::vector<probe::PrecisionTrend> trends = probe::precision_trends(rows);
+  ASSERT_EQ(trends.size(), 3u);
+  EXPECT_EQ(trends[0].op, "sum");
+  EXPECT_NEAR(trends[0].bits_per_step, 1.0, 1e-12);
+  EXPECT_EQ(trends[0].steps, 3);
+  EXPECT_DOUBLE_EQ(trends[0].first, 0.01);
+  EXPECT_DOUBLE_EQ(trends[0].last, 0.04);
+  EXPECT_EQ(trends[1].op, "log");
+  EXPECT_NEAR(trends[1].bits_per_step, 0.0, 1e-12);
+  EXPECT_EQ(trends[2].op, "mul");
+  EXPECT_NEAR(trends[2].bits_per_step, -1.0, 1e-12);
+}
+
+TEST(Twin, RefusesANullHookAndEveryBelowOne) {
+  EXPECT_THROW(probe::Twin(nullptr), Error);
+  EXPECT_THROW(probe::Twin(std::make_shared<probe::Probe>(std::make_shared<NullSink>()), {.every = 0}), Error);
+}
+
+}  // namespace
+}  // namespace ampscope
