@@ -1,4 +1,5 @@
 #include "probes/analysis.h"
+#include "probes/scaler_calibration.h"
 
 #include <algorithm>
 #include <cmath>
@@ -1404,12 +1405,9 @@ Report Analyser::finish() {
   // One pass each way over /steps: the largest scale an unskipped step ran at before each step, and the
   // smallest one after it (steps are in increasing order, each once).
   const std::size_t n_steps = steps.size();
-  std::vector<double> clean_max_before(n_steps + 1, -std::numeric_limits<double>::infinity());
-  std::vector<double> clean_min_after(n_steps + 1, std::numeric_limits<double>::infinity());
-  for (std::size_t i = 0; i < n_steps; ++i)
-    clean_max_before[i + 1] = steps[i].skipped ? clean_max_before[i] : std::max(clean_max_before[i], steps[i].scale);
-  for (std::size_t i = n_steps; i-- > 0;)
-    clean_min_after[i] = steps[i].skipped ? clean_min_after[i + 1] : std::min(clean_min_after[i + 1], steps[i].scale);
+  const detail::CleanScales clean = detail::clean_scales(steps);
+  const std::vector<double>& clean_max_before = clean.max_before;
+  const std::vector<double>& clean_min_after = clean.min_after;
   std::set<double> cured_scales;
   const std::int64_t last_step_of_run = steps.empty() ? -1 : steps.back().step;
   for (auto& [step, diagnoses] : st.pending_calibration) {

@@ -4,6 +4,7 @@
 // sequence, so a step whose keys match position by position is paired without hashing; only steps that
 // differ (an fp16 run's extra casts) build a map of the other run's rows.
 #include "probes/analysis_diff.h"
+#include "probes/scaler_calibration.h"
 
 #include <algorithm>
 #include <cmath>
@@ -523,20 +524,14 @@ class GradComparison {
 // Steps a run skipped while its GradScaler calibrated (DiffReport::calibration_skips_a): skipped with a
 // finite loss, a later unskipped step ran at a smaller scale (backing off cured it), and no earlier unskipped
 // step had run at this scale or above (the scale was too high; the gradients had not grown). The analysis
-// (analysis.cpp, "calibration") applies the same test.
+// (analysis.cpp, "calibration") applies the same test (probes/scaler_calibration.h).
 std::vector<std::int64_t> calibration_skips(std::vector<StepRow> rows) {
   std::sort(rows.begin(), rows.end(), [](const StepRow& x, const StepRow& y) { return x.step < y.step; });
-  const std::size_t n = rows.size();
-  std::vector<double> clean_max_before(n + 1, -std::numeric_limits<double>::infinity());
-  std::vector<double> clean_min_after(n + 1, std::numeric_limits<double>::infinity());
-  for (std::size_t i = 0; i < n; ++i)
-    clean_max_before[i + 1] = rows[i].skipped ? clean_max_before[i] : std::max(clean_max_before[i], rows[i].scale);
-  for (std::size_t i = n; i-- > 0;)
-    clean_min_after[i] = rows[i].skipped ? clean_min_after[i + 1] : std::min(clean_min_after[i + 1], rows[i].scale);
+  const detail::CleanScales clean = detail::clean_scales(rows);
   std::vector<std::int64_t> out;
-  for (std::size_t i = 0; i < n; ++i) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
     const StepRow& r = rows[i];
-    if (r.skipped && std::isfinite(r.loss) && clean_min_after[i + 1] < r.scale && !(clean_max_before[i] >= r.scale))
+    if (r.skipped && std::isfinite(r.loss) && clean.min_after[i + 1] < r.scale && !(clean.max_before[i] >= r.scale))
       out.push_back(r.step);
   }
   return out;

@@ -2,6 +2,7 @@
 // CSV file per table (docs/trace-format.md, "CSV export"). Each file is written under a temporary name and
 // renamed when whole, so DIR never holds a half-written file under a final name.
 #include "samples/export_command.h"
+#include "samples/progress_line.h"
 
 #include <unistd.h>
 
@@ -48,31 +49,6 @@ std::string csv_number(double value) {
 namespace {
 
 std::string csv_bool(bool value) { return value ? "true" : "false"; }
-
-// A progress line on `err`, rewritten in place, cleared when done.
-class Progress {
- public:
-  Progress(std::ostream& err, bool enabled, std::string label, std::int64_t total)
-      : err_(err), enabled_(enabled), label_(std::move(label)), total_(total) {}
-  ~Progress() { clear(); }
-  void operator()(std::int64_t done) {
-    if (!enabled_) return;
-    const double pct = total_ > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total_) : 100.0;
-    err_ << fmt::format("\rexporting {}: {:5.1f}% ({} of {} rows)", label_, pct, done, total_) << std::flush;
-    shown_ = true;
-  }
-  void clear() {
-    if (shown_) err_ << "\r\x1b[K" << std::flush;
-    shown_ = false;
-  }
-
- private:
-  std::ostream& err_;
-  bool enabled_;
-  std::string label_;
-  std::int64_t total_;
-  bool shown_ = false;
-};
 
 // One CSV file: written to NAME.tmp, renamed to NAME by commit().
 class CsvFile {
@@ -158,7 +134,8 @@ class Exporter {
   template <class Row>
   void export_range(const std::string& table, std::int64_t begin, std::int64_t end,
                     const std::function<std::vector<Row>(std::int64_t, std::int64_t)>& read,
-                    const std::function<void(const Row&)>& write, const Blocks& blocks, std::int64_t& done, Progress& progress) {
+                    const std::function<void(const Row&)>& write, const Blocks& blocks, std::int64_t& done,
+                    const std::function<void(std::int64_t)>& progress) {
     std::vector<Row> rows;
     try {
       rows = read(begin, end);
@@ -197,11 +174,12 @@ class Exporter {
                     const std::function<std::vector<Row>(std::int64_t, std::int64_t)>& read,
                     const std::function<std::vector<std::string>(const Row&)>& fields, const Blocks& blocks) {
     CsvFile file(dir_, name + ".csv", header);
-    Progress progress(err_, request_.progress && total >= request_.progress_rows, name + ".csv", total);
+    ProgressLine line(err_, request_.progress && total >= request_.progress_rows, "exporting " + name + ".csv");
+    const std::function<void(std::int64_t)> progress = [&](std::int64_t done) { line(done, total); };
     std::int64_t done = 0;
     const std::function<void(const Row&)> write = [&](const Row& r) { file.row(fields(r)); };
     for (const auto& [begin, end] : blocks.ranges) export_range<Row>(name, begin, end, read, write, blocks, done, progress);
-    progress.clear();
+    line.clear();
     file.commit();
     out_ << fmt::format("wrote {} ({} rows)\n", file.path().string(), file.rows());
   }
@@ -316,7 +294,7 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
     CsvFile dumps(dir, "dumps.csv", {"dump", "step", "seq", "op", "module", "tensor", "dtype", "shape", "values_count"});
     CsvFile values(dir, "dump_values.csv", {"dump", "index", "value"});
     std::int64_t id = 0, done = 0;
-    Progress progress(err, false, "dumps.csv", counts.dumps);
+    const std::function<void(std::int64_t)> progress = [](std::int64_t) {};  // dumps are few: no progress line
     const std::function<void(const DumpRow&)> write = [&](const DumpRow& d) {
       dumps.row({num(id), num(d.step), num(d.seq), csv_field(d.op), csv_field(d.module), csv_field(d.tensor), csv_field(d.dtype),
                  csv_field(d.shape), num(static_cast<std::int64_t>(d.values.size()))});

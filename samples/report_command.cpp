@@ -1,6 +1,7 @@
 // `ampscope report` and `ampscope diff`: open the traces, run the analysis or the comparison, print the text
 // or the JSON, and turn the outcome into an exit status a CI job can gate on (docs/report-format.md).
 #include "samples/report_command.h"
+#include "samples/progress_line.h"
 
 #include <unistd.h>
 
@@ -43,31 +44,6 @@ namespace {
 
 // Below this many op rows an analysis takes well under a second: no progress line.
 constexpr std::int64_t kProgressRows = 200000;
-
-// A progress line on `err`, rewritten in place (only used on a terminal), cleared when done.
-class ProgressLine {
- public:
-  ProgressLine(std::ostream& err, bool enabled, std::string label)
-      : err_(err), enabled_(enabled), label_(std::move(label)) {}
-  ~ProgressLine() { clear(); }
-
-  void operator()(std::int64_t done, std::int64_t total) {
-    if (!enabled_ || total < kProgressRows) return;
-    const double pct = total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0;
-    err_ << fmt::format("\r{}: {:5.1f}% ({} of {} op rows)", label_, pct, done, total) << std::flush;
-    shown_ = true;
-  }
-  void clear() {
-    if (shown_) err_ << "\r\x1b[K" << std::flush;
-    shown_ = false;
-  }
-
- private:
-  std::ostream& err_;
-  bool enabled_;
-  std::string label_;
-  bool shown_ = false;
-};
 
 // The error text of a file problem, with a hint when the reader's message has none.
 void print_file_error(std::ostream& err, std::string_view command, const std::string& what) {
@@ -126,7 +102,7 @@ int run_report(const ReportRequest& request, std::ostream& out, std::ostream& er
   analysis::Report rep;
   try {
     trace::TraceReader reader(request.trace);
-    ProgressLine progress(err, request.progress, fmt::format("analysing {}", request.trace));
+    ProgressLine progress(err, request.progress, fmt::format("analysing {}", request.trace), "op rows", kProgressRows);
     rep = analysis::analyse(reader, request.analysis, std::ref(progress));
     progress.clear();
     rep.path = request.trace;  // as the user wrote it
@@ -154,7 +130,7 @@ int run_diff(const DiffRequest& request, std::ostream& out, std::ostream& err) {
   try {
     trace::TraceReader a(request.a);
     trace::TraceReader b(request.b);
-    ProgressLine progress(err, request.progress, "comparing");
+    ProgressLine progress(err, request.progress, "comparing", "op rows", kProgressRows);
     d = analysis::diff(a, b, request.diff, std::ref(progress));
     progress.clear();
     d.path_a = request.a;
