@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "probes/analysis.h"
+#include "probes/analysis_fix.h"
 #include "probes/trace_reader.h"
 #include "samples/report_command.h"
 #include "samples/train.h"
@@ -91,6 +92,7 @@ struct Candidate {
   std::string flag;   // the option that applies it, as `ampscope train` spells it
   std::string text;
   TrainConfig config;
+  std::string remedy_flag{};  // Remedy::flag of the report's remedy (what mark_verified matches on)
 };
 
 // The remedy applied to the configuration; false when no option applies this kind (code-only remedies).
@@ -181,10 +183,7 @@ Outcome measure(const Candidate& cand, const std::string& cause, std::ostream& e
 
 }  // namespace
 
-std::string fix_results_path(const std::string& trace) {
-  const std::filesystem::path p(trace);
-  return (p.parent_path() / (p.stem().string() + ".fix.json")).string();
-}
+std::string fix_results_path(const std::string& trace) { return analysis::fix_results_path(trace); }
 
 std::string fix_trace_path(const std::string& trace, const std::string& remedy_name) {
   const std::filesystem::path p(trace);
@@ -234,6 +233,7 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
     for (const analysis::Remedy& m : d.remedies) {
       Candidate c{"", m.kind, "", m.text, base};
       if (!apply(m, c.config, c.flag)) continue;
+      c.remedy_flag = m.flag;
       c.name = m.kind == "autocast_fp32" ? "autocast-fp32-" + m.pattern
                : m.kind == "learning_rate" ? fmt::format("lr-{}", m.value)
                : m.kind == "init_scale" ? fmt::format("init-scale-{}", m.value)
@@ -266,6 +266,7 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
     e["name"] = c.name;
     e["kind"] = c.kind;
     e["flag"] = c.flag;
+    e["remedy_flag"] = c.remedy_flag;
     e["trace"] = o.trace;
     e["ran"] = o.ran;
     if (!o.error.empty()) e["error"] = o.error;
