@@ -162,6 +162,13 @@ TEST(fix_test, report_marks_verified_remedies_and_ignores_a_damaged_results_file
   EXPECT_EQ(text.find("verified by"), std::string::npos);
   EXPECT_NE(err.find("NOTE: ignoring"), std::string::npos) << err;
   EXPECT_NE(err.find("not JSON"), std::string::npos) << err;
+
+  // A well-formed file of another run (its first anomaly at another step): ignored too.
+  std::ofstream(samples::fix_results_path(trace.string()))
+      << R"({"cause": "f16_overflow", "first_anomaly": {"step": 4, "op": "bmm", "module": "blocks.0.attn"},
+            "runs": [{"kind": "bf16", "remedy_flag": "--precision bf16", "verified": true}]})";
+  EXPECT_EQ(report(false, err).find("verified by"), std::string::npos);
+  EXPECT_NE(err.find("written for another run"), std::string::npos) << err;
 }
 
 TEST(fix_test, refuses_a_trace_of_a_users_own_loop_with_a_clear_message) {
