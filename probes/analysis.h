@@ -92,6 +92,7 @@ struct Remedy {
   std::string pattern;  // autocast_fp32: the glob
   bool pattern_is_op = false;  // autocast_fp32: the glob names ops (true) or module paths (false)
   double value = 0;     // clamp/epsilon: the bound; learning_rate, init_scale: the suggested value
+  bool verified = false;  // a re-run by `ampscope fix` removed the anomaly with it (mark_verified, analysis_fix.h)
 };
 
 // One op on the way from the root cause to the origin (Diagnosis::chain).

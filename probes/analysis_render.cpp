@@ -263,7 +263,8 @@ json remedies_json(const std::vector<Remedy>& remedies) {
                    {"code", m.code},
                    {"pattern", m.pattern},
                    {"pattern_is_op", m.pattern_is_op},
-                   {"value", number(m.value)}});
+                   {"value", number(m.value)},
+                   {"verified", m.verified}});
   return out;
 }
 
@@ -529,7 +530,7 @@ std::string render_text(const Report& rep, const TextStyle& style) {
     if (!d.evidence.empty()) t.line("  evidence: {}", d.evidence.front());
     if (!d.remedies.empty()) {
       const Remedy& m = d.remedies.front();
-      t.line("  fix: {}", t.paint(kGreen, m.text));
+      t.line("  fix: {}{}", t.paint(kGreen, m.text), m.verified ? " (verified by `ampscope fix`)" : "");
       if (!m.flag.empty()) t.line("       ampscope train: {}", m.flag);
       if (!m.code.empty()) t.line("       your own loop:  {}", m.code);
     } else if (!d.remedy.empty()) {
@@ -578,7 +579,8 @@ std::string render_text(const Report& rep, const TextStyle& style) {
       if (!d.remedies.empty()) {
         for (std::size_t k = 0; k < d.remedies.size(); ++k) {
           const Remedy& m = d.remedies[k];
-          t.line("    {}  {}. {}", t.paint(kCyan, k == 0 ? "remedies:   " : "            "), k + 1, t.paint(kGreen, m.text));
+          t.line("    {}  {}. {}{}", t.paint(kCyan, k == 0 ? "remedies:   " : "            "), k + 1, t.paint(kGreen, m.text),
+                 m.verified ? " (verified by `ampscope fix`)" : "");
           if (!m.flag.empty()) t.line("                     ampscope train: {}", m.flag);
           if (!m.code.empty()) t.line("                     your own loop:  {}", m.code);
         }

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "samples/demo.h"
 #include "samples/export_command.h"
+#include "samples/fix_command.h"
 #include "samples/report_command.h"
 #include "samples/train_command.h"
 
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   ampscope::samples::ReportCommand report(app);
   ampscope::samples::DiffCommand diff(app);
   ampscope::samples::ExportCommand export_cmd(app);
+  ampscope::samples::FixCommand fix(app);
   // --verbose after the subcommand's name works too.
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) sub->fallthrough();
 
@@ -46,6 +48,7 @@ int main(int argc, char** argv) {
     if (report.parsed()) return report.run(verbose);
     if (diff.parsed()) return diff.run(verbose);
     if (export_cmd.parsed()) return export_cmd.run(verbose);
+    if (fix.parsed()) return fix.run();
   } catch (const ampscope::Error& e) {
     // Usage and file errors (a bad value, a missing or damaged file): 2, as report and diff.
     fmt::print(stderr, "ampscope: error: {}\n", verbose ? std::string(e.what()) : ampscope::samples::without_hdf5_stack(e.what()));

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "probes/analysis_fix.h"
 #include "probes/analysis_render.h"
 #include "probes/trace_reader.h"
 
@@ -113,6 +114,9 @@ int run_report(const ReportRequest& request, std::ostream& out, std::ostream& er
     err << fmt::format("ampscope report: error: {}\n", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
     return kExitUsage;
   }
+  // Remedies `ampscope fix` verified (its results file beside the trace); a damaged file is only a note.
+  if (const std::string note = analysis::mark_verified(rep, request.trace); !note.empty())
+    err << "ampscope report: " << note << "\n";
   // The text says so itself; JSON or a file would hide it from the person who ran the command.
   if (!rep.complete && (request.json || !request.output.empty()))
     err << fmt::format("ampscope report: note: '{}' is incomplete (its writer did not close it: killed, failed or still "

@@ -75,7 +75,7 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
                   const std::atomic<bool>* stop) {
   TrainConfig config = requested;
   const Scenario* scenario = config.scenario.empty() ? nullptr : &find_scenario(config.scenario);
-  if (scenario != nullptr && scenario->configure) scenario->configure(config);
+  if (scenario != nullptr && scenario->configure && !config.scenario_applied) scenario->configure(config);
   const SampleInfo& sample = find_sample(config.sample);
   if (config.batch <= 0) config.batch = sample.default_batch;
   if (config.steps < 0) throw Error(fmt::format("--steps must be at least 0, got {}", config.steps));

@@ -55,6 +55,11 @@ struct TrainConfig {
   std::string data_dir;         // MNIST IDX files for cnn
   std::string text_file;        // text for transformer
   bool zero_grad = true;        // scenarios may turn it off (no-zero-grad)
+  // The configuration is one the scenario already shaped (a trace's recorded `config`, replayed by
+  // `ampscope fix`): train() does not apply the scenario's configure() again, so a remedy may change what
+  // it sets (the scaler of grad-underflow, zero_grad of no-zero-grad). The model, data and loss changes
+  // of the scenario still apply.
+  bool scenario_applied = false;
 };
 
 struct Batch {

@@ -1,11 +1,13 @@
 #include "viewer/document.h"
 
+#include <cstdio>
 #include <exception>
 #include <map>
 #include <mutex>
 
 #include <fmt/format.h>
 
+#include "probes/analysis_fix.h"
 #include "viewer/view_model.h"
 
 namespace ampscope::viewer {
@@ -154,8 +156,14 @@ void TraceDocument::start_analysis() {
   analysis_control_ = control;
   auto reader = reader_;
   const auto options = options_.analysis;
-  analysis_ = std::async(std::launch::async,
-                         [reader, options, control]() { return analyse_in_turns(*reader, options, *control); });
+  const std::string path = path_.string();
+  analysis_ = std::async(std::launch::async, [reader, options, control, path]() {
+    analysis::Report report = analyse_in_turns(*reader, options, *control);
+    // Remedies `ampscope fix` verified (its results file beside the trace); a damaged one is a note only.
+    if (const std::string note = analysis::mark_verified(report, path); !note.empty())
+      std::fprintf(stderr, "ampscope-view: %s\n", note.c_str());
+    return report;
+  });
 }
 
 void TraceDocument::select_step(std::int64_t step) {

@@ -779,6 +779,10 @@ void draw_why_panel(ViewerState& s) {
       ImGui::TextColored(to_vec4(colours::kGrowth), "[%s]", r.kind.c_str());
       ImGui::SameLine();
       ImGui::TextUnformatted(r.text.c_str());
+      if (r.verified) {  // the results file of `ampscope fix` beside the trace confirms it
+        ImGui::SameLine();
+        ImGui::TextColored(to_vec4(colours::kGrowth), "(verified by `ampscope fix`)");
+      }
       ImGui::PopTextWrapPos();
       ImGui::Indent(92);
       if (!r.flag.empty()) {

@@ -1,0 +1,60 @@
+// The verified mark: reads `ampscope fix`'s results file. See probes/analysis_fix.h.
+#include "probes/analysis_fix.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace ampscope::analysis {
+
+std::string fix_results_path(const std::string& trace) {
+  const std::filesystem::path p(trace);
+  return (p.parent_path() / (p.stem().string() + ".fix.json")).string();
+}
+
+std::string mark_verified(Report& report, const std::string& trace) {
+  const std::string path = fix_results_path(trace);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return "";
+  auto ignored = [&](const std::string& why) { return fmt::format("NOTE: ignoring '{}': {}", path, why); };
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream text;
+  text << f.rdbuf();
+  if (!f && !f.eof()) return ignored("cannot read it");
+  nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return ignored("it is not JSON (damaged?); run `ampscope fix` again");
+  const auto* runs = doc.contains("runs") && doc["runs"].is_array() ? &doc["runs"] : nullptr;
+  const auto* first = doc.contains("first_anomaly") && doc["first_anomaly"].is_object() ? &doc["first_anomaly"] : nullptr;
+  if (runs == nullptr || first == nullptr || !doc.contains("cause") || !doc["cause"].is_string())
+    return ignored("it lacks 'runs', 'cause' or 'first_anomaly' (damaged?); run `ampscope fix` again");
+  // The file belongs to this run only when it names the same first anomaly (a trace written again since
+  // `ampscope fix` ran has another story).
+  if (report.anomalies.empty()) return ignored("the report finds no anomaly, the results file describes one");
+  const Diagnosis& d = report.anomalies.front();
+  const nlohmann::json& step = (*first)["step"];
+  const nlohmann::json& op = (*first)["op"];
+  if (doc["cause"] != d.cause || !step.is_number_integer() || step.get<std::int64_t>() != d.step || !op.is_string() ||
+      op.get<std::string>() != d.op)
+    return ignored("it was written for another run (its first anomaly differs); run `ampscope fix` again");
+  for (const nlohmann::json& r : *runs) {
+    if (!r.is_object()) return ignored("an entry of 'runs' is not an object (damaged?)");
+    const auto verified = r.find("verified");
+    const auto kind = r.find("kind");
+    const auto flag = r.find("remedy_flag");
+    if (verified == r.end() || !verified->is_boolean() || kind == r.end() || !kind->is_string() ||
+        flag == r.end() || !flag->is_string())
+      return ignored("an entry of 'runs' lacks 'verified', 'kind' or 'remedy_flag' (damaged?)");
+  }
+  for (const nlohmann::json& r : *runs) {
+    if (!r["verified"].get<bool>()) continue;
+    for (Diagnosis& diag : report.anomalies)
+      for (Remedy& m : diag.remedies)
+        if (m.kind == r["kind"].get<std::string>() && m.flag == r["remedy_flag"].get<std::string>()) m.verified = true;
+  }
+  return "";
+}
+
+}  // namespace ampscope::analysis

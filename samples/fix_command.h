@@ -1,0 +1,45 @@
+// samples/fix_command.h: `ampscope fix TRACE`: re-runs a run `ampscope train` recorded, once per remedy its
+// report proposes that an option can apply (and once in fp32, the reference), through the first anomaly's
+// step and --after steps more, and says which remedies remove the anomaly (docs/training.md, "fix").
+//
+//   std::ostringstream out, err;
+//   int status = run_fix({.trace = "run.h5", .after = 2}, out, err);  // 0 verified, 1 none, 2 error
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace ampscope::samples {
+
+struct FixRequest {
+  std::string trace{};
+  std::int64_t after = 10;    // steps re-run after the first anomaly's step
+  bool json = false;          // print the results document instead of the table
+  std::string output{};       // results file; "" for <trace stem>.fix.json beside the trace
+};
+
+// Runs the re-runs, writes the results file and each re-run's trace beside the original, prints the table
+// (or the JSON) on `out` and one progress line per re-run on `err`. Returns 0 when at least one remedy is
+// verified, 1 when none is, 2 on errors (a trace `ampscope train` did not write, a missing file) and 0 with
+// "nothing to fix" for a healthy run.
+int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err);
+
+// "run.h5" -> "run.fix.json"; "run.h5", "lr-0.0005" -> "run.fix-lr-0.0005.h5".
+std::string fix_results_path(const std::string& trace);
+std::string fix_trace_path(const std::string& trace, const std::string& remedy_name);
+
+class FixCommand {
+ public:
+  explicit FixCommand(CLI::App& app);
+  bool parsed() const;
+  int run();
+
+ private:
+  CLI::App* cmd_ = nullptr;
+  FixRequest request_;
+};
+
+}  // namespace ampscope::samples
