@@ -111,8 +111,8 @@ Remedy every_block_remedy(const std::string& module) {
 Remedy bf16_remedy() {
   Remedy m;
   m.kind = "bf16";
-  m.text = "train in bf16: the same exponent range as f32, so this overflow cannot happen (it has fewer "
-           "significant bits than f16)";
+  m.text = "train in bf16: the same exponent range as f32, so values beyond f16's range, too large or too small, "
+           "stay representable (it has fewer significant bits than f16)";
   m.flag = "--precision bf16";
   m.code = "AutocastGuard autocast(DType::bf16);  // instead of DType::f16; bf16 needs no GradScaler";
   return m;
@@ -167,6 +167,9 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
   // happened), else the origin.
   const ChainLink* root_link = d.chain.empty() ? nullptr : &d.chain.front();
   const bool outside_autocast = (root_link ? root_link->autocast.empty() : d.autocast.empty()) && r.phase == Phase::forward;
+  // An op called with an explicit dtype (softmax(x, dim, DType::f16)) runs as called under autocast: an
+  // override cannot reach it either; the call's dtype argument can.
+  const bool dtype_given = (root_link ? root_link->autocast : d.autocast).find("a dtype was given") != std::string::npos;
   const std::string target_dtype = root_link ? root_link->out_dtype : r.out_dtype;
   const std::string target_place =
       root_link ? (root_link->module.empty() ? root_link->op + " (outside any module)"
@@ -179,6 +182,15 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
   const std::string f32_op = !d.chain.empty() ? d.chain.front().op : d.op;
   auto f32 = [&](const std::string& why) {
     if (!low) return;
+    if (dtype_given && (target_dtype == "f16" || target_dtype == "bf16")) {
+      out.push_back(simple("cast_f32",
+                           fmt::format("{} was called with an explicit dtype, {}, which autocast respects (an "
+                                       "override cannot reach it): ask for f32 in the call{}",
+                                       target_place, target_dtype, why.empty() ? "" : " (" + why + ")"),
+                           "", fmt::format("Tensor y = {}(x, dim, DType::f32);  // not the input's {}", target_op,
+                                           target_dtype)));
+      return;
+    }
     if (outside_autocast && (target_dtype == "f16" || target_dtype == "bf16")) {
       Remedy m = simple("cast_f32",
                         fmt::format("{} ran outside autocast, in its inputs' {} (an autocast override cannot reach "
@@ -814,6 +826,17 @@ struct Analyser::State {
                                        where_text(*p), p->health.zero, p->health.numel)));
         p = zin;
         continue;
+      }
+      if (p->op == "softmax" && p->health.zero > 0) {
+        // Its exact zeros are exp(x - max) below the dtype's smallest subnormal: a range problem (bf16 and f32
+        // reach exp(-92) and exp(-103); f16 stops at 2^-24, about exp(-16.6)).
+        rev.push_back(link(*p, "underflow",
+                           fmt::format("{} returned {} probabilities of exactly 0 of {}: exp of a score minus the "
+                                       "row's max fell below the smallest subnormal of {}{}",
+                                       where_text(*p), p->health.zero, p->health.numel, p->out_dtype,
+                                       p->out_dtype == "f16" ? " (2^-24 = 6e-8, about exp(-16.6))" : "")));
+        root = "underflow";
+        break;
       }
       if (std::string sat = saturation_of(*p); !sat.empty()) {
         rev.push_back(link(*p, "saturation", std::move(sat)));
