@@ -323,7 +323,7 @@ std::map<std::string, Tensor> load_folder(const std::filesystem::path& folder, s
         throw FormatError(fmt::format("safetensors index '{}': weight_map entry '{}' is not a file name",
                                       index.string(), it.key()));
       const std::string shard = it.value().get<std::string>();
-      if (shard.find('/') != std::string::npos || shard == ".." || shard.empty())
+      if (shard.find('/') != std::string::npos || shard == ".." || shard == "." || shard.empty())
         throw FormatError(fmt::format("safetensors index '{}': tensor '{}' names shard '{}', which is not a file "
                                       "name in the folder", index.string(), it.key(), shard));
       auto s = shards.find(shard);

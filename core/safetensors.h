@@ -42,7 +42,7 @@ struct TensorInfo {
   std::uint64_t begin = 0, end = 0;  // byte offsets in the buffer after the header
 };
 
-// The names of the dtypes this reader and writer support, and the mapping.
+// The safetensors names ("F32", "F16", "BF16", "F64", "I64") of the dtypes this reader and writer support.
 std::string stored_name(DType dtype);  // throws DTypeError for bool
 std::optional<DType> from_stored_name(std::string_view name);
 
