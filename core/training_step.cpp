@@ -45,9 +45,7 @@ StepSummary Step::finish(const Tensor& loss, optim::Optimizer& optimizer, Finish
   return finish_impl(loss, optimizer, nullptr, options);
 }
 
-StepSummary Step::finish_impl(const Tensor& loss, optim::Optimizer& optimizer, GradScaler* scaler,
-                              const FinishOptions& options) {
-  // Every refusal comes before anything changes: the step can still be abandoned cleanly.
+void Step::check_finishable(const Tensor& loss) const {
   if (finished_) {
     throw Error(fmt::format("probe::Step::finish: step {} is already finished\nhint: call finish() once, at the end "
                             "of the step",
@@ -58,15 +56,32 @@ StepSummary Step::finish_impl(const Tensor& loss, optim::Optimizer& optimizer, G
                             "probe::Step per iteration, inside the loop, and finish it before the next one opens",
                             step_, current_step()));
   }
+  if (!loss.defined() || loss.numel() != 1) {
+    throw Error(fmt::format("probe::Step::finish (step {}): the loss must be a tensor with one element, got {}", step_,
+                            loss.defined() ? "shape " + shape_str(loss.shape()) : std::string("an undefined tensor")));
+  }
+}
+
+StepSummary Step::finish_eval(const Tensor& loss) {
+  check_finishable(loss);
+  StepSummary summary;
+  summary.step = step_;
+  summary.loss = loss.item();
+  summary.time_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+  finished_ = true;
+  scope_.end(summary);
+  return summary;
+}
+
+StepSummary Step::finish_impl(const Tensor& loss, optim::Optimizer& optimizer, GradScaler* scaler,
+                              const FinishOptions& options) {
+  // Every refusal comes before anything changes: the step can still be abandoned cleanly.
+  check_finishable(loss);
   if (options.max_grad_norm && options.grad_norm) {
     throw Error(fmt::format("probe::Step::finish (step {}): both max_grad_norm and grad_norm are given\nhint: give "
                             "max_grad_norm to let finish() clip and measure, or grad_norm when the loop clipped "
                             "itself",
                             step_));
-  }
-  if (!loss.defined() || loss.numel() != 1) {
-    throw Error(fmt::format("probe::Step::finish (step {}): the loss must be a tensor with one element, got {}", step_,
-                            loss.defined() ? "shape " + shape_str(loss.shape()) : std::string("an undefined tensor")));
   }
   if (detail::acted_in_open_step(&optimizer)) {
     throw Error(fmt::format("probe::Step::finish: the optimizer ({}) has already stepped in step {}; finish() takes "

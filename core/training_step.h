@@ -70,10 +70,15 @@ class Step {
   StepSummary finish(const Tensor& loss, optim::Optimizer& optimizer, GradScaler& scaler, FinishOptions options = {});
   // Without a scaler: the gradients are reported to the probe, [clipped], and optimizer.step() runs.
   StepSummary finish(const Tensor& loss, optim::Optimizer& optimizer, FinishOptions options = {});
+  // The end of a forward-only step (evaluation: no backward, no optimizer): the /steps row holds the loss,
+  // scale 1 before and after, not skipped, growth tracker 0, grad_norm 0 (there are no gradients), lr 0,
+  // and the milliseconds since the Step opened. Throws as finish() does for a finished step or a bad loss.
+  StepSummary finish_eval(const Tensor& loss);
 
   std::int64_t number() const { return step_; }
 
  private:
+  void check_finishable(const Tensor& loss) const;
   StepSummary finish_impl(const Tensor& loss, optim::Optimizer& optimizer, GradScaler* scaler,
                           const FinishOptions& options);
 

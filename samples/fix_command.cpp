@@ -70,6 +70,10 @@ TrainConfig config_from_json(const std::string& text, const std::string& trace) 
   c.data_dir = j.value("data", c.data_dir);
   c.text_file = j.value("text", c.text_file);
   c.resume = j.value("resume", c.resume);
+  c.model_dir = j.value("model", c.model_dir);
+  c.tokens_file = j.value("tokens", c.tokens_file);
+  c.context = j.value("context", c.context);
+  c.eval = j.value("eval", c.eval);
   c.scenario_applied = true;
   return c;
 }

@@ -14,13 +14,14 @@ struct Recording::Impl {
   bool closed = false;
 };
 
-Recording::Recording(const TrainConfig& config, const std::string& config_json, Device device)
+Recording::Recording(const TrainConfig& config, const std::string& config_json, Device device,
+                     const std::string& model)
     : impl_(std::make_unique<Impl>()), path_(config.out) {
   if (config.out.empty()) return;
   trace::RunInfo info;
   info.precision = std::string(precision_name(config.precision));
   info.device = device.str();
-  info.model = config.sample;
+  info.model = model;
   info.seed = static_cast<std::int64_t>(config.seed);
   info.config = config_json;
   probe::ProbeOptions options;

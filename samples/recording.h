@@ -1,7 +1,7 @@
 // samples/recording.h: what `ampscope train` attaches to a run to watch it: the probe at the chosen
 // level, writing to the HDF5 trace (probes/). Installed for the lifetime of the object.
 //
-//   Recording rec(config, config_json, device);   // installs the probe hook when config.out is set
+//   Recording rec(config, config_json, device, "mlp");   // installs the probe hook when config.out is set
 //   ... training ...
 //   rec.close();                                   // flushes and marks the trace complete
 #pragma once
@@ -17,7 +17,8 @@ namespace ampscope::samples {
 
 class Recording {
  public:
-  Recording(const TrainConfig& config, const std::string& config_json, Device device);
+  // `model` names what is trained (the trace's model field: the sample's name, "gpt2", ...).
+  Recording(const TrainConfig& config, const std::string& config_json, Device device, const std::string& model);
   ~Recording();
   Recording(const Recording&) = delete;
   Recording& operator=(const Recording&) = delete;

@@ -85,6 +85,7 @@ class VariantTask final : public SampleTask {
   }
   Tensor loss(const Tensor& out, const Tensor& y) override { return sample_->loss(out, y); }
   double default_lr() const override { return sample_->default_lr(); }
+  std::string identity() const override { return sample_->identity(); }
 
  private:
   std::unique_ptr<SampleTask> sample_;

@@ -31,7 +31,7 @@ Batch slice_batch(const Dataset& data, std::int64_t step, std::int64_t batch) {
   const std::int64_t n = data.x.size(0);
   const std::int64_t b = std::min(batch, n);
   const std::int64_t start = (step * b) % (n - b + 1);
-  return {data.x.slice(0, start, start + b), data.y.slice(0, start, start + b)};
+  return {data.x.slice(0, start, start + b), data.y.slice(0, start, start + b), {}};
 }
 
 class MlpTask final : public SampleTask {
@@ -46,6 +46,7 @@ class MlpTask final : public SampleTask {
   Batch batch(std::int64_t step) override { return slice_batch(data_, step, batch_); }
   Tensor loss(const Tensor& out, const Tensor& y) override { return cross_entropy(out, y); }
   double default_lr() const override { return 1e-3; }
+  std::string identity() const override { return "mlp"; }
 
  private:
   std::int64_t batch_;
@@ -89,6 +90,7 @@ class CnnTask final : public SampleTask {
   Batch batch(std::int64_t step) override { return slice_batch(data_, step, batch_); }
   Tensor loss(const Tensor& out, const Tensor& y) override { return cross_entropy(out, y); }
   double default_lr() const override { return 1e-3; }
+  std::string identity() const override { return "cnn"; }
 
  private:
   std::int64_t batch_;
@@ -148,12 +150,13 @@ class TransformerTask final : public SampleTask {
         y.push_back(static_cast<unsigned char>(text_[start + t + 1]));
       }
     }
-    return {from_values(x, {batch_, T}, {DType::i64}), from_values(y, {batch_, T}, {DType::i64})};
+    return {from_values(x, {batch_, T}, {DType::i64}), from_values(y, {batch_, T}, {DType::i64}), {}};
   }
   Tensor loss(const Tensor& out, const Tensor& y) override {
     return cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1}));
   }
   double default_lr() const override { return 3e-3; }
+  std::string identity() const override { return "transformer"; }
 
  private:
   std::int64_t batch_;

@@ -1,4 +1,6 @@
-// The training loop of `ampscope train`.
+// The training loop of `ampscope train`: a run that sets up, steps and saves over a SampleTask (a sample,
+// a scenario's variant of one, or an architecture loaded from a model folder), so new kinds of task, and
+// new kinds of run, are new implementations rather than new branches here.
 #include "samples/train.h"
 
 #include <fcntl.h>
@@ -17,16 +19,35 @@
 #include <nlohmann/json.hpp>
 
 #include "core/autocast.h"
+#include "core/autograd.h"
 #include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/grad_scaler.h"
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/probe_hook.h"
+#include "core/safetensors.h"
 #include "core/training_step.h"
 #include "samples/recording.h"
 
 namespace ampscope::samples {
+
+void SampleTask::save_model(const std::filesystem::path& folder) {
+  std::filesystem::create_directories(folder);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, p] : model().named_parameters()) tensors.emplace_back(name, p);
+  safetensors::save(folder / "model.safetensors", tensors, {{"format", "pt"}, {"ampscope_task", identity()}});
+}
+
+std::unique_ptr<SampleTask> make_task(const TrainConfig& config, Generator& gen, std::vector<std::string>& warnings) {
+  if (!config.model_dir.empty()) return make_model_task(config, warnings);
+  const Scenario* scenario = config.scenario.empty() ? nullptr : &find_scenario(config.scenario);
+  std::unique_ptr<SampleTask> task = scenario != nullptr && scenario->make_task ? scenario->make_task(config, gen)
+                                                                                : find_sample(config.sample).make(config, gen);
+  if (scenario != nullptr && scenario->prepare) scenario->prepare(*task, gen);
+  return task;
+}
+
 namespace {
 
 DType lower_dtype(Precision p) { return p == Precision::bf16 ? DType::bf16 : DType::f16; }
@@ -66,108 +87,74 @@ std::string run_config_json(const TrainConfig& c) {
   j["data"] = c.data_dir;
   j["text"] = c.text_file;
   j["resume"] = c.resume;
+  // Model-folder runs (absolute paths: `ampscope fix` re-runs from wherever it is started).
+  if (!c.model_dir.empty()) {
+    j["model"] = std::filesystem::absolute(c.model_dir).lexically_normal().string();
+    j["tokens"] = c.tokens_file.empty() ? "" : std::filesystem::absolute(c.tokens_file).lexically_normal().string();
+    j["context"] = c.context;
+  }
+  if (c.eval) j["eval"] = true;
   return j.dump();
 }
 
-}  // namespace
-
-TrainResult train(const TrainConfig& requested, const std::function<void(const StepReport&)>& on_step,
-                  const std::atomic<bool>* stop) {
-  TrainConfig config = requested;
-  const Scenario* scenario = config.scenario.empty() ? nullptr : &find_scenario(config.scenario);
-  if (scenario != nullptr && scenario->configure && !config.scenario_applied) scenario->configure(config);
-  const SampleInfo& sample = find_sample(config.sample);
-  if (config.batch <= 0) config.batch = sample.default_batch;
-  if (config.steps < 0) throw Error(fmt::format("--steps must be at least 0, got {}", config.steps));
-  if (config.sample_every < 1) throw Error(fmt::format("--sample-every must be at least 1, got {}", config.sample_every));
-  const Device device = resolve_device(config.device);
-  // A checkpoint that cannot be written must fail now, not after the whole run.
-  if (!config.checkpoint.empty()) {
-    const std::filesystem::path folder = std::filesystem::absolute(config.checkpoint).parent_path();
-    if (!std::filesystem::is_directory(folder)) {
-      throw Error(fmt::format("--checkpoint '{}': the folder '{}' does not exist\nhint: create it first, or choose "
-                              "another path",
-                              config.checkpoint, folder.string()));
-    }
-    // Writable: try it (access() would answer for the real user, and yes for root on a read-only mount).
-    const std::filesystem::path probe = folder / fmt::format(".ampscope-write-test-{}", ::getpid());
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      throw Error(fmt::format("--checkpoint '{}': cannot write in the folder '{}': {}\nhint: choose a writable folder",
-                              config.checkpoint, folder.string(), std::strerror(errno)));
-    }
-    ::close(fd);
-    ::unlink(probe.c_str());
+// A file the run writes at its end must be writable now, not after the whole run: its folder exists and
+// a file can be created there (access() would answer for the real user, and yes for root on a read-only
+// mount).
+void check_writable_folder(std::string_view option, const std::string& path, const std::filesystem::path& folder) {
+  if (!std::filesystem::is_directory(folder)) {
+    throw Error(fmt::format("{} '{}': the folder '{}' does not exist\nhint: create it first, or choose another path",
+                            option, path, folder.string()));
   }
-
-  // A resumed run continues the checkpointed one: its seed (which decides the data stream) comes from
-  // the checkpoint, and the sample must be the same.
-  if (!config.resume.empty()) {
-    Checkpoint peek{.states = {{"run", StateDict{}}}};
-    load_checkpoint(config.resume, peek, {.allow_nonfinite = config.resume_allow_nonfinite});
-    const StateDict& run = peek.states.at("run");
-    const auto sample_it = run.find("sample");
-    const auto seed_it = run.find("seed");
-    if (sample_it == run.end() || seed_it == run.end()) {
-      throw Error(fmt::format("--resume: '{}' has no run configuration (sample, seed)\nhint: resume from a checkpoint "
-                              "written by ampscope train --checkpoint",
-                              config.resume));
-    }
-    const std::string saved_sample = std::get<std::string>(sample_it->second);
-    if (saved_sample != config.sample) {
-      throw Error(fmt::format("--resume: '{}' was written by a '{}' run, not '{}'\nhint: resume with --sample {}",
-                              config.resume, saved_sample, config.sample, saved_sample));
-    }
-    // The precision decides whether a GradScaler state exists; the scenario changes model and data.
-    for (const auto& [key, requested] : {std::pair<std::string, std::string>{"precision", std::string(precision_name(config.precision))},
-                                         std::pair<std::string, std::string>{"scenario", config.scenario}}) {
-      const auto it = run.find(key);
-      const std::string saved = it == run.end() ? "" : std::get<std::string>(it->second);
-      if (it != run.end() && saved != requested) {
-        throw Error(fmt::format("--resume: '{}' was written by a run with {} '{}', not '{}'\nhint: resume with the "
-                                "same --{} (a resumed run continues the same training)",
-                                config.resume, key, saved, requested, key));
-      }
-    }
-    config.seed = static_cast<std::uint64_t>(std::get<std::int64_t>(seed_it->second));
+  const std::filesystem::path probe = folder / fmt::format(".ampscope-write-test-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    throw Error(fmt::format("{} '{}': cannot write in the folder '{}': {}\nhint: choose a writable folder", option,
+                            path, folder.string(), std::strerror(errno)));
   }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
 
-  // Build: model parameters are drawn from the seed; the model then moves to the device. Parameters stay
-  // f32 (master weights); autocast runs the ops in the lower precision.
-  Generator gen(config.seed);
-  std::unique_ptr<SampleTask> task = scenario != nullptr && scenario->make_task ? scenario->make_task(config, gen)
-                                                                                : sample.make(config, gen);
-  if (scenario != nullptr && scenario->prepare) scenario->prepare(*task, gen);
-  nn::Module& model = task->model();
-  model.to(device);
-  const double lr = config.lr > 0 ? config.lr : task->default_lr();
-  optim::AdamW opt(model.parameters(), {.lr = lr, .weight_decay = 0.0});
-  const bool scaling = config.precision == Precision::fp16 && config.use_scaler;
-  GradScaler scaler({.device = device.is_cpu() ? "cpu" : "cuda",
-                     .init_scale = config.init_scale,
-                     .growth_interval = config.growth_interval,
-                     .enabled = scaling});
+// What a checkpoint says about the run that wrote it ("run" state): read before anything is built, since its
+// seed decides the parameters and the data.
+struct SavedRun {
+  std::string identity;  // the task's identity ("mlp", "gpt2", ...)
+  std::uint64_t seed = 0;
+};
 
-  std::vector<std::string> warnings;
-  std::int64_t first_step = 0;
-  const StateDict run_state = {{"sample", config.sample},
-                               {"seed", static_cast<std::int64_t>(config.seed)},
-                               {"precision", std::string(precision_name(config.precision))},
-                               {"scenario", config.scenario}};
-  if (!config.resume.empty()) {
-    Checkpoint ck{.model = &model, .optimizer = &opt, .generators = {{"model", &gen}},
-                  .states = {{"scaler", scaler.state_dict()}, {"run", StateDict{}}}};
-    const CheckpointLoadReport loaded =
-        load_checkpoint(config.resume, ck, {.allow_nonfinite = config.resume_allow_nonfinite});
-    for (const std::string& w : loaded.warnings) warnings.push_back(fmt::format("--resume: {}", w));
-    if (scaling) scaler.load_state_dict(ck.states.at("scaler"));
-    first_step = ck.step;
+SavedRun peek_resume(const TrainConfig& config) {
+  Checkpoint peek{.states = {{"run", StateDict{}}}};
+  load_checkpoint(config.resume, peek, {.allow_nonfinite = config.resume_allow_nonfinite});
+  const StateDict& run = peek.states.at("run");
+  const auto sample_it = run.find("sample");
+  const auto seed_it = run.find("seed");
+  if (sample_it == run.end() || seed_it == run.end()) {
+    throw Error(fmt::format("--resume: '{}' has no run configuration (sample, seed)\nhint: resume from a checkpoint "
+                            "written by ampscope train --checkpoint",
+                            config.resume));
   }
+  // The precision decides whether a GradScaler state exists; the scenario changes model and data.
+  for (const auto& [key, requested] :
+       {std::pair<std::string, std::string>{"precision", std::string(precision_name(config.precision))},
+        std::pair<std::string, std::string>{"scenario", config.scenario}}) {
+    const auto it = run.find(key);
+    const std::string saved = it == run.end() ? "" : std::get<std::string>(it->second);
+    if (it != run.end() && saved != requested) {
+      throw Error(fmt::format("--resume: '{}' was written by a run with {} '{}', not '{}'\nhint: resume with the "
+                              "same --{} (a resumed run continues the same training)",
+                              config.resume, key, saved, requested, key));
+    }
+  }
+  return {std::get<std::string>(sample_it->second), static_cast<std::uint64_t>(std::get<std::int64_t>(seed_it->second))};
+}
 
-  // Overrides for what-if runs: each pattern keeps matching modules (or ops) in f32. Module paths are
-  // known now: a pattern with a '.' can only name modules (op names have none), so one that matches no
-  // module path is a typo and an error. A pattern without '.' may name an op, which is only known once it
-  // runs: when it matches no module either, a warning says so at the end of the run.
+// Overrides for what-if runs: each pattern keeps matching modules (or ops) in f32. Module paths are known
+// now: a pattern with a '.' can only name modules (op names have none), so one that matches no module
+// path is a typo and an error. A pattern without '.' may name an op, which is only known once it runs:
+// when it matches no module either, a warning says so at the end of the run.
+std::vector<std::unique_ptr<AutocastOverrideGuard>> install_overrides(nn::Module& model, const TrainConfig& config,
+                                                                      const std::string& what,
+                                                                      std::vector<std::string>& warnings) {
   std::vector<std::string> module_paths;
   for (const auto& [name, module] : model.named_modules())
     if (!name.empty()) module_paths.push_back(name);
@@ -179,12 +166,12 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
     std::string examples;
     for (std::size_t i = 0; i < module_paths.size() && i < 6; ++i) examples += (i ? ", " : "") + module_paths[i];
     if (pattern.find('.') != std::string::npos) {
-      throw Error(fmt::format("--autocast-fp32: '{}' matches no module of the '{}' model; its modules are {}{}",
-                              pattern, config.sample, examples, module_paths.size() > 6 ? ", ..." : ""));
+      throw Error(fmt::format("--autocast-fp32: '{}' matches no module of the '{}' model; its modules are {}{}", pattern,
+                              what, examples, module_paths.size() > 6 ? ", ..." : ""));
     }
     warnings.push_back(fmt::format("--autocast-fp32 '{}' matches no module of the '{}' model ({}{}); it had an effect "
                                    "only if it names an op (softmax, linear, ...): check the trace",
-                                   pattern, config.sample, examples, module_paths.size() > 6 ? ", ..." : ""));
+                                   pattern, what, examples, module_paths.size() > 6 ? ", ..." : ""));
   }
   std::vector<std::unique_ptr<AutocastOverrideGuard>> overrides;
   for (const std::string& pattern : config.autocast_fp32) {
@@ -194,76 +181,214 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
     overrides.push_back(std::make_unique<AutocastOverrideGuard>(
         AutocastOverride{.op = "", .module = pattern, .precision = ampscope::Precision::f32}));
   }
+  return overrides;
+}
 
-  Recording recording(config, run_config_json(config), device);
+// One run: set up (configuration, task, optimizer, scaler, resume, overrides, recording), then step and
+// save. Members are declared in the order they are built; the recording, built last, is closed first.
+class TrainingRun {
+ public:
+  explicit TrainingRun(const TrainConfig& requested);
 
+  const TrainConfig& config() const { return config_; }
+  std::int64_t first_step() const { return first_step_; }
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  const std::string& identity() const { return identity_; }
+  std::int64_t anomalies() const { return recording_->anomalies(); }
+  const std::string& trace_path() const { return recording_->trace_path(); }
+
+  // One training step (zero_grad, forward under autocast, scaled backward, unscale/clip/step/update), or
+  // with --eval one forward pass; returns its /steps row.
+  probe::StepSummary step(std::int64_t n);
+  void save_checkpoint(std::int64_t next_step);
+  void save_model();
+  void close() { recording_->close(); }
+
+ private:
+  TrainConfig config_;
+  const Scenario* scenario_ = nullptr;
+  Device device_;
+  std::vector<std::string> warnings_;
+  std::unique_ptr<Generator> gen_;
+  std::unique_ptr<SampleTask> task_;
+  std::string identity_;
+  std::unique_ptr<optim::AdamW> opt_;  // null with --eval
+  std::unique_ptr<GradScaler> scaler_;
+  std::int64_t first_step_ = 0;
+  StateDict run_state_;
+  std::vector<std::unique_ptr<AutocastOverrideGuard>> overrides_;
+  std::unique_ptr<Recording> recording_;
+};
+
+TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
+  TrainConfig& config = config_;
+  scenario_ = config.scenario.empty() ? nullptr : &find_scenario(config.scenario);
+  if (scenario_ != nullptr && !config.model_dir.empty()) {
+    throw Error(fmt::format("--scenario {} is written for the '{}' sample and cannot run with --model\nhint: leave "
+                            "--scenario out; to reproduce a failure in a model folder, change its weights or data",
+                            config.scenario, scenario_->sample));
+  }
+  if (scenario_ != nullptr && scenario_->configure && !config.scenario_applied) scenario_->configure(config);
+  if (config.batch <= 0) config.batch = config.model_dir.empty() ? find_sample(config.sample).default_batch : 1;
+  if (config.steps < 0) throw Error(fmt::format("--steps must be at least 0, got {}", config.steps));
+  if (config.sample_every < 1) throw Error(fmt::format("--sample-every must be at least 1, got {}", config.sample_every));
+  if (config.eval && !config.checkpoint.empty()) {
+    throw Error("--checkpoint with --eval: an evaluation changes no weights, so there is nothing to save\nhint: leave "
+                "--checkpoint out (--resume with --eval evaluates a checkpoint)");
+  }
+  if (config.eval && !config.save_model.empty()) {
+    throw Error("--save-model with --eval: an evaluation changes no weights\nhint: leave --save-model out");
+  }
+  device_ = resolve_device(config.device);
+  if (!config.checkpoint.empty()) {
+    check_writable_folder("--checkpoint", config.checkpoint,
+                          std::filesystem::absolute(config.checkpoint).parent_path());
+  }
+  if (!config.save_model.empty()) {
+    const std::filesystem::path folder = std::filesystem::absolute(config.save_model);
+    if (std::filesystem::exists(folder) && !std::filesystem::is_directory(folder)) {
+      throw Error(fmt::format("--save-model '{}' is a file; it names the folder to write\nhint: give a folder "
+                              "(created when missing)",
+                              config.save_model));
+    }
+    check_writable_folder("--save-model", config.save_model,
+                          std::filesystem::is_directory(folder) ? folder : folder.parent_path());
+  }
+
+  // A resumed run continues the checkpointed one: its seed (which decides the data stream and a sample's
+  // parameters) comes from the checkpoint, and it must train the same thing.
+  std::optional<SavedRun> saved;
+  if (!config.resume.empty()) {
+    saved = peek_resume(config);
+    config.seed = saved->seed;
+  }
+
+  // Build: model parameters are drawn from the seed (or loaded from the model folder); the model then moves
+  // to the device. Parameters stay f32 (master weights); autocast runs the ops in the lower precision.
+  gen_ = std::make_unique<Generator>(config.seed);
+  task_ = make_task(config, *gen_, warnings_);
+  identity_ = task_->identity();
+  if (saved && saved->identity != identity_) {
+    const bool sample = config.model_dir.empty();
+    throw Error(fmt::format("--resume: '{}' was written by a '{}' run, not '{}'\nhint: {}", config.resume,
+                            saved->identity, identity_,
+                            sample ? fmt::format("resume with --sample {}", saved->identity)
+                                   : std::string("resume with the model folder (--model) the checkpoint was trained from")));
+  }
+  nn::Module& model = task_->model();
+  model.to(device_);
+  const double lr = config.lr > 0 ? config.lr : task_->default_lr();
+  if (!config.eval) opt_ = std::make_unique<optim::AdamW>(model.parameters(), optim::OptimizerOptions{.lr = lr, .weight_decay = 0.0});
+  // With --eval the scaler is never used, but a resumed fp16 checkpoint's scaler state still loads into it.
+  const bool scaling = config.precision == Precision::fp16 && config.use_scaler;
+  scaler_ = std::make_unique<GradScaler>(GradScalerOptions{.device = device_.is_cpu() ? "cpu" : "cuda",
+                                                           .init_scale = config.init_scale,
+                                                           .growth_interval = config.growth_interval,
+                                                           .enabled = scaling});
+  run_state_ = {{"sample", identity_},
+                {"seed", static_cast<std::int64_t>(config.seed)},
+                {"precision", std::string(precision_name(config.precision))},
+                {"scenario", config.scenario}};
+  if (!config.resume.empty()) {
+    Checkpoint ck{.model = &model, .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
+                  .states = {{"scaler", scaler_->state_dict()}, {"run", StateDict{}}}};
+    const CheckpointLoadReport loaded =
+        load_checkpoint(config.resume, ck, {.allow_nonfinite = config.resume_allow_nonfinite});
+    for (const std::string& w : loaded.warnings) warnings_.push_back(fmt::format("--resume: {}", w));
+    if (scaling) scaler_->load_state_dict(ck.states.at("scaler"));
+    first_step_ = ck.step;
+  }
+  overrides_ = install_overrides(model, config, identity_, warnings_);
+  recording_ = std::make_unique<Recording>(config, run_config_json(config), device_, identity_);
+}
+
+probe::StepSummary TrainingRun::step(std::int64_t n) {
+  probe::Step recorded(n);
+  Batch batch = task_->batch(n);
+  batch.x = batch.x.to(device_);
+  batch.y = batch.y.to(device_);
+  if (batch.decoder_input.defined()) batch.decoder_input = batch.decoder_input.to(device_);
+  std::optional<NoGradGuard> no_grad;
+  if (config_.eval) no_grad.emplace();
+  if (opt_ && config_.zero_grad) opt_->zero_grad();
+  Tensor loss;
+  {
+    std::optional<AutocastGuard> autocast;
+    if (config_.precision != Precision::fp32) autocast.emplace(lower_dtype(config_.precision));
+    Tensor output = task_->forward(batch);
+    loss = scenario_ != nullptr && scenario_->loss ? scenario_->loss(*task_, output, batch.y)
+                                                   : task_->loss(output, batch.y);
+  }
+  if (config_.eval) return recorded.finish_eval(loss);
+  scaler_->scale(loss).backward();
+  // finish(): unscale_, clip, scaler.step, scaler.update and the /steps row (core/training_step.h); the
+  // scaler is disabled when not scaling, and finish() then reports the gradients itself. Without
+  // clipping the norm is still measured: an infinite max_norm makes the clip coefficient 1, and
+  // multiplying by 1 leaves every gradient bit unchanged.
+  return recorded.finish(
+      loss, *opt_, *scaler_,
+      {.max_grad_norm = config_.max_grad_norm > 0 ? config_.max_grad_norm : std::numeric_limits<double>::infinity()});
+}
+
+void TrainingRun::save_checkpoint(std::int64_t next_step) {
+  recording_->quiesce();  // the trace writer's thread must not be inside HDF5 while the checkpoint is
+  Checkpoint ck{.model = &task_->model(), .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
+                .states = {{"scaler", scaler_->state_dict()}, {"run", run_state_}}, .step = next_step};
+  ampscope::save_checkpoint(config_.checkpoint, ck);
+}
+
+void TrainingRun::save_model() {
+  // Written from CPU values whatever the device (safetensors::save copies to the CPU).
+  task_->save_model(config_.save_model);
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& requested, const std::function<void(const StepReport&)>& on_step,
+                  const std::atomic<bool>* stop) {
+  TrainingRun run(requested);
+  const TrainConfig& config = run.config();
   TrainResult result;
-  result.warnings = warnings;
-  result.sample = config.sample;
+  result.warnings = run.warnings();
+  result.sample = run.identity();
   result.scenario = config.scenario;
-  result.trace = recording.trace_path();
+  result.trace = run.trace_path();
   const auto start = std::chrono::steady_clock::now();
-  auto save = [&](std::int64_t next_step) {
-    recording.quiesce();  // the trace writer's thread must not be inside HDF5 while the checkpoint is
-    Checkpoint ck{.model = &model, .optimizer = &opt, .generators = {{"model", &gen}},
-                  .states = {{"scaler", scaler.state_dict()}, {"run", run_state}}, .step = next_step};
-    save_checkpoint(config.checkpoint, ck);
-  };
-
-  for (std::int64_t step = first_step; step < first_step + config.steps; ++step) {
+  const std::int64_t first = run.first_step();
+  for (std::int64_t step = first; step < first + config.steps; ++step) {
     if (stop != nullptr && stop->load()) {
       result.interrupted = true;
       break;
     }
-    probe::Step recorded(step);
-    Batch batch = task->batch(step);
-    batch.x = batch.x.to(device);
-    batch.y = batch.y.to(device);
-    if (config.zero_grad) opt.zero_grad();
-    Tensor loss;
-    {
-      std::optional<AutocastGuard> autocast;
-      if (config.precision != Precision::fp32) autocast.emplace(lower_dtype(config.precision));
-      Tensor output = model(batch.x);
-      loss = scenario != nullptr && scenario->loss ? scenario->loss(*task, output, batch.y)
-                                                   : task->loss(output, batch.y);
-    }
-    scaler.scale(loss).backward();
-    // finish(): unscale_, clip, scaler.step, scaler.update and the /steps row (core/training_step.h); the
-    // scaler is disabled when not scaling, and finish() then reports the gradients itself. Without
-    // clipping the norm is still measured: an infinite max_norm makes the clip coefficient 1, and
-    // multiplying by 1 leaves every gradient bit unchanged.
-    const probe::StepSummary summary = recorded.finish(
-        loss, opt, scaler,
-        {.max_grad_norm = config.max_grad_norm > 0 ? config.max_grad_norm : std::numeric_limits<double>::infinity()});
-    const double scale = summary.scale;
-
+    const probe::StepSummary summary = run.step(step);
     ++result.steps;
     result.skipped += summary.skipped ? 1 : 0;
     result.losses.push_back(summary.loss);
-    result.scales.push_back(scale);
+    result.scales.push_back(summary.scale);
     result.final_loss = summary.loss;
     result.final_scale = summary.scale_after;
     if (!config.checkpoint.empty() && config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0) {
-      save(step + 1);
+      run.save_checkpoint(step + 1);
     }
     if (on_step) {
       StepReport report;
       report.step = step;
-      report.total = first_step + config.steps;
+      report.total = first + config.steps;
       report.loss = summary.loss;
-      report.scale = scale;
+      report.scale = summary.scale;
       report.skipped = summary.skipped;
       report.skipped_so_far = result.skipped;
-      report.anomalies_so_far = recording.anomalies();
+      report.anomalies_so_far = run.anomalies();
       report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       on_step(report);
     }
   }
-  if (!config.checkpoint.empty()) save(first_step + result.steps);
-  result.anomalies = recording.anomalies();
-  recording.close();
+  if (!config.checkpoint.empty()) run.save_checkpoint(first + result.steps);
+  if (!config.save_model.empty()) run.save_model();
+  result.anomalies = run.anomalies();
+  run.close();
   return result;
 }
 
 }  // namespace ampscope::samples
+

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -60,15 +61,26 @@ struct TrainConfig {
   // it sets (the scaler of grad-underflow, zero_grad of no-zero-grad). The model, data and loss changes
   // of the scenario still apply.
   bool scenario_applied = false;
+  // A Hugging Face model folder (--model: config.json + safetensors) trained instead of a sample, on the
+  // token file `tokens_file` in windows of `context` tokens (0: the model's maximum, capped at 256).
+  std::string model_dir;
+  std::string tokens_file;
+  std::int64_t context = 0;
+  bool eval = false;            // forward passes only: no backward, no optimizer, no scaler
+  std::string save_model;       // write the trained weights here at the end (a folder, the model's own layout)
 };
 
 struct Batch {
   Tensor x;
   Tensor y;
+  Tensor decoder_input;  // an encoder-decoder model's second input; undefined for the others
 };
 
-// One sample's model, data and loss. Data are deterministic functions of the step (and the seed the
-// task was built with), so a resumed run sees the same batches.
+// What a run trains: a model, its data and its loss. The samples (samples/tasks.cpp), the scenarios'
+// variants of them and the architectures loaded from Hugging Face folders (samples/model_task.cpp) all
+// implement it; the run (train()) sets up, steps and saves over it and knows none of them. Data are
+// deterministic functions of the step (and the seed the task was built with), so a resumed run sees
+// the same batches.
 class SampleTask {
  public:
   virtual ~SampleTask() = default;
@@ -76,7 +88,21 @@ class SampleTask {
   virtual Batch batch(std::int64_t step) = 0;
   virtual Tensor loss(const Tensor& output, const Tensor& y) = 0;
   virtual double default_lr() const = 0;
+  // The model's output for a batch: model()(batch.x), unless the model takes more than one input.
+  virtual Tensor forward(const Batch& batch) { return model()(batch.x); }
+  // What the run trains, for checkpoints (a resumed run must train the same thing) and the trace's
+  // model field: the sample's name, or "gpt2", "llama", ... for a model folder.
+  virtual std::string identity() const = 0;
+  // Writes the weights (--save-model): DIR/model.safetensors with every parameter under its name, unless
+  // the task has a layout of its own (a model folder writes config.json and the checkpoint's names).
+  virtual void save_model(const std::filesystem::path& folder);
 };
+
+// The task a configuration trains: the model folder's (model_dir), the scenario's variant, or the sample's.
+// `warnings` receives what the run should say at its end (unexpected weights in a checkpoint, ...).
+std::unique_ptr<SampleTask> make_task(const TrainConfig& config, Generator& gen, std::vector<std::string>& warnings);
+// The task of a Hugging Face model folder (config.model_dir) on config.tokens_file (samples/model_task.cpp).
+std::unique_ptr<SampleTask> make_model_task(const TrainConfig& config, std::vector<std::string>& warnings);
 
 struct SampleInfo {
   std::string name;

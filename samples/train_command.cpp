@@ -108,7 +108,8 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
   const std::vector<std::string> known = {"sample", "precision", "device", "steps", "batch", "lr", "seed", "out",
                                           "probe", "sample-every", "scenario", "init-scale", "growth-interval",
                                           "no-scaler", "autocast-fp32", "checkpoint", "checkpoint-every", "resume", "resume-allow-nonfinite",
-                                          "data", "text", "compare", "max-grad-norm"};
+                                          "data", "text", "compare", "max-grad-norm", "model", "tokens", "context",
+                                          "eval", "save-model"};
   // Paths in the file are relative to the file's folder (a config keeps working from any working folder);
   // absolute paths stay as they are. Paths on the command line stay relative to the working folder.
   const std::filesystem::path config_folder = std::filesystem::path(path).parent_path();
@@ -148,6 +149,11 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
     else if (k == "text") c.text_file = file_path(need(node.value<std::string>(), "a string"));
     else if (k == "compare") compare = need(node.value<bool>(), "true or false");
     else if (k == "max-grad-norm") c.max_grad_norm = need(node.value<double>(), "a number");
+    else if (k == "model") c.model_dir = file_path(need(node.value<std::string>(), "a string"));
+    else if (k == "tokens") c.tokens_file = file_path(need(node.value<std::string>(), "a string"));
+    else if (k == "context") c.context = need(node.value<std::int64_t>(), "an integer");
+    else if (k == "eval") c.eval = need(node.value<bool>(), "true or false");
+    else if (k == "save-model") c.save_model = file_path(need(node.value<std::string>(), "a string"));
     else if (k == "autocast-fp32") {
       const toml::array* arr = node.as_array();
       if (arr == nullptr) throw Error(fmt::format("--config '{}': 'autocast-fp32' must be an array of strings", path));
@@ -238,6 +244,20 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--data", c.data_dir, "Folder with the MNIST IDX files for the cnn sample (train-images-idx3-ubyte "
                                          "or Kaggle's train-images.idx3-ubyte, the labels likewise; plain or .gz)");
   cmd_->add_option("--text", c.text_file, "Text file for the transformer sample (default: built-in synthetic text)");
+  cmd_->add_option("--model", c.model_dir,
+                   "Hugging Face model folder to train instead of a sample: config.json (model_type gpt2 or llama) "
+                   "and model.safetensors or a sharded index (docs/checkpoints.md); needs --tokens");
+  cmd_->add_option("--tokens", c.tokens_file,
+                   "Token ids for --model: .npy (int32, int64, uint16), .bin (uint16, as nanoGPT writes) or .txt "
+                   "(whitespace-separated integers)");
+  cmd_->add_option("--context", c.context,
+                   "Tokens per window for --model (0: the model's maximum positions, capped at 256)")
+      ->capture_default_str();
+  cmd_->add_flag("--eval", c.eval, "Forward passes only (no backward, optimizer or scaler), recorded and analysed "
+                                   "like training steps");
+  cmd_->add_option("--save-model", c.save_model,
+                   "Write the trained weights to this folder at the end (a --model run: config.json and "
+                   "model.safetensors in the checkpoint's own names; a sample: model.safetensors)");
   cmd_->add_flag("--compare", compare_, "Run fp32 and the chosen precision with the same seed; write both traces");
   cmd_->add_option("--config", config_file_, "TOML file with the same settings (keys as the option names: "
                                              "init-scale = 1024.0; paths relative to the file's folder); "
@@ -277,7 +297,25 @@ TrainConfig TrainCommand::resolve(bool& compare) const {
   if (cli.resume_allow_nonfinite) config.resume_allow_nonfinite = true;
   if (given("--data")) config.data_dir = cli.data_dir;
   if (given("--text")) config.text_file = cli.text_file;
+  if (given("--model")) config.model_dir = cli.model_dir;
+  if (given("--tokens")) config.tokens_file = cli.tokens_file;
+  if (given("--context")) config.context = cli.context;
+  if (cli.eval) config.eval = true;
+  if (given("--save-model")) config.save_model = cli.save_model;
   compare = compare || compare_;
+  if (!config.model_dir.empty()) {
+    // A model folder replaces the sample: options that only a sample reads are errors, not silently ignored.
+    if (given("--sample") || config.sample != TrainConfig{}.sample) {
+      throw Error(fmt::format("--model '{}' and --sample {} both name what to train; give one of them",
+                              config.model_dir, config.sample));
+    }
+    if (!config.scenario.empty()) {
+      throw Error(fmt::format("--scenario {} runs a sample model and cannot be combined with --model; leave one out",
+                              config.scenario));
+    }
+    validate_config(config);
+    return config;
+  }
   // Validate names before any work, so a typo costs nothing.
   find_sample(config.sample);
   if (!config.scenario.empty()) {
@@ -297,6 +335,45 @@ TrainConfig TrainCommand::resolve(bool& compare) const {
 }
 
 void validate_config(const TrainConfig& c) {
+  if (c.context < 0) bad_value("context", std::to_string(c.context), "an integer >= 1 (0: the model's maximum, capped at 256)");
+  if (c.model_dir.empty()) {
+    for (const auto& [flag, value] : {std::pair<const char*, bool>{"--tokens", !c.tokens_file.empty()},
+                                      std::pair<const char*, bool>{"--context", c.context != 0}}) {
+      if (value) {
+        throw Error(fmt::format("{} is read only with --model (a Hugging Face model folder); the samples make their "
+                                "own data\nhint: add --model DIR, or leave {} out",
+                                flag, flag));
+      }
+    }
+  } else {
+    if (!std::filesystem::is_directory(c.model_dir)) {
+      throw Error(fmt::format("--model '{}': no such folder; expected a Hugging Face model folder holding config.json "
+                              "and model.safetensors (or model.safetensors.index.json and its shards)",
+                              c.model_dir));
+    }
+    if (c.tokens_file.empty()) {
+      throw Error(fmt::format("--model '{}' needs --tokens FILE: the token ids to train or evaluate on (.npy, .bin "
+                              "or .txt)\nhint: docs/checkpoints.md shows how to write them from any tokenizer in two "
+                              "lines of Python",
+                              c.model_dir));
+    }
+    if (const std::string reason = hdf5::unreadable_reason(c.tokens_file.c_str()); !reason.empty()) {
+      throw Error(fmt::format("--tokens '{}': {}; expected a readable token file (.npy, .bin or .txt)", c.tokens_file,
+                              reason));
+    }
+    for (const auto& [flag, value] : {std::pair<const char*, bool>{"--data", !c.data_dir.empty()},
+                                      std::pair<const char*, bool>{"--text", !c.text_file.empty()}}) {
+      if (value) {
+        throw Error(fmt::format("{} is read by the samples only; a --model run reads --tokens\nhint: leave {} out",
+                                flag, flag));
+      }
+    }
+  }
+  if (c.eval && !c.checkpoint.empty()) {
+    throw Error("--checkpoint with --eval: an evaluation changes no weights, so there is nothing to save\nhint: leave "
+                "--checkpoint out (--resume with --eval evaluates a checkpoint)");
+  }
+  if (c.eval && !c.save_model.empty()) throw Error("--save-model with --eval: an evaluation changes no weights\nhint: leave --save-model out");
   if (c.steps < 0) bad_value("steps", std::to_string(c.steps), "an integer >= 0");
   if (c.batch < 0 || c.batch > kMaxBatch) {
     bad_value("batch", std::to_string(c.batch), fmt::format("an integer from 1 to {} (0: the sample's default)", kMaxBatch));
@@ -393,7 +470,11 @@ int TrainCommand::run() {
   }
   bool interrupted = false;
   for (const TrainConfig& c : plan) {
-    const std::string sample = c.scenario.empty() ? c.sample : find_scenario(c.scenario).sample;
+    std::string sample = c.scenario.empty() ? c.sample : find_scenario(c.scenario).sample;
+    if (!c.model_dir.empty()) {  // the folder's name: "[gpt2-tiny fp16]"
+      const std::filesystem::path folder = std::filesystem::absolute(c.model_dir).lexically_normal();
+      sample = (folder.has_filename() ? folder : folder.parent_path()).filename().string();
+    }
     Progress progress(fmt::format("[{} {}]", sample, precision_name(c.precision)), terminal);
     const TrainResult r = train(c, std::ref(progress), &g_stop);
     print_summary("summary", c, r);  // at once: a later run's failure must not hide this one
