@@ -473,6 +473,10 @@ std::int64_t growth_interval_of(const trace::RunInfo& run) {
   return any && v > 0 ? v : 2000;
 }
 
+// Whether the run was an evaluation (`ampscope train --eval` writes "eval":true in its config): forward
+// passes only, so no gradients and no scaler.
+bool is_evaluation(const trace::RunInfo& run) { return run.config.find("\"eval\":true") != std::string::npos; }
+
 bool is_low(const std::string& dtype) { return dtype == "f16" || dtype == "bf16"; }
 
 // A warning about the output of op row r.
@@ -1387,7 +1391,10 @@ Report Analyser::finish() {
                                                sh.scale_min, sh.scale_max);
     const std::string skips = fmt::format("{} of {} steps skipped ({}), longest run {}", sh.skipped, n,
                                           fraction_text(sh.skip_rate), sh.longest_skip_run);
-    if (!sh.used) {
+    if (!sh.used && is_evaluation(rep.run)) {
+      sh.verdict = "no_scaler";
+      sh.message = "an evaluation run (--eval): forward passes only, no gradients to scale";
+    } else if (!sh.used) {
       sh.verdict = "no_scaler";
       sh.message = "the scale is 1 at every step: no loss scaling (fine in fp32 and bf16; fp16 gradients can "
                    "underflow without it)";
