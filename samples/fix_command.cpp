@@ -74,6 +74,9 @@ TrainConfig config_from_json(const std::string& text, const std::string& trace) 
   c.tokens_file = j.value("tokens", c.tokens_file);
   c.context = j.value("context", c.context);
   c.eval = j.value("eval", c.eval);
+  c.checkpoint = j.value("checkpoint", c.checkpoint);
+  c.checkpoint_every = j.value("checkpoint_every", c.checkpoint_every);
+  c.keep_checkpoints = j.value("keep_checkpoints", c.keep_checkpoints);
   c.scenario_applied = true;
   return c;
 }
@@ -97,7 +100,25 @@ struct Candidate {
   std::string text;
   TrainConfig config;
   std::string remedy_flag{};  // Remedy::flag of the report's remedy (what mark_verified matches on)
+  std::int64_t from_step = 0;  // resumed from a kept checkpoint at this step, or 0
+  bool retried = false;        // failed from the checkpoint, then re-run from step 0
 };
+
+struct ResumePoint {
+  std::string path;
+  std::int64_t step = 0;  // 0: none, start at step 0
+};
+
+// The last kept checkpoint (--keep-checkpoints) at or before `step`: the one a re-run through `step`
+// can start from. Kept checkpoints exist at the multiples of checkpoint_every.
+ResumePoint resume_point(const TrainConfig& ran, std::int64_t step) {
+  if (!ran.keep_checkpoints || ran.checkpoint.empty() || ran.checkpoint_every < 1) return {};
+  for (std::int64_t n = step / ran.checkpoint_every * ran.checkpoint_every; n > 0; n -= ran.checkpoint_every) {
+    const std::string path = kept_checkpoint_path(ran.checkpoint, n);
+    if (std::filesystem::is_regular_file(path)) return {path, n};
+  }
+  return {};
+}
 
 // The remedy applied to the configuration; false when no option applies this kind (code-only remedies).
 bool apply(const analysis::Remedy& m, TrainConfig& c, std::string& flag) {
@@ -216,8 +237,13 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
   const analysis::Diagnosis& first = report.anomalies.front();
   // Through the first anomaly's step and `after` steps more (steps are 0-based), never past the run.
   base.steps = std::min(base.steps, first.step + 1 + request.after);
-  base.resume.clear();  // the config records no checkpoint path: every re-run starts at step 0
+  // The re-runs start at step 0, or from the last kept checkpoint at or before the first anomaly's step
+  // (--keep-checkpoints: "ck.step-N.h5" holds the state before step N) when the run kept them.
+  const ResumePoint from = resume_point(base, first.step);
+  base.resume.clear();
   base.checkpoint.clear();
+  base.checkpoint_every = 0;
+  base.keep_checkpoints = false;
 
   std::vector<Candidate> cands;
   std::set<std::string> seen;
@@ -247,8 +273,46 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
     }
   }
 
+  // From the checkpoint: the runs in the recorded precision resume from it (a checkpoint's scaler state
+  // belongs to its precision: runs in another precision start at step 0). When the original does not
+  // fail again from the checkpoint (what caused it is not in a checkpoint: gradients left from earlier
+  // steps, say), every run starts at step 0 after all.
+  auto from_checkpoint = [&](std::vector<Candidate>& list) {
+    for (Candidate& c : list) {
+      if (from.step <= 0 || c.config.precision != base.precision) continue;
+      c.config.resume = from.path;
+      c.config.steps = base.steps - from.step;
+      c.from_step = from.step;
+    }
+  };
+  from_checkpoint(cands);
   std::vector<Outcome> outcomes;
-  for (const Candidate& c : cands) outcomes.push_back(measure(c, first.cause, err));
+  bool fell_back = false;
+  auto from_step_0 = [&](Candidate& c) {
+    c.config.resume.clear();
+    c.config.steps = base.steps;
+    c.from_step = 0;
+  };
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    outcomes.push_back(measure(cands[i], first.cause, err));
+    if (cands[i].from_step == 0) continue;
+    if (i == 0 && outcomes[0].ran && outcomes[0].gone) {
+      err << fmt::format("fix: the original did not fail again from checkpoint '{}' (step {}): what caused the "
+                         "anomaly is not in a checkpoint; re-running every candidate from step 0\n",
+                         from.path, from.step);
+      fell_back = true;
+      for (Candidate& c : cands) from_step_0(c);
+      outcomes.back() = measure(cands[0], first.cause, err);
+    } else if (i > 0 && !(outcomes[i].ran && outcomes[i].gone)) {
+      // A remedy that acts before the checkpoint (a learning rate whose damage was done in earlier steps)
+      // cannot work from it: it gets its chance from step 0.
+      err << fmt::format("fix: {}: the anomaly remains from the checkpoint at step {}; trying it from step 0\n",
+                         cands[i].name, from.step);
+      from_step_0(cands[i]);
+      cands[i].retried = true;
+      outcomes.back() = measure(cands[i], first.cause, err);
+    }
+  }
   const Outcome& orig = outcomes[0];
   const Outcome& fp32 = outcomes[1];
 
@@ -257,6 +321,9 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
   doc["cause"] = first.cause;
   doc["first_anomaly"] = {{"step", first.step}, {"op", first.op}, {"module", first.module}};
   doc["steps_rerun"] = base.steps;
+  if (from.step > 0) {
+    doc["checkpoint"] = {{"path", from.path}, {"step", from.step}, {"used", !fell_back}};
+  }
   doc["reproduced"] = orig.ran && !orig.gone;
   ordered_json list = ordered_json::array();
   int verified = 0;
@@ -272,6 +339,8 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
     e["flag"] = c.flag;
     e["remedy_flag"] = c.remedy_flag;
     e["trace"] = o.trace;
+    e["from_step"] = c.from_step;
+    if (c.retried) e["retried_from_step_0"] = true;
     e["ran"] = o.ran;
     if (!o.error.empty()) e["error"] = o.error;
     e["applied"] = o.applied;
@@ -305,6 +374,11 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
     out << fmt::format("{}: first anomaly: {} at step {} ({}{}); re-ran steps 0..{}{}\n", request.trace, first.cause,
                        first.step, first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module,
                        base.steps - 1, doc["reproduced"].get<bool>() ? "" : " (the re-run did NOT reproduce it)");
+    if (from.step > 0 && !fell_back) {
+      out << fmt::format("runs in {} resumed from {} (the state before step {}); the others ran from step 0, and a "
+                         "remedy that failed from the checkpoint was tried again from step 0\n",
+                         precision_name(base.precision), from.path, from.step);
+    }
     out << fmt::format("{:<34} {:<8} {:<36} {:>10} {:>9}\n", "remedy", "gone", "first anomaly after it",
                        "loss/fp32", "time");
     for (const auto& e : list) {

@@ -39,6 +39,11 @@ void SampleTask::save_model(const std::filesystem::path& folder) {
   safetensors::save(folder / "model.safetensors", tensors, {{"format", "pt"}, {"ampscope_task", identity()}});
 }
 
+std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t step) {
+  const std::filesystem::path p(checkpoint);
+  return (p.parent_path() / fmt::format("{}.step-{}{}", p.stem().string(), step, p.extension().string())).string();
+}
+
 std::unique_ptr<SampleTask> make_task(const TrainConfig& config, Generator& gen, std::vector<std::string>& warnings) {
   if (!config.model_dir.empty()) return make_model_task(config, warnings);
   const Scenario* scenario = config.scenario.empty() ? nullptr : &find_scenario(config.scenario);
@@ -87,6 +92,11 @@ std::string run_config_json(const TrainConfig& c) {
   j["data"] = c.data_dir;
   j["text"] = c.text_file;
   j["resume"] = c.resume;
+  if (!c.checkpoint.empty()) {
+    j["checkpoint"] = std::filesystem::absolute(c.checkpoint).lexically_normal().string();
+    j["checkpoint_every"] = c.checkpoint_every;
+    j["keep_checkpoints"] = c.keep_checkpoints;
+  }
   // Model-folder runs (absolute paths: `ampscope fix` re-runs from wherever it is started).
   if (!c.model_dir.empty()) {
     j["model"] = std::filesystem::absolute(c.model_dir).lexically_normal().string();
@@ -200,7 +210,8 @@ class TrainingRun {
   // One training step (zero_grad, forward under autocast, scaled backward, unscale/clip/step/update), or
   // with --eval one forward pass; returns its /steps row.
   probe::StepSummary step(std::int64_t n);
-  void save_checkpoint(std::int64_t next_step);
+  // The checkpoint (--checkpoint); a periodic one is also kept under kept_checkpoint_path when asked.
+  void save_checkpoint(std::int64_t next_step, bool periodic);
   void save_model();
   void close() { recording_->close(); }
 
@@ -330,11 +341,15 @@ probe::StepSummary TrainingRun::step(std::int64_t n) {
       {.max_grad_norm = config_.max_grad_norm > 0 ? config_.max_grad_norm : std::numeric_limits<double>::infinity()});
 }
 
-void TrainingRun::save_checkpoint(std::int64_t next_step) {
+void TrainingRun::save_checkpoint(std::int64_t next_step, bool periodic) {
   recording_->quiesce();  // the trace writer's thread must not be inside HDF5 while the checkpoint is
   Checkpoint ck{.model = &task_->model(), .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
                 .states = {{"scaler", scaler_->state_dict()}, {"run", run_state_}}, .step = next_step};
   ampscope::save_checkpoint(config_.checkpoint, ck);
+  if (periodic && config_.keep_checkpoints) {
+    const std::string kept = kept_checkpoint_path(config_.checkpoint, next_step);
+    std::filesystem::copy_file(config_.checkpoint, kept, std::filesystem::copy_options::overwrite_existing);
+  }
 }
 
 void TrainingRun::save_model() {
@@ -368,7 +383,7 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
     result.final_loss = summary.loss;
     result.final_scale = summary.scale_after;
     if (!config.checkpoint.empty() && config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0) {
-      run.save_checkpoint(step + 1);
+      run.save_checkpoint(step + 1, /*periodic=*/true);
     }
     if (on_step) {
       StepReport report;
@@ -383,7 +398,7 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
       on_step(report);
     }
   }
-  if (!config.checkpoint.empty()) run.save_checkpoint(first + result.steps);
+  if (!config.checkpoint.empty()) run.save_checkpoint(first + result.steps, /*periodic=*/false);
   if (!config.save_model.empty()) run.save_model();
   result.anomalies = run.anomalies();
   run.close();

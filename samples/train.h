@@ -51,6 +51,9 @@ struct TrainConfig {
   double max_grad_norm = 1.0;   // clip_grad_norm_; 0 disables clipping
   std::string checkpoint;       // save here
   std::int64_t checkpoint_every = 0;  // 0: only at the end, when checkpoint is set
+  // Keep every periodic checkpoint as well, beside the latest: kept_checkpoint_path(checkpoint, step).
+  // `ampscope fix` re-runs from the last one before the first anomaly instead of from step 0.
+  bool keep_checkpoints = false;
   std::string resume;           // load from here before training
   bool resume_allow_nonfinite = false;  // accept NaN/Inf in the resumed parameters or optimizer state
   std::string data_dir;         // MNIST IDX files for cnn
@@ -158,6 +161,9 @@ struct TrainResult {
   std::vector<double> losses;   // per step
   std::vector<double> scales;   // per step, the scale used
 };
+
+// Where a kept periodic checkpoint goes: "run/ck.h5", 40 -> "run/ck.step-40.h5" (the state before step 40).
+std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t step);
 
 // Runs the training. `stop` (optional) is polled at every step boundary: set it from a signal handler
 // to end cleanly with a complete trace.

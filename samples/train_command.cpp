@@ -109,7 +109,7 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
                                           "probe", "sample-every", "scenario", "init-scale", "growth-interval",
                                           "no-scaler", "autocast-fp32", "checkpoint", "checkpoint-every", "resume", "resume-allow-nonfinite",
                                           "data", "text", "compare", "max-grad-norm", "model", "tokens", "context",
-                                          "eval", "save-model"};
+                                          "eval", "save-model", "keep-checkpoints"};
   // Paths in the file are relative to the file's folder (a config keeps working from any working folder);
   // absolute paths stay as they are. Paths on the command line stay relative to the working folder.
   const std::filesystem::path config_folder = std::filesystem::path(path).parent_path();
@@ -153,6 +153,7 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
     else if (k == "tokens") c.tokens_file = file_path(need(node.value<std::string>(), "a string"));
     else if (k == "context") c.context = need(node.value<std::int64_t>(), "an integer");
     else if (k == "eval") c.eval = need(node.value<bool>(), "true or false");
+    else if (k == "keep-checkpoints") c.keep_checkpoints = need(node.value<bool>(), "true or false");
     else if (k == "save-model") c.save_model = file_path(need(node.value<std::string>(), "a string"));
     else if (k == "autocast-fp32") {
       const toml::array* arr = node.as_array();
@@ -238,6 +239,9 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--checkpoint", c.checkpoint, "Save a checkpoint here (at the end, and every --checkpoint-every)");
   cmd_->add_option("--checkpoint-every", c.checkpoint_every, "Save the checkpoint every N steps (0: only at the end)")
       ->capture_default_str();
+  cmd_->add_flag("--keep-checkpoints", c.keep_checkpoints,
+                 "Keep every periodic checkpoint too, as FILE's stem + .step-N (the state before step N); "
+                 "`ampscope fix` then re-runs from the last one before the first anomaly");
   cmd_->add_option("--resume", c.resume, "Continue from this checkpoint, bit for bit");
   cmd_->add_flag("--resume-allow-nonfinite", c.resume_allow_nonfinite,
                  "Resume even when the checkpoint's parameters or optimizer state hold NaN or Inf (refused otherwise)");
@@ -301,6 +305,7 @@ TrainConfig TrainCommand::resolve(bool& compare) const {
   if (given("--tokens")) config.tokens_file = cli.tokens_file;
   if (given("--context")) config.context = cli.context;
   if (cli.eval) config.eval = true;
+  if (cli.keep_checkpoints) config.keep_checkpoints = true;
   if (given("--save-model")) config.save_model = cli.save_model;
   compare = compare || compare_;
   if (!config.model_dir.empty()) {
@@ -388,6 +393,10 @@ void validate_config(const TrainConfig& c) {
     bad_value("max-grad-norm", number_text(c.max_grad_norm), "a finite number >= 0 (0: no clipping)");
   }
   if (c.checkpoint_every < 0) bad_value("checkpoint-every", std::to_string(c.checkpoint_every), "an integer >= 0 (0: only at the end)");
+  if (c.keep_checkpoints && c.checkpoint_every < 1) {
+    throw Error("--keep-checkpoints keeps the periodic checkpoints, and there are none\nhint: add --checkpoint FILE "
+                "--checkpoint-every N");
+  }
   if (c.checkpoint_every > 0 && c.checkpoint.empty()) {
     throw Error(fmt::format("--checkpoint-every {} needs --checkpoint FILE (where to save)", c.checkpoint_every));
   }

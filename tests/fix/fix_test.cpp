@@ -198,6 +198,54 @@ TEST(fix_test, a_healthy_run_has_nothing_to_fix_and_bad_arguments_exit_2) {
   EXPECT_EQ(fix(c.out, -1).status, samples::kExitUsage);
 }
 
+// A run that kept its periodic checkpoints is re-run from the last one at or before the first anomaly
+// (lr-explosion's first overflow is at step 1, so from "ck.step-1.h5"): the runs in the recorded precision
+// resume there, the fp32 and bf16 runs start at step 0 (a checkpoint's scaler state belongs to its
+// precision), and every verdict is the one a re-run from step 0 reaches (the same run recorded without
+// checkpoints is the independent reference): a remedy that fails from the checkpoint is tried from step 0.
+TEST(fix_test, a_run_that_kept_checkpoints_is_re_run_from_the_last_one_before_the_anomaly_with_the_same_verdicts) {
+  const fs::path dir = scratch("kept");
+  fs::create_directories(dir);
+  samples::TrainConfig c;
+  c.scenario = "lr-explosion";
+  c.device = "cpu";
+  c.out = (dir / "run.h5").string();
+  c.checkpoint = (dir / "ck.h5").string();
+  c.checkpoint_every = 1;
+  c.keep_checkpoints = true;
+  samples::train(c);
+  ASSERT_TRUE(fs::is_regular_file(samples::kept_checkpoint_path(c.checkpoint, 1)));
+  const fs::path plain = train_scenario("lr-explosion");
+
+  const FixRun kept = fix(c.out, 3), scratch_run = fix(plain, 3);
+  ASSERT_EQ(kept.status, 0) << kept.err;
+  ASSERT_EQ(scratch_run.status, 0) << scratch_run.err;
+  EXPECT_EQ(kept.doc["first_anomaly"]["step"], 1);
+  EXPECT_EQ(kept.doc["checkpoint"]["step"], 1);
+  EXPECT_EQ(kept.doc["checkpoint"]["path"], samples::kept_checkpoint_path(c.checkpoint, 1));
+  EXPECT_TRUE(kept.doc["checkpoint"]["used"].get<bool>());
+  EXPECT_TRUE(kept.doc["reproduced"].get<bool>());
+  ASSERT_EQ(kept.doc["runs"].size(), scratch_run.doc["runs"].size());
+  for (std::size_t i = 0; i < kept.doc["runs"].size(); ++i) {
+    const auto& a = kept.doc["runs"][i];
+    const auto& b = scratch_run.doc["runs"][i];
+    SCOPED_TRACE(a["name"].get<std::string>());
+    EXPECT_EQ(a["name"], b["name"]);
+    EXPECT_EQ(a["anomaly_gone"], b["anomaly_gone"]);
+    EXPECT_EQ(a["verified"], b["verified"]);
+    EXPECT_EQ(a["first_anomaly"], b["first_anomaly"]);
+    // lr-0.15 fails from step 1 (step 0's update at lr 1.5 already did the damage) and is tried again from
+    // step 0, where it works.
+    const bool resumed = a["name"] != "fp32" && a["name"] != "bf16" && a["name"] != "lr-0.15";
+    EXPECT_EQ(a["from_step"], resumed ? 1 : 0);
+    EXPECT_EQ(a.contains("retried_from_step_0"), a["name"] == "lr-0.15");
+    // The original resumes bit for bit: the same final loss. A remedy applies from the checkpoint's step
+    // on (step 0 ran without it), so its losses differ from a re-run that applied it from step 0.
+    if (a["name"] == "original") EXPECT_EQ(a["final_loss"], b["final_loss"]);
+  }
+  EXPECT_TRUE(scratch_run.doc.find("checkpoint") == scratch_run.doc.end());
+}
+
 TEST(fix_test, remedy_trace_names_are_safe_file_names) {
   EXPECT_EQ(samples::fix_trace_path("dir/run.h5", "autocast-fp32-blocks.*.attn"), "dir/run.fix-autocast-fp32-blocks._.attn.h5");
   EXPECT_EQ(samples::fix_results_path("dir/run.h5"), "dir/run.fix.json");
