@@ -1163,8 +1163,13 @@ struct Analyser::State {
       const auto& h = r.health;
       if (h.numel <= 0) continue;
       // Close to f16's largest value, still finite, in an f16 output. (f32 outputs are left alone: the
-      // scaled loss and its gradient are large on purpose.)
-      if (r.out_dtype == "f16" && non_finite(r) == 0 &&
+      // scaled loss and its gradient are large on purpose.) A mask's fill is not a warning: where and
+      // masked_fill only copy values, and one whose largest magnitude is exactly f16's largest wrote the
+      // dtype's extreme on purpose (Hugging Face's causal masks fill with finfo(f16).min = -65504); a copied
+      // input near the limit is warned about at the op that computed it.
+      const bool mask_fill = r.phase == Phase::forward && (r.op == "where" || r.op == "masked_fill") &&
+                             h.absmax == kF16Max;
+      if (r.out_dtype == "f16" && non_finite(r) == 0 && !mask_fill &&
           std::isfinite(h.absmax) && h.absmax * factor >= kF16Max) {
         HeadroomWarning w = warning_at("near_f16_max", r);
         w.absmax = h.absmax;

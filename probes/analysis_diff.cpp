@@ -72,7 +72,21 @@ trace::TensorHealth unscaled_health(const OpRow& r, double scale) {
 // their output at exactly the end of that range is saturation (the format's resolution, or range, ran
 // out). Any f16 or bf16 output: exactly the format's largest finite magnitude (a clamp or a rounding that
 // hides an overflow).
+// A mask fill: where or masked_fill writing its dtype's lowest finite value. Hugging Face's causal masks
+// fill with torch.finfo(dtype).min, so an f32 run's scores hold -3.4e38 where an f16 run's hold -65504:
+// different by construction, and both harmless (softmax gives 0 there). The op only copies values; what it
+// copied is compared at the op that computed it, and the masked result at the softmax that follows.
+bool is_mask_fill(const OpRow& r) {
+  if (r.phase != Phase::forward || (r.op != "where" && r.op != "masked_fill")) return false;
+  const double lowest = r.out_dtype == "f16"    ? 65504.0
+                        : r.out_dtype == "bf16" ? 3.3895313892515355e38
+                        : r.out_dtype == "f32"  ? 3.4028234663852886e38
+                                                : 0.0;
+  return lowest > 0 && r.health.min == -lowest;
+}
+
 unsigned pins_of(const OpRow& r) {
+  if (is_mask_fill(r)) return 0;
   const trace::TensorHealth& h = r.health;
   unsigned pins = 0;
   if (r.phase == Phase::forward) {
@@ -95,7 +109,7 @@ struct PairStats {
   unsigned pins_a = 0, pins_b = 0;
   bool nonfinite_differs = false;
   bool dtype_differs = false;
-  bool magnitudes_compared = true;  // false: a backward row whose step's loss scale one run does not know
+  bool magnitudes_compared = true;  // false: a backward row whose step's loss scale one run does not know, a mask fill
   bool zeros_gained = false;
 };
 
@@ -143,7 +157,8 @@ PairStats compare(const OpRow& x, const OpRow& y, double floor, double threshold
                   Peak* peak = nullptr) {
   PairStats s;
   const bool backward = x.phase == Phase::backward;
-  s.magnitudes_compared = !backward || (std::isfinite(scale_x) && std::isfinite(scale_y));
+  s.magnitudes_compared =
+      (!backward || (std::isfinite(scale_x) && std::isfinite(scale_y))) && !is_mask_fill(x) && !is_mask_fill(y);
   if (s.magnitudes_compared) {
     const trace::TensorHealth a = unscaled_health(x, scale_x), b = unscaled_health(y, scale_y);
     Peak here;

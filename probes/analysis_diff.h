@@ -108,7 +108,8 @@ struct OpDiff {
   unsigned pins_a = 0, pins_b = 0;      // kPin* bits: the boundaries each run's output sits at
   bool nonfinite_differs = false;       // NaN/+inf/-inf counts differ
   bool dtype_differs = false;
-  bool magnitudes_compared = true;      // false for a backward row whose step's loss scale is unknown
+  bool magnitudes_compared = true;      // false for a backward row whose step's loss scale is unknown, and for a
+                                        // mask fill (where/masked_fill writing its dtype's lowest value)
 };
 
 // The gradient of one parameter in one step, in both runs (after unscale_).
