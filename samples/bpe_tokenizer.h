@@ -44,7 +44,8 @@ class BpeTokenizer {
   ~BpeTokenizer();
 
   // Arbitrary bytes, not necessarily UTF-8. Throws TokenizerError when a piece the merges produce is
-  // missing from the vocabulary (naming the piece).
+  // missing from the vocabulary (naming the piece). The cache of repeated pieces lives for one call, so
+  // encode and decode may run on several threads at once.
   std::vector<std::int32_t> encode(std::string_view bytes) const;
   // The exact bytes back. Throws TokenizerError for an id that names no token.
   std::string decode(const std::vector<std::int32_t>& ids) const;

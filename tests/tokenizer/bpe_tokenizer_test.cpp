@@ -264,6 +264,21 @@ TEST(bpe_tokenizer_test, tokenizer_json_gives_the_ids_of_vocab_json_and_merges_t
   EXPECT_EQ(pairs.encode("a<|endoftext|>b"), (Ids{8, 54, 9}));
 }
 
+TEST(bpe_tokenizer_test, ignore_merges_takes_a_piece_that_is_a_whole_token_as_it_is) {
+  // No merges at all, and ignore_merges: " world" and "hello" are whole tokens (40, 36); "lll" is not, so
+  // it stays three byte symbols l l l (13 each).
+  testing::Vocab v = testing::hand_vocab();
+  v.merges.clear();
+  std::string json = testing::tokenizer_json_text(v, true);
+  const std::string from = "\"byte_fallback\": false";
+  json.replace(json.find(from), from.size(), from + ", \"ignore_merges\": true");
+  const auto dir = testing::process_scratch_dir("ampscope_tokenizer") / "ignore_merges";
+  testing::write_text(dir / "tokenizer.json", json);
+  const auto t = BpeTokenizer::from_folder(dir);
+  EXPECT_EQ(t.encode("hello world"), (Ids{36, 40}));
+  EXPECT_EQ(t.encode("lll"), (Ids{13, 13, 13}));
+}
+
 TEST(bpe_tokenizer_test, from_folder_prefers_tokenizer_json_and_else_reads_vocab_and_merges) {
   const auto v = testing::hand_vocab();
   const auto dir = testing::write_gpt2_files(v, "both");
