@@ -15,11 +15,13 @@ packages=(
   cmake ninja-build g++ pkgconf                      # build tools
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
   libopenblas-dev                                    # CPU matrix products
+  libicu-dev                                         # Unicode classes for GPT-2's tokenizer (--text)
   libhdf5-dev hdf5-tools python3-h5py python3-pandas # traces (pandas: docs/examples/read_trace.py)
   libimgui-dev libglfw3-dev libgl-dev libstb-dev     # viewer
   xvfb xauth libgl1-mesa-dri                         # viewer tests without a screen
   libgtest-dev libgmock-dev libbenchmark-dev         # tests and benchmarks
   python3-torch                                      # PyTorch 1.13 (CPU) as the tests' reference for f32/bf16 ops
+  python3-regex                                      # the regex module GPT-2 split text with: tests/tokenizer
 )
 
 missing=()
