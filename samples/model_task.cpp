@@ -1,11 +1,14 @@
 // The task of `ampscope train --model DIR --tokens FILE`: an architecture loaded from a Hugging Face model
 // folder (samples/hf_models.h), trained or evaluated on a token file in fixed windows (samples/token_data.h).
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/ops.h"
+#include "samples/bpe_tokenizer.h"
 #include "samples/hf_models.h"
 #include "samples/token_data.h"
 #include "samples/train.h"
@@ -27,8 +30,18 @@ class ModelFolderTask final : public SampleTask {
                                      c.model_dir, loaded.report.unexpected.size(), model_->model_type(), names,
                                      loaded.report.unexpected.size() > 8 ? ", ..." : ""));
     }
-    tokens_ = load_tokens(c.tokens_file);
-    check_vocabulary(tokens_, model_->vocab_size(), c.tokens_file);
+    if (!c.text_file.empty()) {
+      // --text: the folder's own GPT-2 tokenizer (vocab.json + merges.txt, or tokenizer.json) on the file's bytes.
+      const BpeTokenizer tokenizer = BpeTokenizer::from_folder(c.model_dir);
+      std::ifstream in(c.text_file, std::ios::binary);
+      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (!in.good() && !in.eof()) throw Error(fmt::format("--text '{}': cannot read the file", c.text_file));
+      tokens_ = tokenizer.encode(bytes);
+      check_vocabulary(tokens_, model_->vocab_size(), c.text_file);
+    } else {
+      tokens_ = load_tokens(c.tokens_file);
+      check_vocabulary(tokens_, model_->vocab_size(), c.tokens_file);
+    }
     const std::int64_t max_positions = model_->max_positions();
     context_ = c.context > 0 ? c.context : std::min<std::int64_t>(max_positions, 256);
     if (context_ > max_positions) {
@@ -39,8 +52,9 @@ class ModelFolderTask final : public SampleTask {
     // Fails here, naming how many tokens one window needs, rather than at the first step.
     windows_ = window_count(static_cast<std::int64_t>(tokens_.size()), context_, /*seq2seq=*/false);
     if (windows_ < 1) {
-      throw Error(fmt::format("--tokens '{}': {} tokens make no window of --context {} (one needs {} tokens)",
-                              c.tokens_file, tokens_.size(), context_, context_ + 1));
+      throw Error(fmt::format("{}: {} tokens make no window of --context {} (one needs {} tokens)",
+                              c.text_file.empty() ? "--tokens '" + c.tokens_file + "'" : "--text '" + c.text_file + "'",
+                              tokens_.size(), context_, context_ + 1));
     }
   }
 

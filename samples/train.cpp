@@ -101,6 +101,7 @@ std::string run_config_json(const TrainConfig& c) {
   if (!c.model_dir.empty()) {
     j["model"] = std::filesystem::absolute(c.model_dir).lexically_normal().string();
     j["tokens"] = c.tokens_file.empty() ? "" : std::filesystem::absolute(c.tokens_file).lexically_normal().string();
+    if (!c.text_file.empty()) j["text"] = std::filesystem::absolute(c.text_file).lexically_normal().string();
     j["context"] = c.context;
   }
   if (c.eval) j["eval"] = true;

@@ -247,7 +247,9 @@ TrainCommand::TrainCommand(CLI::App& app) {
                  "Resume even when the checkpoint's parameters or optimizer state hold NaN or Inf (refused otherwise)");
   cmd_->add_option("--data", c.data_dir, "Folder with the MNIST IDX files for the cnn sample (train-images-idx3-ubyte "
                                          "or Kaggle's train-images.idx3-ubyte, the labels likewise; plain or .gz)");
-  cmd_->add_option("--text", c.text_file, "Text file for the transformer sample (default: built-in synthetic text)");
+  cmd_->add_option("--text", c.text_file, "Text file for the transformer sample (default: built-in synthetic text), or "
+                                         "for a --model folder with GPT-2's tokenizer (vocab.json + merges.txt, or "
+                                         "tokenizer.json): encoded by it");
   cmd_->add_option("--model", c.model_dir,
                    "Hugging Face model folder to train instead of a sample: config.json (model_type gpt2 or llama) "
                    "and model.safetensors or a sharded index (docs/checkpoints.md); needs --tokens");
@@ -356,22 +358,25 @@ void validate_config(const TrainConfig& c) {
                               "and model.safetensors (or model.safetensors.index.json and its shards)",
                               c.model_dir));
     }
-    if (c.tokens_file.empty()) {
-      throw Error(fmt::format("--model '{}' needs --tokens FILE: the token ids to train or evaluate on (.npy, .bin "
-                              "or .txt)\nhint: docs/checkpoints.md shows how to write them from any tokenizer in two "
-                              "lines of Python",
+    if (c.tokens_file.empty() && c.text_file.empty()) {
+      throw Error(fmt::format("--model '{}' needs --tokens FILE (token ids: .npy, .bin or .txt) or --text FILE (a "
+                              "text the folder's GPT-2 tokenizer encodes)\nhint: docs/checkpoints.md shows how to "
+                              "write token ids from any tokenizer in two lines of Python",
                               c.model_dir));
     }
-    if (const std::string reason = hdf5::unreadable_reason(c.tokens_file.c_str()); !reason.empty()) {
-      throw Error(fmt::format("--tokens '{}': {}; expected a readable token file (.npy, .bin or .txt)", c.tokens_file,
-                              reason));
+    if (!c.tokens_file.empty() && !c.text_file.empty()) {
+      throw Error("--tokens and --text both give the data of a --model run; give one of them");
     }
-    for (const auto& [flag, value] : {std::pair<const char*, bool>{"--data", !c.data_dir.empty()},
-                                      std::pair<const char*, bool>{"--text", !c.text_file.empty()}}) {
-      if (value) {
-        throw Error(fmt::format("{} is read by the samples only; a --model run reads --tokens\nhint: leave {} out",
-                                flag, flag));
+    if (!c.tokens_file.empty()) {
+      if (const std::string reason = hdf5::unreadable_reason(c.tokens_file.c_str()); !reason.empty()) {
+        throw Error(fmt::format("--tokens '{}': {}; expected a readable token file (.npy, .bin or .txt)",
+                                c.tokens_file, reason));
       }
+    } else if (const std::string reason = hdf5::unreadable_reason(c.text_file.c_str()); !reason.empty()) {
+      throw Error(fmt::format("--text '{}': {}; expected a readable text file", c.text_file, reason));
+    }
+    if (!c.data_dir.empty()) {
+      throw Error("--data is read by the cnn sample only; a --model run reads --tokens or --text\nhint: leave --data out");
     }
   }
   if (c.eval && !c.checkpoint.empty()) {
@@ -424,7 +429,7 @@ void validate_config(const TrainConfig& c) {
                               c.data_dir));
     }
   }
-  if (!c.text_file.empty()) {
+  if (!c.text_file.empty() && c.model_dir.empty()) {
     if (c.sample != "transformer") {
       throw Error(fmt::format("--text '{}': only the transformer sample reads text, and this run's sample is '{}'",
                               c.text_file, c.sample));

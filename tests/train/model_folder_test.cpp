@@ -21,6 +21,7 @@
 #include "probes/analysis.h"
 #include "probes/analysis_diff.h"
 #include "probes/trace_reader.h"
+#include "samples/bpe_tokenizer.h"
 #include "samples/fix_command.h"
 #include "samples/hf_models.h"
 #include "samples/token_data.h"
@@ -194,6 +195,45 @@ TEST(model_folder_test, save_model_writes_a_folder_whose_evaluation_matches_trai
   ASSERT_EQ(e.losses.size(), 3u);
   EXPECT_EQ(e.losses[2], three.losses[2]);
   EXPECT_NE(e.losses[2], train([&] { TrainConfig c = model_run(dir, Precision::fp32, 3); c.eval = true; return c; }()).losses[2]);
+}
+
+// --text encodes a text with the folder's GPT-2 tokenizer. The tokenizer here: bytes 32..126 as ids 0..94
+// (GPT-2's byte symbols: a space is 'Ġ', the printable characters themselves) and one merge, "h e" -> 95.
+// "he hat he hat he hat he hat he hat " pre-tokenizes (GPT-2's pattern) as "he", " hat", then " he", " hat"
+// four times, then the final " "; by hand: "he" -> [95]; " hat" -> Ġ h a t -> [0, 72, 65, 84] (no merge
+// applies); " he" -> Ġ h e -> [0, 95]; " " -> [0]. A run on those ids given as --tokens must be the same run.
+TEST(model_folder_test, text_is_encoded_by_the_folders_tokenizer_into_the_ids_worked_by_hand) {
+  const fs::path dir = write_folder(scratch("text"));
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 32; b <= 126; ++b) vocab[BpeTokenizer::byte_symbol(static_cast<unsigned char>(b))] = b - 32;
+  vocab["he"] = 95;
+  std::ofstream(dir / "vocab.json") << vocab.dump();
+  std::ofstream(dir / "merges.txt") << "#version: 0.2\nh e\n";
+  std::ofstream(dir / "text.txt") << "he hat he hat he hat he hat he hat ";
+  std::vector<int> ids = {95, 0, 72, 65, 84};
+  for (int i = 0; i < 4; ++i) ids.insert(ids.end(), {0, 95, 0, 72, 65, 84});
+  ids.push_back(0);
+  {
+    std::ofstream out(dir / "ids.txt");
+    for (int id : ids) out << id << ' ';
+  }
+  TrainConfig by_text = model_run(dir, Precision::fp16, 3), by_ids = model_run(dir, Precision::fp16, 3);
+  by_text.tokens_file.clear();
+  by_text.text_file = (dir / "text.txt").string();
+  by_ids.tokens_file = (dir / "ids.txt").string();
+  by_text.context = by_ids.context = 8;
+  const TrainResult a = train(by_text), b = train(by_ids);
+  EXPECT_EQ(a.losses, b.losses);
+  // Both data options at once, or text a folder without a tokenizer cannot encode, are refused.
+  EXPECT_THROW_MSG(run_train({"--model", dir.string(), "--tokens", (dir / "ids.txt").string(), "--text",
+                              (dir / "text.txt").string()}),
+                   Error, "--tokens and --text both");
+  const fs::path bare = write_folder(scratch("no_tokenizer"));
+  std::ofstream(bare / "text.txt") << "hello";
+  TrainConfig c = model_run(bare, Precision::fp16, 1);
+  c.tokens_file.clear();
+  c.text_file = (bare / "text.txt").string();
+  EXPECT_THROW(train(c), Error);
 }
 
 TEST(model_folder_test, bad_folders_and_token_files_are_refused_naming_the_problem) {
