@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/philox.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/half_convert.h"
 #include "kernels/cpu/nn_kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/functors.h"
@@ -49,7 +50,14 @@ void copy_typed(const KernelArgs& a) {
   To* out = a.out.ptr<To>();
   if (a.out.is_contiguous() && a.in[0].is_contiguous()) {
     cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) out[i] = convert<To>(in[i]);
+      // The casts autocast makes (f32 weights to f16/bf16, f16/bf16 gradients back to f32) in bulk.
+      if constexpr (ampscope::detail::is_half_v<To> && std::is_same_v<From, float>) {
+        cpu::narrow(in + b, out + b, e - b);
+      } else if constexpr (detail::is_half_v<From> && std::is_same_v<To, float>) {
+        cpu::widen(in + b, out + b, e - b);
+      } else {
+        for (std::int64_t i = b; i < e; ++i) out[i] = convert<To>(in[i]);
+      }
     });
     return;
   }

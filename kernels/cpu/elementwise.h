@@ -1,6 +1,8 @@
 // kernels/cpu/elementwise.h: the CPU backend's loops for element-wise kernels over strided views. Each
 // loads elements in the tensor's dtype, calls the op's functor (kernels/functors.h) in the accumulation
 // type and rounds once on store. Contiguous inputs take a plain indexed loop; others walk a cursor.
+// f16/bf16 go through float blocks: loaded and widened in bulk (kernels/cpu/half_convert.h: F16C where the
+// CPU has it), the functor applied, the block rounded in bulk; the same bits as one element at a time.
 //
 //   register_kernel(Op::relu, DType::f16, &cpu::unary_kernel<f16, ReluFn>);
 #pragma once
@@ -10,6 +12,7 @@
 
 #include "core/backend.h"
 #include "core/convert.h"
+#include "kernels/cpu/half_convert.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/functors.h"
 
@@ -59,12 +62,40 @@ class StridedCursor {
 
 // ---- element-wise loops ----
 
+// Elements per float block of the f16/bf16 loops (two or three blocks live on the stack).
+inline constexpr std::int64_t kHalfBlock = 512;
+
+// Loads elements [begin, begin + n) of `in` (contiguous when `cursor` is null, else at the cursor's offset
+// `v`, which it advances) into `dst` as floats.
+template <class T, class Cursor>
+inline void load_block(const T* in, std::int64_t begin, std::int64_t n, Cursor* cursor, int v, float* dst) {
+  if (cursor == nullptr) {
+    widen(in + begin, dst, n);
+    return;
+  }
+  for (std::int64_t j = 0; j < n; ++j, cursor->next()) dst[j] = convert<float>(in[cursor->offset(v)]);
+}
+
 template <class T, class Fn>
 void unary_kernel(Backend&, const KernelArgs& a) {
   using Acc = acc_type<T>;
   const T* in = a.in[0].ptr<T>();
   T* out = a.out.ptr<T>();
   const Fn fn = make_functor<Fn>(a.scalars.data());
+  if constexpr (ampscope::detail::is_half_v<T>) {
+    const bool contiguous = a.in[0].is_contiguous();
+    parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+      StridedCursor<1> c(a.out, {&a.in[0]}, b);
+      float x[kHalfBlock];
+      for (std::int64_t k = b; k < e; k += kHalfBlock) {
+        const std::int64_t n = std::min(kHalfBlock, e - k);
+        load_block(in, k, n, contiguous ? nullptr : &c, 0, x);
+        for (std::int64_t j = 0; j < n; ++j) x[j] = fn(x[j]);
+        narrow(x, out + k, n);
+      }
+    });
+    return;
+  }
   if (a.in[0].is_contiguous()) {
     parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t i = b; i < e; ++i) out[i] = convert<T>(fn(convert<Acc>(in[i])));
@@ -84,6 +115,21 @@ void binary_kernel(Backend&, const KernelArgs& a) {
   const T* y = a.in[1].ptr<T>();
   T* out = a.out.ptr<T>();
   const Fn fn = make_functor<Fn>(a.scalars.data());
+  if constexpr (ampscope::detail::is_half_v<T>) {
+    const bool contiguous = a.in[0].is_contiguous() && a.in[1].is_contiguous();
+    parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+      StridedCursor<1> cx(a.out, {&a.in[0]}, b), cy(a.out, {&a.in[1]}, b);
+      float xs[kHalfBlock], ys[kHalfBlock];
+      for (std::int64_t k = b; k < e; k += kHalfBlock) {
+        const std::int64_t n = std::min(kHalfBlock, e - k);
+        load_block(x, k, n, contiguous ? nullptr : &cx, 0, xs);
+        load_block(y, k, n, contiguous ? nullptr : &cy, 0, ys);
+        for (std::int64_t j = 0; j < n; ++j) xs[j] = fn(xs[j], ys[j]);
+        narrow(xs, out + k, n);
+      }
+    });
+    return;
+  }
   if (a.in[0].is_contiguous() && a.in[1].is_contiguous()) {
     parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t i = b; i < e; ++i) out[i] = convert<T>(fn(convert<Acc>(x[i]), convert<Acc>(y[i])));
@@ -105,6 +151,20 @@ void binary_scalar_kernel(Backend&, const KernelArgs& a) {
   T* out = a.out.ptr<T>();
   const Acc y = static_cast<Acc>(a.scalars[0]);
   const Fn fn = make_functor<Fn>(a.scalars.data());
+  if constexpr (ampscope::detail::is_half_v<T>) {
+    const bool contiguous = a.in[0].is_contiguous();
+    parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+      StridedCursor<1> c(a.out, {&a.in[0]}, b);
+      float xs[kHalfBlock];
+      for (std::int64_t k = b; k < e; k += kHalfBlock) {
+        const std::int64_t n = std::min(kHalfBlock, e - k);
+        load_block(x, k, n, contiguous ? nullptr : &c, 0, xs);
+        for (std::int64_t j = 0; j < n; ++j) xs[j] = fn(xs[j], y);
+        narrow(xs, out + k, n);
+      }
+    });
+    return;
+  }
   if (a.in[0].is_contiguous()) {
     parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t i = b; i < e; ++i) out[i] = convert<T>(fn(convert<Acc>(x[i]), y));

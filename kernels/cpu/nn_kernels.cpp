@@ -14,6 +14,7 @@
 #include "core/convert.h"
 #include "core/philox.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/half_convert.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/functors.h"
 
@@ -360,7 +361,9 @@ void layer_norm_param_grad_kernel(Backend&, const KernelArgs& a) {
 // ---- matrix products ----
 
 // Copies matrix `batch` of a [B, R, C] view into a dense row-major buffer of the accumulation type,
-// rows split over the pool when the caller is not itself a pool task.
+// rows split over the pool when the caller is not itself a pool task. f16/bf16 rows are widened in bulk
+// (kernels/cpu/half_convert.h); a transposed view (a weight used as w^T) is widened a few source columns
+// at a time, each contiguous in memory, and written out as rows of the buffer.
 template <class Acc>
 void pack_matrix(const TensorView& v, std::int64_t batch, Acc* dst) {
   const std::int64_t rows = v.sizes[1], cols = v.sizes[2];
@@ -369,10 +372,33 @@ void pack_matrix(const TensorView& v, std::int64_t batch, Acc* dst) {
     if constexpr (std::is_same_v<S, bool>) {
       return;
     } else {
+      constexpr bool bulk = std::is_same_v<acc_type<S>, Acc>;
       const S* base = static_cast<const S*>(v.data) + batch * v.strides[0];
       const std::int64_t rs = v.strides[1], cs = v.strides[2];
       parallel_for(rows, std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(cols, 1)),
                    [&](std::int64_t r0, std::int64_t r1) {
+                     if constexpr (bulk) {
+                       if (cs == 1) {
+                         for (std::int64_t r = r0; r < r1; ++r) widen(base + r * rs, dst + r * cols, cols);
+                         return;
+                       }
+                       if (rs == 1) {
+                         constexpr std::int64_t kTileCols = 8, kTileRows = 512;
+                         Acc tile[kTileCols][kTileRows];
+                         for (std::int64_t rb = r0; rb < r1; rb += kTileRows) {
+                           const std::int64_t nr = std::min(kTileRows, r1 - rb);
+                           for (std::int64_t cb = 0; cb < cols; cb += kTileCols) {
+                             const std::int64_t nc = std::min(kTileCols, cols - cb);
+                             for (std::int64_t j = 0; j < nc; ++j) widen(base + (cb + j) * cs + rb, tile[j], nr);
+                             for (std::int64_t r = 0; r < nr; ++r) {
+                               Acc* out = dst + (rb + r) * cols + cb;
+                               for (std::int64_t j = 0; j < nc; ++j) out[j] = tile[j][r];
+                             }
+                           }
+                         }
+                         return;
+                       }
+                     }
                      for (std::int64_t r = r0; r < r1; ++r) {
                        const S* src = base + r * rs;
                        Acc* out = dst + r * cols;
@@ -385,6 +411,25 @@ void pack_matrix(const TensorView& v, std::int64_t batch, Acc* dst) {
                    });
     }
   });
+}
+
+// o[i] = round(canonical_nan(c[i] + bias)) for the m x n product c in the accumulation type, rows split
+// over the pool (a nested call runs on the calling thread). For f16/bf16 outputs c is scratch: the sums
+// are written back into it and rounded in bulk; for f32/f64 c is o itself.
+template <class T, class Acc>
+void round_product(Acc* c, T* o, std::int64_t m, std::int64_t n, const Acc* bias, bool bias_per_row) {
+  parallel_for(m, std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(n, 1)),
+               [&](std::int64_t r0, std::int64_t r1) {
+                 for (std::int64_t r = r0; r < r1; ++r) {
+                   Acc* row = c + r * n;
+                   if (bias) {
+                     for (std::int64_t j = 0; j < n; ++j) row[j] = canonical_nan(row[j] + bias[bias_per_row ? r : j]);
+                   } else {
+                     for (std::int64_t j = 0; j < n; ++j) row[j] = canonical_nan(row[j]);
+                   }
+                 }
+                 if constexpr (!std::is_same_v<T, Acc>) narrow(c + r0 * n, o + r0 * n, (r1 - r0) * n);
+               });
 }
 
 // A matrix BLAS can read in place: dense along one of its two dimensions, in the accumulation type.
@@ -494,12 +539,7 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
         rows(0, m);
       }
     }
-    T* o = out + b * m * n;
-    for (std::int64_t i = 0; i < m * n; ++i) {
-      Acc v = c[i];
-      if (bias.data) v += bias_acc[bias_per_row ? i / n : i % n];
-      o[i] = convert<T>(canonical_nan(v));
-    }
+    round_product(c, out + b * m * n, m, n, bias.data ? bias_acc.data() : nullptr, bias_per_row);
   };
   if (a.scalars[1] != 0) {
     // out [1, M, N] = sum_b A[b] @ B[b]: one accumulator in the accumulation type, batches added in
@@ -526,7 +566,11 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
                        b == 0 ? Acc(0) : Acc(1));
       });
     }
-    for (std::int64_t i = 0; i < m * n; ++i) out[i] = convert<T>(canonical_nan(acc[i]));
+    if constexpr (std::is_same_v<T, Acc>) {
+      for (std::int64_t i = 0; i < m * n; ++i) out[i] = canonical_nan(acc[i]);
+    } else {
+      round_product(acc.data(), out, m, n, static_cast<const Acc*>(nullptr), false);
+    }
     return;
   }
   if (batches >= 2) {

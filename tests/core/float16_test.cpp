@@ -8,7 +8,10 @@
 //     nearest even) does, and to bf16 exactly as an independently written reference (nearest of the two
 //     candidate neighbours, compared in exact double arithmetic, ties to even) does;
 //   * the documented boundary facts of amp-semantics section 5 hold (expected values derived by hand);
-//   * the public `f16` / `bf16` types do the same through their constructor, cast and `from_bits`.
+//   * the public `f16` / `bf16` types do the same through their constructor, cast and `from_bits`;
+//   * the CPU backend's bulk conversions (kernels/cpu/half_convert.h) give the same bits on both of their
+//     paths, the F16C/AVX2 one and the portable one, for all 2^16 patterns and all 2^32 floats: each sweep
+//     block is also converted by both bulk paths and compared with the same reference.
 //
 // How the exhaustive sweeps are done: the 2^32 inputs are cut into 2^20-element chunks that
 // max(2, hardware_concurrency()) threads take from a shared atomic counter. Within a chunk, inputs are
@@ -19,6 +22,8 @@
 #include "core/float16.h"
 
 #include <gtest/gtest.h>
+
+#include "kernels/cpu/half_convert.h"
 
 #include <algorithm>
 #include <atomic>
@@ -48,6 +53,7 @@
 
 namespace {
 
+namespace cpu = ampscope::cpu;
 using ampscope::bf16;
 using ampscope::f16;
 using ampscope::detail::bf16_bits_to_float;
@@ -146,6 +152,40 @@ std::uint16_t reference_bf16_bits(std::uint32_t u) {
   if (to_lo < to_hi) return lo;
   if (to_hi < to_lo) return hi;
   return (lo & 1u) == 0 ? lo : hi;  // a tie: the even mantissa
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The bulk paths: the fast one (F16C and AVX2; the portable one again on a CPU without them) and the
+// portable one, called on the same block, as the bits they write.
+
+// Turns the fast path on for the test's lifetime (whatever AMPSCOPE_NO_F16C says), and back as it was.
+class FastPathOn {
+ public:
+  FastPathOn() : was_(cpu::f16c_active()) { cpu::set_f16c_enabled(true); }
+  ~FastPathOn() { cpu::set_f16c_enabled(was_); }
+
+ private:
+  bool was_;
+};
+
+void bulk_narrow_f16(bool fast, const std::uint32_t* in, std::uint16_t* out, std::size_t n) {
+  const float* f = reinterpret_cast<const float*>(in);
+  ampscope::f16* h = reinterpret_cast<ampscope::f16*>(out);
+  if (fast) {
+    cpu::narrow_f16(f, h, static_cast<std::int64_t>(n));
+  } else {
+    cpu::narrow_f16_portable(f, h, static_cast<std::int64_t>(n));
+  }
+}
+
+void bulk_narrow_bf16(bool fast, const std::uint32_t* in, std::uint16_t* out, std::size_t n) {
+  const float* f = reinterpret_cast<const float*>(in);
+  ampscope::bf16* b = reinterpret_cast<ampscope::bf16*>(out);
+  if (fast) {
+    cpu::narrow_bf16(f, b, static_cast<std::int64_t>(n));
+  } else {
+    cpu::narrow_bf16_portable(f, b, static_cast<std::int64_t>(n));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -269,13 +309,24 @@ std::vector<std::uint32_t> reduced_f16_inputs() {
 
 TEST(float16_test, every_f16_bit_pattern_widens_to_float_exactly_as_the_cpu_does) {
   if (!have_reference_f16()) GTEST_SKIP() << "no F16C and no _Float16 on this target";
+  // The bulk paths widen all 65,536 patterns in one call each (8 at a time, then a scalar tail).
+  std::vector<ampscope::f16> all(0x10000);
+  for (std::uint32_t h = 0; h <= 0xFFFFu; ++h) all[h] = ampscope::f16::from_bits(static_cast<std::uint16_t>(h));
+  std::vector<float> fast(all.size()), portable(all.size());
+  {
+    FastPathOn on;
+    cpu::widen_f16(all.data(), fast.data(), static_cast<std::int64_t>(all.size()));
+  }
+  cpu::widen_f16_portable(all.data(), portable.data(), static_cast<std::int64_t>(all.size()));
   int mismatches = 0;
   for (std::uint32_t h = 0; h <= 0xFFFFu; ++h) {
     const std::uint32_t ours = float_bits(f16_bits_to_float(static_cast<std::uint16_t>(h)));
     const std::uint32_t reference = float_bits(reference_f16_to_float(static_cast<std::uint16_t>(h)));
-    if (ours != reference && ++mismatches <= static_cast<int>(kMaxReported)) {
-      ADD_FAILURE() << "f16 " << hex(h, 4) << " -> float " << hex(ours, 8) << ", cpu gives "
-                    << hex(reference, 8);
+    const std::uint32_t bulk_fast = float_bits(fast[h]), bulk_portable = float_bits(portable[h]);
+    if ((ours != reference || bulk_fast != reference || bulk_portable != reference) &&
+        ++mismatches <= static_cast<int>(kMaxReported)) {
+      ADD_FAILURE() << "f16 " << hex(h, 4) << " -> float " << hex(ours, 8) << ", bulk fast " << hex(bulk_fast, 8)
+                    << ", bulk portable " << hex(bulk_portable, 8) << ", cpu gives " << hex(reference, 8);
     }
   }
   EXPECT_EQ(mismatches, 0);
@@ -300,12 +351,22 @@ TEST(float16_test, every_f16_bit_pattern_round_trips_through_float) {
 }
 
 TEST(float16_test, every_bf16_bit_pattern_widens_to_the_top_half_of_a_float) {
+  std::vector<ampscope::bf16> all(0x10000);
+  for (std::uint32_t b = 0; b <= 0xFFFFu; ++b) all[b] = ampscope::bf16::from_bits(static_cast<std::uint16_t>(b));
+  std::vector<float> fast(all.size()), portable(all.size());
+  {
+    FastPathOn on;
+    cpu::widen_bf16(all.data(), fast.data(), static_cast<std::int64_t>(all.size()));
+  }
+  cpu::widen_bf16_portable(all.data(), portable.data(), static_cast<std::int64_t>(all.size()));
   int mismatches = 0;
   for (std::uint32_t b = 0; b <= 0xFFFFu; ++b) {
     const std::uint32_t ours = float_bits(bf16_bits_to_float(static_cast<std::uint16_t>(b)));
-    if (ours != (b << 16) && ++mismatches <= static_cast<int>(kMaxReported)) {
-      ADD_FAILURE() << "bf16 " << hex(b, 4) << " -> float " << hex(ours, 8) << ", expected "
-                    << hex(b << 16, 8);
+    const std::uint32_t bulk_fast = float_bits(fast[b]), bulk_portable = float_bits(portable[b]);
+    if ((ours != (b << 16) || bulk_fast != (b << 16) || bulk_portable != (b << 16)) &&
+        ++mismatches <= static_cast<int>(kMaxReported)) {
+      ADD_FAILURE() << "bf16 " << hex(b, 4) << " -> float " << hex(ours, 8) << ", bulk fast " << hex(bulk_fast, 8)
+                    << ", bulk portable " << hex(bulk_portable, 8) << ", expected " << hex(b << 16, 8);
     }
   }
   EXPECT_EQ(mismatches, 0);
@@ -335,29 +396,51 @@ TEST(float16_test, every_bf16_bit_pattern_round_trips_through_float) {
 TEST(float16_test, every_float_bit_pattern_narrows_to_f16_exactly_as_the_cpu_does) {
 #if AMPSCOPE_TEST_X86
   if (cpu_has_f16c()) {
-    const SweepResult r = sweep_all_floats([](std::uint32_t first, std::size_t n, SweepResult& out) {
+    // Each block: the bulk portable path (float_to_f16_bits in a loop, so the scalar conversion itself) and
+    // the bulk fast path, each against the instruction one value at a time.
+    FastPathOn on;
+    std::atomic<std::uint64_t> fast_mismatches{0};
+    const SweepResult r = sweep_all_floats([&](std::uint32_t first, std::size_t n, SweepResult& out) {
       alignas(32) std::uint32_t in[kBlock];
-      alignas(32) std::uint16_t reference[kBlock];
+      alignas(32) std::uint16_t reference[kBlock], fast[kBlock], portable[kBlock];
       for (std::size_t i = 0; i < n; ++i) in[i] = first + static_cast<std::uint32_t>(i);
       f16c_from_floats(reinterpret_cast<const float*>(in), reference, n);
+      bulk_narrow_f16(true, in, fast, n);
+      bulk_narrow_f16(false, in, portable, n);
+      std::uint64_t bad_fast = 0;
       for (std::size_t i = 0; i < n; ++i) {
-        const std::uint16_t ours = float_to_f16_bits(bits_float(in[i]));
-        if (ours != reference[i]) out.record(in[i], ours, reference[i]);
+        if (portable[i] != reference[i]) out.record(in[i], portable[i], reference[i]);
+        if (fast[i] != reference[i]) {
+          out.record(in[i], fast[i], reference[i]);
+          ++bad_fast;
+        }
       }
+      if (bad_fast) fast_mismatches.fetch_add(bad_fast, std::memory_order_relaxed);
     });
     EXPECT_EQ(r.checked, kAllFloats);
-    EXPECT_EQ(r.mismatches, 0u) << r.report("float -> f16 vs F16C vcvtps2ph");
+    EXPECT_EQ(r.mismatches, 0u) << r.report("float -> f16 (portable = scalar, and fast bulk path) vs F16C vcvtps2ph");
+    EXPECT_EQ(fast_mismatches.load(), 0u) << "of those, from the fast bulk path";
+    // The portable bulk path is float_to_f16_bits element by element; on hand-picked values, directly.
+    for (float f : {0.0f, -0.0f, 65504.0f, 65520.0f, 1.0f + std::ldexp(1.0f, -11), std::ldexp(1.0f, -25), 1e-7f}) {
+      std::uint16_t h = 0;
+      bulk_narrow_f16(false, reinterpret_cast<const std::uint32_t*>(&f), &h, 1);
+      EXPECT_EQ(h, float_to_f16_bits(f)) << f;
+    }
     return;
   }
 #endif
 #if AMPSCOPE_TEST_HAS_FLOAT16
   const std::vector<std::uint32_t> inputs = reduced_f16_inputs();
   SweepResult r;
-  for (std::uint32_t u : inputs) {
+  std::vector<std::uint16_t> bulk(inputs.size());
+  bulk_narrow_f16(false, inputs.data(), bulk.data(), inputs.size());  // no F16C: both bulk paths are this one
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::uint32_t u = inputs[i];
     const std::uint16_t ours = float_to_f16_bits(bits_float(u));
     const std::uint16_t reference = soft_f16_from_float(bits_float(u));
     ++r.checked;
     if (ours != reference) r.record(u, ours, reference);
+    if (bulk[i] != reference) r.record(u, bulk[i], reference);
   }
   EXPECT_EQ(r.mismatches, 0u) << r.report("float -> f16 vs _Float16, reduced set: no F16C on this CPU");
 #else
@@ -370,19 +453,27 @@ TEST(float16_test, every_float_bit_pattern_narrows_to_f16_exactly_as_the_cpu_doe
 
 TEST(float16_test, every_float_bit_pattern_narrows_to_bf16_as_the_nearest_even_reference_says) {
   std::atomic<std::uint64_t> nan_results_not_nan{0};
+  FastPathOn on;
   const SweepResult r = sweep_all_floats([&](std::uint32_t first, std::size_t n, SweepResult& out) {
     std::uint64_t bad_nans = 0;
+    alignas(32) std::uint32_t in[kBlock];
+    alignas(32) std::uint16_t fast[kBlock], portable[kBlock];
+    for (std::size_t i = 0; i < n; ++i) in[i] = first + static_cast<std::uint32_t>(i);
+    bulk_narrow_bf16(true, in, fast, n);
+    bulk_narrow_bf16(false, in, portable, n);
     for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t u = first + static_cast<std::uint32_t>(i);
+      const std::uint32_t u = in[i];
       const std::uint16_t ours = float_to_bf16_bits(bits_float(u));
       const std::uint16_t reference = reference_bf16_bits(u);
       if (ours != reference) out.record(u, ours, reference);
+      if (fast[i] != reference) out.record(u, fast[i], reference);
+      if (portable[i] != reference) out.record(u, portable[i], reference);
       if ((u & 0x7FFFFFFFu) > 0x7F800000u && !bf16_is_nan(ours)) ++bad_nans;
     }
     if (bad_nans) nan_results_not_nan.fetch_add(bad_nans, std::memory_order_relaxed);
   });
   EXPECT_EQ(r.checked, kAllFloats);
-  EXPECT_EQ(r.mismatches, 0u) << r.report("float -> bf16 vs double-based nearest-even reference");
+  EXPECT_EQ(r.mismatches, 0u) << r.report("float -> bf16 (scalar, bulk fast, bulk portable) vs double-based nearest-even reference");
   EXPECT_EQ(nan_results_not_nan.load(), 0u) << "NaN inputs that did not give a bf16 NaN";
 }
 
