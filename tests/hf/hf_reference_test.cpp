@@ -1,0 +1,195 @@
+// The GPT-2 and Llama architectures against plain-PyTorch references written from Hugging Face's modeling
+// code (tests/hf/reference_gpt2.py, reference_llama.py), run by Debian's python3-torch (1.13, CPU) on the
+// same safetensors folder, written here by make_model + save_model. Compared: f32 logits, the losses of three
+// AdamW steps, and logits under bf16 autocast (the references apply CUDA autocast's policy by hand; see
+// reference_common.py). Skipped, with the reason, where /usr/bin/python3 cannot import torch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/autocast.h"
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "core/optim.h"
+#include "samples/hf_models.h"
+#include "tests/test_support.h"
+
+namespace ampscope {
+namespace {
+
+namespace fs = std::filesystem;
+namespace hf = samples::hf;
+using nlohmann::json;
+
+constexpr std::int64_t kB = 2, kT = 8;
+
+int run(const std::string& command, std::string& output) {
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
+  return ::pclose(pipe);
+}
+
+std::string torch_missing() {
+  std::string out;
+  if (!fs::exists("/usr/bin/python3") || run("/usr/bin/python3 -c 'import torch'", out) != 0) {
+    return "Debian's python3-torch is not installed (apt-get install python3-torch); the architectures are "
+           "compared with PyTorch 1.13 where it is";
+  }
+  return "";
+}
+
+// B x (T + 1) token ids from a fixed LCG, with `pad` (when >= 0) placed at a few positions.
+std::vector<std::int64_t> make_tokens(std::int64_t vocab, std::int64_t pad) {
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(kB * (kT + 1)));
+  std::uint64_t s = 12345;
+  for (auto& id : ids) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    id = static_cast<std::int64_t>((s >> 33) % static_cast<std::uint64_t>(vocab));
+  }
+  if (pad >= 0) ids[1] = ids[5] = ids[12] = pad;
+  return ids;
+}
+
+std::map<std::string, std::vector<double>> run_reference(const std::string& script, const fs::path& folder,
+                                                         const fs::path& tokens) {
+  std::string out;
+  const std::string cmd = "/usr/bin/python3 " + std::string(AMPSCOPE_SOURCE_DIR) + "/tests/hf/" + script + " '" +
+                          folder.string() + "' '" + tokens.string() + "' " + std::to_string(kB) + " " +
+                          std::to_string(kT);
+  const int rc = run(cmd, out);
+  if (rc != 0) throw std::runtime_error(script + " failed:\n" + out);
+  std::map<std::string, std::vector<double>> result;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::string name, value;
+    fields >> name;
+    auto& v = result[name];
+    while (fields >> value) v.push_back(std::strtod(value.c_str(), nullptr));
+  }
+  return result;
+}
+
+double rms(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(v.size(), 1)));
+}
+
+// |ours - ref| <= tol * max(|ref|, rms(ref)): relative per element, with the tensor's rms as the floor for
+// elements near zero (a relative error of an element that is almost 0 says nothing).
+void expect_close(const std::string& what, const std::vector<double>& ours, const std::vector<double>& ref,
+                  double tol) {
+  ASSERT_EQ(ours.size(), ref.size()) << what;
+  const double floor = rms(ref);
+  int shown = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double scale = std::max(std::fabs(ref[i]), floor);
+    const double err = std::fabs(ours[i] - ref[i]) / scale;
+    worst = std::max(worst, err);
+    if (!(err <= tol) && shown++ < 5) {
+      ADD_FAILURE() << what << " [" << i << "]: ours " << ours[i] << ", reference " << ref[i] << " (relative "
+                    << err << " > " << tol << ")";
+    }
+  }
+  ::testing::Test::RecordProperty(what + "_worst_relative", std::to_string(worst));
+}
+
+struct Ours {
+  std::vector<double> logits_bf16, logits_f32, losses;
+};
+
+Ours run_ours(const fs::path& folder, const std::vector<std::int64_t>& ids) {
+  auto loaded = hf::load_model(folder);
+  hf::CausalLM& model = *loaded.model;
+  Tensor data = Tensor::empty({kB, kT + 1}, {DType::i64});
+  std::copy(ids.begin(), ids.end(), data.data_as<std::int64_t>());
+  const Tensor inputs = data.slice(1, 0, kT).contiguous(), targets = data.slice(1, 1, kT + 1).contiguous();
+  Ours o;
+  {
+    NoGradGuard no_grad;
+    {
+      AutocastGuard autocast(DType::bf16);
+      o.logits_bf16 = model(inputs).to(DType::f32).values();
+    }
+    o.logits_f32 = model(inputs).values();
+  }
+  optim::AdamW opt(model.parameters(), {.lr = 1e-3, .weight_decay = 0.0});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    const Tensor logits = model(inputs);
+    const Tensor loss = cross_entropy(logits.reshape({kB * kT, model.vocab_size()}), targets.reshape({kB * kT}));
+    o.losses.push_back(loss.item());
+    loss.backward();
+    opt.step();
+  }
+  return o;
+}
+
+// bf16 tolerance. Ours and the reference run every op in the same dtype (reference_common.py applies CUDA
+// autocast's policy by hand), so they differ only where an f32 result that is then rounded to bf16 differs
+// in its last f32 bits: summation order in the products, transcendental functions (tanh, exp, rsqrt, cos)
+// a unit or so apart. Such a difference flips a bf16 rounding only when the f32 value lies within it of a
+// rounding boundary, and a flip moves that element by one bf16 unit (2^-8 relative). The logits are one
+// product rounded once to bf16 (1 unit, 2^-8 of the value) whose inputs may carry flipped elements
+// propagated through two layers; each flipped input element moves a dot product by at most 2^-8 of its own
+// term, well below the product's rms. Allowing two units of 2^-8 of max(|value|, rms) covers the final
+// rounding plus one flip-sized disturbance; it is still 40 times tighter than the gap between f32 and bf16
+// results here (checked below: the bf16 logits must differ from the f32 ones by more than this tolerance).
+constexpr double kBf16Tol = 2 * 0x1p-8;
+
+void compare_with_reference(const std::string& script, const json& config, const std::string& name,
+                            std::int64_t pad = -1) {
+  const std::string why = torch_missing();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const fs::path dir = testing::process_scratch_dir("ampscope_hf_ref") / name;
+  Generator gen(7);
+  auto model = hf::make_model(config, gen);
+  hf::save_model(*model, dir);
+  const auto ids = make_tokens(model->vocab_size(), pad);
+  const fs::path tokens = dir / "tokens.txt";
+  {
+    std::ofstream f(tokens);
+    for (auto id : ids) f << id << ' ';
+  }
+  const auto ref = run_reference(script, dir, tokens);
+  const Ours ours = run_ours(dir, ids);
+  expect_close(name + " f32 logits", ours.logits_f32, ref.at("logits_f32"), 1e-5);
+  for (int s = 0; s < 3; ++s) {
+    const auto& r = ref.at("loss_" + std::to_string(s));
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_NEAR(ours.losses[s], r[0], 1e-5 * std::fabs(r[0])) << name << " loss of step " << s;
+  }
+  EXPECT_GT(std::fabs(ours.losses[2] - ours.losses[0]), 1e-3) << "the AdamW steps must change the loss";
+  expect_close(name + " bf16 logits", ours.logits_bf16, ref.at("logits_bf16"), kBf16Tol);
+  // bf16 must really be bf16: its logits differ from f32 by more than the tolerance somewhere.
+  double gap = 0;
+  const double floor = rms(ref.at("logits_f32"));
+  for (std::size_t i = 0; i < ours.logits_f32.size(); ++i) {
+    gap = std::max(gap, std::fabs(ours.logits_bf16[i] - ours.logits_f32[i]) /
+                            std::max(std::fabs(ours.logits_f32[i]), floor));
+  }
+  EXPECT_GT(gap, kBf16Tol) << name << ": bf16 autocast logits are as close to f32 as the tolerance";
+}
+
+json gpt2_config() {
+  return {{"model_type", "gpt2"}, {"vocab_size", 64},  {"n_positions", 16},          {"n_embd", 32},
+          {"n_layer", 2},         {"n_head", 4},       {"initializer_range", 0.1},   {"layer_norm_epsilon", 1e-5},
+          {"activation_function", "gelu_new"}};
+}
+
+TEST(hf_reference_test, gpt2_matches_pytorch_in_f32_training_and_bf16) {
+  compare_with_reference("reference_gpt2.py", gpt2_config(), "gpt2");
+}
+
+}  // namespace
+}  // namespace ampscope
