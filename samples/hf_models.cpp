@@ -252,6 +252,11 @@ std::shared_ptr<CausalLM> build(const Config& config, WeightSource& source) {
   const std::string type = config.string("model_type", "");
   if (type == "gpt2") return build_gpt2(config, source);
   if (type == "llama" || type == "mistral") return build_llama(config, source);
+  if (type == "t5") {  // samples/hf_t5.h
+    throw ModelError(fmt::format("{}: model_type 't5' is an encoder-decoder model, not a causal language model\nhint: "
+                                 "load it with load_seq2seq (samples/hf_t5.h); is_seq2seq_folder tells the kinds apart",
+                                 config.where()));
+  }
   throw ModelError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, mistral)\nhint: ampscope "
                                "builds GPT-2 and Llama-style decoders (Mistral's grouped-query attention included); "
                                "for another architecture, write the model with ampscope's nn modules (docs/api.md)",
