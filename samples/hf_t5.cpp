@@ -157,6 +157,7 @@ struct T5Config {
   std::string act;  // "relu", "gelu" (erf), "gelu_new" (tanh composite)
   bool tied;
   std::int64_t decoder_start_token_id;
+  std::int64_t n_positions;
 };
 
 T5Config parse_config(const Config& c) {
@@ -195,6 +196,7 @@ T5Config parse_config(const Config& c) {
   }
   t.act = act;
   t.tied = c.boolean("tie_word_embeddings", true);
+  t.n_positions = c.positive_int("n_positions", 512);
   const auto start = c.optional_int("decoder_start_token_id");
   const auto pad = c.optional_int("pad_token_id");
   t.decoder_start_token_id = start ? *start : (pad ? *pad : 0);
@@ -556,6 +558,7 @@ class T5Model : public Seq2SeqLM {
   std::string model_type() const override { return "t5"; }
   std::int64_t vocab_size() const override { return c_.vocab_size; }
   std::int64_t decoder_start_token_id() const override { return c_.decoder_start_token_id; }
+  std::int64_t max_positions() const override { return c_.n_positions; }
   std::int64_t num_layers() const override { return c_.num_layers; }
   std::int64_t num_decoder_layers() const override { return c_.num_decoder_layers; }
   std::vector<std::pair<std::string, Tensor>> checkpoint_tensors() override { return named_parameters(); }

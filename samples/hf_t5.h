@@ -79,6 +79,9 @@ class Seq2SeqLM : public nn::Module {
   virtual std::int64_t vocab_size() const = 0;
   // decoder_start_token_id from the config (T5: 0, the pad token); pad_token_id when the config has none.
   virtual std::int64_t decoder_start_token_id() const = 0;
+  // The sequence length the model was trained with (config n_positions; 512, T5's, when absent). Not a limit:
+  // relative position buckets cover any length; a context default can use it.
+  virtual std::int64_t max_positions() const = 0;
   virtual std::int64_t num_layers() const = 0;          // encoder blocks (num_layers)
   virtual std::int64_t num_decoder_layers() const = 0;  // decoder blocks (num_decoder_layers)
   // The tensors under the names a Hugging Face folder stores them ("shared.weight", ..., "lm_head.weight"

@@ -142,6 +142,10 @@ TEST(t5_loading_test, save_and_load_round_trip_the_weights_and_the_logits) {
     EXPECT_TRUE(loaded.report.unexpected.empty());
     EXPECT_TRUE(loaded.report.ignored.empty());
     EXPECT_EQ(loaded.model->model_type(), "t5");
+    EXPECT_EQ(loaded.model->max_positions(), 512);  // absent from the tiny configs: T5's 512
+    EXPECT_EQ(loaded.model->vocab_size(), 48);
+    EXPECT_EQ(loaded.model->num_layers(), 2);
+    EXPECT_EQ(loaded.model->num_decoder_layers(), 2);
     EXPECT_EQ(loaded.model->decoder_start_token_id(), config["decoder_start_token_id"].get<std::int64_t>());
     EXPECT_TRUE(hf::is_seq2seq_folder(dir));
     Tensor ids = from_values({3, 4, 5, 6, 7, 8}, {2, 3}, {DType::i64});
