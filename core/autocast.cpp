@@ -58,7 +58,8 @@ constexpr PolicyLine kPolicyTable[] = {
     // promote: none of our ops is on PyTorch's promote list (addcmul, addcdiv, cross, dot, ...); add,
     // mul, cat and where reach the same f32 result through built-in type promotion.
     // On no list (run in their inputs' dtype, as in PyTorch): rsub, abs, logsigmoid, clamp_min,
-    // clamp_max, maximum, minimum (built-in promotion for mixed inputs), max, min, amax, amin, var, std.
+    // clamp_max, maximum, minimum (built-in promotion for mixed inputs), max, min, amax, amin, var, std,
+    // silu.
 
     // banned: unsafe because a sigmoid usually precedes it, so its f16 input has already lost the
     // probabilities near 0 and 1 that the loss needs.

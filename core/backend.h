@@ -97,7 +97,10 @@ namespace ampscope {
   X(var_rows)          /* out[r] = sum (x - mean)^2 / max(cols - scalars[0], 0); sqrt of it if scalars[1] = 1 */ \
   X(evenly_distribute_rows) /* (g [rows], x [rows, cols], v [rows]) -> dx: mask (g / count(mask)), mask = */ \
                        /* x == v (or both NaN when scalars[0] = 1), in the stored dtype's rounding */         \
-  X(index_backward_rows) /* (g [rows], index (i64) [rows]) -> [rows, cols]: g at the index, 0 elsewhere */
+  X(index_backward_rows) /* (g [rows], index (i64) [rows]) -> [rows, cols]: g at the index, 0 elsewhere */ \
+  /* activations of loaded architectures (Llama's gated MLP) */                                              \
+  X(silu)              /* x / (1 + exp(-x)) (PyTorch's CUDA form) */                                          \
+  X(silu_backward)     /* (g, x): g s (1 + x (1 - s)), s = 1 / (1 + exp(-x)) */
 
 enum class Op : std::uint16_t {
 #define AMPSCOPE_OP_ENUM(name) name,

@@ -195,6 +195,14 @@ class GELU : public Module {
   GeluApproximation approximate_;
 };
 
+class SiLU : public Module {
+ public:
+  SiLU() : Module("SiLU") {}
+
+ protected:
+  Tensor forward(const Tensor& x) override { return silu(x); }
+};
+
 // Normalises over the trailing dimensions `normalized_shape`. With elementwise_affine, weight (ones)
 // and bias (zeros) of that shape; no random draws.
 class LayerNorm : public Module {

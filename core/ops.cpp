@@ -417,6 +417,13 @@ static Tensor sigmoid_impl(const Tensor& a) {
   return record_unary("sigmoid", out, a, Op::sigmoid_backward, out);
 }
 
+// One kernel forward and one backward, as PyTorch's silu: f16/bf16 computed in float and rounded once.
+static Tensor silu_impl(const Tensor& a) {
+  check_floating("silu", a);
+  Tensor out = untracked([&] { return unary_forward("silu", Op::silu, a, false); });
+  return record_unary("silu", out, a, Op::silu_backward, a);
+}
+
 static Tensor tanh_impl(const Tensor& a) {
   Tensor out = untracked([&] { return unary_forward("tanh", Op::tanh, a, true); });
   return record_unary("tanh", out, a, Op::tanh_backward, out);
@@ -1385,6 +1392,9 @@ Tensor gelu(const Tensor& a, GeluApproximation approximate) {
 }
 Tensor sigmoid(const Tensor& a) {
   return dispatched("sigmoid", {a}, [](const auto& d) { return sigmoid_impl(d.arg(0)); });
+}
+Tensor silu(const Tensor& a) {
+  return dispatched("silu", {a}, [](const auto& d) { return silu_impl(d.arg(0)); });
 }
 Tensor tanh(const Tensor& a) { return dispatched("tanh", {a}, [](const auto& d) { return tanh_impl(d.arg(0)); }); }
 Tensor exp(const Tensor& a) { return dispatched("exp", {a}, [](const auto& d) { return exp_impl(d.arg(0)); }); }

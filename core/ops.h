@@ -53,6 +53,10 @@ Tensor relu(const Tensor& a);     // NaN stays NaN, with its bits
 enum class GeluApproximation { none, tanh };
 Tensor gelu(const Tensor& a, GeluApproximation approximate = GeluApproximation::none);
 Tensor sigmoid(const Tensor& a);
+// x * sigmoid(x) (torch.nn.functional.silu, Llama's activation): one op, computed as x / (1 + exp(-x))
+// in float for f16/bf16 and rounded once; floating inputs only. On no autocast list: it runs in its
+// input's dtype.
+Tensor silu(const Tensor& a);
 Tensor tanh(const Tensor& a);
 // Floating results: integer or bool inputs give f32, as in PyTorch.
 Tensor exp(const Tensor& a);

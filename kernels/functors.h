@@ -83,6 +83,11 @@ struct SigmoidFn {  // PyTorch's CUDA form: 1 / (1 + exp(-x))
 struct TanhFn {
   template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(std::tanh(a)); }
 };
+// x * sigmoid(x) as PyTorch's CUDA kernel writes it, x / (1 + exp(-x)): one division, no product of a
+// rounded sigmoid. exp(-x) overflows to inf for x < -88.7 (f32) and x / inf is -0, as in PyTorch.
+struct SiluFn {
+  template <class T> AMPSCOPE_HD T operator()(T x) const { return canonical_nan(x / (T(1) + std::exp(-x))); }
+};
 
 // ---- functors for hand-written losses (PyTorch's CUDA kernels, in the op-math type) ----
 struct RsubFn {  // (x, s) -> s - x: the scalar operand comes second, as binary_scalar_kernel passes it
@@ -269,6 +274,13 @@ struct SigmoidBackwardFn {
 };
 struct TanhBackwardFn {
   template <class T> AMPSCOPE_HD T operator()(T g, T y) const { return canonical_nan(g * (T(1) - y * y)); }
+};
+// (g, x): g s (1 + x (1 - s)), s = sigmoid(x), in PyTorch's order of operations (silu_backward_kernel).
+struct SiluBackwardFn {
+  template <class T> AMPSCOPE_HD T operator()(T g, T x) const {
+    const T s = T(1) / (T(1) + std::exp(-x));
+    return canonical_nan(g * s * (T(1) + x * (T(1) - s)));
+  }
 };
 // ---- losses ----
 // Binary cross-entropy on probabilities, each log clamped at -100 as in PyTorch. An input outside

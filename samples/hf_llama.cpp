@@ -12,11 +12,6 @@ namespace ampscope::samples::hf::detail {
 
 namespace {
 
-// ---- SiLU ----
-// LOCAL HELPER until core's silu op (branch h-silu) lands: x * sigmoid(x) as two ops. HF runs
-// F.silu, one op (one rounding under autocast); switch to ampscope::silu when it is in core/ops.h.
-Tensor silu_local(const Tensor& x) { return mul(x, sigmoid(x)); }
-
 struct LlamaConfig {
   bool mistral;
   std::int64_t vocab, positions, hidden, intermediate, layers, heads, kv_heads, head_dim;
@@ -190,7 +185,7 @@ class LlamaMLP : public nn::Module {
 
  protected:
   Tensor forward(const Tensor& x) override {
-    const Tensor gate = silu_local((*gate_proj_)(x));
+    const Tensor gate = silu((*gate_proj_)(x))  /* F.silu, one op */;
     return (*down_proj_)(mul(gate, (*up_proj_)(x)));
   }
 

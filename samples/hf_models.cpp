@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -283,6 +284,14 @@ nlohmann::json read_config(const std::filesystem::path& folder) {
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
+// Bit-equal f32 CPU tensors of one shape (what load_folder returns), without widening a vocabulary-sized
+// matrix to doubles.
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != DType::f32 || b.dtype() != DType::f32) return false;
+  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  return std::memcmp(ca.data_as<float>(), cb.data_as<float>(), static_cast<std::size_t>(ca.numel()) * sizeof(float)) == 0;
+}
+
 bool is_ignored_buffer(const std::string& name) {
   const auto ends_with = [&](const std::string& suffix) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -356,7 +365,7 @@ LoadedModel load_model(const std::filesystem::path& folder) {
     for (const auto& [name, p] : model->named_parameters()) {
       if (name == embedding) emb = p;
     }
-    if (emb.defined() && head->second.shape() == emb.shape() && head->second.values() == emb.values()) {
+    if (emb.defined() && same_values(head->second, emb)) {
       report.ignored.push_back(original.at("lm_head.weight"));
       source.tensors_.erase(head);
     } else {

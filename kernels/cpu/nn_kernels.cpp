@@ -801,6 +801,8 @@ void register_nn_kernels(const KernelRegistrar& reg) {
     reg(Op::logsigmoid_backward, D, &binary_kernel<T, LogSigmoidBackwardFn>);
     reg(Op::softplus, D, &unary_kernel<T, SoftplusFn>);
     reg(Op::softplus_backward, D, &binary_kernel<T, SoftplusBackwardFn>);
+    reg(Op::silu, D, &unary_kernel<T, SiluFn>);
+    reg(Op::silu_backward, D, &binary_kernel<T, SiluBackwardFn>);
     reg(Op::maximum, D, &binary_kernel<T, MaximumFn>);
     reg(Op::minimum, D, &binary_kernel<T, MinimumFn>);
     reg(Op::maximum_backward, D, &ternary_kernel<T, MaximumBackwardFn>);

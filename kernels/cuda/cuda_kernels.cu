@@ -224,7 +224,7 @@ bool is_elementwise_op(Op op) {
     case Op::rsub_scalar: case Op::reciprocal: case Op::abs: case Op::log1p: case Op::expm1:
     case Op::abs_backward: case Op::logsigmoid: case Op::logsigmoid_backward: case Op::softplus:
     case Op::softplus_backward: case Op::maximum: case Op::minimum: case Op::maximum_backward:
-    case Op::minimum_backward: case Op::std_backward:
+    case Op::minimum_backward: case Op::std_backward: case Op::silu: case Op::silu_backward:
       return true;
     default:
       return false;
@@ -283,6 +283,8 @@ cudaError_t launch_elementwise(Op op, const KernelArgs& a, cudaStream_t s) {
         case Op::maximum_backward: return launch_map<T, MaximumBackwardFn, 3>(a, s);
         case Op::minimum_backward: return launch_map<T, MinimumBackwardFn, 3>(a, s);
         case Op::std_backward: return launch_map<T, StdBackwardFn, 2>(a, s);
+        case Op::silu: return launch_map<T, SiluFn, 1>(a, s);
+        case Op::silu_backward: return launch_map<T, SiluBackwardFn, 2>(a, s);
         case Op::dropout: return launch_dropout<T>(a, s);
         case Op::masked_scale:
           return launch_linear(a.out.numel, MaskedScaleBody<T>{a.out, a.in[0], a.in[1], MaskedScaleFn(a.scalars.data())},

@@ -22,7 +22,8 @@ cudaError_t launch_uniform(const KernelArgs& args, cudaStream_t stream);
 cudaError_t launch_normal(const KernelArgs& args, cudaStream_t stream);
 // The element-wise ops: arithmetic, unary math, where/masked_fill, the backward functors, the binary
 // cross-entropy losses, dropout and masked_scale, and the loss ops (rsub, reciprocal, abs, log1p, expm1,
-// logsigmoid, softplus, maximum, minimum and their backward). Floating output dtypes only.
+// logsigmoid, softplus, maximum, minimum and their backward), silu and its backward. Floating output
+// dtypes only.
 bool is_elementwise_op(Op op);
 cudaError_t launch_elementwise(Op op, const KernelArgs& args, cudaStream_t stream);
 

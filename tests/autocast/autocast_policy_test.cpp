@@ -331,11 +331,12 @@ TEST(autocast_policy_test, fp32_loss_ops_give_f32_equal_to_manual_casts_on_f16_i
 TEST(autocast_policy_test, fp32_loss_ops_give_f32_equal_to_manual_casts_on_bf16_inputs) { check_fp32_loss_ops(DType::bf16); }
 
 // On no list: rsub, abs, logsigmoid, clamp_min, clamp_max, maximum, minimum, max, min, amax, amin, var,
-// std run in their inputs' dtype (f16 stays f16, f32 stays f32), exactly as with autocast off; the
+// std and silu (on no list of PyTorch's CUDA autocast either) run in their inputs' dtype (f16 stays f16, f32 stays f32), exactly as with autocast off; the
 // policy each reports is "none". Mixed maximum inputs follow built-in promotion (f16 and f32 -> f32).
 TEST(autocast_policy_test, unlisted_loss_ops_keep_their_inputs_dtype) {
   const std::vector<std::string_view> unlisted = {"rsub", "abs", "logsigmoid", "clamp_min", "clamp_max",
-                                                  "maximum", "minimum", "max", "min", "amax", "amin", "var", "std"};
+                                                  "maximum", "minimum", "max", "min", "amax", "amin", "var", "std",
+                                                  "silu"};
   for (std::string_view op : unlisted) EXPECT_EQ(autocast_policy(op), probe::AutocastPolicy::none) << op;
   for (std::string_view op : {"log1p", "expm1", "softplus", "reciprocal"}) {
     EXPECT_EQ(autocast_policy(op), probe::AutocastPolicy::fp32) << op;
@@ -351,7 +352,8 @@ TEST(autocast_policy_test, unlisted_loss_ops_keep_their_inputs_dtype) {
       AutocastGuard region(lower);
       in_region = {1.0 - x,        abs(x),          logsigmoid(x),    clamp_min(x, -0.5), clamp_max(x, 0.5),
                    maximum(x, y),  minimum(x, y),   max(x),           min(x),             amax(x, {1}),
-                   amin(x, {0}),   var(x, {1}),     std(x),           -x,                 x * y};
+                   amin(x, {0}),   var(x, {1}),     std(x),           -x,                 x * y,
+                   silu(x)};
       const ValuesAndIndices m = max(x, 1);
       max_dim_values = m.values;
       max_dim_indices = m.indices;
@@ -360,7 +362,8 @@ TEST(autocast_policy_test, unlisted_loss_ops_keep_their_inputs_dtype) {
     }
     reference = {1.0 - x,       abs(x),        logsigmoid(x), clamp_min(x, -0.5), clamp_max(x, 0.5),
                  maximum(x, y), minimum(x, y), max(x),        min(x),             amax(x, {1}),
-                 amin(x, {0}),  var(x, {1}),   std(x),        -x,                 x * y};
+                 amin(x, {0}),  var(x, {1}),   std(x),        -x,                 x * y,
+                 silu(x)};
     for (std::size_t i = 0; i < in_region.size(); ++i) {
       EXPECT_EQ(in_region[i].dtype(), lower) << "op " << i;
       EXPECT_TRUE(bit_equal(in_region[i], reference[i])) << "op " << i;

@@ -396,6 +396,7 @@ std::vector<GradCase> all_cases() {
   add_case("gelu_tanh", {uniform({3, 5}, -3.0, 3.0)},
            [](const Inputs& in) { return gelu(in[0], GeluApproximation::tanh); });
   add_case("sigmoid", {uniform({3, 5}, -4.0, 4.0)}, [](const Inputs& in) { return sigmoid(in[0]); });
+  add_case("silu", {uniform({3, 5}, -6.0, 6.0)}, [](const Inputs& in) { return silu(in[0]); });
   add_case("tanh", {uniform({3, 5})}, [](const Inputs& in) { return tanh(in[0]); });
   add_case("exp", {uniform({3, 5})}, [](const Inputs& in) { return exp(in[0]); });
   // log, sqrt, rsqrt and the fractional and negative powers: positive inputs away from 0.
@@ -709,7 +710,7 @@ TEST(gradcheck_table_test, has_unique_names_and_covers_every_differentiable_op) 
       "conv2d", "max_pool2d", "layer_norm", "embedding", "dropout", "cat", "nll_loss", "mse_loss",
       "binary_cross_entropy", "binary_cross_entropy_with_logits", "reshape", "view", "transpose", "permute",
       "slice", "expand", "to", "clone", "rsub", "reciprocal", "abs", "log1p", "expm1", "logsigmoid", "softplus",
-      "clamp_min", "clamp_max", "maximum", "minimum", "max", "min", "amax", "amin", "var", "std"};
+      "clamp_min", "clamp_max", "maximum", "minimum", "max", "min", "amax", "amin", "var", "std", "silu"};
   std::vector<std::string> names;
   std::set<std::string> recorded;
   for (const GradCase& c : all_cases()) {

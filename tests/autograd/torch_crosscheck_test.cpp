@@ -57,6 +57,7 @@ std::vector<Case> cases() {
        false},
       {"softplus", 1, "lambda x: F.softplus(x, beta=2, threshold=3)",
        [](const Tensor& x, const Tensor&) { return V{softplus(x, 2.0, 3.0)}; }, false},
+      {"silu", 1, "lambda x: F.silu(x * 3)", [](const Tensor& x, const Tensor&) { return V{silu(x * 3.0)}; }, false},
       {"clamp_min", 1, "lambda x: torch.clamp_min(x, 0.25)", [](const Tensor& x, const Tensor&) { return V{clamp_min(x, 0.25)}; },
        true},
       {"clamp_max", 1, "lambda x: torch.clamp_max(x, 2.0)", [](const Tensor& x, const Tensor&) { return V{clamp_max(x, 2.0)}; },

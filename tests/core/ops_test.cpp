@@ -598,7 +598,7 @@ TEST(ops_test, op_names_are_the_enumerator_names) {
       {Op::maximum_backward, "maximum_backward"}, {Op::minimum_backward, "minimum_backward"},
       {Op::std_backward, "std_backward"}, {Op::max_rows, "max_rows"}, {Op::min_rows, "min_rows"},
       {Op::var_rows, "var_rows"}, {Op::evenly_distribute_rows, "evenly_distribute_rows"},
-      {Op::index_backward_rows, "index_backward_rows"},
+      {Op::index_backward_rows, "index_backward_rows"}, {Op::silu, "silu"}, {Op::silu_backward, "silu_backward"},
   };
   for (const auto& [op, name] : names) EXPECT_EQ(ampscope::op_name(op), name);
 }

@@ -6,7 +6,11 @@ The bf16 mode mirrors PyTorch's CUDA autocast policy (which ampscope implements 
 CPU autocast, whose op lists differ: matrix products (matmul, linear, addmm) take bf16-rounded inputs,
 accumulate in f32 and round the result once to bf16 (cuBLAS's mode; computed here in f32 from the rounded
 inputs); pow, rsqrt and layer_norm compute in f32; softmax without a dtype returns f32 for a bf16 input;
-everything else runs in its inputs' dtype with PyTorch's type promotion.
+everything else runs in its inputs' dtype with PyTorch's type promotion. Two element-wise ops of bf16 tensors
+compute differently on torch 1.13's CPU than in PyTorch's CUDA kernels, so the bf16 mode spells out the CUDA
+semantics: a tensor times a Python scalar keeps the scalar in f32 (the CPU rounds it to bf16 first), and
+F.silu computes x / (1 + exp(-x)) in f32 and rounds once (the CPU's bf16 silu differs in about 30% of
+values).
 
 Output (one line each): name followed by values as float.hex() strings:
   logits_bf16 (initial weights, bf16 policy), logits_f32 (initial weights), loss_0 loss_1 loss_2 (f32 mean
@@ -78,6 +82,17 @@ class Policy:
 
     def layer_norm(self, x, shape, w, b, eps):
         return F.layer_norm(self.to32(x), shape, w, b, eps)
+
+    def scale(self, x, s):  # x * python_float
+        if self.bf16 and x.dtype == torch.bfloat16:
+            return (x.float() * s).to(torch.bfloat16)
+        return x * s
+
+    def silu(self, x):
+        if self.bf16 and x.dtype == torch.bfloat16:
+            xf = x.float()
+            return (xf / (1.0 + torch.exp(-xf))).to(torch.bfloat16)
+        return F.silu(x)
 
     def softmax(self, x, dim):  # no dtype given: f32 out for a bf16 input (fp32_set_opt_dtype)
         if self.bf16 and x.dtype == torch.bfloat16:

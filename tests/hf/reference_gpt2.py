@@ -41,7 +41,7 @@ class GPT2(nn.Module):
     def act(self, x):
         name = self.c.get("activation_function", "gelu_new")
         assert name == "gelu_new", name
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * self.p.pow(x, 3.0))))
+        return self.p.scale(x, 0.5) * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * self.p.pow(x, 3.0))))
 
     def attn(self, prefix, x):
         B, T, D = x.shape

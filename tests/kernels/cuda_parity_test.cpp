@@ -342,8 +342,8 @@ TEST(cuda_parity_test, functions_from_the_math_library_match_the_cpu_within_a_fe
 // The ops for hand-written losses. Exact: rsub, reciprocal, abs, maximum/minimum and their backward
 // (ties included: the inputs are on a coarse grid), std_backward, the row extremes with their indices,
 // var_rows (two passes in lane_tree_sum's order, then a correctly rounded division and sqrt), the even
-// share of a tie's gradient and the index backward. Math library: log1p, expm1, logsigmoid, softplus and
-// their backward.
+// share of a tie's gradient and the index backward. Math library: log1p, expm1, logsigmoid, softplus,
+// silu and their backward.
 TEST(cuda_parity_test, loss_ops_match_the_cpu) {
   SKIP_WITHOUT_GPU();
   for (DType d : kFloating) {
@@ -390,6 +390,9 @@ TEST(cuda_parity_test, loss_ops_match_the_cpu) {
     check_case({"logsigmoid_backward", Op::logsigmoid_backward, d, out, gx}, Check::math, 1.0);
     check_case({"softplus_backward", Op::softplus_backward, d, out, gx, {1.0, 20.0}}, Check::math, 1.0);
     check_case({"softplus_backward beta 2 threshold 3", Op::softplus_backward, d, out, gx, {2.0, 3.0}}, Check::math, 1.0);
+    // silu has no cancellation; its backward's 1 + x (1 - s) cancels near x = -1.28, terms up to |x| ~ 10.
+    check_case({"silu", Op::silu, d, out, x_only}, Check::math, 1.0);
+    check_case({"silu_backward", Op::silu_backward, d, out, gx}, Check::math, 16.0);
   }
 }
 
