@@ -188,11 +188,8 @@ T5Config parse_config(const Config& c) {
   if (proj == "gated-gelu") act = "gelu_new";
   if (act != "relu" && act != "gelu" && act != "gelu_new") {
     c.refuse("feed_forward_proj", fmt::format("is '{}', which ampscope does not build", proj),
-             "supported: \"relu\" (T5 v1.0), \"gated-gelu\" (T5 v1.1, flan-t5), \"gelu\", \"gated-relu\"");
-  }
-  if (proj == "gelu_new") {
-    c.refuse("feed_forward_proj", "is 'gelu_new', which HF's T5Config rejects (it takes ACT or gated-ACT)",
-             "use \"gated-gelu\" for T5 v1.1");
+             "supported: \"relu\" (T5 v1.0), \"gated-gelu\" (T5 v1.1, flan-t5), and \"gelu\", \"gelu_new\" or "
+             "\"relu\" with or without \"gated-\"");
   }
   t.act = act;
   t.tied = c.boolean("tie_word_embeddings", true);

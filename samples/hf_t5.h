@@ -21,6 +21,8 @@
 //   DenseReluDense: feed_forward_proj "relu": wo(relu(wi(x))); "gated-gelu": wo(gelu_new(wi_0(x)) * wi_1(x)),
 //     gelu_new being HF's NewGELUActivation composite 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). The
 //     input of wo is cast to wo's weight dtype first, as HF does (under autocast an f32 -> f16 round trip).
+//     feed_forward_proj is read as T5Config reads it (ACT or gated-ACT); ACT may be relu, gelu (erf) or
+//     gelu_new; others are refused.
 //   Attention (q, k, v, o without bias; num_heads heads of d_kv): scores = q k^T, NOT scaled by
 //     1/sqrt(d_kv); plus the position bias: relative_attention_bias (an embedding of
 //     relative_attention_num_buckets rows by num_heads, in block 0's layer.0.SelfAttention only, shared by

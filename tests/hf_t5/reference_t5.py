@@ -75,7 +75,8 @@ class T5:
         self.eps = c.get("layer_norm_epsilon", 1e-6)
         proj = c.get("feed_forward_proj", "relu")
         self.gated = proj.startswith("gated-")
-        self.act = {"relu": "relu", "gated-gelu": "gelu_new"}[proj]
+        # T5Config: ACT or gated-ACT; "gated-gelu" means gelu_new (the tanh approximation).
+        self.act = "gelu_new" if proj == "gated-gelu" else proj[len("gated-"):] if self.gated else proj
         self.tied = c.get("tie_word_embeddings", True)
         self.start = c.get("decoder_start_token_id", c.get("pad_token_id", 0))
         # The trainable parameters: every stored tensor; the tied copies HF keeps under other names are the
@@ -106,7 +107,7 @@ class T5:
         return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
     def dense(self, name, x):  # T5DenseActDense / T5DenseGatedActDense
-        act = F.relu if self.act == "relu" else self.gelu_new
+        act = {"relu": F.relu, "gelu": F.gelu, "gelu_new": self.gelu_new}[self.act]
         if self.gated:
             h = act(self.lin(name + ".wi_0", x)) * self.lin(name + ".wi_1", x)
         else:

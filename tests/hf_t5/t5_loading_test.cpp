@@ -252,7 +252,8 @@ TEST(t5_loading_test, config_errors_name_the_key) {
   Generator gen(1);
   EXPECT_EQ(message_of([&] { hf::make_seq2seq(c, gen); }),
             "config: key 'feed_forward_proj' is 'gated-silu', which ampscope does not build\nhint: supported: \"relu\" "
-            "(T5 v1.0), \"gated-gelu\" (T5 v1.1, flan-t5), \"gelu\", \"gated-relu\"");
+            "(T5 v1.0), \"gated-gelu\" (T5 v1.1, flan-t5), and \"gelu\", \"gelu_new\" or \"relu\" with or without "
+            "\"gated-\"");
   c = t5_test::v1_0_config();
   c["d_model"] = -4;
   EXPECT_EQ(message_of([&] { hf::make_seq2seq(c, gen); }),

@@ -152,5 +152,14 @@ TEST(t5_reference_test, t5_v1_1_gated_gelu_untied_head_matches_pytorch_in_f32_an
   compare_with_reference(t5_test::v1_1_config(), "v1_1");
 }
 
+TEST(t5_reference_test, the_other_feed_forwards_t5config_accepts_match_pytorch) {
+  json gelu = t5_test::v1_0_config();  // ACT2FN["gelu"]: the exact (erf) GELU
+  gelu["feed_forward_proj"] = "gelu";
+  compare_with_reference(gelu, "gelu");
+  json gated_relu = t5_test::v1_1_config();
+  gated_relu["feed_forward_proj"] = "gated-relu";
+  compare_with_reference(gated_relu, "gated_relu");
+}
+
 }  // namespace
 }  // namespace ampscope
