@@ -8,6 +8,11 @@ specification). TOKENS is a text file of B*T whitespace-separated ids: row b is 
 are the encoder input, its last T/2 the labels; the decoder input is the labels shifted right with
 decoder_start_token_id in front (HF's _shift_right). Prints, one line each, a name and float.hex() values:
   logits_f32  the logits [B, T/2, vocab] of the initial weights
+  logits_bf16 the same under bf16 autocast, with CUDA autocast's policy applied by hand (torch's CPU autocast
+              has other op lists): linear and matmul take bf16-rounded inputs, accumulate in f32 and round the
+              result once to bf16 (cuBLAS's mode); pow and rsqrt compute in f32; everything else runs in its
+              inputs' dtype with PyTorch's type promotion (f32 + bf16 is f32). HF's in-place scores += bias
+              keeps the scores' dtype.
   loss_0 loss_1 loss_2  mean cross-entropy over the labels before each of 3 AdamW steps (lr 1e-3, weight
                         decay 0)
 Exits 77 when torch is missing.
@@ -63,7 +68,8 @@ def relative_position_bucket(relative_position, bidirectional, num_buckets, max_
 
 
 class T5:
-    def __init__(self, tensors, config):
+    def __init__(self, tensors, config, bf16=False):
+        self.bf16 = bf16
         c = config
         self.d_model = c.get("d_model", 512)
         self.d_kv = c.get("d_kv", 64)
@@ -95,16 +101,30 @@ class T5:
     def layer_norm(self, name, x):  # T5LayerNorm
         w = self.p[name + ".weight"]
         variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
-        x = x * torch.rsqrt(variance + self.eps)
+        x = x * torch.rsqrt(self.to32(variance + self.eps))
         if w.dtype in (torch.float16, torch.bfloat16):
             x = x.to(w.dtype)
         return w * x
 
+    def lp(self, t):  # an autocast cast to bf16, as f32 values
+        return t.to(torch.bfloat16).to(torch.float32)
+
     def lin(self, name, x):
-        return F.linear(x, self.p[name + ".weight"])
+        w = self.p[name + ".weight"]
+        if not self.bf16:
+            return F.linear(x, w)
+        return F.linear(self.lp(x), self.lp(w)).to(torch.bfloat16)
+
+    def matmul(self, a, b):
+        if not self.bf16:
+            return torch.matmul(a, b)
+        return torch.matmul(self.lp(a), self.lp(b)).to(torch.bfloat16)
+
+    def to32(self, x):  # the input cast of an op on autocast's fp32 list (pow, rsqrt)
+        return x.float() if self.bf16 else x
 
     def gelu_new(self, x):  # NewGELUActivation
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(self.to32(x), 3.0))))
 
     def dense(self, name, x):  # T5DenseActDense / T5DenseGatedActDense
         act = {"relu": F.relu, "gelu": F.gelu, "gelu_new": self.gelu_new}[self.act]
@@ -112,6 +132,9 @@ class T5:
             h = act(self.lin(name + ".wi_0", x)) * self.lin(name + ".wi_1", x)
         else:
             h = act(self.lin(name + ".wi", x))
+        w = self.p[name + ".wo.weight"]
+        if h.dtype != w.dtype:  # HF casts wo's input to wo's weight dtype
+            h = h.to(w.dtype)
         return self.lin(name + ".wo", h)
 
     def compute_bias(self, name, q_len, k_len, bidirectional):
@@ -127,14 +150,14 @@ class T5:
         q = shape(self.lin(name + ".q", x))
         k = shape(self.lin(name + ".k", kv))
         v = shape(self.lin(name + ".v", kv))
-        scores = torch.matmul(q, k.transpose(3, 2))
+        scores = self.matmul(q, k.transpose(3, 2))
         if position_bias is None:
             position_bias = torch.zeros((1, self.heads, T, k.shape[2]), dtype=scores.dtype)
         if mask is not None:
             position_bias = position_bias + mask
-        scores = scores + position_bias
+        scores = (scores.float() + position_bias).to(scores.dtype)  # HF: scores += position_bias (in place)
         weights = F.softmax(scores.float(), dim=-1).type_as(scores)
-        out = torch.matmul(weights, v).transpose(1, 2).contiguous().view(B, -1, self.heads * self.d_kv)
+        out = self.matmul(weights, v).transpose(1, 2).contiguous().view(B, -1, self.heads * self.d_kv)
         return self.lin(name + ".o", out)
 
     def stack(self, prefix, ids, encoder_out):
@@ -163,8 +186,8 @@ class T5:
         dec = self.stack("decoder", decoder_ids, enc)
         if self.tied:
             dec = dec * (self.d_model ** -0.5)
-            return F.linear(dec, self.p["shared.weight"])
-        return F.linear(dec, self.p["lm_head.weight"])
+            return self.lin("shared", dec)
+        return self.lin("lm_head", dec)
 
 
 def hexes(t):
@@ -187,6 +210,7 @@ def main():
     decoder_ids[:, 0] = model.start
     with torch.no_grad():
         print("logits_f32", hexes(model(encoder_ids, decoder_ids)))
+        print("logits_bf16", hexes(T5(tensors, config, bf16=True)(encoder_ids, decoder_ids)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     for step in range(3):
         opt.zero_grad()

@@ -1,8 +1,8 @@
 // T5 (both variants) against the plain-PyTorch reference tests/hf_t5/reference_t5.py, written from Hugging
 // Face's modeling_t5.py, run by Debian's python3-torch (1.13, CPU) on the same safetensors folder, written here
-// by make_seq2seq + save_seq2seq. Compared: f32 logits within 1e-5 relative, and the losses of three AdamW
-// steps within 1e-5. The batch comes from samples/token_data's seq2seq_batch (the reference splits and
-// shifts the windows itself). Skipped, with the reason, where /usr/bin/python3 cannot import torch.
+// by make_seq2seq + save_seq2seq. Compared: f32 logits within 1e-5 relative, the losses of three AdamW
+// steps within 1e-5, and the logits under bf16 autocast within two bf16 units (derived below). The batch comes
+// from samples/token_data's seq2seq_batch (the reference splits and shifts the windows itself). Skipped, with the reason, where /usr/bin/python3 cannot import torch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "core/optim.h"
@@ -99,6 +100,17 @@ void expect_close(const std::string& what, const std::vector<double>& ours, cons
   }
 }
 
+// bf16 tolerance. Ours and the reference run every op in the same dtype (the reference applies CUDA autocast's
+// policy by hand), so they differ only where an f32 result that is then rounded to bf16 differs in its last f32
+// bits (summation order in the products; tanh, rsqrt, exp a unit or so apart). Such a difference flips a bf16
+// rounding only when the f32 value lies within it of a rounding boundary, and a flip moves that element by one
+// bf16 unit (2^-8 relative). The logits are one product rounded once to bf16 (one unit) whose inputs may carry
+// such flips from the layers before, each moving a dot product by far less than its rms. Two units of 2^-8 of
+// max(|value|, rms) cover the final rounding plus one flip-sized disturbance, and stay well below the gap
+// between the f32 and bf16 logits (checked: that gap must exceed the tolerance). On these four models the bf16
+// logits in fact come out bit for bit equal to the reference's.
+constexpr double kBf16Tol = 2 * 0x1p-8;
+
 void compare_with_reference(const json& config, const std::string& name) {
   const std::string why = torch_missing();
   if (!why.empty()) GTEST_SKIP() << why;
@@ -126,6 +138,22 @@ void compare_with_reference(const json& config, const std::string& name) {
     logits = model.forward2(batch.encoder_input, batch.decoder_input).values();
   }
   expect_close(name + " f32 logits", logits, ref.at("logits_f32"), 1e-5);
+  std::vector<double> bf16;
+  {
+    NoGradGuard no_grad;
+    AutocastGuard autocast(DType::bf16);
+    const Tensor out = model.forward2(batch.encoder_input, batch.decoder_input);
+    EXPECT_EQ(out.dtype(), DType::bf16);
+    bf16 = out.to(DType::f32).values();
+  }
+  expect_close(name + " bf16 logits", bf16, ref.at("logits_bf16"), kBf16Tol);
+  // bf16 must really be bf16: its logits differ from f32 by more than the tolerance somewhere.
+  double gap = 0;
+  const double floor = rms(logits);
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    gap = std::max(gap, std::fabs(bf16[i] - logits[i]) / std::max(std::fabs(logits[i]), floor));
+  }
+  EXPECT_GT(gap, kBf16Tol) << name << ": bf16 autocast logits are as close to f32 as the tolerance";
 
   optim::AdamW opt(model.parameters(), {.lr = 1e-3, .weight_decay = 0.0});
   std::vector<double> losses;
