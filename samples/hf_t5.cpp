@@ -73,7 +73,8 @@ std::int64_t relative_position_bucket(std::int64_t relative_position, bool bidir
   // truncation toward zero.
   const float ratio = static_cast<float>(distance) / static_cast<float>(max_exact);
   const float log_ratio = std::log(ratio);
-  const auto log_span = static_cast<float>(std::log(static_cast<double>(max_distance) / static_cast<double>(max_exact)));
+  const auto log_span =
+      static_cast<float>(std::log(static_cast<double>(max_distance) / static_cast<double>(max_exact)));
   const float scaled = (log_ratio / log_span) * static_cast<float>(n - max_exact);
   const std::int64_t large = std::min<std::int64_t>(max_exact + static_cast<std::int64_t>(scaled), n - 1);
   return bucket + large;
@@ -606,8 +607,8 @@ nlohmann::json read_config(const std::filesystem::path& folder) {
   try {
     return nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::parse_error& e) {
-    throw ModelError(
-        fmt::format("{}: not valid JSON ({})\nhint: restore the file from the model's source", path.string(), e.what()));
+    throw ModelError(fmt::format("{}: not valid JSON ({})\nhint: restore the file from the model's source",
+                                 path.string(), e.what()));
   }
 }
 

@@ -133,7 +133,8 @@ TEST(t5_loading_test, one_tensor_call_is_refused_with_a_hint) {
 
 TEST(t5_loading_test, save_and_load_round_trip_the_weights_and_the_logits) {
   for (const json& config : {t5_test::v1_0_config(), t5_test::v1_1_config()}) {
-    const fs::path dir = testing::process_scratch_dir("ampscope_t5_load") / config["feed_forward_proj"].get<std::string>();
+    const fs::path dir =
+        testing::process_scratch_dir("ampscope_t5_load") / config["feed_forward_proj"].get<std::string>();
     Generator gen(5);
     auto made = hf::make_seq2seq(config, gen);
     hf::save_seq2seq(*made, dir);

@@ -133,7 +133,8 @@ TEST(t5_overflow_test, keeping_wo_in_f32_under_autocast_removes_every_inf) {
     AutocastGuard autocast(DType::f16);
     logits = f.model->forward2(f.batch.encoder_input, f.batch.decoder_input);
   }
-  EXPECT_EQ(hook->first_nonfinite(), nullptr) << hook->first_nonfinite()->op << " in " << hook->first_nonfinite()->scope;
+  EXPECT_EQ(hook->first_nonfinite(), nullptr)
+      << hook->first_nonfinite()->op << " in " << hook->first_nonfinite()->scope;
   EXPECT_TRUE(all_finite(logits));
   // The override reached the wo products only: those ran in f32, the other linears in f16.
   EXPECT_EQ(logits.dtype(), DType::f16);
@@ -240,7 +241,8 @@ TEST(t5_overflow_test, a_healthy_t5_runs_forward_and_backward_under_f16_autocast
     f16 = logits.to(DType::f32).values();
     loss = hf::seq2seq_loss(logits, batch.labels);
   }
-  EXPECT_EQ(hook->first_nonfinite(), nullptr) << hook->first_nonfinite()->op << " in " << hook->first_nonfinite()->scope;
+  EXPECT_EQ(hook->first_nonfinite(), nullptr)
+      << hook->first_nonfinite()->op << " in " << hook->first_nonfinite()->scope;
   EXPECT_EQ(loss.dtype(), DType::f32);  // log_softmax and nll_loss run in f32 under autocast
   loss.backward();
   for (const auto& [name, p] : model->named_parameters()) {

@@ -2,7 +2,8 @@
 // Face's modeling_t5.py, run by Debian's python3-torch (1.13, CPU) on the same safetensors folder, written here
 // by make_seq2seq + save_seq2seq. Compared: f32 logits within 1e-5 relative, the losses of three AdamW
 // steps within 1e-5, and the logits under bf16 autocast within two bf16 units (derived below). The batch comes
-// from samples/token_data's seq2seq_batch (the reference splits and shifts the windows itself). Skipped, with the reason, where /usr/bin/python3 cannot import torch.
+// from samples/token_data's seq2seq_batch (the reference splits and shifts the windows itself). Skipped, with
+// the reason, where /usr/bin/python3 cannot import torch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
