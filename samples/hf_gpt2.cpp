@@ -63,7 +63,7 @@ Gpt2Config parse(const Config& c) {
   if (c.boolean("reorder_and_upcast_attn", false)) {
     c.refuse("reorder_and_upcast_attn", "is true, which ampscope does not implement (HF then computes attention in "
              "f32 with baddbmm under autocast disabled)",
-             "set it to false, or keep attention in f32 with an autocast override (--autocast-f32 '*attn*')");
+             "set it to false, or keep attention in f32 with an autocast override (--autocast-fp32 'h.*.attn*')");
   }
   if (c.boolean("add_cross_attention", false)) {
     c.refuse("add_cross_attention", "is true: an encoder-decoder GPT-2 is not a causal language model",

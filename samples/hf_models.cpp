@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -252,6 +253,11 @@ std::shared_ptr<CausalLM> build(const Config& config, WeightSource& source) {
   const std::string type = config.string("model_type", "");
   if (type == "gpt2") return build_gpt2(config, source);
   if (type == "llama" || type == "mistral") return build_llama(config, source);
+  if (type == "t5") {  // samples/hf_t5.h
+    throw ModelError(fmt::format("{}: model_type 't5' is an encoder-decoder model, not a causal language model\nhint: "
+                                 "load it with load_seq2seq (samples/hf_t5.h); is_seq2seq_folder tells the kinds apart",
+                                 config.where()));
+  }
   throw ModelError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, mistral)\nhint: ampscope "
                                "builds GPT-2 and Llama-style decoders (Mistral's grouped-query attention included); "
                                "for another architecture, write the model with ampscope's nn modules (docs/api.md)",
@@ -277,6 +283,14 @@ nlohmann::json read_config(const std::filesystem::path& folder) {
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Bit-equal f32 CPU tensors of one shape (what load_folder returns), without widening a vocabulary-sized
+// matrix to doubles.
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != DType::f32 || b.dtype() != DType::f32) return false;
+  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  return std::memcmp(ca.data_as<float>(), cb.data_as<float>(), static_cast<std::size_t>(ca.numel()) * sizeof(float)) == 0;
+}
 
 bool is_ignored_buffer(const std::string& name) {
   const auto ends_with = [&](const std::string& suffix) {
@@ -351,7 +365,7 @@ LoadedModel load_model(const std::filesystem::path& folder) {
     for (const auto& [name, p] : model->named_parameters()) {
       if (name == embedding) emb = p;
     }
-    if (emb.defined() && head->second.shape() == emb.shape() && head->second.values() == emb.values()) {
+    if (emb.defined() && same_values(head->second, emb)) {
       report.ignored.push_back(original.at("lm_head.weight"));
       source.tensors_.erase(head);
     } else {

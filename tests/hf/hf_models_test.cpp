@@ -298,5 +298,28 @@ TEST(hf_models_test, forward_checks_its_tokens) {
   EXPECT_EQ((*m)(zeros({2, 16}, {DType::i64})).shape(), (Shape{2, 16, 64}));
 }
 
+
+// On a GPU the same models give the CPU's logits (cuBLAS and OpenBLAS sum in different orders: a few f32
+// roundings apart). Skipped without a CUDA device.
+TEST(hf_models_test, models_run_on_cuda_as_on_the_cpu) {
+  SKIP_WITHOUT_GPU();
+  json mistral = llama_config();
+  mistral["model_type"] = "mistral";
+  mistral["sliding_window"] = 3;
+  for (const json& c : {gpt2_config(), llama_config(), mistral}) {
+    Generator gen(2);
+    auto m = hf::make_model(c, gen);
+    Tensor tokens = zeros({2, 8}, {DType::i64});
+    for (std::int64_t i = 0; i < 16; ++i) tokens.set({i / 8, i % 8}, static_cast<double>((i * 7 + 3) % 64));
+    const std::vector<double> cpu = (*m)(tokens).values();
+    m->to(Device::cuda());
+    const std::vector<double> gpu = (*m)(tokens.to(Device::cuda())).values();
+    ASSERT_EQ(cpu.size(), gpu.size());
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_NEAR(gpu[i], cpu[i], 1e-5 * std::max(1.0, std::fabs(cpu[i]))) << c["model_type"] << " [" << i << "]";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ampscope
