@@ -74,6 +74,7 @@ TrainConfig config_from_json(const std::string& text, const std::string& trace) 
   c.tokens_file = j.value("tokens", c.tokens_file);
   c.context = j.value("context", c.context);
   c.eval = j.value("eval", c.eval);
+  c.fp16_clamp = j.value("fp16_clamp", c.fp16_clamp);
   c.checkpoint = j.value("checkpoint", c.checkpoint);
   c.checkpoint_every = j.value("checkpoint_every", c.checkpoint_every);
   c.keep_checkpoints = j.value("keep_checkpoints", c.keep_checkpoints);

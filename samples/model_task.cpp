@@ -10,38 +10,53 @@
 #include "core/ops.h"
 #include "samples/bpe_tokenizer.h"
 #include "samples/hf_models.h"
+#include "samples/hf_t5.h"
 #include "samples/token_data.h"
 #include "samples/train.h"
 
 namespace ampscope::samples {
 namespace {
 
+// The run's token ids: --text encoded by the folder's own GPT-2 tokenizer (vocab.json + merges.txt, or
+// tokenizer.json), or --tokens read; each checked against the vocabulary.
+std::vector<std::int32_t> run_tokens(const TrainConfig& c, std::int64_t vocab) {
+  std::vector<std::int32_t> tokens;
+  if (!c.text_file.empty()) {
+    const BpeTokenizer tokenizer = BpeTokenizer::from_folder(c.model_dir);
+    std::ifstream in(c.text_file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) throw Error(fmt::format("--text '{}': cannot read the file", c.text_file));
+    tokens = tokenizer.encode(bytes);
+    check_vocabulary(tokens, vocab, c.text_file);
+  } else {
+    tokens = load_tokens(c.tokens_file);
+    check_vocabulary(tokens, vocab, c.tokens_file);
+  }
+  return tokens;
+}
+
+std::string data_option(const TrainConfig& c) {
+  return c.text_file.empty() ? "--tokens '" + c.tokens_file + "'" : "--text '" + c.text_file + "'";
+}
+
+void warn_unexpected(const TrainConfig& c, const hf::LoadReport& report, const std::string& type,
+                     std::vector<std::string>& warnings) {
+  if (report.unexpected.empty()) return;
+  std::string names;
+  for (std::size_t i = 0; i < report.unexpected.size() && i < 8; ++i) names += (i ? ", " : "") + report.unexpected[i];
+  warnings.push_back(fmt::format("--model '{}': {} tensor(s) in the checkpoint are not weights of the '{}' "
+                                 "architecture and were not loaded: {}{}",
+                                 c.model_dir, report.unexpected.size(), type, names,
+                                 report.unexpected.size() > 8 ? ", ..." : ""));
+}
+
 class ModelFolderTask final : public SampleTask {
  public:
   ModelFolderTask(const TrainConfig& c, std::vector<std::string>& warnings) {
     hf::LoadedModel loaded = hf::load_model(c.model_dir);
     model_ = std::move(loaded.model);
-    if (!loaded.report.unexpected.empty()) {
-      std::string names;
-      for (std::size_t i = 0; i < loaded.report.unexpected.size() && i < 8; ++i)
-        names += (i ? ", " : "") + loaded.report.unexpected[i];
-      warnings.push_back(fmt::format("--model '{}': {} tensor(s) in the checkpoint are not weights of the '{}' "
-                                     "architecture and were not loaded: {}{}",
-                                     c.model_dir, loaded.report.unexpected.size(), model_->model_type(), names,
-                                     loaded.report.unexpected.size() > 8 ? ", ..." : ""));
-    }
-    if (!c.text_file.empty()) {
-      // --text: the folder's own GPT-2 tokenizer (vocab.json + merges.txt, or tokenizer.json) on the file's bytes.
-      const BpeTokenizer tokenizer = BpeTokenizer::from_folder(c.model_dir);
-      std::ifstream in(c.text_file, std::ios::binary);
-      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (!in.good() && !in.eof()) throw Error(fmt::format("--text '{}': cannot read the file", c.text_file));
-      tokens_ = tokenizer.encode(bytes);
-      check_vocabulary(tokens_, model_->vocab_size(), c.text_file);
-    } else {
-      tokens_ = load_tokens(c.tokens_file);
-      check_vocabulary(tokens_, model_->vocab_size(), c.tokens_file);
-    }
+    warn_unexpected(c, loaded.report, model_->model_type(), warnings);
+    tokens_ = run_tokens(c, model_->vocab_size());
     const std::int64_t max_positions = model_->max_positions();
     context_ = c.context > 0 ? c.context : std::min<std::int64_t>(max_positions, 256);
     if (context_ > max_positions) {
@@ -52,8 +67,7 @@ class ModelFolderTask final : public SampleTask {
     // Fails here, naming how many tokens one window needs, rather than at the first step.
     windows_ = window_count(static_cast<std::int64_t>(tokens_.size()), context_, /*seq2seq=*/false);
     if (windows_ < 1) {
-      throw Error(fmt::format("{}: {} tokens make no window of --context {} (one needs {} tokens)",
-                              c.text_file.empty() ? "--tokens '" + c.tokens_file + "'" : "--text '" + c.text_file + "'",
+      throw Error(fmt::format("{}: {} tokens make no window of --context {} (one needs {} tokens)", data_option(c),
                               tokens_.size(), context_, context_ + 1));
     }
   }
@@ -78,9 +92,54 @@ class ModelFolderTask final : public SampleTask {
   std::int64_t context_ = 0, batch_ = 1, windows_ = 0;
 };
 
+// An encoder-decoder folder (T5): window k is tokens[k*T, k*T + T) (T even), its first T/2 tokens the
+// encoder input, its last T/2 the labels, the decoder input the labels shifted right behind
+// decoder_start_token_id (samples/token_data.h); the loss is the mean cross-entropy over the labels.
+class Seq2SeqFolderTask final : public SampleTask {
+ public:
+  Seq2SeqFolderTask(const TrainConfig& c, std::vector<std::string>& warnings) {
+    hf::LoadedSeq2Seq loaded = hf::load_seq2seq(c.model_dir);
+    model_ = std::move(loaded.model);
+    model_->set_clamp_inf(c.fp16_clamp);
+    warn_unexpected(c, loaded.report, model_->model_type(), warnings);
+    tokens_ = run_tokens(c, model_->vocab_size());
+    // T5 has no position limit (relative buckets); the default window is its training length capped at 256.
+    context_ = c.context > 0 ? c.context : std::min<std::int64_t>(model_->max_positions(), 256);
+    if (context_ % 2 != 0 || context_ < 2) {
+      throw Error(fmt::format("--context {}: a T5 window is half encoder input, half labels, so it must be even "
+                              "and at least 2\nhint: give --context {}",
+                              context_, context_ < 2 ? 2 : context_ + 1));
+    }
+    batch_ = c.batch > 0 ? c.batch : 1;
+    window_count(static_cast<std::int64_t>(tokens_.size()), context_, /*seq2seq=*/true);  // throws naming the need
+  }
+
+  nn::Module& model() override { return *model_; }
+  Batch batch(std::int64_t step) override {
+    Seq2SeqBatch b = seq2seq_batch(tokens_, context_, batch_, step, model_->decoder_start_token_id());
+    return {b.encoder_input, b.labels, b.decoder_input};
+  }
+  Tensor forward(const Batch& batch) override { return model_->forward2(batch.x, batch.decoder_input); }
+  Tensor loss(const Tensor& logits, const Tensor& labels) override { return hf::seq2seq_loss(logits, labels); }
+  double default_lr() const override { return 5e-5; }
+  std::string identity() const override { return model_->model_type(); }
+  void save_model(const std::filesystem::path& folder) override { hf::save_seq2seq(*model_, folder); }
+
+ private:
+  std::shared_ptr<hf::Seq2SeqLM> model_;
+  std::vector<std::int32_t> tokens_;
+  std::int64_t context_ = 0, batch_ = 1;
+};
+
 }  // namespace
 
 std::unique_ptr<SampleTask> make_model_task(const TrainConfig& config, std::vector<std::string>& warnings) {
+  if (config.fp16_clamp && !hf::is_seq2seq_folder(config.model_dir)) {
+    throw Error(fmt::format("--fp16-clamp is Hugging Face's T5 clamp, and '{}' is not a T5 folder\nhint: leave "
+                            "--fp16-clamp out",
+                            config.model_dir));
+  }
+  if (hf::is_seq2seq_folder(config.model_dir)) return std::make_unique<Seq2SeqFolderTask>(config, warnings);
   return std::make_unique<ModelFolderTask>(config, warnings);
 }
 

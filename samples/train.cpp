@@ -103,6 +103,7 @@ std::string run_config_json(const TrainConfig& c) {
     j["tokens"] = c.tokens_file.empty() ? "" : std::filesystem::absolute(c.tokens_file).lexically_normal().string();
     if (!c.text_file.empty()) j["text"] = std::filesystem::absolute(c.text_file).lexically_normal().string();
     j["context"] = c.context;
+    if (c.fp16_clamp) j["fp16_clamp"] = true;
   }
   if (c.eval) j["eval"] = true;
   return j.dump();

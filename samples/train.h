@@ -71,6 +71,7 @@ struct TrainConfig {
   std::int64_t context = 0;
   bool eval = false;            // forward passes only: no backward, no optimizer, no scaler
   std::string save_model;       // write the trained weights here at the end (a folder, the model's own layout)
+  bool fp16_clamp = false;      // T5 folders: Hugging Face's clamp of inf hidden states to +-(65504 - 1000)
 };
 
 struct Batch {

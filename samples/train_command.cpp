@@ -109,7 +109,7 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
                                           "probe", "sample-every", "scenario", "init-scale", "growth-interval",
                                           "no-scaler", "autocast-fp32", "checkpoint", "checkpoint-every", "resume", "resume-allow-nonfinite",
                                           "data", "text", "compare", "max-grad-norm", "model", "tokens", "context",
-                                          "eval", "save-model", "keep-checkpoints"};
+                                          "eval", "save-model", "keep-checkpoints", "fp16-clamp"};
   // Paths in the file are relative to the file's folder (a config keeps working from any working folder);
   // absolute paths stay as they are. Paths on the command line stay relative to the working folder.
   const std::filesystem::path config_folder = std::filesystem::path(path).parent_path();
@@ -154,6 +154,7 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
     else if (k == "context") c.context = need(node.value<std::int64_t>(), "an integer");
     else if (k == "eval") c.eval = need(node.value<bool>(), "true or false");
     else if (k == "keep-checkpoints") c.keep_checkpoints = need(node.value<bool>(), "true or false");
+    else if (k == "fp16-clamp") c.fp16_clamp = need(node.value<bool>(), "true or false");
     else if (k == "save-model") c.save_model = file_path(need(node.value<std::string>(), "a string"));
     else if (k == "autocast-fp32") {
       const toml::array* arr = node.as_array();
@@ -259,6 +260,9 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--context", c.context,
                    "Tokens per window for --model (0: the model's maximum positions, capped at 256)")
       ->capture_default_str();
+  cmd_->add_flag("--fp16-clamp", c.fp16_clamp,
+                 "T5 folders: Hugging Face's fp16 clamp (inf hidden states clamped to +-(65504 - 1000) after each "
+                 "sublayer); off by default, so the overflow shows; the report says when it fired");
   cmd_->add_flag("--eval", c.eval, "Forward passes only (no backward, optimizer or scaler), recorded and analysed "
                                    "like training steps");
   cmd_->add_option("--save-model", c.save_model,
@@ -308,6 +312,7 @@ TrainConfig TrainCommand::resolve(bool& compare) const {
   if (given("--context")) config.context = cli.context;
   if (cli.eval) config.eval = true;
   if (cli.keep_checkpoints) config.keep_checkpoints = true;
+  if (cli.fp16_clamp) config.fp16_clamp = true;
   if (given("--save-model")) config.save_model = cli.save_model;
   compare = compare || compare_;
   if (!config.model_dir.empty()) {
@@ -345,7 +350,8 @@ void validate_config(const TrainConfig& c) {
   if (c.context < 0) bad_value("context", std::to_string(c.context), "an integer >= 1 (0: the model's maximum, capped at 256)");
   if (c.model_dir.empty()) {
     for (const auto& [flag, value] : {std::pair<const char*, bool>{"--tokens", !c.tokens_file.empty()},
-                                      std::pair<const char*, bool>{"--context", c.context != 0}}) {
+                                      std::pair<const char*, bool>{"--context", c.context != 0},
+                                      std::pair<const char*, bool>{"--fp16-clamp", c.fp16_clamp}}) {
       if (value) {
         throw Error(fmt::format("{} is read only with --model (a Hugging Face model folder); the samples make their "
                                 "own data\nhint: add --model DIR, or leave {} out",
