@@ -195,6 +195,12 @@ Tensor Embedding::forward(const Tensor& x) {
   return embedding(x, w);
 }
 
+Tensor shape_placeholder(const Shape& shape) {
+  NoGradGuard no_grad;
+  if (shape.empty()) return zeros({});
+  return zeros(Shape(shape.size(), 1)).expand(shape);
+}
+
 Tensor TiedHead::forward(const Tensor& x) { return linear(x, embedding_->weight()); }
 
 namespace {
@@ -230,14 +236,14 @@ class CheckpointSource : public WeightSource {
     auto it = tensors_.find(name);
     if (it == tensors_.end()) {
       missing_.push_back(name);
-      return zeros(shape);
+      return detail::shape_placeholder(shape);
     }
     Tensor t = it->second;
     tensors_.erase(it);
     if (t.shape() != shape) {
       wrong_shapes_.push_back(fmt::format("{}: the checkpoint has {}, the config needs {}", name, shape_str(t.shape()),
                                           shape_str(shape)));
-      return zeros(shape);
+      return detail::shape_placeholder(shape);
     }
     return t;
   }
@@ -308,17 +314,31 @@ LoadedModel load_model(const std::filesystem::path& folder) {
   const Config config(json, (folder / "config.json").string());
   const std::string type = config.has("model_type") ? config.string("model_type", "") : "";
 
-  // Validate the config (and refuse what is refused) before reading any weights: build on a random source
-  // costs a model's worth of draws, so check with a dry run on a source that only records shapes.
+  // Validate the config (and refuse what is refused) with a dry run on a source that only records shapes
+  // (placeholders, no memory), and bounded by the checkpoint: a config that describes many more weights than
+  // the checkpoint holds (n_layer 1000000 beside two layers of weights) is refused before it costs a build.
+  std::map<std::string, Tensor> stored = safetensors::load_folder(folder, DType::f32);
   struct ShapeOnly : WeightSource {
-    Tensor take(const std::string&, const Shape& shape, const Init&) override { return Tensor::empty(shape); }
+    std::size_t left;
+    std::string where;
+    std::size_t held;
+    Tensor take(const std::string&, const Shape& shape, const Init&) override {
+      if (left-- == 0) {
+        throw ModelError(fmt::format("{}: config.json describes a model with far more weights than the checkpoint's "
+                                     "{} tensors\nhint: the config does not belong to these weights: compare its "
+                                     "layer count (n_layer, num_hidden_layers) with the checkpoint's layer names",
+                                     where, held));
+      }
+      return detail::shape_placeholder(shape);
+    }
   };
   {
     ShapeOnly dry;
+    dry.held = stored.size();
+    dry.left = 2 * stored.size() + 64;
+    dry.where = folder.string();
     (void)build(config, dry);
   }
-
-  std::map<std::string, Tensor> stored = safetensors::load_folder(folder, DType::f32);
   LoadReport report;
   // Known buffers first, by the checkpoint's names.
   for (auto it = stored.begin(); it != stored.end();) {

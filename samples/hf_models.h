@@ -133,6 +133,12 @@ void save_model(CausalLM& model, const std::filesystem::path& folder);
 // ---- the pieces hf_gpt2.cpp and hf_llama.cpp share ----
 namespace detail {
 
+// A tensor of `shape` that holds one element (a zero, broadcast with stride 0): what a build that only checks
+// shapes, or a missing or wrong-shaped weight about to be reported, gets instead of a real allocation, so a
+// config.json that claims a far larger model than its weights is refused with the missing weights, not by
+// running out of memory.
+Tensor shape_placeholder(const Shape& shape);
+
 // How a parameter is initialised when it is drawn rather than loaded.
 struct Init {
   enum class Kind { normal, ones, zeros } kind = Kind::normal;

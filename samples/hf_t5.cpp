@@ -121,8 +121,20 @@ class RandomSource : public Source {
   Generator& gen_;
 };
 
+// Shapes only (placeholders, no memory), bounded by the checkpoint's tensor count: a config describing far
+// more weights than the checkpoint holds is refused before it costs a build.
 struct ShapeOnlySource : Source {
-  Tensor take(const std::string&, const Shape& shape, const Draw&) override { return Tensor::empty(shape); }
+  std::size_t left = 0, held = 0;
+  std::string where;
+  Tensor take(const std::string&, const Shape& shape, const Draw&) override {
+    if (left-- == 0) {
+      throw ModelError(fmt::format("{}: config.json describes a model with far more weights than the checkpoint's {} "
+                                   "tensors\nhint: the config does not belong to these weights: compare num_layers "
+                                   "and num_decoder_layers with the checkpoint's block names",
+                                   where, held));
+    }
+    return detail::shape_placeholder(shape);
+  }
 };
 
 // The checkpoint's tensors; remembers what was missing or of the wrong shape, to report it all at once.
@@ -133,14 +145,14 @@ class CheckpointSource : public Source {
     auto it = tensors_.find(name);
     if (it == tensors_.end()) {
       missing_.push_back(name);
-      return zeros(shape);
+      return detail::shape_placeholder(shape);
     }
     Tensor t = it->second;
     tensors_.erase(it);
     if (t.shape() != shape) {
       wrong_shapes_.push_back(fmt::format("{}: the checkpoint has {}, the config needs {}", name, shape_str(t.shape()),
                                           shape_str(shape)));
-      return zeros(shape);
+      return detail::shape_placeholder(shape);
     }
     return t;
   }
@@ -629,11 +641,14 @@ bool is_seq2seq_folder(const std::filesystem::path& folder) {
 LoadedSeq2Seq load_seq2seq(const std::filesystem::path& folder) {
   const nlohmann::json json = read_config(folder);
   const Config config(json, (folder / "config.json").string());
+  std::map<std::string, Tensor> stored = safetensors::load_folder(folder, DType::f32);
   {
-    ShapeOnlySource dry;  // validates the config (and refuses what is refused) before reading weights
+    ShapeOnlySource dry;  // validates the config (and refuses what is refused) before the weights are used
+    dry.held = stored.size();
+    dry.left = 2 * stored.size() + 64;
+    dry.where = folder.string();
     (void)build(config, dry);
   }
-  std::map<std::string, Tensor> stored = safetensors::load_folder(folder, DType::f32);
   LoadReport report;
   const std::string kEncEmbed = "encoder.embed_tokens.weight", kDecEmbed = "decoder.embed_tokens.weight";
   const std::string kStaleBias = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight";
