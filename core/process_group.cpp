@@ -61,17 +61,18 @@ std::string ProcessGroup::describe() const { return fmt::format("{}, rank {} of 
 
 namespace {
 
+// role: "" for the one tensor of an in-place collective, "output " or "input ".
 void check_tensor(const ProcessGroup& group, const char* op, const char* role, const Tensor& t) {
   if (!t.defined()) {
-    throw Error(fmt::format("{} ({}): the {} tensor is undefined", op, group.describe(), role));
+    throw Error(fmt::format("{} ({}): the {}tensor is undefined", op, group.describe(), role));
   }
   if (t.dtype() == DType::boolean) {
-    throw DTypeError(fmt::format("{} ({}): the {} tensor {} is bool, which collectives do not take (f32, f64, f16, "
+    throw DTypeError(fmt::format("{} ({}): the {}tensor {} is bool, which collectives do not take (f32, f64, f16, "
                                  "bf16, i64)\nhint: convert it first, t.to(DType::i64) or to a floating dtype",
                                  op, group.describe(), role, tensor_desc(t)));
   }
   if (!t.is_contiguous()) {
-    throw ShapeError(fmt::format("{} ({}): the {} tensor {} is not contiguous (strides {}); collectives work on "
+    throw ShapeError(fmt::format("{} ({}): the {}tensor {} is not contiguous (strides {}); collectives work on "
                                  "contiguous memory, as PyTorch's do\nhint: pass c = t.contiguous() and copy the "
                                  "result back with t.copy_(c)",
                                  op, group.describe(), role, tensor_desc(t), shape_str(t.strides())));
@@ -79,8 +80,8 @@ void check_tensor(const ProcessGroup& group, const char* op, const char* role, c
 }
 
 void check_pair(const ProcessGroup& group, const char* op, const Tensor& output, const Tensor& input) {
-  check_tensor(group, op, "output", output);
-  check_tensor(group, op, "input", input);
+  check_tensor(group, op, "output ", output);
+  check_tensor(group, op, "input ", input);
   if (output.dtype() != input.dtype() || output.device() != input.device()) {
     throw DTypeError(fmt::format("{} ({}): the output {} and the input {} differ in dtype or device; both must be "
                                  "the same",

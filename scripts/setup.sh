@@ -20,6 +20,7 @@ packages=(
   xvfb xauth libgl1-mesa-dri                         # viewer tests without a screen
   libgtest-dev libgmock-dev libbenchmark-dev         # tests and benchmarks
   python3-torch                                      # PyTorch 1.13 (CPU) as the tests' reference for f32/bf16 ops
+  openmpi-bin libopenmpi-dev                         # the MPI process group and its 2-rank tests (mpirun)
 )
 
 missing=()
