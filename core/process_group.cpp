@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include <fmt/format.h>
 
@@ -186,12 +187,30 @@ void ProcessGroup::reduce_scatter(const Tensor& output, const Tensor& input, Red
 
 void ProcessGroup::connect(Device device) {
   if (device.is_cpu() || connected(device)) return;
-  Backend& backend = backend_for(device);  // DeviceError when the device is not there
   // Rank 0 makes the id; everyone else gets it over this group (MPI), so NCCL needs no launcher of its own.
+  // A rank without the device (or a build without NCCL) must not leave the others waiting for the id, so
+  // every rank first tells every other whether it can go on, and all throw together when one cannot.
+  Backend* backend = nullptr;
   std::string id;
-  if (rank() == 0) id = backend.new_communicator_id();
+  std::exception_ptr mine;
+  std::string problem;
+  try {
+    backend = &backend_for(device);  // DeviceError when the device is not there
+    if (rank() == 0) id = backend->new_communicator_id();  // UnsupportedError without NCCL
+  } catch (const std::exception& e) {
+    mine = std::current_exception();
+    problem = e.what();
+  }
+  const std::vector<std::string> problems = all_gather_bytes(problem);
+  if (mine) std::rethrow_exception(mine);
+  for (int r = 0; r < static_cast<int>(problems.size()); ++r) {
+    if (!problems[r].empty()) {
+      throw DeviceError(fmt::format("connect({}) ({}): rank {} cannot connect: {}", device.str(), describe(), r,
+                                    problems[r]));
+    }
+  }
   id = broadcast_bytes(id, 0);
-  cuda_.emplace(device.index, backend.create_communicator(id, rank(), size()));
+  cuda_.emplace(device.index, backend->create_communicator(id, rank(), size()));
 }
 
 bool ProcessGroup::connected(Device device) const { return device.is_cpu() || cuda_.contains(device.index); }

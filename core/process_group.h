@@ -90,8 +90,9 @@ class ProcessGroup {
   // ---- devices ----
   // Sets up the collectives of CUDA tensors on `device` (NCCL; its id made on rank 0 and broadcast over
   // this group). Collective: every rank calls it, each with its own GPU. Connecting the CPU does nothing
-  // (CPU tensors always go through the group itself). Throws DeviceError without the device and
-  // UnsupportedError when the build has no NCCL.
+  // (CPU tensors always go through the group itself). Throws on every rank when one rank cannot go on: on
+  // that rank its own error (DeviceError without the device, UnsupportedError when the build has no NCCL),
+  // on the others a DeviceError naming that rank and quoting its error.
   void connect(Device device);
   bool connected(Device device) const;
 

@@ -79,6 +79,16 @@ TEST(single_process_group, abort_ends_the_process_with_the_code) {
 
 // ---- the factory ----
 
+TEST(process_group_connect, every_rank_throws_when_one_rank_cannot_connect) {
+  ProcessGroup& g = test_group();
+  if (cuda_status().device_count > 0) GTEST_SKIP() << "a GPU is present; this checks the GPU-less error";
+  // No rank has a GPU here: each throws its own DeviceError, after telling the others (so none waits for
+  // rank 0's NCCL id).
+  EXPECT_THROW_MSG(g.connect(Device::cuda(0)), DeviceError, "cuda:0", "not available");
+  EXPECT_FALSE(g.connected(Device::cuda(0)));
+  g.barrier();  // every rank got here: nobody is left waiting in connect
+}
+
 TEST(make_process_group, chose_the_group_the_launchers_environment_asks_for) {
   ProcessGroup& g = test_group();  // made by main() with make_process_group()
   const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
