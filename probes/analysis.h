@@ -218,8 +218,10 @@ struct Coverage {
 //             relative error over its inputs' (the inputs' taken as at least one rounding of the output dtype,
 //             2^-p); a chain of calls of the same op, each fed by the one before (a running sum written as
 //             acc = acc + x), is judged from the error entering its first call; an op whose outputs hit 0, inf,
-//             the largest finite value or (sigmoid, tanh) 1 where f32's did not scores at least the fraction of
-//             such outputs times 2^p, unless an input's producer had such outputs already (passed on, not new).
+//             the largest finite value or (sigmoid, tanh) 1 where f32's did not, and that ran in f16/bf16,
+//             scores at least the fraction of such outputs times 2^p (half that for sigmoid and tanh: their
+//             outputs at 1 keep their value within a rounding, so the op that then cancels them ranks above),
+//             unless an input's producer (not a saturating one) had such outputs already: passed on, not new.
 //             score = that factor (1: passes its inputs' error on).
 //   local     ops ranked by their own rounding's mean relative error (ops run in f16/bf16 only).
 //   trend     ops whose accumulated error grows over the steps: least-squares slope of log2(error) per step

@@ -184,7 +184,9 @@ void PrecisionAnalyser::add_step(std::int64_t, std::span<const trace::OpRow> ops
         if (in < 0) continue;
         if (const auto producer = op_of.find(in); producer != op_of.end()) s.producers.push_back(producer->second->op);
         const auto earlier = row_of.find(in);
-        if (earlier != row_of.end() && earlier->second->flips > 0) inherited_flips = true;
+        // Outputs at 1 of a saturating producer are not this op's outputs at 0 (1 - s cancelling): only a
+        // producer's flips at the same kind of boundary are passed on.
+        if (earlier != row_of.end() && earlier->second->flips > 0 && !saturating(earlier->second->op)) inherited_flips = true;
         // A call fed by an earlier call of the same op in the same module continues that call's chain.
         if (earlier == row_of.end() || earlier->second->op != r.op || earlier->second->module != r.module) continue;
         const Chain& c = chain_of[in];
@@ -199,8 +201,14 @@ void PrecisionAnalyser::add_step(std::int64_t, std::span<const trace::OpRow> ops
       s.in_max_error = chain.in_max_error;
     }
     const double jump = r.acc_mean_rel / std::max(s.in_error, unit);
-    const double flip_score =
-        r.numel > 0 && !inherited_flips ? static_cast<double>(r.flips) / static_cast<double>(r.numel) / unit : 0;
+    // Flips count for ops that ran in f16/bf16 (an f32 op's flips come from its inputs' error, which its jump
+    // measures); a saturating op's outputs at 1 keep their own value to within a rounding, so they count half:
+    // the op that subtracts them from 1, where the digits are lost, ranks above it.
+    double flip_score = 0;
+    if (r.local && r.numel > 0 && !inherited_flips) {
+      flip_score = static_cast<double>(r.flips) / static_cast<double>(r.numel) / unit;
+      if (saturating(r.op)) flip_score /= 2;
+    }
     s.score = std::max(jump, flip_score);
     const auto key = std::make_pair(r.op, r.module);
     auto keep = [&](std::map<std::pair<std::string, std::string>, Scored>& list, double value, auto value_of) {
