@@ -504,7 +504,7 @@ std::string precision_place(const PrecisionEntry& e) {
 }
 
 json precision_entry_json(const PrecisionEntry& e) {
-  auto finite_or_null = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  const auto finite_or_null = [](double v) { return number(v); };  // NaN null, infinities "inf" / "-inf"
   return json{{"op", e.op},
               {"module", e.module},
               {"out_dtype", e.out_dtype},

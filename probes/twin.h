@@ -9,7 +9,9 @@
 // (accumulated error only), so the twin follows values through f32 ops (log after autocast's f32 cast).
 //
 // Twin is a hook that wraps another (normally the Probe): it forwards every call unchanged and records
-// only ops the wrapped hook wants, so the trace and the run are the same with and without it. The twin's
+// only ops the wrapped hook wants, so the trace and the run are the same with and without it. With a sink
+// (TwinOptions::sink, the trace writer), each step's rows are written there when the step ends: the trace's
+// /precision table (`ampscope train --twin`), which the report's PRECISION section reads. The twin's
 // tensors are made under NoGradGuard, by ops nested in the reported op (never reported, never cast by
 // autocast, never cached); ops that draw random numbers (dropout) are not computed again.
 //

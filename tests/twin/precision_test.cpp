@@ -12,7 +12,9 @@
 //   - a sub of nearly equal activations: a - b with b = a (1 + 1e-4) keeps none of the difference's digits
 //     once a and b are rounded to f16 (relative spacing 2^-11 = 4.9e-4).
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -62,8 +64,12 @@ analysis::Report record(const fs::path& path, std::int64_t steps, const std::fun
   return analysis::analyse(reader);
 }
 
-// Prints the section when a ranking assertion fails.
+// Prints the section when a ranking assertion fails (and always with AMPSCOPE_SHOW_PRECISION set: how the
+// example in docs/report-format.md was made).
 std::string section(const analysis::Report& rep) { return analysis::render_text(rep); }
+void show(const analysis::Report& rep) {
+  if (std::getenv("AMPSCOPE_SHOW_PRECISION") != nullptr) std::cout << section(rep);
+}
 
 // One optimizer step of `model` on `loss_of`, the PyTorch way (autocast f16 forward, scaled backward).
 struct Trainer {
@@ -112,6 +118,7 @@ TEST(precision_test, a_hand_written_bce_on_sigmoid_ranks_the_cancelling_one_minu
       return -mean(y * log(clamp(s, 1e-4, 1.0)) + (1.0 - y) * log(clamp(1.0 - s, 1e-4, 1.0)));
     });
   });
+  show(rep);
   const analysis::PrecisionSection& p = rep.precision;
   ASSERT_TRUE(p.recorded());
   ASSERT_FALSE(p.by_jump.empty()) << section(rep);
