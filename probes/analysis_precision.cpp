@@ -308,6 +308,17 @@ void explain(PrecisionEntry& e, const Scored& s) {
   auto keep_f32 = [&](const std::string& module, const std::string& target, const std::string& why) {
     e.remedies.push_back(detail::keep_f32_remedy(module, target, why));
   };
+  // The op itself in f32, when it ran in f16/bf16; an op that already ran in f32 lost the digits in its
+  // inputs, so the producer of its first input is the one to keep in f32.
+  auto keep_op_f32 = [&](const std::string& why) {
+    if (s.row.local) {
+      keep_f32(e.module, op, why);
+    } else if (!producer.empty()) {
+      keep_f32("", producer,
+               fmt::format("{} ran in f32 already; its input came from {}, computed in {}", place(op, e.module), producer,
+                           "f16/bf16"));
+    }
+  };
   auto code_only = [&](const char* kind, std::string text, std::string code) {
     Remedy m;
     m.kind = kind;
@@ -350,13 +361,13 @@ void explain(PrecisionEntry& e, const Scored& s) {
                 "rounds to exactly 1",
                 "Tensor loss = binary_cross_entropy_with_logits(logits, y);");
     }
-    keep_f32(e.module, op, fmt::format("f32 keeps {}'s outputs below 1", op));
+    keep_op_f32(fmt::format("f32 keeps {}'s outputs below 1", op));
   } else if (e.kind == "reduction") {
     code_only("accumulate_f32", "accumulate the reduction in f32: cast its input to f32 first (sum(x.to(DType::f32)))",
               "Tensor total = sum(x.to(DType::f32));");
-    keep_f32(e.module, op, "");
+    keep_op_f32("");
   } else {
-    keep_f32(e.module, op, "");
+    keep_op_f32("");
   }
 }
 
