@@ -169,6 +169,7 @@ void Twin::on_scaler(const ScalerEvent& event) { inner_->on_scaler(event); }
 void Twin::on_step_begin(std::int64_t step) {
   values_.clear();
   stats_.clear();
+  layouts_.clear();
   step_ = step;
   active_ = step % options_.every == 0;
   inner_->on_step_begin(step);
@@ -188,6 +189,7 @@ void Twin::hand_over() {
 void Twin::on_step_end(const StepSummary& summary) {
   values_.clear();
   stats_.clear();
+  layouts_.clear();
   active_ = false;
   hand_over();  // before the probe ends the step: its end_step makes the rows durable with the step's
   inner_->on_step_end(summary);
@@ -196,6 +198,7 @@ void Twin::on_step_end(const StepSummary& summary) {
 void Twin::on_step_abandoned(std::int64_t step) {
   values_.clear();
   stats_.clear();
+  layouts_.clear();
   active_ = false;
   hand_over();
   inner_->on_step_abandoned(step);
@@ -228,10 +231,16 @@ void Twin::twin(const OpEvent& event) {
     if (step != event.step) continue;
     const auto it = values_.find(seq);
     if (it == values_.end()) continue;
-    if (it->second.shape() == in.shape()) {
+    // The input holds the producer's output values in the output's order only when it is the output itself
+    // (or a view with its start and strides) or a reshape of a contiguous output (same start, contiguous): a
+    // transposed view, and a contiguous copy of one (attention's heads merged back), keep the producer's
+    // stamp too, but hold the elements in another order.
+    const auto layout = layouts_.find(seq);
+    const bool same_start = layout != layouts_.end() && in.data() == layout->second.start;
+    if (it->second.shape() == in.shape() && same_start && in.strides() == layout->second.strides) {
       twin_inputs[i] = it->second;
       follows = true;
-    } else if (it->second.numel() == in.numel() && in.is_contiguous()) {
+    } else if (it->second.numel() == in.numel() && same_start && layout->second.contiguous && in.is_contiguous()) {
       twin_inputs[i] = it->second.reshape(in.shape());
       follows = true;
     } else {
@@ -301,6 +310,7 @@ void Twin::twin(const OpEvent& event) {
   }
   values_[event.seq] = acc;
   stats_[event.seq] = a;
+  layouts_[event.seq] = Layout{event.output.data(), event.output.strides(), event.output.is_contiguous()};
   rows_.push_back(std::move(row));
 }
 

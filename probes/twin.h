@@ -24,7 +24,9 @@
 // dim), ops that draw random numbers (dropout), and ops whose body throws when run again in f32 (the error
 // is swallowed: the run goes on as without the twin). Composites (cross_entropy, attention) are twinned
 // step by step. The backward pass is not twinned. An input the twin cannot match to its producer's twin
-// value (a transposed view of it) is taken as it is, widened (PrecisionRow::followed is then false).
+// value (a transposed view of it, or a contiguous copy of one, as attention's heads merged back into
+// [batch, time, d], or a plain copy: only the output itself, a view with its start and strides, or a reshape
+// of a contiguous output is followed) is taken as it is, widened (PrecisionRow::followed is then false).
 // Memory: the twin keeps an f32 copy of every twinned op's output until the step ends.
 //
 // The numbers (compare()), per element i with y the op's value, r the reference (both widened to double) and
@@ -116,6 +118,12 @@ class Twin : public Hook {
   std::int64_t step_ = -1;
   std::unordered_map<std::int64_t, Tensor> values_;      // seq -> the twin's f32 value, for the open step
   std::unordered_map<std::int64_t, ErrorStats> stats_;   // seq -> its accumulated errors
+  struct Layout {
+    const void* start = nullptr;  // where the op's output starts
+    Shape strides;
+    bool contiguous = false;
+  };
+  std::unordered_map<std::int64_t, Layout> layouts_;  // seq -> its output's layout
   std::vector<PrecisionRow> rows_;
   std::size_t handed_ = 0;  // rows_[0, handed_) went to the sink
   std::map<std::string, std::int64_t> uncovered_;
