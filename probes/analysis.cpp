@@ -1,4 +1,5 @@
 #include "probes/analysis.h"
+#include "probes/analysis_precision.h"
 #include "probes/scaler_calibration.h"
 
 #include <algorithm>
@@ -146,6 +147,10 @@ std::string dtype_words(const std::string& dtype) { return dtype.empty() ? "its 
 }  // namespace
 
 std::string autocast_pattern(const std::string& module) { return "'" + module + "'"; }
+
+Remedy detail::keep_f32_remedy(const std::string& module, const std::string& op, const std::string& why) {
+  return autocast_remedy(module, op, why);
+}
 
 namespace {
 
@@ -589,6 +594,7 @@ void coverage(Report& rep, const std::set<std::string>& overrides_applied) {
 }  // namespace
 
 struct Analyser::State {
+  PrecisionAnalyser precision;
   AnalysisOptions options;
   Report rep;
   std::vector<StepRow> steps;
@@ -1265,7 +1271,8 @@ void Analyser::set_run(const trace::RunInfo& run, std::string path, bool complet
 
 void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<const OpRow> ops,
                         std::span<const GradRow> grads, std::span<const EventRow> events,
-                        std::span<const trace::HistogramRow> histograms) {
+                        std::span<const trace::HistogramRow> histograms,
+                        std::span<const trace::PrecisionRow> precision) {
   State& st = *state_;
   if (st.finished) throw std::logic_error("Analyser::add_step after finish()");
   if (step <= st.last_step)
@@ -1334,6 +1341,7 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
   }
   st.headroom(ops, grads, histograms);
   st.remember(step, ops);
+  st.precision.add_step(step, ops, precision);
 }
 
 Report Analyser::finish() {
@@ -1341,6 +1349,7 @@ Report Analyser::finish() {
   if (st.finished) throw std::logic_error("Analyser::finish called twice");
   st.finished = true;
   Report& rep = st.rep;
+  rep.precision = st.precision.finish();
   const std::vector<StepRow>& steps = st.steps;
   // Rows outside steps (step -1: an evaluation pass the probe was asked to record) are no step of their own.
   std::int64_t numbered = 0;
@@ -1706,13 +1715,15 @@ std::span<const Row> rows_of(const std::map<std::int64_t, std::vector<Row>>& m, 
 void feed(Analyser& a, const std::map<std::int64_t, const StepRow*>& step_rows,
           std::map<std::int64_t, std::vector<OpRow>>& ops, const std::map<std::int64_t, std::vector<GradRow>>& grads,
           const std::map<std::int64_t, std::vector<EventRow>>& events,
-          const std::map<std::int64_t, std::vector<trace::HistogramRow>>& hists, std::int64_t begin, std::int64_t end) {
+          const std::map<std::int64_t, std::vector<trace::HistogramRow>>& hists,
+          const std::map<std::int64_t, std::vector<trace::PrecisionRow>>& precision, std::int64_t begin, std::int64_t end) {
   std::set<std::int64_t> all;
   for (const auto& [s, _] : step_rows) if (s >= begin && s < end) all.insert(s);
   for (const auto& [s, _] : ops) all.insert(s);
   for (const auto& [s, _] : grads) all.insert(s);
   for (const auto& [s, _] : events) all.insert(s);
   for (const auto& [s, _] : hists) all.insert(s);
+  for (const auto& [s, _] : precision) all.insert(s);
   for (std::int64_t s : all) {
     auto row = step_rows.find(s);
     // The rules read a step's ops in seq order; a file written in order is already sorted.
@@ -1724,7 +1735,7 @@ void feed(Analyser& a, const std::map<std::int64_t, const StepRow*>& step_rows,
       step_ops = it->second;
     }
     a.add_step(s, row == step_rows.end() ? nullptr : row->second, step_ops, rows_of(grads, s), rows_of(events, s),
-               rows_of(hists, s));
+               rows_of(hists, s), rows_of(precision, s));
   }
 }
 
@@ -1732,13 +1743,13 @@ void feed(Analyser& a, const std::map<std::int64_t, const StepRow*>& step_rows,
 
 Report analyse(const std::vector<StepRow>& steps, const std::vector<OpRow>& ops, const std::vector<GradRow>& grads,
                const std::vector<EventRow>& events, const std::vector<trace::HistogramRow>& histograms,
-               const AnalysisOptions& options) {
+               const AnalysisOptions& options, const std::vector<trace::PrecisionRow>& precision) {
   Analyser a(options);
   std::map<std::int64_t, const StepRow*> step_rows;
   for (const StepRow& s : steps) step_rows[s.step] = &s;
   auto ops_by_step = by_step(ops);
-  feed(a, step_rows, ops_by_step, by_step(grads), by_step(events), by_step(histograms), trace::kFirstStep,
-       trace::kLastStep);
+  feed(a, step_rows, ops_by_step, by_step(grads), by_step(events), by_step(histograms), by_step(precision),
+       trace::kFirstStep, trace::kLastStep);
   return a.finish();
 }
 
@@ -1767,7 +1778,7 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
     auto ops = by_step(reader.ops(begin, end));
     for (const auto& [_, v] : ops) done += static_cast<std::int64_t>(v.size());
     feed(a, rows_here, ops, by_step(reader.grads(begin, end)), by_step(reader.events(begin, end)),
-         by_step(reader.histograms(begin, end)), begin, end);
+         by_step(reader.histograms(begin, end)), by_step(reader.precision(begin, end)), begin, end);
     if (progress) progress(done, counts.ops);
     if (numbers.empty()) break;
   }

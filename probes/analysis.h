@@ -80,6 +80,9 @@ inline constexpr const char* kRemedyKinds[] = {
     "clean_data",          // the input data hold NaN/inf
     "record_every_op",     // the probe filtered or sampled the origin away: record every op and run again
     "compare_fp32",        // nothing specific: compare with an fp32 run
+    // Precision remedies (the PRECISION section, from the f32 twin's rows; code only):
+    "accumulate_f32",      // keep a running total (or a reduction's accumulator) in f32
+    "reorder",             // reorder the computation: subtract before rounding, add small terms together first
 };
 
 // One remedy in the two forms a user needs: the `ampscope train` option (empty when none applies, for
@@ -209,6 +212,53 @@ struct Coverage {
   std::vector<std::string> notes;       // warnings for the report: "the probe recorded only modules 'head': ..."
 };
 
+// The PRECISION section (docs/report-format.md): from the f32 twin's rows (trace::PrecisionRow, `ampscope train
+// --twin`), where precision was lost. One entry per op (op and module), its evidence from one row.
+//   jump      ops ranked by how much more accumulated error leaves the op than reaches it: its output's mean
+//             relative error over its inputs' (the inputs' taken as at least one rounding of the output dtype,
+//             2^-p); a chain of calls of the same op, each fed by the one before (a running sum written as
+//             acc = acc + x), is judged from the error entering its first call; an op whose outputs hit 0, inf,
+//             the largest finite value or (sigmoid, tanh) 1 where f32's did not, and that ran in f16/bf16,
+//             scores at least the fraction of such outputs times 2^p (half that for sigmoid and tanh: their
+//             outputs at 1 keep their value within a rounding, so the op that then cancels them ranks above),
+//             unless an input's producer (not a saturating one) had such outputs already: passed on, not new.
+//             score = that factor (1: passes its inputs' error on).
+//   local     ops ranked by their own rounding's mean relative error (ops run in f16/bf16 only).
+//   trend     ops whose accumulated error grows over the steps: least-squares slope of log2(error) per step
+//             (probes/twin.h precision_trends), listed when it is over 0.05 bits per step and the error grew.
+//   conditioning  add, sub, rsub, sum and mean ranked by their condition number (cond).
+// kind of an entry: cancellation (an add/sub with cond >= 8 whose output lost what its inputs had),
+// saturation (sigmoid/tanh outputs at 1 where f32's are not), accumulation (a chain of 8 or more calls whose
+// error grew), reduction (sum/mean), boundary (other outputs at 0, inf or the largest value), rounding.
+struct PrecisionEntry {
+  std::string op, module, out_dtype;
+  std::int64_t step = 0, seq = -1;  // the row the evidence quotes
+  std::string kind;
+  double score = 0;                 // the ranking value of the list the entry is in
+  std::int64_t calls = 1;           // accumulation: calls in the chain; else 1
+  double in_error = 0;              // mean relative error reaching the op (a chain: its first call)
+  double in_max_error = 0;
+  double error = 0, max_error = 0;  // accumulated mean and max relative error of its output
+  double local_error = 0, local_max_error = 0;
+  double bits = 0;                  // bits of agreement of its output
+  double cond = 0;                  // NaN when the op has none
+  std::int64_t flips = 0, numel = 0;
+  double bits_per_step = 0;         // trend
+  std::int64_t steps = 0;           // trend: steps twinned
+  double first = 0, last = 0;       // trend: error on the first and last step
+  std::vector<std::string> producers;  // the ops whose outputs its inputs are ("sigmoid"), from /ops provenance
+  std::string evidence;             // one sentence quoting the numbers above
+  std::vector<Remedy> remedies;     // best first; empty for an op that lost little (score under 8)
+};
+
+struct PrecisionSection {
+  std::int64_t rows = 0;        // /precision rows read (0: the run was not twinned)
+  std::int64_t steps = 0;       // steps twinned
+  std::int64_t ops = 0;         // distinct ops (op and module)
+  std::vector<PrecisionEntry> by_jump, by_local, by_trend, conditioning;  // at most 5 each, highest first
+  bool recorded() const { return rows > 0; }
+};
+
 struct AnalysisOptions {
   double headroom_factor = 2.0;     // near_f16_max when absmax * headroom_factor >= 65504
   double underflow_fraction = 0.25; // subnormal / flush_to_zero / below_f16 from this fraction on
@@ -228,6 +278,7 @@ struct Report {
   // Damage the reader found in a trace whose rest it could read (trace::TraceReader::damage): the analysis
   // covers what is intact; every rendering says DAMAGED.
   std::vector<std::string> damage;
+  PrecisionSection precision;  // empty (rows 0) without the f32 twin's rows
   bool healthy() const { return anomalies.empty(); }
 };
 
@@ -247,7 +298,8 @@ class Analyser {
   void set_run(const trace::RunInfo& run, std::string path = "", bool complete = true);
   void add_step(std::int64_t step, const trace::StepRow* step_row, std::span<const trace::OpRow> ops,
                 std::span<const trace::GradRow> grads, std::span<const trace::EventRow> events = {},
-                std::span<const trace::HistogramRow> histograms = {});
+                std::span<const trace::HistogramRow> histograms = {},
+                std::span<const trace::PrecisionRow> precision = {});
   Report finish();
 
  private:
@@ -265,7 +317,8 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options = {}, 
 // The same rules on rows already in memory (hand-built traces in tests); rows in any order.
 Report analyse(const std::vector<trace::StepRow>& steps, const std::vector<trace::OpRow>& ops,
                const std::vector<trace::GradRow>& grads, const std::vector<trace::EventRow>& events = {},
-               const std::vector<trace::HistogramRow>& histograms = {}, const AnalysisOptions& options = {});
+               const std::vector<trace::HistogramRow>& histograms = {}, const AnalysisOptions& options = {},
+               const std::vector<trace::PrecisionRow>& precision = {});
 
 // The --autocast-fp32 pattern for a module: the module itself, quoted ("'blocks.0.attn'").
 std::string autocast_pattern(const std::string& module);

@@ -498,6 +498,52 @@ std::string scales_text(const std::vector<LossPoint>& losses, bool run_a) {
   return fmt::format("{} to {} (min {}, max {})", scale(first), scale(last), scale(lo), scale(hi));
 }
 
+// The PRECISION section's lists.
+std::string precision_place(const PrecisionEntry& e) {
+  return e.module.empty() ? e.op : fmt::format("{} in {}", e.op, e.module);
+}
+
+json precision_entry_json(const PrecisionEntry& e) {
+  const auto finite_or_null = [](double v) { return number(v); };  // NaN null, infinities "inf" / "-inf"
+  return json{{"op", e.op},
+              {"module", e.module},
+              {"out_dtype", e.out_dtype},
+              {"step", e.step},
+              {"seq", e.seq},
+              {"kind", e.kind},
+              {"score", finite_or_null(e.score)},
+              {"calls", e.calls},
+              {"in_error", finite_or_null(e.in_error)},
+              {"in_max_error", finite_or_null(e.in_max_error)},
+              {"error", finite_or_null(e.error)},
+              {"max_error", finite_or_null(e.max_error)},
+              {"local_error", finite_or_null(e.local_error)},
+              {"local_max_error", finite_or_null(e.local_max_error)},
+              {"bits", finite_or_null(e.bits)},
+              {"cond", finite_or_null(e.cond)},
+              {"flips", e.flips},
+              {"numel", e.numel},
+              {"bits_per_step", finite_or_null(e.bits_per_step)},
+              {"steps", e.steps},
+              {"first", finite_or_null(e.first)},
+              {"last", finite_or_null(e.last)},
+              {"producers", e.producers},
+              {"evidence", e.evidence},
+              {"remedies", remedies_json(e.remedies)}};
+}
+
+json precision_json(const PrecisionSection& p) {
+  json out{{"recorded", p.recorded()}, {"rows", p.rows}, {"steps", p.steps}, {"ops", p.ops}};
+  for (const auto& [name, list] : {std::pair<const char*, const std::vector<PrecisionEntry>*>{"by_jump", &p.by_jump},
+                                   {"by_local", &p.by_local},
+                                   {"by_trend", &p.by_trend},
+                                   {"conditioning", &p.conditioning}}) {
+    out[name] = json::array();
+    for (const PrecisionEntry& e : *list) out[name].push_back(precision_entry_json(e));
+  }
+  return out;
+}
+
 std::string loss_cell(bool in, double loss, bool skipped) {
   if (!in) return "-";
   return num(loss) + (skipped ? " S" : "");
@@ -616,6 +662,41 @@ std::string render_text(const Report& rep, const TextStyle& style) {
     if (rep.warnings.size() > max_items) t.line("  ... and {} more (--json lists them all)", rep.warnings.size() - max_items);
   }
 
+  // ---- precision (the f32 twin's rows) ----
+  t.blank();
+  const PrecisionSection& p = rep.precision;
+  if (!p.recorded()) {
+    t.line("{} not recorded (run with --twin to see where f16/bf16 lose precision, op by op)", t.paint(kBold, "PRECISION:"));
+  } else {
+    t.line("{} {} twinned op rows over {}, {} ops", t.paint(kBold, "PRECISION:"), p.rows, plural(p.steps, "step"), p.ops);
+    t.line("  where precision was lost (jump: output's error over its inputs'):");
+    for (std::size_t i = 0; i < p.by_jump.size(); ++i) {
+      const PrecisionEntry& e = p.by_jump[i];
+      t.line("  [{}] {} {} [{}]: jump {}: {}", i + 1, t.paint(e.remedies.empty() ? kCyan : kYellow, e.kind),
+             t.paint(kBold, precision_place(e)), e.out_dtype, num(e.score), e.evidence);
+      for (std::size_t k = 0; k < e.remedies.size(); ++k) {
+        const Remedy& m = e.remedies[k];
+        t.line("      {}. {}", k + 1, t.paint(kGreen, m.text));
+        if (!m.flag.empty()) t.line("         ampscope train: {}", m.flag);
+        if (!m.code.empty()) t.line("         your own loop:  {}", m.code);
+      }
+    }
+    if (!p.by_local.empty()) {
+      t.line("  own rounding (local error):");
+      for (const PrecisionEntry& e : p.by_local) t.line("    {} [{}]: {}", precision_place(e), e.out_dtype, e.evidence);
+    }
+    if (p.by_trend.empty()) {
+      t.line("  growing over steps: none");
+    } else {
+      t.line("  growing over steps:");
+      for (const PrecisionEntry& e : p.by_trend) t.line("    {}: {}", precision_place(e), e.evidence);
+    }
+    if (!p.conditioning.empty()) {
+      t.line("  condition (add, sub, sum, mean):");
+      for (const PrecisionEntry& e : p.conditioning) t.line("    {}: {}", precision_place(e), e.evidence);
+    }
+  }
+
   // ---- summary ----
   t.blank();
   std::string summary;
@@ -655,6 +736,7 @@ std::string render_json(const Report& rep) {
   doc["scaler"] = scaler_json(rep.scaler);
   doc["coverage"] = coverage_json(rep.coverage);
   doc["provenance"] = rep.provenance;
+  doc["precision"] = precision_json(rep.precision);
   // Invalid UTF-8 in a recorded name (a cut string) becomes U+FFFD rather than an exception.
   return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }

@@ -20,6 +20,8 @@ static_assert(std::endian::native == std::endian::little, "trace records assume 
 static_assert(sizeof(OpRecord) == 16 + 7 * 8 + 6 * 8 + 5 * 8 + 2 * 8 + 1 + kOpInputs * 8,
               "OpRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(IndexRecord) == 8 * (2 + kDataTableCount));
+static_assert(sizeof(PrecisionRecord) == 8 * 6 + 1 + 8 * 8 + 8 + 8 * 2 + 1,
+              "PrecisionRecord must be packed: it is the file's compound type byte for byte");
 
 #define AMPSCOPE_I64(R, f) b.i64(#f, offsetof(R, f))
 #define AMPSCOPE_F64(R, f) b.f64(#f, offsetof(R, f))
@@ -137,6 +139,31 @@ Datatype string_type(const Io& io) {
   return b.take();
 }
 
+Datatype precision_type(const Io& io) {
+  using R = PrecisionRecord;
+  CompoundBuilder b(io, sizeof(R), Table::precision);
+  AMPSCOPE_I64(R, step);
+  AMPSCOPE_I64(R, seq);
+  AMPSCOPE_I64(R, op);
+  AMPSCOPE_I64(R, module);
+  AMPSCOPE_I64(R, out_dtype);
+  AMPSCOPE_I64(R, numel);
+  AMPSCOPE_FLAG(R, local);
+  AMPSCOPE_F64(R, local_max_rel);
+  AMPSCOPE_F64(R, local_mean_rel);
+  AMPSCOPE_F64(R, local_max_ulp);
+  AMPSCOPE_F64(R, acc_max_rel);
+  AMPSCOPE_F64(R, acc_mean_rel);
+  AMPSCOPE_F64(R, acc_max_ulp);
+  AMPSCOPE_F64(R, in_acc_max_rel);
+  AMPSCOPE_F64(R, in_acc_mean_rel);
+  AMPSCOPE_I64(R, flips);
+  AMPSCOPE_F64(R, bits);
+  AMPSCOPE_F64(R, cond);
+  AMPSCOPE_FLAG(R, followed);
+  return b.take();
+}
+
 // /index: step, a count per table the version has, then crc32 from format_version 3.
 Datatype index_type(const Io& io, std::int64_t version) {
   using R = IndexRecord;
@@ -185,6 +212,7 @@ std::string_view table_name(Table table) {
     case Table::dump_values: return "dump_values";
     case Table::strings: return "strings";
     case Table::string_bytes: return "string_bytes";
+    case Table::precision: return "precision";
     case Table::index: return "index";
   }
   return "?";
@@ -211,12 +239,15 @@ std::string_view text_fields(Table table) {
     case Table::events: return "kind,op,module,detail";
     case Table::histograms: return "tensor";
     case Table::dumps: return "op,module,tensor,dtype,shape";
+    case Table::precision: return "op,module,out_dtype";
     default: return "";
   }
 }
 
+int data_tables(std::int64_t version) { return version >= 5 ? kDataTableCount : version == 4 ? kV4DataTables : kLegacyDataTables; }
+
 bool has_table(Table table, std::int64_t version) {
-  return version >= 4 || (table != Table::strings && table != Table::string_bytes);
+  return table == Table::index || static_cast<int>(table) < data_tables(version);
 }
 
 std::int64_t crc32_of(const void* data, std::size_t size) {
@@ -278,8 +309,8 @@ std::string to_utf8(std::string_view text) {
 }
 
 std::size_t record_size(Table table, std::int64_t version) {
+  if (table == Table::index) return 8 * (1 + static_cast<std::size_t>(data_tables(version))) + (version >= 3 ? 8 : 0);
   if (version < 4) {
-    if (table == Table::index) return 8 * (1 + kLegacyDataTables) + (version >= 3 ? 8 : 0);
     if (const std::size_t size = v3::record_size(table); size > 0) return size;
   }
   switch (table) {
@@ -292,6 +323,7 @@ std::size_t record_size(Table table, std::int64_t version) {
     case Table::dump_values: return sizeof(double);
     case Table::strings: return sizeof(StringRecord);
     case Table::string_bytes: return 1;
+    case Table::precision: return sizeof(PrecisionRecord);
     case Table::index: return sizeof(IndexRecord);
   }
   return 0;
@@ -310,6 +342,7 @@ Datatype record_type(const Io& io, Table table, std::int64_t version) {
     case Table::dump_values: return copy_type(io, H5T_IEEE_F64LE);
     case Table::strings: return string_type(io);
     case Table::string_bytes: return copy_type(io, H5T_STD_U8LE);
+    case Table::precision: return precision_type(io);
     case Table::index: break;
   }
   io.fail("unknown table");
@@ -522,10 +555,78 @@ DumpRow decode(const DumpRecord& r, const StringTable& s) {
   return row;
 }
 
+void encode(const PrecisionRow& row, PrecisionRecord& r, TextIds& ids) {
+  r.step = row.step;
+  r.seq = row.seq;
+  r.op = ids.id(row.op);
+  r.module = ids.id(row.module);
+  r.out_dtype = ids.id(row.out_dtype);
+  r.numel = row.numel;
+  r.local = row.local;
+  r.local_max_rel = row.local_max_rel;
+  r.local_mean_rel = row.local_mean_rel;
+  r.local_max_ulp = row.local_max_ulp;
+  r.acc_max_rel = row.acc_max_rel;
+  r.acc_mean_rel = row.acc_mean_rel;
+  r.acc_max_ulp = row.acc_max_ulp;
+  r.in_acc_max_rel = row.in_acc_max_rel;
+  r.in_acc_mean_rel = row.in_acc_mean_rel;
+  r.flips = row.flips;
+  r.bits = row.bits;
+  r.cond = row.cond;
+  r.followed = row.followed;
+}
+
+namespace {
+// A flag field of a record: 0 or 1.
+bool flag_of(std::int8_t v, std::string_view field) {
+  if (v != 0 && v != 1) throw std::invalid_argument(fmt::format("its field '{}' is {}, not a flag (0 or 1)", field, v));
+  return v == 1;
+}
+// An error measure or a bit count: 0 or more (+inf included), never NaN.
+double measure_of(double v, std::string_view field) {
+  if (!(v >= 0)) throw std::invalid_argument(fmt::format("its field '{}' is {}, not a non-negative number", field, v));
+  return v;
+}
+std::int64_t count_of(std::int64_t v, std::string_view field) {
+  if (v < 0) throw std::invalid_argument(fmt::format("its field '{}' is {}, not a count (0 or more)", field, v));
+  return v;
+}
+}  // namespace
+
+PrecisionRow decode(const PrecisionRecord& r, const StringTable& s) {
+  PrecisionRow row;
+  row.step = r.step;
+  row.seq = r.seq;
+  row.op = text_of(s, r.op, "op");
+  row.module = text_of(s, r.module, "module");
+  row.out_dtype = text_of(s, r.out_dtype, "out_dtype");
+  if (row.out_dtype != "f16" && row.out_dtype != "bf16" && row.out_dtype != "f32" && row.out_dtype != "f64") {
+    throw std::invalid_argument(
+        fmt::format("its field 'out_dtype' is '{}', not a floating dtype (f16, bf16, f32, f64)", row.out_dtype));
+  }
+  row.numel = count_of(r.numel, "numel");
+  row.local = flag_of(r.local, "local");
+  row.local_max_rel = measure_of(r.local_max_rel, "local_max_rel");
+  row.local_mean_rel = measure_of(r.local_mean_rel, "local_mean_rel");
+  row.local_max_ulp = measure_of(r.local_max_ulp, "local_max_ulp");
+  row.acc_max_rel = measure_of(r.acc_max_rel, "acc_max_rel");
+  row.acc_mean_rel = measure_of(r.acc_mean_rel, "acc_mean_rel");
+  row.acc_max_ulp = measure_of(r.acc_max_ulp, "acc_max_ulp");
+  row.in_acc_max_rel = measure_of(r.in_acc_max_rel, "in_acc_max_rel");
+  row.in_acc_mean_rel = measure_of(r.in_acc_mean_rel, "in_acc_mean_rel");
+  row.flips = count_of(r.flips, "flips");
+  row.bits = measure_of(r.bits, "bits");
+  if (r.cond < 0) throw std::invalid_argument(fmt::format("its field 'cond' is {}, not a condition number (NaN or 0 or more)", r.cond));
+  row.cond = r.cond;
+  row.followed = flag_of(r.followed, "followed");
+  return row;
+}
+
 // --- checksums ---
 
 std::int64_t index_crc32(const IndexRecord& r, std::int64_t version) {
-  const int tables = version >= 4 ? kDataTableCount : kLegacyDataTables;
+  const int tables = data_tables(version);
   unsigned char bytes[8 * (1 + kDataTableCount)];
   auto put = [&](std::size_t at, std::int64_t v) {
     for (std::size_t b = 0; b < 8; ++b) bytes[at * 8 + b] = static_cast<unsigned char>(static_cast<std::uint64_t>(v) >> (8 * b));

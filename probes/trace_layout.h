@@ -1,4 +1,4 @@
-// probes/trace_layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 4
+// probes/trace_layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 5
 // (internal to ampscope_trace; docs/trace-format.md is the description for readers; the layouts of
 // versions 1 to 3, which the reader still reads, are in probes/trace_layout_v3.h). Each table is a 1-D
 // dataset of one compound type, whose fields are those of the row structs in probes/trace_schema.h, in
@@ -25,12 +25,15 @@
 namespace ampscope::trace::detail {
 
 // Every dataset of a trace. dump_values holds the values of all dumps back to back (/dumps rows point
-// into it); strings locates each text in string_bytes (format_version 4); index holds one row per flush,
-// the table sizes that flush made durable.
-enum class Table : int { steps, ops, grads, events, histograms, dumps, dump_values, strings, string_bytes, index };
-inline constexpr int kTableCount = 10;
-inline constexpr int kDataTableCount = 9;    // every table but index
+// into it); strings locates each text in string_bytes (format_version 4); precision holds the f32 twin's
+// rows (format_version 5); index holds one row per flush, the table sizes that flush made durable.
+enum class Table : int { steps, ops, grads, events, histograms, dumps, dump_values, strings, string_bytes, precision, index };
+inline constexpr int kTableCount = 11;
+inline constexpr int kDataTableCount = 10;   // every table but index
 inline constexpr int kLegacyDataTables = 7;  // format_version 1 to 3: the tables before strings
+inline constexpr int kV4DataTables = 9;      // format_version 4: the tables before precision
+// The data tables a trace of this format_version has: the first 7, 9 or 10 of Table's order.
+int data_tables(std::int64_t version);
 std::string_view table_name(Table table);    // "steps", ..., "string_bytes", "index"
 std::string_view field_name(Table table);    // what a row of the table is, for messages: "value", "byte", "row"
 std::string table_path(Table table);         // "/steps", ...
@@ -88,12 +91,27 @@ struct [[gnu::packed]] DumpRecord {
   std::int64_t values_offset, values_count;
 };
 
+// local and followed are flags; cond is NaN for ops that have none.
+struct [[gnu::packed]] PrecisionRecord {
+  std::int64_t step, seq;
+  TextId op, module, out_dtype;
+  std::int64_t numel;
+  std::int8_t local;
+  double local_max_rel, local_mean_rel, local_max_ulp;
+  double acc_max_rel, acc_mean_rel, acc_max_ulp;
+  double in_acc_max_rel, in_acc_mean_rel;
+  std::int64_t flips;
+  double bits, cond;
+  std::int8_t followed;
+};
+
 // A text: bytes [offset, offset + length) of /string_bytes (UTF-8, no NUL), and zlib's CRC-32 of them.
 struct [[gnu::packed]] StringRecord {
   std::int64_t offset, length, crc32;
 };
 
-// Row counts of the data tables after a flush, in Table order (format_version 1 to 3: the first seven).
+// Row counts of the data tables after a flush, in Table order (format_version 1 to 3: the first seven;
+// 4: the first nine).
 struct [[gnu::packed]] IndexRecord {
   std::int64_t step;  // the step whose end (or the close) caused the flush
   std::int64_t rows[kDataTableCount];
@@ -101,7 +119,7 @@ struct [[gnu::packed]] IndexRecord {
 };
 
 // CRC-32 (zlib's) of an /index row's step and row counts as 8 little-endian bytes each: seven counts in
-// format_version 3, nine from format_version 4.
+// format_version 3, nine in 4, ten from 5.
 std::int64_t index_crc32(const IndexRecord& r, std::int64_t version);
 
 // zlib's CRC-32 of `size` bytes.
@@ -183,6 +201,7 @@ void encode(const EventRow& row, EventRecord& r, TextIds& ids);
 void encode(const HistogramRow& row, HistogramRecord& r, TextIds& ids);
 // values_offset and values_count are set by the writer.
 void encode(const DumpRow& row, DumpRecord& r, TextIds& ids);
+void encode(const PrecisionRow& row, PrecisionRecord& r, TextIds& ids);
 
 // Each throws std::invalid_argument, naming the field, on a text id that is not a sound row of /strings
 // and on an unknown phase name.
@@ -192,5 +211,8 @@ GradRow decode(const GradRecord& r, const StringTable& strings);
 EventRow decode(const EventRecord& r, const StringTable& strings);
 HistogramRow decode(const HistogramRecord& r, const StringTable& strings);
 DumpRow decode(const DumpRecord& r, const StringTable& strings);  // values are filled in by the reader
+// Also refuses, naming the field, an out_dtype that is not f16, bf16, f32 or f64, a negative numel or flips,
+// a flag that is not 0 or 1, and an error or a bit count that is negative or NaN (cond may be NaN).
+PrecisionRow decode(const PrecisionRecord& r, const StringTable& strings);
 
 }  // namespace ampscope::trace::detail

@@ -24,6 +24,7 @@ namespace ampscope::trace {
 // Row counts of the tables, as far as the last flush the reader has seen.
 struct RowCounts {
   std::int64_t steps = 0, ops = 0, grads = 0, events = 0, histograms = 0, dumps = 0;
+  std::int64_t precision = 0;  // format_version 5 (0 for older traces)
 };
 
 inline constexpr std::int64_t kFirstStep = std::numeric_limits<std::int64_t>::min();
@@ -63,6 +64,8 @@ class TraceReader {
   std::vector<EventRow> events(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
   std::vector<HistogramRow> histograms(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
   std::vector<DumpRow> dumps(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+  // The f32 twin's rows (format_version 5; none in older traces, nor in a run without --twin).
+  std::vector<PrecisionRow> precision(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
 
  private:
   struct State;

@@ -20,8 +20,8 @@ inline constexpr std::string_view kFormat = "ampscope-trace";
 // strings (no variable-length data, which HDF5 keeps unchecksummed in its global heap), the root attribute
 // `attributes_crc32` and the /index field `crc32`. 4: every text field of a row is an id into the string
 // table (/strings and /string_bytes, each text with its CRC-32), so no name is ever cut; /index counts
-// the two new tables.
-inline constexpr std::int64_t kFormatVersion = 4;
+// the two new tables. 5: /precision, the f32 twin's rows (`ampscope train --twin`); /index counts it.
+inline constexpr std::int64_t kFormatVersion = 5;
 
 // Root attributes.
 struct RunInfo {
@@ -145,6 +145,33 @@ struct DumpRow {
   std::vector<double> values;  // row-major, at most the configured number of elements
 };
 
+// /precision (format_version 5): one row per op the f32 twin computed again (probes/twin.h, `ampscope train
+// --twin`): how far the op's output is from f32, on the op's own inputs (local) and on the twin's (accumulated).
+// Relative errors are |y - r| / max(|r|, floor) (the floor is documented in probes/twin.h and
+// docs/trace-format.md); ulps are in units in the last place of the output dtype.
+struct PrecisionRow {
+  std::int64_t step = 0;
+  std::int64_t seq = 0;  // the op's seq (its /ops row)
+  std::string op;
+  std::string module;
+  std::string out_dtype;  // the op's output dtype: "f16", "bf16" or "f32"
+  std::int64_t numel = 0;
+  bool local = false;  // the op ran in f16/bf16: local errors computed (else 0: an f32 op on twin inputs)
+  double local_max_rel = 0, local_mean_rel = 0, local_max_ulp = 0;
+  double acc_max_rel = 0, acc_mean_rel = 0, acc_max_ulp = 0;
+  // The largest accumulated max relative error among the op's floating inputs (each input against its twin
+  // value, judged in the input's own dtype): how much error reached the op, to compare with its output's.
+  double in_acc_max_rel = 0;
+  double in_acc_mean_rel = 0;  // the largest accumulated mean relative error among the inputs
+  std::int64_t flips = 0;  // accumulated: outputs 0, inf, at the largest finite value or (sigmoid, tanh) at 1
+                           // while the twin's are not
+  double bits = 0;         // accumulated: bits of agreement, -log2(acc_max_rel), between 0 and the significand
+  // add, sub, rsub: max over elements of (|a| + |b|) / max(|a ± b|, floor); sum, mean: of sum|x| / max(|sum x|,
+  // floor); from the twin's values (floor: the output dtype's smallest normal). NaN for other ops.
+  double cond = 0;
+  bool followed = true;  // every input the twin follows had a twin value of its shape (else: widened input)
+};
+
 // Where rows go. Calls come from one thread (the probe's); a sink may queue them for another.
 class Sink {
  public:
@@ -156,6 +183,8 @@ class Sink {
   virtual void write(const EventRow& row) = 0;
   virtual void write(const HistogramRow& row) = 0;
   virtual void write(const DumpRow& row) = 0;
+  // The f32 twin's rows (written only when a run twins ops); a sink that keeps no precision rows ignores them.
+  virtual void write(const PrecisionRow& row) {}
   // The end of a step's rows: a file sink flushes so a killed run keeps every finished step.
   virtual void end_step(std::int64_t step) {}
   // A clean end of the run (root attribute complete = 1 for the file).

@@ -788,6 +788,7 @@ void TraceWriter::write(const OpRow& row) { state_->write_record<OpRecord>(Table
 void TraceWriter::write(const GradRow& row) { state_->write_record<GradRecord>(Table::grads, row); }
 void TraceWriter::write(const EventRow& row) { state_->write_record<EventRecord>(Table::events, row); }
 void TraceWriter::write(const HistogramRow& row) { state_->write_record<HistogramRecord>(Table::histograms, row); }
+void TraceWriter::write(const PrecisionRow& row) { state_->write_record<PrecisionRecord>(Table::precision, row); }
 
 void TraceWriter::write(const DumpRow& row) {
   State& s = *state_;

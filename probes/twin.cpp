@@ -140,78 +140,6 @@ ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, st
   return compare_as<double>(value, reference, dtype, op);
 }
 
-double precision_jump(const PrecisionRow& row) {
-  const double unit = std::ldexp(1.0, -significand_bits(parse_dtype(row.out_dtype)));
-  return row.acc_mean_rel / std::max(row.in_acc_mean_rel, unit);
-}
-
-std::vector<PrecisionRow> rank_by_jump(const std::vector<PrecisionRow>& rows) {
-  std::map<std::pair<std::string, std::string>, PrecisionRow> best;
-  for (const PrecisionRow& r : rows) {
-    auto [it, fresh] = best.emplace(std::make_pair(r.op, r.module), r);
-    if (!fresh && precision_jump(r) > precision_jump(it->second)) it->second = r;
-  }
-  std::vector<PrecisionRow> out;
-  for (auto& [key, r] : best) out.push_back(r);
-  std::stable_sort(out.begin(), out.end(), [](const PrecisionRow& a, const PrecisionRow& b) {
-    const double ja = precision_jump(a), jb = precision_jump(b);
-    if (ja != jb) return ja > jb;
-    return a.step != b.step ? a.step < b.step : a.seq < b.seq;
-  });
-  return out;
-}
-
-std::vector<PrecisionRow> rank_by_local(const std::vector<PrecisionRow>& rows) {
-  std::map<std::pair<std::string, std::string>, PrecisionRow> best;
-  for (const PrecisionRow& r : rows) {
-    if (!r.local) continue;
-    auto [it, fresh] = best.emplace(std::make_pair(r.op, r.module), r);
-    if (!fresh && r.local_mean_rel > it->second.local_mean_rel) it->second = r;
-  }
-  std::vector<PrecisionRow> out;
-  for (auto& [key, r] : best) out.push_back(r);
-  std::stable_sort(out.begin(), out.end(), [](const PrecisionRow& a, const PrecisionRow& b) {
-    if (a.local_mean_rel != b.local_mean_rel) return a.local_mean_rel > b.local_mean_rel;
-    return a.step != b.step ? a.step < b.step : a.seq < b.seq;
-  });
-  return out;
-}
-
-std::vector<PrecisionTrend> precision_trends(const std::vector<PrecisionRow>& rows) {
-  // (op, module) -> step -> the largest acc_mean_rel of the step, as log2, floored at one rounding
-  std::map<std::pair<std::string, std::string>, std::map<std::int64_t, double>> series;
-  for (const PrecisionRow& r : rows) {
-    const double unit = std::ldexp(1.0, -significand_bits(parse_dtype(r.out_dtype)));
-    auto& per_step = series[{r.op, r.module}];
-    const auto [it, fresh] = per_step.emplace(r.step, std::max(r.acc_mean_rel, unit));
-    if (!fresh) it->second = std::max(it->second, std::max(r.acc_mean_rel, unit));
-  }
-  std::vector<PrecisionTrend> out;
-  for (const auto& [key, per_step] : series) {
-    if (per_step.size() < 2) continue;
-    const double n = static_cast<double>(per_step.size());
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
-    for (const auto& [step, err] : per_step) {
-      const double x = static_cast<double>(step), y = std::log2(err);
-      sx += x;
-      sy += y;
-      sxx += x * x;
-      sxy += x * y;
-    }
-    PrecisionTrend t;
-    t.op = key.first;
-    t.module = key.second;
-    t.steps = static_cast<std::int64_t>(per_step.size());
-    t.bits_per_step = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-    t.first = per_step.begin()->second;
-    t.last = per_step.rbegin()->second;
-    out.push_back(std::move(t));
-  }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const PrecisionTrend& a, const PrecisionTrend& b) { return a.bits_per_step > b.bits_per_step; });
-  return out;
-}
-
 Twin::Twin(std::shared_ptr<Hook> inner, TwinOptions options) : inner_(std::move(inner)), options_(options) {
   if (!inner_) throw Error("twin: no hook to wrap; pass the probe the twin rides along with");
   if (options_.every < 1) {
@@ -241,22 +169,38 @@ void Twin::on_scaler(const ScalerEvent& event) { inner_->on_scaler(event); }
 void Twin::on_step_begin(std::int64_t step) {
   values_.clear();
   stats_.clear();
+  layouts_.clear();
   step_ = step;
   active_ = step % options_.every == 0;
   inner_->on_step_begin(step);
 }
 
+void Twin::hand_over() {
+  if (!options_.sink) return;
+  for (std::size_t i = handed_; i < rows_.size(); ++i) options_.sink->write(rows_[i]);
+  if (options_.keep_rows) {
+    handed_ = rows_.size();
+  } else {
+    rows_.clear();
+    handed_ = 0;
+  }
+}
+
 void Twin::on_step_end(const StepSummary& summary) {
   values_.clear();
   stats_.clear();
+  layouts_.clear();
   active_ = false;
+  hand_over();  // before the probe ends the step: its end_step makes the rows durable with the step's
   inner_->on_step_end(summary);
 }
 
 void Twin::on_step_abandoned(std::int64_t step) {
   values_.clear();
   stats_.clear();
+  layouts_.clear();
   active_ = false;
+  hand_over();
   inner_->on_step_abandoned(step);
 }
 
@@ -287,10 +231,16 @@ void Twin::twin(const OpEvent& event) {
     if (step != event.step) continue;
     const auto it = values_.find(seq);
     if (it == values_.end()) continue;
-    if (it->second.shape() == in.shape()) {
+    // The input holds the producer's output values in the output's order only when it is the output itself
+    // (or a view with its start and strides) or a reshape of a contiguous output (same start, contiguous): a
+    // transposed view, and a contiguous copy of one (attention's heads merged back), keep the producer's
+    // stamp too, but hold the elements in another order.
+    const auto layout = layouts_.find(seq);
+    const bool same_start = layout != layouts_.end() && in.data() == layout->second.start;
+    if (it->second.shape() == in.shape() && same_start && in.strides() == layout->second.strides) {
       twin_inputs[i] = it->second;
       follows = true;
-    } else if (it->second.numel() == in.numel() && in.is_contiguous()) {
+    } else if (it->second.numel() == in.numel() && same_start && layout->second.contiguous && in.is_contiguous()) {
       twin_inputs[i] = it->second.reshape(in.shape());
       follows = true;
     } else {
@@ -360,6 +310,7 @@ void Twin::twin(const OpEvent& event) {
   }
   values_[event.seq] = acc;
   stats_[event.seq] = a;
+  layouts_[event.seq] = Layout{event.output.data(), event.output.strides(), event.output.is_contiguous()};
   rows_.push_back(std::move(row));
 }
 

@@ -9,12 +9,14 @@
 // (accumulated error only), so the twin follows values through f32 ops (log after autocast's f32 cast).
 //
 // Twin is a hook that wraps another (normally the Probe): it forwards every call unchanged and records
-// only ops the wrapped hook wants, so the trace and the run are the same with and without it. The twin's
+// only ops the wrapped hook wants, so the trace and the run are the same with and without it. With a sink
+// (TwinOptions::sink, the trace writer), each step's rows are written there when the step ends: the trace's
+// /precision table (`ampscope train --twin`), which the report's PRECISION section reads. The twin's
 // tensors are made under NoGradGuard, by ops nested in the reported op (never reported, never cast by
 // autocast, never cached); ops that draw random numbers (dropout) are not computed again.
 //
 //   auto probe = std::make_shared<probe::Probe>(sink, options);
-//   auto twin = std::make_shared<probe::Twin>(probe, probe::TwinOptions{.every = 1});
+//   auto twin = std::make_shared<probe::Twin>(probe, probe::TwinOptions{.every = 1, .sink = writer});
 //   probe::HookGuard installed(twin);
 //   ... train ...;  twin->rows();   // one PrecisionRow per twinned op
 //
@@ -22,7 +24,9 @@
 // dim), ops that draw random numbers (dropout), and ops whose body throws when run again in f32 (the error
 // is swallowed: the run goes on as without the twin). Composites (cross_entropy, attention) are twinned
 // step by step. The backward pass is not twinned. An input the twin cannot match to its producer's twin
-// value (a transposed view of it) is taken as it is, widened (PrecisionRow::followed is then false).
+// value (a transposed view of it, or a contiguous copy of one, as attention's heads merged back into
+// [batch, time, d], or a plain copy: only the output itself, a view with its start and strides, or a reshape
+// of a contiguous output is followed) is taken as it is, widened (PrecisionRow::followed is then false).
 // Memory: the twin keeps an f32 copy of every twinned op's output until the step ends.
 //
 // The numbers (compare()), per element i with y the op's value, r the reference (both widened to double) and
@@ -47,11 +51,18 @@
 #include <vector>
 
 #include "core/probe_hook.h"
+#include "probes/analysis_precision.h"
+#include "probes/trace_schema.h"
 
 namespace ampscope::probe {
 
 struct TwinOptions {
   std::int64_t every = 1;  // twin steps whose number is a multiple of this (and that the wrapped hook records)
+  // Where each step's rows go when the step ends (or is abandoned), before the wrapped hook hears of it: the
+  // trace writer the probe writes to (its /precision table). None: rows are only kept (rows()).
+  std::shared_ptr<trace::Sink> sink{};
+  // Keep every row in memory for rows(); false with a sink keeps only the open step's.
+  bool keep_rows = true;
 };
 
 // The errors of `value` against `reference` (same shape), as above; `dtype` is the dtype whose spacing and
@@ -66,53 +77,16 @@ ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, st
 double relative_error_floor(DType dtype);  // the smallest normal of dtype
 int significand_bits(DType dtype);         // 11, 8, 24, 53
 
-// One twinned op.
-struct PrecisionRow {
-  std::int64_t step = 0;
-  std::int64_t seq = 0;  // the op's seq (its /ops row)
-  std::string op;
-  std::string module;
-  std::string out_dtype;  // the op's output dtype
-  std::int64_t numel = 0;
-  bool local = false;  // the op ran in f16/bf16: local errors computed (else 0: an f32 op on twin inputs)
-  double local_max_rel = 0, local_mean_rel = 0, local_max_ulp = 0;
-  double acc_max_rel = 0, acc_mean_rel = 0, acc_max_ulp = 0;
-  // The largest accumulated max relative error among the op's floating inputs (each input against its twin
-  // value, judged in the input's own dtype): how much error reached the op, to compare with its output's.
-  double in_acc_max_rel = 0;
-  double in_acc_mean_rel = 0;  // the largest accumulated mean relative error among the inputs
-  std::int64_t flips = 0;  // accumulated: against the twin's values
-  double bits = 0;         // accumulated
-  // add, sub, rsub: max over elements of (|a| + |b|) / max(|a ± b|, floor); sum, mean: of sum|x| / max(|sum x|,
-  // floor); from the twin's values (floor: relative_error_floor of the output dtype). NaN for other ops.
-  double cond = 0;
-  bool followed = true;  // every input the twin follows had a twin value of its shape (else: widened input)
-};
+// One twinned op: a row of the trace's /precision table (probes/trace_schema.h documents its fields).
+using PrecisionRow = trace::PrecisionRow;
 
-// The jump in accumulated error at an op: the factor by which its output's accumulated mean relative error
-// exceeds its inputs' (in_acc_mean_rel, taken as at least 2^-p of the output dtype, one rounding). The mean,
-// not the max: one near-zero output of a matmul whose terms cancel is a large relative error of little
-// consequence, while a cancellation that zeroes many outputs (1 - s with s rounded to 1) moves the mean.
-// An op that passes on its inputs' error scores about 1; one that adds only its own rounding about 1 to 2.
-double precision_jump(const PrecisionRow& row);
-// Where precision entered: the rows' ops (op and module), each with its row of the largest jump, largest
-// jump first (ties: earlier step and seq first).
-std::vector<PrecisionRow> rank_by_jump(const std::vector<PrecisionRow>& rows);
-
-// The rows' ops (op and module), each with its row of the largest local mean relative error (what the op's
-// own rounding costs), largest first (ties: earlier step and seq first); ops that ran in f32 are left out.
-std::vector<PrecisionRow> rank_by_local(const std::vector<PrecisionRow>& rows);
-
-// The trend of an op's accumulated error over steps: the least-squares slope of log2(acc_mean_rel) (as
-// at least 2^-p of the output dtype) against the step, over the op's largest value per step; in bits per step
-// lost (positive: the error grows). Ops seen on fewer than two steps are left out. Steepest first.
-struct PrecisionTrend {
-  std::string op, module;
-  std::int64_t steps = 0;        // steps the op was twinned on
-  double bits_per_step = 0;      // slope of log2(error)
-  double first = 0, last = 0;    // acc_mean_rel on its first and last step
-};
-std::vector<PrecisionTrend> precision_trends(const std::vector<PrecisionRow>& rows);
+// The rankings of the twin's rows (precision_jump, rank_by_jump, rank_by_local, precision_trends) live with the
+// analysis that the report shares (probes/analysis_precision.h), which reads them back from the trace.
+using analysis::precision_jump;
+using analysis::precision_trends;
+using analysis::PrecisionTrend;
+using analysis::rank_by_jump;
+using analysis::rank_by_local;
 
 class Twin : public Hook {
  public:
@@ -136,6 +110,7 @@ class Twin : public Hook {
 
  private:
   void twin(const OpEvent& event);
+  void hand_over();  // the open step's rows to the sink
 
   std::shared_ptr<Hook> inner_;
   TwinOptions options_;
@@ -143,7 +118,14 @@ class Twin : public Hook {
   std::int64_t step_ = -1;
   std::unordered_map<std::int64_t, Tensor> values_;      // seq -> the twin's f32 value, for the open step
   std::unordered_map<std::int64_t, ErrorStats> stats_;   // seq -> its accumulated errors
+  struct Layout {
+    const void* start = nullptr;  // where the op's output starts
+    Shape strides;
+    bool contiguous = false;
+  };
+  std::unordered_map<std::int64_t, Layout> layouts_;  // seq -> its output's layout
   std::vector<PrecisionRow> rows_;
+  std::size_t handed_ = 0;  // rows_[0, handed_) went to the sink
   std::map<std::string, std::int64_t> uncovered_;
 };
 

@@ -289,6 +289,35 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
       },
       blocks);
 
+  // The f32 twin's rows (format_version 5; a header only for older traces and runs without --twin).
+  ex.export_table<PrecisionRow>(
+      "precision",
+      {"step", "seq", "op", "module", "out_dtype", "numel", "local", "local_max_rel", "local_mean_rel", "local_max_ulp",
+       "acc_max_rel", "acc_mean_rel", "acc_max_ulp", "in_acc_max_rel", "in_acc_mean_rel", "flips", "bits", "cond", "followed"},
+      counts.precision, [&](std::int64_t b, std::int64_t e) { return reader.precision(b, e); },
+      [](const PrecisionRow& p) {
+        return std::vector<std::string>{num(p.step),
+                                        num(p.seq),
+                                        csv_field(p.op),
+                                        csv_field(p.module),
+                                        csv_field(p.out_dtype),
+                                        num(p.numel),
+                                        csv_bool(p.local),
+                                        csv_number(p.local_max_rel),
+                                        csv_number(p.local_mean_rel),
+                                        csv_number(p.local_max_ulp),
+                                        csv_number(p.acc_max_rel),
+                                        csv_number(p.acc_mean_rel),
+                                        csv_number(p.acc_max_ulp),
+                                        csv_number(p.in_acc_max_rel),
+                                        csv_number(p.in_acc_mean_rel),
+                                        num(p.flips),
+                                        csv_number(p.bits),
+                                        csv_number(p.cond),
+                                        csv_bool(p.followed)};
+      },
+      blocks);
+
   // Dumps are few and small (the probe bounds them): read at once, values into their own file.
   {
     CsvFile dumps(dir, "dumps.csv", {"dump", "step", "seq", "op", "module", "tensor", "dtype", "shape", "values_count"});
@@ -360,7 +389,8 @@ ExportCommand::ExportCommand(CLI::App& app) {
   cmd_ = app.add_subcommand(
       "export",
       "Write every table of a trace as CSV files in a folder: run.csv (root attributes), steps.csv, ops.csv, grads.csv, "
-      "events.csv, histograms.csv, dumps.csv and dump_values.csv, one row per trace row with a header row; columns as the "
+      "events.csv, histograms.csv, dumps.csv, dump_values.csv and precision.csv, one row per trace row with a header row; "
+      "columns as the "
       "trace's fields (docs/trace-format.md, section 'CSV export'). Texts are whole and quoted when they need it, numbers "
       "read back exactly (nan, inf, -inf), booleans are true/false. Exit status: 0 exported, 1 the trace is damaged (what "
       "could be read was exported; stderr names the rest), 2 usage or file error");
@@ -380,7 +410,10 @@ ExportCommand::ExportCommand(CLI::App& app) {
       "  histograms.csv   step, seq, tensor, bins_0 .. bins_131 (bin i < 128: values with floor(log2|x|) = i - 64;\n"
       "                   128 subnormal, 129 zero, 130 inf, 131 NaN)\n"
       "  dumps.csv        dump, step, seq, op, module, tensor, dtype, shape, values_count\n"
-      "  dump_values.csv  dump (its row in dumps.csv), index (row-major), value");
+      "  dump_values.csv  dump (its row in dumps.csv), index (row-major), value\n"
+      "  precision.csv    step, seq, op, module, out_dtype, numel, local, local_max_rel, local_mean_rel, local_max_ulp,\n"
+      "                   acc_max_rel, acc_mean_rel, acc_max_ulp, in_acc_max_rel, in_acc_mean_rel, flips, bits, cond,\n"
+      "                   followed (the f32 twin's rows: `ampscope train --twin`; empty without it)");
 }
 
 bool ExportCommand::parsed() const { return cmd_->parsed(); }

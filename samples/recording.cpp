@@ -2,6 +2,7 @@
 
 #include "core/probe_hook.h"
 #include "probes/probe.h"
+#include "probes/twin.h"
 #include "probes/trace_writer.h"
 
 namespace ampscope::samples {
@@ -10,6 +11,7 @@ namespace ampscope::samples {
 struct Recording::Impl {
   std::shared_ptr<trace::TraceWriter> writer;
   std::shared_ptr<probe::Probe> probe;
+  std::shared_ptr<probe::Twin> twin;  // wraps the probe with --twin
   std::unique_ptr<probe::HookGuard> installed;
   bool closed = false;
 };
@@ -32,7 +34,15 @@ Recording::Recording(const TrainConfig& config, const std::string& config_json, 
   info.probe = probe::describe(options);  // the autocast overrides are installed by now
   impl_->writer = std::make_shared<trace::TraceWriter>(config.out, info);
   impl_->probe = std::make_shared<probe::Probe>(impl_->writer, options);
-  impl_->installed = std::make_unique<probe::HookGuard>(impl_->probe);
+  if (config.twin) {
+    // The twin rides along with the probe: it sees every op first, forwards every call unchanged and
+    // writes its rows to the same trace (/precision), so the run is the same with and without it.
+    impl_->twin = std::make_shared<probe::Twin>(
+        impl_->probe, probe::TwinOptions{.every = config.twin_every, .sink = impl_->writer, .keep_rows = false});
+    impl_->installed = std::make_unique<probe::HookGuard>(impl_->twin);
+  } else {
+    impl_->installed = std::make_unique<probe::HookGuard>(impl_->probe);
+  }
 }
 
 Recording::~Recording() {
@@ -46,6 +56,7 @@ Recording::~Recording() {
   } catch (...) {
     // Unwinding already: the training error is the one to report.
   }
+  impl_->twin.reset();
   impl_->probe.reset();
   impl_->writer.reset();
 }

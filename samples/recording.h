@@ -1,5 +1,6 @@
 // samples/recording.h: what `ampscope train` attaches to a run to watch it: the probe at the chosen
-// level, writing to the HDF5 trace (probes/). Installed for the lifetime of the object.
+// level, writing to the HDF5 trace (probes/), wrapped in the f32 twin with --twin. Installed for the lifetime
+// of the object.
 //
 //   Recording rec(config, config_json, device, "mlp");   // installs the probe hook when config.out is set
 //   ... training ...

@@ -43,6 +43,10 @@ struct TrainConfig {
   std::string out;              // trace path; "" writes no trace
   std::string probe = "health"; // off, dtype, health, full
   std::int64_t sample_every = 1;
+  // The f32 twin (probes/twin.h): every twin_every-th step's f16/bf16 ops computed again in f32, into the
+  // trace's /precision table (needs a trace and a probe level other than off). Never changes the run.
+  bool twin = false;
+  std::int64_t twin_every = 1;
   std::string scenario;         // "" for none
   double init_scale = 65536.0;
   std::int64_t growth_interval = 2000;

@@ -106,7 +106,7 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
     }
   }
   const std::vector<std::string> known = {"sample", "precision", "device", "steps", "batch", "lr", "seed", "out",
-                                          "probe", "sample-every", "scenario", "init-scale", "growth-interval",
+                                          "probe", "sample-every", "twin", "twin-every", "scenario", "init-scale", "growth-interval",
                                           "no-scaler", "autocast-fp32", "checkpoint", "checkpoint-every", "resume", "resume-allow-nonfinite",
                                           "data", "text", "compare", "max-grad-norm", "model", "tokens", "context",
                                           "eval", "save-model", "keep-checkpoints", "fp16-clamp"};
@@ -137,6 +137,11 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
     else if (k == "out") c.out = file_path(need(node.value<std::string>(), "a string"));
     else if (k == "probe") c.probe = need(node.value<std::string>(), "a string");
     else if (k == "sample-every") c.sample_every = need(node.value<std::int64_t>(), "an integer");
+    else if (k == "twin") c.twin = need(node.value<bool>(), "true or false");
+    else if (k == "twin-every") {
+      c.twin_every = need(node.value<std::int64_t>(), "an integer");
+      c.twin = true;  // as on the command line: --twin-every implies --twin
+    }
     else if (k == "scenario") c.scenario = need(node.value<std::string>(), "a string");
     else if (k == "init-scale") c.init_scale = need(node.value<double>(), "a number");
     else if (k == "growth-interval") c.growth_interval = need(node.value<std::int64_t>(), "an integer");
@@ -226,6 +231,11 @@ TrainCommand::TrainCommand(CLI::App& app) {
       ->check(CLI::IsMember({"off", "dtype", "health", "full"}));
   cmd_->add_option("--sample-every", c.sample_every, "Write every Nth step (steps with anomalies are always written)")
       ->capture_default_str();
+  cmd_->add_flag("--twin", c.twin,
+                 "Compute every f16/bf16 op of every recorded step again in f32 (the f32 twin) and record how much "
+                 "precision each op lost (the trace's /precision table; the report's PRECISION section); the run "
+                 "itself is unchanged, each twinned step costs up to about 2.5x");
+  cmd_->add_option("--twin-every", c.twin_every, "Twin only every Nth step (implies --twin)")->capture_default_str();
   cmd_->add_option("--scenario", c.scenario, "Failure scenario to reproduce (see --list-scenarios)");
   cmd_->add_option("--init-scale", c.init_scale, "GradScaler's initial loss scale")->capture_default_str();
   cmd_->add_option("--growth-interval", c.growth_interval, "Clean steps before the GradScaler doubles the scale")
@@ -295,6 +305,11 @@ TrainConfig TrainCommand::resolve(bool& compare) const {
   if (given("--out")) config.out = cli.out;
   if (given("--probe")) config.probe = cli.probe;
   if (given("--sample-every")) config.sample_every = cli.sample_every;
+  if (cli.twin) config.twin = true;
+  if (given("--twin-every")) {
+    config.twin_every = cli.twin_every;
+    config.twin = true;
+  }
   if (given("--scenario")) config.scenario = cli.scenario;
   if (given("--init-scale")) config.init_scale = cli.init_scale;
   if (given("--growth-interval")) config.growth_interval = cli.growth_interval;
@@ -396,6 +411,14 @@ void validate_config(const TrainConfig& c) {
   }
   if (!std::isfinite(c.lr) || c.lr < 0) bad_value("lr", number_text(c.lr), "a finite number > 0 (0: the sample's default)");
   if (c.sample_every < 1) bad_value("sample-every", std::to_string(c.sample_every), "an integer >= 1");
+  if (c.twin_every < 1) bad_value("twin-every", std::to_string(c.twin_every), "an integer >= 1 (1 twins every step)");
+  if (c.twin && c.out.empty()) {
+    throw Error("--twin needs --out FILE: the twin's rows go to the trace's /precision table");
+  }
+  if (c.twin && c.probe == "off") {
+    throw Error("--twin needs a probe level other than off: the twin computes again the ops the probe records\n"
+                "hint: --probe health (the default)");
+  }
   if (!std::isfinite(c.init_scale) || c.init_scale <= 0) {
     bad_value("init-scale", number_text(c.init_scale), "a finite number > 0 (a power of two such as 65536 is usual)");
   }

@@ -130,6 +130,12 @@ void write_hostile_trace(const fs::path& path) {
     HistogramRow h{.step = step, .seq = -1, .tensor = kHostile[0]};
     for (int b = 0; b < kHistBins; ++b) h.bins[static_cast<std::size_t>(b)] = b * (step + 1);
     w.write(h);
+    // The f32 twin's row: a hostile module, and a cond that is NaN (ops without one) or not.
+    w.write(PrecisionRow{.step = step, .seq = step + 1, .op = "rsub", .module = kHostile[static_cast<std::size_t>(step) + 3],
+                         .out_dtype = "f16", .numel = 64 + step, .local = step % 2 == 0, .local_max_rel = 1.0 / 3.0,
+                         .local_mean_rel = 4.9406564584124654e-324, .local_max_ulp = 0.5, .acc_max_rel = 1, .acc_mean_rel = 0.93,
+                         .acc_max_ulp = 2049, .in_acc_max_rel = 5.1e-5, .in_acc_mean_rel = 1e-5, .flips = 60 + step,
+                         .bits = 0, .cond = step == 1 ? kNaN : 2.5e4, .followed = step != 2});
     StepRow s = testing::numbered_step(step);
     if (step == 1) s.loss = kNaN, s.lr = -0.0;
     w.write(s);
@@ -154,7 +160,7 @@ TEST(trace_export_test, every_exported_value_equals_the_readers) {
   const Csv run = read_csv(out_dir / "run.csv");
   ASSERT_EQ(run.rows.size(), 9u);
   EXPECT_EQ(run.rows[4], (std::vector<std::string>{"model", "model, \"quoted\""}));
-  EXPECT_EQ(run.rows[1], (std::vector<std::string>{"format_version", "4"}));
+  EXPECT_EQ(run.rows[1], (std::vector<std::string>{"format_version", std::to_string(kFormatVersion)}));
   EXPECT_EQ(run.rows[8], (std::vector<std::string>{"complete", "1"}));
 
   const Csv steps = read_csv(out_dir / "steps.csv");
@@ -243,6 +249,35 @@ TEST(trace_export_test, every_exported_value_equals_the_readers) {
     for (int b = 0; b < kHistBins; ++b) EXPECT_EQ(integer(hist.at(i, fmt::format("bins_{}", b))), hist_rows[i].bins[static_cast<std::size_t>(b)]);
   }
 
+  const Csv precision = read_csv(out_dir / "precision.csv");
+  const auto precision_rows = r.precision();
+  ASSERT_EQ(precision.rows.size(), 3u);
+  ASSERT_EQ(precision_rows.size(), 3u);
+  for (std::size_t i = 0; i < precision_rows.size(); ++i) {
+    const PrecisionRow& p = precision_rows[i];
+    EXPECT_EQ(integer(precision.at(i, "step")), p.step);
+    EXPECT_EQ(integer(precision.at(i, "seq")), p.seq);
+    EXPECT_EQ(precision.at(i, "op"), p.op);
+    EXPECT_EQ(precision.at(i, "module"), p.module);
+    EXPECT_EQ(precision.at(i, "module"), kHostile[i + 3]);  // as written, too
+    EXPECT_EQ(precision.at(i, "out_dtype"), p.out_dtype);
+    EXPECT_EQ(integer(precision.at(i, "numel")), p.numel);
+    EXPECT_EQ(boolean(precision.at(i, "local")), p.local);
+    EXPECT_SAME_DOUBLE(p.local_max_rel, number(precision.at(i, "local_max_rel")));
+    EXPECT_SAME_DOUBLE(p.local_mean_rel, number(precision.at(i, "local_mean_rel")));
+    EXPECT_SAME_DOUBLE(p.local_max_ulp, number(precision.at(i, "local_max_ulp")));
+    EXPECT_SAME_DOUBLE(p.acc_max_rel, number(precision.at(i, "acc_max_rel")));
+    EXPECT_SAME_DOUBLE(p.acc_mean_rel, number(precision.at(i, "acc_mean_rel")));
+    EXPECT_SAME_DOUBLE(p.acc_max_ulp, number(precision.at(i, "acc_max_ulp")));
+    EXPECT_SAME_DOUBLE(p.in_acc_max_rel, number(precision.at(i, "in_acc_max_rel")));
+    EXPECT_SAME_DOUBLE(p.in_acc_mean_rel, number(precision.at(i, "in_acc_mean_rel")));
+    EXPECT_EQ(integer(precision.at(i, "flips")), p.flips);
+    EXPECT_SAME_DOUBLE(p.bits, number(precision.at(i, "bits")));
+    EXPECT_SAME_DOUBLE(p.cond, number(precision.at(i, "cond")));
+    EXPECT_EQ(boolean(precision.at(i, "followed")), p.followed);
+  }
+  EXPECT_EQ(precision.at(1, "cond"), "nan");
+
   const Csv dumps = read_csv(out_dir / "dumps.csv");
   const Csv values = read_csv(out_dir / "dump_values.csv");
   const auto dump_rows = r.dumps();
@@ -286,7 +321,7 @@ TEST(trace_export_test, every_exported_column_is_documented) {
     }
     ++files;
   }
-  EXPECT_EQ(files, 8u);
+  EXPECT_EQ(files, 9u);
 }
 
 TEST(trace_export_test, quotes_fields_as_rfc_4180_says) {

@@ -5,14 +5,16 @@
 //    a complete trace, /ops resized to 2^31 unwritten rows, a changed attribute, counts past the tables),
 //    each with the error or the marked partial result it must give.
 //  - Seeded mutants of real traces (a healthy run, a run with anomalies at probe level full, a run
-//    killed before it closed its trace, the committed format_version 1, 2 and 3 fixtures) and of a
+//    killed before it closed its trace, the committed format_version 1 to 4 fixtures) and of a
 //    checkpoint: byte flips anywhere, flips inside the global heap collection (GCOL), truncations, zeroed
 //    blocks, zeroed or edited /index rows, crafted table sizes, edited attributes, and edits of format_version
-//    4's string table through HDF5 (a text's byte, an entry's field, a row's text id). Each mutant runs in a
+//    4's string table through HDF5 (a text's byte, an entry's field, a row's text id), and edits of a field
+//    of format_version 5's /precision rows (the anomalies trace is run with the f32 twin). Each mutant runs in a
 //    forked child with a time limit (alarm) and, without sanitizers, an address-space limit: a crash is a
 //    signal, a hang SIGALRM, a blow-up bad_alloc or a large peak RSS, and each counts as a failure. So does
-//    a result with fewer steps or op rows than the original and no damage note, a row text (op name, module,
-//    event, parameter) other than the original's with no damage note, and a checkpoint that loads and then
+//    a result with fewer steps, op rows or precision rows than the original and no damage note, a row text (op
+//    name, module, event, parameter, precision row) other than the original's with no damage note, and a
+//    checkpoint that loads and then
 //    trains to other numbers.
 //
 // AMPSCOPE_FUZZ_CASES sets the number of trace mutants (default sized for about a minute on 2 cores in
@@ -94,14 +96,14 @@ struct Base {
   fs::path path;
   bool complete = true;
   bool variable_length = false;  // format_version 1 or 2: text attributes in the global heap
-  std::int64_t steps = 0, op_rows = 0;
-  std::array<std::vector<std::string>, 3> texts;  // every text of every /ops, /events and /grads row, in order
+  std::int64_t steps = 0, op_rows = 0, precision_rows = 0;
+  std::array<std::vector<std::string>, 4> texts;  // every text of every /ops, /events, /grads and /precision row
 };
 
-// The texts of a trace's rows, one line per row of /ops, /events and /grads: what a mutant must give back
-// exactly unless it says it is damaged.
-std::array<std::vector<std::string>, 3> texts_of(TraceReader& r) {
-  std::array<std::vector<std::string>, 3> out;
+// The texts of a trace's rows, one line per row of /ops, /events, /grads and /precision (with its numbers):
+// what a mutant must give back exactly unless it says it is damaged.
+std::array<std::vector<std::string>, 4> texts_of(TraceReader& r) {
+  std::array<std::vector<std::string>, 4> out;
   for (const OpRow& o : r.ops()) {
     out[0].push_back(fmt::format("op {} {} {} {} {} {} {} {} {}", o.step, o.seq, phase_name(o.phase), o.op, o.module, o.in_dtypes,
                                  o.out_dtype, o.shape, o.autocast));
@@ -110,6 +112,10 @@ std::array<std::vector<std::string>, 3> texts_of(TraceReader& r) {
     out[1].push_back(fmt::format("event {} {} {} {} {} {}", e.step, e.seq, e.kind, e.op, e.module, e.detail));
   }
   for (const GradRow& g : r.grads()) out[2].push_back(fmt::format("grad {} {} {}", g.step, g.param, g.dtype));
+  for (const PrecisionRow& p : r.precision()) {
+    out[3].push_back(fmt::format("precision {} {} {} {} {} {} {} {} {} {} {} {}", p.step, p.seq, p.op, p.module, p.out_dtype,
+                                 p.numel, p.local, p.local_mean_rel, p.acc_mean_rel, p.in_acc_mean_rel, p.flips, p.followed));
+  }
   return out;
 }
 
@@ -152,6 +158,7 @@ Base describe(std::string name, fs::path path) {
   const analysis::Report rep = analysis::analyse(r);
   b.steps = rep.steps;
   b.op_rows = rep.op_rows;
+  b.precision_rows = rep.precision.rows;
   b.texts = texts_of(r);
   EXPECT_TRUE(rep.damage.empty()) << b.name << ": " << rep.damage.front();
   return b;
@@ -171,6 +178,7 @@ struct Corpus {
     const auto anomalies = dir.file("anomalies.h5");
     samples::TrainConfig full = config("mlp", 3, anomalies, "log-zero");
     full.probe = "full";
+    full.twin = true;  // /precision rows too
     train_trace(full);
     const auto killed = dir.file("killed.h5");
     train_trace(config("mlp", 50, killed), 3);
@@ -180,6 +188,8 @@ struct Corpus {
     traces.push_back(describe("v1 fixture", kFixtures / "v1-mlp-log-zero.h5"));
     traces.push_back(describe("v2 fixture", kFixtures / "v2-mlp-log-zero-full.h5"));
     traces.push_back(describe("v3 fixture", kFixtures / "v3-mlp-log-zero-full.h5"));
+    traces.push_back(describe("v4 fixture", kFixtures / "v4-mlp-log-zero-full.h5"));
+    EXPECT_GT(traces[1].precision_rows, 0) << "the anomalies trace was run with --twin";
 
     checkpoint = dir.file("ck.h5");
     samples::TrainConfig save = config("mlp", 2, "");
@@ -217,15 +227,16 @@ hid_t open_rw(const fs::path& p) {
   return id;
 }
 
-const char* const kTables[] = {"steps", "ops", "grads", "events", "histograms", "dumps", "dump_values", "strings", "string_bytes"};
+const char* const kTables[] = {"steps",   "ops",          "grads",    "events", "histograms",
+                               "dumps",   "dump_values",  "strings",  "string_bytes", "precision"};
 
-// The /index rows as step + 7 counts (9 from format_version 4) and crc32 where the file has it, read and
-// written by field name.
+// The /index rows as step + 7 counts (9 in format_version 4, 10 from 5) and crc32 where the file has it, read
+// and written by field name.
 struct IndexRows {
   std::vector<detail::IndexRecord> rows;
   bool has_crc = false;
   int tables = detail::kLegacyDataTables;
-  std::int64_t version() const { return tables == detail::kDataTableCount ? 4 : 3; }
+  std::int64_t version() const { return tables == detail::kDataTableCount ? 5 : tables == detail::kV4DataTables ? 4 : 3; }
 };
 
 hid_t index_memory_type(bool crc, int tables) {
@@ -243,7 +254,9 @@ bool read_index(hid_t file, IndexRows& out) {
   if (ds < 0) return false;
   const hid_t ft = H5Dget_type(ds);
   out.has_crc = H5Tget_member_index(ft, "crc32") >= 0;
-  out.tables = H5Tget_member_index(ft, "strings") >= 0 ? detail::kDataTableCount : detail::kLegacyDataTables;
+  out.tables = H5Tget_member_index(ft, "precision") >= 0 ? detail::kDataTableCount
+               : H5Tget_member_index(ft, "strings") >= 0 ? detail::kV4DataTables
+                                                          : detail::kLegacyDataTables;
   H5Tclose(ft);
   const hid_t space = H5Dget_space(ds);
   hsize_t n = 0;
@@ -356,7 +369,9 @@ bool set_int_attribute(hid_t file, const char* name, std::int64_t value) {
   return ok >= 0;
 }
 
-enum class Kind { flip, heap_flip, truncate, zero_block, zero_index, edit_index, crafted_size, edit_attribute, edit_strings, count };
+enum class Kind {
+  flip, heap_flip, truncate, zero_block, zero_index, edit_index, crafted_size, edit_attribute, edit_strings, edit_precision, count
+};
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -369,6 +384,7 @@ const char* kind_name(Kind k) {
     case Kind::crafted_size: return "crafted size";
     case Kind::edit_attribute: return "edited attribute";
     case Kind::edit_strings: return "edited string table";
+    case Kind::edit_precision: return "edited /precision row";
     default: return "?";
   }
 }
@@ -479,8 +495,11 @@ std::optional<std::string> mutate_with_hdf5(const fs::path& p, Kind kind, std::m
         break;
       }
       default: {
-        const char* table = pick(2) == 0 ? "ops" : "events";
-        const char* field = std::string_view(table) == "ops" ? (pick(2) == 0 ? "op" : "module") : "kind";
+        const bool precision = rows_of(file, "precision") > 0 && pick(3) == 0;
+        const char* table = precision ? "precision" : pick(2) == 0 ? "ops" : "events";
+        const char* precision_fields[] = {"op", "module", "out_dtype"};
+        const char* field = precision ? precision_fields[pick(3)]
+                            : std::string_view(table) == "ops" ? (pick(2) == 0 ? "op" : "module") : "kind";
         const hsize_t rows = rows_of(file, table);
         const hsize_t row = pick(rows);
         const std::int64_t values[] = {-1, static_cast<std::int64_t>(strings), static_cast<std::int64_t>(strings) + 17,
@@ -491,6 +510,40 @@ std::optional<std::string> mutate_with_hdf5(const fs::path& p, Kind kind, std::m
         break;
       }
     }
+  } else if (kind == Kind::edit_precision && rows_of(file, "precision") > 0) {
+    // A field of a /precision row set to a value no twin writes (chunk checksums right): a negative count, a
+    // NaN or negative error, a flag other than 0 or 1. The reader must refuse the row (naming it and the field).
+    const hsize_t row = pick(rows_of(file, "precision"));
+    const char* counts[] = {"numel", "flips"};
+    const char* measures[] = {"local_max_rel", "local_mean_rel", "local_max_ulp", "acc_max_rel", "acc_mean_rel",
+                              "acc_max_ulp", "in_acc_max_rel", "in_acc_mean_rel", "bits", "cond"};
+    const char* flags[] = {"local", "followed"};
+    const int which = static_cast<int>(pick(3));
+    const char* field = which == 0 ? counts[pick(2)] : which == 1 ? measures[pick(std::size(measures))] : flags[pick(2)];
+    const hid_t t = H5Tcreate(H5T_COMPOUND, sizeof(double));
+    bool ok = false;
+    if (which == 0) {
+      H5Tinsert(t, field, 0, H5T_NATIVE_INT64);
+      std::int64_t v = -1 - static_cast<std::int64_t>(pick(1000));
+      ok = rows_io(file, "precision", t, row, 1, &v, true);
+    } else if (which == 1) {
+      H5Tinsert(t, field, 0, H5T_NATIVE_DOUBLE);
+      double v = pick(2) == 0 ? std::nan("") : -1.5;
+      ok = rows_io(file, "precision", t, row, 1, &v, true);
+    } else {
+      // The file's own 8-bit enumeration: HDF5 then stores the byte as it is, though no member has its value.
+      const hid_t ds = H5Dopen2(file, "/precision", H5P_DEFAULT);
+      const hid_t file_type = H5Dget_type(ds);
+      const hid_t member = H5Tget_member_type(file_type, static_cast<unsigned>(H5Tget_member_index(file_type, field)));
+      H5Tinsert(t, field, 0, member);
+      H5Tclose(member);
+      H5Tclose(file_type);
+      H5Dclose(ds);
+      std::int8_t v = static_cast<std::int8_t>(2 + pick(100));
+      ok = rows_io(file, "precision", t, row, 1, &v, true);
+    }
+    H5Tclose(t);
+    what = fmt::format("/precision row {} field {} set to a value no twin writes{}", row, field, ok ? "" : " (failed)");
   } else if (kind == Kind::edit_attribute) {
     switch (pick(6)) {
       case 0: set_text_attribute(file, "precision", "fp64"); what = "precision fp64"; break;
@@ -619,11 +672,11 @@ int check_trace(const Base& base, const fs::path& mutant, const fs::path& note, 
     (void)analysis::render_text(d);
     (void)analysis::render_json(d);
     const bool marked = !rep.damage.empty() || (base.complete && !rep.complete);
-    if (rep.steps < base.steps || rep.op_rows < base.op_rows) {
+    if (rep.steps < base.steps || rep.op_rows < base.op_rows || rep.precision.rows < base.precision_rows) {
       if (marked) return kMarked;
       if (shrunk) return kIntact;  // a self-consistent shorter trace
-      std::ofstream(note) << fmt::format("{} steps, {} op rows of {} and {}, no damage note", rep.steps, rep.op_rows, base.steps,
-                                         base.op_rows);
+      std::ofstream(note) << fmt::format("{} steps, {} op rows, {} precision rows of {}, {} and {}, no damage note", rep.steps,
+                                         rep.op_rows, rep.precision.rows, base.steps, base.op_rows, base.precision_rows);
       return kSilent;
     }
     if (!rep.damage.empty() && d.damage_b.empty()) {

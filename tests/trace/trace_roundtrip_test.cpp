@@ -260,7 +260,7 @@ TEST(trace_roundtrip_test, keeps_every_text_whole_however_long) {
     w.close();
   }
   TraceReader r(path);
-  EXPECT_EQ(r.format_version(), 4);
+  EXPECT_EQ(r.format_version(), kFormatVersion);
   const std::vector<OpRow> ops = r.ops();
   ASSERT_EQ(ops.size(), 3u);
   testing::expect_same_op(a, ops[0]);

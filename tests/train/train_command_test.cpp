@@ -134,6 +134,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadOptionCase{{"--batch", "-3"}, {"--batch: -3 is not allowed"}},
         BadOptionCase{{"--batch", "5000"}, {"--batch: 5000 is not allowed; expected at most 4096", "mlp sample"}},
         BadOptionCase{{"--sample-every", "0"}, {"--sample-every: 0 is not allowed", ">= 1"}},
+        BadOptionCase{{"--twin-every", "0", "--out", "/tmp/ampscope-never-written.h5"},
+                      {"--twin-every: 0 is not allowed", ">= 1 (1 twins every step)"}},
+        BadOptionCase{{"--twin"}, {"--twin needs --out FILE"}},
+        BadOptionCase{{"--twin", "--probe", "off", "--out", "/tmp/ampscope-never-written.h5"},
+                      {"--twin needs a probe level other than off", "hint: --probe health"}},
         BadOptionCase{{"--growth-interval", "0"}, {"--growth-interval: 0 is not allowed", ">= 1"}},
         BadOptionCase{{"--max-grad-norm", "nan"}, {"--max-grad-norm: nan is not allowed", ">= 0"}},
         BadOptionCase{{"--max-grad-norm", "-1"}, {"--max-grad-norm: -1 is not allowed"}},
@@ -216,6 +221,34 @@ TEST(train_command_test, a_scenario_without_sample_picks_the_scenarios_sample) {
   app.parse(static_cast<int>(argv.size()), argv.data());
   bool compare = false;
   EXPECT_EQ(train.resolve(compare).sample, "transformer");
+}
+
+// --twin-every N implies --twin, on the command line and in a config file; the config JSON a trace keeps
+// records both (what `ampscope fix` and tools read back).
+TEST(train_command_test, twin_every_implies_twin_on_the_command_line_and_in_a_config_file) {
+  auto resolve = [](std::vector<std::string> args) {
+    CLI::App app;
+    TrainCommand train(app);
+    args.insert(args.begin(), {"ampscope", "train", "--out", "/tmp/ampscope-never-written.h5"});
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    app.parse(static_cast<int>(argv.size()), argv.data());
+    bool compare = false;
+    return train.resolve(compare);
+  };
+  TrainConfig c = resolve({});
+  EXPECT_FALSE(c.twin);
+  c = resolve({"--twin"});
+  EXPECT_TRUE(c.twin);
+  EXPECT_EQ(c.twin_every, 1);
+  c = resolve({"--twin-every", "5"});
+  EXPECT_TRUE(c.twin);
+  EXPECT_EQ(c.twin_every, 5);
+  const std::string path = write_config("twin-every = 3\n");
+  c = resolve({"--config", path});
+  EXPECT_TRUE(c.twin);
+  EXPECT_EQ(c.twin_every, 3);
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -273,6 +273,31 @@ TEST(Twin, RanksByLocalErrorAndByTrend) {
   EXPECT_NEAR(trends[2].bits_per_step, -1.0, 1e-12);
 }
 
+// A contiguous copy of a transposed output keeps its producer's stamp but holds the values in another order:
+// the twin must not take its producer's twin value reshaped for it (that scrambled attention's merged heads
+// into errors of 800%). A reshape view of the output is the same order, and is followed.
+TEST(Twin, FollowsAReshapeViewButNotACopyOfATransposedOutput) {
+  auto twin = std::make_shared<probe::Twin>(std::make_shared<probe::Probe>(std::make_shared<NullSink>()));
+  {
+    probe::HookGuard installed(twin);
+    probe::StepScope step(0);
+    // Every value exact in f16, so every error against the twin is 0 when the twin follows the right values.
+    const Tensor y = from_values({1.0, 2.0, 3.0, 4.0, 5.0, 6.0}, {2, 3}).to(DType::f16) * 2.0;
+    const Tensor copied = y.transpose(0, 1).contiguous().reshape({2, 3});  // 2 8 4 10 6 12: another order
+    const Tensor viewed = y.reshape({3, 2});                                // 2 4 6 8 10 12: the same order
+    copied * 1.0;
+    viewed * 1.0;
+    step.end({});
+  }
+  const auto& rows = twin->rows();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_FALSE(rows[1].followed);  // the copy: taken as it is
+  EXPECT_EQ(rows[1].acc_max_rel, 0.0);
+  EXPECT_EQ(rows[1].in_acc_max_rel, 0.0);
+  EXPECT_TRUE(rows[2].followed);  // the view: the producer's twin value, reshaped
+  EXPECT_EQ(rows[2].acc_max_rel, 0.0);
+}
+
 TEST(Twin, RefusesANullHookAndEveryBelowOne) {
   EXPECT_THROW(probe::Twin(nullptr), Error);
   EXPECT_THROW(probe::Twin(std::make_shared<probe::Probe>(std::make_shared<NullSink>()), {.every = 0}), Error);

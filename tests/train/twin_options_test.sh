@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# tests/train/twin_options_test.sh: `ampscope train --twin` / `--twin-every N` with bad values (on the command
+# line and in a --config file) exit 2, the usage-error status of every command (docs/training.md), with a
+# message naming the option, the value and what is allowed; nothing is trained and no trace is written.
+#   twin_options_test.sh AMPSCOPE_BINARY SCRATCH_DIR
+set -uo pipefail
+ampscope=${1:?usage: twin_options_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
+work=${2:?usage: twin_options_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
+rm -rf "$work" && mkdir -p "$work"
+failures=0
+
+# expect_usage_error "message piece" args...: exit 2, the piece on stderr, no trace written
+expect_usage_error() {
+  local piece=$1
+  shift
+  "$ampscope" train --device cpu --steps 1 "$@" >"$work/out.txt" 2>"$work/err.txt"
+  local status=$?
+  if [[ $status != 2 ]]; then
+    echo "FAIL: 'ampscope train $*' exited $status, expected 2" >&2
+    cat "$work/err.txt" >&2
+    failures=$((failures + 1))
+  elif ! grep -qF -- "$piece" "$work/err.txt"; then
+    echo "FAIL: 'ampscope train $*': stderr lacks '$piece':" >&2
+    cat "$work/err.txt" >&2
+    failures=$((failures + 1))
+  fi
+  if [[ -e "$work/run.h5" ]]; then
+    echo "FAIL: 'ampscope train $*' wrote a trace" >&2
+    rm -f "$work/run.h5"
+    failures=$((failures + 1))
+  fi
+}
+
+expect_usage_error "--twin-every: 0 is not allowed; expected an integer >= 1 (1 twins every step)" \
+  --out "$work/run.h5" --twin-every 0
+expect_usage_error "--twin-every: -3 is not allowed; expected an integer >= 1" --out "$work/run.h5" --twin-every -3
+expect_usage_error "--twin-every" --out "$work/run.h5" --twin-every abc
+expect_usage_error "--twin-every" --out "$work/run.h5" --twin-every 1.5
+expect_usage_error "--twin needs --out FILE" --twin
+expect_usage_error "--twin needs --out FILE" --twin-every 2
+expect_usage_error "--twin needs a probe level other than off" --out "$work/run.h5" --twin --probe off
+printf 'twin-every = 0\n' >"$work/zero.toml"
+expect_usage_error "--twin-every: 0 is not allowed" --out "$work/run.h5" --config "$work/zero.toml"
+printf 'twin = "yes"\n' >"$work/word.toml"
+expect_usage_error "'twin' must be true or false" --out "$work/run.h5" --config "$work/word.toml"
+
+# And the good values train, with the table written.
+if ! "$ampscope" train --device cpu --steps 2 --twin-every 1 --out "$work/run.h5" >"$work/out.txt" 2>&1; then
+  echo "FAIL: --twin-every 1 did not train:" >&2
+  cat "$work/out.txt" >&2
+  failures=$((failures + 1))
+fi
+[[ $failures == 0 ]] && echo "twin_options_test: every bad value exits 2 with its message"
+exit $((failures > 0))
