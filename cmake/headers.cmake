@@ -21,6 +21,7 @@ set(AMPSCOPE_INTERNAL_HEADERS
     probes/trace_layout_v3.h # the fixed-width layouts of format_version 1 to 3, for the reader
     probes/f16_ranges.h   # the analysis's fp16 range tables
     probes/scaler_calibration.h # the calibration test the analysis and the diff share
+    core/mpi_process_group.h # the MPI process group's factory (its .cpp is the only file that includes mpi.h)
 )
 
 file(GLOB _ampscope_header_paths CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}

@@ -58,3 +58,8 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/ampscopeConfigVersion.cma
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/ampscopeConfig.cmake ${PROJECT_BINARY_DIR}/ampscopeConfigVersion.cmake
         DESTINATION ${AMPSCOPE_INSTALL_CMAKEDIR})
+if(AMPSCOPE_WITH_NCCL)
+  # How the package finds NCCL again on the user's machine (ampscopeConfig.cmake includes it).
+  install(FILES ${PROJECT_SOURCE_DIR}/cmake/nccl.cmake DESTINATION ${AMPSCOPE_INSTALL_CMAKEDIR}
+          RENAME ampscopeNccl.cmake)
+endif()

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/communicator.h"
 #include "core/error.h"
 
 namespace ampscope {
@@ -46,6 +47,26 @@ void Backend::fused_sgd_step(const std::vector<FusedSgdTensor>&, const FusedSgdO
 
 void Backend::fused_adam_step(const std::vector<FusedAdamTensor>&, const FusedAdamOptions&, const float*) {
   no_fused_amp(*this, "fused_adam_step");
+}
+
+namespace {
+
+[[noreturn]] void no_communicator(const Backend& backend, const char* what) {
+  throw UnsupportedError(fmt::format("{}: backend '{}' has no communication library for collectives between "
+                                     "processes\nhint: {}",
+                                     what, backend.name(),
+                                     backend.device().is_cpu()
+                                         ? "CPU tensors go through the process group itself (MPI); only CUDA "
+                                           "devices are connected with ProcessGroup::connect"
+                                         : "this build's CUDA backend has no NCCL"));
+}
+
+}  // namespace
+
+std::string Backend::new_communicator_id() { no_communicator(*this, "new_communicator_id"); }
+
+std::unique_ptr<Communicator> Backend::create_communicator(const std::string&, int, int) {
+  no_communicator(*this, "create_communicator");
 }
 
 void Backend::register_kernel(Op op, DType dtype, KernelFn fn) {

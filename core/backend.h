@@ -18,6 +18,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -128,6 +129,7 @@ struct KernelArgs {
 };
 
 class Backend;
+class Communicator;  // core/communicator.h
 using KernelFn = void (*)(Backend&, const KernelArgs&);
 
 // The arguments of the fused AMP fast path (Backend::fused_sgd_step, fused_adam_step); the exact
@@ -199,6 +201,16 @@ class Backend {
                               const float* found_inf);
   virtual void fused_adam_step(const std::vector<FusedAdamTensor>& tensors, const FusedAdamOptions& options,
                                const float* found_inf);
+
+  // ---- collectives between processes (optional; core/communicator.h) ----
+  // How ProcessGroup::connect (core/process_group.h) reaches a device's communication library (NCCL for
+  // CUDA) without including a backend header. new_communicator_id: a fresh id for a new communicator
+  // (called on one rank, which sends it to the others); create_communicator: this process's member of
+  // the communicator with that id, as `rank` of `size` (collective: every rank calls it). A backend
+  // without one (the CPU backend: its tensors go through the process group itself) throws
+  // UnsupportedError.
+  virtual std::string new_communicator_id();
+  virtual std::unique_ptr<Communicator> create_communicator(const std::string& id, int rank, int size);
 
  protected:
   // Registering the same (op, dtype) twice is a programming error and throws.

@@ -22,6 +22,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev         # tests and benchmarks
   python3-torch                                      # PyTorch 1.13 (CPU) as the tests' reference for f32/bf16 ops
   python3-regex                                      # the regex module GPT-2 split text with: tests/tokenizer
+  openmpi-bin libopenmpi-dev                         # the MPI process group and its 2-rank tests (mpirun)
 )
 
 missing=()

@@ -16,6 +16,10 @@
 #include "kernels/cuda/cuda_gemm.h"
 #include "kernels/cuda/cuda_launch.h"
 #include "kernels/cuda/fused_amp.h"
+#if defined(AMPSCOPE_WITH_NCCL)
+#include "core/communicator.h"
+#include "kernels/cuda/nccl_communicator.h"
+#endif
 
 namespace ampscope {
 namespace {
@@ -124,6 +128,17 @@ class CudaBackend final : public Backend {
                        const float* found_inf) override {
     cuda::fused_adam_step(*this, tensors, options, found_inf);
   }
+
+#if defined(AMPSCOPE_WITH_NCCL)
+  // Collectives between processes (core/backend.h): NCCL, on this backend's stream.
+  std::string new_communicator_id() override {
+    AMPSCOPE_CUDA_CHECK(cudaSetDevice(index_));
+    return cuda::nccl_unique_id();
+  }
+  std::unique_ptr<Communicator> create_communicator(const std::string& id, int rank, int size) override {
+    return cuda::make_nccl_communicator(index_, stream(), id, rank, size);
+  }
+#endif
 
  private:
   static CudaStream make_stream(int index) {

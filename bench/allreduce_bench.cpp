@@ -1,0 +1,126 @@
+// allreduce_bench: what the gradient all-reduce of data-parallel training costs per step, at the sizes of
+// the sample models' gradients (the models training_bench times), on the CPU over the MPI process group.
+// Run under the launcher (a plain program, no Google Benchmark):
+//
+//   mpirun --oversubscribe -np 2 build/bin/allreduce_bench [repeats]
+//
+// For each model and dtype it times, as the median and the fastest of `repeats` steps (each after a barrier;
+// the values double every step, so f16 reaches inf after about 26 steps, which costs no more to add):
+//   flat        one ProcessGroup::all_reduce of all the gradients in one buffer (a bucketed DDP's best case);
+//   per-tensor  one all_reduce per parameter tensor (DDP without buckets);
+//   MPI_Allreduce  Open MPI's own MPI_SUM on the same flat f32 buffer, for scale (f32 only: MPI has no f16).
+// Rank 0 prints one table row per (model, dtype).
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/process_group.h"
+#include "samples/models.h"
+
+namespace {
+
+using namespace ampscope;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Timing {
+  double median_ms, min_ms;
+};
+
+template <class Fn>
+Timing time_ms(ProcessGroup& group, int repeats, Fn&& fn) {
+  fn();  // warm-up: first-touch of buffers, MPI's connection set-up
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    group.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  // The slowest rank's median (and fastest step) is the step's cost.
+  double mine[2] = {median(times), *std::min_element(times.begin(), times.end())}, slowest[2] = {0, 0};
+  MPI_Allreduce(mine, slowest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return {slowest[0], slowest[1]};
+}
+
+std::string format(const Timing& t) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.3f (%.3f)", t.median_ms, t.min_ms);
+  return text;
+}
+
+struct Model {
+  std::string name;
+  std::vector<std::int64_t> sizes;  // numel of each parameter tensor
+};
+
+std::vector<std::int64_t> parameter_sizes(const nn::Module& model) {
+  std::vector<std::int64_t> sizes;
+  for (const Tensor& p : model.parameters()) sizes.push_back(p.numel());
+  return sizes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
+  try {
+    std::unique_ptr<ProcessGroup> group = make_process_group();
+    if (group->name() != std::string("mpi")) {
+      std::fprintf(stderr, "allreduce_bench: run it under mpirun (mpirun --oversubscribe -np 2 %s)\n", argv[0]);
+      return 2;
+    }
+    Generator gen(0);
+    std::vector<Model> models;
+    models.push_back({"MLP 784-256-256-10",
+                      parameter_sizes(*samples::make_mlp({.in_features = 784, .hidden = 256, .classes = 10}, gen))});
+    models.push_back({"MNIST CNN", parameter_sizes(*samples::make_mnist_cnn(gen))});
+    const samples::TinyTransformerConfig gpt{.vocab = 256, .context = 64, .d_model = 128, .n_heads = 4, .n_layers = 2};
+    models.push_back({"tiny GPT (2 blocks, d 128)", parameter_sizes(samples::TinyTransformer(gpt, gen))});
+
+    if (group->rank() == 0) {
+      std::printf("allreduce_bench: %d ranks, median (fastest) of %d steps in ms, the slowest rank's\n", group->size(),
+                  repeats);
+      std::printf("| model | parameters (tensors) | dtype | flat | per-tensor | MPI_Allreduce f32 |\n|---|---|---|---|---|---|\n");
+    }
+    for (const Model& m : models) {
+      std::int64_t total = 0;
+      for (std::int64_t n : m.sizes) total += n;
+      for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+        Tensor flat = full({total}, 1.0 / 1024, {.dtype = dtype});
+        std::vector<Tensor> tensors;
+        for (std::int64_t n : m.sizes) tensors.push_back(full({n}, 1.0 / 1024, {.dtype = dtype}));
+        const Timing flat_ms = time_ms(*group, repeats, [&] { group->all_reduce(flat); });
+        const Timing per_tensor_ms = time_ms(*group, repeats, [&] {
+          for (Tensor& t : tensors) group->all_reduce(t);
+        });
+        Timing mpi_ms{-1, -1};
+        if (dtype == DType::f32) {
+          std::vector<float> out(static_cast<std::size_t>(total));
+          mpi_ms = time_ms(*group, repeats, [&] {
+            MPI_Allreduce(flat.data(), out.data(), static_cast<int>(total), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          });
+        }
+        if (group->rank() == 0) {
+          const std::string mpi = mpi_ms.median_ms < 0 ? "" : format(mpi_ms);
+          std::printf("| %s | %lld (%zu) | %s | %s | %s | %s |\n", m.name.c_str(), static_cast<long long>(total),
+                      m.sizes.size(), std::string(dtype_name(dtype)).c_str(), format(flat_ms).c_str(),
+                      format(per_tensor_ms).c_str(), mpi.c_str());
+        }
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "allreduce_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,26 @@
+# Finds NCCL (nccl.h, libnccl.so), which the CUDA Toolkit here ships under its own include and lib
+# folders, and defines the imported target AmpscopeNCCL::nccl. Used by the build (kernels/CMakeLists.txt)
+# and, installed beside ampscopeConfig.cmake, by the installed package, which finds NCCL again on the
+# user's machine. Sets AMPSCOPE_NCCL_FOUND.
+if(TARGET AmpscopeNCCL::nccl)
+  set(AMPSCOPE_NCCL_FOUND TRUE)
+  return()
+endif()
+set(_ampscope_nccl_hints)
+if(CUDAToolkit_LIBRARY_DIR)
+  list(APPEND _ampscope_nccl_hints ${CUDAToolkit_LIBRARY_DIR})
+endif()
+if(CUDAToolkit_LIBRARY_ROOT)
+  list(APPEND _ampscope_nccl_hints ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+endif()
+find_library(AMPSCOPE_NCCL_LIBRARY nccl HINTS ${_ampscope_nccl_hints} PATHS /usr/local/cuda/lib64 /usr/local/cuda/lib)
+find_path(AMPSCOPE_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} PATHS /usr/local/cuda/include)
+unset(_ampscope_nccl_hints)
+if(AMPSCOPE_NCCL_LIBRARY AND AMPSCOPE_NCCL_INCLUDE_DIR)
+  add_library(AmpscopeNCCL::nccl UNKNOWN IMPORTED)
+  set_target_properties(AmpscopeNCCL::nccl PROPERTIES IMPORTED_LOCATION ${AMPSCOPE_NCCL_LIBRARY}
+                                                      INTERFACE_INCLUDE_DIRECTORIES ${AMPSCOPE_NCCL_INCLUDE_DIR})
+  set(AMPSCOPE_NCCL_FOUND TRUE)
+else()
+  set(AMPSCOPE_NCCL_FOUND FALSE)
+endif()
