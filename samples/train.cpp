@@ -438,7 +438,10 @@ probe::StepSummary TrainingRun::step(std::int64_t n) {
 
 void TrainingRun::save_checkpoint(std::int64_t next_step, bool periodic) {
   recording_->quiesce();  // the trace writer's thread must not be inside HDF5 while the checkpoint is
-  if (rank_ != 0) return;  // the ranks' states are identical: rank 0 writes the one checkpoint
+  if (rank_ != 0) {  // the ranks' states are identical: rank 0 writes the one checkpoint
+    group_->barrier();  // and every rank returns once it is complete (a --resume right after reads it)
+    return;
+  }
   Checkpoint ck{.model = &task_->model(), .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
                 .states = {{"scaler", scaler_->state_dict()}, {"run", run_state_}}, .step = next_step};
   ampscope::save_checkpoint(config_.checkpoint, ck);
@@ -446,6 +449,7 @@ void TrainingRun::save_checkpoint(std::int64_t next_step, bool periodic) {
     const std::string kept = kept_checkpoint_path(config_.checkpoint, next_step);
     std::filesystem::copy_file(config_.checkpoint, kept, std::filesystem::copy_options::overwrite_existing);
   }
+  if (group_ != nullptr) group_->barrier();
 }
 
 void TrainingRun::save_model() {

@@ -3,8 +3,11 @@
 // reference; the gradient all-reduce's buckets and values; the GradScaler's found_inf agreement; ranks
 // started differently or with a batch that does not split refuse together. Under the single-process
 // group (distributed_single) the "data-parallel" run is the one-process run, bit for bit.
+#include <stdlib.h>
+
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -188,6 +191,46 @@ INSTANTIATE_TEST_SUITE_P(samples, ddp_training,
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return info.param.sample + "_" + std::string(samples::precision_name(info.param.precision));
                          });
+
+// ---- resume ----
+
+// Rank 0 makes a folder and tells the others its name (every rank reads the one checkpoint).
+std::filesystem::path shared_temp_folder(ProcessGroup& g) {
+  std::string name;
+  if (g.rank() == 0) {
+    std::string pattern = (std::filesystem::temp_directory_path() / "ampscope-ddp-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw Error("mkdtemp failed");
+    name = pattern;
+  }
+  return g.broadcast_bytes(name, 0);
+}
+
+// Four steps at once against two steps, a checkpoint, and two steps resumed from it, every rank resuming
+// from the checkpoint rank 0 wrote: the same losses and scales, bit for bit (fp16, so the GradScaler's
+// state travels too).
+TEST(ddp_resume, ranks_resumed_from_rank_0s_checkpoint_continue_bit_for_bit) {
+  ProcessGroup& g = test_group();
+  const std::filesystem::path dir = shared_temp_folder(g);
+  TrainConfig c = small_run("mlp", Precision::fp16);
+  c.process_group = &g;
+  c.steps = 4;
+  const TrainResult whole = samples::train(c);
+  TrainConfig first = c;
+  first.steps = 2;
+  first.checkpoint = (dir / "ck.h5").string();
+  const TrainResult a = samples::train(first);
+  TrainConfig second = c;
+  second.steps = 2;
+  second.resume = first.checkpoint;
+  const TrainResult b = samples::train(second);
+  std::vector<double> losses = a.losses, scales = a.scales;
+  losses.insert(losses.end(), b.losses.begin(), b.losses.end());
+  scales.insert(scales.end(), b.scales.begin(), b.scales.end());
+  EXPECT_EQ(losses, whole.losses);
+  EXPECT_EQ(scales, whole.scales);
+  g.barrier();  // every rank has read the checkpoint
+  if (g.rank() == 0) std::filesystem::remove_all(dir);
+}
 
 // ---- refusals ----
 
