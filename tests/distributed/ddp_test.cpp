@@ -19,6 +19,7 @@
 #include "core/grad_scaler.h"
 #include "core/ops.h"
 #include "core/optim.h"
+#include "probes/trace_reader.h"
 #include "samples/train.h"
 #include "tests/distributed/distributed_test_support.h"
 
@@ -229,6 +230,51 @@ TEST(ddp_resume, ranks_resumed_from_rank_0s_checkpoint_continue_bit_for_bit) {
   EXPECT_EQ(losses, whole.losses);
   EXPECT_EQ(scales, whole.scales);
   g.barrier();  // every rank has read the checkpoint
+  if (g.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// ---- rank-bad-batch: one rank's bad data ----
+
+// The scenario's bad row (step 3) is the global batch's last, so with N ranks only the last rank's forward
+// overflows: its trace's first origin is fc1's linear at step 3 and no other rank's trace has one; the
+// inf reaches every rank's gradients through the all-reduce, so every rank skips step 3 (and only it).
+TEST(ddp_scenario, rank_bad_batch_overflows_on_the_last_rank_and_every_rank_skips_step_3) {
+  ProcessGroup& g = test_group();
+  const std::filesystem::path dir = shared_temp_folder(g);
+  TrainConfig c;
+  c.scenario = "rank-bad-batch";
+  c.sample = "mlp";
+  c.device = "cpu";
+  c.steps = 5;
+  c.batch = 12;
+  c.out = (dir / "run.h5").string();
+  c.process_group = &g;
+  const TrainResult r = samples::train(c);
+  const bool last = g.rank() == g.size() - 1;
+  EXPECT_EQ(r.skipped, 1);
+  ASSERT_EQ(r.scales.size(), 5u);
+  EXPECT_EQ(r.scales[4], r.scales[3] / 2) << "step 3 skipped and the scale backed off";
+  EXPECT_EQ(r.anomalies > 0, last) << "origins on rank " << g.rank();
+  const std::string path = g.size() == 1 ? c.out : samples::rank_trace_path(c.out, g.rank());
+  EXPECT_EQ(r.trace, path);
+  trace::TraceReader reader(path);
+  const trace::OpRow* first = nullptr;
+  const std::vector<trace::OpRow> ops = reader.ops();
+  for (const trace::OpRow& row : ops) {
+    if (row.origin) {
+      first = &row;
+      break;
+    }
+  }
+  if (last) {
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(first->step, 3);
+    EXPECT_EQ(first->op, "linear");
+    EXPECT_EQ(first->module, "fc1");
+  } else {
+    EXPECT_EQ(first, nullptr) << "rank " << g.rank() << " has an origin at step " << first->step;
+  }
+  g.barrier();
   if (g.rank() == 0) std::filesystem::remove_all(dir);
 }
 
