@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "core/ops.h"
 #include "core/optim.h"
 #include "probes/trace_reader.h"
+#include "samples/report_command.h"
 #include "samples/train.h"
 #include "tests/distributed/distributed_test_support.h"
 
@@ -273,6 +275,28 @@ TEST(ddp_scenario, rank_bad_batch_overflows_on_the_last_rank_and_every_rank_skip
     EXPECT_EQ(first->module, "fc1");
   } else {
     EXPECT_EQ(first, nullptr) << "rank " << g.rank() << " has an origin at step " << first->step;
+  }
+
+  // The multi-rank report, given every rank's trace or one name whose siblings it finds, names the rank of
+  // the first origin and tells how the gradients' inf spread (rank 0 reads; the others wait).
+  g.barrier();  // every trace is closed
+  if (g.size() > 1 && g.rank() == 0) {
+    std::vector<std::string> all;
+    for (int r = 0; r < g.size(); ++r) all.push_back(samples::rank_trace_path(c.out, r));
+    EXPECT_EQ(samples::rank_siblings({c.out}), all);
+    EXPECT_EQ(samples::rank_siblings({all.back()}), all);
+    EXPECT_EQ(samples::rank_siblings({all.front(), all.back()}), (std::vector<std::string>{all.front(), all.back()}));
+    std::ostringstream out, err;
+    samples::ReportRequest request;
+    request.rank_traces = samples::rank_siblings({c.out});
+    EXPECT_EQ(samples::run_report(request, out, err), samples::kExitFound) << err.str();
+    const std::string text = out.str();
+    const std::string last_rank = std::to_string(g.size() - 1);
+    EXPECT_NE(text.find("first origin across ranks: rank " + last_rank + ": f16_overflow in fc1 at step 3"),
+              std::string::npos) << text;
+    EXPECT_NE(text.find("gradients at step 3: rank " + last_rank +
+                        "'s overflow reached every rank through the all-reduce: after it every rank's gradient of fc1."),
+              std::string::npos) << text;
   }
   g.barrier();
   if (g.rank() == 0) std::filesystem::remove_all(dir);
