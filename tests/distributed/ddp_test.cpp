@@ -107,7 +107,7 @@ TrainConfig small_run(const std::string& sample, Precision precision) {
   c.sample = sample;
   c.precision = precision;
   c.device = "cpu";
-  c.steps = sample == "transformer" ? 3 : 4;
+  c.steps = sample == "mlp" ? 4 : 3;
   c.batch = sample == "transformer" ? 6 : 12;  // divisible by 1, 2 and 3 (the ctest entries' rank counts)
   c.seed = 3;
   c.probe = "off";
@@ -135,6 +135,9 @@ class ddp_training : public ::testing::TestWithParam<Case> {};
 TEST_P(ddp_training, ranks_follow_the_one_process_loss_trajectory_and_skip_together) {
   ProcessGroup& g = test_group();
   const Case& param = GetParam();
+  // Two ranks are what the issue asks for; three (distributed_mpi_np3) oversubscribe CI's two cores so much
+  // (MPI's waiting ranks spin) that the cnn and transformer runs take minutes: there, the mlp only.
+  if (g.size() > 2 && param.sample != "mlp") GTEST_SKIP() << "cnn and transformer run with 1 and 2 ranks";
   const TrainConfig one_config = small_run(param.sample, param.precision);
   const TrainResult one = samples::train(one_config);
   TrainConfig ddp_config = one_config;
