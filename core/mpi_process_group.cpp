@@ -58,8 +58,10 @@ template <class T>
 bool is_nan(T v) {
   if constexpr (std::is_same_v<T, std::int64_t>) {
     return false;
+  } else if constexpr (std::is_same_v<T, f16> || std::is_same_v<T, bf16>) {
+    return std::isnan(static_cast<float>(v));
   } else {
-    return std::isnan(static_cast<double>(static_cast<float>(v)));
+    return std::isnan(v);
   }
 }
 
@@ -67,10 +69,11 @@ template <class T>
 T maximum(T acc, T x) {
   if (is_nan(acc)) return acc;  // the lowest rank's NaN
   if (is_nan(x)) return x;
-  if constexpr (std::is_same_v<T, std::int64_t>) {
-    return x > acc ? x : acc;
+  // Ties keep the lower rank's value. f16 and bf16 compare through float (exact); the others natively.
+  if constexpr (std::is_same_v<T, f16> || std::is_same_v<T, bf16>) {
+    return static_cast<float>(x) > static_cast<float>(acc) ? x : acc;
   } else {
-    return static_cast<float>(x) > static_cast<float>(acc) ? x : acc;  // ties keep the lower rank's value
+    return x > acc ? x : acc;
   }
 }
 

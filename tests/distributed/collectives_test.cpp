@@ -374,6 +374,21 @@ TEST(all_reduce, nan_and_inf_follow_ieee_and_max_keeps_the_nan) {
   }
 }
 
+TEST(all_reduce, max_compares_f64_and_i64_at_their_own_precision) {
+  ProcessGroup& g = test_group();
+  // Rank r: 1 + r 2^-40 (equal once rounded to float), and 10^300 r (beyond float's range), and 2^60 + r
+  // (equal once rounded to double): the max is the last rank's in each.
+  const int last = g.size() - 1;
+  Tensor d = from_values({1 + g.rank() * std::ldexp(1.0, -40), 1e300 * g.rank()}, {2}, {.dtype = DType::f64});
+  g.all_reduce(d, ReduceOp::max);
+  EXPECT_EQ(d.values()[0], 1 + last * std::ldexp(1.0, -40));
+  EXPECT_EQ(d.values()[1], 1e300 * last);
+  Tensor i = Tensor::empty({1}, {.dtype = DType::i64});
+  i.data_as<std::int64_t>()[0] = (std::int64_t{1} << 60) + g.rank();
+  g.all_reduce(i, ReduceOp::max);
+  EXPECT_EQ(i.data_as<std::int64_t>()[0], (std::int64_t{1} << 60) + last);
+}
+
 TEST(all_reduce, i64_sums_exactly_beyond_double_precision) {
   ProcessGroup& g = test_group();
   // 2^53 + rank: a sum no double holds exactly, so the values cannot have gone through floating point.

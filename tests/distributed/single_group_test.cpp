@@ -103,6 +103,10 @@ TEST(make_process_group, chose_the_group_the_launchers_environment_asks_for) {
   EXPECT_EQ(g.name(), mpi_available() ? "mpi" : "single");
   EXPECT_EQ(g.size(), std::atoi(size));
   EXPECT_EQ(g.rank(), std::atoi(rank));
+  if (g.name() == "mpi") {
+    // One MPI group per process: a second one is refused (MPI starts once).
+    EXPECT_THROW_MSG(make_process_group(), Error, "already has an MPI process group", "hint:");
+  }
 }
 
 TEST(make_process_group, reads_open_mpis_and_pmis_variables) {
