@@ -11,6 +11,7 @@
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
+#include "core/process_group.h"
 
 namespace ampscope {
 
@@ -213,6 +214,7 @@ GradScaler::GradScaler(GradScalerOptions options)
       backoff_factor_(options.backoff_factor),
       growth_interval_(options.growth_interval),
       extensions_(options.extensions),
+      process_group_(options.process_group),
       init_hysteresis_tracker_(options.extensions.hysteresis) {
   if (enabled_ && device_type_ == DeviceType::cuda) {
     const CudaStatus cuda = cuda_status();
@@ -257,6 +259,7 @@ GradScaler& GradScaler::operator=(const GradScaler& other) {
   growth_interval_ = other.growth_interval_;
   init_growth_tracker_ = other.get_growth_tracker();
   extensions_ = other.extensions_;
+  process_group_ = other.process_group_;
   init_hysteresis_tracker_ = other.scale_.defined() ? other.hysteresis_tracker_ : other.init_hysteresis_tracker_;
   scale_ = Tensor();
   scale_value_ = 0.0f;
@@ -402,6 +405,11 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
       set_found_inf(found_inf, flags);
     }
     found_inf_per_device.emplace_back(device, std::move(found_inf));
+  }
+  // Every rank's verdict: one rank's overflow skips the step on all of them (ShardedGradScaler's
+  // all-reduce of found_inf with max). Before any read, so that step() and update() see the group's.
+  if (process_group_ != nullptr && process_group_->size() > 1) {
+    for (auto& [device, found_inf] : found_inf_per_device) process_group_->all_reduce(found_inf, ReduceOp::max);
   }
   state.found_inf_per_device = std::move(found_inf_per_device);
   state.found.reset();

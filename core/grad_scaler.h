@@ -37,6 +37,8 @@
 
 namespace ampscope {
 
+class ProcessGroup;  // core/process_group.h
+
 // A GradScaler used out of order (unscale_ twice, step before scale, update with nothing recorded), a
 // configuration it refuses, a state dict it cannot load, or a scale that cannot go lower. The message
 // starts with PyTorch's own text (or DeepSpeed's, for the minimum scale), then names the optimizer or
@@ -81,6 +83,11 @@ struct GradScalerOptions {
   std::int64_t growth_interval = 2000;
   bool enabled = true;
   LossScaleExtensions extensions{};
+  // Data parallelism: unscale_ all-reduces each found_inf with max over this group (not owned; it must
+  // outlive the scaler) before anything reads it, so that every rank skips the same steps, as PyTorch's
+  // ShardedGradScaler does. Every rank must then unscale_ the same optimizers in the same order, with
+  // gradients on the same number of devices. Null (or a group of one): this process's found_inf only.
+  ProcessGroup* process_group = nullptr;
 };
 
 // Megatron-LM's DynamicGradScaler as Megatron configures it for f16: initial 2^32, min 1, growth 2,
@@ -201,6 +208,7 @@ class GradScaler {
   std::int64_t growth_interval_ = 2000;
   std::int64_t init_growth_tracker_ = 0;
   LossScaleExtensions extensions_;
+  ProcessGroup* process_group_ = nullptr;
   std::int64_t init_hysteresis_tracker_ = 1;
 
   // The lazy state. PyTorch keeps the scale and an int32 growth tracker as device tensors so that its

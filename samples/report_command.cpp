@@ -5,15 +5,22 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <regex>
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <ostream>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "probes/analysis_fix.h"
@@ -99,7 +106,147 @@ bool colour_wanted(bool no_colour) {
   return isatty(fileno(stdout)) != 0;
 }
 
+std::vector<std::string> rank_siblings(const std::vector<std::string>& given) {
+  if (given.size() > 1) return given;
+  if (given.empty()) return {};
+  const std::filesystem::path p(given.front());
+  std::string stem = p.stem().string();
+  static const std::regex kRankStem(R"((.*)\.rank[0-9]+)");
+  std::smatch m;
+  if (std::regex_match(stem, m, kRankStem)) {
+    stem = m[1].str();
+  } else if (std::filesystem::exists(p)) {
+    return {};  // an ordinary trace
+  }
+  auto sibling = [&](int r) { return (p.parent_path() / fmt::format("{}.rank{}{}", stem, r, p.extension().string())).string(); };
+  std::vector<std::string> found;
+  for (int r = 0; std::filesystem::exists(sibling(r)); ++r) found.push_back(sibling(r));
+  return found.size() >= 2 ? found : std::vector<std::string>{};
+}
+
+namespace {
+
+struct RankReport {
+  int rank = 0;
+  std::string path;
+  analysis::Report report;
+  std::map<std::int64_t, std::vector<std::string>> nonfinite_grads;  // step -> parameters, as /grads recorded
+};
+
+// The rank a trace's writer was: its config's "rank" (absent: not a data-parallel trace).
+int rank_of(const trace::RunInfo& run, const std::string& path) {
+  const nlohmann::json config = nlohmann::json::parse(run.config, nullptr, false);
+  if (config.is_discarded() || !config.is_object() || !config.contains("rank") || !config.contains("world_size")) {
+    throw Error(fmt::format("'{}' is not a trace of a data-parallel run (its config has no rank); give the traces "
+                            "`ampscope train --ddp --out` wrote (NAME.rank0.h5, NAME.rank1.h5, ...)",
+                            path));
+  }
+  return config.at("rank").get<int>();
+}
+
+int run_multi_rank_report(const ReportRequest& request, std::ostream& out, std::ostream& err) {
+  std::vector<RankReport> ranks;
+  try {
+    for (const std::string& path : request.rank_traces) {
+      trace::TraceReader reader(path);
+      RankReport r;
+      r.path = path;
+      r.rank = rank_of(reader.run_info(), path);
+      r.report = analysis::analyse(reader, request.analysis);
+      r.report.path = path;
+      for (const trace::GradRow& g : reader.grads()) {
+        if (g.nan + g.pos_inf + g.neg_inf == 0) continue;
+        std::vector<std::string>& params = r.nonfinite_grads[g.step];  // scaled and unscaled rows: once each
+        if (std::find(params.begin(), params.end(), g.param) == params.end()) params.push_back(g.param);
+      }
+      ranks.push_back(std::move(r));
+    }
+  } catch (const trace::TraceError& e) {
+    print_file_error(err, "report", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
+    return kExitUsage;
+  } catch (const Error& e) {
+    err << fmt::format("ampscope report: error: {}\n", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
+    return kExitUsage;
+  }
+  std::sort(ranks.begin(), ranks.end(), [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i].rank != static_cast<int>(i)) {
+      err << fmt::format("ampscope report: error: the traces are not ranks 0 to {} of one run ('{}' is rank {})\n",
+                         ranks.size() - 1, ranks[i].path, ranks[i].rank);
+      return kExitUsage;
+    }
+  }
+  // The first origin across ranks: by step, then phase, then seq (a rank's own order); ties keep the lower rank.
+  const RankReport* first_rank = nullptr;
+  const analysis::Diagnosis* first = nullptr;
+  for (const RankReport& r : ranks) {
+    for (const analysis::Diagnosis& d : r.report.anomalies) {
+      const auto key = std::make_tuple(d.step, static_cast<int>(d.phase), d.seq);
+      if (first == nullptr || key < std::make_tuple(first->step, static_cast<int>(first->phase), first->seq)) {
+        first = &d;
+        first_rank = &r;
+      }
+    }
+  }
+  const auto where = [](const analysis::Diagnosis& d) {
+    return d.module.empty() ? (d.op.empty() ? std::string("the step") : d.op) : d.module;
+  };
+  nlohmann::ordered_json j;
+  std::string text = fmt::format("data-parallel run: {} ranks\n", ranks.size());
+  j["ranks"] = ranks.size();
+  for (const RankReport& r : ranks) {
+    text += fmt::format("  rank {}: {} ({} steps, {} anomalies{})\n", r.rank, r.path, r.report.steps,
+                        r.report.anomalies.size(), r.report.complete ? "" : ", incomplete");
+    j["traces"].push_back(r.path);
+  }
+  if (first == nullptr) {
+    text += "no NaN/Inf origin on any rank\n";
+    j["first_origin"] = nullptr;
+  } else {
+    text += fmt::format("first origin across ranks: rank {}: {} in {} at step {} ({}, {}, seq {})\n", first_rank->rank,
+                        first->cause, where(*first), first->step, first->op, trace::phase_name(first->phase), first->seq);
+    j["first_origin"] = {{"rank", first_rank->rank}, {"step", first->step},
+                         {"phase", std::string(trace::phase_name(first->phase))}, {"seq", first->seq},
+                         {"cause", first->cause}, {"module", first->module}, {"op", first->op}};
+    // The gradient story of that step. /grads holds each rank's gradients after the all-reduce (what
+    // unscale_ saw), so a non-finite gradient on a rank without an origin came from another rank.
+    std::vector<int> with, without;
+    for (const RankReport& r : ranks) (r.nonfinite_grads.count(first->step) ? with : without).push_back(r.rank);
+    nlohmann::ordered_json grads = nlohmann::ordered_json::array();
+    for (const RankReport& r : ranks) {
+      const auto it = r.nonfinite_grads.find(first->step);
+      grads.push_back({{"rank", r.rank},
+                       {"parameters", it == r.nonfinite_grads.end() ? std::vector<std::string>{} : it->second}});
+    }
+    j["nonfinite_gradients_after_all_reduce"] = grads;
+    if (without.empty()) {
+      const auto& params = first_rank->nonfinite_grads.at(first->step);
+      text += fmt::format("gradients at step {}: rank {}'s overflow reached every rank through the all-reduce: after "
+                          "it every rank's gradient of {}{} held NaN/inf\n",
+                          first->step, first_rank->rank, params.front(),
+                          params.size() > 1 ? fmt::format(" (and {} more)", params.size() - 1) : "");
+    } else if (!with.empty()) {
+      text += fmt::format("gradients at step {}: NaN/inf after the all-reduce on ranks {} only (the ranks' gradients "
+                          "differ: not a plain data-parallel run?)\n",
+                          first->step, fmt::join(with, ", "));
+    }
+  }
+  std::vector<std::string> reports;
+  for (const RankReport& r : ranks) {
+    analysis::TextStyle style;
+    style.colour = request.colour && request.output.empty();
+    text += fmt::format("\n== rank {} ({}) ==\n", r.rank, r.path) + analysis::render_text(r.report, style);
+    j["reports"].push_back(nlohmann::ordered_json::parse(analysis::render_json(r.report)));
+  }
+  if (!deliver(request.json ? j.dump(2) + "\n" : text, request.output, out, err, "report")) return kExitUsage;
+  const bool healthy = std::all_of(ranks.begin(), ranks.end(), [](const RankReport& r) { return r.report.healthy(); });
+  return healthy ? kExitClean : kExitFound;
+}
+
+}  // namespace
+
 int run_report(const ReportRequest& request, std::ostream& out, std::ostream& err) {
+  if (request.rank_traces.size() >= 2) return run_multi_rank_report(request, out, err);
   analysis::Report rep;
   try {
     trace::TraceReader reader(request.trace);
@@ -162,7 +309,10 @@ ReportCommand::ReportCommand(CLI::App& app) {
   cmd_ = app.add_subcommand("report", "Explain every NaN/Inf of a trace: where it started, why, how it spread, "
                                       "what to change. Exit status: 0 healthy, 1 anomalies found, 2 usage or file error");
   ReportRequest& r = request_;
-  cmd_->add_option("trace", r.trace, "The HDF5 trace `ampscope train --out` wrote")->required();
+  cmd_->add_option("trace", traces_,
+                   "The HDF5 trace `ampscope train --out` wrote; for a --ddp run, every rank's trace (run.rank0.h5 "
+                   "run.rank1.h5 ...) or one of them (its siblings are found): the multi-rank report")
+      ->required();
   cmd_->add_flag("--json", r.json, "Print JSON (schema: docs/report-format.md) instead of text");
   cmd_->add_option("--output,-o", r.output, "Write the report to this file instead of stdout");
   cmd_->add_flag("--no-colour,--no-color", no_colour_, "No terminal colours (also when NO_COLOR is set)");
@@ -180,6 +330,8 @@ bool ReportCommand::parsed() const { return cmd_->parsed(); }
 
 int ReportCommand::run(bool verbose) {
   ReportRequest r = request_;
+  r.rank_traces = rank_siblings(traces_);
+  if (r.rank_traces.empty()) r.trace = traces_.front();
   r.verbose = verbose;
   r.colour = !r.json && colour_wanted(no_colour_);
   r.progress = isatty(fileno(stderr)) != 0;

@@ -9,6 +9,7 @@
 
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -29,6 +30,10 @@ std::string without_hdf5_stack(const std::string& text);
 
 struct ReportRequest {
   std::string trace{};
+  // A data-parallel run's traces, one per rank (`ampscope train --ddp --out run.h5` writes run.rank0.h5 ...):
+  // with two or more, the report is the multi-rank one (the first origin across ranks, with its rank; which
+  // ranks' gradients held NaN/inf that step; then each rank's own report) and `trace` is not read.
+  std::vector<std::string> rank_traces{};
   bool json = false;
   std::string output{};       // write here instead of `out` ("" for `out`)
   bool colour = false;        // ANSI colours in the text (the command decides: terminal, NO_COLOR, --no-colour)
@@ -50,6 +55,12 @@ struct DiffRequest {
 // Analyse / compare, write the result to `out` (or request.output) and messages to `err`; returns one of the
 // exit statuses above. File errors are reported on `err`, never thrown.
 int run_report(const ReportRequest& request, std::ostream& out, std::ostream& err);
+
+// The traces of the data-parallel run `given` names: all the names when there are several; for one name,
+// its siblings STEM.rank0.EXT, STEM.rank1.EXT, ... when it is one of them (run.rank1.h5) or when it names
+// the run's --out (run.h5) and no such file exists but run.rank0.h5 does. Empty when `given` is one
+// ordinary trace.
+std::vector<std::string> rank_siblings(const std::vector<std::string>& given);
 int run_diff(const DiffRequest& request, std::ostream& out, std::ostream& err);
 
 // True when the text may be coloured: stdout is a terminal, NO_COLOR is unset and --no-colour was not given.
@@ -64,6 +75,7 @@ class ReportCommand {
  private:
   CLI::App* cmd_ = nullptr;
   ReportRequest request_;
+  std::vector<std::string> traces_;
   bool no_colour_ = false;
 };
 

@@ -380,12 +380,58 @@ Scenario no_zero_grad() {
   return s;
 }
 
+// rank-bad-batch: one bad row in one step's data. Data-parallel, the global batch's last row is in the last
+// rank's share ([r*B/N, (r+1)*B/N)), so only that rank's forward overflows; its gradient's inf reaches every
+// rank through the all-reduce, and every rank skips the step.
+constexpr std::int64_t kBadBatchStep = 3;
+constexpr double kBadFeature = 1e6;
+
+class BadRowTask final : public SampleTask {
+ public:
+  explicit BadRowTask(std::unique_ptr<SampleTask> sample) : sample_(std::move(sample)) {}
+  nn::Module& model() override { return sample_->model(); }
+  Batch batch(std::int64_t step) override {
+    Batch b = sample_->batch(step);
+    if (step != kBadBatchStep) return b;
+    std::vector<double> x = b.x.values();
+    const std::int64_t rows = b.x.size(0), features = b.x.size(1);
+    x[static_cast<std::size_t>((rows - 1) * features)] = kBadFeature;  // the last row's feature 0
+    b.x = from_values(x, b.x.shape(), {b.x.dtype(), b.x.device()});
+    return b;
+  }
+  Tensor loss(const Tensor& out, const Tensor& y) override { return sample_->loss(out, y); }
+  double default_lr() const override { return sample_->default_lr(); }
+  std::string identity() const override { return sample_->identity(); }
+
+ private:
+  std::unique_ptr<SampleTask> sample_;
+};
+
+Scenario rank_bad_batch() {
+  Scenario s;
+  s.name = "rank-bad-batch";
+  s.description = "mlp, for --ddp: at step 3 the batch's last row (the last rank's share) holds 1e6 in one feature";
+  s.sample = "mlp";
+  s.expect =
+      "origin: linear in fc1 at step 3 (its input, 1e6, overflows in autocast's cast to f16), on the last rank "
+      "only under --ddp; its gradients' inf reaches every rank through the all-reduce, so every rank skips "
+      "step 3 and halves the scale; the other steps train normally";
+  s.configure = [](TrainConfig& c) {
+    c.sample = "mlp";
+    propose_steps(c, 6);
+  };
+  s.make_task = [](const TrainConfig& c, Generator& gen) -> std::unique_ptr<SampleTask> {
+    return std::make_unique<BadRowTask>(find_sample("mlp").make(c, gen));
+  };
+  return s;
+}
+
 }  // namespace
 
 const std::vector<Scenario>& scenario_registry() {
   static const std::vector<Scenario> kScenarios = {attention_overflow(), masked_softmax(), activation_overflow(),
                                                    log_zero(),           lr_explosion(),   grad_underflow(),
-                                                   scale_collapse(),     no_zero_grad()};
+                                                   scale_collapse(),     no_zero_grad(),   rank_bad_batch()};
   return kScenarios;
 }
 

@@ -21,6 +21,7 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/checkpoint.h"
+#include "core/data_parallel.h"
 #include "core/error.h"
 #include "core/grad_scaler.h"
 #include "core/ops.h"
@@ -42,6 +43,22 @@ void SampleTask::save_model(const std::filesystem::path& folder) {
 std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t step) {
   const std::filesystem::path p(checkpoint);
   return (p.parent_path() / fmt::format("{}.step-{}{}", p.stem().string(), step, p.extension().string())).string();
+}
+
+std::string rank_trace_path(const std::string& out, int rank) {
+  const std::filesystem::path p(out);
+  return (p.parent_path() / fmt::format("{}.rank{}{}", p.stem().string(), rank, p.extension().string())).string();
+}
+
+std::pair<std::int64_t, std::int64_t> rank_rows(std::int64_t batch, int rank, int ranks) {
+  if (ranks < 1 || rank < 0 || rank >= ranks) throw Error(fmt::format("rank_rows: rank {} of {} ranks", rank, ranks));
+  if (batch % ranks != 0) {
+    throw Error(fmt::format("--batch {} does not split evenly over {} ranks: --batch is the global batch, and each rank "
+                            "trains on an equal share of it\nhint: give a --batch divisible by {} (e.g. {} or {})",
+                            batch, ranks, ranks, batch / ranks * ranks == 0 ? ranks : batch / ranks * ranks,
+                            (batch / ranks + 1) * ranks));
+  }
+  return {rank * batch / ranks, (rank + 1) * batch / ranks};
 }
 
 std::unique_ptr<SampleTask> make_task(const TrainConfig& config, Generator& gen, std::vector<std::string>& warnings) {
@@ -108,7 +125,49 @@ std::string run_config_json(const TrainConfig& c) {
     if (c.fp16_clamp) j["fp16_clamp"] = true;
   }
   if (c.eval) j["eval"] = true;
+  // A data-parallel run's rank (rank-local: left out when the ranks compare their configurations).
+  if (c.process_group != nullptr && c.process_group->size() > 1) {
+    j["world_size"] = c.process_group->size();
+    j["rank"] = c.process_group->rank();
+  }
   return j.dump();
+}
+
+// The fields of the configuration that may differ between the ranks of one run: the device (each rank its
+// own GPU) and the rank itself.
+constexpr const char* kRankLocalFields[] = {"device", "rank"};
+
+// Ranks started with different options would train different things while averaging their gradients:
+// every rank compares every rank's configuration with rank 0's, and all refuse together, naming the
+// first field that differs and both values.
+void check_same_config(ProcessGroup& group, const TrainConfig& config) {
+  nlohmann::ordered_json mine = nlohmann::ordered_json::parse(run_config_json(config));
+  for (const char* field : kRankLocalFields) mine.erase(field);
+  const std::vector<std::string> all = group.all_gather_bytes(mine.dump());
+  const nlohmann::ordered_json first = nlohmann::ordered_json::parse(all.front());
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    const nlohmann::ordered_json other = nlohmann::ordered_json::parse(all[r]);
+    if (other == first) continue;
+    std::string field;
+    for (const auto& [key, value] : first.items()) {
+      if (!other.contains(key) || other.at(key) != value) {
+        field = key;
+        break;
+      }
+    }
+    if (field.empty()) {
+      for (const auto& [key, value] : other.items()) {
+        if (!first.contains(key)) {
+          field = key;
+          break;
+        }
+      }
+    }
+    auto shown = [&](const nlohmann::ordered_json& j) { return j.contains(field) ? j.at(field).dump() : std::string("(not set)"); };
+    throw Error(fmt::format("the ranks of this --ddp run were started differently: '{}' is {} on rank 0 and {} on "
+                            "rank {}\nhint: start every rank with the same options (only the device may differ)",
+                            field, shown(first), shown(other), r));
+  }
 }
 
 // A file the run writes at its end must be writable now, not after the whole run: its folder exists and
@@ -232,6 +291,11 @@ class TrainingRun {
   std::int64_t first_step_ = 0;
   StateDict run_state_;
   std::vector<std::unique_ptr<AutocastOverrideGuard>> overrides_;
+  // Data parallelism (a group of more than one rank; null otherwise): rank_ of ranks_.
+  ProcessGroup* group_ = nullptr;
+  int rank_ = 0;
+  int ranks_ = 1;
+  std::unique_ptr<GradientAllReducer> reducer_;
   std::unique_ptr<Recording> recording_;
 };
 
@@ -245,6 +309,14 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
   }
   if (scenario_ != nullptr && scenario_->configure && !config.scenario_applied) scenario_->configure(config);
   if (config.batch <= 0) config.batch = config.model_dir.empty() ? find_sample(config.sample).default_batch : 1;
+  if (config.process_group != nullptr && config.process_group->size() > 1) {
+    group_ = config.process_group;
+    rank_ = group_->rank();
+    ranks_ = group_->size();
+    check_same_config(*group_, config);  // first: every check below then ends every rank the same way
+    rank_rows(config.batch, rank_, ranks_);
+    if (!config.out.empty()) config.out = rank_trace_path(config.out, rank_);
+  }
   if (config.steps < 0) throw Error(fmt::format("--steps must be at least 0, got {}", config.steps));
   if (config.sample_every < 1) throw Error(fmt::format("--sample-every must be at least 1, got {}", config.sample_every));
   if (config.eval && !config.checkpoint.empty()) {
@@ -299,7 +371,8 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
   scaler_ = std::make_unique<GradScaler>(GradScalerOptions{.device = device_.is_cpu() ? "cpu" : "cuda",
                                                            .init_scale = config.init_scale,
                                                            .growth_interval = config.growth_interval,
-                                                           .enabled = scaling});
+                                                           .enabled = scaling,
+                                                           .process_group = group_});
   run_state_ = {{"sample", identity_},
                 {"seed", static_cast<std::int64_t>(config.seed)},
                 {"precision", std::string(precision_name(config.precision))},
@@ -313,6 +386,14 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     if (scaling) scaler_->load_state_dict(ck.states.at("scaler"));
     first_step_ = ck.step;
   }
+  if (group_ != nullptr) {
+    // Every rank starts from rank 0's parameters (the same seed gives the same ones; a model folder or a
+    // checkpoint read differently would not), and averages its gradients with the others' every step.
+    if (device_.is_cuda()) group_->connect(device_);
+    NoGradGuard no_grad;
+    for (const Tensor& p : model.parameters()) group_->broadcast(p, 0);
+    reducer_ = std::make_unique<GradientAllReducer>(*group_, model.parameters());
+  }
   overrides_ = install_overrides(model, config, identity_, warnings_);
   recording_ = std::make_unique<Recording>(config, run_config_json(config), device_, identity_);
 }
@@ -320,6 +401,18 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
 probe::StepSummary TrainingRun::step(std::int64_t n) {
   probe::Step recorded(n);
   Batch batch = task_->batch(n);
+  if (group_ != nullptr) {  // this rank's share of the global batch
+    const auto [first, last] = rank_rows(config_.batch, rank_, ranks_);
+    for (Tensor* t : {&batch.x, &batch.y, &batch.decoder_input}) {
+      if (!t->defined()) continue;
+      if (t->dim() == 0 || t->shape()[0] != config_.batch) {
+        throw Error(fmt::format("--ddp: the '{}' task's batch has shape {}, not {} rows first; it cannot be split "
+                                "between ranks",
+                                identity_, shape_str(t->shape()), config_.batch));
+      }
+      *t = t->slice(0, first, last).contiguous();
+    }
+  }
   batch.x = batch.x.to(device_);
   batch.y = batch.y.to(device_);
   if (batch.decoder_input.defined()) batch.decoder_input = batch.decoder_input.to(device_);
@@ -336,6 +429,7 @@ probe::StepSummary TrainingRun::step(std::int64_t n) {
   }
   if (config_.eval) return recorded.finish_eval(loss);
   scaler_->scale(loss).backward();
+  if (reducer_) reducer_->all_reduce();  // every rank's gradients become the ranks' mean, before unscale_
   // finish(): unscale_, clip, scaler.step, scaler.update and the /steps row (core/training_step.h); the
   // scaler is disabled when not scaling, and finish() then reports the gradients itself. Without
   // clipping the norm is still measured: an infinite max_norm makes the clip coefficient 1, and
@@ -347,6 +441,10 @@ probe::StepSummary TrainingRun::step(std::int64_t n) {
 
 void TrainingRun::save_checkpoint(std::int64_t next_step, bool periodic) {
   recording_->quiesce();  // the trace writer's thread must not be inside HDF5 while the checkpoint is
+  if (rank_ != 0) {  // the ranks' states are identical: rank 0 writes the one checkpoint
+    group_->barrier();  // and every rank returns once it is complete (a --resume right after reads it)
+    return;
+  }
   Checkpoint ck{.model = &task_->model(), .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
                 .states = {{"scaler", scaler_->state_dict()}, {"run", run_state_}}, .step = next_step};
   ampscope::save_checkpoint(config_.checkpoint, ck);
@@ -354,10 +452,12 @@ void TrainingRun::save_checkpoint(std::int64_t next_step, bool periodic) {
     const std::string kept = kept_checkpoint_path(config_.checkpoint, next_step);
     std::filesystem::copy_file(config_.checkpoint, kept, std::filesystem::copy_options::overwrite_existing);
   }
+  if (group_ != nullptr) group_->barrier();
 }
 
 void TrainingRun::save_model() {
-  // Written from CPU values whatever the device (safetensors::save copies to the CPU).
+  // Written from CPU values whatever the device (safetensors::save copies to the CPU); by rank 0 only.
+  if (rank_ != 0) return;
   task_->save_model(config_.save_model);
 }
 

@@ -20,9 +20,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/nn.h"
+#include "core/process_group.h"
 #include "core/random.h"
 #include "core/tensor.h"
 
@@ -76,6 +78,12 @@ struct TrainConfig {
   bool eval = false;            // forward passes only: no backward, no optimizer, no scaler
   std::string save_model;       // write the trained weights here at the end (a folder, the model's own layout)
   bool fp16_clamp = false;      // T5 folders: Hugging Face's clamp of inf hidden states to +-(65504 - 1000)
+  // Data-parallel training (--ddp; docs/distributed.md): the group of processes this run is one rank of
+  // (not owned; it outlives the run). With more than one rank every rank builds the same task, takes its
+  // share of each global batch (`batch` rows), and the gradients are averaged over the ranks before the
+  // scaler and the optimizer see them. Null, or a group of one: a single-process run, bit for bit as without.
+  ProcessGroup* process_group = nullptr;
+  bool ddp = false;  // --ddp: the command makes the process group (also made when an MPI launcher started it)
 };
 
 struct Batch {
@@ -166,6 +174,13 @@ struct TrainResult {
   std::vector<double> losses;   // per step
   std::vector<double> scales;   // per step, the scale used
 };
+
+// Where rank `rank` of a data-parallel run writes its trace: "run.h5", 1 -> "run.rank1.h5".
+std::string rank_trace_path(const std::string& out, int rank);
+
+// The rows of a global batch of `batch` rows that rank `rank` of `ranks` trains on: [r*B/N, (r+1)*B/N).
+// Throws Error naming both numbers when the batch does not split evenly.
+std::pair<std::int64_t, std::int64_t> rank_rows(std::int64_t batch, int rank, int ranks);
 
 // Where a kept periodic checkpoint goes: "run/ck.h5", 40 -> "run/ck.step-40.h5" (the state before step 40).
 std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t step);

@@ -16,11 +16,13 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "core/process_group.h"
 #include "core/hdf5_support.h"
 #include "probes/analysis.h"
 #include "probes/analysis_diff.h"
 #include "probes/analysis_render.h"
 #include "probes/trace_reader.h"
+#include "samples/report_command.h"
 
 namespace ampscope::samples {
 namespace {
@@ -278,6 +280,10 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--save-model", c.save_model,
                    "Write the trained weights to this folder at the end (a --model run: config.json and "
                    "model.safetensors in the checkpoint's own names; a sample: model.safetensors)");
+  cmd_->add_flag("--ddp", c.ddp,
+                 "Data-parallel training, one process per rank: start with mpirun -np N (also on when an MPI "
+                 "launcher started the process); --batch is the global batch, --out FILE writes FILE's stem + "
+                 ".rankR per rank (docs/distributed.md)");
   cmd_->add_flag("--compare", compare_, "Run fp32 and the chosen precision with the same seed; write both traces");
   cmd_->add_option("--config", config_file_, "TOML file with the same settings (keys as the option names: "
                                              "init-scale = 1024.0; paths relative to the file's folder); "
@@ -326,6 +332,7 @@ TrainConfig TrainCommand::resolve(bool& compare) const {
   if (given("--tokens")) config.tokens_file = cli.tokens_file;
   if (given("--context")) config.context = cli.context;
   if (cli.eval) config.eval = true;
+  if (cli.ddp) config.ddp = true;
   if (cli.keep_checkpoints) config.keep_checkpoints = true;
   if (cli.fp16_clamp) config.fp16_clamp = true;
   if (given("--save-model")) config.save_model = cli.save_model;
@@ -484,7 +491,30 @@ int TrainCommand::run() {
     return 0;
   }
   bool compare = false;
-  const TrainConfig config = resolve(compare);
+  TrainConfig config = resolve(compare);
+  // Data parallelism: the process group (MPI under a launcher, else one process); its ranks run this same
+  // command. One group per process, made here and given to every run of the plan.
+  std::unique_ptr<ProcessGroup> group;
+  if (config.ddp || launched_by_mpi()) group = make_process_group();
+  if (group != nullptr && group->size() > 1) {
+    config.process_group = group.get();
+    try {
+      return run_plan(config, compare, group->rank() == 0);
+    } catch (const std::exception& e) {
+      // The other ranks would wait for this one in their next collective: end them all.
+      fmt::print(stderr, "ampscope train: error (rank {} of {}): {}\n", group->rank(), group->size(), e.what());
+      std::fflush(stderr);
+      group->abort(kExitUsage);
+    }
+  }
+  if (config.ddp) {
+    fmt::print(stderr, "ampscope train: note: --ddp without an MPI launcher (or with one rank): training as one "
+                       "process\nhint: mpirun -np N ampscope train ... --ddp (docs/distributed.md)\n");
+  }
+  return run_plan(config, compare, true);
+}
+
+int TrainCommand::run_plan(const TrainConfig& config, bool compare, bool leader) {
   g_stop.store(false);
   std::signal(SIGINT, on_sigint);
   const bool terminal = isatty(fileno(stdout)) != 0;
@@ -519,9 +549,12 @@ int TrainCommand::run() {
       sample = (folder.has_filename() ? folder : folder.parent_path()).filename().string();
     }
     Progress progress(fmt::format("[{} {}]", sample, precision_name(c.precision)), terminal);
-    const TrainResult r = train(c, std::ref(progress), &g_stop);
-    print_summary("summary", c, r);  // at once: a later run's failure must not hide this one
-    for (const std::string& w : r.warnings) fmt::print(stderr, "ampscope train: warning: {}\n", w);
+    // The ranks of a data-parallel run train in step: rank 0 speaks for them.
+    const TrainResult r = leader ? train(c, std::ref(progress), &g_stop) : train(c, {}, &g_stop);
+    if (leader) {
+      print_summary("summary", c, r);  // at once: a later run's failure must not hide this one
+      for (const std::string& w : r.warnings) fmt::print(stderr, "ampscope train: warning: {}\n", w);
+    }
     std::fflush(stdout);
     runs.emplace_back(c, r);
     if (r.interrupted) {
@@ -530,7 +563,7 @@ int TrainCommand::run() {
     }
   }
   std::signal(SIGINT, SIG_DFL);
-  if (compare && !interrupted && runs.size() == 2)
+  if (compare && !interrupted && runs.size() == 2 && leader)
     print_comparison(runs[1].first, runs[0].second, runs[1].second, terminal && std::getenv("NO_COLOR") == nullptr);
   return interrupted ? 130 : 0;  // 130: interrupted by SIGINT, as shells report it
 }

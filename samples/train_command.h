@@ -30,6 +30,9 @@ class TrainCommand {
   TrainConfig resolve(bool& compare) const;
 
  private:
+  // The runs of one command (one, or two with --compare); `leader`: this process prints (rank 0).
+  int run_plan(const TrainConfig& config, bool compare, bool leader);
+
   CLI::App* cmd_ = nullptr;
   TrainConfig config_;
   std::string precision_ = "fp16";

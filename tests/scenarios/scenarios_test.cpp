@@ -105,7 +105,7 @@ void expect_clean(const RunLog& log) {
 
 // ---- the registry ----
 
-TEST(scenario_registry_test, holds_the_eight_scenarios_of_the_issue_in_order) {
+TEST(scenario_registry_test, holds_the_nine_scenarios_of_the_issues_in_order) {
   std::vector<std::string> names;
   for (const Scenario& s : scenario_registry()) {
     names.push_back(s.name);
@@ -115,13 +115,14 @@ TEST(scenario_registry_test, holds_the_eight_scenarios_of_the_issue_in_order) {
     EXPECT_TRUE(s.configure) << s.name;
   }
   EXPECT_EQ(names, (std::vector<std::string>{"attention-overflow", "masked-softmax", "activation-overflow", "log-zero",
-                                             "lr-explosion", "grad-underflow", "scale-collapse", "no-zero-grad"}));
+                                             "lr-explosion", "grad-underflow", "scale-collapse", "no-zero-grad",
+                                             "rank-bad-batch"}));
 }
 
 TEST(scenario_registry_test, an_unknown_name_lists_the_known_ones) {
   EXPECT_THROW_MSG(find_scenario("attention"), Error, "unknown scenario 'attention'",
                    "attention-overflow, masked-softmax, activation-overflow, log-zero, lr-explosion, grad-underflow, "
-                   "scale-collapse, no-zero-grad",
+                   "scale-collapse, no-zero-grad, rank-bad-batch",
                    "hint: ampscope train --list-scenarios");
 }
 
@@ -181,6 +182,7 @@ const std::vector<FirstAnomaly>& first_anomalies() {
       {"lr-explosion", 1, probe::Phase::forward, "linear", "fc3"},
       {"scale-collapse", 0, probe::Phase::forward, "linear", "fc1"},
       {"no-zero-grad", 5, probe::Phase::backward, "linear", "fc3"},
+      {"rank-bad-batch", 3, probe::Phase::forward, "linear", "fc1"},
   };
   return kTable;
 }
