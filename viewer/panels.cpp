@@ -613,6 +613,18 @@ void draw_detail_panel(ViewerState& s) {
   const bool side_by_side = avail.x >= 600;
   const ImVec2 table_size = side_by_side ? ImVec2(std::min(360.0f, avail.x * 0.42f), 0) : ImVec2(0, std::floor(avail.y * 0.5f));
   ImGui::BeginChild("##detail_rows", table_size, false);
+  // A twinned op's precision first (the Precision panel's clicks come here for it).
+  const PrecisionMap* pm = s.a->precision();
+  const trace::PrecisionRow* twin = pm ? precision_at(*pm, row->step, row->seq) : nullptr;
+  if (twin) {
+    ImGui::TextColored(to_vec4(colours::kLoss), "precision (f32 twin)");
+    help_marker("How far this op's output is from f32 (ampscope train --twin): local, on its own inputs (its own "
+                "rounding); accumulated, against the twin's value (every earlier op's error in it). Relative errors "
+                "are |y - r| / max(|r|, floor); bits of agreement -log2 of the max; the jump is the factor by which "
+                "its error exceeds its inputs' (the report's ranking).");
+    key_value_table("##precision", precision_detail_rows(*twin), 90);
+    ImGui::Separator();
+  }
   // Inputs, consumers and the root-cause chain first: they are what a click follows.
   ImGui::TextColored(to_vec4(colours::kLoss), "inputs");
   help_marker("Where each input came from (the trace's provenance, /ops inputs): the row of this step that "
@@ -646,16 +658,6 @@ void draw_detail_panel(ViewerState& s) {
   }
   ImGui::Separator();
   key_value_table("##detail", op_detail_rows(*row), 90);
-  const PrecisionMap* pm = s.a->precision();
-  const trace::PrecisionRow* twin = pm ? precision_at(*pm, row->step, row->seq) : nullptr;
-  if (twin) {
-    ImGui::TextColored(to_vec4(colours::kLoss), "precision (f32 twin)");
-    help_marker("How far this op's output is from f32 (ampscope train --twin): local, on its own inputs (its own "
-                "rounding); accumulated, against the twin's value (every earlier op's error in it). Relative errors "
-                "are |y - r| / max(|r|, floor); bits of agreement -log2 of the max; the jump is the factor by which "
-                "its error exceeds its inputs' (the report's ranking).");
-    key_value_table("##precision", precision_detail_rows(*twin), 90);
-  }
   ImGui::EndChild();
   if (side_by_side) ImGui::SameLine();
   ImGui::BeginChild("##histogram", ImVec2(0, 0), false);
