@@ -20,7 +20,7 @@ static_assert(std::endian::native == std::endian::little, "trace records assume 
 static_assert(sizeof(OpRecord) == 16 + 7 * 8 + 6 * 8 + 5 * 8 + 2 * 8 + 1 + kOpInputs * 8,
               "OpRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(IndexRecord) == 8 * (2 + kDataTableCount));
-static_assert(sizeof(PrecisionRecord) == 8 * 6 + 1 + 8 * 8 + 8 + 8 * 2 + 1,
+static_assert(sizeof(PrecisionRecord) == 8 * 6 + 1 + 8 * 8 + 8 + 8 * 2 + 1 + 8 * kErrorBins + 8,
               "PrecisionRecord must be packed: it is the file's compound type byte for byte");
 
 #define AMPSCOPE_I64(R, f) b.i64(#f, offsetof(R, f))
@@ -161,6 +161,10 @@ Datatype precision_type(const Io& io) {
   AMPSCOPE_F64(R, bits);
   AMPSCOPE_F64(R, cond);
   AMPSCOPE_FLAG(R, followed);
+  const hsize_t bins = kErrorBins;
+  const Datatype array(io.check(H5Tarray_create2(H5T_STD_I64LE, 1, &bins), "H5Tarray_create2", "/precision"));
+  b.add("error_bins", offsetof(R, error_bins), array.get());
+  AMPSCOPE_I64(R, exact);
   return b.take();
 }
 
@@ -575,6 +579,8 @@ void encode(const PrecisionRow& row, PrecisionRecord& r, TextIds& ids) {
   r.bits = row.bits;
   r.cond = row.cond;
   r.followed = row.followed;
+  for (int i = 0; i < kErrorBins; ++i) r.error_bins[i] = row.error_bins[static_cast<std::size_t>(i)];
+  r.exact = row.exact;
 }
 
 namespace {
@@ -620,6 +626,21 @@ PrecisionRow decode(const PrecisionRecord& r, const StringTable& s) {
   if (r.cond < 0) throw std::invalid_argument(fmt::format("its field 'cond' is {}, not a condition number (NaN or 0 or more)", r.cond));
   row.cond = r.cond;
   row.followed = flag_of(r.followed, "followed");
+  // The histogram counts each element once at most: its counts are counts, and with flips add up to numel or less.
+  std::int64_t total = row.flips;
+  for (int i = 0; i < kErrorBins; ++i) {
+    const std::int64_t n = r.error_bins[i];
+    if (n < 0) throw std::invalid_argument(fmt::format("its field 'error_bins' has {} at bucket {}, not a count (0 or more)", n, i));
+    row.error_bins[static_cast<std::size_t>(i)] = n;
+    total = n > row.numel - total ? row.numel + 1 : total + n;
+  }
+  row.exact = count_of(r.exact, "exact");
+  total = row.exact > row.numel - total ? row.numel + 1 : total + row.exact;
+  if (total > row.numel) {
+    throw std::invalid_argument(fmt::format(
+        "its fields 'error_bins', 'exact' and 'flips' count more elements than its numel ({}): each element is counted once",
+        row.numel));
+  }
   return row;
 }
 

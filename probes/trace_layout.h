@@ -91,7 +91,8 @@ struct [[gnu::packed]] DumpRecord {
   std::int64_t values_offset, values_count;
 };
 
-// local and followed are flags; cond is NaN for ops that have none.
+// local and followed are flags; cond is NaN for ops that have none; error_bins and exact: the accumulated
+// errors' histogram (PrecisionRow).
 struct [[gnu::packed]] PrecisionRecord {
   std::int64_t step, seq;
   TextId op, module, out_dtype;
@@ -103,6 +104,8 @@ struct [[gnu::packed]] PrecisionRecord {
   std::int64_t flips;
   double bits, cond;
   std::int8_t followed;
+  std::int64_t error_bins[kErrorBins];
+  std::int64_t exact;
 };
 
 // A text: bytes [offset, offset + length) of /string_bytes (UTF-8, no NUL), and zlib's CRC-32 of them.

@@ -145,6 +145,11 @@ struct DumpRow {
   std::vector<double> values;  // row-major, at most the configured number of elements
 };
 
+// Buckets of PrecisionRow::error_bins: bucket k (0 to kErrorBins - 1) counts the elements whose accumulated
+// relative error e > 0 has floor(-log2 e) == k, clamped to [0, kErrorBins - 1] (bucket 0: errors above 1/2,
+// 100% and more included; the last bucket: errors of 2^-25 and less, beyond f32's p + 1).
+inline constexpr int kErrorBins = 26;
+
 // /precision (format_version 5): one row per op the f32 twin computed again (probes/twin.h, `ampscope train
 // --twin`): how far the op's output is from f32, on the op's own inputs (local) and on the twin's (accumulated).
 // Relative errors are |y - r| / max(|r|, floor) (the floor is documented in probes/twin.h and
@@ -170,6 +175,10 @@ struct PrecisionRow {
   // floor); from the twin's values (floor: the output dtype's smallest normal). NaN for other ops.
   double cond = 0;
   bool followed = true;  // every input the twin follows had a twin value of its shape (else: widened input)
+  // The accumulated errors' histogram: each element with a finite reference is counted once, as a flip (flips),
+  // as exact (its error is 0: exact), or in the bucket of its relative error (error_bins, kErrorBins above).
+  std::array<std::int64_t, kErrorBins> error_bins{};
+  std::int64_t exact = 0;
 };
 
 // Where rows go. Calls come from one thread (the probe's); a sink may queue them for another.

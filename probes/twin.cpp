@@ -44,6 +44,12 @@ double ulp_of(double r, DType d) {
   return std::ldexp(1.0, e - (p - 1));
 }
 
+// The bucket of a relative error e > 0: floor(-log2 e), clamped to [0, kErrorBins - 1].
+int error_bucket(double e) {
+  const double b = std::floor(-std::log2(e));
+  return b <= 0 ? 0 : b >= trace::kErrorBins - 1 ? trace::kErrorBins - 1 : static_cast<int>(b);
+}
+
 bool saturating(std::string_view op) { return op == "sigmoid" || op == "tanh"; }
 
 // Ops whose body must not run again: it draws random numbers.
@@ -110,12 +116,18 @@ ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype,
       ++s.flips;
       continue;
     }
-    if ((yi == 0 && ri != 0) || (std::fabs(yi) == top && std::fabs(ri) < top) ||
-        (saturating(op) && std::fabs(yi) == 1 && std::fabs(ri) != 1)) {
-      ++s.flips;
-    }
+    const bool flip = (yi == 0 && ri != 0) || (std::fabs(yi) == top && std::fabs(ri) < top) ||
+                      (saturating(op) && std::fabs(yi) == 1 && std::fabs(ri) != 1);
+    if (flip) ++s.flips;
     const double err = std::fabs(yi - ri);
     const double rel = err / std::max(std::fabs(ri), floor);
+    if (!flip) {
+      if (rel == 0) {
+        ++s.exact;
+      } else {
+        ++s.error_bins[static_cast<std::size_t>(error_bucket(rel))];
+      }
+    }
     s.max_rel = std::max(s.max_rel, rel);
     s.max_ulp = std::max(s.max_ulp, err / ulp_of(ri, dtype));
     sum += rel;
@@ -286,6 +298,8 @@ void Twin::twin(const OpEvent& event) {
   row.acc_max_ulp = a.max_ulp;
   row.flips = a.flips;
   row.bits = a.bits;
+  row.error_bins = a.error_bins;
+  row.exact = a.exact;
   for (std::size_t i = 0; i < event.inputs.size(); ++i) {
     const Tensor& in = event.inputs[i];
     if (!in.defined() || !is_floating(in.dtype()) || !twin_inputs[i].defined()) continue;

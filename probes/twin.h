@@ -39,10 +39,13 @@
 //   ulps            |y - r| / ulp_D(r), ulp_D(r) = 2^(max(floor(log2|r|), emin) - (p - 1));
 //   flips           y is 0 while r is not; y is ±inf while r is finite; |y| is D's largest finite value
 //                   while |r| is smaller; for sigmoid and tanh, |y| is 1 while |r| is not;
-//   bits            of agreement: -log2(max relative error), between 0 and p (p when the error is 0).
+//   bits            of agreement: -log2(max relative error), between 0 and p (p when the error is 0);
+//   histogram       each element with a finite r counted once: a flip (flips), exact (error 0: exact), or in
+//                   bucket floor(-log2 relative error) of error_bins, clamped to [0, trace::kErrorBins - 1].
 // Elements where r is not finite, or y is not finite (those are flips), are left out of the errors.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -72,6 +75,8 @@ struct ErrorStats {
   double max_rel = 0, mean_rel = 0, max_ulp = 0;
   std::int64_t flips = 0;
   double bits = 0;
+  std::array<std::int64_t, trace::kErrorBins> error_bins{};  // the histogram, as above
+  std::int64_t exact = 0;
 };
 ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op);
 double relative_error_floor(DType dtype);  // the smallest normal of dtype

@@ -290,13 +290,17 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
       blocks);
 
   // The f32 twin's rows (format_version 5; a header only for older traces and runs without --twin).
+  std::vector<std::string> precision_header = {
+      "step",        "seq",          "op",           "module",         "out_dtype",       "numel", "local",
+      "local_max_rel", "local_mean_rel", "local_max_ulp", "acc_max_rel", "acc_mean_rel", "acc_max_ulp",
+      "in_acc_max_rel", "in_acc_mean_rel", "flips", "bits", "cond", "followed"};
+  for (int i = 0; i < kErrorBins; ++i) precision_header.push_back(fmt::format("error_bins_{}", i));
+  precision_header.push_back("exact");
   ex.export_table<PrecisionRow>(
-      "precision",
-      {"step", "seq", "op", "module", "out_dtype", "numel", "local", "local_max_rel", "local_mean_rel", "local_max_ulp",
-       "acc_max_rel", "acc_mean_rel", "acc_max_ulp", "in_acc_max_rel", "in_acc_mean_rel", "flips", "bits", "cond", "followed"},
+      "precision", precision_header,
       counts.precision, [&](std::int64_t b, std::int64_t e) { return reader.precision(b, e); },
       [](const PrecisionRow& p) {
-        return std::vector<std::string>{num(p.step),
+        std::vector<std::string> f{num(p.step),
                                         num(p.seq),
                                         csv_field(p.op),
                                         csv_field(p.module),
@@ -315,6 +319,9 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
                                         csv_number(p.bits),
                                         csv_number(p.cond),
                                         csv_bool(p.followed)};
+        for (const std::int64_t n : p.error_bins) f.push_back(num(n));
+        f.push_back(num(p.exact));
+        return f;
       },
       blocks);
 
@@ -413,7 +420,8 @@ ExportCommand::ExportCommand(CLI::App& app) {
       "  dump_values.csv  dump (its row in dumps.csv), index (row-major), value\n"
       "  precision.csv    step, seq, op, module, out_dtype, numel, local, local_max_rel, local_mean_rel, local_max_ulp,\n"
       "                   acc_max_rel, acc_mean_rel, acc_max_ulp, in_acc_max_rel, in_acc_mean_rel, flips, bits, cond,\n"
-      "                   followed (the f32 twin's rows: `ampscope train --twin`; empty without it)");
+      "                   followed, error_bins_0 .. error_bins_25, exact (the f32 twin's rows: `ampscope train --twin`;\n"
+      "                   empty without it)");
 }
 
 bool ExportCommand::parsed() const { return cmd_->parsed(); }

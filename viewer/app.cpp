@@ -158,7 +158,9 @@ void poll_documents(ViewerState& s) {
 }
 
 bool idle(const ViewerState& s) {
-  auto doc_idle = [](const TraceDocument* d) { return !d || (!d->analysing() && !d->step_loading()); };
+  auto doc_idle = [](const TraceDocument* d) {
+    return !d || (!d->analysing() && !d->precision_loading() && !d->step_loading());
+  };
   return doc_idle(s.a.get()) && doc_idle(s.b.get()) && (!s.comparison || !s.comparison->running()) &&
          (!s.a || s.a->selected_step() || s.a->steps().empty());
 }
@@ -182,7 +184,7 @@ void draw_frame(ViewerState& s) {
     l.overview = {x0, y0, left_w, overview_h, true};
     l.why = {x0, y0 + overview_h, left_w, H - overview_h, true};
     const float scale_h = std::floor(H * 0.5f);
-    l.scale = {x0 + left_w, y0, right_w, scale_h, true};
+    (s.show_precision ? l.precision : l.scale) = {x0 + left_w, y0, right_w, scale_h, true};
     const float bottom_y = y0 + scale_h, bottom_h = H - scale_h;
     const float ops_w = std::floor(right_w * (s.show_compare ? 0.45f : 0.6f));
     l.ops = {x0 + left_w, bottom_y, ops_w, bottom_h, true};
@@ -196,6 +198,12 @@ void draw_frame(ViewerState& s) {
     if (s.panel == "detail") l.detail = full;
     if (s.panel == "why") l.why = full;
     if (s.panel == "compare") l.compare = full;
+    if (s.panel == "precision") {
+      // The heatmap above the Op detail its clicks fill.
+      const float heat_h = std::floor(H * 0.55f);
+      l.precision = {x0, y0, W, heat_h, true};
+      l.detail = {x0, y0 + heat_h, W, H - heat_h, true};
+    }
   }
   s.compare_hovered = false;
   draw_errors(s);
@@ -205,6 +213,7 @@ void draw_frame(ViewerState& s) {
   draw_ops_panel(s);
   draw_detail_panel(s);
   draw_compare_panel(s);
+  draw_precision_panel(s);
   draw_file_browser(s);
 }
 

@@ -27,7 +27,7 @@ struct PanelRect {
   bool visible = false;
 };
 struct Layout {
-  PanelRect errors, overview, scale, ops, detail, why, compare;
+  PanelRect errors, overview, scale, ops, detail, why, compare, precision;
 };
 
 struct ViewerState {
@@ -67,6 +67,13 @@ struct ViewerState {
   std::vector<OpLink> detail_producers, detail_consumers;
   std::optional<std::int64_t> detail_links_seq;
   std::uint64_t detail_links_load = 0;  // StepData::load_id of the rows they were computed from
+
+  // Precision: the heatmap's colour (accumulated or local bits), and Op detail's error histogram.
+  bool precision_local = false;
+  bool show_precision = false;  // the upper-right area shows Precision instead of Scale and loss
+  std::optional<std::size_t> precision_hover_row;  // the heatmap row under the mouse last frame (highlighted)
+  plot::State error_plot;
+  std::optional<std::pair<std::int64_t, std::int64_t>> error_plot_for;  // (step, seq) the plot was fitted to
 
   // Compare: the per-op differences of the selected step.
   std::vector<analysis::OpDiff> op_diffs;
@@ -113,6 +120,7 @@ void draw_ops_panel(ViewerState& s);
 void draw_detail_panel(ViewerState& s);
 void draw_why_panel(ViewerState& s);
 void draw_compare_panel(ViewerState& s);
+void draw_precision_panel(ViewerState& s);
 void draw_file_browser(ViewerState& s);
 void draw_menu_bar(ViewerState& s);
 

@@ -145,11 +145,46 @@ std::unique_ptr<TraceDocument> TraceDocument::open(const std::filesystem::path& 
 
 TraceDocument::~TraceDocument() {
   if (analysis_control_) analysis_control_->cancel = true;
+  if (precision_control_) precision_control_->cancel = true;
   if (analysis_.valid()) analysis_.wait();
+  if (precision_job_.valid()) precision_job_.wait();
   if (step_job_.valid()) step_job_.wait();
 }
 
+void TraceDocument::start_precision() {
+  if (!ok() || counts_.precision == 0) return;
+  if (precision_job_.valid()) {
+    reprecision_ = true;
+    return;
+  }
+  precision_error_.clear();
+  auto control = std::make_shared<JobControl>();
+  precision_control_ = control;
+  auto reader = reader_;
+  std::vector<std::int64_t> steps;
+  for (const trace::StepRow& r : steps_) steps.push_back(r.step);
+  precision_job_ = std::async(std::launch::async, [reader, control, steps = std::move(steps)]() {
+    // A block of steps per turn of the lock, so the selected step's rows wait little; then rows after the
+    // last recorded step (an unfinished one).
+    constexpr std::size_t kStepsPerTurn = 64;
+    control->total = static_cast<std::int64_t>(steps.size()) + 1;
+    std::vector<trace::PrecisionRow> rows;
+    for (std::size_t i = 0; i <= steps.size(); i += kStepsPerTurn) {
+      if (control->cancel) throw Cancelled();
+      const std::int64_t begin = i == 0 ? trace::kFirstStep : steps[i];
+      const std::int64_t end = i + kStepsPerTurn >= steps.size() ? trace::kLastStep : steps[i + kStepsPerTurn];
+      std::lock_guard lock(reader->mutex);
+      auto block = reader->reader.precision(begin, end);
+      rows.insert(rows.end(), std::make_move_iterator(block.begin()), std::make_move_iterator(block.end()));
+      control->done = static_cast<std::int64_t>(std::min(i + kStepsPerTurn, steps.size() + 1));
+      if (end == trace::kLastStep) break;
+    }
+    return precision_map(std::move(rows));
+  });
+}
+
 void TraceDocument::start_analysis() {
+  start_precision();
   if (!ok() || analysis_.valid()) return;
   analysis_error_.clear();
   auto control = std::make_shared<JobControl>();
@@ -197,6 +232,20 @@ bool TraceDocument::poll() {
     if (reanalyse_) {
       reanalyse_ = false;
       start_analysis();
+    }
+  }
+  if (is_ready(precision_job_)) {
+    try {
+      precision_ = precision_job_.get();
+      precision_error_.clear();
+    } catch (const Cancelled&) {
+    } catch (const std::exception& e) {
+      precision_error_ = std::string("cannot read the precision rows: ") + e.what();
+    }
+    changed = true;
+    if (reprecision_) {
+      reprecision_ = false;
+      start_precision();
     }
   }
   if (ready(step_job_)) {
@@ -250,9 +299,10 @@ void TraceDocument::refresh_live() {
 void TraceDocument::wait_idle() {
   for (;;) {
     if (analysis_.valid()) analysis_.wait();
+    if (precision_job_.valid()) precision_job_.wait();
     if (step_job_.valid()) step_job_.wait();
     poll();
-    if (!analysis_.valid() && !step_job_.valid()) return;
+    if (!analysis_.valid() && !precision_job_.valid() && !step_job_.valid()) return;
   }
 }
 

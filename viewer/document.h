@@ -28,6 +28,7 @@
 #include "probes/analysis.h"
 #include "probes/analysis_diff.h"
 #include "probes/trace_reader.h"
+#include "viewer/view_model.h"
 
 namespace ampscope::viewer {
 
@@ -101,6 +102,13 @@ class TraceDocument {
   const std::string& analysis_error() const { return analysis_error_; }
   void start_analysis();
 
+  // The f32 twin's rows as the Precision panel's heatmap (view_model.h): read (a block of steps per turn of
+  // the reader's lock) and built on a background thread when the analysis starts, for a trace with
+  // /precision rows. Null until built (and for a trace without them); its error if the read failed.
+  const PrecisionMap* precision() const { return precision_ ? &*precision_ : nullptr; }
+  bool precision_loading() const { return precision_job_.valid(); }
+  const std::string& precision_error() const { return precision_error_; }
+
   // The step whose rows the panels show. The rows arrive later (step_data() null meanwhile). Selecting
   // the step already selected does nothing, unless its read failed (step_error()): then it is read again.
   void select_step(std::int64_t step);
@@ -116,6 +124,7 @@ class TraceDocument {
   TraceDocument() = default;
   void refresh_live();
   void start_step_job(std::int64_t step);
+  void start_precision();
 
   Options options_;
   std::filesystem::path path_;
@@ -133,6 +142,12 @@ class TraceDocument {
   std::future<analysis::Report> analysis_;
   std::optional<analysis::Report> report_;
   std::string analysis_error_;
+
+  std::shared_ptr<JobControl> precision_control_;
+  std::future<PrecisionMap> precision_job_;
+  std::optional<PrecisionMap> precision_;
+  std::string precision_error_;
+  bool reprecision_ = false;  // steps arrived while the map was built: build it again when it ends
 
   std::optional<std::int64_t> selected_;
   std::future<StepData> step_job_;

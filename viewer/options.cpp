@@ -29,7 +29,8 @@ std::string usage() {
          "\n"
          "options:\n"
          "  --screenshot FILE.png  headless: load, let the analysis finish, render, write FILE.png, exit\n"
-         "  --panel NAME           what to render: all (default), overview, scale, ops, detail, why, compare\n"
+         "  --panel NAME           what to render: all (default), overview, scale, ops, detail, why, compare,\n"
+         "                         precision (the heatmap above Op detail)\n"
          "  --step N               select step N (default: the step of the first anomaly, else the first step)\n"
          "  --seq N                select the op with this seq in that step (Op detail)\n"
          "  --size WxH             window size in pixels (default 1280x800)\n"
@@ -56,7 +57,7 @@ ViewerOptions parse_options(const std::vector<std::string>& args) {
       o.panel = value(i, a);
       if (std::find(std::begin(kPanelNames), std::end(kPanelNames), o.panel) == std::end(kPanelNames)) {
         throw Error(fmt::format("ampscope-view: unknown panel '{}'\nhint: one of all, overview, scale, ops, "
-                                "detail, why, compare",
+                                "detail, why, compare, precision",
                                 o.panel));
       }
     } else if (a == "--step") {

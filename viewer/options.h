@@ -14,7 +14,7 @@
 namespace ampscope::viewer {
 
 // The panels, by the name --panel takes. "all" is the whole window.
-inline constexpr std::string_view kPanelNames[] = {"all", "overview", "scale", "ops", "detail", "why", "compare"};
+inline constexpr std::string_view kPanelNames[] = {"all", "overview", "scale", "ops", "detail", "why", "compare", "precision"};
 
 struct ViewerOptions {
   std::vector<std::string> traces;       // 0, 1 or 2 files

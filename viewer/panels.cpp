@@ -553,6 +553,8 @@ void draw_ops_panel(ViewerState& s) {
   ImGui::End();
 }
 
+void draw_error_histogram(ViewerState& s, const trace::PrecisionRow& p, float height);
+
 void draw_detail_panel(ViewerState& s) {
   if (!begin_panel("Op detail", s.layout.detail)) return;
   if (!need_trace(s)) {
@@ -561,6 +563,27 @@ void draw_detail_panel(ViewerState& s) {
   }
   const trace::OpRow* row = selected_op(s);
   if (!row) {
+    // A twinned op whose step's /ops rows were not written (--sample-every): the twin's numbers alone.
+    const PrecisionMap* pm = s.a->precision();
+    const std::optional<std::int64_t> step = s.a->selected_step();
+    const trace::PrecisionRow* twin =
+        pm && step && s.selected_seq && s.a->step_data() ? precision_at(*pm, *step, *s.selected_seq) : nullptr;
+    if (twin) {
+      ImGui::Text("%s  %s", twin->op.c_str(), twin->module.empty() ? "(no module)" : twin->module.c_str());
+      ImGui::SameLine();
+      ImGui::TextDisabled("step %lld, seq %lld, %s: no /ops row in this trace (a step --sample-every did not write)",
+                          static_cast<long long>(twin->step), static_cast<long long>(twin->seq), twin->out_dtype.c_str());
+      const ImVec2 avail = ImGui::GetContentRegionAvail();
+      ImGui::BeginChild("##twin_rows", ImVec2(avail.x >= 600 ? std::min(360.0f, avail.x * 0.42f) : 0, avail.x >= 600 ? 0 : std::floor(avail.y * 0.5f)), false);
+      key_value_table("##precision", precision_detail_rows(*twin), 90);
+      ImGui::EndChild();
+      if (avail.x >= 600) ImGui::SameLine();
+      ImGui::BeginChild("##twin_histogram", ImVec2(0, 0), false);
+      draw_error_histogram(s, *twin, std::max(100.0f, ImGui::GetContentRegionAvail().y - 4));
+      ImGui::EndChild();
+      ImGui::End();
+      return;
+    }
     ImGui::TextDisabled(s.a->step_data() ? "Select an op in the Ops table (or a card in Why NaN?)."
                                          : "loading the step's ops...");
     ImGui::End();
@@ -590,6 +613,18 @@ void draw_detail_panel(ViewerState& s) {
   const bool side_by_side = avail.x >= 600;
   const ImVec2 table_size = side_by_side ? ImVec2(std::min(360.0f, avail.x * 0.42f), 0) : ImVec2(0, std::floor(avail.y * 0.5f));
   ImGui::BeginChild("##detail_rows", table_size, false);
+  // A twinned op's precision first (the Precision panel's clicks come here for it).
+  const PrecisionMap* pm = s.a->precision();
+  const trace::PrecisionRow* twin = pm ? precision_at(*pm, row->step, row->seq) : nullptr;
+  if (twin) {
+    ImGui::TextColored(to_vec4(colours::kLoss), "precision (f32 twin)");
+    help_marker("How far this op's output is from f32 (ampscope train --twin): local, on its own inputs (its own "
+                "rounding); accumulated, against the twin's value (every earlier op's error in it). Relative errors "
+                "are |y - r| / max(|r|, floor); bits of agreement -log2 of the max; the jump is the factor by which "
+                "its error exceeds its inputs' (the report's ranking).");
+    key_value_table("##precision", precision_detail_rows(*twin), 90);
+    ImGui::Separator();
+  }
   // Inputs, consumers and the root-cause chain first: they are what a click follows.
   ImGui::TextColored(to_vec4(colours::kLoss), "inputs");
   help_marker("Where each input came from (the trace's provenance, /ops inputs): the row of this step that "
@@ -626,6 +661,10 @@ void draw_detail_panel(ViewerState& s) {
   ImGui::EndChild();
   if (side_by_side) ImGui::SameLine();
   ImGui::BeginChild("##histogram", ImVec2(0, 0), false);
+  if (twin) {
+    const float avail_h = ImGui::GetContentRegionAvail().y;
+    draw_error_histogram(s, *twin, std::max(100.0f, std::floor(avail_h * 0.45f)));
+  }
   std::optional<ExponentHistogram> h = d ? op_histogram(d->histograms, row->seq, row->out_dtype) : std::nullopt;
   if (!h) {
     ImGui::PushTextWrapPos(0.0f);
@@ -954,6 +993,170 @@ void draw_compare_panel(ViewerState& s) {
   ImGui::End();
 }
 
+void draw_precision_panel(ViewerState& s) {
+  if (!begin_panel("Precision", s.layout.precision)) return;
+  if (!need_trace(s)) {
+    ImGui::End();
+    return;
+  }
+  const PrecisionMap* m = s.a->precision();
+  if (!s.a->precision_error().empty()) {
+    error_box(s.a->precision_error());
+    ImGui::End();
+    return;
+  }
+  if (!m || m->rows.empty()) {
+    ImGui::PushTextWrapPos(0.0f);
+    if (s.a->precision_loading()) {
+      ImGui::TextDisabled("reading the f32 twin's rows...");
+    } else {
+      ImGui::TextDisabled("This trace has no precision rows: the f32 twin was not run. Train with "
+                          "`ampscope train --twin` (or --twin-every N) to record how many bits of each op agree "
+                          "with f32.");
+    }
+    ImGui::PopTextWrapPos();
+    ImGui::End();
+    return;
+  }
+  // The toggle and the legend.
+  ImGui::Checkbox("local", &s.precision_local);
+  help_marker("Colour: bits of agreement with the f32 twin. Accumulated (default): -log2 of the op's max relative "
+              "error against the twin's value, with every earlier op's error in it. Local: what this op's own "
+              "rounding costs, on its own inputs (none for an op that ran in f32: grey). Rows are ops, ranked as "
+              "the report's PRECISION section ranks them (the largest jump in error first); columns are steps. "
+              "Hover a cell for its numbers, click it to show the op in Op detail.");
+  ImGui::SameLine();
+  ImGui::TextDisabled("bits:");
+  for (const LegendTick& t : bits_legend()) {
+    ImGui::SameLine();
+    swatch(t.colour, 0);
+    ImGui::TextUnformatted(t.label.c_str());
+  }
+  ImGui::SameLine();
+  swatch(kNoBits, 0);
+  ImGui::TextUnformatted("no local (f32 op)");
+  ImGui::SameLine();
+  ImGui::TextDisabled("  %s ops x %s steps", format_count(static_cast<std::int64_t>(m->rows.size())).c_str(),
+                      format_count(static_cast<std::int64_t>(m->steps.size())).c_str());
+
+  // The grid, in a child that scrolls both ways; only the visible cells are drawn (bounded work per frame).
+  ImGui::BeginChild("##heatmap", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
+  const float line = ImGui::GetTextLineHeight();
+  const ImVec2 view = ImGui::GetWindowSize();
+  const float label_w = std::clamp(view.x * 0.3f, 120.0f, 320.0f);
+  const float header_h = line + 4;
+  const std::size_t rows = m->rows.size(), cols = m->steps.size();
+  const float cell_w = std::clamp(std::floor((view.x - label_w - 16) / static_cast<float>(cols)), 6.0f, 28.0f);
+  const float cell_h = std::floor(line + 2);
+  const ImVec2 origin = ImGui::GetCursorScreenPos();  // the content's top left, scrolled
+  ImGui::Dummy(ImVec2(label_w + cell_w * static_cast<float>(cols), header_h + cell_h * static_cast<float>(rows)));
+  const ImVec2 win = ImGui::GetWindowPos();
+  const float scroll_x = ImGui::GetScrollX(), scroll_y = ImGui::GetScrollY();
+  const std::size_t r0 = static_cast<std::size_t>(std::max(0.0f, std::floor(scroll_y / cell_h)));
+  const std::size_t r1 = std::min(rows, r0 + static_cast<std::size_t>(view.y / cell_h) + 2);
+  const std::size_t c0 = static_cast<std::size_t>(std::max(0.0f, std::floor(scroll_x / cell_w)));
+  const std::size_t c1 = std::min(cols, c0 + static_cast<std::size_t>((view.x - label_w) / cell_w) + 2);
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const auto cell_min = [&](std::size_t r, std::size_t c) {
+    return ImVec2(std::floor(origin.x + label_w + cell_w * static_cast<float>(c)),
+                  std::floor(origin.y + header_h + cell_h * static_cast<float>(r)));
+  };
+  const std::optional<std::int64_t> sel_step = s.a->selected_step();
+  for (std::size_t r = r0; r < r1; ++r) {
+    for (std::size_t c = c0; c < c1; ++c) {
+      const trace::PrecisionRow* p = m->at(r, c);
+      if (!p) continue;
+      const ImVec2 a = cell_min(r, c);
+      const double bits = s.precision_local ? local_bits(*p) : accumulated_bits(*p);
+      dl->AddRectFilled(a, ImVec2(a.x + cell_w - 1, a.y + cell_h - 1), im(bits_colour(bits)));
+      if (sel_step && s.selected_seq && p->step == *sel_step && p->seq == *s.selected_seq) {
+        dl->AddRect(ImVec2(a.x - 1, a.y - 1), ImVec2(a.x + cell_w, a.y + cell_h), im(colours::kSelectedStep), 0, 0, 2);
+      }
+    }
+  }
+  // The labels stay at the left and the steps at the top while the cells scroll under them.
+  const ImU32 bg = ImGui::GetColorU32(ImGuiCol_WindowBg);
+  dl->AddRectFilled(ImVec2(win.x, origin.y + header_h), ImVec2(win.x + label_w - 2, win.y + view.y), bg);
+  for (std::size_t r = r0; r < r1; ++r) {
+    const ImVec2 a = cell_min(r, 0);
+    const bool hot = s.precision_hover_row && *s.precision_hover_row == r;
+    const std::string& text = m->rows[r].label;
+    dl->PushClipRect(ImVec2(win.x, a.y), ImVec2(win.x + label_w - 6, a.y + cell_h), true);
+    dl->AddText(ImVec2(win.x + 4, a.y), hot ? im(colours::kSelectedStep) : ImGui::GetColorU32(ImGuiCol_Text), text.c_str());
+    dl->PopClipRect();
+  }
+  dl->AddRectFilled(ImVec2(win.x, win.y), ImVec2(win.x + view.x, win.y + header_h), bg);
+  dl->AddText(ImVec2(win.x + 4, win.y + 2), ImGui::GetColorU32(ImGuiCol_TextDisabled), "op \\ step");
+  const std::size_t every = static_cast<std::size_t>(std::ceil(ImGui::CalcTextSize("000000").x / cell_w));
+  for (std::size_t c = c0 - c0 % every; c < c1; c += every) {
+    const float x = cell_min(0, c).x;
+    if (x < win.x + label_w) continue;
+    dl->AddText(ImVec2(x, win.y + 2), ImGui::GetColorU32(ImGuiCol_TextDisabled),
+                fmt::format("{}", m->steps[c]).c_str());
+  }
+  // Hover: the cell's numbers; click: the op in Op detail.
+  s.precision_hover_row.reset();
+  if (ImGui::IsWindowHovered()) {
+    const ImVec2 mouse = ImGui::GetIO().MousePos;
+    const float fx = (mouse.x - origin.x - label_w) / cell_w, fy = (mouse.y - origin.y - header_h) / cell_h;
+    if (mouse.y >= win.y + header_h && fy >= 0 && fy < static_cast<float>(rows)) {
+      const std::size_t r = static_cast<std::size_t>(fy);
+      s.precision_hover_row = r;
+      if (mouse.x >= win.x + label_w && fx >= 0 && fx < static_cast<float>(cols)) {
+        const std::size_t c = static_cast<std::size_t>(fx);
+        if (const trace::PrecisionRow* p = m->at(r, c)) {
+          ImGui::BeginTooltip();
+          ImGui::TextUnformatted(precision_cell_text(m->rows[r], *p).c_str());
+          ImGui::EndTooltip();
+          if (ImGui::IsMouseClicked(0)) {
+            select_step(s, p->step, p->seq);
+            s.scroll_to_selected = true;
+          }
+        }
+      } else {
+        ImGui::SetTooltip("%s", m->rows[r].label.c_str());
+      }
+    }
+  }
+  ImGui::EndChild();
+  ImGui::End();
+}
+
+// Op detail's precision part: the twin's numbers, and the error histogram (flip, buckets of bits, exact).
+void draw_error_histogram(ViewerState& s, const trace::PrecisionRow& p, float height) {
+  ImGui::Text("error histogram against the f32 twin (%s values, accumulated)", format_count(p.numel).c_str());
+  help_marker("Each element of the output, counted once: flipped (0, inf or saturated where the twin is not), "
+              "in the bucket of its bits of agreement (floor(-log2 relative error): bucket 0 is an error above "
+              "1/2, 25+ one of 2^-25 or less), or exact. Colours as the Precision panel's scale.");
+  const std::vector<Bar> bars = error_histogram_bars(p);
+  std::vector<double> x, y;
+  std::vector<ImU32> bar_colours;
+  plot::State& st = s.error_plot;
+  st.x = {.scale = plot::Scale::linear, .min = 0, .max = static_cast<double>(bars.size()), .fit = false,
+          .label = "bits of agreement (floor(-log2 relative error))"};
+  st.x.labels.clear();
+  for (std::size_t i = 0; i < bars.size(); ++i) {
+    x.push_back(static_cast<double>(i) + 0.15);
+    y.push_back(bars[i].count);
+    bar_colours.push_back(im(bars[i].colour));
+    // flip, every fifth bucket and exact: labels that do not overlap.
+    const bool shown = i == 0 || i + 1 == bars.size() || (i >= 1 && i <= 21 && (i - 1) % 5 == 0);
+    if (shown) st.x.labels.push_back({static_cast<double>(i) + 0.5, bars[i].label});
+  }
+  const std::pair<std::int64_t, std::int64_t> key{p.step, p.seq};
+  if (s.error_plot_for != key) {
+    s.error_plot_for = key;
+    st.y.fit = true;
+  }
+  st.y.scale = plot::Scale::log10;
+  st.y.fit_also = {1.0};
+  st.y.label = "values";
+  st.legend = false;
+  plot::Series series{.label = "values", .x = x, .y = y, .colour = im(colours::kHistogramBar),
+                      .style = plot::Style::bars, .bar_width = 0.7, .bar_colours = bar_colours};
+  plot::draw("##error_hist", st, {&series, 1}, {}, ImVec2(0, height));
+}
+
 void draw_file_browser(ViewerState& s) {
   if (!s.browser_open) return;
   const ImVec2 vp = ImGui::GetMainViewport()->WorkSize;
@@ -1034,6 +1237,9 @@ void draw_menu_bar(ViewerState& s) {
   if (ImGui::BeginMenu("View")) {
     if (ImGui::MenuItem("Op detail", nullptr, !s.show_compare)) s.show_compare = false;
     if (ImGui::MenuItem("Compare", nullptr, s.show_compare)) s.show_compare = true;
+    ImGui::Separator();
+    if (ImGui::MenuItem("Scale and loss", nullptr, !s.show_precision)) s.show_precision = false;
+    if (ImGui::MenuItem("Precision", nullptr, s.show_precision)) s.show_precision = true;
     ImGui::EndMenu();
   }
   if (s.a) {

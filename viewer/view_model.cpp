@@ -4,10 +4,15 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
+#include <stdexcept>
+#include <tuple>
 #include <system_error>
 
 #include <fmt/format.h>
+
+#include "probes/analysis_precision.h"
 
 namespace ampscope::viewer {
 
@@ -637,6 +642,161 @@ std::vector<KeyValue> compare_summary(const analysis::DiffReport& d) {
   rows.push_back({"only in a", fmt::format("{} op kinds, {} steps", d.only_in_a.size(), d.steps_only_in_a.size())});
   rows.push_back({"only in b", fmt::format("{} op kinds, {} steps", d.only_in_b.size(), d.steps_only_in_b.size())});
   return rows;
+}
+
+
+// ---- Precision ----
+
+const trace::PrecisionRow* PrecisionMap::at(std::size_t row, std::size_t column) const {
+  if (row >= rows.size() || column >= steps.size()) return nullptr;
+  const std::int32_t i = cells[row * steps.size() + column];
+  return i < 0 ? nullptr : &source[static_cast<std::size_t>(i)];
+}
+
+PrecisionMap precision_map(std::vector<trace::PrecisionRow> rows) {
+  PrecisionMap m;
+  if (rows.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+    throw std::invalid_argument(fmt::format("the heatmap holds at most 2^31 - 1 precision rows; the trace has {}", rows.size()));
+  }
+  m.source = std::move(rows);
+  // Seq order within each step: each row's occurrence among its step's rows of that module and op.
+  m.by_seq.resize(m.source.size());
+  std::iota(m.by_seq.begin(), m.by_seq.end(), 0u);
+  std::sort(m.by_seq.begin(), m.by_seq.end(), [&](std::uint32_t a, std::uint32_t b) {
+    const auto& x = m.source[a];
+    const auto& y = m.source[b];
+    return std::tie(x.step, x.seq) < std::tie(y.step, y.seq);
+  });
+  std::vector<std::int64_t> occurrence(m.source.size(), 0);
+  std::map<std::pair<std::string, std::string>, std::int64_t> seen;  // (module, op) -> rows so far in the step
+  for (std::size_t k = 0; k < m.by_seq.size(); ++k) {
+    const auto& r = m.source[m.by_seq[k]];
+    if (k == 0 || m.source[m.by_seq[k - 1]].step != r.step) seen.clear();
+    occurrence[m.by_seq[k]] = seen[{r.module, r.op}]++;
+    if (m.steps.empty() || m.steps.back() != r.step) m.steps.push_back(r.step);
+  }
+  // The report's ranking of (op, module): rank_by_jump's order.
+  std::map<std::pair<std::string, std::string>, std::size_t> rank;
+  const std::vector<trace::PrecisionRow> ranked = analysis::rank_by_jump(m.source);
+  for (std::size_t i = 0; i < ranked.size(); ++i) rank.emplace(std::pair{ranked[i].module, ranked[i].op}, i);
+  // The rows: each distinct (module, op, occurrence), ranked, then by occurrence.
+  struct Key {
+    std::size_t rank;
+    std::int64_t occurrence;
+    std::string module, op;
+    bool operator<(const Key& o) const { return std::tie(rank, occurrence, module, op) < std::tie(o.rank, o.occurrence, o.module, o.op); }
+  };
+  std::map<Key, std::size_t> row_of;
+  for (std::size_t i = 0; i < m.source.size(); ++i) {
+    const auto& r = m.source[i];
+    row_of.emplace(Key{rank.at({r.module, r.op}), occurrence[i], r.module, r.op}, 0);
+  }
+  std::size_t n = 0;
+  for (auto& [key, index] : row_of) {
+    index = n++;
+    PrecisionMapRow row;
+    row.module = key.module;
+    row.op = key.op;
+    row.occurrence = key.occurrence;
+    row.label = fmt::format("{} {} #{}", key.module.empty() ? "(no module)" : key.module, key.op, key.occurrence);
+    m.rows.push_back(std::move(row));
+  }
+  m.cells.assign(m.rows.size() * m.steps.size(), -1);
+  for (std::size_t i = 0; i < m.source.size(); ++i) {
+    const auto& r = m.source[i];
+    const std::size_t row = row_of.at(Key{rank.at({r.module, r.op}), occurrence[i], r.module, r.op});
+    const std::size_t column = static_cast<std::size_t>(std::lower_bound(m.steps.begin(), m.steps.end(), r.step) - m.steps.begin());
+    std::int32_t& cell = m.cells[row * m.steps.size() + column];
+    if (cell < 0) cell = static_cast<std::int32_t>(i);
+    if (m.rows[row].out_dtype.empty()) m.rows[row].out_dtype = r.out_dtype;
+  }
+  return m;
+}
+
+const trace::PrecisionRow* precision_at(const PrecisionMap& map, std::int64_t step, std::int64_t seq) {
+  const auto it = std::lower_bound(map.by_seq.begin(), map.by_seq.end(), std::pair{step, seq},
+                                   [&](std::uint32_t i, const std::pair<std::int64_t, std::int64_t>& key) {
+                                     const auto& r = map.source[i];
+                                     return std::pair{r.step, r.seq} < key;
+                                   });
+  if (it == map.by_seq.end()) return nullptr;
+  const auto& r = map.source[*it];
+  return r.step == step && r.seq == seq ? &r : nullptr;
+}
+
+double accumulated_bits(const trace::PrecisionRow& row) { return row.bits + 0.0; }  // + 0.0: never -0
+
+double local_bits(const trace::PrecisionRow& row) {
+  if (!row.local) return std::numeric_limits<double>::quiet_NaN();
+  const double p = analysis::significand_bits_of(row.out_dtype);
+  return row.local_max_rel == 0 ? p : std::clamp(-std::log2(row.local_max_rel), 0.0, p) + 0.0;
+}
+
+std::uint32_t bits_colour(double bits) {
+  if (std::isnan(bits)) return kNoBits;
+  const double step = kBitsScaleTop / 4;  // 3 bits between stops
+  const double t = std::clamp(bits, 0.0, kBitsScaleTop) / step;
+  const int i = std::min(3, static_cast<int>(std::floor(t)));
+  const double f = t - i;
+  const auto channel = [&](int shift) {
+    const double a = (kBitsStops[i] >> shift) & 0xff, b = (kBitsStops[i + 1] >> shift) & 0xff;
+    return static_cast<std::uint32_t>(std::lround(a + (b - a) * f));
+  };
+  return rgba(channel(0), channel(8), channel(16));
+}
+
+std::vector<LegendTick> bits_legend() {
+  std::vector<LegendTick> ticks;
+  for (int b = 0; b <= static_cast<int>(kBitsScaleTop); b += 3) {
+    ticks.push_back({static_cast<double>(b), bits_colour(b), b == static_cast<int>(kBitsScaleTop) ? fmt::format("{}+", b) : fmt::format("{}", b)});
+  }
+  return ticks;
+}
+
+std::string precision_cell_text(const PrecisionMapRow& row, const trace::PrecisionRow& p) {
+  const double lb = local_bits(p);
+  return fmt::format(
+      "{}\nstep {}, seq {}, {} ({} values)\nbits of agreement: accumulated {}, local {}\nmax relative error: "
+      "accumulated {}, local {}\nflips {}{}",
+      row.label, p.step, p.seq, p.out_dtype, format_count(p.numel), format_number(accumulated_bits(p)),
+      std::isnan(lb) ? std::string("none (ran in f32)") : format_number(lb), format_number(p.acc_max_rel),
+      p.local ? format_number(p.local_max_rel) : std::string("-"), format_count(p.flips),
+      p.followed ? "" : "\nan input was not followed (taken as it is, widened)");
+}
+
+std::vector<KeyValue> precision_detail_rows(const trace::PrecisionRow& p) {
+  std::vector<KeyValue> out;
+  const double lb = local_bits(p);
+  out.push_back({"bits", fmt::format("{} accumulated, {} local (of {})", format_number(accumulated_bits(p)),
+                                     std::isnan(lb) ? std::string("none") : format_number(lb),
+                                     analysis::significand_bits_of(p.out_dtype)),
+                 p.bits < 4});
+  if (p.local) {
+    out.push_back({"local", fmt::format("max rel {}, mean rel {}, max {} ulp", format_number(p.local_max_rel),
+                                        format_number(p.local_mean_rel), format_number(p.local_max_ulp))});
+  } else {
+    out.push_back({"local", "none: the op ran in f32 (on the twin's inputs)"});
+  }
+  out.push_back({"accumulated", fmt::format("max rel {}, mean rel {}, max {} ulp", format_number(p.acc_max_rel),
+                                            format_number(p.acc_mean_rel), format_number(p.acc_max_ulp))});
+  out.push_back({"inputs", fmt::format("max rel {}, mean rel {} (the largest among its inputs)", format_number(p.in_acc_max_rel),
+                                       format_number(p.in_acc_mean_rel))});
+  out.push_back({"jump", format_number(analysis::precision_jump(p))});
+  out.push_back({"flips", format_count(p.flips), p.flips > 0});
+  if (!std::isnan(p.cond)) out.push_back({"condition", format_number(p.cond), p.cond > 1e3});
+  if (!p.followed) out.push_back({"followed", "no: an input was taken as it is, widened", true});
+  return out;
+}
+
+std::vector<Bar> error_histogram_bars(const trace::PrecisionRow& p) {
+  std::vector<Bar> bars;
+  bars.push_back({"flip", static_cast<double>(p.flips), colours::kInfBar});
+  for (int k = 0; k < trace::kErrorBins; ++k) {
+    bars.push_back({k == trace::kErrorBins - 1 ? fmt::format("{}+", k) : fmt::format("{}", k),
+                    static_cast<double>(p.error_bins[static_cast<std::size_t>(k)]), bits_colour(k)});
+  }
+  bars.push_back({"exact", static_cast<double>(p.exact), bits_colour(kBitsScaleTop)});
+  return bars;
 }
 
 // ---- File browser ----

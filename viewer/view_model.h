@@ -244,6 +244,62 @@ CompareSeries compare_series(const analysis::DiffReport& d);
 std::vector<KeyValue> compare_summary(const analysis::DiffReport& d);
 std::string op_key_text(const analysis::OpKey& k);  // "step 3 forward blocks.0.attn bmm #0"
 
+// ---- Precision ----
+// The f32 twin's rows (the trace's /precision table, `ampscope train --twin`) as a heatmap: one row per twinned
+// op, keyed as the viewer keys ops elsewhere (phase, module, op, occurrence: the k-th twinned row of that module
+// and op in its step, in seq order; the twin twins only the forward pass), one column per twinned step, each
+// cell coloured by the bits of agreement with the twin. Rows are in the report's order
+// (analysis::rank_by_jump: where precision entered first), then by occurrence.
+struct PrecisionMapRow {
+  std::string module, op;
+  std::int64_t occurrence = 0;
+  std::string out_dtype;  // of its first row
+  std::string label;      // "blocks.0.attn.proj linear #0" ("(no module)" outside any module)
+};
+struct PrecisionMap {
+  std::vector<PrecisionMapRow> rows;
+  std::vector<std::int64_t> steps;         // the columns: twinned steps, ascending
+  std::vector<trace::PrecisionRow> source; // the twin's rows
+  std::vector<std::int32_t> cells;         // rows.size() x steps.size(), row-major: an index into source, -1 none
+  std::vector<std::uint32_t> by_seq;       // indices into source sorted by (step, seq): precision_at's lookup
+  const trace::PrecisionRow* at(std::size_t row, std::size_t column) const;
+};
+// Builds the map from a trace's precision rows (any order). Work: O(n log n) in the rows, once, off the UI
+// thread (TraceDocument reads and builds it in the background); a frame then draws only the visible cells.
+PrecisionMap precision_map(std::vector<trace::PrecisionRow> rows);
+// The twin's row of the op (step, seq); null when the twin did not compute it again.
+const trace::PrecisionRow* precision_at(const PrecisionMap& map, std::int64_t step, std::int64_t seq);
+
+// Bits of agreement: accumulated (the row's `bits`: -log2(acc_max_rel), 0..p) and local (-log2(local_max_rel),
+// 0..p, p when 0; NaN for a row without local errors: an f32 op on the twin's inputs).
+double accumulated_bits(const trace::PrecisionRow& row);
+double local_bits(const trace::PrecisionRow& row);
+
+// The heatmap's colour scale: bits of agreement from 0 (red: no bit agrees) to kBitsScaleTop (blue: f16's 11
+// bits and one more; more bits, f32's, are that colour too), linear between the stops below; a NaN (no local
+// errors) is kNoBits. The stops are at 0, 3, 6, 9 and 12 bits.
+inline constexpr double kBitsScaleTop = 12;
+inline constexpr std::uint32_t kBitsStops[5] = {rgba(200, 30, 30), rgba(240, 120, 30), rgba(230, 210, 60),
+                                                rgba(80, 180, 90), rgba(40, 110, 200)};
+inline constexpr std::uint32_t kNoBits = rgba(95, 95, 110);
+std::uint32_t bits_colour(double bits);
+// The legend: the scale's ticks (bits, their colour), every 3 bits.
+struct LegendTick {
+  double bits = 0;
+  std::uint32_t colour = 0;
+  std::string label;  // "0", "3", ..., "12+"
+};
+std::vector<LegendTick> bits_legend();
+
+// What hovering a cell shows, and Op detail's numbers for a twinned op.
+std::string precision_cell_text(const PrecisionMapRow& row, const trace::PrecisionRow& p);
+std::vector<KeyValue> precision_detail_rows(const trace::PrecisionRow& p);
+
+// The error histogram of a twinned op (its error_bins, exact and flips) as bars in the order drawn: "flip",
+// then buckets 0 .. 25 ("25+": the last bucket), then "exact"; each bar coloured by the bits of its bucket (the
+// flip bar kInfBar's red, exact the top of the scale).
+std::vector<Bar> error_histogram_bars(const trace::PrecisionRow& p);
+
 // ---- File browser ----
 struct DirEntry {
   std::string name;

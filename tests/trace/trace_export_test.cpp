@@ -131,11 +131,16 @@ void write_hostile_trace(const fs::path& path) {
     for (int b = 0; b < kHistBins; ++b) h.bins[static_cast<std::size_t>(b)] = b * (step + 1);
     w.write(h);
     // The f32 twin's row: a hostile module, and a cond that is NaN (ops without one) or not.
-    w.write(PrecisionRow{.step = step, .seq = step + 1, .op = "rsub", .module = kHostile[static_cast<std::size_t>(step) + 3],
+    PrecisionRow pr{.step = step, .seq = step + 1, .op = "rsub", .module = kHostile[static_cast<std::size_t>(step) + 3],
                          .out_dtype = "f16", .numel = 64 + step, .local = step % 2 == 0, .local_max_rel = 1.0 / 3.0,
                          .local_mean_rel = 4.9406564584124654e-324, .local_max_ulp = 0.5, .acc_max_rel = 1, .acc_mean_rel = 0.93,
                          .acc_max_ulp = 2049, .in_acc_max_rel = 5.1e-5, .in_acc_mean_rel = 1e-5, .flips = 60 + step,
-                         .bits = 0, .cond = step == 1 ? kNaN : 2.5e4, .followed = step != 2});
+                         .bits = 0, .cond = step == 1 ? kNaN : 2.5e4, .followed = step != 2};
+    // Its histogram: with the flips, numel elements in all (64 + step = 60 + step flips, 3 in buckets, 1 exact).
+    pr.error_bins[static_cast<std::size_t>(step)] = 1;
+    pr.error_bins[kErrorBins - 1] = 2;
+    pr.exact = 1;
+    w.write(pr);
     StepRow s = testing::numbered_step(step);
     if (step == 1) s.loss = kNaN, s.lr = -0.0;
     w.write(s);
@@ -275,6 +280,11 @@ TEST(trace_export_test, every_exported_value_equals_the_readers) {
     EXPECT_SAME_DOUBLE(p.bits, number(precision.at(i, "bits")));
     EXPECT_SAME_DOUBLE(p.cond, number(precision.at(i, "cond")));
     EXPECT_EQ(boolean(precision.at(i, "followed")), p.followed);
+    for (int b = 0; b < kErrorBins; ++b) {
+      EXPECT_EQ(integer(precision.at(i, fmt::format("error_bins_{}", b))), b == static_cast<int>(i) ? 1 : b == kErrorBins - 1 ? 2 : 0)
+          << "bucket " << b;
+    }
+    EXPECT_EQ(integer(precision.at(i, "exact")), 1);
   }
   EXPECT_EQ(precision.at(1, "cond"), "nan");
 
@@ -296,7 +306,7 @@ TEST(trace_export_test, every_exported_value_equals_the_readers) {
 
 TEST(trace_export_test, every_exported_column_is_documented) {
   // docs/trace-format.md's "CSV export" table names each file's columns: every header column of an export
-  // is there, in the file's line (inputs_N and bins_N as their ranges).
+  // is there, in the file's line (inputs_N, bins_N and error_bins_N as their ranges).
   TempDir dir;
   const auto path = dir.file("hostile.h5");
   write_hostile_trace(path);
@@ -317,6 +327,7 @@ TEST(trace_export_test, every_exported_column_is_documented) {
       std::string documented = "`" + column + "`";
       if (column.rfind("inputs_", 0) == 0) documented = "`inputs_0` .. `inputs_3`";
       if (column.rfind("bins_", 0) == 0) documented = "`bins_0` .. `bins_131`";
+      if (column.rfind("error_bins_", 0) == 0) documented = "`error_bins_0` .. `error_bins_25`";
       EXPECT_NE(line.find(documented), std::string::npos) << name << ": column " << column << " is not documented in: " << line;
     }
     ++files;

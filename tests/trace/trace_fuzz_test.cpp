@@ -46,6 +46,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -113,8 +114,9 @@ std::array<std::vector<std::string>, 4> texts_of(TraceReader& r) {
   }
   for (const GradRow& g : r.grads()) out[2].push_back(fmt::format("grad {} {} {}", g.step, g.param, g.dtype));
   for (const PrecisionRow& p : r.precision()) {
-    out[3].push_back(fmt::format("precision {} {} {} {} {} {} {} {} {} {} {} {}", p.step, p.seq, p.op, p.module, p.out_dtype,
-                                 p.numel, p.local, p.local_mean_rel, p.acc_mean_rel, p.in_acc_mean_rel, p.flips, p.followed));
+    out[3].push_back(fmt::format("precision {} {} {} {} {} {} {} {} {} {} {} {} {} {}", p.step, p.seq, p.op, p.module,
+                                 p.out_dtype, p.numel, p.local, p.local_mean_rel, p.acc_mean_rel, p.in_acc_mean_rel, p.flips,
+                                 p.followed, fmt::join(p.error_bins, ","), p.exact));
   }
   return out;
 }
@@ -514,12 +516,12 @@ std::optional<std::string> mutate_with_hdf5(const fs::path& p, Kind kind, std::m
     // A field of a /precision row set to a value no twin writes (chunk checksums right): a negative count, a
     // NaN or negative error, a flag other than 0 or 1. The reader must refuse the row (naming it and the field).
     const hsize_t row = pick(rows_of(file, "precision"));
-    const char* counts[] = {"numel", "flips"};
+    const char* counts[] = {"numel", "flips", "exact"};
     const char* measures[] = {"local_max_rel", "local_mean_rel", "local_max_ulp", "acc_max_rel", "acc_mean_rel",
                               "acc_max_ulp", "in_acc_max_rel", "in_acc_mean_rel", "bits", "cond"};
     const char* flags[] = {"local", "followed"};
     const int which = static_cast<int>(pick(3));
-    const char* field = which == 0 ? counts[pick(2)] : which == 1 ? measures[pick(std::size(measures))] : flags[pick(2)];
+    const char* field = which == 0 ? counts[pick(std::size(counts))] : which == 1 ? measures[pick(std::size(measures))] : flags[pick(2)];
     const hid_t t = H5Tcreate(H5T_COMPOUND, sizeof(double));
     bool ok = false;
     if (which == 0) {

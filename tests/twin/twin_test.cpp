@@ -1,7 +1,9 @@
 // tests/twin/twin_test.cpp: the f32 twin (probes/twin.h). Its errors against an f64 computation done here,
 // independently of the twin; planted precision losses (a cancellation ranked first, a sum that stops
 // growing); and a run that is bit-identical with and without the twin.
+#include <array>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -214,6 +216,28 @@ TEST(Twin, ConditionNumbersOfAddAndSum) {
   EXPECT_DOUBLE_EQ(row_of(twin->rows(), "add").cond, 3999.0);
   EXPECT_DOUBLE_EQ(row_of(twin->rows(), "sum").cond, 4001.0);
   EXPECT_DOUBLE_EQ(row_of(twin->rows(), "add").acc_max_rel, 0.0);  // every value exact in f16
+}
+
+// The accumulated errors' histogram on a tensor worked by hand (f64 values, judged as f16: p = 11). The largest
+// finite |r| is 8, so the floor is max(2^-14, 8 * 2^-11) = 2^-8.
+TEST(Twin, ErrorHistogramOfAHandWorkedTensor) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> y{1.0,  1.0 + std::ldexp(1.0, -10), 1.5, 3.0, 2.0 + std::ldexp(1.0, -20), 0.0, std::ldexp(1.0, -12),
+                              inf,  1.0, 1.0 + std::ldexp(1.0, -40)};
+  const std::vector<double> r{1.0, 1.0, 1.0, 1.0, 2.0, 0.5, 0.0, 8.0, inf, 1.0};
+  const TensorOptions f64{.dtype = DType::f64};
+  const probe::ErrorStats s = probe::compare(from_values(y, {10}, f64), from_values(r, {10}, f64), DType::f16, "mul");
+  std::array<std::int64_t, trace::kErrorBins> bins{};
+  bins[10] = 1;  // 1 + 2^-10 against 1: 2^-10
+  bins[1] = 1;   // 1.5 against 1: 2^-1, one bit
+  bins[0] = 1;   // 3 against 1: 200%, no bit
+  bins[21] = 1;  // 2 + 2^-20 against 2: 2^-21
+  bins[4] = 1;   // 2^-12 against 0: 2^-12 / 2^-8 = 2^-4
+  bins[25] = 1;  // 1 + 2^-40 against 1: beyond the last bucket, clamped into it
+  EXPECT_EQ(s.error_bins, bins);
+  EXPECT_EQ(s.exact, 1);  // 1 against 1
+  EXPECT_EQ(s.flips, 2);  // 0 against 0.5, inf against 8; the infinite reference is left out
+  EXPECT_EQ(s.counted, 8);  // finite y and r: the flip to 0 is among them
 }
 
 // What the twin does not compute again is counted, and dropout's generator is not advanced by it.

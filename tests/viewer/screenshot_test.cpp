@@ -202,6 +202,27 @@ TEST(screenshot_test, why_nan_shows_the_root_cause_chain_with_its_origin_link_an
   EXPECT_EQ(find_colour(none, colours::kOriginMark).count, 0);
 }
 
+TEST(screenshot_test, the_precision_heatmap_colours_cells_by_bits_and_op_detail_draws_the_error_histogram) {
+  SKIP_WITHOUT_DISPLAY();
+  // The twin fixture: rsub has 2 bits of agreement at step 0 (max error 0.25) and 0 at step 2 (max error 1);
+  // no op reaches 12 bits, so the top of the scale is only the error histogram's "exact" bar of the selected op.
+  const auto trace = testing::write_twin_fixture(testing::fixture_dir() / "shot_twin.h5");
+  const Image img = screenshot(quoted(trace), "precision", "precision.png", "--step 2 --seq 2");
+  EXPECT_GT(find_colour(img, bits_colour(2)).count, 60);   // rsub's cell at step 0
+  EXPECT_GT(find_colour(img, bits_colour(0)).count, 60);   // and at step 2 (the selected cell, outlined)
+  EXPECT_GT(find_colour(img, bits_colour(kBitsScaleTop)).count, 250);  // the exact bar (more than its legend swatch)
+  EXPECT_EQ(find_colour(img, colours::kErrorBackground).count, 0);
+  // Step 0 has its /ops rows: Op detail shows the op's recorded numbers with the twin's, and the histogram.
+  const Image with_ops = screenshot(quoted(trace), "precision", "precision_ops.png", "--step 0 --seq 2");
+  EXPECT_GT(find_colour(with_ops, bits_colour(kBitsScaleTop)).count, 250);
+  EXPECT_EQ(find_colour(with_ops, colours::kErrorBackground).count, 0);
+
+  const auto plain = testing::write_fixture(testing::fixture_dir() / "shot_no_twin.h5", false);
+  const Image none = screenshot(quoted(plain), "precision", "precision_none.png");
+  EXPECT_EQ(find_colour(none, bits_colour(0)).count, 0);  // no heatmap: the panel says how to record one
+  EXPECT_EQ(find_colour(none, colours::kErrorBackground).count, 0);
+}
+
 TEST(screenshot_test, a_file_that_is_not_hdf5_shows_the_error_box_and_exits_cleanly) {
   SKIP_WITHOUT_DISPLAY();
   const auto bad = testing::write_not_hdf5(testing::fixture_dir() / "shot_bad.h5");

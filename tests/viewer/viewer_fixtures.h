@@ -2,6 +2,7 @@
 // creating NaN (an origin) and is skipped with a scale backoff, a healthy run, and a file that is not HDF5.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -161,6 +162,76 @@ inline std::filesystem::path write_tagger_fixture(const std::filesystem::path& p
 
 inline std::filesystem::path write_not_hdf5(const std::filesystem::path& path) {
   std::ofstream(path) << "this is not an HDF5 file\n";
+  return path;
+}
+
+// The f32 twin's rows (/precision) for the Precision panel: a row of an f16 op with 100 values (90 in bucket
+// 11 of the error histogram, 10 exact), and a trace of them.
+inline const double kUnit = std::ldexp(1.0, -11);  // one f16 rounding: the jump's least input error (2^-p)
+
+inline trace::PrecisionRow twin_row(std::int64_t step, std::int64_t seq, const std::string& module, const std::string& op,
+                             double acc_mean, double in_mean, double acc_max) {
+  trace::PrecisionRow r;
+  r.step = step;
+  r.seq = seq;
+  r.module = module;
+  r.op = op;
+  r.out_dtype = "f16";
+  r.numel = 100;
+  r.local = true;
+  r.local_max_rel = std::ldexp(1.0, -12);
+  r.local_mean_rel = std::ldexp(1.0, -13);
+  r.local_max_ulp = 0.5;
+  r.acc_max_rel = acc_max;
+  r.acc_mean_rel = acc_mean;
+  r.acc_max_ulp = 3;
+  r.in_acc_max_rel = in_mean * 2;
+  r.in_acc_mean_rel = in_mean;
+  r.bits = acc_max == 0 ? 11 : std::min(11.0, -std::log2(acc_max));
+  r.cond = std::numeric_limits<double>::quiet_NaN();
+  r.error_bins[11] = 90;
+  r.exact = 10;
+  return r;
+}
+
+// Steps 0..3, twinned on 0 and 2 (--twin-every 2); /ops rows at step 0 only. The jumps, acc_mean_rel / max(in_acc_mean_rel, 2^-11):
+//   rsub  (no module)  step 0: 0.25 / 2^-11 = 512; step 2: 0.5 / 2^-11 = 1024   -> first
+//   sigmoid (no module) 2^-11 / 2^-11 = 1                                       -> second
+//   linear fc1 #0: 2^-12 / 2^-11 = 0.5; #1 (step 0 only): 0.75 * 2^-11 / 2^-11 = 0.75 -> third (its best: 0.75)
+inline std::filesystem::path write_twin_fixture(const std::filesystem::path& path) {
+  trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "twin fixture", .seed = 1, .config = "{}"});
+  for (std::int64_t step = 0; step < 4; ++step) {
+    if (step == 0) {
+      // /ops rows for step 0 only: step 2's twin rows stand alone, as a step --sample-every did not write.
+      w.write(op_row(step, 0, "fc1", "linear", "f16", 4));
+      w.write(op_row(step, 1, "", "sigmoid", "f16", 1));
+      w.write(op_row(step, 2, "", "rsub", "f16", 1));
+      w.write(op_row(step, 3, "fc1", "linear", "f32", 4));
+    }
+    if (step % 2 == 0) {
+      w.write(twin_row(step, 0, "fc1", "linear", std::ldexp(1.0, -12), 0, std::ldexp(1.0, -10)));
+      trace::PrecisionRow sig = twin_row(step, 1, "", "sigmoid", kUnit, std::ldexp(1.0, -12), std::ldexp(1.0, -11));
+      sig.flips = step == 0 ? 2 : 0;
+      sig.error_bins[11] -= sig.flips;  // each element counted once: the flipped ones are not in a bucket
+      w.write(sig);
+      trace::PrecisionRow sub = twin_row(step, 2, "", "rsub", step == 0 ? 0.25 : 0.5, kUnit, step == 0 ? 0.25 : 1.0);
+      sub.cond = 8192;
+      w.write(sub);
+      if (step == 0) {
+        trace::PrecisionRow f32 = twin_row(step, 3, "fc1", "linear", 0.75 * kUnit, kUnit, std::ldexp(1.0, -9));
+        f32.out_dtype = "f32";
+        f32.local = false;
+        f32.local_max_rel = f32.local_mean_rel = f32.local_max_ulp = 0;
+        w.write(f32);
+      }
+    }
+    trace::StepRow s;
+    s.step = step;
+    s.loss = 1;
+    w.write(s);
+    w.end_step(step);
+  }
+  w.close();
   return path;
 }
 
