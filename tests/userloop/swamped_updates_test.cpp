@@ -271,6 +271,74 @@ TEST(swamped_updates_test, counting_swamped_updates_leaves_the_run_bit_identical
   }
 }
 
+TEST(swamped_updates_test, adam_and_adamw_report_what_the_parameters_show_and_the_same_parameters_stall) {
+  // Adam's update is about lr per element whatever the gradient's size (m / sqrt(v)), so at lr 1e-4 the gain
+  // (|p| about 1, half an ulp 2^-12 or 2^-11) and the temperature (4: 2^-9) lose theirs while the linear
+  // layers' weights (|w| < 0.18, half an ulp at most 2^-14 = 6.1e-5) keep most. Every gradient element here
+  // is non-zero, so every update is, and the swamped ones are exactly the elements the step left unchanged.
+  // eps is 1e-4, as a user training in f16 must set it: the default 1e-8 rounds to 0 in f16, and v = (1 - beta2)
+  // g^2 underflows there, so denom is 0 and the updates are infinite (the parameters turn NaN).
+  for (const bool decoupled : {false, true}) {
+    SCOPED_TRACE(decoupled ? "AdamW" : "Adam");
+    const fs::path path = scratch(decoupled ? "adamw.h5" : "adam.h5");
+    Generator gen(11);
+    GainedRegressor model(gen);
+    model.to(DType::f16);
+    std::unique_ptr<optim::Optimizer> opt;
+    if (decoupled) {
+      opt = std::make_unique<optim::AdamW>(model.parameters(), optim::OptimizerOptions{.lr = 1e-4, .eps = 1e-4, .weight_decay = 0.0});
+    } else {
+      opt = std::make_unique<optim::Adam>(model.parameters(), optim::OptimizerOptions{.lr = 1e-4, .eps = 1e-4});
+    }
+    const Tensor x = randn({128, 64}, gen).to(DType::f16);
+    const Tensor y = randn({128, 1}, gen).to(DType::f16);
+    probe::ProbeOptions options{.level = probe::Level::health};
+    trace::RunInfo info{.precision = "fp16", .device = "cpu", .model = "gained-regressor", .seed = 11, .config = "{}"};
+    info.probe = probe::describe(options);
+    auto writer = std::make_shared<trace::TraceWriter>(path, info);
+    auto probe = std::make_shared<probe::Probe>(writer, options);
+    std::map<std::pair<std::int64_t, std::string>, std::pair<std::int64_t, std::int64_t>> observed;  // (changed?, numel)
+    {
+      probe::HookGuard watching(probe);
+      for (std::int64_t n = 0; n < 12; ++n) {
+        probe::Step step(n);
+        opt->zero_grad();
+        const Tensor loss = mse_loss(model(x), y);
+        loss.backward();
+        std::map<std::string, std::vector<double>> before;
+        for (const auto& [name, p] : model.named_parameters()) {
+          for (double g : p.grad().values()) ASSERT_NE(g, 0.0) << name << ": the test's premise (dense gradients)";
+          before[name] = p.values();
+        }
+        step.finish(loss, *opt);
+        for (const auto& [name, p] : model.named_parameters()) {
+          const std::vector<double> after = p.values();
+          std::int64_t unchanged = 0;
+          for (std::size_t i = 0; i < after.size(); ++i) unchanged += after[i] == before.at(name)[i];
+          observed[{n, name}] = {unchanged, static_cast<std::int64_t>(after.size())};
+        }
+      }
+    }
+    probe->flush();
+    writer->close();
+    trace::TraceReader reader(path);
+    const std::vector<trace::UpdateRow> rows = reader.updates();
+    ASSERT_EQ(rows.size(), observed.size());
+    for (const trace::UpdateRow& r : rows) {
+      const auto& [unchanged, numel] = observed.at({r.step, r.param});
+      EXPECT_EQ(r.numel, numel) << r.param;
+      EXPECT_EQ(r.nonzero, numel) << r.param << " at step " << r.step;
+      EXPECT_EQ(r.swamped, unchanged) << r.param << " at step " << r.step;
+    }
+    const analysis::Report rep = analysis::analyse(reader);
+    std::set<std::string> named;
+    for (const analysis::SwampedParam& p : rep.swamped.stalled) named.insert(p.param);
+    std::string all;
+    for (const analysis::SwampedParam& p : rep.swamped.all) all += p.param + ": " + p.evidence + "\n";
+    EXPECT_EQ(named, (std::set<std::string>{"gain", "temperature"})) << all;
+  }
+}
+
 TEST(swamped_updates_test, an_f32_model_writes_no_update_rows_and_the_report_shows_no_section) {
   const fs::path path = scratch("f32.h5");
   train(path, DType::f32, 3);
