@@ -15,6 +15,7 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/probe_hook.h"
 
 namespace ampscope::optim {
 
@@ -59,11 +60,7 @@ Tensor fused_addcmul(const Tensor& a, const Tensor& b, const Tensor& c, double v
   return add(a.to(m), mul(mul(b.to(m), c.to(m)), value)).to(out);
 }
 
-// torch.addcdiv(a, b, c, value=v): a + v * (b / c).
-Tensor fused_addcdiv(const Tensor& a, const Tensor& b, const Tensor& c, double value, DType out) {
-  const DType m = opmath(out);
-  return add(a.to(m), mul(div(b.to(m), c.to(m)), value)).to(out);
-}
+// torch.addcdiv(a, b, c, value=v), a + v * (b / c), is Adam's last step: Optimizer::apply_update.
 
 // torch.maximum, exact and NaN-propagating: argmax over the pair picks the larger (NaN counts as the
 // largest, the first on ties).
@@ -182,14 +179,30 @@ void Optimizer::step() {
   probe::detail::note_acted(this);  // probe::Step refuses to take a second step in the same training step
   NoGradGuard no_grad;
   RuntimeInternalGuard internal;  // updates are not the model's ops: no autocast, no probe events
+  // (The fused path takes f32 parameters only, so no f16/bf16 update it makes can be swamped: it reports none.)
   if (try_fused_step(*this)) return;  // CUDA f32 parameters only; never taken for CPU tensors
-  for (ParamGroup& group : groups_) {
-    for (Tensor& p : group.params) {
+  const bool reporting = probe::hook() != nullptr;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    ParamGroup& group = groups_[g];
+    for (std::size_t i = 0; i < group.params.size(); ++i) {
+      Tensor& p = group.params[i];
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
+      if (reporting) update_label_ = p.name().empty() ? fmt::format("group {}, parameter {}", g, i) : p.name();
       update(p, grad, state_[p.id()], group.options);
     }
   }
+}
+
+void Optimizer::apply_update(Tensor& param, const Tensor& update) {
+  // fused_add / fused_addcdiv's last step: add in opmath, round once into the parameter's dtype.
+  const Tensor after = add(param.to(update.dtype()), update).to(param.dtype());
+  if (param.dtype() == DType::f16 || param.dtype() == DType::bf16) {
+    if (probe::Hook* hook = probe::hook()) {
+      hook->on_update(probe::UpdateEvent{probe::current_step(), update_label_, param, update, after});
+    }
+  }
+  param.copy_(after);
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -271,7 +284,8 @@ void SGD::update(Tensor& param, const Tensor& grad, ParamState& state, const Hyp
     }
     g = h.nesterov ? fused_add(g, buf, h.momentum, result_type(g, buf)) : buf;
   }
-  param.copy_(fused_add(param, g, -h.lr, param.dtype()));
+  // fused_add(param, g, -lr), its update u = -lr * g computed apart so that a probe can see it.
+  apply_update(param, mul(g.to(opmath(param.dtype())), -h.lr));
 }
 
 // ---- Adam, AdamW ----
@@ -337,7 +351,9 @@ void Adam::update(Tensor& param, const Tensor& grad, ParamState& state, const Hy
     second = state.max_exp_avg_sq;
   }
   const Tensor denom = add(div(sqrt(second), bias_correction2_sqrt), h.eps);
-  param.copy_(fused_addcdiv(param, exp_avg, denom, -step_size, param.dtype()));
+  // fused_addcdiv(param, exp_avg, denom, -step_size), its update u = -step_size * m / denom computed apart.
+  const DType m = opmath(param.dtype());
+  apply_update(param, mul(div(exp_avg.to(m), denom.to(m)), -step_size));
 }
 
 AdamW::AdamW(std::vector<Tensor> params, const OptimizerOptions& options)

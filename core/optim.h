@@ -125,6 +125,11 @@ class Optimizer {
   virtual void check(const Hyperparameters& h, const std::string& where) const = 0;
   // Updates one parameter from its gradient (same shape as the parameter).
   virtual void update(Tensor& param, const Tensor& grad, ParamState& state, const Hyperparameters& h) = 0;
+  // param = round(param + update) in param's dtype, `update` being computed in the optimizer's arithmetic type
+  // (f32; f64 for f64 parameters): the add of torch's fused add/addcdiv, with the same bits. While a probe
+  // hook is installed and param is f16 or bf16, the hook hears it first (probe::Hook::on_update: which
+  // elements' updates rounding loses); otherwise it costs nothing more.
+  void apply_update(Tensor& param, const Tensor& update);
 
  private:
   Hyperparameters resolve(const Hyperparameters& base, const OptimizerOptions& options, const std::string& where) const;
@@ -135,6 +140,7 @@ class Optimizer {
   Hyperparameters defaults_;
   std::vector<ParamGroup> groups_;
   std::unordered_map<const void*, ParamState> state_;  // by Tensor::id()
+  std::string update_label_;  // the parameter step() is updating, set only while a probe hook is installed
 };
 
 // g = grad (negated when maximize); g += weight_decay * p; with momentum: buf = g on the first step,

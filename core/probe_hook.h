@@ -131,6 +131,20 @@ struct ScalerEvent {
 };
 std::string_view change_name(ScalerEvent::Change change);  // "kept", "growth", "backoff", "explicit_scale"
 
+// One parameter stored in f16 or bf16 that an optimizer (SGD, Adam, AdamW) is about to update, reported
+// only while a hook is installed: `before` holds the parameter's values, `update` the value u the optimizer
+// adds to each (in f32, the optimizer's arithmetic type: -lr * g for SGD, -step_size * m / denom for Adam),
+// `after` what p + u rounds to in the parameter's dtype (what the parameter will hold; AdamW's decoupled
+// weight decay is already in `before`). An element's update is *swamped* when u != 0 and after == before:
+// the update was lost to rounding. The three tensors have the parameter's shape; the hook may read them.
+struct UpdateEvent {
+  std::int64_t step;          // current_step()
+  const std::string& param;   // Tensor::name(), or "group g, parameter i" when unnamed
+  const Tensor& before;
+  const Tensor& update;
+  const Tensor& after;
+};
+
 class Hook {
  public:
   virtual ~Hook() = default;
@@ -143,6 +157,8 @@ class Hook {
   virtual void on_backward_op(const OpEvent& event) {}   // autograd nodes as backward runs them
   virtual void on_grads(const GradEvent& event) {}
   virtual void on_scaler(const ScalerEvent& event) {}
+  // An f16/bf16 parameter's update, before the optimizer writes it (see UpdateEvent).
+  virtual void on_update(const UpdateEvent& event) {}
   virtual void on_step_begin(std::int64_t step) {}
   virtual void on_step_end(const StepSummary& summary) {}
   // A step that ended without a summary: its StepScope (or probe::Step) was destroyed before end(),

@@ -1,5 +1,6 @@
 #include "probes/analysis.h"
 #include "probes/analysis_precision.h"
+#include "probes/analysis_updates.h"
 #include "probes/scaler_calibration.h"
 
 #include <algorithm>
@@ -1783,6 +1784,7 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
     if (numbers.empty()) break;
   }
   Report report = a.finish();
+  report.swamped = analyse_updates(reader.updates());  // one row per f16/bf16 parameter and step: small
   report.damage = reader.damage();
   return report;
 }

@@ -83,6 +83,8 @@ inline constexpr const char* kRemedyKinds[] = {
     // Precision remedies (the PRECISION section, from the f32 twin's rows; code only):
     "accumulate_f32",      // keep a running total (or a reduction's accumulator) in f32
     "reorder",             // reorder the computation: subtract before rounding, add small terms together first
+    // Swamped updates (the SWAMPED UPDATES section, from /updates; code only):
+    "master_weights_f32",  // keep the parameters in f32 (autocast runs the ops in f16/bf16): updates survive
 };
 
 // One remedy in the two forms a user needs: the `ampscope train` option (empty when none applies, for
@@ -259,6 +261,38 @@ struct PrecisionSection {
   bool recorded() const { return rows > 0; }
 };
 
+// The SWAMPED UPDATES section (docs/report-format.md): from the /updates rows (trace::UpdateRow), written for
+// parameters stored in f16/bf16 that an optimizer updated. A parameter *stopped learning* when, over the last
+// `window` steps that have rows (the window is kSwampedWindow steps, fewer in a shorter run), more than half
+// of its non-zero updates were swamped: p + u rounded back to p.
+inline constexpr std::int64_t kSwampedWindow = 10;
+
+struct SwampedParam {
+  std::string param, dtype;
+  std::int64_t numel = 0;
+  std::int64_t steps = 0;                 // steps of the window with a row for it
+  std::int64_t nonzero = 0, swamped = 0;  // summed over those steps
+  double fraction = 0;                    // swamped / nonzero
+  double param_abs_mean = 0;              // the rows' means, weighted by their nonzero counts
+  double update_abs_mean = 0;
+  // Half an ulp of the dtype at param_abs_mean (2^(floor(log2 |p|) - significand bits)): an update below it
+  // rounds away.
+  double half_ulp = 0;
+  std::string evidence;           // one sentence quoting the numbers above
+  std::vector<Remedy> remedies;   // master_weights_f32
+};
+
+struct SwampedSection {
+  std::int64_t rows = 0;    // /updates rows read (0: no f16/bf16 parameter was updated while recorded)
+  std::int64_t steps = 0;   // steps with rows
+  std::int64_t params = 0;  // distinct parameters
+  std::int64_t window = 0;  // the last steps judged
+  std::int64_t first_step = 0, last_step = 0;  // of the window
+  std::vector<SwampedParam> stalled;  // parameters that stopped learning, highest fraction first
+  std::vector<SwampedParam> all;      // every parameter over the window, highest fraction first
+  bool recorded() const { return rows > 0; }
+};
+
 struct AnalysisOptions {
   double headroom_factor = 2.0;     // near_f16_max when absmax * headroom_factor >= 65504
   double underflow_fraction = 0.25; // subnormal / flush_to_zero / below_f16 from this fraction on
@@ -279,6 +313,7 @@ struct Report {
   // covers what is intact; every rendering says DAMAGED.
   std::vector<std::string> damage;
   PrecisionSection precision;  // empty (rows 0) without the f32 twin's rows
+  SwampedSection swamped;      // empty (rows 0) without /updates rows (analyse_updates, analysis_updates.h)
   bool healthy() const { return anomalies.empty(); }
 };
 

@@ -544,6 +544,30 @@ json precision_json(const PrecisionSection& p) {
   return out;
 }
 
+json swamped_param_json(const SwampedParam& p) {
+  return json{{"param", p.param},
+              {"dtype", p.dtype},
+              {"numel", p.numel},
+              {"steps", p.steps},
+              {"nonzero", p.nonzero},
+              {"swamped", p.swamped},
+              {"fraction", number(p.fraction)},
+              {"param_abs_mean", number(p.param_abs_mean)},
+              {"update_abs_mean", number(p.update_abs_mean)},
+              {"half_ulp", number(p.half_ulp)},
+              {"evidence", p.evidence},
+              {"remedies", remedies_json(p.remedies)}};
+}
+
+json swamped_json(const SwampedSection& s) {
+  json out{{"recorded", s.recorded()}, {"rows", s.rows},       {"steps", s.steps},
+           {"params", s.params},       {"window", s.window},   {"first_step", s.first_step},
+           {"last_step", s.last_step}, {"stalled", json::array()}, {"all", json::array()}};
+  for (const SwampedParam& p : s.stalled) out["stalled"].push_back(swamped_param_json(p));
+  for (const SwampedParam& p : s.all) out["all"].push_back(swamped_param_json(p));
+  return out;
+}
+
 std::string loss_cell(bool in, double loss, bool skipped) {
   if (!in) return "-";
   return num(loss) + (skipped ? " S" : "");
@@ -697,6 +721,31 @@ std::string render_text(const Report& rep, const TextStyle& style) {
     }
   }
 
+  // ---- swamped updates (f16/bf16 parameters; shown only when the trace has /updates rows) ----
+  const SwampedSection& sw = rep.swamped;
+  if (sw.recorded()) {
+    t.blank();
+    if (sw.stalled.empty()) {
+      t.line("{} none: {} f16/bf16 {} kept more than half of their updates over the last {}",
+             t.paint(kBold, "SWAMPED UPDATES:"), sw.params, sw.params == 1 ? "parameter" : "parameters",
+             plural(sw.window, "step"));
+    } else {
+      t.line("{} {} of {} f16/bf16 {} stopped learning (over half of their updates rounded away, last {}):",
+             t.paint(kBold, "SWAMPED UPDATES:"), sw.stalled.size(), sw.params,
+             sw.params == 1 ? "parameter" : "parameters", plural(sw.window, "step"));
+      for (std::size_t i = 0; i < sw.stalled.size(); ++i) {
+        const SwampedParam& p = sw.stalled[i];
+        t.line("  [{}] {} [{}]: {}", i + 1, t.paint(kBold, p.param), p.dtype, p.evidence);
+        if (i + 1 == sw.stalled.size() || sw.stalled[i + 1].dtype != p.dtype) {
+          for (const Remedy& m : p.remedies) {
+            t.line("      {}", t.paint(kGreen, m.text));
+            if (!m.code.empty()) t.line("      your own loop:  {}", m.code);
+          }
+        }
+      }
+    }
+  }
+
   // ---- summary ----
   t.blank();
   std::string summary;
@@ -737,6 +786,7 @@ std::string render_json(const Report& rep) {
   doc["coverage"] = coverage_json(rep.coverage);
   doc["provenance"] = rep.provenance;
   doc["precision"] = precision_json(rep.precision);
+  doc["swamped"] = swamped_json(rep.swamped);
   // Invalid UTF-8 in a recorded name (a cut string) becomes U+FFFD rather than an exception.
   return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }

@@ -178,6 +178,14 @@ void Probe::emit(trace::GradRow row) {
   }
 }
 
+void Probe::emit(trace::UpdateRow row) {
+  if (StepRecord* r = record_for(row.step)) {
+    r->updates.push_back(std::move(row));
+  } else {
+    sink_->write(row);
+  }
+}
+
 void Probe::emit(trace::HistogramRow row) {
   if (StepRecord* r = record_for(row.step)) {
     r->histograms.push_back(std::move(row));
@@ -482,6 +490,37 @@ void Probe::on_grads(const GradEvent& event) {
   }
 }
 
+void Probe::on_update(const UpdateEvent& event) {
+  if (options_.level < Level::health || !recording_ || !module_wanted(parameter_module(event.param))) return;
+  // On the host, in double: every f16/bf16 value and every f32 update is exact there.
+  const std::vector<double> before = event.before.values();
+  const std::vector<double> update = event.update.values();
+  const std::vector<double> after = event.after.values();
+  trace::UpdateRow row;
+  row.step = event.step;
+  row.param = event.param;
+  row.dtype = std::string(dtype_name(event.before.dtype()));
+  row.numel = static_cast<std::int64_t>(before.size());
+  double p_sum = 0, u_sum = 0;
+  std::int64_t finite = 0;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    if (update[i] == 0) continue;
+    ++row.nonzero;
+    // A NaN or infinite update, or a parameter already inf or NaN, changes (or cannot change) the value for
+    // reasons other than rounding: counted as an update, never as swamped, and kept out of the means.
+    if (!std::isfinite(update[i]) || !std::isfinite(before[i])) continue;
+    ++finite;
+    if (after[i] == before[i]) ++row.swamped;
+    p_sum += std::fabs(before[i]);
+    u_sum += std::fabs(update[i]);
+  }
+  if (finite > 0) {
+    row.param_abs_mean = p_sum / static_cast<double>(finite);
+    row.update_abs_mean = u_sum / static_cast<double>(finite);
+  }
+  emit(std::move(row));
+}
+
 void Probe::on_scaler(const ScalerEvent& event) {
   const std::int64_t step = current_step();
   auto add = [&](std::string kind, std::string module, std::string detail, bool anomaly) {
@@ -558,6 +597,7 @@ void Probe::write_record(StepRecord& r) {
   for (const trace::HistogramRow& row : r.histograms) sink_->write(row);
   for (const trace::DumpRow& row : r.dumps) sink_->write(row);
   for (const trace::EventRow& row : r.events) sink_->write(row);
+  for (const trace::UpdateRow& row : r.updates) sink_->write(row);
   r.written = true;
   ++counters_.steps_written;
   clear_rows(r.ops);
@@ -565,6 +605,7 @@ void Probe::write_record(StepRecord& r) {
   clear_rows(r.histograms);
   clear_rows(r.dumps);
   clear_rows(r.events);
+  clear_rows(r.updates);
   r.propagated.clear();
 }
 

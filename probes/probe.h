@@ -19,6 +19,9 @@
 //   health  the output's TensorHealth; cast overflow/underflow counts of casts (the op "to", input 0
 //           to output, and autocast's casts of an op, summed; casts served by the weight-cast cache
 //           were counted where they were made); GradRows; anomaly detection (below).
+//           Swamped updates (/updates): one UpdateRow per f16/bf16 parameter an optimizer updated (core/probe_hook.h
+//           UpdateEvent), counting the elements whose update rounding lost. Costs a copy of the parameter, its
+//           update and its new value to the host per parameter and step, and only for f16/bf16 parameters.
 //   full    an exponent histogram of every op output and of every unscaled gradient. A backward
 //           node's histograms are named "output" for the gradient its OpRow describes (the first
 //           defined one) and "output i" for the gradient of its input i otherwise.
@@ -111,6 +114,7 @@ class Probe : public Hook {
   void on_backward_op(const OpEvent& event) override;
   void on_grads(const GradEvent& event) override;
   void on_scaler(const ScalerEvent& event) override;
+  void on_update(const UpdateEvent& event) override;
   void on_step_begin(std::int64_t step) override;
   void on_step_end(const StepSummary& summary) override;
   // A step abandoned by an exception: ended as flush() ends it (no /steps row; its rows written if the
@@ -144,6 +148,7 @@ class Probe : public Hook {
     std::vector<trace::EventRow> events;
     std::vector<trace::HistogramRow> histograms;
     std::vector<trace::DumpRow> dumps;
+    std::vector<trace::UpdateRow> updates;
     bool anomalous = false;
     bool written = false;
     // "op\0module\0phase" -> (index in events of the first propagate event, later occurrences)
@@ -159,6 +164,7 @@ class Probe : public Hook {
   void emit(trace::GradRow row);
   void emit(trace::HistogramRow row);
   void emit(trace::DumpRow row);
+  void emit(trace::UpdateRow row);
   void emit_event(trace::EventRow row, bool anomaly);
   void mark_anomaly(std::int64_t step);
   void end_step(const std::optional<StepSummary>& summary);

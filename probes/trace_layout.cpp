@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -20,6 +21,7 @@ static_assert(std::endian::native == std::endian::little, "trace records assume 
 static_assert(sizeof(OpRecord) == 16 + 7 * 8 + 6 * 8 + 5 * 8 + 2 * 8 + 1 + kOpInputs * 8,
               "OpRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(IndexRecord) == 8 * (2 + kDataTableCount));
+static_assert(sizeof(UpdateRecord) == 8 * 8, "UpdateRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(PrecisionRecord) == 8 * 6 + 1 + 8 * 8 + 8 + 8 * 2 + 1 + 8 * kErrorBins + 8,
               "PrecisionRecord must be packed: it is the file's compound type byte for byte");
 
@@ -168,6 +170,20 @@ Datatype precision_type(const Io& io) {
   return b.take();
 }
 
+Datatype update_type(const Io& io) {
+  using R = UpdateRecord;
+  CompoundBuilder b(io, sizeof(R), Table::updates);
+  AMPSCOPE_I64(R, step);
+  AMPSCOPE_I64(R, param);
+  AMPSCOPE_I64(R, dtype);
+  AMPSCOPE_I64(R, numel);
+  AMPSCOPE_I64(R, nonzero);
+  AMPSCOPE_I64(R, swamped);
+  AMPSCOPE_F64(R, param_abs_mean);
+  AMPSCOPE_F64(R, update_abs_mean);
+  return b.take();
+}
+
 // /index: step, a count per table the version has, then crc32 from format_version 3.
 Datatype index_type(const Io& io, std::int64_t version) {
   using R = IndexRecord;
@@ -217,6 +233,7 @@ std::string_view table_name(Table table) {
     case Table::strings: return "strings";
     case Table::string_bytes: return "string_bytes";
     case Table::precision: return "precision";
+    case Table::updates: return "updates";
     case Table::index: return "index";
   }
   return "?";
@@ -244,6 +261,7 @@ std::string_view text_fields(Table table) {
     case Table::histograms: return "tensor";
     case Table::dumps: return "op,module,tensor,dtype,shape";
     case Table::precision: return "op,module,out_dtype";
+    case Table::updates: return "param,dtype";
     default: return "";
   }
 }
@@ -328,6 +346,7 @@ std::size_t record_size(Table table, std::int64_t version) {
     case Table::strings: return sizeof(StringRecord);
     case Table::string_bytes: return 1;
     case Table::precision: return sizeof(PrecisionRecord);
+    case Table::updates: return sizeof(UpdateRecord);
     case Table::index: return sizeof(IndexRecord);
   }
   return 0;
@@ -347,6 +366,7 @@ Datatype record_type(const Io& io, Table table, std::int64_t version) {
     case Table::strings: return string_type(io);
     case Table::string_bytes: return copy_type(io, H5T_STD_U8LE);
     case Table::precision: return precision_type(io);
+    case Table::updates: return update_type(io);
     case Table::index: break;
   }
   io.fail("unknown table");
@@ -641,6 +661,44 @@ PrecisionRow decode(const PrecisionRecord& r, const StringTable& s) {
         "its fields 'error_bins', 'exact' and 'flips' count more elements than its numel ({}): each element is counted once",
         row.numel));
   }
+  return row;
+}
+
+void encode(const UpdateRow& row, UpdateRecord& r, TextIds& ids) {
+  r.step = row.step;
+  r.param = ids.id(row.param);
+  r.dtype = ids.id(row.dtype);
+  r.numel = row.numel;
+  r.nonzero = row.nonzero;
+  r.swamped = row.swamped;
+  r.param_abs_mean = row.param_abs_mean;
+  r.update_abs_mean = row.update_abs_mean;
+}
+
+UpdateRow decode(const UpdateRecord& r, const StringTable& s) {
+  UpdateRow row;
+  row.step = r.step;
+  row.param = text_of(s, r.param, "param");
+  row.dtype = text_of(s, r.dtype, "dtype");
+  if (row.dtype != "f16" && row.dtype != "bf16") {
+    throw std::invalid_argument(fmt::format("its field 'dtype' is '{}', not f16 or bf16", row.dtype));
+  }
+  row.numel = count_of(r.numel, "numel");
+  row.nonzero = count_of(r.nonzero, "nonzero");
+  row.swamped = count_of(r.swamped, "swamped");
+  if (row.nonzero > row.numel) {
+    throw std::invalid_argument(fmt::format("its field 'nonzero' is {}, more than numel ({})", row.nonzero, row.numel));
+  }
+  if (row.swamped > row.nonzero) {
+    throw std::invalid_argument(fmt::format("its field 'swamped' is {}, more than nonzero ({})", row.swamped, row.nonzero));
+  }
+  for (const auto& [v, field] : {std::pair{r.param_abs_mean, "param_abs_mean"}, std::pair{r.update_abs_mean, "update_abs_mean"}}) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      throw std::invalid_argument(fmt::format("its field '{}' is {}, not a finite non-negative number", field, v));
+    }
+  }
+  row.param_abs_mean = r.param_abs_mean;
+  row.update_abs_mean = r.update_abs_mean;
   return row;
 }
 

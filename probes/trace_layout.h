@@ -26,13 +26,15 @@ namespace ampscope::trace::detail {
 
 // Every dataset of a trace. dump_values holds the values of all dumps back to back (/dumps rows point
 // into it); strings locates each text in string_bytes (format_version 4); precision holds the f32 twin's
-// rows (format_version 5); index holds one row per flush, the table sizes that flush made durable.
-enum class Table : int { steps, ops, grads, events, histograms, dumps, dump_values, strings, string_bytes, precision, index };
-inline constexpr int kTableCount = 11;
-inline constexpr int kDataTableCount = 10;   // every table but index
+// rows and updates the swamped-update counts of f16/bf16 parameters (format_version 5); index holds one row per flush, the table sizes that flush made durable.
+enum class Table : int {
+  steps, ops, grads, events, histograms, dumps, dump_values, strings, string_bytes, precision, updates, index
+};
+inline constexpr int kTableCount = 12;
+inline constexpr int kDataTableCount = 11;   // every table but index
 inline constexpr int kLegacyDataTables = 7;  // format_version 1 to 3: the tables before strings
 inline constexpr int kV4DataTables = 9;      // format_version 4: the tables before precision
-// The data tables a trace of this format_version has: the first 7, 9 or 10 of Table's order.
+// The data tables a trace of this format_version has: the first 7, 9 or 11 of Table's order.
 int data_tables(std::int64_t version);
 std::string_view table_name(Table table);    // "steps", ..., "string_bytes", "index"
 std::string_view field_name(Table table);    // what a row of the table is, for messages: "value", "byte", "row"
@@ -108,6 +110,13 @@ struct [[gnu::packed]] PrecisionRecord {
   std::int64_t exact;
 };
 
+struct [[gnu::packed]] UpdateRecord {
+  std::int64_t step;
+  TextId param, dtype;
+  std::int64_t numel, nonzero, swamped;
+  double param_abs_mean, update_abs_mean;
+};
+
 // A text: bytes [offset, offset + length) of /string_bytes (UTF-8, no NUL), and zlib's CRC-32 of them.
 struct [[gnu::packed]] StringRecord {
   std::int64_t offset, length, crc32;
@@ -122,7 +131,7 @@ struct [[gnu::packed]] IndexRecord {
 };
 
 // CRC-32 (zlib's) of an /index row's step and row counts as 8 little-endian bytes each: seven counts in
-// format_version 3, nine in 4, ten from 5.
+// format_version 3, nine in 4, eleven from 5.
 std::int64_t index_crc32(const IndexRecord& r, std::int64_t version);
 
 // zlib's CRC-32 of `size` bytes.
@@ -205,6 +214,7 @@ void encode(const HistogramRow& row, HistogramRecord& r, TextIds& ids);
 // values_offset and values_count are set by the writer.
 void encode(const DumpRow& row, DumpRecord& r, TextIds& ids);
 void encode(const PrecisionRow& row, PrecisionRecord& r, TextIds& ids);
+void encode(const UpdateRow& row, UpdateRecord& r, TextIds& ids);
 
 // Each throws std::invalid_argument, naming the field, on a text id that is not a sound row of /strings
 // and on an unknown phase name.
@@ -217,5 +227,8 @@ DumpRow decode(const DumpRecord& r, const StringTable& strings);  // values are 
 // Also refuses, naming the field, an out_dtype that is not f16, bf16, f32 or f64, a negative numel or flips,
 // a flag that is not 0 or 1, and an error or a bit count that is negative or NaN (cond may be NaN).
 PrecisionRow decode(const PrecisionRecord& r, const StringTable& strings);
+// Also refuses, naming the field, a dtype that is not f16 or bf16, a negative count, nonzero above numel,
+// swamped above nonzero, and a mean that is negative, NaN or infinite.
+UpdateRow decode(const UpdateRecord& r, const StringTable& strings);
 
 }  // namespace ampscope::trace::detail

@@ -23,8 +23,8 @@
 // Texts (format_version 4) are ids into /strings: the trusted rows of /strings and bytes of /string_bytes
 // are loaded through H5Dread when rows first need them (and extended after a refresh), each entry checked
 // once (inside the bytes, CRC-32, UTF-8); decoding threads then share the table read-only. Versions 1 to
-// 3 are read with their fixed-width records (trace_layout_v3.h). /precision came with format_version 5: older
-// traces have none, and read as traces without precision rows.
+// 3 are read with their fixed-width records (trace_layout_v3.h). /precision and /updates came with format_version 5:
+// older traces have none, and read as traces without precision or update rows.
 #include "probes/trace_reader.h"
 
 #include <algorithm>
@@ -916,7 +916,7 @@ RowCounts TraceReader::row_counts() const {
   const auto& r = state_->rows;
   return {r[index_of(Table::steps)],  r[index_of(Table::ops)],        r[index_of(Table::grads)],
           r[index_of(Table::events)], r[index_of(Table::histograms)], r[index_of(Table::dumps)],
-          r[index_of(Table::precision)]};
+          r[index_of(Table::precision)], r[index_of(Table::updates)]};
 }
 
 void TraceReader::refresh() {
@@ -963,6 +963,13 @@ std::vector<PrecisionRow> TraceReader::precision(std::int64_t begin, std::int64_
   if (state_->version < 5) return {};  // the table came with format_version 5
   state_->load_strings();
   return state_->read_plain<PrecisionRecord, PrecisionRow>(Table::precision, begin, end);
+}
+
+std::vector<UpdateRow> TraceReader::updates(std::int64_t begin, std::int64_t end) {
+  const QuietHdf5Errors quiet;
+  if (state_->version < 5) return {};  // the table came with format_version 5
+  state_->load_strings();
+  return state_->read_plain<UpdateRecord, UpdateRow>(Table::updates, begin, end);
 }
 
 }  // namespace ampscope::trace

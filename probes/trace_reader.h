@@ -25,6 +25,7 @@ namespace ampscope::trace {
 struct RowCounts {
   std::int64_t steps = 0, ops = 0, grads = 0, events = 0, histograms = 0, dumps = 0;
   std::int64_t precision = 0;  // format_version 5 (0 for older traces)
+  std::int64_t updates = 0;    // format_version 5 (0 for older traces)
 };
 
 inline constexpr std::int64_t kFirstStep = std::numeric_limits<std::int64_t>::min();
@@ -66,6 +67,9 @@ class TraceReader {
   std::vector<DumpRow> dumps(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
   // The f32 twin's rows (format_version 5; none in older traces, nor in a run without --twin).
   std::vector<PrecisionRow> precision(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+  // Swamped-update counts of f16/bf16 parameters (format_version 5; none in older traces, nor in a run whose
+  // parameters are f32).
+  std::vector<UpdateRow> updates(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
 
  private:
   struct State;

@@ -181,6 +181,24 @@ struct PrecisionRow {
   std::int64_t exact = 0;
 };
 
+// /updates (format_version 5): one row per parameter stored in f16 or bf16 and per step its optimizer (SGD,
+// Adam, AdamW) updated it (core/probe_hook.h UpdateEvent), written at probe level health and above on recorded
+// steps: how many of its elements' updates rounding lost. u is the value the optimizer adds (in f32); an
+// element's update is swamped when u != 0 and p + u rounds back to p in the parameter's dtype.
+struct UpdateRow {
+  std::int64_t step = 0;
+  std::string param;        // the parameter's name ("fc1.weight")
+  std::string dtype;        // "f16" or "bf16"
+  std::int64_t numel = 0;
+  std::int64_t nonzero = 0;  // elements with u != 0
+  // Of those, elements whose value did not change (at most nonzero). An update that is NaN or infinite, or one
+  // to a parameter element already NaN or infinite, counts in nonzero but never here.
+  std::int64_t swamped = 0;
+  // Means over the elements with a finite u != 0 and a finite p (0 when there are none):
+  double param_abs_mean = 0;   // mean |p| before the update
+  double update_abs_mean = 0;  // mean |u|
+};
+
 // Where rows go. Calls come from one thread (the probe's); a sink may queue them for another.
 class Sink {
  public:
@@ -194,6 +212,8 @@ class Sink {
   virtual void write(const DumpRow& row) = 0;
   // The f32 twin's rows (written only when a run twins ops); a sink that keeps no precision rows ignores them.
   virtual void write(const PrecisionRow& row) {}
+  // Swamped-update counts of f16/bf16 parameters; a sink that keeps none ignores them.
+  virtual void write(const UpdateRow& row) {}
   // The end of a step's rows: a file sink flushes so a killed run keeps every finished step.
   virtual void end_step(std::int64_t step) {}
   // A clean end of the run (root attribute complete = 1 for the file).

@@ -177,6 +177,7 @@ void Twin::on_op(const OpEvent& event) {
 void Twin::on_backward_op(const OpEvent& event) { inner_->on_backward_op(event); }
 void Twin::on_grads(const GradEvent& event) { inner_->on_grads(event); }
 void Twin::on_scaler(const ScalerEvent& event) { inner_->on_scaler(event); }
+void Twin::on_update(const UpdateEvent& event) { inner_->on_update(event); }
 
 void Twin::on_step_begin(std::int64_t step) {
   values_.clear();

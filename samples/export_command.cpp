@@ -325,6 +325,18 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
       },
       blocks);
 
+  // Swamped-update counts of f16/bf16 parameters (format_version 5; a header only for older traces and runs
+  // whose parameters are f32).
+  ex.export_table<UpdateRow>(
+      "updates", {"step", "param", "dtype", "numel", "nonzero", "swamped", "param_abs_mean", "update_abs_mean"},
+      counts.updates, [&](std::int64_t b, std::int64_t e) { return reader.updates(b, e); },
+      [](const UpdateRow& u) {
+        return std::vector<std::string>{num(u.step),    csv_field(u.param), csv_field(u.dtype),
+                                        num(u.numel),   num(u.nonzero),     num(u.swamped),
+                                        csv_number(u.param_abs_mean), csv_number(u.update_abs_mean)};
+      },
+      blocks);
+
   // Dumps are few and small (the probe bounds them): read at once, values into their own file.
   {
     CsvFile dumps(dir, "dumps.csv", {"dump", "step", "seq", "op", "module", "tensor", "dtype", "shape", "values_count"});
@@ -396,7 +408,7 @@ ExportCommand::ExportCommand(CLI::App& app) {
   cmd_ = app.add_subcommand(
       "export",
       "Write every table of a trace as CSV files in a folder: run.csv (root attributes), steps.csv, ops.csv, grads.csv, "
-      "events.csv, histograms.csv, dumps.csv, dump_values.csv and precision.csv, one row per trace row with a header row; "
+      "events.csv, histograms.csv, dumps.csv, dump_values.csv, precision.csv and updates.csv, one row per trace row with a header row; "
       "columns as the "
       "trace's fields (docs/trace-format.md, section 'CSV export'). Texts are whole and quoted when they need it, numbers "
       "read back exactly (nan, inf, -inf), booleans are true/false. Exit status: 0 exported, 1 the trace is damaged (what "
@@ -421,7 +433,9 @@ ExportCommand::ExportCommand(CLI::App& app) {
       "  precision.csv    step, seq, op, module, out_dtype, numel, local, local_max_rel, local_mean_rel, local_max_ulp,\n"
       "                   acc_max_rel, acc_mean_rel, acc_max_ulp, in_acc_max_rel, in_acc_mean_rel, flips, bits, cond,\n"
       "                   followed, error_bins_0 .. error_bins_25, exact (the f32 twin's rows: `ampscope train --twin`;\n"
-      "                   empty without it)");
+      "                   empty without it)\n"
+      "  updates.csv      step, param, dtype, numel, nonzero, swamped, param_abs_mean, update_abs_mean (f16/bf16\n"
+      "                   parameters' updates rounded away; empty when the parameters are f32)");
 }
 
 bool ExportCommand::parsed() const { return cmd_->parsed(); }

@@ -141,6 +141,10 @@ void write_hostile_trace(const fs::path& path) {
     pr.error_bins[kErrorBins - 1] = 2;
     pr.exact = 1;
     w.write(pr);
+    // A swamped-update row: a hostile parameter name, a subnormal mean.
+    w.write(UpdateRow{.step = step, .param = kHostile[static_cast<std::size_t>(step) + 1], .dtype = step == 1 ? "bf16" : "f16",
+                      .numel = 100 + step, .nonzero = 90 + step, .swamped = 80 + step, .param_abs_mean = 1.0 / 3.0,
+                      .update_abs_mean = step == 2 ? 4.9406564584124654e-324 : 1e-4});
     StepRow s = testing::numbered_step(step);
     if (step == 1) s.loss = kNaN, s.lr = -0.0;
     w.write(s);
@@ -288,6 +292,26 @@ TEST(trace_export_test, every_exported_value_equals_the_readers) {
   }
   EXPECT_EQ(precision.at(1, "cond"), "nan");
 
+  const Csv updates = read_csv(out_dir / "updates.csv");
+  const auto update_rows = r.updates();
+  ASSERT_EQ(updates.rows.size(), 3u);
+  ASSERT_EQ(update_rows.size(), 3u);
+  for (std::size_t i = 0; i < update_rows.size(); ++i) {
+    const UpdateRow& u = update_rows[i];
+    EXPECT_EQ(integer(updates.at(i, "step")), u.step);
+    EXPECT_EQ(updates.at(i, "param"), u.param);
+    EXPECT_EQ(updates.at(i, "param"), kHostile[i + 1]);  // as written, too
+    EXPECT_EQ(updates.at(i, "dtype"), u.dtype);
+    EXPECT_EQ(integer(updates.at(i, "numel")), u.numel);
+    EXPECT_EQ(integer(updates.at(i, "nonzero")), u.nonzero);
+    EXPECT_EQ(integer(updates.at(i, "swamped")), u.swamped);
+    EXPECT_EQ(integer(updates.at(i, "swamped")), 80 + static_cast<std::int64_t>(i));  // as written
+    EXPECT_SAME_DOUBLE(u.param_abs_mean, number(updates.at(i, "param_abs_mean")));
+    EXPECT_SAME_DOUBLE(u.update_abs_mean, number(updates.at(i, "update_abs_mean")));
+  }
+  EXPECT_EQ(updates.at(1, "dtype"), "bf16");
+  EXPECT_SAME_DOUBLE(number(updates.at(2, "update_abs_mean")), 4.9406564584124654e-324);
+
   const Csv dumps = read_csv(out_dir / "dumps.csv");
   const Csv values = read_csv(out_dir / "dump_values.csv");
   const auto dump_rows = r.dumps();
@@ -332,7 +356,7 @@ TEST(trace_export_test, every_exported_column_is_documented) {
     }
     ++files;
   }
-  EXPECT_EQ(files, 9u);
+  EXPECT_EQ(files, 10u);
 }
 
 TEST(trace_export_test, quotes_fields_as_rfc_4180_says) {

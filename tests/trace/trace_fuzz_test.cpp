@@ -9,11 +9,13 @@
 //    checkpoint: byte flips anywhere, flips inside the global heap collection (GCOL), truncations, zeroed
 //    blocks, zeroed or edited /index rows, crafted table sizes, edited attributes, and edits of format_version
 //    4's string table through HDF5 (a text's byte, an entry's field, a row's text id), and edits of a field
-//    of format_version 5's /precision rows (the anomalies trace is run with the f32 twin). Each mutant runs in a
+//    of format_version 5's /precision rows (the anomalies trace is run with the f32 twin) and /updates rows (a
+//    model trained in f16 storage writes them: the "f16 storage" trace). Each mutant runs in a
 //    forked child with a time limit (alarm) and, without sanitizers, an address-space limit: a crash is a
 //    signal, a hang SIGALRM, a blow-up bad_alloc or a large peak RSS, and each counts as a failure. So does
-//    a result with fewer steps, op rows or precision rows than the original and no damage note, a row text (op
-//    name, module, event, parameter, precision row) other than the original's with no damage note, and a
+//    a result with fewer steps, op rows, precision rows or update rows than the original and no damage note, a row
+//    text (op name, module, event, parameter, precision row, update row) other than the original's with no damage
+//    note, and a
 //    checkpoint that loads and then
 //    trains to other numbers.
 //
@@ -53,6 +55,10 @@
 #include "probes/analysis.h"
 #include "probes/analysis_diff.h"
 #include "probes/analysis_render.h"
+#include "probes/probe.h"
+#include "probes/trace_writer.h"
+#include "core/nn.h"
+#include "core/optim.h"
 #include "probes/trace_layout.h"
 #include "probes/trace_reader.h"
 #include "samples/train.h"
@@ -97,14 +103,14 @@ struct Base {
   fs::path path;
   bool complete = true;
   bool variable_length = false;  // format_version 1 or 2: text attributes in the global heap
-  std::int64_t steps = 0, op_rows = 0, precision_rows = 0;
-  std::array<std::vector<std::string>, 4> texts;  // every text of every /ops, /events, /grads and /precision row
+  std::int64_t steps = 0, op_rows = 0, precision_rows = 0, update_rows = 0;
+  std::array<std::vector<std::string>, 5> texts;  // every text of every /ops, /events, /grads, /precision, /updates row
 };
 
-// The texts of a trace's rows, one line per row of /ops, /events, /grads and /precision (with its numbers):
-// what a mutant must give back exactly unless it says it is damaged.
-std::array<std::vector<std::string>, 4> texts_of(TraceReader& r) {
-  std::array<std::vector<std::string>, 4> out;
+// The texts of a trace's rows, one line per row of /ops, /events, /grads, /precision and /updates (with their
+// numbers): what a mutant must give back exactly unless it says it is damaged.
+std::array<std::vector<std::string>, 5> texts_of(TraceReader& r) {
+  std::array<std::vector<std::string>, 5> out;
   for (const OpRow& o : r.ops()) {
     out[0].push_back(fmt::format("op {} {} {} {} {} {} {} {} {}", o.step, o.seq, phase_name(o.phase), o.op, o.module, o.in_dtypes,
                                  o.out_dtype, o.shape, o.autocast));
@@ -118,7 +124,38 @@ std::array<std::vector<std::string>, 4> texts_of(TraceReader& r) {
                                  p.out_dtype, p.numel, p.local, p.local_mean_rel, p.acc_mean_rel, p.in_acc_mean_rel, p.flips,
                                  p.followed, fmt::join(p.error_bins, ","), p.exact));
   }
+  for (const UpdateRow& u : r.updates()) {
+    out[4].push_back(fmt::format("update {} {} {} {} {} {} {} {}", u.step, u.param, u.dtype, u.numel, u.nonzero, u.swamped,
+                                 u.param_abs_mean, u.update_abs_mean));
+  }
   return out;
+}
+
+// A model trained as a user trains one in f16 storage (model.to(f16), SGD on its parameters, no master
+// weights), with the probe: its trace has /updates rows.
+void train_f16_storage(const fs::path& out) {
+  Generator gen(5);
+  nn::Linear model(16, 8, gen);
+  model.to(DType::f16);
+  optim::SGD opt(model.parameters(), {.lr = 1e-3});
+  const Tensor x = randn({32, 16}, gen).to(DType::f16), y = randn({32, 8}, gen).to(DType::f16);
+  probe::ProbeOptions options{.level = probe::Level::health};
+  trace::RunInfo info{.precision = "fp16", .device = "cpu", .model = "f16-linear", .seed = 5, .config = "{}"};
+  info.probe = probe::describe(options);
+  auto writer = std::make_shared<TraceWriter>(out, info);
+  auto watcher = std::make_shared<probe::Probe>(writer, options);
+  {
+    probe::HookGuard installed(watcher);
+    for (std::int64_t n = 0; n < 4; ++n) {
+      probe::Step step(n);
+      opt.zero_grad();
+      const Tensor loss = mse_loss(model(x), y);
+      loss.backward();
+      step.finish(loss, opt);
+    }
+  }
+  watcher->flush();
+  writer->close();
 }
 
 samples::TrainConfig config(const std::string& sample, std::int64_t steps, const fs::path& out, const std::string& scenario = "") {
@@ -161,6 +198,7 @@ Base describe(std::string name, fs::path path) {
   b.steps = rep.steps;
   b.op_rows = rep.op_rows;
   b.precision_rows = rep.precision.rows;
+  b.update_rows = rep.swamped.rows;
   b.texts = texts_of(r);
   EXPECT_TRUE(rep.damage.empty()) << b.name << ": " << rep.damage.front();
   return b;
@@ -191,7 +229,11 @@ struct Corpus {
     traces.push_back(describe("v2 fixture", kFixtures / "v2-mlp-log-zero-full.h5"));
     traces.push_back(describe("v3 fixture", kFixtures / "v3-mlp-log-zero-full.h5"));
     traces.push_back(describe("v4 fixture", kFixtures / "v4-mlp-log-zero-full.h5"));
+    const auto f16_storage = dir.file("f16-storage.h5");
+    train_f16_storage(f16_storage);
+    traces.push_back(describe("f16 storage", f16_storage));
     EXPECT_GT(traces[1].precision_rows, 0) << "the anomalies trace was run with --twin";
+    EXPECT_GT(traces[7].update_rows, 0) << "the f16 storage trace has /updates rows";
 
     checkpoint = dir.file("ck.h5");
     samples::TrainConfig save = config("mlp", 2, "");
@@ -229,10 +271,10 @@ hid_t open_rw(const fs::path& p) {
   return id;
 }
 
-const char* const kTables[] = {"steps",   "ops",          "grads",    "events", "histograms",
-                               "dumps",   "dump_values",  "strings",  "string_bytes", "precision"};
+const char* const kTables[] = {"steps",   "ops",          "grads",    "events",       "histograms", "dumps",
+                               "dump_values",  "strings",  "string_bytes", "precision", "updates"};
 
-// The /index rows as step + 7 counts (9 in format_version 4, 10 from 5) and crc32 where the file has it, read
+// The /index rows as step + 7 counts (9 in format_version 4, 11 from 5) and crc32 where the file has it, read
 // and written by field name.
 struct IndexRows {
   std::vector<detail::IndexRecord> rows;
@@ -372,7 +414,8 @@ bool set_int_attribute(hid_t file, const char* name, std::int64_t value) {
 }
 
 enum class Kind {
-  flip, heap_flip, truncate, zero_block, zero_index, edit_index, crafted_size, edit_attribute, edit_strings, edit_precision, count
+  flip, heap_flip, truncate, zero_block, zero_index, edit_index, crafted_size, edit_attribute, edit_strings, edit_precision,
+  edit_updates, count
 };
 
 const char* kind_name(Kind k) {
@@ -387,6 +430,7 @@ const char* kind_name(Kind k) {
     case Kind::edit_attribute: return "edited attribute";
     case Kind::edit_strings: return "edited string table";
     case Kind::edit_precision: return "edited /precision row";
+    case Kind::edit_updates: return "edited /updates row";
     default: return "?";
   }
 }
@@ -546,6 +590,31 @@ std::optional<std::string> mutate_with_hdf5(const fs::path& p, Kind kind, std::m
     }
     H5Tclose(t);
     what = fmt::format("/precision row {} field {} set to a value no twin writes{}", row, field, ok ? "" : " (failed)");
+  } else if (kind == Kind::edit_updates && rows_of(file, "updates") > 0) {
+    // A field of an /updates row set to a value no probe writes (chunk checksums right): a negative count, more
+    // swamped than non-zero updates (or non-zero than elements), a NaN, negative or infinite mean. The reader
+    // must refuse the row (naming it and the field).
+    const hsize_t row = pick(rows_of(file, "updates"));
+    const hid_t t = H5Tcreate(H5T_COMPOUND, sizeof(double));
+    bool ok = false;
+    const char* field = "";
+    if (pick(2) == 0) {
+      const char* counts[] = {"numel", "nonzero", "swamped"};
+      field = counts[pick(3)];
+      H5Tinsert(t, field, 0, H5T_NATIVE_INT64);
+      // Negative; or past the count above it (nonzero past numel, swamped past nonzero): a huge value.
+      std::int64_t v = pick(2) == 0 ? -1 - static_cast<std::int64_t>(pick(1000)) : std::int64_t{1} << 40;
+      if (std::string_view(field) == "numel" && v > 0) v = -v;  // a huge numel is no contradiction by itself
+      ok = rows_io(file, "updates", t, row, 1, &v, true);
+    } else {
+      field = pick(2) == 0 ? "param_abs_mean" : "update_abs_mean";
+      H5Tinsert(t, field, 0, H5T_NATIVE_DOUBLE);
+      const double values[] = {std::nan(""), -1.5, std::numeric_limits<double>::infinity()};
+      double v = values[pick(3)];
+      ok = rows_io(file, "updates", t, row, 1, &v, true);
+    }
+    H5Tclose(t);
+    what = fmt::format("/updates row {} field {} set to a value no probe writes{}", row, field, ok ? "" : " (failed)");
   } else if (kind == Kind::edit_attribute) {
     switch (pick(6)) {
       case 0: set_text_attribute(file, "precision", "fp64"); what = "precision fp64"; break;
@@ -674,11 +743,13 @@ int check_trace(const Base& base, const fs::path& mutant, const fs::path& note, 
     (void)analysis::render_text(d);
     (void)analysis::render_json(d);
     const bool marked = !rep.damage.empty() || (base.complete && !rep.complete);
-    if (rep.steps < base.steps || rep.op_rows < base.op_rows || rep.precision.rows < base.precision_rows) {
+    if (rep.steps < base.steps || rep.op_rows < base.op_rows || rep.precision.rows < base.precision_rows ||
+        rep.swamped.rows < base.update_rows) {
       if (marked) return kMarked;
       if (shrunk) return kIntact;  // a self-consistent shorter trace
-      std::ofstream(note) << fmt::format("{} steps, {} op rows, {} precision rows of {}, {} and {}, no damage note", rep.steps,
-                                         rep.op_rows, rep.precision.rows, base.steps, base.op_rows, base.precision_rows);
+      std::ofstream(note) << fmt::format("{} steps, {} op rows, {} precision rows, {} update rows of {}, {}, {} and {}, no damage note",
+                                         rep.steps, rep.op_rows, rep.precision.rows, rep.swamped.rows, base.steps,
+                                         base.op_rows, base.precision_rows, base.update_rows);
       return kSilent;
     }
     if (!rep.damage.empty() && d.damage_b.empty()) {
