@@ -6,7 +6,7 @@
 //
 //   build/bench/hf_bench write DIR                  # a random GPT-2-small folder (124M parameters) + tokens
 //   build/bench/hf_bench load DIR                   # load time
-//   build/bench/hf_bench f32|fp16|bf16 DIR [STEPS]  # median step time over STEPS steps after 2 warm-up steps
+//   build/bench/hf_bench fp32|fp16|bf16 DIR [STEPS]  # median step time over STEPS steps after 2 warm-up steps
 //
 // Model: 12 layers, d 768, 12 heads, vocabulary 50257, 1024 positions; batch 1, context 256; the probe off
 // (the cost of the runtime itself; the probe's own cost is probe_bench's subject).
@@ -100,7 +100,7 @@ int step(const std::string& precision, const fs::path& dir, int steps) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: hf_bench write|load|f32|fp16|bf16 DIR [STEPS]\n");
+    std::fprintf(stderr, "usage: hf_bench write|load|fp32|fp16|bf16 DIR [STEPS]\n");
     return 2;
   }
   const std::string phase = argv[1];
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   try {
     if (phase == "write") return write(dir);
     if (phase == "load") return load(dir);
-    if (phase == "f32" || phase == "fp16" || phase == "bf16") return step(phase, dir, steps);
+    if (phase == "fp32" || phase == "fp16" || phase == "bf16") return step(phase, dir, steps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hf_bench: %s\n", e.what());
     return 2;

@@ -9,7 +9,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u +%F)"
 "$build/bench/hf_bench" write "$dir"
-for phase in load f32 fp16 bf16; do "$build/bench/hf_bench" "$phase" "$dir" "$steps"; done
+for phase in load fp32 fp16 bf16; do "$build/bench/hf_bench" "$phase" "$dir" "$steps"; done
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   for phase in load f32 bf16; do /usr/bin/python3 "$(dirname "$0")/hf_pytorch_bench.py" "$phase" "$dir" "$steps"; done
 else

@@ -52,8 +52,9 @@ class GPT2(torch.nn.Module):
     def __init__(self, config, weights):
         super().__init__()
         self.c = config
+        # GPT-2's h.N.attn.bias and attn.masked_bias are buffers (the causal mask), not weights.
         self.p = torch.nn.ParameterDict({k.replace(".", "__"): torch.nn.Parameter(v) for k, v in weights.items()
-                                         if not k.endswith("attn.bias") and not k.endswith("attn.masked_bias")})
+                                         if k.split(".")[-2:] not in (["attn", "bias"], ["attn", "masked_bias"])})
 
     def w(self, name):
         return self.p[name.replace(".", "__")]

@@ -182,7 +182,7 @@ void Optimizer::step() {
   probe::detail::note_acted(this);  // probe::Step refuses to take a second step in the same training step
   NoGradGuard no_grad;
   RuntimeInternalGuard internal;  // updates are not the model's ops: no autocast, no probe events
-  if (try_fused_step(*this)) return;  // CUDA f32 parameters only; never taken for CPU tensors
+  if (try_fused_step(*this)) return;  // f32 parameters on a backend with fused steps
   for (ParamGroup& group : groups_) {
     for (Tensor& p : group.params) {
       const Tensor grad = p.grad();
@@ -683,7 +683,7 @@ bool try_fused_step(Optimizer& opt) {
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
       if (device && *device != p.device()) return false;
-      if (!device && !backend_for(p.device()).fused_amp_available()) return false;
+      if (!device && !backend_for(p.device()).fused_optimizer_available()) return false;
       device = p.device();
       if (p.dtype() != DType::f32 || !p.is_contiguous() || !usable(grad, p)) return false;
       if (const ParamState* st = opt.find_state(p)) {
