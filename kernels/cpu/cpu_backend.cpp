@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/philox.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/fused_optim.h"
 #include "kernels/cpu/nn_kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/functors.h"
@@ -54,8 +55,11 @@ void copy_typed(const KernelArgs& a) {
     return;
   }
   cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-    StridedCursor<2> c(a.out, {&a.out, &a.in[0]}, b);
-    for (std::int64_t i = b; i < e; ++i, c.next()) out[c.offset(0)] = convert<To>(in[c.offset(1)]);
+    cpu::for_each_row<2>(a.out, {&a.out, &a.in[0]}, b, e, [&](std::int64_t, std::int64_t n, const auto& off, const auto& st) {
+      To* o = out + off[0];
+      const From* x = in + off[1];
+      for (std::int64_t j = 0; j < n; ++j) o[j * st[0]] = convert<To>(x[j * st[1]]);
+    });
   });
 }
 
@@ -151,6 +155,18 @@ class CpuBackend final : public Backend {
     if (nbytes > 0) std::memcpy(dst, src, nbytes);
   }
   void synchronize() override {}
+
+  // Fused optimizer steps (kernels/cpu/fused_optim.h); the rest of the fused AMP path (unscale, scale
+  // update) stays unfused on the CPU, so fused_amp_available() keeps its default, false.
+  bool fused_optimizer_available() const override { return cpu::fused_optim_enabled(); }
+  void fused_sgd_step(const std::vector<FusedSgdTensor>& tensors, const FusedSgdOptions& options,
+                      const float* found_inf) override {
+    cpu::fused_sgd_step(tensors, options, found_inf);
+  }
+  void fused_adam_step(const std::vector<FusedAdamTensor>& tensors, const FusedAdamOptions& options,
+                       const float* found_inf) override {
+    cpu::fused_adam_step(tensors, options, found_inf);
+  }
 
  private:
   template <class Fn>
