@@ -1,13 +1,20 @@
 // One-pass SGD and Adam/AdamW steps on the CPU (kernels/cpu/fused_optim.h). Every element runs the
 // unfused path's sequence of functors with the same f32 scalars, so only the number of memory passes
 // changes. -ffp-contract=off (the top-level CMakeLists.txt) keeps the compiler from fusing a multiply
-// and an add into one rounding here, which the separate ops of the unfused path never do.
+// and an add into one rounding here, which the separate ops of the unfused path never do. This file is
+// also built with -fno-math-errno and -fno-trapping-math (kernels/CMakeLists.txt), without which GCC
+// leaves these loops scalar (the step over GPT-2 small's 124M parameters took a quarter of the training
+// step): neither flag licenses a transformation that changes a value (those are -fassociative-math,
+// -ffinite-math-only and the like, never used here); sqrt stays IEEE's correctly rounded square root,
+// only errno and the floating-point exception flags, which nothing reads, are no longer kept exact.
+// fused_cpu_test checks the bits against the unfused ops, NaN, infinities and subnormals included.
 #include "kernels/cpu/fused_optim.h"
 
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -41,6 +48,66 @@ void check_f32(const TensorView& v, std::int64_t numel, const char* op, const ch
 }
 
 bool skipped(const float* found_inf) { return found_inf != nullptr && *found_inf != 0.0f; }
+
+template <class F>
+void with_bool(bool value, const F& f) {
+  if (value) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+// One Adam/AdamW tensor's pointers and its f32 scalars.
+struct AdamRow {
+  float* param;
+  const float* grad;
+  float *exp_avg, *exp_avg_sq, *max_exp_avg_sq;
+  float decay_factor, weight_decay, lerp_weight, one_minus_lerp, beta2, one_minus_beta2, eps, inv_bc2_sqrt,
+      neg_step_size;
+};
+
+// Adam::update's ops on elements [b, e), one element at a time, each op's result rounded to f32.
+template <bool kMaximize, bool kDecoupled, bool kCoupled, bool kFirstForm, bool kAmsgrad>
+void adam_elements(const AdamRow& r, std::int64_t b, std::int64_t e) {
+  float* __restrict param = r.param;
+  const float* __restrict grad = r.grad;
+  float* __restrict exp_avg = r.exp_avg;
+  float* __restrict exp_avg_sq = r.exp_avg_sq;
+  float* __restrict max_exp_avg_sq = r.max_exp_avg_sq;
+  for (std::int64_t i = b; i < e; ++i) {
+    float p = param[i];
+    float g = grad[i];
+    if constexpr (kMaximize) g = NegFn{}(g);
+    if constexpr (kDecoupled) p = MulFn{}(p, r.decay_factor);             // mul(p, 1 - lr * wd)
+    if constexpr (kCoupled) g = AddFn{}(g, MulFn{}(p, r.weight_decay));   // fused_add(g, p, wd)
+    // fused_lerp(m, g, 1 - beta1), the form chosen on |w| < 0.5
+    float m = exp_avg[i];
+    const float diff = SubFn{}(g, m);
+    if constexpr (kFirstForm) {
+      m = AddFn{}(m, MulFn{}(diff, r.lerp_weight));
+    } else {
+      m = SubFn{}(g, MulFn{}(diff, r.one_minus_lerp));
+    }
+    // fused_addcmul(mul(v, beta2), g, g, 1 - beta2)
+    const float v = AddFn{}(MulFn{}(exp_avg_sq[i], r.beta2), MulFn{}(MulFn{}(g, g), r.one_minus_beta2));
+    float second = v;
+    if constexpr (kAmsgrad) {
+      // exact_maximum: argmax over (old, v), NaN the largest and the first on ties, then where():
+      // values move without rounding, NaN bits kept.
+      const float old = max_exp_avg_sq[i];
+      second = (old == old && (v != v || v > old)) ? v : old;
+      max_exp_avg_sq[i] = second;
+    }
+    // add(div(sqrt(second), bias_correction2_sqrt), eps)
+    const float denom = AddFn{}(MulFn{}(SqrtFn{}(second), r.inv_bc2_sqrt), r.eps);
+    // fused_addcdiv(p, m, denom, -step_size)
+    p = AddFn{}(p, MulFn{}(DivFn{}(m, denom), r.neg_step_size));
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    param[i] = p;
+  }
+}
 
 }  // namespace
 
@@ -125,38 +192,23 @@ void fused_adam_step(const std::vector<FusedAdamTensor>& tensors, const FusedAda
     // div(x, s) multiplies by the f32 reciprocal of s (core/ops.cpp, div_impl); addcdiv's value in float.
     const float inv_bc2_sqrt = 1.0f / static_cast<float>(bias_correction2_sqrt);
     const float neg_step_size = static_cast<float>(-step_size);
-    float* param = t.param.ptr<float>();
-    const float* grad = t.grad.ptr<float>();
-    float* exp_avg = t.exp_avg.ptr<float>();
-    float* exp_avg_sq = t.exp_avg_sq.ptr<float>();
-    float* max_exp_avg_sq = o.amsgrad ? t.max_exp_avg_sq.ptr<float>() : nullptr;
-    parallel_for(t.param.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) {
-        float p = param[i];
-        float g = o.maximize ? NegFn{}(grad[i]) : grad[i];
-        if (decoupled_decay) p = MulFn{}(p, decay_factor);
-        if (coupled_decay) g = AddFn{}(g, MulFn{}(p, weight_decay));
-        float m = exp_avg[i];
-        const float diff = SubFn{}(g, m);
-        m = first_form ? AddFn{}(m, MulFn{}(diff, lerp_weight)) : SubFn{}(g, MulFn{}(diff, one_minus_lerp));
-        // fused_addcmul(mul(v, beta2), g, g, 1 - beta2)
-        const float v = AddFn{}(MulFn{}(exp_avg_sq[i], beta2), MulFn{}(MulFn{}(g, g), one_minus_beta2));
-        float second = v;
-        if (max_exp_avg_sq != nullptr) {
-          // exact_maximum: argmax over (old, v), NaN the largest and the first on ties, then where():
-          // values move without rounding, NaN bits kept.
-          const float old = max_exp_avg_sq[i];
-          second = (old == old && (v != v || v > old)) ? v : old;
-          max_exp_avg_sq[i] = second;
-        }
-        // add(div(sqrt(second), bias_correction2_sqrt), eps)
-        const float denom = AddFn{}(MulFn{}(SqrtFn{}(second), inv_bc2_sqrt), eps);
-        // fused_addcdiv(p, m, denom, -step_size)
-        p = AddFn{}(p, MulFn{}(DivFn{}(m, denom), neg_step_size));
-        exp_avg[i] = m;
-        exp_avg_sq[i] = v;
-        param[i] = p;
-      }
+    const AdamRow row{t.param.ptr<float>(), t.grad.ptr<float>(), t.exp_avg.ptr<float>(), t.exp_avg_sq.ptr<float>(),
+                      o.amsgrad ? t.max_exp_avg_sq.ptr<float>() : nullptr, decay_factor, weight_decay, lerp_weight,
+                      one_minus_lerp, beta2, one_minus_beta2, eps, inv_bc2_sqrt, neg_step_size};
+    // The options as template arguments, so that the loop has no branches and the compiler vectorises it.
+    with_bool(o.maximize, [&](auto maximize) {
+      with_bool(decoupled_decay, [&](auto decoupled) {
+        with_bool(coupled_decay, [&](auto coupled) {
+          with_bool(first_form, [&](auto first) {
+            with_bool(o.amsgrad, [&](auto amsgrad) {
+              parallel_for(t.param.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+                adam_elements<decltype(maximize)::value, decltype(decoupled)::value, decltype(coupled)::value,
+                              decltype(first)::value, decltype(amsgrad)::value>(row, b, e);
+              });
+            });
+          });
+        });
+      });
     });
   }
 }

@@ -108,5 +108,31 @@ TEST(strided_rows_test, unary_scalar_and_copy_on_strided_views_match_the_element
   }
 }
 
+// Transposed matrices (with a batch dimension in front, sizes not multiples of the copy's tiles) made
+// contiguous: every element where index arithmetic puts it.
+TEST(strided_rows_test, transposed_copies_put_every_element_where_index_arithmetic_says) {
+  for (const Shape& shape : {Shape{kCols, kRows}, Shape{3, 45, 70}, Shape{2, 5, 33}}) {
+    const Tensor base = with_edge_cases(shape, 9);
+    const std::int64_t nd = static_cast<std::int64_t>(shape.size());
+    const Tensor view = base.transpose(nd - 2, nd - 1);
+    const Tensor dense = view.contiguous();
+    Tensor into = Tensor::empty(view.shape(), {DType::f32});
+    into.copy_(view);
+    const std::int64_t r = shape[nd - 1], c = shape[nd - 2];  // the view is [..., r, c]
+    const float* src = static_cast<const float*>(base.data());
+    const float* d = static_cast<const float*>(dense.data());
+    const float* i2 = static_cast<const float*>(into.data());
+    int wrong = 0;
+    for (std::int64_t i = 0; i < dense.numel(); ++i) {
+      const std::int64_t m = i / (r * c), row = i / c % r, col = i % c;
+      const float expected = src[m * r * c + col * r + row];  // base[m][col][row]
+      if ((bits(d[i]) != bits(expected) || bits(i2[i]) != bits(expected)) && wrong++ < 5) {
+        ADD_FAILURE() << "element " << i << " of a transposed " << dense.numel() << "-element copy";
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
 }  // namespace
 }  // namespace ampscope
