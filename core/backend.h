@@ -191,6 +191,10 @@ class Backend {
   // CUDA backend says true when its fused kernels are switched on (AMPSCOPE_FUSED_AMP=1, docs/cuda.md).
   // When false, GradScaler and the optimizers run their unfused per-op path.
   virtual bool fused_amp_available() const { return false; }
+  // Whether the optimizers should use fused_sgd_step/fused_adam_step for this backend's f32 parameters
+  // now. The same as fused_amp_available() unless a backend has fused optimizer steps without the rest
+  // of the fast path (the CPU backend: kernels/cpu/fused_optim.h).
+  virtual bool fused_optimizer_available() const { return fused_amp_available(); }
   // _amp_foreach_non_finite_check_and_unscale_ over `grads` in one pass: *found_inf (one f32 in this
   // backend's memory) is set to 1 when any element is inf or NaN, and every grad is multiplied in place
   // by inv_scale. The steps: one SGD or Adam/AdamW step over a group; found_inf is null or a device f32

@@ -179,8 +179,9 @@ void Optimizer::step() {
   probe::detail::note_acted(this);  // probe::Step refuses to take a second step in the same training step
   NoGradGuard no_grad;
   RuntimeInternalGuard internal;  // updates are not the model's ops: no autocast, no probe events
-  // (The fused path takes f32 parameters only, so no f16/bf16 update it makes can be swamped: it reports none.)
-  if (try_fused_step(*this)) return;  // CUDA f32 parameters only; never taken for CPU tensors
+  // The fused paths (the CPU's and CUDA's) take f32 parameters only, so no update they make can be swamped:
+  // they report none.
+  if (try_fused_step(*this)) return;  // f32 parameters on a backend with fused steps
   const bool reporting = probe::hook() != nullptr;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     ParamGroup& group = groups_[g];
@@ -699,7 +700,7 @@ bool try_fused_step(Optimizer& opt) {
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
       if (device && *device != p.device()) return false;
-      if (!device && !backend_for(p.device()).fused_amp_available()) return false;
+      if (!device && !backend_for(p.device()).fused_optimizer_available()) return false;
       device = p.device();
       if (p.dtype() != DType::f32 || !p.is_contiguous() || !usable(grad, p)) return false;
       if (const ParamState* st = opt.find_state(p)) {

@@ -3,6 +3,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -14,6 +15,7 @@
 #include "core/philox.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/half_convert.h"
+#include "kernels/cpu/fused_optim.h"
 #include "kernels/cpu/nn_kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/functors.h"
@@ -44,10 +46,48 @@ void fill_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
+// A transposed matrix (a weight's gradient when the model uses W.t(): the gradient arrives as a
+// transposed view and is made contiguous) copied row by row reads one element per cache line. Copying
+// tiles keeps both sides in cache. Values move unchanged, so the bits are those of any other order.
+// Taken when out is contiguous and the input's last two dimensions are a transposed dense block.
+template <class To, class From>
+bool copy_transposed(const KernelArgs& a) {
+  constexpr std::int64_t kTile = 32;
+  const TensorView& in = a.in[0];
+  const int nd = a.out.ndim;
+  if (nd < 2 || !a.out.is_contiguous()) return false;
+  const std::int64_t rows = a.out.sizes[nd - 2], cols = a.out.sizes[nd - 1];
+  const std::int64_t col_stride = in.strides[nd - 1];
+  if (in.strides[nd - 2] != 1 || col_stride == 1 || rows < kTile || cols < kTile) return false;
+  TensorView outer = in;  // the dimensions in front of the matrix
+  outer.ndim = nd - 2;
+  const std::int64_t row_tiles = (rows + kTile - 1) / kTile;
+  const std::int64_t tasks = a.out.numel / (rows * cols) * row_tiles;
+  const From* src_base = in.ptr<From>();
+  To* dst_base = a.out.ptr<To>();
+  cpu::parallel_for(tasks, std::max<std::int64_t>(1, cpu::kElementwiseGrain / (kTile * cols)),
+                    [&](std::int64_t b, std::int64_t e) {
+                      for (std::int64_t t = b; t < e; ++t) {
+                        const std::int64_t m = t / row_tiles, r0 = (t % row_tiles) * kTile;
+                        const std::int64_t r1 = std::min(rows, r0 + kTile);
+                        const From* src = src_base + outer.offset_of(m);
+                        To* dst = dst_base + m * rows * cols;
+                        for (std::int64_t c0 = 0; c0 < cols; c0 += kTile) {
+                          const std::int64_t c1 = std::min(cols, c0 + kTile);
+                          for (std::int64_t r = r0; r < r1; ++r) {
+                            for (std::int64_t c = c0; c < c1; ++c) dst[r * cols + c] = convert<To>(src[r + c * col_stride]);
+                          }
+                        }
+                      }
+                    });
+  return true;
+}
+
 template <class To, class From>
 void copy_typed(const KernelArgs& a) {
   const From* in = a.in[0].ptr<From>();
   To* out = a.out.ptr<To>();
+  if (copy_transposed<To, From>(a)) return;
   if (a.out.is_contiguous() && a.in[0].is_contiguous()) {
     cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
       // The casts autocast makes (f32 weights to f16/bf16, f16/bf16 gradients back to f32) in bulk.
@@ -62,8 +102,11 @@ void copy_typed(const KernelArgs& a) {
     return;
   }
   cpu::parallel_for(a.out.numel, cpu::kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-    StridedCursor<2> c(a.out, {&a.out, &a.in[0]}, b);
-    for (std::int64_t i = b; i < e; ++i, c.next()) out[c.offset(0)] = convert<To>(in[c.offset(1)]);
+    cpu::for_each_row<2>(a.out, {&a.out, &a.in[0]}, b, e, [&](std::int64_t, std::int64_t n, const auto& off, const auto& st) {
+      To* o = out + off[0];
+      const From* x = in + off[1];
+      for (std::int64_t j = 0; j < n; ++j) o[j * st[0]] = convert<To>(x[j * st[1]]);
+    });
   });
 }
 
@@ -159,6 +202,18 @@ class CpuBackend final : public Backend {
     if (nbytes > 0) std::memcpy(dst, src, nbytes);
   }
   void synchronize() override {}
+
+  // Fused optimizer steps (kernels/cpu/fused_optim.h); the rest of the fused AMP path (unscale, scale
+  // update) stays unfused on the CPU, so fused_amp_available() keeps its default, false.
+  bool fused_optimizer_available() const override { return cpu::fused_optim_enabled(); }
+  void fused_sgd_step(const std::vector<FusedSgdTensor>& tensors, const FusedSgdOptions& options,
+                      const float* found_inf) override {
+    cpu::fused_sgd_step(tensors, options, found_inf);
+  }
+  void fused_adam_step(const std::vector<FusedAdamTensor>& tensors, const FusedAdamOptions& options,
+                       const float* found_inf) override {
+    cpu::fused_adam_step(tensors, options, found_inf);
+  }
 
  private:
   template <class Fn>

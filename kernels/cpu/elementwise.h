@@ -7,6 +7,7 @@
 //   register_kernel(Op::relu, DType::f16, &cpu::unary_kernel<f16, ReluFn>);
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -60,6 +61,43 @@ class StridedCursor {
   std::int64_t off_[N] = {};
 };
 
+// Calls row(i, count, offsets, strides) for the stretches of [begin, end) (row-major linear indices of
+// `shape`) that lie in one row of the last dimension: out index i..i+count-1, view v's element offset
+// offsets[v] + j * strides[v] for j < count. The cursor then moves once per row rather than once per
+// element, and the row loop can be a plain (vectorisable) loop when the strides are 0 or 1: a bias
+// added along rows, a 0-dim coefficient multiplied into a gradient, a transposed copy.
+template <int N, class Row>
+void for_each_row(const TensorView& shape, const std::array<const TensorView*, N>& views, std::int64_t begin,
+                  std::int64_t end, const Row& row) {
+  std::array<std::int64_t, N> offsets{}, strides{};
+  if (shape.ndim == 0) {
+    if (begin < end) row(begin, end - begin, offsets, strides);
+    return;
+  }
+  const int last = shape.ndim - 1;
+  const std::int64_t inner = shape.sizes[last];
+  // The views without their last dimension: the cursor walks rows.
+  TensorView outer_shape = shape;
+  outer_shape.ndim = last;
+  std::array<TensorView, N> outer;
+  std::array<const TensorView*, N> outer_ptrs;
+  for (int v = 0; v < N; ++v) {
+    outer[v] = *views[v];
+    outer[v].ndim = last;
+    outer_ptrs[v] = &outer[v];
+    strides[v] = views[v]->strides[last];
+  }
+  StridedCursor<N> c(outer_shape, outer_ptrs, begin / inner);
+  std::int64_t j = begin % inner;
+  for (std::int64_t i = begin; i < end; c.next()) {
+    const std::int64_t count = std::min(inner - j, end - i);
+    for (int v = 0; v < N; ++v) offsets[v] = c.offset(v) + j * strides[v];
+    row(i, count, offsets, strides);
+    i += count;
+    j = 0;
+  }
+}
+
 // ---- element-wise loops ----
 
 // Elements per float block of the f16/bf16 loops (two or three blocks live on the stack).
@@ -103,8 +141,15 @@ void unary_kernel(Backend&, const KernelArgs& a) {
     return;
   }
   parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-    StridedCursor<1> c(a.out, {&a.in[0]}, b);
-    for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = convert<T>(fn(convert<Acc>(in[c.offset(0)])));
+    for_each_row<1>(a.out, {&a.in[0]}, b, e, [&](std::int64_t i, std::int64_t n, const auto& off, const auto& st) {
+      const T* x = in + off[0];
+      T* o = out + i;
+      if (st[0] == 1) {
+        for (std::int64_t j = 0; j < n; ++j) o[j] = convert<T>(fn(convert<Acc>(x[j])));
+      } else {
+        for (std::int64_t j = 0; j < n; ++j) o[j] = convert<T>(fn(convert<Acc>(x[j * st[0]])));
+      }
+    });
   });
 }
 
@@ -137,10 +182,25 @@ void binary_kernel(Backend&, const KernelArgs& a) {
     return;
   }
   parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-    StridedCursor<2> c(a.out, {&a.in[0], &a.in[1]}, b);
-    for (std::int64_t i = b; i < e; ++i, c.next()) {
-      out[i] = convert<T>(fn(convert<Acc>(x[c.offset(0)]), convert<Acc>(y[c.offset(1)])));
-    }
+    for_each_row<2>(a.out, {&a.in[0], &a.in[1]}, b, e, [&](std::int64_t i, std::int64_t n, const auto& off, const auto& st) {
+      const T* xr = x + off[0];
+      const T* yr = y + off[1];
+      T* o = out + i;
+      // The same functor on the same operands in every branch: only the loads differ.
+      if (st[0] == 1 && st[1] == 1) {
+        for (std::int64_t j = 0; j < n; ++j) o[j] = convert<T>(fn(convert<Acc>(xr[j]), convert<Acc>(yr[j])));
+      } else if (st[0] == 1 && st[1] == 0) {
+        const Acc yv = convert<Acc>(yr[0]);
+        for (std::int64_t j = 0; j < n; ++j) o[j] = convert<T>(fn(convert<Acc>(xr[j]), yv));
+      } else if (st[0] == 0 && st[1] == 1) {
+        const Acc xv = convert<Acc>(xr[0]);
+        for (std::int64_t j = 0; j < n; ++j) o[j] = convert<T>(fn(xv, convert<Acc>(yr[j])));
+      } else {
+        for (std::int64_t j = 0; j < n; ++j) {
+          o[j] = convert<T>(fn(convert<Acc>(xr[j * st[0]]), convert<Acc>(yr[j * st[1]])));
+        }
+      }
+    });
   });
 }
 
@@ -172,8 +232,11 @@ void binary_scalar_kernel(Backend&, const KernelArgs& a) {
     return;
   }
   parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
-    StridedCursor<1> c(a.out, {&a.in[0]}, b);
-    for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = convert<T>(fn(convert<Acc>(x[c.offset(0)]), y));
+    for_each_row<1>(a.out, {&a.in[0]}, b, e, [&](std::int64_t i, std::int64_t n, const auto& off, const auto& st) {
+      const T* xr = x + off[0];
+      T* o = out + i;
+      for (std::int64_t j = 0; j < n; ++j) o[j] = convert<T>(fn(convert<Acc>(xr[j * st[0]]), y));
+    });
   });
 }
 
