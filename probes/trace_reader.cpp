@@ -27,6 +27,10 @@
 // older traces have none, and read as traces without precision or update rows.
 #include "probes/trace_reader.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -370,9 +374,28 @@ struct TraceReader::State {
     return true;
   }
 
+  // Whether a writer holds the trace's lock ("<trace>.lock", flock'ed by TraceWriter while it writes; a
+  // killed writer's lock is released with its process). Only then can a last /index row still be on its
+  // way to the file.
+  bool writer_alive() const {
+    const std::string lock = io.path() + ".lock";
+    const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
+    ::close(fd);  // releases the shared lock if it was taken
+    return held;
+  }
+
   // The last intact row of /index that counts no fewer rows than the rows before it (nullopt when it has
-  // none). Every row is read and checked; what is damaged becomes a note in index_damage.
+  // none). Every row is read and checked; what is damaged becomes a note in index_damage. A last row of
+  // zeros in an incomplete trace is a row its writer is still writing when the writer is alive; when no
+  // writer holds the trace, nobody will finish it, and it is damage (a killed writer, or a file cut there).
   std::optional<IndexRecord> read_last_index() {
+    std::optional<bool> alive;
+    auto pending = [&] {
+      if (!alive) alive = writer_alive();
+      return *alive;
+    };
     const std::int64_t n = extent(Table::index);
     last_step.reset();
     // /index is not compressed: each row it claims takes its bytes in the file.
@@ -395,7 +418,11 @@ struct TraceReader::State {
         if (!index_row_intact(r)) {
           // A reader can see /index grow before its newest row's bytes: such a row reads as zeros.
           const IndexRecord zero{};
-          if (row == n - 1 && !complete && std::memcmp(&r, &zero, sizeof r) == 0) continue;
+          if (row == n - 1 && !complete && std::memcmp(&r, &zero, sizeof r) == 0) {
+            if (pending()) continue;
+            note(fmt::format("row {}: zeros, and no writer holds the trace to finish it", row));
+            continue;
+          }
           note(fmt::format("row {}: {}", row, version >= 3 ? "its checksum does not match" : "a negative step or row count"));
           continue;
         }
@@ -404,7 +431,11 @@ struct TraceReader::State {
           for (int t = 0; t < kDataTableCount; ++t) fewer = fewer || r.rows[t] < accepted->rows[t];
           if (fewer) {
             const IndexRecord zero{};
-            if (row == n - 1 && !complete && std::memcmp(&r, &zero, sizeof r) == 0) continue;
+            if (row == n - 1 && !complete && std::memcmp(&r, &zero, sizeof r) == 0) {
+              if (pending()) continue;
+              note(fmt::format("row {}: zeros, and no writer holds the trace to finish it", row));
+              continue;
+            }
             note(fmt::format("row {}: fewer rows or an earlier step than row {}", row, accepted_row));
             continue;
           }
