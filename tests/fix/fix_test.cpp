@@ -241,7 +241,9 @@ TEST(fix_test, a_run_that_kept_checkpoints_is_re_run_from_the_last_one_before_th
     EXPECT_EQ(a.contains("retried_from_step_0"), a["name"] == "lr-0.15");
     // The original resumes bit for bit: the same final loss. A remedy applies from the checkpoint's step
     // on (step 0 ran without it), so its losses differ from a re-run that applied it from step 0.
-    if (a["name"] == "original") EXPECT_EQ(a["final_loss"], b["final_loss"]);
+    if (a["name"] == "original") {
+      EXPECT_EQ(a["final_loss"], b["final_loss"]);
+    }
   }
   EXPECT_TRUE(scratch_run.doc.find("checkpoint") == scratch_run.doc.end());
 }

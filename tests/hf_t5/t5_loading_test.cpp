@@ -81,12 +81,18 @@ TEST(t5_loading_test, parameter_names_are_hfs_state_dict_names_in_its_order) {
   EXPECT_TRUE(g.count("lm_head.weight"));
   // Shapes: q/k/v [heads * d_kv, d_model], o the reverse, the bias table [buckets, heads].
   for (const auto& [n, p] : gated->named_parameters()) {
-    if (n == "encoder.block.0.layer.0.SelfAttention.q.weight") EXPECT_EQ(p.shape(), (Shape{18, 16}));
-    if (n == "encoder.block.0.layer.0.SelfAttention.o.weight") EXPECT_EQ(p.shape(), (Shape{16, 18}));
+    if (n == "encoder.block.0.layer.0.SelfAttention.q.weight") {
+      EXPECT_EQ(p.shape(), (Shape{18, 16}));
+    }
+    if (n == "encoder.block.0.layer.0.SelfAttention.o.weight") {
+      EXPECT_EQ(p.shape(), (Shape{16, 18}));
+    }
     if (n == "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight") {
       EXPECT_EQ(p.shape(), (Shape{8, 3}));
     }
-    if (n == "lm_head.weight") EXPECT_EQ(p.shape(), (Shape{48, 16}));
+    if (n == "lm_head.weight") {
+      EXPECT_EQ(p.shape(), (Shape{48, 16}));
+    }
   }
 }
 
@@ -156,7 +162,9 @@ TEST(t5_loading_test, save_and_load_round_trip_the_weights_and_the_logits) {
     const auto names = safetensors::File::open(dir / "model.safetensors").tensors();
     for (const auto& info : names) {
       EXPECT_EQ(info.name.find("embed_tokens"), std::string::npos) << info.name;
-      if (config.value("tie_word_embeddings", true)) EXPECT_NE(info.name, "lm_head.weight");
+      if (config.value("tie_word_embeddings", true)) {
+        EXPECT_NE(info.name, "lm_head.weight");
+      }
     }
   }
 }
