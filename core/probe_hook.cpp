@@ -114,7 +114,7 @@ bool acted_in_open_step(const void* object) {
 }
 }  // namespace detail
 
-void report_grads(const std::vector<Tensor>& params, bool unscaled) {
+void report_grads(const std::vector<Tensor>& params, bool unscaled, bool before_all_reduce) {
   Hook* h = hook();
   if (h == nullptr) return;
   std::vector<std::pair<std::string, Tensor>> grads;
@@ -123,11 +123,22 @@ void report_grads(const std::vector<Tensor>& params, bool unscaled) {
     if (!g.defined()) continue;
     grads.emplace_back(params[i].name().empty() ? "parameter " + std::to_string(i) : params[i].name(), g);
   }
-  h->on_grads(GradEvent{current_step(), unscaled, grads});
-  if (unscaled) {
+  h->on_grads(GradEvent{current_step(), unscaled, grads, before_all_reduce});
+  if (unscaled && !before_all_reduce) {
     std::lock_guard<std::mutex> lock(g_open.mutex);
     g_open.grads_reported = g_open.open;
   }
+}
+
+void report_params(const std::vector<Tensor>& params) {
+  Hook* h = hook();
+  if (h == nullptr || !h->wants_params()) return;
+  std::vector<std::pair<std::string, Tensor>> named;
+  named.reserve(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    named.emplace_back(params[i].name().empty() ? "parameter " + std::to_string(i) : params[i].name(), params[i]);
+  }
+  h->on_params(ParamsEvent{current_step(), named});
 }
 
 std::string_view change_name(ScalerEvent::Change change) {

@@ -88,6 +88,16 @@ struct GradEvent {
   std::int64_t step;
   bool unscaled;  // false: still multiplied by the loss scale
   const std::vector<std::pair<std::string, Tensor>>& grads;  // (parameter name, gradient)
+  // A data-parallel rank's own gradients before the all-reduce (report_grads(..., before_all_reduce = true),
+  // samples/train.cpp under --ddp); false for the gradients the step uses.
+  bool before_all_reduce = false;
+};
+
+// The parameters after a step's optimizer step (and the GradScaler's update), reported by probe::Step::finish
+// every step, sampled or not, to a hook whose wants_params() is true (the probe's parameter checksums).
+struct ParamsEvent {
+  std::int64_t step;
+  const std::vector<std::pair<std::string, Tensor>>& params;  // (parameter name, parameter), the optimizer's order
 };
 
 // What the training loop knows at the end of a step (one row of a trace's /steps table).
@@ -159,6 +169,9 @@ class Hook {
   virtual void on_scaler(const ScalerEvent& event) {}
   // An f16/bf16 parameter's update, before the optimizer writes it (see UpdateEvent).
   virtual void on_update(const UpdateEvent& event) {}
+  // Whether the hook wants the parameters after every optimizer step (on_params). Asked once per step.
+  virtual bool wants_params() { return false; }
+  virtual void on_params(const ParamsEvent& event) {}
   virtual void on_step_begin(std::int64_t step) {}
   virtual void on_step_end(const StepSummary& summary) {}
   // A step that ended without a summary: its StepScope (or probe::Step) was destroyed before end(),
@@ -194,7 +207,12 @@ class StepScope {
 
 // Reports parameter gradients to the hook, if one is installed (named by Tensor::name()). The GradScaler
 // calls it from unscale_; probe::Step calls it for a loop without a scaler.
-void report_grads(const std::vector<Tensor>& params, bool unscaled);
+// A data-parallel training loop also reports each rank's own gradients before its all-reduce, with
+// before_all_reduce = true (they do not count as the step's reported gradients).
+void report_grads(const std::vector<Tensor>& params, bool unscaled, bool before_all_reduce = false);
+// Reports the parameters to the hook when one is installed and wants_params() (probe::Step::finish calls it
+// after the optimizer step).
+void report_params(const std::vector<Tensor>& params);
 // Whether report_grads(..., unscaled=true) has reached a hook in the open step (false outside steps).
 bool unscaled_grads_reported();
 

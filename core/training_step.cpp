@@ -129,6 +129,8 @@ StepSummary Step::finish_impl(const Tensor& loss, optim::Optimizer& optimizer, G
     grad_norm = optim::get_total_norm(grads).item();
   }
   if (scaler != nullptr) scaler_call(step_, "update()", [&] { scaler->update(); });
+  // The parameters as the step left them (a hook that asks: the probe's checksums of a data-parallel run).
+  report_params(params);
 
   summary.scale_after = scaling ? scaler->get_scale() : 1.0;
   summary.found_inf = stepped.found_inf;

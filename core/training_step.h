@@ -25,7 +25,9 @@
 //
 // Gradients reach the probe once per step with or without a scaler: an enabled GradScaler reports them from
 // unscale_ (scaled and unscaled); without one (or with a disabled one) finish() reports them (as
-// probe::report_grads(params, true)) before clipping and stepping, unless the loop already did.
+// probe::report_grads(params, true)) before clipping and stepping, unless the loop already did. After the
+// optimizer step (and the scaler's update) finish() reports the parameters (probe::report_params) to a hook that
+// wants them (ParamsEvent: the probe's parameter checksums in a data-parallel run).
 #pragma once
 
 #include <chrono>

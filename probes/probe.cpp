@@ -96,6 +96,7 @@ std::string describe(const ProbeOptions& o) {
   j["flight_recorder"] = o.flight_recorder;
   j["recorder_steps"] = o.recorder_steps;
   j["outside_steps"] = o.outside_steps;
+  if (o.checksums) j["checksums"] = true;  // format_version 6; absent when off, as in older traces
   nlohmann::ordered_json overrides = nlohmann::ordered_json::array();
   for (const AutocastOverride& r : autocast_overrides()) {
     overrides.push_back({{"op", r.op}, {"module", r.module}, {"precision", r.precision == Precision::f32 ? "f32" : "lower"}});
@@ -471,7 +472,7 @@ void Probe::on_grads(const GradEvent& event) {
     if (!grad.defined() || !module_wanted(parameter_module(name))) continue;
     // Histograms of the true gradients only: a scaled gradient's histogram is the same shifted by
     // log2(scale) bins, and its overflows are counted in its GradRow.
-    const bool histogram = full && event.unscaled && is_floating(grad.dtype());
+    const bool histogram = full && event.unscaled && !event.before_all_reduce && is_floating(grad.dtype());
     const TensorStats s = tensor_stats(grad, histogram);
     trace::GradRow row;
     row.step = event.step;
@@ -484,10 +485,23 @@ void Probe::on_grads(const GradEvent& event) {
     row.absmax = s.health.absmax;
     row.norm = s.norm();
     row.unscaled = event.unscaled;
+    row.before_all_reduce = event.before_all_reduce;
     if (s.non_finite() > 0) mark_anomaly(event.step);
     emit(std::move(row));
     if (histogram) emit(trace::HistogramRow{event.step, -1, name, s.histogram});
   }
+}
+
+void Probe::on_params(const ParamsEvent& event) {
+  if (!options_.checksums) return;
+  // Written at once, every step: the table is in step order like /steps, whatever the sampling keeps.
+  std::vector<std::uint64_t> sums;
+  sums.reserve(event.params.size());
+  for (const auto& [name, p] : event.params) {
+    sums.push_back(tensor_checksum(p));
+    sink_->write(trace::ChecksumRow{event.step, name, sums.back()});
+  }
+  sink_->write(trace::ChecksumRow{event.step, "", combine_checksums(sums)});
 }
 
 void Probe::on_update(const UpdateEvent& event) {

@@ -48,6 +48,10 @@
 // step that wrote it). Ops outside any StepScope are not recorded (an evaluation pass is no step) unless
 // ProbeOptions::outside_steps is set; then they are written as they come, with step -1.
 //
+// Gradients before a data-parallel all-reduce (GradEvent::before_all_reduce, reported by the training loop) are
+// GradRows like the others, marked before_all_reduce, on the same steps and with the same filters; they get no
+// histogram. With `checksums`, the parameters after each step are checksummed (ChecksumRows), every step.
+//
 // Provenance: each OpRow's `inputs` names the rows of the same step that produced the op's inputs (the
 // stamps of core/probe_hook.h, Producer), or a marker (trace::kInputParameter, kInputData, ...).
 #pragma once
@@ -92,6 +96,10 @@ struct ProbeOptions {
   // Ops outside any StepScope (an evaluation pass after the step, a check before training) are not
   // recorded unless this is set; they then get step -1 and belong to no step.
   bool outside_steps = false;
+  // Parameter checksums (/checksums, format_version 6): after every step's optimizer step, sampled or not and
+  // at every level, a checksum of each parameter and the combined one (probes/stats.h tensor_checksum).
+  // `ampscope train --ddp` sets it, so the multi-rank report can find the step where ranks' parameters parted.
+  bool checksums = false;
 };
 
 // How a probe with these options is set up, as JSON text for the trace's root attribute `probe`
@@ -115,6 +123,8 @@ class Probe : public Hook {
   void on_grads(const GradEvent& event) override;
   void on_scaler(const ScalerEvent& event) override;
   void on_update(const UpdateEvent& event) override;
+  bool wants_params() override { return options_.checksums; }
+  void on_params(const ParamsEvent& event) override;
   void on_step_begin(std::int64_t step) override;
   void on_step_end(const StepSummary& summary) override;
   // A step abandoned by an exception: ended as flush() ends it (no /steps row; its rows written if the

@@ -541,4 +541,53 @@ std::vector<double> leading_values(const Tensor& input, std::int64_t max_element
   return out;
 }
 
+namespace {
+std::uint64_t splitmix64_mix(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+}  // namespace
+
+std::uint64_t checksum_bytes(const void* data, std::size_t size) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  const std::size_t words = size / 8;
+  std::uint64_t sum = splitmix64_mix(static_cast<std::uint64_t>(size));
+  // Four independent sums: the multiplications of consecutive words overlap in the pipeline.
+  std::uint64_t s[4] = {0, 0, 0, 0};
+  std::size_t i = 0;
+  for (; i + 4 <= words; i += 4) {
+    for (std::size_t k = 0; k < 4; ++k) {
+      std::uint64_t w;
+      std::memcpy(&w, bytes + 8 * (i + k), 8);  // little-endian host (the trace's byte order)
+      s[k] += splitmix64_mix(w + (i + k + 1) * kGolden);
+    }
+  }
+  for (; i < words; ++i) {
+    std::uint64_t w;
+    std::memcpy(&w, bytes + 8 * i, 8);
+    s[0] += splitmix64_mix(w + (i + 1) * kGolden);
+  }
+  if (const std::size_t tail = size % 8; tail > 0) {
+    std::uint64_t w = 0;
+    for (std::size_t b = 0; b < tail; ++b) w |= static_cast<std::uint64_t>(bytes[8 * words + b]) << (8 * b);
+    s[0] += splitmix64_mix(w + (words + 1) * kGolden);
+  }
+  return sum + s[0] + s[1] + s[2] + s[3];
+}
+
+std::uint64_t tensor_checksum(const Tensor& t) {
+  const Tensor host = t.contiguous().to(Device::cpu());
+  return checksum_bytes(host.data(), static_cast<std::size_t>(host.numel()) * dtype_size(host.dtype()));
+}
+
+std::uint64_t combine_checksums(const std::vector<std::uint64_t>& checksums) {
+  std::vector<unsigned char> bytes(checksums.size() * 8);
+  for (std::size_t i = 0; i < checksums.size(); ++i) {
+    for (std::size_t b = 0; b < 8; ++b) bytes[8 * i + b] = static_cast<unsigned char>(checksums[i] >> (8 * b));
+  }
+  return checksum_bytes(bytes.data(), bytes.size());
+}
+
 }  // namespace ampscope::probe

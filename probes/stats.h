@@ -58,6 +58,20 @@ struct CastCounts {
 };
 CastCounts cast_counts(const Tensor& source, const Tensor& result);
 
+// Parameter checksums (/checksums, docs/trace-format.md): a 64-bit checksum of `size` bytes. The bytes are taken
+// as 64-bit little-endian words w_i (the last one padded with zero bytes), and
+//   checksum = mix(size) + sum over i of mix(w_i + (i + 1) * 0x9E3779B97F4A7C15)   (mod 2^64)
+// with mix the finalizer of splitmix64 (a bijection of 64-bit values). A change confined to one word therefore
+// always changes the checksum (one term changes, the others do not); independent changes in several words
+// collide with probability about 2^-64. The sum has no order, so a device could reduce it in parallel to the
+// same bits. Not a cryptographic hash: it detects drift, not tampering.
+std::uint64_t checksum_bytes(const void* data, std::size_t size);
+// The checksum of a tensor's elements in its dtype's storage, row-major (a view is made contiguous first; a CUDA
+// tensor is copied to the host).
+std::uint64_t tensor_checksum(const Tensor& t);
+// The combined checksum of several checksums, in order: checksum_bytes over them as 8-byte little-endian words.
+std::uint64_t combine_checksums(const std::vector<std::uint64_t>& checksums);
+
 // Up to `max_elements` values of `t`, row-major, widened to double (for dumps).
 std::vector<double> leading_values(const Tensor& t, std::int64_t max_elements);
 

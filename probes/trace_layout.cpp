@@ -21,6 +21,8 @@ static_assert(std::endian::native == std::endian::little, "trace records assume 
 static_assert(sizeof(OpRecord) == 16 + 7 * 8 + 6 * 8 + 5 * 8 + 2 * 8 + 1 + kOpInputs * 8,
               "OpRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(IndexRecord) == 8 * (2 + kDataTableCount));
+static_assert(sizeof(GradRecord) == 8 * 9 + 2, "GradRecord must be packed: it is the file's compound type byte for byte");
+static_assert(sizeof(ChecksumRecord) == 8 * 3, "ChecksumRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(UpdateRecord) == 8 * 8, "UpdateRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(PrecisionRecord) == 8 * 6 + 1 + 8 * 8 + 8 + 8 * 2 + 1 + 8 * kErrorBins + 8,
               "PrecisionRecord must be packed: it is the file's compound type byte for byte");
@@ -90,6 +92,16 @@ Datatype grad_type(const Io& io) {
   AMPSCOPE_F64(R, absmax);
   AMPSCOPE_F64(R, norm);
   AMPSCOPE_FLAG(R, unscaled);
+  AMPSCOPE_FLAG(R, before_all_reduce);  // format_version 6
+  return b.take();
+}
+
+Datatype checksum_type(const Io& io) {
+  using R = ChecksumRecord;
+  CompoundBuilder b(io, sizeof(R), Table::checksums);
+  AMPSCOPE_I64(R, step);
+  AMPSCOPE_I64(R, param);
+  b.add("checksum", offsetof(R, checksum), H5T_STD_U64LE);
   return b.take();
 }
 
@@ -234,6 +246,7 @@ std::string_view table_name(Table table) {
     case Table::string_bytes: return "string_bytes";
     case Table::precision: return "precision";
     case Table::updates: return "updates";
+    case Table::checksums: return "checksums";
     case Table::index: return "index";
   }
   return "?";
@@ -262,11 +275,14 @@ std::string_view text_fields(Table table) {
     case Table::dumps: return "op,module,tensor,dtype,shape";
     case Table::precision: return "op,module,out_dtype";
     case Table::updates: return "param,dtype";
+    case Table::checksums: return "param";
     default: return "";
   }
 }
 
-int data_tables(std::int64_t version) { return version >= 5 ? kDataTableCount : version == 4 ? kV4DataTables : kLegacyDataTables; }
+int data_tables(std::int64_t version) {
+  return version >= 6 ? kDataTableCount : version == 5 ? kV5DataTables : version == 4 ? kV4DataTables : kLegacyDataTables;
+}
 
 bool has_table(Table table, std::int64_t version) {
   return table == Table::index || static_cast<int>(table) < data_tables(version);
@@ -347,6 +363,7 @@ std::size_t record_size(Table table, std::int64_t version) {
     case Table::string_bytes: return 1;
     case Table::precision: return sizeof(PrecisionRecord);
     case Table::updates: return sizeof(UpdateRecord);
+    case Table::checksums: return sizeof(ChecksumRecord);
     case Table::index: return sizeof(IndexRecord);
   }
   return 0;
@@ -367,6 +384,7 @@ Datatype record_type(const Io& io, Table table, std::int64_t version) {
     case Table::string_bytes: return copy_type(io, H5T_STD_U8LE);
     case Table::precision: return precision_type(io);
     case Table::updates: return update_type(io);
+    case Table::checksums: return checksum_type(io);
     case Table::index: break;
   }
   io.fail("unknown table");
@@ -457,6 +475,7 @@ void encode(const GradRow& row, GradRecord& r, TextIds& ids) {
   r.absmax = row.absmax;
   r.norm = row.norm;
   r.unscaled = row.unscaled;
+  r.before_all_reduce = row.before_all_reduce;
 }
 
 void encode(const EventRow& row, EventRecord& r, TextIds& ids) {
@@ -544,6 +563,10 @@ GradRow decode(const GradRecord& r, const StringTable& s) {
   row.absmax = r.absmax;
   row.norm = r.norm;
   row.unscaled = r.unscaled != 0;
+  if (r.before_all_reduce != 0 && r.before_all_reduce != 1) {
+    throw std::invalid_argument(fmt::format("its field 'before_all_reduce' is {}, not a flag (0 or 1)", r.before_all_reduce));
+  }
+  row.before_all_reduce = r.before_all_reduce == 1;
   return row;
 }
 
@@ -699,6 +722,20 @@ UpdateRow decode(const UpdateRecord& r, const StringTable& s) {
   }
   row.param_abs_mean = r.param_abs_mean;
   row.update_abs_mean = r.update_abs_mean;
+  return row;
+}
+
+void encode(const ChecksumRow& row, ChecksumRecord& r, TextIds& ids) {
+  r.step = row.step;
+  r.param = ids.id(row.param);
+  r.checksum = row.checksum;
+}
+
+ChecksumRow decode(const ChecksumRecord& r, const StringTable& s) {
+  ChecksumRow row;
+  row.step = r.step;
+  row.param = text_of(s, r.param, "param");
+  row.checksum = r.checksum;
   return row;
 }
 

@@ -28,13 +28,14 @@ namespace ampscope::trace::detail {
 // into it); strings locates each text in string_bytes (format_version 4); precision holds the f32 twin's
 // rows and updates the swamped-update counts of f16/bf16 parameters (format_version 5); index holds one row per flush, the table sizes that flush made durable.
 enum class Table : int {
-  steps, ops, grads, events, histograms, dumps, dump_values, strings, string_bytes, precision, updates, index
+  steps, ops, grads, events, histograms, dumps, dump_values, strings, string_bytes, precision, updates, checksums, index
 };
-inline constexpr int kTableCount = 12;
-inline constexpr int kDataTableCount = 11;   // every table but index
+inline constexpr int kTableCount = 13;
+inline constexpr int kDataTableCount = 12;   // every table but index
 inline constexpr int kLegacyDataTables = 7;  // format_version 1 to 3: the tables before strings
 inline constexpr int kV4DataTables = 9;      // format_version 4: the tables before precision
-// The data tables a trace of this format_version has: the first 7, 9 or 11 of Table's order.
+inline constexpr int kV5DataTables = 11;     // format_version 5: the tables before checksums
+// The data tables a trace of this format_version has: the first 7, 9, 11 or 12 of Table's order.
 int data_tables(std::int64_t version);
 std::string_view table_name(Table table);    // "steps", ..., "string_bytes", "index"
 std::string_view field_name(Table table);    // what a row of the table is, for messages: "value", "byte", "row"
@@ -67,12 +68,14 @@ struct [[gnu::packed]] OpRecord {
   std::int64_t inputs[kOpInputs];
 };
 
+// before_all_reduce: format_version 6 (absent from older traces, whose rows read it as 0).
 struct [[gnu::packed]] GradRecord {
   std::int64_t step;
   TextId param, dtype;
   std::int64_t nan, pos_inf, neg_inf, zero;
   double absmax, norm;
   std::int8_t unscaled;
+  std::int8_t before_all_reduce;
 };
 
 struct [[gnu::packed]] EventRecord {
@@ -117,13 +120,20 @@ struct [[gnu::packed]] UpdateRecord {
   double param_abs_mean, update_abs_mean;
 };
 
+// /checksums (format_version 6): checksum is the 64-bit value's bits (an unsigned 64-bit field).
+struct [[gnu::packed]] ChecksumRecord {
+  std::int64_t step;
+  TextId param;
+  std::uint64_t checksum;
+};
+
 // A text: bytes [offset, offset + length) of /string_bytes (UTF-8, no NUL), and zlib's CRC-32 of them.
 struct [[gnu::packed]] StringRecord {
   std::int64_t offset, length, crc32;
 };
 
 // Row counts of the data tables after a flush, in Table order (format_version 1 to 3: the first seven;
-// 4: the first nine).
+// 4: the first nine; 5: the first eleven).
 struct [[gnu::packed]] IndexRecord {
   std::int64_t step;  // the step whose end (or the close) caused the flush
   std::int64_t rows[kDataTableCount];
@@ -131,7 +141,7 @@ struct [[gnu::packed]] IndexRecord {
 };
 
 // CRC-32 (zlib's) of an /index row's step and row counts as 8 little-endian bytes each: seven counts in
-// format_version 3, nine in 4, eleven from 5.
+// format_version 3, nine in 4, eleven in 5, twelve from 6.
 std::int64_t index_crc32(const IndexRecord& r, std::int64_t version);
 
 // zlib's CRC-32 of `size` bytes.
@@ -215,11 +225,13 @@ void encode(const HistogramRow& row, HistogramRecord& r, TextIds& ids);
 void encode(const DumpRow& row, DumpRecord& r, TextIds& ids);
 void encode(const PrecisionRow& row, PrecisionRecord& r, TextIds& ids);
 void encode(const UpdateRow& row, UpdateRecord& r, TextIds& ids);
+void encode(const ChecksumRow& row, ChecksumRecord& r, TextIds& ids);
 
 // Each throws std::invalid_argument, naming the field, on a text id that is not a sound row of /strings
 // and on an unknown phase name.
 StepRow decode(const StepRecord& r);
 OpRow decode(const OpRecord& r, const StringTable& strings);
+// Also refuses, naming the field, a before_all_reduce that is not 0 or 1.
 GradRow decode(const GradRecord& r, const StringTable& strings);
 EventRow decode(const EventRecord& r, const StringTable& strings);
 HistogramRow decode(const HistogramRecord& r, const StringTable& strings);
@@ -230,5 +242,6 @@ PrecisionRow decode(const PrecisionRecord& r, const StringTable& strings);
 // Also refuses, naming the field, a dtype that is not f16 or bf16, a negative count, nonzero above numel,
 // swamped above nonzero, and a mean that is negative, NaN or infinite.
 UpdateRow decode(const UpdateRecord& r, const StringTable& strings);
+ChecksumRow decode(const ChecksumRecord& r, const StringTable& strings);
 
 }  // namespace ampscope::trace::detail

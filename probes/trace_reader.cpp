@@ -24,7 +24,9 @@
 // are loaded through H5Dread when rows first need them (and extended after a refresh), each entry checked
 // once (inside the bytes, CRC-32, UTF-8); decoding threads then share the table read-only. Versions 1 to
 // 3 are read with their fixed-width records (trace_layout_v3.h). /precision and /updates came with format_version 5:
-// older traces have none, and read as traces without precision or update rows.
+// older traces have none, and read as traces without precision or update rows. /checksums and the /grads field
+// before_all_reduce came with 6: older traces read as having no checksums and no rows before an all-reduce (their
+// /grads records are read through H5Dread into zeroed records, so the absent field is 0).
 #include "probes/trace_reader.h"
 
 #include <fcntl.h>
@@ -321,6 +323,7 @@ struct TraceReader::State {
         // Fields a version added are absent from older traces; their rows get the "unknown" value.
         if (version < 2 && table == Table::ops && field == "inputs") continue;
         if (version < 3 && table == Table::index && field == "crc32") continue;
+        if (version < 6 && table == Table::grads && field == "before_all_reduce") continue;  // reads as 0
         io.fail(fmt::format("the dataset '{}' has no field '{}'", where, field));
       }
     }
@@ -676,7 +679,7 @@ struct TraceReader::State {
     std::string error;
     while (first < last) {
       const std::int64_t n = std::min<std::int64_t>(last - first, static_cast<std::int64_t>(kReadBlockRows));
-      buffer.resize(static_cast<std::size_t>(n));
+      buffer.assign(static_cast<std::size_t>(n), Record{});  // zeroed: a field an older version lacks reads as 0
       read_records_into(table, first, n, buffer.data());
       for (std::int64_t k = 0; k < n; ++k) {
         if (!decode_into(buffer[static_cast<std::size_t>(k)], strings, out[at++], error)) fail_row(table, first + k, error);
@@ -947,7 +950,7 @@ RowCounts TraceReader::row_counts() const {
   const auto& r = state_->rows;
   return {r[index_of(Table::steps)],  r[index_of(Table::ops)],        r[index_of(Table::grads)],
           r[index_of(Table::events)], r[index_of(Table::histograms)], r[index_of(Table::dumps)],
-          r[index_of(Table::precision)], r[index_of(Table::updates)]};
+          r[index_of(Table::precision)], r[index_of(Table::updates)], r[index_of(Table::checksums)]};
 }
 
 void TraceReader::refresh() {
@@ -969,9 +972,14 @@ std::vector<OpRow> TraceReader::ops(std::int64_t begin, std::int64_t end) {
   return rows;
 }
 
-std::vector<GradRow> TraceReader::grads(std::int64_t begin, std::int64_t end) {
+std::vector<GradRow> TraceReader::grads(std::int64_t begin, std::int64_t end, GradRows which) {
   const QuietHdf5Errors quiet;
-  return state_->read_text_rows<GradRecord, v3::GradRecord, GradRow>(Table::grads, begin, end);
+  std::vector<GradRow> rows = state_->read_text_rows<GradRecord, v3::GradRecord, GradRow>(Table::grads, begin, end);
+  if (which != GradRows::all) {
+    const bool before = which == GradRows::before_all_reduce;
+    std::erase_if(rows, [before](const GradRow& g) { return g.before_all_reduce != before; });
+  }
+  return rows;
 }
 
 std::vector<EventRow> TraceReader::events(std::int64_t begin, std::int64_t end) {
@@ -1001,6 +1009,13 @@ std::vector<UpdateRow> TraceReader::updates(std::int64_t begin, std::int64_t end
   if (state_->version < 5) return {};  // the table came with format_version 5
   state_->load_strings();
   return state_->read_plain<UpdateRecord, UpdateRow>(Table::updates, begin, end);
+}
+
+std::vector<ChecksumRow> TraceReader::checksums(std::int64_t begin, std::int64_t end) {
+  const QuietHdf5Errors quiet;
+  if (state_->version < 6) return {};  // the table came with format_version 6
+  state_->load_strings();
+  return state_->read_plain<ChecksumRecord, ChecksumRow>(Table::checksums, begin, end);
 }
 
 }  // namespace ampscope::trace

@@ -26,7 +26,13 @@ struct RowCounts {
   std::int64_t steps = 0, ops = 0, grads = 0, events = 0, histograms = 0, dumps = 0;
   std::int64_t precision = 0;  // format_version 5 (0 for older traces)
   std::int64_t updates = 0;    // format_version 5 (0 for older traces)
+  std::int64_t checksums = 0;  // format_version 6 (0 for older traces)
 };
+
+// Which /grads rows grads() returns: the gradients the step used (after a data-parallel all-reduce: the only
+// rows of a single-process run and of traces before format_version 6), a --ddp rank's own gradients before
+// the all-reduce (format_version 6), or both, as written.
+enum class GradRows { used, before_all_reduce, all };
 
 inline constexpr std::int64_t kFirstStep = std::numeric_limits<std::int64_t>::min();
 inline constexpr std::int64_t kLastStep = std::numeric_limits<std::int64_t>::max();
@@ -61,7 +67,7 @@ class TraceReader {
   // Rows with begin <= step < end, in the order they were written.
   std::vector<StepRow> steps(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
   std::vector<OpRow> ops(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
-  std::vector<GradRow> grads(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+  std::vector<GradRow> grads(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep, GradRows which = GradRows::used);
   std::vector<EventRow> events(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
   std::vector<HistogramRow> histograms(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
   std::vector<DumpRow> dumps(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
@@ -70,6 +76,8 @@ class TraceReader {
   // Swamped-update counts of f16/bf16 parameters (format_version 5; none in older traces, nor in a run whose
   // parameters are f32).
   std::vector<UpdateRow> updates(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+  // Parameter checksums after each step (format_version 6; none in older traces, nor in a single-process run).
+  std::vector<ChecksumRow> checksums(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
 
  private:
   struct State;

@@ -21,7 +21,9 @@ inline constexpr std::string_view kFormat = "ampscope-trace";
 // `attributes_crc32` and the /index field `crc32`. 4: every text field of a row is an id into the string
 // table (/strings and /string_bytes, each text with its CRC-32), so no name is ever cut; /index counts
 // the two new tables. 5: /precision, the f32 twin's rows (`ampscope train --twin`); /index counts it.
-inline constexpr std::int64_t kFormatVersion = 5;
+// 6 (data-parallel observability): the /grads field `before_all_reduce` (a rank's own gradients before the
+// all-reduce) and /checksums (each rank's parameter checksums after every step); /index counts /checksums.
+inline constexpr std::int64_t kFormatVersion = 6;
 
 // Root attributes.
 struct RunInfo {
@@ -105,6 +107,9 @@ struct GradRow {
   double absmax = 0;
   double norm = 0;    // L2, in double
   bool unscaled = false;
+  // format_version 6: this rank's own gradient before the data-parallel all-reduce (--ddp with 2+ ranks); false
+  // for the gradients the step used (after the all-reduce) and in every older trace.
+  bool before_all_reduce = false;
 };
 
 // /events: anomalies and scaler decisions.
@@ -199,6 +204,15 @@ struct UpdateRow {
   double update_abs_mean = 0;  // mean |u|
 };
 
+// /checksums (format_version 6): a 64-bit checksum of each parameter's bytes after a step's optimizer step,
+// every step (not only recorded ones), written in data-parallel runs (probes/stats.h param_checksum). The row
+// whose param is "" holds the step's combined checksum: of every parameter's checksum, in registration order.
+struct ChecksumRow {
+  std::int64_t step = 0;
+  std::string param;          // "fc2.weight"; "" for the combined checksum
+  std::uint64_t checksum = 0;
+};
+
 // Where rows go. Calls come from one thread (the probe's); a sink may queue them for another.
 class Sink {
  public:
@@ -214,6 +228,8 @@ class Sink {
   virtual void write(const PrecisionRow& row) {}
   // Swamped-update counts of f16/bf16 parameters; a sink that keeps none ignores them.
   virtual void write(const UpdateRow& row) {}
+  // Parameter checksums (data-parallel runs); a sink that keeps none ignores them.
+  virtual void write(const ChecksumRow& row) {}
   // The end of a step's rows: a file sink flushes so a killed run keeps every finished step.
   virtual void end_step(std::int64_t step) {}
   // A clean end of the run (root attribute complete = 1 for the file).

@@ -790,6 +790,7 @@ void TraceWriter::write(const EventRow& row) { state_->write_record<EventRecord>
 void TraceWriter::write(const HistogramRow& row) { state_->write_record<HistogramRecord>(Table::histograms, row); }
 void TraceWriter::write(const PrecisionRow& row) { state_->write_record<PrecisionRecord>(Table::precision, row); }
 void TraceWriter::write(const UpdateRow& row) { state_->write_record<UpdateRecord>(Table::updates, row); }
+void TraceWriter::write(const ChecksumRow& row) { state_->write_record<ChecksumRecord>(Table::checksums, row); }
 
 void TraceWriter::write(const DumpRow& row) {
   State& s = *state_;

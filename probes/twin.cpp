@@ -178,6 +178,8 @@ void Twin::on_backward_op(const OpEvent& event) { inner_->on_backward_op(event);
 void Twin::on_grads(const GradEvent& event) { inner_->on_grads(event); }
 void Twin::on_scaler(const ScalerEvent& event) { inner_->on_scaler(event); }
 void Twin::on_update(const UpdateEvent& event) { inner_->on_update(event); }
+bool Twin::wants_params() { return inner_->wants_params(); }
+void Twin::on_params(const ParamsEvent& event) { inner_->on_params(event); }
 
 void Twin::on_step_begin(std::int64_t step) {
   values_.clear();

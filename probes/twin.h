@@ -105,6 +105,8 @@ class Twin : public Hook {
   void on_grads(const GradEvent& event) override;
   void on_scaler(const ScalerEvent& event) override;
   void on_update(const UpdateEvent& event) override;
+  bool wants_params() override;
+  void on_params(const ParamsEvent& event) override;
   void on_step_begin(std::int64_t step) override;
   void on_step_end(const StepSummary& summary) override;
   void on_step_abandoned(std::int64_t step) override;

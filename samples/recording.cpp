@@ -31,6 +31,8 @@ Recording::Recording(const TrainConfig& config, const std::string& config_json, 
   options.every = config.sample_every;
   // With sampling, the flight recorder keeps every step in memory and writes the anomalous ones too.
   options.flight_recorder = config.sample_every > 1;
+  // A data-parallel rank checksums its parameters after every step: the multi-rank report compares the ranks'.
+  options.checksums = config.process_group != nullptr && config.process_group->size() > 1;
   info.probe = probe::describe(options);  // the autocast overrides are installed by now
   impl_->writer = std::make_shared<trace::TraceWriter>(config.out, info);
   impl_->probe = std::make_shared<probe::Probe>(impl_->writer, options);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <regex>
+#include <set>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -126,12 +127,83 @@ std::vector<std::string> rank_siblings(const std::vector<std::string>& given) {
 
 namespace {
 
+// A parameter's gradient that held NaN/inf, and which.
+struct NonFiniteGradient {
+  std::string param;
+  bool nan = false, inf = false;
+};
+
 struct RankReport {
   int rank = 0;
   std::string path;
   analysis::Report report;
   std::map<std::int64_t, std::vector<std::string>> nonfinite_grads;  // step -> parameters, as /grads recorded
+  // format_version 6: the rank's own gradients before the all-reduce: the steps recorded, and those that held
+  // NaN/inf (step -> parameters, in the order recorded).
+  std::set<std::int64_t> before_steps;
+  std::map<std::int64_t, std::vector<NonFiniteGradient>> nonfinite_before;
+  // format_version 6: the parameter checksums after each step: step -> (parameter -> checksum), "" the combined.
+  std::map<std::int64_t, std::vector<std::pair<std::string, std::uint64_t>>> checksums;
 };
+
+// Where the ranks' parameters first differ (their /checksums rows after the same step).
+struct Drift {
+  std::int64_t step = -1;  // -1: no difference
+  std::vector<std::pair<int, std::vector<std::string>>> ranks;  // each rank that differs from rank 0: the parameters
+  std::int64_t steps_compared = 0;   // steps every rank has checksums for
+  std::int64_t steps_differing = 0;  // of those, steps where some rank differs from rank 0
+};
+
+// Compares every rank's checksums with rank 0's, step by step, over the steps every rank recorded.
+Drift find_drift(const std::vector<RankReport>& ranks) {
+  Drift drift;
+  if (ranks.empty()) return drift;
+  for (const auto& [step, reference] : ranks.front().checksums) {
+    bool everywhere = true;
+    for (const RankReport& r : ranks) everywhere = everywhere && r.checksums.count(step) > 0;
+    if (!everywhere) continue;
+    ++drift.steps_compared;
+    std::map<std::string, std::uint64_t> ref(reference.begin(), reference.end());
+    bool differs = false;
+    std::vector<std::pair<int, std::vector<std::string>>> at_step;
+    for (std::size_t k = 1; k < ranks.size(); ++k) {
+      const auto& theirs = ranks[k].checksums.at(step);
+      std::map<std::string, std::uint64_t> other(theirs.begin(), theirs.end());
+      std::vector<std::string> params;
+      for (const auto& [param, sum] : reference) {  // rank 0's order: registration order, the combined last
+        if (param.empty()) continue;
+        const auto it = other.find(param);
+        if (it == other.end() || it->second != sum) params.push_back(param);
+      }
+      for (const auto& [param, sum] : theirs) {  // a parameter rank 0 does not have
+        if (!param.empty() && ref.count(param) == 0) params.push_back(param);
+      }
+      const bool combined_differs = other.count("") && ref.count("") && other.at("") != ref.at("");
+      if (params.empty() && combined_differs) params.push_back("(the combined checksum)");
+      if (!params.empty()) {
+        differs = true;
+        at_step.emplace_back(ranks[k].rank, std::move(params));
+      }
+    }
+    if (!differs) continue;
+    ++drift.steps_differing;
+    if (drift.step < 0) {
+      drift.step = step;
+      drift.ranks = std::move(at_step);
+    }
+  }
+  return drift;
+}
+
+// "NaN", "inf" or "NaN and inf": what a set of gradients held.
+std::string held(const std::vector<NonFiniteGradient>& grads) {
+  bool nan = false, inf = false;
+  for (const NonFiniteGradient& g : grads) {
+    nan = nan || g.nan;
+    inf = inf || g.inf;
+  }
+  return nan && inf ? "NaN and inf" : nan ? "NaN" : "inf";
+}
 
 // The rank a trace's writer was: its config's "rank" (absent: not a data-parallel trace).
 int rank_of(const trace::RunInfo& run, const std::string& path) {
@@ -159,6 +231,15 @@ int run_multi_rank_report(const ReportRequest& request, std::ostream& out, std::
         std::vector<std::string>& params = r.nonfinite_grads[g.step];  // scaled and unscaled rows: once each
         if (std::find(params.begin(), params.end(), g.param) == params.end()) params.push_back(g.param);
       }
+      for (const trace::GradRow& g : reader.grads(trace::kFirstStep, trace::kLastStep, trace::GradRows::before_all_reduce)) {
+        r.before_steps.insert(g.step);
+        if (g.nan + g.pos_inf + g.neg_inf == 0) continue;
+        std::vector<NonFiniteGradient>& params = r.nonfinite_before[g.step];
+        if (std::none_of(params.begin(), params.end(), [&](const NonFiniteGradient& n) { return n.param == g.param; })) {
+          params.push_back({g.param, g.nan > 0, g.pos_inf + g.neg_inf > 0});
+        }
+      }
+      for (const trace::ChecksumRow& c : reader.checksums()) r.checksums[c.step].emplace_back(c.param, c.checksum);
       ranks.push_back(std::move(r));
     }
   } catch (const trace::TraceError& e) {
@@ -219,7 +300,36 @@ int run_multi_rank_report(const ReportRequest& request, std::ostream& out, std::
                        {"parameters", it == r.nonfinite_grads.end() ? std::vector<std::string>{} : it->second}});
     }
     j["nonfinite_gradients_after_all_reduce"] = grads;
-    if (without.empty()) {
+    // Each rank's own gradients before the all-reduce (format_version 6), when every rank recorded them at
+    // this step: which ranks' gradients broke on their own.
+    const bool before_recorded = std::all_of(ranks.begin(), ranks.end(), [&](const RankReport& r) {
+      return r.before_steps.count(first->step) > 0;
+    });
+    std::vector<std::string> broke, finite;
+    if (before_recorded) {
+      nlohmann::ordered_json before = nlohmann::ordered_json::array();
+      for (const RankReport& r : ranks) {
+        const auto it = r.nonfinite_before.find(first->step);
+        std::vector<std::string> params;
+        if (it != r.nonfinite_before.end()) {
+          for (const NonFiniteGradient& g : it->second) params.push_back(g.param);
+          broke.push_back(fmt::format("rank {}'s gradient of {}{} held {}", r.rank, params.front(),
+                                      params.size() > 1 ? fmt::format(" (and {} more)", params.size() - 1) : "",
+                                      held(it->second)));
+        } else {
+          finite.push_back(fmt::format("rank {}'s", r.rank));
+        }
+        before.push_back({{"rank", r.rank}, {"parameters", params}});
+      }
+      j["nonfinite_gradients_before_all_reduce"] = before;
+    } else {
+      j["nonfinite_gradients_before_all_reduce"] = nullptr;  // not recorded (a trace before format_version 6)
+    }
+    if (before_recorded && !broke.empty() && without.empty()) {
+      text += fmt::format("gradients at step {}: {} before the all-reduce{}; after it every rank's did\n", first->step,
+                          fmt::join(broke, "; "),
+                          finite.empty() ? "" : fmt::format(" ({} were finite)", fmt::join(finite, ", ")));
+    } else if (without.empty()) {
       const auto& params = first_rank->nonfinite_grads.at(first->step);
       text += fmt::format("gradients at step {}: rank {}'s overflow reached every rank through the all-reduce: after "
                           "it every rank's gradient of {}{} held NaN/inf\n",
@@ -231,6 +341,32 @@ int run_multi_rank_report(const ReportRequest& request, std::ostream& out, std::
                           first->step, fmt::join(with, ", "));
     }
   }
+  // The ranks' parameters (format_version 6 checksums): the first step after which they differ.
+  const bool checksums_recorded =
+      std::all_of(ranks.begin(), ranks.end(), [](const RankReport& r) { return !r.checksums.empty(); });
+  const Drift drift = checksums_recorded ? find_drift(ranks) : Drift{};
+  j["checksums_recorded"] = checksums_recorded;
+  j["checksum_steps_compared"] = drift.steps_compared;
+  if (!checksums_recorded) {
+    text += "parameters across ranks: not compared (no parameter checksums: traces before format_version 6)\n";
+    j["parameter_drift"] = nullptr;
+  } else if (drift.step < 0) {
+    text += fmt::format("parameters across ranks: the same on every rank after each of the {} steps compared\n",
+                        drift.steps_compared);
+    j["parameter_drift"] = nullptr;
+  } else {
+    std::size_t count = 0;
+    for (const auto& [rank, params] : drift.ranks) count += params.size();
+    const auto& [rank, params] = drift.ranks.front();
+    text += fmt::format("parameters diverged across ranks at step {}: rank {}'s {} differs from rank 0's{}; they "
+                        "differ after {} of the {} steps compared\n",
+                        drift.step, rank, params.front(), count > 1 ? fmt::format(" (and {} more)", count - 1) : "",
+                        drift.steps_differing, drift.steps_compared);
+    nlohmann::ordered_json differing = nlohmann::ordered_json::array();
+    for (const auto& [r, ps] : drift.ranks) differing.push_back({{"rank", r}, {"parameters", ps}});
+    j["parameter_drift"] = {{"step", drift.step}, {"reference_rank", 0}, {"ranks", differing},
+                            {"steps_differing", drift.steps_differing}};
+  }
   std::vector<std::string> reports;
   for (const RankReport& r : ranks) {
     analysis::TextStyle style;
@@ -239,7 +375,8 @@ int run_multi_rank_report(const ReportRequest& request, std::ostream& out, std::
     j["reports"].push_back(nlohmann::ordered_json::parse(analysis::render_json(r.report)));
   }
   if (!deliver(request.json ? j.dump(2) + "\n" : text, request.output, out, err, "report")) return kExitUsage;
-  const bool healthy = std::all_of(ranks.begin(), ranks.end(), [](const RankReport& r) { return r.report.healthy(); });
+  const bool healthy = drift.step < 0 &&
+                       std::all_of(ranks.begin(), ranks.end(), [](const RankReport& r) { return r.report.healthy(); });
   return healthy ? kExitClean : kExitFound;
 }
 

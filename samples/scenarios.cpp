@@ -8,6 +8,7 @@
 // scenario in fp32 or bf16 is the comparison that shows the failure is f16's.
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -426,12 +427,75 @@ Scenario rank_bad_batch() {
   return s;
 }
 
+// rank-drift: the ranks' parameters part. Data-parallel ranks stay identical only because every rank applies the
+// same averaged gradient to the same parameters; one value that differs on one rank (a nondeterministic kernel,
+// an optimizer step computed differently, a flipped bit in one GPU's memory) is never corrected by the
+// all-reduce, which averages gradients, not parameters. Here, as step 3 begins, every value of the last rank's
+// fc2.weight moves by one ulp (the next float up), as if that rank's kernel had rounded the other way: its checksum
+// after step 3 differs from the other ranks', and stays so. (A single value one ulp off can heal: once an update
+// takes it across a power of two, both ranks' values may round to the same float.)
+constexpr std::int64_t kDriftStep = 3;
+constexpr const char* kDriftParameter = "fc2.weight";
+
+class DriftTask final : public SampleTask {
+ public:
+  DriftTask(std::unique_ptr<SampleTask> sample, bool last_rank) : sample_(std::move(sample)), last_rank_(last_rank) {}
+  nn::Module& model() override { return sample_->model(); }
+  Batch batch(std::int64_t step) override {
+    if (step == kDriftStep && last_rank_) nudge();
+    return sample_->batch(step);
+  }
+  Tensor loss(const Tensor& out, const Tensor& y) override { return sample_->loss(out, y); }
+  double default_lr() const override { return sample_->default_lr(); }
+  std::string identity() const override { return sample_->identity(); }
+
+ private:
+  void nudge() {
+    for (auto& [name, p] : model().named_parameters()) {
+      if (name != kDriftParameter) continue;
+      if (p.dtype() != DType::f32) {
+        throw Error(fmt::format("--scenario rank-drift: {} is {}, not f32", name, dtype_name(p.dtype())));
+      }
+      NoGradGuard no_grad;
+      std::vector<double> v = p.values();
+      for (double& x : v) x = std::nextafter(static_cast<float>(x), std::numeric_limits<float>::infinity());
+      p.copy_(from_values(v, p.shape(), {p.dtype(), p.device()}));
+      return;
+    }
+    throw Error(fmt::format("--scenario rank-drift: the model has no parameter {}", kDriftParameter));
+  }
+
+  std::unique_ptr<SampleTask> sample_;
+  bool last_rank_;
+};
+
+Scenario rank_drift() {
+  Scenario s;
+  s.name = "rank-drift";
+  s.description = "mlp, for --ddp: as step 3 begins, every value of the last rank's fc2.weight is one ulp "
+                  "higher (a kernel that rounded differently on one GPU)";
+  s.sample = "mlp";
+  s.expect =
+      "no NaN/Inf; under --ddp the multi-rank report finds the ranks' parameters diverged at step 3, naming "
+      "fc2.weight on the last rank (its checksum differs from rank 0's from step 3 on)";
+  s.configure = [](TrainConfig& c) {
+    c.sample = "mlp";
+    propose_steps(c, 6);
+  };
+  s.make_task = [](const TrainConfig& c, Generator& gen) -> std::unique_ptr<SampleTask> {
+    const bool last = c.process_group == nullptr || c.process_group->rank() == c.process_group->size() - 1;
+    return std::make_unique<DriftTask>(find_sample("mlp").make(c, gen), last);
+  };
+  return s;
+}
+
 }  // namespace
 
 const std::vector<Scenario>& scenario_registry() {
   static const std::vector<Scenario> kScenarios = {attention_overflow(), masked_softmax(), activation_overflow(),
                                                    log_zero(),           lr_explosion(),   grad_underflow(),
-                                                   scale_collapse(),     no_zero_grad(),   rank_bad_batch()};
+                                                   scale_collapse(),     no_zero_grad(),   rank_bad_batch(),
+                                                   rank_drift()};
   return kScenarios;
 }
 

@@ -429,7 +429,12 @@ probe::StepSummary TrainingRun::step(std::int64_t n) {
   }
   if (config_.eval) return recorded.finish_eval(loss);
   scaler_->scale(loss).backward();
-  if (reducer_) reducer_->all_reduce();  // every rank's gradients become the ranks' mean, before unscale_
+  if (reducer_) {
+    // This rank's own gradients, before the all-reduce averages them (the /grads rows marked before_all_reduce):
+    // the multi-rank report tells from them which rank's gradient broke first.
+    probe::report_grads(task_->model().parameters(), /*unscaled=*/!scaler_->is_enabled(), /*before_all_reduce=*/true);
+    reducer_->all_reduce();  // every rank's gradients become the ranks' mean, before unscale_
+  }
   // finish(): unscale_, clip, scaler.step, scaler.update and the /steps row (core/training_step.h); the
   // scaler is disabled when not scaling, and finish() then reports the gradients itself. Without
   // clipping the norm is still measured: an infinite max_norm makes the clip coefficient 1, and

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/data_parallel.h"
 #include "core/error.h"
@@ -297,9 +299,154 @@ TEST(ddp_scenario, rank_bad_batch_overflows_on_the_last_rank_and_every_rank_skip
     const std::string last_rank = std::to_string(g.size() - 1);
     EXPECT_NE(text.find("first origin across ranks: rank " + last_rank + ": f16_overflow in fc1 at step 3"),
               std::string::npos) << text;
+    // With each rank's gradients before the all-reduce in the traces, the sentence says which rank's broke: the
+    // last rank's gradients held NaN before the all-reduce (all six of the mlp's: fc1, fc2, fc3, weight and
+    // bias, in registration order), the others' were finite, and after it every rank's did.
+    std::string finite;
+    for (int r = 0; r + 1 < g.size(); ++r) finite += (r ? ", rank " : "rank ") + std::to_string(r) + "'s";
     EXPECT_NE(text.find("gradients at step 3: rank " + last_rank +
-                        "'s overflow reached every rank through the all-reduce: after it every rank's gradient of fc1."),
+                        "'s gradient of fc1.weight (and 5 more) held NaN before the all-reduce (" + finite +
+                        " were finite); after it every rank's did"),
               std::string::npos) << text;
+    EXPECT_NE(text.find("parameters across ranks: the same on every rank after each of the 5 steps compared"),
+              std::string::npos) << text;
+    std::ostringstream json_out, json_err;
+    request.json = true;
+    EXPECT_EQ(samples::run_report(request, json_out, json_err), samples::kExitFound) << json_err.str();
+    const nlohmann::json j = nlohmann::json::parse(json_out.str());
+    ASSERT_EQ(j.at("nonfinite_gradients_before_all_reduce").size(), static_cast<std::size_t>(g.size()));
+    for (int r = 0; r < g.size(); ++r) {
+      const nlohmann::json& entry = j.at("nonfinite_gradients_before_all_reduce").at(r);
+      EXPECT_EQ(entry.at("rank"), r);
+      EXPECT_EQ(entry.at("parameters").size(), r == g.size() - 1 ? 6u : 0u) << entry.dump();
+    }
+    EXPECT_TRUE(j.at("parameter_drift").is_null()) << j.dump();
+  }
+  // Independently of the report, from the traces: at step 3 rank 0's own gradients before the all-reduce are
+  // finite (one row per parameter), the last rank's are not, and after the all-reduce every rank's are not.
+  if (g.size() > 1) {
+    const std::vector<trace::GradRow> before = reader.grads(3, 4, trace::GradRows::before_all_reduce);
+    ASSERT_EQ(before.size(), 6u) << "one row per parameter of the mlp on rank " << g.rank();
+    std::int64_t nonfinite_before = 0;
+    for (const trace::GradRow& row : before) {
+      EXPECT_TRUE(row.before_all_reduce);
+      EXPECT_FALSE(row.unscaled) << "fp16 with a GradScaler: the gradients before the all-reduce are still scaled";
+      nonfinite_before += row.nan + row.pos_inf + row.neg_inf;
+    }
+    if (last) {
+      EXPECT_GT(nonfinite_before, 0);
+    } else {
+      EXPECT_EQ(nonfinite_before, 0) << "rank " << g.rank() << "'s own gradients at step 3 are finite";
+    }
+    std::int64_t nonfinite_after = 0;
+    for (const trace::GradRow& row : reader.grads(3, 4)) {
+      EXPECT_FALSE(row.before_all_reduce);
+      nonfinite_after += row.nan + row.pos_inf + row.neg_inf;
+    }
+    EXPECT_GT(nonfinite_after, 0) << "after the all-reduce rank " << g.rank() << "'s gradients hold the last rank's NaN";
+  }
+  g.barrier();
+  if (g.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// ---- parameter drift across ranks (/checksums) ----
+
+// The checksums of every rank's trace, as step -> (parameter -> checksum).
+std::map<std::int64_t, std::map<std::string, std::uint64_t>> checksums_of(const std::string& path) {
+  trace::TraceReader reader(path);
+  std::map<std::int64_t, std::map<std::string, std::uint64_t>> out;
+  for (const trace::ChecksumRow& c : reader.checksums()) out[c.step][c.param] = c.checksum;
+  return out;
+}
+
+// rank-drift moves every value of the last rank's fc2.weight up by one ulp as step 3 begins. The gradients are
+// still averaged, so the other parameters stay identical; fc2.weight's checksum after steps 0 to 2 is the same on
+// every rank and differs from step 3 on. The multi-rank report names the step and the parameter (exit status 1).
+TEST(ddp_drift, rank_drift_is_reported_at_the_step_it_began_naming_the_parameter) {
+  ProcessGroup& g = test_group();
+  if (g.size() < 2) GTEST_SKIP() << "parameter checksums are recorded by data-parallel runs of 2 or more ranks";
+  const std::filesystem::path dir = shared_temp_folder(g);
+  TrainConfig c;
+  c.scenario = "rank-drift";
+  c.device = "cpu";
+  c.steps = 5;
+  c.batch = 12;
+  c.out = (dir / "run.h5").string();
+  c.process_group = &g;
+  const TrainResult r = samples::train(c);
+  EXPECT_EQ(r.anomalies, 0);
+  g.barrier();
+  if (g.rank() == 0) {
+    const auto reference = checksums_of(samples::rank_trace_path(c.out, 0));
+    ASSERT_EQ(reference.size(), 5u) << "a checksum row set after every step";
+    for (const auto& [step, sums] : reference) {
+      EXPECT_EQ(sums.size(), 7u) << "six parameters and the combined checksum, step " << step;
+    }
+    for (int k = 1; k < g.size(); ++k) {
+      const auto theirs = checksums_of(samples::rank_trace_path(c.out, k));
+      ASSERT_EQ(theirs.size(), 5u);
+      for (const auto& [step, sums] : reference) {
+        for (const auto& [param, sum] : sums) {
+          const bool drifted = k == g.size() - 1 && step >= 3 && (param == "fc2.weight" || param.empty());
+          EXPECT_EQ(theirs.at(step).at(param) != sum, drifted) << "rank " << k << ", step " << step << ", '" << param << "'";
+        }
+      }
+    }
+    std::ostringstream out, err;
+    samples::ReportRequest request;
+    request.rank_traces = samples::rank_siblings({c.out});
+    EXPECT_EQ(samples::run_report(request, out, err), samples::kExitFound) << err.str();
+    EXPECT_NE(out.str().find("no NaN/Inf origin on any rank"), std::string::npos) << out.str();
+    EXPECT_NE(out.str().find("parameters diverged across ranks at step 3: rank " + std::to_string(g.size() - 1) +
+                             "'s fc2.weight differs from rank 0's; they differ after 2 of the 5 steps compared"),
+              std::string::npos) << out.str();
+    std::ostringstream json_out, json_err;
+    request.json = true;
+    EXPECT_EQ(samples::run_report(request, json_out, json_err), samples::kExitFound) << json_err.str();
+    const nlohmann::json j = nlohmann::json::parse(json_out.str());
+    EXPECT_EQ(j.at("checksums_recorded"), true);
+    EXPECT_EQ(j.at("checksum_steps_compared"), 5);
+    const nlohmann::json& drift = j.at("parameter_drift");
+    EXPECT_EQ(drift.at("step"), 3);
+    EXPECT_EQ(drift.at("reference_rank"), 0);
+    EXPECT_EQ(drift.at("steps_differing"), 2);
+    ASSERT_EQ(drift.at("ranks").size(), 1u);
+    EXPECT_EQ(drift.at("ranks").at(0).at("rank"), g.size() - 1);
+    EXPECT_EQ(drift.at("ranks").at(0).at("parameters"), nlohmann::json::array({"fc2.weight"}));
+  }
+  g.barrier();
+  if (g.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(ddp_drift, a_healthy_run_reports_the_same_parameters_on_every_rank) {
+  ProcessGroup& g = test_group();
+  if (g.size() < 2) GTEST_SKIP() << "parameter checksums are recorded by data-parallel runs of 2 or more ranks";
+  const std::filesystem::path dir = shared_temp_folder(g);
+  TrainConfig c;
+  c.sample = "mlp";
+  c.device = "cpu";
+  c.steps = 4;
+  c.batch = 12;
+  c.out = (dir / "run.h5").string();
+  c.process_group = &g;
+  samples::train(c);
+  g.barrier();
+  if (g.rank() == 0) {
+    std::ostringstream out, err;
+    samples::ReportRequest request;
+    request.rank_traces = samples::rank_siblings({c.out});
+    EXPECT_EQ(samples::run_report(request, out, err), samples::kExitClean) << out.str() << err.str();
+    EXPECT_NE(out.str().find("parameters across ranks: the same on every rank after each of the 4 steps compared"),
+              std::string::npos) << out.str();
+    EXPECT_EQ(out.str().find("diverged"), std::string::npos) << out.str();
+    std::ostringstream json_out, json_err;
+    request.json = true;
+    EXPECT_EQ(samples::run_report(request, json_out, json_err), samples::kExitClean);
+    const nlohmann::json j = nlohmann::json::parse(json_out.str());
+    EXPECT_TRUE(j.at("parameter_drift").is_null());
+    EXPECT_EQ(j.at("checksums_recorded"), true);
+    EXPECT_EQ(j.at("checksum_steps_compared"), 4);
+    EXPECT_TRUE(j.at("first_origin").is_null());
   }
   g.barrier();
   if (g.rank() == 0) std::filesystem::remove_all(dir);

@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/random.h"
 #include "core/tensor.h"
 #include "tests/test_support.h"
 
@@ -348,6 +349,53 @@ TEST(stats_test, smallest_normal_is_that_of_each_dtype) {
   EXPECT_EQ(probe::smallest_normal(DType::f32), std::ldexp(1.0, -126));
   EXPECT_EQ(probe::smallest_normal(DType::f64), std::ldexp(1.0, -1022));
   EXPECT_EQ(probe::smallest_normal(DType::i64), 0.0);
+}
+
+// ---- parameter checksums (/checksums) ----
+
+// The values below were computed by an independent implementation of the documented formula (Python's integers,
+// mod 2^64: mix(size) + sum of mix(w_i + (i + 1) * 0x9E3779B97F4A7C15), mix the splitmix64 finalizer) on the
+// little-endian bytes of the f32 values 1, -2, 0.5, 3, 65504: two whole words and a 4-byte tail.
+TEST(param_checksum, matches_the_documented_formula_on_known_bytes) {
+  const Tensor t = from_values({1.0, -2.0, 0.5, 3.0, 65504.0}, {5}, {.dtype = DType::f32});
+  EXPECT_EQ(probe::tensor_checksum(t), 0x8b8f74d0b425de3bull);
+  EXPECT_EQ(probe::checksum_bytes(nullptr, 0), 0u) << "mix(0) is 0 and there is no word";
+  EXPECT_EQ(probe::combine_checksums({0x8b8f74d0b425de3bull, 0}), 0x86bfcd8fc7ade9d8ull);
+}
+
+TEST(param_checksum, identical_parameters_give_identical_checksums_whatever_their_layout) {
+  Generator gen(3);
+  const Tensor a = randn({7, 5}, gen);
+  const Tensor b = a.clone();
+  EXPECT_EQ(probe::tensor_checksum(a), probe::tensor_checksum(b));
+  // A transposed view's elements, row-major, are another tensor's bytes: made contiguous first.
+  const Tensor at = a.transpose(0, 1);
+  EXPECT_EQ(probe::tensor_checksum(at), probe::tensor_checksum(at.contiguous()));
+  EXPECT_EQ(probe::combine_checksums({probe::tensor_checksum(a), probe::tensor_checksum(at)}),
+            probe::combine_checksums({probe::tensor_checksum(b), probe::tensor_checksum(at.contiguous())}));
+}
+
+// Exhaustively over the bits of a small tensor (five f32 values: 160 bits, a tail word included): flipping any
+// one bit changes the tensor's checksum and the combined checksum of a parameter set holding it; and every
+// flipped tensor's checksum differs from every other's (no two one-bit flips collide).
+TEST(param_checksum, every_one_bit_flip_of_a_small_tensor_changes_the_checksum) {
+  const std::vector<double> values{0.25, -1.5, 3.0e-8, 1024.0, -0.0};
+  const Tensor original = from_values(values, {5}, {.dtype = DType::f32});
+  const Tensor other = from_values({7.0, 8.0}, {2}, {.dtype = DType::f32});
+  const std::uint64_t sum = probe::tensor_checksum(original);
+  const std::uint64_t combined = probe::combine_checksums({sum, probe::tensor_checksum(other)});
+  std::vector<std::uint64_t> seen{sum};
+  for (int bit = 0; bit < 5 * 32; ++bit) {
+    Tensor flipped = original.clone();
+    auto* bytes = static_cast<unsigned char*>(flipped.data());
+    bytes[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+    const std::uint64_t s = probe::tensor_checksum(flipped);
+    EXPECT_NE(s, sum) << "bit " << bit;
+    EXPECT_NE(probe::combine_checksums({s, probe::tensor_checksum(other)}), combined) << "bit " << bit;
+    seen.push_back(s);
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end()) << "two of the 161 tensors share a checksum";
 }
 
 }  // namespace
