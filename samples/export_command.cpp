@@ -262,11 +262,12 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
       blocks);
 
   ex.export_table<GradRow>(
-      "grads", {"step", "param", "dtype", "nan", "pos_inf", "neg_inf", "zero", "absmax", "norm", "unscaled"}, counts.grads,
-      [&](std::int64_t b, std::int64_t e) { return reader.grads(b, e); },
+      "grads", {"step", "param", "dtype", "nan", "pos_inf", "neg_inf", "zero", "absmax", "norm", "unscaled", "before_all_reduce"},
+      counts.grads, [&](std::int64_t b, std::int64_t e) { return reader.grads(b, e, GradRows::all); },
       [](const GradRow& g) {
         return std::vector<std::string>{num(g.step), csv_field(g.param), csv_field(g.dtype), num(g.nan), num(g.pos_inf), num(g.neg_inf),
-                                        num(g.zero), csv_number(g.absmax), csv_number(g.norm), csv_bool(g.unscaled)};
+                                        num(g.zero), csv_number(g.absmax), csv_number(g.norm), csv_bool(g.unscaled),
+                                        csv_bool(g.before_all_reduce)};
       },
       blocks);
 
@@ -334,6 +335,15 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
         return std::vector<std::string>{num(u.step),    csv_field(u.param), csv_field(u.dtype),
                                         num(u.numel),   num(u.nonzero),     num(u.swamped),
                                         csv_number(u.param_abs_mean), csv_number(u.update_abs_mean)};
+      },
+      blocks);
+
+  // Parameter checksums after each step (format_version 6; a header only for older traces and single-process runs).
+  ex.export_table<ChecksumRow>(
+      "checksums", {"step", "param", "checksum"}, counts.checksums,
+      [&](std::int64_t b, std::int64_t e) { return reader.checksums(b, e); },
+      [](const ChecksumRow& c) {
+        return std::vector<std::string>{num(c.step), csv_field(c.param), fmt::format("{}", c.checksum)};
       },
       blocks);
 
@@ -408,7 +418,8 @@ ExportCommand::ExportCommand(CLI::App& app) {
   cmd_ = app.add_subcommand(
       "export",
       "Write every table of a trace as CSV files in a folder: run.csv (root attributes), steps.csv, ops.csv, grads.csv, "
-      "events.csv, histograms.csv, dumps.csv, dump_values.csv, precision.csv and updates.csv, one row per trace row with a header row; "
+      "events.csv, histograms.csv, dumps.csv, dump_values.csv, precision.csv, updates.csv and checksums.csv, one row per trace row "
+      "with a header row; "
       "columns as the "
       "trace's fields (docs/trace-format.md, section 'CSV export'). Texts are whole and quoted when they need it, numbers "
       "read back exactly (nan, inf, -inf), booleans are true/false. Exit status: 0 exported, 1 the trace is damaged (what "
@@ -424,7 +435,8 @@ ExportCommand::ExportCommand(CLI::App& app) {
       "  ops.csv          step, seq, phase, op, module, in_dtypes, out_dtype, shape, autocast, numel, nan, pos_inf,\n"
       "                   neg_inf, zero, subnormal, min, max, absmax, mean, rms, cast_overflow, cast_underflow, origin,\n"
       "                   inputs_0 .. inputs_3 (the seq of the row that produced each input, or a negative marker)\n"
-      "  grads.csv        step, param, dtype, nan, pos_inf, neg_inf, zero, absmax, norm, unscaled\n"
+      "  grads.csv        step, param, dtype, nan, pos_inf, neg_inf, zero, absmax, norm, unscaled, before_all_reduce\n"
+      "                   (true: a --ddp rank's own gradient before the all-reduce)\n"
       "  events.csv       step, seq, kind, op, module, detail\n"
       "  histograms.csv   step, seq, tensor, bins_0 .. bins_131 (bin i < 128: values with floor(log2|x|) = i - 64;\n"
       "                   128 subnormal, 129 zero, 130 inf, 131 NaN)\n"
@@ -435,7 +447,9 @@ ExportCommand::ExportCommand(CLI::App& app) {
       "                   followed, error_bins_0 .. error_bins_25, exact (the f32 twin's rows: `ampscope train --twin`;\n"
       "                   empty without it)\n"
       "  updates.csv      step, param, dtype, numel, nonzero, swamped, param_abs_mean, update_abs_mean (f16/bf16\n"
-      "                   parameters' updates rounded away; empty when the parameters are f32)");
+      "                   parameters' updates rounded away; empty when the parameters are f32)\n"
+      "  checksums.csv    step, param, checksum (each parameter's 64-bit checksum after every step, param \"\" the\n"
+      "                   combined one; a --ddp rank's; empty otherwise)");
 }
 
 bool ExportCommand::parsed() const { return cmd_->parsed(); }

@@ -126,6 +126,13 @@ void write_hostile_trace(const fs::path& path) {
     }
     w.write(GradRow{.step = step, .param = kHostile[static_cast<std::size_t>(step)], .dtype = "f32", .nan = step, .absmax = 0.1, .norm = kNaN,
                     .unscaled = step % 2 == 1});
+    // A --ddp rank's own gradient before the all-reduce (format_version 6): written first in the trace's order,
+    // after the row above here.
+    w.write(GradRow{.step = step, .param = kHostile[static_cast<std::size_t>(step)], .dtype = "f32", .pos_inf = 1 + step,
+                    .absmax = 0.25, .norm = kInf, .unscaled = false, .before_all_reduce = true});
+    // Parameter checksums (format_version 6): one whose top bit is set (a uint64 above INT64_MAX), and the combined.
+    w.write(ChecksumRow{.step = step, .param = kHostile[static_cast<std::size_t>(step) + 1], .checksum = 0xFFFFFFFFFFFFFFF0ull + step});
+    w.write(ChecksumRow{.step = step, .param = "", .checksum = 12345});
     w.write(EventRow{.step = step, .seq = 1, .kind = "origin", .op = "log", .module = kHostile[2], .detail = "3 NaN, 1 +inf \"here\""});
     HistogramRow h{.step = step, .seq = -1, .tensor = kHostile[0]};
     for (int b = 0; b < kHistBins; ++b) h.bins[static_cast<std::size_t>(b)] = b * (step + 1);
@@ -225,8 +232,11 @@ TEST(trace_export_test, every_exported_value_equals_the_readers) {
   }
 
   const Csv grads = read_csv(out_dir / "grads.csv");
-  const auto grad_rows = r.grads();
+  const auto grad_rows = r.grads(kFirstStep, kLastStep, GradRows::all);
   ASSERT_EQ(grads.rows.size(), grad_rows.size());
+  ASSERT_EQ(grad_rows.size(), 6u) << "each step's gradient row and the row before the all-reduce";
+  EXPECT_EQ(r.grads().size(), 3u) << "grads() returns the rows the steps used";
+  EXPECT_EQ(r.grads(kFirstStep, kLastStep, GradRows::before_all_reduce).size(), 3u);
   for (std::size_t i = 0; i < grad_rows.size(); ++i) {
     const GradRow& g = grad_rows[i];
     EXPECT_EQ(integer(grads.at(i, "step")), g.step);
@@ -239,7 +249,26 @@ TEST(trace_export_test, every_exported_value_equals_the_readers) {
     EXPECT_SAME_DOUBLE(g.absmax, number(grads.at(i, "absmax")));
     EXPECT_SAME_DOUBLE(g.norm, number(grads.at(i, "norm")));
     EXPECT_EQ(boolean(grads.at(i, "unscaled")), g.unscaled);
+    EXPECT_EQ(boolean(grads.at(i, "before_all_reduce")), g.before_all_reduce);
+    EXPECT_EQ(g.before_all_reduce, i % 2 == 1) << "as written: every second row";
   }
+  EXPECT_EQ(grads.at(1, "pos_inf"), "1");
+  EXPECT_EQ(grads.at(1, "norm"), "inf");
+
+  const Csv checksums = read_csv(out_dir / "checksums.csv");
+  EXPECT_EQ(checksums.header, (std::vector<std::string>{"step", "param", "checksum"}));
+  const auto checksum_rows = r.checksums();
+  ASSERT_EQ(checksums.rows.size(), 6u);
+  ASSERT_EQ(checksum_rows.size(), 6u);
+  for (std::size_t i = 0; i < checksum_rows.size(); ++i) {
+    EXPECT_EQ(integer(checksums.at(i, "step")), checksum_rows[i].step);
+    EXPECT_EQ(checksums.at(i, "param"), checksum_rows[i].param);
+    EXPECT_EQ(std::stoull(checksums.at(i, "checksum")), checksum_rows[i].checksum);
+  }
+  EXPECT_EQ(checksums.at(0, "param"), kHostile[1]);  // as written
+  EXPECT_EQ(checksums.at(0, "checksum"), "18446744073709551600");  // 2^64 - 16, in decimal
+  EXPECT_EQ(checksums.at(5, "param"), "");
+  EXPECT_EQ(checksums.at(5, "checksum"), "12345");
 
   const Csv events = read_csv(out_dir / "events.csv");
   const auto event_rows = r.events();

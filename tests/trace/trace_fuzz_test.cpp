@@ -104,13 +104,14 @@ struct Base {
   bool complete = true;
   bool variable_length = false;  // format_version 1 or 2: text attributes in the global heap
   std::int64_t steps = 0, op_rows = 0, precision_rows = 0, update_rows = 0;
-  std::array<std::vector<std::string>, 5> texts;  // every text of every /ops, /events, /grads, /precision, /updates row
+  std::array<std::vector<std::string>, 6> texts;  // every text of every /ops, /events, /grads, /precision, /updates, /checksums row
 };
 
-// The texts of a trace's rows, one line per row of /ops, /events, /grads, /precision and /updates (with their
-// numbers): what a mutant must give back exactly unless it says it is damaged.
-std::array<std::vector<std::string>, 5> texts_of(TraceReader& r) {
-  std::array<std::vector<std::string>, 5> out;
+// The texts of a trace's rows, one line per row of /ops, /events, /grads (every row, those before an all-reduce
+// included, with the flag), /precision, /updates and /checksums (with their numbers): what a mutant must give back
+// exactly unless it says it is damaged.
+std::array<std::vector<std::string>, 6> texts_of(TraceReader& r) {
+  std::array<std::vector<std::string>, 6> out;
   for (const OpRow& o : r.ops()) {
     out[0].push_back(fmt::format("op {} {} {} {} {} {} {} {} {}", o.step, o.seq, phase_name(o.phase), o.op, o.module, o.in_dtypes,
                                  o.out_dtype, o.shape, o.autocast));
@@ -118,7 +119,10 @@ std::array<std::vector<std::string>, 5> texts_of(TraceReader& r) {
   for (const EventRow& e : r.events()) {
     out[1].push_back(fmt::format("event {} {} {} {} {} {}", e.step, e.seq, e.kind, e.op, e.module, e.detail));
   }
-  for (const GradRow& g : r.grads()) out[2].push_back(fmt::format("grad {} {} {}", g.step, g.param, g.dtype));
+  for (const GradRow& g : r.grads(kFirstStep, kLastStep, GradRows::all)) {
+    out[2].push_back(fmt::format("grad {} {} {} {} {}", g.step, g.param, g.dtype, g.unscaled, g.before_all_reduce));
+  }
+  for (const ChecksumRow& c : r.checksums()) out[5].push_back(fmt::format("checksum {} {} {}", c.step, c.param, c.checksum));
   for (const PrecisionRow& p : r.precision()) {
     out[3].push_back(fmt::format("precision {} {} {} {} {} {} {} {} {} {} {} {} {} {}", p.step, p.seq, p.op, p.module,
                                  p.out_dtype, p.numel, p.local, p.local_mean_rel, p.acc_mean_rel, p.in_acc_mean_rel, p.flips,
@@ -132,14 +136,16 @@ std::array<std::vector<std::string>, 5> texts_of(TraceReader& r) {
 }
 
 // A model trained as a user trains one in f16 storage (model.to(f16), SGD on its parameters, no master
-// weights), with the probe: its trace has /updates rows.
+// weights), with the probe: its trace has /updates rows. It also reports its gradients as a data-parallel loop
+// does before its all-reduce, and has the probe checksum its parameters: /grads rows before_all_reduce and
+// /checksums rows (format_version 6).
 void train_f16_storage(const fs::path& out) {
   Generator gen(5);
   nn::Linear model(16, 8, gen);
   model.to(DType::f16);
   optim::SGD opt(model.parameters(), {.lr = 1e-3});
   const Tensor x = randn({32, 16}, gen).to(DType::f16), y = randn({32, 8}, gen).to(DType::f16);
-  probe::ProbeOptions options{.level = probe::Level::health};
+  probe::ProbeOptions options{.level = probe::Level::health, .checksums = true};
   trace::RunInfo info{.precision = "fp16", .device = "cpu", .model = "f16-linear", .seed = 5, .config = "{}"};
   info.probe = probe::describe(options);
   auto writer = std::make_shared<TraceWriter>(out, info);
@@ -151,6 +157,7 @@ void train_f16_storage(const fs::path& out) {
       opt.zero_grad();
       const Tensor loss = mse_loss(model(x), y);
       loss.backward();
+      probe::report_grads(model.parameters(), /*unscaled=*/true, /*before_all_reduce=*/true);
       step.finish(loss, opt);
     }
   }
@@ -234,6 +241,8 @@ struct Corpus {
     traces.push_back(describe("f16 storage", f16_storage));
     EXPECT_GT(traces[1].precision_rows, 0) << "the anomalies trace was run with --twin";
     EXPECT_GT(traces[7].update_rows, 0) << "the f16 storage trace has /updates rows";
+    EXPECT_EQ(traces[7].texts[5].size(), 4u * 3u) << "the f16 storage trace has /checksums rows (2 parameters + combined, 4 steps)";
+    EXPECT_EQ(traces[7].texts[2].size(), 4u * 4u) << "and /grads rows before the all-reduce beside the others";
 
     checkpoint = dir.file("ck.h5");
     samples::TrainConfig save = config("mlp", 2, "");
@@ -272,7 +281,7 @@ hid_t open_rw(const fs::path& p) {
 }
 
 const char* const kTables[] = {"steps",   "ops",          "grads",    "events",       "histograms", "dumps",
-                               "dump_values",  "strings",  "string_bytes", "precision", "updates"};
+                               "dump_values",  "strings",  "string_bytes", "precision", "updates", "checksums"};
 
 // The /index rows as step + 7 counts (9 in format_version 4, 11 from 5) and crc32 where the file has it, read
 // and written by field name.
@@ -280,7 +289,9 @@ struct IndexRows {
   std::vector<detail::IndexRecord> rows;
   bool has_crc = false;
   int tables = detail::kLegacyDataTables;
-  std::int64_t version() const { return tables == detail::kDataTableCount ? 5 : tables == detail::kV4DataTables ? 4 : 3; }
+  std::int64_t version() const {
+    return tables == detail::kDataTableCount ? 6 : tables == detail::kV5DataTables ? 5 : tables == detail::kV4DataTables ? 4 : 3;
+  }
 };
 
 hid_t index_memory_type(bool crc, int tables) {
@@ -298,9 +309,10 @@ bool read_index(hid_t file, IndexRows& out) {
   if (ds < 0) return false;
   const hid_t ft = H5Dget_type(ds);
   out.has_crc = H5Tget_member_index(ft, "crc32") >= 0;
-  out.tables = H5Tget_member_index(ft, "precision") >= 0 ? detail::kDataTableCount
-               : H5Tget_member_index(ft, "strings") >= 0 ? detail::kV4DataTables
-                                                          : detail::kLegacyDataTables;
+  out.tables = H5Tget_member_index(ft, "checksums") >= 0   ? detail::kDataTableCount
+               : H5Tget_member_index(ft, "precision") >= 0 ? detail::kV5DataTables
+               : H5Tget_member_index(ft, "strings") >= 0   ? detail::kV4DataTables
+                                                            : detail::kLegacyDataTables;
   H5Tclose(ft);
   const hid_t space = H5Dget_space(ds);
   hsize_t n = 0;
@@ -415,7 +427,7 @@ bool set_int_attribute(hid_t file, const char* name, std::int64_t value) {
 
 enum class Kind {
   flip, heap_flip, truncate, zero_block, zero_index, edit_index, crafted_size, edit_attribute, edit_strings, edit_precision,
-  edit_updates, count
+  edit_updates, edit_grads_flag, count
 };
 
 const char* kind_name(Kind k) {
@@ -431,6 +443,7 @@ const char* kind_name(Kind k) {
     case Kind::edit_strings: return "edited string table";
     case Kind::edit_precision: return "edited /precision row";
     case Kind::edit_updates: return "edited /updates row";
+    case Kind::edit_grads_flag: return "edited /grads before_all_reduce";
     default: return "?";
   }
 }
@@ -615,6 +628,31 @@ std::optional<std::string> mutate_with_hdf5(const fs::path& p, Kind kind, std::m
     }
     H5Tclose(t);
     what = fmt::format("/updates row {} field {} set to a value no probe writes{}", row, field, ok ? "" : " (failed)");
+  } else if (kind == Kind::edit_grads_flag && rows_of(file, "grads") > 0) {
+    // The /grads flag before_all_reduce (format_version 6) of a row set to a byte no probe writes (2 to 101, in the
+    // file's own 8-bit enumeration, chunk checksums right): the reader must refuse the row, naming it and the field.
+    // (0 and 1 swapped would be a consistent forgery, which no checksum in the file can tell.) Older traces have no
+    // such field: the edit fails and the mutant is the original.
+    const hsize_t row = pick(rows_of(file, "grads"));
+    const hid_t ds = H5Dopen2(file, "/grads", H5P_DEFAULT);
+    const hid_t file_type = H5Dget_type(ds);
+    const int index = H5Tget_member_index(file_type, "before_all_reduce");
+    bool ok = false;
+    std::int8_t v = 0;
+    if (index >= 0) {
+      const hid_t member = H5Tget_member_type(file_type, static_cast<unsigned>(index));
+      const hid_t t = H5Tcreate(H5T_COMPOUND, 1);
+      H5Tinsert(t, "before_all_reduce", 0, member);
+      H5Tclose(member);
+      if (rows_io(file, "grads", t, row, 1, &v, false)) {
+        v = static_cast<std::int8_t>(2 + pick(100));
+        ok = rows_io(file, "grads", t, row, 1, &v, true);
+      }
+      H5Tclose(t);
+    }
+    H5Tclose(file_type);
+    H5Dclose(ds);
+    what = fmt::format("/grads row {} before_all_reduce set to {}{}", row, v, ok ? "" : " (failed)");
   } else if (kind == Kind::edit_attribute) {
     switch (pick(6)) {
       case 0: set_text_attribute(file, "precision", "fp64"); what = "precision fp64"; break;
