@@ -27,48 +27,8 @@
 namespace ampscope::viewer {
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Rank r's loss at step s: its own share's (different on each rank); the scale and gradient norm are the run's
-// (the same on every rank). With bad_rank_1, rank 1's step 2 loss is NaN, its op there an origin, and every
-// rank skips step 2 and halves the scale.
-double planted_loss(int rank, std::int64_t step) { return 2.0 - 0.25 * static_cast<double>(step) + 0.5 * rank; }
-
-std::filesystem::path write_rank(const std::filesystem::path& path, int rank, int world, bool bad_rank_1 = false,
-                                 double lr = 0.01) {
-  trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "mlp", .seed = 3,
-                              .config = fmt::format(R"({{"sample": "mlp", "device": "cpu", "lr": {}, "world_size": {}, "rank": {}}})",
-                                                    lr, world, rank)});
-  double scale = 1024;
-  for (std::int64_t step = 0; step < 4; ++step) {
-    const bool skip = bad_rank_1 && step == 2;
-    const bool origin = skip && rank == 1;
-    trace::OpRow r = testing::op_row(step, 0, "fc1", "linear", "f16", 10.0 + rank);
-    r.inputs = {trace::kInputData, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
-    if (origin) {
-      r.health.pos_inf = 4;
-      r.origin = true;
-    }
-    w.write(r);
-    trace::StepRow s;
-    s.step = step;
-    s.loss = origin ? kNaN : planted_loss(rank, step);
-    s.scale = scale;
-    s.found_inf = skip;
-    s.skipped = skip;
-    s.scale_after = skip ? scale / 2 : scale;
-    s.grad_norm = skip ? std::numeric_limits<double>::infinity() : 1.0 + 0.125 * static_cast<double>(step);
-    s.lr = 0.01;
-    w.write(s);
-    if (origin)
-      w.write(trace::EventRow{.step = step, .seq = 0, .kind = "origin", .op = "linear", .module = "fc1",
-                              .detail = "4 +inf in the output of linear; inputs finite"});
-    scale = s.scale_after;
-    w.end_step(step);
-  }
-  w.close();
-  return path;
-}
+using testing::planted_loss;
+using testing::write_rank;
 
 // NAME.rank0.h5 ... NAME.rank{world-1}.h5 in the fixture folder; returns the run's --out name (NAME.h5).
 std::string write_run(const std::string& name, int world, bool bad_rank_1 = false) {
