@@ -82,6 +82,7 @@ std::string step_text(const RankDivergence& d) {
 std::vector<std::string> by_rank(const std::vector<std::string>& paths, const char* side) {
   std::vector<std::string> out(paths.size());
   int world = -1;
+  std::optional<trace::RunInfo> first;
   for (const std::string& path : paths) {
     trace::TraceReader reader(path);
     const std::optional<RankPlace> place = rank_place(reader.run_info());
@@ -96,6 +97,13 @@ std::vector<std::string> by_rank(const std::vector<std::string>& paths, const ch
                               side, path, place->rank, place->world_size, world));
     }
     world = place->world_size;
+    if (!first) {
+      first = reader.run_info();
+    } else if (!same_run(*first, reader.run_info())) {
+      throw Error(fmt::format("the traces of run {} are not of one run: '{}' has another configuration than '{}' (they "
+                              "differ beyond rank and device)",
+                              side, path, paths.front()));
+    }
     if (place->rank < 0 || place->rank >= static_cast<int>(paths.size()) || !out[static_cast<std::size_t>(place->rank)].empty()) {
       throw Error(fmt::format("the traces of run {} are not ranks 0 to {} of one run ('{}' is rank {} of {})\nhint: "
                               "give every rank's trace once, or one name whose siblings are found",

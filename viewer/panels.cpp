@@ -1251,7 +1251,8 @@ void draw_file_browser(ViewerState& s) {
       s.browser_dir = p;
       s.browser_dirty = true;
     } else {
-      open_trace(s, p, s.browser_for_b);
+      // As a: a rank's file opens its run's ranks (open_paths); as b: the file alone.
+      if (s.browser_for_b) open_trace(s, p, true); else open_paths(s, {p.string()});
       s.browser_open = false;
     }
   }
@@ -1270,7 +1271,7 @@ void draw_file_browser(ViewerState& s) {
         s.browser_dir = e.name == ".." ? s.browser_dir.parent_path() : s.browser_dir / e.name;
         s.browser_dirty = true;
       } else {
-        open_trace(s, s.browser_dir / e.name, s.browser_for_b);
+        if (s.browser_for_b) open_trace(s, s.browser_dir / e.name, true); else open_paths(s, {(s.browser_dir / e.name).string()});
         s.browser_open = false;
       }
     }

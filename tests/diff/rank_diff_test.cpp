@@ -238,6 +238,10 @@ TEST(rank_diff, other_rank_counts_traces_without_a_rank_and_missing_ranks_are_re
   EXPECT_THROW_MSG(diff_ranks(two, {p, two[1]}), Error, "'" + p + "' (run b) is not a trace of a data-parallel run");
   EXPECT_THROW_MSG(diff_ranks(two, {three[0], three[1]}), Error, "run b was trained on 3 ranks, but 2 of its traces were found");
   EXPECT_THROW_MSG(diff_ranks({two[0], two[0]}, two), Error, "the traces of run a are not ranks 0 to 1 of one run", "is rank 0 of 2");
+  RankRun other_lr;
+  other_lr.config_text = config(1, 2, 0.02);
+  const std::string q = other_lr.write(scratch() / "other_lr.rank1.h5").string();
+  EXPECT_THROW_MSG(diff_ranks(two, {two[0], q}), Error, "the traces of run b are not of one run: '" + q + "' has another configuration");
 }
 
 }  // namespace
