@@ -37,7 +37,7 @@ std::string config(int rank, int world, double lr = 0.01, const std::string& dev
 // in the gradient at a step.
 struct RankRun {
   int rank = 0, world = 2;
-  std::string config_text;  // "" : config(rank, world)
+  std::string config_text{};  // "": config(rank, world)
   std::int64_t nan_forward_at = -1, nan_backward_at = -1, nan_grad_at = -1;
   double grad_norm_at_step_1 = 0.5;   // step 1's gradient norm (others: 0.5 + 0.1 step)
   bool skip_step_2 = false;
