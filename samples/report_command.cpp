@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <regex>
 #include <set>
 #include <fstream>
 #include <iostream>
@@ -17,6 +16,7 @@
 #include <map>
 #include <ostream>
 #include <sstream>
+#include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "probes/analysis_fix.h"
+#include "probes/analysis_ranks.h"
 #include "probes/analysis_render.h"
 #include "probes/trace_reader.h"
 
@@ -105,24 +106,6 @@ bool colour_wanted(bool no_colour) {
   const char* no_color = std::getenv("NO_COLOR");  // https://no-color.org: set at all means no colour
   if (no_color != nullptr) return false;
   return isatty(fileno(stdout)) != 0;
-}
-
-std::vector<std::string> rank_siblings(const std::vector<std::string>& given) {
-  if (given.size() > 1) return given;
-  if (given.empty()) return {};
-  const std::filesystem::path p(given.front());
-  std::string stem = p.stem().string();
-  static const std::regex kRankStem(R"((.*)\.rank[0-9]+)");
-  std::smatch m;
-  if (std::regex_match(stem, m, kRankStem)) {
-    stem = m[1].str();
-  } else if (std::filesystem::exists(p)) {
-    return {};  // an ordinary trace
-  }
-  auto sibling = [&](int r) { return (p.parent_path() / fmt::format("{}.rank{}{}", stem, r, p.extension().string())).string(); };
-  std::vector<std::string> found;
-  for (int r = 0; std::filesystem::exists(sibling(r)); ++r) found.push_back(sibling(r));
-  return found.size() >= 2 ? found : std::vector<std::string>{};
 }
 
 namespace {
@@ -413,8 +396,58 @@ int run_report(const ReportRequest& request, std::ostream& out, std::ostream& er
   return rep.healthy() ? kExitClean : kExitFound;
 }
 
+namespace {
+
+// Two data-parallel runs of N ranks each, rank r against rank r (analysis::diff_ranks).
+int run_rank_diff(const DiffRequest& request, const std::vector<std::string>& a, const std::vector<std::string>& b,
+                  std::ostream& out, std::ostream& err) {
+  analysis::RankDiffReport d;
+  try {
+    d = analysis::diff_ranks(a, b, request.diff);
+  } catch (const trace::TraceError& e) {
+    print_file_error(err, "diff", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
+    return kExitUsage;
+  } catch (const Error& e) {
+    err << fmt::format("ampscope diff: error: {}\n", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
+    return kExitUsage;
+  }
+  analysis::TextStyle style;
+  style.colour = request.colour && request.output.empty();
+  if (!deliver(request.json ? analysis::render_json(d) : analysis::render_text(d, style), request.output, out, err, "diff"))
+    return kExitUsage;
+  return d.diverged() ? kExitFound : kExitClean;
+}
+
+bool same_files(const std::vector<std::string>& x, const std::vector<std::string>& y) {
+  if (x.size() != y.size()) return false;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    std::error_code ec;
+    if (!std::filesystem::equivalent(x[i], y[i], ec)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 int run_diff(const DiffRequest& request, std::ostream& out, std::ostream& err) {
+  // A name that stands for a data-parallel run (run.h5 beside run.rank0.h5 ..., or one of the rank files) on
+  // both sides, of two different runs: rank by rank. Two ranks of the same run fall through to the two-trace
+  // diff below, which checks them as ranks of one run.
+  const std::vector<std::string> ranks_a = rank_siblings({request.a}), ranks_b = rank_siblings({request.b});
+  if (!ranks_a.empty() && !ranks_b.empty() && !same_files(ranks_a, ranks_b))
+    return run_rank_diff(request, ranks_a, ranks_b, out, err);
+  for (const auto& [name, ranks, other, other_name] : {std::tuple{&request.a, &ranks_a, &ranks_b, &request.b},
+                                                        std::tuple{&request.b, &ranks_b, &ranks_a, &request.a}}) {
+    if (!ranks->empty() && other->empty() && !std::filesystem::exists(*name) && std::filesystem::exists(*other_name)) {
+      err << fmt::format("ampscope diff: error: '{}' names a {}-rank data-parallel run ({} ...) and the other trace is "
+                         "one process's: rank r is compared with rank r of another data-parallel run\nhint: to compare "
+                         "one rank with that trace, name the rank's file ({})\n",
+                         *name, ranks->size(), ranks->front(), ranks->front());
+      return kExitUsage;
+    }
+  }
   analysis::DiffReport d;
+  std::optional<analysis::RankPairCheck> pair;
   try {
     trace::TraceReader a(request.a);
     trace::TraceReader b(request.b);
@@ -423,6 +456,9 @@ int run_diff(const DiffRequest& request, std::ostream& out, std::ostream& err) {
     progress.clear();
     d.path_a = request.a;
     d.path_b = request.b;
+    if (analysis::same_run(a.run_info(), b.run_info()) &&
+        analysis::rank_place(a.run_info())->rank != analysis::rank_place(b.run_info())->rank)
+      pair = analysis::check_rank_pair(a, b);
     for (const auto* r : {&a, &b})
       if (!r->complete())
         err << fmt::format("ampscope diff: note: '{}' is incomplete (its writer did not close it: killed, failed or "
@@ -437,8 +473,17 @@ int run_diff(const DiffRequest& request, std::ostream& out, std::ostream& err) {
   }
   analysis::TextStyle style;
   style.colour = request.colour && request.output.empty();
-  const std::string text = request.json ? analysis::render_json(d) : analysis::render_text(d, style);
+  std::string text = request.json ? analysis::render_json(d) : analysis::render_text(d, style);
+  if (pair && request.json) {
+    nlohmann::ordered_json doc = nlohmann::ordered_json::parse(text);
+    doc["ranks_of_one_run"] = nlohmann::ordered_json::parse(analysis::render_json_object(*pair));
+    text = doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+  } else if (pair) {
+    text = analysis::render_text(*pair, style) + "\n" + text;
+  }
   if (!deliver(text, request.output, out, err, "diff")) return kExitUsage;
+  // Two ranks of one run: their values differ by design; what must be identical decides.
+  if (pair) return pair->agree() ? kExitClean : kExitFound;
   return diverged(d) ? kExitFound : kExitClean;
 }
 
@@ -480,8 +525,14 @@ DiffCommand::DiffCommand(CLI::App& app) {
                                     "divergence, loss curves, per-op differences, dtype differences. Exit status: 0 no "
                                     "divergence beyond the threshold, 1 divergence, 2 usage or file error");
   DiffRequest& r = request_;
-  cmd_->add_option("a", r.a, "The first trace (a)")->required();
-  cmd_->add_option("b", r.b, "The second trace (b)")->required();
+  cmd_->add_option("a", r.a,
+                   "The first trace (a); for a --ddp run, run.h5 or one of its rank traces: every rank is compared "
+                   "with the same rank of b")
+      ->required();
+  cmd_->add_option("b", r.b,
+                   "The second trace (b); a rank trace of the same run as a: the two ranks are checked for what must "
+                   "be identical on every rank")
+      ->required();
   cmd_->add_flag("--json", r.json, "Print JSON (schema: docs/report-format.md) instead of text");
   cmd_->add_option("--output,-o", r.output, "Write the comparison to this file instead of stdout");
   cmd_->add_option("--threshold", r.diff.threshold,

@@ -15,6 +15,7 @@
 
 #include "probes/analysis.h"
 #include "probes/analysis_diff.h"
+#include "probes/analysis_ranks.h"
 
 namespace ampscope::samples {
 
@@ -56,11 +57,12 @@ struct DiffRequest {
 // exit statuses above. File errors are reported on `err`, never thrown.
 int run_report(const ReportRequest& request, std::ostream& out, std::ostream& err);
 
-// The traces of the data-parallel run `given` names: all the names when there are several; for one name,
-// its siblings STEM.rank0.EXT, STEM.rank1.EXT, ... when it is one of them (run.rank1.h5) or when it names
-// the run's --out (run.h5) and no such file exists but run.rank0.h5 does. Empty when `given` is one
-// ordinary trace.
-std::vector<std::string> rank_siblings(const std::vector<std::string>& given);
+// The traces of the data-parallel run `given` names (probes/analysis_ranks.h, shared with the viewer).
+using analysis::rank_siblings;
+// `diff` of a data-parallel run's traces (docs/distributed.md, "Comparing data-parallel runs"): when a and b
+// each name a run of N ranks (one name finds its siblings, as report does), rank r is compared with rank r
+// (analysis::diff_ranks); when they are two ranks of one run, the op-by-op diff comes after the check of
+// what must be identical on every rank (analysis::check_rank_pair), whose outcome is the exit status.
 int run_diff(const DiffRequest& request, std::ostream& out, std::ostream& err);
 
 // True when the text may be coloured: stdout is a terminal, NO_COLOR is unset and --no-colour was not given.

@@ -17,6 +17,7 @@
 #include <stb_image_write.h>
 
 #include "viewer/app.h"
+#include "probes/analysis_ranks.h"
 
 namespace ampscope::viewer {
 namespace {
@@ -79,35 +80,155 @@ bool write_png(const std::string& path, int w, int h) {
 
 }  // namespace
 
+namespace {
+
+// `doc` becomes trace a, in place of the one shown (and of an open rank set): selection and plots afresh.
+void adopt_a(ViewerState& s, std::unique_ptr<TraceDocument> doc) {
+  s.a = std::move(doc);
+  s.ranks.clear();
+  s.rank_shown = 0;
+  s.rank_lines.clear();
+  s.rank_lines_steps.clear();
+  s.selected_seq.reset();
+  s.user_selected = false;
+  s.jumped_to_anomaly = false;
+  s.op_rows_for = 0;
+  s.op_rows_dirty = true;
+  s.series_steps = static_cast<std::size_t>(-1);
+  // A new trace is fitted afresh, whatever the user had zoomed in the last one.
+  s.shared_x = {};
+  s.scale_plot = s.loss_plot = s.norm_plot = {};
+  s.histogram_plot = {};
+  s.histogram_special = {};
+  s.compare_plot = {};
+}
+
+void restart_comparison(ViewerState& s) {
+  s.comparison.reset();
+  s.op_diffs.clear();
+  s.op_diffs_for_a = s.op_diffs_for_b = 0;
+  if (s.a && s.b) s.comparison = std::make_unique<Comparison>(s.a->path(), s.b->path());
+}
+
+}  // namespace
+
 void open_trace(ViewerState& s, const std::filesystem::path& path, bool as_b) {
   auto doc = TraceDocument::open(path);
   if (!doc->ok()) {
     s.errors.push_back(fmt::format("cannot open {}:\n{}", path.string(), doc->error()));
     return;
   }
-  s.comparison.reset();
-  s.op_diffs.clear();
-  s.op_diffs_for_a = s.op_diffs_for_b = 0;
   if (as_b && s.a) {
     s.b = std::move(doc);
     s.show_compare = true;
     if (auto step = s.a->selected_step()) s.b->select_step(*step);
   } else {
-    s.a = std::move(doc);
-    s.selected_seq.reset();
-    s.user_selected = false;
-    s.jumped_to_anomaly = false;
-    s.op_rows_for = 0;
-    s.op_rows_dirty = true;
-    s.series_steps = static_cast<std::size_t>(-1);
-    // A new trace is fitted afresh, whatever the user had zoomed in the last one.
-    s.shared_x = {};
-    s.scale_plot = s.loss_plot = s.norm_plot = {};
-    s.histogram_plot = {};
-    s.histogram_special = {};
-    s.compare_plot = {};
+    adopt_a(s, std::move(doc));
   }
-  if (s.a && s.b) s.comparison = std::make_unique<Comparison>(s.a->path(), s.b->path());
+  restart_comparison(s);
+}
+
+void open_paths(ViewerState& s, const std::vector<std::string>& names) {
+  const OpenPlan plan = open_plan(names);
+  if (!plan.ranks.empty()) {
+    open_ranks(s, plan.ranks, plan.shown);
+    return;
+  }
+  if (!plan.a.empty()) open_trace(s, plan.a, false);
+  if (!plan.b.empty()) open_trace(s, plan.b, true);
+}
+
+void open_ranks(ViewerState& s, const std::vector<std::string>& paths, std::size_t shown) {
+  struct Opened {
+    int rank = 0;
+    std::unique_ptr<TraceDocument> doc;
+    bool shown = false;
+  };
+  std::vector<Opened> opened;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    TraceDocument::Options options;
+    options.analyse = false;  // the shown rank's analysis starts below; the others' when first shown
+    auto doc = TraceDocument::open(paths[i], options);
+    if (!doc->ok()) {
+      s.errors.push_back(fmt::format("cannot open {}:\n{}", paths[i], doc->error()));
+      continue;
+    }
+    opened.push_back({0, std::move(doc), i == shown});
+  }
+  if (opened.empty()) return;
+  // Every trace a rank of the first one's run, each rank once.
+  std::string problem;
+  const trace::RunInfo& first = opened.front().doc->run_info();
+  for (Opened& o : opened) {
+    const std::optional<analysis::RankPlace> place = analysis::rank_place(o.doc->run_info());
+    if (!place) {
+      problem = fmt::format("{} is not a trace of a data-parallel run (its config has no rank and world_size)",
+                            o.doc->path().string());
+      break;
+    }
+    if (!analysis::same_run(first, o.doc->run_info())) {
+      problem = fmt::format("{} is not a rank of the same run as {} (their configs differ beyond rank and device)",
+                            o.doc->path().string(), opened.front().doc->path().string());
+      break;
+    }
+    o.rank = place->rank;
+    for (const Opened& p : opened) {
+      if (&p == &o) break;
+      if (p.rank == o.rank) problem = fmt::format("{} and {} are both rank {}", p.doc->path().string(), o.doc->path().string(), o.rank);
+    }
+    if (!problem.empty()) break;
+  }
+  if (!problem.empty() || opened.size() < 2) {
+    if (!problem.empty())
+      s.errors.push_back(fmt::format("cannot open the traces as one data-parallel run's ranks: {}; showing {} alone",
+                                     problem, opened.front().doc->path().string()));
+    opened.front().doc->enable_analysis();
+    adopt_a(s, std::move(opened.front().doc));
+    s.b.reset();
+    restart_comparison(s);
+    return;
+  }
+  std::stable_sort(opened.begin(), opened.end(), [](const Opened& x, const Opened& y) { return x.rank < y.rank; });
+  std::size_t show = 0;
+  for (std::size_t i = 0; i < opened.size(); ++i)
+    if (opened[i].shown) show = i;
+  opened[show].doc->enable_analysis();
+  adopt_a(s, std::move(opened[show].doc));
+  for (Opened& o : opened) s.ranks.push_back({o.rank, std::move(o.doc)});  // the shown one's slot is empty
+  s.rank_shown = show;
+  s.b.reset();
+  restart_comparison(s);
+}
+
+bool select_rank(ViewerState& s, int rank) {
+  std::size_t index = s.ranks.size();
+  for (std::size_t i = 0; i < s.ranks.size(); ++i)
+    if (s.ranks[i].rank == rank) index = i;
+  if (index == s.ranks.size() || !s.a) return false;
+  if (index == s.rank_shown) return true;
+  const std::optional<std::int64_t> step = s.a->selected_step();
+  s.ranks[s.rank_shown].doc = std::move(s.a);
+  s.a = std::move(s.ranks[index].doc);
+  s.rank_shown = index;
+  s.a->enable_analysis();
+  // The same step and op on the other rank (the ranks run the same ops); until the user picks a step, the
+  // selection follows this rank's first anomaly once its analysis is in.
+  if (step) s.a->select_step(*step);
+  s.jumped_to_anomaly = false;
+  s.op_rows_for = 0;
+  s.op_rows_dirty = true;
+  s.series_steps = static_cast<std::size_t>(-1);  // the markers are the shown rank's
+  s.histogram_seq.reset();
+  s.detail_links_seq.reset();
+  s.error_plot_for.reset();
+  s.scroll_to_selected = s.selected_seq.has_value();
+  if (s.b) restart_comparison(s);
+  return true;
+}
+
+const TraceDocument* rank_document(const ViewerState& s, std::size_t i) {
+  if (i >= s.ranks.size()) return nullptr;
+  return i == s.rank_shown ? s.a.get() : s.ranks[i].doc.get();
 }
 
 void select_step(ViewerState& s, std::int64_t step, std::optional<std::int64_t> seq) {
@@ -125,14 +246,15 @@ void poll_documents(ViewerState& s) {
   if (!s.dropped.empty()) {
     std::vector<std::string> files;
     files.swap(s.dropped);
-    if (files.size() >= 2) {
-      open_trace(s, files[0], false);
-      open_trace(s, files[1], true);
+    if (files.size() == 1 && s.compare_hovered && s.a != nullptr) {
+      open_trace(s, files[0], true);
     } else {
-      open_trace(s, files[0], s.compare_hovered && s.a != nullptr);
+      open_paths(s, files);  // two files: a and b, unless they are ranks of one run
     }
   }
   if (s.a) s.a->poll();
+  for (ViewerState::RankSlot& r : s.ranks)
+    if (r.doc) r.doc->poll();  // the ranks not shown: a live run's steps grow in the overlays
   if (s.b) s.b->poll();
   if (s.comparison && s.comparison->poll() && s.a && s.b && s.a->selected_step()) {
     // The diff is in: when it paired the runs by optimizer update, b's step beside a's is another one.
@@ -260,7 +382,13 @@ int run_viewer(const ViewerOptions& o) {
   s.show_compare = o.panel == "compare";
   glfwSetWindowUserPointer(window, &s);
   glfwSetDropCallback(window, drop_callback);
-  for (std::size_t i = 0; i < o.traces.size(); ++i) open_trace(s, o.traces[i], i == 1);
+  open_paths(s, o.traces);
+  if (o.rank && !select_rank(s, *o.rank)) {
+    std::string open;
+    for (const ViewerState::RankSlot& r : s.ranks) open += (open.empty() ? "" : ", ") + std::to_string(r.rank);
+    s.errors.push_back(open.empty() ? fmt::format("--rank {}: the traces opened are not a data-parallel run's ranks", *o.rank)
+                                    : fmt::format("--rank {}: the ranks open are {}", *o.rank, open));
+  }
   const auto t_opened = Clock::now();
   if (s.b) s.show_compare = true;
 

@@ -36,6 +36,19 @@ struct ViewerState {
   std::unique_ptr<Comparison> comparison;
   std::vector<std::string> errors;  // files that could not be opened, with the reason; shown on top
 
+  // A data-parallel run's rank traces (view_model.h, OpenPlan): one document per rank, in rank order. The
+  // rank shown is `a` (every panel shows a); its slot here is empty while it is shown, the others wait here
+  // (their steps are read, their analysis starts when they are first shown). Empty when no rank set is open.
+  struct RankSlot {
+    int rank = 0;
+    std::unique_ptr<TraceDocument> doc;  // null for the shown rank (it is `a`)
+  };
+  std::vector<RankSlot> ranks;
+  std::size_t rank_shown = 0;           // the index in `ranks` of the rank `a` is
+  std::optional<int> wanted_rank;       // --rank
+  std::vector<RankLine> rank_lines;     // the overlays, computed again when a rank's steps change
+  std::vector<std::size_t> rank_lines_steps;  // each rank's step count they were computed from
+
   // Selection. The step lives in the document (it loads that step's rows); the op is its seq.
   std::optional<std::int64_t> selected_seq;
   bool user_selected = false;      // the user picked a step: do not jump to the first anomaly later
@@ -104,6 +117,17 @@ struct ViewerState {
 
 // Opening and selecting (the panels and the drop callback call these).
 void open_trace(ViewerState& s, const std::filesystem::path& path, bool as_b);
+// Opens what the names say (open_plan): a data-parallel run's rank traces, or trace a and b.
+void open_paths(ViewerState& s, const std::vector<std::string>& names);
+// Opens a run's rank traces together and shows ranks[shown]. Each must be a rank of the same run (its config's
+// rank and world_size; probes/analysis_ranks.h, same_run), once; otherwise the error box says why and only the
+// first trace is opened, alone. Closes trace b.
+void open_ranks(ViewerState& s, const std::vector<std::string>& paths, std::size_t shown = 0);
+// Shows rank `rank` of the open rank set (its ops, anomalies, op detail; the selected step and op stay). False
+// when no open rank has that number.
+bool select_rank(ViewerState& s, int rank);
+// The document of the i-th rank of the open set (the shown one is `a`).
+const TraceDocument* rank_document(const ViewerState& s, std::size_t i);
 void select_step(ViewerState& s, std::int64_t step, std::optional<std::int64_t> seq = std::nullopt);
 // Selects an op of the step shown (an input or consumer clicked in Op detail): the ops table scrolls to it.
 void select_op(ViewerState& s, std::int64_t seq);

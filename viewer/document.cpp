@@ -183,6 +183,11 @@ void TraceDocument::start_precision() {
   });
 }
 
+void TraceDocument::enable_analysis() {
+  options_.analyse = true;
+  if (!report_ && !analysis_.valid()) start_analysis();
+}
+
 void TraceDocument::start_analysis() {
   start_precision();
   if (!ok() || analysis_.valid()) return;

@@ -101,6 +101,9 @@ class TraceDocument {
   double analysis_progress() const { return analysis_control_ ? analysis_control_->fraction() : 0.0; }
   const std::string& analysis_error() const { return analysis_error_; }
   void start_analysis();
+  // Starts the analysis of a document opened without it (Options::analyse false: a data-parallel run's
+  // ranks not shown yet), and runs it again after live refreshes from then on. Nothing when it has run.
+  void enable_analysis();
 
   // The f32 twin's rows as the Precision panel's heatmap (view_model.h): read (a block of steps per turn of
   // the reader's lock) and built on a background thread when the analysis starts, for a trace with

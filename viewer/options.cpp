@@ -23,9 +23,11 @@ std::int64_t parse_int(const std::string& flag, const std::string& text) {
 
 std::string usage() {
   return "usage: ampscope-view [TRACE [TRACE2]] [options]\n"
+         "       ampscope-view RUN.h5 | RUN.rankR.h5 | RUN.rank0.h5 RUN.rank1.h5 ... [options]\n"
          "\n"
          "Opens one ampscope trace (or two, to compare them: TRACE2 is run b) in a window. Files can also be\n"
-         "opened from File > Open, or dropped onto the window.\n"
+         "opened from File > Open, or dropped onto the window. A data-parallel run (`ampscope train --ddp --out\n"
+         "RUN.h5`) opens with every rank's trace: one name finds its siblings; the rank box picks the rank shown.\n"
          "\n"
          "options:\n"
          "  --screenshot FILE.png  headless: load, let the analysis finish, render, write FILE.png, exit\n"
@@ -33,6 +35,7 @@ std::string usage() {
          "                         precision (the heatmap above Op detail)\n"
          "  --step N               select step N (default: the step of the first anomaly, else the first step)\n"
          "  --seq N                select the op with this seq in that step (Op detail)\n"
+         "  --rank R               show rank R of a data-parallel run (default: the rank file named, else 0)\n"
          "  --size WxH             window size in pixels (default 1280x800)\n"
          "  --timings              print open / first-frame / ready times (bench/viewer_bench)\n"
          "  --scroll-frames N      after loading, scroll the ops table for N frames and print frame times\n"
@@ -64,6 +67,10 @@ ViewerOptions parse_options(const std::vector<std::string>& args) {
       o.step = parse_int(a, value(i, a));
     } else if (a == "--seq") {
       o.seq = parse_int(a, value(i, a));
+    } else if (a == "--rank") {
+      const std::int64_t r = parse_int(a, value(i, a));
+      if (r < 0 || r > 1000000) throw Error(fmt::format("ampscope-view: --rank expects a rank from 0, got {}", r));
+      o.rank = static_cast<int>(r);
     } else if (a == "--size") {
       const std::string& s = value(i, a);
       const auto x = s.find('x');
@@ -85,9 +92,6 @@ ViewerOptions parse_options(const std::vector<std::string>& args) {
     } else {
       o.traces.push_back(a);
     }
-  }
-  if (o.traces.size() > 2) {
-    throw Error(fmt::format("ampscope-view: at most two traces (a and b), got {}", o.traces.size()));
   }
   return o;
 }

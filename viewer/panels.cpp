@@ -131,6 +131,31 @@ void step_picker(ViewerState& s) {
   }
 }
 
+// The rank shown, for a data-parallel run's traces: a combo of the open ranks, each with its anomalies once
+// analysed. Draws nothing without a rank set; otherwise leaves the cursor on the same line.
+void rank_picker(ViewerState& s) {
+  if (s.ranks.size() < 2) return;
+  const auto item = [&](std::size_t i) {
+    const TraceDocument* d = rank_document(s, i);
+    return rank_item_label({.rank = s.ranks[i].rank, .report = d ? d->report() : nullptr, .analysing = d && d->analysing()});
+  };
+  ImGui::AlignTextToFramePadding();
+  ImGui::SetNextItemWidth(170);
+  if (ImGui::BeginCombo("##rank", fmt::format("rank {} of {}", s.ranks[s.rank_shown].rank, s.ranks.size()).c_str())) {
+    for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+      ImGui::PushStyleColor(ImGuiCol_Text, to_vec4(rank_colour(s.ranks[i].rank)));
+      const bool chosen = ImGui::Selectable(item(i).c_str(), i == s.rank_shown);
+      ImGui::PopStyleColor();
+      if (chosen) select_rank(s, s.ranks[i].rank);
+    }
+    ImGui::EndCombo();
+  }
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip("A data-parallel run: one trace per rank. The ops, anomalies and op detail are this rank's; the "
+                      "Scale and loss plots draw every rank (one line per rank).");
+  ImGui::SameLine();
+}
+
 // One cell per pixel column (or per step when they fit): magenta where a step in it was skipped. Clicking
 // selects the step under the mouse.
 void step_strip(ViewerState& s, float height) {
@@ -295,6 +320,10 @@ void draw_overview_panel(ViewerState& s) {
   if (!begin_panel("Overview", s.layout.overview)) return;
   if (need_trace(s)) {
     const TraceDocument& d = *s.a;
+    if (s.ranks.size() >= 2) {
+      rank_picker(s);
+      ImGui::TextDisabled("data-parallel run, %zu rank traces open", s.ranks.size());
+    }
     if (d.live()) {
       ImGui::TextColored(to_vec4(colours::kWarning), "LIVE: the trace is being written (refreshed every second)");
     }
@@ -344,7 +373,26 @@ void draw_scale_panel(ViewerState& s) {
     plot::follow_data(s.shared_x);
     for (plot::State* p : {&s.scale_plot, &s.loss_plot, &s.norm_plot}) plot::follow_data(p->y);
   }
+  rank_picker(s);
   step_picker(s);
+  if (s.ranks.size() >= 2) {
+    // One line per rank: computed again when a rank's steps grew (a live run).
+    std::vector<std::size_t> counts;
+    for (std::size_t i = 0; i < s.ranks.size(); ++i) counts.push_back(rank_document(s, i) ? rank_document(s, i)->steps().size() : 0);
+    if (counts != s.rank_lines_steps) {
+      std::vector<RankSteps> in;
+      for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+        const TraceDocument* d = rank_document(s, i);
+        in.push_back({s.ranks[i].rank, d ? std::span<const trace::StepRow>(d->steps()) : std::span<const trace::StepRow>()});
+      }
+      s.rank_lines = rank_lines(in);
+      s.rank_lines_steps = counts;
+      plot::follow_data(s.shared_x);
+      for (plot::State* p : {&s.scale_plot, &s.loss_plot, &s.norm_plot}) plot::follow_data(p->y);
+    }
+  } else {
+    s.rank_lines.clear();
+  }
   if (steps.empty()) {
     ImGui::TextDisabled("No steps recorded yet.");
     ImGui::End();
@@ -362,14 +410,28 @@ void draw_scale_panel(ViewerState& s) {
   const float legend_h = ImGui::GetTextLineHeightWithSpacing();
   const float plot_h = std::max(60.0f, (avail - strip_h - legend_h - 4 * ImGui::GetStyle().ItemSpacing.y) / 3.0f);
 
-  auto draw_one = [&](const char* id, plot::State& st, const plot::Series& series, plot::Scale yscale,
+  // With a rank set, each plot draws every rank's line (the shown rank's with markers), named in the legend.
+  auto lines = [&](const plot::Series& series, std::vector<double> StepSeries::*values) {
+    std::vector<plot::Series> out;
+    if (s.rank_lines.empty()) {
+      out.push_back(series);
+      return out;
+    }
+    for (std::size_t i = 0; i < s.rank_lines.size(); ++i) {
+      const RankLine& l = s.rank_lines[i];
+      out.push_back({.label = l.label, .x = l.series.step, .y = l.series.*values, .colour = im(l.colour),
+                     .style = i == s.rank_shown ? plot::Style::line_and_markers : plot::Style::line});
+    }
+    return out;
+  };
+  auto draw_one = [&](const char* id, plot::State& st, const std::vector<plot::Series>& series, plot::Scale yscale,
                       const char* ylabel) {
     st.x = s.shared_x;
     st.y.scale = yscale;
     st.y.label = ylabel;
     st.x.label = "step";
     st.x.integer = true;
-    plot::Result r = plot::draw(id, st, {&series, 1}, markers, ImVec2(-1, plot_h));
+    plot::Result r = plot::draw(id, st, series, markers, ImVec2(-1, plot_h));
     s.shared_x = st.x;
     if (r.clicked) {
       if (auto n = nearest_step(steps, r.clicked_x)) select_step(s, *n);
@@ -392,10 +454,12 @@ void draw_scale_panel(ViewerState& s) {
   ImGui::SameLine();
   help_marker("Wheel: zoom, drag: pan, click: select the step, double click: fit the data again (and follow new "
               "steps of a live trace, which a zoomed or panned axis no longer does). The x axes of the three plots "
-              "move together.");
-  draw_one("##scale", s.scale_plot, scale, plot::Scale::log2, "loss scale (log2)");
-  draw_one("##loss", s.loss_plot, loss, plot::Scale::linear, "loss");
-  draw_one("##norm", s.norm_plot, norm, plot::Scale::log10, "gradient norm (log10)");
+              "move together. A data-parallel run draws one line per rank (the legend names them; the rank shown "
+              "has markers, and the skip, backoff and growth markers are its own).");
+  draw_one("##scale", s.scale_plot, lines(scale, &StepSeries::scale), plot::Scale::log2, "loss scale (log2)");
+  draw_one("##loss", s.loss_plot, lines(loss, &StepSeries::loss), plot::Scale::linear,
+           s.rank_lines.empty() ? "loss" : "loss (each rank's share)");
+  draw_one("##norm", s.norm_plot, lines(norm, &StepSeries::grad_norm), plot::Scale::log10, "gradient norm (log10)");
   ImGui::TextDisabled("steps (magenta: skipped)");
   step_strip(s, strip_h);
   ImGui::End();
@@ -408,6 +472,7 @@ void draw_ops_panel(ViewerState& s) {
     ImGui::End();
     return;
   }
+  rank_picker(s);
   step_picker(s);
   ImGui::SetNextItemWidth(220);
   if (ImGui::InputTextWithHint("##filter", "filter: module, op, dtype, phase", s.filter_text, sizeof s.filter_text)) {
@@ -1186,7 +1251,8 @@ void draw_file_browser(ViewerState& s) {
       s.browser_dir = p;
       s.browser_dirty = true;
     } else {
-      open_trace(s, p, s.browser_for_b);
+      // As a: a rank's file opens its run's ranks (open_paths); as b: the file alone.
+      if (s.browser_for_b) open_trace(s, p, true); else open_paths(s, {p.string()});
       s.browser_open = false;
     }
   }
@@ -1205,7 +1271,7 @@ void draw_file_browser(ViewerState& s) {
         s.browser_dir = e.name == ".." ? s.browser_dir.parent_path() : s.browser_dir / e.name;
         s.browser_dirty = true;
       } else {
-        open_trace(s, s.browser_dir / e.name, s.browser_for_b);
+        if (s.browser_for_b) open_trace(s, s.browser_dir / e.name, true); else open_paths(s, {(s.browser_dir / e.name).string()});
         s.browser_open = false;
       }
     }

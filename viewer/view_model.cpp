@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "probes/analysis_precision.h"
+#include "probes/analysis_ranks.h"
 
 namespace ampscope::viewer {
 
@@ -853,6 +854,65 @@ double loss_scale_at(std::span<const trace::StepRow> steps, std::int64_t step) {
     }
   }
   return scale;
+}
+
+// ---- Ranks of a data-parallel run ----
+
+OpenPlan open_plan(const std::vector<std::string>& names) {
+  OpenPlan plan;
+  if (names.size() >= 3) {
+    plan.ranks = names;
+    return plan;
+  }
+  if (names.size() == 1) {
+    plan.ranks = analysis::rank_siblings(names);
+    if (plan.ranks.empty()) {
+      plan.a = names.front();
+      return plan;
+    }
+    // A rank's own file: show that rank (the run's --out name, which is no file: rank 0).
+    std::error_code ec;
+    for (std::size_t i = 0; i < plan.ranks.size(); ++i)
+      if (std::filesystem::equivalent(plan.ranks[i], names.front(), ec)) plan.shown = i;
+    return plan;
+  }
+  if (names.size() == 2) {
+    const std::vector<std::string> x = analysis::rank_siblings({names[0]}), y = analysis::rank_siblings({names[1]});
+    bool same = !x.empty() && x.size() == y.size();
+    for (std::size_t i = 0; same && i < x.size(); ++i) {
+      std::error_code ec;
+      same = std::filesystem::equivalent(x[i], y[i], ec);
+    }
+    std::error_code ec;
+    if (same && !std::filesystem::equivalent(names[0], names[1], ec)) {
+      plan.ranks = names;
+      return plan;
+    }
+    plan.a = names[0];
+    plan.b = names[1];
+  }
+  return plan;
+}
+
+std::uint32_t rank_colour(int rank) {
+  const int n = static_cast<int>(std::size(kRankColours));
+  return kRankColours[((rank % n) + n) % n];
+}
+
+std::vector<RankLine> rank_lines(std::span<const RankSteps> ranks) {
+  std::vector<RankLine> out;
+  out.reserve(ranks.size());
+  for (const RankSteps& r : ranks)
+    out.push_back({.rank = r.rank, .label = fmt::format("rank {}", r.rank), .colour = rank_colour(r.rank),
+                   .series = step_series(r.steps)});
+  return out;
+}
+
+std::string rank_item_label(const RankItem& item) {
+  if (!item.report) return fmt::format("rank {}{}", item.rank, item.analysing ? ": analysing" : "");
+  const std::size_t n = item.report->anomalies.size();
+  if (n == 0) return fmt::format("rank {}: healthy", item.rank);
+  return fmt::format("rank {}: {} anomal{}", item.rank, n, n == 1 ? "y" : "ies");
 }
 
 }  // namespace ampscope::viewer

@@ -300,6 +300,56 @@ std::vector<KeyValue> precision_detail_rows(const trace::PrecisionRow& p);
 // flip bar kInfBar's red, exact the top of the scale).
 std::vector<Bar> error_histogram_bars(const trace::PrecisionRow& p);
 
+// ---- Ranks of a data-parallel run ----
+// `ampscope train --ddp --out run.h5` writes one trace per rank (run.rank0.h5, ...). The viewer opens a run's
+// rank traces together: one rank's ops, anomalies and op detail at a time (the rank selector), and every
+// rank's loss, loss scale and gradient norm overlaid in the Scale and loss plots, one line per rank.
+
+// What the names on the command line (or dropped onto the window) open (probes/analysis_ranks.h finds
+// siblings):
+//  - one name of a data-parallel run (run.h5 when run.rank0.h5 ... exist, or one rank's file): every rank's
+//    trace, showing the named rank (rank 0 for the run's name);
+//  - two names that are traces of the same run (both rank files of one run): those two ranks, the first shown;
+//  - three names or more: those ranks (the viewer checks that they are ranks of one run when it opens them);
+//  - otherwise trace a and, for a second name, trace b to compare with.
+struct OpenPlan {
+  std::vector<std::string> ranks;  // the rank traces to open together (empty: no rank set)
+  std::size_t shown = 0;           // the index in `ranks` shown first
+  std::string a, b;                // without a rank set: trace a and trace b ("" when not given)
+};
+OpenPlan open_plan(const std::vector<std::string>& names);
+
+// The colour of rank r's line in the overlays: 8 colours, distinct from each other, from the plots' markers
+// and from the single-trace series, repeating from rank 8.
+inline constexpr std::uint32_t kRankColours[8] = {rgba(80, 160, 255),  rgba(255, 120, 80),  rgba(90, 220, 140),
+                                                  rgba(230, 200, 60),  rgba(200, 120, 255), rgba(60, 215, 220),
+                                                  rgba(255, 140, 190), rgba(185, 185, 120)};
+std::uint32_t rank_colour(int rank);
+
+// One rank's steps, as its document holds them.
+struct RankSteps {
+  int rank = 0;
+  std::span<const trace::StepRow> steps;
+};
+// One line per rank in each of the three plots: that rank's loss, scale and gradient norm by step
+// (step_series of its rows), labelled "rank R" in its colour, in the order given.
+struct RankLine {
+  int rank = 0;
+  std::string label;  // "rank 0"
+  std::uint32_t colour = 0;
+  StepSeries series;
+};
+std::vector<RankLine> rank_lines(std::span<const RankSteps> ranks);
+
+// The rank selector's item for a rank: its number and, once its analysis is in, its anomalies ("rank 1: 1
+// anomaly", "rank 0: healthy"); "rank 2: analysing" while it runs, "rank 3" before it has started.
+struct RankItem {
+  int rank = 0;
+  const analysis::Report* report = nullptr;
+  bool analysing = false;
+};
+std::string rank_item_label(const RankItem& item);
+
 // ---- File browser ----
 struct DirEntry {
   std::string name;

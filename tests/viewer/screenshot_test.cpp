@@ -120,6 +120,25 @@ TEST(screenshot_test, skipped_step_colour_marks_step_1_of_4_on_the_scale_panel) 
   EXPECT_EQ(find_colour(ok, colours::kSkippedStep).count, 0);
 }
 
+// A 3-rank run's Scale and loss: each rank's colour in the plots (and their legends' swatches); a trace of one
+// process has none of the colours of ranks 1 and 2. The skip at step 2 is every rank's (the shown rank's marker).
+TEST(screenshot_test, a_data_parallel_run_draws_one_line_per_rank_in_the_rank_colours) {
+  SKIP_WITHOUT_DISPLAY();
+  for (int r = 0; r < 3; ++r)
+    testing::write_rank(testing::fixture_dir() / fmt::format("shot_ranks.rank{}.h5", r), r, 3, /*bad_rank_1=*/true);
+  const Image img = screenshot(quoted(testing::fixture_dir() / "shot_ranks.h5"), "scale", "scale_ranks.png", "--rank 1");
+  for (int r = 0; r < 3; ++r) EXPECT_GT(find_colour(img, rank_colour(r)).count, 150) << "rank " << r;
+  EXPECT_GT(find_colour(img, colours::kSkippedStep).count, 100);
+  const auto single = testing::write_fixture(testing::fixture_dir() / "shot_single.h5", true);
+  const Image one = screenshot(quoted(single), "scale", "scale_single.png");
+  EXPECT_EQ(find_colour(one, rank_colour(1)).count, 0);
+  EXPECT_EQ(find_colour(one, rank_colour(2)).count, 0);
+  // --rank of a run that has no such rank: the error box, and the run shown.
+  const Image wrong = screenshot(quoted(testing::fixture_dir() / "shot_ranks.h5"), "scale", "scale_rank_9.png", "--rank 9");
+  EXPECT_GT(find_colour(wrong, colours::kErrorBackground).count, 1000);
+  EXPECT_GT(find_colour(wrong, rank_colour(2)).count, 150);
+}
+
 TEST(screenshot_test, nan_step_shows_red_cells_in_the_ops_table_and_a_healthy_step_none) {
   SKIP_WITHOUT_DISPLAY();
   const auto trace = testing::write_fixture(testing::fixture_dir() / "shot_ops.h5", true);

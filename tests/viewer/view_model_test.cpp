@@ -537,7 +537,12 @@ TEST(view_model_test, options_parse_the_headless_flags_and_reject_bad_values) {
   EXPECT_THROW_MSG(parse_options({"--panel", "plots"}), Error, "unknown panel 'plots'", "hint:");
   EXPECT_THROW_MSG(parse_options({"--size", "big"}), Error, "--size expects WxH", "'big'");
   EXPECT_THROW_MSG(parse_options({"--step", "x3"}), Error, "--step expects an integer", "'x3'");
-  EXPECT_THROW_MSG(parse_options({"a.h5", "b.h5", "c.h5"}), Error, "at most two traces", "got 3");
+  // Three names or more are a data-parallel run's rank traces (open_plan; checked when opened).
+  EXPECT_EQ(parse_options({"r0.h5", "r1.h5", "r2.h5"}).traces, (std::vector<std::string>{"r0.h5", "r1.h5", "r2.h5"}));
+  EXPECT_EQ(parse_options({"run.h5", "--rank", "1"}).rank, 1);
+  EXPECT_FALSE(parse_options({"run.h5"}).rank.has_value());
+  EXPECT_THROW_MSG(parse_options({"--rank", "-1"}), Error, "--rank expects a rank from 0, got -1");
+  EXPECT_THROW_MSG(parse_options({"--rank", "one"}), Error, "--rank expects an integer", "'one'");
   EXPECT_THROW_MSG(parse_options({"--screenshot"}), Error, "--screenshot needs a value");
 }
 

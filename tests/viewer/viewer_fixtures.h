@@ -13,6 +13,8 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include "probes/trace_writer.h"
 #include "tests/test_support.h"
 
@@ -229,6 +231,49 @@ inline std::filesystem::path write_twin_fixture(const std::filesystem::path& pat
     s.step = step;
     s.loss = 1;
     w.write(s);
+    w.end_step(step);
+  }
+  w.close();
+  return path;
+}
+
+// Rank traces of a data-parallel run, with the config `ampscope train --ddp` writes (rank, world_size): 4 steps of
+// one op row (fc1 linear, absmax 10 + rank).
+// Rank r's loss at step s: its own share's (different on each rank); the scale and gradient norm are the run's
+// (the same on every rank). With bad_rank_1, rank 1's step 2 loss is NaN, its op there an origin, and every
+// rank skips step 2 and halves the scale.
+inline double planted_loss(int rank, std::int64_t step) { return 2.0 - 0.25 * static_cast<double>(step) + 0.5 * rank; }
+
+inline std::filesystem::path write_rank(const std::filesystem::path& path, int rank, int world, bool bad_rank_1 = false,
+                                 double lr = 0.01) {
+  trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "mlp", .seed = 3,
+                              .config = fmt::format(R"({{"sample": "mlp", "device": "cpu", "lr": {}, "world_size": {}, "rank": {}}})",
+                                                    lr, world, rank)});
+  double scale = 1024;
+  for (std::int64_t step = 0; step < 4; ++step) {
+    const bool skip = bad_rank_1 && step == 2;
+    const bool origin = skip && rank == 1;
+    trace::OpRow r = op_row(step, 0, "fc1", "linear", "f16", 10.0 + rank);
+    r.inputs = {trace::kInputData, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
+    if (origin) {
+      r.health.pos_inf = 4;
+      r.origin = true;
+    }
+    w.write(r);
+    trace::StepRow s;
+    s.step = step;
+    s.loss = origin ? std::numeric_limits<double>::quiet_NaN() : planted_loss(rank, step);
+    s.scale = scale;
+    s.found_inf = skip;
+    s.skipped = skip;
+    s.scale_after = skip ? scale / 2 : scale;
+    s.grad_norm = skip ? std::numeric_limits<double>::infinity() : 1.0 + 0.125 * static_cast<double>(step);
+    s.lr = 0.01;
+    w.write(s);
+    if (origin)
+      w.write(trace::EventRow{.step = step, .seq = 0, .kind = "origin", .op = "linear", .module = "fc1",
+                              .detail = "4 +inf in the output of linear; inputs finite"});
+    scale = s.scale_after;
     w.end_step(step);
   }
   w.close();
