@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -50,6 +51,51 @@ int error_bucket(double e) {
   return b <= 0 ? 0 : b >= trace::kErrorBins - 1 ? trace::kErrorBins - 1 : static_cast<int>(b);
 }
 
+// ulp_of and error_bucket read from the bits of a double where that gives the same answer, bit for bit, and
+// call them where it might not: compare() runs them once per element, and libm's ilogb, ldexp and log2 were
+// most of the twin's time (bench/RESULTS.md).
+constexpr std::uint64_t kMantissa = (std::uint64_t{1} << 52) - 1;
+
+std::uint64_t bits_of(double v) {
+  std::uint64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// The exponent field of a normal double, unbiased; INT_MIN for zero, subnormals, infinities and NaN.
+int normal_exponent(double v) {
+  const int field = static_cast<int>((bits_of(v) >> 52) & 0x7ff);
+  return field == 0 || field == 0x7ff ? std::numeric_limits<int>::min() : field - 1023;
+}
+
+// ulp_of(r, d), with p = significand_bits(d) and emin = min_exponent(d).
+double fast_ulp_of(double r, DType d, int p, int emin) {
+  int e = emin;
+  if (r != 0) {
+    const int k = normal_exponent(r);
+    if (k == std::numeric_limits<int>::min()) return ulp_of(r, d);  // subnormal (ilogb's answer) or not finite
+    e = std::max(e, k);  // ilogb of a normal double is its exponent field
+  }
+  const int u = e - (p - 1);
+  if (u < -1022 || u > 1023) return ulp_of(r, d);  // 2^u is not a normal double
+  const std::uint64_t b = static_cast<std::uint64_t>(u + 1023) << 52;
+  double out;
+  std::memcpy(&out, &b, sizeof out);
+  return out;
+}
+
+// error_bucket(e). For a normal e = m 2^k with 1 + 2^-20 <= m < 2, -log2 e lies in (-k - 1, -k - 2^-21]:
+// log2's result (within an ulp, at most 2^-42 for |k| < 2048) stays inside, so the floor is -k - 1. For m
+// closer to 1 (a power of two included), where the rounded log2 may land on -k, and for zero, subnormal or
+// non-finite e, log2 itself decides.
+int fast_error_bucket(double e) {
+  const std::uint64_t b = bits_of(e);
+  const int field = static_cast<int>((b >> 52) & 0x7ff);
+  if (field == 0 || field == 0x7ff || (b & kMantissa) >> 32 == 0) return error_bucket(e);
+  const int bucket = -(field - 1023) - 1;
+  return bucket <= 0 ? 0 : bucket >= trace::kErrorBins - 1 ? trace::kErrorBins - 1 : bucket;
+}
+
 bool saturating(std::string_view op) { return op == "sigmoid" || op == "tanh"; }
 
 // Ops whose body must not run again: it draws random numbers.
@@ -86,30 +132,20 @@ double relative_error_floor(DType dtype) {
 }
 
 namespace {
-// The elements of `t`, row-major, as T on the host (f32 by the cast kernel, or widened to double).
+// The comparison loop over y and r (n elements each, host memory), in the order the elements are counted.
 template <class T>
-std::vector<T> host_values(const Tensor& t) {
-  if constexpr (std::is_same_v<T, double>) {
-    return t.values();
-  } else {
-    const Tensor c = t.to(DType::f32).to(Device::cpu()).contiguous();
-    const float* p = c.data_as<float>();
-    return std::vector<float>(p, p + c.numel());
-  }
-}
-
-template <class T>
-ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
-  const std::vector<T> y = host_values<T>(value), r = host_values<T>(reference);
+ErrorStats compare_values(const T* y, const T* r, std::size_t n, DType dtype, std::string_view op) {
   double scale = 0;
-  for (T ri : r) {
-    if (std::isfinite(ri)) scale = std::max(scale, static_cast<double>(std::fabs(ri)));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::isfinite(r[i])) scale = std::max(scale, static_cast<double>(std::fabs(r[i])));
   }
-  const double floor = std::max(relative_error_floor(dtype), std::ldexp(scale, -significand_bits(dtype)));
+  const int p = significand_bits(dtype), emin = min_exponent(dtype);
+  const double floor = std::max(relative_error_floor(dtype), std::ldexp(scale, -p));
   const double top = largest_finite(dtype);
+  const bool saturates = saturating(op);
   ErrorStats s;
   double sum = 0;
-  for (std::size_t i = 0; i < y.size(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     const double yi = y[i], ri = r[i];
     if (!std::isfinite(ri)) continue;
     if (!std::isfinite(yi)) {
@@ -117,7 +153,7 @@ ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype,
       continue;
     }
     const bool flip = (yi == 0 && ri != 0) || (std::fabs(yi) == top && std::fabs(ri) < top) ||
-                      (saturating(op) && std::fabs(yi) == 1 && std::fabs(ri) != 1);
+                      (saturates && std::fabs(yi) == 1 && std::fabs(ri) != 1);
     if (flip) ++s.flips;
     const double err = std::fabs(yi - ri);
     const double rel = err / std::max(std::fabs(ri), floor);
@@ -125,18 +161,30 @@ ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype,
       if (rel == 0) {
         ++s.exact;
       } else {
-        ++s.error_bins[static_cast<std::size_t>(error_bucket(rel))];
+        ++s.error_bins[static_cast<std::size_t>(fast_error_bucket(rel))];
       }
     }
     s.max_rel = std::max(s.max_rel, rel);
-    s.max_ulp = std::max(s.max_ulp, err / ulp_of(ri, dtype));
+    s.max_ulp = std::max(s.max_ulp, err / fast_ulp_of(ri, dtype, p, emin));
     sum += rel;
     ++s.counted;
   }
   s.mean_rel = s.counted > 0 ? sum / static_cast<double>(s.counted) : 0;
-  const double p = significand_bits(dtype);
-  s.bits = s.max_rel == 0 ? p : std::clamp(-std::log2(s.max_rel), 0.0, p) + 0.0;  // + 0.0: no -0 for an error of 1
+  s.bits = s.max_rel == 0 ? p : std::clamp(-std::log2(s.max_rel), 0.0, static_cast<double>(p)) + 0.0;  // + 0.0: no -0 for an error of 1
   return s;
+}
+
+template <class T>
+ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
+  if constexpr (std::is_same_v<T, double>) {
+    const std::vector<double> y = value.values(), r = reference.values();
+    return compare_values(y.data(), r.data(), std::min(y.size(), r.size()), dtype, op);
+  } else {
+    // f32 on the host, contiguous: the cast kernel widens f16 and bf16 (F16C where the CPU has it).
+    const auto host_f32 = [](const Tensor& t) { return t.to(DType::f32).to(Device::cpu()).contiguous(); };
+    const Tensor y = host_f32(value), r = host_f32(reference);
+    return compare_values(y.data_as<float>(), r.data_as<float>(), static_cast<std::size_t>(y.numel()), dtype, op);
+  }
 }
 
 bool f32_exact(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
