@@ -174,6 +174,190 @@ ErrorStats compare_values(const T* y, const T* r, std::size_t n, DType dtype, st
   return s;
 }
 
+// ---- the fast path: f16, bf16 and f32 values read as floats ----
+// Four elements at a time as GCC/Clang vectors of doubles: the error, the relative error (one division), the
+// ulps (ulp_D(r) is a power of two, so multiplying by its inverse, built from r's exponent bits, is exact for
+// float values: the product lies between 2^-253 and 2^278) and the histogram bucket (from the relative error's
+// exponent bits, as fast_error_bucket) are computed lane by lane with the same double operations as
+// compare_values, and the maxima are exact in any order. The mean's sum is still added element by element, in
+// order, so every field is bit for bit compare_values's. Four elements holding a NaN or an infinity (rare) go
+// through the scalar loop's body, as does a relative error whose bucket needs log2.
+using F4 = float __attribute__((vector_size(16)));
+using D4 = double __attribute__((vector_size(32)));
+using L4 = std::int64_t __attribute__((vector_size(32)));
+using U4 = std::uint32_t __attribute__((vector_size(16)));
+
+struct Judge {  // what the comparison needs to know about the dtype and the op
+  double floor, top;
+  int p, emin;
+  bool saturates;
+};
+
+// The scalar body: one element, exactly as compare_values counts it.
+[[gnu::always_inline]] inline void count_element(double yi, double ri, const Judge& j, DType dtype, ErrorStats& s,
+                                                 double& sum) {
+  if (!std::isfinite(ri)) return;
+  if (!std::isfinite(yi)) {
+    ++s.flips;
+    return;
+  }
+  const bool flip = (yi == 0 && ri != 0) || (std::fabs(yi) == j.top && std::fabs(ri) < j.top) ||
+                    (j.saturates && std::fabs(yi) == 1 && std::fabs(ri) != 1);
+  if (flip) ++s.flips;
+  const double err = std::fabs(yi - ri);
+  const double rel = err / std::max(std::fabs(ri), j.floor);
+  if (!flip) {
+    if (rel == 0) {
+      ++s.exact;
+    } else {
+      ++s.error_bins[static_cast<std::size_t>(fast_error_bucket(rel))];
+    }
+  }
+  s.max_rel = std::max(s.max_rel, rel);
+  s.max_ulp = std::max(s.max_ulp, err / fast_ulp_of(ri, dtype, j.p, j.emin));
+  sum += rel;
+  ++s.counted;
+}
+
+// Histogram codes past the buckets: a flip, an exact element, a bucket log2 decides.
+constexpr std::int64_t kFlipCode = trace::kErrorBins, kExactCode = trace::kErrorBins + 1,
+                       kLogCode = trace::kErrorBins + 2, kCodes = trace::kErrorBins + 3;
+
+// The largest finite |r[i]|, and the comparison of n elements (both float, contiguous) into s and sum.
+[[gnu::always_inline]] inline double largest_finite_impl(const float* r, std::size_t n) {
+  const D4 zero{};
+  D4 best = zero;
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    F4 f;
+    std::memcpy(&f, r + i, sizeof f);
+    const U4 bits = reinterpret_cast<U4>(f) & 0x7fffffffu;
+    const F4 a = reinterpret_cast<F4>(bits < 0x7f800000u ? bits : U4{});  // |r|, or 0 where not finite
+    const D4 d = __builtin_convertvector(a, D4);
+    best = best < d ? d : best;
+  }
+  double scale = std::max(std::max(best[0], best[1]), std::max(best[2], best[3]));
+  for (; i < n; ++i) {
+    if (std::isfinite(r[i])) scale = std::max(scale, static_cast<double>(std::fabs(r[i])));
+  }
+  return scale;
+}
+
+[[gnu::always_inline]] inline void compare_floats_impl(const float* y, const float* r, std::size_t n, const Judge& j,
+                                                       DType dtype, ErrorStats& s, double& sum) {
+  const D4 floor4 = {j.floor, j.floor, j.floor, j.floor}, top4 = {j.top, j.top, j.top, j.top};
+  const D4 one4 = {1, 1, 1, 1}, zero4{};
+  const L4 abs_mask = L4{} + std::numeric_limits<std::int64_t>::max();
+  const L4 emin4 = L4{} + j.emin;
+  const L4 sat4 = L4{} - (j.saturates ? 1 : 0);
+  D4 max_rel = zero4, max_ulp = zero4;
+  std::int64_t hist[4][kCodes] = {};  // one histogram per lane: no increment waits for the one before
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    F4 yf, rf;
+    std::memcpy(&yf, y + i, sizeof yf);
+    std::memcpy(&rf, r + i, sizeof rf);
+    const U4 yb = reinterpret_cast<U4>(yf) & 0x7fffffffu, rb = reinterpret_cast<U4>(rf) & 0x7fffffffu;
+    const U4 bad = (yb >= 0x7f800000u) | (rb >= 0x7f800000u);
+    if ((bad[0] | bad[1] | bad[2] | bad[3]) != 0) {
+      for (std::size_t k = i; k < i + 4; ++k) count_element(y[k], r[k], j, dtype, s, sum);
+      continue;
+    }
+    const D4 yd = __builtin_convertvector(yf, D4), rd = __builtin_convertvector(rf, D4);
+    const D4 ay = reinterpret_cast<D4>(reinterpret_cast<L4>(yd) & abs_mask);
+    const D4 ar = reinterpret_cast<D4>(reinterpret_cast<L4>(rd) & abs_mask);
+    const D4 diff = yd - rd;
+    const D4 err = reinterpret_cast<D4>(reinterpret_cast<L4>(diff) & abs_mask);
+    const D4 rel = err / (ar < floor4 ? floor4 : ar);  // std::max(|r|, floor)
+    const L4 flip = ((yd == zero4) & (rd != zero4)) | ((ay == top4) & (ar < top4)) |
+                    (sat4 & (ay == one4) & (ar != one4));
+    // ulp_D(r) = 2^(e - (p - 1)), e = max(exponent of r, emin) (emin for 0; r is a normal double or 0)
+    const L4 field = reinterpret_cast<L4>(ar) >> 52;
+    const L4 exponent = field - 1023;
+    const L4 e = field == 0 ? emin4 : (exponent < emin4 ? emin4 : exponent);
+    const D4 inverse_ulp = reinterpret_cast<D4>(((j.p - 1) + 1023 - e) << 52);
+    const D4 ulps = err * inverse_ulp;
+    max_rel = max_rel < rel ? rel : max_rel;
+    max_ulp = max_ulp < ulps ? ulps : max_ulp;
+    // The bucket from rel's exponent bits (fast_error_bucket), or a code.
+    const L4 rel_bits = reinterpret_cast<L4>(rel);
+    const L4 rel_field = rel_bits >> 52;
+    L4 bucket = 1022 - rel_field;
+    bucket = bucket < 0 ? L4{} : bucket;
+    bucket = bucket > trace::kErrorBins - 1 ? L4{} + (trace::kErrorBins - 1) : bucket;
+    bucket = ((rel_bits & static_cast<std::int64_t>(kMantissa)) >> 32) == 0 ? L4{} + kLogCode : bucket;
+    bucket = rel == zero4 ? L4{} + kExactCode : bucket;
+    bucket = flip != 0 ? L4{} + kFlipCode : bucket;
+    for (int k = 0; k < 4; ++k) {
+      sum += rel[k];
+      std::int64_t code = bucket[k];
+      if (code == kLogCode) [[unlikely]] code = error_bucket(rel[k]);
+      ++hist[k][code];
+    }
+    s.counted += 4;
+  }
+  for (; i < n; ++i) count_element(y[i], r[i], j, dtype, s, sum);
+  s.max_rel = std::max({s.max_rel, max_rel[0], max_rel[1], max_rel[2], max_rel[3]});
+  s.max_ulp = std::max({s.max_ulp, max_ulp[0], max_ulp[1], max_ulp[2], max_ulp[3]});
+  for (int k = 0; k < 4; ++k) {
+    for (int b = 0; b < trace::kErrorBins; ++b) s.error_bins[static_cast<std::size_t>(b)] += hist[k][b];
+    s.flips += hist[k][kFlipCode];
+    s.exact += hist[k][kExactCode];
+  }
+}
+
+// Compiled twice on x86-64, for AVX2 and for the baseline, and chosen once by what the CPU supports; the AVX2
+// versions end with vzeroupper (probes/stats.cpp says why).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2"))) double largest_finite_avx2(const float* r, std::size_t n) {
+  const double v = largest_finite_impl(r, n);
+  __builtin_ia32_vzeroupper();
+  return v;
+}
+__attribute__((target("avx2"))) void compare_floats_avx2(const float* y, const float* r, std::size_t n,
+                                                         const Judge& j, DType dtype, ErrorStats& s, double& sum) {
+  compare_floats_impl(y, r, n, j, dtype, s, sum);
+  __builtin_ia32_vzeroupper();
+}
+bool use_avx2() {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+}
+double largest_finite_floats(const float* r, std::size_t n) {
+  return use_avx2() ? largest_finite_avx2(r, n) : largest_finite_impl(r, n);
+}
+void compare_floats(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype, ErrorStats& s,
+                    double& sum) {
+  if (use_avx2()) {
+    compare_floats_avx2(y, r, n, j, dtype, s, sum);
+  } else {
+    compare_floats_impl(y, r, n, j, dtype, s, sum);
+  }
+}
+#else
+double largest_finite_floats(const float* r, std::size_t n) { return largest_finite_impl(r, n); }
+void compare_floats(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype, ErrorStats& s,
+                    double& sum) {
+  compare_floats_impl(y, r, n, j, dtype, s, sum);
+}
+#endif
+
+// compare_values for floats, by the fast path where the dtype's smallest exponent is one a float's
+// exponent bits reach (f16, bf16, f32).
+ErrorStats compare_float_values(const float* y, const float* r, std::size_t n, DType dtype, std::string_view op) {
+  const Judge j{0, largest_finite(dtype), significand_bits(dtype), min_exponent(dtype), saturating(op)};
+  if (j.emin < -126) return compare_values(y, r, n, dtype, op);
+  const double scale = largest_finite_floats(r, n);
+  Judge judge = j;
+  judge.floor = std::max(relative_error_floor(dtype), std::ldexp(scale, -j.p));
+  ErrorStats s;
+  double sum = 0;
+  compare_floats(y, r, n, judge, dtype, s, sum);
+  s.mean_rel = s.counted > 0 ? sum / static_cast<double>(s.counted) : 0;
+  s.bits = s.max_rel == 0 ? j.p : std::clamp(-std::log2(s.max_rel), 0.0, static_cast<double>(j.p)) + 0.0;  // + 0.0: no -0 for an error of 1
+  return s;
+}
+
 template <class T>
 ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
   if constexpr (std::is_same_v<T, double>) {
@@ -183,7 +367,7 @@ ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype,
     // f32 on the host, contiguous: the cast kernel widens f16 and bf16 (F16C where the CPU has it).
     const auto host_f32 = [](const Tensor& t) { return t.to(DType::f32).to(Device::cpu()).contiguous(); };
     const Tensor y = host_f32(value), r = host_f32(reference);
-    return compare_values(y.data_as<float>(), r.data_as<float>(), static_cast<std::size_t>(y.numel()), dtype, op);
+    return compare_float_values(y.data_as<float>(), r.data_as<float>(), static_cast<std::size_t>(y.numel()), dtype, op);
   }
 }
 
