@@ -244,7 +244,9 @@ constexpr std::int64_t kFlipCode = trace::kErrorBins, kExactCode = trace::kError
 }
 
 [[gnu::always_inline]] inline void compare_floats_impl(const float* y, const float* r, std::size_t n, const Judge& j,
-                                                       DType dtype, ErrorStats& s, double& sum) {
+                                                       DType dtype, ErrorStats& s, double& total) {
+  double sum = total;  // a local, so that the adds chain in a register rather than through memory
+  std::int64_t counted = 0;
   const D4 floor4 = {j.floor, j.floor, j.floor, j.floor}, top4 = {j.top, j.top, j.top, j.top};
   const D4 one4 = {1, 1, 1, 1}, zero4{};
   const L4 abs_mask = L4{} + std::numeric_limits<std::int64_t>::max();
@@ -294,9 +296,11 @@ constexpr std::int64_t kFlipCode = trace::kErrorBins, kExactCode = trace::kError
       if (code == kLogCode) [[unlikely]] code = error_bucket(rel[k]);
       ++hist[k][code];
     }
-    s.counted += 4;
+    counted += 4;
   }
   for (; i < n; ++i) count_element(y[i], r[i], j, dtype, s, sum);
+  total = sum;
+  s.counted += counted;
   s.max_rel = std::max({s.max_rel, max_rel[0], max_rel[1], max_rel[2], max_rel[3]});
   s.max_ulp = std::max({s.max_ulp, max_ulp[0], max_ulp[1], max_ulp[2], max_ulp[3]});
   for (int k = 0; k < 4; ++k) {
