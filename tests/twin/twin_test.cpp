@@ -1,6 +1,7 @@
 // tests/twin/twin_test.cpp: the f32 twin (probes/twin.h). Its errors against an f64 computation done here,
 // independently of the twin; planted precision losses (a cancellation ranked first, a sum that stops
 // growing); and a run that is bit-identical with and without the twin.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -350,6 +351,52 @@ TEST(Twin, CompareOnHalfAndFloatTensorsMatchesItsDefinitionBitForBit) {
       // The same comparison with y and r swapped, both f32 values.
       const probe::ErrorStats swapped = errors_by_definition(r.values(), y.values(), dtype, false);
       expect_same_stats(probe::compare(r, y.to(DType::f32), dtype, "mul"), swapped);
+    }
+  }
+}
+
+// A large unary element-wise op on f16 or bf16 (every bit pattern, four times over, shuffled): the twin's local
+// errors, whose reference it looks up in a table of the op's f32 values, are those of the op run in f32 on the
+// whole input widened, here, outside the twin, bit for bit.
+TEST(Twin, ALargeElementwiseOpsLocalErrorsAreThoseOfTheOpRunInF32OnItsInput) {
+  const std::vector<std::pair<const char*, Tensor (*)(const Tensor&)>> ops{
+      {"gelu", [](const Tensor& x) { return gelu(x); }},
+      {"gelu", [](const Tensor& x) { return gelu(x, GeluApproximation::tanh); }},
+      {"tanh", [](const Tensor& x) { return tanh(x); }},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }},
+      {"mul", [](const Tensor& x) { return x * 0.125; }},
+      {"pow", [](const Tensor& x) { return pow(x, 3.0); }},
+  };
+  std::mt19937_64 gen(7);
+  std::vector<std::uint16_t> patterns(4 * 65536);
+  for (std::size_t i = 0; i < patterns.size(); ++i) patterns[i] = static_cast<std::uint16_t>(i);
+  std::shuffle(patterns.begin(), patterns.end(), gen);
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    Tensor x = Tensor::empty({4, 65536}, {.dtype = dtype});
+    std::memcpy(x.data(), patterns.data(), patterns.size() * sizeof(std::uint16_t));
+    for (const auto& [name, op] : ops) {
+      SCOPED_TRACE(::testing::Message() << name << " on " << dtype_name(dtype));
+      auto twin = std::make_shared<probe::Twin>(std::make_shared<probe::Probe>(std::make_shared<NullSink>()));
+      Tensor y;
+      {
+        probe::HookGuard installed(twin);
+        probe::StepScope step(0);
+        y = op(x);
+        step.end({});
+      }
+      ASSERT_EQ(twin->rows().size(), 1u);
+      const probe::PrecisionRow& row = twin->rows()[0];
+      ASSERT_EQ(row.op, name);
+      const probe::ErrorStats want = probe::compare(y, op(x.to(DType::f32)), dtype, name);
+      for (const auto& [field, got, expected] :
+           {std::tuple{"local_max_rel", row.local_max_rel, want.max_rel}, {"local_mean_rel", row.local_mean_rel, want.mean_rel},
+            {"local_max_ulp", row.local_max_ulp, want.max_ulp}, {"acc_max_rel", row.acc_max_rel, want.max_rel},
+            {"acc_mean_rel", row.acc_mean_rel, want.mean_rel}, {"bits", row.bits, want.bits}}) {
+        EXPECT_EQ(std::memcmp(&got, &expected, sizeof got), 0) << field << ": " << got << " vs " << expected;
+      }
+      EXPECT_EQ(row.error_bins, want.error_bins);
+      EXPECT_EQ(row.exact, want.exact);
+      EXPECT_EQ(row.flips, want.flips);
     }
   }
 }
