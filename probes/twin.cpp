@@ -13,6 +13,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "kernels/cpu/parallel.h"
 #include "probes/stats.h"
 
 namespace ampscope::probe {
@@ -193,13 +194,13 @@ struct Judge {  // what the comparison needs to know about the dtype and the op
   bool saturates;
 };
 
-// The scalar body: one element, exactly as compare_values counts it.
-[[gnu::always_inline]] inline void count_element(double yi, double ri, const Judge& j, DType dtype, ErrorStats& s,
-                                                 double& sum) {
-  if (!std::isfinite(ri)) return;
+// The scalar body: one element, exactly as compare_values counts it; returns its term of the mean's sum (0 for
+// an element left out: adding +0 to a sum of non-negative terms leaves its bits as they are).
+[[gnu::always_inline]] inline double count_element(double yi, double ri, const Judge& j, DType dtype, ErrorStats& s) {
+  if (!std::isfinite(ri)) return 0.0;
   if (!std::isfinite(yi)) {
     ++s.flips;
-    return;
+    return 0.0;
   }
   const bool flip = (yi == 0 && ri != 0) || (std::fabs(yi) == j.top && std::fabs(ri) < j.top) ||
                     (j.saturates && std::fabs(yi) == 1 && std::fabs(ri) != 1);
@@ -215,8 +216,8 @@ struct Judge {  // what the comparison needs to know about the dtype and the op
   }
   s.max_rel = std::max(s.max_rel, rel);
   s.max_ulp = std::max(s.max_ulp, err / fast_ulp_of(ri, dtype, j.p, j.emin));
-  sum += rel;
   ++s.counted;
+  return rel;
 }
 
 // Histogram codes past the buckets: a flip, an exact element, a bucket log2 decides.
@@ -248,8 +249,11 @@ using U8 = std::uint32_t __attribute__((vector_size(32)));
   return scale;
 }
 
+// With `terms`, each element's term of the mean's sum is stored there (terms[i] for element i) instead of
+// being added to `total`: a later chunk's terms can only be added once the chunks before it are summed.
+template <bool kStore>
 [[gnu::always_inline]] inline void compare_floats_impl(const float* y, const float* r, std::size_t n, const Judge& j,
-                                                       DType dtype, ErrorStats& s, double& total) {
+                                                       DType dtype, ErrorStats& s, double& total, double* terms) {
   double sum = total;  // a local, so that the adds chain in a register rather than through memory
   std::int64_t counted = 0;
   const D4 floor4 = {j.floor, j.floor, j.floor, j.floor}, top4 = {j.top, j.top, j.top, j.top};
@@ -267,7 +271,14 @@ using U8 = std::uint32_t __attribute__((vector_size(32)));
     const U4 yb = reinterpret_cast<U4>(yf) & 0x7fffffffu, rb = reinterpret_cast<U4>(rf) & 0x7fffffffu;
     const U4 bad = (yb >= 0x7f800000u) | (rb >= 0x7f800000u);
     if ((bad[0] | bad[1] | bad[2] | bad[3]) != 0) {
-      for (std::size_t k = i; k < i + 4; ++k) count_element(y[k], r[k], j, dtype, s, sum);
+      for (std::size_t k = i; k < i + 4; ++k) {
+        const double term = count_element(y[k], r[k], j, dtype, s);
+        if constexpr (kStore) {
+          terms[k] = term;
+        } else {
+          sum += term;
+        }
+      }
       continue;
     }
     const D4 yd = __builtin_convertvector(yf, D4), rd = __builtin_convertvector(rf, D4);
@@ -300,10 +311,14 @@ using U8 = std::uint32_t __attribute__((vector_size(32)));
     alignas(32) std::int64_t codes[4];
     std::memcpy(rels, &rel, sizeof rels);
     std::memcpy(codes, &bucket, sizeof codes);
-    sum += rels[0];
-    sum += rels[1];
-    sum += rels[2];
-    sum += rels[3];
+    if constexpr (kStore) {
+      std::memcpy(terms + i, rels, sizeof rels);
+    } else {
+      sum += rels[0];
+      sum += rels[1];
+      sum += rels[2];
+      sum += rels[3];
+    }
     const L4 log = bucket == kLogCode;
     if ((log[0] | log[1] | log[2] | log[3]) != 0) [[unlikely]] {
       for (int k = 0; k < 4; ++k) {
@@ -316,7 +331,14 @@ using U8 = std::uint32_t __attribute__((vector_size(32)));
     ++hist[3][codes[3]];
     counted += 4;
   }
-  for (; i < n; ++i) count_element(y[i], r[i], j, dtype, s, sum);
+  for (; i < n; ++i) {
+    const double term = count_element(y[i], r[i], j, dtype, s);
+    if constexpr (kStore) {
+      terms[i] = term;
+    } else {
+      sum += term;
+    }
+  }
   total = sum;
   s.counted += counted;
   s.max_rel = std::max({s.max_rel, max_rel[0], max_rel[1], max_rel[2], max_rel[3]});
@@ -336,9 +358,11 @@ __attribute__((target("avx2"))) double largest_finite_avx2(const float* r, std::
   __builtin_ia32_vzeroupper();
   return v;
 }
+template <bool kStore>
 __attribute__((target("avx2"))) void compare_floats_avx2(const float* y, const float* r, std::size_t n,
-                                                         const Judge& j, DType dtype, ErrorStats& s, double& sum) {
-  compare_floats_impl(y, r, n, j, dtype, s, sum);
+                                                         const Judge& j, DType dtype, ErrorStats& s, double& sum,
+                                                         double* terms) {
+  compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
   __builtin_ia32_vzeroupper();
 }
 bool use_avx2() {
@@ -348,21 +372,63 @@ bool use_avx2() {
 double largest_finite_floats(const float* r, std::size_t n) {
   return use_avx2() ? largest_finite_avx2(r, n) : largest_finite_impl(r, n);
 }
+template <bool kStore>
 void compare_floats(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype, ErrorStats& s,
-                    double& sum) {
+                    double& sum, double* terms) {
   if (use_avx2()) {
-    compare_floats_avx2(y, r, n, j, dtype, s, sum);
+    compare_floats_avx2<kStore>(y, r, n, j, dtype, s, sum, terms);
   } else {
-    compare_floats_impl(y, r, n, j, dtype, s, sum);
+    compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
   }
 }
 #else
 double largest_finite_floats(const float* r, std::size_t n) { return largest_finite_impl(r, n); }
+template <bool kStore>
 void compare_floats(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype, ErrorStats& s,
-                    double& sum) {
-  compare_floats_impl(y, r, n, j, dtype, s, sum);
+                    double& sum, double* terms) {
+  compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
 }
 #endif
+
+// A large comparison in chunks on the CPU's threads: the first chunk adds its terms to the sum as it goes, the
+// others store theirs, which are then added in element order, so the mean is the one element-by-element
+// summation gives; counts, histograms and maxima merge in any order.
+void compare_floats_chunked(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype,
+                            ErrorStats& s, double& sum) {
+  const auto count = static_cast<std::int64_t>(n);
+  const int chunks = static_cast<int>(
+      std::min<std::int64_t>(cpu::num_threads(), std::max<std::int64_t>(1, count / cpu::kElementwiseGrain)));
+  if (chunks <= 1) {
+    compare_floats<false>(y, r, n, j, dtype, s, sum, nullptr);
+    return;
+  }
+  const auto bound = [&](std::int64_t c) { return static_cast<std::size_t>(count * c / chunks); };
+  std::vector<ErrorStats> parts(static_cast<std::size_t>(chunks));
+  std::vector<double> terms(n - bound(1));
+  double first_sum = 0;
+  cpu::parallel_for(chunks, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t c = first; c < last; ++c) {
+      const std::size_t b = bound(c), e = bound(c + 1);
+      ErrorStats& part = parts[static_cast<std::size_t>(c)];
+      if (c == 0) {
+        compare_floats<false>(y, r, e, j, dtype, part, first_sum, nullptr);
+      } else {
+        double unused = 0;
+        compare_floats<true>(y + b, r + b, e - b, j, dtype, part, unused, terms.data() + (b - bound(1)));
+      }
+    }
+  });
+  sum = first_sum;
+  for (const double t : terms) sum += t;
+  for (const ErrorStats& part : parts) {
+    s.counted += part.counted;
+    s.flips += part.flips;
+    s.exact += part.exact;
+    for (std::size_t b = 0; b < s.error_bins.size(); ++b) s.error_bins[b] += part.error_bins[b];
+    s.max_rel = std::max(s.max_rel, part.max_rel);
+    s.max_ulp = std::max(s.max_ulp, part.max_ulp);
+  }
+}
 
 // compare_values for floats, by the fast path where the dtype's smallest exponent is one a float's
 // exponent bits reach (f16, bf16, f32).
@@ -374,7 +440,7 @@ ErrorStats compare_float_values(const float* y, const float* r, std::size_t n, D
   judge.floor = std::max(relative_error_floor(dtype), std::ldexp(scale, -j.p));
   ErrorStats s;
   double sum = 0;
-  compare_floats(y, r, n, judge, dtype, s, sum);
+  compare_floats_chunked(y, r, n, judge, dtype, s, sum);
   s.mean_rel = s.counted > 0 ? sum / static_cast<double>(s.counted) : 0;
   s.bits = s.max_rel == 0 ? j.p : std::clamp(-std::log2(s.max_rel), 0.0, static_cast<double>(j.p)) + 0.0;  // + 0.0: no -0 for an error of 1
   return s;
