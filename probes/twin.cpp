@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -12,6 +13,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "kernels/cpu/parallel.h"
 #include "probes/stats.h"
 
 namespace ampscope::probe {
@@ -50,6 +52,51 @@ int error_bucket(double e) {
   return b <= 0 ? 0 : b >= trace::kErrorBins - 1 ? trace::kErrorBins - 1 : static_cast<int>(b);
 }
 
+// ulp_of and error_bucket read from the bits of a double where that gives the same answer, bit for bit, and
+// call them where it might not: compare() runs them once per element, and libm's ilogb, ldexp and log2 were
+// most of the twin's time (bench/RESULTS.md).
+constexpr std::uint64_t kMantissa = (std::uint64_t{1} << 52) - 1;
+
+std::uint64_t bits_of(double v) {
+  std::uint64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// The exponent field of a normal double, unbiased; INT_MIN for zero, subnormals, infinities and NaN.
+int normal_exponent(double v) {
+  const int field = static_cast<int>((bits_of(v) >> 52) & 0x7ff);
+  return field == 0 || field == 0x7ff ? std::numeric_limits<int>::min() : field - 1023;
+}
+
+// ulp_of(r, d), with p = significand_bits(d) and emin = min_exponent(d).
+double fast_ulp_of(double r, DType d, int p, int emin) {
+  int e = emin;
+  if (r != 0) {
+    const int k = normal_exponent(r);
+    if (k == std::numeric_limits<int>::min()) return ulp_of(r, d);  // subnormal (ilogb's answer) or not finite
+    e = std::max(e, k);  // ilogb of a normal double is its exponent field
+  }
+  const int u = e - (p - 1);
+  if (u < -1022 || u > 1023) return ulp_of(r, d);  // 2^u is not a normal double
+  const std::uint64_t b = static_cast<std::uint64_t>(u + 1023) << 52;
+  double out;
+  std::memcpy(&out, &b, sizeof out);
+  return out;
+}
+
+// error_bucket(e). For a normal e = m 2^k with 1 + 2^-20 <= m < 2, -log2 e lies in (-k - 1, -k - 2^-21]:
+// log2's result (within an ulp, at most 2^-42 for |k| < 2048) stays inside, so the floor is -k - 1. For m
+// closer to 1 (a power of two included), where the rounded log2 may land on -k, and for zero, subnormal or
+// non-finite e, log2 itself decides.
+int fast_error_bucket(double e) {
+  const std::uint64_t b = bits_of(e);
+  const int field = static_cast<int>((b >> 52) & 0x7ff);
+  if (field == 0 || field == 0x7ff || (b & kMantissa) >> 32 == 0) return error_bucket(e);
+  const int bucket = -(field - 1023) - 1;
+  return bucket <= 0 ? 0 : bucket >= trace::kErrorBins - 1 ? trace::kErrorBins - 1 : bucket;
+}
+
 bool saturating(std::string_view op) { return op == "sigmoid" || op == "tanh"; }
 
 // Ops whose body must not run again: it draws random numbers.
@@ -86,30 +133,20 @@ double relative_error_floor(DType dtype) {
 }
 
 namespace {
-// The elements of `t`, row-major, as T on the host (f32 by the cast kernel, or widened to double).
+// The comparison loop over y and r (n elements each, host memory), in the order the elements are counted.
 template <class T>
-std::vector<T> host_values(const Tensor& t) {
-  if constexpr (std::is_same_v<T, double>) {
-    return t.values();
-  } else {
-    const Tensor c = t.to(DType::f32).to(Device::cpu()).contiguous();
-    const float* p = c.data_as<float>();
-    return std::vector<float>(p, p + c.numel());
-  }
-}
-
-template <class T>
-ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
-  const std::vector<T> y = host_values<T>(value), r = host_values<T>(reference);
+ErrorStats compare_values(const T* y, const T* r, std::size_t n, DType dtype, std::string_view op) {
   double scale = 0;
-  for (T ri : r) {
-    if (std::isfinite(ri)) scale = std::max(scale, static_cast<double>(std::fabs(ri)));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::isfinite(r[i])) scale = std::max(scale, static_cast<double>(std::fabs(r[i])));
   }
-  const double floor = std::max(relative_error_floor(dtype), std::ldexp(scale, -significand_bits(dtype)));
+  const int p = significand_bits(dtype), emin = min_exponent(dtype);
+  const double floor = std::max(relative_error_floor(dtype), std::ldexp(scale, -p));
   const double top = largest_finite(dtype);
+  const bool saturates = saturating(op);
   ErrorStats s;
   double sum = 0;
-  for (std::size_t i = 0; i < y.size(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     const double yi = y[i], ri = r[i];
     if (!std::isfinite(ri)) continue;
     if (!std::isfinite(yi)) {
@@ -117,7 +154,7 @@ ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype,
       continue;
     }
     const bool flip = (yi == 0 && ri != 0) || (std::fabs(yi) == top && std::fabs(ri) < top) ||
-                      (saturating(op) && std::fabs(yi) == 1 && std::fabs(ri) != 1);
+                      (saturates && std::fabs(yi) == 1 && std::fabs(ri) != 1);
     if (flip) ++s.flips;
     const double err = std::fabs(yi - ri);
     const double rel = err / std::max(std::fabs(ri), floor);
@@ -125,18 +162,301 @@ ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype,
       if (rel == 0) {
         ++s.exact;
       } else {
-        ++s.error_bins[static_cast<std::size_t>(error_bucket(rel))];
+        ++s.error_bins[static_cast<std::size_t>(fast_error_bucket(rel))];
       }
     }
     s.max_rel = std::max(s.max_rel, rel);
-    s.max_ulp = std::max(s.max_ulp, err / ulp_of(ri, dtype));
+    s.max_ulp = std::max(s.max_ulp, err / fast_ulp_of(ri, dtype, p, emin));
     sum += rel;
     ++s.counted;
   }
   s.mean_rel = s.counted > 0 ? sum / static_cast<double>(s.counted) : 0;
-  const double p = significand_bits(dtype);
-  s.bits = s.max_rel == 0 ? p : std::clamp(-std::log2(s.max_rel), 0.0, p) + 0.0;  // + 0.0: no -0 for an error of 1
+  s.bits = s.max_rel == 0 ? p : std::clamp(-std::log2(s.max_rel), 0.0, static_cast<double>(p)) + 0.0;  // + 0.0: no -0 for an error of 1
   return s;
+}
+
+// ---- the fast path: f16, bf16 and f32 values read as floats ----
+// Four elements at a time as GCC/Clang vectors of doubles: the error, the relative error (one division), the
+// ulps (ulp_D(r) is a power of two, so multiplying by its inverse, built from r's exponent bits, is exact for
+// float values: the product lies between 2^-253 and 2^278) and the histogram bucket (from the relative error's
+// exponent bits, as fast_error_bucket) are computed lane by lane with the same double operations as
+// compare_values, and the maxima are exact in any order. The mean's sum is still added element by element, in
+// order, so every field is bit for bit compare_values's. Four elements holding a NaN or an infinity (rare) go
+// through the scalar loop's body, as does a relative error whose bucket needs log2.
+using F4 = float __attribute__((vector_size(16)));
+using D4 = double __attribute__((vector_size(32)));
+using L4 = std::int64_t __attribute__((vector_size(32)));
+using U4 = std::uint32_t __attribute__((vector_size(16)));
+
+struct Judge {  // what the comparison needs to know about the dtype and the op
+  double floor, top;
+  int p, emin;
+  bool saturates;
+};
+
+// The scalar body: one element, exactly as compare_values counts it; returns its term of the mean's sum (0 for
+// an element left out: adding +0 to a sum of non-negative terms leaves its bits as they are).
+[[gnu::always_inline]] inline double count_element(double yi, double ri, const Judge& j, DType dtype, ErrorStats& s) {
+  if (!std::isfinite(ri)) return 0.0;
+  if (!std::isfinite(yi)) {
+    ++s.flips;
+    return 0.0;
+  }
+  const bool flip = (yi == 0 && ri != 0) || (std::fabs(yi) == j.top && std::fabs(ri) < j.top) ||
+                    (j.saturates && std::fabs(yi) == 1 && std::fabs(ri) != 1);
+  if (flip) ++s.flips;
+  const double err = std::fabs(yi - ri);
+  const double rel = err / std::max(std::fabs(ri), j.floor);
+  if (!flip) {
+    if (rel == 0) {
+      ++s.exact;
+    } else {
+      ++s.error_bins[static_cast<std::size_t>(fast_error_bucket(rel))];
+    }
+  }
+  s.max_rel = std::max(s.max_rel, rel);
+  s.max_ulp = std::max(s.max_ulp, err / fast_ulp_of(ri, dtype, j.p, j.emin));
+  ++s.counted;
+  return rel;
+}
+
+// Histogram codes past the buckets: a flip, an exact element, a bucket log2 decides.
+constexpr std::int64_t kFlipCode = trace::kErrorBins, kExactCode = trace::kErrorBins + 1,
+                       kLogCode = trace::kErrorBins + 2, kCodes = trace::kErrorBins + 3;
+
+// The largest finite |r[i]|; the comparison of n elements (both float, contiguous) into s and sum.
+// For finite floats the order of |r| is the order of its bits read as integers: the largest finite |r| is
+// the largest magnitude bit pattern below infinity's, eight at a time, widened once at the end.
+using U8 = std::uint32_t __attribute__((vector_size(32)));
+[[gnu::always_inline]] inline double largest_finite_impl(const float* r, std::size_t n) {
+  U8 best{};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    U8 bits;
+    std::memcpy(&bits, r + i, sizeof bits);
+    bits &= 0x7fffffffu;
+    bits = bits < 0x7f800000u ? bits : U8{};  // 0 where not finite
+    best = best < bits ? bits : best;
+  }
+  std::uint32_t top = 0;
+  for (int k = 0; k < 8; ++k) top = std::max(top, best[k]);
+  float largest;
+  std::memcpy(&largest, &top, sizeof largest);
+  double scale = largest;
+  for (; i < n; ++i) {
+    if (std::isfinite(r[i])) scale = std::max(scale, static_cast<double>(std::fabs(r[i])));
+  }
+  return scale;
+}
+
+// With `terms`, each element's term of the mean's sum is stored there (terms[i] for element i) instead of
+// being added to `total`: a later chunk's terms can only be added once the chunks before it are summed.
+template <bool kStore>
+[[gnu::always_inline]] inline void compare_floats_impl(const float* y, const float* r, std::size_t n, const Judge& j,
+                                                       DType dtype, ErrorStats& s, double& total, double* terms) {
+  double sum = total;  // a local, so that the adds chain in a register rather than through memory
+  std::int64_t counted = 0;
+  const D4 floor4 = {j.floor, j.floor, j.floor, j.floor}, top4 = {j.top, j.top, j.top, j.top};
+  const D4 one4 = {1, 1, 1, 1}, zero4{};
+  const L4 abs_mask = L4{} + std::numeric_limits<std::int64_t>::max();
+  const L4 emin4 = L4{} + j.emin;
+  const L4 sat4 = L4{} - (j.saturates ? 1 : 0);
+  D4 max_rel = zero4, max_ulp = zero4;
+  std::int64_t hist[4][kCodes] = {};  // one histogram per lane: no increment waits for the one before
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    F4 yf, rf;
+    std::memcpy(&yf, y + i, sizeof yf);
+    std::memcpy(&rf, r + i, sizeof rf);
+    const U4 yb = reinterpret_cast<U4>(yf) & 0x7fffffffu, rb = reinterpret_cast<U4>(rf) & 0x7fffffffu;
+    const U4 bad = (yb >= 0x7f800000u) | (rb >= 0x7f800000u);
+    if ((bad[0] | bad[1] | bad[2] | bad[3]) != 0) {
+      for (std::size_t k = i; k < i + 4; ++k) {
+        const double term = count_element(y[k], r[k], j, dtype, s);
+        if constexpr (kStore) {
+          terms[k] = term;
+        } else {
+          sum += term;
+        }
+      }
+      continue;
+    }
+    const D4 yd = __builtin_convertvector(yf, D4), rd = __builtin_convertvector(rf, D4);
+    const D4 ay = reinterpret_cast<D4>(reinterpret_cast<L4>(yd) & abs_mask);
+    const D4 ar = reinterpret_cast<D4>(reinterpret_cast<L4>(rd) & abs_mask);
+    const D4 diff = yd - rd;
+    const D4 err = reinterpret_cast<D4>(reinterpret_cast<L4>(diff) & abs_mask);
+    const D4 rel = err / (ar < floor4 ? floor4 : ar);  // std::max(|r|, floor)
+    const L4 flip = ((yd == zero4) & (rd != zero4)) | ((ay == top4) & (ar < top4)) |
+                    (sat4 & (ay == one4) & (ar != one4));
+    // ulp_D(r) = 2^(e - (p - 1)), e = max(exponent of r, emin) (emin for 0; r is a normal double or 0)
+    const L4 field = reinterpret_cast<L4>(ar) >> 52;
+    const L4 exponent = field - 1023;
+    const L4 e = field == 0 ? emin4 : (exponent < emin4 ? emin4 : exponent);
+    const D4 inverse_ulp = reinterpret_cast<D4>(((j.p - 1) + 1023 - e) << 52);
+    const D4 ulps = err * inverse_ulp;
+    max_rel = max_rel < rel ? rel : max_rel;
+    max_ulp = max_ulp < ulps ? ulps : max_ulp;
+    // The bucket from rel's exponent bits (fast_error_bucket), or a code.
+    const L4 rel_bits = reinterpret_cast<L4>(rel);
+    const L4 rel_field = rel_bits >> 52;
+    L4 bucket = 1022 - rel_field;
+    bucket = bucket < 0 ? L4{} : bucket;
+    bucket = bucket > trace::kErrorBins - 1 ? L4{} + (trace::kErrorBins - 1) : bucket;
+    bucket = ((rel_bits & static_cast<std::int64_t>(kMantissa)) >> 32) == 0 ? L4{} + kLogCode : bucket;
+    bucket = rel == zero4 ? L4{} + kExactCode : bucket;
+    bucket = flip != 0 ? L4{} + kFlipCode : bucket;
+    // Through memory rather than lane extracts: fewer instructions.
+    alignas(32) double rels[4];
+    alignas(32) std::int64_t codes[4];
+    std::memcpy(rels, &rel, sizeof rels);
+    std::memcpy(codes, &bucket, sizeof codes);
+    if constexpr (kStore) {
+      std::memcpy(terms + i, rels, sizeof rels);
+    } else {
+      sum += rels[0];
+      sum += rels[1];
+      sum += rels[2];
+      sum += rels[3];
+    }
+    const L4 log = bucket == kLogCode;
+    if ((log[0] | log[1] | log[2] | log[3]) != 0) [[unlikely]] {
+      for (int k = 0; k < 4; ++k) {
+        if (codes[k] == kLogCode) codes[k] = error_bucket(rels[k]);
+      }
+    }
+    ++hist[0][codes[0]];
+    ++hist[1][codes[1]];
+    ++hist[2][codes[2]];
+    ++hist[3][codes[3]];
+    counted += 4;
+  }
+  for (; i < n; ++i) {
+    const double term = count_element(y[i], r[i], j, dtype, s);
+    if constexpr (kStore) {
+      terms[i] = term;
+    } else {
+      sum += term;
+    }
+  }
+  total = sum;
+  s.counted += counted;
+  s.max_rel = std::max({s.max_rel, max_rel[0], max_rel[1], max_rel[2], max_rel[3]});
+  s.max_ulp = std::max({s.max_ulp, max_ulp[0], max_ulp[1], max_ulp[2], max_ulp[3]});
+  for (int k = 0; k < 4; ++k) {
+    for (int b = 0; b < trace::kErrorBins; ++b) s.error_bins[static_cast<std::size_t>(b)] += hist[k][b];
+    s.flips += hist[k][kFlipCode];
+    s.exact += hist[k][kExactCode];
+  }
+}
+
+// Compiled twice on x86-64, for AVX2 and for the baseline, and chosen once by what the CPU supports; the AVX2
+// versions end with vzeroupper (probes/stats.cpp says why).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2"))) double largest_finite_avx2(const float* r, std::size_t n) {
+  const double v = largest_finite_impl(r, n);
+  __builtin_ia32_vzeroupper();
+  return v;
+}
+template <bool kStore>
+__attribute__((target("avx2"))) void compare_floats_avx2(const float* y, const float* r, std::size_t n,
+                                                         const Judge& j, DType dtype, ErrorStats& s, double& sum,
+                                                         double* terms) {
+  compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
+  __builtin_ia32_vzeroupper();
+}
+bool use_avx2() {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+}
+double largest_finite_floats(const float* r, std::size_t n) {
+  return use_avx2() ? largest_finite_avx2(r, n) : largest_finite_impl(r, n);
+}
+template <bool kStore>
+void compare_floats(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype, ErrorStats& s,
+                    double& sum, double* terms) {
+  if (use_avx2()) {
+    compare_floats_avx2<kStore>(y, r, n, j, dtype, s, sum, terms);
+  } else {
+    compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
+  }
+}
+#else
+double largest_finite_floats(const float* r, std::size_t n) { return largest_finite_impl(r, n); }
+template <bool kStore>
+void compare_floats(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype, ErrorStats& s,
+                    double& sum, double* terms) {
+  compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
+}
+#endif
+
+// A large comparison in chunks on the CPU's threads: the first chunk adds its terms to the sum as it goes, the
+// others store theirs, which are then added in element order, so the mean is the one element-by-element
+// summation gives; counts, histograms and maxima merge in any order.
+void compare_floats_chunked(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype,
+                            ErrorStats& s, double& sum) {
+  const auto count = static_cast<std::int64_t>(n);
+  const int chunks = static_cast<int>(
+      std::min<std::int64_t>(cpu::num_threads(), std::max<std::int64_t>(1, count / cpu::kElementwiseGrain)));
+  if (chunks <= 1) {
+    compare_floats<false>(y, r, n, j, dtype, s, sum, nullptr);
+    return;
+  }
+  const auto bound = [&](std::int64_t c) { return static_cast<std::size_t>(count * c / chunks); };
+  std::vector<ErrorStats> parts(static_cast<std::size_t>(chunks));
+  std::vector<double> terms(n - bound(1));
+  double first_sum = 0;
+  cpu::parallel_for(chunks, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t c = first; c < last; ++c) {
+      const std::size_t b = bound(c), e = bound(c + 1);
+      ErrorStats& part = parts[static_cast<std::size_t>(c)];
+      if (c == 0) {
+        compare_floats<false>(y, r, e, j, dtype, part, first_sum, nullptr);
+      } else {
+        double unused = 0;
+        compare_floats<true>(y + b, r + b, e - b, j, dtype, part, unused, terms.data() + (b - bound(1)));
+      }
+    }
+  });
+  sum = first_sum;
+  for (const double t : terms) sum += t;
+  for (const ErrorStats& part : parts) {
+    s.counted += part.counted;
+    s.flips += part.flips;
+    s.exact += part.exact;
+    for (std::size_t b = 0; b < s.error_bins.size(); ++b) s.error_bins[b] += part.error_bins[b];
+    s.max_rel = std::max(s.max_rel, part.max_rel);
+    s.max_ulp = std::max(s.max_ulp, part.max_ulp);
+  }
+}
+
+// compare_values for floats, by the fast path where the dtype's smallest exponent is one a float's
+// exponent bits reach (f16, bf16, f32).
+ErrorStats compare_float_values(const float* y, const float* r, std::size_t n, DType dtype, std::string_view op) {
+  const Judge j{0, largest_finite(dtype), significand_bits(dtype), min_exponent(dtype), saturating(op)};
+  if (j.emin < -126) return compare_values(y, r, n, dtype, op);
+  const double scale = largest_finite_floats(r, n);
+  Judge judge = j;
+  judge.floor = std::max(relative_error_floor(dtype), std::ldexp(scale, -j.p));
+  ErrorStats s;
+  double sum = 0;
+  compare_floats_chunked(y, r, n, judge, dtype, s, sum);
+  s.mean_rel = s.counted > 0 ? sum / static_cast<double>(s.counted) : 0;
+  s.bits = s.max_rel == 0 ? j.p : std::clamp(-std::log2(s.max_rel), 0.0, static_cast<double>(j.p)) + 0.0;  // + 0.0: no -0 for an error of 1
+  return s;
+}
+
+template <class T>
+ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
+  if constexpr (std::is_same_v<T, double>) {
+    const std::vector<double> y = value.values(), r = reference.values();
+    return compare_values(y.data(), r.data(), std::min(y.size(), r.size()), dtype, op);
+  } else {
+    // f32 on the host, contiguous: the cast kernel widens f16 and bf16 (F16C where the CPU has it).
+    const auto host_f32 = [](const Tensor& t) { return t.to(DType::f32).to(Device::cpu()).contiguous(); };
+    const Tensor y = host_f32(value), r = host_f32(reference);
+    return compare_float_values(y.data_as<float>(), r.data_as<float>(), static_cast<std::size_t>(y.numel()), dtype, op);
+  }
 }
 
 bool f32_exact(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
@@ -151,6 +471,48 @@ ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, st
   if (f32_exact(value.dtype()) && f32_exact(reference.dtype())) return compare_as<float>(value, reference, dtype, op);
   return compare_as<double>(value, reference, dtype, op);
 }
+
+namespace {
+
+// ---- the local value of a large unary element-wise op, by table ----
+// An op that maps each element of one f16 or bf16 input on its own (its scalar operands fixed) has at most
+// 65536 distinct inputs: its body run once on every one of them, widened as widened() widens them, is a table
+// whose entries are exactly what the body computes for those elements wherever they stand, so the local
+// value of a large input is a lookup per element (gelu over a transformer's MLP activations: 524288 tanhf
+// calls become 65536). Only ops whose kernels compute each element alone, from its value, are listed.
+bool elementwise_unary(std::string_view op) {
+  static constexpr std::string_view kOps[] = {"relu", "gelu", "sigmoid", "silu", "tanh", "exp", "log", "sqrt",
+                                              "rsqrt", "neg", "pow", "clamp", "abs",
+                                              // with a scalar operand: the only input is the tensor
+                                              "add", "sub", "mul", "div", "rsub"};
+  return std::find(std::begin(kOps), std::end(kOps), op) != std::end(kOps);
+}
+
+constexpr std::int64_t kHalfValues = 65536;  // bit patterns of an f16 or bf16
+
+// The body of `event` run on its input widened, through a table; an undefined tensor where that does not apply
+// (then the caller runs the body on the input itself).
+Tensor local_by_table(const OpEvent& event) {
+  if (event.inputs.size() != 1 || !elementwise_unary(event.op)) return {};
+  const Tensor& in = event.inputs[0];
+  if (!in.defined() || !low_precision(in.dtype()) || !in.device().is_cpu() || !in.is_contiguous() ||
+      in.numel() < 4 * kHalfValues) {
+    return {};  // a smaller input costs less than the table
+  }
+  Tensor every = Tensor::empty({kHalfValues}, {.dtype = in.dtype()});
+  auto* bits = static_cast<std::uint16_t*>(every.data());
+  for (std::int64_t b = 0; b < kHalfValues; ++b) bits[b] = static_cast<std::uint16_t>(b);
+  const Tensor table = (*event.recompute)({widened(every)}).contiguous();
+  if (table.dtype() != DType::f32 || table.numel() != kHalfValues || !table.device().is_cpu()) return {};
+  Tensor out = Tensor::empty(in.shape(), {.dtype = DType::f32});
+  const float* t = table.data_as<float>();
+  const auto* x = static_cast<const std::uint16_t*>(in.data());
+  float* o = out.data_as<float>();
+  for (std::int64_t i = 0, n = in.numel(); i < n; ++i) o[i] = t[x[i]];
+  return out;
+}
+
+}  // namespace
 
 Twin::Twin(std::shared_ptr<Hook> inner, TwinOptions options) : inner_(std::move(inner)), options_(options) {
   if (!inner_) throw Error("twin: no hook to wrap; pass the probe the twin rides along with");
@@ -229,6 +591,8 @@ void Twin::twin(const OpEvent& event) {
   // Per input: the producer row's accumulated errors, where the input is that row's output, uncast (its
   // errors against the twin are then those already computed).
   std::vector<const ErrorStats*> known(event.inputs.size(), nullptr);
+  // Per input: the twin's input is this input itself, widened exactly (neither cast nor followed).
+  std::vector<char> own_value(event.inputs.size(), 0);
   bool follows = false, followed = true, cast = false;
   for (std::size_t i = 0; i < event.inputs.size(); ++i) {
     const Tensor& in = event.inputs[i];
@@ -242,6 +606,7 @@ void Twin::twin(const OpEvent& event) {
       }
     }
     twin_inputs[i] = widened(source);
+    own_value[i] = !was_cast && f32_exact(in.dtype());
     const auto [step, seq] = in.producer();
     if (step != event.step) continue;
     const auto it = values_.find(seq);
@@ -254,9 +619,11 @@ void Twin::twin(const OpEvent& event) {
     const bool same_start = layout != layouts_.end() && in.data() == layout->second.start;
     if (it->second.shape() == in.shape() && same_start && in.strides() == layout->second.strides) {
       twin_inputs[i] = it->second;
+      own_value[i] = 0;
       follows = true;
     } else if (it->second.numel() == in.numel() && same_start && layout->second.contiguous && in.is_contiguous()) {
       twin_inputs[i] = it->second.reshape(in.shape());
+      own_value[i] = 0;
       follows = true;
     } else {
       followed = false;
@@ -282,9 +649,12 @@ void Twin::twin(const OpEvent& event) {
   Tensor local;
   ErrorStats l;
   if (low) {
-    std::vector<Tensor> own(event.inputs.size());
-    for (std::size_t i = 0; i < event.inputs.size(); ++i) own[i] = widened(event.inputs[i]);
-    local = (*event.recompute)(own);
+    local = local_by_table(event);
+    if (!local.defined()) {
+      std::vector<Tensor> own(event.inputs.size());
+      for (std::size_t i = 0; i < event.inputs.size(); ++i) own[i] = widened(event.inputs[i]);
+      local = (*event.recompute)(own);
+    }
     l = compare(event.output, local, out_dtype, event.op);
     row.local = true;
     row.local_max_rel = l.max_rel;
@@ -307,6 +677,9 @@ void Twin::twin(const OpEvent& event) {
     const Tensor& in = event.inputs[i];
     if (!in.defined() || !is_floating(in.dtype()) || !twin_inputs[i].defined()) continue;
     if (in.numel() != twin_inputs[i].numel()) continue;
+    // Against its own exact widening every finite element of an input is exact: errors of 0, which leave the
+    // row's maxima as they are, without a pass over it (attention's transposed q, k and v).
+    if (own_value[i] != 0) continue;
     const ErrorStats e = known[i] != nullptr ? *known[i] : compare(in, twin_inputs[i], in.dtype(), "");
     row.in_acc_max_rel = std::max(row.in_acc_max_rel, e.max_rel);
     row.in_acc_mean_rel = std::max(row.in_acc_mean_rel, e.mean_rel);

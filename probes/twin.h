@@ -28,6 +28,11 @@
 // [batch, time, d], or a plain copy: only the output itself, a view with its start and strides, or a reshape
 // of a contiguous output is followed) is taken as it is, widened (PrecisionRow::followed is then false).
 // Memory: the twin keeps an f32 copy of every twinned op's output until the step ends.
+// Cost: the local value of a large unary element-wise op on f16/bf16 (gelu, tanh, mul by a scalar, ...) is
+// looked up in a table of the op's body run on all 65536 widened inputs (the same values as running it on the
+// input), an input the twin takes as it is gets no comparison pass (its errors are 0), and compare() reads
+// f16/bf16/f32 tensors as floats, four elements at a time, in chunks on the CPU's threads, with the mean's sum
+// still added in element order: the same bits as the element-by-element definition below.
 //
 // The numbers (compare()), per element i with y the op's value, r the reference (both widened to double) and
 // D the op's output dtype (f16: p = 11 significand bits, emin = -14; bf16: p = 8, emin = -126; f32: p = 24,

@@ -236,7 +236,7 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_flag("--twin", c.twin,
                  "Compute every f16/bf16 op of every recorded step again in f32 (the f32 twin) and record how much "
                  "precision each op lost (the trace's /precision table; the report's PRECISION section); the run "
-                 "itself is unchanged, each twinned step costs up to about 2.5x");
+                 "itself is unchanged, each twinned step costs about 1.8x the CPU time");
   cmd_->add_option("--twin-every", c.twin_every, "Twin only every Nth step (implies --twin)")->capture_default_str();
   cmd_->add_option("--scenario", c.scenario, "Failure scenario to reproduce (see --list-scenarios)");
   cmd_->add_option("--init-scale", c.init_scale, "GradScaler's initial loss scale")->capture_default_str();

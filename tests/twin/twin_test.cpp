@@ -1,11 +1,15 @@
 // tests/twin/twin_test.cpp: the f32 twin (probes/twin.h). Its errors against an f64 computation done here,
 // independently of the twin; planted precision losses (a cancellation ranked first, a sum that stops
 // growing); and a run that is bit-identical with and without the twin.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
 #include <cstring>
 #include <memory>
+#include <numeric>
+#include <random>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -238,6 +242,163 @@ TEST(Twin, ErrorHistogramOfAHandWorkedTensor) {
   EXPECT_EQ(s.exact, 1);  // 1 against 1
   EXPECT_EQ(s.flips, 2);  // 0 against 0.5, inf against 8; the infinite reference is left out
   EXPECT_EQ(s.counted, 8);  // finite y and r: the flip to 0 is among them
+}
+
+// compare() on f16, bf16 and f32 tensors (the path that reads them as floats, four at a time) against the
+// definition in probes/twin.h computed here in f64 with libm's log2, ilogb and ldexp, element by element in
+// order: every field equal, bit for bit. The values: every f16 (or bf16) bit pattern, NaN, infinities,
+// zeros and subnormals included, against references that put the relative errors on powers of two (the
+// bucket boundaries), just off them, at 0, at flips (to 0, to the largest finite value, to 1 for tanh) and at
+// seeded random distances; for f32, seeded random values and references.
+probe::ErrorStats errors_by_definition(const std::vector<double>& y, const std::vector<double>& r, DType dtype,
+                                       bool saturates) {
+  const int p = dtype == DType::f16 ? 11 : dtype == DType::bf16 ? 8 : 24;
+  const int emin = dtype == DType::f16 ? -14 : -126;
+  const double top = dtype == DType::f16 ? 65504.0 : dtype == DType::bf16 ? 3.3895313892515355e38 : 3.4028234663852886e38;
+  double scale = 0;
+  for (double v : r) {
+    if (std::isfinite(v)) scale = std::max(scale, std::fabs(v));
+  }
+  const double floor = std::max(std::ldexp(1.0, emin), std::ldexp(scale, -p));
+  probe::ErrorStats s;
+  double sum = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    if (!std::isfinite(r[i])) continue;
+    if (!std::isfinite(y[i])) {
+      ++s.flips;
+      continue;
+    }
+    const bool flip = (y[i] == 0 && r[i] != 0) || (std::fabs(y[i]) == top && std::fabs(r[i]) < top) ||
+                      (saturates && std::fabs(y[i]) == 1 && std::fabs(r[i]) != 1);
+    const double err = std::fabs(y[i] - r[i]);
+    const double rel = err / std::max(std::fabs(r[i]), floor);
+    const int exponent = r[i] == 0 ? emin : std::max(emin, std::ilogb(r[i]));
+    if (flip) {
+      ++s.flips;
+    } else if (rel == 0) {
+      ++s.exact;
+    } else {
+      const double bucket = std::floor(-std::log2(rel));
+      ++s.error_bins[static_cast<std::size_t>(std::clamp(bucket, 0.0, double{trace::kErrorBins - 1}))];
+    }
+    s.max_rel = std::max(s.max_rel, rel);
+    s.max_ulp = std::max(s.max_ulp, err / std::ldexp(1.0, exponent - (p - 1)));
+    sum += rel;
+    ++s.counted;
+  }
+  s.mean_rel = s.counted > 0 ? sum / static_cast<double>(s.counted) : 0;
+  s.bits = s.max_rel == 0 ? p : std::clamp(-std::log2(s.max_rel), 0.0, static_cast<double>(p)) + 0.0;
+  return s;
+}
+
+void expect_same_stats(const probe::ErrorStats& got, const probe::ErrorStats& want) {
+  EXPECT_EQ(got.counted, want.counted);
+  EXPECT_EQ(got.flips, want.flips);
+  EXPECT_EQ(got.exact, want.exact);
+  EXPECT_EQ(got.error_bins, want.error_bins);
+  for (const auto& [name, a, b] : {std::tuple{"max_rel", got.max_rel, want.max_rel}, {"mean_rel", got.mean_rel, want.mean_rel},
+                                   {"max_ulp", got.max_ulp, want.max_ulp}, {"bits", got.bits, want.bits}}) {
+    EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << name << ": " << a << " vs " << b << " by the definition";
+  }
+}
+
+TEST(Twin, CompareOnHalfAndFloatTensorsMatchesItsDefinitionBitForBit) {
+  std::mt19937_64 gen(2026);
+  std::uniform_real_distribution<double> unit(-1.0, 1.0);
+  std::uniform_int_distribution<int> shift(1, 40);
+  // A reference for y: the i-th of a cycle of kinds of distance.
+  const auto reference_for = [&](double y, std::size_t i, double top) {
+    switch (i % 12) {
+      case 0: return y;                                               // exact
+      case 1: return y * (1 + std::ldexp(1.0, -shift(gen)));          // a power-of-two error, about
+      case 2: return y / (1 + std::ldexp(1.0, -shift(gen)));          // just under one
+      case 3: return y + std::ldexp(y, -shift(gen)) * unit(gen);      // random
+      case 4: return y == 0 ? std::ldexp(1.0, -shift(gen)) : y * 2;   // a flip to 0, or 100%
+      case 5: return y * (1 + unit(gen) * 1e-3);
+      case 6: return std::fabs(y) == top ? y * 0.999 : y * 1.5;       // a flip to the largest finite value
+      case 7: return std::fabs(y) == 1 ? y * (1 - 1e-6) : y;          // tanh's flip to 1
+      case 8: return i % 24 == 8 ? std::numeric_limits<double>::infinity() : -y;
+      case 9: return i % 24 == 9 ? std::numeric_limits<double>::quiet_NaN() : y * 0.75;
+      case 10: return 0.0;
+      default: return y + unit(gen);
+    }
+  };
+  for (const DType dtype : {DType::f16, DType::bf16, DType::f32}) {
+    for (const char* op : {"mul", "tanh"}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << ", " << op);
+      std::vector<double> yv, rv;
+      const double top = dtype == DType::f16 ? 65504.0 : dtype == DType::bf16 ? 3.3895313892515355e38 : 3.4028234663852886e38;
+      for (std::uint32_t b = 0; b < 65536 * 3; ++b) {
+        const std::uint16_t h = static_cast<std::uint16_t>(b);
+        double y = dtype == DType::f16 ? static_cast<float>(f16::from_bits(h))
+                   : dtype == DType::bf16 ? static_cast<float>(bf16::from_bits(h))
+                                          : static_cast<float>(std::ldexp(unit(gen), shift(gen) - 20));
+        if (dtype == DType::f32 && b % 97 == 0) y = b % 2 ? 1.0 : -1.0;  // for tanh
+        if (dtype == DType::f32 && b % 7 == 0) y = 0.0;
+        yv.push_back(y);
+        rv.push_back(reference_for(y, b / 3 + b % 3 * 5, top));
+      }
+      yv.resize(yv.size() - 3);  // not a multiple of four
+      rv.resize(yv.size());
+      const Tensor y = from_values(yv, {static_cast<std::int64_t>(yv.size())}, {.dtype = dtype});
+      const Tensor r = from_values(rv, {static_cast<std::int64_t>(rv.size())}, {.dtype = DType::f32});
+      ASSERT_EQ(std::memcmp(y.values().data(), yv.data(), yv.size() * sizeof(double)), 0) << "y not exact in its dtype";
+      const probe::ErrorStats want = errors_by_definition(y.values(), r.values(), dtype, std::string_view(op) == "tanh");
+      ASSERT_GT(want.exact, 0);
+      ASSERT_GT(want.flips, 0);
+      ASSERT_GT(std::accumulate(want.error_bins.begin() + 1, want.error_bins.end() - 1, std::int64_t{0}), 0);
+      expect_same_stats(probe::compare(y, r, dtype, op), want);
+      // The same comparison with y and r swapped, both f32 values.
+      const probe::ErrorStats swapped = errors_by_definition(r.values(), y.values(), dtype, false);
+      expect_same_stats(probe::compare(r, y.to(DType::f32), dtype, "mul"), swapped);
+    }
+  }
+}
+
+// A large unary element-wise op on f16 or bf16 (every bit pattern, four times over, shuffled): the twin's local
+// errors, whose reference it looks up in a table of the op's f32 values, are those of the op run in f32 on the
+// whole input widened, here, outside the twin, bit for bit.
+TEST(Twin, ALargeElementwiseOpsLocalErrorsAreThoseOfTheOpRunInF32OnItsInput) {
+  const std::vector<std::pair<const char*, Tensor (*)(const Tensor&)>> ops{
+      {"gelu", [](const Tensor& x) { return gelu(x); }},
+      {"gelu", [](const Tensor& x) { return gelu(x, GeluApproximation::tanh); }},
+      {"tanh", [](const Tensor& x) { return tanh(x); }},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }},
+      {"mul", [](const Tensor& x) { return x * 0.125; }},
+      {"pow", [](const Tensor& x) { return pow(x, 3.0); }},
+  };
+  std::mt19937_64 gen(7);
+  std::vector<std::uint16_t> patterns(4 * 65536);
+  for (std::size_t i = 0; i < patterns.size(); ++i) patterns[i] = static_cast<std::uint16_t>(i);
+  std::shuffle(patterns.begin(), patterns.end(), gen);
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    Tensor x = Tensor::empty({4, 65536}, {.dtype = dtype});
+    std::memcpy(x.data(), patterns.data(), patterns.size() * sizeof(std::uint16_t));
+    for (const auto& [name, op] : ops) {
+      SCOPED_TRACE(::testing::Message() << name << " on " << dtype_name(dtype));
+      auto twin = std::make_shared<probe::Twin>(std::make_shared<probe::Probe>(std::make_shared<NullSink>()));
+      Tensor y;
+      {
+        probe::HookGuard installed(twin);
+        probe::StepScope step(0);
+        y = op(x);
+        step.end({});
+      }
+      ASSERT_EQ(twin->rows().size(), 1u);
+      const probe::PrecisionRow& row = twin->rows()[0];
+      ASSERT_EQ(row.op, name);
+      const probe::ErrorStats want = probe::compare(y, op(x.to(DType::f32)), dtype, name);
+      for (const auto& [field, got, expected] :
+           {std::tuple{"local_max_rel", row.local_max_rel, want.max_rel}, {"local_mean_rel", row.local_mean_rel, want.mean_rel},
+            {"local_max_ulp", row.local_max_ulp, want.max_ulp}, {"acc_max_rel", row.acc_max_rel, want.max_rel},
+            {"acc_mean_rel", row.acc_mean_rel, want.mean_rel}, {"bits", row.bits, want.bits}}) {
+        EXPECT_EQ(std::memcmp(&got, &expected, sizeof got), 0) << field << ": " << got << " vs " << expected;
+      }
+      EXPECT_EQ(row.error_bins, want.error_bins);
+      EXPECT_EQ(row.exact, want.exact);
+      EXPECT_EQ(row.flips, want.flips);
+    }
+  }
 }
 
 // What the twin does not compute again is counted, and dropout's generator is not advanced by it.
