@@ -149,12 +149,12 @@ void ShardedOptimizer::consolidate_state(int root) {
       if (me == r) {
         const optim::ParamState* s = optimizer_->find_state(p);
         if (s == nullptr) {
-          header = "-";
+          header.assign(1, '-');  // (not = "-": GCC 12 warns falsely of an overlapping memcpy there)
         } else {
-          header = std::to_string(s->step);
+          header = fmt::format("{}", s->step);
           for (Tensor optim::ParamState::*field : kStateTensors) {
             const Tensor& t = s->*field;
-            header += " " + std::to_string(t.defined() ? static_cast<int>(t.dtype()) : -1);
+            header += fmt::format(" {}", t.defined() ? static_cast<int>(t.dtype()) : -1);
           }
         }
       }
