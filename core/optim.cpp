@@ -709,9 +709,9 @@ namespace {
 
 // One fused kernel per group (the backend's fused AMP hooks, core/backend.h; the CUDA backend's
 // kernels/cuda/fused_amp.h) instead of SGD::update / Adam::update's ops per parameter, with the same
-// bits. Taken only when every parameter with a gradient, its gradient and its state are contiguous f32
-// tensors on one device whose backend has the fused kernels switched on; anything else (the CPU backend,
-// f16 parameters, views) runs the unfused loop. The state is created here as the unfused path creates it.
+// bits. Taken only when every parameter with a gradient (every one this rank owns, when sharded), its gradient
+// and its state are contiguous f32 tensors on one device whose backend has the fused kernels switched on;
+// anything else (the CPU backend, f16 parameters, views) runs the unfused loop. The state is created here as the unfused path creates it.
 bool try_fused_step(Optimizer& opt) {
   // Exactly these classes: a subclass may override update(), which the fused kernels would bypass.
   const std::type_info& type = typeid(opt);

@@ -288,7 +288,7 @@ TrainCommand::TrainCommand(CLI::App& app) {
                  "With --ddp: ZeRO-1, each rank keeps and updates the optimizer state (AdamW's exp_avg, exp_avg_sq) "
                  "of its shard of the parameters only (whole parameters, largest first, each to the rank holding "
                  "the fewest elements) and broadcasts what it updated; bit for bit the unsharded run, the state's "
-                 "memory divided by about N. Checkpoints are the unsharded file; --resume works on any number "
+                 "memory divided by up to N. Checkpoints are the unsharded file; --resume works on any number "
                  "of ranks that divides --batch. With one rank: the whole state, as without it (docs/distributed.md)");
   cmd_->add_flag("--compare", compare_, "Run fp32 and the chosen precision with the same seed; write both traces");
   cmd_->add_option("--config", config_file_, "TOML file with the same settings (keys as the option names: "
