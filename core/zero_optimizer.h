@@ -24,7 +24,8 @@
 // kernel, on the same gradient), and the broadcast copies bits, so a sharded run is bit for bit the
 // unsharded one. The GradScaler decides as before: every rank unscales the whole averaged gradient, reads
 // the same found_inf (also max-reduced over the group) and skips or steps together; a skipped step calls
-// no opt.step() and so no broadcast, on every rank alike.
+// no opt.step() and so no broadcast, on every rank alike. A probe hook hears the updates of f16/bf16
+// parameters (probe::Hook::on_update) of this rank's shard only; the run's f32 master weights have none.
 #pragma once
 
 #include <cstddef>

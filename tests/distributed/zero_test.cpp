@@ -179,6 +179,17 @@ TEST(sharded_optimizer, a_sharded_optimizer_refuses_new_groups_and_a_second_shar
   }
   EXPECT_FALSE(opt.sharded());  // the destructor ended it
   opt.add_param_group({.params = {v}, .options = {}});
+  Tensor stranger = ones({2});
+  stranger.requires_grad_(true);
+  stranger.set_name("stranger");
+  try {
+    opt.set_shard({stranger}, {});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "SGD: set_shard: 'stranger' is not one of this optimizer's parameters\nhint: shard the "
+                           "optimizer's own parameters (param_groups())");
+  }
+  EXPECT_FALSE(opt.sharded());
 }
 
 // ---- training: sharded against plain DDP ----
