@@ -195,10 +195,10 @@ void check_writable_folder(std::string_view option, const std::string& path, con
 struct SavedRun {
   std::string identity;  // the task's identity ("mlp", "gpt2", ...)
   std::uint64_t seed = 0;
-  // ZeRO-1 / resume on another number of ranks: the ranks of the run that wrote it (1 for checkpoints
-  // written before the field existed) and whether its optimizer was sharded. The file is the same either way.
-  std::int64_t world_size = 1;
-  bool sharded_optimizer = false;
+  // ZeRO-1 / resume on another number of ranks: the ranks of the run that wrote it (unknown in checkpoints
+  // written before the field existed). Whether its optimizer was sharded is recorded too, but changes
+  // nothing here: the file is the same either way.
+  std::optional<std::int64_t> world_size;
 };
 
 SavedRun peek_resume(const TrainConfig& config) {
@@ -224,14 +224,12 @@ SavedRun peek_resume(const TrainConfig& config) {
                               config.resume, key, saved, requested, key));
     }
   }
-  SavedRun saved{std::get<std::string>(sample_it->second),
-                 static_cast<std::uint64_t>(std::get<std::int64_t>(seed_it->second))};
+  SavedRun saved;
+  saved.identity = std::get<std::string>(sample_it->second);
+  saved.seed = static_cast<std::uint64_t>(std::get<std::int64_t>(seed_it->second));
   // ZeRO-1 / resume on another number of ranks.
   if (const auto it = run.find("world_size"); it != run.end() && std::holds_alternative<std::int64_t>(it->second)) {
     saved.world_size = std::get<std::int64_t>(it->second);
-  }
-  if (const auto it = run.find("sharded_optimizer"); it != run.end() && std::holds_alternative<bool>(it->second)) {
-    saved.sharded_optimizer = std::get<bool>(it->second);
   }
   return saved;
 }
@@ -242,18 +240,27 @@ SavedRun peek_resume(const TrainConfig& config) {
 // not, naming the checkpoint's ranks and the new ones (rank_rows' own message otherwise).
 void check_resume_ranks(const TrainConfig& config, const SavedRun& saved, int ranks) {
   if (config.batch % ranks == 0) return;
-  std::string divisors;
-  for (std::int64_t d = 1; d <= config.batch && d <= 64; ++d) {
+  std::string divisors;  // those up to 64, then "..."
+  for (std::int64_t d = 1; d <= config.batch; ++d) {
     if (config.batch % d != 0) continue;
     if (!divisors.empty()) divisors += ", ";
+    if (d > 64) {
+      divisors += "...";
+      break;
+    }
     divisors += fmt::format("{}", d);
   }
-  throw Error(fmt::format("--resume: '{}' was written by a run of {} rank(s); resuming it on {} ranks needs a global "
-                          "--batch that splits evenly over {}, and --batch {} does not (every rank makes the same "
-                          "global batch and trains on an equal share of it)\nhint: resume on a number of ranks "
-                          "that divides {} (mpirun -np N with N one of {}), for instance on the checkpoint's {}",
-                          config.resume, saved.world_size, ranks, ranks, config.batch, config.batch, divisors,
-                          saved.world_size));
+  const std::string written = saved.world_size ? fmt::format("was written by a run of {} rank(s)", *saved.world_size)
+                                               : std::string("does not record how many ranks wrote it");
+  const std::string instance =
+      saved.world_size && config.batch % *saved.world_size == 0
+          ? fmt::format(", for instance on the checkpoint's {}", *saved.world_size)
+          : std::string();
+  throw Error(fmt::format("--resume: '{}' {}; resuming it on {} ranks needs a global --batch that splits evenly over "
+                          "{}, and --batch {} does not (every rank makes the same global batch and trains on an "
+                          "equal share of it)\nhint: resume on a number of ranks that divides {} (mpirun -np N with N "
+                          "one of {}){}",
+                          config.resume, written, ranks, ranks, config.batch, config.batch, divisors, instance));
 }
 
 // Overrides for what-if runs: each pattern keeps matching modules (or ops) in f32. Module paths are known
@@ -390,11 +397,11 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
   if (!config.resume.empty()) {
     saved = peek_resume(config);
     config.seed = saved->seed;
-    if (saved->world_size != ranks_) {  // ZeRO-1 / resume on another number of ranks: allowed, said
+    if (saved->world_size && *saved->world_size != ranks_) {  // ZeRO-1 / resume on another number of ranks
       warnings_.push_back(fmt::format("--resume: '{}' was written by a run of {} rank(s) and resumed on {}: the same "
                                       "training up to the order of the additions (the gradient sums), so not bit "
                                       "for bit the run it continues",
-                                      config.resume, saved->world_size, ranks_));
+                                      config.resume, *saved->world_size, ranks_));
     }
   }
 
