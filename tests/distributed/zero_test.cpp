@@ -501,6 +501,55 @@ TEST(zero_resume, a_checkpoint_whose_batch_does_not_split_over_the_new_ranks_is_
   if (g.rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// A checkpoint written before `world_size` was recorded (made here by removing it, and sharded_optimizer,
+// from a one-rank checkpoint's run state): it resumes on N ranks with no warning, since nothing says the
+// count changed, and a batch that does not split is refused saying the file does not record its ranks.
+TEST(zero_resume, a_checkpoint_that_does_not_record_its_ranks_resumes_without_a_warning_and_a_refusal_says_so) {
+  ProcessGroup& g = test_group();
+  const std::filesystem::path dir = shared_temp_folder(g);
+  TrainConfig c = small_run("mlp", Precision::fp32);
+  c.steps = 1;
+  c.checkpoint = (dir / "old.h5").string();
+  if (g.rank() == 0) {
+    samples::train(c);
+    SavedState s = read_checkpoint(c, c.checkpoint);
+    Generator gen(0);
+    Checkpoint ck{.model = &s.task->model(), .optimizer = s.opt.get(), .generators = {{"model", &gen}},
+                  .states = {{"scaler", StateDict{}}, {"run", StateDict{}}}};
+    load_checkpoint(c.checkpoint, ck);
+    EXPECT_EQ(std::get<std::int64_t>(ck.states.at("run").at("world_size")), 1);
+    EXPECT_EQ(std::get<bool>(ck.states.at("run").at("sharded_optimizer")), false);
+    ck.states.at("run").erase("world_size");
+    ck.states.at("run").erase("sharded_optimizer");
+    save_checkpoint(c.checkpoint, ck);
+  }
+  g.barrier();
+  TrainConfig resumed = c;
+  resumed.checkpoint.clear();
+  resumed.resume = c.checkpoint;
+  resumed.process_group = &g;
+  resumed.shard_optimizer = true;
+  const TrainResult r = samples::train(resumed);
+  EXPECT_EQ(r.losses.size(), 1u);
+  EXPECT_TRUE(r.warnings.empty()) << (r.warnings.empty() ? "" : r.warnings.front());
+  if (g.size() > 1) {
+    resumed.batch = 7;
+    try {
+      samples::train(resumed);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      const std::string n = std::to_string(g.size());
+      EXPECT_EQ(std::string(e.what()),
+                "--resume: '" + c.checkpoint + "' does not record how many ranks wrote it; resuming it on " + n +
+                    " ranks needs a global --batch that splits evenly over " + n +
+                    ", and --batch 7 does not (every rank makes the same global batch and trains on an equal share "
+                    "of it)\nhint: resume on a number of ranks that divides 7 (mpirun -np N with N one of 1, 7)");
+    }
+  }
+  g.barrier();
+  if (g.rank() == 0) std::filesystem::remove_all(dir);
+}
+
 TEST(zero_refusals, shard_optimizer_with_eval_is_refused) {
   TrainConfig c = small_run("mlp", Precision::fp32);
   c.eval = true;
