@@ -10,6 +10,12 @@
 //   per-tensor  one all_reduce per parameter tensor (DDP without buckets);
 //   MPI_Allreduce  Open MPI's own MPI_SUM on the same flat f32 buffer, for scale (f32 only: MPI has no f16).
 // Rank 0 prints one table row per (model, dtype).
+// Then ZeRO-1 against plain DDP (issue 21), per model, f32 parameters and gradients (the runs' master
+// weights): the part of a training step that differs between them, timed the same way:
+//   plain DDP   GradientAllReducer::all_reduce, then AdamW's step over every parameter;
+//   ZeRO-1      the same all-reduce, then AdamW's step over this rank's shard (ShardedOptimizer) and the
+//               owners' broadcasts of the updated parameters;
+// with the elements of optimizer state each rank holds (the largest shard's for ZeRO-1).
 #include <mpi.h>
 
 #include <algorithm>
@@ -20,7 +26,10 @@
 #include <string>
 #include <vector>
 
+#include "core/data_parallel.h"
+#include "core/optim.h"
 #include "core/process_group.h"
+#include "core/zero_optimizer.h"
 #include "samples/models.h"
 
 namespace {
@@ -116,6 +125,49 @@ int main(int argc, char** argv) {
                       m.sizes.size(), std::string(dtype_name(dtype)).c_str(), format(flat_ms).c_str(),
                       format(per_tensor_ms).c_str(), mpi.c_str());
         }
+      }
+    }
+
+    // ZeRO-1 against plain DDP: the models themselves (f32 parameters), a constant gradient (its mean over
+    // the ranks is itself, so every step does the same work).
+    if (group->rank() == 0) {
+      std::printf("\nZeRO-1 against plain DDP: all-reduce + AdamW step (+ ZeRO-1's broadcasts), median (fastest) in "
+                  "ms; optimizer state elements per rank (ZeRO-1: the largest shard's)\n");
+      std::printf("| model | plain DDP | ZeRO-1 | state per rank, plain | state per rank, ZeRO-1 |\n|---|---|---|---|---|\n");
+    }
+    auto make_models = [&](Generator& g) {
+      std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>> out;
+      out.emplace_back("MLP 784-256-256-10",
+                       std::shared_ptr<nn::Module>(samples::make_mlp({.in_features = 784, .hidden = 256, .classes = 10}, g)));
+      out.emplace_back("MNIST CNN", std::shared_ptr<nn::Module>(samples::make_mnist_cnn(g)));
+      out.emplace_back("tiny GPT (2 blocks, d 128)", std::make_shared<samples::TinyTransformer>(gpt, g));
+      return out;
+    };
+    Generator g1(1), g2(1);
+    auto plain_models = make_models(g1), zero_models = make_models(g2);
+    for (std::size_t m = 0; m < plain_models.size(); ++m) {
+      std::vector<Tensor> plain_params = plain_models[m].second->parameters();
+      std::vector<Tensor> zero_params = zero_models[m].second->parameters();
+      for (std::vector<Tensor>* ps : {&plain_params, &zero_params}) {
+        for (Tensor& p : *ps) p.set_grad(full(p.shape(), 1.0 / 1024));
+      }
+      optim::AdamW plain_opt(plain_params, {.lr = 1e-3}), zero_opt(zero_params, {.lr = 1e-3});
+      GradientAllReducer plain_reducer(*group, plain_params), zero_reducer(*group, zero_params);
+      ShardedOptimizer zero(*group, zero_opt);
+      const Timing plain_ms = time_ms(*group, repeats, [&] {
+        plain_reducer.all_reduce();
+        plain_opt.step();
+      });
+      const Timing zero_ms = time_ms(*group, repeats, [&] {
+        zero_reducer.all_reduce();
+        zero_opt.step();
+      });
+      std::int64_t largest = 0;
+      for (int r = 0; r < group->size(); ++r) largest = std::max(largest, 2 * zero.shard_elements(r));
+      if (group->rank() == 0) {
+        std::printf("| %s | %s | %s | %lld | %lld |\n", plain_models[m].first.c_str(), format(plain_ms).c_str(),
+                    format(zero_ms).c_str(), static_cast<long long>(optimizer_state_elements(plain_opt)),
+                    static_cast<long long>(largest));
       }
     }
     return 0;

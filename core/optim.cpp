@@ -128,6 +128,11 @@ std::string Optimizer::param_label(const Tensor& p, std::size_t index, std::size
 
 void Optimizer::add_param_group(ParamGroupSpec spec) {
   const std::size_t g = groups_.size();
+  if (sharded_) {
+    throw Error(fmt::format("{}: add_param_group on a sharded optimizer: the new parameters would belong to no "
+                            "rank\nhint: add every group before sharding it (ShardedOptimizer)",
+                            name_));
+  }
   ParamGroup group;
   group.options = resolve(defaults_, spec.options, group_suffix(g));
   check(group.options, group_suffix(g));
@@ -181,18 +186,41 @@ void Optimizer::step() {
   RuntimeInternalGuard internal;  // updates are not the model's ops: no autocast, no probe events
   // The fused paths (the CPU's and CUDA's) take f32 parameters only, so no update they make can be swamped:
   // they report none.
-  if (try_fused_step(*this)) return;  // f32 parameters on a backend with fused steps
-  const bool reporting = probe::hook() != nullptr;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    ParamGroup& group = groups_[g];
-    for (std::size_t i = 0; i < group.params.size(); ++i) {
-      Tensor& p = group.params[i];
-      const Tensor grad = p.grad();
-      if (!grad.defined()) continue;
-      if (reporting) update_label_ = p.name().empty() ? fmt::format("group {}, parameter {}", g, i) : p.name();
-      update(p, grad, state_[p.id()], group.options);
+  // Sharded (ZeRO-1), both paths update this rank's parameters only; after_step_ then brings the others'.
+  if (!try_fused_step(*this)) {  // f32 parameters on a backend with fused steps take the fused path
+    const bool reporting = probe::hook() != nullptr;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      ParamGroup& group = groups_[g];
+      for (std::size_t i = 0; i < group.params.size(); ++i) {
+        Tensor& p = group.params[i];
+        const Tensor grad = p.grad();
+        if (!grad.defined() || !owns(p)) continue;
+        if (reporting) update_label_ = p.name().empty() ? fmt::format("group {}, parameter {}", g, i) : p.name();
+        update(p, grad, state_[p.id()], group.options);
+      }
     }
   }
+  if (after_step_) after_step_();
+}
+
+void Optimizer::set_shard(const std::vector<Tensor>& owned, std::function<void()> after_step) {
+  std::unordered_set<const void*> ids;
+  for (const Tensor& p : owned) {
+    bool found = false;
+    for (const ParamGroup& group : groups_) {
+      for (const Tensor& q : group.params) found = found || q.id() == p.id();
+    }
+    if (!found) {
+      throw Error(fmt::format("{}: set_shard: {} is not one of this optimizer's parameters\nhint: shard the "
+                              "optimizer's own parameters (param_groups())",
+                              name_, p.name().empty() ? std::string("a tensor") : fmt::format("'{}'", p.name())));
+    }
+    ids.insert(p.id());
+  }
+  const bool on = !owned.empty() || after_step;
+  sharded_ = on;
+  owned_ = std::move(ids);
+  after_step_ = std::move(after_step);
 }
 
 void Optimizer::apply_update(Tensor& param, const Tensor& update) {
@@ -681,9 +709,9 @@ namespace {
 
 // One fused kernel per group (the backend's fused AMP hooks, core/backend.h; the CUDA backend's
 // kernels/cuda/fused_amp.h) instead of SGD::update / Adam::update's ops per parameter, with the same
-// bits. Taken only when every parameter with a gradient, its gradient and its state are contiguous f32
-// tensors on one device whose backend has the fused kernels switched on; anything else (the CPU backend,
-// f16 parameters, views) runs the unfused loop. The state is created here as the unfused path creates it.
+// bits. Taken only when every parameter with a gradient (every one this rank owns, when sharded), its gradient
+// and its state are contiguous f32 tensors on one device whose backend has the fused kernels switched on;
+// anything else (the CPU backend, f16 parameters, views) runs the unfused loop. The state is created here as the unfused path creates it.
 bool try_fused_step(Optimizer& opt) {
   // Exactly these classes: a subclass may override update(), which the fused kernels would bypass.
   const std::type_info& type = typeid(opt);
@@ -698,7 +726,7 @@ bool try_fused_step(Optimizer& opt) {
   for (const ParamGroup& group : opt.param_groups()) {
     for (const Tensor& p : group.params) {
       const Tensor grad = p.grad();
-      if (!grad.defined()) continue;
+      if (!grad.defined() || !opt.owns(p)) continue;
       if (device && *device != p.device()) return false;
       if (!device && !backend_for(p.device()).fused_optimizer_available()) return false;
       device = p.device();
@@ -719,7 +747,7 @@ bool try_fused_step(Optimizer& opt) {
       std::vector<FusedSgdTensor> tensors;
       for (const Tensor& p : group.params) {
         const Tensor grad = p.grad();
-        if (!grad.defined()) continue;
+        if (!grad.defined() || !opt.owns(p)) continue;
         ParamState& st = opt.state(p);
         const bool first = h.momentum != 0.0 && !st.momentum_buffer.defined();
         if (first) st.momentum_buffer = zeros(p.shape(), {DType::f32, p.device()});  // the kernel writes g
@@ -734,7 +762,7 @@ bool try_fused_step(Optimizer& opt) {
       std::vector<FusedAdamTensor> tensors;
       for (const Tensor& p : group.params) {
         const Tensor grad = p.grad();
-        if (!grad.defined()) continue;
+        if (!grad.defined() || !opt.owns(p)) continue;
         ParamState& st = opt.state(p);
         const TensorOptions like{DType::f32, p.device()};
         if (!st.exp_avg.defined()) {

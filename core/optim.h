@@ -26,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/tensor.h"
@@ -115,6 +116,18 @@ class Optimizer {
   // optimizer does not hold.
   ParamState& state(const Tensor& param);
   const ParamState* find_state(const Tensor& param) const;  // null when it has none yet
+  // Forgets a parameter's state (the next step() starts it afresh); nothing happens when it has none.
+  void erase_state(const Tensor& param) { state_.erase(param.id()); }
+
+  // ---- sharding (ZeRO-1, core/zero_optimizer.h) ----
+  // Restricts step() to the parameters in `owned` (the others are neither updated nor given state by it;
+  // their state, if any, is left for the caller to free) and runs `after_step` at the end of every step(),
+  // after the updates (ShardedOptimizer's exchange of the updated parameters between the ranks). Every
+  // parameter of `owned` must be one of this optimizer's. set_shard({}, {}) ends the sharding.
+  void set_shard(const std::vector<Tensor>& owned, std::function<void()> after_step);
+  bool sharded() const { return sharded_; }
+  // Whether step() updates this parameter: always without sharding.
+  bool owns(const Tensor& param) const { return !sharded_ || owned_.contains(param.id()); }
 
  protected:
   // `keys` are the OptimizerOptions fields this optimizer has ("lr", "momentum", ...).
@@ -140,6 +153,9 @@ class Optimizer {
   Hyperparameters defaults_;
   std::vector<ParamGroup> groups_;
   std::unordered_map<const void*, ParamState> state_;  // by Tensor::id()
+  bool sharded_ = false;
+  std::unordered_set<const void*> owned_;  // by Tensor::id(), while sharded_
+  std::function<void()> after_step_;
   std::string update_label_;  // the parameter step() is updating, set only while a probe hook is installed
 };
 

@@ -29,6 +29,7 @@
 #include "core/probe_hook.h"
 #include "core/safetensors.h"
 #include "core/training_step.h"
+#include "core/zero_optimizer.h"
 #include "samples/recording.h"
 
 namespace ampscope::samples {
@@ -129,6 +130,7 @@ std::string run_config_json(const TrainConfig& c) {
   if (c.process_group != nullptr && c.process_group->size() > 1) {
     j["world_size"] = c.process_group->size();
     j["rank"] = c.process_group->rank();
+    if (c.shard_optimizer) j["shard_optimizer"] = true;  // ZeRO-1: compared between the ranks like the rest
   }
   return j.dump();
 }
@@ -193,6 +195,10 @@ void check_writable_folder(std::string_view option, const std::string& path, con
 struct SavedRun {
   std::string identity;  // the task's identity ("mlp", "gpt2", ...)
   std::uint64_t seed = 0;
+  // ZeRO-1 / resume on another number of ranks: the ranks of the run that wrote it (unknown in checkpoints
+  // written before the field existed). Whether its optimizer was sharded is recorded too, but changes
+  // nothing here: the file is the same either way.
+  std::optional<std::int64_t> world_size;
 };
 
 SavedRun peek_resume(const TrainConfig& config) {
@@ -218,7 +224,43 @@ SavedRun peek_resume(const TrainConfig& config) {
                               config.resume, key, saved, requested, key));
     }
   }
-  return {std::get<std::string>(sample_it->second), static_cast<std::uint64_t>(std::get<std::int64_t>(seed_it->second))};
+  SavedRun saved;
+  saved.identity = std::get<std::string>(sample_it->second);
+  saved.seed = static_cast<std::uint64_t>(std::get<std::int64_t>(seed_it->second));
+  // ZeRO-1 / resume on another number of ranks.
+  if (const auto it = run.find("world_size"); it != run.end() && std::holds_alternative<std::int64_t>(it->second)) {
+    saved.world_size = std::get<std::int64_t>(it->second);
+  }
+  return saved;
+}
+
+// ZeRO-1 / resume on another number of ranks: a checkpoint holds the whole state whatever the number of
+// ranks that wrote it and whether they sharded the optimizer, and every rank makes the same global batch,
+// so a run may resume on any number of ranks that splits --batch evenly. This is the refusal when it does
+// not, naming the checkpoint's ranks and the new ones (rank_rows' own message otherwise).
+void check_resume_ranks(const TrainConfig& config, const SavedRun& saved, int ranks) {
+  if (config.batch % ranks == 0) return;
+  std::string divisors;  // those up to 64, then "..."
+  for (std::int64_t d = 1; d <= config.batch; ++d) {
+    if (config.batch % d != 0) continue;
+    if (!divisors.empty()) divisors += ", ";
+    if (d > 64) {
+      divisors += "...";
+      break;
+    }
+    divisors += fmt::format("{}", d);
+  }
+  const std::string written = saved.world_size ? fmt::format("was written by a run of {} rank(s)", *saved.world_size)
+                                               : std::string("does not record how many ranks wrote it");
+  const std::string instance =
+      saved.world_size && config.batch % *saved.world_size == 0
+          ? fmt::format(", for instance on the checkpoint's {}", *saved.world_size)
+          : std::string();
+  throw Error(fmt::format("--resume: '{}' {}; resuming it on {} ranks needs a global --batch that splits evenly over "
+                          "{}, and --batch {} does not (every rank makes the same global batch and trains on an "
+                          "equal share of it)\nhint: resume on a number of ranks that divides {} (mpirun -np N with N "
+                          "one of {}){}",
+                          config.resume, written, ranks, ranks, config.batch, config.batch, divisors, instance));
 }
 
 // Overrides for what-if runs: each pattern keeps matching modules (or ops) in f32. Module paths are known
@@ -269,6 +311,7 @@ class TrainingRun {
   const std::string& identity() const { return identity_; }
   std::int64_t anomalies() const { return recording_->anomalies(); }
   const std::string& trace_path() const { return recording_->trace_path(); }
+  std::int64_t optimizer_state_elements() const { return opt_ ? ampscope::optimizer_state_elements(*opt_) : 0; }
 
   // One training step (zero_grad, forward under autocast, scaled backward, unscale/clip/step/update), or
   // with --eval one forward pass; returns its /steps row.
@@ -296,6 +339,7 @@ class TrainingRun {
   int rank_ = 0;
   int ranks_ = 1;
   std::unique_ptr<GradientAllReducer> reducer_;
+  std::unique_ptr<ShardedOptimizer> zero_;  // ZeRO-1 (--shard-optimizer with more than one rank); else null
   std::unique_ptr<Recording> recording_;
 };
 
@@ -314,6 +358,7 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     rank_ = group_->rank();
     ranks_ = group_->size();
     check_same_config(*group_, config);  // first: every check below then ends every rank the same way
+    if (!config.resume.empty() && config.batch % ranks_ != 0) check_resume_ranks(config, peek_resume(config), ranks_);
     rank_rows(config.batch, rank_, ranks_);
     if (!config.out.empty()) config.out = rank_trace_path(config.out, rank_);
   }
@@ -325,6 +370,10 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
   }
   if (config.eval && !config.save_model.empty()) {
     throw Error("--save-model with --eval: an evaluation changes no weights\nhint: leave --save-model out");
+  }
+  if (config.eval && config.shard_optimizer) {  // ZeRO-1
+    throw Error("--shard-optimizer with --eval: an evaluation has no optimizer whose state could be sharded\nhint: "
+                "leave --shard-optimizer out");
   }
   device_ = resolve_device(config.device);
   if (!config.checkpoint.empty()) {
@@ -348,6 +397,12 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
   if (!config.resume.empty()) {
     saved = peek_resume(config);
     config.seed = saved->seed;
+    if (saved->world_size && *saved->world_size != ranks_) {  // ZeRO-1 / resume on another number of ranks
+      warnings_.push_back(fmt::format("--resume: '{}' was written by a run of {} rank(s) and resumed on {}: the same "
+                                      "training up to the order of the additions (the gradient sums), so not bit "
+                                      "for bit the run it continues",
+                                      config.resume, *saved->world_size, ranks_));
+    }
   }
 
   // Build: model parameters are drawn from the seed (or loaded from the model folder); the model then moves
@@ -376,7 +431,10 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
   run_state_ = {{"sample", identity_},
                 {"seed", static_cast<std::int64_t>(config.seed)},
                 {"precision", std::string(precision_name(config.precision))},
-                {"scenario", config.scenario}};
+                {"scenario", config.scenario},
+                // ZeRO-1 / resume on another number of ranks: what wrote it (the file is the same either way).
+                {"world_size", static_cast<std::int64_t>(ranks_)},
+                {"sharded_optimizer", config.shard_optimizer && ranks_ > 1}};
   if (!config.resume.empty()) {
     Checkpoint ck{.model = &model, .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
                   .states = {{"scaler", scaler_->state_dict()}, {"run", StateDict{}}}};
@@ -393,6 +451,8 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     NoGradGuard no_grad;
     for (const Tensor& p : model.parameters()) group_->broadcast(p, 0);
     reducer_ = std::make_unique<GradientAllReducer>(*group_, model.parameters());
+    // ZeRO-1: after the checkpoint loaded (every rank read the whole state), each rank keeps its shard's.
+    if (config.shard_optimizer && opt_) zero_ = std::make_unique<ShardedOptimizer>(*group_, *opt_);
   }
   overrides_ = install_overrides(model, config, identity_, warnings_);
   recording_ = std::make_unique<Recording>(config, run_config_json(config), device_, identity_);
@@ -446,6 +506,8 @@ probe::StepSummary TrainingRun::step(std::int64_t n) {
 
 void TrainingRun::save_checkpoint(std::int64_t next_step, bool periodic) {
   recording_->quiesce();  // the trace writer's thread must not be inside HDF5 while the checkpoint is
+  // ZeRO-1: rank 0 gathers every rank's shard of the optimizer state, so the file is the unsharded one.
+  if (zero_) zero_->consolidate_state(0);
   if (rank_ != 0) {  // the ranks' states are identical: rank 0 writes the one checkpoint
     group_->barrier();  // and every rank returns once it is complete (a --resume right after reads it)
     return;
@@ -453,6 +515,7 @@ void TrainingRun::save_checkpoint(std::int64_t next_step, bool periodic) {
   Checkpoint ck{.model = &task_->model(), .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
                 .states = {{"scaler", scaler_->state_dict()}, {"run", run_state_}}, .step = next_step};
   ampscope::save_checkpoint(config_.checkpoint, ck);
+  if (zero_) zero_->release_state();  // ZeRO-1: back to rank 0's own shard
   if (periodic && config_.keep_checkpoints) {
     const std::string kept = kept_checkpoint_path(config_.checkpoint, next_step);
     std::filesystem::copy_file(config_.checkpoint, kept, std::filesystem::copy_options::overwrite_existing);
@@ -510,6 +573,7 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
   if (!config.checkpoint.empty()) run.save_checkpoint(first + result.steps, /*periodic=*/false);
   if (!config.save_model.empty()) run.save_model();
   result.anomalies = run.anomalies();
+  result.optimizer_state_elements = run.optimizer_state_elements();
   run.close();
   return result;
 }

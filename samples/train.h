@@ -84,6 +84,10 @@ struct TrainConfig {
   // scaler and the optimizer see them. Null, or a group of one: a single-process run, bit for bit as without.
   ProcessGroup* process_group = nullptr;
   bool ddp = false;  // --ddp: the command makes the process group (also made when an MPI launcher started it)
+  // ZeRO-1 (--shard-optimizer; core/zero_optimizer.h): with more than one rank, each rank keeps and updates
+  // the optimizer state of its shard of the parameters only, and the updated parameters are broadcast from
+  // their owners; bit for bit the unsharded run. With one rank (or no group) the shard is the whole state.
+  bool shard_optimizer = false;
 };
 
 struct Batch {
@@ -173,6 +177,9 @@ struct TrainResult {
   std::vector<std::string> warnings;  // one line each, for the end of the run (unmatched globs, ...)
   std::vector<double> losses;   // per step
   std::vector<double> scales;   // per step, the scale used
+  // Elements of optimizer state this rank held at the end (core/zero_optimizer.h's
+  // optimizer_state_elements): with --shard-optimizer, its shard's only.
+  std::int64_t optimizer_state_elements = 0;
 };
 
 // Where rank `rank` of a data-parallel run writes its trace: "run.h5", 1 -> "run.rank1.h5".

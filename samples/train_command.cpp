@@ -284,6 +284,12 @@ TrainCommand::TrainCommand(CLI::App& app) {
                  "Data-parallel training, one process per rank: start with mpirun -np N (also on when an MPI "
                  "launcher started the process); --batch is the global batch, --out FILE writes FILE's stem + "
                  ".rankR per rank (docs/distributed.md)");
+  cmd_->add_flag("--shard-optimizer", c.shard_optimizer,
+                 "With --ddp: ZeRO-1, each rank keeps and updates the optimizer state (AdamW's exp_avg, exp_avg_sq) "
+                 "of its shard of the parameters only (whole parameters, largest first, each to the rank holding "
+                 "the fewest elements) and broadcasts what it updated; bit for bit the unsharded run, the state's "
+                 "memory divided by up to N. Checkpoints are the unsharded file; --resume works on any number "
+                 "of ranks that divides --batch. With one rank: the whole state, as without it (docs/distributed.md)");
   cmd_->add_flag("--compare", compare_, "Run fp32 and the chosen precision with the same seed; write both traces");
   cmd_->add_option("--config", config_file_, "TOML file with the same settings (keys as the option names: "
                                              "init-scale = 1024.0; paths relative to the file's folder); "
@@ -333,6 +339,7 @@ TrainConfig TrainCommand::resolve(bool& compare) const {
   if (given("--context")) config.context = cli.context;
   if (cli.eval) config.eval = true;
   if (cli.ddp) config.ddp = true;
+  if (cli.shard_optimizer) config.shard_optimizer = true;
   if (cli.keep_checkpoints) config.keep_checkpoints = true;
   if (cli.fp16_clamp) config.fp16_clamp = true;
   if (given("--save-model")) config.save_model = cli.save_model;
@@ -510,6 +517,12 @@ int TrainCommand::run() {
   if (config.ddp) {
     fmt::print(stderr, "ampscope train: note: --ddp without an MPI launcher (or with one rank): training as one "
                        "process\nhint: mpirun -np N ampscope train ... --ddp (docs/distributed.md)\n");
+  }
+  if (config.shard_optimizer) {
+    fmt::print(stderr, "ampscope train: note: --shard-optimizer {}: one process keeps the whole optimizer state, as "
+                       "without it (the same bits)\nhint: mpirun -np N ampscope train ... --ddp --shard-optimizer "
+                       "(docs/distributed.md)\n",
+               config.ddp ? "with one rank" : "without --ddp or an MPI launcher");
   }
   return run_plan(config, compare, true);
 }
