@@ -24,7 +24,8 @@
 // are loaded through H5Dread when rows first need them (and extended after a refresh), each entry checked
 // once (inside the bytes, CRC-32, UTF-8); decoding threads then share the table read-only. Versions 1 to
 // 3 are read with their fixed-width records (trace_layout_v3.h). /precision and /updates came with format_version 5:
-// older traces have none, and read as traces without precision or update rows.
+// older traces have none, and read as traces without precision or update rows. /precision's phase came with 6:
+// format 5 rows are read with their own record (PrecisionRecordV5) as forward rows.
 #include "probes/trace_reader.h"
 
 #include <fcntl.h>
@@ -993,6 +994,8 @@ std::vector<PrecisionRow> TraceReader::precision(std::int64_t begin, std::int64_
   const QuietHdf5Errors quiet;
   if (state_->version < 5) return {};  // the table came with format_version 5
   state_->load_strings();
+  // format_version 5 has no phase: its rows are the forward twin's.
+  if (state_->version < 6) return state_->read_plain<PrecisionRecordV5, PrecisionRow>(Table::precision, begin, end);
   return state_->read_plain<PrecisionRecord, PrecisionRow>(Table::precision, begin, end);
 }
 
