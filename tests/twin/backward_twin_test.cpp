@@ -20,8 +20,13 @@
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/training_step.h"
+#include "probes/analysis.h"
+#include "probes/analysis_render.h"
 #include "probes/probe.h"
+#include "probes/trace_reader.h"
+#include "probes/trace_writer.h"
 #include "probes/twin.h"
+#include "tests/test_support.h"
 
 namespace ampscope {
 namespace {
@@ -209,14 +214,23 @@ struct TemperedRun {
   std::vector<probe::PrecisionRow> rows;
 };
 
-TemperedRun train_tempered(bool with_twin, std::int64_t steps = 4) {
+// Trains the tempered classifier for `steps` steps; with the twin (wrapping the probe); into a trace at
+// `trace_path` (the probe and the twin writing to it, as `ampscope train --twin` sets them up) when one is given.
+TemperedRun train_tempered(bool with_twin, std::int64_t steps = 4, const std::string& trace_path = "") {
   Generator gen(5);
   Tempered model(gen);
   model.to(DType::f16);
   optim::SGD opt(model.parameters(), {.lr = 1e-3});
-  std::shared_ptr<probe::Hook> hook = std::make_shared<probe::Probe>(std::make_shared<NullSink>());
+  std::shared_ptr<trace::Sink> sink = std::make_shared<NullSink>();
+  std::shared_ptr<trace::TraceWriter> writer;
+  if (!trace_path.empty()) {
+    sink = writer = std::make_shared<trace::TraceWriter>(
+        trace_path, trace::RunInfo{.precision = "fp16", .device = "cpu", .model = "tempered", .seed = 5, .config = "{}"});
+  }
+  auto probe = std::make_shared<probe::Probe>(sink);
+  std::shared_ptr<probe::Hook> hook = probe;
   std::shared_ptr<probe::Twin> twin;
-  if (with_twin) hook = twin = std::make_shared<probe::Twin>(hook);
+  if (with_twin) hook = twin = std::make_shared<probe::Twin>(hook, probe::TwinOptions{.every = 1, .sink = writer});
   probe::HookGuard installed(hook);
   const Tensor x = randn({32, 16}, gen).to(DType::f16);
   const Tensor target = (randn({32, 8}, gen) * 4.0).to(DType::f16);
@@ -233,6 +247,10 @@ TemperedRun train_tempered(bool with_twin, std::int64_t steps = 4) {
   }
   for (const Tensor& p : model.parameters()) run.params.push_back(p.values());
   if (twin) run.rows = twin->rows();
+  if (writer) {
+    probe->flush();
+    writer->close();
+  }
   return run;
 }
 
@@ -269,6 +287,30 @@ TEST(backward_twin_test, a_run_with_the_backward_twin_is_bit_identical_to_one_wi
           << (pair == &plain.params ? "parameter " : "gradient ") << p;
     }
   }
+}
+
+// The report reads the backward rows back from the trace: the PRECISION section's backward list names the
+// planted node first, as the backward of the forward op it belongs to, and the forward lists hold no backward row.
+TEST(backward_twin_test, the_report_lists_the_planted_node_first_as_the_backward_of_its_op) {
+  const std::string path = (testing::process_scratch_dir("ampscope_backward_twin") / "tempered.h5").string();
+  const TemperedRun run = train_tempered(true, 3, path);
+  trace::TraceReader reader(path);
+  EXPECT_EQ(reader.format_version(), 6);
+  std::int64_t written = 0;
+  for (const trace::PrecisionRow& r : reader.precision()) written += r.phase == trace::Phase::backward ? 1 : 0;
+  EXPECT_EQ(written, static_cast<std::int64_t>(backward_rows(run.rows).size()));
+  const analysis::Report rep = analysis::analyse(reader);
+  const analysis::PrecisionSection& p = rep.precision;
+  EXPECT_EQ(p.backward_rows, written);
+  ASSERT_FALSE(p.backward.empty());
+  EXPECT_EQ(p.backward[0].op, "div");
+  EXPECT_EQ(p.backward[0].phase, "backward");
+  EXPECT_EQ(p.backward[0].module, probe::rank_backward(run.rows).front().module);
+  for (const auto* list : {&p.by_jump, &p.by_local, &p.conditioning}) {
+    for (const analysis::PrecisionEntry& e : *list) EXPECT_EQ(e.phase, "forward");
+  }
+  const std::string text = analysis::render_text(rep);
+  EXPECT_NE(text.find("backward of div ["), std::string::npos) << text;
 }
 
 // Nothing outside the twin's call computes under the f32 mode: a cast or an empty tensor made after a node's
