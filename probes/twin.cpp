@@ -175,7 +175,7 @@ void Twin::on_op(const OpEvent& event) {
 }
 
 void Twin::on_backward_op(const OpEvent& event) {
-  if (active_ && event.step == step_) {
+  if (active_ && options_.backward && event.step == step_) {
     // As forward: a node whose backward refuses to run again in f32 is not covered, and the run goes on.
     try {
       twin_backward(event);

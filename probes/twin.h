@@ -76,6 +76,8 @@ struct TwinOptions {
   std::shared_ptr<trace::Sink> sink{};
   // Keep every row in memory for rows(); false with a sink keeps only the open step's.
   bool keep_rows = true;
+  // Twin the backward pass too (a row per autograd node that ran in f16/bf16, below); false: forward ops only.
+  bool backward = true;
 };
 
 // The errors of `value` against `reference` (same shape), as above; `dtype` is the dtype whose spacing and
