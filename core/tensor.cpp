@@ -214,10 +214,16 @@ namespace {
 constexpr std::size_t kMaxInputs = std::tuple_size_v<decltype(KernelArgs::in)>;
 
 // Under autograd::WidenToF32, an f16/bf16 input of any kernel but a copy (which converts exactly, and is how
-// the input is widened) is widened to f32 into `slot`; otherwise the input itself.
+// the input is widened) is widened to f32 into `slot`; otherwise the input itself. A broadcast view (stride 0,
+// a weight expanded over the batch) is widened once and expanded again, not copied once per batch entry.
 const Tensor& widen_input(const Tensor& in, Op kernel, Tensor& slot) {
   if (!autograd::widening_to_f32() || kernel == Op::copy || autograd::widened_dtype(in.dtype()) == in.dtype()) return in;
-  slot = in.to(DType::f32);
+  Tensor compact = in;
+  for (std::int64_t d = 0; d < in.dim(); ++d) {
+    if (in.strides()[static_cast<std::size_t>(d)] == 0 && in.size(d) > 1) compact = compact.slice(d, 0, 1);
+  }
+  slot = compact.to(DType::f32);
+  if (slot.shape() != in.shape()) slot = slot.expand(in.shape());
   return slot;
 }
 }  // namespace

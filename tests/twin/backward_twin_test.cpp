@@ -7,6 +7,8 @@
 // bit the run without it.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -311,6 +313,8 @@ TEST(backward_twin_test, the_report_lists_the_planted_node_first_as_the_backward
   }
   const std::string text = analysis::render_text(rep);
   EXPECT_NE(text.find("backward of div ["), std::string::npos) << text;
+  // How the example in docs/report-format.md was made.
+  if (std::getenv("AMPSCOPE_SHOW_PRECISION") != nullptr) std::cout << text;
 }
 
 // Nothing outside the twin's call computes under the f32 mode: a cast or an empty tensor made after a node's
