@@ -40,8 +40,9 @@ struct DiscardSink : trace::Sink {
 };
 
 // twin: both halves run with the probe (discarding rows); the second also with the f32 twin wrapped
-// around it (probes/twin.h), twinning every step; the ratio is the twin's cost over the probe's.
-enum class SinkKind { discard, trace, twin };
+// around it (probes/twin.h), twinning every step (forward ops and backward nodes); the ratio is the twin's cost
+// over the probe's. twin_forward: the same with the twin of the forward pass only (TwinOptions::backward false).
+enum class SinkKind { discard, trace, twin, twin_forward };
 
 std::shared_ptr<trace::Sink> make_sink(SinkKind kind, const std::string& model) {
   if (kind != SinkKind::trace) return std::make_shared<DiscardSink>();
@@ -68,7 +69,9 @@ void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const 
   };
   const std::shared_ptr<trace::Sink> sink = make_sink(kind, name);
   const auto probe = std::make_shared<probe::Probe>(sink, probe::ProbeOptions{.level = probe::Level::health});
-  const auto twin = kind == SinkKind::twin ? std::make_shared<probe::Twin>(probe) : nullptr;
+  const bool twinned = kind == SinkKind::twin || kind == SinkKind::twin_forward;
+  const auto twin = twinned ? std::make_shared<probe::Twin>(probe, probe::TwinOptions{.backward = kind == SinkKind::twin})
+                            : nullptr;
   using clock = std::chrono::steady_clock;
   clock::duration plain{}, probed{};
   std::vector<double> pair_ratios;
@@ -159,6 +162,9 @@ BENCHMARK_CAPTURE(transformer, f16_discard, DType::f16, SinkKind::discard)->Unit
 BENCHMARK_CAPTURE(mlp, f16_twin, DType::f16, SinkKind::twin)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(cnn, f16_twin, DType::f16, SinkKind::twin)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(transformer, f16_twin, DType::f16, SinkKind::twin)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(mlp, f16_twin_forward, DType::f16, SinkKind::twin_forward)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(cnn, f16_twin_forward, DType::f16, SinkKind::twin_forward)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(transformer, f16_twin_forward, DType::f16, SinkKind::twin_forward)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(transformer, f32_trace, DType::f32, SinkKind::trace)->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -26,6 +26,7 @@ struct TensorAccess {
 
 namespace {
 thread_local bool g_grad_enabled = true;
+thread_local bool g_widening = false;  // WidenToF32
 thread_local std::vector<std::string> g_scopes;
 const std::string kNoScope;
 std::atomic<std::uint64_t> g_sequence{0};
@@ -204,6 +205,18 @@ std::vector<Tensor> Node::apply(const Tensor& grad_output, const std::vector<boo
   return backward_(grad_output, needs);
 }
 
+std::vector<Tensor> Node::apply_in_f32(const Tensor& grad_output, const std::vector<bool>& needs) {
+  const WidenToF32 widen;
+  return apply(grad_output.to(DType::f32), needs);
+}
+
+WidenToF32::WidenToF32() : previous_(g_widening) { g_widening = true; }
+WidenToF32::~WidenToF32() { g_widening = previous_; }
+bool widening_to_f32() { return g_widening; }
+DType widened_dtype(DType dtype) {
+  return g_widening && (dtype == DType::f16 || dtype == DType::bf16) ? DType::f32 : dtype;
+}
+
 bool any_requires_grad(const std::vector<Tensor>& inputs) {
   if (!grad_enabled()) return false;
   return std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.defined() && t.requires_grad(); });
@@ -238,7 +251,8 @@ Tensor record(std::string_view op, const Tensor& out, const std::vector<Tensor>&
 namespace {
 // Tells the probe hook what one node computed: the gradient it received and those it produced.
 // The gradients it produced are stamped with its seq afterwards (provenance, core/probe_hook.h).
-void report_backward_node(const Node& node, const Tensor& grad_output, const std::vector<Tensor>& grads) {
+void report_backward_node(Node& node, const Tensor& grad_output, const std::vector<bool>& needs,
+                          const std::vector<Tensor>& grads) {
   probe::Hook* h = probe::hook();
   if (h == nullptr || !grad_output.defined() || node.op() == "AccumulateGrad") return;
   const std::int64_t step = probe::current_step();
@@ -261,8 +275,13 @@ void report_backward_node(const Node& node, const Tensor& grad_output, const std
   }
   const probe::AutocastInfo no_autocast;
   const std::int64_t seq = probe::next_seq();
-  const probe::OpEvent event{node.op(), node.scope(), ampscope::detail::next_op_index(), step,
-                             seq, probe::Phase::backward, no_autocast, inputs, first, grads};
+  // The node's backward again in f32, for the f32 twin (probe::OpEvent::recompute_backward).
+  const std::function<std::vector<Tensor>(const Tensor&)> again = [&node, &needs](const Tensor& g) {
+    return node.apply_in_f32(g, needs);
+  };
+  probe::OpEvent event{node.op(), node.scope(), ampscope::detail::next_op_index(), step,
+                       seq, probe::Phase::backward, no_autocast, inputs, first, grads};
+  event.recompute_backward = &again;
   h->on_backward_op(event);
   stamp(seq);
 }
@@ -313,7 +332,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       throw Error(fmt::format("backward of {}: returned {} gradients for {} inputs; this is a bug in the op's backward",
                               where(*node), grads.size(), node->next().size()));
     }
-    report_backward_node(*node, g, grads);
+    report_backward_node(*node, g, needs, grads);
     // Saved tensors are freed as soon as the node has run, so peak memory does not hold every
     // activation until the end of backward.
     if (!retain_graph) node->release();

@@ -74,6 +74,11 @@ class Node {
   DType output_dtype() const { return output_dtype_; }
 
   virtual std::vector<Tensor> apply(const Tensor& grad_output, const std::vector<bool>& needs);
+  // The same backward again, in f32 (the f32 twin's backward, probes/twin.h): apply() on `grad_output` widened
+  // to f32, under WidenToF32, so every f16/bf16 tensor its computation reads (the incoming gradient, the saved
+  // tensors) is widened exactly and every result it makes is f32. Call it after apply() and before release();
+  // it changes nothing the run holds (a backward function has no side effects: see record()).
+  std::vector<Tensor> apply_in_f32(const Tensor& grad_output, const std::vector<bool>& needs);
   virtual void release() { backward_ = nullptr; released_ = true; }
   bool released() const { return released_; }
 
@@ -109,11 +114,35 @@ struct Meta {
 
 // Records `op` as the producer of `out` when grad mode is on and any input requires grad; returns
 // `out` (which then requires grad). Inputs may be undefined (absent optional arguments). Saved tensors
-// belong in the lambda, detached (Tensor::detach()) so that the graph holds no cycles.
+// belong in the lambda, detached (Tensor::detach()) so that the graph holds no cycles. The backward function
+// must have no side effects beyond the gradients it returns, and must take its dtypes from its tensors (never
+// read an f16/bf16 buffer through a raw pointer): the f32 twin (`--twin`) calls it a second time, in f32
+// (Node::apply_in_f32).
 Tensor record(std::string_view op, const Tensor& out, const std::vector<Tensor>& inputs, BackwardFn backward);
 
 // True when an op on these inputs would be recorded.
 bool any_requires_grad(const std::vector<Tensor>& inputs);
+
+// ---- the f32 mode of a backward's second run (Node::apply_in_f32) ----
+// While a WidenToF32 is alive (thread-local), core computes in f32 whatever would be f16 or bf16: a tensor made
+// as f16/bf16 (Tensor::empty, and so every op's result) is made as f32, a cast to f16/bf16 (Tensor::to) is a
+// cast to f32, and every f16/bf16 input of a kernel other than a copy is widened to f32 first (exactly). A
+// backward function run under it is therefore its own f32 twin: the same code, the same kernels and the same
+// order of operations, on its inputs widened, with nothing rounded to f16/bf16. Only the f32 twin uses it, and
+// only around a node's backward; nothing else may run under it (an op's result would not have the dtype asked).
+class WidenToF32 {
+ public:
+  WidenToF32();
+  ~WidenToF32();
+  WidenToF32(const WidenToF32&) = delete;
+  WidenToF32& operator=(const WidenToF32&) = delete;
+
+ private:
+  bool previous_;
+};
+bool widening_to_f32();
+// `dtype`, or f32 where it is f16/bf16 and a WidenToF32 is alive.
+DType widened_dtype(DType dtype);
 
 // Runs backward from `root` with `grad` (same shape and dtype as root).
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);

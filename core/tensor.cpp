@@ -1,6 +1,8 @@
 #include "core/tensor.h"
 
 #include <algorithm>
+#include <array>
+#include <tuple>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -144,6 +146,7 @@ const detail::TensorImpl& Tensor::impl() const {
 
 Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
   check_shape(shape, "empty");
+  options.dtype = autograd::widened_dtype(options.dtype);  // f32 under WidenToF32 (the f32 twin's backward)
   Backend& backend = backend_for(options.device);
   auto impl = std::make_shared<detail::TensorImpl>();
   const std::int64_t n = shape_numel(shape);
@@ -207,6 +210,24 @@ Tensor Tensor::make_view(Shape sizes, Shape strides, std::int64_t offset) const 
 
 // ---- kernel calls ----
 
+namespace {
+constexpr std::size_t kMaxInputs = std::tuple_size_v<decltype(KernelArgs::in)>;
+
+// Under autograd::WidenToF32, an f16/bf16 input of any kernel but a copy (which converts exactly, and is how
+// the input is widened) is widened to f32 into `slot`; otherwise the input itself. A broadcast view (stride 0,
+// a weight expanded over the batch) is widened once and expanded again, not copied once per batch entry.
+const Tensor& widen_input(const Tensor& in, Op kernel, Tensor& slot) {
+  if (!autograd::widening_to_f32() || kernel == Op::copy || autograd::widened_dtype(in.dtype()) == in.dtype()) return in;
+  Tensor compact = in;
+  for (std::int64_t d = 0; d < in.dim(); ++d) {
+    if (in.strides()[static_cast<std::size_t>(d)] == 0 && in.size(d) > 1) compact = compact.slice(d, 0, 1);
+  }
+  slot = compact.to(DType::f32);
+  if (slot.shape() != in.shape()) slot = slot.expand(in.shape());
+  return slot;
+}
+}  // namespace
+
 void run_kernel(std::string_view op, Op kernel, const Tensor& out, std::initializer_list<Tensor> inputs,
                 std::initializer_list<double> scalars, std::uint64_t seed, std::uint64_t offset) {
   KernelArgs args;
@@ -214,8 +235,10 @@ void run_kernel(std::string_view op, Op kernel, const Tensor& out, std::initiali
   args.num_inputs = static_cast<int>(inputs.size());
   // Devices are named in argument order: the first input's (where the output lives) first.
   const Device expected = inputs.size() > 0 ? inputs.begin()->device() : out.device();
+  std::array<Tensor, kMaxInputs> widened;  // under WidenToF32: f16/bf16 inputs widened, alive until the kernel ran
   int i = 0;
-  for (const Tensor& in : inputs) {
+  for (const Tensor& input : inputs) {
+    const Tensor& in = widen_input(input, kernel, widened.at(static_cast<std::size_t>(i)));
     if (in.device() != expected || in.device() != out.device()) {
       const Device other = in.device() != expected ? in.device() : out.device();
       throw DeviceError(fmt::format("{}: expected all tensors on the same device, got {} and {}\n"
@@ -254,7 +277,9 @@ void run_kernel_general(std::string_view op, Op kernel, std::initializer_list<Te
     ++i;
   }
   i = 0;
-  for (const Tensor& t : inputs) {
+  std::array<Tensor, kMaxInputs> widened;  // under WidenToF32: f16/bf16 inputs widened, alive until the kernel ran
+  for (const Tensor& input : inputs) {
+    const Tensor& t = input.defined() ? widen_input(input, kernel, widened.at(static_cast<std::size_t>(i))) : input;
     if (t.defined()) {
       if (t.device() != device) {
         throw DeviceError(fmt::format("{}: expected all tensors on the same device, got {} and {}\n"
@@ -337,6 +362,7 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(DType target) const {
+  target = autograd::widened_dtype(target);  // f32 under WidenToF32 (the f32 twin's backward)
   if (target == dtype()) return *this;
   // A cast the user asks for is an op probes see ("to"), so they can count what it overflowed.
   detail::OpDispatch dispatch("to", {*this});
@@ -605,7 +631,7 @@ Tensor from_values(const std::vector<double>& values, const Shape& shape, Tensor
                                  shape_str(shape), shape_numel(shape)));
   }
   Tensor host = Tensor::empty(shape, {options.dtype, Device::cpu()});
-  visit_dtype(options.dtype, [&](auto tag) {
+  visit_dtype(host.dtype(), [&](auto tag) {  // f32 under WidenToF32 where f16/bf16 was asked
     using T = decltype(tag);
     T* p = static_cast<T*>(host.data());
     for (std::size_t i = 0; i < values.size(); ++i) p[i] = convert<T>(values[i]);

@@ -229,11 +229,14 @@ struct Coverage {
 //   trend     ops whose accumulated error grows over the steps: least-squares slope of log2(error) per step
 //             (probes/twin.h precision_trends), listed when it is over 0.05 bits per step and the error grew.
 //   conditioning  add, sub, rsub, sum and mean ranked by their condition number (cond).
+//   backward  autograd nodes whose backward ran in f16/bf16 (the twin's backward rows, format_version 6), ranked
+//             by their local mean relative error; named by the forward op (op, module) each belongs to.
 // kind of an entry: cancellation (an add/sub with cond >= 8 whose output lost what its inputs had),
 // saturation (sigmoid/tanh outputs at 1 where f32's are not), accumulation (a chain of 8 or more calls whose
 // error grew), reduction (sum/mean), boundary (other outputs at 0, inf or the largest value), rounding.
 struct PrecisionEntry {
   std::string op, module, out_dtype;
+  std::string phase = "forward";    // "backward": an autograd node of op (the list backward), local error only
   std::int64_t step = 0, seq = -1;  // the row the evidence quotes
   std::string kind;
   double score = 0;                 // the ranking value of the list the entry is in
@@ -258,6 +261,12 @@ struct PrecisionSection {
   std::int64_t steps = 0;       // steps twinned
   std::int64_t ops = 0;         // distinct ops (op and module)
   std::vector<PrecisionEntry> by_jump, by_local, by_trend, conditioning;  // at most 5 each, highest first
+  // The f32 twin's backward rows (format_version 6): how many, over how many nodes (op and module of the forward
+  // op each belongs to), and the nodes of the largest local mean relative error (at most 5, highest first; kind
+  // boundary when gradient elements flipped to 0/inf/the largest value, else rounding; error and max_error are
+  // the local errors). Only the lists above read forward rows.
+  std::int64_t backward_rows = 0, backward_nodes = 0;
+  std::vector<PrecisionEntry> backward;
   bool recorded() const { return rows > 0; }
 };
 

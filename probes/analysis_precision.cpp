@@ -29,9 +29,14 @@ double precision_jump(const PrecisionRow& row) {
   return row.acc_mean_rel / std::max(row.in_acc_mean_rel, unit_of(row.out_dtype));
 }
 
+namespace {
+bool backward(const PrecisionRow& r) { return r.phase == trace::Phase::backward; }
+}  // namespace
+
 std::vector<PrecisionRow> rank_by_jump(const std::vector<PrecisionRow>& rows) {
   std::map<std::pair<std::string, std::string>, PrecisionRow> best;
   for (const PrecisionRow& r : rows) {
+    if (backward(r)) continue;
     auto [it, fresh] = best.emplace(std::make_pair(r.op, r.module), r);
     if (!fresh && precision_jump(r) > precision_jump(it->second)) it->second = r;
   }
@@ -45,10 +50,12 @@ std::vector<PrecisionRow> rank_by_jump(const std::vector<PrecisionRow>& rows) {
   return out;
 }
 
-std::vector<PrecisionRow> rank_by_local(const std::vector<PrecisionRow>& rows) {
+namespace {
+// The rows of one phase, each (op, module) with its row of the largest local mean relative error.
+std::vector<PrecisionRow> rank_local_of(const std::vector<PrecisionRow>& rows, bool backward_rows) {
   std::map<std::pair<std::string, std::string>, PrecisionRow> best;
   for (const PrecisionRow& r : rows) {
-    if (!r.local) continue;
+    if (!r.local || backward(r) != backward_rows) continue;
     auto [it, fresh] = best.emplace(std::make_pair(r.op, r.module), r);
     if (!fresh && r.local_mean_rel > it->second.local_mean_rel) it->second = r;
   }
@@ -60,6 +67,10 @@ std::vector<PrecisionRow> rank_by_local(const std::vector<PrecisionRow>& rows) {
   });
   return out;
 }
+}  // namespace
+
+std::vector<PrecisionRow> rank_by_local(const std::vector<PrecisionRow>& rows) { return rank_local_of(rows, false); }
+std::vector<PrecisionRow> rank_backward(const std::vector<PrecisionRow>& rows) { return rank_local_of(rows, true); }
 
 namespace {
 // (op, module) -> step -> the largest acc_mean_rel of the step, floored at one rounding.
@@ -102,7 +113,9 @@ std::vector<PrecisionTrend> trends_of(const Series& series) {
 
 std::vector<PrecisionTrend> precision_trends(const std::vector<PrecisionRow>& rows) {
   Series series;
-  for (const PrecisionRow& r : rows) add_to_series(series, r);
+  for (const PrecisionRow& r : rows) {
+    if (!backward(r)) add_to_series(series, r);
+  }
   return trends_of(series);
 }
 
@@ -148,6 +161,8 @@ struct PrecisionAnalyser::State {
   std::int64_t steps = 0;
   std::map<std::pair<std::string, std::string>, Scored> jump, local, cond;  // the best row per op of each list
   Series series;
+  std::int64_t backward_rows = 0;
+  std::map<std::pair<std::string, std::string>, PrecisionRow> backward;  // backward rows: the best per node's op
 };
 
 PrecisionAnalyser::PrecisionAnalyser() : state_(std::make_unique<State>()) {}
@@ -166,7 +181,16 @@ void PrecisionAnalyser::add_step(std::int64_t, std::span<const trace::OpRow> ops
   }
   // Rows in seq order, so a chain's earlier calls are seen first.
   std::vector<const PrecisionRow*> ordered;
-  for (const PrecisionRow& r : rows) ordered.push_back(&r);
+  for (const PrecisionRow& r : rows) {
+    if (!backward(r)) {
+      ordered.push_back(&r);
+      continue;
+    }
+    // Backward rows (local error only) rank among themselves, by their local mean relative error.
+    ++st.backward_rows;
+    const auto [it, fresh] = st.backward.emplace(std::make_pair(r.op, r.module), r);
+    if (!fresh && r.local_mean_rel > it->second.local_mean_rel) it->second = r;
+  }
   std::stable_sort(ordered.begin(), ordered.end(), [](const PrecisionRow* a, const PrecisionRow* b) { return a->seq < b->seq; });
   std::unordered_map<std::int64_t, Chain> chain_of;  // seq -> its chain so far
   std::unordered_map<std::int64_t, const PrecisionRow*> row_of;
@@ -401,6 +425,33 @@ PrecisionSection PrecisionAnalyser::finish() const {
     e.evidence = fmt::format("its own rounding in {} costs {} (mean relative error; max {}, {} ulps) (step {}, seq {})",
                              e.out_dtype, g2(e.local_error), g2(e.local_max_error), g2(s->row.local_max_ulp), e.step, e.seq);
     sec.by_local.push_back(std::move(e));
+  }
+  sec.backward_rows = st.backward_rows;
+  sec.backward_nodes = static_cast<std::int64_t>(st.backward.size());
+  std::vector<const PrecisionRow*> nodes;
+  for (const auto& [key, r] : st.backward) nodes.push_back(&r);
+  std::stable_sort(nodes.begin(), nodes.end(), [](const PrecisionRow* a, const PrecisionRow* b) {
+    if (a->local_mean_rel != b->local_mean_rel) return a->local_mean_rel > b->local_mean_rel;
+    return a->step != b->step ? a->step < b->step : a->seq < b->seq;
+  });
+  for (const PrecisionRow* r : nodes) {
+    if (sec.backward.size() == kListed) break;
+    Scored scored;
+    scored.row = *r;
+    PrecisionEntry e = entry_of(scored);
+    e.phase = "backward";
+    e.kind = r->flips > 0 ? "boundary" : "rounding";
+    e.score = r->local_mean_rel;
+    e.error = r->local_mean_rel;  // a backward row has local errors only
+    e.max_error = r->local_max_rel;
+    std::string text = fmt::format("its own rounding in {} costs {} (mean relative error; max {}, {} ulps)", e.out_dtype,
+                                   g2(r->local_mean_rel), g2(r->local_max_rel), g2(r->local_max_ulp));
+    if (r->flips > 0) {
+      text += fmt::format("; {} of {} gradient elements are 0, inf or the largest finite value where f32's are not",
+                          r->flips, r->numel);
+    }
+    e.evidence = text + fmt::format(" (step {}, seq {})", e.step, e.seq);
+    sec.backward.push_back(std::move(e));
   }
   for (const PrecisionTrend& t : trends_of(st.series)) {
     if (!(t.bits_per_step > kGrowing) || !(t.last > t.first)) continue;

@@ -35,6 +35,10 @@ std::vector<trace::PrecisionRow> rank_by_jump(const std::vector<trace::Precision
 // The rows' ops (op and module), each with its row of the largest local mean relative error (what the op's
 // own rounding costs), largest first (ties: earlier step and seq first); ops that ran in f32 are left out.
 std::vector<trace::PrecisionRow> rank_by_local(const std::vector<trace::PrecisionRow>& rows);
+// The backward rows (phase backward: an autograd node's local error, probes/twin.h): each node's op (the forward
+// op and module it belongs to) with its row of the largest local mean relative error, largest first (ties:
+// earlier step and seq first). rank_by_jump, rank_by_local and precision_trends take forward rows only.
+std::vector<trace::PrecisionRow> rank_backward(const std::vector<trace::PrecisionRow>& rows);
 
 // The trend of an op's accumulated error over steps: the least-squares slope of log2(acc_mean_rel) (as
 // at least 2^-p of the output dtype) against the step, over the op's largest value per step; in bits per step

@@ -500,13 +500,15 @@ std::string scales_text(const std::vector<LossPoint>& losses, bool run_a) {
 
 // The PRECISION section's lists.
 std::string precision_place(const PrecisionEntry& e) {
-  return e.module.empty() ? e.op : fmt::format("{} in {}", e.op, e.module);
+  const std::string place = e.module.empty() ? e.op : fmt::format("{} in {}", e.op, e.module);
+  return e.phase == "backward" ? "backward of " + place : place;
 }
 
 json precision_entry_json(const PrecisionEntry& e) {
   const auto finite_or_null = [](double v) { return number(v); };  // NaN null, infinities "inf" / "-inf"
   return json{{"op", e.op},
               {"module", e.module},
+              {"phase", e.phase},
               {"out_dtype", e.out_dtype},
               {"step", e.step},
               {"seq", e.seq},
@@ -533,11 +535,14 @@ json precision_entry_json(const PrecisionEntry& e) {
 }
 
 json precision_json(const PrecisionSection& p) {
-  json out{{"recorded", p.recorded()}, {"rows", p.rows}, {"steps", p.steps}, {"ops", p.ops}};
+  json out{{"recorded", p.recorded()}, {"rows", p.rows},
+           {"steps", p.steps},       {"ops", p.ops},
+           {"backward_rows", p.backward_rows}, {"backward_nodes", p.backward_nodes}};
   for (const auto& [name, list] : {std::pair<const char*, const std::vector<PrecisionEntry>*>{"by_jump", &p.by_jump},
                                    {"by_local", &p.by_local},
                                    {"by_trend", &p.by_trend},
-                                   {"conditioning", &p.conditioning}}) {
+                                   {"conditioning", &p.conditioning},
+                                   {"backward", &p.backward}}) {
     out[name] = json::array();
     for (const PrecisionEntry& e : *list) out[name].push_back(precision_entry_json(e));
   }
@@ -692,7 +697,8 @@ std::string render_text(const Report& rep, const TextStyle& style) {
   if (!p.recorded()) {
     t.line("{} not recorded (run with --twin to see where f16/bf16 lose precision, op by op)", t.paint(kBold, "PRECISION:"));
   } else {
-    t.line("{} {} twinned op rows over {}, {} ops", t.paint(kBold, "PRECISION:"), p.rows, plural(p.steps, "step"), p.ops);
+    t.line("{} {} twinned op rows over {}, {} ops", t.paint(kBold, "PRECISION:"), p.rows - p.backward_rows,
+           plural(p.steps, "step"), p.ops);
     t.line("  where precision was lost (jump: output's error over its inputs'):");
     for (std::size_t i = 0; i < p.by_jump.size(); ++i) {
       const PrecisionEntry& e = p.by_jump[i];
@@ -718,6 +724,11 @@ std::string render_text(const Report& rep, const TextStyle& style) {
     if (!p.conditioning.empty()) {
       t.line("  condition (add, sub, sum, mean):");
       for (const PrecisionEntry& e : p.conditioning) t.line("    {}: {}", precision_place(e), e.evidence);
+    }
+    if (!p.backward.empty()) {
+      t.line("  backward (local error of {} over {}, ranked):", plural(p.backward_nodes, "node"),
+             plural(p.backward_rows, "row"));
+      for (const PrecisionEntry& e : p.backward) t.line("    {} [{}]: {}", precision_place(e), e.out_dtype, e.evidence);
     }
   }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -24,7 +25,9 @@ static_assert(sizeof(IndexRecord) == 8 * (2 + kDataTableCount));
 static_assert(sizeof(GradRecord) == 8 * 9 + 2, "GradRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(ChecksumRecord) == 8 * 3, "ChecksumRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(UpdateRecord) == 8 * 8, "UpdateRecord must be packed: it is the file's compound type byte for byte");
-static_assert(sizeof(PrecisionRecord) == 8 * 6 + 1 + 8 * 8 + 8 + 8 * 2 + 1 + 8 * kErrorBins + 8,
+static_assert(sizeof(PrecisionRecordV5) == 8 * 6 + 1 + 8 * 8 + 8 + 8 * 2 + 1 + 8 * kErrorBins + 8,
+              "PrecisionRecordV5 must be packed: it is the file's compound type byte for byte");
+static_assert(sizeof(PrecisionRecord) == sizeof(PrecisionRecordV5) + 8,
               "PrecisionRecord must be packed: it is the file's compound type byte for byte");
 
 #define AMPSCOPE_I64(R, f) b.i64(#f, offsetof(R, f))
@@ -153,8 +156,9 @@ Datatype string_type(const Io& io) {
   return b.take();
 }
 
+// /precision: format_version 6 (R = PrecisionRecord) adds phase after the fields of 5 (PrecisionRecordV5).
+template <class R>
 Datatype precision_type(const Io& io) {
-  using R = PrecisionRecord;
   CompoundBuilder b(io, sizeof(R), Table::precision);
   AMPSCOPE_I64(R, step);
   AMPSCOPE_I64(R, seq);
@@ -179,6 +183,7 @@ Datatype precision_type(const Io& io) {
   const Datatype array(io.check(H5Tarray_create2(H5T_STD_I64LE, 1, &bins), "H5Tarray_create2", "/precision"));
   b.add("error_bins", offsetof(R, error_bins), array.get());
   AMPSCOPE_I64(R, exact);
+  if constexpr (std::is_same_v<R, PrecisionRecord>) AMPSCOPE_I64(R, phase);
   return b.take();
 }
 
@@ -273,7 +278,7 @@ std::string_view text_fields(Table table) {
     case Table::events: return "kind,op,module,detail";
     case Table::histograms: return "tensor";
     case Table::dumps: return "op,module,tensor,dtype,shape";
-    case Table::precision: return "op,module,out_dtype";
+    case Table::precision: return "op,module,out_dtype,phase";
     case Table::updates: return "param,dtype";
     case Table::checksums: return "param";
     default: return "";
@@ -361,7 +366,7 @@ std::size_t record_size(Table table, std::int64_t version) {
     case Table::dump_values: return sizeof(double);
     case Table::strings: return sizeof(StringRecord);
     case Table::string_bytes: return 1;
-    case Table::precision: return sizeof(PrecisionRecord);
+    case Table::precision: return version < 6 ? sizeof(PrecisionRecordV5) : sizeof(PrecisionRecord);
     case Table::updates: return sizeof(UpdateRecord);
     case Table::checksums: return sizeof(ChecksumRecord);
     case Table::index: return sizeof(IndexRecord);
@@ -382,7 +387,8 @@ Datatype record_type(const Io& io, Table table, std::int64_t version) {
     case Table::dump_values: return copy_type(io, H5T_IEEE_F64LE);
     case Table::strings: return string_type(io);
     case Table::string_bytes: return copy_type(io, H5T_STD_U8LE);
-    case Table::precision: return precision_type(io);
+    case Table::precision:
+      return version < 6 ? precision_type<PrecisionRecordV5>(io) : precision_type<PrecisionRecord>(io);
     case Table::updates: return update_type(io);
     case Table::checksums: return checksum_type(io);
     case Table::index: break;
@@ -624,6 +630,7 @@ void encode(const PrecisionRow& row, PrecisionRecord& r, TextIds& ids) {
   r.followed = row.followed;
   for (int i = 0; i < kErrorBins; ++i) r.error_bins[i] = row.error_bins[static_cast<std::size_t>(i)];
   r.exact = row.exact;
+  r.phase = ids.id(phase_name(row.phase));
 }
 
 namespace {
@@ -643,7 +650,9 @@ std::int64_t count_of(std::int64_t v, std::string_view field) {
 }
 }  // namespace
 
-PrecisionRow decode(const PrecisionRecord& r, const StringTable& s) {
+namespace {
+template <class R>
+PrecisionRow decode_precision(const R& r, const StringTable& s) {
   PrecisionRow row;
   row.step = r.step;
   row.seq = r.seq;
@@ -683,6 +692,18 @@ PrecisionRow decode(const PrecisionRecord& r, const StringTable& s) {
     throw std::invalid_argument(fmt::format(
         "its fields 'error_bins', 'exact' and 'flips' count more elements than its numel ({}): each element is counted once",
         row.numel));
+  }
+  return row;
+}
+}  // namespace
+
+PrecisionRow decode(const PrecisionRecordV5& r, const StringTable& s) { return decode_precision(r, s); }
+
+PrecisionRow decode(const PrecisionRecord& r, const StringTable& s) {
+  PrecisionRow row = decode_precision(r, s);
+  row.phase = parse_phase(s.text(r.phase, "phase"));
+  if (row.phase != Phase::forward && row.phase != Phase::backward) {
+    throw std::invalid_argument(fmt::format("its field 'phase' is '{}', not forward or backward", phase_name(row.phase)));
   }
   return row;
 }

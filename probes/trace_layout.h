@@ -1,4 +1,4 @@
-// probes/trace_layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 5
+// probes/trace_layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 6
 // (internal to ampscope_trace; docs/trace-format.md is the description for readers; the layouts of
 // versions 1 to 3, which the reader still reads, are in probes/trace_layout_v3.h). Each table is a 1-D
 // dataset of one compound type, whose fields are those of the row structs in probes/trace_schema.h, in
@@ -97,8 +97,24 @@ struct [[gnu::packed]] DumpRecord {
 };
 
 // local and followed are flags; cond is NaN for ops that have none; error_bins and exact: the accumulated
-// errors' histogram (PrecisionRow).
+// errors' histogram (PrecisionRow); phase (format_version 6, last): "forward" or "backward".
 struct [[gnu::packed]] PrecisionRecord {
+  std::int64_t step, seq;
+  TextId op, module, out_dtype;
+  std::int64_t numel;
+  std::int8_t local;
+  double local_max_rel, local_mean_rel, local_max_ulp;
+  double acc_max_rel, acc_mean_rel, acc_max_ulp;
+  double in_acc_max_rel, in_acc_mean_rel;
+  std::int64_t flips;
+  double bits, cond;
+  std::int8_t followed;
+  std::int64_t error_bins[kErrorBins];
+  std::int64_t exact;
+  TextId phase;
+};
+// /precision in format_version 5: the same fields without phase (every row a forward row).
+struct [[gnu::packed]] PrecisionRecordV5 {
   std::int64_t step, seq;
   TextId op, module, out_dtype;
   std::int64_t numel;
@@ -239,6 +255,7 @@ DumpRow decode(const DumpRecord& r, const StringTable& strings);  // values are 
 // Also refuses, naming the field, an out_dtype that is not f16, bf16, f32 or f64, a negative numel or flips,
 // a flag that is not 0 or 1, and an error or a bit count that is negative or NaN (cond may be NaN).
 PrecisionRow decode(const PrecisionRecord& r, const StringTable& strings);
+PrecisionRow decode(const PrecisionRecordV5& r, const StringTable& strings);  // format_version 5: forward rows
 // Also refuses, naming the field, a dtype that is not f16 or bf16, a negative count, nonzero above numel,
 // swamped above nonzero, and a mean that is negative, NaN or infinite.
 UpdateRow decode(const UpdateRecord& r, const StringTable& strings);

@@ -27,6 +27,7 @@
 // older traces have none, and read as traces without precision or update rows. /checksums and the /grads field
 // before_all_reduce came with 6: older traces read as having no checksums and no rows before an all-reduce (their
 // /grads records are read through H5Dread into zeroed records, so the absent field is 0).
+// /precision's phase came with 6 too: format 5 rows are read with their own record (PrecisionRecordV5) as forward rows.
 #include "probes/trace_reader.h"
 
 #include <fcntl.h>
@@ -1001,6 +1002,8 @@ std::vector<PrecisionRow> TraceReader::precision(std::int64_t begin, std::int64_
   const QuietHdf5Errors quiet;
   if (state_->version < 5) return {};  // the table came with format_version 5
   state_->load_strings();
+  // format_version 5 has no phase: its rows are the forward twin's.
+  if (state_->version < 6) return state_->read_plain<PrecisionRecordV5, PrecisionRow>(Table::precision, begin, end);
   return state_->read_plain<PrecisionRecord, PrecisionRow>(Table::precision, begin, end);
 }
 

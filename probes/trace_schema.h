@@ -23,6 +23,7 @@ inline constexpr std::string_view kFormat = "ampscope-trace";
 // the two new tables. 5: /precision, the f32 twin's rows (`ampscope train --twin`); /index counts it.
 // 6 (data-parallel observability): the /grads field `before_all_reduce` (a rank's own gradients before the
 // all-reduce) and /checksums (each rank's parameter checksums after every step); /index counts /checksums.
+// Also 6: /precision's field `phase` (the f32 twin's backward rows; format 5 rows read as forward rows).
 inline constexpr std::int64_t kFormatVersion = 6;
 
 // Root attributes.
@@ -184,6 +185,16 @@ struct PrecisionRow {
   // as exact (its error is 0: exact), or in the bucket of its relative error (error_bins, kErrorBins above).
   std::array<std::int64_t, kErrorBins> error_bins{};
   std::int64_t exact = 0;
+  // format_version 6: forward (an op the twin computed again) or backward (an autograd node whose backward ran in
+  // f16/bf16, computed again in f32 on its own inputs widened: probes/twin.h). A backward row is named by the
+  // forward op the node belongs to (op, module); its seq is the node's /ops row (phase backward); its numbers are
+  // local only: local is true, local_* hold its errors, and flips, bits, error_bins and exact describe that same
+  // local comparison; acc_*, in_acc_* are 0, cond is NaN and followed is true. Each gradient the node produced
+  // (one per input that wants one) is compared on its own, in its own dtype: local_max_rel, local_mean_rel and
+  // local_max_ulp are the largest over them, flips, error_bins and exact their sums, bits from local_max_rel.
+  // out_dtype is the gradients' dtype (the narrowest where they differ), numel their elements together. Traces
+  // of format 5 have forward rows only.
+  Phase phase = Phase::forward;
 };
 
 // /updates (format_version 5): one row per parameter stored in f16 or bf16 and per step its optimizer (SGD,

@@ -536,7 +536,17 @@ void Twin::on_op(const OpEvent& event) {
   inner_->on_op(event);
 }
 
-void Twin::on_backward_op(const OpEvent& event) { inner_->on_backward_op(event); }
+void Twin::on_backward_op(const OpEvent& event) {
+  if (active_ && options_.backward && event.step == step_) {
+    // As forward: a node whose backward refuses to run again in f32 is not covered, and the run goes on.
+    try {
+      twin_backward(event);
+    } catch (const std::exception&) {
+      ++uncovered_[fmt::format("backward of {}", event.op)];
+    }
+  }
+  inner_->on_backward_op(event);
+}
 void Twin::on_grads(const GradEvent& event) { inner_->on_grads(event); }
 void Twin::on_scaler(const ScalerEvent& event) { inner_->on_scaler(event); }
 void Twin::on_update(const UpdateEvent& event) { inner_->on_update(event); }
@@ -701,6 +711,66 @@ void Twin::twin(const OpEvent& event) {
   values_[event.seq] = acc;
   stats_[event.seq] = a;
   layouts_[event.seq] = Layout{event.output.data(), event.output.strides(), event.output.is_contiguous()};
+  rows_.push_back(std::move(row));
+}
+
+// ---- the backward twin (local error of each autograd node that ran in f16/bf16) ----
+
+namespace {
+// The narrower of two floating dtypes (fewer significand bits).
+DType narrower(DType a, DType b) { return significand_bits(b) < significand_bits(a) ? b : a; }
+
+// A node's gradients judged together: the largest max and mean (each gradient is a quantity of its own: a
+// bias's gradient of 8 elements that lost its digits is not diluted by a weight's 4096 good ones), counts summed.
+void merge(ErrorStats& into, const ErrorStats& more, double p) {
+  into.counted += more.counted;
+  into.mean_rel = std::max(into.mean_rel, more.mean_rel);
+  into.max_rel = std::max(into.max_rel, more.max_rel);
+  into.max_ulp = std::max(into.max_ulp, more.max_ulp);
+  into.flips += more.flips;
+  into.exact += more.exact;
+  for (std::size_t k = 0; k < into.error_bins.size(); ++k) into.error_bins[k] += more.error_bins[k];
+  into.bits = into.max_rel == 0 ? p : std::clamp(-std::log2(into.max_rel), 0.0, p) + 0.0;
+}
+}  // namespace
+
+void Twin::twin_backward(const OpEvent& event) {
+  if (event.recompute_backward == nullptr || event.inputs.empty() || !event.inputs[0].defined()) return;
+  bool low = false;
+  DType dtype = DType::f64;
+  for (const Tensor& g : event.outputs) {
+    if (!g.defined() || !is_floating(g.dtype())) continue;
+    low = low || low_precision(g.dtype());
+    dtype = narrower(dtype, g.dtype());
+  }
+  if (!low) return;  // a node whose gradients are f32 (or f64) computed nothing in f16/bf16
+  NoGradGuard no_grad;
+  const std::vector<Tensor> reference = (*event.recompute_backward)(event.inputs[0]);
+  PrecisionRow row;
+  row.step = event.step;
+  row.seq = event.seq;
+  row.op = std::string(event.op);
+  row.module = event.scope;
+  row.out_dtype = std::string(dtype_name(dtype));
+  row.phase = trace::Phase::backward;
+  row.local = true;
+  row.cond = std::numeric_limits<double>::quiet_NaN();
+  ErrorStats all;
+  const double p = significand_bits(dtype);
+  all.bits = p;
+  for (std::size_t i = 0; i < event.outputs.size() && i < reference.size(); ++i) {
+    const Tensor& g = event.outputs[i];
+    if (!g.defined() || !is_floating(g.dtype()) || !reference[i].defined()) continue;
+    merge(all, compare(g, reference[i], g.dtype(), ""), p);
+    row.numel += g.numel();
+  }
+  row.local_max_rel = all.max_rel;
+  row.local_mean_rel = all.mean_rel;
+  row.local_max_ulp = all.max_ulp;
+  row.flips = all.flips;
+  row.bits = all.bits;
+  row.error_bins = all.error_bins;
+  row.exact = all.exact;
   rows_.push_back(std::move(row));
 }
 

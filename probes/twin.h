@@ -23,7 +23,7 @@
 // Not covered (counted by uncovered()): ops dispatched without a body to run again ("to", max/min along a
 // dim), ops that draw random numbers (dropout), and ops whose body throws when run again in f32 (the error
 // is swallowed: the run goes on as without the twin). Composites (cross_entropy, attention) are twinned
-// step by step. The backward pass is not twinned. An input the twin cannot match to its producer's twin
+// step by step. An input the twin cannot match to its producer's twin
 // value (a transposed view of it, or a contiguous copy of one, as attention's heads merged back into
 // [batch, time, d], or a plain copy: only the output itself, a view with its start and strides, or a reshape
 // of a contiguous output is followed) is taken as it is, widened (PrecisionRow::followed is then false).
@@ -33,6 +33,16 @@
 // input), an input the twin takes as it is gets no comparison pass (its errors are 0), and compare() reads
 // f16/bf16/f32 tensors as floats, four elements at a time, in chunks on the CPU's threads, with the mean's sum
 // still added in element order: the same bits as the element-by-element definition below.
+//
+// Backward (local error only): every autograd node the wrapped hook wants whose gradients (any of them) are f16
+// or bf16 is computed again, right after it ran, by the same backward function in f32 (OpEvent::
+// recompute_backward, autograd::WidenToF32: the incoming gradient and the saved tensors it reads widened
+// exactly, every result made in f32), and its gradients are compared with that, each in its own dtype, as above
+// (no saturation rule: a gradient at 1 is not a boundary); the row takes the largest max and mean relative error
+// over the node's gradients, and sums their flips and histograms. One row per node, phase backward, named by the forward
+// op it belongs to (trace_schema.h PrecisionRow). Not covered: the sums of the gradients that meet at a tensor
+// (the engine adds them in the gradients' dtype, between nodes), AccumulateGrad, and nodes whose backward throws
+// when run again in f32 (counted in uncovered() as "backward of OP"). The design: docs/twin-backward.md.
 //
 // The numbers (compare()), per element i with y the op's value, r the reference (both widened to double) and
 // D the op's output dtype (f16: p = 11 significand bits, emin = -14; bf16: p = 8, emin = -126; f32: p = 24,
@@ -71,6 +81,8 @@ struct TwinOptions {
   std::shared_ptr<trace::Sink> sink{};
   // Keep every row in memory for rows(); false with a sink keeps only the open step's.
   bool keep_rows = true;
+  // Twin the backward pass too (a row per autograd node that ran in f16/bf16, below); false: forward ops only.
+  bool backward = true;
 };
 
 // The errors of `value` against `reference` (same shape), as above; `dtype` is the dtype whose spacing and
@@ -96,6 +108,7 @@ using analysis::precision_jump;
 using analysis::precision_trends;
 using analysis::PrecisionTrend;
 using analysis::rank_by_jump;
+using analysis::rank_backward;
 using analysis::rank_by_local;
 
 class Twin : public Hook {
@@ -123,6 +136,7 @@ class Twin : public Hook {
 
  private:
   void twin(const OpEvent& event);
+  void twin_backward(const OpEvent& event);  // the backward rows (twin.cpp, "the backward twin")
   void hand_over();  // the open step's rows to the sink
 
   std::shared_ptr<Hook> inner_;

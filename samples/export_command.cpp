@@ -297,6 +297,7 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
       "in_acc_max_rel", "in_acc_mean_rel", "flips", "bits", "cond", "followed"};
   for (int i = 0; i < kErrorBins; ++i) precision_header.push_back(fmt::format("error_bins_{}", i));
   precision_header.push_back("exact");
+  precision_header.push_back("phase");  // format_version 6 (format 5 rows: forward)
   ex.export_table<PrecisionRow>(
       "precision", precision_header,
       counts.precision, [&](std::int64_t b, std::int64_t e) { return reader.precision(b, e); },
@@ -322,6 +323,7 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
                                         csv_bool(p.followed)};
         for (const std::int64_t n : p.error_bins) f.push_back(num(n));
         f.push_back(num(p.exact));
+        f.push_back(std::string(phase_name(p.phase)));
         return f;
       },
       blocks);

@@ -83,6 +83,7 @@ struct ViewerState {
 
   // Precision: the heatmap's colour (accumulated or local bits), and Op detail's error histogram.
   bool precision_local = false;
+  bool precision_backward = false;  // the Precision panel shows the backward rows (autograd nodes) instead
   bool show_precision = false;  // the upper-right area shows Precision instead of Scale and loss
   std::optional<std::size_t> precision_hover_row;  // the heatmap row under the mouse last frame (highlighted)
   plot::State error_plot;

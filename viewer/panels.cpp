@@ -1083,7 +1083,12 @@ void draw_precision_panel(ViewerState& s) {
     ImGui::End();
     return;
   }
-  // The toggle and the legend.
+  // The toggles and the legend.
+  ImGui::Checkbox("backward", &s.precision_backward);
+  help_marker("Forward (default): the ops of the forward pass. Backward: the autograd nodes whose backward ran in "
+              "f16/bf16, each computed again in f32 on its own inputs: local error only (both colourings show it), "
+              "ranked as the report's backward list (the largest local error first).");
+  ImGui::SameLine();
   ImGui::Checkbox("local", &s.precision_local);
   help_marker("Colour: bits of agreement with the f32 twin. Accumulated (default): -log2 of the op's max relative "
               "error against the twin's value, with every earlier op's error in it. Local: what this op's own "
@@ -1100,9 +1105,20 @@ void draw_precision_panel(ViewerState& s) {
   ImGui::SameLine();
   swatch(kNoBits, 0);
   ImGui::TextUnformatted("no local (f32 op)");
+  // The rows of the phase shown: forward rows come first in the map, backward rows after them.
+  const std::size_t base = s.precision_backward ? m->backward_begin : 0;
+  const std::size_t rows = s.precision_backward ? m->rows.size() - m->backward_begin : m->backward_begin;
   ImGui::SameLine();
-  ImGui::TextDisabled("  %s ops x %s steps", format_count(static_cast<std::int64_t>(m->rows.size())).c_str(),
+  ImGui::TextDisabled("  %s %s x %s steps", format_count(static_cast<std::int64_t>(rows)).c_str(),
+                      s.precision_backward ? "backward nodes" : "ops",
                       format_count(static_cast<std::int64_t>(m->steps.size())).c_str());
+  if (rows == 0) {
+    ImGui::TextDisabled(s.precision_backward ? "No backward rows: a trace of format_version 5, or a run whose backward "
+                                               "ran in f32."
+                                             : "No forward rows.");
+    ImGui::End();
+    return;
+  }
 
   // The grid, in a child that scrolls both ways; only the visible cells are drawn (bounded work per frame).
   ImGui::BeginChild("##heatmap", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
@@ -1110,7 +1126,7 @@ void draw_precision_panel(ViewerState& s) {
   const ImVec2 view = ImGui::GetWindowSize();
   const float label_w = std::clamp(view.x * 0.3f, 120.0f, 320.0f);
   const float header_h = line + 4;
-  const std::size_t rows = m->rows.size(), cols = m->steps.size();
+  const std::size_t cols = m->steps.size();
   const float cell_w = std::clamp(std::floor((view.x - label_w - 16) / static_cast<float>(cols)), 6.0f, 28.0f);
   const float cell_h = std::floor(line + 2);
   const ImVec2 origin = ImGui::GetCursorScreenPos();  // the content's top left, scrolled
@@ -1129,7 +1145,7 @@ void draw_precision_panel(ViewerState& s) {
   const std::optional<std::int64_t> sel_step = s.a->selected_step();
   for (std::size_t r = r0; r < r1; ++r) {
     for (std::size_t c = c0; c < c1; ++c) {
-      const trace::PrecisionRow* p = m->at(r, c);
+      const trace::PrecisionRow* p = m->at(base + r, c);
       if (!p) continue;
       const ImVec2 a = cell_min(r, c);
       const double bits = s.precision_local ? local_bits(*p) : accumulated_bits(*p);
@@ -1145,7 +1161,7 @@ void draw_precision_panel(ViewerState& s) {
   for (std::size_t r = r0; r < r1; ++r) {
     const ImVec2 a = cell_min(r, 0);
     const bool hot = s.precision_hover_row && *s.precision_hover_row == r;
-    const std::string& text = m->rows[r].label;
+    const std::string& text = m->rows[base + r].label;
     dl->PushClipRect(ImVec2(win.x, a.y), ImVec2(win.x + label_w - 6, a.y + cell_h), true);
     dl->AddText(ImVec2(win.x + 4, a.y), hot ? im(colours::kSelectedStep) : ImGui::GetColorU32(ImGuiCol_Text), text.c_str());
     dl->PopClipRect();
@@ -1169,9 +1185,9 @@ void draw_precision_panel(ViewerState& s) {
       s.precision_hover_row = r;
       if (mouse.x >= win.x + label_w && fx >= 0 && fx < static_cast<float>(cols)) {
         const std::size_t c = static_cast<std::size_t>(fx);
-        if (const trace::PrecisionRow* p = m->at(r, c)) {
+        if (const trace::PrecisionRow* p = m->at(base + r, c)) {
           ImGui::BeginTooltip();
-          ImGui::TextUnformatted(precision_cell_text(m->rows[r], *p).c_str());
+          ImGui::TextUnformatted(precision_cell_text(m->rows[base + r], *p).c_str());
           ImGui::EndTooltip();
           if (ImGui::IsMouseClicked(0)) {
             select_step(s, p->step, p->seq);
@@ -1179,7 +1195,7 @@ void draw_precision_panel(ViewerState& s) {
           }
         }
       } else {
-        ImGui::SetTooltip("%s", m->rows[r].label.c_str());
+        ImGui::SetTooltip("%s", m->rows[base + r].label.c_str());
       }
     }
   }

@@ -669,43 +669,56 @@ PrecisionMap precision_map(std::vector<trace::PrecisionRow> rows) {
     return std::tie(x.step, x.seq) < std::tie(y.step, y.seq);
   });
   std::vector<std::int64_t> occurrence(m.source.size(), 0);
-  std::map<std::pair<std::string, std::string>, std::int64_t> seen;  // (module, op) -> rows so far in the step
+  // (phase, module, op) -> rows so far in the step
+  std::map<std::tuple<trace::Phase, std::string, std::string>, std::int64_t> seen;
   for (std::size_t k = 0; k < m.by_seq.size(); ++k) {
     const auto& r = m.source[m.by_seq[k]];
     if (k == 0 || m.source[m.by_seq[k - 1]].step != r.step) seen.clear();
-    occurrence[m.by_seq[k]] = seen[{r.module, r.op}]++;
+    occurrence[m.by_seq[k]] = seen[{r.phase, r.module, r.op}]++;
     if (m.steps.empty() || m.steps.back() != r.step) m.steps.push_back(r.step);
   }
-  // The report's ranking of (op, module): rank_by_jump's order.
-  std::map<std::pair<std::string, std::string>, std::size_t> rank;
+  // The report's ranking of (op, module): rank_by_jump's order for forward rows, rank_backward's for backward.
+  std::map<std::tuple<trace::Phase, std::string, std::string>, std::size_t> rank;
   const std::vector<trace::PrecisionRow> ranked = analysis::rank_by_jump(m.source);
-  for (std::size_t i = 0; i < ranked.size(); ++i) rank.emplace(std::pair{ranked[i].module, ranked[i].op}, i);
-  // The rows: each distinct (module, op, occurrence), ranked, then by occurrence.
+  for (std::size_t i = 0; i < ranked.size(); ++i) rank.emplace(std::tuple{trace::Phase::forward, ranked[i].module, ranked[i].op}, i);
+  const std::vector<trace::PrecisionRow> nodes = analysis::rank_backward(m.source);
+  for (std::size_t i = 0; i < nodes.size(); ++i) rank.emplace(std::tuple{trace::Phase::backward, nodes[i].module, nodes[i].op}, i);
+  // The rows: each distinct (phase, module, op, occurrence), forward first, ranked, then by occurrence. (A
+  // backward row without local errors is not one the twin writes; rank_backward leaves it out: it goes last.)
   struct Key {
+    trace::Phase phase;
     std::size_t rank;
     std::int64_t occurrence;
     std::string module, op;
-    bool operator<(const Key& o) const { return std::tie(rank, occurrence, module, op) < std::tie(o.rank, o.occurrence, o.module, o.op); }
+    bool operator<(const Key& o) const {
+      return std::tie(phase, rank, occurrence, module, op) < std::tie(o.phase, o.rank, o.occurrence, o.module, o.op);
+    }
+  };
+  const auto key_of = [&](std::size_t i) {
+    const auto& r = m.source[i];
+    const auto it = rank.find({r.phase, r.module, r.op});
+    return Key{r.phase, it == rank.end() ? rank.size() : it->second, occurrence[i], r.module, r.op};
   };
   std::map<Key, std::size_t> row_of;
-  for (std::size_t i = 0; i < m.source.size(); ++i) {
-    const auto& r = m.source[i];
-    row_of.emplace(Key{rank.at({r.module, r.op}), occurrence[i], r.module, r.op}, 0);
-  }
+  for (std::size_t i = 0; i < m.source.size(); ++i) row_of.emplace(key_of(i), 0);
   std::size_t n = 0;
+  m.backward_begin = row_of.size();
   for (auto& [key, index] : row_of) {
+    if (key.phase != trace::Phase::forward && m.backward_begin == row_of.size()) m.backward_begin = n;
     index = n++;
     PrecisionMapRow row;
+    row.phase = key.phase;
     row.module = key.module;
     row.op = key.op;
     row.occurrence = key.occurrence;
-    row.label = fmt::format("{} {} #{}", key.module.empty() ? "(no module)" : key.module, key.op, key.occurrence);
+    row.label = fmt::format("{}{} {} #{}", key.phase == trace::Phase::forward ? "" : "backward of ",
+                            key.module.empty() ? "(no module)" : key.module, key.op, key.occurrence);
     m.rows.push_back(std::move(row));
   }
   m.cells.assign(m.rows.size() * m.steps.size(), -1);
   for (std::size_t i = 0; i < m.source.size(); ++i) {
     const auto& r = m.source[i];
-    const std::size_t row = row_of.at(Key{rank.at({r.module, r.op}), occurrence[i], r.module, r.op});
+    const std::size_t row = row_of.at(key_of(i));
     const std::size_t column = static_cast<std::size_t>(std::lower_bound(m.steps.begin(), m.steps.end(), r.step) - m.steps.begin());
     std::int32_t& cell = m.cells[row * m.steps.size() + column];
     if (cell < 0) cell = static_cast<std::int32_t>(i);
@@ -756,6 +769,12 @@ std::vector<LegendTick> bits_legend() {
 
 std::string precision_cell_text(const PrecisionMapRow& row, const trace::PrecisionRow& p) {
   const double lb = local_bits(p);
+  if (p.phase == trace::Phase::backward) {  // an autograd node: its local error only
+    return fmt::format("{}\nstep {}, seq {}, {} gradients ({} values)\nbits of agreement: local {}\nlocal relative "
+                       "error: max {}, mean {}\nflips {}",
+                       row.label, p.step, p.seq, p.out_dtype, format_count(p.numel), format_number(lb),
+                       format_number(p.local_max_rel), format_number(p.local_mean_rel), format_count(p.flips));
+  }
   return fmt::format(
       "{}\nstep {}, seq {}, {} ({} values)\nbits of agreement: accumulated {}, local {}\nmax relative error: "
       "accumulated {}, local {}\nflips {}{}",
@@ -768,6 +787,15 @@ std::string precision_cell_text(const PrecisionMapRow& row, const trace::Precisi
 std::vector<KeyValue> precision_detail_rows(const trace::PrecisionRow& p) {
   std::vector<KeyValue> out;
   const double lb = local_bits(p);
+  if (p.phase == trace::Phase::backward) {  // an autograd node: its backward again in f32, on its own inputs
+    out.push_back({"backward", "local error of the node's gradients (its backward again in f32 on its inputs widened)"});
+    out.push_back({"bits", fmt::format("{} local (of {})", format_number(lb), analysis::significand_bits_of(p.out_dtype)),
+                   lb < 4});
+    out.push_back({"local", fmt::format("max rel {}, mean rel {}, max {} ulp", format_number(p.local_max_rel),
+                                        format_number(p.local_mean_rel), format_number(p.local_max_ulp))});
+    out.push_back({"flips", format_count(p.flips), p.flips > 0});
+    return out;
+  }
   out.push_back({"bits", fmt::format("{} accumulated, {} local (of {})", format_number(accumulated_bits(p)),
                                      std::isnan(lb) ? std::string("none") : format_number(lb),
                                      analysis::significand_bits_of(p.out_dtype)),

@@ -246,18 +246,22 @@ std::string op_key_text(const analysis::OpKey& k);  // "step 3 forward blocks.0.
 
 // ---- Precision ----
 // The f32 twin's rows (the trace's /precision table, `ampscope train --twin`) as a heatmap: one row per twinned
-// op, keyed as the viewer keys ops elsewhere (phase, module, op, occurrence: the k-th twinned row of that module
-// and op in its step, in seq order; the twin twins only the forward pass), one column per twinned step, each
-// cell coloured by the bits of agreement with the twin. Rows are in the report's order
-// (analysis::rank_by_jump: where precision entered first), then by occurrence.
+// op, keyed as the viewer keys ops elsewhere (phase, module, op, occurrence: the k-th twinned row of that phase,
+// module and op in its step, in seq order), one column per twinned step, each cell coloured by the bits of
+// agreement with the twin. The forward rows come first, in the report's order (analysis::rank_by_jump: where
+// precision entered first), then by occurrence; then the backward rows (format_version 6: autograd nodes, local
+// error only), in the order of the report's backward list (analysis::rank_backward), then by occurrence.
 struct PrecisionMapRow {
+  trace::Phase phase = trace::Phase::forward;
   std::string module, op;
   std::int64_t occurrence = 0;
   std::string out_dtype;  // of its first row
-  std::string label;      // "blocks.0.attn.proj linear #0" ("(no module)" outside any module)
+  std::string label;      // "blocks.0.attn.proj linear #0" ("(no module)" outside any module); backward rows
+                          // "backward of blocks.0.attn.proj linear #0"
 };
 struct PrecisionMap {
   std::vector<PrecisionMapRow> rows;
+  std::size_t backward_begin = 0;          // rows [0, backward_begin) are forward, the rest backward
   std::vector<std::int64_t> steps;         // the columns: twinned steps, ascending
   std::vector<trace::PrecisionRow> source; // the twin's rows
   std::vector<std::int32_t> cells;         // rows.size() x steps.size(), row-major: an index into source, -1 none

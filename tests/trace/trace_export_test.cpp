@@ -145,6 +145,7 @@ void write_hostile_trace(const fs::path& path) {
                          .bits = 0, .cond = step == 1 ? kNaN : 2.5e4, .followed = step != 2};
     // Its histogram: with the flips, numel elements in all (64 + step = 60 + step flips, 3 in buckets, 1 exact).
     pr.error_bins[static_cast<std::size_t>(step)] = 1;
+    pr.phase = step == 1 ? Phase::backward : Phase::forward;  // format_version 6
     pr.error_bins[kErrorBins - 1] = 2;
     pr.exact = 1;
     w.write(pr);
@@ -318,6 +319,8 @@ TEST(trace_export_test, every_exported_value_equals_the_readers) {
           << "bucket " << b;
     }
     EXPECT_EQ(integer(precision.at(i, "exact")), 1);
+    EXPECT_EQ(precision.at(i, "phase"), i == 1 ? "backward" : "forward");
+    EXPECT_EQ(p.phase, i == 1 ? Phase::backward : Phase::forward);
   }
   EXPECT_EQ(precision.at(1, "cond"), "nan");
 

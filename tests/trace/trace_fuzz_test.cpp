@@ -5,11 +5,12 @@
 //    a complete trace, /ops resized to 2^31 unwritten rows, a changed attribute, counts past the tables),
 //    each with the error or the marked partial result it must give.
 //  - Seeded mutants of real traces (a healthy run, a run with anomalies at probe level full, a run
-//    killed before it closed its trace, the committed format_version 1 to 4 fixtures) and of a
+//    killed before it closed its trace, the committed format_version 1 to 5 fixtures) and of a
 //    checkpoint: byte flips anywhere, flips inside the global heap collection (GCOL), truncations, zeroed
 //    blocks, zeroed or edited /index rows, crafted table sizes, edited attributes, and edits of format_version
 //    4's string table through HDF5 (a text's byte, an entry's field, a row's text id), and edits of a field
-//    of format_version 5's /precision rows (the anomalies trace is run with the f32 twin) and /updates rows (a
+//    of format_version 5's /precision rows (the anomalies trace is run with the f32 twin, forward and backward:
+//    format_version 6's phase is one of the text ids edited) and /updates rows (a
 //    model trained in f16 storage writes them: the "f16 storage" trace). Each mutant runs in a
 //    forked child with a time limit (alarm) and, without sanitizers, an address-space limit: a crash is a
 //    signal, a hang SIGALRM, a blow-up bad_alloc or a large peak RSS, and each counts as a failure. So does
@@ -124,9 +125,9 @@ std::array<std::vector<std::string>, 6> texts_of(TraceReader& r) {
   }
   for (const ChecksumRow& c : r.checksums()) out[5].push_back(fmt::format("checksum {} {} {}", c.step, c.param, c.checksum));
   for (const PrecisionRow& p : r.precision()) {
-    out[3].push_back(fmt::format("precision {} {} {} {} {} {} {} {} {} {} {} {} {} {}", p.step, p.seq, p.op, p.module,
+    out[3].push_back(fmt::format("precision {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", p.step, p.seq, p.op, p.module,
                                  p.out_dtype, p.numel, p.local, p.local_mean_rel, p.acc_mean_rel, p.in_acc_mean_rel, p.flips,
-                                 p.followed, fmt::join(p.error_bins, ","), p.exact));
+                                 p.followed, fmt::join(p.error_bins, ","), p.exact, phase_name(p.phase)));
   }
   for (const UpdateRow& u : r.updates()) {
     out[4].push_back(fmt::format("update {} {} {} {} {} {} {} {}", u.step, u.param, u.dtype, u.numel, u.nonzero, u.swamped,
@@ -243,6 +244,8 @@ struct Corpus {
     EXPECT_GT(traces[7].update_rows, 0) << "the f16 storage trace has /updates rows";
     EXPECT_EQ(traces[7].texts[5].size(), 4u * 3u) << "the f16 storage trace has /checksums rows (2 parameters + combined, 4 steps)";
     EXPECT_EQ(traces[7].texts[2].size(), 4u * 4u) << "and /grads rows before the all-reduce beside the others";
+    traces.push_back(describe("v5 fixture", kFixtures / "v5-mlp-twin.h5"));  // /precision without phase
+    EXPECT_GT(traces[8].precision_rows, 0) << "the v5 fixture was run with --twin";
 
     checkpoint = dir.file("ck.h5");
     samples::TrainConfig save = config("mlp", 2, "");
@@ -556,8 +559,8 @@ std::optional<std::string> mutate_with_hdf5(const fs::path& p, Kind kind, std::m
       default: {
         const bool precision = rows_of(file, "precision") > 0 && pick(3) == 0;
         const char* table = precision ? "precision" : pick(2) == 0 ? "ops" : "events";
-        const char* precision_fields[] = {"op", "module", "out_dtype"};
-        const char* field = precision ? precision_fields[pick(3)]
+        const char* precision_fields[] = {"op", "module", "out_dtype", "phase"};  // phase: format_version 6
+        const char* field = precision ? precision_fields[pick(std::size(precision_fields))]
                             : std::string_view(table) == "ops" ? (pick(2) == 0 ? "op" : "module") : "kind";
         const hsize_t rows = rows_of(file, table);
         const hsize_t row = pick(rows);

@@ -1,6 +1,7 @@
-// tests/trace/trace_precision_test.cpp: the /precision table (format_version 5): rows written and read back
-// field for field, a format_version 4 trace read as one without precision rows, damaged rows refused naming
-// the row and the field, and `ampscope train --twin` writing one row per twinned op.
+// tests/trace/trace_precision_test.cpp: the /precision table (format_version 5; its phase field 6): rows written
+// and read back field for field, a format_version 4 trace read as one without precision rows, a format_version 5
+// trace read with forward rows only, damaged rows refused naming the row and the field, and `ampscope train
+// --twin` writing one row per twinned op and per twinned backward node.
 #include <hdf5.h>
 
 #include <cmath>
@@ -49,6 +50,7 @@ PrecisionRow numbered_precision(std::int64_t step, std::int64_t seq) {
   r.bits = 11.0 - static_cast<double>(seq % 11);
   r.cond = seq % 2 == 0 ? 1e4 + static_cast<double>(seq) : std::numeric_limits<double>::quiet_NaN();
   r.followed = seq % 4 != 1;
+  r.phase = seq % 3 == 2 ? Phase::backward : Phase::forward;
   return r;
 }
 
@@ -72,6 +74,7 @@ void expect_same(const PrecisionRow& want, const PrecisionRow& got) {
   EXPECT_SAME_DOUBLE(want.bits, got.bits);
   EXPECT_SAME_DOUBLE(want.cond, got.cond);
   EXPECT_EQ(got.followed, want.followed);
+  EXPECT_EQ(got.phase, want.phase);
 }
 
 // Writes `steps` steps of `per_step` precision rows (and a step row each) to `path`.
@@ -119,6 +122,23 @@ TEST(trace_precision_test, a_format_version_4_trace_reads_with_an_empty_precisio
   bool log_origin = false;
   for (const OpRow& op : r.ops()) log_origin = log_origin || (op.op == "log" && op.origin);
   EXPECT_TRUE(log_origin);
+}
+
+// A trace written by ampscope with format_version 5 (`ampscope train --sample mlp --steps 3 --twin`, the f32 twin
+// of the forward pass only): its rows read, every one a forward row, and its report has no backward list.
+TEST(trace_precision_test, a_format_version_5_trace_reads_its_rows_as_forward_rows) {
+  TraceReader r(kFixtures / "v5-mlp-twin.h5");
+  EXPECT_EQ(r.format_version(), 5);
+  EXPECT_TRUE(r.damage().empty());
+  const std::vector<PrecisionRow> rows = r.precision();
+  ASSERT_EQ(rows.size(), 24u);  // 3 steps of the mlp's 8 twinned forward ops (h5py reads 24 rows)
+  for (const PrecisionRow& row : rows) EXPECT_EQ(row.phase, Phase::forward);
+  EXPECT_EQ(rows.front().step, 0);
+  EXPECT_EQ(rows.back().step, 2);
+  const auto linear = std::find_if(rows.begin(), rows.end(), [](const PrecisionRow& row) { return row.op == "linear"; });
+  ASSERT_NE(linear, rows.end());
+  EXPECT_TRUE(linear->local);
+  EXPECT_EQ(linear->out_dtype, "f16");
 }
 
 // Writes `value` into `field` of row `row` of /precision through HDF5, as `memory` (a native type; -1 for a flag).
@@ -187,6 +207,12 @@ TEST(trace_precision_test, refuses_a_damaged_row_naming_the_row_and_the_field) {
          set_field<std::int64_t>(p, "out_dtype", H5T_NATIVE_INT64, 6, 0);
        },
        "row 6 of '/precision': its field 'out_dtype' is"},
+      {"phase",
+       [](const fs::path& p) {
+         // A sound text that is not a phase (string 0 is a row's op name).
+         set_field<std::int64_t>(p, "phase", H5T_NATIVE_INT64, 1, 0);
+       },
+       "row 1 of '/precision': unknown phase"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);
@@ -218,17 +244,27 @@ TEST(trace_precision_test, train_with_twin_writes_a_row_per_twinned_op_of_every_
     if (steps.empty() || steps.back() != row.step) steps.push_back(row.step);
   }
   EXPECT_EQ(steps, (std::vector<std::int64_t>{0, 2}));
-  // Each row names an /ops row of its step with the same op, module and output dtype.
+  // Each row names an /ops row of its step and phase with the same op and module (and, forward, output dtype):
+  // a backward row is an autograd node's, named by its forward op.
   const std::vector<OpRow> ops = r.ops();
+  std::int64_t backward = 0;
   for (const PrecisionRow& row : rows) {
     const auto it = std::find_if(ops.begin(), ops.end(), [&](const OpRow& o) {
-      return o.step == row.step && o.seq == row.seq && o.phase == Phase::forward;
+      return o.step == row.step && o.seq == row.seq && o.phase == row.phase;
     });
     ASSERT_NE(it, ops.end()) << row.op << " at step " << row.step << " seq " << row.seq;
     EXPECT_EQ(it->op, row.op);
     EXPECT_EQ(it->module, row.module);
-    EXPECT_EQ(it->out_dtype, row.out_dtype);
+    if (row.phase == Phase::forward) {
+      EXPECT_EQ(it->out_dtype, row.out_dtype);
+    }
+    if (row.phase == Phase::backward) {
+      ++backward;
+      EXPECT_TRUE(row.local);
+      EXPECT_EQ(row.acc_max_rel, 0.0);
+    }
   }
+  EXPECT_GT(backward, 0);  // the f16 linears' backward nodes
   // The mlp's first linear runs in f16 under autocast: twinned with local errors.
   const auto linear = std::find_if(rows.begin(), rows.end(), [](const PrecisionRow& row) { return row.op == "linear"; });
   ASSERT_NE(linear, rows.end());

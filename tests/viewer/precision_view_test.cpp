@@ -55,6 +55,53 @@ TEST(precision_view_test, the_heatmap_ranks_ops_as_the_report_and_places_each_ro
   EXPECT_EQ(precision_at(*m, 1, 0), nullptr);  // a step the twin skipped
 }
 
+// Backward rows (format_version 6): after the forward rows, in the report's backward order (the largest local
+// mean error first), apart from the forward rows of the same op and module, and found by Op detail's lookup.
+TEST(precision_view_test, backward_rows_follow_the_forward_rows_ranked_by_local_error) {
+  const auto path = testing::fixture_dir() / "twin_backward.h5";
+  {
+    trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "twin backward", .seed = 1, .config = "{}"});
+    w.write(twin_row(0, 0, "fc1", "linear", std::ldexp(1.0, -12), 0, std::ldexp(1.0, -10)));
+    auto node = [](std::int64_t seq, const std::string& module, const std::string& op, double mean) {
+      trace::PrecisionRow r = twin_row(0, seq, module, op, 0, 0, 0);
+      r.phase = trace::Phase::backward;
+      r.local_mean_rel = mean;
+      r.local_max_rel = 2 * mean;
+      r.bits = -std::log2(2 * mean);
+      return r;
+    };
+    w.write(node(5, "head", "div", 0.004));
+    w.write(node(6, "fc1", "linear", std::ldexp(1.0, -13)));
+    trace::StepRow s;
+    s.step = 0;
+    s.loss = 1;
+    w.write(s);
+    w.end_step(0);
+    w.close();
+  }
+  auto doc = TraceDocument::open(path);
+  ASSERT_TRUE(doc->ok()) << doc->error();
+  doc->wait_idle();
+  const PrecisionMap* m = doc->precision();
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->rows.size(), 3u);
+  EXPECT_EQ(m->backward_begin, 1u);
+  EXPECT_EQ(m->rows[0].label, "fc1 linear #0");
+  EXPECT_EQ(m->rows[0].phase, trace::Phase::forward);
+  EXPECT_EQ(m->rows[1].label, "backward of head div #0");  // local mean 0.004 > 2^-13
+  EXPECT_EQ(m->rows[2].label, "backward of fc1 linear #0");
+  EXPECT_EQ(m->rows[2].phase, trace::Phase::backward);
+  ASSERT_NE(m->at(1, 0), nullptr);
+  EXPECT_EQ(m->at(1, 0)->seq, 5);
+  ASSERT_NE(precision_at(*m, 0, 6), nullptr);
+  EXPECT_EQ(precision_at(*m, 0, 6)->phase, trace::Phase::backward);
+  // Local bits of the div node: -log2(0.008) = 6.97; its detail says it is a backward node.
+  EXPECT_NEAR(local_bits(*m->at(1, 0)), -std::log2(0.008), 1e-12);
+  const std::vector<KeyValue> detail = precision_detail_rows(*m->at(1, 0));
+  ASSERT_FALSE(detail.empty());
+  EXPECT_EQ(detail[0].key, "backward");
+}
+
 TEST(precision_view_test, a_trace_without_twin_rows_has_no_map) {
   const auto path = testing::write_fixture(testing::fixture_dir() / "twin_none.h5", false);
   auto doc = TraceDocument::open(path);
