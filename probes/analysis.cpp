@@ -650,19 +650,31 @@ struct Analyser::State {
   // A step that was not skipped although its gradients were non-finite (no scaler to catch them): the
   // optimizer wrote NaN/inf into the weights, so later steps are non-finite from their first op without any
   // origin. Those steps follow from the diagnosis of that step; they are not non-finite input data.
-  struct Applied {
-    std::int64_t step = -1;  // the first such step, -1 when none
-    double scale = 1;
+  // The later steps that were non-finite from their first op, with no origin of their own.
+  struct LaterSteps {
     std::int64_t later_steps = 0, first_later = -1, last_later = -1;
     std::string first_op;    // the first non-finite op of the first later step
+    void note(std::int64_t step, std::span<const OpRow> ops) {
+      if (first_later < 0) {
+        const OpRow* first = nullptr;
+        for (const OpRow& o : ops)
+          if (non_finite(o) > 0 && (first == nullptr || o.seq < first->seq)) first = &o;
+        first_later = step;
+        if (first != nullptr) first_op = place(*first);
+      }
+      ++later_steps;
+      last_later = step;
+    }
+  };
+  struct Applied : LaterSteps {
+    std::int64_t step = -1;  // the first such step, -1 when none
+    double scale = 1;
   } applied;
 
   // Parameters the optimizer itself turned NaN/inf (analysis_optimizer.h): later steps that are non-finite from
   // their first op follow from that diagnosis (the weights hold NaN/inf), not from the data.
-  struct OptimizerWrote {
+  struct OptimizerWrote : LaterSteps {
     std::int64_t step = -1;  // the first step with such a diagnosis, -1 when none
-    std::int64_t later_steps = 0, first_later = -1, last_later = -1;
-    std::string first_op;
   } optimizer_wrote;
 
   // Adds a diagnosis or counts a recurrence of one already seen.
@@ -1328,27 +1340,9 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
   if (f.origin) {
     st.origins(step, ops, step_row, grads, events, idx);
   } else if (f.nonfinite && st.optimizer_wrote.step >= 0) {
-    auto& w = st.optimizer_wrote;
-    if (w.first_later < 0) {
-      const OpRow* first = nullptr;
-      for (const OpRow& o : ops)
-        if (non_finite(o) > 0 && (first == nullptr || o.seq < first->seq)) first = &o;
-      w.first_later = step;
-      if (first != nullptr) w.first_op = place(*first);
-    }
-    ++w.later_steps;
-    w.last_later = step;
+    st.optimizer_wrote.note(step, ops);
   } else if (f.nonfinite && st.applied.step >= 0 && !st.rep.anomalies.empty()) {
-    auto& a = st.applied;
-    if (a.first_later < 0) {
-      const OpRow* first = nullptr;
-      for (const OpRow& o : ops)
-        if (non_finite(o) > 0 && (first == nullptr || o.seq < first->seq)) first = &o;
-      a.first_later = step;
-      if (first != nullptr) a.first_op = place(*first);
-    }
-    ++a.later_steps;
-    a.last_later = step;
+    st.applied.note(step, ops);
   } else if (f.nonfinite) {
     st.nonfinite_input(step, ops, step_row, grads);
   }
