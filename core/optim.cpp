@@ -223,12 +223,13 @@ void Optimizer::set_shard(const std::vector<Tensor>& owned, std::function<void()
   after_step_ = std::move(after_step);
 }
 
-void Optimizer::apply_update(Tensor& param, const Tensor& update) {
+void Optimizer::apply_update(Tensor& param, const Tensor& update, double eps, const Tensor* second_moment) {
   // fused_add / fused_addcdiv's last step: add in opmath, round once into the parameter's dtype.
   const Tensor after = add(param.to(update.dtype()), update).to(param.dtype());
   if (param.dtype() == DType::f16 || param.dtype() == DType::bf16) {
     if (probe::Hook* hook = probe::hook()) {
-      hook->on_update(probe::UpdateEvent{probe::current_step(), update_label_, param, update, after});
+      hook->on_update(
+          probe::UpdateEvent{probe::current_step(), update_label_, param, update, after, name_, eps, second_moment});
     }
   }
   param.copy_(after);
@@ -382,7 +383,7 @@ void Adam::update(Tensor& param, const Tensor& grad, ParamState& state, const Hy
   const Tensor denom = add(div(sqrt(second), bias_correction2_sqrt), h.eps);
   // fused_addcdiv(param, exp_avg, denom, -step_size), its update u = -step_size * m / denom computed apart.
   const DType m = opmath(param.dtype());
-  apply_update(param, mul(div(exp_avg.to(m), denom.to(m)), -step_size));
+  apply_update(param, mul(div(exp_avg.to(m), denom.to(m)), -step_size), h.eps, &second);
 }
 
 AdamW::AdamW(std::vector<Tensor> params, const OptimizerOptions& options)

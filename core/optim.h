@@ -141,8 +141,10 @@ class Optimizer {
   // param = round(param + update) in param's dtype, `update` being computed in the optimizer's arithmetic type
   // (f32; f64 for f64 parameters): the add of torch's fused add/addcdiv, with the same bits. While a probe
   // hook is installed and param is f16 or bf16, the hook hears it first (probe::Hook::on_update: which
-  // elements' updates rounding loses); otherwise it costs nothing more.
-  void apply_update(Tensor& param, const Tensor& update);
+  // elements' updates rounding loses); otherwise it costs nothing more. Adam passes its eps and the second moment
+  // it divided by, which the hook hears with the update (probe::UpdateEvent).
+  void apply_update(Tensor& param, const Tensor& update, double eps = std::numeric_limits<double>::quiet_NaN(),
+                    const Tensor* second_moment = nullptr);
 
  private:
   Hyperparameters resolve(const Hyperparameters& base, const OptimizerOptions& options, const std::string& where) const;

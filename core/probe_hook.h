@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -153,12 +154,18 @@ std::string_view change_name(ScalerEvent::Change change);  // "kept", "growth", 
 // `after` what p + u rounds to in the parameter's dtype (what the parameter will hold; AdamW's decoupled
 // weight decay is already in `before`). An element's update is *swamped* when u != 0 and after == before:
 // the update was lost to rounding. The three tensors have the parameter's shape; the hook may read them.
+// The optimizer's own part: its name, and for Adam and AdamW the eps added to the denominator and the second
+// moment v it took the square root of (exp_avg_sq, or amsgrad's maximum), in the state's dtype; with them a
+// hook can say why an update turned out NaN or infinite (an eps that is 0 in f16 over a v of 0).
 struct UpdateEvent {
   std::int64_t step;          // current_step()
   const std::string& param;   // Tensor::name(), or "group g, parameter i" when unnamed
   const Tensor& before;
   const Tensor& update;
   const Tensor& after;
+  std::string_view optimizer = {};                   // "SGD", "Adam", "AdamW"
+  double eps = std::numeric_limits<double>::quiet_NaN();  // Adam, AdamW; NaN for SGD
+  const Tensor* second_moment = nullptr;             // Adam, AdamW; null for SGD
 };
 
 class Hook {

@@ -1,4 +1,5 @@
 #include "probes/analysis.h"
+#include "probes/analysis_optimizer.h"
 #include "probes/analysis_precision.h"
 #include "probes/analysis_updates.h"
 #include "probes/scaler_calibration.h"
@@ -649,12 +650,32 @@ struct Analyser::State {
   // A step that was not skipped although its gradients were non-finite (no scaler to catch them): the
   // optimizer wrote NaN/inf into the weights, so later steps are non-finite from their first op without any
   // origin. Those steps follow from the diagnosis of that step; they are not non-finite input data.
-  struct Applied {
-    std::int64_t step = -1;  // the first such step, -1 when none
-    double scale = 1;
+  // The later steps that were non-finite from their first op, with no origin of their own.
+  struct LaterSteps {
     std::int64_t later_steps = 0, first_later = -1, last_later = -1;
     std::string first_op;    // the first non-finite op of the first later step
+    void note(std::int64_t step, std::span<const OpRow> ops) {
+      if (first_later < 0) {
+        const OpRow* first = nullptr;
+        for (const OpRow& o : ops)
+          if (non_finite(o) > 0 && (first == nullptr || o.seq < first->seq)) first = &o;
+        first_later = step;
+        if (first != nullptr) first_op = place(*first);
+      }
+      ++later_steps;
+      last_later = step;
+    }
+  };
+  struct Applied : LaterSteps {
+    std::int64_t step = -1;  // the first such step, -1 when none
+    double scale = 1;
   } applied;
+
+  // Parameters the optimizer itself turned NaN/inf (analysis_optimizer.h): later steps that are non-finite from
+  // their first op follow from that diagnosis (the weights hold NaN/inf), not from the data.
+  struct OptimizerWrote : LaterSteps {
+    std::int64_t step = -1;  // the first step with such a diagnosis, -1 when none
+  } optimizer_wrote;
 
   // Adds a diagnosis or counts a recurrence of one already seen.
   void add(Diagnosis d, std::int64_t step, bool* was_new = nullptr) {
@@ -1318,19 +1339,19 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
   }
   if (f.origin) {
     st.origins(step, ops, step_row, grads, events, idx);
+  } else if (f.nonfinite && st.optimizer_wrote.step >= 0) {
+    st.optimizer_wrote.note(step, ops);
   } else if (f.nonfinite && st.applied.step >= 0 && !st.rep.anomalies.empty()) {
-    auto& a = st.applied;
-    if (a.first_later < 0) {
-      const OpRow* first = nullptr;
-      for (const OpRow& o : ops)
-        if (non_finite(o) > 0 && (first == nullptr || o.seq < first->seq)) first = &o;
-      a.first_later = step;
-      if (first != nullptr) a.first_op = place(*first);
-    }
-    ++a.later_steps;
-    a.last_later = step;
+    st.applied.note(step, ops);
   } else if (f.nonfinite) {
     st.nonfinite_input(step, ops, step_row, grads);
+  }
+  if (!f.nonfinite) {  // the optimizer turned finite weights NaN/inf (analysis_optimizer.h)
+    for (Diagnosis& d : optimizer_diagnoses(step, events, grads)) {
+      d.remedy = remedy_text(d.remedies);
+      if (st.optimizer_wrote.step < 0) st.optimizer_wrote.step = step;
+      st.add(std::move(d), step);
+    }
   }
   if (st.applied.step < 0 && step_row != nullptr && !step_row->skipped) {
     bool nonfinite_grads = !std::isfinite(step_row->grad_norm);
@@ -1560,6 +1581,20 @@ Report Analyser::finish() {
                            "accumulating on purpose",
                            "", "opt.zero_grad();  // at the start of every step")};
       d.remedy = remedy_text(d.remedies);
+    }
+  }
+
+  // Steps made non-finite by weights the optimizer itself turned NaN/inf: evidence of that diagnosis.
+  if (st.optimizer_wrote.later_steps > 0) {
+    const auto& w = st.optimizer_wrote;
+    for (Diagnosis& d : rep.anomalies) {
+      if (d.step != w.step || d.phase != Phase::optimizer) continue;
+      d.evidence.push_back(fmt::format(
+          "the weights it wrote hold NaN/inf: {} later step{} ({} to {}) turned non-finite from their first op ({}) "
+          "with no new origin",
+          w.later_steps, w.later_steps == 1 ? "" : "s", w.first_later, w.last_later,
+          w.first_op.empty() ? "?" : w.first_op));
+      break;
     }
   }
 

@@ -26,6 +26,11 @@
 //   - No non-finite op anywhere, and at most steps every recorded gradient has norm 0 and absmax 0 while
 //     holding zeros: gradient_underflow (remedy: enable the scaler when the scale is 1 throughout, else
 //     raise the initial scale; or bf16).
+//   - The optimizer turned finite f16/bf16 parameter elements NaN/inf in a step whose forward pass and whose
+//     gradient of that parameter were finite (a "nonfinite_update" event, analysis_optimizer.h): a diagnosis in
+//     the optimizer phase, op the optimizer, module the parameter. optimizer_eps_underflow when it is Adam or
+//     AdamW and its eps rounds to 0 in the state's dtype (f16: eps <= 2^-25, 1e-8 included), so sqrt(v) + eps
+//     is 0 where v is 0; unknown otherwise. Later steps non-finite from their first op are its evidence.
 //   - The scale falls below 1 while skipping (a persistent overflow that backing off cannot fix):
 //     scale_collapse, a step-level diagnosis after the origin that recurs; the origin says what to fix.
 // Anomalies are grouped by (op, module, phase, cause): the first occurrence is kept, with a recurrence
@@ -49,7 +54,7 @@ namespace ampscope::analysis {
 inline constexpr const char* kCauses[] = {
     "f16_overflow",       "exp_overflow",       "log_of_zero",        "division_by_zero",
     "invalid_operation",  "nonfinite_input",    "gradient_overflow",  "gradient_underflow",
-    "accumulating_gradients", "scale_collapse", "unknown"};
+    "accumulating_gradients", "scale_collapse", "optimizer_eps_underflow", "unknown"};
 
 inline constexpr double kF16Max = 65504.0;
 

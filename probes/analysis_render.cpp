@@ -38,6 +38,7 @@ constexpr CauseText kCauseTexts[] = {
     {"gradient_underflow", "gradients flushed to zero: too small for f16 (below 2^-24) without enough loss scaling"},
     {"accumulating_gradients", "gradients are never cleared, so they grow step after step and an inf in .grad stays there"},
     {"scale_collapse", "the GradScaler kept meeting inf/NaN and halved the scale below 1: an overflow that backing off cannot cure"},
+    {"optimizer_eps_underflow", "Adam's eps rounds to 0 in the f16 state, so where the second moment v is 0 the update m / (sqrt(v) + eps) divides by 0 and writes NaN/inf into the weights"},
     {"unknown", "inf appeared where no rule applies (an f32 or bf16 result): compare with an fp32 run of the same seed"},
 };
 

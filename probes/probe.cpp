@@ -532,7 +532,43 @@ void Probe::on_update(const UpdateEvent& event) {
     row.param_abs_mean = p_sum / static_cast<double>(finite);
     row.update_abs_mean = u_sum / static_cast<double>(finite);
   }
+  record_nonfinite_update(event, before, after);
   emit(std::move(row));
+}
+
+// Elements the update turned NaN or infinite from finite values: no op of the model made them, the optimizer
+// did. One event (kind "nonfinite_update", docs/trace-format.md) with what the analysis needs to say why:
+// the counts, and for Adam its eps and how many of those elements had a second moment of exactly 0.
+void Probe::record_nonfinite_update(const UpdateEvent& event, const std::vector<double>& before,
+                                    const std::vector<double>& after) {
+  std::int64_t nan = 0, pos_inf = 0, neg_inf = 0, v_zero = 0;
+  const std::vector<double> v = event.second_moment != nullptr ? event.second_moment->values() : std::vector<double>{};
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    if (!std::isfinite(before[i]) || std::isfinite(after[i])) continue;
+    if (std::isnan(after[i])) ++nan;
+    else if (after[i] > 0) ++pos_inf;
+    else ++neg_inf;
+    if (i < v.size() && v[i] == 0) ++v_zero;
+  }
+  if (nan + pos_inf + neg_inf == 0) return;
+  nlohmann::ordered_json d;
+  d["dtype"] = std::string(dtype_name(event.before.dtype()));
+  d["numel"] = static_cast<std::int64_t>(before.size());
+  d["nan"] = nan;
+  d["pos_inf"] = pos_inf;
+  d["neg_inf"] = neg_inf;
+  if (std::isfinite(event.eps)) d["eps"] = event.eps;
+  if (event.second_moment != nullptr) {
+    d["state_dtype"] = std::string(dtype_name(event.second_moment->dtype()));
+    d["v_zero"] = v_zero;
+  }
+  trace::EventRow row{event.step, next_seq(), "nonfinite_update", std::string(event.optimizer), event.param, d.dump()};
+  if (StepRecord* r = record_for(event.step)) {
+    step_events_.push_back(std::move(row));
+    r->anomalous = true;
+  } else {
+    sink_->write(row);
+  }
 }
 
 void Probe::on_scaler(const ScalerEvent& event) {

@@ -177,6 +177,8 @@ class Probe : public Hook {
   void emit(trace::UpdateRow row);
   void emit_event(trace::EventRow row, bool anomaly);
   void mark_anomaly(std::int64_t step);
+  void record_nonfinite_update(const UpdateEvent& event, const std::vector<double>& before,
+                               const std::vector<double>& after);
   void end_step(const std::optional<StepSummary>& summary);
   void write_record(StepRecord& record);
 

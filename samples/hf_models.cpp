@@ -203,53 +203,88 @@ Tensor shape_placeholder(const Shape& shape) {
 
 Tensor TiedHead::forward(const Tensor& x) { return linear(x, embedding_->weight()); }
 
-namespace {
-
 // ---- weight sources ----
 
-class RandomSource : public WeightSource {
- public:
-  explicit RandomSource(Generator& gen) : gen_(gen) {}
-  Tensor take(const std::string&, const Shape& shape, const Init& init) override {
-    NoGradGuard no_grad;
-    RuntimeInternalGuard internal;  // initialisation is not the model's forward pass
-    switch (init.kind) {
-      case Init::Kind::ones: return ones(shape);
-      case Init::Kind::zeros: return zeros(shape);
-      case Init::Kind::normal: break;
-    }
-    Tensor t = mul(randn(shape, gen_), init.std);
-    if (init.zero_row) t.slice(0, *init.zero_row, *init.zero_row + 1).fill_(0.0);
-    return t;
+Tensor RandomSource::take(const std::string&, const Shape& shape, const Init& init) {
+  NoGradGuard no_grad;
+  RuntimeInternalGuard internal;  // initialisation is not the model's forward pass
+  switch (init.kind) {
+    case Init::Kind::ones: return ones(shape);
+    case Init::Kind::zeros: return zeros(shape);
+    case Init::Kind::constant: return full(shape, init.value);
+    case Init::Kind::normal: break;
   }
+  Tensor t = mul(randn(shape, gen_), init.std);
+  if (init.zero_row) t.slice(0, *init.zero_row, *init.zero_row + 1).fill_(0.0);
+  return t;
+}
 
- private:
-  Generator& gen_;
-};
-
-// Hands out the checkpoint's tensors (already renamed to the model's names) and remembers what was missing
-// or of the wrong shape, so that all of it is reported at once.
-class CheckpointSource : public WeightSource {
- public:
-  explicit CheckpointSource(std::map<std::string, Tensor> tensors) : tensors_(std::move(tensors)) {}
-  Tensor take(const std::string& name, const Shape& shape, const Init&) override {
-    auto it = tensors_.find(name);
-    if (it == tensors_.end()) {
-      missing_.push_back(name);
-      return detail::shape_placeholder(shape);
-    }
-    Tensor t = it->second;
-    tensors_.erase(it);
-    if (t.shape() != shape) {
-      wrong_shapes_.push_back(fmt::format("{}: the checkpoint has {}, the config needs {}", name, shape_str(t.shape()),
-                                          shape_str(shape)));
-      return detail::shape_placeholder(shape);
-    }
-    return t;
+Tensor ShapeOnlySource::take(const std::string&, const Shape& shape, const Init&) {
+  if (left_-- == 0) {
+    throw ModelError(fmt::format("{}: config.json describes a model with far more weights than the checkpoint's {} "
+                                 "tensors\nhint: the config does not belong to these weights: compare {}",
+                                 where_, held_, compare_));
   }
-  std::vector<std::string> missing_, wrong_shapes_;
-  std::map<std::string, Tensor> tensors_;  // what no parameter took
-};
+  return shape_placeholder(shape);
+}
+
+Tensor CheckpointSource::take(const std::string& name, const Shape& shape, const Init&) {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    missing_.push_back(name);
+    return shape_placeholder(shape);
+  }
+  Tensor t = it->second;
+  tensors_.erase(it);
+  if (t.shape() != shape) {
+    wrong_shapes_.push_back(fmt::format("{}: the checkpoint has {}, the config needs {}", name, shape_str(t.shape()),
+                                        shape_str(shape)));
+    return shape_placeholder(shape);
+  }
+  return t;
+}
+
+// ---- the folder's files ----
+
+nlohmann::json read_config(const std::filesystem::path& folder) {
+  const std::filesystem::path path = folder / "config.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw ModelError(fmt::format("{}: cannot open config.json\nhint: a Hugging Face model folder holds config.json "
+                                 "beside model.safetensors; point --model at that folder",
+                                 path.string()));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ModelError(fmt::format("{}: not valid JSON ({})\nhint: restore the file from the model's source",
+                                 path.string(), e.what()));
+  }
+}
+
+void save_folder(const nlohmann::json& config, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                 const std::filesystem::path& folder) {
+  if (std::filesystem::exists(folder / "model.safetensors.index.json")) {
+    throw ModelError(fmt::format("{}: holds model.safetensors.index.json, which would make loaders read its shards "
+                                 "instead of the model.safetensors written now\nhint: save into a new folder",
+                                 folder.string()));
+  }
+  std::filesystem::create_directories(folder);
+  const std::filesystem::path config_path = folder / "config.json";
+  {
+    std::ofstream out(config_path, std::ios::binary | std::ios::trunc);
+    out << config.dump(2) << "\n";
+    if (!out) {
+      throw Error(fmt::format("{}: cannot write the config\nhint: check the folder's permissions and free space",
+                              config_path.string()));
+    }
+  }
+  safetensors::save(folder / "model.safetensors", tensors, {{"format", "pt"}});
+}
+
+namespace {
 
 std::shared_ptr<CausalLM> build(const Config& config, WeightSource& source) {
   if (!config.has("model_type")) {
@@ -268,24 +303,6 @@ std::shared_ptr<CausalLM> build(const Config& config, WeightSource& source) {
                                "builds GPT-2 and Llama-style decoders (Mistral's grouped-query attention included); "
                                "for another architecture, write the model with ampscope's nn modules (docs/api.md)",
                                config.where(), type));
-}
-
-nlohmann::json read_config(const std::filesystem::path& folder) {
-  const std::filesystem::path path = folder / "config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw ModelError(fmt::format("{}: cannot open config.json\nhint: a Hugging Face model folder holds config.json "
-                                 "beside model.safetensors; point --model at that folder",
-                                 path.string()));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ModelError(fmt::format("{}: not valid JSON ({})\nhint: restore the file from the model's source",
-                                 path.string(), e.what()));
-  }
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
@@ -318,25 +335,9 @@ LoadedModel load_model(const std::filesystem::path& folder) {
   // (placeholders, no memory), and bounded by the checkpoint: a config that describes many more weights than
   // the checkpoint holds (n_layer 1000000 beside two layers of weights) is refused before it costs a build.
   std::map<std::string, Tensor> stored = safetensors::load_folder(folder, DType::f32);
-  struct ShapeOnly : WeightSource {
-    std::size_t left;
-    std::string where;
-    std::size_t held;
-    Tensor take(const std::string&, const Shape& shape, const Init&) override {
-      if (left-- == 0) {
-        throw ModelError(fmt::format("{}: config.json describes a model with far more weights than the checkpoint's "
-                                     "{} tensors\nhint: the config does not belong to these weights: compare its "
-                                     "layer count (n_layer, num_hidden_layers) with the checkpoint's layer names",
-                                     where, held));
-      }
-      return detail::shape_placeholder(shape);
-    }
-  };
   {
-    ShapeOnly dry;
-    dry.held = stored.size();
-    dry.left = 2 * stored.size() + 64;
-    dry.where = folder.string();
+    ShapeOnlySource dry(folder.string(), stored.size(),
+                        "its layer count (n_layer, num_hidden_layers) with the checkpoint's layer names");
     (void)build(config, dry);
   }
   LoadReport report;
@@ -425,20 +426,7 @@ std::shared_ptr<CausalLM> make_model(const nlohmann::json& config, Generator& ge
 }
 
 void save_model(CausalLM& model, const std::filesystem::path& folder) {
-  if (std::filesystem::exists(folder / "model.safetensors.index.json")) {
-    throw ModelError(fmt::format("{}: holds model.safetensors.index.json, which would make loaders read its shards "
-                                 "instead of the model.safetensors written now\nhint: save into a new folder",
-                                 folder.string()));
-  }
-  std::filesystem::create_directories(folder);
-  const std::filesystem::path config_path = folder / "config.json";
-  {
-    std::ofstream out(config_path, std::ios::binary | std::ios::trunc);
-    out << model.config().dump(2) << "\n";
-    if (!out) throw Error(fmt::format("{}: cannot write the config\nhint: check the folder's permissions and free space",
-                                      config_path.string()));
-  }
-  safetensors::save(folder / "model.safetensors", model.checkpoint_tensors(), {{"format", "pt"}});
+  detail::save_folder(model.config(), model.checkpoint_tensors(), folder);
 }
 
 }  // namespace ampscope::samples::hf

@@ -52,6 +52,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,7 +131,7 @@ std::shared_ptr<CausalLM> make_model(const nlohmann::json& config, Generator& ge
 // new file when loading).
 void save_model(CausalLM& model, const std::filesystem::path& folder);
 
-// ---- the pieces hf_gpt2.cpp and hf_llama.cpp share ----
+// ---- the pieces hf_gpt2.cpp, hf_llama.cpp and hf_t5.cpp share ----
 namespace detail {
 
 // A tensor of `shape` that holds one element (a zero, broadcast with stride 0): what a build that only checks
@@ -141,15 +142,17 @@ Tensor shape_placeholder(const Shape& shape);
 
 // How a parameter is initialised when it is drawn rather than loaded.
 struct Init {
-  enum class Kind { normal, ones, zeros } kind = Kind::normal;
+  enum class Kind { normal, ones, zeros, constant } kind = Kind::normal;
   double std = 0.0;
   std::optional<std::int64_t> zero_row{};  // an embedding's padding_idx
+  double value = 0.0;                      // Kind::constant's fill value
 };
 inline Init init_normal(double std, std::optional<std::int64_t> zero_row = std::nullopt) {
-  return {Init::Kind::normal, std, zero_row};
+  return {Init::Kind::normal, std, zero_row, 0.0};
 }
-inline Init init_ones() { return {Init::Kind::ones, 0.0, std::nullopt}; }
-inline Init init_zeros() { return {Init::Kind::zeros, 0.0, std::nullopt}; }
+inline Init init_ones() { return {Init::Kind::ones, 0.0, std::nullopt, 0.0}; }
+inline Init init_zeros() { return {Init::Kind::zeros, 0.0, std::nullopt, 0.0}; }
+inline Init init_constant(double value) { return {Init::Kind::constant, 0.0, std::nullopt, value}; }  // T5's norms
 
 // Where parameter values come from while a model is built: a generator or a checkpoint.
 class WeightSource {
@@ -158,6 +161,53 @@ class WeightSource {
   // The value of parameter `name` (the model's own full name) of `shape`.
   virtual Tensor take(const std::string& name, const Shape& shape, const Init& init) = 0;
 };
+
+// Draws every parameter from `gen` in the order they are taken (make_model, make_seq2seq): normal(0, std)
+// with an optional zero row, ones, zeros or a constant.
+class RandomSource : public WeightSource {
+ public:
+  explicit RandomSource(Generator& gen) : gen_(gen) {}
+  Tensor take(const std::string& name, const Shape& shape, const Init& init) override;
+
+ private:
+  Generator& gen_;
+};
+
+// Shapes only (placeholders, no memory), bounded by the checkpoint: the dry run that validates a config
+// (and refuses what is refused) before the weights are used. A config that describes many more weights than
+// the checkpoint's `held` tensors (n_layer 1000000 beside two layers of weights) is refused (ModelError naming
+// `where`, with a hint to compare `compare`) before it costs a build.
+class ShapeOnlySource : public WeightSource {
+ public:
+  ShapeOnlySource(std::string where, std::size_t held, std::string compare)
+      : where_(std::move(where)), held_(held), left_(2 * held + 64), compare_(std::move(compare)) {}
+  Tensor take(const std::string& name, const Shape& shape, const Init& init) override;
+
+ private:
+  std::string where_;
+  std::size_t held_, left_;
+  std::string compare_;
+};
+
+// Hands out a checkpoint's tensors (already renamed to the model's names) and remembers what was missing or of
+// the wrong shape (a placeholder is handed out instead), so that the loader reports all of it at once.
+class CheckpointSource : public WeightSource {
+ public:
+  explicit CheckpointSource(std::map<std::string, Tensor> tensors) : tensors_(std::move(tensors)) {}
+  Tensor take(const std::string& name, const Shape& shape, const Init& init) override;
+
+  std::vector<std::string> missing_;       // the model's names
+  std::vector<std::string> wrong_shapes_;  // "name: the checkpoint has [..], the config needs [..]"
+  std::map<std::string, Tensor> tensors_;  // what no parameter took
+};
+
+// FOLDER/config.json parsed (ModelError when it cannot be opened or is not JSON).
+nlohmann::json read_config(const std::filesystem::path& folder);
+
+// Writes FOLDER/config.json (config, indented) and FOLDER/model.safetensors (tensors, metadata
+// {"format": "pt"}), creating FOLDER; refuses a FOLDER holding model.safetensors.index.json.
+void save_folder(const nlohmann::json& config, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                 const std::filesystem::path& folder);
 
 // Reading config.json: each accessor names the key and where it came from in its error.
 class Config {

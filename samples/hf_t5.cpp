@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -93,72 +91,14 @@ namespace {
 
 using detail::Config;
 
-// ---- where parameter values come from ----
-
-// A parameter drawn N(0, std), or filled with a constant (layer norms: initializer_factor).
-struct Draw {
-  bool fill = false;
-  double value = 0.0;  // std, or the fill value
-};
-
-class Source {
- public:
-  virtual ~Source() = default;
-  virtual Tensor take(const std::string& name, const Shape& shape, const Draw& draw) = 0;
-};
-
-class RandomSource : public Source {
- public:
-  explicit RandomSource(Generator& gen) : gen_(gen) {}
-  Tensor take(const std::string&, const Shape& shape, const Draw& draw) override {
-    NoGradGuard no_grad;
-    RuntimeInternalGuard internal;  // initialisation is not the model's forward pass
-    if (draw.fill) return full(shape, draw.value);
-    return mul(randn(shape, gen_), draw.value);
-  }
-
- private:
-  Generator& gen_;
-};
-
-// Shapes only (placeholders, no memory), bounded by the checkpoint's tensor count: a config describing far
-// more weights than the checkpoint holds is refused before it costs a build.
-struct ShapeOnlySource : Source {
-  std::size_t left = 0, held = 0;
-  std::string where;
-  Tensor take(const std::string&, const Shape& shape, const Draw&) override {
-    if (left-- == 0) {
-      throw ModelError(fmt::format("{}: config.json describes a model with far more weights than the checkpoint's {} "
-                                   "tensors\nhint: the config does not belong to these weights: compare num_layers "
-                                   "and num_decoder_layers with the checkpoint's block names",
-                                   where, held));
-    }
-    return detail::shape_placeholder(shape);
-  }
-};
-
-// The checkpoint's tensors; remembers what was missing or of the wrong shape, to report it all at once.
-class CheckpointSource : public Source {
- public:
-  explicit CheckpointSource(std::map<std::string, Tensor> tensors) : tensors_(std::move(tensors)) {}
-  Tensor take(const std::string& name, const Shape& shape, const Draw&) override {
-    auto it = tensors_.find(name);
-    if (it == tensors_.end()) {
-      missing_.push_back(name);
-      return detail::shape_placeholder(shape);
-    }
-    Tensor t = it->second;
-    tensors_.erase(it);
-    if (t.shape() != shape) {
-      wrong_shapes_.push_back(fmt::format("{}: the checkpoint has {}, the config needs {}", name, shape_str(t.shape()),
-                                          shape_str(shape)));
-      return detail::shape_placeholder(shape);
-    }
-    return t;
-  }
-  std::vector<std::string> missing_, wrong_shapes_;
-  std::map<std::string, Tensor> tensors_;  // what no parameter took
-};
+// Parameter values come from the sources the decoders use (samples/hf_models.h): a generator, a shape-only dry
+// run or a checkpoint. T5's layers are HF's nn.Linear(bias=False) and nn.Embedding.
+using detail::CheckpointSource;
+using detail::Embedding;
+using detail::Linear;
+using detail::RandomSource;
+using detail::ShapeOnlySource;
+using Source = detail::WeightSource;
 
 // ---- the configuration ----
 
@@ -239,35 +179,11 @@ class List : public nn::Module {
   Tensor forward(const Tensor&) override { not_callable(*this); }
 };
 
-// nn.Linear(in, out, bias=False).
-class Linear : public nn::Module {
- public:
-  Linear(Source& s, const std::string& path, std::int64_t in, std::int64_t out, double std) : nn::Module("Linear") {
-    register_parameter("weight", s.take(path + ".weight", {out, in}, {false, std}));
-  }
-  const Tensor& weight() const { return parameter("weight"); }
-
- protected:
-  Tensor forward(const Tensor& x) override { return linear(x, weight()); }
-};
-
-class Embedding : public nn::Module {
- public:
-  Embedding(Source& s, const std::string& path, std::int64_t num, std::int64_t dim, double std)
-      : nn::Module("Embedding") {
-    register_parameter("weight", s.take(path + ".weight", {num, dim}, {false, std}));
-  }
-  const Tensor& weight() const { return parameter("weight"); }
-
- protected:
-  Tensor forward(const Tensor& x) override { return embedding(x, weight()); }
-};
-
 class T5LayerNorm : public nn::Module {
  public:
   T5LayerNorm(Source& s, const std::string& path, std::int64_t dim, double eps, double factor)
       : nn::Module("T5LayerNorm"), eps_(eps) {
-    register_parameter("weight", s.take(path + ".weight", {dim}, {true, factor}));
+    register_parameter("weight", s.take(path + ".weight", {dim}, detail::init_constant(factor)));
   }
 
  protected:
@@ -298,12 +214,12 @@ class DenseReluDense : public nn::Module {
     const double in_std = c.factor * std::pow(static_cast<double>(c.d_model), -0.5);
     const double out_std = c.factor * std::pow(static_cast<double>(c.d_ff), -0.5);
     if (gated_) {
-      wi_0_ = register_module("wi_0", std::make_shared<Linear>(s, path + ".wi_0", c.d_model, c.d_ff, in_std));
-      wi_1_ = register_module("wi_1", std::make_shared<Linear>(s, path + ".wi_1", c.d_model, c.d_ff, in_std));
+      wi_0_ = register_module("wi_0", std::make_shared<Linear>(s, path + ".wi_0", c.d_model, c.d_ff, false, in_std));
+      wi_1_ = register_module("wi_1", std::make_shared<Linear>(s, path + ".wi_1", c.d_model, c.d_ff, false, in_std));
     } else {
-      wi_ = register_module("wi", std::make_shared<Linear>(s, path + ".wi", c.d_model, c.d_ff, in_std));
+      wi_ = register_module("wi", std::make_shared<Linear>(s, path + ".wi", c.d_model, c.d_ff, false, in_std));
     }
-    wo_ = register_module("wo", std::make_shared<Linear>(s, path + ".wo", c.d_ff, c.d_model, out_std));
+    wo_ = register_module("wo", std::make_shared<Linear>(s, path + ".wo", c.d_ff, c.d_model, false, out_std));
   }
 
  protected:
@@ -342,11 +258,13 @@ class T5Attention : public nn::Module {
         is_decoder_(is_decoder) {
     const auto d = static_cast<double>(c.d_model);
     const std::int64_t inner = c.num_heads * c.d_kv;
-    q_ = register_module("q", std::make_shared<Linear>(s, path + ".q", c.d_model, inner,
+    q_ = register_module("q", std::make_shared<Linear>(s, path + ".q", c.d_model, inner, false,
                                                       c.factor * std::pow(d * static_cast<double>(c.d_kv), -0.5)));
-    k_ = register_module("k", std::make_shared<Linear>(s, path + ".k", c.d_model, inner, c.factor * std::pow(d, -0.5)));
-    v_ = register_module("v", std::make_shared<Linear>(s, path + ".v", c.d_model, inner, c.factor * std::pow(d, -0.5)));
-    o_ = register_module("o", std::make_shared<Linear>(s, path + ".o", inner, c.d_model,
+    k_ = register_module(
+        "k", std::make_shared<Linear>(s, path + ".k", c.d_model, inner, false, c.factor * std::pow(d, -0.5)));
+    v_ = register_module(
+        "v", std::make_shared<Linear>(s, path + ".v", c.d_model, inner, false, c.factor * std::pow(d, -0.5)));
+    o_ = register_module("o", std::make_shared<Linear>(s, path + ".o", inner, c.d_model, false,
                                                       c.factor * std::pow(static_cast<double>(inner), -0.5)));
     if (has_bias) {
       bias_ = register_module("relative_attention_bias",
@@ -560,7 +478,7 @@ class T5Model : public Seq2SeqLM {
     encoder_ = register_module("encoder", std::make_shared<T5Stack>(s, "encoder", c_, false, shared_));
     decoder_ = register_module("decoder", std::make_shared<T5Stack>(s, "decoder", c_, true, shared_));
     if (!c_.tied) {
-      lm_head_ = register_module("lm_head", std::make_shared<Linear>(s, "lm_head", c_.d_model, c_.vocab_size,
+      lm_head_ = register_module("lm_head", std::make_shared<Linear>(s, "lm_head", c_.d_model, c_.vocab_size, false,
                                                                      c_.factor * 1.0));
     }
   }
@@ -606,24 +524,6 @@ std::shared_ptr<T5Model> build(const Config& config, Source& source) {
   return std::make_shared<T5Model>(config, source);
 }
 
-nlohmann::json read_config(const std::filesystem::path& folder) {
-  const std::filesystem::path path = folder / "config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw ModelError(fmt::format("{}: cannot open config.json\nhint: a Hugging Face model folder holds config.json "
-                                 "beside model.safetensors; point --model at that folder",
-                                 path.string()));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ModelError(fmt::format("{}: not valid JSON ({})\nhint: restore the file from the model's source",
-                                 path.string(), e.what()));
-  }
-}
-
 bool equal(const Tensor& a, const Tensor& b) { return a.shape() == b.shape() && a.values() == b.values(); }
 
 void record_clamp(Seq2SeqLM& model, ClampEvent event) {
@@ -633,20 +533,19 @@ void record_clamp(Seq2SeqLM& model, ClampEvent event) {
 }  // namespace
 
 bool is_seq2seq_folder(const std::filesystem::path& folder) {
-  const nlohmann::json json = read_config(folder);
+  const nlohmann::json json = detail::read_config(folder);
   return json.is_object() && json.contains("model_type") && json.at("model_type").is_string() &&
          json.at("model_type").get<std::string>() == "t5";
 }
 
 LoadedSeq2Seq load_seq2seq(const std::filesystem::path& folder) {
-  const nlohmann::json json = read_config(folder);
+  const nlohmann::json json = detail::read_config(folder);
   const Config config(json, (folder / "config.json").string());
   std::map<std::string, Tensor> stored = safetensors::load_folder(folder, DType::f32);
   {
-    ShapeOnlySource dry;  // validates the config (and refuses what is refused) before the weights are used
-    dry.held = stored.size();
-    dry.left = 2 * stored.size() + 64;
-    dry.where = folder.string();
+    // Validates the config (and refuses what is refused) before the weights are used.
+    ShapeOnlySource dry(folder.string(), stored.size(),
+                        "num_layers and num_decoder_layers with the checkpoint's block names");
     (void)build(config, dry);
   }
   LoadReport report;
@@ -708,22 +607,7 @@ std::shared_ptr<Seq2SeqLM> make_seq2seq(const nlohmann::json& config, Generator&
 }
 
 void save_seq2seq(Seq2SeqLM& model, const std::filesystem::path& folder) {
-  if (std::filesystem::exists(folder / "model.safetensors.index.json")) {
-    throw ModelError(fmt::format("{}: holds model.safetensors.index.json, which would make loaders read its shards "
-                                 "instead of the model.safetensors written now\nhint: save into a new folder",
-                                 folder.string()));
-  }
-  std::filesystem::create_directories(folder);
-  const std::filesystem::path config_path = folder / "config.json";
-  {
-    std::ofstream out(config_path, std::ios::binary | std::ios::trunc);
-    out << model.config().dump(2) << "\n";
-    if (!out) {
-      throw Error(fmt::format("{}: cannot write the config\nhint: check the folder's permissions and free space",
-                              config_path.string()));
-    }
-  }
-  safetensors::save(folder / "model.safetensors", model.checkpoint_tensors(), {{"format", "pt"}});
+  detail::save_folder(model.config(), model.checkpoint_tensors(), folder);
 }
 
 }  // namespace ampscope::samples::hf

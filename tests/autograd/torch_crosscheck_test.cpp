@@ -24,6 +24,7 @@
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "core/tensor.h"
+#include "tests/support/python_reference.h"
 
 namespace ampscope {
 namespace {
@@ -104,14 +105,6 @@ std::string hex_list(const std::vector<double>& v) {
   return s;
 }
 
-int run(const std::string& command, std::string& output) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
-  return ::pclose(pipe);
-}
-
 // name -> list of values ("abs.out", "abs.grad0", "max_dim.indices").
 std::map<std::string, std::vector<double>> run_torch(const std::filesystem::path& dir) {
   std::ostringstream py;
@@ -134,19 +127,9 @@ std::map<std::string, std::vector<double>> run_torch(const std::filesystem::path
   const auto script = dir / "crosscheck.py";
   std::ofstream(script) << py.str();
   std::string out;
-  const int rc = run("/usr/bin/python3 " + script.string(), out);
+  const int rc = testing::run_shell("/usr/bin/python3 " + script.string(), out);
   if (rc != 0) throw std::runtime_error("the PyTorch script failed:\n" + out);
-  std::map<std::string, std::vector<double>> result;
-  std::istringstream lines(out);
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::istringstream fields(line);
-    std::string name, value;
-    fields >> name;
-    std::vector<double>& v = result[name];
-    while (fields >> value) v.push_back(std::strtod(value.c_str(), nullptr));
-  }
-  return result;
+  return testing::parse_named_values(out);
 }
 
 void expect_agree(const std::string& what, const std::vector<double>& ours, const std::vector<double>& torch, bool exact) {
@@ -163,11 +146,8 @@ void expect_agree(const std::string& what, const std::vector<double>& ours, cons
 }
 
 TEST(torch_crosscheck_test, loss_ops_agree_with_pytorch_values_gradients_and_tie_rules) {
-  std::string probe;
-  if (!std::filesystem::exists("/usr/bin/python3") || run("/usr/bin/python3 -c 'import torch'", probe) != 0) {
-    GTEST_SKIP() << "Debian's python3-torch is not installed (apt-get install python3-torch); this cross-check "
-                    "compares with PyTorch 1.13 where it is";
-  }
+  const std::string why = testing::torch_missing("this cross-check compares with PyTorch 1.13 where it is");
+  if (!why.empty()) GTEST_SKIP() << why;
   const auto dir = std::filesystem::temp_directory_path() / ("ampscope_crosscheck_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::map<std::string, std::vector<double>> torch;

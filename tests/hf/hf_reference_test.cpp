@@ -7,16 +7,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "core/optim.h"
 #include "samples/hf_models.h"
+#include "tests/support/python_reference.h"
 #include "tests/test_support.h"
 
 namespace ampscope {
@@ -25,25 +24,10 @@ namespace {
 namespace fs = std::filesystem;
 namespace hf = samples::hf;
 using nlohmann::json;
+using testing::expect_close;
+using testing::rms;
 
 constexpr std::int64_t kB = 2, kT = 8;
-
-int run(const std::string& command, std::string& output) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
-  return ::pclose(pipe);
-}
-
-std::string torch_missing() {
-  std::string out;
-  if (!fs::exists("/usr/bin/python3") || run("/usr/bin/python3 -c 'import torch'", out) != 0) {
-    return "Debian's python3-torch is not installed (apt-get install python3-torch); the architectures are "
-           "compared with PyTorch 1.13 where it is";
-  }
-  return "";
-}
 
 // B x (T + 1) token ids from a fixed LCG, with `pad` (when >= 0) placed at a few positions.
 std::vector<std::int64_t> make_tokens(std::int64_t vocab, std::int64_t pad) {
@@ -55,54 +39,6 @@ std::vector<std::int64_t> make_tokens(std::int64_t vocab, std::int64_t pad) {
   }
   if (pad >= 0) ids[1] = ids[5] = ids[12] = pad;
   return ids;
-}
-
-std::map<std::string, std::vector<double>> run_reference(const std::string& script, const fs::path& folder,
-                                                         const fs::path& tokens) {
-  std::string out;
-  const std::string cmd = "/usr/bin/python3 " + std::string(AMPSCOPE_SOURCE_DIR) + "/tests/hf/" + script + " '" +
-                          folder.string() + "' '" + tokens.string() + "' " + std::to_string(kB) + " " +
-                          std::to_string(kT);
-  const int rc = run(cmd, out);
-  if (rc != 0) throw std::runtime_error(script + " failed:\n" + out);
-  std::map<std::string, std::vector<double>> result;
-  std::istringstream lines(out);
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::istringstream fields(line);
-    std::string name, value;
-    fields >> name;
-    auto& v = result[name];
-    while (fields >> value) v.push_back(std::strtod(value.c_str(), nullptr));
-  }
-  return result;
-}
-
-double rms(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x * x;
-  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(v.size(), 1)));
-}
-
-// |ours - ref| <= tol * max(|ref|, rms(ref)): relative per element, with the tensor's rms as the floor for
-// elements near zero (a relative error of an element that is almost 0 says nothing).
-void expect_close(const std::string& what, const std::vector<double>& ours, const std::vector<double>& ref,
-                  double tol) {
-  ASSERT_EQ(ours.size(), ref.size()) << what;
-  const double floor = rms(ref);
-  int shown = 0;
-  double worst = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    const double scale = std::max(std::fabs(ref[i]), floor);
-    const double err = std::fabs(ours[i] - ref[i]) / scale;
-    worst = std::max(worst, err);
-    if (!(err <= tol) && shown++ < 5) {
-      ADD_FAILURE() << what << " [" << i << "]: ours " << ours[i] << ", reference " << ref[i] << " (relative "
-                    << err << " > " << tol << ")";
-    }
-  }
-  ::testing::Test::RecordProperty(what + "_worst_relative", std::to_string(worst));
-
 }
 
 struct Ours {
@@ -153,7 +89,7 @@ constexpr double kBf16Tol = 2 * 0x1p-8;
 
 void compare_with_reference(const std::string& script, const json& config, const std::string& name,
                             std::int64_t pad = -1) {
-  const std::string why = torch_missing();
+  const std::string why = testing::torch_missing("the architectures are compared with PyTorch 1.13 where it is");
   if (!why.empty()) GTEST_SKIP() << why;
   const fs::path dir = testing::process_scratch_dir("ampscope_hf_ref") / name;
   Generator gen(7);
@@ -165,7 +101,8 @@ void compare_with_reference(const std::string& script, const json& config, const
     std::ofstream f(tokens);
     for (auto id : ids) f << id << ' ';
   }
-  const auto ref = run_reference(script, dir, tokens);
+  const auto ref = testing::run_python_reference(
+      "tests/hf/" + script, {dir.string(), tokens.string(), std::to_string(kB), std::to_string(kT)});
   const Ours ours = run_ours(dir, ids);
   expect_close(name + " f32 logits", ours.logits_f32, ref.at("logits_f32"), 1e-5);
   for (int s = 0; s < 3; ++s) {

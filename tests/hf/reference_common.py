@@ -1,6 +1,6 @@
-"""Shared by reference_gpt2.py and reference_llama.py: a safetensors reader written from the format's
-specification (8-byte little-endian header length, JSON header, byte buffer), the token file, the autocast
-policy the references apply by hand, and the driver that prints what the C++ test compares.
+"""Shared by reference_gpt2.py and reference_llama.py: the token file, the autocast policy the references apply
+by hand, and the driver that prints what the C++ test compares (the safetensors reader and the printing are
+tests/support/reference_io.py's, shared with tests/hf_t5/reference_t5.py).
 
 The bf16 mode mirrors PyTorch's CUDA autocast policy (which ampscope implements on every backend), not torch's
 CPU autocast, whose op lists differ: matrix products (matmul, linear, addmm) take bf16-rounded inputs,
@@ -16,33 +16,14 @@ Output (one line each): name followed by values as float.hex() strings:
   logits_bf16 (initial weights, bf16 policy), logits_f32 (initial weights), loss_0 loss_1 loss_2 (f32 mean
   cross-entropy over all B*T next-token targets before each of 3 AdamW steps, lr 1e-3, weight decay 0).
 """
-import json
-import struct
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-          "I64": torch.int64}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n].decode("utf-8"))
-    buffer = data[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        raw = bytearray(buffer[begin:end])
-        t = torch.frombuffer(raw, dtype=DTYPES[info["dtype"]]) if raw else torch.empty(0, dtype=DTYPES[info["dtype"]])
-        out[name] = t.reshape(info["shape"]).clone()
-    return out
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from reference_io import hexes, read_config, read_safetensors  # noqa: E402
 
 class Policy:
     """The ops autocast treats specially, in f32 mode (plain PyTorch) or bf16 mode (CUDA rules by hand)."""
@@ -107,15 +88,10 @@ def read_tokens(path, B, T):
     return torch.tensor(ids, dtype=torch.int64).reshape(B, T + 1)
 
 
-def hexes(t):
-    return " ".join(float(v).hex() for v in t.detach().double().reshape(-1).tolist())
-
-
 def main(build):
     """build(tensors, config, policy) -> torch.nn.Module whose forward(ids) gives logits."""
     folder, tokens_path, B, T = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    with open(folder + "/config.json") as f:
-        config = json.load(f)
+    config = read_config(folder)
     tensors = {k: v.float() for k, v in read_safetensors(folder + "/model.safetensors").items()}
     data = read_tokens(tokens_path, B, T)
     inputs, targets = data[:, :T], data[:, 1:]

@@ -3,7 +3,7 @@
 
   reference_t5.py FOLDER TOKENS B T
 
-FOLDER holds config.json and model.safetensors (read here with struct and json, from the format's
+FOLDER holds config.json and model.safetensors (read by tests/support/reference_io.py, from the format's
 specification). TOKENS is a text file of B*T whitespace-separated ids: row b is window b; its first T/2 ids
 are the encoder input, its last T/2 the labels; the decoder input is the labels shifted right with
 decoder_start_token_id in front (HF's _shift_right). Prints, one line each, a name and float.hex() values:
@@ -17,9 +17,8 @@ decoder_start_token_id in front (HF's _shift_right). Prints, one line each, a na
                         decay 0)
 Exits 77 when torch is missing.
 """
-import json
 import math
-import struct
+import os
 import sys
 
 try:
@@ -29,25 +28,8 @@ except ImportError:
     print("torch is missing")
     sys.exit(77)
 
-DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-          "I64": torch.int64}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n].decode("utf-8"))
-    buffer = data[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        raw = bytearray(buffer[begin:end])
-        t = torch.frombuffer(raw, dtype=DTYPES[info["dtype"]]) if raw else torch.empty(0, dtype=DTYPES[info["dtype"]])
-        out[name] = t.reshape(info["shape"]).clone()
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from reference_io import hexes, read_config, read_safetensors  # noqa: E402
 
 
 def relative_position_bucket(relative_position, bidirectional, num_buckets, max_distance):
@@ -190,14 +172,9 @@ class T5:
         return self.lin("lm_head", dec)
 
 
-def hexes(t):
-    return " ".join(float(v).hex() for v in t.detach().double().reshape(-1).tolist())
-
-
 def main():
     folder, tokens_path, B, T = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    with open(folder + "/config.json") as f:
-        config = json.load(f)
+    config = read_config(folder)
     tensors = read_safetensors(folder + "/model.safetensors")
     with open(tokens_path) as f:
         ids = torch.tensor([int(v) for v in f.read().split()], dtype=torch.int64)

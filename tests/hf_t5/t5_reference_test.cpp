@@ -8,10 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include "core/autocast.h"
 #include "core/autograd.h"
@@ -20,6 +18,7 @@
 #include "samples/hf_t5.h"
 #include "samples/token_data.h"
 #include "tests/hf_t5/t5_test_util.h"
+#include "tests/support/python_reference.h"
 #include "tests/test_support.h"
 
 namespace ampscope {
@@ -28,25 +27,10 @@ namespace {
 namespace fs = std::filesystem;
 namespace hf = samples::hf;
 using nlohmann::json;
+using testing::expect_close;
+using testing::rms;
 
 constexpr std::int64_t kB = 2, kT = 16;  // two windows of 16 tokens: 8 encoder inputs, 8 labels each
-
-int run(const std::string& command, std::string& output) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
-  return ::pclose(pipe);
-}
-
-std::string torch_missing() {
-  std::string out;
-  if (!fs::exists("/usr/bin/python3") || run("/usr/bin/python3 -c 'import torch'", out) != 0) {
-    return "Debian's python3-torch is not installed (apt-get install python3-torch); T5 is compared with "
-           "PyTorch 1.13 where it is";
-  }
-  return "";
-}
 
 // kB * kT token ids from a fixed LCG.
 std::vector<std::int32_t> make_tokens(std::int64_t vocab) {
@@ -57,48 +41,6 @@ std::vector<std::int32_t> make_tokens(std::int64_t vocab) {
     id = static_cast<std::int32_t>((s >> 33) % static_cast<std::uint64_t>(vocab));
   }
   return ids;
-}
-
-std::map<std::string, std::vector<double>> run_reference(const fs::path& folder, const fs::path& tokens) {
-  std::string out;
-  const std::string cmd = "/usr/bin/python3 " + std::string(AMPSCOPE_SOURCE_DIR) + "/tests/hf_t5/reference_t5.py '" +
-                          folder.string() + "' '" + tokens.string() + "' " + std::to_string(kB) + " " +
-                          std::to_string(kT);
-  const int rc = run(cmd, out);
-  if (rc != 0) throw std::runtime_error("reference_t5.py failed:\n" + out);
-  std::map<std::string, std::vector<double>> result;
-  std::istringstream lines(out);
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::istringstream fields(line);
-    std::string name, value;
-    fields >> name;
-    auto& v = result[name];
-    while (fields >> value) v.push_back(std::strtod(value.c_str(), nullptr));
-  }
-  return result;
-}
-
-double rms(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x * x;
-  return std::sqrt(s / static_cast<double>(std::max<std::size_t>(v.size(), 1)));
-}
-
-// |ours - ref| <= tol * max(|ref|, rms(ref)): relative per element, with the tensor's rms as the floor for
-// elements near zero (the relative error of an element that is almost 0 says nothing).
-void expect_close(const std::string& what, const std::vector<double>& ours, const std::vector<double>& ref,
-                  double tol) {
-  ASSERT_EQ(ours.size(), ref.size()) << what;
-  const double floor = rms(ref);
-  int shown = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    const double err = std::fabs(ours[i] - ref[i]) / std::max(std::fabs(ref[i]), floor);
-    if (!(err <= tol) && shown++ < 5) {
-      ADD_FAILURE() << what << " [" << i << "]: ours " << ours[i] << ", reference " << ref[i] << " (relative " << err
-                    << " > " << tol << ")";
-    }
-  }
 }
 
 // bf16 tolerance. Ours and the reference run every op in the same dtype (the reference applies CUDA autocast's
@@ -113,7 +55,7 @@ void expect_close(const std::string& what, const std::vector<double>& ours, cons
 constexpr double kBf16Tol = 2 * 0x1p-8;
 
 void compare_with_reference(const json& config, const std::string& name) {
-  const std::string why = torch_missing();
+  const std::string why = testing::torch_missing("T5 is compared with PyTorch 1.13 where it is");
   if (!why.empty()) GTEST_SKIP() << why;
   const fs::path dir = testing::process_scratch_dir("ampscope_t5_ref") / name;
   {
@@ -129,7 +71,8 @@ void compare_with_reference(const json& config, const std::string& name) {
     std::ofstream f(tokens);
     for (auto id : ids) f << id << ' ';
   }
-  const auto ref = run_reference(dir, tokens);
+  const auto ref = testing::run_python_reference(
+      "tests/hf_t5/reference_t5.py", {dir.string(), tokens.string(), std::to_string(kB), std::to_string(kT)});
   const samples::Seq2SeqBatch batch = samples::seq2seq_batch(ids, kT, kB, 0, model.decoder_start_token_id());
   ASSERT_EQ(batch.decoder_input.at({0, 0}), static_cast<double>(config.value("decoder_start_token_id", 0)));
 

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "core/safetensors.h"
+#include "tests/support/fuzz.h"
 #include "tests/test_support.h"
 
 namespace ampscope {
@@ -21,11 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<unsigned char>;
-
-std::uint64_t env_or(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
 
 Bytes read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -46,19 +42,10 @@ std::uint64_t header_length(const Bytes& b) {
 Bytes mutate(const Bytes& original, std::mt19937_64& rng, std::string& how) {
   Bytes b = original;
   const std::uint64_t n = header_length(original);
-  auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng); };
+  auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return testing::pick(rng, lo, hi); };
   switch (pick(0, 6)) {
-    case 0: {  // flip bits anywhere
-      const std::size_t at = pick(0, b.size() - 1);
-      b[at] ^= static_cast<unsigned char>(pick(1, 255));
-      how = "flip at " + std::to_string(at);
-      break;
-    }
-    case 1: {  // truncate
-      b.resize(pick(0, b.size() - 1));
-      how = "truncate to " + std::to_string(b.size());
-      break;
-    }
+    case 0: testing::flip_byte(b, rng, how); break;  // flip bits anywhere
+    case 1: testing::truncate(b, rng, how); break;   // truncate
     case 2: {  // change a digit of the header (shapes, offsets)
       std::vector<std::size_t> digits;
       for (std::size_t i = 8; i < 8 + n; ++i)
@@ -120,39 +107,33 @@ TEST(safetensors_fuzz_test, every_mutant_loads_consistently_or_throws_an_error) 
   const Bytes original = read_bytes(base);
   const auto original_file = safetensors::File::open(base);
 
-  const std::uint64_t cases = env_or("AMPSCOPE_FUZZ_CASES", 400);
-  const std::uint64_t seed = env_or("AMPSCOPE_FUZZ_SEED", 1);
-  std::uint64_t opened = 0, refused = 0;
   const fs::path p = dir / "mutant.safetensors";
-  for (std::uint64_t c = 0; c < cases; ++c) {
-    std::mt19937_64 rng(seed + c);
-    std::string how;
-    const Bytes b = mutate(original, rng, how);
-    write_bytes(p, b);
-    try {
-      const auto f = safetensors::File::open(p);
-      ++opened;
-      const std::uint64_t start = 8 + header_length(b);
-      for (const auto& info : f.tensors()) {
-        const Tensor t = f.load(info.name);
-        const std::size_t bytes = static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype());
-        ASSERT_EQ(bytes, info.end - info.begin) << "seed " << seed + c << " (" << how << ") " << info.name;
-        ASSERT_LE(start + info.end, b.size()) << "seed " << seed + c << " (" << how << ")";
-        ASSERT_TRUE(bytes == 0 || std::memcmp(t.data(), b.data() + start + info.begin, bytes) == 0)
-            << "seed " << seed + c << " (" << how << ") " << info.name;
-      }
-      if (b.size() == original.size() && std::equal(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(start),
-                                                    original.begin())) {
-        ASSERT_EQ(f.tensors().size(), original_file.tensors().size()) << "seed " << seed + c << " (" << how << ")";
-        for (std::size_t i = 0; i < f.tensors().size(); ++i) {
-          EXPECT_EQ(f.tensors()[i].name, original_file.tensors()[i].name);
-          EXPECT_EQ(f.tensors()[i].shape, original_file.tensors()[i].shape);
+  const testing::FuzzTally tally = testing::run_mutants<Error>(
+      "ampscope::Error", 400, [&](std::mt19937_64& rng, std::uint64_t seed, std::string& what) {
+        std::string how;
+        const Bytes b = mutate(original, rng, how);
+        write_bytes(p, b);
+        what = "seed " + std::to_string(seed) + " (" + how + ")";
+        const auto f = safetensors::File::open(p);
+        const std::uint64_t start = 8 + header_length(b);
+        for (const auto& info : f.tensors()) {
+          const Tensor t = f.load(info.name);
+          const std::size_t bytes = static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype());
+          ASSERT_EQ(bytes, info.end - info.begin) << what << " " << info.name;
+          ASSERT_LE(start + info.end, b.size()) << what;
+          ASSERT_TRUE(bytes == 0 || std::memcmp(t.data(), b.data() + start + info.begin, bytes) == 0)
+              << what << " " << info.name;
         }
-      }
-    } catch (const Error&) {
-      ++refused;
-    }
-  }
+        if (b.size() == original.size() && std::equal(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(start),
+                                                      original.begin())) {
+          ASSERT_EQ(f.tensors().size(), original_file.tensors().size()) << what;
+          for (std::size_t i = 0; i < f.tensors().size(); ++i) {
+            EXPECT_EQ(f.tensors()[i].name, original_file.tensors()[i].name);
+            EXPECT_EQ(f.tensors()[i].shape, original_file.tensors()[i].shape);
+          }
+        }
+      });
+  const std::uint64_t cases = tally.cases, opened = tally.loaded, refused = tally.refused;
   EXPECT_EQ(opened + refused, cases);
   EXPECT_GT(refused, 0u);  // the mutations do reach the checks
   EXPECT_GT(opened, 0u);   // and some (buffer flips, padding) stay valid

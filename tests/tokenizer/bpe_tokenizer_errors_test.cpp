@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 
+#include "tests/support/fuzz.h"
 #include "tests/tokenizer/tokenizer_files.h"
 
 namespace ampscope {
@@ -170,32 +171,13 @@ TEST(bpe_tokenizer_errors_test, refuses_damaged_tokenizer_json_with_the_json_pat
 
 // ---- fuzz ---------------------------------------------------------------------------------------------
 
-std::uint64_t env_or(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
 std::string mutate(const std::string& original, std::mt19937_64& rng, std::string& how) {
   std::string b = original;
-  auto pick = [&](std::size_t lo, std::size_t hi) { return std::uniform_int_distribution<std::size_t>(lo, hi)(rng); };
+  auto pick = [&](std::size_t lo, std::size_t hi) { return static_cast<std::size_t>(testing::pick(rng, lo, hi)); };
   switch (pick(0, 5)) {
-    case 0: {
-      const std::size_t at = pick(0, b.size() - 1);
-      b[at] = static_cast<char>(b[at] ^ static_cast<char>(pick(1, 255)));
-      how = "flip at " + std::to_string(at);
-      break;
-    }
-    case 1:
-      b.resize(pick(0, b.size() - 1));
-      how = "truncate to " + std::to_string(b.size());
-      break;
-    case 2: {
-      const std::size_t at = pick(0, b.size() - 1);
-      if (pick(0, 1) == 0) b.insert(b.begin() + static_cast<std::ptrdiff_t>(at), static_cast<char>(pick(0, 255)));
-      else b.erase(b.begin() + static_cast<std::ptrdiff_t>(at));
-      how = "insert/delete at " + std::to_string(at);
-      break;
-    }
+    case 0: testing::flip_byte(b, rng, how); break;
+    case 1: testing::truncate(b, rng, how); break;
+    case 2: testing::insert_or_delete_byte(b, rng, how); break;
     case 3: {  // a digit (an id) changed
       std::vector<std::size_t> digits;
       for (std::size_t i = 0; i < b.size(); ++i)
@@ -229,8 +211,8 @@ TEST(bpe_tokenizer_errors_test, mutated_files_load_and_encode_consistently_or_th
   const std::string json_pairs = testing::tokenizer_json_text(v, true);
   const std::vector<std::string> texts = {"hello world", "he's he'll", "caf\u00e9 \u65e5\u672c", "a   \n\nb",
                                           "he\xffll \x80!!", "a<|endoftext|>b", "12 345"};
-  const std::uint64_t cases = env_or("AMPSCOPE_FUZZ_CASES", 300);
-  const std::uint64_t seed = env_or("AMPSCOPE_FUZZ_SEED", 1);
+  const std::uint64_t cases = testing::fuzz_cases(300);
+  const std::uint64_t seed = testing::fuzz_seed();
   const fs::path dir = scratch("fuzz");
   std::uint64_t loaded = 0, refused = 0, encode_refused = 0;
   // Which file is mutated: 0 vocab.json, 1 merges.txt, 2 tokenizer.json with "a b" merges, 3 with pairs.

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "samples/token_data.h"
+#include "tests/support/fuzz.h"
 #include "tests/test_support.h"
 #include "tests/tokens/token_test_util.h"
 
@@ -25,33 +26,13 @@ namespace fs = std::filesystem;
 using testing::Bytes;
 using Ids = std::vector<std::int32_t>;
 
-std::uint64_t env_or(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
 Bytes mutate(const Bytes& original, std::size_t header_end, std::mt19937_64& rng, std::string& how) {
   Bytes b = original;
-  auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng); };
+  auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return testing::pick(rng, lo, hi); };
   switch (pick(0, 5)) {
-    case 0: {  // flip bits anywhere
-      const std::size_t at = pick(0, b.size() - 1);
-      b[at] ^= static_cast<unsigned char>(pick(1, 255));
-      how = "flip at " + std::to_string(at);
-      break;
-    }
-    case 1: {  // truncate
-      b.resize(pick(0, b.size() - 1));
-      how = "truncate to " + std::to_string(b.size());
-      break;
-    }
-    case 2: {  // insert or delete a byte
-      const std::size_t at = pick(0, b.size() - 1);
-      if (pick(0, 1) == 0) b.insert(b.begin() + static_cast<std::ptrdiff_t>(at), static_cast<unsigned char>(pick(0, 255)));
-      else b.erase(b.begin() + static_cast<std::ptrdiff_t>(at));
-      how = "insert/delete at " + std::to_string(at);
-      break;
-    }
+    case 0: testing::flip_byte(b, rng, how); break;              // flip bits anywhere
+    case 1: testing::truncate(b, rng, how); break;               // truncate
+    case 2: testing::insert_or_delete_byte(b, rng, how); break;  // insert or delete a byte
     case 3: {  // change a digit (the .npy header's shape, the text's ids)
       std::vector<std::size_t> digits;
       for (std::size_t i = 0; i < (header_end ? header_end : b.size()); ++i)
@@ -143,33 +124,28 @@ struct Counts {
 // Fatal assertions return from here; the caller's counts then show the shortfall.
 void fuzz(const std::string& name, const Bytes& original, std::size_t header_end, Counts& counts) {
   const fs::path p = testing::process_scratch_dir("ampscope_token_fuzz") / name;
-  const std::uint64_t cases = env_or("AMPSCOPE_FUZZ_CASES", 400);
-  const std::uint64_t seed = env_or("AMPSCOPE_FUZZ_SEED", 1);
   const std::string ext = p.extension().string();
-  for (std::uint64_t c = 0; c < cases; ++c) {
-    std::mt19937_64 rng(seed + c);
-    std::string how;
-    const Bytes b = mutate(original, header_end, rng, how);
-    testing::write_bytes(p, b);
-    const std::string what = name + " seed " + std::to_string(seed + c) + " (" + how + ")";
-    try {
-      const Ids ids = load_tokens(p);
-      ++counts.loaded;
-      ASSERT_FALSE(ids.empty()) << what;
-      for (std::int32_t id : ids) ASSERT_GE(id, 0) << what;
-      if (ext == ".bin") {
-        ASSERT_EQ(ids, reference_bin(b)) << what;
-      } else if (ext == ".txt") {
-        ASSERT_EQ(ids, reference_txt(b)) << what;
-      } else if (const auto expected = reference_npy(b)) {
-        ASSERT_EQ(ids, *expected) << what;
-      }
-    } catch (const TokenFileError&) {
-      ++counts.refused;
-    } catch (const std::exception& e) {
-      FAIL() << what << " threw something other than TokenFileError: " << e.what();
-    }
-  }
+  const testing::FuzzTally tally = testing::run_mutants<TokenFileError>(
+      "TokenFileError", 400, [&](std::mt19937_64& rng, std::uint64_t seed, std::string& what) {
+        std::string how;
+        const Bytes b = mutate(original, header_end, rng, how);
+        testing::write_bytes(p, b);
+        what = name + " seed " + std::to_string(seed) + " (" + how + ")";
+        const Ids ids = load_tokens(p);
+        ASSERT_FALSE(ids.empty()) << what;
+        for (std::int32_t id : ids) ASSERT_GE(id, 0) << what;
+        if (ext == ".bin") {
+          ASSERT_EQ(ids, reference_bin(b)) << what;
+        } else if (ext == ".txt") {
+          ASSERT_EQ(ids, reference_txt(b)) << what;
+        } else if (const auto expected = reference_npy(b)) {
+          ASSERT_EQ(ids, *expected) << what;
+        }
+      });
+  if (::testing::Test::HasFatalFailure()) return;
+  counts.loaded += tally.loaded;
+  counts.refused += tally.refused;
+  const std::uint64_t cases = tally.cases;
   EXPECT_EQ(counts.loaded + counts.refused, cases);
   std::printf("token fuzz %s: %llu mutants, %llu loaded, %llu refused\n", name.c_str(),
               static_cast<unsigned long long>(cases), static_cast<unsigned long long>(counts.loaded),

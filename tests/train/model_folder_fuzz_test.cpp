@@ -23,17 +23,13 @@
 #include "samples/hf_models.h"
 #include "samples/hf_t5.h"
 #include "tests/hf_t5/t5_test_util.h"
+#include "tests/support/fuzz.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::uint64_t env_or(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
 
 std::string read(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -92,20 +88,16 @@ void fuzz(const fs::path& valid, const std::string& name, Load&& load_and_run) {
   const std::string config = read(valid / "config.json"), weights = read(valid / "model.safetensors");
   const fs::path dir = valid.parent_path() / (name + "_mutant");
   fs::create_directories(dir);
-  const std::uint64_t cases = env_or("AMPSCOPE_FUZZ_CASES", 150), seed = env_or("AMPSCOPE_FUZZ_SEED", 1);
-  std::uint64_t loaded = 0, refused = 0;
-  for (std::uint64_t k = 0; k < cases; ++k) {
-    std::mt19937_64 rng(seed + k);
-    mutate(rng, config, weights, dir);
-    SCOPED_TRACE(name + " mutant " + std::to_string(seed + k));
-    try {
-      load_and_run(dir);
-      ++loaded;
-    } catch (const Error& e) {
-      EXPECT_GT(std::string(e.what()).size(), 20u);
-      ++refused;
-    }
-  }
+  const testing::FuzzTally tally = testing::run_mutants<Error>(
+      "ampscope::Error", 150,
+      [&](std::mt19937_64& rng, std::uint64_t seed, std::string& what) {
+        mutate(rng, config, weights, dir);
+        what = name + " mutant " + std::to_string(seed);
+        SCOPED_TRACE(what);
+        load_and_run(dir);
+      },
+      [](const Error& e) { EXPECT_GT(std::string(e.what()).size(), 20u); });
+  const std::uint64_t cases = tally.cases, loaded = tally.loaded, refused = tally.refused;
   EXPECT_EQ(loaded + refused, cases);
   EXPECT_GT(refused, 0u);
   EXPECT_GT(loaded, 0u);  // some mutants (an epsilon, a flipped data byte) still load and run
