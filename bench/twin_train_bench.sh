@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # bench/twin_train_bench.sh: the f32 twin's cost in real runs: `ampscope train` per sample (mlp, cnn,
-# transformer) in fp16 at probe level health, without the twin, with --twin (every step) and with
-# --twin-every 5, the three runs of a sample alternated ROUNDS times so they see the same machine load.
+# transformer) in fp16 at probe level health, without the twin, with --twin (every step, forward ops and
+# backward nodes), with --twin-forward-only (every step, forward ops only) and with --twin-every 5, the four
+# runs of a sample alternated ROUNDS times so they see the same machine load.
 # A step's time is the /steps field time_ms (forward, backward, unscale, clip, optimizer step and the probe's
 # and twin's work in them); each run gives the median over its steps after the first two (warm-up), each
-# configuration the median over its rounds, and the ratios are twin / plain and every-5 / plain.
+# configuration the median over its rounds, and the ratios are twin / plain, forward-only / plain and
+# every-5 / plain.
 # Results: bench/RESULTS.md.
 #
 #   bench/twin_train_bench.sh build [STEPS] [ROUNDS]     # build: the build folder holding bin/ampscope
@@ -26,15 +28,16 @@ step_ms() {
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "| sample | plain ms/step | --twin ms/step | ratio | --twin-every 5 ms/step | ratio |"
-echo "|---|---|---|---|---|---|"
+echo "| sample | plain ms/step | --twin ms/step | ratio | --twin-forward-only ms/step | ratio | --twin-every 5 ms/step | ratio |"
+echo "|---|---|---|---|---|---|---|---|"
 for sample in mlp cnn transformer; do
-  plain=() twin=() every=()
+  plain=() twin=() forward=() every=()
   for ((r = 0; r < rounds; ++r)); do
-    for mode in plain twin every; do
+    for mode in plain twin forward every; do
       case $mode in
         plain) extra=() ;;
         twin) extra=(--twin) ;;
+        forward) extra=(--twin-forward-only) ;;
         every) extra=(--twin-every 5) ;;
       esac
       "$ampscope" train --sample "$sample" --precision fp16 --device cpu --steps "$steps" --probe health \
@@ -43,11 +46,12 @@ for sample in mlp cnn transformer; do
       case $mode in
         plain) plain+=("$ms") ;;
         twin) twin+=("$ms") ;;
+        forward) forward+=("$ms") ;;
         every) every+=("$ms") ;;
       esac
     done
   done
-  p=$(median "${plain[@]}") t=$(median "${twin[@]}") e=$(median "${every[@]}")
-  awk -v s="$sample" -v p="$p" -v t="$t" -v e="$e" \
-    'BEGIN { printf "| %s | %.2f | %.2f | %.2fx | %.2f | %.2fx |\n", s, p, t, t / p, e, e / p }'
+  p=$(median "${plain[@]}") t=$(median "${twin[@]}") f=$(median "${forward[@]}") e=$(median "${every[@]}")
+  awk -v s="$sample" -v p="$p" -v t="$t" -v f="$f" -v e="$e" \
+    'BEGIN { printf "| %s | %.2f | %.2f | %.2fx | %.2f | %.2fx | %.2f | %.2fx |\n", s, p, t, t / p, f, f / p, e, e / p }'
 done

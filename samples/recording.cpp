@@ -40,7 +40,8 @@ Recording::Recording(const TrainConfig& config, const std::string& config_json, 
     // The twin rides along with the probe: it sees every op first, forwards every call unchanged and
     // writes its rows to the same trace (/precision), so the run is the same with and without it.
     impl_->twin = std::make_shared<probe::Twin>(
-        impl_->probe, probe::TwinOptions{.every = config.twin_every, .sink = impl_->writer, .keep_rows = false});
+        impl_->probe, probe::TwinOptions{.every = config.twin_every, .sink = impl_->writer, .keep_rows = false,
+                           .backward = config.twin_backward});
     impl_->installed = std::make_unique<probe::HookGuard>(impl_->twin);
   } else {
     impl_->installed = std::make_unique<probe::HookGuard>(impl_->probe);

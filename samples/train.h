@@ -49,6 +49,9 @@ struct TrainConfig {
   // trace's /precision table (needs a trace and a probe level other than off). Never changes the run.
   bool twin = false;
   std::int64_t twin_every = 1;
+  // With the twin: also every autograd node whose backward ran in f16/bf16 (its local error,
+  // docs/twin-backward.md). false (--twin-forward-only): the forward ops only, at about half the twin's cost.
+  bool twin_backward = true;
   std::string scenario;         // "" for none
   double init_scale = 65536.0;
   std::int64_t growth_interval = 2000;

@@ -38,6 +38,7 @@ class TrainCommand {
   std::string precision_ = "fp16";
   std::string config_file_;
   bool no_scaler_ = false;
+  bool twin_forward_only_ = false;
   bool compare_ = false;
   bool list_samples_ = false;
   bool list_scenarios_ = false;

@@ -249,6 +249,17 @@ TEST(train_command_test, twin_every_implies_twin_on_the_command_line_and_in_a_co
   EXPECT_TRUE(c.twin);
   EXPECT_EQ(c.twin_every, 3);
   std::filesystem::remove(path);
+  // --twin-forward-only implies --twin and leaves the backward nodes out, in the config JSON too.
+  c = resolve({});
+  EXPECT_TRUE(c.twin_backward);
+  c = resolve({"--twin-forward-only"});
+  EXPECT_TRUE(c.twin);
+  EXPECT_FALSE(c.twin_backward);
+  const std::string forward = write_config("twin-forward-only = true\n");
+  c = resolve({"--config", forward});
+  EXPECT_TRUE(c.twin);
+  EXPECT_FALSE(c.twin_backward);
+  std::filesystem::remove(forward);
 }
 
 }  // namespace

@@ -43,11 +43,31 @@ printf 'twin-every = 0\n' >"$work/zero.toml"
 expect_usage_error "--twin-every: 0 is not allowed" --out "$work/run.h5" --config "$work/zero.toml"
 printf 'twin = "yes"\n' >"$work/word.toml"
 expect_usage_error "'twin' must be true or false" --out "$work/run.h5" --config "$work/word.toml"
+printf 'twin-forward-only = "yes"\n' >"$work/forward.toml"
+expect_usage_error "'twin-forward-only' must be true or false" --out "$work/run.h5" --config "$work/forward.toml"
+expect_usage_error "--twin needs --out FILE" --twin-forward-only
 
 # And the good values train, with the table written.
 if ! "$ampscope" train --device cpu --steps 2 --twin-every 1 --out "$work/run.h5" >"$work/out.txt" 2>&1; then
   echo "FAIL: --twin-every 1 did not train:" >&2
   cat "$work/out.txt" >&2
+  failures=$((failures + 1))
+fi
+
+# --twin writes backward rows (phase backward in precision.csv) for an fp16 run; --twin-forward-only none,
+# with the same forward rows (the twin's forward pass does not depend on its backward pass).
+phases() {  # the phase column's values of a trace's precision.csv, counted
+  rm -rf "$work/csv" && "$ampscope" export "$1" --csv "$work/csv" >/dev/null &&
+    awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "phase") p = i; next } { print $p }' "$work/csv/precision.csv" |
+    sort | uniq -c | awk '{ printf "%s=%s ", $2, $1 }'
+}
+"$ampscope" train --device cpu --precision fp16 --steps 2 --twin --out "$work/both.h5" >/dev/null 2>&1
+"$ampscope" train --device cpu --precision fp16 --steps 2 --twin-forward-only --out "$work/forward.h5" >/dev/null 2>&1
+both=$(phases "$work/both.h5")
+forward=$(phases "$work/forward.h5")
+if [[ $both != *backward=* || $forward == *backward=* || ${both#backward=* } != "${forward}" ]]; then
+  echo "FAIL: precision rows by phase: --twin '$both', --twin-forward-only '$forward' (expected backward rows only" \
+    "with --twin and the same forward rows)" >&2
   failures=$((failures + 1))
 fi
 [[ $failures == 0 ]] && echo "twin_options_test: every bad value exits 2 with its message"
