@@ -118,11 +118,13 @@ void for_each_run(const Shape& sizes, const Shape& sa, const Shape& sb, std::int
 }
 
 // Runs fn(begin, end, partial) over [0, n) in chunks, one partial result per chunk, in chunk order, so
-// the merged result does not depend on which thread ran which chunk.
+// the merged result does not depend on which thread ran which chunk. The chunks' bounds depend on n only,
+// never on the number of threads (at most kStatChunks chunks of at least kElementwiseGrain elements), so
+// the sums, and the mean and rms, are the same bits at any AMPSCOPE_NUM_THREADS.
+inline constexpr std::int64_t kStatChunks = 16;
 template <class Partial, class Fn>
 void run_chunked(std::int64_t n, std::vector<Partial>& parts, Fn&& fn) {
-  const std::int64_t wanted = std::max<std::int64_t>(1, n / cpu::kElementwiseGrain);
-  const int chunks = static_cast<int>(std::min<std::int64_t>(cpu::num_threads(), wanted));
+  const int chunks = static_cast<int>(std::clamp<std::int64_t>(n / cpu::kElementwiseGrain, 1, kStatChunks));
   parts.assign(static_cast<std::size_t>(chunks), Partial{});
   if (chunks == 1) {
     fn(0, n, parts[0]);

@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -471,6 +472,21 @@ std::int64_t rows_per_task(std::int64_t n, std::int64_t k) {
   return std::max<std::int64_t>(1, (std::int64_t{1} << 20) / std::max<std::int64_t>(n * k, 1));
 }
 
+// Calls rows(r0, r1) on blocks of [0, m) whose bounds depend on m and the grain only, never on the number
+// of threads, and runs the blocks on the pool. BLAS may round a row's dot products differently depending on
+// how many rows one call holds (its kernels for a block's edge accumulate in another order), so blocks cut
+// by the thread count made a product, and a training run, differ between AMPSCOPE_NUM_THREADS=1 and 2. At
+// most kRowBlocks blocks, each at least `grain` rows where m allows.
+inline constexpr std::int64_t kRowBlocks = 8;
+template <class Fn>
+void for_row_blocks(std::int64_t m, std::int64_t grain, const Fn& rows) {
+  if (m <= 0) return;
+  const std::int64_t blocks = std::clamp<std::int64_t>(m / std::max<std::int64_t>(grain, 1), 1, kRowBlocks);
+  parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) rows(m * b / blocks, m * (b + 1) / blocks);
+  });
+}
+
 // out[b] = A[b] @ B[b] (+ bias), accumulated in float (double for f64) and rounded once to out's
 // dtype, which is what cuBLAS does with f16/bf16 inputs and f32 compute. Inputs may have any floating
 // dtype and any strides; those BLAS cannot read in place are widened into a dense buffer first.
@@ -534,7 +550,7 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
                        oa.ld, static_cast<const Acc*>(ob.data), ob.ld, c + r0 * n, static_cast<int>(n));
       };
       if (split_rows) {
-        parallel_for(m, rows_per_task(n, k), rows);
+        for_row_blocks(m, rows_per_task(n, k), rows);
       } else {
         rows(0, m);
       }
@@ -559,7 +575,7 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
         pack_matrix(B, b, pb.data());
         ob = {pb.data(), CblasNoTrans, static_cast<int>(n)};
       }
-      parallel_for(m, rows_per_task(n, k), [&](std::int64_t r0, std::int64_t r1) {
+      for_row_blocks(m, rows_per_task(n, k), [&](std::int64_t r0, std::int64_t r1) {
         const Acc* a_rows = static_cast<const Acc*>(oa.data) + (oa.trans == CblasNoTrans ? r0 * oa.ld : r0);
         blas_gemm<Acc>(oa.trans, ob.trans, static_cast<int>(r1 - r0), static_cast<int>(n), static_cast<int>(k), a_rows,
                        oa.ld, static_cast<const Acc*>(ob.data), ob.ld, acc.data() + r0 * n, static_cast<int>(n),
