@@ -110,6 +110,20 @@ bool colour_wanted(bool no_colour) {
 
 namespace {
 
+// Inside a catch block of `report` or `diff`: prints the error being handled (a trace that could not be read
+// with print_file_error, any other Error as one line; HDF5's error stack only with --verbose) and returns
+// the usage-error status.
+int command_failed(std::string_view command, bool verbose, std::ostream& err) {
+  try {
+    throw;
+  } catch (const trace::TraceError& e) {
+    print_file_error(err, command, verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
+  } catch (const Error& e) {
+    err << fmt::format("ampscope {}: error: {}\n", command, verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
+  }
+  return kExitUsage;
+}
+
 // A parameter's gradient that held NaN/inf, and which.
 struct NonFiniteGradient {
   std::string param;
@@ -225,12 +239,8 @@ int run_multi_rank_report(const ReportRequest& request, std::ostream& out, std::
       for (const trace::ChecksumRow& c : reader.checksums()) r.checksums[c.step].emplace_back(c.param, c.checksum);
       ranks.push_back(std::move(r));
     }
-  } catch (const trace::TraceError& e) {
-    print_file_error(err, "report", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
-    return kExitUsage;
-  } catch (const Error& e) {
-    err << fmt::format("ampscope report: error: {}\n", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
-    return kExitUsage;
+  } catch (const Error&) {
+    return command_failed("report", request.verbose, err);
   }
   std::sort(ranks.begin(), ranks.end(), [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
   for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -374,12 +384,8 @@ int run_report(const ReportRequest& request, std::ostream& out, std::ostream& er
     rep = analysis::analyse(reader, request.analysis, std::ref(progress));
     progress.clear();
     rep.path = request.trace;  // as the user wrote it
-  } catch (const trace::TraceError& e) {
-    print_file_error(err, "report", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
-    return kExitUsage;
-  } catch (const Error& e) {
-    err << fmt::format("ampscope report: error: {}\n", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
-    return kExitUsage;
+  } catch (const Error&) {
+    return command_failed("report", request.verbose, err);
   }
   // Remedies `ampscope fix` verified (its results file beside the trace); a damaged file is only a note.
   if (const std::string note = analysis::mark_verified(rep, request.trace); !note.empty())
@@ -404,12 +410,8 @@ int run_rank_diff(const DiffRequest& request, const std::vector<std::string>& a,
   analysis::RankDiffReport d;
   try {
     d = analysis::diff_ranks(a, b, request.diff);
-  } catch (const trace::TraceError& e) {
-    print_file_error(err, "diff", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
-    return kExitUsage;
-  } catch (const Error& e) {
-    err << fmt::format("ampscope diff: error: {}\n", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
-    return kExitUsage;
+  } catch (const Error&) {
+    return command_failed("diff", request.verbose, err);
   }
   analysis::TextStyle style;
   style.colour = request.colour && request.output.empty();
@@ -464,12 +466,8 @@ int run_diff(const DiffRequest& request, std::ostream& out, std::ostream& err) {
         err << fmt::format("ampscope diff: note: '{}' is incomplete (its writer did not close it: killed, failed or "
                            "still running); compared the steps it holds\n",
                            r->path().string());
-  } catch (const trace::TraceError& e) {
-    print_file_error(err, "diff", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
-    return kExitUsage;
-  } catch (const Error& e) {
-    err << fmt::format("ampscope diff: error: {}\n", request.verbose ? std::string(e.what()) : without_hdf5_stack(e.what()));
-    return kExitUsage;
+  } catch (const Error&) {
+    return command_failed("diff", request.verbose, err);
   }
   analysis::TextStyle style;
   style.colour = request.colour && request.output.empty();

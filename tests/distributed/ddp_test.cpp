@@ -30,6 +30,9 @@
 namespace ampscope {
 namespace {
 
+using testing::Case;
+using testing::small_run;
+
 using samples::Precision;
 using samples::TrainConfig;
 using samples::TrainResult;
@@ -104,18 +107,6 @@ TEST(grad_scaler_group, one_ranks_overflow_skips_the_step_on_every_rank) {
 
 // ---- training: N ranks with global batch B against one process with batch B ----
 
-TrainConfig small_run(const std::string& sample, Precision precision) {
-  TrainConfig c;
-  c.sample = sample;
-  c.precision = precision;
-  c.device = "cpu";
-  c.steps = sample == "mlp" ? 4 : 3;
-  c.batch = sample == "transformer" ? 6 : 12;  // divisible by 1, 2 and 3 (the ctest entries' rank counts)
-  c.seed = 3;
-  c.probe = "off";
-  return c;
-}
-
 // The global loss of a data-parallel step: the mean of the ranks' losses (each the mean over its share).
 std::vector<double> global_losses(ProcessGroup& g, const std::vector<double>& mine) {
   Tensor t = Tensor::empty({static_cast<std::int64_t>(mine.size())}, {.dtype = DType::f64});
@@ -125,12 +116,6 @@ std::vector<double> global_losses(ProcessGroup& g, const std::vector<double>& mi
   for (double& v : out) v /= g.size();
   return out;
 }
-
-struct Case {
-  std::string sample;
-  Precision precision;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.sample << " " << samples::precision_name(c.precision); }
 
 class ddp_training : public ::testing::TestWithParam<Case> {};
 

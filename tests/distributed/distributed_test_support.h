@@ -6,7 +6,11 @@
 // failing ASSERT would return early and leave the other ranks waiting).
 #pragma once
 
+#include <ostream>
+#include <string>
+
 #include "core/process_group.h"
+#include "samples/train.h"
 
 namespace ampscope::testing {
 
@@ -15,5 +19,26 @@ ProcessGroup& test_group();
 // The piece size the tests give the MPI group (ProcessGroupOptions::mpi_segment_bytes): small, so that
 // tensors of a few thousand elements cross piece boundaries and split unevenly between ranks.
 inline constexpr std::size_t kTestSegmentBytes = 1000;
+
+// A short training run of a sample for the data-parallel tests (ddp_test, zero_test): --batch divisible by
+// 1, 2 and 3 (the ctest entries' rank counts), no probe.
+inline samples::TrainConfig small_run(const std::string& sample, samples::Precision precision) {
+  samples::TrainConfig c;
+  c.sample = sample;
+  c.precision = precision;
+  c.device = "cpu";
+  c.steps = sample == "mlp" ? 4 : 3;
+  c.batch = sample == "transformer" ? 6 : 12;
+  c.seed = 3;
+  c.probe = "off";
+  return c;
+}
+
+// A parameterised training test's case: a sample in a precision.
+struct Case {
+  std::string sample;
+  samples::Precision precision;
+};
+inline void PrintTo(const Case& c, std::ostream* os) { *os << c.sample << " " << samples::precision_name(c.precision); }
 
 }  // namespace ampscope::testing

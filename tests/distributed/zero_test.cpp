@@ -32,6 +32,9 @@
 namespace ampscope {
 namespace {
 
+using testing::Case;
+using testing::small_run;
+
 using samples::Precision;
 using samples::TrainConfig;
 using samples::TrainResult;
@@ -194,18 +197,6 @@ TEST(sharded_optimizer, a_sharded_optimizer_refuses_new_groups_and_a_second_shar
 
 // ---- training: sharded against plain DDP ----
 
-TrainConfig small_run(const std::string& sample, Precision precision) {
-  TrainConfig c;
-  c.sample = sample;
-  c.precision = precision;
-  c.device = "cpu";
-  c.steps = sample == "mlp" ? 4 : 3;
-  c.batch = sample == "transformer" ? 6 : 12;  // divisible by 1, 2 and 3
-  c.seed = 3;
-  c.probe = "off";
-  return c;
-}
-
 // Rank 0 makes a folder and tells the others its name (every rank reads the one checkpoint).
 std::filesystem::path shared_temp_folder(ProcessGroup& g) {
   std::string name;
@@ -252,12 +243,6 @@ std::string first_difference(const SavedState& a, const SavedState& b) {
   if (a.opt->param_groups()[0].options.lr != b.opt->param_groups()[0].options.lr) return "lr";
   return "";
 }
-
-struct Case {
-  std::string sample;
-  Precision precision;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.sample << " " << samples::precision_name(c.precision); }
 
 class zero_training : public ::testing::TestWithParam<Case> {};
 
