@@ -87,6 +87,8 @@ inline constexpr const char* kRemedyKinds[] = {
     "compare_fp32",        // nothing specific: compare with an fp32 run
     // Precision remedies (the PRECISION section, from the f32 twin's rows; code only):
     "accumulate_f32",      // keep a running total (or a reduction's accumulator) in f32
+    "accumulate_f64",      // the same in f64, for an f32 accumulator (an f64 twin's row: `--twin-f64`)
+    "compute_f64",         // compute an f32 op (and what feeds it unrounded) in f64 (an f64 twin's row)
     "reorder",             // reorder the computation: subtract before rounding, add small terms together first
     // Swamped updates (the SWAMPED UPDATES section, from /updates; code only):
     "master_weights_f32",  // keep the parameters in f32 (autocast runs the ops in f16/bf16): updates survive
@@ -241,6 +243,9 @@ struct Coverage {
 // error grew), reduction (sum/mean), boundary (other outputs at 0, inf or the largest value), rounding.
 struct PrecisionEntry {
   std::string op, module, out_dtype;
+  // What the twin computed the op in, the errors' reference (analysis::reference_of): "f32", or "f64" for an f32
+  // op twinned by `--twin-f64` (and an f64 op).
+  std::string reference = "f32";
   std::string phase = "forward";    // "backward": an autograd node of op (the list backward), local error only
   std::int64_t step = 0, seq = -1;  // the row the evidence quotes
   std::string kind;
@@ -257,6 +262,7 @@ struct PrecisionEntry {
   std::int64_t steps = 0;           // trend: steps twinned
   double first = 0, last = 0;       // trend: error on the first and last step
   std::vector<std::string> producers;  // the ops whose outputs its inputs are ("sigmoid"), from /ops provenance
+  std::vector<std::string> producer_dtypes;  // each producer's output dtype ("f16"), beside producers
   std::string evidence;             // one sentence quoting the numbers above
   std::vector<Remedy> remedies;     // best first; empty for an op that lost little (score under 8)
 };

@@ -25,6 +25,12 @@ namespace {
 double unit_of(std::string_view dtype) { return std::ldexp(1.0, -significand_bits_of(dtype)); }
 }  // namespace
 
+std::string reference_of(const PrecisionRow& row) {
+  if (row.phase == trace::Phase::backward) return "f32";
+  if (row.out_dtype == "f64" || (row.out_dtype == "f32" && row.local)) return "f64";
+  return "f32";
+}
+
 double precision_jump(const PrecisionRow& row) {
   return row.acc_mean_rel / std::max(row.in_acc_mean_rel, unit_of(row.out_dtype));
 }
@@ -147,6 +153,7 @@ struct Scored {
   double in_max_error = 0;
   std::int64_t calls = 1;       // calls in its chain
   std::vector<std::string> producers;
+  std::vector<std::string> producer_dtypes;  // beside producers: each one's output dtype
 };
 
 struct Chain {
@@ -206,7 +213,10 @@ void PrecisionAnalyser::add_step(std::int64_t, std::span<const trace::OpRow> ops
     if (const auto o = op_of.find(r.seq); o != op_of.end()) {
       for (const std::int64_t in : o->second->inputs) {
         if (in < 0) continue;
-        if (const auto producer = op_of.find(in); producer != op_of.end()) s.producers.push_back(producer->second->op);
+        if (const auto producer = op_of.find(in); producer != op_of.end()) {
+          s.producers.push_back(producer->second->op);
+          s.producer_dtypes.push_back(producer->second->out_dtype);
+        }
         const auto earlier = row_of.find(in);
         // Outputs at 1 of a saturating producer are not this op's outputs at 0 (1 - s cancelling): only a
         // producer's flips at the same kind of boundary are passed on.
@@ -253,14 +263,17 @@ void PrecisionAnalyser::add_step(std::int64_t, std::span<const trace::OpRow> ops
 
 namespace {
 
-// The producer to keep in f32 when a value was rounded before the op that exposes it: its op name (the
-// first input with a producer that ran in low precision is the likeliest; the report names the first).
-std::string first_producer(const Scored& s) {
-  for (const std::string& p : s.producers) {
-    if (!add_like(p)) return p;
+// The producer to keep in f32 when a value was rounded before the op that exposes it: its index in
+// s.producers (the first input with a producer that is not an add/sub is the likeliest; the report names the
+// first), or -1 when there is none.
+int first_producer_index(const Scored& s) {
+  for (std::size_t i = 0; i < s.producers.size(); ++i) {
+    if (!add_like(s.producers[i])) return static_cast<int>(i);
   }
-  return s.producers.empty() ? "" : s.producers.front();
+  return s.producers.empty() ? -1 : 0;
 }
+
+bool low_precision_name(std::string_view dtype) { return dtype == "f16" || dtype == "bf16"; }
 
 std::string place(const std::string& op, const std::string& module) {
   return module.empty() ? op : fmt::format("{} in {}", op, module);
@@ -272,6 +285,7 @@ PrecisionEntry entry_of(const Scored& s) {
   e.op = r.op;
   e.module = r.module;
   e.out_dtype = r.out_dtype;
+  e.reference = reference_of(r);
   e.step = r.step;
   e.seq = r.seq;
   e.score = s.score;
@@ -287,13 +301,21 @@ PrecisionEntry entry_of(const Scored& s) {
   e.flips = r.flips;
   e.numel = r.numel;
   e.producers = s.producers;
+  e.producer_dtypes = s.producer_dtypes;
   return e;
 }
 
 // kind, evidence and remedies of an entry of the jump list.
 void explain(PrecisionEntry& e, const Scored& s) {
   const std::string& op = e.op;
-  const std::string producer = first_producer(s);
+  const int at = first_producer_index(s);
+  const std::string producer = at < 0 ? "" : s.producers[static_cast<std::size_t>(at)];
+  // Whether the op and that producer ran in f16/bf16 (an autocast override can keep them in f32) or in f32
+  // already (only an f64 twin, --twin-f64, sees an f32 op lose digits of its own: computing it in f64 is the
+  // remedy, by hand).
+  const bool op_low = low_precision_name(e.out_dtype);
+  const bool producer_low = at >= 0 && low_precision_name(s.producer_dtypes[static_cast<std::size_t>(at)]);
+  const std::string& ref = e.reference;
   const bool cancels = add_like(op) && std::isfinite(e.cond) && e.cond >= kCancelling;
   if (cancels) e.kind = "cancellation";
   else if (e.calls >= kLongChain) e.kind = "accumulation";
@@ -308,12 +330,12 @@ void explain(PrecisionEntry& e, const Scored& s) {
                        "(mean; max {}) leaving the worst",
                        e.calls, g2(e.in_error), percent(e.error), percent(e.max_error));
   } else {
-    text = fmt::format("inputs agree with f32 to {} (mean relative error; max {}), its output is {} off (max {})",
+    text = fmt::format("inputs agree with {} to {} (mean relative error; max {}), its output is {} off (max {})", ref,
                        g2(e.in_error), g2(e.in_max_error), percent(e.error), percent(e.max_error));
   }
   if (e.flips > 0) {
     const char* boundary = saturating(op) ? "exactly 1 in magnitude" : "0, inf or the largest finite value";
-    text += fmt::format("; {} of {} outputs are {} where f32's are not", e.flips, e.numel, boundary);
+    text += fmt::format("; {} of {} outputs are {} where {}'s are not", e.flips, e.numel, boundary, ref);
   }
   if (e.kind == "cancellation") {
     text += fmt::format("; |a| + |b| is up to {} times |a {} b|: cancellation", g2(e.cond), op == "add" ? "+" : "-");
@@ -332,23 +354,31 @@ void explain(PrecisionEntry& e, const Scored& s) {
   auto keep_f32 = [&](const std::string& module, const std::string& target, const std::string& why) {
     e.remedies.push_back(detail::keep_f32_remedy(module, target, why));
   };
-  // The op itself in f32, when it ran in f16/bf16; an op that already ran in f32 lost the digits in its
-  // inputs, so the producer of its first input is the one to keep in f32.
-  auto keep_op_f32 = [&](const std::string& why) {
-    if (s.row.local) {
-      keep_f32(e.module, op, why);
-    } else if (!producer.empty()) {
-      keep_f32("", producer,
-               fmt::format("{} ran in f32 already; its input came from {}, computed in {}", place(op, e.module), producer,
-                           "f16/bf16"));
-    }
-  };
   auto code_only = [&](const char* kind, std::string text, std::string code) {
     Remedy m;
     m.kind = kind;
     m.text = std::move(text);
     m.code = std::move(code);
     e.remedies.push_back(std::move(m));
+  };
+  // An f32 op (and what feeds it unrounded) computed in f64, by hand: no autocast option widens f32.
+  auto compute_f64 = [&](const std::string& what) {
+    code_only("compute_f64",
+              fmt::format("compute {} in f64 and round once at the end: f32 keeps 24 significand bits, f64 53", what),
+              "Tensor y = f(x.to(DType::f64)).to(DType::f32);  // the ops between the casts run in f64");
+  };
+  // The op itself one dtype wider: in f32 when it ran in f16/bf16; an f32 op that lost the digits in its inputs
+  // has its f16/bf16 producer kept in f32; an f32 op that lost them itself (an f64 twin's row) is computed in f64.
+  auto keep_op_wider = [&](const std::string& why) {
+    if (op_low) {
+      keep_f32(e.module, op, why);
+    } else if (producer_low) {
+      keep_f32("", producer,
+               fmt::format("{} ran in {} already; its input came from {}, computed in {}", place(op, e.module),
+                           e.out_dtype, producer, s.producer_dtypes[static_cast<std::size_t>(at)]));
+    } else if (s.row.local) {
+      compute_f64(place(op, e.module));
+    }
   };
   if (e.kind == "cancellation") {
     if (producer == "sigmoid") {
@@ -361,21 +391,27 @@ void explain(PrecisionEntry& e, const Scored& s) {
                                       "probabilities, which round to 1",
                 "Tensor logp = log_softmax(logits, -1);");
     }
-    if (!producer.empty()) {
+    if (producer_low) {
       // The value was rounded before the subtraction exposed it: its producer is what must run in f32.
       keep_f32("", producer,
                fmt::format("its output feeds {} unrounded, so the nearly equal values keep their difference", place(op, e.module)));
+    } else if (!producer.empty() && !op_low && s.row.local) {
+      // Both ran in f32: the producer's output must reach the subtraction unrounded, so both run in f64.
+      compute_f64(fmt::format("{} and {} (the producer's output must reach it unrounded to f32)", producer, place(op, e.module)));
     }
     code_only("reorder",
               "reorder the computation so that nearly equal values are not subtracted after rounding: subtract before "
               "the values are rounded (on the inputs of the ops that made them), or center them first",
               "// e.g. (x - y) * w instead of x * w - y * w");
   } else if (e.kind == "accumulation") {
-    code_only("accumulate_f32",
-              fmt::format("accumulate in f32: start the running total as an f32 tensor (or use sum(), which accumulates in "
-                          "f32); in {} each small term is rounded away once the total is 2^{} times larger",
-                          e.out_dtype, significand_bits_of(e.out_dtype)),
-              "Tensor acc = zeros(shape, DType::f32);  for (...) acc = acc + x.to(DType::f32);");
+    const char* wider = op_low ? "f32" : "f64";
+    code_only(op_low ? "accumulate_f32" : "accumulate_f64",
+              fmt::format("accumulate in {}: start the running total as an {} tensor{}; in {} each small term is rounded away once "
+                          "the total is 2^{} times larger",
+                          wider, wider, op_low ? " (or use sum(), which accumulates in f32)" : "", e.out_dtype,
+                          significand_bits_of(e.out_dtype)),
+              op_low ? "Tensor acc = zeros(shape, DType::f32);  for (...) acc = acc + x.to(DType::f32);"
+                     : "Tensor acc = zeros(shape, DType::f64);  for (...) acc = acc + x.to(DType::f64);");
     code_only("reorder", "add the small terms together first (pairwise, or a sum over a stacked tensor), then add them to the total",
               "Tensor total = sum(stack(terms), 0);");
   } else if (e.kind == "saturation") {
@@ -385,13 +421,20 @@ void explain(PrecisionEntry& e, const Scored& s) {
                 "rounds to exactly 1",
                 "Tensor loss = binary_cross_entropy_with_logits(logits, y);");
     }
-    keep_op_f32(fmt::format("f32 keeps {}'s outputs below 1", op));
+    keep_op_wider(fmt::format("{} keeps {}'s outputs below 1", op_low ? "f32" : "f64", op));
   } else if (e.kind == "reduction") {
-    code_only("accumulate_f32", "accumulate the reduction in f32: cast its input to f32 first (sum(x.to(DType::f32)))",
-              "Tensor total = sum(x.to(DType::f32));");
-    keep_op_f32("");
+    if (op_low) {
+      code_only("accumulate_f32", "accumulate the reduction in f32: cast its input to f32 first (sum(x.to(DType::f32)))",
+                "Tensor total = sum(x.to(DType::f32));");
+      keep_op_wider("");
+    } else if (s.row.local) {
+      code_only("accumulate_f64", "accumulate the reduction in f64: cast its input to f64 first (sum(x.to(DType::f64)))",
+                "Tensor total = sum(x.to(DType::f64)).to(DType::f32);");
+    } else {
+      keep_op_wider("");
+    }
   } else {
-    keep_op_f32("");
+    keep_op_wider("");
   }
 }
 

@@ -23,6 +23,11 @@ namespace ampscope::analysis {
 // Significand bits of a dtype by name: f16 11, bf16 8, f32 24, f64 53 (24 for any other name).
 int significand_bits_of(std::string_view dtype);
 
+// What the twin computed a row's op in, the reference its errors are measured against (probes/twin.h): "f64"
+// for a forward row whose output is f32 with local errors (an f32 op twinned by `--twin-f64`) or whose output is
+// f64; otherwise "f32" (f16/bf16 ops, an f32 op the f32 twin followed, every backward row).
+std::string reference_of(const trace::PrecisionRow& row);
+
 // The jump in accumulated error at an op: the factor by which its output's accumulated mean relative error
 // exceeds its inputs' (in_acc_mean_rel, taken as at least 2^-p of the output dtype, one rounding). The mean,
 // not the max: one near-zero output of a matmul whose terms cancel is a large relative error of little

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 #include <fmt/format.h>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -102,9 +104,11 @@ bool saturating(std::string_view op) { return op == "sigmoid" || op == "tanh"; }
 // Ops whose body must not run again: it draws random numbers.
 bool random_op(std::string_view op) { return op == "dropout"; }
 
-Tensor widened(const Tensor& t) {
-  if (!t.defined() || !is_floating(t.dtype()) || t.dtype() == DType::f32) return t;
-  return t.to(DType::f32);
+// t widened exactly to `to` where it is a floating tensor of fewer significand bits (f16/bf16 to f32 or f64, f32
+// to f64); otherwise t itself.
+Tensor widened(const Tensor& t, DType to = DType::f32) {
+  if (!t.defined() || !is_floating(t.dtype()) || significand_bits(t.dtype()) >= significand_bits(to)) return t;
+  return t.to(to);
 }
 
 double max_ratio(const Tensor& num, const Tensor& den, double floor) {
@@ -591,10 +595,21 @@ void Twin::on_step_abandoned(std::int64_t step) {
   inner_->on_step_abandoned(step);
 }
 
+DType Twin::reference_dtype(DType out) const {
+  if (low_precision(out)) return DType::f32;
+  if (out == DType::f32 && options_.f32_in_f64) return DType::f64;
+  return out;
+}
+
 void Twin::twin(const OpEvent& event) {
   if (!event.output.defined() || !is_floating(event.output.dtype())) return;
   const DType out_dtype = event.output.dtype();
-  const bool low = low_precision(out_dtype);
+  // The dtype the twin computes this op in (f32 for f16/bf16; f64 for f32 with f32_in_f64), and the dtype its
+  // inputs are widened to and its twin value kept in: the reference with f32_in_f64, else f32 (an f64 op, which
+  // only an f32 twin would follow, keeps the f32 twin's values as they are).
+  const DType ref = reference_dtype(out_dtype);
+  const DType keep = options_.f32_in_f64 ? ref : DType::f32;
+  const bool low = ref != out_dtype;
   // The twin's inputs: a twin value where a twinned op of this step produced the input, else the input
   // before autocast's cast.
   std::vector<Tensor> twin_inputs(event.inputs.size());
@@ -615,7 +630,7 @@ void Twin::twin(const OpEvent& event) {
         was_cast = cast = true;
       }
     }
-    twin_inputs[i] = widened(source);
+    twin_inputs[i] = widened(source, keep);
     own_value[i] = !was_cast && f32_exact(in.dtype());
     const auto [step, seq] = in.producer();
     if (step != event.step) continue;
@@ -627,12 +642,15 @@ void Twin::twin(const OpEvent& event) {
     // stamp too, but hold the elements in another order.
     const auto layout = layouts_.find(seq);
     const bool same_start = layout != layouts_.end() && in.data() == layout->second.start;
+    // With f32_in_f64 a producer's twin value is in its own reference dtype (f32 for an f16 op, f64 for an f32
+    // op): taken in this op's.
+    const auto in_keep = [&](const Tensor& v) { return options_.f32_in_f64 && v.dtype() != keep ? v.to(keep) : v; };
     if (it->second.shape() == in.shape() && same_start && in.strides() == layout->second.strides) {
-      twin_inputs[i] = it->second;
+      twin_inputs[i] = in_keep(it->second);
       own_value[i] = 0;
       follows = true;
     } else if (it->second.numel() == in.numel() && same_start && layout->second.contiguous && in.is_contiguous()) {
-      twin_inputs[i] = it->second.reshape(in.shape());
+      twin_inputs[i] = in_keep(it->second.reshape(in.shape()));
       own_value[i] = 0;
       follows = true;
     } else {
@@ -648,6 +666,9 @@ void Twin::twin(const OpEvent& event) {
     return;
   }
   NoGradGuard no_grad;
+  // An op computed again in f64 computes in f64 where autocast or its caller set f32 (softmax, sum(x, f32)).
+  std::optional<WidenSetDTypes> widen_set_dtypes;
+  if (keep == DType::f64) widen_set_dtypes.emplace(DType::f64);
   PrecisionRow row;
   row.step = event.step;
   row.seq = event.seq;
@@ -662,7 +683,7 @@ void Twin::twin(const OpEvent& event) {
     local = local_by_table(event);
     if (!local.defined()) {
       std::vector<Tensor> own(event.inputs.size());
-      for (std::size_t i = 0; i < event.inputs.size(); ++i) own[i] = widened(event.inputs[i]);
+      for (std::size_t i = 0; i < event.inputs.size(); ++i) own[i] = widened(event.inputs[i], keep);
       local = (*event.recompute)(own);
     }
     l = compare(event.output, local, out_dtype, event.op);
@@ -674,7 +695,7 @@ void Twin::twin(const OpEvent& event) {
   // Inputs the twin does not follow and autocast did not cast are the op's own: the accumulated values are
   // the local ones.
   const bool same = low && !follows && !cast;
-  const Tensor acc = same ? local.to(DType::f32) : (*event.recompute)(twin_inputs).to(DType::f32);
+  const Tensor acc = same ? local.to(keep) : (*event.recompute)(twin_inputs).to(keep);
   const ErrorStats a = same ? l : compare(event.output, acc, out_dtype, event.op);
   row.acc_max_rel = a.max_rel;
   row.acc_mean_rel = a.mean_rel;
@@ -706,7 +727,7 @@ void Twin::twin(const OpEvent& event) {
     const Tensor other = op == "rsub" ? abs(add(acc, x)) : abs(sub(acc, x));
     row.cond = max_ratio(add(abs(x), other), acc, floor);
   } else if ((op == "sum" || op == "mean") && twin_inputs.size() == 1) {
-    row.cond = max_ratio((*event.recompute)({abs(twin_inputs[0])}).to(DType::f32), acc, floor);
+    row.cond = max_ratio((*event.recompute)({abs(twin_inputs[0])}).to(keep), acc, floor);
   }
   values_[event.seq] = acc;
   stats_[event.seq] = a;

@@ -8,6 +8,15 @@
 // An op that runs in f32 but has an input the twin follows is computed again on the twin's inputs too
 // (accumulated error only), so the twin follows values through f32 ops (log after autocast's f32 cast).
 //
+// f64 for f32 ops, on request (TwinOptions::f32_in_f64, `ampscope train --twin-f64`): every forward op is computed
+// one dtype wider than it ran: f16/bf16 ops in f32 as above, and f32 ops in f64, on their own inputs widened
+// exactly to f64 (local) and on the twin's (accumulated); an f32 op's twin value is kept in f64, and an f16/bf16 op
+// that reads it takes it rounded to f32, its own reference. A row's reference is therefore known from the row: f64
+// where out_dtype is f32 and local is set, else f32 (f64 for an f64 output). An f32 run twinned this way shows
+// where f32 itself loses digits (a variance as E[x^2] - E[x]^2, a long f32 running sum). The comparisons against
+// f64 take compare()'s element-by-element path (slower than the float path below); backward nodes are twinned
+// as without the option (f16/bf16 nodes, in f32).
+//
 // Twin is a hook that wraps another (normally the Probe): it forwards every call unchanged and records
 // only ops the wrapped hook wants, so the trace and the run are the same with and without it. With a sink
 // (TwinOptions::sink, the trace writer), each step's rows are written there when the step ends: the trace's
@@ -83,6 +92,10 @@ struct TwinOptions {
   bool keep_rows = true;
   // Twin the backward pass too (a row per autograd node that ran in f16/bf16, below); false: forward ops only.
   bool backward = true;
+  // Twin the forward ops that ran in f32 too, in f64 (`ampscope train --twin-f64`): each op is computed one
+  // dtype wider than it ran (f16/bf16 in f32 as always, f32 in f64), so an f32 op gets local errors and the twin
+  // follows values in f64 through f32 ops (below, "f64 for f32 ops"). Backward nodes are twinned as without it.
+  bool f32_in_f64 = false;
 };
 
 // The errors of `value` against `reference` (same shape), as above; `dtype` is the dtype whose spacing and
@@ -136,6 +149,7 @@ class Twin : public Hook {
 
  private:
   void twin(const OpEvent& event);
+  DType reference_dtype(DType out) const;  // what an op of output dtype `out` is computed again in
   void twin_backward(const OpEvent& event);  // the backward rows (twin.cpp, "the backward twin")
   void hand_over();  // the open step's rows to the sink
 

@@ -41,7 +41,7 @@ Recording::Recording(const TrainConfig& config, const std::string& config_json, 
     // writes its rows to the same trace (/precision), so the run is the same with and without it.
     impl_->twin = std::make_shared<probe::Twin>(
         impl_->probe, probe::TwinOptions{.every = config.twin_every, .sink = impl_->writer, .keep_rows = false,
-                           .backward = config.twin_backward});
+                           .backward = config.twin_backward, .f32_in_f64 = config.twin_f64});
     impl_->installed = std::make_unique<probe::HookGuard>(impl_->twin);
   } else {
     impl_->installed = std::make_unique<probe::HookGuard>(impl_->probe);

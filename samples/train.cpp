@@ -107,6 +107,7 @@ std::string run_config_json(const TrainConfig& c) {
   j["twin"] = c.twin;
   j["twin_every"] = c.twin_every;
   j["twin_backward"] = c.twin_backward;
+  j["twin_f64"] = c.twin_f64;
   j["max_grad_norm"] = number(c.max_grad_norm);
   j["zero_grad"] = c.zero_grad;
   j["autocast_fp32"] = c.autocast_fp32;

@@ -52,6 +52,9 @@ struct TrainConfig {
   // With the twin: also every autograd node whose backward ran in f16/bf16 (its local error,
   // docs/twin-backward.md). false (--twin-forward-only): the forward ops only, at about half the twin's cost.
   bool twin_backward = true;
+  // With the twin: also every forward op that ran in f32, computed again in f64 (--twin-f64; probes/twin.h,
+  // TwinOptions::f32_in_f64): where f32 itself loses digits. Slower: f64 comparisons take the scalar path.
+  bool twin_f64 = false;
   std::string scenario;         // "" for none
   double init_scale = 65536.0;
   std::int64_t growth_interval = 2000;

@@ -108,7 +108,7 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
     }
   }
   const std::vector<std::string> known = {"sample", "precision", "device", "steps", "batch", "lr", "seed", "out",
-                                          "probe", "sample-every", "twin", "twin-every", "twin-forward-only", "scenario", "init-scale", "growth-interval",
+                                          "probe", "sample-every", "twin", "twin-every", "twin-forward-only", "twin-f64", "scenario", "init-scale", "growth-interval",
                                           "no-scaler", "autocast-fp32", "checkpoint", "checkpoint-every", "resume", "resume-allow-nonfinite",
                                           "data", "text", "compare", "max-grad-norm", "model", "tokens", "context",
                                           "eval", "save-model", "keep-checkpoints", "fp16-clamp"};
@@ -147,6 +147,10 @@ void apply_config_file(const std::string& path, TrainConfig& c, bool& compare) {
     else if (k == "twin-forward-only") {
       c.twin_backward = !need(node.value<bool>(), "true or false");
       if (!c.twin_backward) c.twin = true;  // as on the command line: --twin-forward-only implies --twin
+    }
+    else if (k == "twin-f64") {
+      c.twin_f64 = need(node.value<bool>(), "true or false");
+      if (c.twin_f64) c.twin = true;  // as on the command line: --twin-f64 implies --twin
     }
     else if (k == "scenario") c.scenario = need(node.value<std::string>(), "a string");
     else if (k == "init-scale") c.init_scale = need(node.value<double>(), "a number");
@@ -244,6 +248,9 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--twin-every", c.twin_every, "Twin only every Nth step (implies --twin)")->capture_default_str();
   cmd_->add_flag("--twin-forward-only", twin_forward_only_,
                  "Twin the forward ops only, not the backward nodes (implies --twin; about 1.6x to 1.9x a step)");
+  cmd_->add_flag("--twin-f64", c.twin_f64,
+                 "Also twin the forward ops that ran in f32, in f64 (implies --twin): where f32 itself loses digits, "
+                 "in fp32 runs too; f16/bf16 ops are still twinned in f32. Slower than --twin");
   cmd_->add_option("--scenario", c.scenario, "Failure scenario to reproduce (see --list-scenarios)");
   cmd_->add_option("--init-scale", c.init_scale, "GradScaler's initial loss scale")->capture_default_str();
   cmd_->add_option("--growth-interval", c.growth_interval, "Clean steps before the GradScaler doubles the scale")
@@ -330,6 +337,10 @@ TrainConfig TrainCommand::resolve(bool& compare) const {
   }
   if (twin_forward_only_) {
     config.twin_backward = false;
+    config.twin = true;
+  }
+  if (cli.twin_f64) {
+    config.twin_f64 = true;
     config.twin = true;
   }
   if (given("--scenario")) config.scenario = cli.scenario;
