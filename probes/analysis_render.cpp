@@ -511,6 +511,7 @@ json precision_entry_json(const PrecisionEntry& e) {
               {"module", e.module},
               {"phase", e.phase},
               {"out_dtype", e.out_dtype},
+              {"reference", e.reference},
               {"step", e.step},
               {"seq", e.seq},
               {"kind", e.kind},

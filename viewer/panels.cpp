@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <imgui.h>
 
+#include "probes/analysis_precision.h"
 #include "viewer/app.h"
 
 namespace ampscope::viewer {
@@ -682,8 +683,9 @@ void draw_detail_panel(ViewerState& s) {
   const PrecisionMap* pm = s.a->precision();
   const trace::PrecisionRow* twin = pm ? precision_at(*pm, row->step, row->seq) : nullptr;
   if (twin) {
-    ImGui::TextColored(to_vec4(colours::kLoss), "precision (f32 twin)");
-    help_marker("How far this op's output is from f32 (ampscope train --twin): local, on its own inputs (its own "
+    ImGui::TextColored(to_vec4(colours::kLoss), "precision (%s twin)", analysis::reference_of(*twin).c_str());
+    help_marker("How far this op's output is from the twin's (ampscope train --twin: f16/bf16 ops computed again in "
+                "f32; with --twin-f64, f32 ops in f64): local, on its own inputs (its own "
                 "rounding); accumulated, against the twin's value (every earlier op's error in it). Relative errors "
                 "are |y - r| / max(|r|, floor); bits of agreement -log2 of the max; the jump is the factor by which "
                 "its error exceeds its inputs' (the report's ranking).");
@@ -1205,7 +1207,8 @@ void draw_precision_panel(ViewerState& s) {
 
 // Op detail's precision part: the twin's numbers, and the error histogram (flip, buckets of bits, exact).
 void draw_error_histogram(ViewerState& s, const trace::PrecisionRow& p, float height) {
-  ImGui::Text("error histogram against the f32 twin (%s values, accumulated)", format_count(p.numel).c_str());
+  ImGui::Text("error histogram against the %s twin (%s values, %s)", analysis::reference_of(p).c_str(),
+              format_count(p.numel).c_str(), p.phase == trace::Phase::backward ? "local" : "accumulated");
   help_marker("Each element of the output, counted once: flipped (0, inf or saturated where the twin is not), "
               "in the bucket of its bits of agreement (floor(-log2 relative error): bucket 0 is an error above "
               "1/2, 25+ one of 2^-25 or less), or exact. Colours as the Precision panel's scale.");

@@ -796,6 +796,12 @@ std::vector<KeyValue> precision_detail_rows(const trace::PrecisionRow& p) {
     out.push_back({"flips", format_count(p.flips), p.flips > 0});
     return out;
   }
+  // What the twin computed the op in (analysis::reference_of).
+  const std::string reference = analysis::reference_of(p);
+  out.push_back({"reference", p.out_dtype == reference
+                                  ? fmt::format("{}: the op ran in {} (on the twin's inputs)", reference, p.out_dtype)
+                                  : fmt::format("{}: the op ran in {}, computed again in {}{}", reference, p.out_dtype,
+                                                reference, reference == "f64" ? " (--twin-f64)" : "")});
   out.push_back({"bits", fmt::format("{} accumulated, {} local (of {})", format_number(accumulated_bits(p)),
                                      std::isnan(lb) ? std::string("none") : format_number(lb),
                                      analysis::significand_bits_of(p.out_dtype)),

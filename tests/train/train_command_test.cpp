@@ -260,6 +260,23 @@ TEST(train_command_test, twin_every_implies_twin_on_the_command_line_and_in_a_co
   EXPECT_TRUE(c.twin);
   EXPECT_FALSE(c.twin_backward);
   std::filesystem::remove(forward);
+  // --twin-f64 implies --twin, keeps the backward nodes, and is off unless asked for.
+  c = resolve({});
+  EXPECT_FALSE(c.twin_f64);
+  c = resolve({"--twin-f64"});
+  EXPECT_TRUE(c.twin);
+  EXPECT_TRUE(c.twin_f64);
+  EXPECT_TRUE(c.twin_backward);
+  const std::string f64 = write_config("twin-f64 = true\n");
+  c = resolve({"--config", f64});
+  EXPECT_TRUE(c.twin);
+  EXPECT_TRUE(c.twin_f64);
+  std::filesystem::remove(f64);
+  const std::string off = write_config("twin-f64 = false\n");
+  c = resolve({"--config", off});
+  EXPECT_FALSE(c.twin);
+  EXPECT_FALSE(c.twin_f64);
+  std::filesystem::remove(off);
 }
 
 }  // namespace

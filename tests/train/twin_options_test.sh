@@ -46,6 +46,10 @@ expect_usage_error "'twin' must be true or false" --out "$work/run.h5" --config 
 printf 'twin-forward-only = "yes"\n' >"$work/forward.toml"
 expect_usage_error "'twin-forward-only' must be true or false" --out "$work/run.h5" --config "$work/forward.toml"
 expect_usage_error "--twin needs --out FILE" --twin-forward-only
+printf 'twin-f64 = "yes"\n' >"$work/f64.toml"
+expect_usage_error "'twin-f64' must be true or false" --out "$work/run.h5" --config "$work/f64.toml"
+expect_usage_error "--twin needs --out FILE" --twin-f64
+expect_usage_error "--twin needs a probe level other than off" --out "$work/run.h5" --twin-f64 --probe off
 
 # And the good values train, with the table written.
 if ! "$ampscope" train --device cpu --steps 2 --twin-every 1 --out "$work/run.h5" >"$work/out.txt" 2>&1; then
@@ -68,6 +72,30 @@ forward=$(phases "$work/forward.h5")
 if [[ $both != *backward=* || $forward == *backward=* || ${both#backward=* } != "${forward}" ]]; then
   echo "FAIL: precision rows by phase: --twin '$both', --twin-forward-only '$forward' (expected backward rows only" \
     "with --twin and the same forward rows)" >&2
+  failures=$((failures + 1))
+fi
+
+# --twin-f64 in an fp32 run: forward rows for f32 ops with local errors (the f32 twin alone has none to write),
+# each entry of the report's JSON naming f64 as its reference; the config JSON records twin_f64.
+"$ampscope" train --device cpu --precision fp32 --steps 2 --twin --out "$work/f32.h5" >/dev/null 2>&1
+"$ampscope" train --device cpu --precision fp32 --steps 2 --twin-f64 --out "$work/f64.h5" >/dev/null 2>&1
+local_f32_rows() {  # rows of a trace's precision.csv with out_dtype f32 and local set
+  rm -rf "$work/csv" && "$ampscope" export "$1" --csv "$work/csv" >/dev/null &&
+    awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) { if ($i == "out_dtype") d = i; if ($i == "local") l = i }; next }
+             $d == "f32" && ($l == "1" || $l == "true") { n++ } END { print n + 0 }' "$work/csv/precision.csv"
+}
+plain_rows=$(local_f32_rows "$work/f32.h5")
+f64_rows=$(local_f32_rows "$work/f64.h5")
+"$ampscope" report "$work/f64.h5" --json >"$work/f64.json" 2>/dev/null
+references=$(grep -o '"reference": *"[a-z0-9]*"' "$work/f64.json" | sort -u | tr -d ' \n')
+if [[ $plain_rows != 0 || $f64_rows == 0 || $references != '"reference":"f64"' ]]; then
+  echo "FAIL: fp32 local f32 rows: --twin $plain_rows (expected 0), --twin-f64 $f64_rows (expected some);" \
+    "report references '$references' (expected only f64)" >&2
+  failures=$((failures + 1))
+fi
+rm -rf "$work/csv" && "$ampscope" export "$work/f64.h5" --csv "$work/csv" >/dev/null 2>&1
+if ! grep -q 'twin_f64""*:true' "$work/csv/run.csv"; then
+  echo "FAIL: the trace's config does not record twin_f64: true" >&2
   failures=$((failures + 1))
 fi
 [[ $failures == 0 ]] && echo "twin_options_test: every bad value exits 2 with its message"

@@ -167,6 +167,19 @@ TEST(precision_view_test, op_detail_shows_the_twins_numbers_and_the_error_histog
   EXPECT_EQ(value("condition"), "8192");
   EXPECT_EQ(value("accumulated"), "max rel 0.25, mean rel 0.25, max 3 ulp");
   EXPECT_EQ(value("followed"), "(missing)");  // only said when an input was not followed
+  EXPECT_EQ(value("reference"), "f32: the op ran in f16, computed again in f32");
+  // An f32 op with local errors is an f64 twin's row (--twin-f64); one without, the f32 twin following it.
+  trace::PrecisionRow f32_local = r, f32_followed = r;
+  f32_local.out_dtype = f32_followed.out_dtype = "f32";
+  f32_followed.local = false;
+  const auto reference_of = [](const trace::PrecisionRow& row) {
+    for (const KeyValue& kv : precision_detail_rows(row)) {
+      if (kv.key == "reference") return kv.value;
+    }
+    return std::string("(missing)");
+  };
+  EXPECT_EQ(reference_of(f32_local), "f64: the op ran in f32, computed again in f64 (--twin-f64)");
+  EXPECT_EQ(reference_of(f32_followed), "f32: the op ran in f32 (on the twin's inputs)");
 
   const std::vector<Bar> bars = error_histogram_bars(r);
   ASSERT_EQ(bars.size(), static_cast<std::size_t>(trace::kErrorBins + 2));

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# bench/twin_f64_bench.sh: the cost of `ampscope train --twin-f64` (f32 ops twinned in f64 too) beside --twin, per
+# sample (mlp, cnn, transformer) in fp32 (where only --twin-f64 twins anything) and fp16, at probe level health,
+# the three runs of a sample and precision alternated ROUNDS times so they see the same machine load.
+# A run's step time is the median of its /steps time_ms after the first two steps; each configuration's the
+# median over its rounds; ratios are against the untwinned run of the same precision.
+# Results: bench/RESULTS.md.
+#
+#   bench/twin_f64_bench.sh build [STEPS] [ROUNDS]     # build: the build folder holding bin/ampscope
+set -euo pipefail
+
+build=${1:?usage: bench/twin_f64_bench.sh BUILD_DIR [STEPS] [ROUNDS]}
+steps=${2:-10}
+rounds=${3:-2}
+ampscope="$build/bin/ampscope"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+step_ms() {
+  "$ampscope" export "$1" --csv "$work/csv" >/dev/null
+  awk -F, 'NR > 3 { print $10 }' "$work/csv/steps.csv" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "| sample | precision | plain ms/step | --twin ms/step | ratio | --twin-f64 ms/step | ratio |"
+echo "|---|---|---|---|---|---|---|"
+for sample in mlp cnn transformer; do
+  for precision in fp32 fp16; do
+    plain=() twin=() f64=()
+    for ((r = 0; r < rounds; ++r)); do
+      for mode in plain twin f64; do
+        case $mode in
+          plain) extra=() ;;
+          twin) extra=(--twin) ;;
+          f64) extra=(--twin-f64) ;;
+        esac
+        "$ampscope" train --sample "$sample" --precision "$precision" --device cpu --steps "$steps" --probe health \
+          --out "$work/$mode.h5" "${extra[@]}" >/dev/null
+        ms=$(step_ms "$work/$mode.h5")
+        case $mode in
+          plain) plain+=("$ms") ;;
+          twin) twin+=("$ms") ;;
+          f64) f64+=("$ms") ;;
+        esac
+      done
+    done
+    p=$(median "${plain[@]}") t=$(median "${twin[@]}") f=$(median "${f64[@]}")
+    awk -v s="$sample" -v q="$precision" -v p="$p" -v t="$t" -v f="$f" \
+      'BEGIN { printf "| %s | %s | %.2f | %.2f | %.2fx | %.2f | %.2fx |\n", s, q, p, t, t / p, f, f / p }'
+  done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
