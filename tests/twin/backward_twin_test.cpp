@@ -29,52 +29,20 @@
 #include "probes/trace_writer.h"
 #include "probes/twin.h"
 #include "tests/test_support.h"
+#include "tests/twin/twin_test_support.h"
 
 namespace ampscope {
 namespace {
 
-struct NullSink : trace::Sink {
-  void write(const trace::StepRow&) override {}
-  void write(const trace::OpRow&) override {}
-  void write(const trace::GradRow&) override {}
-  void write(const trace::EventRow&) override {}
-  void write(const trace::HistogramRow&) override {}
-  void write(const trace::DumpRow&) override {}
-};
+using testing::NullSink;
 
 // f16's value of x (round to nearest even), as f64.
 double f16_of(double x) { return static_cast<double>(static_cast<float>(f16(static_cast<float>(x)))); }
 
-// The errors of f16 values `y` against an exact reference `r`, as probes/twin.h defines them for an f16 output:
-// the floor is the larger of 2^-14 and 2^-11 times the largest |r|; ulps of f16 at r; flips where y is 0 or
-// not finite while r is not 0.
-struct Errors {
-  double max_rel = 0, mean_rel = 0, max_ulp = 0;
-  std::int64_t flips = 0;
-};
-Errors f16_errors(const std::vector<double>& y, const std::vector<double>& r) {
-  Errors e;
-  double scale = 0;
-  for (double v : r) scale = std::max(scale, std::fabs(v));
-  const double floor = std::max(std::ldexp(1.0, -14), scale * std::ldexp(1.0, -11));
-  std::int64_t counted = 0;
-  for (std::size_t i = 0; i < y.size(); ++i) {
-    if (!std::isfinite(y[i])) {
-      ++e.flips;
-      continue;
-    }
-    if (y[i] == 0 && r[i] != 0) ++e.flips;
-    const double err = std::fabs(y[i] - r[i]);
-    const double rel = err / std::max(std::fabs(r[i]), floor);
-    const int exponent = r[i] == 0 ? -14 : std::max(-14, static_cast<int>(std::floor(std::log2(std::fabs(r[i])))));
-    e.max_rel = std::max(e.max_rel, rel);
-    e.mean_rel += rel;
-    e.max_ulp = std::max(e.max_ulp, err / std::ldexp(1.0, exponent - 10));
-    ++counted;
-  }
-  if (counted > 0) e.mean_rel /= static_cast<double>(counted);
-  return e;
-}
+// The errors of f16 values against an exact reference, as probes/twin.h defines them for an f16 output.
+using Errors = testing::Errors;
+Errors f16_errors(const std::vector<double>& y, const std::vector<double>& r) { return testing::errors_of(y, r, DType::f16); }
+
 // A node's gradients together, as the twin's backward row takes them: the largest max, mean and ulps.
 Errors together(const std::vector<Errors>& parts) {
   Errors all;

@@ -39,6 +39,7 @@
 #include "probes/twin.h"
 #include "samples/train.h"
 #include "tests/test_support.h"
+#include "tests/twin/twin_test_support.h"
 
 namespace ampscope {
 namespace {
@@ -50,18 +51,7 @@ fs::path scratch(const std::string& name) { return testing::process_scratch_dir(
 // Records `steps` steps of `body` with the probe at level health wrapped in the twin, both writing to a trace
 // at `path`, as `ampscope train --twin` sets them up; returns the report's analysis of that trace.
 analysis::Report record(const fs::path& path, std::int64_t steps, const std::function<void(std::int64_t)>& body) {
-  auto writer = std::make_shared<trace::TraceWriter>(
-      path, trace::RunInfo{.precision = "fp16", .device = "cpu", .model = "user", .seed = 0, .config = "{}"});
-  auto probe = std::make_shared<probe::Probe>(writer);
-  auto twin = std::make_shared<probe::Twin>(probe, probe::TwinOptions{.every = 1, .sink = writer, .keep_rows = false});
-  {
-    probe::HookGuard installed(twin);
-    for (std::int64_t n = 0; n < steps; ++n) body(n);
-  }
-  probe->flush();
-  writer->close();
-  trace::TraceReader reader(path);
-  return analysis::analyse(reader);
+  return testing::record_twinned(path, steps, body);
 }
 
 // Prints the section when a ranking assertion fails (and always with AMPSCOPE_SHOW_PRECISION set: how the

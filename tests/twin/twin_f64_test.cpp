@@ -35,47 +35,18 @@
 #include "probes/trace_writer.h"
 #include "probes/twin.h"
 #include "tests/test_support.h"
+#include "tests/twin/twin_test_support.h"
 
 namespace ampscope {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct NullSink : trace::Sink {
-  void write(const trace::StepRow&) override {}
-  void write(const trace::OpRow&) override {}
-  void write(const trace::GradRow&) override {}
-  void write(const trace::EventRow&) override {}
-  void write(const trace::HistogramRow&) override {}
-  void write(const trace::DumpRow&) override {}
-};
+using testing::Errors;
+using testing::NullSink;
+using testing::row_of;
 
-// The errors of f32 values `y` against the f64 reference `r`, as probes/twin.h defines them for f32.
-struct F64Errors {
-  double max_rel = 0, mean_rel = 0, max_ulp = 0;
-};
-F64Errors errors_f32(const std::vector<double>& y, const std::vector<double>& r) {
-  F64Errors e;
-  double scale = 0;
-  for (double v : r) scale = std::max(scale, std::fabs(v));
-  const double floor = std::max(std::ldexp(1.0, -126), scale * std::ldexp(1.0, -24));
-  for (std::size_t i = 0; i < y.size(); ++i) {
-    const double err = std::fabs(y[i] - r[i]);
-    const double rel = err / std::max(std::fabs(r[i]), floor);
-    const int exponent = std::max(-126, static_cast<int>(std::floor(std::log2(std::fabs(r[i])))));
-    e.max_rel = std::max(e.max_rel, rel);
-    e.mean_rel += rel / static_cast<double>(y.size());
-    e.max_ulp = std::max(e.max_ulp, err / std::ldexp(1.0, exponent - 23));
-  }
-  return e;
-}
-
-const probe::PrecisionRow& row_of(const std::vector<probe::PrecisionRow>& rows, const std::string& op) {
-  for (const probe::PrecisionRow& r : rows) {
-    if (r.op == op) return r;
-  }
-  throw std::runtime_error("no twin row for " + op);
-}
+Errors errors_f32(const std::vector<double>& y, const std::vector<double>& r) { return testing::errors_of(y, r, DType::f32); }
 
 std::shared_ptr<probe::Twin> f64_twin(bool f32_in_f64 = true) {
   return std::make_shared<probe::Twin>(std::make_shared<probe::Probe>(std::make_shared<NullSink>()),
@@ -111,7 +82,7 @@ TEST(TwinF64, F32OpsMatchAnF64ComputationOnSmallTensors) {
   EXPECT_EQ(er.out_dtype, "f32");
   EXPECT_TRUE(er.local);
   EXPECT_EQ(analysis::reference_of(er), "f64");
-  const F64Errors ee = errors_f32(e.values(), ref_e);
+  const Errors ee = errors_f32(e.values(), ref_e);
   EXPECT_GT(ee.max_rel, 0);                         // exp rounds
   EXPECT_LE(ee.max_rel, std::ldexp(1.0, -23));      // to within an f32 ulp (libm's f32 exp is not always correctly rounded)
   EXPECT_NEAR(er.local_max_rel, ee.max_rel, 1e-15);
@@ -126,11 +97,11 @@ TEST(TwinF64, F32OpsMatchAnF64ComputationOnSmallTensors) {
   EXPECT_TRUE(tr.local);
   std::vector<double> own_t;
   for (double v : e.values()) own_t.push_back(v - 1.0);
-  const F64Errors lt = errors_f32(t.values(), own_t);
+  const Errors lt = errors_f32(t.values(), own_t);
   EXPECT_GT(lt.max_rel, 0);
   EXPECT_EQ(tr.local_max_rel, lt.max_rel);
   EXPECT_EQ(tr.local_max_ulp, lt.max_ulp);
-  const F64Errors et = errors_f32(t.values(), ref_t);
+  const Errors et = errors_f32(t.values(), ref_t);
   EXPECT_GT(et.max_rel, 1e-3);  // exp(1e-6) - 1 in f32: one ulp of 1 (1.2e-7) over 1e-6
   EXPECT_NEAR(tr.acc_max_rel, et.max_rel, 1e-12);
   EXPECT_NEAR(tr.acc_mean_rel, et.mean_rel, 1e-12);
@@ -205,22 +176,9 @@ TEST(TwinF64, F16OpsKeepTheirF32TwinAndF32OpsGetAnF64One) {
 
 fs::path scratch(const std::string& name) { return testing::process_scratch_dir("ampscope_twin_f64") / name; }
 
-// Records `steps` steps of `body` with the probe at level health and the twin with f32_in_f64, both writing
-// to a trace at `path`, as `ampscope train --twin-f64` sets them up; returns the report's analysis.
+// Records `steps` steps of `body` as `ampscope train --twin-f64` does (testing::record_twinned).
 analysis::Report record(const fs::path& path, std::int64_t steps, const std::function<void(std::int64_t)>& body) {
-  auto writer = std::make_shared<trace::TraceWriter>(
-      path, trace::RunInfo{.precision = "fp32", .device = "cpu", .model = "user", .seed = 0, .config = "{}"});
-  auto probe = std::make_shared<probe::Probe>(writer);
-  auto twin = std::make_shared<probe::Twin>(
-      probe, probe::TwinOptions{.every = 1, .sink = writer, .keep_rows = false, .f32_in_f64 = true});
-  {
-    probe::HookGuard installed(twin);
-    for (std::int64_t n = 0; n < steps; ++n) body(n);
-  }
-  probe->flush();
-  writer->close();
-  trace::TraceReader reader(path);
-  return analysis::analyse(reader);
+  return testing::record_twinned(path, steps, body, probe::TwinOptions{.f32_in_f64 = true}, "fp32");
 }
 
 std::string section(const analysis::Report& rep) { return analysis::render_text(rep); }

@@ -21,44 +21,17 @@
 #include "core/optim.h"
 #include "probes/probe.h"
 #include "probes/twin.h"
+#include "tests/twin/twin_test_support.h"
 
 namespace ampscope {
 namespace {
 
-struct NullSink : trace::Sink {
-  void write(const trace::StepRow&) override {}
-  void write(const trace::OpRow&) override {}
-  void write(const trace::GradRow&) override {}
-  void write(const trace::EventRow&) override {}
-  void write(const trace::HistogramRow&) override {}
-  void write(const trace::DumpRow&) override {}
-};
+using testing::NullSink;
+using testing::row_of;
 
-// The errors of the f16 values `y` against the f64 reference `r`, as probes/twin.h defines them for f16.
-struct F64Errors {
-  double max_rel = 0, mean_rel = 0, max_ulp = 0;
-};
-F64Errors errors_f16(const std::vector<double>& y, const std::vector<double>& r) {
-  F64Errors e;
-  double scale = 0;
-  for (double v : r) scale = std::max(scale, std::fabs(v));
-  const double floor = std::max(std::ldexp(1.0, -14), scale * std::ldexp(1.0, -11));
-  for (std::size_t i = 0; i < y.size(); ++i) {
-    const double err = std::fabs(y[i] - r[i]);
-    const double rel = err / std::max(std::fabs(r[i]), floor);
-    const int exponent = std::max(-14, static_cast<int>(std::floor(std::log2(std::fabs(r[i])))));
-    e.max_rel = std::max(e.max_rel, rel);
-    e.mean_rel += rel / static_cast<double>(y.size());
-    e.max_ulp = std::max(e.max_ulp, err / std::ldexp(1.0, exponent - 10));
-  }
-  return e;
-}
-
-const probe::PrecisionRow& row_of(const std::vector<probe::PrecisionRow>& rows, const std::string& op) {
-  for (const probe::PrecisionRow& r : rows) {
-    if (r.op == op) return r;
-  }
-  throw std::runtime_error("no twin row for " + op);
+// The errors of f16 values against an f64 reference, as probes/twin.h defines them for f16.
+testing::Errors errors_f16(const std::vector<double>& y, const std::vector<double>& r) {
+  return testing::errors_of(y, r, DType::f16);
 }
 
 // sigmoid then 1 - s on f16 logits, the twin's numbers against f64 computed here.
@@ -81,7 +54,7 @@ TEST(Twin, ErrorsMatchAnF64ComputationOnSmallTensors) {
     ref_t.push_back(1.0 - ref_s.back());
   }
   const probe::PrecisionRow& sig = row_of(twin->rows(), "sigmoid");
-  const F64Errors es = errors_f16(s.values(), ref_s);
+  const testing::Errors es = errors_f16(s.values(), ref_s);
   // The twin's reference is f32, 2^-24 relative from f64: its relative errors differ from ours by about that.
   EXPECT_NEAR(sig.local_max_rel, es.max_rel, 1e-6);
   EXPECT_NEAR(sig.local_mean_rel, es.mean_rel, 1e-6);
@@ -91,11 +64,11 @@ TEST(Twin, ErrorsMatchAnF64ComputationOnSmallTensors) {
   EXPECT_EQ(sig.flips, 2);                           // sigmoid(9) and sigmoid(12) round to exactly 1 in f16
 
   const probe::PrecisionRow& sub = row_of(twin->rows(), "rsub");
-  const F64Errors et = errors_f16(t.values(), ref_t);
+  const testing::Errors et = errors_f16(t.values(), ref_t);
   // Local: 1 - s on the f16 s, in f64, rounded by f16 alone.
   std::vector<double> own_t;
   for (double v : s.values()) own_t.push_back(1.0 - v);
-  const F64Errors lt = errors_f16(t.values(), own_t);
+  const testing::Errors lt = errors_f16(t.values(), own_t);
   EXPECT_NEAR(sub.local_max_rel, lt.max_rel, 1e-6);
   EXPECT_NEAR(sub.local_max_ulp, lt.max_ulp, 1e-2);
   // 1 - 1 = 0 where 1 - sigmoid(9) = 1.2e-4: relative to the floor 2^-11 * (1 - sigmoid(-2)) = 4.3e-4.
