@@ -201,6 +201,8 @@ struct SavedRun {
   // written before the field existed). Whether its optimizer was sharded is recorded too, but changes
   // nothing here: the file is the same either way.
   std::optional<std::int64_t> world_size;
+  // The global batch of the run that wrote it (unknown in checkpoints written before the field existed).
+  std::optional<std::int64_t> batch;
 };
 
 SavedRun peek_resume(const TrainConfig& config) {
@@ -232,6 +234,9 @@ SavedRun peek_resume(const TrainConfig& config) {
   // ZeRO-1 / resume on another number of ranks.
   if (const auto it = run.find("world_size"); it != run.end() && std::holds_alternative<std::int64_t>(it->second)) {
     saved.world_size = std::get<std::int64_t>(it->second);
+  }
+  if (const auto it = run.find("batch"); it != run.end() && std::holds_alternative<std::int64_t>(it->second)) {
+    saved.batch = std::get<std::int64_t>(it->second);
   }
   return saved;
 }
@@ -405,6 +410,12 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
                                       "for bit the run it continues",
                                       config.resume, *saved->world_size, ranks_));
     }
+    if (saved->batch && *saved->batch != config.batch) {  // allowed (memory), but not the run it continues
+      warnings_.push_back(fmt::format("--resume: '{}' was written by a run with --batch {} and resumed with --batch {}: "
+                                      "each step now draws other data, so this is not the run it continues\nhint: "
+                                      "resume with --batch {} to continue it bit for bit",
+                                      config.resume, *saved->batch, config.batch, *saved->batch));
+    }
   }
 
   // Build: model parameters are drawn from the seed (or loaded from the model folder); the model then moves
@@ -436,6 +447,7 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
                 {"scenario", config.scenario},
                 // ZeRO-1 / resume on another number of ranks: what wrote it (the file is the same either way).
                 {"world_size", static_cast<std::int64_t>(ranks_)},
+                {"batch", config.batch},  // the global batch: a resume with another one is warned about
                 {"sharded_optimizer", config.shard_optimizer && ranks_ > 1}};
   if (!config.resume.empty()) {
     Checkpoint ck{.model = &model, .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},

@@ -211,6 +211,36 @@ TEST(train_test, resume_refuses_another_precision_naming_both) {
   std::filesystem::remove_all(dir);
 }
 
+// Another --batch on resume is allowed (a smaller one fits in memory) but is not the run it continues: the
+// run says so, naming both; the same batch says nothing.
+TEST(train_test, resume_with_another_batch_warns_naming_both) {
+  const auto dir = temp_dir();
+  TrainConfig c;
+  c.sample = "mlp";
+  c.steps = 1;
+  c.batch = 8;
+  c.device = "cpu";
+  c.checkpoint = (dir / "ck.h5").string();
+  train(c);
+  TrainConfig again = c;
+  again.checkpoint.clear();
+  again.resume = c.checkpoint;
+  const auto batch_warnings = [](const TrainResult& r) {
+    std::vector<std::string> out;
+    for (const std::string& w : r.warnings) {
+      if (w.find("--batch") != std::string::npos) out.push_back(w);
+    }
+    return out;
+  };
+  EXPECT_TRUE(batch_warnings(train(again)).empty());
+  again.batch = 4;
+  const std::vector<std::string> warned = batch_warnings(train(again));
+  ASSERT_EQ(warned.size(), 1u);
+  EXPECT_NE(warned[0].find("written by a run with --batch 8 and resumed with --batch 4"), std::string::npos) << warned[0];
+  EXPECT_NE(warned[0].find("resume with --batch 8"), std::string::npos) << warned[0];
+  std::filesystem::remove_all(dir);
+}
+
 TEST(train_test, the_gradient_norm_is_measured_also_without_clipping) {
   TrainConfig c;
   c.sample = "mlp";
