@@ -178,23 +178,51 @@ samples::TrainConfig config(const std::string& sample, std::int64_t steps, const
 
 // Trains `config` into a trace; with `kill_after` the training process ends (_exit) right after that
 // step, so the trace stays incomplete, as a killed run's does.
+// Trains `config`; with `kill_after`, in a child process that is killed with SIGKILL once step `kill_after` has
+// run and the trace writer's thread has made it durable (the reader sees it flushed): a trace whose writer
+// died mid-run. The child waits at that step until it is killed, so the kill never races the writer's flush
+// (which end_step only queues).
 void train_trace(samples::TrainConfig config, std::optional<std::int64_t> kill_after = std::nullopt) {
   config.device = "cpu";
   if (!kill_after) {
     samples::train(config);
     return;
   }
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    close(ready[0]);
     samples::train(config, [&](const samples::StepReport& r) {
-      if (r.step == *kill_after) _exit(0);
+      if (r.step != *kill_after) return;
+      const char c = 'k';
+      if (write(ready[1], &c, 1) != 1) _exit(2);
+      for (;;) pause();  // until killed
     });
     _exit(1);
   }
+  close(ready[1]);
+  char c = 0;
+  const bool reached = read(ready[0], &c, 1) == 1 && c == 'k';
+  close(ready[0]);
+  bool flushed = false;
+  for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+       reached && !flushed && std::chrono::steady_clock::now() < deadline;) {
+    try {
+      TraceReader r(config.out);
+      flushed = r.last_flushed_step() && *r.last_flushed_step() >= *kill_after;
+    } catch (const std::exception&) {
+      // Not readable yet: the writer has not flushed its first step.
+    }
+    if (!flushed) usleep(10000);
+  }
+  kill(child, SIGKILL);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the training child did not stop after its step";
+  ASSERT_TRUE(reached) << "the training child did not reach step " << *kill_after;
+  ASSERT_TRUE(flushed) << "the trace writer did not flush step " << *kill_after << " within 120 s";
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the training child ended before it was killed";
 }
 
 Base describe(std::string name, fs::path path) {
