@@ -14,6 +14,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "kernels/cpu/half_convert.h"
 #include "kernels/cpu/parallel.h"
 #include "probes/stats.h"
 
@@ -391,16 +392,50 @@ void compare_floats(const float* y, const float* r, std::size_t n, const Judge& 
 }
 #endif
 
+// The compared value's elements as floats: f32 read in place; f16 and bf16 widened exactly (kernels/cpu/
+// half_convert.h), a block at a time into a buffer on the reading thread's stack, so that a low-precision
+// value is read once, as it is stored, rather than first copied whole into an f32 tensor.
+struct FloatSource {
+  const void* data = nullptr;
+  DType dtype = DType::f32;  // f32, f16 or bf16, contiguous on the host
+  static constexpr std::size_t kBlock = 2048;  // elements widened at a time
+  // Elements [b, b + m) (m <= kBlock) as floats: in place, or widened into `buffer`.
+  const float* floats(std::size_t b, std::size_t m, float* buffer) const {
+    const auto count = static_cast<std::int64_t>(m);
+    switch (dtype) {
+      case DType::f16: cpu::widen(static_cast<const f16*>(data) + b, buffer, count); return buffer;
+      case DType::bf16: cpu::widen(static_cast<const bf16*>(data) + b, buffer, count); return buffer;
+      default: return static_cast<const float*>(data) + b;
+    }
+  }
+  // fn(y, offset, m) over [b, e), a block of floats at a time (all at once for f32).
+  template <class Fn>
+  void for_blocks(std::size_t b, std::size_t e, const Fn& fn) const {
+    if (dtype == DType::f32) {
+      if (e > b) fn(static_cast<const float*>(data) + b, b, e - b);
+      return;
+    }
+    alignas(32) float buffer[kBlock];
+    for (std::size_t i = b; i < e; i += kBlock) {
+      const std::size_t m = std::min(kBlock, e - i);
+      fn(floats(i, m, buffer), i, m);
+    }
+  }
+};
+
 // A large comparison in chunks on the CPU's threads: the first chunk adds its terms to the sum as it goes, the
 // others store theirs, which are then added in element order, so the mean is the one element-by-element
-// summation gives; counts, histograms and maxima merge in any order.
-void compare_floats_chunked(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype,
+// summation gives; counts, histograms and maxima merge in any order. Within a chunk, blocks of a low-precision
+// value are compared one after another, the sum carried from block to block: the same terms in the same order.
+void compare_floats_chunked(const FloatSource& y, const float* r, std::size_t n, const Judge& j, DType dtype,
                             ErrorStats& s, double& sum) {
   const auto count = static_cast<std::int64_t>(n);
   const int chunks = static_cast<int>(
       std::min<std::int64_t>(cpu::num_threads(), std::max<std::int64_t>(1, count / cpu::kElementwiseGrain)));
   if (chunks <= 1) {
-    compare_floats<false>(y, r, n, j, dtype, s, sum, nullptr);
+    y.for_blocks(0, n, [&](const float* yb, std::size_t b, std::size_t m) {
+      compare_floats<false>(yb, r + b, m, j, dtype, s, sum, nullptr);
+    });
     return;
   }
   const auto bound = [&](std::int64_t c) { return static_cast<std::size_t>(count * c / chunks); };
@@ -409,14 +444,15 @@ void compare_floats_chunked(const float* y, const float* r, std::size_t n, const
   double first_sum = 0;
   cpu::parallel_for(chunks, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t c = first; c < last; ++c) {
-      const std::size_t b = bound(c), e = bound(c + 1);
       ErrorStats& part = parts[static_cast<std::size_t>(c)];
-      if (c == 0) {
-        compare_floats<false>(y, r, e, j, dtype, part, first_sum, nullptr);
-      } else {
-        double unused = 0;
-        compare_floats<true>(y + b, r + b, e - b, j, dtype, part, unused, terms.data() + (b - bound(1)));
-      }
+      y.for_blocks(bound(c), bound(c + 1), [&](const float* yb, std::size_t b, std::size_t m) {
+        if (c == 0) {
+          compare_floats<false>(yb, r + b, m, j, dtype, part, first_sum, nullptr);
+        } else {
+          double unused = 0;
+          compare_floats<true>(yb, r + b, m, j, dtype, part, unused, terms.data() + (b - bound(1)));
+        }
+      });
     }
   });
   sum = first_sum;
@@ -431,13 +467,14 @@ void compare_floats_chunked(const float* y, const float* r, std::size_t n, const
   }
 }
 
-// Whether y and r (n floats each) agree bit for bit; if so, `finite` is how many of r's elements are finite.
-// A value equal to its reference is common: the local value of an op that computes nothing its dtype rounds
-// (relu, max_pool2d, masked_fill on f16 inputs) and the backward of one that only moves or selects values
-// (a view's, a slice's, relu's, max_pool2d's). Such a pair's errors are known without the comparison pass:
-// every element with a finite r counts as exact (error 0, no flip: y is r), the others are left out, as
-// compare_values does. A pair that differs usually does so in its first elements, where the scan stops.
-bool identical_floats(const float* y, const float* r, std::size_t n, std::int64_t& finite) {
+// Whether y and r (n elements each) agree bit for bit (y read as floats); if so, `finite` is how many of r's
+// elements are finite. A value equal to its reference is common: the local value of an op that computes
+// nothing its dtype rounds (relu, max_pool2d, masked_fill on f16 inputs) and the backward of one that only
+// moves or selects values (a view's, a slice's, relu's, max_pool2d's). Such a pair's errors are known without
+// the comparison pass: every element with a finite r counts as exact (error 0, no flip: y is r), the others are
+// left out, as compare_values does. A pair that differs usually does so in its first elements, where the scan
+// stops.
+bool identical_floats(const FloatSource& y, const float* r, std::size_t n, std::int64_t& finite) {
   constexpr std::size_t kBlock = 1024;  // elements compared between looks at the other chunks' verdict
   const auto count = static_cast<std::int64_t>(n);
   const int chunks = static_cast<int>(
@@ -445,12 +482,14 @@ bool identical_floats(const float* y, const float* r, std::size_t n, std::int64_
   std::atomic<bool> differ{false};
   std::vector<std::int64_t> counts(static_cast<std::size_t>(chunks), 0);
   cpu::parallel_for(chunks, 1, [&](std::int64_t first, std::int64_t last) {
+    alignas(32) float buffer[kBlock];
     for (std::int64_t c = first; c < last; ++c) {
       const auto b = static_cast<std::size_t>(count * c / chunks), e = static_cast<std::size_t>(count * (c + 1) / chunks);
       std::int64_t finite_here = 0;
       for (std::size_t i = b; i < e; i += kBlock) {
         const std::size_t m = std::min(kBlock, e - i);
-        if (differ.load(std::memory_order_relaxed) || std::memcmp(y + i, r + i, m * sizeof(float)) != 0) {
+        if (differ.load(std::memory_order_relaxed) ||
+            std::memcmp(y.floats(i, m, buffer), r + i, m * sizeof(float)) != 0) {
           differ.store(true, std::memory_order_relaxed);
           return;
         }
@@ -468,9 +507,13 @@ bool identical_floats(const float* y, const float* r, std::size_t n, std::int64_
 
 // compare_values for floats, by the fast path where the dtype's smallest exponent is one a float's
 // exponent bits reach (f16, bf16, f32).
-ErrorStats compare_float_values(const float* y, const float* r, std::size_t n, DType dtype, std::string_view op) {
+ErrorStats compare_float_values(const FloatSource& y, const float* r, std::size_t n, DType dtype, std::string_view op) {
   const Judge j{0, largest_finite(dtype), significand_bits(dtype), min_exponent(dtype), saturating(op)};
-  if (j.emin < -126) return compare_values(y, r, n, dtype, op);
+  if (j.emin < -126) {
+    std::vector<float> wide(n);
+    y.for_blocks(0, n, [&](const float* yb, std::size_t b, std::size_t m) { std::copy(yb, yb + m, wide.data() + b); });
+    return compare_values(wide.data(), r, n, dtype, op);
+  }
   if (std::int64_t finite = 0; identical_floats(y, r, n, finite)) {
     ErrorStats same;
     same.counted = same.exact = finite;
@@ -494,10 +537,13 @@ ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype,
     const std::vector<double> y = value.values(), r = reference.values();
     return compare_values(y.data(), r.data(), std::min(y.size(), r.size()), dtype, op);
   } else {
-    // f32 on the host, contiguous: the cast kernel widens f16 and bf16 (F16C where the CPU has it).
+    // f32 on the host, contiguous: the cast kernel widens f16 and bf16 (F16C where the CPU has it). A value
+    // already contiguous on the host is read as it is stored (FloatSource), not copied.
     const auto host_f32 = [](const Tensor& t) { return t.to(DType::f32).to(Device::cpu()).contiguous(); };
-    const Tensor y = host_f32(value), r = host_f32(reference);
-    return compare_float_values(y.data_as<float>(), r.data_as<float>(), static_cast<std::size_t>(y.numel()), dtype, op);
+    const auto host = [](const Tensor& t) { return t.to(Device::cpu()).contiguous(); };
+    const Tensor y = host(value), r = host_f32(reference);
+    return compare_float_values(FloatSource{y.data(), y.dtype()}, r.data_as<float>(),
+                                static_cast<std::size_t>(y.numel()), dtype, op);
   }
 }
 
