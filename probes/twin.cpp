@@ -423,6 +423,14 @@ struct FloatSource {
   }
 };
 
+// How many of the CPU's threads a pass over n elements is split over: one inside a task of the pool (a
+// comparison run beside others, compare_together), where a nested split would run on this thread anyway.
+int chunks_for(std::size_t n) {
+  if (cpu::detail::in_parallel_region()) return 1;
+  return static_cast<int>(std::min<std::int64_t>(
+      cpu::num_threads(), std::max<std::int64_t>(1, static_cast<std::int64_t>(n) / cpu::kElementwiseGrain)));
+}
+
 // A large comparison in chunks on the CPU's threads: the first chunk adds its terms to the sum as it goes, the
 // others store theirs, which are then added in element order, so the mean is the one element-by-element
 // summation gives; counts, histograms and maxima merge in any order. Within a chunk, blocks of a low-precision
@@ -430,8 +438,7 @@ struct FloatSource {
 void compare_floats_chunked(const FloatSource& y, const float* r, std::size_t n, const Judge& j, DType dtype,
                             ErrorStats& s, double& sum) {
   const auto count = static_cast<std::int64_t>(n);
-  const int chunks = static_cast<int>(
-      std::min<std::int64_t>(cpu::num_threads(), std::max<std::int64_t>(1, count / cpu::kElementwiseGrain)));
+  const int chunks = chunks_for(n);
   if (chunks <= 1) {
     y.for_blocks(0, n, [&](const float* yb, std::size_t b, std::size_t m) {
       compare_floats<false>(yb, r + b, m, j, dtype, s, sum, nullptr);
@@ -477,8 +484,7 @@ void compare_floats_chunked(const FloatSource& y, const float* r, std::size_t n,
 bool identical_floats(const FloatSource& y, const float* r, std::size_t n, std::int64_t& finite) {
   constexpr std::size_t kBlock = 1024;  // elements compared between looks at the other chunks' verdict
   const auto count = static_cast<std::int64_t>(n);
-  const int chunks = static_cast<int>(
-      std::min<std::int64_t>(cpu::num_threads(), std::max<std::int64_t>(1, count / cpu::kElementwiseGrain)));
+  const int chunks = chunks_for(n);
   std::atomic<bool> differ{false};
   std::vector<std::int64_t> counts(static_cast<std::size_t>(chunks), 0);
   cpu::parallel_for(chunks, 1, [&](std::int64_t first, std::int64_t last) {
@@ -531,34 +537,94 @@ ErrorStats compare_float_values(const FloatSource& y, const float* r, std::size_
   return s;
 }
 
-template <class T>
-ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
-  if constexpr (std::is_same_v<T, double>) {
-    const std::vector<double> y = value.values(), r = reference.values();
-    return compare_values(y.data(), r.data(), std::min(y.size(), r.size()), dtype, op);
-  } else {
-    // f32 on the host, contiguous: the cast kernel widens f16 and bf16 (F16C where the CPU has it). A value
-    // already contiguous on the host is read as it is stored (FloatSource), not copied.
-    const auto host_f32 = [](const Tensor& t) { return t.to(DType::f32).to(Device::cpu()).contiguous(); };
-    const auto host = [](const Tensor& t) { return t.to(Device::cpu()).contiguous(); };
-    const Tensor y = host(value), r = host_f32(reference);
-    return compare_float_values(FloatSource{y.data(), y.dtype()}, r.data_as<float>(),
-                                static_cast<std::size_t>(y.numel()), dtype, op);
-  }
-}
-
 bool f32_exact(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
-}  // namespace
 
-ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
+// One comparison, its tensors made ready on the calling thread (tensors are made there only: the passes over
+// their elements may then run on any thread).
+struct Prepared {
+  Tensor y, r;  // host, contiguous; y f32, f16 or bf16 and r f32 (fast), or both as given (double path)
+  DType dtype = DType::f32;
+  std::string_view op;
+  bool fast = false;  // f16, bf16 and f32 values are exact in float: read as floats, not widened to doubles
+  ErrorStats run() const {
+    if (!fast) {
+      const std::vector<double> yv = y.values(), rv = r.values();
+      return compare_values(yv.data(), rv.data(), std::min(yv.size(), rv.size()), dtype, op);
+    }
+    return compare_float_values(FloatSource{y.data(), y.dtype()}, r.data_as<float>(), static_cast<std::size_t>(y.numel()),
+                                dtype, op);
+  }
+};
+
+Prepared prepare(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
   if (value.numel() != reference.numel()) {
     throw Error(fmt::format("twin: {} has {} elements but its reference has {}; compare tensors of one shape", op,
                             value.numel(), reference.numel()));
   }
-  // f16, bf16 and f32 values are exact in float: read them as floats, not widened to double vectors.
-  if (f32_exact(value.dtype()) && f32_exact(reference.dtype())) return compare_as<float>(value, reference, dtype, op);
-  return compare_as<double>(value, reference, dtype, op);
+  Prepared p;
+  p.dtype = dtype;
+  p.op = op;
+  p.fast = f32_exact(value.dtype()) && f32_exact(reference.dtype());
+  if (!p.fast) {
+    p.y = value;
+    p.r = reference;
+    return p;
+  }
+  // r as f32 on the host, contiguous (the cast kernel widens f16 and bf16, F16C where the CPU has it); y as it
+  // is stored when it is contiguous on the host (FloatSource widens it a block at a time), not copied.
+  p.y = value.to(Device::cpu()).contiguous();
+  p.r = reference.to(DType::f32).to(Device::cpu()).contiguous();
+  return p;
 }
+}  // namespace
+
+ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
+  return prepare(value, reference, dtype, op).run();
+}
+
+namespace {
+// Several comparisons at once, one per thread of the pool (the largest first, each to the thread with the
+// least work so far), each whole on its thread: a comparison's mean is a sum in element order, one chain of
+// dependent additions that no split over threads shortens, so two comparisons side by side (an op's local
+// and accumulated values, a node's gradients) take about the time of one. Each gives the bits compare()
+// gives. `out[i]` receives the errors of comparisons[i] (value, reference, dtype, op).
+struct Comparison {
+  const Tensor& value;
+  const Tensor& reference;
+  DType dtype;
+  std::string_view op;
+};
+std::vector<ErrorStats> compare_together(const std::vector<Comparison>& comparisons) {
+  std::vector<Prepared> jobs;
+  jobs.reserve(comparisons.size());
+  for (const Comparison& c : comparisons) jobs.push_back(prepare(c.value, c.reference, c.dtype, c.op));
+  std::vector<ErrorStats> out(jobs.size());
+  const int threads = cpu::num_threads();
+  const bool all_fast = std::all_of(jobs.begin(), jobs.end(), [](const Prepared& p) { return p.fast; });
+  if (jobs.size() < 2 || threads < 2 || !all_fast || cpu::detail::in_parallel_region()) {
+    for (std::size_t i = 0; i < jobs.size(); ++i) out[i] = jobs[i].run();
+    return out;
+  }
+  std::vector<std::size_t> order(jobs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return jobs[a].y.numel() > jobs[b].y.numel(); });
+  const auto bins = static_cast<std::size_t>(std::min<std::int64_t>(threads, static_cast<std::int64_t>(jobs.size())));
+  std::vector<std::vector<std::size_t>> bin(bins);
+  std::vector<std::int64_t> load(bins, 0);
+  for (const std::size_t i : order) {
+    const auto least = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    bin[least].push_back(i);
+    load[least] += jobs[i].y.numel() + 1;
+  }
+  cpu::parallel_for(static_cast<std::int64_t>(bins), 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t b = first; b < last; ++b) {
+      for (const std::size_t i : bin[static_cast<std::size_t>(b)]) out[i] = jobs[i].run();
+    }
+  });
+  return out;
+}
+}  // namespace
 
 namespace {
 
@@ -745,7 +811,6 @@ void Twin::twin(const OpEvent& event) {
   row.numel = event.output.numel();
   row.followed = followed;
   Tensor local;
-  ErrorStats l;
   if (low) {
     local = local_by_table(event);
     if (!local.defined()) {
@@ -753,17 +818,37 @@ void Twin::twin(const OpEvent& event) {
       for (std::size_t i = 0; i < event.inputs.size(); ++i) own[i] = widened(event.inputs[i]);
       local = (*event.recompute)(own);
     }
-    l = compare(event.output, local, out_dtype, event.op);
-    row.local = true;
-    row.local_max_rel = l.max_rel;
-    row.local_mean_rel = l.mean_rel;
-    row.local_max_ulp = l.max_ulp;
   }
   // Inputs the twin does not follow and autocast did not cast are the op's own: the accumulated values are
   // the local ones.
   const bool same = low && !follows && !cast;
   const Tensor acc = same ? local.to(DType::f32) : (*event.recompute)(twin_inputs).to(DType::f32);
-  const ErrorStats a = same ? l : compare(event.output, acc, out_dtype, event.op);
+  // The comparisons, side by side (compare_together): the output against the local and the accumulated values,
+  // and each input the twin replaced against the twin's input. Against its own exact widening every finite
+  // element of an input is exact: errors of 0, which leave the row's maxima as they are, without a pass over it
+  // (attention's transposed q, k and v); an input that is a twinned output of this step, uncast, has the errors
+  // its producer's row already holds.
+  std::vector<Comparison> comparisons;
+  if (low) comparisons.push_back({event.output, local, out_dtype, event.op});
+  if (!same) comparisons.push_back({event.output, acc, out_dtype, event.op});
+  std::vector<std::size_t> input_at(event.inputs.size(), comparisons.size() + event.inputs.size());  // none
+  for (std::size_t i = 0; i < event.inputs.size(); ++i) {
+    const Tensor& in = event.inputs[i];
+    if (!in.defined() || !is_floating(in.dtype()) || !twin_inputs[i].defined()) continue;
+    if (in.numel() != twin_inputs[i].numel() || own_value[i] != 0 || known[i] != nullptr) continue;
+    input_at[i] = comparisons.size();
+    comparisons.push_back({in, twin_inputs[i], in.dtype(), ""});
+  }
+  const std::vector<ErrorStats> errors = compare_together(comparisons);
+  ErrorStats l;
+  if (low) {
+    l = errors[0];
+    row.local = true;
+    row.local_max_rel = l.max_rel;
+    row.local_mean_rel = l.mean_rel;
+    row.local_max_ulp = l.max_ulp;
+  }
+  const ErrorStats a = same ? l : errors[low ? 1 : 0];
   row.acc_max_rel = a.max_rel;
   row.acc_mean_rel = a.mean_rel;
   row.acc_max_ulp = a.max_ulp;
@@ -772,15 +857,13 @@ void Twin::twin(const OpEvent& event) {
   row.error_bins = a.error_bins;
   row.exact = a.exact;
   for (std::size_t i = 0; i < event.inputs.size(); ++i) {
+    const ErrorStats* e = known[i] != nullptr ? known[i] : input_at[i] < errors.size() ? &errors[input_at[i]] : nullptr;
+    if (e == nullptr) continue;
     const Tensor& in = event.inputs[i];
     if (!in.defined() || !is_floating(in.dtype()) || !twin_inputs[i].defined()) continue;
-    if (in.numel() != twin_inputs[i].numel()) continue;
-    // Against its own exact widening every finite element of an input is exact: errors of 0, which leave the
-    // row's maxima as they are, without a pass over it (attention's transposed q, k and v).
-    if (own_value[i] != 0) continue;
-    const ErrorStats e = known[i] != nullptr ? *known[i] : compare(in, twin_inputs[i], in.dtype(), "");
-    row.in_acc_max_rel = std::max(row.in_acc_max_rel, e.max_rel);
-    row.in_acc_mean_rel = std::max(row.in_acc_mean_rel, e.mean_rel);
+    if (in.numel() != twin_inputs[i].numel() || own_value[i] != 0) continue;
+    row.in_acc_max_rel = std::max(row.in_acc_max_rel, e->max_rel);
+    row.in_acc_mean_rel = std::max(row.in_acc_mean_rel, e->mean_rel);
   }
   // Condition numbers, from the twin's values.
   row.cond = std::numeric_limits<double>::quiet_NaN();
@@ -846,12 +929,14 @@ void Twin::twin_backward(const OpEvent& event) {
   ErrorStats all;
   const double p = significand_bits(dtype);
   all.bits = p;
+  std::vector<Comparison> comparisons;  // the node's gradients, compared side by side (compare_together)
   for (std::size_t i = 0; i < event.outputs.size() && i < reference.size(); ++i) {
     const Tensor& g = event.outputs[i];
     if (!g.defined() || !is_floating(g.dtype()) || !reference[i].defined()) continue;
-    merge(all, compare(g, reference[i], g.dtype(), ""), p);
+    comparisons.push_back({g, reference[i], g.dtype(), ""});
     row.numel += g.numel();
   }
+  for (const ErrorStats& e : compare_together(comparisons)) merge(all, e, p);
   row.local_max_rel = all.max_rel;
   row.local_mean_rel = all.mean_rel;
   row.local_max_ulp = all.max_ulp;
