@@ -189,6 +189,13 @@ using F4 = float __attribute__((vector_size(16)));
 using D4 = double __attribute__((vector_size(32)));
 using L4 = std::int64_t __attribute__((vector_size(32)));
 using U4 = std::uint32_t __attribute__((vector_size(16)));
+using UL4 = std::uint64_t __attribute__((vector_size(32)));
+// The exponent field of doubles whose sign bit is clear (|r|, a relative error): a logical shift, which AVX2 has
+// for 64-bit lanes (an arithmetic one it has not, and the compiler builds it from three instructions); for a
+// clear sign bit both give the same value.
+[[gnu::always_inline]] inline L4 exponent_field(D4 non_negative) {
+  return reinterpret_cast<L4>(reinterpret_cast<UL4>(non_negative) >> 52);
+}
 
 struct Judge {  // what the comparison needs to know about the dtype and the op
   double floor, top;
@@ -291,21 +298,22 @@ template <bool kStore>
     const D4 rel = err / (ar < floor4 ? floor4 : ar);  // std::max(|r|, floor)
     const L4 flip = ((yd == zero4) & (rd != zero4)) | ((ay == top4) & (ar < top4)) |
                     (sat4 & (ay == one4) & (ar != one4));
-    // ulp_D(r) = 2^(e - (p - 1)), e = max(exponent of r, emin) (emin for 0; r is a normal double or 0)
-    const L4 field = reinterpret_cast<L4>(ar) >> 52;
-    const L4 exponent = field - 1023;
-    const L4 e = field == 0 ? emin4 : (exponent < emin4 ? emin4 : exponent);
+    // ulp_D(r) = 2^(e - (p - 1)), e = max(exponent of r, emin) (emin for 0, whose field 0 reads as -1023, below
+    // any emin; r is a normal double or 0)
+    const L4 exponent = exponent_field(ar) - 1023;
+    const L4 e = exponent < emin4 ? emin4 : exponent;
     const D4 inverse_ulp = reinterpret_cast<D4>(((j.p - 1) + 1023 - e) << 52);
     const D4 ulps = err * inverse_ulp;
     max_rel = max_rel < rel ? rel : max_rel;
     max_ulp = max_ulp < ulps ? ulps : max_ulp;
     // The bucket from rel's exponent bits (fast_error_bucket), or a code.
     const L4 rel_bits = reinterpret_cast<L4>(rel);
-    const L4 rel_field = rel_bits >> 52;
+    const L4 rel_field = exponent_field(rel);
     L4 bucket = 1022 - rel_field;
     bucket = bucket < 0 ? L4{} : bucket;
     bucket = bucket > trace::kErrorBins - 1 ? L4{} + (trace::kErrorBins - 1) : bucket;
-    bucket = ((rel_bits & static_cast<std::int64_t>(kMantissa)) >> 32) == 0 ? L4{} + kLogCode : bucket;
+    const L4 top_mantissa = rel_bits & static_cast<std::int64_t>(kMantissa & ~std::uint64_t{0xffffffff});
+    bucket = top_mantissa == 0 ? L4{} + kLogCode : bucket;  // rel's top 20 mantissa bits all 0: log2 decides
     bucket = rel == zero4 ? L4{} + kExactCode : bucket;
     bucket = flip != 0 ? L4{} + kFlipCode : bucket;
     // Through memory rather than lane extracts: fewer instructions.

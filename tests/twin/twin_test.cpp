@@ -355,6 +355,34 @@ TEST(Twin, CompareOnHalfAndFloatTensorsMatchesItsDefinitionBitForBit) {
   }
 }
 
+// A value against its own exact widening (the local value of relu or max_pool2d, a view's backward): compare()
+// answers such a pair from one scan, without the comparison pass. Its errors are still those of the definition
+// above: every f16 or bf16 bit pattern three times over (NaN and infinities left out, zeros and subnormals
+// exact), with f32 values too; and the same pair with one element changed, last (the scan reads to the end
+// before it finds it) or in the middle, which takes the comparison pass and gives the definition's numbers.
+TEST(Twin, CompareOfAValueWithItsOwnWideningMatchesItsDefinition) {
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const std::int64_t n = 3 * 65536 + 5;  // split over threads, not a multiple of four
+    Tensor y = Tensor::empty({n}, {.dtype = dtype});
+    auto* bits = static_cast<std::uint16_t*>(y.data());
+    for (std::int64_t i = 0; i < n; ++i) bits[i] = static_cast<std::uint16_t>(i * 40503);  // every pattern, mixed
+    const Tensor r = y.to(DType::f32);
+    const probe::ErrorStats want = errors_by_definition(y.values(), r.values(), dtype, false);
+    ASSERT_EQ(want.exact, want.counted);
+    ASSERT_LT(want.counted, n);  // the NaNs and infinities are left out
+    expect_same_stats(probe::compare(y, r, dtype, "relu"), want);
+    expect_same_stats(probe::compare(r, r, dtype, "relu"), want);  // f32 against f32
+    for (const std::int64_t at : {n - 1, n / 2}) {
+      Tensor other = r.clone();
+      other.data_as<float>()[at] = 1.5f * other.data_as<float>()[at] + 1.0f;
+      const probe::ErrorStats changed = errors_by_definition(y.values(), other.values(), dtype, false);
+      ASSERT_EQ(changed.exact + 1, changed.counted);
+      expect_same_stats(probe::compare(y, other, dtype, "relu"), changed);
+    }
+  }
+}
+
 // A large unary element-wise op on f16 or bf16 (every bit pattern, four times over, shuffled): the twin's local
 // errors, whose reference it looks up in a table of the op's f32 values, are those of the op run in f32 on the
 // whole input widened, here, outside the twin, bit for bit.
