@@ -592,10 +592,11 @@ ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, st
 
 namespace {
 // Several comparisons at once, one per thread of the pool (the largest first, each to the thread with the
-// least work so far), each whole on its thread: a comparison's mean is a sum in element order, one chain of
-// dependent additions that no split over threads shortens, so two comparisons side by side (an op's local
-// and accumulated values, a node's gradients) take about the time of one. Each gives the bits compare()
-// gives. `out[i]` receives the errors of comparisons[i] (value, reference, dtype, op).
+// least work so far), each whole on its thread. A comparison split over threads (compare_floats_chunked) gains
+// little: its mean is a sum in element order, so the chunks after the first store their terms and one thread
+// adds them afterwards, a pass of dependent additions; two comparisons side by side (an op's local and
+// accumulated values, a node's gradients) each run whole, with no terms stored. Each gives the bits compare()
+// gives; the result's i-th entry is the errors of comparisons[i] (value, reference, dtype, op).
 struct Comparison {
   const Tensor& value;
   const Tensor& reference;
