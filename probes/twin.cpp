@@ -189,13 +189,10 @@ using F4 = float __attribute__((vector_size(16)));
 using D4 = double __attribute__((vector_size(32)));
 using L4 = std::int64_t __attribute__((vector_size(32)));
 using U4 = std::uint32_t __attribute__((vector_size(16)));
+// Exponent fields of doubles whose sign bit is clear (|r|, a relative error) are taken by a logical shift of
+// these, which AVX2 has for 64-bit lanes (an arithmetic one it has not, and the compiler builds it from three
+// instructions); for a clear sign bit both give the same value.
 using UL4 = std::uint64_t __attribute__((vector_size(32)));
-// The exponent field of doubles whose sign bit is clear (|r|, a relative error): a logical shift, which AVX2 has
-// for 64-bit lanes (an arithmetic one it has not, and the compiler builds it from three instructions); for a
-// clear sign bit both give the same value.
-[[gnu::always_inline]] inline L4 exponent_field(D4 non_negative) {
-  return reinterpret_cast<L4>(reinterpret_cast<UL4>(non_negative) >> 52);
-}
 
 struct Judge {  // what the comparison needs to know about the dtype and the op
   double floor, top;
@@ -260,7 +257,9 @@ using U8 = std::uint32_t __attribute__((vector_size(32)));
 
 // With `terms`, each element's term of the mean's sum is stored there (terms[i] for element i) instead of
 // being added to `total`: a later chunk's terms can only be added once the chunks before it are summed.
-template <bool kStore>
+// kSaturates is j.saturates, a template argument so that the loop of an op that does not saturate (all but
+// sigmoid and tanh) carries no test for it.
+template <bool kStore, bool kSaturates>
 [[gnu::always_inline]] inline void compare_floats_impl(const float* y, const float* r, std::size_t n, const Judge& j,
                                                        DType dtype, ErrorStats& s, double& total, double* terms) {
   double sum = total;  // a local, so that the adds chain in a register rather than through memory
@@ -269,7 +268,6 @@ template <bool kStore>
   const D4 one4 = {1, 1, 1, 1}, zero4{};
   const L4 abs_mask = L4{} + std::numeric_limits<std::int64_t>::max();
   const L4 emin4 = L4{} + j.emin;
-  const L4 sat4 = L4{} - (j.saturates ? 1 : 0);
   D4 max_rel = zero4, max_ulp = zero4;
   std::int64_t hist[4][kCodes] = {};  // one histogram per lane: no increment waits for the one before
   std::size_t i = 0;
@@ -279,7 +277,9 @@ template <bool kStore>
     std::memcpy(&rf, r + i, sizeof rf);
     const U4 yb = reinterpret_cast<U4>(yf) & 0x7fffffffu, rb = reinterpret_cast<U4>(rf) & 0x7fffffffu;
     const U4 bad = (yb >= 0x7f800000u) | (rb >= 0x7f800000u);
-    if ((bad[0] | bad[1] | bad[2] | bad[3]) != 0) {
+    std::uint64_t bad_halves[2];  // two 64-bit reads of the mask rather than four lane extracts
+    std::memcpy(bad_halves, &bad, sizeof bad_halves);
+    if ((bad_halves[0] | bad_halves[1]) != 0) {
       for (std::size_t k = i; k < i + 4; ++k) {
         const double term = count_element(y[k], r[k], j, dtype, s);
         if constexpr (kStore) {
@@ -296,11 +296,11 @@ template <bool kStore>
     const D4 diff = yd - rd;
     const D4 err = reinterpret_cast<D4>(reinterpret_cast<L4>(diff) & abs_mask);
     const D4 rel = err / (ar < floor4 ? floor4 : ar);  // std::max(|r|, floor)
-    const L4 flip = ((yd == zero4) & (rd != zero4)) | ((ay == top4) & (ar < top4)) |
-                    (sat4 & (ay == one4) & (ar != one4));
+    L4 flip = ((yd == zero4) & (rd != zero4)) | ((ay == top4) & (ar < top4));
+    if constexpr (kSaturates) flip |= (ay == one4) & (ar != one4);
     // ulp_D(r) = 2^(e - (p - 1)), e = max(exponent of r, emin) (emin for 0, whose field 0 reads as -1023, below
     // any emin; r is a normal double or 0)
-    const L4 exponent = exponent_field(ar) - 1023;
+    const L4 exponent = reinterpret_cast<L4>(reinterpret_cast<UL4>(ar) >> 52) - 1023;
     const L4 e = exponent < emin4 ? emin4 : exponent;
     const D4 inverse_ulp = reinterpret_cast<D4>(((j.p - 1) + 1023 - e) << 52);
     const D4 ulps = err * inverse_ulp;
@@ -308,7 +308,7 @@ template <bool kStore>
     max_ulp = max_ulp < ulps ? ulps : max_ulp;
     // The bucket from rel's exponent bits (fast_error_bucket), or a code.
     const L4 rel_bits = reinterpret_cast<L4>(rel);
-    const L4 rel_field = exponent_field(rel);
+    const L4 rel_field = reinterpret_cast<L4>(reinterpret_cast<UL4>(rel) >> 52);
     L4 bucket = 1022 - rel_field;
     bucket = bucket < 0 ? L4{} : bucket;
     bucket = bucket > trace::kErrorBins - 1 ? L4{} + (trace::kErrorBins - 1) : bucket;
@@ -329,8 +329,8 @@ template <bool kStore>
       sum += rels[2];
       sum += rels[3];
     }
-    const L4 log = bucket == kLogCode;
-    if ((log[0] | log[1] | log[2] | log[3]) != 0) [[unlikely]] {
+    if (((codes[0] == kLogCode) | (codes[1] == kLogCode) | (codes[2] == kLogCode) | (codes[3] == kLogCode)) != 0)
+        [[unlikely]] {
       for (int k = 0; k < 4; ++k) {
         if (codes[k] == kLogCode) codes[k] = error_bucket(rels[k]);
       }
@@ -368,11 +368,11 @@ __attribute__((target("avx2"))) double largest_finite_avx2(const float* r, std::
   __builtin_ia32_vzeroupper();
   return v;
 }
-template <bool kStore>
+template <bool kStore, bool kSaturates>
 __attribute__((target("avx2"))) void compare_floats_avx2(const float* y, const float* r, std::size_t n,
                                                          const Judge& j, DType dtype, ErrorStats& s, double& sum,
                                                          double* terms) {
-  compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
+  compare_floats_impl<kStore, kSaturates>(y, r, n, j, dtype, s, sum, terms);
   __builtin_ia32_vzeroupper();
 }
 bool use_avx2() {
@@ -386,9 +386,15 @@ template <bool kStore>
 void compare_floats(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype, ErrorStats& s,
                     double& sum, double* terms) {
   if (use_avx2()) {
-    compare_floats_avx2<kStore>(y, r, n, j, dtype, s, sum, terms);
+    if (j.saturates) {
+      compare_floats_avx2<kStore, true>(y, r, n, j, dtype, s, sum, terms);
+    } else {
+      compare_floats_avx2<kStore, false>(y, r, n, j, dtype, s, sum, terms);
+    }
+  } else if (j.saturates) {
+    compare_floats_impl<kStore, true>(y, r, n, j, dtype, s, sum, terms);
   } else {
-    compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
+    compare_floats_impl<kStore, false>(y, r, n, j, dtype, s, sum, terms);
   }
 }
 #else
@@ -396,7 +402,11 @@ double largest_finite_floats(const float* r, std::size_t n) { return largest_fin
 template <bool kStore>
 void compare_floats(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype, ErrorStats& s,
                     double& sum, double* terms) {
-  compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
+  if (j.saturates) {
+    compare_floats_impl<kStore, true>(y, r, n, j, dtype, s, sum, terms);
+  } else {
+    compare_floats_impl<kStore, false>(y, r, n, j, dtype, s, sum, terms);
+  }
 }
 #endif
 
