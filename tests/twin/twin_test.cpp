@@ -359,7 +359,8 @@ TEST(Twin, CompareOnHalfAndFloatTensorsMatchesItsDefinitionBitForBit) {
 // answers such a pair from one scan, without the comparison pass. Its errors are still those of the definition
 // above: every f16 or bf16 bit pattern three times over (NaN and infinities left out, zeros and subnormals
 // exact), with f32 values too; and the same pair with one element changed, last (the scan reads to the end
-// before it finds it) or in the middle, which takes the comparison pass and gives the definition's numbers.
+// before it finds it) or in the middle, which takes the comparison pass and gives the definition's numbers; and
+// both again as transposed views.
 TEST(Twin, CompareOfAValueWithItsOwnWideningMatchesItsDefinition) {
   for (const DType dtype : {DType::f16, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -380,6 +381,20 @@ TEST(Twin, CompareOfAValueWithItsOwnWideningMatchesItsDefinition) {
       ASSERT_EQ(changed.exact + 1, changed.counted);
       expect_same_stats(probe::compare(y, other, dtype, "relu"), changed);
     }
+    // Both transposed alike (a transpose's gradient and its twin): scanned as they lie in memory when identical;
+    // with one element changed, compared in element order.
+    const Tensor yt = y.slice(0, 0, 256 * 768).reshape({256, 768}).transpose(0, 1);
+    const Tensor rt = r.slice(0, 0, 256 * 768).reshape({256, 768}).transpose(0, 1);
+    ASSERT_FALSE(yt.is_contiguous());
+    const probe::ErrorStats want_t = errors_by_definition(yt.values(), rt.values(), dtype, false);
+    ASSERT_EQ(want_t.exact, want_t.counted);
+    expect_same_stats(probe::compare(yt, rt, dtype, "relu"), want_t);
+    Tensor other = r.slice(0, 0, 256 * 768).clone();
+    other.data_as<float>()[1000] = 1.5f * other.data_as<float>()[1000] + 1.0f;
+    const Tensor ot = other.reshape({256, 768}).transpose(0, 1);
+    const probe::ErrorStats changed_t = errors_by_definition(yt.values(), ot.values(), dtype, false);
+    ASSERT_EQ(changed_t.exact + 1, changed_t.counted);
+    expect_same_stats(probe::compare(yt, ot, dtype, "relu"), changed_t);
   }
 }
 
