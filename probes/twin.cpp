@@ -887,7 +887,8 @@ void Twin::twin(const OpEvent& event) {
   std::vector<Comparison> comparisons;
   if (low) comparisons.push_back({event.output, local, out_dtype, event.op});
   if (!same) comparisons.push_back({event.output, acc, out_dtype, event.op});
-  std::vector<std::size_t> input_at(event.inputs.size(), comparisons.size() + event.inputs.size());  // none
+  constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+  std::vector<std::size_t> input_at(event.inputs.size(), kNone);  // per input: its comparison, if it has one
   for (std::size_t i = 0; i < event.inputs.size(); ++i) {
     const Tensor& in = event.inputs[i];
     if (!in.defined() || !is_floating(in.dtype()) || !twin_inputs[i].defined()) continue;
@@ -913,7 +914,7 @@ void Twin::twin(const OpEvent& event) {
   row.error_bins = a.error_bins;
   row.exact = a.exact;
   for (std::size_t i = 0; i < event.inputs.size(); ++i) {
-    const ErrorStats* e = known[i] != nullptr ? known[i] : input_at[i] < errors.size() ? &errors[input_at[i]] : nullptr;
+    const ErrorStats* e = known[i] != nullptr ? known[i] : input_at[i] != kNone ? &errors[input_at[i]] : nullptr;
     if (e == nullptr) continue;
     const Tensor& in = event.inputs[i];
     if (!in.defined() || !is_floating(in.dtype()) || !twin_inputs[i].defined()) continue;
