@@ -213,11 +213,22 @@ Tensor Tensor::make_view(Shape sizes, Shape strides, std::int64_t offset) const 
 namespace {
 constexpr std::size_t kMaxInputs = std::tuple_size_v<decltype(KernelArgs::in)>;
 
+// Whether `kernel` on `device`, writing f32, reads an f16/bf16 input exactly as it reads that input widened to
+// f32: the CPU's matrix product packs every operand BLAS cannot read in place into a dense row-major f32 buffer
+// (kernels/cpu/nn_kernels.cpp gemm_kernel, pack_matrix), and widening first gives a dense row-major f32 tensor,
+// which BLAS then reads in place as the same rows (no transpose, leading dimension its row length): one
+// sgemm call on the same values either way. Not the GPU's: cuBLAS may choose another algorithm for f16 inputs.
+bool reads_half_as_f32(Op kernel, const Device& device) { return kernel == Op::gemm && device.is_cpu(); }
+
 // Under autograd::WidenToF32, an f16/bf16 input of any kernel but a copy (which converts exactly, and is how
 // the input is widened) is widened to f32 into `slot`; otherwise the input itself. A broadcast view (stride 0,
-// a weight expanded over the batch) is widened once and expanded again, not copied once per batch entry.
+// a weight expanded over the batch) is widened once and expanded again, not copied once per batch entry. A
+// kernel that widens its inputs itself, to the same values and the same arithmetic (reads_half_as_f32), is
+// given the input as it is: the twin's backward of a matrix product or convolution then makes no f32 copy of
+// its saved operands (bench/RESULTS.md, twin_train_bench).
 const Tensor& widen_input(const Tensor& in, Op kernel, Tensor& slot) {
   if (!autograd::widening_to_f32() || kernel == Op::copy || autograd::widened_dtype(in.dtype()) == in.dtype()) return in;
+  if (reads_half_as_f32(kernel, in.device())) return in;
   Tensor compact = in;
   for (std::int64_t d = 0; d < in.dim(); ++d) {
     if (in.strides()[static_cast<std::size_t>(d)] == 0 && in.size(d) > 1) compact = compact.slice(d, 0, 1);

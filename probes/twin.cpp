@@ -2,6 +2,7 @@
 #include "probes/twin.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "kernels/cpu/half_convert.h"
 #include "kernels/cpu/parallel.h"
 #include "probes/stats.h"
 
@@ -191,6 +193,10 @@ using F4 = float __attribute__((vector_size(16)));
 using D4 = double __attribute__((vector_size(32)));
 using L4 = std::int64_t __attribute__((vector_size(32)));
 using U4 = std::uint32_t __attribute__((vector_size(16)));
+// Exponent fields of doubles whose sign bit is clear (|r|, a relative error) are taken by a logical shift of
+// these, which AVX2 has for 64-bit lanes (an arithmetic one it has not, and the compiler builds it from three
+// instructions); for a clear sign bit both give the same value.
+using UL4 = std::uint64_t __attribute__((vector_size(32)));
 
 struct Judge {  // what the comparison needs to know about the dtype and the op
   double floor, top;
@@ -255,7 +261,9 @@ using U8 = std::uint32_t __attribute__((vector_size(32)));
 
 // With `terms`, each element's term of the mean's sum is stored there (terms[i] for element i) instead of
 // being added to `total`: a later chunk's terms can only be added once the chunks before it are summed.
-template <bool kStore>
+// kSaturates is j.saturates, a template argument so that the loop of an op that does not saturate (all but
+// sigmoid and tanh) carries no test for it.
+template <bool kStore, bool kSaturates>
 [[gnu::always_inline]] inline void compare_floats_impl(const float* y, const float* r, std::size_t n, const Judge& j,
                                                        DType dtype, ErrorStats& s, double& total, double* terms) {
   double sum = total;  // a local, so that the adds chain in a register rather than through memory
@@ -264,7 +272,6 @@ template <bool kStore>
   const D4 one4 = {1, 1, 1, 1}, zero4{};
   const L4 abs_mask = L4{} + std::numeric_limits<std::int64_t>::max();
   const L4 emin4 = L4{} + j.emin;
-  const L4 sat4 = L4{} - (j.saturates ? 1 : 0);
   D4 max_rel = zero4, max_ulp = zero4;
   std::int64_t hist[4][kCodes] = {};  // one histogram per lane: no increment waits for the one before
   std::size_t i = 0;
@@ -274,7 +281,9 @@ template <bool kStore>
     std::memcpy(&rf, r + i, sizeof rf);
     const U4 yb = reinterpret_cast<U4>(yf) & 0x7fffffffu, rb = reinterpret_cast<U4>(rf) & 0x7fffffffu;
     const U4 bad = (yb >= 0x7f800000u) | (rb >= 0x7f800000u);
-    if ((bad[0] | bad[1] | bad[2] | bad[3]) != 0) {
+    std::uint64_t bad_halves[2];  // two 64-bit reads of the mask rather than four lane extracts
+    std::memcpy(bad_halves, &bad, sizeof bad_halves);
+    if ((bad_halves[0] | bad_halves[1]) != 0) {
       for (std::size_t k = i; k < i + 4; ++k) {
         const double term = count_element(y[k], r[k], j, dtype, s);
         if constexpr (kStore) {
@@ -291,23 +300,24 @@ template <bool kStore>
     const D4 diff = yd - rd;
     const D4 err = reinterpret_cast<D4>(reinterpret_cast<L4>(diff) & abs_mask);
     const D4 rel = err / (ar < floor4 ? floor4 : ar);  // std::max(|r|, floor)
-    const L4 flip = ((yd == zero4) & (rd != zero4)) | ((ay == top4) & (ar < top4)) |
-                    (sat4 & (ay == one4) & (ar != one4));
-    // ulp_D(r) = 2^(e - (p - 1)), e = max(exponent of r, emin) (emin for 0; r is a normal double or 0)
-    const L4 field = reinterpret_cast<L4>(ar) >> 52;
-    const L4 exponent = field - 1023;
-    const L4 e = field == 0 ? emin4 : (exponent < emin4 ? emin4 : exponent);
+    L4 flip = ((yd == zero4) & (rd != zero4)) | ((ay == top4) & (ar < top4));
+    if constexpr (kSaturates) flip |= (ay == one4) & (ar != one4);
+    // ulp_D(r) = 2^(e - (p - 1)), e = max(exponent of r, emin) (emin for 0, whose field 0 reads as -1023, below
+    // any emin; r is a normal double or 0)
+    const L4 exponent = reinterpret_cast<L4>(reinterpret_cast<UL4>(ar) >> 52) - 1023;
+    const L4 e = exponent < emin4 ? emin4 : exponent;
     const D4 inverse_ulp = reinterpret_cast<D4>(((j.p - 1) + 1023 - e) << 52);
     const D4 ulps = err * inverse_ulp;
     max_rel = max_rel < rel ? rel : max_rel;
     max_ulp = max_ulp < ulps ? ulps : max_ulp;
     // The bucket from rel's exponent bits (fast_error_bucket), or a code.
     const L4 rel_bits = reinterpret_cast<L4>(rel);
-    const L4 rel_field = rel_bits >> 52;
+    const L4 rel_field = reinterpret_cast<L4>(reinterpret_cast<UL4>(rel) >> 52);
     L4 bucket = 1022 - rel_field;
     bucket = bucket < 0 ? L4{} : bucket;
     bucket = bucket > trace::kErrorBins - 1 ? L4{} + (trace::kErrorBins - 1) : bucket;
-    bucket = ((rel_bits & static_cast<std::int64_t>(kMantissa)) >> 32) == 0 ? L4{} + kLogCode : bucket;
+    const L4 top_mantissa = rel_bits & static_cast<std::int64_t>(kMantissa & ~std::uint64_t{0xffffffff});
+    bucket = top_mantissa == 0 ? L4{} + kLogCode : bucket;  // rel's top 20 mantissa bits all 0: log2 decides
     bucket = rel == zero4 ? L4{} + kExactCode : bucket;
     bucket = flip != 0 ? L4{} + kFlipCode : bucket;
     // Through memory rather than lane extracts: fewer instructions.
@@ -323,8 +333,8 @@ template <bool kStore>
       sum += rels[2];
       sum += rels[3];
     }
-    const L4 log = bucket == kLogCode;
-    if ((log[0] | log[1] | log[2] | log[3]) != 0) [[unlikely]] {
+    if (((codes[0] == kLogCode) | (codes[1] == kLogCode) | (codes[2] == kLogCode) | (codes[3] == kLogCode)) != 0)
+        [[unlikely]] {
       for (int k = 0; k < 4; ++k) {
         if (codes[k] == kLogCode) codes[k] = error_bucket(rels[k]);
       }
@@ -362,11 +372,11 @@ __attribute__((target("avx2"))) double largest_finite_avx2(const float* r, std::
   __builtin_ia32_vzeroupper();
   return v;
 }
-template <bool kStore>
+template <bool kStore, bool kSaturates>
 __attribute__((target("avx2"))) void compare_floats_avx2(const float* y, const float* r, std::size_t n,
                                                          const Judge& j, DType dtype, ErrorStats& s, double& sum,
                                                          double* terms) {
-  compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
+  compare_floats_impl<kStore, kSaturates>(y, r, n, j, dtype, s, sum, terms);
   __builtin_ia32_vzeroupper();
 }
 bool use_avx2() {
@@ -380,9 +390,15 @@ template <bool kStore>
 void compare_floats(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype, ErrorStats& s,
                     double& sum, double* terms) {
   if (use_avx2()) {
-    compare_floats_avx2<kStore>(y, r, n, j, dtype, s, sum, terms);
+    if (j.saturates) {
+      compare_floats_avx2<kStore, true>(y, r, n, j, dtype, s, sum, terms);
+    } else {
+      compare_floats_avx2<kStore, false>(y, r, n, j, dtype, s, sum, terms);
+    }
+  } else if (j.saturates) {
+    compare_floats_impl<kStore, true>(y, r, n, j, dtype, s, sum, terms);
   } else {
-    compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
+    compare_floats_impl<kStore, false>(y, r, n, j, dtype, s, sum, terms);
   }
 }
 #else
@@ -390,20 +406,65 @@ double largest_finite_floats(const float* r, std::size_t n) { return largest_fin
 template <bool kStore>
 void compare_floats(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype, ErrorStats& s,
                     double& sum, double* terms) {
-  compare_floats_impl<kStore>(y, r, n, j, dtype, s, sum, terms);
+  if (j.saturates) {
+    compare_floats_impl<kStore, true>(y, r, n, j, dtype, s, sum, terms);
+  } else {
+    compare_floats_impl<kStore, false>(y, r, n, j, dtype, s, sum, terms);
+  }
 }
 #endif
 
+// The compared value's elements as floats: f32 read in place; f16 and bf16 widened exactly (kernels/cpu/
+// half_convert.h), a block at a time into a buffer on the reading thread's stack, so that a low-precision
+// value is read once, as it is stored, rather than first copied whole into an f32 tensor.
+struct FloatSource {
+  const void* data = nullptr;
+  DType dtype = DType::f32;  // f32, f16 or bf16, contiguous on the host
+  static constexpr std::size_t kBlock = 2048;  // elements widened at a time
+  // Elements [b, b + m) (m <= kBlock) as floats: in place, or widened into `buffer`.
+  const float* floats(std::size_t b, std::size_t m, float* buffer) const {
+    const auto count = static_cast<std::int64_t>(m);
+    switch (dtype) {
+      case DType::f16: cpu::widen(static_cast<const f16*>(data) + b, buffer, count); return buffer;
+      case DType::bf16: cpu::widen(static_cast<const bf16*>(data) + b, buffer, count); return buffer;
+      default: return static_cast<const float*>(data) + b;
+    }
+  }
+  // fn(y, offset, m) over [b, e), a block of floats at a time (all at once for f32).
+  template <class Fn>
+  void for_blocks(std::size_t b, std::size_t e, const Fn& fn) const {
+    if (dtype == DType::f32) {
+      if (e > b) fn(static_cast<const float*>(data) + b, b, e - b);
+      return;
+    }
+    alignas(32) float buffer[kBlock];
+    for (std::size_t i = b; i < e; i += kBlock) {
+      const std::size_t m = std::min(kBlock, e - i);
+      fn(floats(i, m, buffer), i, m);
+    }
+  }
+};
+
+// How many of the CPU's threads a pass over n elements is split over: one inside a task of the pool (a
+// comparison run beside others, compare_together), where a nested split would run on this thread anyway.
+int chunks_for(std::size_t n) {
+  if (cpu::detail::in_parallel_region()) return 1;
+  return static_cast<int>(std::min<std::int64_t>(
+      cpu::num_threads(), std::max<std::int64_t>(1, static_cast<std::int64_t>(n) / cpu::kElementwiseGrain)));
+}
+
 // A large comparison in chunks on the CPU's threads: the first chunk adds its terms to the sum as it goes, the
 // others store theirs, which are then added in element order, so the mean is the one element-by-element
-// summation gives; counts, histograms and maxima merge in any order.
-void compare_floats_chunked(const float* y, const float* r, std::size_t n, const Judge& j, DType dtype,
+// summation gives; counts, histograms and maxima merge in any order. Within a chunk, blocks of a low-precision
+// value are compared one after another, the sum carried from block to block: the same terms in the same order.
+void compare_floats_chunked(const FloatSource& y, const float* r, std::size_t n, const Judge& j, DType dtype,
                             ErrorStats& s, double& sum) {
   const auto count = static_cast<std::int64_t>(n);
-  const int chunks = static_cast<int>(
-      std::min<std::int64_t>(cpu::num_threads(), std::max<std::int64_t>(1, count / cpu::kElementwiseGrain)));
+  const int chunks = chunks_for(n);
   if (chunks <= 1) {
-    compare_floats<false>(y, r, n, j, dtype, s, sum, nullptr);
+    y.for_blocks(0, n, [&](const float* yb, std::size_t b, std::size_t m) {
+      compare_floats<false>(yb, r + b, m, j, dtype, s, sum, nullptr);
+    });
     return;
   }
   const auto bound = [&](std::int64_t c) { return static_cast<std::size_t>(count * c / chunks); };
@@ -412,14 +473,15 @@ void compare_floats_chunked(const float* y, const float* r, std::size_t n, const
   double first_sum = 0;
   cpu::parallel_for(chunks, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t c = first; c < last; ++c) {
-      const std::size_t b = bound(c), e = bound(c + 1);
       ErrorStats& part = parts[static_cast<std::size_t>(c)];
-      if (c == 0) {
-        compare_floats<false>(y, r, e, j, dtype, part, first_sum, nullptr);
-      } else {
-        double unused = 0;
-        compare_floats<true>(y + b, r + b, e - b, j, dtype, part, unused, terms.data() + (b - bound(1)));
-      }
+      y.for_blocks(bound(c), bound(c + 1), [&](const float* yb, std::size_t b, std::size_t m) {
+        if (c == 0) {
+          compare_floats<false>(yb, r + b, m, j, dtype, part, first_sum, nullptr);
+        } else {
+          double unused = 0;
+          compare_floats<true>(yb, r + b, m, j, dtype, part, unused, terms.data() + (b - bound(1)));
+        }
+      });
     }
   });
   sum = first_sum;
@@ -434,11 +496,58 @@ void compare_floats_chunked(const float* y, const float* r, std::size_t n, const
   }
 }
 
+// Whether y and r (n elements each) agree bit for bit (y read as floats); if so, `finite` is how many of r's
+// elements are finite. A value equal to its reference is common: the local value of an op that computes
+// nothing its dtype rounds (relu, max_pool2d, masked_fill on f16 inputs) and the backward of one that only
+// moves or selects values (a view's, a slice's, relu's, max_pool2d's). Such a pair's errors are known without
+// the comparison pass: every element with a finite r counts as exact (error 0, no flip: y is r), the others are
+// left out, as compare_values does. A pair that differs usually does so in its first elements, where the scan
+// stops.
+bool identical_floats(const FloatSource& y, const float* r, std::size_t n, std::int64_t& finite) {
+  constexpr std::size_t kBlock = 1024;  // elements compared between looks at the other chunks' verdict
+  const auto count = static_cast<std::int64_t>(n);
+  const int chunks = chunks_for(n);
+  std::atomic<bool> differ{false};
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(chunks), 0);
+  cpu::parallel_for(chunks, 1, [&](std::int64_t first, std::int64_t last) {
+    alignas(32) float buffer[kBlock];
+    for (std::int64_t c = first; c < last; ++c) {
+      const auto b = static_cast<std::size_t>(count * c / chunks), e = static_cast<std::size_t>(count * (c + 1) / chunks);
+      std::int64_t finite_here = 0;
+      for (std::size_t i = b; i < e; i += kBlock) {
+        const std::size_t m = std::min(kBlock, e - i);
+        if (differ.load(std::memory_order_relaxed) ||
+            std::memcmp(y.floats(i, m, buffer), r + i, m * sizeof(float)) != 0) {
+          differ.store(true, std::memory_order_relaxed);
+          return;
+        }
+        const auto* bits = reinterpret_cast<const std::uint32_t*>(r + i);
+        for (std::size_t k = 0; k < m; ++k) finite_here += (bits[k] & 0x7fffffffu) < 0x7f800000u ? 1 : 0;
+      }
+      counts[static_cast<std::size_t>(c)] = finite_here;
+    }
+  });
+  if (differ.load()) return false;
+  finite = 0;
+  for (const std::int64_t k : counts) finite += k;
+  return true;
+}
+
 // compare_values for floats, by the fast path where the dtype's smallest exponent is one a float's
 // exponent bits reach (f16, bf16, f32).
-ErrorStats compare_float_values(const float* y, const float* r, std::size_t n, DType dtype, std::string_view op) {
+ErrorStats compare_float_values(const FloatSource& y, const float* r, std::size_t n, DType dtype, std::string_view op) {
   const Judge j{0, largest_finite(dtype), significand_bits(dtype), min_exponent(dtype), saturating(op)};
-  if (j.emin < -126) return compare_values(y, r, n, dtype, op);
+  if (j.emin < -126) {
+    std::vector<float> wide(n);
+    y.for_blocks(0, n, [&](const float* yb, std::size_t b, std::size_t m) { std::copy(yb, yb + m, wide.data() + b); });
+    return compare_values(wide.data(), r, n, dtype, op);
+  }
+  if (std::int64_t finite = 0; identical_floats(y, r, n, finite)) {
+    ErrorStats same;
+    same.counted = same.exact = finite;
+    same.bits = j.p;
+    return same;
+  }
   const double scale = largest_finite_floats(r, n);
   Judge judge = j;
   judge.floor = std::max(relative_error_floor(dtype), std::ldexp(scale, -j.p));
@@ -450,31 +559,131 @@ ErrorStats compare_float_values(const float* y, const float* r, std::size_t n, D
   return s;
 }
 
-template <class T>
-ErrorStats compare_as(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
-  if constexpr (std::is_same_v<T, double>) {
-    const std::vector<double> y = value.values(), r = reference.values();
-    return compare_values(y.data(), r.data(), std::min(y.size(), r.size()), dtype, op);
-  } else {
-    // f32 on the host, contiguous: the cast kernel widens f16 and bf16 (F16C where the CPU has it).
-    const auto host_f32 = [](const Tensor& t) { return t.to(DType::f32).to(Device::cpu()).contiguous(); };
-    const Tensor y = host_f32(value), r = host_f32(reference);
-    return compare_float_values(y.data_as<float>(), r.data_as<float>(), static_cast<std::size_t>(y.numel()), dtype, op);
+bool f32_exact(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
+
+// One comparison, its tensors made ready on the calling thread (tensors are made there only: the passes over
+// their elements may then run on any thread).
+struct Prepared {
+  Tensor y, r;  // host, contiguous; y f32, f16 or bf16 and r f32 (fast), or both as given (double path)
+  DType dtype = DType::f32;
+  std::string_view op;
+  bool fast = false;  // f16, bf16 and f32 values are exact in float: read as floats, not widened to doubles
+  std::optional<ErrorStats> settled;  // the errors, already known (a value identical to its reference)
+  ErrorStats run() const {
+    if (settled) return *settled;
+    if (!fast) {
+      const std::vector<double> yv = y.values(), rv = r.values();
+      return compare_values(yv.data(), rv.data(), std::min(yv.size(), rv.size()), dtype, op);
+    }
+    return compare_float_values(FloatSource{y.data(), y.dtype()}, r.data_as<float>(), static_cast<std::size_t>(y.numel()),
+                                dtype, op);
   }
+};
+
+// Whether t's elements fill one block of memory with no gaps, its dimensions in some order (a transposed or
+// permuted contiguous tensor): element [0, ..., 0] is then the block's first, and the order of the elements in
+// memory is one permutation of their order in the tensor, the same for every tensor of t's sizes and strides.
+bool dense_block(const Tensor& t) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size) of the dimensions longer than 1
+  for (std::int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(t.strides()[static_cast<std::size_t>(d)], t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  std::int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
 }
 
-bool f32_exact(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
-}  // namespace
-
-ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
+Prepared prepare(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
   if (value.numel() != reference.numel()) {
     throw Error(fmt::format("twin: {} has {} elements but its reference has {}; compare tensors of one shape", op,
                             value.numel(), reference.numel()));
   }
-  // f16, bf16 and f32 values are exact in float: read them as floats, not widened to double vectors.
-  if (f32_exact(value.dtype()) && f32_exact(reference.dtype())) return compare_as<float>(value, reference, dtype, op);
-  return compare_as<double>(value, reference, dtype, op);
+  Prepared p;
+  p.dtype = dtype;
+  p.op = op;
+  p.fast = f32_exact(value.dtype()) && f32_exact(reference.dtype());
+  if (!p.fast) {
+    p.y = value;
+    p.r = reference;
+    return p;
+  }
+  // A value and reference laid out alike in one block each, not in element order (the gradient of a transpose,
+  // and its twin, both transposed views): whether they are identical does not depend on the order the
+  // elements are read in, so they are scanned as they lie, without the two copies into element order that the
+  // comparison pass needs (and makes only if they differ).
+  if (!value.is_contiguous() && value.device().is_cpu() && reference.device().is_cpu() &&
+      reference.dtype() == DType::f32 && value.shape() == reference.shape() && value.strides() == reference.strides() &&
+      dense_block(value)) {
+    if (std::int64_t finite = 0; identical_floats(FloatSource{value.data(), value.dtype()},
+                                                  static_cast<const float*>(reference.data()),
+                                                  static_cast<std::size_t>(value.numel()), finite)) {
+      ErrorStats same;
+      same.counted = same.exact = finite;
+      same.bits = significand_bits(dtype);
+      p.settled = same;
+      return p;
+    }
+  }
+  // r as f32 on the host, contiguous (the cast kernel widens f16 and bf16, F16C where the CPU has it); y as it
+  // is stored when it is contiguous on the host (FloatSource widens it a block at a time), not copied.
+  p.y = value.to(Device::cpu()).contiguous();
+  p.r = reference.to(DType::f32).to(Device::cpu()).contiguous();
+  return p;
 }
+}  // namespace
+
+ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, std::string_view op) {
+  return prepare(value, reference, dtype, op).run();
+}
+
+namespace {
+// Several comparisons at once, one per thread of the pool (the largest first, each to the thread with the
+// least work so far), each whole on its thread. A comparison split over threads (compare_floats_chunked) gains
+// little: its mean is a sum in element order, so the chunks after the first store their terms and one thread
+// adds them afterwards, a pass of dependent additions; two comparisons side by side (an op's local and
+// accumulated values, a node's gradients) each run whole, with no terms stored. Each gives the bits compare()
+// gives; the result's i-th entry is the errors of comparisons[i] (value, reference, dtype, op).
+struct Comparison {
+  const Tensor& value;
+  const Tensor& reference;
+  DType dtype;
+  std::string_view op;
+};
+std::vector<ErrorStats> compare_together(const std::vector<Comparison>& comparisons) {
+  std::vector<Prepared> jobs;
+  jobs.reserve(comparisons.size());
+  for (const Comparison& c : comparisons) jobs.push_back(prepare(c.value, c.reference, c.dtype, c.op));
+  std::vector<ErrorStats> out(jobs.size());
+  const int threads = cpu::num_threads();
+  const bool all_fast = std::all_of(jobs.begin(), jobs.end(), [](const Prepared& p) { return p.fast; });
+  if (jobs.size() < 2 || threads < 2 || !all_fast || cpu::detail::in_parallel_region()) {
+    for (std::size_t i = 0; i < jobs.size(); ++i) out[i] = jobs[i].run();
+    return out;
+  }
+  std::vector<std::size_t> order(jobs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto work = [&](std::size_t i) { return jobs[i].settled ? std::int64_t{0} : jobs[i].y.numel(); };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return work(a) > work(b); });
+  const auto bins = static_cast<std::size_t>(std::min<std::int64_t>(threads, static_cast<std::int64_t>(jobs.size())));
+  std::vector<std::vector<std::size_t>> bin(bins);
+  std::vector<std::int64_t> load(bins, 0);
+  for (const std::size_t i : order) {
+    const auto least = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    bin[least].push_back(i);
+    load[least] += work(i) + 1;
+  }
+  cpu::parallel_for(static_cast<std::int64_t>(bins), 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t b = first; b < last; ++b) {
+      for (const std::size_t i : bin[static_cast<std::size_t>(b)]) out[i] = jobs[i].run();
+    }
+  });
+  return out;
+}
+}  // namespace
 
 namespace {
 
@@ -678,7 +887,6 @@ void Twin::twin(const OpEvent& event) {
   row.numel = event.output.numel();
   row.followed = followed;
   Tensor local;
-  ErrorStats l;
   if (low) {
     local = local_by_table(event);
     if (!local.defined()) {
@@ -686,17 +894,38 @@ void Twin::twin(const OpEvent& event) {
       for (std::size_t i = 0; i < event.inputs.size(); ++i) own[i] = widened(event.inputs[i], keep);
       local = (*event.recompute)(own);
     }
-    l = compare(event.output, local, out_dtype, event.op);
-    row.local = true;
-    row.local_max_rel = l.max_rel;
-    row.local_mean_rel = l.mean_rel;
-    row.local_max_ulp = l.max_ulp;
   }
   // Inputs the twin does not follow and autocast did not cast are the op's own: the accumulated values are
   // the local ones.
   const bool same = low && !follows && !cast;
   const Tensor acc = same ? local.to(keep) : (*event.recompute)(twin_inputs).to(keep);
-  const ErrorStats a = same ? l : compare(event.output, acc, out_dtype, event.op);
+  // The comparisons, side by side (compare_together): the output against the local and the accumulated values,
+  // and each input the twin replaced against the twin's input. Against its own exact widening every finite
+  // element of an input is exact: errors of 0, which leave the row's maxima as they are, without a pass over it
+  // (attention's transposed q, k and v); an input that is a twinned output of this step, uncast, has the errors
+  // its producer's row already holds.
+  std::vector<Comparison> comparisons;
+  if (low) comparisons.push_back({event.output, local, out_dtype, event.op});
+  if (!same) comparisons.push_back({event.output, acc, out_dtype, event.op});
+  constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+  std::vector<std::size_t> input_at(event.inputs.size(), kNone);  // per input: its comparison, if it has one
+  for (std::size_t i = 0; i < event.inputs.size(); ++i) {
+    const Tensor& in = event.inputs[i];
+    if (!in.defined() || !is_floating(in.dtype()) || !twin_inputs[i].defined()) continue;
+    if (in.numel() != twin_inputs[i].numel() || own_value[i] != 0 || known[i] != nullptr) continue;
+    input_at[i] = comparisons.size();
+    comparisons.push_back({in, twin_inputs[i], in.dtype(), ""});
+  }
+  const std::vector<ErrorStats> errors = compare_together(comparisons);
+  ErrorStats l;
+  if (low) {
+    l = errors[0];
+    row.local = true;
+    row.local_max_rel = l.max_rel;
+    row.local_mean_rel = l.mean_rel;
+    row.local_max_ulp = l.max_ulp;
+  }
+  const ErrorStats a = same ? l : errors[low ? 1 : 0];
   row.acc_max_rel = a.max_rel;
   row.acc_mean_rel = a.mean_rel;
   row.acc_max_ulp = a.max_ulp;
@@ -705,15 +934,13 @@ void Twin::twin(const OpEvent& event) {
   row.error_bins = a.error_bins;
   row.exact = a.exact;
   for (std::size_t i = 0; i < event.inputs.size(); ++i) {
+    const ErrorStats* e = known[i] != nullptr ? known[i] : input_at[i] != kNone ? &errors[input_at[i]] : nullptr;
+    if (e == nullptr) continue;
     const Tensor& in = event.inputs[i];
     if (!in.defined() || !is_floating(in.dtype()) || !twin_inputs[i].defined()) continue;
-    if (in.numel() != twin_inputs[i].numel()) continue;
-    // Against its own exact widening every finite element of an input is exact: errors of 0, which leave the
-    // row's maxima as they are, without a pass over it (attention's transposed q, k and v).
-    if (own_value[i] != 0) continue;
-    const ErrorStats e = known[i] != nullptr ? *known[i] : compare(in, twin_inputs[i], in.dtype(), "");
-    row.in_acc_max_rel = std::max(row.in_acc_max_rel, e.max_rel);
-    row.in_acc_mean_rel = std::max(row.in_acc_mean_rel, e.mean_rel);
+    if (in.numel() != twin_inputs[i].numel() || own_value[i] != 0) continue;
+    row.in_acc_max_rel = std::max(row.in_acc_max_rel, e->max_rel);
+    row.in_acc_mean_rel = std::max(row.in_acc_mean_rel, e->mean_rel);
   }
   // Condition numbers, from the twin's values.
   row.cond = std::numeric_limits<double>::quiet_NaN();
@@ -779,12 +1006,14 @@ void Twin::twin_backward(const OpEvent& event) {
   ErrorStats all;
   const double p = significand_bits(dtype);
   all.bits = p;
+  std::vector<Comparison> comparisons;  // the node's gradients, compared side by side (compare_together)
   for (std::size_t i = 0; i < event.outputs.size() && i < reference.size(); ++i) {
     const Tensor& g = event.outputs[i];
     if (!g.defined() || !is_floating(g.dtype()) || !reference[i].defined()) continue;
-    merge(all, compare(g, reference[i], g.dtype(), ""), p);
+    comparisons.push_back({g, reference[i], g.dtype(), ""});
     row.numel += g.numel();
   }
+  for (const ErrorStats& e : compare_together(comparisons)) merge(all, e, p);
   row.local_max_rel = all.max_rel;
   row.local_mean_rel = all.mean_rel;
   row.local_max_ulp = all.max_ulp;

@@ -40,8 +40,15 @@
 // Cost: the local value of a large unary element-wise op on f16/bf16 (gelu, tanh, mul by a scalar, ...) is
 // looked up in a table of the op's body run on all 65536 widened inputs (the same values as running it on the
 // input), an input the twin takes as it is gets no comparison pass (its errors are 0), and compare() reads
-// f16/bf16/f32 tensors as floats, four elements at a time, in chunks on the CPU's threads, with the mean's sum
-// still added in element order: the same bits as the element-by-element definition below.
+// f16/bf16/f32 tensors as floats (an f16/bf16 value as it is stored, widened a block at a time), four elements
+// at a time, with the mean's sum still added in element order: the same bits as the element-by-element
+// definition below. A value bit for bit equal to its reference (the local value of relu or max_pool2d, a
+// view's backward) is answered from one scan: every finite element exact. An op's comparisons (output against
+// local and accumulated values, inputs against the twin's) and a node's (one per gradient) run side by side on
+// the CPU's threads, each whole on one. The backward's matrix products on the CPU read f16/bf16 operands in
+// place (core/tensor.cpp, reads_half_as_f32). Measured (bench/RESULTS.md, twin_train_bench.sh, medians of runs on
+// a loaded 2-core machine): a twinned step about 1.9x to 2.3x an untwinned one on the samples, the forward ops
+// alone (TwinOptions::backward = false) 1.5x to 1.9x.
 //
 // Backward (local error only): every autograd node the wrapped hook wants whose gradients (any of them) are f16
 // or bf16 is computed again, right after it ran, by the same backward function in f32 (OpEvent::

@@ -615,7 +615,10 @@ std::int64_t planes_per_task(std::int64_t work_per_plane) {
   return std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(work_per_plane, 1));
 }
 
-// x [N, C, H, W] (contiguous) -> cols [N, C*KH*KW, OH*OW]; padding reads as zero.
+// x [N, C, H, W] (contiguous) -> cols [N, C*KH*KW, OH*OW]; padding reads as zero. Each row of cols is
+// written one output row (oh) at a time: the columns ow whose input column lies inside the image are a
+// strided run of the input row (contiguous at stride 1), those in the padding are zero; no division per
+// element (the f32 twin runs this twice per convolution, on f32 inputs: bench/RESULTS.md).
 template <class T>
 void im2col_kernel(Backend&, const KernelArgs& a) {
   const Window w(a);
@@ -623,8 +626,10 @@ void im2col_kernel(Backend&, const KernelArgs& a) {
   const std::int64_t N = x.sizes[0], C = x.sizes[1], H = x.sizes[2], W = x.sizes[3];
   const std::int64_t L = a.out.sizes[2];
   const std::int64_t OW = (W + 2 * w.pw - w.kw) / w.sw + 1;
+  const std::int64_t OH = OW > 0 ? L / OW : 0;
   const T* in = x.ptr<T>();
   T* out = a.out.ptr<T>();
+  const T zero = convert<T>(0.0);
   parallel_for(N * C, planes_per_task(w.kh * w.kw * L), [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t nc = b; nc < e; ++nc) {
       const T* plane = in + nc * H * W;
@@ -632,9 +637,25 @@ void im2col_kernel(Backend&, const KernelArgs& a) {
       for (std::int64_t ki = 0; ki < w.kh; ++ki) {
         for (std::int64_t kj = 0; kj < w.kw; ++kj) {
           T* row = rows + (ki * w.kw + kj) * L;
-          for (std::int64_t l = 0; l < L; ++l) {
-            const std::int64_t h = (l / OW) * w.sh - w.ph + ki, ww = (l % OW) * w.sw - w.pw + kj;
-            row[l] = (h >= 0 && h < H && ww >= 0 && ww < W) ? plane[h * W + ww] : convert<T>(0.0);
+          // Output columns [ow0, ow1) read input columns ow * sw - pw + kj inside [0, W).
+          const std::int64_t shift = kj - w.pw;  // input column of ow = 0
+          const std::int64_t ow0 = std::min(OW, shift >= 0 ? 0 : (-shift + w.sw - 1) / w.sw);
+          const std::int64_t ow1 = std::max(ow0, std::min(OW, W - shift > 0 ? (W - shift + w.sw - 1) / w.sw : 0));
+          for (std::int64_t oh = 0; oh < OH; ++oh) {
+            T* dst = row + oh * OW;
+            const std::int64_t h = oh * w.sh - w.ph + ki;
+            if (h < 0 || h >= H) {
+              std::fill(dst, dst + OW, zero);
+              continue;
+            }
+            const T* src = plane + h * W;
+            std::fill(dst, dst + ow0, zero);
+            if (w.sw == 1) {
+              std::copy(src + ow0 + shift, src + ow1 + shift, dst + ow0);
+            } else {
+              for (std::int64_t ow = ow0; ow < ow1; ++ow) dst[ow] = src[ow * w.sw + shift];
+            }
+            std::fill(dst + ow1, dst + OW, zero);
           }
         }
       }

@@ -1,6 +1,7 @@
 // The CPU backend's dispatch table and its strided loops, which every other op builds on.
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -59,6 +60,57 @@ TEST(cpu_backend_test, strided_copy_matches_index_arithmetic_across_parallel_chu
   }
   EXPECT_EQ(n, dense.numel());
   EXPECT_EQ(wrong, 0);
+}
+
+// im2col moves values: cols[n, (c * KH + ki) * KW + kj, oh * OW + ow] is x[n, c, oh * sh - ph + ki, ow * sw - pw + kj]
+// where that lies inside the image, else 0 (the definition in core/backend.h, written out here as index
+// arithmetic). Windows of every stride, padding and kernel size the kernel's row-wise copy treats apart: padding
+// wider than a stride, a kernel as wide as the padded image, stride larger than the kernel, f32 and f16, and
+// enough planes to be split over threads.
+TEST(cpu_backend_test, im2col_places_every_element_where_index_arithmetic_says) {
+  struct Case {
+    std::int64_t n, c, h, w, kh, kw, sh, sw, ph, pw;
+  };
+  const Case cases[] = {{2, 3, 7, 9, 3, 3, 1, 1, 1, 1}, {1, 2, 5, 6, 2, 3, 2, 3, 1, 2}, {1, 1, 4, 4, 4, 4, 1, 1, 0, 0},
+                        {1, 2, 6, 5, 1, 1, 3, 2, 0, 0}, {2, 1, 5, 5, 3, 5, 1, 1, 2, 2}, {1, 1, 3, 8, 2, 2, 1, 4, 1, 1},
+                        {40, 16, 14, 14, 3, 3, 1, 1, 1, 1}};
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    for (const Case& k : cases) {
+      const std::int64_t oh = (k.h + 2 * k.ph - k.kh) / k.sh + 1, ow = (k.w + 2 * k.pw - k.kw) / k.sw + 1;
+      // Values 1..2000 are exact in f16; none is 0, so a zero in cols is padding.
+      std::vector<double> values(static_cast<std::size_t>(k.n * k.c * k.h * k.w));
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = 1.0 + static_cast<double>(i % 2000);
+      const Tensor xs = from_values(values, {k.n, k.c, k.h, k.w}, {dtype});
+      Tensor cols = Tensor::empty({k.n, k.c * k.kh * k.kw, oh * ow}, {dtype});
+      run_kernel_general("im2col test", Op::im2col, {cols}, {xs},
+                         {static_cast<double>(k.kh), static_cast<double>(k.kw), static_cast<double>(k.sh),
+                          static_cast<double>(k.sw), static_cast<double>(k.ph), static_cast<double>(k.pw)});
+      const std::vector<double> xv = xs.values(), got = cols.values();
+      std::int64_t wrong = 0;
+      for (std::int64_t n = 0; n < k.n; ++n) {
+        for (std::int64_t c = 0; c < k.c; ++c) {
+          for (std::int64_t ki = 0; ki < k.kh; ++ki) {
+            for (std::int64_t kj = 0; kj < k.kw; ++kj) {
+              for (std::int64_t i = 0; i < oh; ++i) {
+                for (std::int64_t j = 0; j < ow; ++j) {
+                  const std::int64_t r = i * k.sh - k.ph + ki, s = j * k.sw - k.pw + kj;
+                  const double expected =
+                      r < 0 || r >= k.h || s < 0 || s >= k.w ? 0.0 : xv[static_cast<std::size_t>(((n * k.c + c) * k.h + r) * k.w + s)];
+                  const auto at = static_cast<std::size_t>(((n * k.c + c) * k.kh * k.kw + ki * k.kw + kj) * oh * ow + i * ow + j);
+                  if (got[at] != expected && wrong++ < 5) {
+                    ADD_FAILURE() << dtype_name(dtype) << " case " << k.h << "x" << k.w << " kernel " << k.kh << "x" << k.kw
+                                  << " stride " << k.sh << "," << k.sw << " pad " << k.ph << "," << k.pw << ": cols at "
+                                  << at << " is " << got[at] << ", expected " << expected;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+      EXPECT_EQ(wrong, 0);
+    }
+  }
 }
 
 TEST(cpu_backend_test, binary_op_reads_broadcast_inputs_through_zero_strides) {

@@ -328,6 +328,49 @@ TEST(Twin, CompareOnHalfAndFloatTensorsMatchesItsDefinitionBitForBit) {
   }
 }
 
+// A value against its own exact widening (the local value of relu or max_pool2d, a view's backward): compare()
+// answers such a pair from one scan, without the comparison pass. Its errors are still those of the definition
+// above: every f16 or bf16 bit pattern three times over (NaN and infinities left out, zeros and subnormals
+// exact), with f32 values too; and the same pair with one element changed, last (the scan reads to the end
+// before it finds it) or in the middle, which takes the comparison pass and gives the definition's numbers; and
+// both again as transposed views.
+TEST(Twin, CompareOfAValueWithItsOwnWideningMatchesItsDefinition) {
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const std::int64_t n = 3 * 65536 + 5;  // split over threads, not a multiple of four
+    Tensor y = Tensor::empty({n}, {.dtype = dtype});
+    auto* bits = static_cast<std::uint16_t*>(y.data());
+    for (std::int64_t i = 0; i < n; ++i) bits[i] = static_cast<std::uint16_t>(i * 40503);  // every pattern, mixed
+    const Tensor r = y.to(DType::f32);
+    const probe::ErrorStats want = errors_by_definition(y.values(), r.values(), dtype, false);
+    ASSERT_EQ(want.exact, want.counted);
+    ASSERT_LT(want.counted, n);  // the NaNs and infinities are left out
+    expect_same_stats(probe::compare(y, r, dtype, "relu"), want);
+    expect_same_stats(probe::compare(r, r, dtype, "relu"), want);  // f32 against f32
+    for (const std::int64_t at : {n - 1, n / 2}) {
+      Tensor other = r.clone();
+      other.data_as<float>()[at] = 1.5f * other.data_as<float>()[at] + 1.0f;
+      const probe::ErrorStats changed = errors_by_definition(y.values(), other.values(), dtype, false);
+      ASSERT_EQ(changed.exact + 1, changed.counted);
+      expect_same_stats(probe::compare(y, other, dtype, "relu"), changed);
+    }
+    // Both transposed alike (a transpose's gradient and its twin): scanned as they lie in memory when identical;
+    // with one element changed, compared in element order.
+    const Tensor yt = y.slice(0, 0, 256 * 768).reshape({256, 768}).transpose(0, 1);
+    const Tensor rt = r.slice(0, 0, 256 * 768).reshape({256, 768}).transpose(0, 1);
+    ASSERT_FALSE(yt.is_contiguous());
+    const probe::ErrorStats want_t = errors_by_definition(yt.values(), rt.values(), dtype, false);
+    ASSERT_EQ(want_t.exact, want_t.counted);
+    expect_same_stats(probe::compare(yt, rt, dtype, "relu"), want_t);
+    Tensor other = r.slice(0, 0, 256 * 768).clone();
+    other.data_as<float>()[1000] = 1.5f * other.data_as<float>()[1000] + 1.0f;
+    const Tensor ot = other.reshape({256, 768}).transpose(0, 1);
+    const probe::ErrorStats changed_t = errors_by_definition(yt.values(), ot.values(), dtype, false);
+    ASSERT_EQ(changed_t.exact + 1, changed_t.counted);
+    expect_same_stats(probe::compare(yt, ot, dtype, "relu"), changed_t);
+  }
+}
+
 // A large unary element-wise op on f16 or bf16 (every bit pattern, four times over, shuffled): the twin's local
 // errors, whose reference it looks up in a table of the op's f32 values, are those of the op run in f32 on the
 // whole input widened, here, outside the twin, bit for bit.
