@@ -244,10 +244,10 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_flag("--twin", c.twin,
                  "Compute every f16/bf16 op and backward node of every recorded step again in f32 (the f32 twin) "
                  "and record how much precision each lost (the trace's /precision table; the report's PRECISION "
-                 "section); the run itself is unchanged, a twinned step costs about 2.1x to 2.7x an untwinned one");
+                 "section); the run itself is unchanged, a twinned step costs about 1.9x to 2.3x an untwinned one");
   cmd_->add_option("--twin-every", c.twin_every, "Twin only every Nth step (implies --twin)")->capture_default_str();
   cmd_->add_flag("--twin-forward-only", twin_forward_only_,
-                 "Twin the forward ops only, not the backward nodes (implies --twin; about 1.6x to 1.9x a step)");
+                 "Twin the forward ops only, not the backward nodes (implies --twin; about 1.5x to 1.9x a step)");
   cmd_->add_flag("--twin-f64", c.twin_f64,
                  "Also twin the forward ops that ran in f32, in f64 (implies --twin): where f32 itself loses digits, "
                  "in fp32 runs too; f16/bf16 ops are still twinned in f32. Slower than --twin");
