@@ -26,7 +26,7 @@ struct TensorAccess {
 
 namespace {
 thread_local bool g_grad_enabled = true;
-thread_local bool g_widening = false;  // WidenToF32
+thread_local std::optional<DType> g_widen_to;  // WidenTo
 thread_local std::vector<std::string> g_scopes;
 const std::string kNoScope;
 std::atomic<std::uint64_t> g_sequence{0};
@@ -206,15 +206,27 @@ std::vector<Tensor> Node::apply(const Tensor& grad_output, const std::vector<boo
 }
 
 std::vector<Tensor> Node::apply_in_f32(const Tensor& grad_output, const std::vector<bool>& needs) {
-  const WidenToF32 widen;
-  return apply(grad_output.to(DType::f32), needs);
+  return apply_widened(grad_output, needs, DType::f32);
 }
 
-WidenToF32::WidenToF32() : previous_(g_widening) { g_widening = true; }
-WidenToF32::~WidenToF32() { g_widening = previous_; }
-bool widening_to_f32() { return g_widening; }
+std::vector<Tensor> Node::apply_widened(const Tensor& grad_output, const std::vector<bool>& needs, DType to) {
+  const WidenTo widen(to);
+  return apply(grad_output.to(to), needs);
+}
+
+WidenTo::WidenTo(DType to) : previous_(g_widen_to) {
+  if (to != DType::f32 && to != DType::f64) {
+    throw Error(fmt::format("WidenTo: {} is not a dtype to widen to; use f32 or f64", dtype_name(to)));
+  }
+  g_widen_to = to;
+}
+WidenTo::~WidenTo() { g_widen_to = previous_; }
+bool widening_to_f32() { return g_widen_to == DType::f32; }
+std::optional<DType> widening_target() { return g_widen_to; }
 DType widened_dtype(DType dtype) {
-  return g_widening && (dtype == DType::f16 || dtype == DType::bf16) ? DType::f32 : dtype;
+  if (!g_widen_to) return dtype;
+  if (*g_widen_to == DType::f32) return dtype == DType::f16 || dtype == DType::bf16 ? DType::f32 : dtype;
+  return dtype == DType::f16 || dtype == DType::bf16 || dtype == DType::f32 ? DType::f64 : dtype;
 }
 
 bool any_requires_grad(const std::vector<Tensor>& inputs) {
@@ -275,9 +287,9 @@ void report_backward_node(Node& node, const Tensor& grad_output, const std::vect
   }
   const probe::AutocastInfo no_autocast;
   const std::int64_t seq = probe::next_seq();
-  // The node's backward again in f32, for the f32 twin (probe::OpEvent::recompute_backward).
-  const std::function<std::vector<Tensor>(const Tensor&)> again = [&node, &needs](const Tensor& g) {
-    return node.apply_in_f32(g, needs);
+  // The node's backward again in f32 (or f64), for the twin (probe::OpEvent::recompute_backward).
+  const std::function<std::vector<Tensor>(const Tensor&, DType)> again = [&node, &needs](const Tensor& g, DType to) {
+    return node.apply_widened(g, needs, to);
   };
   probe::OpEvent event{node.op(), node.scope(), ampscope::detail::next_op_index(), step,
                        seq, probe::Phase::backward, no_autocast, inputs, first, grads};

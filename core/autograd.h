@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,8 @@ class Node {
   // tensors) is widened exactly and every result it makes is f32. Call it after apply() and before release();
   // it changes nothing the run holds (a backward function has no side effects: see record()).
   std::vector<Tensor> apply_in_f32(const Tensor& grad_output, const std::vector<bool>& needs);
+  // The same in `to` (f32 or f64) under WidenTo(to): apply_in_f32 is apply_widened(..., DType::f32).
+  std::vector<Tensor> apply_widened(const Tensor& grad_output, const std::vector<bool>& needs, DType to);
   virtual void release() { backward_ = nullptr; released_ = true; }
   bool released() const { return released_; }
 
@@ -130,18 +133,26 @@ bool any_requires_grad(const std::vector<Tensor>& inputs);
 // backward function run under it is therefore its own f32 twin: the same code, the same kernels and the same
 // order of operations, on its inputs widened, with nothing rounded to f16/bf16. Only the f32 twin uses it, and
 // only around a node's backward; nothing else may run under it (an op's result would not have the dtype asked).
-class WidenToF32 {
+//
+// WidenTo(DType::f64) is the same one dtype wider for the f64 twin of f32 nodes (`--twin-f64`): f16, bf16 and f32
+// tensors made, cast to and read by kernels are f64. The innermost widening alive on the thread decides.
+class WidenTo {
  public:
-  WidenToF32();
-  ~WidenToF32();
-  WidenToF32(const WidenToF32&) = delete;
-  WidenToF32& operator=(const WidenToF32&) = delete;
+  explicit WidenTo(DType to);  // f32 or f64; throws Error for another dtype
+  ~WidenTo();
+  WidenTo(const WidenTo&) = delete;
+  WidenTo& operator=(const WidenTo&) = delete;
 
  private:
-  bool previous_;
+  std::optional<DType> previous_;
 };
-bool widening_to_f32();
-// `dtype`, or f32 where it is f16/bf16 and a WidenToF32 is alive.
+class WidenToF32 : public WidenTo {
+ public:
+  WidenToF32() : WidenTo(DType::f32) {}
+};
+bool widening_to_f32();                  // the innermost widening alive is to f32
+std::optional<DType> widening_target();  // the innermost widening's dtype, if one is alive
+// `dtype`, or the widening's dtype where one is alive and `dtype` is a floating dtype with fewer significand bits.
 DType widened_dtype(DType dtype);
 
 // Runs backward from `root` with `grad` (same shape and dtype as root).

@@ -82,11 +82,11 @@ struct OpEvent {
   // The f32 twin (probes/twin.h) uses it.
   const std::function<Tensor(const std::vector<Tensor>&)>* recompute = nullptr;
   // Backward nodes (null for forward ops): runs the node's backward again on another incoming gradient (the
-  // shape of inputs[0], any floating dtype) in f32: every f16/bf16 tensor its computation reads (the gradient,
-  // the node's saved tensors) widened exactly and every result made in f32 (autograd::WidenToF32), nothing
-  // reported. Returns one gradient per input, as `outputs` (undefined where none flows). A hook may call it only
-  // from on_backward_op. The f32 twin's backward (probes/twin.h) uses it.
-  const std::function<std::vector<Tensor>(const Tensor&)>* recompute_backward = nullptr;
+  // shape of inputs[0], any floating dtype) in `to` (f32, or f64): every tensor of a narrower floating dtype its
+  // computation reads (the gradient, the node's saved tensors) widened exactly and every result made in `to`
+  // (autograd::WidenTo), nothing reported. Returns one gradient per input, as `outputs` (undefined where none
+  // flows). A hook may call it only from on_backward_op. The twin's backward (probes/twin.h) uses it.
+  const std::function<std::vector<Tensor>(const Tensor&, DType)>* recompute_backward = nullptr;
 };
 
 // Gradients of parameters, reported after backward: by the GradScaler before and after unscale_, or by

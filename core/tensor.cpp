@@ -221,19 +221,21 @@ constexpr std::size_t kMaxInputs = std::tuple_size_v<decltype(KernelArgs::in)>;
 bool reads_half_as_f32(Op kernel, const Device& device) { return kernel == Op::gemm && device.is_cpu(); }
 
 // Under autograd::WidenToF32, an f16/bf16 input of any kernel but a copy (which converts exactly, and is how
-// the input is widened) is widened to f32 into `slot`; otherwise the input itself. A broadcast view (stride 0,
+// the input is widened) is widened to f32 into `slot` (under WidenTo(f64), an f16/bf16/f32 input to f64);
+// otherwise the input itself. A broadcast view (stride 0,
 // a weight expanded over the batch) is widened once and expanded again, not copied once per batch entry. A
 // kernel that widens its inputs itself, to the same values and the same arithmetic (reads_half_as_f32), is
 // given the input as it is: the twin's backward of a matrix product or convolution then makes no f32 copy of
 // its saved operands (bench/RESULTS.md, twin_train_bench).
 const Tensor& widen_input(const Tensor& in, Op kernel, Tensor& slot) {
-  if (!autograd::widening_to_f32() || kernel == Op::copy || autograd::widened_dtype(in.dtype()) == in.dtype()) return in;
-  if (reads_half_as_f32(kernel, in.device())) return in;
+  const std::optional<DType> to = autograd::widening_target();
+  if (!to || kernel == Op::copy || autograd::widened_dtype(in.dtype()) == in.dtype()) return in;
+  if (*to == DType::f32 && reads_half_as_f32(kernel, in.device())) return in;
   Tensor compact = in;
   for (std::int64_t d = 0; d < in.dim(); ++d) {
     if (in.strides()[static_cast<std::size_t>(d)] == 0 && in.size(d) > 1) compact = compact.slice(d, 0, 1);
   }
-  slot = compact.to(DType::f32);
+  slot = compact.to(*to);
   if (slot.shape() != in.shape()) slot = slot.expand(in.shape());
   return slot;
 }

@@ -26,7 +26,6 @@ double unit_of(std::string_view dtype) { return std::ldexp(1.0, -significand_bit
 }  // namespace
 
 std::string reference_of(const PrecisionRow& row) {
-  if (row.phase == trace::Phase::backward) return "f32";
   if (row.out_dtype == "f64" || (row.out_dtype == "f32" && row.local)) return "f64";
   return "f32";
 }
@@ -499,8 +498,8 @@ PrecisionSection PrecisionAnalyser::finish() const {
     std::string text = fmt::format("its own rounding in {} costs {} (mean relative error; max {}, {} ulps)", e.out_dtype,
                                    g2(r->local_mean_rel), g2(r->local_max_rel), g2(r->local_max_ulp));
     if (r->flips > 0) {
-      text += fmt::format("; {} of {} gradient elements are 0, inf or the largest finite value where f32's are not",
-                          r->flips, r->numel);
+      text += fmt::format("; {} of {} gradient elements are 0, inf or the largest finite value where {}'s are not",
+                          r->flips, r->numel, e.reference);
     }
     e.evidence = text + fmt::format(" (step {}, seq {})", e.step, e.seq);
     sec.backward.push_back(std::move(e));

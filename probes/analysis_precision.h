@@ -24,8 +24,8 @@ namespace ampscope::analysis {
 int significand_bits_of(std::string_view dtype);
 
 // What the twin computed a row's op in, the reference its errors are measured against (probes/twin.h): "f64"
-// for a forward row whose output is f32 with local errors (an f32 op twinned by `--twin-f64`) or whose output is
-// f64; otherwise "f32" (f16/bf16 ops, an f32 op the f32 twin followed, every backward row).
+// for a row whose output is f32 with local errors (an f32 op or autograd node twinned by `--twin-f64`) or whose
+// output is f64; otherwise "f32" (f16/bf16 ops and nodes, an f32 op the f32 twin followed).
 std::string reference_of(const trace::PrecisionRow& row);
 
 // The jump in accumulated error at an op: the factor by which its output's accumulated mean relative error

@@ -984,16 +984,16 @@ void merge(ErrorStats& into, const ErrorStats& more, double p) {
 
 void Twin::twin_backward(const OpEvent& event) {
   if (event.recompute_backward == nullptr || event.inputs.empty() || !event.inputs[0].defined()) return;
-  bool low = false;
   DType dtype = DType::f64;
   for (const Tensor& g : event.outputs) {
-    if (!g.defined() || !is_floating(g.dtype())) continue;
-    low = low || low_precision(g.dtype());
-    dtype = narrower(dtype, g.dtype());
+    if (g.defined() && is_floating(g.dtype())) dtype = narrower(dtype, g.dtype());
   }
-  if (!low) return;  // a node whose gradients are f32 (or f64) computed nothing in f16/bf16
+  // One dtype wider than its narrowest gradient: f32 for f16/bf16; f64 for f32 with f32_in_f64. A node whose
+  // gradients are f32 (without f32_in_f64) or f64 has nothing to compare.
+  const DType ref = reference_dtype(dtype);
+  if (ref == dtype) return;
   NoGradGuard no_grad;
-  const std::vector<Tensor> reference = (*event.recompute_backward)(event.inputs[0]);
+  const std::vector<Tensor> reference = (*event.recompute_backward)(event.inputs[0], ref);
   PrecisionRow row;
   row.step = event.step;
   row.seq = event.seq;

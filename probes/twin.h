@@ -14,8 +14,8 @@
 // that reads it takes it rounded to f32, its own reference. A row's reference is therefore known from the row: f64
 // where out_dtype is f32 and local is set, else f32 (f64 for an f64 output). An f32 run twinned this way shows
 // where f32 itself loses digits (a variance as E[x^2] - E[x]^2, a long f32 running sum). The comparisons against
-// f64 take compare()'s element-by-element path (slower than the float path below); backward nodes are twinned
-// as without the option (f16/bf16 nodes, in f32).
+// f64 take compare()'s element-by-element path (slower than the float path below). Backward nodes likewise: a
+// node whose narrowest gradient is f32 is run again in f64 (autograd::WidenTo(f64)), f16/bf16 nodes in f32.
 //
 // Twin is a hook that wraps another (normally the Probe): it forwards every call unchanged and records
 // only ops the wrapped hook wants, so the trace and the run are the same with and without it. With a sink
@@ -99,9 +99,9 @@ struct TwinOptions {
   bool keep_rows = true;
   // Twin the backward pass too (a row per autograd node that ran in f16/bf16, below); false: forward ops only.
   bool backward = true;
-  // Twin the forward ops that ran in f32 too, in f64 (`ampscope train --twin-f64`): each op is computed one
-  // dtype wider than it ran (f16/bf16 in f32 as always, f32 in f64), so an f32 op gets local errors and the twin
-  // follows values in f64 through f32 ops (below, "f64 for f32 ops"). Backward nodes are twinned as without it.
+  // Twin the ops that ran in f32 too, in f64 (`ampscope train --twin-f64`): each op and autograd node is computed
+  // one dtype wider than it ran (f16/bf16 in f32 as always, f32 in f64), so an f32 op gets local errors and the
+  // twin follows values in f64 through f32 ops (above, "f64 for f32 ops").
   bool f32_in_f64 = false;
 };
 

@@ -17,6 +17,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -170,6 +171,64 @@ TEST(TwinF64, F16OpsKeepTheirF32TwinAndF32OpsGetAnF64One) {
   // What reaches it is the linear's f16 rounding, in both: measured against the linear's f32 twin.
   EXPECT_EQ(sw.in_acc_max_rel, lw.acc_max_rel);
   EXPECT_EQ(so.in_acc_max_rel, lo.acc_max_rel);
+}
+
+// The backward of an f32 matmul, twinned in f64: its gradients g b^T and a^T g against sums in f64 done here
+// (g = w exactly: the gradient of sum(y * w) with respect to y). Without the option, f32 nodes have no rows.
+TEST(TwinF64, F32BackwardNodesMatchAnF64Computation) {
+  Generator gen(41);
+  const std::int64_t n = 5, k = 7, m = 3;
+  const std::vector<double> av = randn({n, k}, gen).values(), bv = randn({k, m}, gen).values(),
+                            wv = randn({n, m}, gen).values();
+  auto run = [&](bool f32_in_f64) {
+    auto twin = f64_twin(f32_in_f64);
+    Tensor a = from_values(av, {n, k}).requires_grad_(), b = from_values(bv, {k, m}).requires_grad_();
+    {
+      probe::HookGuard installed(twin);
+      probe::StepScope step(0);
+      sum(matmul(a, b) * from_values(wv, {n, m})).backward();
+      step.end({});
+    }
+    std::vector<probe::PrecisionRow> backward;
+    for (const probe::PrecisionRow& r : twin->rows()) {
+      if (r.phase == trace::Phase::backward) backward.push_back(r);
+    }
+    return std::make_tuple(backward, a.grad().values(), b.grad().values());
+  };
+  const auto [without, unused_a, unused_b] = run(false);
+  EXPECT_TRUE(without.empty());  // f32 nodes: nothing ran in f16/bf16
+  const auto [rows, ga, gb] = run(true);
+  const probe::PrecisionRow* mm = nullptr;
+  for (const probe::PrecisionRow& r : rows) {
+    if (r.op == "matmul") mm = &r;
+  }
+  ASSERT_NE(mm, nullptr);
+  EXPECT_EQ(mm->out_dtype, "f32");
+  EXPECT_TRUE(mm->local);
+  EXPECT_EQ(analysis::reference_of(*mm), "f64");
+  EXPECT_EQ(mm->numel, n * k + k * m);
+  // References: dA = W B^T, dB = A^T W, in f64 from the f32 values.
+  std::vector<double> ref_a(static_cast<std::size_t>(n * k)), ref_b(static_cast<std::size_t>(k * m));
+  const auto at = [](const std::vector<double>& v, std::int64_t i, std::int64_t j, std::int64_t cols) {
+    return v[static_cast<std::size_t>(i * cols + j)];
+  };
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t c = 0; c < k; ++c) {
+      for (std::int64_t j = 0; j < m; ++j) ref_a[static_cast<std::size_t>(i * k + c)] += at(wv, i, j, m) * at(bv, c, j, m);
+    }
+  }
+  const std::vector<double> a32 = from_values(av, {n, k}).values(), w32 = from_values(wv, {n, m}).values();
+  for (std::int64_t c = 0; c < k; ++c) {
+    for (std::int64_t j = 0; j < m; ++j) {
+      for (std::int64_t i = 0; i < n; ++i) ref_b[static_cast<std::size_t>(c * m + j)] += at(a32, i, c, k) * at(w32, i, j, m);
+    }
+  }
+  const Errors ea = errors_f32(ga, ref_a), eb = errors_f32(gb, ref_b);
+  EXPECT_GT(std::max(ea.max_rel, eb.max_rel), 0);  // f32 products round
+  // The node's row: the largest max, mean and ulps over its two gradients (each judged on its own).
+  EXPECT_NEAR(mm->local_max_rel, std::max(ea.max_rel, eb.max_rel), 1e-12);
+  EXPECT_NEAR(mm->local_mean_rel, std::max(ea.mean_rel, eb.mean_rel), 1e-12);
+  EXPECT_NEAR(mm->local_max_ulp, std::max(ea.max_ulp, eb.max_ulp), 1e-6);
 }
 
 // ---- models written as a user writes them, trained in fp32 ----
