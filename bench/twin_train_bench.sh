@@ -19,13 +19,8 @@ ampscope="$build/bin/ampscope"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# median of the time_ms column of a trace's steps after the first two
-step_ms() {
-  "$ampscope" export "$1" --csv "$work/csv" >/dev/null
-  awk -F, 'NR > 3 { print $10 }' "$work/csv/steps.csv" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# step_ms, median
+source "$(dirname "${BASH_SOURCE[0]}")/step_times.sh"
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| sample | plain ms/step | --twin ms/step | ratio | --twin-forward-only ms/step | ratio | --twin-every 5 ms/step | ratio |"
