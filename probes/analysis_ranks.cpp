@@ -342,6 +342,9 @@ RankDiffReport diff_ranks(const std::vector<std::string>& paths_a, const std::ve
   report.ranks = static_cast<int>(report.paths_a.size());
   for (int r = 0; r < report.ranks; ++r) {
     trace::TraceReader a(report.paths_a[static_cast<std::size_t>(r)]), b(report.paths_b[static_cast<std::size_t>(r)]);
+    for (const trace::TraceReader* t : {&a, &b}) {
+      if (!t->complete()) report.incomplete.push_back(t->path().string());
+    }
     DiffReport d = diff(a, b, options);
     d.path_a = report.paths_a[static_cast<std::size_t>(r)];
     d.path_b = report.paths_b[static_cast<std::size_t>(r)];
@@ -390,6 +393,7 @@ std::string render_json(const RankDiffReport& d) {
   doc["paths_a"] = d.paths_a;
   doc["paths_b"] = d.paths_b;
   doc["diverged"] = d.diverged();
+  doc["incomplete"] = d.incomplete;
   doc["first_divergence"] = divergence_json(d.first);
   doc["rank_divergences"] = ordered_json::array();
   for (const auto& f : d.firsts) doc["rank_divergences"].push_back(divergence_json(f));

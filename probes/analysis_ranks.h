@@ -104,6 +104,9 @@ struct RankDiffReport {
   std::vector<std::optional<RankDivergence>> firsts;  // by rank
   // The earliest across ranks: by step, then where in the step (first_divergence_of), then the rank.
   std::optional<RankDivergence> first;
+  // The traces whose writer did not close them (killed, failed or still running: only the steps they hold were
+  // compared), a's then b's, by rank.
+  std::vector<std::string> incomplete;
   bool diverged() const { return first.has_value(); }
 };
 

@@ -405,6 +405,13 @@ int run_report(const ReportRequest& request, std::ostream& out, std::ostream& er
 namespace {
 
 // Two data-parallel runs of N ranks each, rank r against rank r (analysis::diff_ranks).
+// The note for a trace whose writer did not close it.
+std::string incomplete_note(const std::string& path) {
+  return fmt::format("ampscope diff: note: '{}' is incomplete (its writer did not close it: killed, failed or still "
+                     "running); compared the steps it holds\n",
+                     path);
+}
+
 int run_rank_diff(const DiffRequest& request, const std::vector<std::string>& a, const std::vector<std::string>& b,
                   std::ostream& out, std::ostream& err) {
   analysis::RankDiffReport d;
@@ -413,6 +420,7 @@ int run_rank_diff(const DiffRequest& request, const std::vector<std::string>& a,
   } catch (const Error&) {
     return command_failed("diff", request.verbose, err);
   }
+  for (const std::string& path : d.incomplete) err << incomplete_note(path);
   analysis::TextStyle style;
   style.colour = request.colour && request.output.empty();
   if (!deliver(request.json ? analysis::render_json(d) : analysis::render_text(d, style), request.output, out, err, "diff"))
@@ -462,10 +470,7 @@ int run_diff(const DiffRequest& request, std::ostream& out, std::ostream& err) {
         analysis::rank_place(a.run_info())->rank != analysis::rank_place(b.run_info())->rank)
       pair = analysis::check_rank_pair(a, b);
     for (const auto* r : {&a, &b})
-      if (!r->complete())
-        err << fmt::format("ampscope diff: note: '{}' is incomplete (its writer did not close it: killed, failed or "
-                           "still running); compared the steps it holds\n",
-                           r->path().string());
+      if (!r->complete()) err << incomplete_note(r->path().string());
   } catch (const Error&) {
     return command_failed("diff", request.verbose, err);
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "probes/analysis_ranks.h"
@@ -41,6 +42,7 @@ struct RankRun {
   std::int64_t nan_forward_at = -1, nan_backward_at = -1, nan_grad_at = -1;
   double grad_norm_at_step_1 = 0.5;   // step 1's gradient norm (others: 0.5 + 0.1 step)
   bool skip_step_2 = false;
+  bool closed = true;  // false: the writer is destroyed without close(), as a killed or failed run leaves it
 
   std::filesystem::path write(const std::filesystem::path& path) const {
     trace::TraceWriter w(path, {.precision = "fp32", .device = "cpu", .model = "mlp", .seed = 1,
@@ -83,7 +85,7 @@ struct RankRun {
       w.write(row);
       w.end_step(s);
     }
-    w.close();
+    if (closed) w.close();
     return path;
   }
 };
@@ -225,6 +227,19 @@ TEST(rank_diff, the_first_divergence_across_ranks_is_the_earliest_step_then_the_
   EXPECT_EQ(g.paths_b, b);
   EXPECT_EQ(g.first->rank, 1);
   EXPECT_FALSE(diff_ranks(a, write_run("same", {RankRun{}, RankRun{}})).diverged());
+}
+
+// A rank trace whose writer did not close it is compared as far as it goes and named in `incomplete` (the
+// command prints a note for each, as for two traces); complete runs name none.
+TEST(rank_diff, incomplete_rank_traces_are_named) {
+  const std::vector<std::string> a = write_run("whole", {RankRun{}, RankRun{}});
+  const std::vector<std::string> b = write_run("cut", {RankRun{}, RankRun{.closed = false}});
+  const RankDiffReport d = diff_ranks(a, b);
+  EXPECT_EQ(d.incomplete, std::vector<std::string>{b[1]});
+  EXPECT_FALSE(d.diverged());  // the same rows, as far as they go
+  const nlohmann::json doc = nlohmann::json::parse(render_json(d));
+  EXPECT_EQ(doc.at("incomplete"), nlohmann::json::array({b[1]}));
+  EXPECT_TRUE(diff_ranks(a, write_run("whole2", {RankRun{}, RankRun{}})).incomplete.empty());
 }
 
 TEST(rank_diff, other_rank_counts_traces_without_a_rank_and_missing_ranks_are_refused) {
