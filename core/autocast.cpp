@@ -85,7 +85,6 @@ struct ThreadState {
   std::string_view composite;  // the listed composite whose steps these are
 };
 thread_local ThreadState t_state;
-thread_local std::optional<DType> t_set_dtype_at_least;  // WidenSetDTypes
 
 // ---- the weight-cast cache (process-wide, as PyTorch's) ----
 struct CacheEntry {
@@ -386,13 +385,4 @@ SuppressAutocast::~SuppressAutocast() {
 }
 
 }  // namespace detail
-WidenSetDTypes::WidenSetDTypes(DType at_least) : previous_(t_set_dtype_at_least) { t_set_dtype_at_least = at_least; }
-WidenSetDTypes::~WidenSetDTypes() { t_set_dtype_at_least = previous_; }
-
-std::optional<DType> widened_set_dtype(std::optional<DType> dtype) {
-  if (!dtype || !t_set_dtype_at_least || !is_floating(*dtype)) return dtype;
-  const auto bits = [](DType t) { return t == DType::f64 ? 53 : t == DType::f32 ? 24 : t == DType::f16 ? 11 : 8; };
-  return bits(*dtype) < bits(*t_set_dtype_at_least) ? t_set_dtype_at_least : dtype;
-}
-
 }  // namespace ampscope

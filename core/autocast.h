@@ -91,23 +91,6 @@ class RuntimeInternalGuard {
   RuntimeInternalGuard& operator=(const RuntimeInternalGuard&) = delete;
 };
 
-// While a WidenSetDTypes is alive (thread-local, nestable; the f64 twin's computations, probes/twin.h), a dtype
-// that autocast or an op's caller sets for an op's result (softmax's f32 under autocast, sum(x, DType::f32)) and
-// that has fewer significand bits than `at_least` is taken as `at_least`: an op run again on f64 inputs then
-// computes in f64 where it would have computed in f32. Without one, set dtypes are as given.
-class WidenSetDTypes {
- public:
-  explicit WidenSetDTypes(DType at_least);
-  ~WidenSetDTypes();
-  WidenSetDTypes(const WidenSetDTypes&) = delete;
-  WidenSetDTypes& operator=(const WidenSetDTypes&) = delete;
-
- private:
-  std::optional<DType> previous_;
-};
-// `dtype` as the WidenSetDTypes alive on this thread leaves it (nullopt stays nullopt).
-std::optional<DType> widened_set_dtype(std::optional<DType> dtype);
-
 namespace detail {
 
 // One call of a public op, as core/ops.cpp dispatches it: autocast's casts applied to the arguments,

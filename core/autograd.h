@@ -131,8 +131,9 @@ bool any_requires_grad(const std::vector<Tensor>& inputs);
 // as f16/bf16 (Tensor::empty, and so every op's result) is made as f32, a cast to f16/bf16 (Tensor::to) is a
 // cast to f32, and every f16/bf16 input of a kernel other than a copy is widened to f32 first (exactly). A
 // backward function run under it is therefore its own f32 twin: the same code, the same kernels and the same
-// order of operations, on its inputs widened, with nothing rounded to f16/bf16. Only the f32 twin uses it, and
-// only around a node's backward; nothing else may run under it (an op's result would not have the dtype asked).
+// order of operations, on its inputs widened, with nothing rounded to f16/bf16. Only the twin uses it: around a
+// node's backward, and (WidenTo(f64)) around an f32 op's forward computed again in f64; nothing else may run
+// under it (an op's result would not have the dtype asked).
 //
 // WidenTo(DType::f64) is the same one dtype wider for the f64 twin of f32 nodes (`--twin-f64`): f16, bf16 and f32
 // tensors made, cast to and read by kernels are f64. The innermost widening alive on the thread decides.

@@ -1341,7 +1341,7 @@ struct RecomputeArgs {
   const std::vector<Tensor>& args;
   std::optional<DType> dtype;
   const Tensor& arg(std::size_t i) const { return args.at(i); }
-  std::optional<DType> set_dtype() const { return widened_set_dtype(dtype); }
+  std::optional<DType> set_dtype() const { return dtype; }
 };
 
 // Runs `body` on the arguments as autocast leaves them, and reports the op.
@@ -1357,7 +1357,7 @@ Tensor dispatched(std::string_view op, std::vector<Tensor> args, const Body& bod
 }
 template <class D>
 std::optional<DType> dtype_or_autocast(std::optional<DType> given, const D& d) {
-  return widened_set_dtype(given ? given : d.set_dtype());
+  return given ? given : d.set_dtype();
 }
 }  // namespace
 

@@ -12,7 +12,6 @@
 
 #include <fmt/format.h>
 
-#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -804,6 +803,19 @@ void Twin::on_step_abandoned(std::int64_t step) {
   inner_->on_step_abandoned(step);
 }
 
+namespace {
+// A row naming the op or node of `event` (step, seq, op, module) with output dtype `dtype`.
+PrecisionRow row_for(const OpEvent& event, DType dtype) {
+  PrecisionRow row;
+  row.step = event.step;
+  row.seq = event.seq;
+  row.op = std::string(event.op);
+  row.module = event.scope;
+  row.out_dtype = std::string(dtype_name(dtype));
+  return row;
+}
+}  // namespace
+
 DType Twin::reference_dtype(DType out) const {
   if (low_precision(out)) return DType::f32;
   if (out == DType::f32 && options_.f32_in_f64) return DType::f64;
@@ -875,15 +887,11 @@ void Twin::twin(const OpEvent& event) {
     return;
   }
   NoGradGuard no_grad;
-  // An op computed again in f64 computes in f64 where autocast or its caller set f32 (softmax, sum(x, f32)).
-  std::optional<WidenSetDTypes> widen_set_dtypes;
-  if (keep == DType::f64) widen_set_dtypes.emplace(DType::f64);
-  PrecisionRow row;
-  row.step = event.step;
-  row.seq = event.seq;
-  row.op = std::string(event.op);
-  row.module = event.scope;
-  row.out_dtype = std::string(dtype_name(out_dtype));
+  // An op computed again in f64 makes every tensor in f64 (autograd::WidenTo), also where autocast or its caller
+  // set f32 (softmax, sum(x, f32)), as the f64 twin of a backward node does.
+  std::optional<autograd::WidenTo> widen;
+  if (keep == DType::f64) widen.emplace(DType::f64);
+  PrecisionRow row = row_for(event, out_dtype);
   row.numel = event.output.numel();
   row.followed = followed;
   Tensor local;
@@ -994,12 +1002,7 @@ void Twin::twin_backward(const OpEvent& event) {
   if (ref == dtype) return;
   NoGradGuard no_grad;
   const std::vector<Tensor> reference = (*event.recompute_backward)(event.inputs[0], ref);
-  PrecisionRow row;
-  row.step = event.step;
-  row.seq = event.seq;
-  row.op = std::string(event.op);
-  row.module = event.scope;
-  row.out_dtype = std::string(dtype_name(dtype));
+  PrecisionRow row = row_for(event, dtype);
   row.phase = trace::Phase::backward;
   row.local = true;
   row.cond = std::numeric_limits<double>::quiet_NaN();

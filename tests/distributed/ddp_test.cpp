@@ -36,6 +36,7 @@ using testing::small_run;
 using samples::Precision;
 using samples::TrainConfig;
 using samples::TrainResult;
+using testing::shared_temp_folder;
 using testing::test_group;
 
 // ---- the gradient all-reduce ----
@@ -187,23 +188,12 @@ INSTANTIATE_TEST_SUITE_P(samples, ddp_training,
 
 // ---- resume ----
 
-// Rank 0 makes a folder and tells the others its name (every rank reads the one checkpoint).
-std::filesystem::path shared_temp_folder(ProcessGroup& g) {
-  std::string name;
-  if (g.rank() == 0) {
-    std::string pattern = (std::filesystem::temp_directory_path() / "ampscope-ddp-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw Error("mkdtemp failed");
-    name = pattern;
-  }
-  return g.broadcast_bytes(name, 0);
-}
-
 // Four steps at once against two steps, a checkpoint, and two steps resumed from it, every rank resuming
 // from the checkpoint rank 0 wrote: the same losses and scales, bit for bit (fp16, so the GradScaler's
 // state travels too).
 TEST(ddp_resume, ranks_resumed_from_rank_0s_checkpoint_continue_bit_for_bit) {
   ProcessGroup& g = test_group();
-  const std::filesystem::path dir = shared_temp_folder(g);
+  const std::filesystem::path dir = shared_temp_folder(g, "ddp");
   TrainConfig c = small_run("mlp", Precision::fp16);
   c.process_group = &g;
   c.steps = 4;
@@ -232,7 +222,7 @@ TEST(ddp_resume, ranks_resumed_from_rank_0s_checkpoint_continue_bit_for_bit) {
 // inf reaches every rank's gradients through the all-reduce, so every rank skips step 3 (and only it).
 TEST(ddp_scenario, rank_bad_batch_overflows_on_the_last_rank_and_every_rank_skips_step_3) {
   ProcessGroup& g = test_group();
-  const std::filesystem::path dir = shared_temp_folder(g);
+  const std::filesystem::path dir = shared_temp_folder(g, "ddp");
   TrainConfig c;
   c.scenario = "rank-bad-batch";
   c.sample = "mlp";
@@ -350,7 +340,7 @@ std::map<std::int64_t, std::map<std::string, std::uint64_t>> checksums_of(const 
 TEST(ddp_drift, rank_drift_is_reported_at_the_step_it_began_naming_the_parameter) {
   ProcessGroup& g = test_group();
   if (g.size() < 2) GTEST_SKIP() << "parameter checksums are recorded by data-parallel runs of 2 or more ranks";
-  const std::filesystem::path dir = shared_temp_folder(g);
+  const std::filesystem::path dir = shared_temp_folder(g, "ddp");
   TrainConfig c;
   c.scenario = "rank-drift";
   c.device = "cpu";
@@ -406,7 +396,7 @@ TEST(ddp_drift, rank_drift_is_reported_at_the_step_it_began_naming_the_parameter
 TEST(ddp_drift, a_healthy_run_reports_the_same_parameters_on_every_rank) {
   ProcessGroup& g = test_group();
   if (g.size() < 2) GTEST_SKIP() << "parameter checksums are recorded by data-parallel runs of 2 or more ranks";
-  const std::filesystem::path dir = shared_temp_folder(g);
+  const std::filesystem::path dir = shared_temp_folder(g, "ddp");
   TrainConfig c;
   c.sample = "mlp";
   c.device = "cpu";

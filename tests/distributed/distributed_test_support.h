@@ -6,9 +6,13 @@
 // failing ASSERT would return early and leave the other ranks waiting).
 #pragma once
 
+#include <stdlib.h>
+
+#include <filesystem>
 #include <ostream>
 #include <string>
 
+#include "core/error.h"
 #include "core/process_group.h"
 #include "samples/train.h"
 
@@ -19,6 +23,18 @@ ProcessGroup& test_group();
 // The piece size the tests give the MPI group (ProcessGroupOptions::mpi_segment_bytes): small, so that
 // tensors of a few thousand elements cross piece boundaries and split unevenly between ranks.
 inline constexpr std::size_t kTestSegmentBytes = 1000;
+
+// Rank 0 makes a fresh folder under the temporary directory (ampscope-STEM-XXXXXX) and tells the others its name:
+// every rank writes its traces there and reads the one checkpoint. Collective: every rank calls it.
+inline std::filesystem::path shared_temp_folder(ProcessGroup& g, const std::string& stem) {
+  std::string name;
+  if (g.rank() == 0) {
+    std::string pattern = (std::filesystem::temp_directory_path() / ("ampscope-" + stem + "-XXXXXX")).string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw Error("mkdtemp failed for " + pattern);
+    name = pattern;
+  }
+  return g.broadcast_bytes(name, 0);
+}
 
 // A short training run of a sample for the data-parallel tests (ddp_test, zero_test): --batch divisible by
 // 1, 2 and 3 (the ctest entries' rank counts), no probe.

@@ -29,18 +29,8 @@ namespace {
 
 using samples::Precision;
 using samples::TrainConfig;
+using testing::shared_temp_folder;
 using testing::test_group;
-
-// Rank 0 makes a folder and tells the others its name.
-std::filesystem::path shared_folder(ProcessGroup& g) {
-  std::string name;
-  if (g.rank() == 0) {
-    std::string pattern = (std::filesystem::temp_directory_path() / "ampscope-rankdiff-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw Error("mkdtemp failed");
-    name = pattern;
-  }
-  return g.broadcast_bytes(name, 0);
-}
 
 // A 2- or 3-rank mlp run: batch 48 splits over 1, 2 and 3 ranks; 6 steps pass step 3 and the step after it.
 std::string train_run(ProcessGroup& g, const std::filesystem::path& dir, const std::string& name, Precision precision,
@@ -83,7 +73,7 @@ class rank_diff : public ::testing::Test {
  protected:
   void SetUp() override {
     if (test_group().size() == 1) GTEST_SKIP() << "needs two ranks or more (ctest: distributed_mpi_np2, _np3)";
-    dir_ = shared_folder(test_group());
+    dir_ = shared_temp_folder(test_group(), "rankdiff");
   }
   void TearDown() override {
     if (dir_.empty()) return;  // skipped

@@ -38,6 +38,7 @@ using testing::small_run;
 using samples::Precision;
 using samples::TrainConfig;
 using samples::TrainResult;
+using testing::shared_temp_folder;
 using testing::test_group;
 
 // Same dtype, shape and bytes (so -0 and +0, and NaN payloads, count as different).
@@ -197,17 +198,6 @@ TEST(sharded_optimizer, a_sharded_optimizer_refuses_new_groups_and_a_second_shar
 
 // ---- training: sharded against plain DDP ----
 
-// Rank 0 makes a folder and tells the others its name (every rank reads the one checkpoint).
-std::filesystem::path shared_temp_folder(ProcessGroup& g) {
-  std::string name;
-  if (g.rank() == 0) {
-    std::string pattern = (std::filesystem::temp_directory_path() / "ampscope-zero-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw Error("mkdtemp failed");
-    name = pattern;
-  }
-  return g.broadcast_bytes(name, 0);
-}
-
 // A checkpoint's model parameters and optimizer state, read into a freshly built task of the same run (the
 // checkpoint's loader checks names, shapes and dtypes; the values are compared here).
 struct SavedState {
@@ -256,7 +246,7 @@ TEST_P(zero_training, sharded_runs_are_plain_ddp_bit_for_bit) {
   const Case& param = GetParam();
   // As ddp_training: three oversubscribed ranks make the cnn and transformer runs take minutes; the mlp only.
   if (g.size() > 2 && param.sample != "mlp") GTEST_SKIP() << "cnn and transformer run with 1 and 2 ranks";
-  const std::filesystem::path dir = shared_temp_folder(g);
+  const std::filesystem::path dir = shared_temp_folder(g, "zero");
   TrainConfig plain = small_run(param.sample, param.precision);
   plain.process_group = &g;
   if (param.precision == Precision::fp16) {
@@ -340,7 +330,7 @@ TEST(zero_training_state, each_rank_holds_adamws_two_tensors_for_exactly_its_sha
 // not: the file is the same, so all four continue bit for bit (fp16: the GradScaler's state travels too).
 TEST(zero_resume, sharded_and_plain_checkpoints_resume_either_way_bit_for_bit) {
   ProcessGroup& g = test_group();
-  const std::filesystem::path dir = shared_temp_folder(g);
+  const std::filesystem::path dir = shared_temp_folder(g, "zero");
   TrainConfig c = small_run("mlp", Precision::fp16);
   c.process_group = &g;
   c.steps = 4;
@@ -386,7 +376,7 @@ std::vector<double> global_losses(ProcessGroup& g, const std::vector<double>& mi
 TEST(zero_resume, a_checkpoint_resumes_on_another_number_of_ranks_when_the_batch_splits) {
   ProcessGroup& g = test_group();
   if (g.size() == 1) GTEST_SKIP() << "needs two ranks";
-  const std::filesystem::path dir = shared_temp_folder(g);
+  const std::filesystem::path dir = shared_temp_folder(g, "zero");
   TrainConfig c = small_run("mlp", Precision::fp32);
   c.steps = 4;
   const double u = std::ldexp(1.0, -24), b = static_cast<double>(c.batch), n = g.size();
@@ -458,7 +448,7 @@ TEST(zero_resume, a_checkpoint_resumes_on_another_number_of_ranks_when_the_batch
 TEST(zero_resume, a_checkpoint_whose_batch_does_not_split_over_the_new_ranks_is_refused_naming_both_counts) {
   ProcessGroup& g = test_group();
   if (g.size() == 1) GTEST_SKIP() << "needs two ranks";
-  const std::filesystem::path dir = shared_temp_folder(g);
+  const std::filesystem::path dir = shared_temp_folder(g, "zero");
   TrainConfig c = small_run("mlp", Precision::fp32);
   c.batch = 7;
   c.steps = 1;
@@ -491,7 +481,7 @@ TEST(zero_resume, a_checkpoint_whose_batch_does_not_split_over_the_new_ranks_is_
 // count changed, and a batch that does not split is refused saying the file does not record its ranks.
 TEST(zero_resume, a_checkpoint_that_does_not_record_its_ranks_resumes_without_a_warning_and_a_refusal_says_so) {
   ProcessGroup& g = test_group();
-  const std::filesystem::path dir = shared_temp_folder(g);
+  const std::filesystem::path dir = shared_temp_folder(g, "zero");
   TrainConfig c = small_run("mlp", Precision::fp32);
   c.steps = 1;
   c.checkpoint = (dir / "old.h5").string();
