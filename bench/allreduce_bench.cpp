@@ -26,10 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "core/data_parallel.h"
+#include "core/distributed/data_parallel.h"
 #include "core/optim.h"
-#include "core/process_group.h"
-#include "core/zero_optimizer.h"
+#include "core/distributed/process_group.h"
+#include "core/distributed/zero_optimizer.h"
 #include "samples/models.h"
 
 namespace {

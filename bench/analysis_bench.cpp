@@ -28,10 +28,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "probes/analysis.h"
-#include "probes/analysis_diff.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
+#include "probes/analysis/analysis.h"
+#include "probes/analysis/diff.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
 
 namespace ampscope::trace {
 namespace {

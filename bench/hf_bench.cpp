@@ -25,8 +25,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/random.h"
-#include "samples/hf_models.h"
-#include "samples/train.h"
+#include "models/hf_models.h"
+#include "cli/run.h"
 
 namespace {
 

@@ -22,7 +22,7 @@
 #include "core/ops.h"
 #include "core/probe_hook.h"
 #include "probes/probe.h"
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 #include "probes/twin.h"
 #include "samples/models.h"
 #include "samples/synthetic.h"

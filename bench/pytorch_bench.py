@@ -2,7 +2,7 @@
 """PyTorch 2.x eager baseline for issue 10's benchmarks (bench/gpu_bench.sh runs it on the GPU machine).
 
 The three sample models of samples/models.cpp with the shapes and default batches of samples/tasks.cpp,
-trained as `ampscope train` trains them (samples/train.cpp): torch.autocast(float16 or bfloat16), GradScaler
+trained as `ampscope train` trains them (cli/run.cpp): torch.autocast(float16 or bfloat16), GradScaler
 (f16 only, init 65536, interval 2000), AdamW(weight_decay=0), unscale_ + clip_grad_norm_(1.0), step,
 update, zero_grad(set_to_none=True). Initialisation does not matter for timing. Then torch.matmul at the
 products' shapes. Prints Markdown tables; nothing is written to bench/RESULTS.md.

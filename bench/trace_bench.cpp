@@ -19,7 +19,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 
 namespace ampscope::trace {
 namespace {

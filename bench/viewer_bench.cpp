@@ -16,7 +16,7 @@
 
 #include <unistd.h>
 
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 
 #ifndef AMPSCOPE_VIEW_BINARY
 #error "AMPSCOPE_VIEW_BINARY must name the ampscope-view program"

@@ -1,4 +1,4 @@
-#include "samples/demo.h"
+#include "cli/demo.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-// samples/demo.h: `ampscope demo`, a tour of the tensors and backends: exact FP16/BF16 rounding, views,
+// cli/demo.h: `ampscope demo`, a tour of the tensors and backends: exact FP16/BF16 rounding, views,
 // seeded random tensors, broadcasting arithmetic, and (when a GPU is present) the CUDA backend
 // computing the same bits as the CPU backend.
 #pragma once

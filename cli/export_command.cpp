@@ -1,8 +1,8 @@
 // `ampscope export TRACE --csv DIR`: reads every table of a trace, in blocks of whole steps, and writes a
 // CSV file per table (docs/trace-format.md, "CSV export"). Each file is written under a temporary name and
 // renamed when whole, so DIR never holds a half-written file under a final name.
-#include "samples/export_command.h"
-#include "samples/progress_line.h"
+#include "cli/export_command.h"
+#include "cli/progress_line.h"
 
 #include <unistd.h>
 
@@ -21,8 +21,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "probes/trace_reader.h"
-#include "samples/report_command.h"
+#include "probes/trace/reader.h"
+#include "cli/report_command.h"
 
 namespace ampscope::samples {
 

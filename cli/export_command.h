@@ -1,4 +1,4 @@
-// samples/export_command.h: the `ampscope export TRACE --csv DIR` subcommand: every table of a trace as a
+// cli/export_command.h: the `ampscope export TRACE --csv DIR` subcommand: every table of a trace as a
 // CSV file (run.csv, steps.csv, ops.csv, grads.csv, events.csv, histograms.csv, dumps.csv,
 // dump_values.csv; columns in docs/trace-format.md, "CSV export"), texts whole, numbers exact. A damaged
 // trace is exported as far as it can be read, and what could not be is said. The work is in run_export,

@@ -1,5 +1,5 @@
-// `ampscope fix`: proves a remedy by re-running the run with it. See samples/fix_command.h.
-#include "samples/fix_command.h"
+// `ampscope fix`: proves a remedy by re-running the run with it. See cli/fix_command.h.
+#include "cli/fix_command.h"
 
 #include <chrono>
 #include <cmath>
@@ -13,11 +13,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "probes/analysis.h"
-#include "probes/analysis_fix.h"
-#include "probes/trace_reader.h"
-#include "samples/report_command.h"
-#include "samples/train.h"
+#include "probes/analysis/analysis.h"
+#include "probes/analysis/fix.h"
+#include "probes/trace/reader.h"
+#include "cli/report_command.h"
+#include "cli/run.h"
 
 namespace ampscope::samples {
 namespace {

@@ -1,4 +1,4 @@
-// samples/fix_command.h: `ampscope fix TRACE`: re-runs a run `ampscope train` recorded, once per remedy its
+// cli/fix_command.h: `ampscope fix TRACE`: re-runs a run `ampscope train` recorded, once per remedy its
 // report proposes that an option can apply (and once in fp32, the reference), through the first anomaly's
 // step and --after steps more, and says which remedies remove the anomaly (docs/training.md, "fix").
 //

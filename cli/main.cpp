@@ -7,11 +7,11 @@
 #include <string_view>
 
 #include "core/error.h"
-#include "samples/demo.h"
-#include "samples/export_command.h"
-#include "samples/fix_command.h"
-#include "samples/report_command.h"
-#include "samples/train_command.h"
+#include "cli/demo.h"
+#include "cli/export_command.h"
+#include "cli/fix_command.h"
+#include "cli/report_command.h"
+#include "cli/train_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"ampscope: find out why mixed-precision (FP16/BF16) training goes wrong"};

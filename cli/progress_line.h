@@ -1,4 +1,4 @@
-// samples/progress_line.h: the progress line the commands write on stderr for long work ("analysing
+// cli/progress_line.h: the progress line the commands write on stderr for long work ("analysing
 // run.h5:  42.0% (84000 of 200000 op rows)"), rewritten in place with "\r" and cleared when done.
 #pragma once
 

@@ -1,9 +1,9 @@
-#include "samples/recording.h"
+#include "cli/recording.h"
 
 #include "core/probe_hook.h"
 #include "probes/probe.h"
 #include "probes/twin.h"
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 
 namespace ampscope::samples {
 

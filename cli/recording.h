@@ -1,4 +1,4 @@
-// samples/recording.h: what `ampscope train` attaches to a run to watch it: the probe at the chosen
+// cli/recording.h: what `ampscope train` attaches to a run to watch it: the probe at the chosen
 // level, writing to the HDF5 trace (probes/), wrapped in the f32 twin with --twin. Installed for the lifetime
 // of the object.
 //
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "core/device.h"
-#include "samples/train.h"
+#include "cli/run.h"
 
 namespace ampscope::samples {
 

@@ -1,7 +1,7 @@
 // `ampscope report` and `ampscope diff`: open the traces, run the analysis or the comparison, print the text
 // or the JSON, and turn the outcome into an exit status a CI job can gate on (docs/report-format.md).
-#include "samples/report_command.h"
-#include "samples/progress_line.h"
+#include "cli/report_command.h"
+#include "cli/progress_line.h"
 
 #include <unistd.h>
 
@@ -24,10 +24,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "probes/analysis_fix.h"
-#include "probes/analysis_ranks.h"
-#include "probes/analysis_render.h"
-#include "probes/trace_reader.h"
+#include "probes/analysis/fix.h"
+#include "probes/analysis/ranks.h"
+#include "probes/analysis/render.h"
+#include "probes/trace/reader.h"
 
 namespace ampscope::samples {
 

@@ -1,4 +1,4 @@
-// samples/report_command.h: the `ampscope report` and `ampscope diff` subcommands: a trace's diagnosis (or
+// cli/report_command.h: the `ampscope report` and `ampscope diff` subcommands: a trace's diagnosis (or
 // two traces' comparison) as text or JSON (docs/report-format.md), with exit statuses a CI job can gate on.
 // The work is in run_report / run_diff, which write to the streams given and return the exit status, so
 // tests call them without a subprocess; the classes only wire them to CLI11.
@@ -13,9 +13,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include "probes/analysis.h"
-#include "probes/analysis_diff.h"
-#include "probes/analysis_ranks.h"
+#include "probes/analysis/analysis.h"
+#include "probes/analysis/diff.h"
+#include "probes/analysis/ranks.h"
 
 namespace ampscope::samples {
 
@@ -57,7 +57,7 @@ struct DiffRequest {
 // exit statuses above. File errors are reported on `err`, never thrown.
 int run_report(const ReportRequest& request, std::ostream& out, std::ostream& err);
 
-// The traces of the data-parallel run `given` names (probes/analysis_ranks.h, shared with the viewer).
+// The traces of the data-parallel run `given` names (probes/analysis/ranks.h, shared with the viewer).
 using analysis::rank_siblings;
 // `diff` of a data-parallel run's traces (docs/distributed.md, "Comparing data-parallel runs"): when a and b
 // each name a run of N ranks (one name finds its siblings, as report does), rank r is compared with rank r

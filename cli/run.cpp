@@ -1,7 +1,7 @@
 // The training loop of `ampscope train`: a run that sets up, steps and saves over a SampleTask (a sample,
 // a scenario's variant of one, or an architecture loaded from a model folder), so new kinds of task, and
 // new kinds of run, are new implementations rather than new branches here.
-#include "samples/train.h"
+#include "cli/run.h"
 
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -20,17 +20,17 @@
 
 #include "core/autocast.h"
 #include "core/autograd.h"
-#include "core/checkpoint.h"
-#include "core/data_parallel.h"
+#include "core/io/checkpoint.h"
+#include "core/distributed/data_parallel.h"
 #include "core/error.h"
 #include "core/grad_scaler.h"
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/probe_hook.h"
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 #include "core/training_step.h"
-#include "core/zero_optimizer.h"
-#include "samples/recording.h"
+#include "core/distributed/zero_optimizer.h"
+#include "cli/recording.h"
 
 namespace ampscope::samples {
 

@@ -1,6 +1,6 @@
 // `ampscope train`: options (command line and TOML config file), progress on the terminal, Ctrl-C, the
 // fp32-vs-low-precision comparison, and the end-of-run summary.
-#include "samples/train_command.h"
+#include "cli/train_command.h"
 
 #include <unistd.h>
 
@@ -16,13 +16,13 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
-#include "core/process_group.h"
-#include "core/hdf5_support.h"
-#include "probes/analysis.h"
-#include "probes/analysis_diff.h"
-#include "probes/analysis_render.h"
-#include "probes/trace_reader.h"
-#include "samples/report_command.h"
+#include "core/distributed/process_group.h"
+#include "core/io/hdf5_support.h"
+#include "probes/analysis/analysis.h"
+#include "probes/analysis/diff.h"
+#include "probes/analysis/render.h"
+#include "probes/trace/reader.h"
+#include "cli/report_command.h"
 
 namespace ampscope::samples {
 namespace {

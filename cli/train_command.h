@@ -1,4 +1,4 @@
-// samples/train_command.h: the `ampscope train` subcommand: every option with its default in --help, a
+// cli/train_command.h: the `ampscope train` subcommand: every option with its default in --help, a
 // TOML --config file for the same settings, progress, Ctrl-C, --compare, --list-samples/--list-scenarios.
 //
 //   CLI::App app;  TrainCommand train(app);  CLI11_PARSE(app, argc, argv);  if (train.parsed()) return train.run();
@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "samples/train.h"
+#include "cli/run.h"
 
 namespace ampscope::samples {
 

@@ -14,18 +14,19 @@
 # staging script (which sees edits made since).
 
 set(AMPSCOPE_INTERNAL_HEADERS
-    core/hdf5_support.h   # HDF5 helpers for checkpoint.cpp and the trace writer/reader (includes hdf5.h)
-    probes/trace_codec.h  # the trace's chunk compression
-    probes/trace_hdf5.h   # the trace's HDF5 wrappers
-    probes/trace_layout.h # the trace's dataset layout
-    probes/trace_layout_v3.h # the fixed-width layouts of format_version 1 to 3, for the reader
-    probes/f16_ranges.h   # the analysis's fp16 range tables
-    probes/scaler_calibration.h # the calibration test the analysis and the diff share
-    core/mpi_process_group.h # the MPI process group's factory (its .cpp is the only file that includes mpi.h)
+    core/io/hdf5_support.h   # HDF5 helpers for checkpoint.cpp and the trace writer/reader (includes hdf5.h)
+    probes/trace/codec.h  # the trace's chunk compression
+    probes/trace/hdf5_io.h   # the trace's HDF5 wrappers
+    probes/trace/layout.h # the trace's dataset layout
+    probes/trace/layout_v3.h # the fixed-width layouts of format_version 1 to 3, for the reader
+    probes/analysis/f16_ranges.h   # the analysis's fp16 range tables
+    probes/analysis/scaler_calibration.h # the calibration test the analysis and the diff share
+    core/distributed/mpi_process_group.h # the MPI process group's factory (its .cpp is the only file that includes mpi.h)
 )
 
 file(GLOB _ampscope_header_paths CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}
-     ${PROJECT_SOURCE_DIR}/core/*.h ${PROJECT_SOURCE_DIR}/probes/*.h)
+     ${PROJECT_SOURCE_DIR}/core/*.h ${PROJECT_SOURCE_DIR}/core/*/*.h
+     ${PROJECT_SOURCE_DIR}/probes/*.h ${PROJECT_SOURCE_DIR}/probes/*/*.h)
 set(AMPSCOPE_PUBLIC_HEADERS "")
 foreach(_h IN LISTS _ampscope_header_paths)
   if(NOT _h IN_LIST AMPSCOPE_INTERNAL_HEADERS)

@@ -1,4 +1,4 @@
-# Resolves AMPSCOPE_MPI into AMPSCOPE_WITH_MPI: the MPI process group (core/mpi_process_group.cpp,
+# Resolves AMPSCOPE_MPI into AMPSCOPE_WITH_MPI: the MPI process group (core/distributed/mpi_process_group.cpp,
 # docs/distributed.md). ON by default when MPI's C library is found (Debian: libopenmpi-dev, which
 # scripts/setup.sh installs); OFF otherwise, and then make_process_group() gives the single-process group
 # (and refuses a multi-process mpirun launch clearly). Only the C API is used, so Open MPI's deprecated

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "core/communicator.h"
+#include "core/distributed/communicator.h"
 #include "core/error.h"
 
 namespace ampscope {

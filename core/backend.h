@@ -129,7 +129,7 @@ struct KernelArgs {
 };
 
 class Backend;
-class Communicator;  // core/communicator.h
+class Communicator;  // core/distributed/communicator.h
 using KernelFn = void (*)(Backend&, const KernelArgs&);
 
 // The arguments of the fused AMP fast path (Backend::fused_sgd_step, fused_adam_step); the exact
@@ -206,8 +206,8 @@ class Backend {
   virtual void fused_adam_step(const std::vector<FusedAdamTensor>& tensors, const FusedAdamOptions& options,
                                const float* found_inf);
 
-  // ---- collectives between processes (optional; core/communicator.h) ----
-  // How ProcessGroup::connect (core/process_group.h) reaches a device's communication library (NCCL for
+  // ---- collectives between processes (optional; core/distributed/communicator.h) ----
+  // How ProcessGroup::connect (core/distributed/process_group.h) reaches a device's communication library (NCCL for
   // CUDA) without including a backend header. new_communicator_id: a fresh id for a new communicator
   // (called on one rank, which sends it to the others); create_communicator: this process's member of
   // the communicator with that id, as `rank` of `size` (collective: every rank calls it). A backend

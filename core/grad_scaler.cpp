@@ -11,7 +11,7 @@
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/ops.h"
-#include "core/process_group.h"
+#include "core/distributed/process_group.h"
 
 namespace ampscope {
 

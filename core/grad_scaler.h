@@ -32,12 +32,12 @@
 #include "core/error.h"
 #include "core/optim.h"
 #include "core/probe_hook.h"
-#include "core/state_dict.h"
+#include "core/io/state_dict.h"
 #include "core/tensor.h"
 
 namespace ampscope {
 
-class ProcessGroup;  // core/process_group.h
+class ProcessGroup;  // core/distributed/process_group.h
 
 // A GradScaler used out of order (unscale_ twice, step before scale, update with nothing recorded), a
 // configuration it refuses, a state dict it cannot load, or a scale that cannot go lower. The message

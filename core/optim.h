@@ -119,7 +119,7 @@ class Optimizer {
   // Forgets a parameter's state (the next step() starts it afresh); nothing happens when it has none.
   void erase_state(const Tensor& param) { state_.erase(param.id()); }
 
-  // ---- sharding (ZeRO-1, core/zero_optimizer.h) ----
+  // ---- sharding (ZeRO-1, core/distributed/zero_optimizer.h) ----
   // Restricts step() to the parameters in `owned` (the others are neither updated nor given state by it;
   // their state, if any, is left for the caller to free) and runs `after_step` at the end of every step(),
   // after the updates (ShardedOptimizer's exchange of the updated parameters between the ranks). Every

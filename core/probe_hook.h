@@ -96,7 +96,7 @@ struct GradEvent {
   bool unscaled;  // false: still multiplied by the loss scale
   const std::vector<std::pair<std::string, Tensor>>& grads;  // (parameter name, gradient)
   // A data-parallel rank's own gradients before the all-reduce (report_grads(..., before_all_reduce = true),
-  // samples/train.cpp under --ddp); false for the gradients the step uses.
+  // cli/run.cpp under --ddp); false for the gradients the step uses.
   bool before_all_reduce = false;
 };
 

@@ -1,8 +1,8 @@
-// GPT-2's byte-level BPE (samples/bpe_tokenizer.h). Written from the algorithm of openai/gpt-2's
+// GPT-2's byte-level BPE (models/bpe_tokenizer.h). Written from the algorithm of openai/gpt-2's
 // src/encoder.py and Hugging Face's GPT2Tokenizer; docs/checkpoints.md ("Tokenizing text: --text") states
 // every rule this file follows, including the choices where those two do not say (bytes that are not
 // UTF-8, damaged files).
-#include "samples/bpe_tokenizer.h"
+#include "models/bpe_tokenizer.h"
 
 #include <unicode/uchar.h>
 

@@ -1,4 +1,4 @@
-// samples/bpe_tokenizer.h: GPT-2's byte-level BPE tokenizer, for `ampscope train --model DIR --text FILE`.
+// models/bpe_tokenizer.h: GPT-2's byte-level BPE tokenizer, for `ampscope train --model DIR --text FILE`.
 // It reads a model folder's vocab.json + merges.txt, or a tokenizer.json whose model is BPE with the
 // ByteLevel pre-tokenizer, and turns bytes into token ids exactly as GPT-2's encoder.py does: the
 // byte-to-unicode table, the pre-tokenization pattern, merges by rank. docs/checkpoints.md ("Tokenizing

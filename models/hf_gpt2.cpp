@@ -1,11 +1,11 @@
 // GPT-2 (GPT2LMHeadModel) from a Hugging Face config, op for op as transformers' modeling_gpt2.py runs it
-// (eager attention). The semantics are listed in samples/hf_models.h.
+// (eager attention). The semantics are listed in models/hf_models.h.
 #include <cmath>
 
 #include <fmt/format.h>
 
 #include "core/ops.h"
-#include "samples/hf_models.h"
+#include "models/hf_models.h"
 
 namespace ampscope::samples::hf::detail {
 

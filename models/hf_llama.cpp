@@ -1,12 +1,12 @@
 // Llama (LlamaForCausalLM) and Mistral (MistralForCausalLM) from a Hugging Face config, op for op as
 // transformers' modeling_llama.py (v4.48+, eager attention) and modular_mistral.py run them. The semantics
-// are listed in samples/hf_models.h.
+// are listed in models/hf_models.h.
 #include <cmath>
 
 #include <fmt/format.h>
 
 #include "core/ops.h"
-#include "samples/hf_models.h"
+#include "models/hf_models.h"
 
 namespace ampscope::samples::hf::detail {
 

@@ -1,6 +1,6 @@
 // Hugging Face model folders: config parsing, the weight sources, the shared layers, load_model,
 // make_model and save_model. The architectures are in hf_gpt2.cpp and hf_llama.cpp.
-#include "samples/hf_models.h"
+#include "models/hf_models.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 
 namespace ampscope::samples::hf {
 
@@ -294,9 +294,9 @@ std::shared_ptr<CausalLM> build(const Config& config, WeightSource& source) {
   const std::string type = config.string("model_type", "");
   if (type == "gpt2") return build_gpt2(config, source);
   if (type == "llama" || type == "mistral") return build_llama(config, source);
-  if (type == "t5") {  // samples/hf_t5.h
+  if (type == "t5") {  // models/hf_t5.h
     throw ModelError(fmt::format("{}: model_type 't5' is an encoder-decoder model, not a causal language model\nhint: "
-                                 "load it with load_seq2seq (samples/hf_t5.h); is_seq2seq_folder tells the kinds apart",
+                                 "load it with load_seq2seq (models/hf_t5.h); is_seq2seq_folder tells the kinds apart",
                                  config.where()));
   }
   throw ModelError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, mistral)\nhint: ampscope "

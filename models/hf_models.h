@@ -1,4 +1,4 @@
-// samples/hf_models.h: decoder-only language models loaded from Hugging Face model folders (config.json plus
+// models/hf_models.h: decoder-only language models loaded from Hugging Face model folders (config.json plus
 // model.safetensors, or model.safetensors.index.json and its shards), built from ampscope nn modules whose
 // paths are the checkpoint's own names, so a trace says "h.3.mlp.c_fc" or "model.layers.3.self_attn.q_proj".
 //

@@ -1,6 +1,6 @@
 // T5 (T5ForConditionalGeneration) from Hugging Face folders: the modules, the relative position buckets, the
-// fp16 clamp, load_seq2seq, make_seq2seq and save_seq2seq. Semantics: samples/hf_t5.h.
-#include "samples/hf_t5.h"
+// fp16 clamp, load_seq2seq, make_seq2seq and save_seq2seq. Semantics: models/hf_t5.h.
+#include "models/hf_t5.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 
 namespace ampscope::samples::hf {
 
@@ -91,7 +91,7 @@ namespace {
 
 using detail::Config;
 
-// Parameter values come from the sources the decoders use (samples/hf_models.h): a generator, a shape-only dry
+// Parameter values come from the sources the decoders use (models/hf_models.h): a generator, a shape-only dry
 // run or a checkpoint. T5's layers are HF's nn.Linear(bias=False) and nn.Embedding.
 using detail::CheckpointSource;
 using detail::Embedding;

@@ -1,4 +1,4 @@
-// samples/hf_t5.h: T5 encoder-decoder models (T5ForConditionalGeneration) loaded from Hugging Face model
+// models/hf_t5.h: T5 encoder-decoder models (T5ForConditionalGeneration) loaded from Hugging Face model
 // folders (config.json with model_type "t5", plus model.safetensors or an index and its shards), built from
 // ampscope nn modules whose paths are the checkpoint's own names, so a trace says
 // "encoder.block.1.layer.1.DenseReluDense.wo" or "decoder.block.0.layer.1.EncDecAttention.q".
@@ -56,7 +56,7 @@
 #include "core/nn.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "samples/hf_models.h"
+#include "models/hf_models.h"
 
 namespace ampscope::samples::hf {
 

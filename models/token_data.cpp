@@ -1,6 +1,6 @@
-// samples/token_data.cpp: the token-file readers (.npy, .bin, .txt) and the window batching. See
-// samples/token_data.h.
-#include "samples/token_data.h"
+// models/token_data.cpp: the token-file readers (.npy, .bin, .txt) and the window batching. See
+// models/token_data.h.
+#include "models/token_data.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

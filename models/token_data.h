@@ -1,4 +1,4 @@
-// samples/token_data.h: token files (`--tokens FILE`) and the deterministic batching of the models loaded
+// models/token_data.h: token files (`--tokens FILE`) and the deterministic batching of the models loaded
 // from checkpoints (issues 18 and 19). Three formats, chosen by the file's extension:
 //   .npy  numpy's format, versions 1.0, 2.0 and 3.0; dtype '<i4', '<i8', '<u2' or '|u1'; C order; any
 //         shape, read flattened (np.save of a tokenizer's ids)

@@ -1,5 +1,5 @@
 // probes/probe.h: the probe that watches a training run through core's hook (core/probe_hook.h) and
-// writes what it saw as trace rows (probes/trace_schema.h) to a sink: per-op dtypes and tensor health,
+// writes what it saw as trace rows (probes/trace/schema.h) to a sink: per-op dtypes and tensor health,
 // gradients before and after unscaling, scaler decisions, and the anomalies it finds as ops run.
 //
 //   auto sink = std::make_shared<trace::TraceWriter>(...);        // or any trace::Sink
@@ -70,7 +70,7 @@
 #include "core/probe_hook.h"
 #include "core/training_step.h"  // probe::Step, the training loop's side of the probe: one include for both
 #include "probes/stats.h"
-#include "probes/trace_schema.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::probe {
 

@@ -18,7 +18,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "probes/trace_schema.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::probe {
 

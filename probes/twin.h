@@ -85,8 +85,8 @@
 #include <vector>
 
 #include "core/probe_hook.h"
-#include "probes/analysis_precision.h"
-#include "probes/trace_schema.h"
+#include "probes/analysis/precision.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::probe {
 
@@ -119,11 +119,11 @@ ErrorStats compare(const Tensor& value, const Tensor& reference, DType dtype, st
 double relative_error_floor(DType dtype);  // the smallest normal of dtype
 int significand_bits(DType dtype);         // 11, 8, 24, 53
 
-// One twinned op: a row of the trace's /precision table (probes/trace_schema.h documents its fields).
+// One twinned op: a row of the trace's /precision table (probes/trace/schema.h documents its fields).
 using PrecisionRow = trace::PrecisionRow;
 
 // The rankings of the twin's rows (precision_jump, rank_by_jump, rank_by_local, precision_trends) live with the
-// analysis that the report shares (probes/analysis_precision.h), which reads them back from the trace.
+// analysis that the report shares (probes/analysis/precision.h), which reads them back from the trace.
 using analysis::precision_jump;
 using analysis::precision_trends;
 using analysis::PrecisionTrend;

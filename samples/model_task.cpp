@@ -1,5 +1,5 @@
 // The task of `ampscope train --model DIR --tokens FILE`: an architecture loaded from a Hugging Face model
-// folder (samples/hf_models.h), trained or evaluated on a token file in fixed windows (samples/token_data.h).
+// folder (models/hf_models.h), trained or evaluated on a token file in fixed windows (models/token_data.h).
 #include <algorithm>
 #include <fstream>
 #include <iterator>
@@ -8,11 +8,11 @@
 
 #include "core/error.h"
 #include "core/ops.h"
-#include "samples/bpe_tokenizer.h"
-#include "samples/hf_models.h"
-#include "samples/hf_t5.h"
-#include "samples/token_data.h"
-#include "samples/train.h"
+#include "models/bpe_tokenizer.h"
+#include "models/hf_models.h"
+#include "models/hf_t5.h"
+#include "models/token_data.h"
+#include "samples/task.h"
 
 namespace ampscope::samples {
 namespace {
@@ -94,7 +94,7 @@ class ModelFolderTask final : public SampleTask {
 
 // An encoder-decoder folder (T5): window k is tokens[k*T, k*T + T) (T even), its first T/2 tokens the
 // encoder input, its last T/2 the labels, the decoder input the labels shifted right behind
-// decoder_start_token_id (samples/token_data.h); the loss is the mean cross-entropy over the labels.
+// decoder_start_token_id (models/token_data.h); the loss is the mean cross-entropy over the labels.
 class Seq2SeqFolderTask final : public SampleTask {
  public:
   Seq2SeqFolderTask(const TrainConfig& c, std::vector<std::string>& warnings) {

@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "samples/models.h"
-#include "samples/train.h"
+#include "samples/task.h"
 
 namespace ampscope::samples {
 namespace {

@@ -1,4 +1,4 @@
-// samples/train.h: the training loop behind `ampscope train`: a sample (model, data, loss), a precision,
+// samples/task.h: the training loop behind `ampscope train`: a sample (model, data, loss), a precision,
 // an optional failure scenario, the GradScaler, the probe and the trace, checkpoints, and progress.
 //
 //   TrainConfig c;
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "core/nn.h"
-#include "core/process_group.h"
+#include "core/distributed/process_group.h"
 #include "core/random.h"
 #include "core/tensor.h"
 
@@ -90,7 +90,7 @@ struct TrainConfig {
   // scaler and the optimizer see them. Null, or a group of one: a single-process run, bit for bit as without.
   ProcessGroup* process_group = nullptr;
   bool ddp = false;  // --ddp: the command makes the process group (also made when an MPI launcher started it)
-  // ZeRO-1 (--shard-optimizer; core/zero_optimizer.h): with more than one rank, each rank keeps and updates
+  // ZeRO-1 (--shard-optimizer; core/distributed/zero_optimizer.h): with more than one rank, each rank keeps and updates
   // the optimizer state of its shard of the parameters only, and the updated parameters are broadcast from
   // their owners; bit for bit the unsharded run. With one rank (or no group) the shard is the whole state.
   bool shard_optimizer = false;
@@ -157,50 +157,5 @@ struct Scenario {
 };
 const std::vector<Scenario>& scenario_registry();
 const Scenario& find_scenario(std::string_view name);
-
-// What the loop reports after each step (for progress and tests).
-struct StepReport {
-  std::int64_t step = 0;        // 0-based
-  std::int64_t total = 0;
-  double loss = 0;
-  double scale = 1;
-  bool skipped = false;
-  std::int64_t skipped_so_far = 0;
-  std::int64_t anomalies_so_far = 0;
-  double seconds = 0;           // since training started
-};
-
-struct TrainResult {
-  std::string sample;           // as trained (a scenario may choose it)
-  std::string scenario;
-  std::int64_t steps = 0;       // steps run in this call
-  std::int64_t skipped = 0;
-  std::int64_t anomalies = 0;   // anomaly events the probe recorded
-  double final_loss = 0;
-  double final_scale = 1;
-  std::string trace;            // path written, or ""
-  bool interrupted = false;     // stopped early by the stop flag
-  std::vector<std::string> warnings;  // one line each, for the end of the run (unmatched globs, ...)
-  std::vector<double> losses;   // per step
-  std::vector<double> scales;   // per step, the scale used
-  // Elements of optimizer state this rank held at the end (core/zero_optimizer.h's
-  // optimizer_state_elements): with --shard-optimizer, its shard's only.
-  std::int64_t optimizer_state_elements = 0;
-};
-
-// Where rank `rank` of a data-parallel run writes its trace: "run.h5", 1 -> "run.rank1.h5".
-std::string rank_trace_path(const std::string& out, int rank);
-
-// The rows of a global batch of `batch` rows that rank `rank` of `ranks` trains on: [r*B/N, (r+1)*B/N).
-// Throws Error naming both numbers when the batch does not split evenly.
-std::pair<std::int64_t, std::int64_t> rank_rows(std::int64_t batch, int rank, int ranks);
-
-// Where a kept periodic checkpoint goes: "run/ck.h5", 40 -> "run/ck.step-40.h5" (the state before step 40).
-std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t step);
-
-// Runs the training. `stop` (optional) is polled at every step boundary: set it from a signal handler
-// to end cleanly with a complete trace.
-TrainResult train(const TrainConfig& config, const std::function<void(const StepReport&)>& on_step = {},
-                  const std::atomic<bool>* stop = nullptr);
 
 }  // namespace ampscope::samples

@@ -12,7 +12,7 @@
 #include "samples/idx.h"
 #include "samples/models.h"
 #include "samples/synthetic.h"
-#include "samples/train.h"
+#include "samples/task.h"
 
 namespace ampscope::samples {
 namespace {

@@ -17,7 +17,7 @@
 #include <stb_image_write.h>
 
 #include "viewer/app.h"
-#include "probes/analysis_ranks.h"
+#include "probes/analysis/ranks.h"
 
 namespace ampscope::viewer {
 namespace {

@@ -121,7 +121,7 @@ void open_trace(ViewerState& s, const std::filesystem::path& path, bool as_b);
 // Opens what the names say (open_plan): a data-parallel run's rank traces, or trace a and b.
 void open_paths(ViewerState& s, const std::vector<std::string>& names);
 // Opens a run's rank traces together and shows ranks[shown]. Each must be a rank of the same run (its config's
-// rank and world_size; probes/analysis_ranks.h, same_run), once; otherwise the error box says why and only the
+// rank and world_size; probes/analysis/ranks.h, same_run), once; otherwise the error box says why and only the
 // first trace is opened, alone. Closes trace b.
 void open_ranks(ViewerState& s, const std::vector<std::string>& paths, std::size_t shown = 0);
 // Shows rank `rank` of the open rank set (its ops, anomalies, op detail; the selected step and op stay). False

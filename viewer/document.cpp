@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "probes/analysis_fix.h"
+#include "probes/analysis/fix.h"
 #include "viewer/view_model.h"
 
 namespace ampscope::viewer {

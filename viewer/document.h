@@ -1,6 +1,6 @@
 // viewer/document.h: a trace opened in the viewer. Opening reads only the run info and the /steps table,
 // so a trace of millions of op rows opens at once; the ops (and histograms, events) of the selected step
-// are read on demand on a background thread, and the analysis (probes/analysis.h) runs on another,
+// are read on demand on a background thread, and the analysis (probes/analysis/analysis.h) runs on another,
 // reporting its progress. The document opens the file once; its jobs share that reader and take turns (a
 // block of rows each) through the reader's own lock (SharedReader). A comparison opens its own readers,
 // so it never waits for a document nor makes one wait. A trace still being written is refreshed about
@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "probes/analysis.h"
-#include "probes/analysis_diff.h"
-#include "probes/trace_reader.h"
+#include "probes/analysis/analysis.h"
+#include "probes/analysis/diff.h"
+#include "probes/trace/reader.h"
 #include "viewer/view_model.h"
 
 namespace ampscope::viewer {
@@ -54,7 +54,7 @@ StepData read_step(SharedReader& reader, std::int64_t step);
 
 // Held shared by every job that has its own second reader of a file open (a comparison), and exclusively
 // by a live refresh: an H5Drefresh while another handle of the same file is open breaks that handle's
-// chunk lookups (probes/trace_reader.cpp), so a live trace is not refreshed while a comparison runs.
+// chunk lookups (probes/trace/reader.cpp), so a live trace is not refreshed while a comparison runs.
 std::shared_mutex& refresh_gate();
 
 // Progress of a background job, and a way to stop it when the window closes.
@@ -159,7 +159,7 @@ class TraceDocument {
   std::string step_error_;
 };
 
-// Two traces compared (Compare panel): the diff of probes/analysis_diff.h on a background thread, over
+// Two traces compared (Compare panel): the diff of probes/analysis/diff.h on a background thread, over
 // readers of its own that only that thread uses (opened and closed there), so the documents' step reads
 // and analyses go on meanwhile.
 class Comparison {

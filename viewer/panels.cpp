@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <imgui.h>
 
-#include "probes/analysis_precision.h"
+#include "probes/analysis/precision.h"
 #include "viewer/app.h"
 
 namespace ampscope::viewer {
@@ -742,7 +742,7 @@ void draw_detail_panel(ViewerState& s) {
   } else {
     using half_ranges::kF16;
     ImGui::Text("exponent histogram of the %s output (%s values)", h->dtype.c_str(), format_count(h->total).c_str());
-    // Bars over log2|x| (bin e is the bar over [e, e + 1)), drawn over f16's zones (probes/f16_ranges.h).
+    // Bars over log2|x| (bin e is the bar over [e, e + 1)), drawn over f16's zones (probes/analysis/f16_ranges.h).
     std::vector<plot::Band> bands;
     for (const ZoneBand& z : f16_zone_bands()) bands.push_back({z.x0, z.x1, im(z.colour), z.label});
     const double s_exp = kF16.min_subnormal_exponent();

@@ -12,8 +12,8 @@
 
 #include <fmt/format.h>
 
-#include "probes/analysis_precision.h"
-#include "probes/analysis_ranks.h"
+#include "probes/analysis/precision.h"
+#include "probes/analysis/ranks.h"
 
 namespace ampscope::viewer {
 

@@ -17,11 +17,11 @@
 #include <string_view>
 #include <vector>
 
-#include "probes/analysis.h"
-#include "probes/analysis_diff.h"
-#include "probes/f16_ranges.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_schema.h"
+#include "probes/analysis/analysis.h"
+#include "probes/analysis/diff.h"
+#include "probes/analysis/f16_ranges.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::viewer {
 
@@ -160,7 +160,7 @@ std::int64_t paired_step_b(const analysis::DiffReport* report, std::int64_t step
 std::vector<OpLink> consumers(const trace::OpRow& row, std::span<const trace::OpRow> step_rows);
 
 // The exponent histogram (level full) against f16's range. What becomes of each bin in f16 is
-// probes/f16_ranges.h's (the analysis uses the same): a bin e holds |x| in [2^e, 2^(e+1)), so on the plot's
+// probes/analysis/f16_ranges.h's (the analysis uses the same): a bin e holds |x| in [2^e, 2^(e+1)), so on the plot's
 // axis, log2|x|, it is the bar over [e, e + 1), and f16's zones have their exact edges there: flush to zero
 // up to 2^-25 (a tie, to 0), round up to 2^-24 in (2^-25, 2^-24), subnormal 2^-24 .. 2^-14, normal, inf from
 // 65520 (log2 65520 = 15.9996: bin 15 partly overflows when the tensor is finer than f16).
@@ -309,7 +309,7 @@ std::vector<Bar> error_histogram_bars(const trace::PrecisionRow& p);
 // rank traces together: one rank's ops, anomalies and op detail at a time (the rank selector), and every
 // rank's loss, loss scale and gradient norm overlaid in the Scale and loss plots, one line per rank.
 
-// What the names on the command line (or dropped onto the window) open (probes/analysis_ranks.h finds
+// What the names on the command line (or dropped onto the window) open (probes/analysis/ranks.h finds
 // siblings):
 //  - one name of a data-parallel run (run.h5 when run.rank0.h5 ... exist, or one rank's file): every rank's
 //    trace, showing the named rank (rank 0 for the run's name);

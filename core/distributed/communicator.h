@@ -1,7 +1,7 @@
-// core/communicator.h: the raw collectives a device's communication library offers (NCCL for CUDA
+// core/distributed/communicator.h: the raw collectives a device's communication library offers (NCCL for CUDA
 // memory), on contiguous buffers in that device's memory. It sits in core's lowest layer so a backend in
 // kernels/ can implement it without seeing Tensor; users call the Tensor-level ProcessGroup instead
-// (core/process_group.h), which checks shapes, dtypes and devices and then calls one of these.
+// (core/distributed/process_group.h), which checks shapes, dtypes and devices and then calls one of these.
 //
 //   std::string id = backend_for(Device::cuda(0)).new_communicator_id();      // on rank 0, then broadcast
 //   auto comm = backend_for(Device::cuda(0)).create_communicator(id, rank, size);
@@ -16,7 +16,7 @@
 namespace ampscope {
 
 // What a reduction computes. The exact order and rounding of each implementation are documented with
-// ProcessGroup (core/process_group.h) and in docs/distributed.md.
+// ProcessGroup (core/distributed/process_group.h) and in docs/distributed.md.
 enum class ReduceOp : std::uint8_t { sum, max };
 
 constexpr std::string_view reduce_op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }

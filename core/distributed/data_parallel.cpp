@@ -1,4 +1,4 @@
-#include "core/data_parallel.h"
+#include "core/distributed/data_parallel.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-// core/data_parallel.h: the gradient all-reduce of data-parallel training (`ampscope train --ddp`,
+// core/distributed/data_parallel.h: the gradient all-reduce of data-parallel training (`ampscope train --ddp`,
 // docs/distributed.md), as PyTorch's DistributedDataParallel does it after backward: the parameters'
 // gradients, in buckets of about 25 MiB taken in reverse registration order (the order backward produces
 // them), are each flattened into one buffer, summed over the ranks (ProcessGroup::all_reduce) and divided
@@ -20,7 +20,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "core/process_group.h"
+#include "core/distributed/process_group.h"
 #include "core/tensor.h"
 
 namespace ampscope {

@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "core/mpi_process_group.h"
+#include "core/distributed/mpi_process_group.h"
 
 namespace ampscope::detail {
 

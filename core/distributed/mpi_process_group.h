@@ -1,12 +1,12 @@
-// core/mpi_process_group.h (internal: not installed, cmake/headers.cmake): the MPI process group's factory.
+// core/distributed/mpi_process_group.h (internal: not installed, cmake/headers.cmake): the MPI process group's factory.
 // The group itself lives in mpi_process_group.cpp, the only file that includes mpi.h, so no public header
 // needs MPI's; it is compiled only when the build has MPI (AMPSCOPE_MPI). Users call make_process_group()
-// (core/process_group.h).
+// (core/distributed/process_group.h).
 #pragma once
 
 #include <memory>
 
-#include "core/process_group.h"
+#include "core/distributed/process_group.h"
 
 namespace ampscope::detail {
 

@@ -1,7 +1,7 @@
 // The Tensor-level process group: the checks every implementation shares, the routing of CUDA tensors to
 // a connected device communicator, the single-process group and the factory. The MPI group is in
 // mpi_process_group.cpp (built with AMPSCOPE_MPI only).
-#include "core/process_group.h"
+#include "core/distributed/process_group.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -11,7 +11,7 @@
 
 #include "core/backend.h"
 #include "core/error.h"
-#include "core/mpi_process_group.h"
+#include "core/distributed/mpi_process_group.h"
 
 namespace ampscope {
 

@@ -1,5 +1,5 @@
-// core/process_group.h: the processes of a data-parallel run and the collectives between them, on
-// Tensors. The foundation of `ampscope train --ddp` (core/data_parallel.h, docs/distributed.md).
+// core/distributed/process_group.h: the processes of a data-parallel run and the collectives between them, on
+// Tensors. The foundation of `ampscope train --ddp` (core/distributed/data_parallel.h, docs/distributed.md).
 //
 // make_process_group() gives the MPI group when the process was started by mpirun (Open MPI, or a PMI
 // launcher such as Slurm's) and a single-process group otherwise, so the same program runs with and
@@ -49,7 +49,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/communicator.h"
+#include "core/distributed/communicator.h"
 #include "core/device.h"
 #include "core/tensor.h"
 

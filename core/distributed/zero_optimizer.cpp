@@ -1,4 +1,4 @@
-#include "core/zero_optimizer.h"
+#include "core/distributed/zero_optimizer.h"
 
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-// core/zero_optimizer.h: ZeRO-1 (`ampscope train --ddp --shard-optimizer`, docs/distributed.md): the
+// core/distributed/zero_optimizer.h: ZeRO-1 (`ampscope train --ddp --shard-optimizer`, docs/distributed.md): the
 // optimizer state sharded over the ranks of a data-parallel run. Each rank keeps, and updates, only its
 // shard's state (for AdamW, exp_avg and exp_avg_sq of the parameters it owns); after each step the owners
 // broadcast the parameters they updated, so every rank holds every parameter again. The gradients are
@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "core/optim.h"
-#include "core/process_group.h"
+#include "core/distributed/process_group.h"
 #include "core/tensor.h"
 
 namespace ampscope {

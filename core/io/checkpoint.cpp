@@ -1,4 +1,4 @@
-// core/checkpoint.cpp: the HDF5 layout of checkpoints (core/checkpoint.h), written with HDF5 1.10's C API.
+// core/io/checkpoint.cpp: the HDF5 layout of checkpoints (core/io/checkpoint.h), written with HDF5 1.10's C API.
 //
 // How tensors are stored, and why. Every tensor is a contiguous dataset whose HDF5 datatype says what
 // the numbers are: f64 and f32 as IEEE_F64LE / IEEE_F32LE, i64 as STD_I64LE, bool as h5py's enum of
@@ -30,7 +30,7 @@
 //
 // Errors: HDF5's automatic printing is off while a checkpoint is read or written (and restored after);
 // every call goes through Io::check, which on failure copies HDF5's error stack into the message.
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 
 #include <fcntl.h>
 #include <hdf5.h>
@@ -55,7 +55,7 @@
 #include <fmt/format.h>
 
 #include "core/autograd.h"
-#include "core/hdf5_support.h"
+#include "core/io/hdf5_support.h"
 
 namespace ampscope {
 namespace {

@@ -1,4 +1,4 @@
-// core/checkpoint.h: saving a training run to one HDF5 file and resuming it bit for bit.
+// core/io/checkpoint.h: saving a training run to one HDF5 file and resuming it bit for bit.
 //
 // A checkpoint holds, each piece optional: a model's parameters and buffers, an optimizer's groups
 // (hyper-parameters, current lr included) and per-parameter state, named StateDicts (the GradScaler's
@@ -46,7 +46,7 @@
 #include "core/nn.h"
 #include "core/optim.h"
 #include "core/random.h"
-#include "core/state_dict.h"
+#include "core/io/state_dict.h"
 
 namespace ampscope {
 

@@ -1,4 +1,4 @@
-// core/hdf5_support.h: the HDF5 plumbing shared by checkpoints (core/checkpoint.cpp) and traces
+// core/io/hdf5_support.h: the HDF5 plumbing shared by checkpoints (core/io/checkpoint.cpp) and traces
 // (probes/trace_*.cpp): one owning handle per HDF5 id type, the text of HDF5's error stack, and a guard
 // that keeps HDF5 from printing errors to stderr. Header-only and free of the runtime (HDF5 and fmt
 // only), so the trace library, which must build without the runtime, can use it too. Each user keeps

@@ -1,5 +1,5 @@
-// core/safetensors.cpp: the safetensors reader (mmap + checks) and writer. See core/safetensors.h.
-#include "core/safetensors.h"
+// core/io/safetensors.cpp: the safetensors reader (mmap + checks) and writer. See core/io/safetensors.h.
+#include "core/io/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

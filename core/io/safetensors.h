@@ -1,4 +1,4 @@
-// core/safetensors.h: reading and writing safetensors files (the Hugging Face weight format) and
+// core/io/safetensors.h: reading and writing safetensors files (the Hugging Face weight format) and
 // Hugging Face model folders (model.safetensors, or model.safetensors.index.json and its shards).
 // A file is: an 8-byte little-endian header length N, N bytes of UTF-8 JSON (tensor name ->
 // {"dtype", "shape", "data_offsets": [begin, end]}, plus an optional "__metadata__" of string -> string),

@@ -1,5 +1,5 @@
-// core/state_dict.h: the key -> value maps that stateful runtime objects (GradScaler, optimizers,
-// generators, modules) save and load, as PyTorch's state_dict() does. Checkpoints (core/checkpoint.h)
+// core/io/state_dict.h: the key -> value maps that stateful runtime objects (GradScaler, optimizers,
+// generators, modules) save and load, as PyTorch's state_dict() does. Checkpoints (core/io/checkpoint.h)
 // write them to HDF5 and read them back; values keep their exact type (a double stays a double, a step
 // count stays an integer, a tensor keeps its dtype and bits).
 //

@@ -17,7 +17,7 @@
 #include "kernels/cuda/cuda_launch.h"
 #include "kernels/cuda/fused_amp.h"
 #if defined(AMPSCOPE_WITH_NCCL)
-#include "core/communicator.h"
+#include "core/distributed/communicator.h"
 #include "kernels/cuda/nccl_communicator.h"
 #endif
 

@@ -1,7 +1,7 @@
 // kernels/cuda/nccl_communicator.h: the collectives of CUDA tensors between processes, on NCCL (shipped
 // with the CUDA Toolkit: nccl.h, libnccl.so). Reached only through Backend::new_communicator_id and
 // Backend::create_communicator (core/backend.h), which the CUDA backend implements with these; users get it
-// from ProcessGroup::connect (core/process_group.h), which sends rank 0's id to the others over the group
+// from ProcessGroup::connect (core/distributed/process_group.h), which sends rank 0's id to the others over the group
 // (MPI). Only built when the build has CUDA and NCCL (AMPSCOPE_WITH_NCCL).
 //
 //   std::string id = cuda::nccl_unique_id();                                  // rank 0; then broadcast
@@ -13,7 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "core/communicator.h"
+#include "core/distributed/communicator.h"
 
 namespace ampscope::cuda {
 

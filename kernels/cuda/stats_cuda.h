@@ -1,7 +1,7 @@
 // kernels/cuda/stats_cuda.h: the probe's statistics on the GPU (issue 10): one pass over a tensor gives
 // every `health` statistic of probes/stats.h (counts of NaN, +inf, -inf, zero and subnormal values;
 // min, max, absmax, and the sums for mean and rms of the finite values, in double) and the exponent
-// histogram of probes/trace_schema.h, into a device buffer that is copied to pinned host memory
+// histogram of probes/trace/schema.h, into a device buffer that is copied to pinned host memory
 // asynchronously. A StatsBuffer is a ring of slots, so a probe can queue many tensors and read them
 // later without a host sync per op. Host code; only built with AMPSCOPE_WITH_CUDA.
 //

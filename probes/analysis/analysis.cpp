@@ -1,8 +1,8 @@
-#include "probes/analysis.h"
-#include "probes/analysis_optimizer.h"
-#include "probes/analysis_precision.h"
-#include "probes/analysis_updates.h"
-#include "probes/scaler_calibration.h"
+#include "probes/analysis/analysis.h"
+#include "probes/analysis/optimizer.h"
+#include "probes/analysis/precision.h"
+#include "probes/analysis/updates.h"
+#include "probes/analysis/scaler_calibration.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,7 +19,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "probes/f16_ranges.h"
+#include "probes/analysis/f16_ranges.h"
 
 namespace ampscope::analysis {
 namespace {
@@ -1246,7 +1246,7 @@ struct Analyser::State {
     // At level full: values below f16's smallest subnormal (2^-24) flush to zero in f16, or round up to it.
     if (!f16_run) return;
     for (const trace::HistogramRow& hr : hists) {
-      // f16's zones (probes/f16_ranges.h); the tensor's dtype says what its subnormal bin holds.
+      // f16's zones (probes/analysis/f16_ranges.h); the tensor's dtype says what its subnormal bin holds.
       std::string_view dtype;
       for (const OpRow& r : ops) if (hr.seq >= 0 && r.seq == hr.seq) dtype = r.out_dtype;
       for (const GradRow& g : grads) if (hr.seq < 0 && g.param == hr.tensor) dtype = g.dtype;

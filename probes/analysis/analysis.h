@@ -1,6 +1,6 @@
-// probes/analysis.h: the diagnosis of a trace (issue 7): from the recorded rows alone, what went wrong
+// probes/analysis/analysis.h: the diagnosis of a trace (issue 7): from the recorded rows alone, what went wrong
 // first, where, why, and what to change. The report command and the viewer both call analyse(), so they
-// show the same conclusions. It reads only trace rows (probes/trace_schema.h): no runtime, no model.
+// show the same conclusions. It reads only trace rows (probes/trace/schema.h): no runtime, no model.
 //
 //   trace::TraceReader r("run.h5");
 //   analysis::Report rep = analysis::analyse(r);
@@ -45,8 +45,8 @@
 #include <string>
 #include <vector>
 
-#include "probes/trace_reader.h"
-#include "probes/trace_schema.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::analysis {
 

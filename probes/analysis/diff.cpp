@@ -1,10 +1,10 @@
-// The two-trace diff (probes/analysis_diff.h). Both files are read a block of steps at a time, the blocks
+// The two-trace diff (probes/analysis/diff.h). Both files are read a block of steps at a time, the blocks
 // sized from the row counts so each holds about options.rows_per_read op rows per file; within a step the
 // rows are paired by (phase, module, op, occurrence). Two runs of the same model usually record the same op
 // sequence, so a step whose keys match position by position is paired without hashing; only steps that
 // differ (an fp16 run's extra casts) build a map of the other run's rows.
-#include "probes/analysis_diff.h"
-#include "probes/scaler_calibration.h"
+#include "probes/analysis/diff.h"
+#include "probes/analysis/scaler_calibration.h"
 
 #include <algorithm>
 #include <cmath>
@@ -172,7 +172,7 @@ PairStats compare(const OpRow& x, const OpRow& y, double floor, double threshold
     s.rel_rms = difference(a.rms, b.rms, here.rms, floor);
     s.rel_mean = difference(a.mean, b.mean, here.rms, floor);
   }
-  // absmax is one element and does not decide (probes/analysis_diff.h).
+  // absmax is one element and does not decide (probes/analysis/diff.h).
   s.rel_zeros = std::fabs(zero_fraction(x.health) - zero_fraction(y.health));
   s.max_rel = s.rel_mean;
   s.stat = "mean";
@@ -539,7 +539,7 @@ class GradComparison {
 // Steps a run skipped while its GradScaler calibrated (DiffReport::calibration_skips_a): skipped with a
 // finite loss, a later unskipped step ran at a smaller scale (backing off cured it), and no earlier unskipped
 // step had run at this scale or above (the scale was too high; the gradients had not grown). The analysis
-// (analysis.cpp, "calibration") applies the same test (probes/scaler_calibration.h).
+// (analysis.cpp, "calibration") applies the same test (probes/analysis/scaler_calibration.h).
 std::vector<std::int64_t> calibration_skips(std::vector<StepRow> rows) {
   std::sort(rows.begin(), rows.end(), [](const StepRow& x, const StepRow& y) { return x.step < y.step; });
   const detail::CleanScales clean = detail::clean_scales(rows);

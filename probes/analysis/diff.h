@@ -1,4 +1,4 @@
-// probes/analysis_diff.h: the comparison of two traces (issue 7, typically an fp16 run against an fp32 run
+// probes/analysis/diff.h: the comparison of two traces (issue 7, typically an fp16 run against an fp32 run
 // of the same seed): ops aligned by (step, phase, module, op, occurrence), the differences of their
 // recorded statistics, dtype differences, the gradients, the two loss curves, the first step and op where
 // the runs part, and what one run recorded that the other did not. `ampscope diff`, `train --compare` and
@@ -62,8 +62,8 @@
 #include <string>
 #include <vector>
 
-#include "probes/trace_reader.h"
-#include "probes/trace_schema.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::analysis {
 

@@ -1,4 +1,4 @@
-// probes/f16_ranges.h: one definition of where f16's (and bf16's) values end, and what becomes of the values
+// probes/analysis/f16_ranges.h: one definition of where f16's (and bf16's) values end, and what becomes of the values
 // of an exponent bin of the trace's histograms (docs/trace-format.md, /histograms) once rounded to f16. The
 // analysis (below_f16 warnings) and the viewer (Op detail's histogram, its zones and counts) both use it, so
 // they cannot disagree. Header only, no runtime: the viewer links only the trace reader and the analysis.
@@ -23,7 +23,7 @@
 #include <string_view>
 
 #include "core/error.h"
-#include "probes/trace_schema.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::half_ranges {
 

@@ -1,5 +1,5 @@
-// The verified mark: reads `ampscope fix`'s results file. See probes/analysis_fix.h.
-#include "probes/analysis_fix.h"
+// The verified mark: reads `ampscope fix`'s results file. See probes/analysis/fix.h.
+#include "probes/analysis/fix.h"
 
 #include <filesystem>
 #include <fstream>

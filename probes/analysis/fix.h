@@ -1,4 +1,4 @@
-// probes/analysis_fix.h: the verified mark. `ampscope fix TRACE` writes TRACE's results file (run.h5 ->
+// probes/analysis/fix.h: the verified mark. `ampscope fix TRACE` writes TRACE's results file (run.h5 ->
 // run.fix.json beside it, docs/report-format.md "Verified remedies"); mark_verified reads it and sets
 // Remedy::verified on each remedy a re-run confirmed. A missing file is not an error; a damaged one, or
 // one written for another run, is ignored and the returned note says why.
@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "probes/analysis.h"
+#include "probes/analysis/analysis.h"
 
 namespace ampscope::analysis {
 

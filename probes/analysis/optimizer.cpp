@@ -1,4 +1,4 @@
-#include "probes/analysis_optimizer.h"
+#include "probes/analysis/optimizer.h"
 
 #include <cmath>
 

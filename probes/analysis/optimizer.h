@@ -1,4 +1,4 @@
-// probes/analysis_optimizer.h: diagnoses of parameters that the optimizer itself turned NaN or infinite, from
+// probes/analysis/optimizer.h: diagnoses of parameters that the optimizer itself turned NaN or infinite, from
 // the trace's "nonfinite_update" events (docs/trace-format.md, /events; recorded by the probe for parameters
 // stored in f16/bf16 when an update made finite elements non-finite). Trace rows in, conclusions out.
 //
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "probes/analysis.h"
-#include "probes/trace_schema.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::analysis {
 

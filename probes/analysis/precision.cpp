@@ -1,5 +1,5 @@
-// The PRECISION section and the rankings of the f32 twin's rows (probes/analysis_precision.h).
-#include "probes/analysis_precision.h"
+// The PRECISION section and the rankings of the f32 twin's rows (probes/analysis/precision.h).
+#include "probes/analysis/precision.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// probes/analysis_precision.h: where precision was lost, from the f32 twin's rows (trace::PrecisionRow, the
+// probes/analysis/precision.h: where precision was lost, from the f32 twin's rows (trace::PrecisionRow, the
 // trace's /precision table): the rankings of the twin's rows (by the jump in accumulated error, by local error,
 // by trend over steps) and the report's PRECISION section (analysis.h, PrecisionSection), built a step at a
 // time beside the rest of the analysis. Trace rows in, conclusions out: no runtime.
@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "probes/analysis.h"
-#include "probes/trace_schema.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::analysis {
 

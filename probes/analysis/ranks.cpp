@@ -1,6 +1,6 @@
-// A data-parallel run's rank traces (probes/analysis_ranks.h): finding them, a trace's rank, two ranks of one
+// A data-parallel run's rank traces (probes/analysis/ranks.h): finding them, a trace's rank, two ranks of one
 // run checked for what must be identical, and two N-rank runs diffed rank by rank.
-#include "probes/analysis_ranks.h"
+#include "probes/analysis/ranks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -169,7 +169,7 @@ bool same_run(const trace::RunInfo& a, const trace::RunInfo& b) {
   const std::optional<RankPlace> pa = rank_place(a), pb = rank_place(b);
   if (!pa || !pb || pa->world_size != pb->world_size) return false;
   nlohmann::json ca = parse_config(a.config), cb = parse_config(b.config);
-  for (const char* field : {"rank", "device"}) {  // rank-local (samples/train.cpp compares the ranks without them)
+  for (const char* field : {"rank", "device"}) {  // rank-local (cli/run.cpp compares the ranks without them)
     ca.erase(field);
     cb.erase(field);
   }

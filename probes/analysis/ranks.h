@@ -1,4 +1,4 @@
-// probes/analysis_ranks.h: a data-parallel run's traces, one per rank (`ampscope train --ddp --out run.h5`
+// probes/analysis/ranks.h: a data-parallel run's traces, one per rank (`ampscope train --ddp --out run.h5`
 // writes run.rank0.h5, run.rank1.h5, ...): finding a run's rank traces from one name, a trace's rank, and the
 // two comparisons `ampscope diff` makes of them (docs/distributed.md, "Comparing data-parallel runs"):
 //  - two runs of N ranks each (an fp16 run against an fp32 one, a run against a changed one): rank r of a
@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "probes/analysis_diff.h"
-#include "probes/analysis_render.h"
-#include "probes/trace_reader.h"
+#include "probes/analysis/diff.h"
+#include "probes/analysis/render.h"
+#include "probes/trace/reader.h"
 
 namespace ampscope::analysis {
 

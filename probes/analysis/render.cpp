@@ -1,7 +1,7 @@
-// The report and the diff as text and JSON (probes/analysis_render.h). The text answers "what went wrong
+// The report and the diff as text and JSON (probes/analysis/render.h). The text answers "what went wrong
 // first, and where" in its first lines, then gives the details; the JSON mirrors the structs of
-// probes/analysis.h and probes/analysis_diff.h field for field (docs/report-format.md).
-#include "probes/analysis_render.h"
+// probes/analysis/analysis.h and probes/analysis/diff.h field for field (docs/report-format.md).
+#include "probes/analysis/render.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// probes/analysis_render.h: the report and the diff as text for a person (optionally with terminal
+// probes/analysis/render.h: the report and the diff as text for a person (optionally with terminal
 // colours) and as JSON for a program (schema: docs/report-format.md). `ampscope report`, `ampscope diff`
 // and `ampscope train --compare` print these; the viewer shows the structs themselves.
 //
@@ -12,8 +12,8 @@
 #include <cstddef>
 #include <string>
 
-#include "probes/analysis.h"
-#include "probes/analysis_diff.h"
+#include "probes/analysis/analysis.h"
+#include "probes/analysis/diff.h"
 
 namespace ampscope::analysis {
 

@@ -1,4 +1,4 @@
-// probes/scaler_calibration.h: what the analysis (a skip that is the GradScaler calibrating is no anomaly)
+// probes/analysis/scaler_calibration.h: what the analysis (a skip that is the GradScaler calibrating is no anomaly)
 // and the diff (calibration skips pair the runs by optimizer update) both read off a run's /steps rows.
 // Internal to the analysis library (not installed).
 #pragma once
@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "probes/trace_schema.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::analysis::detail {
 

@@ -1,4 +1,4 @@
-#include "probes/analysis_updates.h"
+#include "probes/analysis/updates.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "probes/analysis_precision.h"
+#include "probes/analysis/precision.h"
 
 namespace ampscope::analysis {
 

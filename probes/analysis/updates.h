@@ -1,4 +1,4 @@
-// probes/analysis_updates.h: which f16/bf16 parameters stopped learning because their updates were lost to
+// probes/analysis/updates.h: which f16/bf16 parameters stopped learning because their updates were lost to
 // rounding (swamped: p + u == p in the parameter's dtype while u != 0), from the trace's /updates rows
 // (trace::UpdateRow), and the report's SWAMPED UPDATES section (analysis.h, SwampedSection). Trace rows in,
 // conclusions out: no runtime. analyse(TraceReader&) fills Report::swamped with it.
@@ -9,8 +9,8 @@
 
 #include <span>
 
-#include "probes/analysis.h"
-#include "probes/trace_schema.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::analysis {
 

@@ -1,4 +1,4 @@
-#include "probes/trace_codec.h"
+#include "probes/trace/codec.h"
 
 #include <zlib.h>
 

@@ -1,4 +1,4 @@
-// probes/trace_codec.h: compresses a chunk of trace records exactly as HDF5's shuffle + deflate filter
+// probes/trace/codec.h: compresses a chunk of trace records exactly as HDF5's shuffle + deflate filter
 // pipeline would (internal to ampscope_trace), so the writer can compress chunks on several threads
 // and hand HDF5 finished bytes (H5Dwrite_chunk); HDF5, h5py and h5dump decode them with their own
 // filters. zlib comes with HDF5 (Debian's libhdf5 links it, and libhdf5-dev depends on zlib1g-dev).

@@ -1,4 +1,4 @@
-// probes/trace_error.h: the exception the trace writer and reader throw. Its message names the file, the
+// probes/trace/error.h: the exception the trace writer and reader throw. Its message names the file, the
 // table (dataset) and what went wrong, with HDF5's own error stack where HDF5 reported the problem and a
 // `hint:` line where a fix is known.
 //

@@ -1,4 +1,4 @@
-#include "probes/trace_hdf5.h"
+#include "probes/trace/hdf5_io.h"
 
 #include <fmt/format.h>
 

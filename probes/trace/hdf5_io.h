@@ -1,4 +1,4 @@
-// probes/trace_hdf5.h: the HDF5 plumbing the trace writer and reader share (internal to ampscope_trace):
+// probes/trace/hdf5_io.h: the HDF5 plumbing the trace writer and reader share (internal to ampscope_trace):
 // one owning handle per HDF5 id type, the one checked call wrapper whose exception carries HDF5's error
 // stack with the file and dataset, and a guard that keeps HDF5 from printing errors to stderr.
 //
@@ -14,12 +14,12 @@
 #include <string_view>
 #include <utility>
 
-#include "core/hdf5_support.h"
-#include "probes/trace_error.h"
+#include "core/io/hdf5_support.h"
+#include "probes/trace/error.h"
 
 namespace ampscope::trace::detail {
 
-// The handles, the error-stack text and the quiet guard are shared with checkpoints (core/hdf5_support.h).
+// The handles, the error-stack text and the quiet guard are shared with checkpoints (core/io/hdf5_support.h).
 inline std::string take_hdf5_errors() { return hdf5::take_errors(); }
 using QuietHdf5Errors = hdf5::QuietErrors;
 

@@ -1,4 +1,4 @@
-#include "probes/trace_layout.h"
+#include "probes/trace/layout.h"
 
 #include <zlib.h>
 
@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "probes/trace_layout_v3.h"
+#include "probes/trace/layout_v3.h"
 
 namespace ampscope::trace::detail {
 namespace {

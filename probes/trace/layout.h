@@ -1,7 +1,7 @@
-// probes/trace_layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 6
+// probes/trace/layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 6
 // (internal to ampscope_trace; docs/trace-format.md is the description for readers; the layouts of
-// versions 1 to 3, which the reader still reads, are in probes/trace_layout_v3.h). Each table is a 1-D
-// dataset of one compound type, whose fields are those of the row structs in probes/trace_schema.h, in
+// versions 1 to 3, which the reader still reads, are in probes/trace/layout_v3.h). Each table is a 1-D
+// dataset of one compound type, whose fields are those of the row structs in probes/trace/schema.h, in
 // that order. The records below are byte-for-byte the file's compound types, so HDF5 converts nothing.
 //
 // Every text field (op names, module paths, dtypes, shapes, event kinds and details, parameter names,
@@ -19,8 +19,8 @@
 #include <string_view>
 #include <vector>
 
-#include "probes/trace_hdf5.h"
-#include "probes/trace_schema.h"
+#include "probes/trace/hdf5_io.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::trace::detail {
 

@@ -1,8 +1,8 @@
-#include "probes/trace_layout_v3.h"
+#include "probes/trace/layout_v3.h"
 
 #include <cstring>
 
-#include "probes/trace_layout.h"
+#include "probes/trace/layout.h"
 
 namespace ampscope::trace::detail::v3 {
 namespace {

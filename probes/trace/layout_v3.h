@@ -1,7 +1,7 @@
-// probes/trace_layout_v3.h: the row layouts of format_version 1 to 3 (internal to ampscope_trace), which
+// probes/trace/layout_v3.h: the row layouts of format_version 1 to 3 (internal to ampscope_trace), which
 // the reader still reads. Their text fields are fixed-length strings of the widths below (the NUL
 // included); a longer text was cut to width - 4 bytes and "..." when it was written. format_version 4
-// (probes/trace_layout.h) stores every text in /strings instead. /steps and /dump_values are the same
+// (probes/trace/layout.h) stores every text in /strings instead. /steps and /dump_values are the same
 // in every version; /index is read into trace_layout.h's IndexRecord by field name.
 //
 //   const Datatype type = v3::record_type(io, Table::ops);   // the file type and the memory type
@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <string>
 
-#include "probes/trace_hdf5.h"
-#include "probes/trace_schema.h"
+#include "probes/trace/hdf5_io.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::trace::detail {
 enum class Table : int;

@@ -28,7 +28,7 @@
 // before_all_reduce came with 6: older traces read as having no checksums and no rows before an all-reduce (their
 // /grads records are read through H5Dread into zeroed records, so the absent field is 0).
 // /precision's phase came with 6 too: format 5 rows are read with their own record (PrecisionRecordV5) as forward rows.
-#include "probes/trace_reader.h"
+#include "probes/trace/reader.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -50,10 +50,10 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "probes/trace_codec.h"
-#include "probes/trace_hdf5.h"
-#include "probes/trace_layout.h"
-#include "probes/trace_layout_v3.h"
+#include "probes/trace/codec.h"
+#include "probes/trace/hdf5_io.h"
+#include "probes/trace/layout.h"
+#include "probes/trace/layout_v3.h"
 
 namespace ampscope::trace {
 
@@ -162,7 +162,7 @@ struct TraceReader::State {
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) io.fail("no such file", "check the path");
     if (std::filesystem::is_directory(path, ec)) io.fail("it is a folder, not a trace file");
-    // Only regular files this user may read (core/hdf5_support.h, shared with checkpoints): HDF5 would block
+    // Only regular files this user may read (core/io/hdf5_support.h, shared with checkpoints): HDF5 would block
     // for ever on a FIFO and call an unreadable file "not an HDF5 file".
     if (const std::string reason = hdf5::unreadable_reason(io.path().c_str()); !reason.empty()) {
       io.fail(reason, "an ampscope trace is a regular HDF5 file written by ampscope train --out");

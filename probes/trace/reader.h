@@ -1,7 +1,7 @@
-// probes/trace_reader.h: reads an ampscope trace (docs/trace-format.md): a finished one, one still being
+// probes/trace/reader.h: reads an ampscope trace (docs/trace-format.md): a finished one, one still being
 // written (HDF5 SWMR: call refresh() to see new rows), or one whose writer was killed (every step flushed
 // before the kill is there). Rows are read by step range, table by table, into the structs of
-// probes/trace_schema.h. Needs only HDF5: no runtime, no CUDA.
+// probes/trace/schema.h. Needs only HDF5: no runtime, no CUDA.
 //
 //   trace::TraceReader r("run.h5");            // throws TraceError: not HDF5, not a trace, newer version...
 //   for (const trace::OpRow& op : r.ops(10, 12)) fmt::print("{} {} {}\n", op.step, op.op, op.health.absmax);
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "probes/trace_error.h"
-#include "probes/trace_schema.h"
+#include "probes/trace/error.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::trace {
 

@@ -1,4 +1,4 @@
-#include "probes/trace_schema.h"
+#include "probes/trace/schema.h"
 
 #include <stdexcept>
 #include <string>

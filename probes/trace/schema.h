@@ -1,6 +1,6 @@
-// probes/trace_schema.h: the rows of an ampscope trace, as plain structs, and the sink they are written
-// to. The probe (probes/probe.h) produces rows; the HDF5 writer (probes/trace_writer.h) is one sink, an
-// in-memory vector is another (tests); the reader (probes/trace_reader.h) gives the same structs back.
+// probes/trace/schema.h: the rows of an ampscope trace, as plain structs, and the sink they are written
+// to. The probe (probes/probe.h) produces rows; the HDF5 writer (probes/trace/writer.h) is one sink, an
+// in-memory vector is another (tests); the reader (probes/trace/reader.h) gives the same structs back.
 // The on-disk layout of each table is documented field by field in docs/trace-format.md; the table and
 // field names are fixed, since tools outside ampscope read them.
 //

@@ -17,7 +17,7 @@
 //  - A flush (end_step, flush, close) H5Dflush-es every dataset written since the last one, then appends
 //    a row to /index with every table's row count and flushes that. Rows beyond the last /index row may
 //    be half-written if the writer is killed; readers trust /index, so a killed trace shows whole steps.
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -43,9 +43,9 @@
 
 #include <fmt/format.h>
 
-#include "probes/trace_codec.h"
-#include "probes/trace_hdf5.h"
-#include "probes/trace_layout.h"
+#include "probes/trace/codec.h"
+#include "probes/trace/hdf5_io.h"
+#include "probes/trace/layout.h"
 
 namespace ampscope::trace {
 

@@ -1,4 +1,4 @@
-// probes/trace_writer.h: the HDF5 trace file sink. Rows are packed into the file's record layout on the
+// probes/trace/writer.h: the HDF5 trace file sink. Rows are packed into the file's record layout on the
 // caller's thread and handed over a chunk at a time; compression threads shuffle and deflate chunks as
 // HDF5's filters would, and one writer thread appends them to chunked, extendible datasets (one per
 // table) of a file in SWMR mode, so the trace can be read while it is written and survives the writer
@@ -15,8 +15,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "probes/trace_error.h"
-#include "probes/trace_schema.h"
+#include "probes/trace/error.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::trace {
 

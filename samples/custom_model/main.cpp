@@ -7,7 +7,7 @@
 #include <ampscope/core/nn.h>
 #include <ampscope/core/optim.h>
 #include <ampscope/probes/probe.h>
-#include <ampscope/probes/trace_writer.h>
+#include <ampscope/probes/trace/writer.h>
 
 using namespace ampscope;
 

@@ -1,4 +1,4 @@
-// The rules of probes/analysis.h that no training scenario reaches, on hand-built rows whose expected
+// The rules of probes/analysis/analysis.h that no training scenario reaches, on hand-built rows whose expected
 // diagnosis follows from the rule text: an anomaly only in backward, a truncated trace (writer killed),
 // the scaler verdicts on hand-made scale trajectories (PyTorch's update rule: halve on a skip, double after
 // growth_interval clean steps), the headroom warnings with fractions computed by hand, and the streaming
@@ -14,9 +14,9 @@
 #include <unistd.h>
 #include <vector>
 
-#include "probes/analysis.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
 #include "tests/test_support.h"
 
 namespace ampscope::analysis {

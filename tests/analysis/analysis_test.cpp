@@ -1,4 +1,4 @@
-// The diagnosis of probes/analysis.h on traces written by real training runs of the failure scenarios
+// The diagnosis of probes/analysis/analysis.h on traces written by real training runs of the failure scenarios
 // (docs/scenarios.md): the first diagnosis names the origin module, op and cause the document gives, and
 // a remedy with the option the document's fix uses. References: docs/scenarios.md's "Diagnosis" and
 // "Fix" paragraphs per scenario; a healthy fp32 run has nothing to report; hand-built rows check the rules
@@ -11,9 +11,9 @@
 #include <string>
 #include <unistd.h>
 
-#include "probes/analysis.h"
-#include "probes/trace_reader.h"
-#include "samples/train.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/reader.h"
+#include "cli/run.h"
 
 namespace ampscope::analysis {
 namespace {

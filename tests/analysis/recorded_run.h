@@ -12,10 +12,10 @@
 #include <unistd.h>
 
 #include "core/probe_hook.h"
-#include "probes/analysis.h"
+#include "probes/analysis/analysis.h"
 #include "probes/probe.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
 
 namespace ampscope::testing {
 

@@ -20,12 +20,12 @@
 #include "core/optim.h"
 #include "core/probe_hook.h"
 #include "core/random.h"
-#include "probes/analysis.h"
+#include "probes/analysis/analysis.h"
 #include "probes/probe.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
 #include "samples/models.h"
-#include "samples/train.h"
+#include "cli/run.h"
 #include "tests/analysis/recorded_run.h"
 
 namespace ampscope::analysis {

@@ -15,8 +15,8 @@
 #include "core/nn.h"
 #include "core/optim.h"
 #include "probes/probe.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
 
 namespace ampscope::user_models {
 

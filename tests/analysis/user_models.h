@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "probes/trace_schema.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::user_models {
 

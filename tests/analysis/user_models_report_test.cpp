@@ -15,8 +15,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "probes/analysis.h"
-#include "probes/trace_reader.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/reader.h"
 #include "tests/analysis/user_models.h"
 #include "tests/test_support.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <unistd.h>
 
-#include "probes/trace_reader.h"
+#include "probes/trace/reader.h"
 #include "tests/analysis/user_models.h"
 #include "tests/test_support.h"
 

@@ -29,7 +29,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "core/nn.h"
 #include "core/ops.h"
 #include "core/optim.h"
@@ -37,7 +37,7 @@
 
 namespace ampscope::testing {
 
-// Recomputes the whole-file checksum of a checkpoint that a test edited on purpose (core/checkpoint.cpp: a
+// Recomputes the whole-file checksum of a checkpoint that a test edited on purpose (core/io/checkpoint.cpp: a
 // 512-byte user block holding a 32-byte magic, the byte count after the block as u64 LE and zlib's CRC-32
 // of those bytes as u32 LE), so that the edit reaches the load's inner checks instead of this outer one.
 inline void reseal_checkpoint(const std::filesystem::path& path) {

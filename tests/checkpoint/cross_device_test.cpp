@@ -26,10 +26,10 @@
 
 #include <gtest/gtest.h>
 
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "core/grad_scaler.h"
 #include "core/optim.h"
-#include "samples/train.h"
+#include "cli/run.h"
 #include "tests/checkpoint/checkpoint_test_support.h"
 #include "tests/test_support.h"
 

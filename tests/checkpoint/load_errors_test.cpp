@@ -21,7 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "core/autograd.h"
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "core/ops.h"
 #include "core/optim.h"
 #include "tests/checkpoint/checkpoint_test_support.h"

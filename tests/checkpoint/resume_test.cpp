@@ -20,7 +20,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "core/optim.h"
 #include "samples/models.h"
 #include "samples/synthetic.h"

@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "core/optim.h"
 #include "tests/checkpoint/checkpoint_test_support.h"
 #include "tests/test_support.h"

@@ -1,4 +1,4 @@
-// The two-trace diff of probes/analysis_diff.h: hand-built traces written with the TraceWriter (identical
+// The two-trace diff of probes/analysis/diff.h: hand-built traces written with the TraceWriter (identical
 // runs, planted divergences, NaN, ops and steps in one run only, dtype differences, repeated ops, loss-scaled
 // backward rows and gradients, rows outside steps, saturated outputs, new exact zeros), and real pairs: the
 // transformer's attention-overflow scenario trained in fp16 and in fp32 with the same seed, and healthy
@@ -16,11 +16,11 @@
 
 #include <unistd.h>
 
-#include "probes/analysis_diff.h"
-#include "probes/analysis_render.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
-#include "samples/train.h"
+#include "probes/analysis/diff.h"
+#include "probes/analysis/render.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
+#include "cli/run.h"
 #include "tests/test_support.h"
 
 namespace ampscope::analysis {

@@ -3,7 +3,7 @@
 // an op, the losses or the gradients (ampscope diff's exit status 0). Before the diff was scale-aware every
 // such pair "diverged" at step 0 in the backward of the loss (its rows hold values 65536 times the fp32
 // ones). The seeds include the ones whose healthy differences were the largest measured when the
-// threshold was chosen (cnn seeds 2 and 3, probes/analysis_diff.h).
+// threshold was chosen (cnn seeds 2 and 3, probes/analysis/diff.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,9 +16,9 @@
 
 #include <fmt/format.h>
 
-#include "probes/analysis_diff.h"
-#include "probes/trace_reader.h"
-#include "samples/train.h"
+#include "probes/analysis/diff.h"
+#include "probes/trace/reader.h"
+#include "cli/run.h"
 
 namespace ampscope::analysis {
 namespace {

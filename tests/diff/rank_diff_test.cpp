@@ -1,4 +1,4 @@
-// A data-parallel run's rank traces in the diff (probes/analysis_ranks.h), on hand-built traces written with
+// A data-parallel run's rank traces in the diff (probes/analysis/ranks.h), on hand-built traces written with
 // the TraceWriter: finding a run's siblings, a trace's rank from its config, two ranks of one run checked for
 // what must be identical, the first divergence across ranks (planted at known steps, phases and ranks), and
 // the refusals. tests/distributed/rank_diff_test.cpp runs the same on traces of real 2- and 3-rank runs.
@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "probes/analysis_ranks.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
+#include "probes/analysis/ranks.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
 #include "tests/test_support.h"
 
 namespace ampscope::analysis {

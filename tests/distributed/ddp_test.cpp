@@ -1,4 +1,4 @@
-// `ampscope train --ddp` on the process group (samples/train.cpp, core/data_parallel.h): the run with N
+// `ampscope train --ddp` on the process group (cli/run.cpp, core/distributed/data_parallel.h): the run with N
 // ranks and global batch B against the one-process run with batch B, computed by every rank itself as the
 // reference; the gradient all-reduce's buckets and values; the GradScaler's found_inf agreement; ranks
 // started differently or with a batch that does not split refuse together. Under the single-process
@@ -17,14 +17,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/data_parallel.h"
+#include "core/distributed/data_parallel.h"
 #include "core/error.h"
 #include "core/grad_scaler.h"
 #include "core/ops.h"
 #include "core/optim.h"
-#include "probes/trace_reader.h"
-#include "samples/report_command.h"
-#include "samples/train.h"
+#include "probes/trace/reader.h"
+#include "cli/report_command.h"
+#include "cli/run.h"
 #include "tests/distributed/distributed_test_support.h"
 
 namespace ampscope {

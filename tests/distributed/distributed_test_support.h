@@ -13,8 +13,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "core/process_group.h"
-#include "samples/train.h"
+#include "core/distributed/process_group.h"
+#include "cli/run.h"
 
 namespace ampscope::testing {
 

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <memory>
 
-#include "core/process_group.h"
+#include "core/distributed/process_group.h"
 #include "core/tensor.h"
 
 int main(int argc, char** argv) {

@@ -1,4 +1,4 @@
-// `ampscope diff` of data-parallel runs (probes/analysis_ranks.h, run_diff in samples/report_command.cpp) on
+// `ampscope diff` of data-parallel runs (probes/analysis/ranks.h, run_diff in cli/report_command.cpp) on
 // traces every rank of this program writes with `train()` on the process group, as `mpirun ... ampscope
 // train --ddp` does: two N-rank runs diffed rank by rank, and two ranks of one run. What each test expects
 // follows from how the runs were made, not from the diff's output: the same configuration twice gives the
@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "probes/analysis_ranks.h"
-#include "samples/report_command.h"
-#include "samples/train.h"
+#include "probes/analysis/ranks.h"
+#include "cli/report_command.h"
+#include "cli/run.h"
 #include "tests/distributed/distributed_test_support.h"
 
 namespace ampscope {

@@ -1,4 +1,4 @@
-// ZeRO-1 (`ampscope train --ddp --shard-optimizer`, core/zero_optimizer.h): the partition against PyTorch's
+// ZeRO-1 (`ampscope train --ddp --shard-optimizer`, core/distributed/zero_optimizer.h): the partition against PyTorch's
 // sorted-greedy rule worked by hand; a sharded AdamW against the unsharded one on the same gradients (every
 // rank's parameters and every state bit, fused and op-by-op paths), and each rank's state being its shard's
 // only; training every sample in fp32/fp16/bf16 sharded against plain DDP, bit for bit (losses, scales,
@@ -19,14 +19,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/random.h"
-#include "core/zero_optimizer.h"
+#include "core/distributed/zero_optimizer.h"
 #include "kernels/cpu/fused_optim.h"
-#include "samples/train.h"
+#include "cli/run.h"
 #include "tests/distributed/distributed_test_support.h"
 
 namespace ampscope {

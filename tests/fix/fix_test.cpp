@@ -1,4 +1,4 @@
-// `ampscope fix` (samples/fix_command.h): every failure scenario is re-run with the remedies its report
+// `ampscope fix` (cli/fix_command.h): every failure scenario is re-run with the remedies its report
 // proposes, and the remedies expected to work are the ones whose mechanism removes the failure's cause.
 // The expectations below come from the arithmetic of the dtypes, not from what the command printed:
 //   - f16's largest finite value is 65504; f32's and bf16's is about 3.4e38 (8 exponent bits both). An
@@ -24,11 +24,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "probes/analysis.h"
-#include "probes/trace_reader.h"
-#include "samples/fix_command.h"
-#include "samples/report_command.h"
-#include "samples/train.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/reader.h"
+#include "cli/fix_command.h"
+#include "cli/report_command.h"
+#include "cli/run.h"
 #include "tests/test_support.h"
 #include "tests/userloop/hand_loss_loop.h"
 

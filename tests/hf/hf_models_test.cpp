@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include "core/ops.h"
-#include "core/safetensors.h"
-#include "samples/hf_models.h"
+#include "core/io/safetensors.h"
+#include "models/hf_models.h"
 #include "tests/test_support.h"
 
 namespace ampscope {

@@ -14,7 +14,7 @@
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "core/optim.h"
-#include "samples/hf_models.h"
+#include "models/hf_models.h"
 #include "tests/support/python_reference.h"
 #include "tests/test_support.h"
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "samples/hf_t5.h"
+#include "models/hf_t5.h"
 #include "tests/test_support.h"
 
 namespace ampscope {

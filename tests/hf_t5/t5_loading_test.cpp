@@ -9,8 +9,8 @@
 
 #include "core/autograd.h"
 #include "core/ops.h"
-#include "core/safetensors.h"
-#include "samples/hf_t5.h"
+#include "core/io/safetensors.h"
+#include "models/hf_t5.h"
 #include "tests/hf_t5/t5_test_util.h"
 #include "tests/test_support.h"
 
@@ -287,7 +287,7 @@ TEST(t5_loading_test, load_model_sends_t5_folders_to_load_seq2seq) {
   EXPECT_EQ(message_of([&] { hf::load_model(dir); }),
             (dir / "config.json").string() +
                 ": model_type 't5' is an encoder-decoder model, not a causal language model\nhint: load it with "
-                "load_seq2seq (samples/hf_t5.h); is_seq2seq_folder tells the kinds apart");
+                "load_seq2seq (models/hf_t5.h); is_seq2seq_folder tells the kinds apart");
 }
 
 TEST(t5_loading_test, the_loss_is_the_mean_cross_entropy_over_every_label) {

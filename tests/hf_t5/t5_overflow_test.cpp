@@ -13,8 +13,8 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
-#include "samples/hf_t5.h"
-#include "samples/token_data.h"
+#include "models/hf_t5.h"
+#include "models/token_data.h"
 #include "tests/hf_t5/t5_test_util.h"
 #include "tests/test_support.h"
 

@@ -1,4 +1,4 @@
-// probes/f16_ranges.h checked against the project's exact conversions (core/float16.h, core/convert.h) and
+// probes/analysis/f16_ranges.h checked against the project's exact conversions (core/float16.h, core/convert.h) and
 // the probe's own binning (probe::histogram_bin): for every histogram bin, values of each source dtype that
 // fall in it are rounded to f16 and what the rounding did must be what the bin's zone says. Exhaustive over
 // every f32 value of the bins around f16's boundaries and over every f16 and bf16 pattern; strided over the
@@ -16,8 +16,8 @@
 
 #include "core/convert.h"
 #include "core/float16.h"
-#include "probes/analysis.h"
-#include "probes/f16_ranges.h"
+#include "probes/analysis/analysis.h"
+#include "probes/analysis/f16_ranges.h"
 #include "probes/stats.h"
 
 namespace ampscope::half_ranges {

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "probes/trace_schema.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::testing {
 

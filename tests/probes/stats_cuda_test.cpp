@@ -19,7 +19,7 @@
 #include "core/ops.h"
 #include "core/random.h"
 #include "probes/stats.h"
-#include "probes/trace_schema.h"
+#include "probes/trace/schema.h"
 #include "tests/test_support.h"
 #if defined(AMPSCOPE_WITH_CUDA)
 #include <cuda_runtime_api.h>

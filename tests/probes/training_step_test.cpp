@@ -2,7 +2,7 @@
 // the probe writing to an in-memory sink.
 //
 // References, each independent of Step::finish:
-// - the /steps rows of the same run written the way samples/train.cpp wrote them by hand before it used
+// - the /steps rows of the same run written the way cli/run.cpp wrote them by hand before it used
 //   Step (the loop below, a copy of that code): the rows must be the same, field for field but time;
 // - the scale before and after each update from the GradScaler rules (reference/amp-semantics.md 1.9:
 //   a clean step counts the tracker up and the scale doubles when it reaches growth_interval, the
@@ -84,7 +84,7 @@ struct Loop {
   }
 };
 
-// samples/train.cpp's step before probe::Step, kept here as the reference: scale read before backward,
+// cli/run.cpp's step before probe::Step, kept here as the reference: scale read before backward,
 // unscale_, report_grads without a scaler, clip (an infinite max_norm measures without changing a bit),
 // step, update, then the summary filled field by field.
 probe::StepSummary hand_filled_step(Loop& run, std::int64_t step, double& norm_in_double) {

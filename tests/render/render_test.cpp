@@ -1,4 +1,4 @@
-// The text and JSON renderings of probes/analysis_render.h on hand-filled Report and DiffReport structs: the
+// The text and JSON renderings of probes/analysis/render.h on hand-filled Report and DiffReport structs: the
 // text's first line names the first anomaly (or says the run is clean), colour only when asked, the JSON
 // parses back (nlohmann, independently of the writer's code) with every field of the structs, and NaN and
 // the infinities, which JSON cannot hold, come back as null and "inf"/"-inf" (docs/report-format.md).
@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "probes/analysis_render.h"
+#include "probes/analysis/render.h"
 
 namespace ampscope::analysis {
 namespace {

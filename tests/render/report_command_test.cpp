@@ -1,4 +1,4 @@
-// `ampscope report` and `ampscope diff` through run_report / run_diff (samples/report_command.h), on traces
+// `ampscope report` and `ampscope diff` through run_report / run_diff (cli/report_command.h), on traces
 // written in the test by short CPU training runs: exit 0 for a healthy run, 1 for a scenario (log-zero:
 // docs/scenarios.md puts its first origin at log, outside any module, step 0), 2 with the reader's message
 // for a missing file and a file that is not HDF5; JSON and --output; a trace whose writer never closed it.
@@ -16,9 +16,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "probes/trace_writer.h"
-#include "samples/report_command.h"
-#include "samples/train.h"
+#include "probes/trace/writer.h"
+#include "cli/report_command.h"
+#include "cli/run.h"
 
 namespace ampscope::samples {
 namespace {

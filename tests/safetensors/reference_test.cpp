@@ -8,7 +8,7 @@
 #include <limits>
 #include <sys/wait.h>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 #include "tests/test_support.h"
 
 namespace ampscope {

@@ -13,7 +13,7 @@
 #include <iterator>
 #include <random>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 #include "tests/support/fuzz.h"
 #include "tests/test_support.h"
 

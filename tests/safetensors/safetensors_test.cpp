@@ -1,6 +1,6 @@
 // Tests of core/safetensors: round trips, exact bytes of a hand-written file, hand-written bad files
 // (each refused with a message that names the problem), and a sharded Hugging Face folder.
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 
 #include <gtest/gtest.h>
 

@@ -20,7 +20,7 @@
 
 #include "core/dtype.h"
 #include "core/probe_hook.h"
-#include "samples/train.h"
+#include "cli/run.h"
 
 namespace ampscope::samples::testing {
 

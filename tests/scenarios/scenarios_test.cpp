@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "probes/trace_reader.h"
-#include "samples/train.h"
+#include "probes/trace/reader.h"
+#include "cli/run.h"
 #include "tests/scenarios/run_log.h"
 #include "tests/test_support.h"
 

@@ -1,4 +1,4 @@
-// GPT-2's byte-level BPE (samples/bpe_tokenizer.h) on the hand-made vocabulary of tokenizer_files.h. Every
+// GPT-2's byte-level BPE (models/bpe_tokenizer.h) on the hand-made vocabulary of tokenizer_files.h. Every
 // expected id list below was worked by hand from GPT-2's algorithm (openai/gpt-2 src/encoder.py): the
 // pre-token split the pattern gives, then for each piece the merge rounds (the lowest-ranked adjacent pair,
 // every occurrence merged left to right, repeat), then the vocabulary ids. "r3" is merge rank 3.

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "samples/bpe_tokenizer.h"
+#include "models/bpe_tokenizer.h"
 #include "tests/test_support.h"
 
 namespace ampscope::testing {

@@ -2,7 +2,7 @@
 // is wrong, and gives a hint.
 #include <gtest/gtest.h>
 
-#include "samples/token_data.h"
+#include "models/token_data.h"
 #include "tests/test_support.h"
 #include "tests/tokens/token_test_util.h"
 

@@ -8,7 +8,7 @@
 
 #include <numeric>
 
-#include "samples/token_data.h"
+#include "models/token_data.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {

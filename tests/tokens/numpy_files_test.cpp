@@ -13,7 +13,7 @@
 #include <map>
 #include <sstream>
 
-#include "samples/token_data.h"
+#include "models/token_data.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {

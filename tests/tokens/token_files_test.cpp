@@ -3,7 +3,7 @@
 // hold them), raw uint16 .bin files and .txt files with every kind of whitespace.
 #include <gtest/gtest.h>
 
-#include "samples/token_data.h"
+#include "models/token_data.h"
 #include "tests/test_support.h"
 #include "tests/tokens/token_test_util.h"
 

@@ -14,7 +14,7 @@
 #include <regex>
 #include <sstream>
 
-#include "samples/token_data.h"
+#include "models/token_data.h"
 #include "tests/support/fuzz.h"
 #include "tests/test_support.h"
 #include "tests/tokens/token_test_util.h"

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "probes/trace_codec.h"
+#include "probes/trace/codec.h"
 
 namespace ampscope::trace::detail {
 namespace {

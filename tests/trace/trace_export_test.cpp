@@ -1,4 +1,4 @@
-// `ampscope export TRACE --csv DIR` (samples/export_command.h): every exported value equals the reader's
+// `ampscope export TRACE --csv DIR` (cli/export_command.h): every exported value equals the reader's
 // (the CSV parsed back by an RFC 4180 parser written here, numbers by strtod, bit for bit), hostile texts
 // are quoted as RFC 4180 says, numbers read back exactly, and the errors and exit statuses: a missing trace,
 // a DIR that is a file, a file that is not a trace, a damaged trace exported as far as it reads.
@@ -18,9 +18,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
-#include "samples/export_command.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
+#include "cli/export_command.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace ampscope::trace {

@@ -53,16 +53,16 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "probes/analysis.h"
-#include "probes/analysis_diff.h"
-#include "probes/analysis_render.h"
+#include "probes/analysis/analysis.h"
+#include "probes/analysis/diff.h"
+#include "probes/analysis/render.h"
 #include "probes/probe.h"
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 #include "core/nn.h"
 #include "core/optim.h"
-#include "probes/trace_layout.h"
-#include "probes/trace_reader.h"
-#include "samples/train.h"
+#include "probes/trace/layout.h"
+#include "probes/trace/reader.h"
+#include "cli/run.h"
 #include "tests/trace/trace_test_util.h"
 
 #if defined(__SANITIZE_ADDRESS__)

@@ -13,8 +13,8 @@
 
 #include <gtest/gtest.h>
 
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
 #include "tests/test_support.h"
 #include "tests/trace/trace_test_util.h"
 

@@ -14,9 +14,9 @@
 #include "core/probe_hook.h"
 #include "core/random.h"
 #include "probes/probe.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
-#include "samples/report_command.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
+#include "cli/report_command.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace ampscope::trace {

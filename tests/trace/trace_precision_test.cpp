@@ -14,10 +14,10 @@
 
 #include <gtest/gtest.h>
 
-#include "probes/trace_layout.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
-#include "samples/train.h"
+#include "probes/trace/layout.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
+#include "cli/run.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace ampscope::trace {

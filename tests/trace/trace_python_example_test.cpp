@@ -16,9 +16,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
-#include "samples/export_command.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
+#include "cli/export_command.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace ampscope::trace {

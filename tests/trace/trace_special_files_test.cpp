@@ -1,6 +1,6 @@
 // Only regular files are opened as traces: a FIFO, a device or a folder is refused at once with a message
 // (a FIFO used to block the reader for ever inside HDF5), and a file this user may not read says
-// "permission denied" instead of "not an HDF5 file". The same check (core/hdf5_support.h) guards the
+// "permission denied" instead of "not an HDF5 file". The same check (core/io/hdf5_support.h) guards the
 // checkpoint loader (tests/checkpoint/load_errors_test.cpp).
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "probes/trace_reader.h"
+#include "probes/trace/reader.h"
 #include "tests/test_support.h"
 #include "tests/trace/trace_test_util.h"
 

@@ -12,9 +12,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "probes/trace_layout.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
+#include "probes/trace/layout.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace ampscope::trace {

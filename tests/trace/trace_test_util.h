@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "probes/trace_schema.h"
+#include "probes/trace/schema.h"
 
 namespace ampscope::trace::testing {
 

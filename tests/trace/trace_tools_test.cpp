@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace ampscope::trace {

@@ -70,7 +70,7 @@
 
 #include "core/dtype.h"
 #include "core/probe_hook.h"
-#include "samples/train.h"
+#include "cli/run.h"
 #include "tests/scenarios/run_log.h"
 #include "tests/test_support.h"
 

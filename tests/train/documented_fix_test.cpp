@@ -19,9 +19,9 @@
 #include <gtest/gtest.h>
 
 #include "core/autocast.h"
-#include "probes/analysis.h"
-#include "probes/trace_reader.h"
-#include "samples/train_command.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/reader.h"
+#include "cli/train_command.h"
 #include "tests/test_support.h"
 
 #ifndef AMPSCOPE_SOURCE_DIR

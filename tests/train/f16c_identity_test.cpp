@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "kernels/cpu/half_convert.h"
-#include "probes/trace_reader.h"
-#include "samples/train.h"
+#include "probes/trace/reader.h"
+#include "cli/run.h"
 
 namespace ampscope::samples {
 namespace {

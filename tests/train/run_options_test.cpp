@@ -10,14 +10,14 @@
 
 #include <gtest/gtest.h>
 
-#include "core/checkpoint.h"
+#include "core/io/checkpoint.h"
 #include "core/error.h"
 #include "core/random.h"
-#include "core/safetensors.h"
-#include "probes/analysis.h"
-#include "probes/trace_reader.h"
-#include "samples/train.h"
-#include "samples/train_command.h"
+#include "core/io/safetensors.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/reader.h"
+#include "cli/run.h"
+#include "cli/train_command.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {

@@ -15,10 +15,10 @@
 
 #include "core/autograd.h"
 #include "core/random.h"
-#include "probes/analysis.h"
-#include "probes/trace_reader.h"
-#include "samples/hf_t5.h"
-#include "samples/train.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/reader.h"
+#include "models/hf_t5.h"
+#include "cli/run.h"
 #include "tests/hf_t5/t5_test_util.h"
 #include "tests/test_support.h"
 

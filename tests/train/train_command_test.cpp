@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "samples/train_command.h"
+#include "cli/train_command.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {

@@ -11,8 +11,8 @@
 
 #include "core/error.h"
 #include "samples/idx.h"
-#include "probes/trace_reader.h"
-#include "samples/train.h"
+#include "probes/trace/reader.h"
+#include "cli/run.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {

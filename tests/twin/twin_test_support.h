@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "probes/analysis.h"
+#include "probes/analysis/analysis.h"
 #include "probes/probe.h"
-#include "probes/trace_reader.h"
-#include "probes/trace_writer.h"
+#include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
 #include "probes/twin.h"
 
 namespace ampscope::testing {

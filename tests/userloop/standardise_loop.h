@@ -23,7 +23,7 @@
 #include "core/ops.h"
 #include "core/optim.h"
 #include "probes/probe.h"
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 
 namespace ampscope::testing {
 

@@ -13,9 +13,9 @@
 #include <cmath>
 #include <sstream>
 
-#include "probes/analysis.h"
-#include "probes/trace_reader.h"
-#include "samples/report_command.h"
+#include "probes/analysis/analysis.h"
+#include "probes/trace/reader.h"
+#include "cli/report_command.h"
 #include "tests/test_support.h"
 #include "tests/userloop/hand_loss_loop.h"
 #include "tests/userloop/standardise_loop.h"

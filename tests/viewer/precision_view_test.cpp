@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 #include "tests/viewer/viewer_fixtures.h"
 #include "viewer/document.h"
 #include "viewer/view_model.h"

@@ -18,7 +18,7 @@
 
 #include <fmt/format.h>
 
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 #include "tests/test_support.h"
 #include "tests/viewer/viewer_fixtures.h"
 #include "viewer/app.h"

@@ -23,7 +23,7 @@
 #include "viewer/document.h"
 #include "viewer/options.h"
 #include "viewer/view_model.h"
-#include "probes/analysis_diff.h"
+#include "probes/analysis/diff.h"
 
 namespace ampscope::viewer {
 namespace {
@@ -83,7 +83,7 @@ TEST(view_model_test, ops_table_filters_case_insensitively_and_sorts_nan_after_n
   EXPECT_NE(dtype_colour("f16"), dtype_colour("f32"));
 }
 
-// The histogram's zones are probes/f16_ranges.h's (tested against the conversion in tests/probes); here:
+// The histogram's zones are probes/analysis/f16_ranges.h's (tested against the conversion in tests/probes); here:
 // the viewer uses them, with the tensor's dtype, where it used to call bin -25 "flush to zero" and count
 // [65520, 65536) as finite.
 TEST(view_model_test, exponent_histogram_counts_each_bin_by_what_f16_makes_of_it) {

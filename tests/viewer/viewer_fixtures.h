@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "probes/trace_writer.h"
+#include "probes/trace/writer.h"
 #include "tests/test_support.h"
 
 namespace ampscope::viewer::testing {

@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <exception>
 
-#include <ampscope/probes/analysis.h>
-#include <ampscope/probes/trace_reader.h>
+#include <ampscope/probes/analysis/analysis.h>
+#include <ampscope/probes/trace/reader.h>
 
 // The installed headers must not need ampscope's source tree on the include path.
 #if __has_include("kernels/functors.h") || __has_include("core/tensor.h")

@@ -1,7 +1,7 @@
 // ampscope::reader from a subproject: opens a trace if one is given.
 #include <cstdio>
 
-#include <ampscope/probes/trace_reader.h>
+#include <ampscope/probes/trace/reader.h>
 
 int main(int argc, char** argv) {
   if (argc > 1) {
