@@ -1,4 +1,4 @@
-// kernels/cpu/half_convert.cpp: bulk f16/bf16 <-> float conversions (kernels/cpu/half_convert.h).
+// kernels/half_convert.cpp: bulk f16/bf16 <-> float conversions (kernels/half_convert.h).
 //
 // Why F16C gives the same bits as core/float16.h: vcvtps2ph with an immediate round-to-nearest-even ignores
 // MXCSR's rounding mode, keeps subnormals (it does not flush, whatever MXCSR.FTZ says), overflows to inf and
@@ -6,7 +6,7 @@
 // written to; vcvtph2ps is exact and quiets signalling NaNs the same way. tests/core/float16_test.cpp
 // proves the scalar code equal to the instruction for all 2^32 floats, and tests/kernels/half_convert_test.cpp
 // proves these loops equal to the scalar code.
-#include "kernels/cpu/half_convert.h"
+#include "kernels/half_convert.h"
 
 #include <atomic>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-// kernels/cpu/half_convert.h: the CPU backend's bulk f16/bf16 <-> float conversions, for its hot loops
+// kernels/half_convert.h: the CPU backend's bulk f16/bf16 <-> float conversions, for its hot loops
 // (matrix operands widened for sgemm, products rounded back, casts, element-wise kernels).
 //
 //   std::vector<float> wide(n);

@@ -4,7 +4,7 @@
 // the job and registers itself as active under the same lock, so it can only ever run tasks of the job
 // it copied. The caller waits until every task is done and no worker is active before it returns, and
 // before it publishes the next job, so a late worker can never claim indices of a newer job.
-#include "kernels/cpu/parallel.h"
+#include "kernels/parallel.h"
 
 #include <atomic>
 #include <condition_variable>

@@ -1,4 +1,4 @@
-// kernels/cpu/parallel.h: split a range over the CPU's cores, for kernel work that is large enough to
+// kernels/parallel.h: split a range over the CPU's cores, for kernel work that is large enough to
 // pay for the threads.
 //
 //   parallel_for(n, kElementwiseGrain, [&](std::int64_t begin, std::int64_t end) { ... });

@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "core/device.h"
-#include "kernels/cpu/parallel.h"
+#include "kernels/parallel.h"
 
 namespace ampscope::probe {
 namespace {

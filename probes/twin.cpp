@@ -15,8 +15,8 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
-#include "kernels/cpu/half_convert.h"
-#include "kernels/cpu/parallel.h"
+#include "kernels/half_convert.h"
+#include "kernels/parallel.h"
 #include "probes/stats.h"
 
 namespace ampscope::probe {

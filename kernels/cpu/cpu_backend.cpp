@@ -14,10 +14,10 @@
 #include "core/error.h"
 #include "core/philox.h"
 #include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/half_convert.h"
+#include "kernels/half_convert.h"
 #include "kernels/cpu/fused_optim.h"
 #include "kernels/cpu/nn_kernels.h"
-#include "kernels/cpu/parallel.h"
+#include "kernels/parallel.h"
 #include "kernels/functors.h"
 
 namespace ampscope {

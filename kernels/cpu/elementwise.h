@@ -1,7 +1,7 @@
 // kernels/cpu/elementwise.h: the CPU backend's loops for element-wise kernels over strided views. Each
 // loads elements in the tensor's dtype, calls the op's functor (kernels/functors.h) in the accumulation
 // type and rounds once on store. Contiguous inputs take a plain indexed loop; others walk a cursor.
-// f16/bf16 go through float blocks: loaded and widened in bulk (kernels/cpu/half_convert.h: F16C where the
+// f16/bf16 go through float blocks: loaded and widened in bulk (kernels/half_convert.h: F16C where the
 // CPU has it), the functor applied, the block rounded in bulk; the same bits as one element at a time.
 //
 //   register_kernel(Op::relu, DType::f16, &cpu::unary_kernel<f16, ReluFn>);
@@ -13,8 +13,8 @@
 
 #include "core/backend.h"
 #include "core/convert.h"
-#include "kernels/cpu/half_convert.h"
-#include "kernels/cpu/parallel.h"
+#include "kernels/half_convert.h"
+#include "kernels/parallel.h"
 #include "kernels/functors.h"
 
 namespace ampscope::cpu {

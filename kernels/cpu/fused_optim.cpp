@@ -19,7 +19,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "kernels/cpu/parallel.h"
+#include "kernels/parallel.h"
 #include "kernels/functors.h"
 
 namespace ampscope::cpu {

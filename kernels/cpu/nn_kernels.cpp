@@ -15,8 +15,8 @@
 #include "core/convert.h"
 #include "core/philox.h"
 #include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/half_convert.h"
-#include "kernels/cpu/parallel.h"
+#include "kernels/half_convert.h"
+#include "kernels/parallel.h"
 #include "kernels/functors.h"
 
 // OpenBLAS's own control of its thread pool (declared here too in case cblas.h is another vendor's).
@@ -363,7 +363,7 @@ void layer_norm_param_grad_kernel(Backend&, const KernelArgs& a) {
 
 // Copies matrix `batch` of a [B, R, C] view into a dense row-major buffer of the accumulation type,
 // rows split over the pool when the caller is not itself a pool task. f16/bf16 rows are widened in bulk
-// (kernels/cpu/half_convert.h); a transposed view (a weight used as w^T) is widened a few source columns
+// (kernels/half_convert.h); a transposed view (a weight used as w^T) is widened a few source columns
 // at a time, each contiguous in memory, and written out as rows of the buffer.
 template <class Acc>
 void pack_matrix(const TensorView& v, std::int64_t batch, Acc* dst) {
@@ -492,7 +492,7 @@ void for_row_blocks(std::int64_t m, std::int64_t grain, const Fn& rows) {
 // dtype and any strides; those BLAS cannot read in place are widened into a dense buffer first.
 //
 // Threads: OpenBLAS runs single-threaded (see register_nn_kernels) and the work is split here on the
-// backend's pool (kernels/cpu/parallel.h), over batches when there are enough of them, else over row blocks of each product. Two thread
+// backend's pool (kernels/parallel.h), over batches when there are enough of them, else over row blocks of each product. Two thread
 // pools on two cores would spin against each other; one pool keeps both cores busy.
 template <class T>
 void gemm_kernel(Backend&, const KernelArgs& a) {
@@ -829,7 +829,7 @@ void nll_backward_rows_kernel(Backend&, const KernelArgs& a) {
 }  // namespace
 
 void register_nn_kernels(const KernelRegistrar& reg) {
-  // One thread pool for the whole backend (kernels/cpu/parallel.h): gemm_kernel splits products itself.
+  // One thread pool for the whole backend (kernels/parallel.h): gemm_kernel splits products itself.
   openblas_set_num_threads(1);
   auto floating = [&](auto tag) {
     using T = decltype(tag);

@@ -9,7 +9,7 @@
 //     candidate neighbours, compared in exact double arithmetic, ties to even) does;
 //   * the documented boundary facts of amp-semantics section 5 hold (expected values derived by hand);
 //   * the public `f16` / `bf16` types do the same through their constructor, cast and `from_bits`;
-//   * the CPU backend's bulk conversions (kernels/cpu/half_convert.h) give the same bits on both of their
+//   * the CPU backend's bulk conversions (kernels/half_convert.h) give the same bits on both of their
 //     paths, the F16C/AVX2 one and the portable one, for all 2^16 patterns and all 2^32 floats: each sweep
 //     block is also converted by both bulk paths and compared with the same reference.
 //
@@ -23,7 +23,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/cpu/half_convert.h"
+#include "kernels/half_convert.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,5 +1,5 @@
 // tests/kernels/half_convert_test.cpp: the CPU backend's bulk f16/bf16 conversions
-// (kernels/cpu/half_convert.h) and the kernels that use them give the same bits on the F16C path and on
+// (kernels/half_convert.h) and the kernels that use them give the same bits on the F16C path and on
 // the portable one. The exhaustive comparisons (all 2^16 patterns widened, all 2^32 floats narrowed,
 // against the CPU's instruction and the independent bf16 reference) are in tests/core/float16_test.cpp;
 // here: every length and offset of the 8-wide loops' tails, the switch (AMPSCOPE_NO_F16C and
@@ -21,7 +21,7 @@
 #include "core/ops.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "kernels/cpu/half_convert.h"
+#include "kernels/half_convert.h"
 
 namespace ampscope {
 namespace {

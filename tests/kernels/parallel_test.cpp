@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/cpu/parallel.h"
+#include "kernels/parallel.h"
 
 namespace ampscope::cpu {
 namespace {

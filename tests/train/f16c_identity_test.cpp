@@ -1,5 +1,5 @@
 // The CPU backend's F16C fast path changes no bit of a training run: every sample trained in fp16 (autocast
-// + GradScaler) and bf16 with the fast f16/bf16 conversions (kernels/cpu/half_convert.h) and again on the
+// + GradScaler) and bf16 with the fast f16/bf16 conversions (kernels/half_convert.h) and again on the
 // portable path (what AMPSCOPE_NO_F16C=1 selects) writes the same trace: each step's loss, scale and
 // gradient norm, every op row's statistics (forward and backward) and every gradient row compared exactly.
 // On a CPU without F16C both runs take the portable path and the test says so.
@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "kernels/cpu/half_convert.h"
+#include "kernels/half_convert.h"
 #include "probes/trace/reader.h"
 #include "cli/run.h"
 
