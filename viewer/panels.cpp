@@ -621,78 +621,35 @@ void draw_ops_panel(ViewerState& s) {
 
 void draw_error_histogram(ViewerState& s, const trace::PrecisionRow& p, float height);
 
-void draw_detail_panel(ViewerState& s) {
-  if (!begin_panel("Op detail", s.layout.detail)) return;
-  if (!need_trace(s)) {
-    ImGui::End();
-    return;
-  }
-  const trace::OpRow* row = selected_op(s);
-  if (!row) {
-    // A twinned op whose step's /ops rows were not written (--sample-every): the twin's numbers alone.
-    const PrecisionMap* pm = s.a->precision();
-    const std::optional<std::int64_t> step = s.a->selected_step();
-    const trace::PrecisionRow* twin =
-        pm && step && s.selected_seq && s.a->step_data() ? precision_at(*pm, *step, *s.selected_seq) : nullptr;
-    if (twin) {
-      ImGui::Text("%s  %s", twin->op.c_str(), twin->module.empty() ? "(no module)" : twin->module.c_str());
-      ImGui::SameLine();
-      ImGui::TextDisabled("step %lld, seq %lld, %s: no /ops row in this trace (a step --sample-every did not write)",
-                          static_cast<long long>(twin->step), static_cast<long long>(twin->seq), twin->out_dtype.c_str());
-      const ImVec2 avail = ImGui::GetContentRegionAvail();
-      ImGui::BeginChild("##twin_rows", ImVec2(avail.x >= 600 ? std::min(360.0f, avail.x * 0.42f) : 0, avail.x >= 600 ? 0 : std::floor(avail.y * 0.5f)), false);
-      key_value_table("##precision", precision_detail_rows(*twin), 90);
-      ImGui::EndChild();
-      if (avail.x >= 600) ImGui::SameLine();
-      ImGui::BeginChild("##twin_histogram", ImVec2(0, 0), false);
-      draw_error_histogram(s, *twin, std::max(100.0f, ImGui::GetContentRegionAvail().y - 4));
-      ImGui::EndChild();
-      ImGui::End();
-      return;
-    }
-    ImGui::TextDisabled(s.a->step_data() ? "Select an op in the Ops table (or a card in Why NaN?)."
-                                         : "loading the step's ops...");
-    ImGui::End();
-    return;
-  }
-  ImGui::Text("%s  %s", row->op.c_str(), row->module.empty() ? "(no module)" : row->module.c_str());
-  if (row->origin) {
-    ImGui::SameLine();
-    ImGui::TextColored(to_vec4(colours::kOriginMark), "origin");
-  }
-  ImGui::SameLine();
-  ImGui::TextDisabled("step %lld, seq %lld, %s, %s", static_cast<long long>(row->step), static_cast<long long>(row->seq),
-                      dtype_arrow(*row).c_str(), row->shape.c_str());
-  const StepData* d = s.a->step_data();
-  // The dataflow around the op: computed once per op (a step may hold a million rows).
-  const std::uint64_t load = d ? d->load_id : 0;
-  if (s.detail_links_seq != row->seq || s.detail_links_load != load) {
-    const std::span<const trace::OpRow> rows = d ? std::span<const trace::OpRow>(d->ops) : std::span<const trace::OpRow>();
-    s.detail_producers = producers(*row, rows);
-    s.detail_consumers = consumers(*row, rows);
-    s.detail_links_seq = row->seq;
-    s.detail_links_load = load;
-  }
-  // Side by side when there is room; in the default layout's narrow column a side table would leave its
-  // values a few letters wide, so the table goes above the histogram there.
-  const ImVec2 avail = ImGui::GetContentRegionAvail();
-  const bool side_by_side = avail.x >= 600;
-  const ImVec2 table_size = side_by_side ? ImVec2(std::min(360.0f, avail.x * 0.42f), 0) : ImVec2(0, std::floor(avail.y * 0.5f));
-  ImGui::BeginChild("##detail_rows", table_size, false);
-  // A twinned op's precision first (the Precision panel's clicks come here for it).
+// The Op detail panel when no /ops row is selected: a twinned op whose step's /ops rows were not written
+// (--sample-every) shows the twin's numbers alone; otherwise a hint.
+void draw_detail_without_row(ViewerState& s) {
   const PrecisionMap* pm = s.a->precision();
-  const trace::PrecisionRow* twin = pm ? precision_at(*pm, row->step, row->seq) : nullptr;
+  const std::optional<std::int64_t> step = s.a->selected_step();
+  const trace::PrecisionRow* twin =
+      pm && step && s.selected_seq && s.a->step_data() ? precision_at(*pm, *step, *s.selected_seq) : nullptr;
   if (twin) {
-    ImGui::TextColored(to_vec4(colours::kLoss), "precision (%s twin)", analysis::reference_of(*twin).c_str());
-    help_marker("How far this op's output is from the twin's (ampscope train --twin: f16/bf16 ops computed again in "
-                "f32; with --twin-f64, f32 ops in f64): local, on its own inputs (its own "
-                "rounding); accumulated, against the twin's value (every earlier op's error in it). Relative errors "
-                "are |y - r| / max(|r|, floor); bits of agreement -log2 of the max; the jump is the factor by which "
-                "its error exceeds its inputs' (the report's ranking).");
+    ImGui::Text("%s  %s", twin->op.c_str(), twin->module.empty() ? "(no module)" : twin->module.c_str());
+    ImGui::SameLine();
+    ImGui::TextDisabled("step %lld, seq %lld, %s: no /ops row in this trace (a step --sample-every did not write)",
+                        static_cast<long long>(twin->step), static_cast<long long>(twin->seq), twin->out_dtype.c_str());
+    const ImVec2 avail = ImGui::GetContentRegionAvail();
+    ImGui::BeginChild("##twin_rows", ImVec2(avail.x >= 600 ? std::min(360.0f, avail.x * 0.42f) : 0, avail.x >= 600 ? 0 : std::floor(avail.y * 0.5f)), false);
     key_value_table("##precision", precision_detail_rows(*twin), 90);
-    ImGui::Separator();
+    ImGui::EndChild();
+    if (avail.x >= 600) ImGui::SameLine();
+    ImGui::BeginChild("##twin_histogram", ImVec2(0, 0), false);
+    draw_error_histogram(s, *twin, std::max(100.0f, ImGui::GetContentRegionAvail().y - 4));
+    ImGui::EndChild();
+    return;
   }
-  // Inputs, consumers and the root-cause chain first: they are what a click follows.
+  ImGui::TextDisabled(s.a->step_data() ? "Select an op in the Ops table (or a card in Why NaN?)."
+                                       : "loading the step's ops...");
+}
+
+// Where the op's inputs came from, who takes its output, and the root-cause chain through it: what a click
+// follows.
+void draw_detail_dataflow(ViewerState& s, const trace::OpRow& op) {
   ImGui::TextColored(to_vec4(colours::kLoss), "inputs");
   help_marker("Where each input came from (the trace's provenance, /ops inputs): the row of this step that "
               "produced it (click to select it; the swatch is red when its output holds NaN/inf, else its dtype's "
@@ -713,26 +670,22 @@ void draw_detail_panel(ViewerState& s) {
     draw_links(s, "##consumers", s.detail_consumers, false);
   }
   if (const analysis::Report* rep = s.a->report()) {
-    const DiagnosisAt at = diagnosis_at(*rep, row->step, row->seq);
+    const DiagnosisAt at = diagnosis_at(*rep, op.step, op.seq);
     if (at.diagnosis != nullptr && !at.diagnosis->chain.empty()) {
       ImGui::TextColored(to_vec4(colours::kOriginMark), "root cause: %s", at.diagnosis->root_cause.c_str());
       help_marker("The analysis's walk from the origin upstream: the op that caused it first, the origin last "
                   "(click a link to select it; hover for its evidence). Why NaN? shows the remedies.");
       draw_chain(s, chain_items(*at.diagnosis), at.link, false);
-    } else if (at.diagnosis != nullptr && row->origin) {
+    } else if (at.diagnosis != nullptr && op.origin) {
       ImGui::TextDisabled("root cause: none found upstream (%s)", at.diagnosis->cause.c_str());
     }
   }
-  ImGui::Separator();
-  key_value_table("##detail", op_detail_rows(*row), 90);
-  ImGui::EndChild();
-  if (side_by_side) ImGui::SameLine();
-  ImGui::BeginChild("##histogram", ImVec2(0, 0), false);
-  if (twin) {
-    const float avail_h = ImGui::GetContentRegionAvail().y;
-    draw_error_histogram(s, *twin, std::max(100.0f, std::floor(avail_h * 0.45f)));
-  }
-  std::optional<ExponentHistogram> h = d ? op_histogram(d->histograms, row->seq, row->out_dtype) : std::nullopt;
+}
+
+// The op output's exponent histogram over f16's zones, with the special bins (zero, subnormal, inf, NaN)
+// beside it on the same y axis; a note when the probe level recorded none.
+void draw_detail_histogram(ViewerState& s, const trace::OpRow& op, const StepData* d) {
+  std::optional<ExponentHistogram> h = d ? op_histogram(d->histograms, op.seq, op.out_dtype) : std::nullopt;
   if (!h) {
     ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled(
@@ -758,8 +711,8 @@ void draw_detail_panel(ViewerState& s) {
     const std::vector<Bar> special = special_bars(*h);
     // The x range always spans f16's range and a few bins beyond each end, so the data are seen against it
     // and the overflow and flush-to-zero zones show even when nothing falls in them.
-    if (s.histogram_seq != row->seq || s.histogram_load != (d ? d->load_id : 0)) {
-      s.histogram_seq = row->seq;
+    if (s.histogram_seq != op.seq || s.histogram_load != (d ? d->load_id : 0)) {
+      s.histogram_seq = op.seq;
       s.histogram_load = d ? d->load_id : 0;
       const double lo = h->exponent.empty() ? 0 : h->exponent.front(), hi = h->exponent.empty() ? 0 : h->exponent.back() + 1;
       s.histogram_plot.x = {.scale = plot::Scale::linear, .min = std::min(lo - 1, s_exp - 5.0),
@@ -816,6 +769,68 @@ void draw_detail_panel(ViewerState& s) {
          fmt::format("bf16: 2^{} .. {:.3g}, every finite bin fits (8 bits)", half_ranges::kBf16.min_subnormal_exponent(),
                      half_ranges::kBf16.max_finite()));
   }
+}
+
+void draw_detail_panel(ViewerState& s) {
+  if (!begin_panel("Op detail", s.layout.detail)) return;
+  if (!need_trace(s)) {
+    ImGui::End();
+    return;
+  }
+  const trace::OpRow* row = selected_op(s);
+  if (!row) {
+    draw_detail_without_row(s);
+    ImGui::End();
+    return;
+  }
+  ImGui::Text("%s  %s", row->op.c_str(), row->module.empty() ? "(no module)" : row->module.c_str());
+  if (row->origin) {
+    ImGui::SameLine();
+    ImGui::TextColored(to_vec4(colours::kOriginMark), "origin");
+  }
+  ImGui::SameLine();
+  ImGui::TextDisabled("step %lld, seq %lld, %s, %s", static_cast<long long>(row->step), static_cast<long long>(row->seq),
+                      dtype_arrow(*row).c_str(), row->shape.c_str());
+  const StepData* d = s.a->step_data();
+  // The dataflow around the op: computed once per op (a step may hold a million rows).
+  const std::uint64_t load = d ? d->load_id : 0;
+  if (s.detail_links_seq != row->seq || s.detail_links_load != load) {
+    const std::span<const trace::OpRow> rows = d ? std::span<const trace::OpRow>(d->ops) : std::span<const trace::OpRow>();
+    s.detail_producers = producers(*row, rows);
+    s.detail_consumers = consumers(*row, rows);
+    s.detail_links_seq = row->seq;
+    s.detail_links_load = load;
+  }
+  // Side by side when there is room; in the default layout's narrow column a side table would leave its
+  // values a few letters wide, so the table goes above the histogram there.
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const bool side_by_side = avail.x >= 600;
+  const ImVec2 table_size = side_by_side ? ImVec2(std::min(360.0f, avail.x * 0.42f), 0) : ImVec2(0, std::floor(avail.y * 0.5f));
+  ImGui::BeginChild("##detail_rows", table_size, false);
+  // A twinned op's precision first (the Precision panel's clicks come here for it).
+  const PrecisionMap* pm = s.a->precision();
+  const trace::PrecisionRow* twin = pm ? precision_at(*pm, row->step, row->seq) : nullptr;
+  if (twin) {
+    ImGui::TextColored(to_vec4(colours::kLoss), "precision (%s twin)", analysis::reference_of(*twin).c_str());
+    help_marker("How far this op's output is from the twin's (ampscope train --twin: f16/bf16 ops computed again in "
+                "f32; with --twin-f64, f32 ops in f64): local, on its own inputs (its own "
+                "rounding); accumulated, against the twin's value (every earlier op's error in it). Relative errors "
+                "are |y - r| / max(|r|, floor); bits of agreement -log2 of the max; the jump is the factor by which "
+                "its error exceeds its inputs' (the report's ranking).");
+    key_value_table("##precision", precision_detail_rows(*twin), 90);
+    ImGui::Separator();
+  }
+  draw_detail_dataflow(s, *row);
+  ImGui::Separator();
+  key_value_table("##detail", op_detail_rows(*row), 90);
+  ImGui::EndChild();
+  if (side_by_side) ImGui::SameLine();
+  ImGui::BeginChild("##histogram", ImVec2(0, 0), false);
+  if (twin) {
+    const float avail_h = ImGui::GetContentRegionAvail().y;
+    draw_error_histogram(s, *twin, std::max(100.0f, std::floor(avail_h * 0.45f)));
+  }
+  draw_detail_histogram(s, *row, d);
   ImGui::EndChild();
   ImGui::End();
 }

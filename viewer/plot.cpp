@@ -485,53 +485,22 @@ void fit(State& state, std::span<const Series> series) {
   }
 }
 
-Result draw(const char* id, State& state, std::span<const Series> series, std::span<const Marker> markers,
-            ImVec2 size, std::span<const Band> bands) {
-  // Checked before any ImGui call, so a throw leaves no child window open.
-  for (const Series& s : series) {
-    if (s.x.size() != s.y.size()) {
-      throw ShapeError("plot::draw('" + std::string(id) + "'): series '" + s.label + "' has " +
-                       std::to_string(s.x.size()) + " x values but " + std::to_string(s.y.size()) +
-                       " y values\nhint: pass x and y spans of the same length");
-    }
-  }
-  Result result;
-  const ImVec2 avail = ImGui::GetContentRegionAvail();
-  if (size.x <= 0) size.x = avail.x;
-  if (size.y <= 0) size.y = avail.y;
-  size.x = std::max(size.x, 60.0f);
-  size.y = std::max(size.y, 40.0f);
+namespace {
 
-  const bool visible =
-      ImGui::BeginChild(id, size, false, ImGuiWindowFlags_NoScrollbar | ImGuiWindowFlags_NoScrollWithMouse);
-  if (!visible) {
-    ImGui::EndChild();
-    return result;
-  }
+// One frame of a plot: where it is on screen and how values map to pixels. `lo`/`hi` are the plot area's
+// corners (y grows downwards on screen, so `my` maps the axis minimum to hi.y).
+struct Frame {
+  ImDrawList* dl;
+  float font;
+  ImVec2 origin, outer_max;  // the child window's content
+  ImVec2 lo, hi;             // the plot area
+};
+
+// Wheel zoom (shift: y), drag to pan, double click to refit, a click to select; on the range as laid out
+// this frame. Returns whether the plot area is hovered and active (pressed) this frame.
+std::pair<bool, bool> interact(const Frame& fr, State& state, Result& result) {
+  const ImVec2 lo = fr.lo, hi = fr.hi;
   ImGuiIO& io = ImGui::GetIO();
-  ImDrawList* dl = ImGui::GetWindowDrawList();
-  const float font = ImGui::GetFontSize();
-  const ImVec2 origin = ImGui::GetCursorScreenPos();
-  const ImVec2 outer_max(origin.x + size.x, origin.y + size.y);
-
-  fit(state, series);
-  make_valid(state.x);
-  make_valid(state.y);
-
-  // Layout: y tick labels on the left, the y axis label above the plot, x tick labels and the x axis
-  // label below. The y ticks depend only on the height, so they size the left margin.
-  const float top = origin.y + (state.y.label.empty() ? font * 0.5f + 2 : font + 4);
-  const float bottom = outer_max.y - (font + 6) - (state.x.label.empty() ? 0 : font + 2);
-  const float plot_h = std::max(bottom - top, 10.0f);
-  std::vector<Tick> y_ticks = ticks(state.y, plot_h);
-  float label_w = 0;
-  for (const Tick& t : y_ticks) label_w = std::max(label_w, ImGui::CalcTextSize(t.label.c_str()).x);
-  const ImVec2 lo(origin.x + label_w + 8, top);
-  const ImVec2 hi(std::max(outer_max.x - 12, lo.x + 10), top + plot_h);
-  result.plot_min = lo;
-  result.plot_max = hi;
-
-  // Interaction, on the range as laid out this frame.
   ImGui::SetCursorScreenPos(lo);
   const bool pressed = ImGui::InvisibleButton("##plot_area", ImVec2(hi.x - lo.x, hi.y - lo.y));
   const bool hovered = ImGui::IsItemHovered();
@@ -562,21 +531,15 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
     result.clicked = true;
     result.clicked_x = from_pixel(state.x, mouse.x, lo.x, hi.x);
   }
-  fit(state, series);
-  make_valid(state.x);
-  make_valid(state.y);
-  y_ticks = ticks(state.y, plot_h);
-  const std::vector<Tick> x_ticks = ticks(state.x, hi.x - lo.x);
-  const Mapper mx(state.x, lo.x, hi.x);
-  const Mapper my(state.y, hi.y, lo.y);
+  return {hovered, active};
+}
 
-  result.hovered = hovered;
-  if (hovered) {
-    result.hover_x = mx.value(mouse.x);
-    result.hover_y = my.value(mouse.y);
-  }
-
-  // Frame, grid and tick labels.
+// Frame, grid and tick labels; the bands over the background, under the grid.
+void draw_axes(const Frame& fr, const State& state, const Mapper& mx, const Mapper& my, std::span<const Band> bands,
+               const std::vector<Tick>& x_ticks, const std::vector<Tick>& y_ticks) {
+  ImDrawList* dl = fr.dl;
+  const ImVec2 lo = fr.lo, hi = fr.hi, origin = fr.origin, outer_max = fr.outer_max;
+  const float font = fr.font;
   const ImU32 text_colour = ImGui::GetColorU32(ImGuiCol_Text);
   const ImU32 grid_colour = ImGui::GetColorU32(ImGuiCol_Text, 0.12f);
   dl->AddRectFilled(lo, hi, ImGui::GetColorU32(ImGuiCol_FrameBg));
@@ -614,9 +577,12 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
     const float w = ImGui::CalcTextSize(state.x.label.c_str()).x;
     dl->AddText(ImVec2(0.5f * (lo.x + hi.x) - w / 2, hi.y + font + 6), text_colour, state.x.label.c_str());
   }
+}
 
-  dl->PushClipRect(lo, hi, true);
-  // Vertical markers behind the series; many markers on one pixel column are drawn once.
+// Vertical markers behind the series; many markers on one pixel column are drawn once.
+void draw_markers(const Frame& fr, const Mapper& mx, std::span<const Marker> markers) {
+  ImDrawList* dl = fr.dl;
+  const ImVec2 lo = fr.lo, hi = fr.hi;
   float last_marker_px = -1e30f;
   ImU32 last_marker_colour = 0;
   for (const Marker& m : markers) {
@@ -627,7 +593,12 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
     last_marker_colour = m.colour;
     dl->AddLine(ImVec2(last_marker_px, lo.y), ImVec2(last_marker_px, hi.y), m.colour, 1.5f);
   }
+}
 
+// Each series as bars, a line (in chunks ImGui can take) and/or dots.
+void draw_series(const Frame& fr, const Mapper& mx, const Mapper& my, std::span<const Series> series) {
+  ImDrawList* dl = fr.dl;
+  const ImVec2 lo = fr.lo, hi = fr.hi;
   for (const Series& s : series) {
     if (s.style == Style::bars) {
       const size_t n = std::min(s.x.size(), s.y.size());
@@ -672,60 +643,70 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
       }
     }
   }
+}
 
-  // Hover read-out: a line at the data x nearest the mouse, and each series' value there.
-  const bool dragging = active && dragged(io) && ImGui::IsMouseDown(0);
-  if (hovered && !dragging) {
-    double snap_x = result.hover_x;
-    std::string snap_text = format_value(snap_x);
-    double best = std::numeric_limits<double>::infinity();
-    for (const Series& s : series) {
-      const size_t i = nearest_index(s, result.hover_x);
-      if (i != std::string::npos && std::fabs(mx.pixel(anchor_x(s, i)) - mouse.x) < best) {
-        best = std::fabs(mx.pixel(anchor_x(s, i)) - mouse.x);
-        snap_x = anchor_x(s, i);
-        // A bar reads as its span, or as its category when the axis names it.
-        snap_text = format_value(s.x[i]);
-        if (s.style == Style::bars) {
-          snap_text += " .. ";
-          snap_text += format_value(s.x[i] + s.bar_width);
-          for (const Tick& t : state.x.labels)
-            if (t.value >= s.x[i] && t.value <= s.x[i] + s.bar_width) snap_text = t.label;
-        }
+// Hover read-out: a line at the data x nearest the mouse, and each series' value there (with the markers
+// and bands under the mouse) in a tooltip.
+void draw_hover(const Frame& fr, const State& state, const Mapper& mx, const Mapper& my, std::span<const Series> series,
+                std::span<const Marker> markers, std::span<const Band> bands, const Result& result) {
+  ImDrawList* dl = fr.dl;
+  const ImVec2 lo = fr.lo, hi = fr.hi;
+  const ImVec2 mouse = ImGui::GetIO().MousePos;
+  double snap_x = result.hover_x;
+  std::string snap_text = format_value(snap_x);
+  double best = std::numeric_limits<double>::infinity();
+  for (const Series& s : series) {
+    const size_t i = nearest_index(s, result.hover_x);
+    if (i != std::string::npos && std::fabs(mx.pixel(anchor_x(s, i)) - mouse.x) < best) {
+      best = std::fabs(mx.pixel(anchor_x(s, i)) - mouse.x);
+      snap_x = anchor_x(s, i);
+      // A bar reads as its span, or as its category when the axis names it.
+      snap_text = format_value(s.x[i]);
+      if (s.style == Style::bars) {
+        snap_text += " .. ";
+        snap_text += format_value(s.x[i] + s.bar_width);
+        for (const Tick& t : state.x.labels)
+          if (t.value >= s.x[i] && t.value <= s.x[i] + s.bar_width) snap_text = t.label;
       }
     }
-    const float snap_px = static_cast<float>(std::isfinite(mx.pixel(snap_x)) ? mx.pixel(snap_x) : mouse.x);
-    dl->AddLine(ImVec2(snap_px, lo.y), ImVec2(snap_px, hi.y), ImGui::GetColorU32(ImGuiCol_Text, 0.5f));
-    ImGui::BeginTooltip();
-    ImGui::Text("x = %s", snap_text.c_str());
-    for (const Series& s : series) {
-      const size_t i = nearest_index(s, snap_x);
-      if (i == std::string::npos) continue;
-      const ImVec4 colour = ImGui::ColorConvertU32ToFloat4(with_alpha(s.colour, 255));
-      if (anchor_x(s, i) == snap_x) {
-        ImGui::TextColored(colour, "%s: %s", s.label.c_str(), format_value(s.y[i]).c_str());
-      } else {
-        ImGui::TextColored(colour, "%s: %s (at x = %s)", s.label.c_str(), format_value(s.y[i]).c_str(),
-                           format_value(s.x[i]).c_str());
-      }
-      const double py = my.pixel(s.y[i]);
-      if (std::isfinite(py) && py >= lo.y && py <= hi.y) {
-        dl->AddCircle(ImVec2(static_cast<float>(mx.pixel(anchor_x(s, i))), static_cast<float>(py)), 4, s.colour, 12, 1.5f);
-      }
-    }
-    for (const Marker& m : markers) {
-      if (m.label.empty() || !(std::fabs(mx.pixel(m.x) - snap_px) <= 2)) continue;
-      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(with_alpha(m.colour, 255)), "%s", m.label.c_str());
-    }
-    for (const Band& b : bands) {
-      const auto [x0, x1] = band_pixels(b, mx, lo.x, hi.x);
-      if (b.label.empty() || !(mouse.x >= x0 && mouse.x < x1)) continue;
-      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(with_alpha(b.colour, 255)), "%s", b.label.c_str());
-    }
-    ImGui::EndTooltip();
   }
+  const float snap_px = static_cast<float>(std::isfinite(mx.pixel(snap_x)) ? mx.pixel(snap_x) : mouse.x);
+  dl->AddLine(ImVec2(snap_px, lo.y), ImVec2(snap_px, hi.y), ImGui::GetColorU32(ImGuiCol_Text, 0.5f));
+  ImGui::BeginTooltip();
+  ImGui::Text("x = %s", snap_text.c_str());
+  for (const Series& s : series) {
+    const size_t i = nearest_index(s, snap_x);
+    if (i == std::string::npos) continue;
+    const ImVec4 colour = ImGui::ColorConvertU32ToFloat4(with_alpha(s.colour, 255));
+    if (anchor_x(s, i) == snap_x) {
+      ImGui::TextColored(colour, "%s: %s", s.label.c_str(), format_value(s.y[i]).c_str());
+    } else {
+      ImGui::TextColored(colour, "%s: %s (at x = %s)", s.label.c_str(), format_value(s.y[i]).c_str(),
+                         format_value(s.x[i]).c_str());
+    }
+    const double py = my.pixel(s.y[i]);
+    if (std::isfinite(py) && py >= lo.y && py <= hi.y) {
+      dl->AddCircle(ImVec2(static_cast<float>(mx.pixel(anchor_x(s, i))), static_cast<float>(py)), 4, s.colour, 12, 1.5f);
+    }
+  }
+  for (const Marker& m : markers) {
+    if (m.label.empty() || !(std::fabs(mx.pixel(m.x) - snap_px) <= 2)) continue;
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(with_alpha(m.colour, 255)), "%s", m.label.c_str());
+  }
+  for (const Band& b : bands) {
+    const auto [x0, x1] = band_pixels(b, mx, lo.x, hi.x);
+    if (b.label.empty() || !(mouse.x >= x0 && mouse.x < x1)) continue;
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(with_alpha(b.colour, 255)), "%s", b.label.c_str());
+  }
+  ImGui::EndTooltip();
+}
 
-  // Legend: top right, only labelled series.
+// The legend: top right, only labelled series.
+void draw_legend(const Frame& fr, const State& state, std::span<const Series> series) {
+  ImDrawList* dl = fr.dl;
+  const ImVec2 lo = fr.lo, hi = fr.hi;
+  const float font = fr.font;
+  const ImU32 text_colour = ImGui::GetColorU32(ImGuiCol_Text);
   float legend_w = 0;
   int legend_n = 0;
   for (const Series& s : series) {
@@ -748,6 +729,83 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
       y += line_h;
     }
   }
+}
+
+}  // namespace
+
+Result draw(const char* id, State& state, std::span<const Series> series, std::span<const Marker> markers,
+            ImVec2 size, std::span<const Band> bands) {
+  // Checked before any ImGui call, so a throw leaves no child window open.
+  for (const Series& s : series) {
+    if (s.x.size() != s.y.size()) {
+      throw ShapeError("plot::draw('" + std::string(id) + "'): series '" + s.label + "' has " +
+                       std::to_string(s.x.size()) + " x values but " + std::to_string(s.y.size()) +
+                       " y values\nhint: pass x and y spans of the same length");
+    }
+  }
+  Result result;
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  if (size.x <= 0) size.x = avail.x;
+  if (size.y <= 0) size.y = avail.y;
+  size.x = std::max(size.x, 60.0f);
+  size.y = std::max(size.y, 40.0f);
+
+  const bool visible =
+      ImGui::BeginChild(id, size, false, ImGuiWindowFlags_NoScrollbar | ImGuiWindowFlags_NoScrollWithMouse);
+  if (!visible) {
+    ImGui::EndChild();
+    return result;
+  }
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float font = ImGui::GetFontSize();
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  const ImVec2 outer_max(origin.x + size.x, origin.y + size.y);
+
+  fit(state, series);
+  make_valid(state.x);
+  make_valid(state.y);
+
+  // Layout: y tick labels on the left, the y axis label above the plot, x tick labels and the x axis
+  // label below. The y ticks depend only on the height, so they size the left margin.
+  const float top = origin.y + (state.y.label.empty() ? font * 0.5f + 2 : font + 4);
+  const float bottom = outer_max.y - (font + 6) - (state.x.label.empty() ? 0 : font + 2);
+  const float plot_h = std::max(bottom - top, 10.0f);
+  std::vector<Tick> y_ticks = ticks(state.y, plot_h);
+  float label_w = 0;
+  for (const Tick& t : y_ticks) label_w = std::max(label_w, ImGui::CalcTextSize(t.label.c_str()).x);
+  const ImVec2 lo(origin.x + label_w + 8, top);
+  const ImVec2 hi(std::max(outer_max.x - 12, lo.x + 10), top + plot_h);
+  result.plot_min = lo;
+  result.plot_max = hi;
+  const Frame fr{dl, font, origin, outer_max, lo, hi};
+
+  const auto [hovered, active] = interact(fr, state, result);
+  fit(state, series);
+  make_valid(state.x);
+  make_valid(state.y);
+  y_ticks = ticks(state.y, plot_h);
+  const std::vector<Tick> x_ticks = ticks(state.x, hi.x - lo.x);
+  const Mapper mx(state.x, lo.x, hi.x);
+  const Mapper my(state.y, hi.y, lo.y);
+
+  result.hovered = hovered;
+  const ImVec2 mouse = ImGui::GetIO().MousePos;
+  if (hovered) {
+    result.hover_x = mx.value(mouse.x);
+    result.hover_y = my.value(mouse.y);
+  }
+
+  draw_axes(fr, state, mx, my, bands, x_ticks, y_ticks);
+
+  dl->PushClipRect(lo, hi, true);
+  draw_markers(fr, mx, markers);
+  draw_series(fr, mx, my, series);
+
+  // Hover read-out, unless a drag is under way.
+  const bool dragging = active && dragged(ImGui::GetIO()) && ImGui::IsMouseDown(0);
+  if (hovered && !dragging) draw_hover(fr, state, mx, my, series, markers, bands, result);
+
+  draw_legend(fr, state, series);
   dl->PopClipRect();
   dl->AddRect(lo, hi, ImGui::GetColorU32(ImGuiCol_Border));
 

@@ -585,12 +585,11 @@ std::string loss_cell(bool in, double loss, bool skipped) {
 // ===================================================================================================
 // Report
 
-std::string render_text(const Report& rep, const TextStyle& style) {
-  Text t(style);
-  const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
-  const std::size_t max_names = 5;
+namespace {
 
-  // ---- the answer first (damage before it: the answer covers only what is intact) ----
+// The answer first: the first anomaly with its cause, root cause, evidence and fix, or OK; damage
+// before it (the answer covers only what is intact), then the notes a brief report keeps.
+void text_answer(Text& t, const Report& rep, const TextStyle& style) {
   for (const std::string& note : rep.damage)
     t.line("{} {}; analysed what is intact", t.paint(kRed, "DAMAGED:"), note);
   if (rep.anomalies.empty()) {
@@ -626,15 +625,19 @@ std::string render_text(const Report& rep, const TextStyle& style) {
     t.line("{} {} while the GradScaler calibrated its scale (forward and loss finite; a smaller scale cured "
            "them): expected, not anomalies",
            t.paint(kCyan, "CALIBRATION:"), plural(rep.scaler.calibration_skips, "skipped step"));
-  if (style.brief) return t.take();
-  t.blank();
+}
 
-  // ---- the run ----
+// The trace and the run it recorded.
+void text_run(Text& t, const Report& rep) {
   t.line("{} {}", t.paint(kCyan, "trace:"), rep.path.empty() ? std::string("(rows in memory)") : rep.path);
   t.line("{} {}; {} analysed, {} op rows, {} gradient rows{}", t.paint(kCyan, "run:  "), run_text(rep.run),
          plural(rep.steps, "step"), rep.op_rows, rep.grad_rows, rep.complete ? "" : " (incomplete)");
+}
 
-  // ---- every anomaly ----
+// Every anomaly: origin, cause, root cause, evidence, propagation, remedies, occurrences.
+void text_anomalies(Text& t, const Report& rep, const TextStyle& style) {
+  const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
+  const std::size_t max_names = 5;
   if (!rep.anomalies.empty()) {
     t.blank();
     t.line("{}", t.paint(kBold, fmt::format("ANOMALIES ({})", rep.anomalies.size())));
@@ -668,14 +671,19 @@ std::string render_text(const Report& rep, const TextStyle& style) {
     }
     if (rep.anomalies.size() > max_items) t.line("... and {} more (--json lists them all)", rep.anomalies.size() - max_items);
   }
+}
 
-  // ---- scaler ----
+// The GradScaler's verdict and its numbers.
+void text_scaler(Text& t, const Report& rep) {
   t.blank();
   const ScalerHealth& s = rep.scaler;
   t.line("{} {}: {}", t.paint(kBold, "SCALER:"), t.paint(verdict_colour(s.verdict), s.verdict), scaler_message(s));
   if (s.used || s.skipped > 0) t.line("  {}", scaler_numbers(s));
+}
 
-  // ---- headroom ----
+// Values that came near f16's limits without becoming an anomaly.
+void text_headroom(Text& t, const Report& rep, const TextStyle& style) {
+  const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
   t.blank();
   if (rep.warnings.empty()) {
     t.line("{} none (no op came within the headroom factor of f16's range, nothing flushed to zero)",
@@ -692,8 +700,10 @@ std::string render_text(const Report& rep, const TextStyle& style) {
     }
     if (rep.warnings.size() > max_items) t.line("  ... and {} more (--json lists them all)", rep.warnings.size() - max_items);
   }
+}
 
-  // ---- precision (the f32 twin's rows) ----
+// The f32 twin's rows: where precision was lost, ranked.
+void text_precision(Text& t, const Report& rep) {
   t.blank();
   const PrecisionSection& p = rep.precision;
   if (!p.recorded()) {
@@ -733,8 +743,10 @@ std::string render_text(const Report& rep, const TextStyle& style) {
       for (const PrecisionEntry& e : p.backward) t.line("    {} [{}]: {}", precision_place(e), e.out_dtype, e.evidence);
     }
   }
+}
 
-  // ---- swamped updates (f16/bf16 parameters; shown only when the trace has /updates rows) ----
+// f16/bf16 parameters whose updates rounded away (only when the trace has /updates rows).
+void text_swamped(Text& t, const Report& rep) {
   const SwampedSection& sw = rep.swamped;
   if (sw.recorded()) {
     t.blank();
@@ -758,8 +770,11 @@ std::string render_text(const Report& rep, const TextStyle& style) {
       }
     }
   }
+}
 
-  // ---- summary ----
+// One closing line.
+void text_summary(Text& t, const Report& rep) {
+  const ScalerHealth& s = rep.scaler;
   t.blank();
   std::string summary;
   if (rep.anomalies.empty()) {
@@ -776,6 +791,22 @@ std::string render_text(const Report& rep, const TextStyle& style) {
   if (!rep.complete) summary += "; trace incomplete";
   if (!rep.damage.empty()) summary += "; trace DAMAGED";
   t.line("{} {}", t.paint(rep.anomalies.empty() ? kGreen : kRed, "SUMMARY:"), summary);
+}
+
+}  // namespace
+
+std::string render_text(const Report& rep, const TextStyle& style) {
+  Text t(style);
+  text_answer(t, rep, style);
+  if (style.brief) return t.take();
+  t.blank();
+  text_run(t, rep);
+  text_anomalies(t, rep, style);
+  text_scaler(t, rep);
+  text_headroom(t, rep, style);
+  text_precision(t, rep);
+  text_swamped(t, rep);
+  text_summary(t, rep);
   return t.take();
 }
 
@@ -807,13 +838,13 @@ std::string render_json(const Report& rep) {
 // ===================================================================================================
 // Diff
 
-std::string render_text(const DiffReport& d, const TextStyle& style) {
-  Text t(style);
-  const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
+namespace {
+
+// The answer first: where the runs part (ops, losses, gradients), or that they agree; damage before it
+// (the comparison covers only what is intact).
+void diff_answer(Text& t, const DiffReport& d) {
   const std::string threshold = num(d.options.threshold);
   const std::string reference = "of each op's largest rms so far";
-
-  // ---- the answer first (damage before it: the comparison covers only what is intact) ----
   for (const std::string& note : d.damage_a) t.line("{} run a: {}; compared what is intact", t.paint(kRed, "DAMAGED:"), note);
   for (const std::string& note : d.damage_b) t.line("{} run b: {}; compared what is intact", t.paint(kRed, "DAMAGED:"), note);
   if (d.aligned_by_update) {
@@ -859,16 +890,12 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
     t.line("{} {} within {} of each parameter's largest gradient norm so far", t.paint(kGreen, "GRADIENTS AGREE:"),
            plural(d.grads_aligned, "gradient"), threshold);
   }
-  if (style.brief) {
-    std::int64_t rows = 0;
-    for (const DtypeDifference& x : d.dtype_differences) rows += x.count;
-    t.line("  dtype differences: {} in {} (phase, module, op) group{}", plural(rows, "op row"), d.dtype_differences.size(),
-           d.dtype_differences.size() == 1 ? "" : "s");
-    return t.take();
-  }
-  t.blank();
+}
 
-  // ---- the two runs ----
+// The two runs and what was compared.
+void diff_runs(Text& t, const DiffReport& d) {
+  const std::string threshold = num(d.options.threshold);
+  const std::string reference = "of each op's largest rms so far";
   t.line("{} {}  ({})", t.paint(kCyan, "a:"), d.path_a.empty() ? std::string("(rows in memory)") : d.path_a, run_text(d.run_a));
   t.line("{} {}  ({})", t.paint(kCyan, "b:"), d.path_b.empty() ? std::string("(rows in memory)") : d.path_b, run_text(d.run_b));
   t.line("compared: {} in both, {} aligned op rows, {} in both; threshold {} {} (mean and rms; absmax is shown, "
@@ -880,8 +907,10 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
   if (d.rows_outside_steps_a > 0 || d.rows_outside_steps_b > 0)
     t.line("outside steps: {} in a, {} in b (step -1: an evaluation pass between steps); not steps, not compared",
            plural(d.rows_outside_steps_a, "op row"), d.rows_outside_steps_b);
+}
 
-  // ---- loss curves ----
+// The loss curves side by side: every step when few, else evenly spaced rows plus the divergences.
+void diff_losses(Text& t, const DiffReport& d) {
   if (!d.losses.empty()) {
     t.blank();
     // Every step when few; otherwise evenly spaced rows, plus the first and last and the divergence steps.
@@ -921,8 +950,12 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
     }
     t.line("  (S: the step was skipped; -: not recorded in that run)");
   }
+}
 
-  // ---- largest per-op differences ----
+// The largest per-op differences.
+void diff_largest(Text& t, const DiffReport& d, const TextStyle& style) {
+  const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
+  const std::string threshold = num(d.options.threshold);
   t.blank();
   if (d.largest.empty()) {
     t.line("{} none", t.paint(kBold, "LARGEST DIFFERENCES:"));
@@ -936,8 +969,11 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
              op_diff_place(o), op_diff_detail(o));
     }
   }
+}
 
-  // ---- dtype differences ----
+// Ops that ran in other dtypes in the two runs.
+void diff_dtypes(Text& t, const DiffReport& d, const TextStyle& style) {
+  const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
   t.blank();
   if (d.dtype_differences.empty()) {
     t.line("{} none: every aligned op ran in the same dtypes", t.paint(kBold, "DTYPE DIFFERENCES:"));
@@ -951,8 +987,11 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
     if (d.dtype_differences.size() > max_items)
       t.line("  ... and {} more (--json lists them all)", d.dtype_differences.size() - max_items);
   }
+}
 
-  // ---- only in one run ----
+// Op rows and steps only one run has.
+void diff_only(Text& t, const DiffReport& d, const TextStyle& style) {
+  const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
   auto only = [&](std::string_view label, const std::vector<Unmatched>& list, const std::vector<std::int64_t>& steps) {
     t.blank();
     if (list.empty() && steps.empty()) {
@@ -977,8 +1016,11 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
   };
   only("A", d.only_in_a, d.steps_only_in_a);
   only("B", d.only_in_b, d.steps_only_in_b);
+}
 
-  // ---- summary ----
+// One closing line.
+void diff_summary(Text& t, const DiffReport& d) {
+  const std::string threshold = num(d.options.threshold);
   t.blank();
   std::string summary;
   if (d.first_divergence) {
@@ -999,6 +1041,27 @@ std::string render_text(const DiffReport& d, const TextStyle& style) {
   for (const Unmatched& u : d.only_in_b) only_b += u.count;
   summary += fmt::format("; {} in other dtypes; {} only in a, {} only in b", plural(dtype_rows, "op row"), only_a, only_b);
   t.line("{} {}", t.paint(diverged(d) ? kRed : kGreen, "SUMMARY:"), summary);
+}
+
+}  // namespace
+
+std::string render_text(const DiffReport& d, const TextStyle& style) {
+  Text t(style);
+  diff_answer(t, d);
+  if (style.brief) {
+    std::int64_t rows = 0;
+    for (const DtypeDifference& x : d.dtype_differences) rows += x.count;
+    t.line("  dtype differences: {} in {} (phase, module, op) group{}", plural(rows, "op row"), d.dtype_differences.size(),
+           d.dtype_differences.size() == 1 ? "" : "s");
+    return t.take();
+  }
+  t.blank();
+  diff_runs(t, d);
+  diff_losses(t, d);
+  diff_largest(t, d, style);
+  diff_dtypes(t, d, style);
+  diff_only(t, d, style);
+  diff_summary(t, d);
   return t.take();
 }
 
