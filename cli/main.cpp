@@ -1,17 +1,53 @@
 // The `ampscope` command. Library code throws; this is the one place that turns an error into a
 // message and an exit status.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <fmt/format.h>
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 #include "cli/demo.h"
 #include "cli/export_command.h"
 #include "cli/fix_command.h"
 #include "cli/report_command.h"
+#include "cli/suggest.h"
 #include "cli/train_command.h"
+
+namespace {
+
+// Before CLI11 parses: a missing or unknown command gets a message naming the commands (CLI11's own is "A
+// subcommand is required", even when one was typed), a "did you mean" for a typo, and the viewer's program
+// for `ampscope view`. Returns the exit status to end with, or -1 to go on.
+int check_command(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+  std::string listed;
+  for (const std::string& n : names) listed += (listed.empty() ? "" : ", ") + n;
+  int first = 1;
+  while (first < argc && std::string_view(argv[first]) == "--verbose") ++first;  // the one option before a command
+  if (first >= argc) {
+    fmt::print(stderr, "ampscope: error: no command given; the commands are {}\nhint: ampscope train --help, or "
+               "ampscope --help for every command\n", listed);
+    return ampscope::samples::kExitUsage;
+  }
+  const std::string typed = argv[first];
+  if (typed.starts_with("-") || std::find(names.begin(), names.end(), typed) != names.end()) return -1;
+  std::string hint;
+  if (typed == "view" || typed == "viewer" || typed == "ampscope-view") {
+    hint = "the viewer is a program of its own: ampscope-view TRACE.h5 [TRACE2.h5]";
+  } else if (const std::string near = ampscope::samples::closest_name(typed, names); !near.empty()) {
+    hint = fmt::format("did you mean 'ampscope {}'?", near);
+  } else {
+    hint = "ampscope --help describes each command";
+  }
+  fmt::print(stderr, "ampscope: error: unknown command '{}'; the commands are {}\nhint: {}\n", typed, listed, hint);
+  return ampscope::samples::kExitUsage;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ampscope: find out why mixed-precision (FP16/BF16) training goes wrong"};
@@ -33,6 +69,7 @@ int main(int argc, char** argv) {
   ampscope::samples::FixCommand fix(app);
   // --verbose after the subcommand's name works too.
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) sub->fallthrough();
+  if (const int status = check_command(app, argc, argv); status >= 0) return status;
 
   try {
     app.parse(argc, argv);
