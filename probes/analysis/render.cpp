@@ -686,8 +686,14 @@ void text_headroom(Text& t, const Report& rep, const TextStyle& style) {
   const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
   t.blank();
   if (rep.warnings.empty()) {
-    t.line("{} none (no op came within the headroom factor of f16's range, nothing flushed to zero)",
-           t.paint(kBold, "HEADROOM:"));
+    // After an overflow "none" alone reads as a contradiction: the anomaly is not repeated here.
+    if (rep.anomalies.empty())
+      t.line("{} none (no op came within the headroom factor of f16's range, nothing flushed to zero)",
+             t.paint(kBold, "HEADROOM:"));
+    else
+      t.line("{} no warnings besides the anomalies above (no other op came within the headroom factor of f16's "
+             "range, nothing else flushed to zero)",
+             t.paint(kBold, "HEADROOM:"));
   } else {
     t.line("{}", t.paint(kBold, fmt::format("HEADROOM WARNINGS ({})", rep.warnings.size())));
     for (std::size_t i = 0; i < rep.warnings.size() && i < max_items; ++i) {

@@ -168,6 +168,21 @@ TEST(render_test, healthy_run_says_no_nan_or_inf_on_its_first_line) {
   EXPECT_EQ(lines_of(text).back(), "SUMMARY: healthy: no NaN/Inf; 0 headroom warnings; scaler no_scaler");
 }
 
+TEST(render_test, headroom_line_says_none_plainly_only_when_nothing_went_wrong) {
+  // Healthy and without warnings: "none".
+  EXPECT_TRUE(contains(render_text(healthy_report(), TextStyle{}),
+                       "HEADROOM: none (no op came within the headroom factor of f16's range, nothing flushed to zero)"));
+  // An overflow without other warnings: the overflow itself is not a headroom warning, and the line says so
+  // instead of a bare "none" under an anomaly.
+  Report rep = overflow_report();
+  rep.warnings.clear();
+  const std::string text = render_text(rep, TextStyle{});
+  EXPECT_TRUE(contains(text, "HEADROOM: no warnings besides the anomalies above (no other op came within the headroom "
+                             "factor of f16's range, nothing else flushed to zero)"))
+      << text;
+  EXPECT_FALSE(contains(text, "HEADROOM: none")) << text;
+}
+
 TEST(render_test, incomplete_trace_carries_a_visible_note_near_the_top) {
   Report rep = healthy_report();
   rep.complete = false;
