@@ -8,7 +8,9 @@
 #      run it (a few training steps writing a trace), and read that trace with the installed
 #      `ampscope report`; it links the CUDA runtime and cuBLAS exactly when the build has CUDA;
 #   4. build tests/install/reader_consumer with the `reader` component alone, check that it links neither
-#      OpenBLAS nor CUDA, and compare its row counts of the trace with h5py's (an independent reader).
+#      OpenBLAS nor CUDA, and compare its row counts of the trace with h5py's (an independent reader);
+#   5. build and run every code block docs/ marks as a complete program, exactly as printed
+#      (tests/install/doc_programs.sh).
 #
 #   tests/install/out_of_tree_test.sh BUILD_DIR WORK_DIR WITH_CUDA(ON|OFF)
 # Registered with ctest (tests/CMakeLists.txt) as install_out_of_tree; needs a complete build.
@@ -93,4 +95,6 @@ if /usr/bin/python3 -c "import h5py" 2>/dev/null; then
 else
   echo "note: Debian's python3-h5py is not installed; the row counts were not compared with h5py"
 fi
+echo "== 5. the docs' complete programs, as printed"
+"$root/tests/install/doc_programs.sh" "$root" "$prefix" "$work/doc_programs" "${toolchain[@]}" || fail "a docs program"
 echo "PASS"
