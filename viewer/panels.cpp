@@ -458,8 +458,11 @@ void draw_scale_panel(ViewerState& s) {
               "move together. A data-parallel run draws one line per rank (the legend names them; the rank shown "
               "has markers, and the skip, backoff and growth markers are its own).");
   draw_one("##scale", s.scale_plot, lines(scale, &StepSeries::scale), plot::Scale::log2, "loss scale (log2)");
+  s.loss_plot.empty_note_box = s.norm_plot.empty_note_box = colours::kPlotNote;
+  s.loss_plot.empty_note = "no finite loss to draw: every recorded loss is NaN or inf (Why NaN? says why)";
   draw_one("##loss", s.loss_plot, lines(loss, &StepSeries::loss), plot::Scale::linear,
            s.rank_lines.empty() ? "loss" : "loss (each rank's share)");
+  s.norm_plot.empty_note = "no finite gradient norm to draw: every step's gradients held NaN or inf";
   draw_one("##norm", s.norm_plot, lines(norm, &StepSeries::grad_norm), plot::Scale::log10, "gradient norm (log10)");
   ImGui::TextDisabled("steps (magenta: skipped)");
   step_strip(s, strip_h);
@@ -900,12 +903,13 @@ void draw_why_panel(ViewerState& s) {
       ImGui::TextColored(to_vec4(colours::kGrowth), "[%s]", r.kind.c_str());
       ImGui::SameLine();
       ImGui::TextUnformatted(r.text.c_str());
-      if (r.verified) {  // the results file of `ampscope fix` beside the trace confirms it
-        ImGui::SameLine();
-        ImGui::TextColored(to_vec4(colours::kGrowth), "(verified by `ampscope fix`)");
-      }
       ImGui::PopTextWrapPos();
       ImGui::Indent(92);
+      // On a line of its own: after wrapped text, SameLine would leave it the last line's remaining width (a
+      // letter a line in the default layout) and push the command lines far below the remedy.
+      if (r.verified) {  // the results file of `ampscope fix` beside the trace confirms it
+        ImGui::TextColored(to_vec4(colours::kGrowth), "verified by `ampscope fix`");
+      }
       if (!r.flag.empty()) {
         ImGui::TextDisabled("ampscope train");
         ImGui::SameLine();

@@ -701,6 +701,31 @@ void draw_hover(const Frame& fr, const State& state, const Mapper& mx, const Map
   ImGui::EndTooltip();
 }
 
+// Whether any series has a point with finite x and y that the y axis can show (> 0 on a log axis).
+bool any_point(std::span<const Series> series, Scale y_scale) {
+  for (const Series& s : series)
+    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i)
+      if (std::isfinite(s.x[i]) && std::isfinite(s.y[i]) && (y_scale == Scale::linear || s.y[i] > 0)) return true;
+  return false;
+}
+
+// The state's empty_note in the plot area, on a box of the frame's colour so marker lines do not strike
+// through it; wrapped to 60% of the width, so it stays clear of the legend at the top right.
+void draw_empty_note(const Frame& fr, const std::string& note, std::uint32_t box_colour) {
+  const float width = std::max(60.0f, 0.6f * (fr.hi.x - fr.lo.x));
+  const ImVec2 text = ImGui::CalcTextSize(note.c_str(), nullptr, false, width);
+  const ImVec2 at(std::floor(fr.lo.x + 0.5f * (fr.hi.x - fr.lo.x - text.x) - 0.1f * (fr.hi.x - fr.lo.x)),
+                  std::floor(0.5f * (fr.lo.y + fr.hi.y) - 0.5f * text.y));
+  ImVec4 box = ImGui::GetStyleColorVec4(ImGuiCol_PopupBg);
+  box.w = 1;  // opaque: the style's background colours are translucent
+  fr.dl->AddRectFilled(ImVec2(at.x - 4, at.y - 2), ImVec2(at.x + text.x + 4, at.y + text.y + 2),
+                       box_colour != 0 ? static_cast<ImU32>(box_colour) : ImGui::ColorConvertFloat4ToU32(box));
+  fr.dl->AddRect(ImVec2(at.x - 4, at.y - 2), ImVec2(at.x + text.x + 4, at.y + text.y + 2),
+                 ImGui::GetColorU32(ImGuiCol_Border));
+  fr.dl->AddText(ImGui::GetFont(), ImGui::GetFontSize(), at, ImGui::GetColorU32(ImGuiCol_Text), note.c_str(), nullptr,
+                 width);
+}
+
 // The legend: top right, only labelled series.
 void draw_legend(const Frame& fr, const State& state, std::span<const Series> series) {
   ImDrawList* dl = fr.dl;
@@ -800,6 +825,7 @@ Result draw(const char* id, State& state, std::span<const Series> series, std::s
   dl->PushClipRect(lo, hi, true);
   draw_markers(fr, mx, markers);
   draw_series(fr, mx, my, series);
+  if (!state.empty_note.empty() && !any_point(series, state.y.scale)) draw_empty_note(fr, state.empty_note, state.empty_note_box);
 
   // Hover read-out, unless a drag is under way.
   const bool dragging = active && dragged(ImGui::GetIO()) && ImGui::IsMouseDown(0);

@@ -106,6 +106,10 @@ struct Band {
 struct State {
   Axis x, y;
   bool legend = true;  // the box naming the labelled series, top right
+  // Said in the middle of the plot area when no series has a point the axes can show (every y NaN or inf,
+  // or nothing > 0 on a log axis), so an empty plot says why instead of showing a bare default range.
+  std::string empty_note;
+  std::uint32_t empty_note_box = 0;  // the note's box colour (ImGui's ABGR); 0: the style's popup background
 };
 
 // New data have arrived (a live trace grew): sets fit on the axes whose follow is still set, so the next

@@ -44,6 +44,7 @@ inline constexpr std::uint32_t kOriginMark = rgba(255, 0, 128);     // an op tha
 inline constexpr std::uint32_t kErrorBackground = rgba(120, 0, 30); // the box that shows an error
 inline constexpr std::uint32_t kErrorText = rgba(255, 210, 210);
 inline constexpr std::uint32_t kWarning = rgba(255, 200, 60);
+inline constexpr std::uint32_t kPlotNote = rgba(24, 28, 40);  // the box of a plot's note (nothing finite to draw)
 inline constexpr std::uint32_t kLoss = rgba(80, 160, 255);
 inline constexpr std::uint32_t kLossB = rgba(255, 120, 80);
 inline constexpr std::uint32_t kScale = rgba(120, 230, 120);

@@ -18,6 +18,10 @@
 #include <stb_image.h>
 #include <sys/wait.h>
 
+#include <nlohmann/json.hpp>
+
+#include "probes/analysis/analysis.h"
+#include "probes/trace/reader.h"
 #include "tests/viewer/viewer_fixtures.h"
 #include "viewer/view_model.h"
 
@@ -68,16 +72,18 @@ ProgramRun run(const std::string& args, const std::string& env = "") {
   return r;
 }
 
-// Renders `panel` of the traces into a PNG of 800x500 and loads it.
-Image screenshot(const std::string& traces, const std::string& panel, const std::string& name, const std::string& extra = "") {
+// Renders `panel` of the traces into a PNG of w x h (800x500 unless given) and loads it.
+Image screenshot(const std::string& traces, const std::string& panel, const std::string& name, const std::string& extra = "",
+                 int w = 800, int h = 500) {
   const auto png = testing::fixture_dir() / name;
   std::filesystem::remove(png);
-  const ProgramRun r = run(traces + " --screenshot '" + png.string() + "' --panel " + panel + " --size 800x500 " + extra);
+  const ProgramRun r = run(traces + " --screenshot '" + png.string() + "' --panel " + panel +
+                           fmt::format(" --size {}x{} ", w, h) + extra);
   EXPECT_EQ(r.status, 0) << r.output;
   Image img = load_png(png);
   EXPECT_TRUE(img.pixels) << "no PNG at " << png << "; output:\n" << r.output;
-  EXPECT_EQ(img.w, 800);
-  EXPECT_EQ(img.h, 500);
+  EXPECT_EQ(img.w, w);
+  EXPECT_EQ(img.h, h);
   return img;
 }
 
@@ -98,6 +104,28 @@ Found find_colour(const Image& img, std::uint32_t colour) {
     }
   }
   return f;
+}
+
+// Pixels of exactly this colour inside [x0, x1) x [y0, y1), as bands of rows: a band is a run of rows that
+// hold the colour (a gap of 3 or more rows ends it), with its rows and the x range of its pixels.
+struct Band {
+  int y0 = 0, y1 = 0, min_x = 1 << 30, max_x = -1;
+};
+std::vector<Band> colour_bands(const Image& img, std::uint32_t colour, int x0, int x1, int y0, int y1) {
+  std::vector<Band> bands;
+  int last_row = -100;
+  for (int y = y0; y < std::min(y1, img.h); ++y) {
+    for (int x = x0; x < std::min(x1, img.w); ++x) {
+      if (img.at(x, y) != colour) continue;
+      if (y - last_row >= 3) bands.push_back({.y0 = y, .y1 = y});
+      Band& b = bands.back();
+      b.y1 = y;
+      b.min_x = std::min(b.min_x, x);
+      b.max_x = std::max(b.max_x, x);
+      last_row = y;
+    }
+  }
+  return bands;
 }
 
 // fmt rather than "'" + s: GCC 12 gives a false -Wrestrict on operator+(const char*, string&&) at -O3.
@@ -265,6 +293,75 @@ TEST(screenshot_test, help_lists_the_headless_options) {
   EXPECT_EQ(r.status, 0);
   for (const char* flag : {"--screenshot", "--panel", "--step", "--size"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag << " missing from:\n" << r.output;
+  }
+}
+
+// A run whose every loss is NaN (every step skipped): the loss and gradient-norm plots have nothing to draw, and
+// each says so in a note box (issue 31: they showed an empty 0..1 axis); a healthy run's plots have no note.
+TEST(screenshot_test, plots_with_nothing_finite_to_draw_say_why_and_healthy_plots_do_not) {
+  SKIP_WITHOUT_DISPLAY();
+  const auto path = testing::fixture_dir() / "shot_all_nan.h5";
+  {
+    trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "fixture", .seed = 7, .config = "{}"});
+    for (std::int64_t step = 0; step < 4; ++step) {
+      trace::StepRow s;
+      s.step = step;
+      s.loss = std::numeric_limits<double>::quiet_NaN();
+      s.scale = 1024.0 / static_cast<double>(1 << step);
+      s.scale_after = s.scale / 2;
+      s.found_inf = s.skipped = true;
+      s.grad_norm = std::numeric_limits<double>::infinity();
+      s.lr = 1e-3;
+      w.write(s);
+      w.end_step(step);
+    }
+    w.close();
+  }
+  const Image img = screenshot(quoted(path), "scale", "scale_all_nan.png");
+  // Two boxes of text width (a few hundred pixels) and a line of text high: thousands of pixels, in the lower
+  // two thirds of the panel where the loss and gradient-norm plots are (the scale plot is the top third).
+  const std::vector<Band> notes = colour_bands(img, colours::kPlotNote, 0, img.w, 0, img.h);
+  ASSERT_EQ(notes.size(), 2u) << "expected the loss plot's and the gradient-norm plot's note";
+  for (const Band& b : notes) {
+    EXPECT_GT(b.y0, img.h / 3);
+    EXPECT_GT(b.max_x - b.min_x, 150);
+  }
+  const auto healthy = testing::write_fixture(testing::fixture_dir() / "shot_note_ok.h5", false);
+  EXPECT_EQ(find_colour(screenshot(quoted(healthy), "scale", "scale_note_ok.png"), colours::kPlotNote).count, 0);
+}
+
+// A remedy `ampscope fix` verified: the words "verified by `ampscope fix`" on a line of their own under the
+// remedy, and its command lines right after. In the default layout's narrow Why NaN? column they used to follow
+// the wrapped remedy text on its last line, one letter a line, pushing the command lines ~300 px down (issue 31).
+// Checked at 1280x800 and 1600x900 in the Why NaN? panel (the left column's lower half): the first band of the
+// verified colour is the remedy's [kind] tag, the second the verified line: one line high, as wide as its words,
+// within a few lines of the tag.
+TEST(screenshot_test, a_verified_remedy_says_so_on_its_own_line_right_under_the_remedy) {
+  SKIP_WITHOUT_DISPLAY();
+  const auto trace_path = testing::write_fixture(testing::fixture_dir() / "shot_verified.h5", true);
+  // The results file `ampscope fix` would write, marking every remedy of the first anomaly verified.
+  trace::TraceReader reader(trace_path);
+  const analysis::Report rep = analysis::analyse(reader);
+  ASSERT_FALSE(rep.anomalies.empty());
+  const analysis::Diagnosis& d = rep.anomalies.front();
+  ASSERT_FALSE(d.remedies.empty()) << "the fixture's anomaly needs a remedy to verify";
+  nlohmann::json doc = {{"cause", d.cause}, {"first_anomaly", {{"step", d.step}, {"op", d.op}}}, {"runs", nlohmann::json::array()}};
+  for (const analysis::Remedy& m : d.remedies)
+    doc["runs"].push_back({{"verified", true}, {"kind", m.kind}, {"remedy_flag", m.flag}});
+  std::ofstream(testing::fixture_dir() / "shot_verified.fix.json") << doc.dump();
+  for (const auto& [w, h] : {std::pair{1280, 800}, std::pair{1600, 900}}) {
+    const Image img = screenshot(quoted(trace_path), "all", fmt::format("why_verified_{}.png", w), "", w, h);
+    const std::vector<Band> bands = colour_bands(img, colours::kGrowth, 0, w * 30 / 100, h * 45 / 100, h);
+    std::string found;
+    for (const Band& b : bands) found += fmt::format(" [rows {}-{}, x {}-{}]", b.y0, b.y1, b.min_x, b.max_x);
+    SCOPED_TRACE(fmt::format("{}x{}: bands of the verified colour in the Why NaN? panel:{}", w, h, found));
+    ASSERT_GE(bands.size(), 2u);
+    const int line = 13;  // the font's line height in pixels
+    // Below the [kind] tag's line come the remedy's wrapped lines (up to four in the narrow column), then the
+    // verified line: not the ~300 px the letter-a-line wrap pushed it.
+    EXPECT_LE(bands[1].y0 - bands[0].y1, 5 * line) << "the verified line is far below the remedy";
+    EXPECT_GT(bands[1].max_x - bands[1].min_x, 120) << "the verified words are squeezed";
+    EXPECT_LE(bands[1].y1 - bands[1].y0, line) << "the verified words take more than a line";
   }
 }
 
