@@ -12,6 +12,7 @@
 
 #include "core/autocast.h"
 #include "core/error.h"
+#include "probes/analysis/op_traits.h"
 
 namespace ampscope::probe {
 namespace {
@@ -321,7 +322,7 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
                                     smallest_subnormal(result.dtype()))});
     }
   };
-  if (e.op == "to" && !e.inputs.empty() && e.inputs[0].defined() && e.output.defined() &&
+  if (analysis::op_kind(e.op) == analysis::OpKind::cast && !e.inputs.empty() && e.inputs[0].defined() && e.output.defined() &&
       e.inputs[0].dtype() != e.output.dtype() && e.inputs[0].shape() == e.output.shape()) {
     count_cast(e.inputs[0], e.output, backward ? "the gradient in the backward of to" : "the input of to");
   }
@@ -332,15 +333,15 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
   }
 
   // ---- anomalies: did this op create the non-finite values, or pass them on? ----
-  // masked_fill writes -inf on purpose (attention's causal mask): that is the mask, not an overflow;
-  // only its NaN and +inf count.
-  const bool intended_neg_inf = !backward && row.op == "masked_fill";
+  // A mask's fill writes -inf on purpose (masked_fill, attention's causal mask): that is the mask, not an
+  // overflow; only its NaN and +inf count.
+  const bool intended_neg_inf = !backward && analysis::op_has(row.op, analysis::OpFlag::mask_neg_inf);
   if (intended_neg_inf) out_neg_inf = 0;
   if (out_nan + out_pos_inf + out_neg_inf > 0) {
     struct Input {
       std::string label;
       TensorStats stats;
-      bool mask = false;  // its only non-finite values are the -inf a masked_fill of this step wrote
+      bool mask = false;  // its only non-finite values are the -inf a mask's fill of this step wrote
     };
     std::vector<Input> inputs;
     const Input* first_bad = nullptr;
@@ -359,7 +360,7 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
       const std::int64_t from = i < row.inputs.size() ? row.inputs[i] : trace::kInputNone;
       if (!backward && record != nullptr && from >= 0 && in.stats.health.nan == 0 && in.stats.health.pos_inf == 0) {
         for (const trace::OpRow& o : record->ops)
-          if (o.seq == from && o.op == "masked_fill") in.mask = true;
+          if (o.seq == from && analysis::op_has(o.op, analysis::OpFlag::mask_neg_inf)) in.mask = true;
       }
       inputs.push_back(std::move(in));
     }

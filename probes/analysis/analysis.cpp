@@ -1,4 +1,5 @@
 #include "probes/analysis/analysis.h"
+#include "probes/analysis/op_traits.h"
 #include "probes/analysis/optimizer.h"
 #include "probes/analysis/precision.h"
 #include "probes/analysis/updates.h"
@@ -30,9 +31,9 @@ using trace::OpRow;
 using trace::Phase;
 using trace::StepRow;
 
-// masked_fill writes -inf on purpose (a causal mask): only its NaN and +inf are anomalies.
+// A mask's fill writes -inf on purpose (masked_fill, a causal mask): only its NaN and +inf are anomalies.
 std::int64_t non_finite(const OpRow& r) {
-  const std::int64_t neg = (r.phase == Phase::forward && r.op == "masked_fill") ? 0 : r.health.neg_inf;
+  const std::int64_t neg = (r.phase == Phase::forward && op_has(r.op, OpFlag::mask_neg_inf)) ? 0 : r.health.neg_inf;
   return r.health.nan + r.health.pos_inf + neg;
 }
 
@@ -48,8 +49,6 @@ std::string place(const OpRow& r) {
   std::string s = r.phase == Phase::backward ? fmt::format("the backward of {}", r.op) : r.op;
   return r.module.empty() ? s + " (outside any module)" : fmt::format("{} in {}", s, r.module);
 }
-
-bool is_log(const std::string& op) { return op == "log" || op == "log2" || op == "log10"; }
 
 // A wildcard over numbered children ("blocks.0.attn" -> "blocks.*.attn") for the same layer in every block.
 std::string wildcard(const std::string& module) {
@@ -72,11 +71,11 @@ std::string wildcard(const std::string& module) {
 std::string cause_of(const OpRow& r) {
   const auto& h = r.health;
   const bool inf = h.pos_inf + h.neg_inf > 0;
-  if (is_log(r.op) && (h.neg_inf > 0 || h.nan > 0)) return "log_of_zero";
+  if (op_has(r.op, OpFlag::logarithm) && (h.neg_inf > 0 || h.nan > 0)) return "log_of_zero";
   if (r.phase == Phase::backward) return "gradient_overflow";
   if (r.cast_overflow > 0) return "f16_overflow";
-  if ((r.op == "exp" || r.op == "expm1") && h.pos_inf > 0) return "exp_overflow";
-  if ((r.op == "div" || r.op == "reciprocal" || r.op == "rsqrt") && inf) return "division_by_zero";
+  if (op_has(r.op, OpFlag::exponential) && h.pos_inf > 0) return "exp_overflow";
+  if (op_has(r.op, OpFlag::divides) && inf) return "division_by_zero";
   if (inf && r.out_dtype == "f16") return "f16_overflow";
   if (!inf && h.nan > 0) return "invalid_operation";
   return "unknown";
@@ -222,7 +221,7 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
       eps == 1e-4 ? " (1e-4 is a normal f16 value; 1e-8 rounds to 0 in f16 and 1e-5 is subnormal)" : "";
 
   if (d.cause == "invalid_operation" && d.root_cause == "cancellation" && !d.chain.empty() &&
-      (r.op == "sqrt" || r.op == "rsqrt" || is_log(r.op) || r.op == "pow")) {
+      op_has(r.op, OpFlag::nan_below_zero)) {
     // A difference that cannot be negative went below 0 (negative_walk): compute it without the cancellation.
     out.push_back(simple("stable_formulation",
                          "compute the variance from the deviations, var(x, dims, 0) or mean((x - m) * (x - m)), "
@@ -313,7 +312,7 @@ std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::s
     if (r.cast_overflow > 0)
       out.push_back(simple("rescale_input",
                            fmt::format("rescale what feeds {}: standardise the data or activations{}", place(r),
-                                       r.op == "softmax" || r.op == "log_softmax"
+                                       op_kind(r.op) == OpKind::softmax
                                            ? "; with an additive mask, mask with a value that stays within f16 once "
                                              "the terms are summed, not the dtype's minimum"
                                            : ""),
@@ -384,40 +383,53 @@ double sigmoid_one_at(const std::string& dtype) {
   return (bits + 2) * std::log(2.0);
 }
 
-// An op whose mathematical range is open, at a boundary of it: "" when not.
+// An op whose mathematical range is open (op_traits.h, OpRange), at a boundary of it: "" when not. Which end
+// it reached comes from the table; the sentence says what that means for the op.
 std::string saturation_of(const OpRow& r) {
   const auto& h = r.health;
-  if (h.numel <= 0) return "";
-  if (r.op == "sigmoid" && h.max == 1.0)
-    return fmt::format("{} returned exactly 1.0 (max {}): {} rounds sigmoid(z) to 1 once z > {:.3g}", where_text(r),
-                       number(h.max), r.out_dtype, sigmoid_one_at(r.out_dtype));
-  if (r.op == "sigmoid" && h.zero > 0)
-    return fmt::format("{} returned {} exact zeros of {}: sigmoid(z) is never 0, {} rounds it to 0 for very negative z",
-                       where_text(r), h.zero, h.numel, r.out_dtype);
-  if (r.op == "tanh" && (h.max == 1.0 || h.min == -1.0))
-    return fmt::format("{} returned exactly {}: tanh never reaches it, {} rounds it there", where_text(r),
-                       h.max == 1.0 ? "1.0" : "-1.0", r.out_dtype);
-  if (r.op == "softmax" && h.max == 1.0)
-    return fmt::format("{} returned a probability of exactly 1.0 (the others of its row are then exactly 0)", where_text(r));
-  if (r.op == "softmax" && h.zero > 0)
-    return fmt::format("{} returned {} probabilities of exactly 0 of {}", where_text(r), h.zero, h.numel);
-  if (r.op == "exp" && h.zero > 0)
-    return fmt::format("{} returned {} exact zeros of {}: exp is never 0, it underflowed", where_text(r), h.zero, h.numel);
+  const OpRange range = op_range(r.op);
+  if (h.numel <= 0 || range == OpRange::none) return "";
+  switch (range) {
+    case OpRange::unit:
+      if (op_kind(r.op) == OpKind::softmax) {  // probabilities over a row
+        if (h.max == 1.0)
+          return fmt::format("{} returned a probability of exactly 1.0 (the others of its row are then exactly 0)",
+                             where_text(r));
+        if (h.zero > 0) return fmt::format("{} returned {} probabilities of exactly 0 of {}", where_text(r), h.zero, h.numel);
+        return "";
+      }
+      if (h.max == 1.0)
+        return fmt::format("{} returned exactly 1.0 (max {}): {} rounds sigmoid(z) to 1 once z > {:.3g}", where_text(r),
+                           number(h.max), r.out_dtype, sigmoid_one_at(r.out_dtype));
+      if (h.zero > 0)
+        return fmt::format("{} returned {} exact zeros of {}: {}(z) is never 0, {} rounds it to 0 for very negative z",
+                           where_text(r), h.zero, h.numel, r.op, r.out_dtype);
+      return "";
+    case OpRange::signed_unit:
+      if (h.max == 1.0 || h.min == -1.0)
+        return fmt::format("{} returned exactly {}: {} never reaches it, {} rounds it there", where_text(r),
+                           h.max == 1.0 ? "1.0" : "-1.0", r.op, r.out_dtype);
+      return "";
+    case OpRange::positive:
+      if (h.zero > 0)
+        return fmt::format("{} returned {} exact zeros of {}: {} is never 0, it underflowed", where_text(r), h.zero,
+                           h.numel, r.op);
+      return "";
+    case OpRange::none: break;
+  }
   return "";
 }
 
 // Ops whose output holds zeros by design (a ReLU of negative values, a mask, dropout): zeros there are not a
 // rounding, so a root-cause walk stops at them.
 bool zero_by_design(const OpRow& r, const SeqIndex& idx) {
-  static const std::set<std::string> ops = {"relu", "masked_fill", "dropout", "where", "zeros", "embedding",
-                                            "max_pool2d"};
-  if (ops.count(r.op) > 0) return true;
+  if (op_has(r.op, OpFlag::zeros_by_design)) return true;
   // A softmax over a row a mask filled with -inf: its exact zeros (and a 1 where one entry is left) are the
   // mask's, in any dtype.
   if (r.op == "softmax") {
     for (std::size_t i = 0; i < trace::kOpInputs; ++i) {
       const OpRow* q = producer_of(r, i, idx);
-      if (q != nullptr && q->op == "masked_fill" && q->health.neg_inf > 0) return true;
+      if (q != nullptr && op_has(q->op, OpFlag::mask_neg_inf) && q->health.neg_inf > 0) return true;
     }
   }
   return false;
@@ -425,18 +437,17 @@ bool zero_by_design(const OpRow& r, const SeqIndex& idx) {
 
 // Ops that add or subtract (rsub is what `1 - t` records): where exact zeros from inputs without any are
 // a cancellation.
-bool adds_or_subtracts(const OpRow& r) { return r.op == "add" || r.op == "sub" || r.op == "rsub"; }
+bool adds_or_subtracts(const OpRow& r) { return op_kind(r.op) == OpKind::additive; }
+
+// add or sub, whose first operand keeps its sign (not rsub, c - x, which negates x).
+bool add_or_sub(const OpRow& r) { return adds_or_subtracts(r) && !op_has(r.op, OpFlag::negates); }
+
+// rsub, c - x: its exact zeros are where x equals c, not zeros of x.
+bool subtracts_from_constant(const OpRow& r) { return adds_or_subtracts(r) && op_has(r.op, OpFlag::negates); }
 
 // Ops that hand their input's values on (up to sign, layout, dtype or a constant factor): a zero or a
 // boundary value in the input stays one in the output.
-bool passes_on(const OpRow& r) {
-  static const std::set<std::string> ops = {"neg", "to", "view", "reshape", "transpose", "permute", "slice", "expand",
-                                            "contiguous", "clone", "mul", "sqrt", "mean", "sum", "relu", "clamp",
-                                            "abs", "pow", "add", "sub", "div", "cat", "squeeze", "unsqueeze",
-                                            "clamp_min", "clamp_max", "maximum", "minimum", "max", "min", "amax",
-                                            "amin"};
-  return ops.count(r.op) > 0;
-}
+bool passes_on(const OpRow& r) { return op_has(r.op, OpFlag::passes_zeros); }
 
 struct Key {
   std::string op, module, cause;
@@ -745,8 +756,7 @@ struct Analyser::State {
   // quantity that cannot be negative, such as a variance computed as E[x^2] - E[x]^2, that rounding cancelled
   // below 0. Fills d.chain and d.root_cause ("cancellation") and returns true when it finds one.
   bool negative_walk(Diagnosis& d, const OpRow& origin, const SeqIndex& idx) const {
-    const bool needs_non_negative = origin.op == "sqrt" || origin.op == "rsqrt" || is_log(origin.op) || origin.op == "pow";
-    if (!needs_non_negative || origin.health.nan == 0) return false;
+    if (!op_has(origin.op, OpFlag::nan_below_zero) || origin.health.nan == 0) return false;
     const OpRow* p = producer_of(origin, 0, idx);
     if (p == nullptr || !(p->health.min < 0)) return false;
     const auto non_negative = [](const OpRow* q) { return q != nullptr && q->health.numel > 0 && q->health.min >= 0; };
@@ -755,20 +765,18 @@ struct Analyser::State {
                        fmt::format("{} returned {} NaN from an input holding negative values (min {}): {} of a "
                                    "negative number is NaN",
                                    where_text(origin), origin.health.nan, number(p->health.min), origin.op)));
-    static const std::set<std::string> hands_on = {"to", "view", "reshape", "contiguous", "clone", "expand", "slice",
-                                                   "squeeze", "unsqueeze"};
     for (int guard = 0; p != nullptr && guard < 16; ++guard) {
       const std::size_t n = tensor_inputs(*p);
-      if (hands_on.count(p->op) > 0 || ((p->op == "add" || p->op == "sub") && n == 1)) {
+      const bool adds_constant = n == 1 && add_or_sub(*p);
+      if (op_has(p->op, OpFlag::hands_on) || adds_constant) {
         rev.push_back(link(*p, "passes on",
                            fmt::format("{} hands the negative values on (min {}){}", where_text(*p), number(p->health.min),
-                                       n == 1 && (p->op == "add" || p->op == "sub")
-                                           ? ": adding a constant (an epsilon) does not lift them above 0"
-                                           : "")));
+                                       adds_constant ? ": adding a constant (an epsilon) does not lift them above 0"
+                                                     : "")));
         p = producer_of(*p, 0, idx);
         continue;
       }
-      if ((p->op == "sub" || p->op == "add") && n == 2) {
+      if (n == 2 && add_or_sub(*p)) {
         const OpRow* a = producer_of(*p, 0, idx);
         const OpRow* b = producer_of(*p, 1, idx);
         // a + (-b): the negated operand's own input is the subtrahend.
@@ -798,8 +806,10 @@ struct Analyser::State {
     if (origin.inputs[0] == trace::kInputUnknown) return;
     if (negative_walk(d, origin, idx)) return;
     std::vector<std::size_t> starts;
-    if (is_log(origin.op) || origin.op == "rsqrt" || origin.op == "reciprocal" || origin.op == "sqrt") starts = {0};
-    else if (origin.op == "div") starts = {1, 0};
+    // Where the zeros that broke the origin entered: its only input (a log, 1/x), or a division's divisor
+    // first, then its dividend (0/0).
+    if (op_has(origin.op, OpFlag::zero_input_inf)) starts = {0};
+    else if (op_has(origin.op, OpFlag::divides)) starts = {1, 0};
     else if (d.cause == "invalid_operation") starts = {0, 1, 2};
     else return;
     const OpRow* p = nullptr;
@@ -821,7 +831,7 @@ struct Analyser::State {
     for (int guard = 0; p != nullptr && guard < 64 && root.empty(); ++guard) {
       const OpRow* zin = nullptr;
       // c - x (rsub, what `1 - s` records) makes its zeros where x equals c, not from zeros in x.
-      for (std::size_t i = 0; i < trace::kOpInputs && p->op != "rsub"; ++i) {
+      for (std::size_t i = 0; i < trace::kOpInputs && !subtracts_from_constant(*p); ++i) {
         const OpRow* q = producer_of(*p, i, idx);
         if (q != nullptr && q->health.zero > 0) {
           zin = q;
@@ -829,8 +839,8 @@ struct Analyser::State {
         }
       }
       if (zin != nullptr && passes_on(*p)) {
-        const bool clamps_low = p->op == "clamp" || p->op == "clamp_min";
-        if (vanished == 0 && (((p->op == "add" || p->op == "sub") && tensor_inputs(*p) == 1 && p->health.zero >= zin->health.zero) ||
+        const bool clamps_low = op_has(p->op, OpFlag::clamps_low);
+        if (vanished == 0 && ((add_or_sub(*p) && tensor_inputs(*p) == 1 && p->health.zero >= zin->health.zero) ||
                               (clamps_low && p->health.zero > 0))) {
           rev.push_back(link(*p, "underflow",
                              clamps_low
@@ -926,11 +936,9 @@ struct Analyser::State {
     std::vector<const OpRow*> absorbing;
     // Ops that select some of their input's entries (a loss picking the target's column, a mask, a pool)
     // can return exactly the right values while other entries are non-finite: not damage.
-    static const std::set<std::string> selecting = {"nll_loss", "where", "masked_fill", "max_pool2d", "argmax",
-                                                    "embedding", "slice", "gather", "index_select", "cross_entropy",
-                                                    "max", "min", "amax", "amin", "maximum", "minimum"};
     for (const OpRow& r : ops) {
-      if (r.phase != Phase::forward || non_finite(r) > 0 || r.health.numel <= 0 || selecting.count(r.op) > 0) continue;
+      if (r.phase != Phase::forward || non_finite(r) > 0 || r.health.numel <= 0 || op_has(r.op, OpFlag::selects))
+        continue;
       for (std::size_t i = 0; i < trace::kOpInputs; ++i) {
         const OpRow* q = producer_of(r, i, idx);
         if (q != nullptr && q->phase == Phase::forward && non_finite(*q) > 0) {
@@ -1047,7 +1055,7 @@ struct Analyser::State {
       bool from_mask = false;
       for (std::size_t i = 0; i < trace::kOpInputs && d.cause == "invalid_operation"; ++i) {
         const OpRow* q = producer_of(r, i, idx);
-        if (q != nullptr && q->op == "masked_fill" && q->health.neg_inf > 0) {
+        if (q != nullptr && op_has(q->op, OpFlag::mask_neg_inf) && q->health.neg_inf > 0) {
           from_mask = true;
           d.evidence.push_back(fmt::format("its input is the output of {}, which filled {} of {} values with -inf: "
                                            "a row masked everywhere is 0 / 0 in softmax, in any dtype",
@@ -1195,7 +1203,7 @@ struct Analyser::State {
       // masked_fill only copy values, and one whose largest magnitude is exactly f16's largest wrote the
       // dtype's extreme on purpose (Hugging Face's causal masks fill with finfo(f16).min = -65504); a copied
       // input near the limit is warned about at the op that computed it.
-      const bool mask_fill = r.phase == Phase::forward && (r.op == "where" || r.op == "masked_fill") &&
+      const bool mask_fill = r.phase == Phase::forward && op_kind(r.op) == OpKind::mask_fill &&
                              h.absmax == kF16Max;
       if (r.out_dtype == "f16" && non_finite(r) == 0 && !mask_fill &&
           std::isfinite(h.absmax) && h.absmax * factor >= kF16Max) {
