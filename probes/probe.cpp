@@ -12,6 +12,7 @@
 
 #include "core/autocast.h"
 #include "core/error.h"
+#include "probes/analysis/op_traits.h"
 
 namespace ampscope::probe {
 namespace {
@@ -78,6 +79,28 @@ std::string count_text(std::int64_t nan, std::int64_t pos_inf, std::int64_t neg_
 std::string count_text(const trace::TensorHealth& h) { return count_text(h.nan, h.pos_inf, h.neg_inf); }
 
 std::string where(const std::string& scope) { return scope.empty() ? std::string() : " in '" + scope + "'"; }
+
+// The row of an op as level dtype records it (its input producers aside, Probe::input_producers): step, seq,
+// phase, op, module, input and output dtypes, shape and autocast's reason.
+trace::OpRow op_row(const OpEvent& e, trace::Phase phase) {
+  trace::OpRow row;
+  row.step = e.step;
+  row.seq = e.seq;
+  row.phase = phase;
+  row.op = std::string(e.op);
+  row.module = e.scope;
+  for (const Tensor& t : e.inputs) {
+    if (!t.defined()) continue;
+    if (!row.in_dtypes.empty()) row.in_dtypes += ',';
+    row.in_dtypes += dtype_name(t.dtype());
+  }
+  if (e.output.defined()) {
+    row.out_dtype = dtype_name(e.output.dtype());
+    row.shape = shape_str(e.output.shape());
+  }
+  row.autocast = e.autocast.reason;
+  return row;
+}
 
 // Frees a written step's rows (clear() would keep the capacity for the recorder's whole life).
 template <class T>
@@ -256,22 +279,7 @@ std::array<std::int64_t, trace::kOpInputs> Probe::input_producers(const OpEvent&
 }
 
 void Probe::record_op(const OpEvent& e, trace::Phase phase) {
-  trace::OpRow row;
-  row.step = e.step;
-  row.seq = e.seq;
-  row.phase = phase;
-  row.op = std::string(e.op);
-  row.module = e.scope;
-  for (const Tensor& t : e.inputs) {
-    if (!t.defined()) continue;
-    if (!row.in_dtypes.empty()) row.in_dtypes += ',';
-    row.in_dtypes += dtype_name(t.dtype());
-  }
-  if (e.output.defined()) {
-    row.out_dtype = dtype_name(e.output.dtype());
-    row.shape = shape_str(e.output.shape());
-  }
-  row.autocast = e.autocast.reason;
+  trace::OpRow row = op_row(e, phase);
   row.inputs = input_producers(e);
   if (options_.level == Level::dtype) {
     emit(std::move(row));
@@ -281,22 +289,49 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
   // ---- health: one pass over every output ----
   const bool full = options_.level == Level::full;
   const bool backward = phase == trace::Phase::backward;
-  std::vector<TensorStats> out_stats(e.outputs.size());
-  int primary = -1;
-  std::int64_t out_nan = 0, out_pos_inf = 0, out_neg_inf = 0;
-  for (std::size_t i = 0; i < e.outputs.size(); ++i) {
-    const Tensor& t = e.outputs[i];
-    if (!t.defined()) continue;
-    out_stats[i] = tensor_stats(t, full && is_floating(t.dtype()));
-    if (primary < 0) primary = static_cast<int>(i);
-    out_nan += out_stats[i].health.nan;
-    out_pos_inf += out_stats[i].health.pos_inf;
-    out_neg_inf += out_stats[i].health.neg_inf;
-  }
-  row.health = primary >= 0 ? out_stats[static_cast<std::size_t>(primary)].health : tensor_stats(Tensor()).health;
+  const OutputStats out = output_stats(e, full);
+  row.health = out.primary >= 0 ? out.stats[static_cast<std::size_t>(out.primary)].health : tensor_stats(Tensor()).health;
 
   // ---- casts: what they overflowed and flushed ----
   std::vector<trace::EventRow> events;
+  bool anomaly = count_casts(e, backward, row, events);
+
+  // ---- anomalies: did this op create the non-finite values, or pass them on? ----
+  anomaly |= judge_nonfinite(e, phase, out, row, events);
+
+  // ---- full: exponent histograms ----
+  if (full) {
+    for (std::size_t i = 0; i < e.outputs.size(); ++i) {
+      if (!e.outputs[i].defined() || !is_floating(e.outputs[i].dtype())) continue;
+      emit(trace::HistogramRow{e.step, e.seq, static_cast<int>(i) == out.primary ? "output" : fmt::format("output {}", i),
+                               out.stats[i].histogram});
+    }
+  }
+
+  emit(std::move(row));
+  for (trace::EventRow& ev : events) {
+    const bool is_anomaly = ev.kind != "cast_underflow";
+    emit_event(std::move(ev), is_anomaly);
+  }
+  if (anomaly) mark_anomaly(e.step);
+}
+
+Probe::OutputStats Probe::output_stats(const OpEvent& e, bool histograms) {
+  OutputStats out;
+  out.stats.resize(e.outputs.size());
+  for (std::size_t i = 0; i < e.outputs.size(); ++i) {
+    const Tensor& t = e.outputs[i];
+    if (!t.defined()) continue;
+    out.stats[i] = tensor_stats(t, histograms && is_floating(t.dtype()));
+    if (out.primary < 0) out.primary = static_cast<int>(i);
+    out.nan += out.stats[i].health.nan;
+    out.pos_inf += out.stats[i].health.pos_inf;
+    out.neg_inf += out.stats[i].health.neg_inf;
+  }
+  return out;
+}
+
+bool Probe::count_casts(const OpEvent& e, bool backward, trace::OpRow& row, std::vector<trace::EventRow>& events) {
   bool anomaly = false;
   auto count_cast = [&](const Tensor& source, const Tensor& result, const std::string& which) {
     const CastCounts c = cast_counts(source, result);
@@ -321,8 +356,8 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
                                     smallest_subnormal(result.dtype()))});
     }
   };
-  if (e.op == "to" && !e.inputs.empty() && e.inputs[0].defined() && e.output.defined() &&
-      e.inputs[0].dtype() != e.output.dtype() && e.inputs[0].shape() == e.output.shape()) {
+  if (analysis::op_kind(e.op) == analysis::OpKind::cast && !e.inputs.empty() && e.inputs[0].defined() &&
+      e.output.defined() && e.inputs[0].dtype() != e.output.dtype() && e.inputs[0].shape() == e.output.shape()) {
     count_cast(e.inputs[0], e.output, backward ? "the gradient in the backward of to" : "the input of to");
   }
   for (const CastRecord& c : e.autocast.casts) {
@@ -330,141 +365,141 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
     if (c.from_cache || !c.source.defined() || !c.result.defined()) continue;
     count_cast(c.source, c.result, fmt::format("input {} of {} (autocast)", c.input, row.op));
   }
-
-  // ---- anomalies: did this op create the non-finite values, or pass them on? ----
-  // masked_fill writes -inf on purpose (attention's causal mask): that is the mask, not an overflow;
-  // only its NaN and +inf count.
-  const bool intended_neg_inf = !backward && row.op == "masked_fill";
-  if (intended_neg_inf) out_neg_inf = 0;
-  if (out_nan + out_pos_inf + out_neg_inf > 0) {
-    struct Input {
-      std::string label;
-      TensorStats stats;
-      bool mask = false;  // its only non-finite values are the -inf a masked_fill of this step wrote
-    };
-    std::vector<Input> inputs;
-    const Input* first_bad = nullptr;
-    const StepRecord* record = record_for(e.step);
-    for (std::size_t i = 0; i < e.inputs.size(); ++i) {
-      Tensor t = e.inputs[i];
-      if (!t.defined() || !is_floating(t.dtype())) continue;
-      std::string label = backward ? "the incoming gradient" : fmt::format("input {}", i);
-      for (const CastRecord& c : e.autocast.casts) {
-        if (c.input == static_cast<int>(i) && c.source.defined()) {
-          t = c.source;  // judged before autocast's cast: an overflowing cast makes this op the origin
-          label += " before autocast";
-        }
-      }
-      Input in{std::move(label), tensor_stats(t)};
-      const std::int64_t from = i < row.inputs.size() ? row.inputs[i] : trace::kInputNone;
-      if (!backward && record != nullptr && from >= 0 && in.stats.health.nan == 0 && in.stats.health.pos_inf == 0) {
-        for (const trace::OpRow& o : record->ops)
-          if (o.seq == from && o.op == "masked_fill") in.mask = true;
-      }
-      inputs.push_back(std::move(in));
-    }
-    // NaN (and nothing else) made from a mask's -inf, a fully masked row through softmax (0 / 0), is made
-    // here: this op is its origin. An op that only passes the -inf on (-inf out) is not.
-    const bool nan_from_mask = out_nan > 0 && out_pos_inf + out_neg_inf == 0;
-    for (const Input& in : inputs) {
-      if (in.stats.non_finite() > 0 && !(in.mask && nan_from_mask)) {
-        first_bad = &in;
-        break;
-      }
-    }
-    const std::string counts = count_text(out_nan, out_pos_inf, out_neg_inf);
-    const std::string shape_text = fmt::format("{} {}", row.out_dtype, row.shape);
-    const std::string subject =
-        backward ? fmt::format("the gradients computed by the backward of {}{}", row.op, where(row.module))
-                 : fmt::format("the output of {}{}", row.op, where(row.module));
-    // A backward node after a forward pass that already held NaN/inf in this step works on saved values
-    // that were non-finite: it passes the failure on, even when its incoming gradient is finite.
-    const bool after_forward_anomaly = backward && forward_anomaly_step_ == e.step;
-    if (!backward) forward_anomaly_step_ = e.step;
-    if (first_bad == nullptr && !after_forward_anomaly) {
-      row.origin = true;
-      anomaly = true;
-      ++counters_.origins;
-      std::string detail = fmt::format("{} in {} ({}); ", counts, subject, shape_text);
-      if (inputs.empty()) {
-        detail += "no floating inputs";
-      } else {
-        std::vector<std::string> absmax;
-        for (const Input& in : inputs) absmax.push_back(fmt::format("{:.6g}", in.stats.health.absmax));
-        detail += fmt::format("{} finite (absmax {})", backward ? "the incoming gradient is" : "inputs",
-                              fmt::join(absmax, ", "));
-      }
-      if (out_pos_inf + out_neg_inf > 0 && is_floating(e.output.dtype())) {
-        detail += fmt::format("; the largest finite {} is {:.6g}", row.out_dtype, largest_finite(e.output.dtype()));
-      }
-      events.push_back({e.step, e.seq, "origin", row.op, row.module, std::move(detail)});
-
-      if (options_.dump_first_origin && !dumped_) {
-        dumped_ = true;
-        auto dump = [&](const std::string& name, const Tensor& t) {
-          emit(trace::DumpRow{e.step, e.seq, row.op, row.module, name, std::string(dtype_name(t.dtype())),
-                              shape_str(t.shape()), leading_values(t, options_.dump_max_elements)});
-        };
-        for (std::size_t i = 0; i < e.inputs.size(); ++i) {
-          if (!e.inputs[i].defined()) continue;
-          dump(fmt::format("input {}", i), e.inputs[i]);
-          for (const CastRecord& c : e.autocast.casts) {
-            if (c.input == static_cast<int>(i) && c.source.defined())
-              dump(fmt::format("input {} before autocast", i), c.source);
-          }
-        }
-        for (std::size_t i = 0; i < e.outputs.size(); ++i) {
-          if (e.outputs[i].defined())
-            dump(static_cast<int>(i) == primary ? "output" : fmt::format("output {}", i), e.outputs[i]);
-        }
-      }
-    } else {
-      ++counters_.propagations;
-      anomaly = true;
-      std::string key = row.op + '\0' + row.module + '\0' + std::string(trace::phase_name(phase));
-      StepRecord* r = record_for(e.step);
-      bool first = true;
-      if (r != nullptr) {
-        auto found = r->propagated.find(key);
-        if (found != r->propagated.end()) {
-          ++found->second.second;
-          first = false;
-        } else {
-          // The event's index once the cast events of this op before it are in.
-          r->propagated.emplace(std::move(key), std::make_pair(r->events.size() + events.size(), std::int64_t{0}));
-        }
-      } else {
-        first = loose_propagated_.emplace(std::move(key), true).second;
-      }
-      if (first) {
-        const std::string cause =
-            first_bad != nullptr
-                ? fmt::format("{} already held {}", first_bad->label, count_text(first_bad->stats.health))
-                : std::string("the forward pass of this step already held NaN/inf, and this backward uses its saved "
-                              "values");
-        events.push_back({e.step, e.seq, "propagate", row.op, row.module,
-                          fmt::format("{} in {} ({}); {}", counts, subject, shape_text, cause)});
-      }
-    }
-  }
-
-  // ---- full: exponent histograms ----
-  if (full) {
-    for (std::size_t i = 0; i < e.outputs.size(); ++i) {
-      if (!e.outputs[i].defined() || !is_floating(e.outputs[i].dtype())) continue;
-      emit(trace::HistogramRow{e.step, e.seq, static_cast<int>(i) == primary ? "output" : fmt::format("output {}", i),
-                               out_stats[i].histogram});
-    }
-  }
-
-  emit(std::move(row));
-  for (trace::EventRow& ev : events) {
-    const bool is_anomaly = ev.kind != "cast_underflow";
-    emit_event(std::move(ev), is_anomaly);
-  }
-  if (anomaly) mark_anomaly(e.step);
+  return anomaly;
 }
 
+std::vector<Probe::JudgedInput> Probe::judged_inputs(const OpEvent& e, bool backward, const trace::OpRow& row) {
+  std::vector<JudgedInput> inputs;
+  const StepRecord* record = record_for(e.step);
+  for (std::size_t i = 0; i < e.inputs.size(); ++i) {
+    Tensor t = e.inputs[i];
+    if (!t.defined() || !is_floating(t.dtype())) continue;
+    std::string label = backward ? "the incoming gradient" : fmt::format("input {}", i);
+    for (const CastRecord& c : e.autocast.casts) {
+      if (c.input == static_cast<int>(i) && c.source.defined()) {
+        t = c.source;  // judged before autocast's cast: an overflowing cast makes this op the origin
+        label += " before autocast";
+      }
+    }
+    JudgedInput in{std::move(label), tensor_stats(t)};
+    const std::int64_t from = i < row.inputs.size() ? row.inputs[i] : trace::kInputNone;
+    if (!backward && record != nullptr && from >= 0 && in.stats.health.nan == 0 && in.stats.health.pos_inf == 0) {
+      for (const trace::OpRow& o : record->ops)
+        if (o.seq == from && analysis::op_has(o.op, analysis::OpFlag::mask_neg_inf)) in.mask = true;
+    }
+    inputs.push_back(std::move(in));
+  }
+  return inputs;
+}
+
+bool Probe::judge_nonfinite(const OpEvent& e, trace::Phase phase, const OutputStats& out, trace::OpRow& row,
+                            std::vector<trace::EventRow>& events) {
+  const bool backward = phase == trace::Phase::backward;
+  const std::int64_t out_nan = out.nan, out_pos_inf = out.pos_inf;
+  // A mask's fill writes -inf on purpose (masked_fill, attention's causal mask): that is the mask, not an
+  // overflow; only its NaN and +inf count.
+  const bool intended_neg_inf = !backward && analysis::op_has(row.op, analysis::OpFlag::mask_neg_inf);
+  const std::int64_t out_neg_inf = intended_neg_inf ? 0 : out.neg_inf;
+  if (out_nan + out_pos_inf + out_neg_inf == 0) return false;
+  const std::vector<JudgedInput> inputs = judged_inputs(e, backward, row);
+  // NaN (and nothing else) made from a mask's -inf, a fully masked row through softmax (0 / 0), is made
+  // here: this op is its origin. An op that only passes the -inf on (-inf out) is not.
+  const bool nan_from_mask = out_nan > 0 && out_pos_inf + out_neg_inf == 0;
+  const JudgedInput* first_bad = nullptr;
+  for (const JudgedInput& in : inputs) {
+    if (in.stats.non_finite() > 0 && !(in.mask && nan_from_mask)) {
+      first_bad = &in;
+      break;
+    }
+  }
+  const std::string counts = count_text(out_nan, out_pos_inf, out_neg_inf);
+  const std::string shape_text = fmt::format("{} {}", row.out_dtype, row.shape);
+  const std::string subject =
+      backward ? fmt::format("the gradients computed by the backward of {}{}", row.op, where(row.module))
+               : fmt::format("the output of {}{}", row.op, where(row.module));
+  const std::string what = fmt::format("{} in {} ({})", counts, subject, shape_text);
+  // A backward node after a forward pass that already held NaN/inf in this step works on saved values
+  // that were non-finite: it passes the failure on, even when its incoming gradient is finite.
+  const bool after_forward_anomaly = backward && forward_anomaly_step_ == e.step;
+  if (!backward) forward_anomaly_step_ = e.step;
+  if (first_bad == nullptr && !after_forward_anomaly) {
+    record_origin(e, backward, out.primary, out_pos_inf + out_neg_inf > 0, inputs, what, row, events);
+  } else {
+    record_propagation(e, phase, first_bad, what, row, events);
+  }
+  return true;
+}
+
+void Probe::record_origin(const OpEvent& e, bool backward, int primary, bool made_inf,
+                          const std::vector<JudgedInput>& inputs, const std::string& what, trace::OpRow& row,
+                          std::vector<trace::EventRow>& events) {
+  row.origin = true;
+  ++counters_.origins;
+  std::string detail = what + "; ";
+  if (inputs.empty()) {
+    detail += "no floating inputs";
+  } else {
+    std::vector<std::string> absmax;
+    for (const JudgedInput& in : inputs) absmax.push_back(fmt::format("{:.6g}", in.stats.health.absmax));
+    detail += fmt::format("{} finite (absmax {})", backward ? "the incoming gradient is" : "inputs",
+                          fmt::join(absmax, ", "));
+  }
+  if (made_inf && is_floating(e.output.dtype())) {
+    detail += fmt::format("; the largest finite {} is {:.6g}", row.out_dtype, largest_finite(e.output.dtype()));
+  }
+  events.push_back({e.step, e.seq, "origin", row.op, row.module, std::move(detail)});
+  if (options_.dump_first_origin && !dumped_) {
+    dumped_ = true;
+    dump_origin(e, row, primary);
+  }
+}
+
+void Probe::dump_origin(const OpEvent& e, const trace::OpRow& row, int primary) {
+  auto dump = [&](const std::string& name, const Tensor& t) {
+    emit(trace::DumpRow{e.step, e.seq, row.op, row.module, name, std::string(dtype_name(t.dtype())),
+                        shape_str(t.shape()), leading_values(t, options_.dump_max_elements)});
+  };
+  for (std::size_t i = 0; i < e.inputs.size(); ++i) {
+    if (!e.inputs[i].defined()) continue;
+    dump(fmt::format("input {}", i), e.inputs[i]);
+    for (const CastRecord& c : e.autocast.casts) {
+      if (c.input == static_cast<int>(i) && c.source.defined())
+        dump(fmt::format("input {} before autocast", i), c.source);
+    }
+  }
+  for (std::size_t i = 0; i < e.outputs.size(); ++i) {
+    if (e.outputs[i].defined())
+      dump(static_cast<int>(i) == primary ? "output" : fmt::format("output {}", i), e.outputs[i]);
+  }
+}
+
+void Probe::record_propagation(const OpEvent& e, trace::Phase phase, const JudgedInput* first_bad,
+                               const std::string& what, const trace::OpRow& row, std::vector<trace::EventRow>& events) {
+  ++counters_.propagations;
+  std::string key = row.op + '\0' + row.module + '\0' + std::string(trace::phase_name(phase));
+  StepRecord* r = record_for(e.step);
+  bool first = true;
+  if (r != nullptr) {
+    auto found = r->propagated.find(key);
+    if (found != r->propagated.end()) {
+      ++found->second.second;
+      first = false;
+    } else {
+      // The event's index once the cast events of this op before it are in.
+      r->propagated.emplace(std::move(key), std::make_pair(r->events.size() + events.size(), std::int64_t{0}));
+    }
+  } else {
+    first = loose_propagated_.emplace(std::move(key), true).second;
+  }
+  if (first) {
+    const std::string cause =
+        first_bad != nullptr
+            ? fmt::format("{} already held {}", first_bad->label, count_text(first_bad->stats.health))
+            : std::string("the forward pass of this step already held NaN/inf, and this backward uses its saved "
+                          "values");
+    events.push_back({e.step, e.seq, "propagate", row.op, row.module, fmt::format("{}; {}", what, cause)});
+  }
+}
 void Probe::on_grads(const GradEvent& event) {
   if (options_.level < Level::health || !recording_) return;
   const bool full = options_.level == Level::full;

@@ -168,8 +168,40 @@ class Probe : public Hook {
   bool selected(std::int64_t step) const;
   bool module_wanted(std::string_view module) const;
   StepRecord* record_for(std::int64_t step);
+  // One op's rows (probe.cpp, record_op and the functions it calls, in the order it calls them): the OpRow,
+  // its health, its casts' overflow and underflow, and whether its NaN/inf are its own (an origin) or came in.
   void record_op(const OpEvent& event, trace::Phase phase);
   std::array<std::int64_t, trace::kOpInputs> input_producers(const OpEvent& event) const;
+  // The statistics of an op's outputs, one pass each; `primary` is the output its row describes (the first
+  // defined one, -1 when none); the NaN/inf counts are summed over all of them.
+  struct OutputStats {
+    std::vector<TensorStats> stats;
+    int primary = -1;
+    std::int64_t nan = 0, pos_inf = 0, neg_inf = 0;
+  };
+  static OutputStats output_stats(const OpEvent& event, bool histograms);
+  // Counts what the op's casts overflowed and flushed to zero (an explicit `to`, and autocast's casts of its
+  // inputs not served by the weight-cast cache) into its row and the counters, with an event each; true when
+  // a cast overflowed.
+  bool count_casts(const OpEvent& event, bool backward, trace::OpRow& row, std::vector<trace::EventRow>& events);
+  // An input as the anomaly rule judges it: its values before autocast's cast.
+  struct JudgedInput {
+    std::string label;  // "input 1 before autocast", "the incoming gradient"
+    TensorStats stats;
+    bool mask = false;  // its only non-finite values are the -inf a mask's fill of this step wrote
+  };
+  std::vector<JudgedInput> judged_inputs(const OpEvent& event, bool backward, const trace::OpRow& row);
+  // Whether the op's output held NaN/inf (a mask's intended -inf aside), and if so whether it made them (an
+  // origin) or an input or the step's forward pass did (a propagation): the row's flag, the event, the counters.
+  bool judge_nonfinite(const OpEvent& event, trace::Phase phase, const OutputStats& out, trace::OpRow& row,
+                       std::vector<trace::EventRow>& events);
+  void record_origin(const OpEvent& event, bool backward, int primary, bool made_inf,
+                     const std::vector<JudgedInput>& inputs, const std::string& what, trace::OpRow& row,
+                     std::vector<trace::EventRow>& events);
+  void dump_origin(const OpEvent& event, const trace::OpRow& row, int primary);  // the run's first origin
+  // One "propagate" event per op, module and phase per step; later ones are counted on it.
+  void record_propagation(const OpEvent& event, trace::Phase phase, const JudgedInput* first_bad,
+                          const std::string& what, const trace::OpRow& row, std::vector<trace::EventRow>& events);
   void emit(trace::OpRow row);
   void emit(trace::GradRow row);
   void emit(trace::HistogramRow row);

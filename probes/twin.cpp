@@ -17,6 +17,7 @@
 #include "core/ops.h"
 #include "kernels/half_convert.h"
 #include "kernels/parallel.h"
+#include "probes/analysis/op_traits.h"
 #include "probes/stats.h"
 
 namespace ampscope::probe {
@@ -100,10 +101,10 @@ int fast_error_bucket(double e) {
   return bucket <= 0 ? 0 : bucket >= trace::kErrorBins - 1 ? trace::kErrorBins - 1 : bucket;
 }
 
-bool saturating(std::string_view op) { return op == "sigmoid" || op == "tanh"; }
+bool saturating(std::string_view op) { return analysis::op_kind(op) == analysis::OpKind::saturating; }
 
 // Ops whose body must not run again: it draws random numbers.
-bool random_op(std::string_view op) { return op == "dropout"; }
+bool random_op(std::string_view op) { return analysis::op_kind(op) == analysis::OpKind::random; }
 
 // t widened exactly to `to` where it is a floating tensor of fewer significand bits (f16/bf16 to f32 or f64, f32
 // to f64); otherwise t itself.
@@ -691,14 +692,10 @@ namespace {
 // 65536 distinct inputs: its body run once on every one of them, widened as widened() widens them, is a table
 // whose entries are exactly what the body computes for those elements wherever they stand, so the local
 // value of a large input is a lookup per element (gelu over a transformer's MLP activations: 524288 tanhf
-// calls become 65536). Only ops whose kernels compute each element alone, from its value, are listed.
-bool elementwise_unary(std::string_view op) {
-  static constexpr std::string_view kOps[] = {"relu", "gelu", "sigmoid", "silu", "tanh", "exp", "log", "sqrt",
-                                              "rsqrt", "neg", "pow", "clamp", "abs",
-                                              // with a scalar operand: the only input is the tensor
-                                              "add", "sub", "mul", "div", "rsub"};
-  return std::find(std::begin(kOps), std::end(kOps), op) != std::end(kOps);
-}
+// calls become 65536). Only ops whose kernels compute each element alone, from its value, are marked
+// (OpFlag::element_table); add, sub, mul, div and rsub qualify with a scalar operand, when the only input is
+// the tensor.
+bool elementwise_unary(std::string_view op) { return analysis::op_has(op, analysis::OpFlag::element_table); }
 
 constexpr std::int64_t kHalfValues = 65536;  // bit patterns of an f16 or bf16
 
@@ -953,15 +950,17 @@ void Twin::twin(const OpEvent& event) {
   // Condition numbers, from the twin's values.
   row.cond = std::numeric_limits<double>::quiet_NaN();
   const double floor = relative_error_floor(out_dtype);
-  const std::string_view op = event.op;
-  if ((op == "add" || op == "sub") && twin_inputs.size() == 2 && twin_inputs[1].defined()) {
+  const analysis::OpKind kind = analysis::op_kind(event.op);
+  // rsub (s - a) negates its tensor; add and sub keep its sign.
+  const bool negates = analysis::op_has(event.op, analysis::OpFlag::negates);
+  if (kind == analysis::OpKind::additive && !negates && twin_inputs.size() == 2 && twin_inputs[1].defined()) {
     row.cond = max_ratio(add(abs(twin_inputs[0]), abs(twin_inputs[1])), acc, floor);
-  } else if ((op == "add" || op == "sub" || op == "rsub") && twin_inputs.size() == 1) {
+  } else if (kind == analysis::OpKind::additive && twin_inputs.size() == 1) {
     // The scalar operand is not an input: |s| = |out - a| (add, sub) or |out + a| (rsub, out = s - a).
     const Tensor& x = twin_inputs[0];
-    const Tensor other = op == "rsub" ? abs(add(acc, x)) : abs(sub(acc, x));
+    const Tensor other = negates ? abs(add(acc, x)) : abs(sub(acc, x));
     row.cond = max_ratio(add(abs(x), other), acc, floor);
-  } else if ((op == "sum" || op == "mean") && twin_inputs.size() == 1) {
+  } else if (kind == analysis::OpKind::reduction && twin_inputs.size() == 1) {
     row.cond = max_ratio((*event.recompute)({abs(twin_inputs[0])}).to(keep), acc, floor);
   }
   values_[event.seq] = acc;

@@ -4,6 +4,7 @@
 // sequence, so a step whose keys match position by position is paired without hashing; only steps that
 // differ (an fp16 run's extra casts) build a map of the other run's rows.
 #include "probes/analysis/diff.h"
+#include "probes/analysis/op_traits.h"
 #include "probes/analysis/scaler_calibration.h"
 
 #include <algorithm>
@@ -68,16 +69,17 @@ trace::TensorHealth unscaled_health(const OpRow& r, double scale) {
 }
 
 // The boundaries a recorded output sits at (on the recorded values, before any division by the scale).
-// Ops whose mathematical range is open: sigmoid and softmax in (0, 1), tanh in (-1, 1), exp in (0, inf);
+// Ops whose mathematical range is open (op_traits.h, OpRange): sigmoid and softmax in (0, 1), tanh in (-1, 1),
+// exp in (0, inf);
 // their output at exactly the end of that range is saturation (the format's resolution, or range, ran
 // out). Any f16 or bf16 output: exactly the format's largest finite magnitude (a clamp or a rounding that
 // hides an overflow).
-// A mask fill: where or masked_fill writing its dtype's lowest finite value. Hugging Face's causal masks
+// A mask fill (OpKind::mask_fill: where, masked_fill) writing its dtype's lowest finite value. Hugging Face's causal masks
 // fill with torch.finfo(dtype).min, so an f32 run's scores hold -3.4e38 where an f16 run's hold -65504:
 // different by construction, and both harmless (softmax gives 0 there). The op only copies values; what it
 // copied is compared at the op that computed it, and the masked result at the softmax that follows.
 bool is_mask_fill(const OpRow& r) {
-  if (r.phase != Phase::forward || (r.op != "where" && r.op != "masked_fill")) return false;
+  if (r.phase != Phase::forward || op_kind(r.op) != OpKind::mask_fill) return false;
   const double lowest = r.out_dtype == "f16"    ? 65504.0
                         : r.out_dtype == "bf16" ? 3.3895313892515355e38
                         : r.out_dtype == "f32"  ? 3.4028234663852886e38
@@ -90,11 +92,12 @@ unsigned pins_of(const OpRow& r) {
   const trace::TensorHealth& h = r.health;
   unsigned pins = 0;
   if (r.phase == Phase::forward) {
-    const std::string& op = r.op;
-    const bool unit = op == "sigmoid" || op == "softmax";
-    if ((unit || op == "exp") && h.zero > 0) pins |= kPinLower;
-    if (op == "tanh" && h.min == -1.0) pins |= kPinLower;
-    if ((unit || op == "tanh") && h.max == 1.0) pins |= kPinUpper;
+    const OpRange range = op_range(r.op);  // the open range (op_traits.h): its ends are 0, -1 or 1
+    const bool lower_zero = range == OpRange::unit || range == OpRange::positive;
+    const bool upper_one = range == OpRange::unit || range == OpRange::signed_unit;
+    if (lower_zero && h.zero > 0) pins |= kPinLower;
+    if (range == OpRange::signed_unit && h.min == -1.0) pins |= kPinLower;
+    if (upper_one && h.max == 1.0) pins |= kPinUpper;
   }
   const double top = r.out_dtype == "f16" ? 65504.0 : r.out_dtype == "bf16" ? 3.3895313892515355e38 : 0.0;
   if (top > 0 && (h.max == top || h.min == -top)) pins |= kPinDtypeMax;

@@ -1,5 +1,6 @@
 // The PRECISION section and the rankings of the f32 twin's rows (probes/analysis/precision.h).
 #include "probes/analysis/precision.h"
+#include "probes/analysis/op_traits.h"
 
 #include <algorithm>
 #include <cmath>
@@ -134,9 +135,10 @@ constexpr double kCancelling = 8;         // cond from which an add/sub cancels
 constexpr std::int64_t kLongChain = 8;    // calls of a chain from which it is an accumulation
 constexpr double kGrowing = 0.05;         // bits per step from which a trend is listed
 
-bool add_like(std::string_view op) { return op == "add" || op == "sub" || op == "rsub"; }
-bool reduction(std::string_view op) { return op == "sum" || op == "mean"; }
-bool saturating(std::string_view op) { return op == "sigmoid" || op == "tanh"; }
+// What kind of op a row is (op_traits.h).
+bool add_like(std::string_view op) { return op_kind(op) == OpKind::additive; }
+bool reduction(std::string_view op) { return op_kind(op) == OpKind::reduction; }
+bool saturating(std::string_view op) { return op_kind(op) == OpKind::saturating; }
 
 std::string percent(double v) {
   if (!std::isfinite(v)) return fmt::format("{}", v);
