@@ -1,7 +1,9 @@
 // kernels/functors.h: the element math of every op, written once. The CPU backend calls these in its
 // loops and the CUDA backend in its kernels, so the CPU backend is the executable specification of the
 // GPU one. Functors take and return the op's accumulation type (float for f16/bf16/f32, double for f64):
-// loads widen, the functor computes, the store rounds once to the output dtype.
+// loads widen, the functor computes, the store rounds once to the output dtype. The row ops (softmax,
+// layer norm, argmax, ...) are in kernels/row_functors.h, the fused optimizer steps in
+// kernels/optim_functors.h, both built from the functors here.
 //
 //   float y = AddFn{}(1.0f, 2.0f);       // 3
 //   float r = ReluFn{}(std::nanf(""));    // NaN: relu keeps NaN, as torch.relu does
@@ -42,6 +44,25 @@ AMPSCOPE_HD inline T canonical_nan(T x) {
 #endif
   } else {
     return x;  // integers have no NaN
+  }
+}
+
+// -infinity in float or double, on the host and the GPU (std::numeric_limits is host-only under nvcc
+// without --expt-relaxed-constexpr).
+template <class T>
+AMPSCOPE_HD inline T minus_infinity() {
+  if constexpr (std::is_same_v<T, float>) {
+    return detail::bits_float(0xFF800000u);
+  } else {
+    static_assert(std::is_same_v<T, double>, "minus_infinity is for float and double");
+#if defined(__CUDA_ARCH__)
+    return __longlong_as_double(static_cast<long long>(0xFFF0000000000000ull));
+#else
+    const std::uint64_t bits = 0xFFF0000000000000ull;
+    double d;
+    std::memcpy(&d, &bits, sizeof d);
+    return d;
+#endif
   }
 }
 
@@ -353,60 +374,6 @@ AMPSCOPE_HD inline Acc lane_tree_sum(std::int64_t n, const Load& load) {
     for (int k = 0; k < width; ++k) lanes[k] += lanes[k + width];
   }
   return lanes[0];
-}
-
-}  // namespace ampscope
-
-namespace ampscope {
-
-// ---- rows of the loss-writing reductions: one thread per row on the GPU, the same code on both ----
-
-// Index of the first largest (kMax) or smallest value of a row; the first NaN if there is one (NaN
-// counts as the extreme, as in PyTorch's max, min, argmax). n >= 1.
-template <bool kMax, class Acc, class T>
-AMPSCOPE_HD inline std::int64_t row_extreme_index(const T* row, std::int64_t n) {
-  std::int64_t best = 0;
-  Acc m = convert<Acc>(row[0]);
-  for (std::int64_t j = 1; j < n && m == m; ++j) {
-    const Acc v = convert<Acc>(row[j]);
-    if (v != v || (kMax ? v > m : v < m)) {
-      m = v;
-      best = j;
-    }
-  }
-  return best;
-}
-
-template <class Acc, class T>
-struct RowLoad {
-  const T* row;
-  AMPSCOPE_HD Acc operator()(std::int64_t j) const { return convert<Acc>(row[j]); }
-};
-template <class Acc, class T>
-struct RowSquaredDeviation {
-  const T* row;
-  Acc mean;
-  AMPSCOPE_HD Acc operator()(std::int64_t j) const {
-    const Acc d = convert<Acc>(row[j]) - mean;
-    return d * d;
-  }
-};
-
-// sum (x - mean)^2 / max(n - correction, 0) in two passes (the mean, then the squared deviations), each
-// summed in lane_tree_sum's order: PyTorch's divisor, so correction >= n gives inf (or NaN for 0 / 0).
-template <class Acc, class T>
-AMPSCOPE_HD inline Acc row_variance(const T* row, std::int64_t n, Acc correction) {
-  const Acc mean = lane_tree_sum<Acc>(n, RowLoad<Acc, T>{row}) / static_cast<Acc>(n);
-  const Acc m2 = lane_tree_sum<Acc>(n, RowSquaredDeviation<Acc, T>{row, mean});
-  const Acc dof = static_cast<Acc>(n) - correction;
-  return m2 / (dof > Acc(0) ? dof : Acc(0));
-}
-
-// Whether x is one of the elements that reduced to v: equal (so -0 and +0 both), or both NaN when
-// NaN counts (the full max/min; amax/amin compare with == only, as PyTorch does).
-template <class Acc>
-AMPSCOPE_HD inline bool selected_by(Acc x, Acc v, bool nan_matches) {
-  return x == v || (nan_matches && x != x && v != v);
 }
 
 }  // namespace ampscope

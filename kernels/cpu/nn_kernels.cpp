@@ -1,7 +1,8 @@
 // The CPU backend's kernels for the training runtime: element-wise math and its derivatives, row
 // reductions (sum, softmax, layer norm), matrix products through OpenBLAS, im2col/col2im, pooling,
 // embedding, dropout and the negative log-likelihood. Every kernel computes in the accumulation type
-// (float for f16/bf16/f32, double for f64) and rounds once on store, as the CUDA backend does.
+// (float for f16/bf16/f32, double for f64) and rounds once on store, as the CUDA backend does. The row
+// ops are kernels/row_functors.h's functions run by a SerialRow: this file only splits rows over the cores.
 #include "kernels/cpu/nn_kernels.h"
 
 #include <cblas.h>
@@ -18,6 +19,7 @@
 #include "kernels/half_convert.h"
 #include "kernels/parallel.h"
 #include "kernels/functors.h"
+#include "kernels/row_functors.h"
 
 // OpenBLAS's own control of its thread pool (declared here too in case cblas.h is another vendor's).
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -100,37 +102,22 @@ void sum_rows_kernel(Backend&, const KernelArgs& a) {
   const Acc factor = static_cast<Acc>(a.scalars[0]), divisor = static_cast<Acc>(a.scalars[1]);
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t r = b; r < e; ++r) {
-      const T* row = in + r * cols;
-      const Acc s = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return convert<Acc>(row[j]); });
-      out[r] = convert<T>(canonical_nan(s * factor / divisor));
+      out[r] = sum_row(SerialRow{}, in + r * cols, cols, factor, divisor);
     }
   });
 }
 
 template <class T>
 void argmax_rows_kernel(Backend&, const KernelArgs& a) {
-  using Acc = acc_type<T>;
   const T* in = a.in[0].ptr<T>();
   std::int64_t* out = a.out.ptr<std::int64_t>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t r = b; r < e; ++r) {
-      const T* row = in + r * cols;
-      std::int64_t best = 0;
-      Acc m = convert<Acc>(row[0]);
-      for (std::int64_t j = 1; j < cols && m == m; ++j) {  // the first NaN is the maximum
-        const Acc v = convert<Acc>(row[j]);
-        if (v != v || v > m) {
-          m = v;
-          best = j;
-        }
-      }
-      out[r] = best;
-    }
+    for (std::int64_t r = b; r < e; ++r) out[r] = argmax_row(in + r * cols, cols);
   });
 }
 
-// ---- rows of the loss-writing reductions (kernels/functors.h has the per-row math) ----
+// ---- rows of the loss-writing reductions (kernels/row_functors.h has the per-row math) ----
 
 // out[r] = the row's first largest (smallest) value, its bits moved; aux[0] (optional) its index.
 template <class T, bool kMax>
@@ -207,70 +194,30 @@ void index_backward_rows_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
-// Largest value of a row; a NaN anywhere makes it NaN.
-template <class Acc, class T>
-Acc row_max(const T* row, std::int64_t cols) {
-  Acc m = -std::numeric_limits<Acc>::infinity();
-  for (std::int64_t j = 0; j < cols; ++j) {
-    const Acc v = convert<Acc>(row[j]);
-    if (v != v) return v;
-    if (v > m) m = v;
-  }
-  return m;
-}
-
 template <class T, bool kLog>
 void softmax_rows_kernel(Backend&, const KernelArgs& a) {
-  using Acc = acc_type<T>;
   const T* in = a.in[0].ptr<T>();
   T* out = a.out.ptr<T>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t r = b; r < e; ++r) {
-      const T* row = in + r * cols;
-      T* o = out + r * cols;
-      const Acc m = row_max<Acc>(row, cols);
-      const Acc sum = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return std::exp(convert<Acc>(row[j]) - m); });
-      if constexpr (kLog) {
-        const Acc log_sum = std::log(sum);
-        for (std::int64_t j = 0; j < cols; ++j) o[j] = convert<T>(canonical_nan(convert<Acc>(row[j]) - m - log_sum));
-      } else {
-        for (std::int64_t j = 0; j < cols; ++j) o[j] = convert<T>(canonical_nan(std::exp(convert<Acc>(row[j]) - m) / sum));
-      }
-    }
+    for (std::int64_t r = b; r < e; ++r) softmax_row<kLog>(SerialRow{}, in + r * cols, out + r * cols, cols);
   });
 }
 
-// softmax: dx = y (g - sum(g y)); log_softmax: dx = g - exp(y) sum(g).
 template <class T, bool kLog>
 void softmax_backward_rows_kernel(Backend&, const KernelArgs& a) {
-  using Acc = acc_type<T>;
   const T* g = a.in[0].ptr<T>();
   const T* y = a.in[1].ptr<T>();
   T* out = a.out.ptr<T>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t r = b; r < e; ++r) {
-      const T* gr = g + r * cols;
-      const T* yr = y + r * cols;
-      T* o = out + r * cols;
-      if constexpr (kLog) {
-        const Acc s = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return convert<Acc>(gr[j]); });
-        for (std::int64_t j = 0; j < cols; ++j) {
-          o[j] = convert<T>(canonical_nan(convert<Acc>(gr[j]) - std::exp(convert<Acc>(yr[j])) * s));
-        }
-      } else {
-        const Acc s = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return convert<Acc>(gr[j]) * convert<Acc>(yr[j]); });
-        for (std::int64_t j = 0; j < cols; ++j) {
-          o[j] = convert<T>(canonical_nan(convert<Acc>(yr[j]) * (convert<Acc>(gr[j]) - s)));
-        }
-      }
+      softmax_backward_row<kLog>(SerialRow{}, g + r * cols, y + r * cols, out + r * cols, cols);
     }
   });
 }
 
-// y = (x - mean) * rstd * w + b per row; mean and rstd (1 / sqrt(var + eps), biased variance) go to
-// aux[0] and aux[1] in the accumulation type. Two passes: the mean, then the squared deviations.
+// Layer norm's mean and rstd go to aux[0] and aux[1] in the accumulation type, for the backward pass.
 template <class T>
 void layer_norm_rows_kernel(Backend&, const KernelArgs& a) {
   using Acc = acc_type<T>;
@@ -284,28 +231,11 @@ void layer_norm_rows_kernel(Backend&, const KernelArgs& a) {
   const Acc eps = static_cast<Acc>(a.scalars[0]);
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t r = b; r < e; ++r) {
-      const T* xr = x + r * cols;
-      T* o = out + r * cols;
-      const Acc n = static_cast<Acc>(cols);
-      const Acc mean = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return convert<Acc>(xr[j]); }) / n;
-      const Acc var = lane_tree_sum<Acc>(cols, [&](std::int64_t j) {
-                        const Acc d = convert<Acc>(xr[j]) - mean;
-                        return d * d;
-                      }) / n;
-      const Acc rstd = Acc(1) / std::sqrt(var + eps);
-      mean_out[r] = mean;
-      rstd_out[r] = rstd;
-      for (std::int64_t j = 0; j < cols; ++j) {
-        Acc v = (convert<Acc>(xr[j]) - mean) * rstd;
-        if (w) v = v * convert<Acc>(w[j]);
-        if (bias) v = v + convert<Acc>(bias[j]);
-        o[j] = convert<T>(canonical_nan(v));
-      }
+      layer_norm_row(SerialRow{}, x + r * cols, w, bias, out + r * cols, cols, eps, mean_out + r, rstd_out + r);
     }
   });
 }
 
-// dx = rstd / n * (n * gw - sum(gw) - xhat * sum(gw * xhat)), gw = g * w, xhat = (x - mean) * rstd.
 template <class T>
 void layer_norm_backward_rows_kernel(Backend&, const KernelArgs& a) {
   using Acc = acc_type<T>;
@@ -318,22 +248,11 @@ void layer_norm_backward_rows_kernel(Backend&, const KernelArgs& a) {
   const std::int64_t rows = a.in[1].sizes[0], cols = a.in[1].sizes[1];
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t r = b; r < e; ++r) {
-      const T* gr = g + r * cols;
-      const T* xr = x + r * cols;
-      T* o = out + r * cols;
-      const Acc m = mean[r], rs = rstd[r], n = static_cast<Acc>(cols);
-      auto gw = [&](std::int64_t j) { return w ? convert<Acc>(gr[j]) * convert<Acc>(w[j]) : convert<Acc>(gr[j]); };
-      auto xhat = [&](std::int64_t j) { return (convert<Acc>(xr[j]) - m) * rs; };
-      const Acc sum_gw = lane_tree_sum<Acc>(cols, gw);
-      const Acc sum_gw_xhat = lane_tree_sum<Acc>(cols, [&](std::int64_t j) { return gw(j) * xhat(j); });
-      for (std::int64_t j = 0; j < cols; ++j) {
-        o[j] = convert<T>(canonical_nan(rs / n * (n * gw(j) - sum_gw - xhat(j) * sum_gw_xhat)));
-      }
+      layer_norm_backward_row(SerialRow{}, g + r * cols, x + r * cols, w, out + r * cols, cols, mean[r], rstd[r]);
     }
   });
 }
 
-// dw[c] = sum_r g[r, c] xhat[r, c], db[c] = sum_r g[r, c], rows added in order.
 template <class T>
 void layer_norm_param_grad_kernel(Backend&, const KernelArgs& a) {
   using Acc = acc_type<T>;
@@ -346,16 +265,7 @@ void layer_norm_param_grad_kernel(Backend&, const KernelArgs& a) {
   const std::int64_t rows = a.in[1].sizes[0], cols = a.in[1].sizes[1];
   parallel_for(cols, std::max<std::int64_t>(1, kRowGrain / std::max<std::int64_t>(rows, 1)),
                [&](std::int64_t b, std::int64_t e) {
-                 for (std::int64_t c = b; c < e; ++c) {
-                   Acc sw = 0, sb = 0;
-                   for (std::int64_t r = 0; r < rows; ++r) {
-                     const Acc gv = convert<Acc>(g[r * cols + c]);
-                     sw += gv * ((convert<Acc>(x[r * cols + c]) - mean[r]) * rstd[r]);
-                     sb += gv;
-                   }
-                   dw[c] = convert<T>(canonical_nan(sw));
-                   db[c] = convert<T>(canonical_nan(sb));
-                 }
+                 for (std::int64_t c = b; c < e; ++c) layer_norm_param_grad_column(g, x, mean, rstd, rows, cols, c, dw, db);
                });
 }
 

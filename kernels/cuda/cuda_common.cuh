@@ -1,10 +1,13 @@
 // kernels/cuda/cuda_common.cuh: the launch helpers and warp reductions shared by the CUDA kernel files
 // (included by .cu files only). Two shapes of work: one thread per element (linear_kernel, a grid-stride
-// loop) and one warp per row (warp_rows_kernel). warp_lane_sum reproduces lane_tree_sum
-// (kernels/functors.h) exactly, so the GPU's row sums have the CPU's bits.
+// loop) and one warp per row (warp_rows_kernel). WarpRow is the warp's team for the row functions of
+// kernels/row_functors.h: its sum (warp_lane_sum) performs lane_tree_sum's additions in lane_tree_sum's
+// order (kernels/functors.h) and its max combines the lanes' candidates to SerialRow::max's answer, so
+// the GPU's row results are the CPU's bits wherever no math-library function is involved.
 //
 //   return launch_linear(out.numel, MyBody{out, in}, stream);          // body(i) for every i
 //   return launch_warp_rows(rows, MyRowBody{...}, stream);             // body(r, lane) for every row
+//   softmax_row<false>(WarpRow{lane}, x, y, n);                        // inside a row body
 #pragma once
 
 #include <algorithm>
@@ -12,9 +15,8 @@
 #include <type_traits>
 
 #include <cuda_runtime.h>
-#include <math_constants.h>
-
 #include "kernels/functors.h"
+#include "kernels/row_functors.h"
 
 namespace ampscope::cuda {
 
@@ -50,11 +52,38 @@ __global__ void warp_rows_kernel(std::int64_t rows, Body body) {
 // Every lane of the warp must call it; every lane gets the result.
 template <class Acc, class Load>
 __device__ Acc warp_lane_sum(int lane, std::int64_t n, const Load& load) {
-  Acc s = Acc(0);
-  for (std::int64_t j = lane; j < n; j += kWarp) s += load(j);
+  Acc s = strided_partial_sum<Acc>(lane, kWarp, n, load);
   for (int width = kWarp / 2; width > 0; width /= 2) s += __shfl_down_sync(kFullMask, s, width);
   return __shfl_sync(kFullMask, s, 0);
 }
+
+// One warp sharing a row (kernels/row_functors.h says what a team is). Every lane of the warp must call
+// each member, as warp_rows_kernel guarantees.
+struct WarpRow {
+  int lane;
+
+  template <class Acc, class Load>
+  __device__ Acc sum(std::int64_t n, const Load& load) const {
+    return warp_lane_sum<Acc>(lane, n, load);
+  }
+  // Each lane's candidate over its elements, then a shuffle tree of replaces_max: any order of
+  // combinations gives the first NaN, else the first of the largest values (SerialRow::max's answer).
+  template <class Acc, class Load>
+  __device__ Acc max(std::int64_t n, const Load& load) const {
+    MaxCandidate<Acc> c = strided_max_candidate<Acc>(lane, kWarp, n, load);
+    for (int width = kWarp / 2; width > 0; width /= 2) {
+      const MaxCandidate<Acc> other{__shfl_down_sync(kFullMask, c.value, width),
+                                    __shfl_down_sync(kFullMask, c.index, width)};
+      if (replaces_max(other, c)) c = other;
+    }
+    return __shfl_sync(kFullMask, c.value, 0);
+  }
+  template <class F>
+  __device__ void for_each(std::int64_t n, const F& f) const {
+    for (std::int64_t j = lane; j < n; j += kWarp) f(j);
+  }
+  __device__ bool leader() const { return lane == 0; }
+};
 
 // ---- launchers -----------------------------------------------------------------------------------
 
@@ -73,16 +102,6 @@ cudaError_t launch_warp_rows(std::int64_t rows, const Body& body, cudaStream_t s
   const std::int64_t blocks = std::min<std::int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxBlocks);
   warp_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(rows, body);
   return cudaGetLastError();
-}
-
-// -infinity in float or double (std::numeric_limits is host-only in nvcc without relaxed constexpr).
-template <class Acc>
-__device__ Acc minus_infinity() {
-  if constexpr (std::is_same_v<Acc, double>) {
-    return -CUDART_INF;
-  } else {
-    return -CUDART_INF_F;
-  }
 }
 
 template <class T>

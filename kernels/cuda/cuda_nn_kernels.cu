@@ -1,11 +1,12 @@
 // CUDA kernels for the training runtime's ops that are not element-wise: rows (sum, argmax, softmax,
 // log_softmax and their backward, layer norm and its gradients), windows (im2col, col2im, max pooling),
-// embedding, nll and the epilogue of a cuBLAS matrix product. Each mirrors its CPU kernel in
-// kernels/cpu/nn_kernels.cpp operation for operation: row sums go through warp_lane_sum (the order of
-// lane_tree_sum), every other sum runs on one thread in the CPU's order, and nothing accumulates with
-// atomics, so results are deterministic and, where the math library is not involved, the CPU's bits.
+// embedding, nll and the epilogue of a cuBLAS matrix product. The row ops and argmax are the CPU's own
+// code: kernels/row_functors.h's functions, run here by a WarpRow (one warp per row; its sums are
+// lane_tree_sum's additions in lane_tree_sum's order) or by one thread per row. The other kernels mirror
+// their CPU kernel in kernels/cpu/nn_kernels.cpp operation for operation: every other sum runs on one
+// thread in the CPU's order, and nothing accumulates with atomics, so results are deterministic and,
+// where the math library is not involved, the CPU's bits.
 // Two sections: kernels (bodies run by the generic kernels of cuda_common.cuh), then launchers.
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -14,6 +15,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_launch.h"
 #include "kernels/functors.h"
+#include "kernels/row_functors.h"
 
 namespace ampscope::cuda {
 namespace {
@@ -27,49 +29,11 @@ struct SumRowsBody {
   std::int64_t cols;
   acc_type<T> factor, divisor;
   __device__ void operator()(std::int64_t r, int lane) const {
-    using Acc = acc_type<T>;
-    const T* row = in + r * cols;
-    const Acc s = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return convert<Acc>(row[j]); });
-    if (lane == 0) out[r] = convert<T>(canonical_nan(s * factor / divisor));
+    const WarpRow team{lane};
+    const T s = sum_row(team, in + r * cols, cols, factor, divisor);
+    if (team.leader()) out[r] = s;
   }
 };
-
-// Whether candidate (b at index ib) replaces the current (a at ia) as row_max's answer: the first NaN
-// if there is one, else the largest value, the first of equal ones (so -0 and +0 resolve as on the CPU).
-template <class Acc>
-__device__ bool better_max(Acc b, long long ib, Acc a, long long ia) {
-  const bool a_nan = a != a, b_nan = b != b;
-  if (a_nan || b_nan) return b_nan && (!a_nan || ib < ia);
-  return b > a || (b == a && ib < ia);
-}
-
-// The CPU's row_max: the first NaN of the row, else the first largest value; -inf for an empty row.
-template <class Acc, class T>
-__device__ Acc warp_row_max(int lane, const T* row, std::int64_t cols) {
-  Acc m = minus_infinity<Acc>();
-  long long at = LLONG_MAX;
-  for (std::int64_t j = lane; j < cols; j += kWarp) {
-    const Acc v = convert<Acc>(row[j]);
-    if (v != v) {
-      m = v;
-      at = j;
-      break;
-    }
-    if (v > m) {
-      m = v;
-      at = j;
-    }
-  }
-  for (int width = kWarp / 2; width > 0; width /= 2) {
-    const Acc om = __shfl_down_sync(kFullMask, m, width);
-    const long long oat = __shfl_down_sync(kFullMask, at, width);
-    if (better_max(om, oat, m, at)) {
-      m = om;
-      at = oat;
-    }
-  }
-  return __shfl_sync(kFullMask, m, 0);
-}
 
 template <class T, bool kLog>
 struct SoftmaxRowsBody {
@@ -77,21 +41,10 @@ struct SoftmaxRowsBody {
   T* out;
   std::int64_t cols;
   __device__ void operator()(std::int64_t r, int lane) const {
-    using Acc = acc_type<T>;
-    const T* row = in + r * cols;
-    T* o = out + r * cols;
-    const Acc m = warp_row_max<Acc>(lane, row, cols);
-    const Acc sum = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return std::exp(convert<Acc>(row[j]) - m); });
-    if constexpr (kLog) {
-      const Acc log_sum = std::log(sum);
-      for (std::int64_t j = lane; j < cols; j += kWarp) o[j] = convert<T>(canonical_nan(convert<Acc>(row[j]) - m - log_sum));
-    } else {
-      for (std::int64_t j = lane; j < cols; j += kWarp) o[j] = convert<T>(canonical_nan(std::exp(convert<Acc>(row[j]) - m) / sum));
-    }
+    softmax_row<kLog>(WarpRow{lane}, in + r * cols, out + r * cols, cols);
   }
 };
 
-// softmax: dx = y (g - sum(g y)); log_softmax: dx = g - exp(y) sum(g).
 template <class T, bool kLog>
 struct SoftmaxBackwardRowsBody {
   const T* g;
@@ -99,21 +52,7 @@ struct SoftmaxBackwardRowsBody {
   T* out;
   std::int64_t cols;
   __device__ void operator()(std::int64_t r, int lane) const {
-    using Acc = acc_type<T>;
-    const T* gr = g + r * cols;
-    const T* yr = y + r * cols;
-    T* o = out + r * cols;
-    if constexpr (kLog) {
-      const Acc s = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return convert<Acc>(gr[j]); });
-      for (std::int64_t j = lane; j < cols; j += kWarp) {
-        o[j] = convert<T>(canonical_nan(convert<Acc>(gr[j]) - std::exp(convert<Acc>(yr[j])) * s));
-      }
-    } else {
-      const Acc s = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return convert<Acc>(gr[j]) * convert<Acc>(yr[j]); });
-      for (std::int64_t j = lane; j < cols; j += kWarp) {
-        o[j] = convert<T>(canonical_nan(convert<Acc>(yr[j]) * (convert<Acc>(gr[j]) - s)));
-      }
-    }
+    softmax_backward_row<kLog>(WarpRow{lane}, g + r * cols, y + r * cols, out + r * cols, cols);
   }
 };
 
@@ -128,30 +67,10 @@ struct LayerNormRowsBody {
   std::int64_t cols;
   acc_type<T> eps;
   __device__ void operator()(std::int64_t r, int lane) const {
-    using Acc = acc_type<T>;
-    const T* xr = x + r * cols;
-    T* o = out + r * cols;
-    const Acc n = static_cast<Acc>(cols);
-    const Acc mean = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return convert<Acc>(xr[j]); }) / n;
-    const Acc var = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) {
-                      const Acc d = convert<Acc>(xr[j]) - mean;
-                      return d * d;
-                    }) / n;
-    const Acc rstd = Acc(1) / std::sqrt(var + eps);
-    if (lane == 0) {
-      mean_out[r] = mean;
-      rstd_out[r] = rstd;
-    }
-    for (std::int64_t j = lane; j < cols; j += kWarp) {
-      Acc v = (convert<Acc>(xr[j]) - mean) * rstd;
-      if (w) v = v * convert<Acc>(w[j]);
-      if (bias) v = v + convert<Acc>(bias[j]);
-      o[j] = convert<T>(canonical_nan(v));
-    }
+    layer_norm_row(WarpRow{lane}, x + r * cols, w, bias, out + r * cols, cols, eps, mean_out + r, rstd_out + r);
   }
 };
 
-// dx = rstd / n * (n * gw - sum(gw) - xhat * sum(gw * xhat)), gw = g * w, xhat = (x - mean) * rstd.
 template <class T>
 struct LayerNormBackwardRowsBody {
   const T* g;
@@ -162,50 +81,22 @@ struct LayerNormBackwardRowsBody {
   T* out;
   std::int64_t cols;
   __device__ void operator()(std::int64_t r, int lane) const {
-    using Acc = acc_type<T>;
-    const T* gr = g + r * cols;
-    const T* xr = x + r * cols;
-    T* o = out + r * cols;
-    const Acc m = mean[r], rs = rstd[r], n = static_cast<Acc>(cols);
-    auto gw = [&](std::int64_t j) { return w ? convert<Acc>(gr[j]) * convert<Acc>(w[j]) : convert<Acc>(gr[j]); };
-    auto xhat = [&](std::int64_t j) { return (convert<Acc>(xr[j]) - m) * rs; };
-    const Acc sum_gw = warp_lane_sum<Acc>(lane, cols, gw);
-    const Acc sum_gw_xhat = warp_lane_sum<Acc>(lane, cols, [&](std::int64_t j) { return gw(j) * xhat(j); });
-    for (std::int64_t j = lane; j < cols; j += kWarp) {
-      o[j] = convert<T>(canonical_nan(rs / n * (n * gw(j) - sum_gw - xhat(j) * sum_gw_xhat)));
-    }
+    layer_norm_backward_row(WarpRow{lane}, g + r * cols, x + r * cols, w, out + r * cols, cols, mean[r], rstd[r]);
   }
 };
 
 // ---- kernels: one thread per output element ------------------------------------------------------
 
-// out[r] = first index of the row's maximum (the first NaN counts as the maximum); one thread per row,
-// the CPU's scan exactly.
 template <class T>
 struct ArgmaxRowsBody {
   const T* in;
   std::int64_t* out;
   std::int64_t cols;
-  __device__ void operator()(std::int64_t r) const {
-    using Acc = acc_type<T>;
-    const T* row = in + r * cols;
-    std::int64_t best = 0;
-    if (cols > 0) {
-      Acc m = convert<Acc>(row[0]);
-      for (std::int64_t j = 1; j < cols && m == m; ++j) {
-        const Acc v = convert<Acc>(row[j]);
-        if (v != v || v > m) {
-          m = v;
-          best = j;
-        }
-      }
-    }
-    out[r] = best;
-  }
+  __device__ void operator()(std::int64_t r) const { out[r] = argmax_row(in + r * cols, cols); }
 };
 
-// ---- kernels: rows of the loss-writing reductions (one thread per row; kernels/functors.h's row math,
-// so the CPU's order and bits) ----
+// ---- kernels: rows of the loss-writing reductions (one thread per row; kernels/row_functors.h's row
+// math, so the CPU's order and bits) ----
 
 template <class T, bool kMax>
 struct ExtremeRowsBody {
@@ -268,7 +159,7 @@ struct IndexBackwardRowsBody {
   }
 };
 
-// dw[c] = sum_r g[r, c] xhat[r, c], db[c] = sum_r g[r, c]: one thread per column, rows in order.
+// One thread per column, rows in order (kernels/row_functors.h).
 template <class T>
 struct LayerNormParamGradBody {
   const T* g;
@@ -278,17 +169,7 @@ struct LayerNormParamGradBody {
   T* dw;
   T* db;
   std::int64_t rows, cols;
-  __device__ void operator()(std::int64_t c) const {
-    using Acc = acc_type<T>;
-    Acc sw = 0, sb = 0;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const Acc gv = convert<Acc>(g[r * cols + c]);
-      sw += gv * ((convert<Acc>(x[r * cols + c]) - mean[r]) * rstd[r]);
-      sb += gv;
-    }
-    dw[c] = convert<T>(canonical_nan(sw));
-    db[c] = convert<T>(canonical_nan(sb));
-  }
+  __device__ void operator()(std::int64_t c) const { layer_norm_param_grad_column(g, x, mean, rstd, rows, cols, c, dw, db); }
 };
 
 struct Window {

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -133,16 +132,8 @@ void fused_sgd_step(Backend& backend, const std::vector<FusedSgdTensor>& tensors
       check_f32(t.momentum_buffer, t.param.numel, op, "momentum_buffer", i);
     }
   }
-  // The unfused path's scalars: mul(t, s) rounds s to f32; 1 - dampening and -lr are computed in double.
-  SgdScalars s;
-  s.weight_decay = static_cast<float>(o.weight_decay);
-  s.has_weight_decay = o.weight_decay != 0.0;
-  s.momentum = static_cast<float>(o.momentum);
-  s.has_momentum = has_momentum;
-  s.one_minus_dampening = static_cast<float>(1.0 - o.dampening);
-  s.neg_lr = static_cast<float>(-o.lr);
-  s.nesterov = o.nesterov;
-  s.maximize = o.maximize;
+  // The unfused path's scalars, rounded as its ops round them (kernels/optim_functors.h).
+  const SgdStep step = sgd_step(o);
   if (tensors.empty()) return;
   run_ordered(backend, "fused_sgd", [&](cudaStream_t stream) {
     cudaError_t status = cudaSuccess;
@@ -154,7 +145,7 @@ void fused_sgd_step(Backend& backend, const std::vector<FusedSgdTensor>& tensors
                t.param.numel, t.first_step};
         },
         [&](const SgdBatch& b) {
-          if (status == cudaSuccess) status = launch_fused_sgd(b, s, found_inf, stream);
+          if (status == cudaSuccess) status = launch_fused_sgd(b, step, found_inf, stream);
         });
     return status;
   });
@@ -172,19 +163,10 @@ void fused_adam_step(Backend& backend, const std::vector<FusedAdamTensor>& tenso
     if (o.amsgrad) check_f32(t.max_exp_avg_sq, t.param.numel, op, "max_exp_avg_sq", i);
     if (t.step < 1) throw Error(fmt::format("{}: tensor {} has step {}; it must be at least 1", op, i, t.step));
   }
-  // The unfused path's scalars (Adam::update and its fused_* helpers in core/optim.cpp).
-  AdamScalars s;
-  s.coupled_decay = o.weight_decay != 0.0 && !o.decoupled_weight_decay;
-  s.decoupled_decay = o.weight_decay != 0.0 && o.decoupled_weight_decay;
-  s.weight_decay = static_cast<float>(o.weight_decay);
-  s.decay_factor = static_cast<float>(1.0 - o.lr * o.weight_decay);
-  s.lerp_weight = static_cast<float>(1.0 - o.beta1);
-  s.one_minus_lerp = 1.0f - s.lerp_weight;
-  s.beta2 = static_cast<float>(o.beta2);
-  s.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-  s.eps = static_cast<float>(o.eps);
-  s.amsgrad = o.amsgrad;
-  s.maximize = o.maximize;
+  // The unfused path's scalars (Adam::update and its fused_* helpers in core/optim.cpp), rounded as its
+  // ops round them (kernels/optim_functors.h).
+  const AdamScalars scalars = adam_scalars(o);
+  const AdamFlags flags = adam_flags(o);
   if (tensors.empty()) return;
   run_ordered(backend, "fused_adam", [&](cudaStream_t stream) {
     cudaError_t status = cudaSuccess;
@@ -192,23 +174,16 @@ void fused_adam_step(Backend& backend, const std::vector<FusedAdamTensor>& tenso
         tensors.size(),
         [&](std::size_t i, AdamTensor& e) {
           const FusedAdamTensor& t = tensors[i];
-          // The Python-side scalars in double, as Adam::update computes them, then rounded as its ops do.
-          const double step = static_cast<double>(t.step);
-          const double bias_correction1 = 1.0 - std::pow(o.beta1, step);
-          const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
-          const double step_size = o.lr / bias_correction1;
-          const double bias_correction2_sqrt = std::sqrt(bias_correction2);
           e.param = t.param.ptr<float>();
           e.grad = t.grad.ptr<float>();
           e.exp_avg = t.exp_avg.ptr<float>();
           e.exp_avg_sq = t.exp_avg_sq.ptr<float>();
           e.max_exp_avg_sq = o.amsgrad ? t.max_exp_avg_sq.ptr<float>() : nullptr;
           e.numel = t.param.numel;
-          e.neg_step_size = static_cast<float>(-step_size);
-          e.inv_bias_correction2_sqrt = 1.0f / static_cast<float>(bias_correction2_sqrt);
+          e.bias_correction = adam_bias_correction(o, t.step);
         },
         [&](const AdamBatch& b) {
-          if (status == cudaSuccess) status = launch_fused_adam(b, s, found_inf, stream);
+          if (status == cudaSuccess) status = launch_fused_adam(b, scalars, flags, found_inf, stream);
         });
     return status;
   });

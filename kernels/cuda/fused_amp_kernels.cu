@@ -1,6 +1,7 @@
 // The fused AMP kernels (kernels/cuda/fused_amp.h): multi-tensor unscale + inf check, the scale update,
 // fused SGD and Adam/AdamW steps. Each element's math is the unfused path's sequence of functors, so
-// the results are its bits; only the number of launches and memory passes changes.
+// the results are its bits; only the number of launches and memory passes changes. The optimizer
+// elements are kernels/optim_functors.h's SgdStep and adam_element, which the CPU's fused loops run too.
 //
 // Multi-tensor layout: blockIdx.y picks the tensor of the batch, blockIdx.x with a grid-stride loop
 // covers its elements; blocks past a small tensor's end exit at once.
@@ -10,6 +11,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/fused_launch.h"
 #include "kernels/functors.h"
+#include "kernels/optim_functors.h"
 
 namespace ampscope::cuda {
 namespace {
@@ -74,61 +76,24 @@ __global__ void fused_update_scale_kernel(float* scale, std::int32_t* tracker, c
 // The block reads found_inf once; a skipped step writes nothing at all.
 __device__ bool skip_step(const float* found_inf) { return found_inf != nullptr && *found_inf != 0.0f; }
 
-// _single_tensor_sgd, one element: the ops of SGD::update (core/optim.cpp), each rounded to f32.
-__global__ void fused_sgd_kernel(SgdBatch batch, SgdScalars s, const float* found_inf) {
+// _single_tensor_sgd, one element per thread.
+__global__ void fused_sgd_kernel(SgdBatch batch, SgdStep step, const float* found_inf) {
   if (skip_step(found_inf)) return;
   const SgdTensor& t = batch.tensors[blockIdx.y];
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.numel; i += stride) {
-    const float p = t.param[i];
-    float g = s.maximize ? NegFn{}(t.grad[i]) : t.grad[i];
-    if (s.has_weight_decay) g = AddFn{}(g, MulFn{}(p, s.weight_decay));
-    if (s.has_momentum) {
-      float buf;
-      if (t.first_step) {
-        buf = g;
-      } else {
-        buf = AddFn{}(MulFn{}(t.buf[i], s.momentum), MulFn{}(g, s.one_minus_dampening));
-      }
-      t.buf[i] = buf;
-      g = s.nesterov ? AddFn{}(g, MulFn{}(buf, s.momentum)) : buf;
-    }
-    t.param[i] = AddFn{}(p, MulFn{}(g, s.neg_lr));
+    t.param[i] = step(t.param[i], t.grad[i], step.has_momentum ? t.buf + i : nullptr, t.first_step);
   }
 }
 
-// _single_tensor_adam(w), one element: the ops of Adam::update (core/optim.cpp), each rounded to f32.
-__global__ void fused_adam_kernel(AdamBatch batch, AdamScalars s, const float* found_inf) {
+// _single_tensor_adam(w), one element per thread; the flags are uniform across the launch.
+__global__ void fused_adam_kernel(AdamBatch batch, AdamScalars s, AdamFlags flags, const float* found_inf) {
   if (skip_step(found_inf)) return;
   const AdamTensor& t = batch.tensors[blockIdx.y];
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.numel; i += stride) {
-    float p = t.param[i];
-    float g = s.maximize ? NegFn{}(t.grad[i]) : t.grad[i];
-    if (s.decoupled_decay) p = MulFn{}(p, s.decay_factor);
-    if (s.coupled_decay) g = AddFn{}(g, MulFn{}(p, s.weight_decay));
-    // fused_lerp: the two forms of ATen's Lerp.h, chosen on |w| < 0.5 (uniform across the launch).
-    float m = t.exp_avg[i];
-    const float diff = SubFn{}(g, m);
-    m = fabsf(s.lerp_weight) < 0.5f ? AddFn{}(m, MulFn{}(diff, s.lerp_weight))
-                                    : SubFn{}(g, MulFn{}(diff, s.one_minus_lerp));
-    // fused_addcmul(mul(v, beta2), g, g, 1 - beta2)
-    const float v = AddFn{}(MulFn{}(t.exp_avg_sq[i], s.beta2), MulFn{}(MulFn{}(g, g), s.one_minus_beta2));
-    float second = v;
-    if (s.amsgrad) {
-      // exact_maximum: argmax over (old, v) with NaN largest and the first on ties, then where():
-      // values move without rounding, NaN bits kept.
-      const float old = t.max_exp_avg_sq[i];
-      second = (old == old && (v != v || v > old)) ? v : old;
-      t.max_exp_avg_sq[i] = second;
-    }
-    // add(div(sqrt(second), bc2_sqrt), eps); div by a scalar is a mul by its f32 reciprocal.
-    const float denom = AddFn{}(MulFn{}(SqrtFn{}(second), t.inv_bias_correction2_sqrt), s.eps);
-    // fused_addcdiv(p, m, denom, -step_size)
-    p = AddFn{}(p, MulFn{}(DivFn{}(m, denom), t.neg_step_size));
-    t.exp_avg[i] = m;
-    t.exp_avg_sq[i] = v;
-    t.param[i] = p;
+    adam_element(flags, s, t.bias_correction, t.param[i], t.grad[i], t.exp_avg[i], t.exp_avg_sq[i],
+                 flags.amsgrad ? t.max_exp_avg_sq + i : nullptr);
   }
 }
 
@@ -156,16 +121,17 @@ cudaError_t launch_fused_update_scale(float* scale, std::int32_t* growth_tracker
   return cudaGetLastError();
 }
 
-cudaError_t launch_fused_sgd(const SgdBatch& batch, const SgdScalars& s, const float* found_inf, cudaStream_t stream) {
+cudaError_t launch_fused_sgd(const SgdBatch& batch, const SgdStep& step, const float* found_inf, cudaStream_t stream) {
   if (batch.count == 0) return cudaSuccess;
-  fused_sgd_kernel<<<batch_grid(batch.max_numel, batch.count), kThreads, 0, stream>>>(batch, s, found_inf);
+  fused_sgd_kernel<<<batch_grid(batch.max_numel, batch.count), kThreads, 0, stream>>>(batch, step, found_inf);
   return cudaGetLastError();
 }
 
-cudaError_t launch_fused_adam(const AdamBatch& batch, const AdamScalars& s, const float* found_inf,
-                              cudaStream_t stream) {
+cudaError_t launch_fused_adam(const AdamBatch& batch, const AdamScalars& scalars, const AdamFlags& flags,
+                              const float* found_inf, cudaStream_t stream) {
   if (batch.count == 0) return cudaSuccess;
-  fused_adam_kernel<<<batch_grid(batch.max_numel, batch.count), kThreads, 0, stream>>>(batch, s, found_inf);
+  fused_adam_kernel<<<batch_grid(batch.max_numel, batch.count), kThreads, 0, stream>>>(batch, scalars, flags,
+                                                                                         found_inf);
   return cudaGetLastError();
 }
 

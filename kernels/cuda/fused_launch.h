@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/dtype.h"
+#include "kernels/optim_functors.h"
 
 namespace ampscope::cuda {
 
@@ -35,11 +36,8 @@ cudaError_t launch_fused_update_scale(float* scale, std::int32_t* growth_tracker
                                       double growth_factor, double backoff_factor, std::int64_t growth_interval,
                                       cudaStream_t stream);
 
-// The f32 scalars of the unfused path, already rounded as its ops round them (see fused_amp.cpp).
-struct SgdScalars {
-  float weight_decay = 0, momentum = 0, one_minus_dampening = 1, neg_lr = 0;
-  bool has_weight_decay = false, has_momentum = false, nesterov = false, maximize = false;
-};
+// The optimizer kernels take kernels/optim_functors.h's step and scalars, built on the host by its
+// builders (sgd_step, adam_scalars, adam_flags, adam_bias_correction): the CPU's fused loops use the same.
 struct SgdTensor {
   float* param = nullptr;
   const float* grad = nullptr;
@@ -52,30 +50,21 @@ struct SgdBatch {
   std::int64_t max_numel = 0;
   SgdTensor tensors[kFusedMaxTensors];
 };
-cudaError_t launch_fused_sgd(const SgdBatch& batch, const SgdScalars& s, const float* found_inf, cudaStream_t stream);
+cudaError_t launch_fused_sgd(const SgdBatch& batch, const SgdStep& step, const float* found_inf, cudaStream_t stream);
 
-struct AdamScalars {
-  float weight_decay = 0;   // coupled (Adam): g += weight_decay * p
-  float decay_factor = 1;   // decoupled (AdamW): p *= 1 - lr * weight_decay
-  float lerp_weight = 0;    // 1 - beta1
-  float one_minus_lerp = 1; // 1 - lerp_weight, in float (ATen's Lerp.h second form)
-  float beta2 = 0, one_minus_beta2 = 0, eps = 0;
-  bool coupled_decay = false, decoupled_decay = false, amsgrad = false, maximize = false;
-};
 struct AdamTensor {
   float* param = nullptr;
   const float* grad = nullptr;
   float *exp_avg = nullptr, *exp_avg_sq = nullptr, *max_exp_avg_sq = nullptr;
   std::int64_t numel = 0;
-  float neg_step_size = 0;          // -lr / (1 - beta1^step)
-  float inv_bias_correction2_sqrt = 1;  // 1 / sqrt(1 - beta2^step): div by a scalar is a mul by this
+  AdamBiasCorrection bias_correction;  // from the tensor's step count
 };
 struct AdamBatch {
   int count = 0;
   std::int64_t max_numel = 0;
   AdamTensor tensors[kFusedMaxTensors];
 };
-cudaError_t launch_fused_adam(const AdamBatch& batch, const AdamScalars& s, const float* found_inf,
-                              cudaStream_t stream);
+cudaError_t launch_fused_adam(const AdamBatch& batch, const AdamScalars& scalars, const AdamFlags& flags,
+                              const float* found_inf, cudaStream_t stream);
 
 }  // namespace ampscope::cuda

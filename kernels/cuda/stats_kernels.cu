@@ -7,6 +7,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include <math_constants.h>
+
 #include "core/convert.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/stats_launch.h"
