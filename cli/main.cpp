@@ -12,6 +12,7 @@
 #include "cli/demo.h"
 #include "cli/export_command.h"
 #include "cli/fix_command.h"
+#include "cli/record_command.h"
 #include "cli/report_command.h"
 #include "cli/suggest.h"
 #include "cli/train_command.h"
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
   ampscope::samples::DiffCommand diff(app);
   ampscope::samples::ExportCommand export_cmd(app);
   ampscope::samples::FixCommand fix(app);
+  ampscope::samples::RecordCommand record(app);
   // --verbose after the subcommand's name works too.
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) sub->fallthrough();
   if (const int status = check_command(app, argc, argv); status >= 0) return status;
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
     if (diff.parsed()) return diff.run(verbose);
     if (export_cmd.parsed()) return export_cmd.run(verbose);
     if (fix.parsed()) return fix.run();
+    if (record.parsed()) return record.run(argv[0]);
   } catch (const ampscope::Error& e) {
     // Usage and file errors (a bad value, a missing or damaged file): 2, as report and diff.
     fmt::print(stderr, "ampscope: error: {}\n", verbose ? std::string(e.what()) : ampscope::samples::without_hdf5_stack(e.what()));

@@ -1,0 +1,382 @@
+// `ampscope record`: a PyTorch script run under the Python recorder, its rows written by trace::TraceWriter.
+// The record layouts read here are written by python/ampscope/torch/_recorder.py (kProtocol there: PROTOCOL).
+#include "cli/record_command.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <iostream>
+#include <ostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/report_command.h"
+#include "core/error.h"
+#include "probes/trace/writer.h"
+
+#ifndef AMPSCOPE_SOURCE_PYTHON_DIR
+#define AMPSCOPE_SOURCE_PYTHON_DIR ""
+#endif
+
+namespace ampscope::samples {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::int64_t kProtocol = 1;
+
+bool has_boot(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / "ampscope" / "_boot" / "sitecustomize.py", ec);
+}
+
+// A record's field `i`, as the type wanted; a wrong type names the record's line and field.
+struct Record {
+  const json& a;
+  std::int64_t line;
+
+  [[noreturn]] void bad(std::size_t i, const char* wanted) const {
+    throw Error(fmt::format("the recorder's record on line {} ('{}') has a field {} that is not {}", line,
+                            a.size() > 0 && a[0].is_string() ? a[0].get<std::string>() : "?", i, wanted));
+  }
+  const json& at(std::size_t i) const {
+    if (i >= a.size()) bad(i, "present");
+    return a[i];
+  }
+  std::string text(std::size_t i) const {
+    if (!at(i).is_string()) bad(i, "a string");
+    return a[i].get<std::string>();
+  }
+  std::int64_t integer(std::size_t i) const {
+    if (!at(i).is_number_integer()) bad(i, "an integer");
+    return a[i].get<std::int64_t>();
+  }
+  bool flag(std::size_t i) const {
+    if (!at(i).is_boolean()) bad(i, "true or false");
+    return a[i].get<bool>();
+  }
+  double number(std::size_t i) const {
+    const json& v = at(i);
+    if (v.is_number()) return v.get<double>();
+    if (v.is_string()) {
+      const std::string s = v.get<std::string>();
+      if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+      if (s == "inf") return std::numeric_limits<double>::infinity();
+      if (s == "-inf") return -std::numeric_limits<double>::infinity();
+    }
+    bad(i, "a number");
+  }
+};
+
+trace::OpRow op_row(const Record& r) {
+  trace::OpRow row;
+  row.step = r.integer(1);
+  row.seq = r.integer(2);
+  try {
+    row.phase = trace::parse_phase(r.text(3));
+  } catch (const std::exception&) {
+    r.bad(3, "a phase (forward, backward, optimizer, scaler)");
+  }
+  row.op = r.text(4);
+  row.module = r.text(5);
+  row.in_dtypes = r.text(6);
+  row.out_dtype = r.text(7);
+  row.shape = r.text(8);
+  row.autocast = r.text(9);
+  trace::TensorHealth& h = row.health;
+  h.numel = r.integer(10);
+  h.nan = r.integer(11);
+  h.pos_inf = r.integer(12);
+  h.neg_inf = r.integer(13);
+  h.zero = r.integer(14);
+  h.subnormal = r.integer(15);
+  h.min = r.number(16);
+  h.max = r.number(17);
+  h.absmax = r.number(18);
+  h.mean = r.number(19);
+  h.rms = r.number(20);
+  row.cast_overflow = r.integer(21);
+  row.cast_underflow = r.integer(22);
+  row.origin = r.flag(23);
+  const json& inputs = r.at(24);
+  if (!inputs.is_array() || inputs.size() != trace::kOpInputs) r.bad(24, "a list of 4 integers");
+  for (int i = 0; i < trace::kOpInputs; ++i) {
+    if (!inputs[i].is_number_integer()) r.bad(24, "a list of 4 integers");
+    row.inputs[i] = inputs[i].get<std::int64_t>();
+  }
+  return row;
+}
+
+trace::GradRow grad_row(const Record& r) {
+  trace::GradRow row;
+  row.step = r.integer(1);
+  row.param = r.text(2);
+  row.dtype = r.text(3);
+  row.nan = r.integer(4);
+  row.pos_inf = r.integer(5);
+  row.neg_inf = r.integer(6);
+  row.zero = r.integer(7);
+  row.absmax = r.number(8);
+  row.norm = r.number(9);
+  row.unscaled = r.flag(10);
+  return row;
+}
+
+trace::StepRow step_row(const Record& r) {
+  trace::StepRow row;
+  row.step = r.integer(1);
+  row.loss = r.number(2);
+  row.scale = r.number(3);
+  row.scale_after = r.number(4);
+  row.found_inf = r.flag(5);
+  row.skipped = r.flag(6);
+  row.growth_tracker = r.integer(7);
+  row.grad_norm = r.number(8);
+  row.lr = r.number(9);
+  row.time_ms = r.number(10);
+  return row;
+}
+
+trace::EventRow event_row(const Record& r) {
+  return trace::EventRow{r.integer(1), r.integer(2), r.text(3), r.text(4), r.text(5), r.text(6)};
+}
+
+// Reads the child's records and writes them, a whole step at a time.
+class Receiver {
+ public:
+  explicit Receiver(const RecordRequest& request) : request_(request) {}
+
+  void line(const std::string& text) {
+    ++line_;
+    json a;
+    try {
+      a = json::parse(text);
+    } catch (const json::exception&) {
+      throw Error(fmt::format("the recorder's record on line {} is not JSON: '{}'", line_, text.substr(0, 80)));
+    }
+    if (!a.is_array() || a.empty() || !a[0].is_string()) {
+      throw Error(fmt::format("the recorder's record on line {} is not a list that starts with its kind", line_));
+    }
+    const std::string kind = a[0].get<std::string>();
+    const Record r{a, line_};
+    if (kind == "begin") {
+      begin(r);
+    } else if (kind == "end_step") {
+      const std::int64_t step = r.integer(1);
+      if (!writer_) throw Error(fmt::format("the recorder ended step {} before it sent the run's description", step));
+      for (const json& p : pending_) write(Record{p, line_});
+      pending_.clear();
+      writer_->end_step(step);
+      ++steps_;
+    } else if (kind == "close") {
+      closed_ = true;
+    } else if (kind == "op" || kind == "grad" || kind == "step" || kind == "event") {
+      pending_.push_back(std::move(a));
+    } else {
+      throw Error(fmt::format("the recorder's record on line {} has an unknown kind '{}'", line_, kind));
+    }
+  }
+
+  // The child is gone: close the trace (complete = 1 only when the recorder said the run ended cleanly and the
+  // script succeeded). Returns the rows of an unfinished step that were dropped.
+  std::size_t finish(bool clean) {
+    const std::size_t dropped = pending_.size();
+    pending_.clear();
+    if (writer_) {
+      if (clean && closed_) {
+        writer_->close();
+      } else {
+        writer_.reset();  // complete stays 0: the run did not end normally
+      }
+    }
+    return dropped;
+  }
+
+  std::int64_t steps() const { return steps_; }
+  bool started() const { return began_; }
+
+ private:
+  void begin(const Record& r) {
+    if (writer_) throw Error(fmt::format("the recorder described the run twice (line {})", line_));
+    if (r.integer(1) != kProtocol) {
+      throw Error(fmt::format("the recorder speaks protocol {}, this ampscope {}\nhint: use the ampscope Python "
+                              "package installed with this program (AMPSCOPE_PYTHON_DIR overrides it)",
+                              r.integer(1), kProtocol));
+    }
+    trace::RunInfo info{r.text(2), r.text(3), r.text(4), r.integer(5), r.text(6), r.text(7)};
+    writer_ = std::make_unique<trace::TraceWriter>(request_.out, info);
+    began_ = true;
+  }
+
+  void write(const Record& r) {
+    const std::string kind = r.a[0].get<std::string>();
+    if (kind == "op") writer_->write(op_row(r));
+    else if (kind == "grad") writer_->write(grad_row(r));
+    else if (kind == "step") writer_->write(step_row(r));
+    else writer_->write(event_row(r));
+  }
+
+  const RecordRequest& request_;
+  std::unique_ptr<trace::TraceWriter> writer_;
+  std::vector<json> pending_;
+  std::int64_t line_ = 0;
+  std::int64_t steps_ = 0;
+  bool closed_ = false;
+  bool began_ = false;
+};
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return fmt::format("exited with status {}", WEXITSTATUS(status));
+}
+
+}  // namespace
+
+std::string find_python_dir(const std::string& program_path) {
+  std::vector<fs::path> tried;
+  if (const char* env = std::getenv("AMPSCOPE_PYTHON_DIR"); env != nullptr && *env != '\0') {
+    if (has_boot(env)) return fs::absolute(env).string();
+    throw Error(fmt::format("AMPSCOPE_PYTHON_DIR is '{}', which has no ampscope/_boot/sitecustomize.py\nhint: point "
+                            "it at the folder that holds the ampscope Python package (the repository's python/)", env));
+  }
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) exe = fs::absolute(program_path);
+  const fs::path installed = exe.parent_path().parent_path() / "share" / "ampscope" / "python";
+  tried.push_back(installed);
+  if (has_boot(installed)) return installed.string();
+  const fs::path source = AMPSCOPE_SOURCE_PYTHON_DIR;
+  if (!source.empty()) {
+    tried.push_back(source);
+    if (has_boot(source)) return source.string();
+  }
+  std::string places;
+  for (const fs::path& p : tried) places += (places.empty() ? "" : ", ") + p.string();
+  throw Error(fmt::format("cannot find the ampscope Python package (looked in {})\nhint: set AMPSCOPE_PYTHON_DIR to "
+                          "the folder that holds it (the repository's python/)", places));
+}
+
+int run_record(const RecordRequest& request, std::ostream& err) {
+  if (request.command.empty()) {
+    throw Error("no command to record\nhint: ampscope record --out run.h5 -- python3 train.py ARGS...");
+  }
+  if (request.probe != "health") {
+    throw Error(fmt::format("--probe {}: the PyTorch recorder has only the level 'health' so far\nhint: leave out "
+                            "--probe (histograms and tensor dumps are recorded only by `ampscope train`)",
+                            request.probe));
+  }
+  if (request.sample_every < 1) {
+    throw Error(fmt::format("--sample-every {}: must be 1 or more\nhint: --sample-every 10 records the ops of every "
+                            "tenth step", request.sample_every));
+  }
+  const std::string python_dir = request.python_dir;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+  const json options = {{"probe", request.probe}, {"sample_every", request.sample_every}};
+  const std::string boot = (fs::path(python_dir) / "ampscope" / "_boot").string();
+  std::string pythonpath = boot + ":" + python_dir;
+  if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old != '\0') pythonpath += std::string(":") + old;
+
+  const pid_t child = fork();
+  if (child < 0) throw Error(fmt::format("cannot start '{}': {}", request.command[0], std::strerror(errno)));
+  if (child == 0) {
+    // The write end stays open across exec; the read end closes (O_CLOEXEC).
+    const int w = dup(fds[1]);  // without O_CLOEXEC
+    setenv("AMPSCOPE_RECORD_FD", std::to_string(w).c_str(), 1);
+    setenv("AMPSCOPE_RECORD_OPTIONS", options.dump().c_str(), 1);
+    setenv("PYTHONPATH", pythonpath.c_str(), 1);
+    std::vector<char*> argv;
+    for (const std::string& a : request.command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    const std::string msg = fmt::format("ampscope record: error: cannot run '{}': {}\nhint: the command after -- is "
+                                        "run as it is: python3 train.py ARGS...\n", request.command[0],
+                                        std::strerror(errno));
+    [[maybe_unused]] const ssize_t n = write(2, msg.data(), msg.size());
+    _exit(127);
+  }
+  close(fds[1]);
+  // Ctrl-C reaches the script (same process group); this process lives on to close the trace.
+  struct sigaction ignore {}, saved_int {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGINT, &ignore, &saved_int);
+
+  Receiver receiver(request);
+  std::optional<Error> failure;
+  std::string buffer;
+  char chunk[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fds[0], chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (failure) continue;  // keep draining so the script is not blocked on a full pipe
+    buffer.append(chunk, static_cast<std::size_t>(n));
+    std::size_t start = 0;
+    try {
+      for (std::size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
+        receiver.line(buffer.substr(start, nl - start));
+      }
+    } catch (const Error& e) {
+      failure = e;
+    }
+    buffer.erase(0, start);
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  sigaction(SIGINT, &saved_int, nullptr);
+  const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0 && !failure;
+  const std::size_t dropped = receiver.finish(clean);
+  const int result = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  if (failure) throw *failure;
+  if (!receiver.started()) {
+    err << fmt::format("ampscope record: the script {} before it finished a step: no trace written\nhint: a step "
+                       "ends with the optimizer's step() (or ampscope.torch.end_step()); is it a Python script run by "
+                       "an interpreter with torch?\n", describe_status(status));
+    return result == 0 ? kExitUsage : result;
+  }
+  if (clean) {
+    err << fmt::format("ampscope record: {} step{} written to {}\n", receiver.steps(), receiver.steps() == 1 ? "" : "s",
+                       request.out);
+  } else {
+    err << fmt::format("ampscope record: the script {}; {} finished step{} kept in {} (complete = 0){}\n",
+                       describe_status(status), receiver.steps(), receiver.steps() == 1 ? "" : "s", request.out,
+                       dropped > 0 ? fmt::format(", {} rows of the unfinished step dropped", dropped) : "");
+  }
+  return result;
+}
+
+RecordCommand::RecordCommand(CLI::App& app) {
+  cmd_ = app.add_subcommand("record", "Record an unmodified PyTorch training script: ampscope record --out run.h5 -- "
+                                      "python3 train.py ARGS... (docs/pytorch.md)");
+  cmd_->add_option("--out", request_.out, "The trace to write (HDF5)")->required();
+  cmd_->add_option("--probe", request_.probe, "What to record per op: health (counts and moments of every output)")
+      ->capture_default_str();
+  cmd_->add_option("--sample-every", request_.sample_every, "Record the ops of every Nth step (steps and gradients "
+                                                            "are recorded every step)")
+      ->capture_default_str();
+  cmd_->add_option("command", request_.command, "The command to run, after --: python3 train.py ARGS...")->required();
+}
+
+bool RecordCommand::parsed() const { return cmd_->parsed(); }
+
+int RecordCommand::run(const char* program_path) {
+  if (request_.python_dir.empty()) request_.python_dir = find_python_dir(program_path);
+  return run_record(request_, std::cerr);
+}
+
+}  // namespace ampscope::samples

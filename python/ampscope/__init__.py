@@ -1,0 +1,1 @@
+"""ampscope's Python side: the PyTorch recorder (ampscope.torch), run by `ampscope record -- python3 train.py`."""

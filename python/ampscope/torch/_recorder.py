@@ -1,0 +1,641 @@
+"""The recorder: what an unmodified PyTorch script does, as ampscope trace rows (docs/pytorch.md).
+
+- Ops: a TorchDispatchMode sees every aten op after autocast's casts, with its real dtypes. Forward and
+  optimizer ops give one row per aten op (named as torch names them: addmm -> "linear", _softmax ->
+  "softmax", add.Tensor -> "add"); views, clones, detaches and casts give none and carry the producer of
+  what they were made from (so autocast's casts are folded into the op they feed).
+- Backward: one row per autograd node, named after the forward op that made it and attributed to its
+  module. Each node is labelled when the op after it runs (its output has a grad_fn by then), and hooks on
+  the node emit the row from the gradients it returns.
+- Steps end with the optimizer's step (every Optimizer instance's step is wrapped when it is created), or
+  with the GradScaler's update() when one is used, or with ampscope.torch.end_step().
+- Provenance: a map from each output tensor (by id, checked with a weakref) to its row's seq.
+- Statistics with torch reductions on the tensor's device; masks only when a non-finite value exists.
+"""
+import atexit
+import math
+import os
+import sys
+import time
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampscope.torch._channel import PROTOCOL, Channel, num
+
+# Input markers (docs/trace-format.md, /ops `inputs`).
+NONE, PARAMETER, DATA, SUMMED, OTHER_STEP = -1, -2, -3, -5, -7
+
+DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+               torch.int64: "i64", torch.bool: "bool", torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8"}
+
+# aten ops that make no value of their own: their output is the value (or part of it) they were made from.
+PASS_OPS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose", "permute", "expand",
+            "unsqueeze", "squeeze", "slice", "select", "as_strided", "detach", "alias", "split", "split_with_sizes",
+            "chunk", "unbind", "contiguous", "clone", "unfold", "lift_fresh", "view_as", "expand_as", "flatten",
+            "diagonal", "narrow", "_to_copy", "to", "_to_dtype", "copy", "unsafe_split", "lift_fresh_copy"}
+CAST_OPS = {"_to_copy", "to", "_to_dtype", "copy"}
+# In-place fills (initialisation, zero_grad): what they leave is data, not an op's value.
+FILL_OPS = {"uniform_", "normal_", "zero_", "fill_", "bernoulli_", "random_", "exponential_", "geometric_",
+            "cauchy_", "log_normal_", "kaiming_uniform_", "trunc_normal_", "ones_", "zeros_"}
+
+# aten names -> the name a torch user knows (probes/analysis/op_traits.cpp lists the names the report knows).
+RENAME = {"addmm": "linear", "mm": "matmul", "bmm": "matmul", "baddbmm": "matmul", "_softmax": "softmax",
+          "_log_softmax": "log_softmax", "native_layer_norm": "layer_norm", "nll_loss_forward": "nll_loss",
+          "nll_loss2d_forward": "nll_loss", "native_dropout": "dropout", "native_batch_norm": "batch_norm",
+          "_native_batch_norm_legit": "batch_norm", "convolution": "conv2d", "_scaled_dot_product_attention":
+          "scaled_dot_product_attention", "_scaled_dot_product_flash_attention": "scaled_dot_product_attention",
+          "_scaled_dot_product_efficient_attention": "scaled_dot_product_attention",
+          "_scaled_dot_product_attention_math": "scaled_dot_product_attention"}
+LINEAR_OPS = {"addmm", "mm", "bmm", "matmul", "linear"}
+# Backward node names of the engine's own work (no forward op).
+LOWER_PRECISION = {"linear", "matmul", "conv2d", "scaled_dot_product_attention"}
+
+_active = None
+
+
+def active():
+    return _active
+
+
+def _dtype(t):
+    return DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))
+
+
+def _tensors(value, out):
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _tensors(v, out)
+    return out
+
+
+def health(x):
+    """[numel, nan, pos_inf, neg_inf, zero, subnormal, min, max, absmax, mean, rms] of a floating tensor, the
+    moments in double over the finite values (NaN when there are none)."""
+    x = x.detach()
+    n = x.numel()
+    if n == 0:
+        nan = float("nan")
+        return [0, 0, 0, 0, 0, 0, nan, nan, nan, nan, nan]
+    total = x.sum(dtype=torch.float64)
+    finite_all = bool(torch.isfinite(total))
+    nan_c = pinf = ninf = 0
+    if not finite_all:
+        finite = torch.isfinite(x)
+        nan_c = int(torch.isnan(x).sum())
+        pinf = int((x == math.inf).sum())
+        ninf = int((x == -math.inf).sum())
+        x = x[finite]
+        if x.numel() == 0:
+            nan = float("nan")
+            return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan]
+        total = x.sum(dtype=torch.float64)
+    m = x.numel()
+    lo, hi = torch.aminmax(x)
+    sq = torch.linalg.vector_norm(x, dtype=torch.float64)
+    zero = int((x == 0).sum())
+    tiny = torch.finfo(x.dtype).tiny
+    subnormal = int((x.abs() < tiny).sum()) - zero
+    lo, hi = float(lo), float(hi)
+    return [n, nan_c, pinf, ninf, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), float(total) / m,
+            float(sq) / math.sqrt(m)]
+
+
+def _counts_text(h):
+    parts = []
+    for count, what in ((h[1], "NaN"), (h[2], "+inf"), (h[3], "-inf")):
+        if count:
+            parts.append("%d %s" % (count, what))
+    return ", ".join(parts)
+
+
+def _feeds_parameter(node):
+    """True when a gradient sent to `node` ends in a parameter's .grad: through casts and views (autocast's
+    cast of a weight, a transpose) to an AccumulateGrad."""
+    for _ in range(8):
+        if node is None:
+            return False
+        if "AccumulateGrad" in node.name():
+            return True
+        if node.metadata.get("ampscope", "row") is not None or len(node.next_functions) != 1:
+            return False
+        node = node.next_functions[0][0]
+    return False
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, recorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        r = self.recorder
+        if not r.busy and r.pid == os.getpid():
+            r.busy = True
+            try:
+                r.on_op(func, args, out)
+            except Exception as e:  # the script goes on; the trace says it lost rows
+                r.failed(e)
+            finally:
+                r.busy = False
+        return out
+
+
+class Recorder:
+    def __init__(self, channel, options):
+        self.channel = channel
+        self.every = max(1, int(options.get("sample_every", 1)))
+        self.level = options.get("probe", "health")
+        self.model_name = options.get("model", "")
+        self.pid = os.getpid()
+        self.busy = False
+        self.step = 0
+        self.seq = 0
+        self.phase = "forward"
+        self.rows_nonfinite = {}  # seq -> the row's output held NaN/inf (this step)
+        self.prov = {}  # id(tensor) -> (step, seq or marker, weakref)
+        self.module_stack = []
+        self.module_names = weakref.WeakKeyDictionary()
+        self.param_names = {}
+        self.root_with_params = False
+        self.pending_nodes = []
+        self.current_node = None
+        self.backward_depth = 0
+        self.loss = None
+        self.scaler = None  # (scaler, info dict) while a GradScaler's step is in progress
+        self.optimizer_ran = False
+        self.step_started = time.perf_counter()
+        self.began = False
+        self.precision = "fp32"
+        self.device = None
+        self.errors = 0
+        self.ended = False
+        self.rows_this_step = 0
+        self.forward_bad = False
+        self.module_types = []
+
+    # ---------------------------------------------------------------- tensors and provenance
+    def recording(self):
+        return self.step % self.every == 0
+
+    def remember(self, t, seq):
+        key = id(t)
+        prov = self.prov
+
+        def forget(ref, key=key):
+            e = prov.get(key)
+            if e is not None and e[2] is ref:
+                del prov[key]
+
+        self.prov[key] = (self.step, seq, weakref.ref(t, forget))
+
+    def source(self, t):
+        e = self.prov.get(id(t))
+        if e is not None and e[2]() is t:
+            if e[1] < 0:
+                return e[1]
+            return e[1] if e[0] == self.step else OTHER_STEP
+        if t.is_leaf and t.requires_grad:
+            return PARAMETER
+        return DATA
+
+    def input_finite(self, t, src):
+        if src >= 0:
+            return not self.rows_nonfinite.get(src, False)
+        if not t.is_floating_point():
+            return True
+        return bool(torch.isfinite(t).all())
+
+    # ---------------------------------------------------------------- ops
+    def on_op(self, func, args, out):
+        name = func.overloadpacket.__name__
+        if self.pending_nodes:
+            self.label_nodes()
+        ins = _tensors(args, [])
+        outs = _tensors(out, [])
+        if not outs:
+            return
+        if self.phase == "backward":
+            # The nodes' rows come from their hooks; here only the engine's own work: the seed and the sums of
+            # the gradients several consumers sent back.
+            if self.current_node is None and name in ("add", "add_", "sum"):
+                for o in outs:
+                    self.remember(o, SUMMED)
+            return
+        if name in FILL_OPS:
+            for o in outs:
+                self.prov.pop(id(o), None)
+            return
+        if name in PASS_OPS or (name == "copy_" and len(ins) >= 2):
+            src = ins[1] if name == "copy_" else (ins[0] if ins else None)
+            if src is None:
+                return
+            e = self.prov.get(id(src))
+            if e is not None and e[2]() is src:
+                step, seq = e[0], e[1]
+            else:  # a parameter's cast or view is still the parameter; data's is data
+                step, seq = self.step, self.source(src)
+            for o in outs:
+                self.prov[id(o)] = (step, seq, weakref.ref(o))
+            if self.phase == "forward":
+                self.pending_nodes.append((weakref.ref(outs[0]), None))
+            return
+        o = outs[0]
+        if not o.is_floating_point() or not any(t.is_floating_point() for t in ins):
+            return  # masks, indices, created tensors: data, not rows
+        if not self.recording():
+            return
+        module = self.module_stack[-1] if self.module_stack else ""
+        user_name = RENAME.get(name, name.rstrip("_") if name.endswith("_") and not name.startswith("_") else name)
+        if name in LINEAR_OPS and self.module_stack and self.module_types[-1] == "Linear":
+            user_name = "linear"
+        if name in ("add", "add_", "sub", "sub_") and self.phase == "optimizer":
+            user_name = name.rstrip("_")
+        if name == "addmm" and len(ins) == 3:
+            ins = [ins[1], ins[2], ins[0]]  # as F.linear takes them: input, weight, bias
+        seq = self.next_seq()
+        sources = [self.source(t) for t in ins[:4]]
+        h = health(o) if self.level != "dtype" else [o.numel()] + [0] * 10
+        bad = h[1] + h[2] + h[3] > 0
+        origin = bad and all(self.input_finite(t, s) for t, s in zip(ins, sources + [DATA] * len(ins)))
+        in_dtypes = ",".join(_dtype(t) for t in ins if t.is_floating_point())
+        reason = ""
+        if (torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()) and user_name in LOWER_PRECISION and \
+                o.dtype in (torch.float16, torch.bfloat16):
+            reason = "%s is on the lower_precision_fp list: runs in %s" % (user_name, _dtype(o))
+        self.emit_op(seq, user_name, module, in_dtypes, _dtype(o), list(o.shape), reason, h, origin, sources)
+        self.note_dtype(o)
+        for t in outs:
+            self.remember(t, seq)
+        if self.phase == "forward":
+            self.pending_nodes.append((weakref.ref(o), (user_name, module)))
+
+    def next_seq(self):
+        s = self.seq
+        self.seq += 1
+        return s
+
+    def note_dtype(self, o):
+        if self.device is None:
+            self.device = str(o.device)
+        if o.dtype == torch.float16:
+            self.precision = "fp16"
+        elif o.dtype == torch.bfloat16 and self.precision == "fp32":
+            self.precision = "bf16"
+
+    def emit_op(self, seq, op, module, in_dtypes, out_dtype, shape, reason, h, origin, sources):
+        self.rows_nonfinite[seq] = h[1] + h[2] + h[3] > 0
+        if self.rows_nonfinite[seq] and self.phase == "forward":
+            self.forward_bad = True
+        inputs = (sources + [NONE] * 4)[:4]
+        self.channel.add(["op", self.step, seq, self.phase, op, module, in_dtypes, out_dtype,
+                          "[" + ", ".join(str(d) for d in shape) + "]", reason, h[0], h[1], h[2], h[3], h[4], h[5],
+                          num(h[6]), num(h[7]), num(h[8]), num(h[9]), num(h[10]), 0, 0, origin, inputs])
+        self.rows_this_step += 1
+        if origin:
+            what = "%s in the output of %s" % (_counts_text(h), op)
+            self.channel.add(["event", self.step, seq, "origin", op, module, what + "; " + (
+                "the incoming gradient is finite" if self.phase == "backward" else "inputs finite")])
+
+    # ---------------------------------------------------------------- backward nodes
+    def label_nodes(self):
+        pending, self.pending_nodes = self.pending_nodes, []
+        for ref, label in pending:
+            t = ref()
+            node = None if t is None else t.grad_fn
+            if node is None:
+                continue
+            meta = node.metadata
+            if "ampscope" in meta:
+                continue
+            meta["ampscope"] = label
+            node.register_prehook(self._node_prehook(node))
+            node.register_hook(self._node_hook(label, node))
+
+    def _node_prehook(self, node):
+        def prehook(grad_outputs):
+            self.current_node = node
+        return prehook
+
+    def _node_hook(self, label, node):
+        def hook(grad_inputs, grad_outputs):
+            self.current_node = None
+            if self.busy or self.pid != os.getpid():
+                return
+            self.busy = True
+            try:
+                self.on_node(label, node, grad_inputs, grad_outputs)
+            except Exception as e:
+                self.failed(e)
+            finally:
+                self.busy = False
+        return hook
+
+    def on_node(self, label, node, grad_inputs, grad_outputs):
+        gins = [g for g in grad_outputs if isinstance(g, torch.Tensor)]
+        gouts = [g for g in grad_inputs if isinstance(g, torch.Tensor)]
+        if not gouts:
+            return
+        # The row describes the gradient that flows on to another op (a linear's input gradient, not its
+        # bias's or weight's, which go to AccumulateGrad): the first such, else the first gradient.
+        primary = None
+        for g, (nxt, _) in zip(grad_inputs, node.next_functions):
+            if isinstance(g, torch.Tensor) and nxt is not None and not _feeds_parameter(nxt):
+                primary = g
+                break
+        sources = [self.source(g) for g in gins[:4]]
+        if label is None:  # a view's or a cast's node: its gradient carries the producer of the one it received
+            src = sources[0] if sources else DATA
+            for g in gouts:
+                self.prov[id(g)] = (self.step, src, weakref.ref(g))
+            return
+        if not self.recording():
+            return
+        op, module = label
+        o = primary if primary is not None else gouts[0]
+        seq = self.next_seq()
+        h = health(o)
+        bad = h[1] + h[2] + h[3] > 0
+        # A node also reads what its forward op saved: after a non-finite forward value, a non-finite gradient
+        # follows from it (as the runtime's probe judges), not a new origin.
+        origin = bad and not self.forward_bad and all(
+            self.input_finite(t, s) for t, s in zip(gins, sources + [DATA] * len(gins)))
+        self.emit_op(seq, op, module, ",".join(_dtype(g) for g in gins), _dtype(o), list(o.shape), "", h, origin,
+                     sources)
+        for g in gouts:
+            self.remember(g, seq)
+
+    # ---------------------------------------------------------------- modules
+    def module_pre(self, module, inputs):
+        if self.busy or self.pid != os.getpid():
+            return
+        if self.pending_nodes:
+            self.label_nodes()
+        path = self.module_names.get(module)
+        if path is None:
+            if self.module_stack:
+                path = self.module_stack[-1] + ("." if self.module_stack[-1] else "") + type(module).__name__
+            else:
+                path = self.name_root(module)
+        self.module_stack.append(path)
+        self.module_types.append(type(module).__name__)
+
+    def module_post(self, module, inputs, output):
+        if self.busy or self.pid != os.getpid():
+            return
+        if self.pending_nodes:
+            self.label_nodes()
+        if self.module_stack:
+            self.module_stack.pop()
+            self.module_types.pop()
+
+    def name_root(self, module):
+        # The first module with parameters called from outside every module is the model: its children's
+        # paths are the names of named_modules() ("blocks.0.attn"). Other outermost modules (a loss module,
+        # a second model) are named after their class.
+        has_params = any(True for _ in module.parameters())
+        if has_params and not self.root_with_params:
+            self.root_with_params = True
+            for name, m in module.named_modules():
+                self.module_names[m] = name
+            for name, p in module.named_parameters():
+                self.param_names[id(p)] = name
+            return ""
+        name = type(module).__name__
+        for sub_name, m in module.named_modules():
+            self.module_names.setdefault(m, name + ("." + sub_name if sub_name else ""))
+        return name
+
+    # ---------------------------------------------------------------- backward, optimizer, scaler
+    def wrap_backward(self, fn, is_grad):
+        recorder = self
+
+        def wrapper(*args, **kwargs):
+            if recorder.pid != os.getpid() or recorder.busy:
+                return fn(*args, **kwargs)
+            if recorder.pending_nodes:
+                recorder.label_nodes()
+            tensors = args[0] if args else kwargs.get("outputs" if is_grad else "tensors")
+            first = _tensors(tensors, [])
+            if first and not is_grad and first[0].numel() == 1:
+                recorder.loss = first[0].detach()
+            saved = recorder.phase
+            recorder.phase = "backward"
+            recorder.backward_depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                recorder.backward_depth -= 1
+                recorder.phase = saved
+                recorder.current_node = None
+        return wrapper
+
+    def wrap_optimizer(self, optimizer):
+        original = optimizer.step
+        recorder = self
+
+        def step(*args, **kwargs):
+            if recorder.pid != os.getpid():
+                return original(*args, **kwargs)
+            recorder.optimizer_ran = True
+            # Gradients as the step uses them: after the GradScaler's unscale_, or the plain ones.
+            recorder.grad_rows(optimizer, True)
+            saved = recorder.phase
+            recorder.phase = "optimizer"
+            try:
+                return original(*args, **kwargs)
+            finally:
+                recorder.phase = saved
+                if recorder.scaler is None:
+                    recorder.end_step(optimizer, None)
+        step.__ampscope_wrapped__ = True
+        optimizer.step = step
+
+    def grad_rows(self, optimizer, unscaled):
+        self.busy = True
+        try:
+            total = 0.0
+            for gi, group in enumerate(optimizer.param_groups):
+                for pi, p in enumerate(group["params"]):
+                    if p.grad is None:
+                        continue
+                    name = self.param_names.get(id(p), "group %d, parameter %d" % (gi, pi))
+                    h = health(p.grad)
+                    norm = float(torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64))
+                    total += norm * norm
+                    if self.recording():
+                        self.channel.add(["grad", self.step, name, _dtype(p.grad), h[1], h[2], h[3], h[4], num(h[8]),
+                                          num(norm), unscaled])
+            self.grad_norm = math.sqrt(total)
+        finally:
+            self.busy = False
+
+    def wrap_scaler(self, scaler):
+        step_fn, update_fn = scaler.step, scaler.update
+        recorder = self
+
+        def step(optimizer, *args, **kwargs):
+            if recorder.pid != os.getpid():
+                return step_fn(optimizer, *args, **kwargs)
+            recorder.optimizer_ran = False
+            recorder.scaler = {"scale": float(scaler.get_scale()), "optimizer": optimizer}
+            saved = recorder.phase
+            recorder.phase = "scaler"
+            try:
+                return step_fn(optimizer, *args, **kwargs)
+            finally:
+                recorder.phase = saved
+                state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
+                found = state.get("found_inf_per_device", {})
+                recorder.scaler["found_inf"] = sum(float(v) for v in found.values()) > 0
+                recorder.scaler["skipped"] = not recorder.optimizer_ran
+
+        def update(*args, **kwargs):
+            if recorder.pid != os.getpid() or recorder.scaler is None:
+                return update_fn(*args, **kwargs)
+            saved = recorder.phase
+            recorder.phase = "scaler"
+            try:
+                return update_fn(*args, **kwargs)
+            finally:
+                recorder.phase = saved
+                info = recorder.scaler
+                info["scale_after"] = float(scaler.get_scale())
+                tracker = getattr(scaler, "_get_growth_tracker", None)
+                info["growth_tracker"] = int(tracker()) if tracker else 0
+                recorder.scaler = None
+                recorder.end_step(info["optimizer"], info)
+
+        scaler.step, scaler.update = step, update
+
+    # ---------------------------------------------------------------- steps
+    def end_step(self, optimizer, scaler_info):
+        if self.pid != os.getpid():
+            return
+        self.busy = True
+        try:
+            if self.pending_nodes:
+                self.label_nodes()
+            lr = float(optimizer.param_groups[0].get("lr", 0.0)) if optimizer is not None else 0.0
+            scale = scaler_info["scale"] if scaler_info else 1.0
+            loss = float(self.loss) / scale if self.loss is not None else float("nan")
+            now = time.perf_counter()
+            skipped = bool(scaler_info["skipped"]) if scaler_info else False
+            found_inf = bool(scaler_info["found_inf"]) if scaler_info else False
+            scale_after = scaler_info["scale_after"] if scaler_info else 1.0
+            self.channel.add(["step", self.step, num(loss), num(scale), num(scale_after), found_inf, skipped,
+                              scaler_info["growth_tracker"] if scaler_info else 0, num(getattr(self, "grad_norm", 0.0)),
+                              num(lr), (now - self.step_started) * 1000.0])
+            if scaler_info:
+                if skipped:
+                    self.channel.add(["event", self.step, -1, "skipped_step", "", "", "%s skipped its step: its "
+                                      "gradients held inf or NaN at scale %.6g" % (type(optimizer).__name__, scale)])
+                if scale_after < scale:
+                    self.channel.add(["event", self.step, -1, "scale_backoff", "", "", "scale %.6g -> %.6g: the "
+                                      "gradients held inf or NaN" % (scale, scale_after)])
+                elif scale_after > scale:
+                    self.channel.add(["event", self.step, -1, "scale_growth", "", "", "scale %.6g -> %.6g: growth "
+                                      "after a run of steps without inf or NaN" % (scale, scale_after)])
+            if not self.began:
+                self.send_begin()
+            self.channel.add(["end_step", self.step])
+            # The rows of the step are written before its end_step record, in one write.
+            if not self.began:
+                self.began = True
+            self.channel.flush()
+            self.step += 1
+            self.seq = 0
+            self.rows_nonfinite = {}
+            self.forward_bad = False
+            self.loss = None
+            self.grad_norm = 0.0
+            self.rows_this_step = 0
+            self.step_started = time.perf_counter()
+        finally:
+            self.busy = False
+
+    def send_begin(self):
+        import json
+        config = {"recorder": "ampscope.torch", "torch": torch.__version__, "python": sys.version.split()[0],
+                  "argv": sys.argv, "sample_every": self.every, "probe": self.level}
+        probe = {"level": self.level, "ops": [], "modules": [], "every": self.every, "flight_recorder": False,
+                 "recorder_steps": 0, "outside_steps": False, "autocast_overrides": []}
+        begin = ["begin", PROTOCOL, self.precision, self.device or "cpu", self.model_name or os.path.basename(
+            sys.argv[0] if sys.argv and sys.argv[0] else "python"), int(torch.initial_seed()) & 0x7FFFFFFFFFFFFFFF,
+            json.dumps(config), json.dumps(probe)]
+        self.channel.pending.insert(0, __import__("json").dumps(begin, separators=(",", ":")))
+
+    def failed(self, error):
+        self.errors += 1
+        if self.errors == 1:
+            sys.stderr.write("ampscope record: warning: the recorder failed on an op and left it out (%s: %s)\n"
+                             % (type(error).__name__, error))
+
+    def finish(self):
+        # Ops after the last optimizer step (or a script with none) make one last step, so nothing is lost
+        # silently.
+        if self.ended or self.pid != os.getpid():
+            return
+        self.ended = True
+        if self.rows_this_step > 0 or (self.channel.pending and not self.began):
+            self.end_step(None, None)
+        self.channel.add(["close"])
+        self.channel.flush()
+
+
+def _wrap_optimizer_init():
+    original = torch.optim.Optimizer.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if _active is not None:
+            _active.wrap_optimizer(self)
+
+    torch.optim.Optimizer.__init__ = __init__
+
+
+def _scaler_classes():
+    classes = []
+    for path in ("torch.cuda.amp", "torch.amp"):
+        try:
+            mod = __import__(path, fromlist=["GradScaler"])
+            cls = getattr(mod, "GradScaler", None)
+            if cls is not None and cls not in classes:
+                classes.append(cls)
+        except ImportError:
+            pass
+    return classes
+
+
+def _wrap_scaler_init():
+    for cls in _scaler_classes():
+        original = cls.__init__
+
+        def __init__(self, *args, __original=original, **kwargs):
+            __original(self, *args, **kwargs)
+            if _active is not None and not getattr(self, "_ampscope_wrapped", False):
+                self._ampscope_wrapped = True
+                _active.wrap_scaler(self)
+
+        cls.__init__ = __init__
+
+
+def start(fd, options):
+    global _active
+    recorder = Recorder(Channel(fd), options)
+    recorder.module_types = []
+    _active = recorder
+    torch.nn.modules.module.register_module_forward_pre_hook(recorder.module_pre)
+    torch.nn.modules.module.register_module_forward_hook(recorder.module_post)
+    torch.autograd.backward = recorder.wrap_backward(torch.autograd.backward, False)
+    torch.autograd.grad = recorder.wrap_backward(torch.autograd.grad, True)
+    _wrap_optimizer_init()
+    _wrap_scaler_init()
+    mode = _Mode(recorder)
+    mode.__enter__()  # for the whole run: never left
+    atexit.register(recorder.finish)
+    return recorder

@@ -1,0 +1,241 @@
+#!/usr/bin/python3
+# `ampscope record` end to end on scripts written as users write them (tests/record/scripts): each is run under
+# the recorder and its trace read back with h5py; rows, dtypes, module paths and statistics are checked against
+# values computed here from what plain torch produced (tests/record/capture.py), in f64, and against values
+# worked out by hand (the GradScaler's schedule); the bad losses must be diagnosed by `ampscope report`.
+# Usage: record_test.py AMPSCOPE_BINARY WORK_DIR. Exit 77 (skipped) when this Python has no torch or h5py.
+import json
+import os
+import subprocess
+import sys
+
+try:
+    import h5py
+    import numpy as np
+    import torch  # noqa: F401  (the scripts need it)
+except ImportError as e:
+    print("SKIP: %s" % e)
+    sys.exit(77)
+
+AMPSCOPE, WORK = sys.argv[1], sys.argv[2]
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "scripts")
+PYTHON = sys.executable
+os.makedirs(WORK, exist_ok=True)
+failures = []
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    checks += 1
+    if not cond:
+        failures.append(what)
+        print("FAIL: " + what)
+
+
+def record(name, script, *args, capture=False, extra=()):
+    out = os.path.join(WORK, name + ".h5")
+    if os.path.exists(out):
+        os.remove(out)
+    cmd = [AMPSCOPE, "record", "--out", out, *extra, "--", PYTHON]
+    if capture:
+        cmd += [os.path.join(HERE, "capture.py"), os.path.join(WORK, name + ".npz")]
+    cmd += [os.path.join(SCRIPTS, script), *args]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    return p, out
+
+
+def text(f, ids):
+    strings, data = f["strings"], f["string_bytes"]
+    table = strings[()]
+    offset_field = [n for n in table.dtype.names if "offset" in n][0]
+    length_field = [n for n in table.dtype.names if n in ("length", "size", "bytes", "count")][0]
+    raw = data[()]
+    return [bytes(raw[table[i][offset_field]:table[i][offset_field] + table[i][length_field]]).decode() for i in ids]
+
+
+def ops(path):
+    with h5py.File(path, "r") as f:
+        o = f["ops"][()]
+        rows = []
+        names = {k: text(f, o[k]) for k in ("phase", "op", "module", "out_dtype", "in_dtypes", "shape")}
+        for i in range(len(o)):
+            r = {k: o[k][i] for k in o.dtype.names}
+            r.update({k: names[k][i] for k in names})
+            rows.append(r)
+        steps = f["steps"][()]
+        grads = f["grads"][()]
+        gnames = text(f, grads["param"])
+        complete = int(f.attrs["complete"])
+        precision = f.attrs["precision"].decode()
+    return rows, steps, grads, gnames, complete, precision
+
+
+def health_f64(x):
+    x = np.asarray(x, dtype=np.float64).ravel()
+    fin = x[np.isfinite(x)]
+    return {"numel": x.size, "nan": int(np.isnan(x).sum()), "pos_inf": int((x == np.inf).sum()),
+            "neg_inf": int((x == -np.inf).sum()), "zero": int((fin == 0).sum()), "min": fin.min(), "max": fin.max(),
+            "absmax": np.abs(fin).max(), "mean": fin.mean(), "rms": np.sqrt((fin * fin).mean())}
+
+
+def close(a, b, rel=1e-12):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-300)
+
+
+# --- 1. MLP, f32 and bf16 autocast: rows, dtypes, module paths, statistics, gradients, exit status ---------
+for bf16 in (False, True):
+    name = "mlp_bf16" if bf16 else "mlp_f32"
+    p, out = record(name, "mlp_train.py", "--steps", "3", *(["--bf16"] if bf16 else []), capture=True)
+    check(p.returncode == 0, "%s: exit status %d: %s" % (name, p.returncode, p.stderr[-400:]))
+    rows, steps, grads, gnames, complete, precision = ops(out)
+    ref = np.load(os.path.join(WORK, name + ".npz"))
+    check(complete == 1, "%s: complete = %d" % (name, complete))
+    check(precision == ("bf16" if bf16 else "fp32"), "%s: precision %s" % (name, precision))
+    check(list(steps["step"]) == [0, 1, 2], "%s: steps %s" % (name, list(steps["step"])))
+    fwd_linear = [r for r in rows if r["phase"] == "forward" and r["op"] == "linear"]
+    check([r["module"] for r in fwd_linear] == ["fc1", "fc2"] * 3, "%s: linear modules %s" % (name, [r["module"] for r in fwd_linear]))
+    want_dtype = "bf16" if bf16 else "f32"
+    for i, r in enumerate(fwd_linear):
+        check(r["out_dtype"] == want_dtype and r["in_dtypes"] == ",".join([want_dtype] * 3),
+              "%s: linear %d dtypes %s -> %s" % (name, i, r["in_dtypes"], r["out_dtype"]))
+        check(str(ref["dtype_%d" % i]) == ("torch.bfloat16" if bf16 else "torch.float32"), "%s: captured dtype" % name)
+        h = health_f64(ref["linear_%d" % i])
+        for k in ("numel", "nan", "pos_inf", "neg_inf", "zero"):
+            check(int(r[k]) == h[k], "%s: linear %d %s %d, f64 reference %d" % (name, i, k, r[k], h[k]))
+        for k in ("min", "max", "absmax", "mean", "rms"):
+            check(close(float(r[k]), float(h[k])), "%s: linear %d %s %r, f64 reference %r" % (name, i, k, r[k], h[k]))
+    # Per step: forward linear, relu, linear, log_softmax, nll_loss; backward one row per node.
+    per_step = [[(r["phase"], r["op"], r["module"]) for r in rows if r["step"] == s] for s in range(3)]
+    fwd = [x for x in per_step[0] if x[0] == "forward"]
+    check(fwd == [("forward", "linear", "fc1"), ("forward", "relu", ""), ("forward", "linear", "fc2"),
+                  ("forward", "log_softmax", ""), ("forward", "nll_loss", "")], "%s: forward rows %s" % (name, fwd))
+    bwd = [x for x in per_step[0] if x[0] == "backward"]
+    check(bwd == [("backward", "nll_loss", ""), ("backward", "log_softmax", ""), ("backward", "linear", "fc2"),
+                  ("backward", "relu", ""), ("backward", "linear", "fc1")], "%s: backward rows %s" % (name, bwd))
+    # Provenance: relu reads fc1's linear, fc2's linear reads relu (through autocast's cast in bf16).
+    s0 = [r for r in rows if r["step"] == 0]
+    seq_of = {(r["phase"], r["op"], r["module"]): int(r["seq"]) for r in s0}
+    relu = [r for r in s0 if r["op"] == "relu" and r["phase"] == "forward"][0]
+    fc2 = [r for r in s0 if r["module"] == "fc2" and r["phase"] == "forward"][0]
+    check(int(relu["inputs"][0]) == seq_of[("forward", "linear", "fc1")], "%s: relu's input %s" % (name, relu["inputs"]))
+    check([int(i) for i in fc2["inputs"]] == [int(relu["seq"]), -2, -2, -1],
+          "%s: fc2's inputs %s (relu, the weight, the bias)" % (name, list(fc2["inputs"])))
+    # Gradients of the last step against the tensors themselves.
+    last = grads[grads["step"] == 2]
+    lnames = [n for n, s in zip(gnames, grads["step"]) if s == 2]
+    check(sorted(lnames) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"], "%s: grad names %s" % (name, lnames))
+    for n, g in zip(lnames, last):
+        want = np.sqrt((ref["grad:" + n] ** 2).sum())
+        check(close(float(g["norm"]), want, 1e-9), "%s: grad norm of %s %r, f64 %r" % (name, n, g["norm"], want))
+    total = np.sqrt(sum((ref[k] ** 2).sum() for k in ref.files if k.startswith("grad:")))
+    check(close(float(steps["grad_norm"][2]), total, 1e-9), "%s: step grad_norm %r, f64 %r" % (name, steps["grad_norm"][2], total))
+    check(all(abs(lr - 0.05) < 1e-15 for lr in steps["lr"]), "%s: lr %s" % (name, steps["lr"]))
+    r = subprocess.run([AMPSCOPE, "report", out], capture_output=True, text=True)
+    check(r.returncode == 0, "%s: report exit %d: %s" % (name, r.returncode, r.stdout[:300]))
+
+p, out = record("mlp_exit", "mlp_train.py", "--steps", "1", "--exit-status", "5")
+check(p.returncode == 5, "the script's exit status 5 came back as %d" % p.returncode)
+
+# --- 2. A small GPT, bf16: every row attributed to one of the model's modules ------------------------------
+p, out = record("gpt", "gpt_train.py", "--bf16")
+check(p.returncode == 0, "gpt: exit %d: %s" % (p.returncode, p.stderr[-400:]))
+rows, steps, grads, gnames, complete, precision = ops(out)
+modules = {""} | {"embed", "ln_f", "head"} | {"blocks.%d%s" % (b, s) for b in range(2) for s in
+                                              ("", ".ln1", ".attn", ".attn.qkv", ".attn.proj", ".ln2", ".fc", ".out")}
+check(all(r["module"] in modules for r in rows), "gpt: modules %s" % sorted({r["module"] for r in rows} - modules))
+lin = [r["module"] for r in rows if r["step"] == 0 and r["phase"] == "forward" and r["op"] == "linear"]
+check(lin == ["blocks.%d.%s" % (b, m) for b in range(2) for m in ("attn.qkv", "attn.proj", "fc", "out")] + ["head"],
+      "gpt: linear rows %s" % lin)
+blin = [r["module"] for r in rows if r["step"] == 0 and r["phase"] == "backward" and r["op"] == "linear"]
+check(sorted(blin) == sorted(lin), "gpt: backward linear rows %s" % blin)
+sm = [r for r in rows if r["step"] == 0 and r["op"] == "softmax" and r["phase"] == "forward"]
+check([r["module"] for r in sm] == ["blocks.0.attn", "blocks.1.attn"], "gpt: softmax rows %s" % [r["module"] for r in sm])
+ln = [r for r in rows if r["op"] == "layer_norm" and r["phase"] == "forward" and r["step"] == 0]
+check(len(ln) == 5 and all(r["out_dtype"] == "f32" for r in ln), "gpt: layer_norm rows %s" % [(r["module"], r["out_dtype"]) for r in ln])
+check(all(r["out_dtype"] == "bf16" for r in rows if r["op"] == "linear" and r["phase"] == "forward"), "gpt: bf16 linears")
+fwd = [r for r in rows if r["phase"] == "forward"]
+resolved = sum(1 for r in fwd for i in r["inputs"] if i >= 0 or i == -2)
+unknown = sum(1 for r in fwd for i in r["inputs"] if i == -3)
+# Data: the token ids (embedding), the mask (masked_fill), nothing else.
+check(unknown <= 2 * 2 * 2, "gpt: %d forward inputs with no producer (resolved %d)" % (unknown, resolved))
+
+# --- 3. bf16 losses that turn finite values into inf: diagnosed at the right op and module ------------------
+for name, args, op, cause, root in (("sharp_softmax", (), "log", "log_of_zero", "softmax"),
+                                    ("sharp_exp", ("--exp", "--temperature", "0.01"), "log", "log_of_zero", "div"),
+                                    ("sharp_exp_overflow", ("--exp", "--temperature", "0.001"), "exp", None, None)):
+    p, out = record(name, "sharp_loss.py", *args)
+    check(p.returncode == 0, "%s: exit %d" % (name, p.returncode))
+    r = subprocess.run([AMPSCOPE, "report", "--json", out], capture_output=True, text=True)
+    check(r.returncode == 1, "%s: report exit %d (1: anomalies)" % (name, r.returncode))
+    rep = json.loads(r.stdout)
+    first = rep["diagnoses"][0] if "diagnoses" in rep else rep["anomalies"][0]
+    flat = json.dumps(first)
+    check(first.get("op") == op and first.get("module") == "criterion", "%s: first anomaly %s" % (name, flat[:300]))
+    check(first.get("phase") == "forward" and int(first.get("step", -1)) == 0, "%s: at step 0 forward: %s" % (name, flat[:300]))
+    if cause:
+        check(first.get("cause") == cause, "%s: cause %s" % (name, first.get("cause")))
+        chain = first.get("chain") or first.get("root_cause") or []
+        check(root in json.dumps(chain), "%s: root-cause chain names %s: %s" % (name, root, json.dumps(chain)[:300]))
+    # The same facts from the rows themselves: the first origin is that op, and its input is all finite.
+    rows = ops(out)[0]
+    origins = [x for x in rows if x["origin"]]
+    check(origins and origins[0]["op"] == op and origins[0]["module"] == "criterion",
+          "%s: first origin row %s" % (name, origins[:1]))
+
+# --- 4. torch.autograd.grad (a gradient penalty) and torch.autograd.backward --------------------------------
+p, out = record("grad_penalty", "grad_penalty.py")
+check(p.returncode == 0, "grad_penalty: exit %d: %s" % (p.returncode, p.stderr[-300:]))
+rows, steps, grads, gnames, complete, precision = ops(out)
+check(len(steps) == 3, "grad_penalty: %d steps" % len(steps))
+for s in range(3):
+    phases = [r["phase"] for r in rows if r["step"] == s]
+    # forward, then autograd.grad's backward, forward again (the penalty), backward, optimizer
+    runs = [ph for i, ph in enumerate(phases) if i == 0 or phases[i - 1] != ph]
+    check(runs == ["forward", "backward", "forward", "backward", "optimizer"], "grad_penalty step %d: phases %s" % (s, runs))
+    # The first backward (autograd.grad of out.sum() w.r.t. x): the nodes of the two linears and the softplus.
+    first_bwd = [(r["op"], r["module"]) for r in rows if r["step"] == s and r["phase"] == "backward"][:4]
+    check(first_bwd[1:4] == [("linear", "2"), ("softplus", "1"), ("linear", "0")], "grad_penalty: %s" % first_bwd)
+check(sorted(set(gnames)) == ["0.bias", "0.weight", "2.bias", "2.weight"], "grad_penalty: grads %s" % sorted(set(gnames)))
+
+# --- 5. kill -9 in the middle of step 3: steps 0..2 readable, the file left incomplete ----------------------
+p, out = record("killed", "killed.py")
+check(p.returncode == 128 + 9, "killed: exit %d (137 wanted)" % p.returncode)
+rows, steps, grads, gnames, complete, precision = ops(out)
+check(list(steps["step"]) == [0, 1, 2] and complete == 0, "killed: steps %s complete %d" % (list(steps["step"]), complete))
+check({int(r["step"]) for r in rows} == {0, 1, 2}, "killed: op rows of steps %s" % sorted({int(r["step"]) for r in rows}))
+r = subprocess.run([AMPSCOPE, "report", out], capture_output=True, text=True)
+check(r.returncode == 0 and "incomplete" in r.stdout, "killed: report exit %d: %s" % (r.returncode, r.stdout[:200]))
+
+# --- 6. GradScaler (a CPU stand-in following its API): scale, found_inf, skip, growth tracker ---------------
+p, out = record("scaler", "scaler_train.py")
+check(p.returncode == 0, "scaler: exit %d: %s" % (p.returncode, p.stderr[-300:]))
+rows, steps, grads, gnames, complete, precision = ops(out)
+# By hand: init 1024, growth every 2 clean steps, step 2's batch holds an inf.
+want = [(1024, 1024, False, False, 1), (1024, 2048, False, False, 0), (2048, 1024, True, True, 0),
+        (1024, 1024, False, False, 1)]
+got = [(s["scale"], s["scale_after"], bool(s["found_inf"]), bool(s["skipped"]), int(s["growth_tracker"])) for s in steps]
+check(got == want, "scaler: steps %s, by hand %s" % (got, want))
+check(all(int(g["step"]) != 2 for g in grads), "scaler: gradients recorded for the skipped step")
+r = subprocess.run([AMPSCOPE, "report", "--json", out], capture_output=True, text=True)
+rep = json.loads(r.stdout)
+flat = json.dumps(rep)
+check('"skipped' in flat, "scaler: the report names no skipped step")
+first = (rep.get("diagnoses") or rep.get("anomalies") or [{}])[0]
+check(first.get("phase") != "backward", "scaler: a backward row taken as the origin of the bad batch: %s" % json.dumps(first)[:300])
+
+# --- 7. sampling and usage errors --------------------------------------------------------------------------
+p, out = record("sampled", "mlp_train.py", "--steps", "4", extra=("--sample-every", "2"))
+rows, steps = ops(out)[:2]
+check(len(steps) == 4 and {int(r["step"]) for r in rows} == {0, 2}, "sampled: ops of steps %s" % sorted({int(r["step"]) for r in rows}))
+p = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "x.h5"), "--probe", "full", "--", PYTHON, "-c", "0"],
+                   capture_output=True, text=True)
+check(p.returncode == 2 and "hint:" in p.stderr, "--probe full: exit %d %s" % (p.returncode, p.stderr))
+p = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "y.h5"), "--", PYTHON, "-c", "print(1)"],
+                   capture_output=True, text=True)
+check(p.returncode == 2 and "no trace written" in p.stderr and not os.path.exists(os.path.join(WORK, "y.h5")),
+      "no step: exit %d %s" % (p.returncode, p.stderr))
+
+print("%d checks, %d failed" % (checks, len(failures)))
+sys.exit(1 if failures else 0)
