@@ -5,7 +5,7 @@
 set -uo pipefail
 bin=${1:?usage: command_errors_test.sh AMPSCOPE_BINARY}
 failures=0
-commands="demo, train, report, diff, export, fix"
+commands="demo, train, report, diff, export, fix, record"
 expect() {  # expect "ARGS" STATUS "EXPECTED STDERR"
   local args=$1 status=$2 expected=$3 out rc
   out=$("$bin" $args 2>&1 >/dev/null); rc=$?
