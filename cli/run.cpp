@@ -341,6 +341,9 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
   if (!config.checkpoint.empty()) {
     check_writable_folder("--checkpoint", config.checkpoint,
                           std::filesystem::absolute(config.checkpoint).parent_path());
+    // Saved by rename, which would replace a link there rather than write through it; refused now, before the
+    // run, rather than replaced silently (core/io/output_file.h).
+    refuse_unsafe_output(config.checkpoint, "--checkpoint");
   }
   if (!config.save_model.empty()) {
     const std::filesystem::path folder = std::filesystem::absolute(config.save_model);

@@ -162,6 +162,14 @@ TEST(output_links_test, train_never_writes_a_kept_checkpoint_through_a_link) {
                    "the kept checkpoint '" + (dir / "ck.step-2.h5").string() + "' is a symbolic link");
   EXPECT_TRUE(snapshot(target) == before);
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / "ck.step-1.h5")));  // the one before it, as a file
+  // A link under the checkpoint's own name: refused before the run starts.
+  const fs::path main_target = plant_link(dir, "main.h5");
+  const Snapshot main_before = snapshot(main_target);
+  c.checkpoint = (dir / "main.h5").string();
+  c.keep_checkpoints = false;
+  EXPECT_THROW_MSG(samples::train(c), Error, "--checkpoint '" + c.checkpoint + "' is a symbolic link");
+  EXPECT_TRUE(snapshot(main_target) == main_before);
+  EXPECT_TRUE(fs::is_symlink(dir / "main.h5"));
 }
 
 }  // namespace
