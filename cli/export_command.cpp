@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/io/output_file.h"
 #include "probes/trace/reader.h"
 #include "cli/report_command.h"
 
@@ -50,43 +51,30 @@ namespace {
 
 std::string csv_bool(bool value) { return value ? "true" : "false"; }
 
-// One CSV file: written to NAME.tmp, renamed to NAME by commit().
+// One CSV file: written under a temporary name of its own and renamed to NAME by commit(), never through a
+// name planted in DIR (core/io/output_file.h); destroyed uncommitted, the temporary file goes.
 class CsvFile {
  public:
-  CsvFile(const fs::path& dir, const std::string& name, const std::vector<std::string>& header)
-      : path_(dir / name), temporary_(dir / (name + ".tmp")), out_(temporary_, std::ios::binary | std::ios::trunc) {
-    if (!out_) throw Error(fmt::format("cannot create '{}'", temporary_.string()));
+  CsvFile(const fs::path& dir, const std::string& name, const std::vector<std::string>& header) : file_(dir / name) {
     row(header);
   }
   void row(const std::vector<std::string>& fields) {
+    line_.clear();
     for (std::size_t i = 0; i < fields.size(); ++i) {
-      if (i > 0) out_ << ',';
-      out_ << fields[i];
+      if (i > 0) line_ += ',';
+      line_ += fields[i];
     }
-    out_ << '\n';
+    line_ += '\n';
+    file_.write(line_);
     ++rows_;
   }
   std::int64_t rows() const { return rows_ - 1; }  // the header is not a row
-  const fs::path& path() const { return path_; }
-  void commit() {
-    out_.flush();
-    if (!out_) throw Error(fmt::format("cannot write '{}' (is the disk full?)", temporary_.string()));
-    out_.close();
-    std::error_code ec;
-    fs::rename(temporary_, path_, ec);
-    if (ec) throw Error(fmt::format("cannot rename '{}' to '{}': {}", temporary_.string(), path_.string(), ec.message()));
-  }
-  ~CsvFile() {
-    if (out_.is_open()) {
-      out_.close();
-      std::error_code ec;
-      fs::remove(temporary_, ec);
-    }
-  }
+  const fs::path& path() const { return file_.target(); }
+  void commit() { file_.commit(); }
 
  private:
-  fs::path path_, temporary_;
-  std::ofstream out_;
+  OutputFile file_;
+  std::string line_;
   std::int64_t rows_ = 0;
 };
 
@@ -200,49 +188,56 @@ class Exporter {
   std::vector<std::string> damage_;
 };
 
-void export_all(const ExportRequest& request, trace::TraceReader& reader, const fs::path& dir, std::ostream& out, std::ostream& err,
-                std::vector<std::string>& damage) {
+// The export, one function per table (or pair of tables), in the order of the files. Each writes its file
+// (or files) and the line "wrote FILE (N rows)"; rows that cannot be read are noted in the exporter.
+
+// run.csv: the root attributes, the config and probe JSON among them.
+void export_run(const fs::path& dir, trace::TraceReader& reader, std::ostream& out) {
   using namespace trace;
-  Exporter ex(request, reader, dir, out, err);
-  const RowCounts counts = reader.row_counts();
+  const RunInfo& info = reader.run_info();
+  CsvFile run(dir, "run.csv", {"attribute", "value"});
+  run.row({"format", csv_field(kFormat)});
+  run.row({"format_version", num(reader.format_version())});
+  run.row({"precision", csv_field(info.precision)});
+  run.row({"device", csv_field(info.device)});
+  run.row({"model", csv_field(info.model)});
+  run.row({"seed", num(info.seed)});
+  run.row({"config", csv_field(info.config)});
+  run.row({"probe", csv_field(info.probe)});
+  run.row({"complete", reader.complete() ? "1" : "0"});
+  run.commit();
+  out << fmt::format("wrote {} ({} rows)\n", run.path().string(), run.rows());
+}
 
-  {
-    const RunInfo& info = reader.run_info();
-    CsvFile run(dir, "run.csv", {"attribute", "value"});
-    run.row({"format", csv_field(kFormat)});
-    run.row({"format_version", num(reader.format_version())});
-    run.row({"precision", csv_field(info.precision)});
-    run.row({"device", csv_field(info.device)});
-    run.row({"model", csv_field(info.model)});
-    run.row({"seed", num(info.seed)});
-    run.row({"config", csv_field(info.config)});
-    run.row({"probe", csv_field(info.probe)});
-    run.row({"complete", reader.complete() ? "1" : "0"});
-    run.commit();
-    out << fmt::format("wrote {} ({} rows)\n", run.path().string(), run.rows());
-  }
-
-  // Blocks of whole steps from /steps (every step at once when /steps cannot be read).
+// Blocks of whole steps from /steps (every step at once when /steps cannot be read), and /steps itself.
+Blocks read_step_blocks(Exporter& ex, trace::TraceReader& reader, const ExportRequest& request,
+                        std::vector<trace::StepRow>& steps) {
+  using namespace trace;
   std::vector<std::int64_t> numbers;
-  std::vector<StepRow> steps;
   try {
     steps = reader.steps();
     for (const StepRow& s : steps) numbers.push_back(s.step);
   } catch (const TraceError& e) {
     ex.lose("steps", kFirstStep, kLastStep, e.what());
   }
-  const Blocks blocks = step_blocks(numbers, counts.ops, request.rows_per_read);
+  return step_blocks(numbers, reader.row_counts().ops, request.rows_per_read);
+}
 
-  {
-    CsvFile file(dir, "steps.csv", {"step", "loss", "scale", "scale_after", "found_inf", "skipped", "growth_tracker", "grad_norm", "lr", "time_ms"});
-    for (const StepRow& s : steps) {
-      file.row({num(s.step), csv_number(s.loss), csv_number(s.scale), csv_number(s.scale_after), csv_bool(s.found_inf),
-                csv_bool(s.skipped), num(s.growth_tracker), csv_number(s.grad_norm), csv_number(s.lr), csv_number(s.time_ms)});
-    }
-    file.commit();
-    out << fmt::format("wrote {} ({} rows)\n", file.path().string(), file.rows());
+// steps.csv: written from the rows read for the blocks.
+void export_steps(const fs::path& dir, const std::vector<trace::StepRow>& steps, std::ostream& out) {
+  using namespace trace;
+  CsvFile file(dir, "steps.csv", {"step", "loss", "scale", "scale_after", "found_inf", "skipped", "growth_tracker", "grad_norm", "lr", "time_ms"});
+  for (const StepRow& s : steps) {
+    file.row({num(s.step), csv_number(s.loss), csv_number(s.scale), csv_number(s.scale_after), csv_bool(s.found_inf),
+              csv_bool(s.skipped), num(s.growth_tracker), csv_number(s.grad_norm), csv_number(s.lr), csv_number(s.time_ms)});
   }
+  file.commit();
+  out << fmt::format("wrote {} ({} rows)\n", file.path().string(), file.rows());
+}
 
+// ops.csv: the op rows, read a block of whole steps at a time.
+void export_ops(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts& counts, const Blocks& blocks) {
+  using namespace trace;
   std::vector<std::string> op_header = {"step", "seq", "phase", "op", "module", "in_dtypes", "out_dtype", "shape", "autocast", "numel",
                                         "nan", "pos_inf", "neg_inf", "zero", "subnormal", "min", "max", "absmax", "mean", "rms",
                                         "cast_overflow", "cast_underflow", "origin"};
@@ -260,7 +255,10 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
         return f;
       },
       blocks);
+}
 
+void export_grads(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts& counts, const Blocks& blocks) {
+  using namespace trace;
   ex.export_table<GradRow>(
       "grads", {"step", "param", "dtype", "nan", "pos_inf", "neg_inf", "zero", "absmax", "norm", "unscaled", "before_all_reduce"},
       counts.grads, [&](std::int64_t b, std::int64_t e) { return reader.grads(b, e, GradRows::all); },
@@ -270,7 +268,10 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
                                         csv_bool(g.before_all_reduce)};
       },
       blocks);
+}
 
+void export_events(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts& counts, const Blocks& blocks) {
+  using namespace trace;
   ex.export_table<EventRow>(
       "events", {"step", "seq", "kind", "op", "module", "detail"}, counts.events,
       [&](std::int64_t b, std::int64_t e) { return reader.events(b, e); },
@@ -278,7 +279,10 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
         return std::vector<std::string>{num(e.step), num(e.seq), csv_field(e.kind), csv_field(e.op), csv_field(e.module), csv_field(e.detail)};
       },
       blocks);
+}
 
+void export_histograms(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts& counts, const Blocks& blocks) {
+  using namespace trace;
   std::vector<std::string> hist_header = {"step", "seq", "tensor"};
   for (int i = 0; i < kHistBins; ++i) hist_header.push_back(fmt::format("bins_{}", i));
   ex.export_table<HistogramRow>(
@@ -289,8 +293,11 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
         return f;
       },
       blocks);
+}
 
-  // The f32 twin's rows (format_version 5; a header only for older traces and runs without --twin).
+// The f32 twin's rows (format_version 5; a header only for older traces and runs without --twin).
+void export_precision(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts& counts, const Blocks& blocks) {
+  using namespace trace;
   std::vector<std::string> precision_header = {
       "step",        "seq",          "op",           "module",         "out_dtype",       "numel", "local",
       "local_max_rel", "local_mean_rel", "local_max_ulp", "acc_max_rel", "acc_mean_rel", "acc_max_ulp",
@@ -327,9 +334,12 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
         return f;
       },
       blocks);
+}
 
-  // Swamped-update counts of f16/bf16 parameters (format_version 5; a header only for older traces and runs
-  // whose parameters are f32).
+// Swamped-update counts of f16/bf16 parameters (format_version 5; a header only for older traces and runs
+// whose parameters are f32).
+void export_updates(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts& counts, const Blocks& blocks) {
+  using namespace trace;
   ex.export_table<UpdateRow>(
       "updates", {"step", "param", "dtype", "numel", "nonzero", "swamped", "param_abs_mean", "update_abs_mean"},
       counts.updates, [&](std::int64_t b, std::int64_t e) { return reader.updates(b, e); },
@@ -339,8 +349,11 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
                                         csv_number(u.param_abs_mean), csv_number(u.update_abs_mean)};
       },
       blocks);
+}
 
-  // Parameter checksums after each step (format_version 6; a header only for older traces and single-process runs).
+// Parameter checksums after each step (format_version 6; a header only for older traces and single-process runs).
+void export_checksums(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts& counts, const Blocks& blocks) {
+  using namespace trace;
   ex.export_table<ChecksumRow>(
       "checksums", {"step", "param", "checksum"}, counts.checksums,
       [&](std::int64_t b, std::int64_t e) { return reader.checksums(b, e); },
@@ -348,28 +361,48 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
         return std::vector<std::string>{num(c.step), csv_field(c.param), fmt::format("{}", c.checksum)};
       },
       blocks);
+}
 
-  // Dumps are few and small (the probe bounds them): read at once, values into their own file.
-  {
-    CsvFile dumps(dir, "dumps.csv", {"dump", "step", "seq", "op", "module", "tensor", "dtype", "shape", "values_count"});
-    CsvFile values(dir, "dump_values.csv", {"dump", "index", "value"});
-    std::int64_t id = 0, done = 0;
-    const std::function<void(std::int64_t)> progress = [](std::int64_t) {};  // dumps are few: no progress line
-    const std::function<void(const DumpRow&)> write = [&](const DumpRow& d) {
-      dumps.row({num(id), num(d.step), num(d.seq), csv_field(d.op), csv_field(d.module), csv_field(d.tensor), csv_field(d.dtype),
-                 csv_field(d.shape), num(static_cast<std::int64_t>(d.values.size()))});
-      for (std::size_t i = 0; i < d.values.size(); ++i) values.row({num(id), num(static_cast<std::int64_t>(i)), csv_number(d.values[i])});
-      ++id;
-    };
-    const std::function<std::vector<DumpRow>(std::int64_t, std::int64_t)> read = [&](std::int64_t b, std::int64_t e) {
-      return reader.dumps(b, e);
-    };
-    ex.export_range<DumpRow>("dumps", kFirstStep, kLastStep, read, write, blocks, done, progress);
-    dumps.commit();
-    values.commit();
-    out << fmt::format("wrote {} ({} rows)\n", dumps.path().string(), dumps.rows());
-    out << fmt::format("wrote {} ({} rows)\n", values.path().string(), values.rows());
-  }
+// Dumps are few and small (the probe bounds them): read at once, values into their own file.
+void export_dumps(Exporter& ex, trace::TraceReader& reader, const fs::path& dir, const Blocks& blocks,
+                  std::ostream& out) {
+  using namespace trace;
+  CsvFile dumps(dir, "dumps.csv", {"dump", "step", "seq", "op", "module", "tensor", "dtype", "shape", "values_count"});
+  CsvFile values(dir, "dump_values.csv", {"dump", "index", "value"});
+  std::int64_t id = 0, done = 0;
+  const std::function<void(std::int64_t)> progress = [](std::int64_t) {};  // dumps are few: no progress line
+  const std::function<void(const DumpRow&)> write = [&](const DumpRow& d) {
+    dumps.row({num(id), num(d.step), num(d.seq), csv_field(d.op), csv_field(d.module), csv_field(d.tensor), csv_field(d.dtype),
+               csv_field(d.shape), num(static_cast<std::int64_t>(d.values.size()))});
+    for (std::size_t i = 0; i < d.values.size(); ++i) values.row({num(id), num(static_cast<std::int64_t>(i)), csv_number(d.values[i])});
+    ++id;
+  };
+  const std::function<std::vector<DumpRow>(std::int64_t, std::int64_t)> read = [&](std::int64_t b, std::int64_t e) {
+    return reader.dumps(b, e);
+  };
+  ex.export_range<DumpRow>("dumps", kFirstStep, kLastStep, read, write, blocks, done, progress);
+  dumps.commit();
+  values.commit();
+  out << fmt::format("wrote {} ({} rows)\n", dumps.path().string(), dumps.rows());
+  out << fmt::format("wrote {} ({} rows)\n", values.path().string(), values.rows());
+}
+
+void export_all(const ExportRequest& request, trace::TraceReader& reader, const fs::path& dir, std::ostream& out, std::ostream& err,
+                std::vector<std::string>& damage) {
+  Exporter ex(request, reader, dir, out, err);
+  const trace::RowCounts counts = reader.row_counts();
+  export_run(dir, reader, out);
+  std::vector<trace::StepRow> steps;
+  const Blocks blocks = read_step_blocks(ex, reader, request, steps);
+  export_steps(dir, steps, out);
+  export_ops(ex, reader, counts, blocks);
+  export_grads(ex, reader, counts, blocks);
+  export_events(ex, reader, counts, blocks);
+  export_histograms(ex, reader, counts, blocks);
+  export_precision(ex, reader, counts, blocks);
+  export_updates(ex, reader, counts, blocks);
+  export_checksums(ex, reader, counts, blocks);
+  export_dumps(ex, reader, dir, blocks, out);
   damage.insert(damage.end(), ex.damage().begin(), ex.damage().end());
 }
 

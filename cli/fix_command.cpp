@@ -1,86 +1,272 @@
 // `ampscope fix`: proves a remedy by re-running the run with it. See cli/fix_command.h.
+//
+// A trace is a file from elsewhere ("here is my trace, why does it NaN?"), and fix runs what it describes,
+// so the trace is treated as hostile input: its recorded configuration passes train's own checks (the table
+// of samples/run_options.h), the files it names are read only from under the trace's folder (a path the
+// trace records is never followed out of it: the user names such files on the command line), the re-runs
+// stop at the steps the trace holds, and nothing is written through a name planted beside it.
 #include "cli/fix_command.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <ostream>
 #include <iostream>
+#include <limits>
+#include <ostream>
 #include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/io/hdf5_support.h"
+#include "core/io/output_file.h"
 #include "probes/analysis/analysis.h"
 #include "probes/analysis/fix.h"
 #include "probes/trace/reader.h"
 #include "cli/report_command.h"
 #include "cli/run.h"
+#include "cli/run_options_io.h"
+#include "cli/train_command.h"
 
 namespace ampscope::samples {
 namespace {
 
+namespace fs = std::filesystem;
 using nlohmann::ordered_json;
 
-double json_number(const nlohmann::json& v, double fallback) {
-  if (v.is_number()) return v.get<double>();
-  if (v.is_string()) {
-    const std::string s = v.get<std::string>();
-    if (s == "nan") return std::nan("");
-    if (s == "inf") return INFINITY;
-    if (s == "-inf") return -INFINITY;
-  }
-  return fallback;
-}
+// ---- The recorded run ----------------------------------------------------------------------------------
 
 // The configuration `ampscope train` recorded (the trace's root attribute `config`), as it ran: the
 // scenario's configure() had already been applied, and applying it again on the re-run changes nothing.
-TrainConfig config_from_json(const std::string& text, const std::string& trace) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
-    j = nullptr;
-  }
+RecordedRun read_recorded(const std::string& text, const std::string& trace) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("sample") || !j.contains("precision") || !j.contains("steps")) {
     throw Error(fmt::format("'{}' was not written by `ampscope train` (it has no run configuration: a user's own "
                             "training loop?); `ampscope fix` needs a run it can repeat.\nhint: apply the report's "
                             "remedies in your own loop and compare the new trace with `ampscope diff`",
                             trace));
   }
-  TrainConfig c;
-  c.sample = j.value("sample", c.sample);
-  c.precision = parse_precision(j.value("precision", std::string("fp16")));
-  c.device = j.value("device", c.device);
-  c.steps = j.value("steps", c.steps);
-  c.batch = j.value("batch", c.batch);
-  c.lr = json_number(j.value("lr", nlohmann::json(c.lr)), c.lr);
-  c.seed = j.value("seed", c.seed);
-  c.scenario = j.value("scenario", c.scenario);
-  c.init_scale = json_number(j.value("init_scale", nlohmann::json(c.init_scale)), c.init_scale);
-  c.growth_interval = j.value("growth_interval", c.growth_interval);
-  c.use_scaler = j.value("use_scaler", c.use_scaler);
-  c.probe = j.value("probe", c.probe);
-  c.sample_every = j.value("sample_every", c.sample_every);
-  c.max_grad_norm = json_number(j.value("max_grad_norm", nlohmann::json(c.max_grad_norm)), c.max_grad_norm);
-  c.zero_grad = j.value("zero_grad", c.zero_grad);
-  c.autocast_fp32 = j.value("autocast_fp32", std::vector<std::string>{});
-  c.data_dir = j.value("data", c.data_dir);
-  c.text_file = j.value("text", c.text_file);
-  c.resume = j.value("resume", c.resume);
-  c.model_dir = j.value("model", c.model_dir);
-  c.tokens_file = j.value("tokens", c.tokens_file);
-  c.context = j.value("context", c.context);
-  c.eval = j.value("eval", c.eval);
-  c.fp16_clamp = j.value("fp16_clamp", c.fp16_clamp);
-  c.checkpoint = j.value("checkpoint", c.checkpoint);
-  c.checkpoint_every = j.value("checkpoint_every", c.checkpoint_every);
-  c.keep_checkpoints = j.value("keep_checkpoints", c.keep_checkpoints);
-  c.scenario_applied = true;
-  return c;
+  try {
+    RecordedRun run = read_run_config(j);
+    run.config.scenario_applied = true;
+    return run;
+  } catch (const Error& e) {
+    throw Error(fmt::format("'{}': {}; fix re-runs only a configuration `ampscope train` would run\nhint: the trace "
+                            "was edited or damaged: record the run again with `ampscope train`",
+                            trace, e.what()));
+  }
 }
+
+// train's checks of every recorded value (a trace whose attributes were edited, with their checksum
+// recomputed, can hold any value): refused with the recorded key named.
+void check_recorded_values(const RecordedRun& run, const std::string& trace) {
+  for (const RunOption& row : run_options()) {
+    const std::optional<Refusal> bad = row.refusal(run.config);
+    if (!bad) continue;
+    throw Error(fmt::format("'{}': the recorded configuration's '{}' is {}, which `ampscope train` refuses (--{}: "
+                            "expected {}); fix re-runs only what train would run\nhint: the trace was edited or "
+                            "damaged: record the run again with `ampscope train`",
+                            trace, row.json_key, bad->value, row.name, bad->expected));
+  }
+  try {
+    if (run.config.model_dir.empty()) find_sample(run.config.sample);
+    if (!run.config.scenario.empty()) find_scenario(run.config.scenario);
+  } catch (const Error& e) {
+    throw Error(fmt::format("'{}': the recorded configuration names {}", trace, e.what()));
+  }
+}
+
+// An option of the recorded run that the re-runs do not repeat, and why (the plan and the table say so).
+struct NotReplayed {
+  std::string option;
+  std::string value;
+  std::string why;
+};
+
+std::vector<NotReplayed> not_replayed(const RecordedRun& run) {
+  const TrainConfig& c = run.config;
+  std::vector<NotReplayed> notes;
+  if (run.world_size > 1) {
+    notes.push_back({"--ddp", fmt::format("{} ranks (this trace: rank {})", run.world_size, run.rank),
+                     fmt::format("fix starts no ranks: each re-run is one process training on the whole global batch "
+                                 "(--batch {}), the same training up to the order of the gradient sums; a failure of "
+                                 "one rank alone may not reproduce",
+                                 c.batch)});
+  }
+  if (!c.resume.empty()) {
+    notes.push_back({"--resume", fmt::format("'{}'", c.resume),
+                     "the re-runs start at step 0 (or at a checkpoint the run kept beside the trace)"});
+  }
+  if (!c.checkpoint.empty()) {
+    notes.push_back({"--checkpoint", fmt::format("'{}'", c.checkpoint),
+                     "fix saves no checkpoints (it resumes from the run's kept ones, found beside the trace)"});
+  }
+  for (const std::string& key : run.unknown) {
+    notes.push_back({key, "", "not an option of this version of ampscope"});
+  }
+  return notes;
+}
+
+// ---- Inputs --------------------------------------------------------------------------------------------
+
+// A file or folder a re-run reads.
+struct Input {
+  std::string option;  // "--text"
+  std::string path;    // as the re-runs open it
+  bool user_named = false;
+};
+
+bool is_within(const fs::path& path, const fs::path& root) {
+  auto p = path.begin();
+  for (auto r = root.begin(); r != root.end(); ++r, ++p) {
+    if (r->empty()) continue;  // a trailing separator
+    if (p == path.end() || *p != *r) return false;
+  }
+  return true;
+}
+
+// A folder the run reads (a model folder, MNIST's files): a folder, and every entry in it a regular file or
+// a folder; with `root`, every link in it leads to within root.
+void check_folder(const std::string& option, const fs::path& folder, const fs::path* root) {
+  struct stat st {};
+  const bool exists = ::stat(folder.c_str(), &st) == 0;
+  if (!exists || !S_ISDIR(st.st_mode)) {
+    throw Error(fmt::format("{} '{}': {}", option, folder.string(), exists ? "not a folder" : "no such folder"));
+  }
+  if (root == nullptr) return;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(folder, ec)) {
+    const fs::path p = entry.path();
+    if (fs::is_symlink(fs::symlink_status(p, ec))) {
+      const fs::path target = fs::canonical(p, ec);
+      if (ec || !is_within(target, *root)) {
+        throw Error(fmt::format("{} '{}': its entry '{}' is a link that leads outside the trace's folder ('{}'); fix "
+                                "reads only files under the trace's folder unless you name them\nhint: check the "
+                                "folder, and name it yourself: {} DIR",
+                                option, folder.string(), p.filename().string(), ec ? "?" : target.string(), option));
+      }
+    }
+    const fs::file_status status = fs::status(p, ec);
+    if (!fs::is_regular_file(status) && !fs::is_directory(status)) {
+      throw Error(fmt::format("{} '{}': its entry '{}' is not a regular file (a FIFO, a device, a socket or a broken "
+                              "link); fix opens none of those\nhint: remove it",
+                              option, folder.string(), p.filename().string()));
+    }
+  }
+}
+
+void check_input(const std::string& option, const fs::path& path, bool folder, const fs::path* root) {
+  if (folder) return check_folder(option, path, root);
+  // Examined before it is opened: a FIFO would block the open.
+  if (const std::string reason = hdf5::unreadable_reason(path.c_str()); !reason.empty()) {
+    throw Error(fmt::format("{} '{}': {}; fix reads regular files only", option, path.string(), reason));
+  }
+}
+
+// Where a path the trace records leads: relative to the trace's folder, and within it. An absolute path is
+// not followed: the trace's author chose it.
+fs::path confined_path(const std::string& option, const std::string& recorded, const fs::path& folder,
+                       const fs::path& root, const std::string& trace) {
+  const std::string hint = fmt::format("hint: check that it is what you mean, and name it yourself: ampscope fix {} {} "
+                                       "PATH",
+                                       trace, option);
+  if (fs::path(recorded).is_absolute()) {
+    throw Error(fmt::format("'{}': the recorded run read '{}' ({}), an absolute path; fix reads nothing a trace names "
+                            "outside the trace's own folder\n{}",
+                            trace, recorded, option, hint));
+  }
+  const fs::path resolved = (folder / recorded).lexically_normal();
+  std::error_code ec;
+  const fs::path real = fs::canonical(resolved, ec);
+  if (ec) {
+    throw Error(fmt::format("'{}': the recorded run read '{}' ({}), which is not at '{}' (paths a trace records are "
+                            "relative to its folder)\n{}",
+                            trace, recorded, option, resolved.string(), hint));
+  }
+  if (!is_within(real, root)) {
+    throw Error(fmt::format("'{}': the recorded run read '{}' ({}), which leads to '{}', outside the trace's folder "
+                            "'{}'; fix reads only files under the trace's folder unless you name them\n{}",
+                            trace, recorded, option, real.string(), root.string(), hint));
+  }
+  return resolved;
+}
+
+// The inputs of the re-runs, set in `base`: each override the user named, else the recorded path resolved
+// against (and confined to) the trace's folder.
+std::vector<Input> resolve_inputs(TrainConfig& base, const FixRequest& request, const fs::path& folder,
+                                  const fs::path& root) {
+  struct Slot {
+    const char* name;
+    bool folder;
+    const std::string& override_path;
+  };
+  const Slot slots[] = {{"data", true, request.data},
+                        {"model", true, request.model},
+                        {"tokens", false, request.tokens},
+                        {"text", false, request.text}};
+  std::vector<Input> inputs;
+  for (const Slot& slot : slots) {
+    const RunOption& row = *find_run_option(slot.name);
+    const std::string option = "--" + std::string(slot.name);
+    const std::string recorded = std::get<std::string>(row.get(base));
+    if (!slot.override_path.empty()) {
+      if (recorded.empty()) {
+        throw Error(fmt::format("{}: the recorded run read no {}; fix replays the run as recorded and cannot add one\n"
+                                "hint: leave {} out",
+                                option, slot.folder ? "folder of this kind" : "file of this kind", option));
+      }
+      check_input(option, slot.override_path, slot.folder, nullptr);
+      row.set(base, slot.override_path);
+      inputs.push_back({option, slot.override_path, true});
+      continue;
+    }
+    if (recorded.empty()) continue;
+    const fs::path path = confined_path(option, recorded, folder, root, request.trace);
+    check_input(option, path, slot.folder, &root);
+    row.set(base, path.string());
+    inputs.push_back({option, path.string(), false});
+  }
+  return inputs;
+}
+
+struct ResumePoint {
+  std::string path;
+  std::int64_t step = 0;  // 0: none, start at step 0
+};
+
+// The last checkpoint the run kept (--keep-checkpoints) at or before `step`, looked for beside the trace
+// under the recorded checkpoint's file name (its recorded folder is not followed): "ck.step-N.h5" holds the
+// state before step N, at the multiples of checkpoint_every.
+ResumePoint resume_point(const TrainConfig& ran, std::int64_t step, const fs::path& folder, const fs::path& root) {
+  if (!ran.keep_checkpoints || ran.checkpoint.empty() || ran.checkpoint_every < 1) return {};
+  const fs::path name = fs::path(ran.checkpoint).filename();
+  if (name.empty() || name == "." || name == "..") return {};
+  // The folder's names, not a probe of every multiple: a step number is bounded by the trace, the folder's
+  // entries by the folder.
+  const std::string prefix = name.stem().string() + ".step-";
+  const std::string suffix = name.extension().string();
+  ResumePoint best;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(folder.empty() ? fs::path(".") : folder, ec)) {
+    const std::string file = entry.path().filename().string();
+    if (!file.starts_with(prefix) || !file.ends_with(suffix) || file.size() <= prefix.size() + suffix.size()) continue;
+    const std::string digits = file.substr(prefix.size(), file.size() - prefix.size() - suffix.size());
+    if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::int64_t n = std::stoll(digits);
+    if (n <= 0 || n > step || n % ran.checkpoint_every != 0 || n <= best.step) continue;
+    const fs::path path = kept_checkpoint_path((folder / name).string(), n);
+    const fs::path real = fs::canonical(path, ec);
+    if (ec || !is_within(real, root) || !hdf5::unreadable_reason(path.c_str()).empty()) continue;
+    best = {path.string(), n};
+  }
+  return best;
+}
+
+// ---- Candidates ----------------------------------------------------------------------------------------
 
 // A name safe in a file name: letters, digits, '.', '-' and '_'; everything else becomes '_'.
 std::string safe_name(const std::string& s) {
@@ -103,23 +289,8 @@ struct Candidate {
   std::string remedy_flag{};  // Remedy::flag of the report's remedy (what mark_verified matches on)
   std::int64_t from_step = 0;  // resumed from a kept checkpoint at this step, or 0
   bool retried = false;        // failed from the checkpoint, then re-run from step 0
+  std::string trace{};         // where its trace ends up (beside the original)
 };
-
-struct ResumePoint {
-  std::string path;
-  std::int64_t step = 0;  // 0: none, start at step 0
-};
-
-// The last kept checkpoint (--keep-checkpoints) at or before `step`: the one a re-run through `step`
-// can start from. Kept checkpoints exist at the multiples of checkpoint_every.
-ResumePoint resume_point(const TrainConfig& ran, std::int64_t step) {
-  if (!ran.keep_checkpoints || ran.checkpoint.empty() || ran.checkpoint_every < 1) return {};
-  for (std::int64_t n = step / ran.checkpoint_every * ran.checkpoint_every; n > 0; n -= ran.checkpoint_every) {
-    const std::string path = kept_checkpoint_path(ran.checkpoint, n);
-    if (std::filesystem::is_regular_file(path)) return {path, n};
-  }
-  return {};
-}
 
 // The remedy applied to the configuration; false when no option applies this kind (code-only remedies).
 bool apply(const analysis::Remedy& m, TrainConfig& c, std::string& flag) {
@@ -156,110 +327,19 @@ bool apply(const analysis::Remedy& m, TrainConfig& c, std::string& flag) {
   return false;
 }
 
-struct Outcome {
-  bool ran = false;
-  std::string error;          // a re-run that failed
-  bool applied = true;        // the re-run's recorded config shows the change (a scenario may force it back)
-  bool gone = false;
-  std::string first;          // "step 3, softmax in blocks.0.attn" or "none"
-  double final_loss = NAN;
-  double seconds_per_step = NAN;
-  std::string trace;
-  std::int64_t steps = 0;
-};
-
-// The re-run's anomalies of the original's kind (Diagnosis::cause), counted over the steps re-run.
-Outcome measure(const Candidate& cand, const std::string& cause, std::ostream& err) {
-  Outcome o;
-  o.trace = cand.config.out;
-  const auto t0 = std::chrono::steady_clock::now();
-  TrainResult r;
-  try {
-    r = train(cand.config);
-  } catch (const std::exception& e) {
-    o.error = e.what();
-    err << fmt::format("fix: {}: failed: {}\n", cand.name, o.error);
-    return o;
-  }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  o.ran = true;
-  o.steps = r.steps;
-  o.final_loss = r.final_loss;
-  o.seconds_per_step = r.steps > 0 ? secs / static_cast<double>(r.steps) : NAN;
-  trace::TraceReader reader(cand.config.out);
-  const TrainConfig ran = config_from_json(reader.run_info().config, cand.config.out);
-  if (cand.kind == "enable_scaler") o.applied = ran.use_scaler;
-  if (cand.kind == "zero_grad") o.applied = ran.zero_grad;
-  const analysis::Report rep = analysis::analyse(reader);
-  o.first = "none";
-  o.gone = true;
-  for (const analysis::Diagnosis& d : rep.anomalies) {
-    if (d.cause != cause) continue;
-    o.gone = false;
-    o.first = fmt::format("step {}, {}{}", d.step, d.op.empty() ? d.cause : d.op,
-                          d.module.empty() ? "" : " in " + d.module);
-    break;
-  }
-  if (!o.applied) o.gone = false;
-  err << fmt::format("fix: {}: {} steps in {:.1f}s: {}\n", cand.name, r.steps, secs,
-                     !o.applied ? "not applied"
-                                : (o.gone ? "anomaly gone" : "anomaly remains"));
-  return o;
-}
-
-}  // namespace
-
-std::string fix_results_path(const std::string& trace) { return analysis::fix_results_path(trace); }
-
-std::string fix_trace_path(const std::string& trace, const std::string& remedy_name) {
-  const std::filesystem::path p(trace);
-  return (p.parent_path() / (p.stem().string() + ".fix-" + safe_name(remedy_name) + ".h5")).string();
-}
-
-int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
-  if (request.after < 0) {
-    err << fmt::format("ampscope fix: --after {} is not allowed; expected an integer >= 0\n", request.after);
-    return kExitUsage;
-  }
-  TrainConfig base;
-  analysis::Report report;
-  try {
-    trace::TraceReader reader(request.trace);
-    base = config_from_json(reader.run_info().config, request.trace);
-    report = analysis::analyse(reader);
-  } catch (const std::exception& e) {
-    err << "ampscope fix: error: " << without_hdf5_stack(e.what()) << "\n";
-    return kExitUsage;
-  }
-  if (report.anomalies.empty()) {
-    out << fmt::format("{}: the report finds no anomaly: nothing to fix\n", request.trace);
-    return kExitClean;
-  }
-  const analysis::Diagnosis& first = report.anomalies.front();
-  // Through the first anomaly's step and `after` steps more (steps are 0-based), never past the run.
-  base.steps = std::min(base.steps, first.step + 1 + request.after);
-  // The re-runs start at step 0, or from the last kept checkpoint at or before the first anomaly's step
-  // (--keep-checkpoints: "ck.step-N.h5" holds the state before step N) when the run kept them.
-  const ResumePoint from = resume_point(base, first.step);
-  base.resume.clear();
-  base.checkpoint.clear();
-  base.checkpoint_every = 0;
-  base.keep_checkpoints = false;
-
+// The original, the fp32 reference, and one run per remedy an option can apply, each once.
+std::vector<Candidate> candidates_of(const TrainConfig& base, const analysis::Report& report, const std::string& trace) {
   std::vector<Candidate> cands;
   std::set<std::string> seen;
   auto add = [&](Candidate c) {
     if (!seen.insert(c.name).second) return;
-    c.config.out = fix_trace_path(request.trace, c.name);
+    c.trace = fix_trace_path(trace, c.name);
     cands.push_back(std::move(c));
   };
-  {
-    Candidate orig{"original", "original", "", "the run as recorded (the baseline: step time, the anomaly again)", base};
-    add(orig);
-    Candidate ref{"fp32", "fp32", "--precision fp32", "the fp32 reference run", base};
-    ref.config.precision = Precision::fp32;
-    add(ref);
-  }
+  add({"original", "original", "", "the run as recorded (the baseline: step time, the anomaly again)", base});
+  Candidate ref{"fp32", "fp32", "--precision fp32", "the fp32 reference run", base};
+  ref.config.precision = Precision::fp32;
+  add(std::move(ref));
   for (const analysis::Diagnosis& d : report.anomalies) {
     for (const analysis::Remedy& m : d.remedies) {
       Candidate c{"", m.kind, "", m.text, base};
@@ -273,66 +353,261 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
       add(std::move(c));
     }
   }
+  return cands;
+}
 
-  // From the checkpoint: the runs in the recorded precision resume from it (a checkpoint's scaler state
-  // belongs to its precision: runs in another precision start at step 0). When the original does not
-  // fail again from the checkpoint (what caused it is not in a checkpoint: gradients left from earlier
-  // steps, say), every run starts at step 0 after all.
-  auto from_checkpoint = [&](std::vector<Candidate>& list) {
-    for (Candidate& c : list) {
-      if (from.step <= 0 || c.config.precision != base.precision) continue;
-      c.config.resume = from.path;
-      c.config.steps = base.steps - from.step;
-      c.from_step = from.step;
+// ---- The plan ------------------------------------------------------------------------------------------
+
+struct FixPlan {
+  std::string trace;
+  fs::path folder;  // the trace's folder ("" for the working folder)
+  RecordedRun recorded;
+  analysis::Diagnosis first;
+  TrainConfig base;            // what every re-run replays (then each changes its remedy)
+  std::int64_t step_rows = 0;  // rows of the trace's /steps
+  std::int64_t held = 0;       // steps the trace can account for: its rows times sample_every
+  ResumePoint from;
+  std::vector<Input> inputs;
+  std::vector<NotReplayed> skipped;
+  std::vector<Candidate> cands;
+  std::string results;  // the results file
+};
+
+std::int64_t saturating_product(std::int64_t a, std::int64_t b) {
+  if (a <= 0 || b <= 0) return 0;
+  return a > std::numeric_limits<std::int64_t>::max() / b ? std::numeric_limits<std::int64_t>::max() : a * b;
+}
+
+// How many steps each re-run takes: through the first anomaly's step and `after` more, never past the
+// recorded run, and never past what the trace holds: step numbers a trace's author shifted to 10^12 start
+// no 10^12-step run.
+std::int64_t steps_to_rerun(const FixPlan& plan, std::int64_t after) {
+  const std::int64_t step = plan.first.step;
+  const std::int64_t k = plan.base.sample_every;
+  if (step < 0 || step >= plan.held) {
+    throw Error(fmt::format("'{}': its first anomaly is at step {}, but the trace holds {} step row(s){}, so at most "
+                            "{} steps of a run; fix re-runs from step 0 and will not start a run longer than the trace "
+                            "shows (its step numbers were shifted, or the run was resumed from a checkpoint)\nhint: "
+                            "re-run it yourself with `ampscope train`",
+                            plan.trace, step, plan.step_rows, k > 1 ? fmt::format(" at --sample-every {}", k) : "",
+                            plan.held));
+  }
+  const std::int64_t through = step + 1 > std::numeric_limits<std::int64_t>::max() - after
+                                   ? std::numeric_limits<std::int64_t>::max()
+                                   : step + 1 + after;
+  return std::min({plan.base.steps, through, plan.held});
+}
+
+// Everything fix will do, decided and checked before the first re-run: any refusal costs nothing.
+// nullopt: the report finds no anomaly.
+std::optional<FixPlan> make_plan(const FixRequest& request) {
+  FixPlan plan;
+  plan.trace = request.trace;
+  if (const std::string reason = hdf5::unreadable_reason(request.trace.c_str()); !reason.empty()) {
+    throw Error(fmt::format("cannot read '{}': {}\nhint: ampscope fix reads the HDF5 traces `ampscope train --out "
+                            "FILE` writes",
+                            request.trace, reason));
+  }
+  analysis::Report report;
+  {
+    trace::TraceReader reader(request.trace);
+    plan.recorded = read_recorded(reader.run_info().config, request.trace);
+    check_recorded_values(plan.recorded, request.trace);
+    report = analysis::analyse(reader);
+    plan.step_rows = reader.row_counts().steps;
+  }
+  if (report.anomalies.empty()) return std::nullopt;
+  plan.first = report.anomalies.front();
+  plan.folder = fs::path(request.trace).parent_path();
+  const fs::path root = fs::canonical(plan.folder.empty() ? fs::path(".") : plan.folder);
+  plan.base = plan.recorded.config;
+  plan.held = saturating_product(plan.step_rows, plan.base.sample_every);
+  plan.base.steps = steps_to_rerun(plan, request.after);
+  plan.inputs = resolve_inputs(plan.base, request, plan.folder, root);
+  plan.skipped = not_replayed(plan.recorded);
+  // The re-runs start at step 0, or from the last kept checkpoint at or before the first anomaly's step
+  // (--keep-checkpoints: "ck.step-N.h5" holds the state before step N) when the run kept them.
+  plan.from = resume_point(plan.base, plan.first.step, plan.folder, root);
+  plan.base.resume.clear();
+  plan.base.checkpoint.clear();
+  plan.base.checkpoint_every = 0;
+  plan.base.keep_checkpoints = false;
+  plan.cands = candidates_of(plan.base, report, request.trace);
+  for (Candidate& c : plan.cands) {
+    c.config.out = c.trace;  // for train's checks; each run writes in the private folder (run_candidates)
+    validate_config(c.config);
+  }
+  plan.results = request.output.empty() ? fix_results_path(request.trace) : request.output;
+  // Every output name, before anything runs: a link planted under one is refused now, not after the runs.
+  for (const Candidate& c : plan.cands) refuse_unsafe_output(c.trace, "the re-run's trace");
+  refuse_unsafe_output(plan.results, "the results file");
+  return plan;
+}
+
+// The recorded options the re-runs replay, as `ampscope train` spells them (those that differ from the
+// defaults; paths as the re-runs open them).
+std::string replayed_options(const TrainConfig& base) {
+  std::string text;
+  for (const RunOption& row : run_options()) {
+    if (row.recorded == Recorded::never || row.is_default(base)) continue;
+    const std::string option =
+        row.user_option ? option_text(row, base) : fmt::format("({} {})", row.json_key, option_value_text(row.get(base)));
+    if (!option.empty()) text += (text.empty() ? "" : " ") + option;
+  }
+  return text;
+}
+
+void print_plan(const FixPlan& plan, std::ostream& err) {
+  const analysis::Diagnosis& first = plan.first;
+  err << fmt::format("fix: plan for {}: first anomaly {} at step {} ({}{})\n", plan.trace, first.cause, first.step,
+                     first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module);
+  err << fmt::format("fix:   each re-run: steps 0..{} ({} of the recorded {}; the trace holds {} step rows){}\n",
+                     plan.base.steps - 1, plan.base.steps, plan.recorded.config.steps, plan.step_rows,
+                     plan.from.step > 0 ? fmt::format(", in {} from the kept checkpoint at step {}",
+                                                      precision_name(plan.base.precision), plan.from.step)
+                                        : "");
+  err << fmt::format("fix:   replays: ampscope train {}\n", replayed_options(plan.base));
+  for (const NotReplayed& n : plan.skipped) {
+    err << fmt::format("fix:   not replayed: {}{}: {}\n", n.option, n.value.empty() ? "" : " " + n.value, n.why);
+  }
+  std::string runs;
+  for (const Candidate& c : plan.cands) runs += fmt::format("{}{}{}", runs.empty() ? "" : ", ", c.name, c.flag.empty() ? "" : " (" + c.flag + ")");
+  err << fmt::format("fix:   re-runs ({}): {}\n", plan.cands.size(), runs);
+  err << fmt::format("fix:   reads: {} (the trace)\n", plan.trace);
+  for (const Input& in : plan.inputs) {
+    err << fmt::format("fix:   reads: {} ({}, {})\n", in.path, in.option,
+                       in.user_named ? "named on the command line" : "recorded, under the trace's folder");
+  }
+  if (plan.from.step > 0) err << fmt::format("fix:   reads: {} (the kept checkpoint)\n", plan.from.path);
+  for (const Candidate& c : plan.cands) err << fmt::format("fix:   writes: {}\n", c.trace);
+  err << fmt::format("fix:   writes: {} (the results)\n", plan.results);
+}
+
+// ---- Running -------------------------------------------------------------------------------------------
+
+struct Outcome {
+  bool ran = false;
+  std::string error;          // a re-run that failed
+  bool applied = true;        // the re-run's recorded config shows the change (a scenario may force it back)
+  bool gone = false;
+  std::string first;          // "step 3, softmax in blocks.0.attn" or "none"
+  double final_loss = NAN;
+  double seconds_per_step = NAN;
+  std::string trace;
+  std::int64_t steps = 0;
+};
+
+// Runs one candidate, writing its trace in `staging` (a folder of this process's own, where no name can
+// have been planted) and moving it beside the original when complete; counts the re-run's anomalies of the
+// original's kind (Diagnosis::cause).
+Outcome measure(const Candidate& cand, const std::string& cause, const PrivateFolder& staging, std::ostream& err) {
+  Outcome o;
+  o.trace = cand.trace;
+  TrainConfig config = cand.config;
+  config.out = (staging.path() / fs::path(cand.trace).filename()).string();
+  const auto t0 = std::chrono::steady_clock::now();
+  TrainResult r;
+  try {
+    r = train(config);
+  } catch (const std::exception& e) {
+    o.error = e.what();
+    err << fmt::format("fix: {}: failed: {}\n", cand.name, o.error);
+    return o;
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  o.ran = true;
+  o.steps = r.steps;
+  o.final_loss = r.final_loss;
+  o.seconds_per_step = r.steps > 0 ? secs / static_cast<double>(r.steps) : NAN;
+  {
+    trace::TraceReader reader(config.out);
+    const TrainConfig ran = read_recorded(reader.run_info().config, config.out).config;
+    if (cand.kind == "enable_scaler") o.applied = ran.use_scaler;
+    if (cand.kind == "zero_grad") o.applied = ran.zero_grad;
+    const analysis::Report rep = analysis::analyse(reader);
+    o.first = "none";
+    o.gone = true;
+    for (const analysis::Diagnosis& d : rep.anomalies) {
+      if (d.cause != cause) continue;
+      o.gone = false;
+      o.first = fmt::format("step {}, {}{}", d.step, d.op.empty() ? d.cause : d.op,
+                            d.module.empty() ? "" : " in " + d.module);
+      break;
     }
-  };
-  from_checkpoint(cands);
-  std::vector<Outcome> outcomes;
-  bool fell_back = false;
+  }
+  publish_output_file(config.out, cand.trace, "the re-run's trace");
+  if (!o.applied) o.gone = false;
+  err << fmt::format("fix: {}: {} steps in {:.1f}s: {}\n", cand.name, r.steps, secs,
+                     !o.applied ? "not applied" : (o.gone ? "anomaly gone" : "anomaly remains"));
+  return o;
+}
+
+// Runs every candidate. From a kept checkpoint: the runs in the recorded precision resume from it (a
+// checkpoint's scaler state belongs to its precision: runs in another precision start at step 0). When the
+// original does not fail again from the checkpoint (what caused it is not in a checkpoint: gradients left
+// from earlier steps, say), every run starts at step 0 after all. Returns whether it fell back so.
+bool run_candidates(FixPlan& plan, std::vector<Outcome>& outcomes, std::ostream& err) {
+  const PrivateFolder staging(plan.folder, fs::path(plan.trace).stem().string() + ".fix");
+  std::vector<Candidate>& cands = plan.cands;
+  for (Candidate& c : cands) {
+    if (plan.from.step <= 0 || c.config.precision != plan.base.precision) continue;
+    c.config.resume = plan.from.path;
+    c.config.steps = plan.base.steps - plan.from.step;
+    c.from_step = plan.from.step;
+  }
   auto from_step_0 = [&](Candidate& c) {
     c.config.resume.clear();
-    c.config.steps = base.steps;
+    c.config.steps = plan.base.steps;
     c.from_step = 0;
   };
+  bool fell_back = false;
+  const std::string& cause = plan.first.cause;
   for (std::size_t i = 0; i < cands.size(); ++i) {
-    outcomes.push_back(measure(cands[i], first.cause, err));
+    outcomes.push_back(measure(cands[i], cause, staging, err));
     if (cands[i].from_step == 0) continue;
     if (i == 0 && outcomes[0].ran && outcomes[0].gone) {
       err << fmt::format("fix: the original did not fail again from checkpoint '{}' (step {}): what caused the "
                          "anomaly is not in a checkpoint; re-running every candidate from step 0\n",
-                         from.path, from.step);
+                         plan.from.path, plan.from.step);
       fell_back = true;
       for (Candidate& c : cands) from_step_0(c);
-      outcomes.back() = measure(cands[0], first.cause, err);
+      outcomes.back() = measure(cands[0], cause, staging, err);
     } else if (i > 0 && !(outcomes[i].ran && outcomes[i].gone)) {
       // A remedy that acts before the checkpoint (a learning rate whose damage was done in earlier steps)
       // cannot work from it: it gets its chance from step 0.
       err << fmt::format("fix: {}: the anomaly remains from the checkpoint at step {}; trying it from step 0\n",
-                         cands[i].name, from.step);
+                         cands[i].name, plan.from.step);
       from_step_0(cands[i]);
       cands[i].retried = true;
-      outcomes.back() = measure(cands[i], first.cause, err);
+      outcomes.back() = measure(cands[i], cause, staging, err);
     }
   }
+  return fell_back;
+}
+
+// ---- Results -------------------------------------------------------------------------------------------
+
+ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& outcomes, bool fell_back) {
+  const analysis::Diagnosis& first = plan.first;
   const Outcome& orig = outcomes[0];
   const Outcome& fp32 = outcomes[1];
-
   ordered_json doc;
-  doc["trace"] = request.trace;
+  doc["trace"] = plan.trace;
   doc["cause"] = first.cause;
   doc["first_anomaly"] = {{"step", first.step}, {"op", first.op}, {"module", first.module}};
-  doc["steps_rerun"] = base.steps;
-  if (from.step > 0) {
-    doc["checkpoint"] = {{"path", from.path}, {"step", from.step}, {"used", !fell_back}};
+  doc["steps_rerun"] = plan.base.steps;
+  if (plan.from.step > 0) {
+    doc["checkpoint"] = {{"path", plan.from.path}, {"step", plan.from.step}, {"used", !fell_back}};
   }
-  doc["reproduced"] = orig.ran && !orig.gone;
+  const bool reproduced = orig.ran && !orig.gone;
+  doc["reproduced"] = reproduced;
   ordered_json list = ordered_json::array();
   int verified = 0;
-  for (std::size_t i = 0; i < cands.size(); ++i) {
-    const Candidate& c = cands[i];
+  for (std::size_t i = 0; i < plan.cands.size(); ++i) {
+    const Candidate& c = plan.cands[i];
     const Outcome& o = outcomes[i];
     const bool is_remedy = i >= 2;
-    const bool ok = is_remedy && o.ran && o.gone && doc["reproduced"].get<bool>();
+    const bool ok = is_remedy && o.ran && o.gone && reproduced;
     verified += ok ? 1 : 0;
     ordered_json e;
     e["name"] = c.name;
@@ -359,55 +634,117 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
   }
   doc["runs"] = list;
   doc["verified"] = verified;
+  // What was replayed, what was not and why, and what was read.
+  doc["replayed"] = ordered_json::parse(run_config_json(plan.base));
+  ordered_json skipped = ordered_json::array();
+  for (const NotReplayed& n : plan.skipped) skipped.push_back({{"option", n.option}, {"value", n.value}, {"why", n.why}});
+  doc["not_replayed"] = skipped;
+  ordered_json reads = ordered_json::array({plan.trace});
+  for (const Input& in : plan.inputs) reads.push_back(in.path);
+  if (plan.from.step > 0) reads.push_back(plan.from.path);
+  doc["reads"] = reads;
+  return doc;
+}
 
-  const std::string results = request.output.empty() ? fix_results_path(request.trace) : request.output;
-  {
-    std::ofstream f(results);
-    f << doc.dump(2) << "\n";
-    if (!f) {
-      err << fmt::format("ampscope fix: error: cannot write the results file '{}'\n", results);
-      return kExitUsage;
-    }
+void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, std::ostream& out) {
+  const analysis::Diagnosis& first = plan.first;
+  out << fmt::format("{}: first anomaly: {} at step {} ({}{}); re-ran steps 0..{}{}\n", plan.trace, first.cause,
+                     first.step, first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module,
+                     plan.base.steps - 1, doc["reproduced"].get<bool>() ? "" : " (the re-run did NOT reproduce it)");
+  if (plan.from.step > 0 && !fell_back) {
+    out << fmt::format("runs in {} resumed from {} (the state before step {}); the others ran from step 0, and a "
+                       "remedy that failed from the checkpoint was tried again from step 0\n",
+                       precision_name(plan.base.precision), plan.from.path, plan.from.step);
+  }
+  out << fmt::format("{:<34} {:<8} {:<36} {:>10} {:>9}\n", "remedy", "gone", "first anomaly after it", "loss/fp32",
+                     "time");
+  for (const auto& e : doc["runs"]) {
+    auto pct = [](const ordered_json& v) {
+      return v.is_null() ? std::string("-") : fmt::format("{:+.1f}%", 100 * v.get<double>());
+    };
+    auto num = [](const ordered_json& v, const char* f) {
+      return v.is_null() ? std::string("-") : fmt::format(fmt::runtime(f), v.get<double>());
+    };
+    out << fmt::format("{:<34} {:<8} {:<36} {:>10} {:>9}\n", e["name"].get<std::string>(),
+                       e["kind"] == "original" ? "-" : (e["anomaly_gone"].get<bool>() ? "yes" : "no"),
+                       e["first_anomaly"].get<std::string>(), pct(e["final_loss_vs_fp32"]),
+                       num(e["step_time_vs_original"], "{:.2f}x"));
+  }
+  for (const NotReplayed& n : plan.skipped) {
+    out << fmt::format("not replayed: {}{}: {}\n", n.option, n.value.empty() ? "" : " " + n.value, n.why);
+  }
+  const int verified = doc["verified"].get<int>();
+  out << fmt::format("{} remed{} verified; results: {}\n", verified, verified == 1 ? "y" : "ies", plan.results);
+}
+
+}  // namespace
+
+std::string fix_results_path(const std::string& trace) { return analysis::fix_results_path(trace); }
+
+std::string fix_trace_path(const std::string& trace, const std::string& remedy_name) {
+  const fs::path p(trace);
+  return (p.parent_path() / (p.stem().string() + ".fix-" + safe_name(remedy_name) + ".h5")).string();
+}
+
+int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
+  if (request.after < 0) {
+    err << fmt::format("ampscope fix: --after {} is not allowed; expected an integer >= 0\n", request.after);
+    return kExitUsage;
+  }
+  auto fail = [&](const std::exception& e) {
+    err << "ampscope fix: error: " << without_hdf5_stack(e.what()) << "\n";
+    return kExitUsage;
+  };
+  std::optional<FixPlan> plan;
+  try {
+    plan = make_plan(request);
+  } catch (const std::exception& e) {
+    return fail(e);
+  }
+  if (!plan) {
+    out << fmt::format("{}: the report finds no anomaly: nothing to fix\n", request.trace);
+    return kExitClean;
+  }
+  print_plan(*plan, err);
+  std::vector<Outcome> outcomes;
+  ordered_json doc;
+  bool fell_back = false;
+  try {
+    fell_back = run_candidates(*plan, outcomes, err);
+    doc = results_document(*plan, outcomes, fell_back);
+    write_output_file(plan->results, doc.dump(2) + "\n", "the results file");
+  } catch (const std::exception& e) {
+    return fail(e);
   }
   if (request.json) {
     out << doc.dump(2) << "\n";
   } else {
-    out << fmt::format("{}: first anomaly: {} at step {} ({}{}); re-ran steps 0..{}{}\n", request.trace, first.cause,
-                       first.step, first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module,
-                       base.steps - 1, doc["reproduced"].get<bool>() ? "" : " (the re-run did NOT reproduce it)");
-    if (from.step > 0 && !fell_back) {
-      out << fmt::format("runs in {} resumed from {} (the state before step {}); the others ran from step 0, and a "
-                         "remedy that failed from the checkpoint was tried again from step 0\n",
-                         precision_name(base.precision), from.path, from.step);
-    }
-    out << fmt::format("{:<34} {:<8} {:<36} {:>10} {:>9}\n", "remedy", "gone", "first anomaly after it",
-                       "loss/fp32", "time");
-    for (const auto& e : list) {
-      auto pct = [](const ordered_json& v) {
-        return v.is_null() ? std::string("-") : fmt::format("{:+.1f}%", 100 * v.get<double>());
-      };
-      auto num = [](const ordered_json& v, const char* f) {
-        return v.is_null() ? std::string("-") : fmt::format(fmt::runtime(f), v.get<double>());
-      };
-      out << fmt::format("{:<34} {:<8} {:<36} {:>10} {:>9}\n", e["name"].get<std::string>(),
-                         e["kind"] == "original" ? "-" : (e["anomaly_gone"].get<bool>() ? "yes" : "no"),
-                         e["first_anomaly"].get<std::string>(), pct(e["final_loss_vs_fp32"]),
-                         num(e["step_time_vs_original"], "{:.2f}x"));
-    }
-    out << fmt::format("{} remed{} verified; results: {}\n", verified, verified == 1 ? "y" : "ies", results);
+    print_table(*plan, doc, fell_back, out);
   }
-  return verified > 0 ? kExitClean : kExitFound;
+  const auto ran = std::find_if(outcomes.begin(), outcomes.end(), [](const Outcome& o) { return o.ran; });
+  if (ran == outcomes.end()) {
+    err << fmt::format("ampscope fix: error: every re-run failed; the first: {}\n", outcomes.front().error);
+    return kExitUsage;
+  }
+  return doc["verified"].get<int>() > 0 ? kExitClean : kExitFound;
 }
 
 FixCommand::FixCommand(CLI::App& app) {
   cmd_ = app.add_subcommand(
       "fix", "Re-run a run `ampscope train` recorded, once per remedy its report proposes (and in fp32), through "
-             "the first anomaly and --after steps more; say which remedies remove the anomaly. Exit 0: at least one "
-             "verified (or nothing to fix), 1: none, 2: errors");
+             "the first anomaly and --after steps more; say which remedies remove the anomaly. The plan (re-runs, "
+             "steps, every file read and written) is printed first. Exit 0: at least one verified (or nothing to "
+             "fix), 1: none, 2: errors (every re-run failed, a recorded value train refuses, an input outside the "
+             "trace's folder, an output name that is a link)");
   cmd_->add_option("trace", request_.trace, "Trace written by `ampscope train`")->required();
   cmd_->add_option("--after", request_.after, "Steps re-run after the first anomaly's step")->capture_default_str();
   cmd_->add_flag("--json", request_.json, "Print the results document (run.fix.json) instead of the table");
   cmd_->add_option("--output", request_.output, "Results file (default: <trace stem>.fix.json beside the trace)");
+  // The trace's own paths are read only from under its folder; these name the inputs from anywhere.
+  cmd_->add_option("--data", request_.data, "The MNIST folder the run read (instead of the one the trace records)");
+  cmd_->add_option("--text", request_.text, "The text file the run read (instead of the one the trace records)");
+  cmd_->add_option("--model", request_.model, "The model folder the run trained (instead of the one the trace records)");
+  cmd_->add_option("--tokens", request_.tokens, "The token file the run read (instead of the one the trace records)");
 }
 
 bool FixCommand::parsed() const { return cmd_->parsed(); }

@@ -1,6 +1,11 @@
 // cli/fix_command.h: `ampscope fix TRACE`: re-runs a run `ampscope train` recorded, once per remedy its
 // report proposes that an option can apply (and once in fp32, the reference), through the first anomaly's
 // step and --after steps more, and says which remedies remove the anomaly (docs/training.md, "fix").
+// The trace is input from elsewhere: every recorded option is replayed (or the table says why not) only
+// after train's own checks; inputs are read only from under the trace's folder unless named here (--data,
+// --text, --model, --tokens); the re-runs stop at the steps the trace holds; every output is created new,
+// never through a link (core/io/output_file.h). The plan (re-runs, steps, every file read and written) is
+// printed before the first re-run starts.
 //
 //   std::ostringstream out, err;
 //   int status = run_fix({.trace = "run.h5", .after = 2}, out, err);  // 0 verified, 1 none, 2 error
@@ -19,12 +24,19 @@ struct FixRequest {
   std::int64_t after = 10;    // steps re-run after the first anomaly's step
   bool json = false;          // print the results document instead of the table
   std::string output{};       // results file; "" for <trace stem>.fix.json beside the trace
+  // The run's inputs named by the user (as given: relative to the working folder), instead of the paths the
+  // trace records (which are read only from under the trace's folder).
+  std::string data{};
+  std::string text{};
+  std::string model{};
+  std::string tokens{};
 };
 
-// Runs the re-runs, writes the results file and each re-run's trace beside the original, prints the table
-// (or the JSON) on `out` and one progress line per re-run on `err`. Returns 0 when at least one remedy is
-// verified, 1 when none is, 2 on errors (a trace `ampscope train` did not write, a missing file) and 0 with
-// "nothing to fix" for a healthy run.
+// Prints the plan on `err`, runs the re-runs, writes the results file and each re-run's trace beside the
+// original, prints the table (or the JSON) on `out` and one progress line per re-run on `err`. Returns 0 when
+// at least one remedy is verified, 1 when none is, 2 on errors (a trace `ampscope train` did not write, a
+// recorded value train refuses, an input outside the trace's folder, an output name that is a link, every
+// re-run failed) and 0 with "nothing to fix" for a healthy run.
 int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err);
 
 // "run.h5" -> "run.fix.json"; "run.h5", "lr-0.0005" -> "run.fix-lr-0.0005.h5".

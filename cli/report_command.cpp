@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/io/output_file.h"
 #include "probes/analysis/fix.h"
 #include "probes/analysis/ranks.h"
 #include "probes/analysis/render.h"
@@ -70,12 +71,11 @@ bool deliver(const std::string& text, const std::string& output, std::ostream& o
     out << text << std::flush;
     return true;
   }
-  std::ofstream file(output, std::ios::binary | std::ios::trunc);
-  if (file) file << text;
-  if (file) file.flush();
-  if (!file) {
-    err << fmt::format("ampscope {}: error: cannot write '{}'\nhint: check that its folder exists and is writable\n",
-                       command, output);
+  // Created new and renamed into place: never written through a link planted under the name.
+  try {
+    write_output_file(output, text);
+  } catch (const Error& e) {
+    err << fmt::format("ampscope {}: error: {}\n", command, e.what());
     return false;
   }
   return true;

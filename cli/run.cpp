@@ -21,6 +21,7 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/io/checkpoint.h"
+#include "core/io/output_file.h"
 #include "core/distributed/data_parallel.h"
 #include "core/error.h"
 #include "core/grad_scaler.h"
@@ -31,6 +32,7 @@
 #include "core/training_step.h"
 #include "core/distributed/zero_optimizer.h"
 #include "cli/recording.h"
+#include "cli/run_options_io.h"
 
 namespace ampscope::samples {
 
@@ -83,58 +85,11 @@ Device resolve_device(const std::string& name) {
   return Device::parse(name);
 }
 
-// The run's configuration as JSON (the trace's root attribute `config`): every option that shapes what the
-// trace holds. Non-finite numbers are written as strings ("nan", "inf"), so the text stays valid JSON.
-std::string run_config_json(const TrainConfig& c) {
-  auto number = [](double v) -> nlohmann::ordered_json {
-    if (std::isfinite(v)) return v;
-    return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
-  };
-  nlohmann::ordered_json j;
-  j["sample"] = c.sample;
-  j["precision"] = std::string(precision_name(c.precision));
-  j["device"] = c.device;
-  j["steps"] = c.steps;
-  j["batch"] = c.batch;
-  j["lr"] = number(c.lr);
-  j["seed"] = c.seed;
-  j["scenario"] = c.scenario;
-  j["init_scale"] = number(c.init_scale);
-  j["growth_interval"] = c.growth_interval;
-  j["use_scaler"] = c.use_scaler;
-  j["probe"] = c.probe;
-  j["sample_every"] = c.sample_every;
-  j["twin"] = c.twin;
-  j["twin_every"] = c.twin_every;
-  j["twin_backward"] = c.twin_backward;
-  j["twin_f64"] = c.twin_f64;
-  j["max_grad_norm"] = number(c.max_grad_norm);
-  j["zero_grad"] = c.zero_grad;
-  j["autocast_fp32"] = c.autocast_fp32;
-  j["data"] = c.data_dir;
-  j["text"] = c.text_file;
-  j["resume"] = c.resume;
-  if (!c.checkpoint.empty()) {
-    j["checkpoint"] = std::filesystem::absolute(c.checkpoint).lexically_normal().string();
-    j["checkpoint_every"] = c.checkpoint_every;
-    j["keep_checkpoints"] = c.keep_checkpoints;
-  }
-  // Model-folder runs (absolute paths: `ampscope fix` re-runs from wherever it is started).
-  if (!c.model_dir.empty()) {
-    j["model"] = std::filesystem::absolute(c.model_dir).lexically_normal().string();
-    j["tokens"] = c.tokens_file.empty() ? "" : std::filesystem::absolute(c.tokens_file).lexically_normal().string();
-    if (!c.text_file.empty()) j["text"] = std::filesystem::absolute(c.text_file).lexically_normal().string();
-    j["context"] = c.context;
-    if (c.fp16_clamp) j["fp16_clamp"] = true;
-  }
-  if (c.eval) j["eval"] = true;
-  // A data-parallel run's rank (rank-local: left out when the ranks compare their configurations).
-  if (c.process_group != nullptr && c.process_group->size() > 1) {
-    j["world_size"] = c.process_group->size();
-    j["rank"] = c.process_group->rank();
-    if (c.shard_optimizer) j["shard_optimizer"] = true;  // ZeRO-1: compared between the ranks like the rest
-  }
-  return j.dump();
+// The run's configuration as JSON (the trace's root attribute `config`): the table's recorded options
+// (cli/run_options_io.h), and this rank's place in a data-parallel run.
+std::string config_json(const TrainConfig& c) {
+  const bool ranks = c.process_group != nullptr && c.process_group->size() > 1;
+  return run_config_json(c, ranks ? c.process_group->size() : 1, ranks ? c.process_group->rank() : 0);
 }
 
 // The fields of the configuration that may differ between the ranks of one run: the device (each rank its
@@ -145,7 +100,7 @@ constexpr const char* kRankLocalFields[] = {"device", "rank"};
 // every rank compares every rank's configuration with rank 0's, and all refuse together, naming the
 // first field that differs and both values.
 void check_same_config(ProcessGroup& group, const TrainConfig& config) {
-  nlohmann::ordered_json mine = nlohmann::ordered_json::parse(run_config_json(config));
+  nlohmann::ordered_json mine = nlohmann::ordered_json::parse(config_json(config));
   for (const char* field : kRankLocalFields) mine.erase(field);
   const std::vector<std::string> all = group.all_gather_bytes(mine.dump());
   const nlohmann::ordered_json first = nlohmann::ordered_json::parse(all.front());
@@ -386,6 +341,9 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
   if (!config.checkpoint.empty()) {
     check_writable_folder("--checkpoint", config.checkpoint,
                           std::filesystem::absolute(config.checkpoint).parent_path());
+    // Saved by rename, which would replace a link there rather than write through it; refused now, before the
+    // run, rather than replaced silently (core/io/output_file.h).
+    refuse_unsafe_output(config.checkpoint, "--checkpoint");
   }
   if (!config.save_model.empty()) {
     const std::filesystem::path folder = std::filesystem::absolute(config.save_model);
@@ -469,7 +427,7 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     if (config.shard_optimizer && opt_) zero_ = std::make_unique<ShardedOptimizer>(*group_, *opt_);
   }
   overrides_ = install_overrides(model, config, identity_, warnings_);
-  recording_ = std::make_unique<Recording>(config, run_config_json(config), device_, identity_);
+  recording_ = std::make_unique<Recording>(config, config_json(config), device_, identity_);
 }
 
 probe::StepSummary TrainingRun::step(std::int64_t n) {
@@ -532,7 +490,8 @@ void TrainingRun::save_checkpoint(std::int64_t next_step, bool periodic) {
   if (zero_) zero_->release_state();  // ZeRO-1: back to rank 0's own shard
   if (periodic && config_.keep_checkpoints) {
     const std::string kept = kept_checkpoint_path(config_.checkpoint, next_step);
-    std::filesystem::copy_file(config_.checkpoint, kept, std::filesystem::copy_options::overwrite_existing);
+    // A new file renamed into place: never written through a link planted under the kept name.
+    copy_to_output_file(config_.checkpoint, kept, "the kept checkpoint");
   }
   if (group_ != nullptr) group_->barrier();
 }

@@ -4,18 +4,20 @@
 //   CLI::App app;  TrainCommand train(app);  CLI11_PARSE(app, argc, argv);  if (train.parsed()) return train.run();
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/run.h"
+#include "samples/run_options.h"
 
 namespace ampscope::samples {
 
-// The largest --batch accepted (a batch beyond it would not fit in memory for any sample).
-inline constexpr std::int64_t kMaxBatch = 65536;
+class RunOptionsCli;
 
-// Checks every value of a resolved configuration; throws Error with one line naming the option, the
+// Checks every value of a resolved configuration (each on its own by the table's checks, then what must fit
+// together); throws Error with one line naming the option, the
 // value and what is allowed. Files named by --config, --data, --text and --resume must exist as the
 // right kind (folder or readable regular file); --data and --text only with the sample that reads them.
 void validate_config(const TrainConfig& config);
@@ -23,6 +25,7 @@ void validate_config(const TrainConfig& config);
 class TrainCommand {
  public:
   explicit TrainCommand(CLI::App& app);
+  ~TrainCommand();
   bool parsed() const;
   int run();  // throws ampscope::Error on bad values and files
   // The configuration the parsed options and the --config file give (options win); `compare` is set
@@ -34,11 +37,8 @@ class TrainCommand {
   int run_plan(const TrainConfig& config, bool compare, bool leader);
 
   CLI::App* cmd_ = nullptr;
-  TrainConfig config_;
-  std::string precision_ = "fp16";
+  std::unique_ptr<RunOptionsCli> options_;  // the run's options (samples/run_options.h)
   std::string config_file_;
-  bool no_scaler_ = false;
-  bool twin_forward_only_ = false;
   bool compare_ = false;
   bool list_samples_ = false;
   bool list_scenarios_ = false;

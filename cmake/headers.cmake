@@ -14,6 +14,7 @@
 # staging script (which sees edits made since).
 
 set(AMPSCOPE_INTERNAL_HEADERS
+    core/io/output_file.h    # safe creation of the command line's output files (cli/)
     core/io/hdf5_support.h   # HDF5 helpers for checkpoint.cpp and the trace writer/reader (includes hdf5.h)
     probes/trace/codec.h  # the trace's chunk compression
     probes/trace/hdf5_io.h   # the trace's HDF5 wrappers

@@ -9,6 +9,11 @@
 #include <nlohmann/json.hpp>
 
 namespace ampscope::analysis {
+namespace {
+
+constexpr std::uintmax_t kMaxResultsBytes = std::uintmax_t{16} << 20;
+
+}  // namespace
 
 std::string fix_results_path(const std::string& trace) {
   const std::filesystem::path p(trace);
@@ -18,8 +23,16 @@ std::string fix_results_path(const std::string& trace) {
 std::string mark_verified(Report& report, const std::string& trace) {
   const std::string path = fix_results_path(trace);
   std::error_code ec;
+  // Examined before it is opened: a FIFO or a device planted under the name is never opened (it could block
+  // or never end).
   if (!std::filesystem::is_regular_file(path, ec)) return "";
   auto ignored = [&](const std::string& why) { return fmt::format("NOTE: ignoring '{}': {}", path, why); };
+  // `ampscope fix` writes a few kilobytes; a file far larger is not one of its results.
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec || size > kMaxResultsBytes) {
+    return ignored(fmt::format("it is larger than {} MiB, far more than `ampscope fix` writes; run `ampscope fix` again",
+                               kMaxResultsBytes >> 20));
+  }
   std::ifstream f(path, std::ios::binary);
   std::stringstream text;
   text << f.rdbuf();

@@ -19,6 +19,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -65,6 +66,15 @@ FixRun fix(const fs::path& trace, std::int64_t after) {
   return r;
 }
 
+// The lines "fix: NAME: N steps in Ts: ..." (the plan's lines are "fix: plan ..." and "fix:   ...").
+std::size_t progress_lines(const std::string& err) {
+  static const std::regex progress(R"(^fix: [^ ]+: \d+ steps in [0-9.]+s: )");
+  std::size_t n = 0;
+  std::istringstream lines(err);
+  for (std::string line; std::getline(lines, line);) n += std::regex_search(line, progress) ? 1 : 0;
+  return n;
+}
+
 bool verified(const FixRun& r, const std::string& kind, const std::string& flag_part = "") {
   for (const auto& e : r.doc["runs"])
     if (e["kind"] == kind && e["verified"].get<bool>() && e["flag"].get<std::string>().find(flag_part) != std::string::npos)
@@ -101,8 +111,9 @@ TEST(fix_test, verifies_the_remedy_whose_mechanism_removes_each_scenarios_failur
       last = e.scenario;
       ASSERT_EQ(r.status, samples::kExitClean) << e.scenario << "\n" << r.err << r.out;
       EXPECT_TRUE(r.doc["reproduced"].get<bool>()) << e.scenario;
-      // One progress line per re-run on stderr: the original, fp32 and each remedy.
-      EXPECT_EQ(static_cast<std::size_t>(std::count(r.err.begin(), r.err.end(), '\n')), r.doc["runs"].size()) << r.err;
+      // The plan first, then one progress line per re-run on stderr: the original, fp32 and each remedy.
+      EXPECT_EQ(r.err.rfind("fix: plan for ", 0), 0u) << r.err;
+      EXPECT_EQ(progress_lines(r.err), r.doc["runs"].size()) << r.err;
       // The fp32 reference never has the f16 failure.
       EXPECT_TRUE(r.doc["runs"][1]["anomaly_gone"].get<bool>()) << e.scenario;
       for (const auto& run : r.doc["runs"]) EXPECT_TRUE(fs::exists(run["trace"].get<std::string>())) << run["trace"];
