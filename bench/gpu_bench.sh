@@ -69,7 +69,7 @@ case "${1:-}" in
     run_ms() {  # run_ms LABEL ARGS... -> prints wall milliseconds of one run
       local t0 t1
       t0=$(date +%s%N)
-      "$ampscope" train "$@" > "$out/train-$1.log" 2>&1 || { echo "train failed: $*" >&2; return 1; }
+      "$ampscope" train --overwrite "$@" > "$out/train-$1.log" 2>&1 || { echo "train failed: $*" >&2; return 1; }
       t1=$(date +%s%N)
       echo $(( (t1 - t0) / 1000000 ))
     }

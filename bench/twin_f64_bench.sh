@@ -32,7 +32,7 @@ for sample in mlp cnn transformer; do
           twin) extra=(--twin) ;;
           f64) extra=(--twin-f64) ;;
         esac
-        "$ampscope" train --sample "$sample" --precision "$precision" --device cpu --steps "$steps" --probe health \
+        "$ampscope" train --overwrite --sample "$sample" --precision "$precision" --device cpu --steps "$steps" --probe health \
           --out "$work/$mode.h5" "${extra[@]}" >/dev/null
         ms=$(step_ms "$work/$mode.h5")
         case $mode in

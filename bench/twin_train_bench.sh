@@ -35,7 +35,7 @@ for sample in mlp cnn transformer; do
         forward) extra=(--twin-forward-only) ;;
         every) extra=(--twin-every 5) ;;
       esac
-      "$ampscope" train --sample "$sample" --precision fp16 --device cpu --steps "$steps" --probe health \
+      "$ampscope" train --overwrite --sample "$sample" --precision fp16 --device cpu --steps "$steps" --probe health \
         --out "$work/$mode.h5" "${extra[@]}" >/dev/null
       ms=$(step_ms "$work/$mode.h5")
       case $mode in

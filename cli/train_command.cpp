@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -19,6 +20,7 @@
 #include "core/io/hdf5_support.h"
 #include "probes/analysis/analysis.h"
 #include "probes/analysis/diff.h"
+#include "probes/analysis/fix.h"
 #include "probes/analysis/render.h"
 #include "probes/trace/reader.h"
 #include "cli/report_command.h"
@@ -104,6 +106,50 @@ void print_comparison(const TrainConfig& low, const TrainResult& fp32_run, const
              fp32_run.trace, low_run.trace);
 }
 
+// The trace this process will write for `c` (a rank of a data-parallel run writes its own, run.rankN.h5).
+std::string trace_path_of(const TrainConfig& c) {
+  if (c.process_group != nullptr && c.process_group->size() > 1) return rank_trace_path(c.out, c.process_group->rank());
+  return c.out;
+}
+
+// What `ampscope fix` left beside a trace: its results file and its re-runs' traces (<stem>.fix-NAME.h5).
+std::vector<std::filesystem::path> fix_sidecars(const std::filesystem::path& trace) {
+  std::vector<std::filesystem::path> found;
+  std::error_code ec;
+  const std::filesystem::path results = analysis::fix_results_path(trace.string());
+  if (std::filesystem::symlink_status(results, ec).type() != std::filesystem::file_type::not_found && !ec)
+    found.push_back(results);
+  const std::filesystem::path folder = trace.parent_path().empty() ? "." : trace.parent_path();
+  const std::string prefix = trace.stem().string() + ".fix-";
+  for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with(prefix) && name.ends_with(".h5")) found.push_back(it->path());
+  }
+  return found;
+}
+
+// An existing trace under --out is another run's record: refused unless --overwrite, which removes it and
+// the results files `ampscope fix` wrote for it (they describe the old run). Links are removed, never followed.
+void prepare_outputs(const std::vector<TrainConfig>& plan, bool overwrite) {
+  for (const TrainConfig& c : plan) {
+    if (c.out.empty()) continue;
+    const std::filesystem::path trace = trace_path_of(c);
+    std::error_code ec;
+    const auto type = std::filesystem::symlink_status(trace, ec).type();
+    if (type == std::filesystem::file_type::not_found) continue;
+    if (!overwrite) {
+      throw Error(fmt::format("--out: '{}' exists (the trace of an earlier run); refusing to overwrite it\n"
+                              "hint: give another --out, or --overwrite to replace it and the results files "
+                              "`ampscope fix` wrote beside it",
+                              trace.string()));
+    }
+    if (type == std::filesystem::file_type::directory)
+      throw Error(fmt::format("--out: '{}' is a folder; --overwrite replaces trace files only", trace.string()));
+    for (const std::filesystem::path& p : fix_sidecars(trace)) std::filesystem::remove(p);
+    std::filesystem::remove(trace);
+  }
+}
+
 }  // namespace
 
 TrainCommand::TrainCommand(CLI::App& app) {
@@ -114,6 +160,9 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--config", config_file_, "TOML file with the same settings (keys as the option names: "
                                              "init-scale = 1024.0; paths relative to the file's folder); "
                                              "command-line options win");
+  cmd_->add_flag("--overwrite", overwrite_,
+                 "Replace a trace that --out names if it exists, with the old run's results files beside it "
+                 "(<stem>.fix.json, <stem>.fix-*.h5); without it an existing trace is refused");
   cmd_->add_flag("--list-samples", list_samples_, "List the sample models and exit");
   cmd_->add_flag("--list-scenarios", list_scenarios_, "List the failure scenarios and exit");
 }
@@ -322,6 +371,7 @@ int TrainCommand::run_plan(const TrainConfig& config, bool compare, bool leader)
   } else {
     plan = {config};
   }
+  prepare_outputs(plan, overwrite_);
   bool interrupted = false;
   for (const TrainConfig& c : plan) {
     std::string sample = c.scenario.empty() ? c.sample : find_scenario(c.scenario).sample;

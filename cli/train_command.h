@@ -40,6 +40,7 @@ class TrainCommand {
   std::unique_ptr<RunOptionsCli> options_;  // the run's options (samples/run_options.h)
   std::string config_file_;
   bool compare_ = false;
+  bool overwrite_ = false;  // --overwrite: replace existing traces (and their results files)
   bool list_samples_ = false;
   bool list_scenarios_ = false;
 };

@@ -116,14 +116,20 @@ TEST(run_options_table_test, every_field_of_train_config_has_a_row_or_is_one_of_
   std::set<std::string> names, keys;
   for (const RunOption& row : run_options()) {
     EXPECT_TRUE(names.insert(std::string(row.name)).second) << row.name;
-    if (!row.json_key.empty()) EXPECT_TRUE(keys.insert(std::string(row.json_key)).second) << row.json_key;
-    if (!row.implies.empty()) EXPECT_NE(find_run_option(row.implies), nullptr) << row.implies;
+    if (!row.json_key.empty()) {
+      EXPECT_TRUE(keys.insert(std::string(row.json_key)).second) << row.json_key;
+    }
+    if (!row.implies.empty()) {
+      EXPECT_NE(find_run_option(row.implies), nullptr) << row.implies;
+    }
     // Setting this row's field changes no other row's value: no two rows share a field.
     TrainConfig c;
     row.set(c, other_value(row));
     EXPECT_NE(row.get(c), row.get(TrainConfig{})) << row.name;
     for (const RunOption& other : run_options()) {
-      if (&other != &row) EXPECT_EQ(other.get(c), other.get(TrainConfig{})) << row.name << " also sets " << other.name;
+      if (&other != &row) {
+        EXPECT_EQ(other.get(c), other.get(TrainConfig{})) << row.name << " also sets " << other.name;
+      }
     }
   }
 }

@@ -281,3 +281,61 @@ TEST(train_command_test, twin_every_implies_twin_on_the_command_line_and_in_a_co
 
 }  // namespace
 }  // namespace ampscope::samples
+
+namespace ampscope::samples {
+namespace {
+
+std::string file_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// `--out` names an existing trace: another run's record, refused before anything runs (issue 31: it was
+// overwritten without a word, and the old run's run.fix.json stayed beside the new trace).
+TEST(train_command_test, refuses_an_existing_trace_under_out_unless_told_to_overwrite_it) {
+  namespace fs = std::filesystem;
+  const fs::path dir = ampscope::testing::process_scratch_dir("ampscope_overwrite");
+  const fs::path trace = dir / "run.h5";
+  ASSERT_EQ(run_train({"--sample", "mlp", "--steps", "1", "--device", "cpu", "--out", trace.string()}), 0);
+  const auto first_size = fs::file_size(trace);
+  // What `ampscope fix` leaves beside a trace, and an unrelated file with a similar name.
+  std::ofstream(dir / "run.fix.json") << "{\"old\": true}";
+  std::ofstream(dir / "run.fix-bf16.h5") << "old re-run";
+  std::ofstream(dir / "run.fixed-notes.txt") << "mine";
+  EXPECT_THROW_MSG(run_train({"--sample", "mlp", "--steps", "2", "--device", "cpu", "--out", trace.string()}), Error,
+                   "--out: '" + trace.string() + "' exists (the trace of an earlier run); refusing to overwrite it",
+                   "hint: give another --out, or --overwrite");
+  EXPECT_EQ(fs::file_size(trace), first_size);  // untouched
+  EXPECT_TRUE(fs::exists(dir / "run.fix.json"));
+
+  ASSERT_EQ(run_train({"--sample", "mlp", "--steps", "2", "--device", "cpu", "--out", trace.string(), "--overwrite"}), 0);
+  EXPECT_TRUE(fs::exists(trace));
+  EXPECT_FALSE(fs::exists(dir / "run.fix.json")) << "the old run's results file describes another run";
+  EXPECT_FALSE(fs::exists(dir / "run.fix-bf16.h5"));
+  EXPECT_EQ(file_text(dir / "run.fixed-notes.txt"), "mine");  // not a results file of fix: kept
+
+  // --compare checks both traces it will write.
+  ASSERT_EQ(run_train({"--sample", "mlp", "--steps", "1", "--device", "cpu", "--compare", "--out",
+                       (dir / "pair.h5").string()}), 0);
+  EXPECT_THROW_MSG(run_train({"--sample", "mlp", "--steps", "1", "--device", "cpu", "--compare", "--out",
+                              (dir / "pair.h5").string()}),
+                   Error, "pair-fp32.h5' exists");
+}
+
+// --overwrite removes a link planted under the trace's name; the file it points to is never written.
+TEST(train_command_test, overwrite_removes_a_link_under_out_and_leaves_its_target_alone) {
+  namespace fs = std::filesystem;
+  const fs::path dir = ampscope::testing::process_scratch_dir("ampscope_overwrite_link");
+  const fs::path target = dir / "precious.txt";
+  std::ofstream(target) << "do not touch";
+  const fs::path trace = dir / "linked.h5";
+  fs::create_symlink(target, trace);
+  EXPECT_THROW_MSG(run_train({"--sample", "mlp", "--steps", "1", "--device", "cpu", "--out", trace.string()}), Error,
+                   "exists (the trace of an earlier run)");
+  ASSERT_EQ(run_train({"--sample", "mlp", "--steps", "1", "--device", "cpu", "--out", trace.string(), "--overwrite"}), 0);
+  EXPECT_FALSE(fs::is_symlink(trace));
+  EXPECT_EQ(file_text(target), "do not touch");
+}
+
+}  // namespace
+}  // namespace ampscope::samples
