@@ -13,6 +13,7 @@
 #include "cli/export_command.h"
 #include "cli/fix_command.h"
 #include "cli/record_command.h"
+#include "cli/program.h"
 #include "cli/report_command.h"
 #include "cli/suggest.h"
 #include "cli/train_command.h"
@@ -48,9 +49,64 @@ int check_command(CLI::App& app, int argc, char** argv) {
   return ampscope::samples::kExitUsage;
 }
 
+// CLI11's parse errors in ampscope's voice: the `ampscope: error:` prefix every other error has, the
+// command named, "did you mean" for a mistyped option, and a hint. `command` is the subcommand typed (may be
+// null when none parsed).
+std::string explain_parse_error(const CLI::ParseError& e, const CLI::App* command, int argc, char** argv) {
+  const std::string name = command ? "ampscope " + command->get_name() : std::string("ampscope");
+  const std::string help = fmt::format("hint: {} --help lists its options", name);
+  const std::string what = e.what();
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr && command != nullptr) {
+    // Which typed words are unknown options, and the known option each is closest to.
+    std::vector<std::string> known;
+    for (const CLI::Option* o : command->get_options()) {
+      for (const std::string& l : o->get_lnames()) known.push_back("--" + l);
+      for (const std::string& sn : o->get_snames()) known.push_back("-" + sn);
+    }
+    for (int i = 1; i < argc; ++i) {
+      std::string word = argv[i];
+      if (!word.starts_with("-") || word == "-" || word == "--") continue;
+      if (const auto eq = word.find('='); eq != std::string::npos) word.resize(eq);
+      if (std::find(known.begin(), known.end(), word) != known.end()) continue;
+      const std::string near = ampscope::samples::closest_name(word, known);
+      return fmt::format("{}: unknown option '{}'{}\n{}", name, word,
+                         near.empty() ? "" : fmt::format("; did you mean '{}'?", near), help);
+    }
+    return fmt::format("{}: {}\n{}", name, what, help);
+  }
+  if (dynamic_cast<const CLI::ConversionError*>(&e) != nullptr) {
+    // "Could not convert: --steps = 1.5"
+    const std::string prefix = "Could not convert: ";
+    if (what.starts_with(prefix)) {
+      const std::string rest = what.substr(prefix.size());
+      if (const auto eq = rest.find(" = "); eq != std::string::npos) {
+        const std::string option = rest.substr(0, eq), value = rest.substr(eq + 3);
+        const CLI::Option* o = command ? command->get_option_no_throw(option) : nullptr;
+        const std::string type = o ? o->get_type_name() : "";
+        const std::string expected = type == "INT" || type == "UINT" ? "a whole number"
+                                     : type == "FLOAT"              ? "a number"
+                                                                    : "a value of " + (type.empty() ? "its type" : type);
+        return fmt::format("{}: {}: '{}' is not {}\n{}", name, option, value, expected, help);
+      }
+    }
+  }
+  if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && command != nullptr) {
+    if (command->get_name() == "diff")
+      return fmt::format("{}: needs two traces, a and b: ampscope diff A.h5 B.h5 (the first is the reference)\n{}",
+                         name, help);
+    // "trace is required": a positional argument.
+    if (what.ends_with(" is required")) {
+      const std::string arg = what.substr(0, what.size() - std::string(" is required").size());
+      return fmt::format("{}: the {} argument is missing\n{}", name, arg, help);
+    }
+  }
+  return fmt::format("{}: {}\n{}", name, what, help);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 0) ampscope::samples::set_program_path(argv[0]);
   CLI::App app{"ampscope: find out why mixed-precision (FP16/BF16) training goes wrong"};
   app.require_subcommand(1);
   bool verbose = false;
@@ -76,10 +132,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int status = app.exit(e);  // prints the message (or the help, status 0)
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help and the like: printed, status 0
+    const CLI::App* command = nullptr;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+      if (sub->parsed()) command = sub;
+    fmt::print(stderr, "ampscope: error: {}\n", explain_parse_error(e, command, argc, argv));
     // Every command exits 2 on a usage error (docs/training.md), so a CI job can tell it from "anomalies
     // found" (1); CLI11's own parse-error statuses are 100 and up.
-    return status == 0 ? 0 : ampscope::samples::kExitUsage;
+    return ampscope::samples::kExitUsage;
   }
   try {
     if (demo_cmd->parsed()) return ampscope::run_demo(demo);

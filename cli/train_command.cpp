@@ -24,6 +24,7 @@
 #include "probes/analysis/render.h"
 #include "probes/trace/reader.h"
 #include "cli/report_command.h"
+#include "cli/program.h"
 #include "cli/run_options_io.h"
 
 namespace ampscope::samples {
@@ -49,6 +50,19 @@ std::string format_duration(double seconds) {
 }
 
 // Progress: rewritten in place on a terminal, a plain line now and then otherwise.
+// How the user ran this program, for commands the summary suggests: "ampscope" when it was found on PATH,
+// else the path it was run by ("build/bin/ampscope"), so the suggestion can be pasted as it is.
+std::string program() {
+  const std::string& invoked = program_path();
+  return invoked.find('/') == std::string::npos ? "ampscope" : invoked;
+}
+
+std::string steps_text(std::int64_t n) { return fmt::format("{} step{}", n, n == 1 ? "" : "s"); }
+
+// The progress of a run. Steps are counted from 0 as report and diff count them ("step 4, 5/50 done"); the
+// scale shown is the one the step used (the summary's is the scale after the last update). On a terminal the
+// line is rewritten in place; elsewhere (a log, mpirun) about 20 lines a run, the first skipped step, and at
+// most one line a second besides: a run whose every step is skipped no longer writes one line a step.
 class Progress {
  public:
   Progress(std::string label, bool terminal) : label_(std::move(label)), terminal_(terminal) {}
@@ -58,17 +72,22 @@ class Progress {
     if (first_ < 0) first_ = r.step;  // a resumed run starts counting at its first step
     const double rate = r.seconds > 0 ? static_cast<double>(done - first_) / r.seconds : 0;
     const double left = rate > 0 ? static_cast<double>(r.total - done) / rate : -1;
-    const std::string line = fmt::format("{} step {}/{}  loss {:.4g}  scale {:g}  skipped {}  NaN/Inf origins {}  {:.1f} steps/s  "
-                                         "{} left",
-                                         label_, done, r.total, r.loss, r.scale, r.skipped_so_far, r.anomalies_so_far,
-                                         rate, format_duration(left));
+    const std::string line = fmt::format("{} step {} ({}/{} done)  loss {:.4g}  scale used {:g}  skipped {}  NaN/Inf "
+                                         "origins {}  {:.1f} steps/s  {} left",
+                                         label_, r.step, done, r.total, r.loss, r.scale, r.skipped_so_far,
+                                         r.anomalies_so_far, rate, format_duration(left));
     if (terminal_) {
       fmt::print("\r{:<110}", line);
       if (done == r.total) fmt::print("\n");
       std::fflush(stdout);
-    } else {
-      const std::int64_t every = std::max<std::int64_t>(1, r.total / 20);
-      if (done % every == 0 || done == r.total || r.skipped) fmt::print("{}\n", line);
+      return;
+    }
+    const std::int64_t every = std::max<std::int64_t>(1, r.total / 20);
+    const bool first_skip = r.skipped && r.skipped_so_far == 1;
+    const bool scheduled = done % every == 0 && r.seconds - last_printed_ >= 1.0;
+    if (first_skip || scheduled || done == r.total) {
+      fmt::print("{}\n", line);
+      last_printed_ = r.seconds;
     }
   }
 
@@ -76,12 +95,15 @@ class Progress {
   std::string label_;
   bool terminal_;
   std::int64_t first_ = -1;
+  double last_printed_ = -1e9;
 };
 
 void print_summary(const std::string& label, const TrainConfig& c, const TrainResult& r) {
-  fmt::print("{}: {} steps of '{}' in {}{}{}: {} skipped, {} NaN/Inf origins, final loss {:.4g}, final scale {:g}{}\n", label,
-             r.steps, r.sample, precision_name(c.precision), r.scenario.empty() ? "" : " with scenario ", r.scenario,
-             r.skipped, r.anomalies, r.final_loss, r.final_scale, r.interrupted ? " (interrupted by Ctrl-C)" : "");
+  fmt::print("{}: {} of '{}' in {}{}{}: {} skipped, {} NaN/Inf origins, final loss {:.4g}, scale after the last step "
+             "{:g}{}\n",
+             label, steps_text(r.steps), r.sample, precision_name(c.precision), r.scenario.empty() ? "" : " with scenario ",
+             r.scenario, r.skipped, r.anomalies, r.final_loss, r.final_scale,
+             r.interrupted ? " (interrupted by Ctrl-C)" : "");
   if (!r.trace.empty()) fmt::print("  trace: {}\n", r.trace);
 }
 
@@ -102,7 +124,8 @@ void print_comparison(const TrainConfig& low, const TrainResult& fp32_run, const
   }
   trace::TraceReader reader(low_run.trace);
   fmt::print("\n{} run:\n{}", name, analysis::render_text(analysis::analyse(reader), style));
-  fmt::print("\nthe whole story: ampscope report {}\n                 ampscope diff {} {}\n", low_run.trace,
+  const std::string self = program();
+  fmt::print("\nthe whole story: {} report {}\n                 {} diff {} {}\n", self, low_run.trace, self,
              fp32_run.trace, low_run.trace);
 }
 

@@ -160,7 +160,13 @@ struct TraceReader::State {
 
   void open() {
     std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) io.fail("no such file", "check the path");
+    if (!std::filesystem::exists(path, ec)) {
+      // "demo-fp16" for demo-fp16.h5 is the usual slip: name the file that is there.
+      std::filesystem::path with_h5 = path;
+      with_h5 += ".h5";
+      io.fail("no such file", std::filesystem::exists(with_h5, ec) ? fmt::format("did you mean '{}'?", with_h5.string())
+                                                                     : std::string("check the path"));
+    }
     if (std::filesystem::is_directory(path, ec)) io.fail("it is a folder, not a trace file");
     // Only regular files this user may read (core/io/hdf5_support.h, shared with checkpoints): HDF5 would block
     // for ever on a FIFO and call an unreadable file "not an HDF5 file".

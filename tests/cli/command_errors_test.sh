@@ -28,6 +28,38 @@ expect "repot run.h5" 2 "ampscope: error: unknown command 'repot'; the commands 
 hint: did you mean 'ampscope report'?"
 expect "--verbose tarin" 2 "ampscope: error: unknown command 'tarin'; the commands are $commands
 hint: did you mean 'ampscope train'?"
+# CLI11's parse errors in ampscope's voice: the prefix, the command, "did you mean", what the value should be.
+expect "train --step 10" 2 "ampscope: error: ampscope train: unknown option '--step'; did you mean '--steps'?
+hint: ampscope train --help lists its options"
+expect "report --jsn run.h5" 2 "ampscope: error: ampscope report: unknown option '--jsn'; did you mean '--json'?
+hint: ampscope report --help lists its options"
+expect "train --steps 1.5" 2 "ampscope: error: ampscope train: --steps: '1.5' is not a whole number
+hint: ampscope train --help lists its options"
+expect "train --lr abc" 2 "ampscope: error: ampscope train: --lr: 'abc' is not a number
+hint: ampscope train --help lists its options"
+expect "diff a.h5" 2 "ampscope: error: ampscope diff: needs two traces, a and b: ampscope diff A.h5 B.h5 (the first is the reference)
+hint: ampscope diff --help lists its options"
+expect "report" 2 "ampscope: error: ampscope report: the trace argument is missing
+hint: ampscope report --help lists its options"
+# A trace named without its .h5: the file that is there is named.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+touch "$work/demo-fp16.h5"
+expect "report $work/demo-fp16" 2 "ampscope report: error: cannot read trace '$work/demo-fp16': no such file
+hint: did you mean '$work/demo-fp16.h5'?"
+# Progress without a terminal (a log, mpirun): about 20 lines a run and the first skipped step, not one line a
+# step although every step is skipped; steps counted from 0 as report and diff count them; "1 step".
+"$bin" train --sample transformer --scenario attention-overflow --steps 60 --device cpu >"$work/log" 2>&1 || true
+lines=$(grep -c ' step [0-9]* ([0-9]*/60 done)' "$work/log")
+if [ "$lines" -gt 22 ] || [ "$lines" -lt 2 ]; then
+  echo "FAIL: $lines progress lines for 60 skipped steps (expected 2 to 22)"; failures=$((failures + 1))
+else
+  echo "ok: $lines progress lines for 60 steps"
+fi
+grep -q 'step 59 (60/60 done)' "$work/log" || { echo "FAIL: no last progress line 'step 59 (60/60 done)'"; failures=$((failures + 1)); }
+grep -q 'step 0 (1/60 done)' "$work/log" || { echo "FAIL: the first skipped step (step 0) is not shown"; failures=$((failures + 1)); }
+"$bin" train --sample mlp --steps 1 --device cpu >"$work/one" 2>&1
+grep -q "summary: 1 step of 'mlp'" "$work/one" || { echo "FAIL: the summary of one step:"; cat "$work/one"; failures=$((failures + 1)); }
 # A known command still parses as before.
 "$bin" report --help >/dev/null 2>&1 || { echo "FAIL: ampscope report --help exited $?"; failures=$((failures + 1)); }
 [ "$failures" -eq 0 ] && echo "command_errors: all passed"

@@ -49,7 +49,7 @@ expect ok $? "ampscope train: warning: --resume: 'ck.h5' was written by a run of
 expect ok $? "ampscope train: warning: --resume: 'ck.h5' was written by a run of 2 rank(s) and resumed on 1:"
 
 mpi 2 "$ampscope" "${common[@]}" --batch 8 --steps 1 --checkpoint ck8.h5 --ddp --shard-optimizer >log 2>&1
-expect ok $? "summary: 1 steps of 'mlp'"
+expect ok $? "summary: 1 step of 'mlp'"
 mpi 3 "$ampscope" "${common[@]}" --batch 8 --steps 1 --resume ck8.h5 --ddp --shard-optimizer >log 2>&1
 expect fail $? "--resume: 'ck8.h5' was written by a run of 2 rank(s); resuming it on 3 ranks needs a global --batch that splits evenly over 3, and --batch 8 does not"
 grep -qF "hint: resume on a number of ranks that divides 8 (mpirun -np N with N one of 1, 2, 4, 8), for instance on the checkpoint's 2" log ||
