@@ -281,7 +281,7 @@ std::string safe_name(const std::string& s) {
 }
 
 struct Candidate {
-  std::string name;   // file-safe: "fp32", "bf16", "autocast-fp32-blocks.0.attn", "lr-0.0005"
+  std::string name;   // as the table shows it: "fp32", "bf16", "autocast-fp32-blocks.*.attn", "lr-0.0005"
   std::string kind;   // remedy kind, or "fp32" for the reference
   std::string flag;   // the option that applies it, as `ampscope train` spells it
   std::string text;
@@ -331,9 +331,12 @@ bool apply(const analysis::Remedy& m, TrainConfig& c, std::string& flag) {
 std::vector<Candidate> candidates_of(const TrainConfig& base, const analysis::Report& report, const std::string& trace) {
   std::vector<Candidate> cands;
   std::set<std::string> seen;
+  std::set<std::string> files;
   auto add = [&](Candidate c) {
     if (!seen.insert(c.name).second) return;
+    // The trace's file name is the name made file-safe ('*' -> '_'); two names that become one file get a number.
     c.trace = fix_trace_path(trace, c.name);
+    for (int n = 2; !files.insert(c.trace).second; ++n) c.trace = fix_trace_path(trace, fmt::format("{}-{}", c.name, n));
     cands.push_back(std::move(c));
   };
   add({"original", "original", "", "the run as recorded (the baseline: step time, the anomaly again)", base});
@@ -349,7 +352,6 @@ std::vector<Candidate> candidates_of(const TrainConfig& base, const analysis::Re
                : m.kind == "learning_rate" ? fmt::format("lr-{}", m.value)
                : m.kind == "init_scale" ? fmt::format("init-scale-{}", m.value)
                                           : m.kind;
-      c.name = safe_name(c.name);
       add(std::move(c));
     }
   }
@@ -739,7 +741,7 @@ FixCommand::FixCommand(CLI::App& app) {
   cmd_->add_option("trace", request_.trace, "Trace written by `ampscope train`")->required();
   cmd_->add_option("--after", request_.after, "Steps re-run after the first anomaly's step")->capture_default_str();
   cmd_->add_flag("--json", request_.json, "Print the results document (run.fix.json) instead of the table");
-  cmd_->add_option("--output", request_.output, "Results file (default: <trace stem>.fix.json beside the trace)");
+  cmd_->add_option("--output,-o", request_.output, "Results file (default: <trace stem>.fix.json beside the trace)");
   // The trace's own paths are read only from under its folder; these name the inputs from anywhere.
   cmd_->add_option("--data", request_.data, "The MNIST folder the run read (instead of the one the trace records)");
   cmd_->add_option("--text", request_.text, "The text file the run read (instead of the one the trace records)");

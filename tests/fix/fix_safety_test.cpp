@@ -224,7 +224,9 @@ TEST(fix_safety_test, a_twin_run_is_re_run_with_the_twin_and_every_recorded_opti
     }
     EXPECT_EQ(again.config.steps, 2);  // through step 0 and --after 1
     // The twin ran: rows in /precision wherever an op ran in f16 (the fp32 reference has none to twin).
-    if (run["kind"] != "fp32") EXPECT_GT(reader.row_counts().precision, 0) << "the twin was not replayed";
+    if (run["kind"] != "fp32") {
+      EXPECT_GT(reader.row_counts().precision, 0) << "the twin was not replayed";
+    }
   }
 }
 

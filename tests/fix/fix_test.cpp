@@ -147,6 +147,25 @@ TEST(fix_test, the_verified_remedy_applied_by_hand_in_a_plain_train_removes_the_
   for (const analysis::Diagnosis& d : rep.anomalies) EXPECT_NE(d.cause, "f16_overflow") << d.op << " " << d.module;
 }
 
+// A glob remedy keeps its pattern in the table and the results (issue 31: "autocast-fp32-blocks._.attn"); only its
+// trace's file name is made file-safe.
+TEST(fix_test, names_a_glob_remedy_by_its_pattern_and_only_its_file_name_is_made_safe) {
+  const fs::path trace = train_scenario("attention-overflow");
+  const FixRun r = fix(trace, 1);
+  ASSERT_EQ(r.status, samples::kExitClean) << r.err << r.out;
+  bool found = false;
+  for (const auto& run : r.doc["runs"]) {
+    if (run.value("name", "") != "autocast-fp32-blocks.*.attn") continue;
+    found = true;
+    EXPECT_EQ(fs::path(run.value("trace", "")).filename(), "attention-overflow.fix-autocast-fp32-blocks._.attn.h5")
+        << run.dump();
+  }
+  EXPECT_TRUE(found) << r.doc.dump(1);
+  // The progress lines name it as the table does ("fix: NAME: 3 steps in ..."); the plan's "writes:" line has the file.
+  EXPECT_NE(r.err.find("fix: autocast-fp32-blocks.*.attn: "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("fix: autocast-fp32-blocks._.attn: "), std::string::npos) << r.err;
+}
+
 TEST(fix_test, report_marks_verified_remedies_and_ignores_a_damaged_results_file_with_a_note) {
   const fs::path trace = train_scenario("attention-overflow");
   ASSERT_EQ(fix(trace, 1).status, samples::kExitClean);
