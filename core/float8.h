@@ -15,21 +15,22 @@
 //          max 57344 = S.11110.11 (0x7B); infinity S.11111.00 (0x7C, 0xFC); NaN S.11111.{01,10,11};
 //          smallest normal 2^-14 (0x04), smallest subnormal 2^-16 (0x01): value m * 2^-16 when e == 0
 //
-// Encoding from float is round to nearest, ties to even (on the code's last bit), subnormals kept,
-// zero keeps its sign (-0.0f gives 0x80), and a NaN input gives a NaN of the same sign (0x7F / 0xFF, the
-// all-ones pattern, in both formats; FP8 has no payload worth keeping). Two rules for what is too large:
+// Encoding from float is round to nearest, ties to even (on the code's last bit), subnormals kept, and
+// zero keeps its sign (-0.0f gives 0x80). Two rules, for values too large and for NaN:
 //
 // - satfinite (TransformerEngine): every FP8 cast in TransformerEngine is PTX `cvt.rn.satfinite`, whose
 //   `.satfinite` modifier clamps any result beyond the largest finite value, infinities included, to
 //   +-MAX_NORM, and leaves NaN a NaN (PTX ISA, "cvt", floating-point rounding and saturation for the
 //   f8x2 destinations). So +-inf -> +-448 in E4M3 (which has no inf) and +-57344 in E5M2 (which has one:
-//   satfinite never produces it). This is the rule for quantizing in the runtime: a clipped value shows
-//   up as saturation, never as a NaN.
+//   satfinite never produces it). A NaN gives the canonical 0x7F whatever its sign, as CUDA's own
+//   __nv_cvt_float_to_fp8 (cuda_fp8.hpp, its host path: "Canonical NaN") does. This is the rule for
+//   quantizing in the runtime: a clipped value shows up as saturation, never as a NaN.
 // - torch (PyTorch's `.to(torch.float8_e4m3fn / float8_e5m2)`, c10's fp8e4m3fn_from_fp32_value and
 //   fp8e5m2_from_fp32_value): no saturation. E4M3: anything that rounds past 448 is NaN, i.e. |x| > 464
 //   (464 is the tie between 448 = 0x7E and the would-be 480 = 0x7F, and goes to the even 0x7E), so
 //   (464, 480) rounds onto the NaN pattern and 480 and up, and +-inf, give NaN. E5M2: rounding as IEEE
 //   binary16 does, |x| >= 61440 (the tie between 57344 and 65536, odd 0x7B rounds up) and +-inf give +-inf.
+//   A NaN gives 0x7F with the input's sign (0xFF for a negative NaN), as c10 ORs the sign in last.
 //
 // Why not CUDA's __nv_fp8_e4m3 types here: they exist only with cuda_fp8.h, not in host-only builds, and
 // the CPU backend must give the same bits without a GPU. The GPU kernels that come later (issue 34) must
@@ -77,7 +78,9 @@ AMPSCOPE_HD inline std::uint8_t float_to_fp8_bits(float f, Fp8Format format, Fp8
   const std::uint32_t u = float_bits(f);
   const std::uint32_t sign = (u >> 24) & 0x80u;
   const std::uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<std::uint8_t>(sign | 0x7Fu);  // NaN stays NaN, sign kept
+  if (a > 0x7F800000u) {  // NaN stays NaN: canonical under satfinite, signed under torch
+    return static_cast<std::uint8_t>(overflow == Fp8Overflow::satfinite ? 0x7Fu : (sign | 0x7Fu));
+  }
 
   std::uint32_t code;  // the magnitude's code, possibly past max_code (then handled below)
   if (a == 0x7F800000u) {

@@ -7,10 +7,11 @@
 //   * encoding agrees with a reference that knows nothing of bit tricks: the nearest of the 2 x 127 (E4M3:
 //     126 finite magnitudes and zero per sign) finite values found by exhaustive search over the decoded
 //     table in double, ties to the even code, then the overflow rule (satfinite: +-max; torch: E4M3 NaN,
-//     E5M2 inf), NaN to NaN with its sign. Inputs: all 65,536 f16 and all 65,536 bf16 values widened to
-//     float, every midpoint between consecutive FP8 values and the floats 1..4 ulps either side of it and
-//     of each FP8 value, both signs, and 3 million random floats (1 million uniform bit patterns, 2 million
-//     with exponents drawn in and around each format's range);
+//     E5M2 inf), NaN to NaN (satfinite: the canonical 0x7F; torch: 0x7F with the input's sign).
+//     Inputs: all 65,536 f16 and all 65,536 bf16 values widened to float, every midpoint between
+//     consecutive FP8 values and the floats 1..4 ulps either side of it and of each FP8 value, both
+//     signs, and 3 million random floats (1 million uniform bit patterns, 2 million with exponents drawn
+//     in and around each format's range);
 //   * the documented boundary facts (448, 464, 480, 57344, 61440, 2^-9, 2^-16, -0, inf) by hand;
 //   * the PyTorch variant: torch 1.13 (the one /usr/bin/python3 has) has no float8 dtypes, so it is checked
 //     against c10's documented rule (E4M3: |x| > 464 is NaN; E5M2: |x| >= 61440 is inf) via the reference.
@@ -102,7 +103,8 @@ const Table& table_of(const Format& f) {
 // The reference encoder: nearest finite value by exhaustive search, ties to the even code, then overflow.
 std::uint8_t reference_encode(const Format& f, float x, Fp8Overflow overflow) {
   const unsigned sign = std::signbit(x) ? 0x80u : 0u;
-  if (std::isnan(x)) return static_cast<std::uint8_t>(sign | 0x7Fu);
+  // NaN: satfinite gives CUDA's canonical 0x7F, torch keeps the sign (c10).
+  if (std::isnan(x)) return static_cast<std::uint8_t>(overflow == Fp8Overflow::satfinite ? 0x7Fu : (sign | 0x7Fu));
   const double ax = std::fabs(static_cast<double>(x));
   const Table& t = table_of(f);
   // Past max: the value the next code would have in an unbounded format is max + one quantum of max's
@@ -185,7 +187,10 @@ TEST(Float8, BoundaryFactsByHand) {
   EXPECT_EQ(float_to_e4m3_satfinite(inf), 0x7E);
   EXPECT_EQ(float_to_e4m3_satfinite(-inf), 0xFE);
   EXPECT_EQ(float_to_e4m3_satfinite(nan), 0x7F);
-  EXPECT_EQ(float_to_e4m3_satfinite(-nan), 0xFF);
+  EXPECT_EQ(float_to_e4m3_satfinite(-nan), 0x7F);  // canonical, as __nv_cvt_float_to_fp8
+  EXPECT_EQ(float_to_e5m2_satfinite(-nan), 0x7F);
+  EXPECT_EQ(float_to_e4m3_torch(-nan), 0xFF);  // c10 keeps the sign
+  EXPECT_EQ(float_to_e5m2_torch(-nan), 0xFF);
   // E4M3 torch: 464 is a tie that goes to the even 448; just above it, 480 and inf are NaN.
   EXPECT_EQ(float_to_e4m3_torch(464.0f), 0x7E);
   EXPECT_EQ(float_to_e4m3_torch(std::nextafter(464.0f, inf)), 0x7F);
