@@ -13,6 +13,9 @@
 //     signs, and 3 million random floats (1 million uniform bit patterns, 2 million with exponents drawn
 //     in and around each format's range);
 //   * the documented boundary facts (448, 464, 480, 57344, 61440, 2^-9, 2^-16, -0, inf) by hand;
+//   * where the CUDA toolkit's cuda_fp8.h is on the include path, the same inputs agree with NVIDIA's host
+//     definition __nv_cvt_float_to_fp8 (__NV_SATFINITE for satfinite, __NV_NOSAT for torch, NaN signs
+//     aside), the reference for the GPU kernels to come;
 //   * the PyTorch variant: torch 1.13 (the one /usr/bin/python3 has) has no float8 dtypes, so it is checked
 //     against c10's documented rule (E4M3: |x| > 464 is NaN; E5M2: |x| >= 61440 is inf) via the reference.
 #include "core/float8.h"
@@ -28,6 +31,11 @@
 
 #include "core/float16.h"
 #include "core/fp8_recipe.h"
+
+#if __has_include(<cuda_fp8.h>)
+#include <cuda_fp8.h>
+#define AMPSCOPE_HAVE_CUDA_FP8 1
+#endif
 
 namespace ampscope {
 namespace {
@@ -247,7 +255,7 @@ TEST(Float8, EncodesEveryF16AndBf16Value) {
   expect_encodes_like_reference(inputs, "f16/bf16");
 }
 
-TEST(Float8, EncodesEveryBoundaryAndTie) {
+std::vector<float> boundary_inputs() {
   std::vector<float> inputs;
   auto around = [&](float v) {
     float lo = v, hi = v;
@@ -274,7 +282,7 @@ TEST(Float8, EncodesEveryBoundaryAndTie) {
         around(static_cast<float>(sgn * values[i]));
         if (i + 1 < values.size()) {
           const double mid = (values[i] + values[i + 1]) / 2;  // exact in float: one more bit
-          ASSERT_EQ(static_cast<double>(static_cast<float>(mid)), mid);
+          if (static_cast<double>(static_cast<float>(mid)) != mid) ADD_FAILURE() << "midpoint not exact: " << mid;
           around(static_cast<float>(sgn * mid));
         }
       }
@@ -287,11 +295,16 @@ TEST(Float8, EncodesEveryBoundaryAndTie) {
   inputs.push_back(-std::numeric_limits<float>::quiet_NaN());
   inputs.push_back(float_of(0x7F800001u));  // a signalling NaN
   inputs.push_back(float_of(0xFFFFFFFFu));
+  return inputs;
+}
+
+TEST(Float8, EncodesEveryBoundaryAndTie) {
+  const std::vector<float> inputs = boundary_inputs();
   EXPECT_GT(inputs.size(), 4000u);
   expect_encodes_like_reference(inputs, "boundaries");
 }
 
-TEST(Float8, EncodesThreeMillionRandomFloats) {
+std::vector<float> random_inputs() {
   std::mt19937_64 rng(0xF8F8);
   std::vector<float> inputs;
   inputs.reserve(3'000'000);
@@ -303,7 +316,51 @@ TEST(Float8, EncodesThreeMillionRandomFloats) {
     const std::uint32_t e = static_cast<std::uint32_t>(exponent(rng) + 127);
     inputs.push_back(float_of((r & 0x807FFFFFu) | (e << 23)));
   }
+  return inputs;
+}
+
+TEST(Float8, EncodesThreeMillionRandomFloats) {
+  const std::vector<float> inputs = random_inputs();
   expect_encodes_like_reference(inputs, "random");
+}
+
+// NVIDIA's own conversion, where the CUDA toolkit's cuda_fp8.h is there: on the host
+// __nv_cvt_float_to_fp8 is CUDA's software definition of cvt.rn.satfinite (__NV_SATFINITE) and of the
+// non-saturating cast (__NV_NOSAT, whose overflow rule is c10's). It turns every NaN into the canonical
+// 0x7F, which the torch rule does not (c10 keeps the sign), so NaN inputs compare their magnitudes there.
+TEST(Float8, AgreesWithCudaFp8HostConversion) {
+#if defined(AMPSCOPE_HAVE_CUDA_FP8)
+  std::vector<float> inputs = boundary_inputs();
+  const std::vector<float> random = random_inputs();
+  inputs.insert(inputs.end(), random.begin(), random.end());
+  for (std::uint32_t b = 0; b < 0x10000u; ++b) {
+    inputs.push_back(static_cast<float>(f16::from_bits(static_cast<std::uint16_t>(b))));
+    inputs.push_back(static_cast<float>(bf16::from_bits(static_cast<std::uint16_t>(b))));
+  }
+  std::size_t mismatches = 0;
+  for (const float x : inputs) {
+    const std::uint8_t nv[4] = {
+        static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)),
+        static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2)),
+        static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E4M3)),
+        static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E5M2))};
+    std::uint8_t ours[4] = {float_to_e4m3_satfinite(x), float_to_e5m2_satfinite(x), float_to_e4m3_torch(x),
+                            float_to_e5m2_torch(x)};
+    if (std::isnan(x)) {
+      ours[2] &= 0x7F;
+      ours[3] &= 0x7F;
+    }
+    for (int k = 0; k < 4; ++k) {
+      if (nv[k] != ours[k] && ++mismatches <= 5) {
+        ADD_FAILURE() << "case " << k << " x = " << x << " (bits 0x" << std::hex << bits_of(x) << ") cuda 0x"
+                      << int(nv[k]) << " ours 0x" << int(ours[k]);
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0u);
+#else
+  GTEST_SKIP() << "cuda_fp8.h is not on the include path: no CUDA toolkit to compare with";
+#endif
 }
 
 TEST(Float8, RoundTripsEveryFiniteCode) {
