@@ -95,4 +95,29 @@ std::vector<float> dequantize_fp8(std::span<const std::uint8_t> q, float scale_i
   return x;
 }
 
+std::vector<std::uint8_t> quantize_fp8(const Tensor& x, float scale, Fp8Format format) {
+  if (x.dtype() != DType::f32) {
+    throw DTypeError("quantize_fp8: the tensor is " + std::string(dtype_name(x.dtype())) + " of shape " +
+                     shape_str(x.shape()) + ", but FP8 quantization reads f32\nhint: convert it first with x.to(DType::f32)");
+  }
+  if (!x.device().is_cpu()) {
+    throw DeviceError("quantize_fp8: the tensor is on " + x.device().str() +
+                      ", but FP8 quantization runs on the host\nhint: copy it first with x.to(Device::cpu())");
+  }
+  const Tensor c = x.contiguous();
+  return quantize_fp8(std::span<const float>(c.data_as<float>(), static_cast<std::size_t>(c.numel())), scale, format);
+}
+
+Tensor dequantize_fp8_tensor(std::span<const std::uint8_t> q, const Shape& shape, float scale_inv, Fp8Format format) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) n *= d;
+  if (static_cast<std::int64_t>(q.size()) != n) {
+    throw ShapeError("dequantize_fp8_tensor: " + std::to_string(q.size()) + " codes do not fill shape " +
+                     shape_str(shape) + " (" + std::to_string(n) +
+                     " elements)\nhint: pass the shape of the tensor the codes were quantized from");
+  }
+  const std::vector<float> x = dequantize_fp8(q, scale_inv, format);
+  return from_values(std::vector<double>(x.begin(), x.end()), shape, {.dtype = DType::f32});
+}
+
 }  // namespace ampscope

@@ -26,6 +26,7 @@
 
 #include "core/error.h"
 #include "core/float8.h"
+#include "core/tensor.h"
 
 namespace ampscope {
 
@@ -89,5 +90,12 @@ float current_scaling_scale(float amax, Fp8Format format, const CurrentScaling& 
 // x[i] = decode(q[i]) * scale_inv, element by element with core/float8.h's quantize_fp8/dequantize_fp8.
 std::vector<std::uint8_t> quantize_fp8(std::span<const float> x, float scale, Fp8Format format);
 std::vector<float> dequantize_fp8(std::span<const std::uint8_t> q, float scale_inv, Fp8Format format);
+
+// The same for a Tensor: `x` must be an f32 tensor on the CPU (any strides; its elements are read in
+// row-major order) and the codes come back row-major; dequantize_fp8_tensor makes an f32 CPU tensor of
+// `shape` from them. A wrong dtype throws DTypeError, a GPU tensor DeviceError, a code count that does not
+// match `shape` ShapeError.
+std::vector<std::uint8_t> quantize_fp8(const Tensor& x, float scale, Fp8Format format);
+Tensor dequantize_fp8_tensor(std::span<const std::uint8_t> q, const Shape& shape, float scale_inv, Fp8Format format);
 
 }  // namespace ampscope

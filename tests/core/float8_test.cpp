@@ -31,6 +31,7 @@
 
 #include "core/float16.h"
 #include "core/fp8_recipe.h"
+#include "core/tensor.h"
 
 #if __has_include(<cuda_fp8.h>)
 #include <cuda_fp8.h>
@@ -396,6 +397,35 @@ TEST(Float8, QuantizesWithAScaleAndBack) {
   // A scale that is not a power of two: the product rounds to float first (0.1f * 3.0f), then to E5M2.
   const float prod = 0.1f * 3.0f;
   EXPECT_EQ(quantize_fp8(0.1f, 3.0f, Fp8Format::e5m2), reference_encode(kE5M2, prod, Fp8Overflow::satfinite));
+}
+
+TEST(Float8, QuantizesTensorsRowMajor) {
+  // A transposed (non-contiguous) view: its elements are read in row-major order of the view.
+  const Tensor base = from_values({1, 2, 3, 500, -0.25, 7}, {2, 3});
+  const Tensor t = base.transpose(0, 1);  // [[1, 500], [2, -0.25], [3, 7]]
+  const std::vector<std::uint8_t> q = quantize_fp8(t, 1.0f, Fp8Format::e4m3);
+  const std::vector<float> row_major{1, 500, 2, -0.25f, 3, 7};
+  ASSERT_EQ(q.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(q[i], float_to_e4m3_satfinite(row_major[i])) << i;
+  const Tensor back = dequantize_fp8_tensor(q, {3, 2}, 2.0f, Fp8Format::e4m3);
+  EXPECT_EQ(back.shape(), (Shape{3, 2}));
+  EXPECT_EQ(back.dtype(), DType::f32);
+  EXPECT_EQ(back.values(), (std::vector<double>{2, 896, 4, -0.5, 6, 14}));  // 500 saturated at 448, times 2
+
+  try {
+    quantize_fp8(from_values({1, 2}, {2}, {.dtype = DType::f16}), 1.0f, Fp8Format::e4m3);
+    FAIL() << "f16 accepted";
+  } catch (const DTypeError& e) {
+    EXPECT_STREQ(e.what(), "quantize_fp8: the tensor is f16 of shape [2], but FP8 quantization reads f32\n"
+                           "hint: convert it first with x.to(DType::f32)");
+  }
+  try {
+    dequantize_fp8_tensor(q, {4, 2}, 1.0f, Fp8Format::e4m3);
+    FAIL() << "wrong shape accepted";
+  } catch (const ShapeError& e) {
+    EXPECT_STREQ(e.what(), "dequantize_fp8_tensor: 6 codes do not fill shape [4, 2] (8 elements)\n"
+                           "hint: pass the shape of the tensor the codes were quantized from");
+  }
 }
 
 }  // namespace
