@@ -18,13 +18,15 @@
 // Encoding from float is round to nearest, ties to even (on the code's last bit), subnormals kept, and
 // zero keeps its sign (-0.0f gives 0x80). Two rules, for values too large and for NaN:
 //
-// - satfinite (TransformerEngine): every FP8 cast in TransformerEngine is PTX `cvt.rn.satfinite`, whose
-//   `.satfinite` modifier clamps any result beyond the largest finite value, infinities included, to
-//   +-MAX_NORM, and leaves NaN a NaN (PTX ISA, "cvt", floating-point rounding and saturation for the
-//   f8x2 destinations). So +-inf -> +-448 in E4M3 (which has no inf) and +-57344 in E5M2 (which has one:
-//   satfinite never produces it). A NaN gives the canonical 0x7F whatever its sign, as CUDA's own
-//   __nv_cvt_float_to_fp8 (cuda_fp8.hpp, its host path: "Canonical NaN") does. This is the rule for
-//   quantizing in the runtime: a clipped value shows up as saturation, never as a NaN.
+// - satfinite (TransformerEngine): TransformerEngine's FP8 casts are PTX `cvt.rn.satfinite`, whose
+//   `.satfinite` clamps any result beyond the largest finite value, infinities included, to +-max and
+//   leaves NaN a NaN. CUDA's cuda_fp8.hpp defines that conversion on the host too
+//   (__nv_cvt_float_to_fp8 with __NV_SATFINITE), and this header follows that definition: +-inf -> +-448
+//   in E4M3 (which has no inf) and +-57344 in E5M2 (which has one: satfinite never produces it), and
+//   every NaN gives the canonical 0x7F whatever its sign ("Canonical NaN" there). tests/core/float8_test.cpp
+//   compares the two where the toolkit is installed; on a GPU the cvt instruction itself is still to be
+//   compared (issue 34's CUDA part). This is the rule for quantizing in the runtime: a clipped value shows
+//   up as saturation, never as a NaN.
 // - torch (PyTorch's `.to(torch.float8_e4m3fn / float8_e5m2)`, c10's fp8e4m3fn_from_fp32_value and
 //   fp8e5m2_from_fp32_value): no saturation. E4M3: anything that rounds past 448 is NaN, i.e. |x| > 464
 //   (464 is the tie between 448 = 0x7E and the would-be 480 = 0x7F, and goes to the even 0x7E), so
