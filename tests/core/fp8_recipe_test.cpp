@@ -187,6 +187,26 @@ TEST(Fp8DelayedScaling, NonFiniteAmax) {
   EXPECT_BITS_EQ(t.scale_inv, static_cast<float>(1.0 / static_cast<double>(FLT_MAX)));
 }
 
+TEST(Fp8DelayedScaling, TransformerEnginesOwnAmaxCases) {
+  // The cases TransformerEngine's recipe test puts through its fused update (amax_case zero, tiny,
+  // normal, inf, nan): a length-1 history holding that amax, scale and scale_inv starting at 1.
+  const DelayedScaling one{.history_len = 1, .algo = AmaxAlgo::max, .margin = 0};
+  auto run = [&](float amax) {
+    DelayedScalingState st = make_delayed_scaling_state(one);
+    st.amax_history[0] = amax;
+    delayed_scaling_update(st, one, Fp8Format::e4m3);
+    return st;
+  };
+  EXPECT_BITS_EQ(run(0.0f).scale, 1.0f);
+  EXPECT_BITS_EQ(run(kInf).scale, 1.0f);
+  EXPECT_BITS_EQ(run(kNaN).scale, 1.0f);
+  const float tiny = static_cast<float>(448.0 / static_cast<double>(FLT_MAX)) / 2;  // scale would be inf
+  EXPECT_BITS_EQ(run(tiny).scale, FLT_MAX);
+  EXPECT_BITS_EQ(run(tiny).scale_inv, 1.0f / FLT_MAX);
+  EXPECT_BITS_EQ(run(0.6180339f).scale, expected_scale(448, 0, 0.6180339f));
+  EXPECT_BITS_EQ(run(0.6180339f).scale_inv, 1.0f / expected_scale(448, 0, 0.6180339f));
+}
+
 TEST(Fp8DelayedScaling, RecordAmaxKeepsTheLargestAndNaNSticks) {
   const DelayedScaling r{.history_len = 2, .algo = AmaxAlgo::most_recent, .margin = 0};
   DelayedScalingState st = make_delayed_scaling_state(r);
