@@ -74,34 +74,41 @@ def _tensors(value, out):
 
 def health(x):
     """[numel, nan, pos_inf, neg_inf, zero, subnormal, min, max, absmax, mean, rms] of a floating tensor, the
-    moments in double over the finite values (NaN when there are none)."""
+    moments in double over the finite values (NaN when there are none).
+
+    Cost: one cast to f64, then reductions on it (sum, aminmax, the sum of squares, the smallest magnitude). The
+    zero and subnormal counts (boolean masks, the costly part on a CPU) are taken only when the smallest
+    magnitude is below the dtype's smallest normal, and the NaN/inf counts only when the sum is not finite
+    (bench/RESULTS.md, "ampscope record's cost")."""
     x = x.detach()
     n = x.numel()
     if n == 0:
         nan = float("nan")
         return [0, 0, 0, 0, 0, 0, nan, nan, nan, nan, nan]
-    total = x.sum(dtype=torch.float64)
-    finite_all = bool(torch.isfinite(total))
+    tiny = torch.finfo(x.dtype).tiny
+    xd = x.reshape(-1).to(torch.float64)
+    total = xd.sum()
     nan_c = pinf = ninf = 0
-    if not finite_all:
-        finite = torch.isfinite(x)
-        nan_c = int(torch.isnan(x).sum())
-        pinf = int((x == math.inf).sum())
-        ninf = int((x == -math.inf).sum())
-        x = x[finite]
-        if x.numel() == 0:
+    if not bool(torch.isfinite(total)):
+        nan_c = int(torch.isnan(xd).sum())
+        pinf = int((xd == math.inf).sum())
+        ninf = int((xd == -math.inf).sum())
+        xd = xd[torch.isfinite(xd)]
+        if xd.numel() == 0:
             nan = float("nan")
             return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan]
-        total = x.sum(dtype=torch.float64)
-    m = x.numel()
-    lo, hi = torch.aminmax(x)
-    sq = torch.linalg.vector_norm(x, dtype=torch.float64)
-    zero = int((x == 0).sum())
-    tiny = torch.finfo(x.dtype).tiny
-    subnormal = int((x.abs() < tiny).sum()) - zero
+        total = xd.sum()
+    m = xd.numel()
+    lo, hi = torch.aminmax(xd)
+    sq = (xd * xd).sum()  # not torch.dot: BLAS threads fight over the cores and it ran 10x slower
+    magnitude = xd.abs()
+    zero = subnormal = 0
+    if float(magnitude.amin()) < tiny:
+        zero = int((xd == 0).sum())
+        subnormal = int((magnitude < tiny).sum()) - zero
     lo, hi = float(lo), float(hi)
     return [n, nan_c, pinf, ninf, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), float(total) / m,
-            float(sq) / math.sqrt(m)]
+            math.sqrt(float(sq) / m)]
 
 
 def _counts_text(h):
@@ -464,10 +471,10 @@ class Recorder:
                     if p.grad is None:
                         continue
                     name = self.param_names.get(id(p), "group %d, parameter %d" % (gi, pi))
-                    h = health(p.grad)
                     norm = float(torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64))
                     total += norm * norm
-                    if self.recording():
+                    if self.recording():  # the step's grad_norm needs only the norms; rows only when sampled
+                        h = health(p.grad)
                         self.channel.add(["grad", self.step, name, _dtype(p.grad), h[1], h[2], h[3], h[4], num(h[8]),
                                           num(norm), unscaled])
             self.grad_norm = math.sqrt(total)
