@@ -237,5 +237,64 @@ p = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "y.h5"), "--
 check(p.returncode == 2 and "no trace written" in p.stderr and not os.path.exists(os.path.join(WORK, "y.h5")),
       "no step: exit %d %s" % (p.returncode, p.stderr))
 
+# --- 8. what the recorder cannot see op by op: a custom autograd.Function, activation checkpointing ----------
+# Reference gradients from a plain run of the same script (no recorder): the gradient flowing into the custom
+# Function's input (a tensor hook on it), and for the checkpointed blocks the gradient of block 0's input
+# (the script's x requires grad; x.grad[0] is step 0's alone).
+GRAB = """
+import runpy, sys, numpy as np, torch
+got = []
+def pre(module, inputs):
+    if type(module).__name__ == "Act" and inputs[0].requires_grad:
+        inputs[0].register_hook(lambda g: got.append(g.detach().double().numpy()))
+torch.nn.modules.module.register_module_forward_pre_hook(pre)
+g = runpy.run_path(sys.argv[1], run_name="__main__")
+arrays = {"act_grad_%d" % i: a for i, a in enumerate(got)}
+if "x" in g and getattr(g["x"], "grad", None) is not None:
+    arrays["x_grad_0"] = g["x"].grad[0].double().numpy()
+np.savez(sys.argv[2], **arrays)
+"""
+for script in ("custom_function", "checkpointed"):
+    ref_path = os.path.join(WORK, script + "_ref.npz")
+    r = subprocess.run([PYTHON, "-c", GRAB, os.path.join(SCRIPTS, script + ".py"), ref_path], capture_output=True, text=True)
+    check(r.returncode == 0, "%s: the plain run failed: %s" % (script, r.stderr[-300:]))
+
+p, out = record("custom_function", "custom_function.py")
+check(p.returncode == 0 and "note:" not in p.stderr, "custom_function: exit %d: %s" % (p.returncode, p.stderr[-300:]))
+rows = ops(out)[0]
+ref = np.load(os.path.join(WORK, "custom_function_ref.npz"))
+for s in range(2):
+    bwd = [(r["op"], r["module"]) for r in rows if r["step"] == s and r["phase"] == "backward"]
+    check(bwd == [("nll_loss", ""), ("log_softmax", ""), ("linear", "fc2"), ("SquaredReLU", "act"), ("linear", "fc1")],
+          "custom_function step %d: backward rows %s" % (s, bwd))
+    row = [r for r in rows if r["step"] == s and r["op"] == "SquaredReLU"][0]
+    h = health_f64(ref["act_grad_%d" % s])
+    for k in ("numel", "nan", "zero"):
+        check(int(row[k]) == h[k], "custom_function step %d: SquaredReLU %s %d, plain run %d" % (s, k, row[k], h[k]))
+    for k in ("min", "max", "absmax", "mean", "rms"):
+        check(close(float(row[k]), float(h[k])), "custom_function step %d: %s %r, plain run %r" % (s, k, row[k], h[k]))
+    check(h["zero"] > 0, "custom_function: the reference gradient has no zeros (the relu's): a weak check")
+with h5py.File(out, "r") as f:
+    check(len(f["events"]) == 0, "custom_function: %d events (none wanted: the Function is recorded)" % len(f["events"]))
+
+p, out = record("checkpointed", "checkpointed.py")
+notes = [l for l in p.stderr.splitlines() if l.startswith("ampscope record: note: activation checkpointing")]
+check(p.returncode == 0 and len(notes) == 1 and "'blocks.0'" in notes[0], "checkpointed: exit %d, notes %s" % (p.returncode, notes))
+rows = ops(out)[0]
+with h5py.File(out, "r") as f:
+    ev = f["events"][()]
+    kinds, mods, details = text(f, ev["kind"]), text(f, ev["module"]), text(f, ev["detail"])
+check(kinds == ["unrecorded", "unrecorded"] and mods == ["blocks.0", "blocks.1"] and list(ev["step"]) == [0, 0],
+      "checkpointed: events %s %s steps %s" % (kinds, mods, list(ev["step"])))
+check(all("not recorded one by one" in d for d in details), "checkpointed: event details %s" % details)
+ref = np.load(os.path.join(WORK, "checkpointed_ref.npz"))
+for s in range(2):
+    bwd = [(r["op"], r["module"]) for r in rows if r["step"] == s and r["phase"] == "backward"]
+    check(bwd[-2:] == [("checkpoint", "blocks.1"), ("checkpoint", "blocks.0")], "checkpointed step %d: backward %s" % (s, bwd))
+row = [r for r in rows if r["step"] == 0 and r["op"] == "checkpoint" and r["module"] == "blocks.0"][0]
+h = health_f64(ref["x_grad_0"])
+for k in ("min", "max", "absmax", "mean", "rms"):
+    check(close(float(row[k]), float(h[k])), "checkpointed: blocks.0's backward %s %r, plain run %r" % (k, row[k], h[k]))
+
 print("%d checks, %d failed" % (checks, len(failures)))
 sys.exit(1 if failures else 0)

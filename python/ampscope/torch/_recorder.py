@@ -184,6 +184,8 @@ class Recorder:
         self.rows_this_step = 0
         self.forward_bad = False
         self.module_types = []
+        self.notes = set()
+        self.noted_kinds = set()
 
     # ---------------------------------------------------------------- tensors and provenance
     def recording(self):
@@ -322,6 +324,46 @@ class Recorder:
             meta["ampscope"] = label
             node.register_prehook(self._node_prehook(node))
             node.register_hook(self._node_hook(label, node))
+
+    def label_function(self, cls, args, outputs):
+        """A custom autograd.Function's outputs: its backward node (a Python BackwardCFunction) is labelled with
+        the Function's name and the module it ran in, so its backward gets one row, as a built-in op's node
+        does. Its forward's aten ops were rows of their own already. Activation checkpointing (reentrant: a
+        Function too) gets its row, named `checkpoint`, and a note: the segment's ops are recomputed inside
+        backward and their gradients are not recorded one by one."""
+        # Before the pending nodes: an output that is its forward's last aten op's own tensor would otherwise be
+        # labelled after that op.
+        module = self.module_stack[-1] if self.module_stack else ""
+        checkpoint = _is_checkpoint_function(cls)
+        if checkpoint and args and isinstance(args[0], torch.nn.Module):
+            module = self.module_names.get(args[0], module)  # checkpoint(block, x): the block's path
+        name = "checkpoint" if checkpoint else cls.__name__
+        label = (name, module)
+        for t in outputs:
+            node = t.grad_fn
+            if node is None or "ampscope" in node.metadata:
+                continue
+            node.metadata["ampscope"] = label
+            node.register_prehook(self._node_prehook(node))
+            node.register_hook(self._node_hook(label, node))
+        if self.pending_nodes:
+            self.label_nodes()
+        if checkpoint:
+            self.note_once("checkpoint", module, "checkpoint", "activation checkpointing (torch.utils.checkpoint) "
+                           "of %s: its backward is one row, `checkpoint`; the ops it recomputes in backward and "
+                           "their gradients are not recorded one by one" % (
+                               "'%s'" % module if module else "the model's own forward"))
+
+    def note_once(self, key, module, op, text):
+        """A hole the recorder knows of: an /events row `unrecorded` (once per kind and module) and a line on
+        stderr (once per kind), never silence."""
+        if (key, module) in self.notes:
+            return
+        self.notes.add((key, module))
+        self.channel.add(["event", self.step, -1, "unrecorded", op, module, text])
+        if key not in self.noted_kinds:
+            self.noted_kinds.add(key)
+            sys.stderr.write("ampscope record: note: %s\n" % text)
 
     def _node_prehook(self, node):
         def prehook(grad_outputs):
@@ -594,6 +636,57 @@ class Recorder:
         self.channel.flush()
 
 
+def _is_checkpoint_function(cls):
+    checkpoint = sys.modules.get("torch.utils.checkpoint")
+    return checkpoint is not None and cls is getattr(checkpoint, "CheckpointFunction", None)
+
+
+def _wrap_function_apply():
+    """Every custom torch.autograd.Function's apply (a classmethod of the C base class, inherited by each
+    subclass): its outputs' backward node is labelled after the call."""
+    base = torch._C._FunctionBase.__dict__.get("apply")
+    if base is None or not hasattr(base, "__get__"):
+        return False
+
+    def apply(cls, *args, **kwargs):
+        out = base.__get__(None, cls)(*args, **kwargs)
+        r = _active
+        if r is not None and not r.busy and r.pid == os.getpid() and r.phase == "forward" and \
+                torch.is_grad_enabled():
+            r.busy = True
+            try:
+                r.label_function(cls, args, [t for t in _tensors(out, []) if t.grad_fn is not None])
+            except Exception as e:
+                r.failed(e)
+            finally:
+                r.busy = False
+        return out
+
+    torch.autograd.Function.apply = classmethod(apply)
+    return True
+
+
+def _wrap_compile():
+    """torch.compile (torch 2.x): a compiled graph's ops run in generated kernels the dispatch mode does not
+    see. While recording, torch.compile returns what it was given, so the model runs eagerly and is recorded
+    op by op; a note says so."""
+    original = getattr(torch, "compile", None)
+    if original is None:
+        return
+
+    def compile(model=None, *args, **kwargs):
+        r = _active
+        if r is None or r.pid != os.getpid():
+            return original(model, *args, **kwargs)
+        r.note_once("compile", "", "torch.compile", "torch.compile is left out while recording: the model runs "
+                    "eagerly so that each op is recorded (step times are not those of the compiled model)")
+        if model is None:  # @torch.compile(mode=...): a decorator
+            return lambda fn: fn
+        return model
+
+    torch.compile = compile
+
+
 def _wrap_optimizer_init():
     original = torch.optim.Optimizer.__init__
 
@@ -642,6 +735,8 @@ def start(fd, options):
     torch.autograd.grad = recorder.wrap_backward(torch.autograd.grad, True)
     _wrap_optimizer_init()
     _wrap_scaler_init()
+    _wrap_function_apply()
+    _wrap_compile()
     mode = _Mode(recorder)
     mode.__enter__()  # for the whole run: never left
     atexit.register(recorder.finish)
