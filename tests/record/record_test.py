@@ -296,5 +296,31 @@ h = health_f64(ref["x_grad_0"])
 for k in ("min", "max", "absmax", "mean", "rms"):
     check(close(float(row[k]), float(h[k])), "checkpointed: blocks.0's backward %s %r, plain run %r" % (k, row[k], h[k]))
 
+# --- 9. the Python API: a plain python3 run records two of its steps with ampscope.torch.record() ------------
+env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"), AMPSCOPE=AMPSCOPE)
+api = os.path.join(SCRIPTS, "api_record.py")
+plain = subprocess.run([PYTHON, api, "none"], capture_output=True, text=True, env=env)
+want_loss = {int(l.split()[1]): float(l.split()[3]) for l in plain.stdout.splitlines() if l.startswith("step ")}
+out = os.path.join(WORK, "api.h5")
+r = subprocess.run([PYTHON, api, out], capture_output=True, text=True, env=env)
+check(r.returncode == 0 and "recording True" in r.stdout and r.stdout.rstrip().endswith("step 3 loss %.9g" % want_loss[3]),
+      "api: exit %d: %s %s" % (r.returncode, r.stdout[-300:], r.stderr[-300:]))
+rows, steps, grads, gnames, complete, precision = ops(out)
+check(complete == 1 and len(steps) == 2, "api: complete %d, %d steps" % (complete, len(steps)))
+check(len(steps) == 2 and
+      all(close(float(s["loss"]), want_loss[i + 1], 1e-7) for i, s in enumerate(steps)),
+      "api: losses %s, the plain run's %s" % ([float(s["loss"]) for s in steps], want_loss))
+fwd = [(r["op"], r["module"]) for r in rows if r["step"] == 0 and r["phase"] == "forward"]
+check(fwd == [("linear", "0"), ("tanh", "1"), ("linear", "2"), ("log_softmax", ""), ("nll_loss", "")], "api: forward %s" % fwd)
+out = os.path.join(WORK, "api_fail.h5")
+r = subprocess.run([PYTHON, api, out, "--fail"], capture_output=True, text=True, env=env)
+check(r.returncode == 0 and "raised" in r.stdout and "complete = 0" in r.stderr, "api --fail: %d %s" % (r.returncode, r.stderr[-300:]))
+rows, steps, grads, gnames, complete, precision = ops(out)
+check(complete == 0 and len(steps) == 1 and close(float(steps[0]["loss"]), want_loss[1], 1e-7),
+      "api --fail: complete %d, steps %s" % (complete, list(steps["loss"])))
+r = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "z.h5"), "--attach", "--", PYTHON, "-c", "0"],
+                   capture_output=True, text=True)
+check(r.returncode == 2 and "--attach reads the rows" in r.stderr and "hint:" in r.stderr, "--attach with a command: %s" % r.stderr)
+
 print("%d checks, %d failed" % (checks, len(failures)))
 sys.exit(1 if failures else 0)

@@ -724,20 +724,50 @@ def _wrap_scaler_init():
         cls.__init__ = __init__
 
 
-def start(fd, options):
-    global _active
+_wrapped_classes = False
+
+
+def start(fd, options, whole_run=True):
+    """Starts recording into fd. whole_run: for the process's life (ampscope record -- ...), else until stop()
+    (ampscope.torch.record())."""
+    global _active, _wrapped_classes
+    if _active is not None:
+        raise RuntimeError("ampscope.torch: this process is already being recorded\n"
+                           "hint: one recording at a time (end the `with ampscope.torch.record(...)` block first)")
     recorder = Recorder(Channel(fd), options)
     recorder.module_types = []
     _active = recorder
-    torch.nn.modules.module.register_module_forward_pre_hook(recorder.module_pre)
-    torch.nn.modules.module.register_module_forward_hook(recorder.module_post)
+    recorder.hooks = [torch.nn.modules.module.register_module_forward_pre_hook(recorder.module_pre),
+                      torch.nn.modules.module.register_module_forward_hook(recorder.module_post)]
+    recorder.saved_autograd = (torch.autograd.backward, torch.autograd.grad)
     torch.autograd.backward = recorder.wrap_backward(torch.autograd.backward, False)
     torch.autograd.grad = recorder.wrap_backward(torch.autograd.grad, True)
-    _wrap_optimizer_init()
-    _wrap_scaler_init()
-    _wrap_function_apply()
-    _wrap_compile()
-    mode = _Mode(recorder)
-    mode.__enter__()  # for the whole run: never left
-    atexit.register(recorder.finish)
+    if not _wrapped_classes:  # the class wrappers look up _active: installed once per process
+        _wrapped_classes = True
+        _wrap_optimizer_init()
+        _wrap_scaler_init()
+        _wrap_function_apply()
+        _wrap_compile()
+    recorder.mode = _Mode(recorder)
+    recorder.mode.__enter__()
+    if whole_run:
+        atexit.register(recorder.finish)
     return recorder
+
+
+def stop(recorder, clean=True):
+    """Ends a recording started with whole_run=False: the last step is sent, the run closed, and every hook the
+    recorder placed stops acting (wrapped optimizers and nodes of graphs still alive check the recorder's pid,
+    set to none here)."""
+    global _active
+    try:
+        if clean:
+            recorder.finish()
+        # else: no close record: the trace keeps its finished steps and complete = 0, as after a crash
+    finally:
+        recorder.mode.__exit__(None, None, None)
+        for h in recorder.hooks:
+            h.remove()
+        torch.autograd.backward, torch.autograd.grad = recorder.saved_autograd
+        recorder.pid = -1
+        _active = None
