@@ -208,6 +208,7 @@ class Receiver {
   std::int64_t steps() const { return steps_; }
   bool started() const { return began_; }
   bool closed() const { return closed_; }
+  const std::string& path() const { return path_.empty() ? request_.out : path_; }
 
  private:
   void begin(const Record& r) {
@@ -218,8 +219,21 @@ class Receiver {
                               r.integer(1), kProtocol));
     }
     trace::RunInfo info{r.text(2), r.text(3), r.text(4), r.integer(5), r.text(6), r.text(7)};
-    writer_ = std::make_unique<trace::TraceWriter>(request_.out, info);
+    path_ = rank_path(request_.out, info.config);
+    writer_ = std::make_unique<trace::TraceWriter>(path_, info);
     began_ = true;
+  }
+
+  // A rank of a torch.distributed run (its config carries "rank" and "world_size" > 1) writes OUT's
+  // STEM.rankN.EXT, as `ampscope train --ddp` does, so report, diff and the viewer put the ranks together.
+  static std::string rank_path(const std::string& out, const std::string& config_text) {
+    const json config = json::parse(config_text, nullptr, false);
+    if (!config.is_object() || !config.contains("rank") || !config.contains("world_size")) return out;
+    if (!config["rank"].is_number_integer() || !config["world_size"].is_number_integer()) return out;
+    const std::int64_t rank = config["rank"].get<std::int64_t>(), world = config["world_size"].get<std::int64_t>();
+    if (world < 2 || rank < 0 || rank >= world) return out;
+    const fs::path p(out);
+    return (p.parent_path() / (p.stem().string() + fmt::format(".rank{}", rank) + p.extension().string())).string();
   }
 
   void write(const Record& r) {
@@ -233,6 +247,7 @@ class Receiver {
   const RecordRequest& request_;
   std::unique_ptr<trace::TraceWriter> writer_;
   std::vector<json> pending_;
+  std::string path_;
   std::int64_t line_ = 0;
   std::int64_t steps_ = 0;
   bool closed_ = false;
@@ -316,11 +331,11 @@ int run_attached(const RecordRequest& request, std::ostream& err) {
   }
   if (clean) {
     err << fmt::format("ampscope record: {} step{} written to {}\n", receiver.steps(), receiver.steps() == 1 ? "" : "s",
-                       request.out);
+                       receiver.path());
     return 0;
   }
   err << fmt::format("ampscope record: the recorded process ended without closing the run; {} finished step{} kept "
-                     "in {} (complete = 0){}\n", receiver.steps(), receiver.steps() == 1 ? "" : "s", request.out,
+                     "in {} (complete = 0){}\n", receiver.steps(), receiver.steps() == 1 ? "" : "s", receiver.path(),
                      dropped > 0 ? fmt::format(", {} rows of the unfinished step dropped", dropped) : "");
   return 1;
 }
@@ -396,10 +411,10 @@ int run_record(const RecordRequest& request, std::ostream& err) {
   }
   if (clean) {
     err << fmt::format("ampscope record: {} step{} written to {}\n", receiver.steps(), receiver.steps() == 1 ? "" : "s",
-                       request.out);
+                       receiver.path());
   } else {
     err << fmt::format("ampscope record: the script {}; {} finished step{} kept in {} (complete = 0){}\n",
-                       describe_status(status), receiver.steps(), receiver.steps() == 1 ? "" : "s", request.out,
+                       describe_status(status), receiver.steps(), receiver.steps() == 1 ? "" : "s", receiver.path(),
                        dropped > 0 ? fmt::format(", {} rows of the unfinished step dropped", dropped) : "");
   }
   return result;

@@ -322,5 +322,34 @@ r = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "z.h5"), "--
                    capture_output=True, text=True)
 check(r.returncode == 2 and "--attach reads the rows" in r.stderr and "hint:" in r.stderr, "--attach with a command: %s" % r.stderr)
 
+# --- 10. two ranks with torch.distributed's gloo backend, rank 1 fed an inf in step 1's batch ----------------
+import socket
+with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+out = os.path.join(WORK, "ddp.h5")
+for rank in (0, 1):
+    if os.path.exists(os.path.join(WORK, "ddp.rank%d.h5" % rank)):
+        os.remove(os.path.join(WORK, "ddp.rank%d.h5" % rank))
+procs = [subprocess.Popen([AMPSCOPE, "record", "--out", out, "--", PYTHON, os.path.join(SCRIPTS, "ddp_train.py"),
+                           "--bad-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+                                   RANK=str(rank))) for rank in (0, 1)]
+results = [p.communicate(timeout=300) for p in procs]
+for rank, (p, (so, se)) in enumerate(zip(procs, results)):
+    path = os.path.join(WORK, "ddp.rank%d.h5" % rank)
+    check(p.returncode == 0 and ("3 steps written to " + path) in se, "ddp rank %d: exit %d: %s" % (rank, p.returncode, se[-300:]))
+    with h5py.File(path, "r") as f:
+        config = json.loads(f.attrs["config"].decode() if isinstance(f.attrs["config"], bytes) else f.attrs["config"])
+    check(config.get("rank") == rank and config.get("world_size") == 2, "ddp rank %d: config %s" % (rank, config))
+check(not os.path.exists(out), "ddp: %s written besides the ranks' traces" % out)
+rows = ops(os.path.join(WORK, "ddp.rank1.h5"))[0]
+first = [r for r in rows if r["step"] == 1 and r["phase"] == "forward"][0]
+check((first["op"], first["module"], int(first["pos_inf"]) > 0) == ("linear", "module.0", True), "ddp rank 1: step 1's first row %s %s" % (first["op"], first["module"]))
+r = subprocess.run([AMPSCOPE, "report", out], capture_output=True, text=True)
+check(r.returncode == 1 and "data-parallel run: 2 ranks" in r.stdout and  # 1: anomalies found
+      "first origin across ranks: rank 1: nonfinite_input in module.0 at step 1" in r.stdout,
+      "ddp: report exit %d: %s" % (r.returncode, r.stdout[:400]))
+
 print("%d checks, %d failed" % (checks, len(failures)))
 sys.exit(1 if failures else 0)

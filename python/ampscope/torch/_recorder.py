@@ -611,6 +611,10 @@ class Recorder:
         import json
         config = {"recorder": "ampscope.torch", "torch": torch.__version__, "python": sys.version.split()[0],
                   "argv": sys.argv, "sample_every": self.every, "probe": self.level}
+        # A rank of a torch.distributed run: `ampscope record` then writes OUT's STEM.rankN.h5 (as train --ddp).
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            config["rank"], config["world_size"] = int(dist.get_rank()), int(dist.get_world_size())
         probe = {"level": self.level, "ops": [], "modules": [], "every": self.every, "flight_recorder": False,
                  "recorder_steps": 0, "outside_steps": False, "autocast_overrides": []}
         begin = ["begin", PROTOCOL, self.precision, self.device or "cpu", self.model_name or os.path.basename(
