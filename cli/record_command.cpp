@@ -207,6 +207,8 @@ class Receiver {
 
   std::int64_t steps() const { return steps_; }
   bool started() const { return began_; }
+  bool closed() const { return closed_; }
+  const std::string& path() const { return path_.empty() ? request_.out : path_; }
 
  private:
   void begin(const Record& r) {
@@ -217,8 +219,21 @@ class Receiver {
                               r.integer(1), kProtocol));
     }
     trace::RunInfo info{r.text(2), r.text(3), r.text(4), r.integer(5), r.text(6), r.text(7)};
-    writer_ = std::make_unique<trace::TraceWriter>(request_.out, info);
+    path_ = rank_path(request_.out, info.config);
+    writer_ = std::make_unique<trace::TraceWriter>(path_, info);
     began_ = true;
+  }
+
+  // A rank of a torch.distributed run (its config carries "rank" and "world_size" > 1) writes OUT's
+  // STEM.rankN.EXT, as `ampscope train --ddp` does, so report, diff and the viewer put the ranks together.
+  static std::string rank_path(const std::string& out, const std::string& config_text) {
+    const json config = json::parse(config_text, nullptr, false);
+    if (!config.is_object() || !config.contains("rank") || !config.contains("world_size")) return out;
+    if (!config["rank"].is_number_integer() || !config["world_size"].is_number_integer()) return out;
+    const std::int64_t rank = config["rank"].get<std::int64_t>(), world = config["world_size"].get<std::int64_t>();
+    if (world < 2 || rank < 0 || rank >= world) return out;
+    const fs::path p(out);
+    return (p.parent_path() / (p.stem().string() + fmt::format(".rank{}", rank) + p.extension().string())).string();
   }
 
   void write(const Record& r) {
@@ -232,6 +247,7 @@ class Receiver {
   const RecordRequest& request_;
   std::unique_ptr<trace::TraceWriter> writer_;
   std::vector<json> pending_;
+  std::string path_;
   std::int64_t line_ = 0;
   std::int64_t steps_ = 0;
   bool closed_ = false;
@@ -269,8 +285,69 @@ std::string find_python_dir(const std::string& program_path) {
                           "the folder that holds it (the repository's python/)", places));
 }
 
+namespace {
+
+// Reads the recorder's lines from fd until its end; the first bad record is kept (and returned) while the rest is
+// drained, so the writer is never blocked on a full pipe.
+std::optional<Error> read_records(int fd, Receiver& receiver) {
+  std::optional<Error> failure;
+  std::string buffer;
+  char chunk[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (failure) continue;
+    buffer.append(chunk, static_cast<std::size_t>(n));
+    std::size_t start = 0;
+    try {
+      for (std::size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
+        receiver.line(buffer.substr(start, nl - start));
+      }
+    } catch (const Error& e) {
+      failure = e;
+    }
+    buffer.erase(0, start);
+  }
+  return failure;
+}
+
+// --attach: the rows of a process that recorded itself (ampscope.torch.record(), docs/pytorch.md) arrive on
+// stdin; 0 when the recorder closed the run, 1 when its input ended without the close (the process died).
+int run_attached(const RecordRequest& request, std::ostream& err) {
+  struct sigaction ignore {}, saved_int {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGINT, &ignore, &saved_int);  // Ctrl-C is the Python process's; this one closes the trace
+  Receiver receiver(request);
+  const std::optional<Error> failure = read_records(0, receiver);
+  sigaction(SIGINT, &saved_int, nullptr);
+  const bool clean = receiver.closed() && !failure;
+  const std::size_t dropped = receiver.finish(clean);
+  if (failure) throw *failure;
+  if (!receiver.started()) {
+    err << "ampscope record: the recorded process ended before it finished a step: no trace written\nhint: a step "
+           "ends with the optimizer's step() (or ampscope.torch.end_step())\n";
+    return kExitUsage;
+  }
+  if (clean) {
+    err << fmt::format("ampscope record: {} step{} written to {}\n", receiver.steps(), receiver.steps() == 1 ? "" : "s",
+                       receiver.path());
+    return 0;
+  }
+  err << fmt::format("ampscope record: the recorded process ended without closing the run; {} finished step{} kept "
+                     "in {} (complete = 0){}\n", receiver.steps(), receiver.steps() == 1 ? "" : "s", receiver.path(),
+                     dropped > 0 ? fmt::format(", {} rows of the unfinished step dropped", dropped) : "");
+  return 1;
+}
+
+}  // namespace
+
 int run_record(const RecordRequest& request, std::ostream& err) {
-  if (request.command.empty()) {
+  if (request.attach && !request.command.empty()) {
+    throw Error("--attach reads the rows of a running Python process on stdin: no command is run\nhint: leave out "
+                "the command after --, or leave out --attach");
+  }
+  if (request.command.empty() && !request.attach) {
     throw Error("no command to record\nhint: ampscope record --out run.h5 -- python3 train.py ARGS...");
   }
   if (request.probe != "health") {
@@ -282,6 +359,7 @@ int run_record(const RecordRequest& request, std::ostream& err) {
     throw Error(fmt::format("--sample-every {}: must be 1 or more\nhint: --sample-every 10 records the ops of every "
                             "tenth step", request.sample_every));
   }
+  if (request.attach) return run_attached(request, err);
   const std::string python_dir = request.python_dir;
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
@@ -315,25 +393,7 @@ int run_record(const RecordRequest& request, std::ostream& err) {
   sigaction(SIGINT, &ignore, &saved_int);
 
   Receiver receiver(request);
-  std::optional<Error> failure;
-  std::string buffer;
-  char chunk[1 << 16];
-  for (;;) {
-    const ssize_t n = read(fds[0], chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (failure) continue;  // keep draining so the script is not blocked on a full pipe
-    buffer.append(chunk, static_cast<std::size_t>(n));
-    std::size_t start = 0;
-    try {
-      for (std::size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
-        receiver.line(buffer.substr(start, nl - start));
-      }
-    } catch (const Error& e) {
-      failure = e;
-    }
-    buffer.erase(0, start);
-  }
+  const std::optional<Error> failure = read_records(fds[0], receiver);
   close(fds[0]);
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
@@ -351,10 +411,10 @@ int run_record(const RecordRequest& request, std::ostream& err) {
   }
   if (clean) {
     err << fmt::format("ampscope record: {} step{} written to {}\n", receiver.steps(), receiver.steps() == 1 ? "" : "s",
-                       request.out);
+                       receiver.path());
   } else {
     err << fmt::format("ampscope record: the script {}; {} finished step{} kept in {} (complete = 0){}\n",
-                       describe_status(status), receiver.steps(), receiver.steps() == 1 ? "" : "s", request.out,
+                       describe_status(status), receiver.steps(), receiver.steps() == 1 ? "" : "s", receiver.path(),
                        dropped > 0 ? fmt::format(", {} rows of the unfinished step dropped", dropped) : "");
   }
   return result;
@@ -369,7 +429,9 @@ RecordCommand::RecordCommand(CLI::App& app) {
   cmd_->add_option("--sample-every", request_.sample_every, "Record the ops of every Nth step (steps and gradients "
                                                             "are recorded every step)")
       ->capture_default_str();
-  cmd_->add_option("command", request_.command, "The command to run, after --: python3 train.py ARGS...")->required();
+  cmd_->add_flag("--attach", request_.attach, "Read the rows of a Python process that records itself on stdin (run "
+                                             "by ampscope.torch.record(); no command)");
+  cmd_->add_option("command", request_.command, "The command to run, after --: python3 train.py ARGS...");
 }
 
 bool RecordCommand::parsed() const { return cmd_->parsed(); }

@@ -27,6 +27,7 @@ struct RecordRequest {
   std::int64_t sample_every = 1;     // record ops every N steps (steps and gradients: every step)
   std::string python_dir{};          // the folder holding the `ampscope` package ("": found, see find_python_dir)
   std::vector<std::string> command{};
+  bool attach = false;               // --attach: rows on stdin from ampscope.torch.record(), no command run
 };
 
 // Where the `ampscope` Python package is: $AMPSCOPE_PYTHON_DIR, else the installed copy next to the program

@@ -237,5 +237,119 @@ p = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "y.h5"), "--
 check(p.returncode == 2 and "no trace written" in p.stderr and not os.path.exists(os.path.join(WORK, "y.h5")),
       "no step: exit %d %s" % (p.returncode, p.stderr))
 
+# --- 8. what the recorder cannot see op by op: a custom autograd.Function, activation checkpointing ----------
+# Reference gradients from a plain run of the same script (no recorder): the gradient flowing into the custom
+# Function's input (a tensor hook on it), and for the checkpointed blocks the gradient of block 0's input
+# (the script's x requires grad; x.grad[0] is step 0's alone).
+GRAB = """
+import runpy, sys, numpy as np, torch
+got = []
+def pre(module, inputs):
+    if type(module).__name__ == "Act" and inputs[0].requires_grad:
+        inputs[0].register_hook(lambda g: got.append(g.detach().double().numpy()))
+torch.nn.modules.module.register_module_forward_pre_hook(pre)
+g = runpy.run_path(sys.argv[1], run_name="__main__")
+arrays = {"act_grad_%d" % i: a for i, a in enumerate(got)}
+if "x" in g and getattr(g["x"], "grad", None) is not None:
+    arrays["x_grad_0"] = g["x"].grad[0].double().numpy()
+np.savez(sys.argv[2], **arrays)
+"""
+for script in ("custom_function", "checkpointed"):
+    ref_path = os.path.join(WORK, script + "_ref.npz")
+    r = subprocess.run([PYTHON, "-c", GRAB, os.path.join(SCRIPTS, script + ".py"), ref_path], capture_output=True, text=True)
+    check(r.returncode == 0, "%s: the plain run failed: %s" % (script, r.stderr[-300:]))
+
+p, out = record("custom_function", "custom_function.py")
+check(p.returncode == 0 and "note:" not in p.stderr, "custom_function: exit %d: %s" % (p.returncode, p.stderr[-300:]))
+rows = ops(out)[0]
+ref = np.load(os.path.join(WORK, "custom_function_ref.npz"))
+for s in range(2):
+    bwd = [(r["op"], r["module"]) for r in rows if r["step"] == s and r["phase"] == "backward"]
+    check(bwd == [("nll_loss", ""), ("log_softmax", ""), ("linear", "fc2"), ("SquaredReLU", "act"), ("linear", "fc1")],
+          "custom_function step %d: backward rows %s" % (s, bwd))
+    row = [r for r in rows if r["step"] == s and r["op"] == "SquaredReLU"][0]
+    h = health_f64(ref["act_grad_%d" % s])
+    for k in ("numel", "nan", "zero"):
+        check(int(row[k]) == h[k], "custom_function step %d: SquaredReLU %s %d, plain run %d" % (s, k, row[k], h[k]))
+    for k in ("min", "max", "absmax", "mean", "rms"):
+        check(close(float(row[k]), float(h[k])), "custom_function step %d: %s %r, plain run %r" % (s, k, row[k], h[k]))
+    check(h["zero"] > 0, "custom_function: the reference gradient has no zeros (the relu's): a weak check")
+with h5py.File(out, "r") as f:
+    check(len(f["events"]) == 0, "custom_function: %d events (none wanted: the Function is recorded)" % len(f["events"]))
+
+p, out = record("checkpointed", "checkpointed.py")
+notes = [l for l in p.stderr.splitlines() if l.startswith("ampscope record: note: activation checkpointing")]
+check(p.returncode == 0 and len(notes) == 1 and "'blocks.0'" in notes[0], "checkpointed: exit %d, notes %s" % (p.returncode, notes))
+rows = ops(out)[0]
+with h5py.File(out, "r") as f:
+    ev = f["events"][()]
+    kinds, mods, details = text(f, ev["kind"]), text(f, ev["module"]), text(f, ev["detail"])
+check(kinds == ["unrecorded", "unrecorded"] and mods == ["blocks.0", "blocks.1"] and list(ev["step"]) == [0, 0],
+      "checkpointed: events %s %s steps %s" % (kinds, mods, list(ev["step"])))
+check(all("not recorded one by one" in d for d in details), "checkpointed: event details %s" % details)
+ref = np.load(os.path.join(WORK, "checkpointed_ref.npz"))
+for s in range(2):
+    bwd = [(r["op"], r["module"]) for r in rows if r["step"] == s and r["phase"] == "backward"]
+    check(bwd[-2:] == [("checkpoint", "blocks.1"), ("checkpoint", "blocks.0")], "checkpointed step %d: backward %s" % (s, bwd))
+row = [r for r in rows if r["step"] == 0 and r["op"] == "checkpoint" and r["module"] == "blocks.0"][0]
+h = health_f64(ref["x_grad_0"])
+for k in ("min", "max", "absmax", "mean", "rms"):
+    check(close(float(row[k]), float(h[k])), "checkpointed: blocks.0's backward %s %r, plain run %r" % (k, row[k], h[k]))
+
+# --- 9. the Python API: a plain python3 run records two of its steps with ampscope.torch.record() ------------
+env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"), AMPSCOPE=AMPSCOPE)
+api = os.path.join(SCRIPTS, "api_record.py")
+plain = subprocess.run([PYTHON, api, "none"], capture_output=True, text=True, env=env)
+want_loss = {int(l.split()[1]): float(l.split()[3]) for l in plain.stdout.splitlines() if l.startswith("step ")}
+out = os.path.join(WORK, "api.h5")
+r = subprocess.run([PYTHON, api, out], capture_output=True, text=True, env=env)
+check(r.returncode == 0 and "recording True" in r.stdout and r.stdout.rstrip().endswith("step 3 loss %.9g" % want_loss[3]),
+      "api: exit %d: %s %s" % (r.returncode, r.stdout[-300:], r.stderr[-300:]))
+rows, steps, grads, gnames, complete, precision = ops(out)
+check(complete == 1 and len(steps) == 2, "api: complete %d, %d steps" % (complete, len(steps)))
+check(len(steps) == 2 and
+      all(close(float(s["loss"]), want_loss[i + 1], 1e-7) for i, s in enumerate(steps)),
+      "api: losses %s, the plain run's %s" % ([float(s["loss"]) for s in steps], want_loss))
+fwd = [(r["op"], r["module"]) for r in rows if r["step"] == 0 and r["phase"] == "forward"]
+check(fwd == [("linear", "0"), ("tanh", "1"), ("linear", "2"), ("log_softmax", ""), ("nll_loss", "")], "api: forward %s" % fwd)
+out = os.path.join(WORK, "api_fail.h5")
+r = subprocess.run([PYTHON, api, out, "--fail"], capture_output=True, text=True, env=env)
+check(r.returncode == 0 and "raised" in r.stdout and "complete = 0" in r.stderr, "api --fail: %d %s" % (r.returncode, r.stderr[-300:]))
+rows, steps, grads, gnames, complete, precision = ops(out)
+check(complete == 0 and len(steps) == 1 and close(float(steps[0]["loss"]), want_loss[1], 1e-7),
+      "api --fail: complete %d, steps %s" % (complete, list(steps["loss"])))
+r = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "z.h5"), "--attach", "--", PYTHON, "-c", "0"],
+                   capture_output=True, text=True)
+check(r.returncode == 2 and "--attach reads the rows" in r.stderr and "hint:" in r.stderr, "--attach with a command: %s" % r.stderr)
+
+# --- 10. two ranks with torch.distributed's gloo backend, rank 1 fed an inf in step 1's batch ----------------
+import socket
+with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+out = os.path.join(WORK, "ddp.h5")
+for rank in (0, 1):
+    if os.path.exists(os.path.join(WORK, "ddp.rank%d.h5" % rank)):
+        os.remove(os.path.join(WORK, "ddp.rank%d.h5" % rank))
+procs = [subprocess.Popen([AMPSCOPE, "record", "--out", out, "--", PYTHON, os.path.join(SCRIPTS, "ddp_train.py"),
+                           "--bad-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+                                   RANK=str(rank))) for rank in (0, 1)]
+results = [p.communicate(timeout=300) for p in procs]
+for rank, (p, (so, se)) in enumerate(zip(procs, results)):
+    path = os.path.join(WORK, "ddp.rank%d.h5" % rank)
+    check(p.returncode == 0 and ("3 steps written to " + path) in se, "ddp rank %d: exit %d: %s" % (rank, p.returncode, se[-300:]))
+    with h5py.File(path, "r") as f:
+        config = json.loads(f.attrs["config"].decode() if isinstance(f.attrs["config"], bytes) else f.attrs["config"])
+    check(config.get("rank") == rank and config.get("world_size") == 2, "ddp rank %d: config %s" % (rank, config))
+check(not os.path.exists(out), "ddp: %s written besides the ranks' traces" % out)
+rows = ops(os.path.join(WORK, "ddp.rank1.h5"))[0]
+first = [r for r in rows if r["step"] == 1 and r["phase"] == "forward"][0]
+check((first["op"], first["module"], int(first["pos_inf"]) > 0) == ("linear", "module.0", True), "ddp rank 1: step 1's first row %s %s" % (first["op"], first["module"]))
+r = subprocess.run([AMPSCOPE, "report", out], capture_output=True, text=True)
+check(r.returncode == 1 and "data-parallel run: 2 ranks" in r.stdout and  # 1: anomalies found
+      "first origin across ranks: rank 1: nonfinite_input in module.0 at step 1" in r.stdout,
+      "ddp: report exit %d: %s" % (r.returncode, r.stdout[:400]))
+
 print("%d checks, %d failed" % (checks, len(failures)))
 sys.exit(1 if failures else 0)

@@ -4,7 +4,17 @@ unmodified script (docs/pytorch.md); a script run that way can also use this mod
     import ampscope.torch as amp
     if amp.recording():
         amp.end_step()   # a step boundary of one's own (a loop without torch.optim, or several optimizers)
+
+or record part of a plain `python3 train.py` run itself (the `ampscope` program writes the trace: it is
+started as `ampscope record --attach`, reading the rows on a pipe):
+
+    with amp.record("run.h5", optimizers=[opt]):
+        for batch in data: ...
 """
+import contextlib
+import os
+import shutil
+import subprocess
 
 
 def recording():
@@ -24,3 +34,42 @@ def end_step():
         raise RuntimeError("ampscope.torch.end_step(): this process is not being recorded\n"
                            "hint: run the script with `ampscope record --out run.h5 -- python3 SCRIPT`")
     r.end_step(None, None)
+
+
+@contextlib.contextmanager
+def record(out, *, probe="health", sample_every=1, optimizers=(), ampscope=None):
+    """Records what runs inside the `with` block into the trace `out`, as `ampscope record` records a whole
+    script. Steps end at each step() of an optimizer created inside the block or passed in `optimizers`
+    (an optimizer made before the block is not seen otherwise), at a GradScaler's update(), or at
+    end_step(). `ampscope`: the program's path (default: $AMPSCOPE, else `ampscope` on PATH). The block's ops
+    after the last step make a last step. An exception leaving the block leaves the trace with its finished
+    steps and complete = 0. Raises RuntimeError when the program cannot be found or fails to write the
+    trace (its own message is on stderr)."""
+    from ampscope.torch import _recorder
+
+    exe = ampscope or os.environ.get("AMPSCOPE") or shutil.which("ampscope")
+    if not exe:
+        raise RuntimeError("ampscope.torch.record(): cannot find the ampscope program\n"
+                           "hint: put it on PATH, set AMPSCOPE=/path/to/ampscope, or pass ampscope=...")
+    child = subprocess.Popen([exe, "record", "--out", os.fspath(out), "--attach", "--probe", probe,
+                              "--sample-every", str(int(sample_every))], stdin=subprocess.PIPE)
+    try:
+        r = _recorder.start(child.stdin.fileno(), {"probe": probe, "sample_every": int(sample_every)},
+                            whole_run=False)
+    except BaseException:
+        child.stdin.close()
+        child.wait()
+        raise
+    for opt in optimizers:
+        r.wrap_optimizer(opt)
+    clean = False
+    try:
+        yield
+        clean = True
+    finally:
+        _recorder.stop(r, clean)
+        child.stdin.close()
+        status = child.wait()
+    if status != 0:
+        raise RuntimeError("ampscope.torch.record(): `ampscope record --attach` exited with status %d: the trace "
+                           "%s may be missing or incomplete (its message is above)" % (status, out))

@@ -74,34 +74,41 @@ def _tensors(value, out):
 
 def health(x):
     """[numel, nan, pos_inf, neg_inf, zero, subnormal, min, max, absmax, mean, rms] of a floating tensor, the
-    moments in double over the finite values (NaN when there are none)."""
+    moments in double over the finite values (NaN when there are none).
+
+    Cost: one cast to f64, then reductions on it (sum, aminmax, the sum of squares, the smallest magnitude). The
+    zero and subnormal counts (boolean masks, the costly part on a CPU) are taken only when the smallest
+    magnitude is below the dtype's smallest normal, and the NaN/inf counts only when the sum is not finite
+    (bench/RESULTS.md, "ampscope record's cost")."""
     x = x.detach()
     n = x.numel()
     if n == 0:
         nan = float("nan")
         return [0, 0, 0, 0, 0, 0, nan, nan, nan, nan, nan]
-    total = x.sum(dtype=torch.float64)
-    finite_all = bool(torch.isfinite(total))
+    tiny = torch.finfo(x.dtype).tiny
+    xd = x.reshape(-1).to(torch.float64)
+    total = xd.sum()
     nan_c = pinf = ninf = 0
-    if not finite_all:
-        finite = torch.isfinite(x)
-        nan_c = int(torch.isnan(x).sum())
-        pinf = int((x == math.inf).sum())
-        ninf = int((x == -math.inf).sum())
-        x = x[finite]
-        if x.numel() == 0:
+    if not bool(torch.isfinite(total)):
+        nan_c = int(torch.isnan(xd).sum())
+        pinf = int((xd == math.inf).sum())
+        ninf = int((xd == -math.inf).sum())
+        xd = xd[torch.isfinite(xd)]
+        if xd.numel() == 0:
             nan = float("nan")
             return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan]
-        total = x.sum(dtype=torch.float64)
-    m = x.numel()
-    lo, hi = torch.aminmax(x)
-    sq = torch.linalg.vector_norm(x, dtype=torch.float64)
-    zero = int((x == 0).sum())
-    tiny = torch.finfo(x.dtype).tiny
-    subnormal = int((x.abs() < tiny).sum()) - zero
+        total = xd.sum()
+    m = xd.numel()
+    lo, hi = torch.aminmax(xd)
+    sq = (xd * xd).sum()  # not torch.dot: BLAS threads fight over the cores and it ran 10x slower
+    magnitude = xd.abs()
+    zero = subnormal = 0
+    if float(magnitude.amin()) < tiny:
+        zero = int((xd == 0).sum())
+        subnormal = int((magnitude < tiny).sum()) - zero
     lo, hi = float(lo), float(hi)
     return [n, nan_c, pinf, ninf, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), float(total) / m,
-            float(sq) / math.sqrt(m)]
+            math.sqrt(float(sq) / m)]
 
 
 def _counts_text(h):
@@ -177,6 +184,8 @@ class Recorder:
         self.rows_this_step = 0
         self.forward_bad = False
         self.module_types = []
+        self.notes = set()
+        self.noted_kinds = set()
 
     # ---------------------------------------------------------------- tensors and provenance
     def recording(self):
@@ -315,6 +324,46 @@ class Recorder:
             meta["ampscope"] = label
             node.register_prehook(self._node_prehook(node))
             node.register_hook(self._node_hook(label, node))
+
+    def label_function(self, cls, args, outputs):
+        """A custom autograd.Function's outputs: its backward node (a Python BackwardCFunction) is labelled with
+        the Function's name and the module it ran in, so its backward gets one row, as a built-in op's node
+        does. Its forward's aten ops were rows of their own already. Activation checkpointing (reentrant: a
+        Function too) gets its row, named `checkpoint`, and a note: the segment's ops are recomputed inside
+        backward and their gradients are not recorded one by one."""
+        # Before the pending nodes: an output that is its forward's last aten op's own tensor would otherwise be
+        # labelled after that op.
+        module = self.module_stack[-1] if self.module_stack else ""
+        checkpoint = _is_checkpoint_function(cls)
+        if checkpoint and args and isinstance(args[0], torch.nn.Module):
+            module = self.module_names.get(args[0], module)  # checkpoint(block, x): the block's path
+        name = "checkpoint" if checkpoint else cls.__name__
+        label = (name, module)
+        for t in outputs:
+            node = t.grad_fn
+            if node is None or "ampscope" in node.metadata:
+                continue
+            node.metadata["ampscope"] = label
+            node.register_prehook(self._node_prehook(node))
+            node.register_hook(self._node_hook(label, node))
+        if self.pending_nodes:
+            self.label_nodes()
+        if checkpoint:
+            self.note_once("checkpoint", module, "checkpoint", "activation checkpointing (torch.utils.checkpoint) "
+                           "of %s: its backward is one row, `checkpoint`; the ops it recomputes in backward and "
+                           "their gradients are not recorded one by one" % (
+                               "'%s'" % module if module else "the model's own forward"))
+
+    def note_once(self, key, module, op, text):
+        """A hole the recorder knows of: an /events row `unrecorded` (once per kind and module) and a line on
+        stderr (once per kind), never silence."""
+        if (key, module) in self.notes:
+            return
+        self.notes.add((key, module))
+        self.channel.add(["event", self.step, -1, "unrecorded", op, module, text])
+        if key not in self.noted_kinds:
+            self.noted_kinds.add(key)
+            sys.stderr.write("ampscope record: note: %s\n" % text)
 
     def _node_prehook(self, node):
         def prehook(grad_outputs):
@@ -464,10 +513,10 @@ class Recorder:
                     if p.grad is None:
                         continue
                     name = self.param_names.get(id(p), "group %d, parameter %d" % (gi, pi))
-                    h = health(p.grad)
                     norm = float(torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64))
                     total += norm * norm
-                    if self.recording():
+                    if self.recording():  # the step's grad_norm needs only the norms; rows only when sampled
+                        h = health(p.grad)
                         self.channel.add(["grad", self.step, name, _dtype(p.grad), h[1], h[2], h[3], h[4], num(h[8]),
                                           num(norm), unscaled])
             self.grad_norm = math.sqrt(total)
@@ -562,6 +611,10 @@ class Recorder:
         import json
         config = {"recorder": "ampscope.torch", "torch": torch.__version__, "python": sys.version.split()[0],
                   "argv": sys.argv, "sample_every": self.every, "probe": self.level}
+        # A rank of a torch.distributed run: `ampscope record` then writes OUT's STEM.rankN.h5 (as train --ddp).
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            config["rank"], config["world_size"] = int(dist.get_rank()), int(dist.get_world_size())
         probe = {"level": self.level, "ops": [], "modules": [], "every": self.every, "flight_recorder": False,
                  "recorder_steps": 0, "outside_steps": False, "autocast_overrides": []}
         begin = ["begin", PROTOCOL, self.precision, self.device or "cpu", self.model_name or os.path.basename(
@@ -585,6 +638,57 @@ class Recorder:
             self.end_step(None, None)
         self.channel.add(["close"])
         self.channel.flush()
+
+
+def _is_checkpoint_function(cls):
+    checkpoint = sys.modules.get("torch.utils.checkpoint")
+    return checkpoint is not None and cls is getattr(checkpoint, "CheckpointFunction", None)
+
+
+def _wrap_function_apply():
+    """Every custom torch.autograd.Function's apply (a classmethod of the C base class, inherited by each
+    subclass): its outputs' backward node is labelled after the call."""
+    base = torch._C._FunctionBase.__dict__.get("apply")
+    if base is None or not hasattr(base, "__get__"):
+        return False
+
+    def apply(cls, *args, **kwargs):
+        out = base.__get__(None, cls)(*args, **kwargs)
+        r = _active
+        if r is not None and not r.busy and r.pid == os.getpid() and r.phase == "forward" and \
+                torch.is_grad_enabled():
+            r.busy = True
+            try:
+                r.label_function(cls, args, [t for t in _tensors(out, []) if t.grad_fn is not None])
+            except Exception as e:
+                r.failed(e)
+            finally:
+                r.busy = False
+        return out
+
+    torch.autograd.Function.apply = classmethod(apply)
+    return True
+
+
+def _wrap_compile():
+    """torch.compile (torch 2.x): a compiled graph's ops run in generated kernels the dispatch mode does not
+    see. While recording, torch.compile returns what it was given, so the model runs eagerly and is recorded
+    op by op; a note says so."""
+    original = getattr(torch, "compile", None)
+    if original is None:
+        return
+
+    def compile(model=None, *args, **kwargs):
+        r = _active
+        if r is None or r.pid != os.getpid():
+            return original(model, *args, **kwargs)
+        r.note_once("compile", "", "torch.compile", "torch.compile is left out while recording: the model runs "
+                    "eagerly so that each op is recorded (step times are not those of the compiled model)")
+        if model is None:  # @torch.compile(mode=...): a decorator
+            return lambda fn: fn
+        return model
+
+    torch.compile = compile
 
 
 def _wrap_optimizer_init():
@@ -624,18 +728,50 @@ def _wrap_scaler_init():
         cls.__init__ = __init__
 
 
-def start(fd, options):
-    global _active
+_wrapped_classes = False
+
+
+def start(fd, options, whole_run=True):
+    """Starts recording into fd. whole_run: for the process's life (ampscope record -- ...), else until stop()
+    (ampscope.torch.record())."""
+    global _active, _wrapped_classes
+    if _active is not None:
+        raise RuntimeError("ampscope.torch: this process is already being recorded\n"
+                           "hint: one recording at a time (end the `with ampscope.torch.record(...)` block first)")
     recorder = Recorder(Channel(fd), options)
     recorder.module_types = []
     _active = recorder
-    torch.nn.modules.module.register_module_forward_pre_hook(recorder.module_pre)
-    torch.nn.modules.module.register_module_forward_hook(recorder.module_post)
+    recorder.hooks = [torch.nn.modules.module.register_module_forward_pre_hook(recorder.module_pre),
+                      torch.nn.modules.module.register_module_forward_hook(recorder.module_post)]
+    recorder.saved_autograd = (torch.autograd.backward, torch.autograd.grad)
     torch.autograd.backward = recorder.wrap_backward(torch.autograd.backward, False)
     torch.autograd.grad = recorder.wrap_backward(torch.autograd.grad, True)
-    _wrap_optimizer_init()
-    _wrap_scaler_init()
-    mode = _Mode(recorder)
-    mode.__enter__()  # for the whole run: never left
-    atexit.register(recorder.finish)
+    if not _wrapped_classes:  # the class wrappers look up _active: installed once per process
+        _wrapped_classes = True
+        _wrap_optimizer_init()
+        _wrap_scaler_init()
+        _wrap_function_apply()
+        _wrap_compile()
+    recorder.mode = _Mode(recorder)
+    recorder.mode.__enter__()
+    if whole_run:
+        atexit.register(recorder.finish)
     return recorder
+
+
+def stop(recorder, clean=True):
+    """Ends a recording started with whole_run=False: the last step is sent, the run closed, and every hook the
+    recorder placed stops acting (wrapped optimizers and nodes of graphs still alive check the recorder's pid,
+    set to none here)."""
+    global _active
+    try:
+        if clean:
+            recorder.finish()
+        # else: no close record: the trace keeps its finished steps and complete = 0, as after a crash
+    finally:
+        recorder.mode.__exit__(None, None, None)
+        for h in recorder.hooks:
+            h.remove()
+        torch.autograd.backward, torch.autograd.grad = recorder.saved_autograd
+        recorder.pid = -1
+        _active = None
