@@ -1,8 +1,6 @@
 // The task of `ampscope train --model DIR --tokens FILE`: an architecture loaded from a Hugging Face model
 // folder (models/hf_models.h), trained or evaluated on a token file in fixed windows (models/token_data.h).
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 
 #include <fmt/format.h>
 
@@ -18,20 +16,19 @@ namespace ampscope::samples {
 namespace {
 
 // The run's token ids: --text encoded by the folder's own GPT-2 tokenizer (vocab.json + merges.txt, or
-// tokenizer.json), or --tokens read; each checked against the vocabulary.
-std::vector<std::int32_t> run_tokens(const TrainConfig& c, std::int64_t vocab) {
-  std::vector<std::int32_t> tokens;
+// tokenizer.json) a megabyte at a time into ids of 2 bytes each, or --tokens opened (a .npy or .bin file is
+// read by window as batches need it); each checked against the vocabulary. Memory does not hold the text,
+// nor a token file's ids.
+TokenSequence run_tokens(const TrainConfig& c, std::int64_t vocab) {
   if (!c.text_file.empty()) {
     const BpeTokenizer tokenizer = BpeTokenizer::from_folder(c.model_dir);
-    std::ifstream in(c.text_file, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!in.good() && !in.eof()) throw Error(fmt::format("--text '{}': cannot read the file", c.text_file));
-    tokens = tokenizer.encode(bytes);
+    TokenSequence tokens;
+    tokenizer.encode_file(c.text_file, [&](const std::int32_t* ids, std::size_t n) { tokens.append(ids, n); });
     check_vocabulary(tokens, vocab, c.text_file);
-  } else {
-    tokens = load_tokens(c.tokens_file);
-    check_vocabulary(tokens, vocab, c.tokens_file);
+    return tokens;
   }
+  TokenSequence tokens = TokenSequence::open(c.tokens_file);
+  check_vocabulary(tokens, vocab, c.tokens_file);
   return tokens;
 }
 
@@ -65,7 +62,7 @@ class ModelFolderTask final : public SampleTask {
     }
     batch_ = c.batch > 0 ? c.batch : 1;
     // Fails here, naming how many tokens one window needs, rather than at the first step.
-    windows_ = window_count(static_cast<std::int64_t>(tokens_.size()), context_, /*seq2seq=*/false);
+    windows_ = window_count(tokens_.size(), context_, /*seq2seq=*/false);
     if (windows_ < 1) {
       throw Error(fmt::format("{}: {} tokens make no window of --context {} (one needs {} tokens)", data_option(c),
                               tokens_.size(), context_, context_ + 1));
@@ -88,7 +85,7 @@ class ModelFolderTask final : public SampleTask {
 
  private:
   std::shared_ptr<hf::CausalLM> model_;
-  std::vector<std::int32_t> tokens_;
+  TokenSequence tokens_;
   std::int64_t context_ = 0, batch_ = 1, windows_ = 0;
 };
 
@@ -111,7 +108,7 @@ class Seq2SeqFolderTask final : public SampleTask {
                               context_, context_ < 2 ? 2 : context_ + 1));
     }
     batch_ = c.batch > 0 ? c.batch : 1;
-    window_count(static_cast<std::int64_t>(tokens_.size()), context_, /*seq2seq=*/true);  // throws naming the need
+    window_count(tokens_.size(), context_, /*seq2seq=*/true);  // throws naming the need
   }
 
   nn::Module& model() override { return *model_; }
@@ -127,7 +124,7 @@ class Seq2SeqFolderTask final : public SampleTask {
 
  private:
   std::shared_ptr<hf::Seq2SeqLM> model_;
-  std::vector<std::int32_t> tokens_;
+  TokenSequence tokens_;
   std::int64_t context_ = 0, batch_ = 1;
 };
 
