@@ -36,8 +36,15 @@ std::string data_option(const TrainConfig& c) {
   return c.text_file.empty() ? "--tokens '" + c.tokens_file + "'" : "--text '" + c.text_file + "'";
 }
 
+hf::LoadOptions load_options(const TrainConfig& c) { return {.allow_nonfinite = c.model_allow_nonfinite}; }
+
+// What the load accepted that a user must hear of: weights holding NaN or Inf (allowed explicitly), then
+// tensors the architecture does not use.
 void warn_unexpected(const TrainConfig& c, const hf::LoadReport& report, const std::string& type,
                      std::vector<std::string>& warnings) {
+  for (const std::string& line : report.nonfinite) {
+    warnings.push_back(fmt::format("--model '{}': the weights hold NaN or Inf (allowed): {}", c.model_dir, line));
+  }
   if (report.unexpected.empty()) return;
   std::string names;
   for (std::size_t i = 0; i < report.unexpected.size() && i < 8; ++i) names += (i ? ", " : "") + report.unexpected[i];
@@ -50,7 +57,7 @@ void warn_unexpected(const TrainConfig& c, const hf::LoadReport& report, const s
 class ModelFolderTask final : public SampleTask {
  public:
   ModelFolderTask(const TrainConfig& c, std::vector<std::string>& warnings) {
-    hf::LoadedModel loaded = hf::load_model(c.model_dir);
+    hf::LoadedModel loaded = hf::load_model(c.model_dir, load_options(c));
     model_ = std::move(loaded.model);
     warn_unexpected(c, loaded.report, model_->model_type(), warnings);
     tokens_ = run_tokens(c, model_->vocab_size());
@@ -95,7 +102,7 @@ class ModelFolderTask final : public SampleTask {
 class Seq2SeqFolderTask final : public SampleTask {
  public:
   Seq2SeqFolderTask(const TrainConfig& c, std::vector<std::string>& warnings) {
-    hf::LoadedSeq2Seq loaded = hf::load_seq2seq(c.model_dir);
+    hf::LoadedSeq2Seq loaded = hf::load_seq2seq(c.model_dir, load_options(c));
     model_ = std::move(loaded.model);
     model_->set_clamp_inf(c.fp16_clamp);
     warn_unexpected(c, loaded.report, model_->model_type(), warnings);

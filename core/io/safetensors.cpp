@@ -582,7 +582,9 @@ void save(const std::filesystem::path& path, const std::vector<std::pair<std::st
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
   const std::filesystem::path tmp = path.string() + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: never write through a link left at the temporary name (the rename then replaces whatever is
+  // at `path`, a link included, without following it).
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) bad(fmt::format("cannot create '{}': {}", tmp.string(), std::strerror(errno)),
                   "check that the folder exists and is writable");
   auto write_all = [&](const void* p, std::size_t n) {
