@@ -16,6 +16,8 @@
 set(AMPSCOPE_INTERNAL_HEADERS
     core/io/output_file.h    # safe creation of the command line's output files (cli/)
     core/io/hdf5_support.h   # HDF5 helpers for checkpoint.cpp and the trace writer/reader (includes hdf5.h)
+    core/io/json_limits.h    # bounded JSON parsing for the readers of files from elsewhere (includes nlohmann)
+    core/io/input_file.h     # regular-file-only, size-bounded opening of files from elsewhere (for the readers)
     probes/trace/codec.h  # the trace's chunk compression
     probes/trace/hdf5_io.h   # the trace's HDF5 wrappers
     probes/trace/layout.h # the trace's dataset layout

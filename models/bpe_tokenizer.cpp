@@ -19,6 +19,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/io/input_file.h"
+#include "core/io/json_limits.h"
+
 namespace ampscope::samples {
 
 namespace fs = std::filesystem;
@@ -46,15 +49,16 @@ std::string read_file(const fs::path& path) {
     throw TokenizerError(fmt::format("tokenizer file '{}' does not exist\nhint: --text needs the model folder's "
                                      "vocab.json and merges.txt, or its tokenizer.json",
                                      path.string()));
-  if (!fs::is_regular_file(path, ec)) fail(path.string(), "not a regular file", "hint: give the path of a file");
-  const std::uintmax_t size = fs::file_size(path, ec);
-  if (ec) fail(path.string(), fmt::format("cannot read its size: {}", ec.message()), "hint: check the permissions");
-  if (size > kMaxFileBytes)
-    fail(path.string(), fmt::format("{} bytes, more than the {} this reader takes", size, kMaxFileBytes));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path.string(), "cannot be opened", "hint: check the permissions");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(path.string(), "read error", "hint: check the file system");
+  // A regular file only, checked before open() (a FIFO would block it; /dev/zero would never end).
+  std::string bytes;
+  if (auto problem = detail::read_input_file(path, kMaxFileBytes, bytes)) {
+    using Kind = detail::FileProblem::Kind;
+    fail(path.string(), problem->describe(),
+         problem->kind == Kind::not_regular   ? "hint: give the path of a file"
+         : problem->kind == Kind::too_large   ? kDamagedHint
+         : problem->kind == Kind::cannot_open ? "hint: check the permissions"
+                                              : "hint: check the file system");
+  }
   return bytes;
 }
 
@@ -169,15 +173,8 @@ std::string symbols_to_bytes(std::string_view symbols) {
   return out;
 }
 
-// Bytes shown in a message: printable ASCII as is, the rest as \xNN.
-std::string shown(std::string_view bytes) {
-  std::string out;
-  for (unsigned char c : bytes) {
-    if (c >= 0x20 && c < 0x7F && c != '\\') out += static_cast<char>(c);
-    else out += fmt::format("\\x{:02x}", c);
-  }
-  return out;
-}
+// Bytes shown in a message: printable ASCII as is, the rest as \xNN; the first 80 bytes, then "...".
+std::string shown(std::string_view bytes) { return detail::text_excerpt(bytes, 80); }
 
 // ---- pre-tokenization ----------------------------------------------------------------------------------
 
@@ -276,15 +273,18 @@ void split_pieces(std::string_view text, const std::function<void(std::size_t, s
 
 // ---- JSON helpers -------------------------------------------------------------------------------------
 
+// The file's JSON, its nesting bounded (core/io/json_limits.h): every message below may print a value.
 Json parse_json(const std::string& file, const std::string& bytes) {
-  try {
-    return Json::parse(bytes);
-  } catch (const Json::exception& e) {
-    fail(file, fmt::format("not valid JSON: {}", e.what()));
+  Json j;
+  if (auto problem = detail::parse_json(bytes, j)) {
+    fail(file, problem->too_deep ? problem->what : fmt::format("not valid JSON: {}", problem->what));
   }
+  return j;
 }
 
-std::string json_quoted(const std::string& s) { return Json(s).dump(); }
+// A value for a message: compact JSON, at most 80 characters.
+std::string shown_json(const Json& v) { return detail::json_excerpt(v, 80); }
+std::string json_quoted(const std::string& s) { return shown_json(Json(s)); }
 
 // A JSON value that must be null or absent, or equal to a value that changes nothing.
 bool is_null_or(const Json& obj, const char* key, const std::function<bool(const Json&)>& harmless) {
@@ -310,6 +310,7 @@ struct BpeTokenizer::Impl {
   std::unordered_map<std::uint64_t, std::pair<std::int32_t, std::int32_t>> merges;
   // Special tokens: raw bytes matched in the text before pre-tokenization, longest first per first byte.
   std::array<std::vector<std::pair<std::string, std::int32_t>>, 256> specials;
+  std::size_t max_special = 0;  // the longest special token's bytes
   bool ignore_merges = false;
 
   static std::uint64_t key(std::int32_t a, std::int32_t b) {
@@ -361,7 +362,7 @@ struct BpeTokenizer::Impl {
     for (auto it = v.begin(); it != v.end(); ++it) {
       const std::string where = fmt::format("{}[{}]", path, json_quoted(it.key()));
       if (!it->is_number_integer())
-        fail(file, fmt::format("{} is {}, not an integer id", where, it->dump()));
+        fail(file, fmt::format("{} is {}, not an integer id", where, shown_json(*it)));
       const std::int64_t id = it->is_number_unsigned()
                                   ? static_cast<std::int64_t>(std::min<std::uint64_t>(it->get<std::uint64_t>(), INT64_MAX))
                                   : it->get<std::int64_t>();
@@ -371,6 +372,7 @@ struct BpeTokenizer::Impl {
   }
 
   void add_special(const std::string& content, std::int32_t id) {
+    max_special = std::max(max_special, content.size());
     auto& list = specials[static_cast<unsigned char>(content[0])];
     list.emplace_back(content, id);
     std::stable_sort(list.begin(), list.end(),
@@ -456,29 +458,64 @@ struct BpeTokenizer::Impl {
     }
   }
 
-  std::vector<std::int32_t> encode(std::string_view text) const {
-    std::vector<std::int32_t> out;
-    out.reserve(text.size() / 3 + 16);
-    // Repeated pieces (" the", "\n") are looked up, not merged again: GPT-2's encoder caches the same way.
-    // Long pieces are not kept, so the cache stays in proportion to the distinct short pieces.
-    std::unordered_map<std::string_view, std::vector<std::int32_t>> cache;
+  // Repeated pieces (" the", "\n") are looked up, not merged again: GPT-2's encoder caches the same way. Long
+  // pieces are not kept, and the cache is emptied when it reaches kMaxCached pieces, so it stays bounded
+  // however long the text.
+  struct PieceHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  using PieceCache = std::unordered_map<std::string, std::vector<std::int32_t>, PieceHash, std::equal_to<>>;
+  static constexpr std::size_t kMaxCached = std::size_t{1} << 17;
+
+  // Encodes text (which starts at byte `base` of the whole text) and hands the ids to emit(ids, n) in order.
+  // With at_end, all of it; otherwise only as far as nothing after the end of `text` could change: the ids
+  // are then exactly those the whole text gives there. Returns how many bytes were encoded.
+  //
+  // Why a margin of the longest special token + 32 bytes is enough: a special token is recognised only where
+  // it starts at least longest + 16 bytes before the end, so all of it is there; a pre-token is emitted only
+  // where it ends at least longest + 32 bytes before the end, and the pattern decides where a pre-token ends
+  // by looking at most two characters (8 bytes) past it; so neither a special token starting in the held
+  // bytes nor a UTF-8 sequence cut by the end (its last 3 bytes) can change what was emitted. What is not
+  // emitted is passed again, with more text after it, by the next call.
+  template <class Emit>
+  std::size_t encode_some(std::string_view text, std::size_t base, bool at_end, PieceCache& cache,
+                          Emit&& emit) const {
+    const std::size_t n = text.size();
+    const std::size_t hold = max_special + 32;
+    if (!at_end && n <= hold) return 0;
+    const std::size_t special_limit = at_end ? n : n - (max_special + 16);
+    const std::size_t emit_limit = at_end ? n : n - hold;
     std::vector<std::int32_t> ids;
-    const auto encode_plain = [&](std::size_t from, std::size_t to) {
+    // The pieces of text[from, to): all of them, or only those that end by emit_limit. Returns where the
+    // last one emitted ends.
+    const auto encode_plain = [&](std::size_t from, std::size_t to, bool all) {
+      std::size_t done = from;
+      bool stopped = false;
       split_pieces(text.substr(from, to - from), [&](std::size_t b, std::size_t e) {
+        if (stopped || (!all && from + e > emit_limit)) {
+          stopped = true;
+          return;
+        }
         const std::string_view piece = text.substr(from + b, e - b);
+        done = from + e;
         auto it = cache.find(piece);
         if (it != cache.end()) {
-          out.insert(out.end(), it->second.begin(), it->second.end());
+          emit(it->second.data(), it->second.size());
           return;
         }
         ids.clear();
-        bpe(piece, from + b, ids);
-        out.insert(out.end(), ids.begin(), ids.end());
-        if (piece.size() <= 64) cache.emplace(piece, ids);
+        bpe(piece, base + from + b, ids);
+        emit(ids.data(), ids.size());
+        if (piece.size() <= 64) {
+          if (cache.size() >= kMaxCached) cache.clear();
+          cache.emplace(std::string(piece), ids);
+        }
       });
+      return done;
     };
     std::size_t start = 0;  // of the text not yet encoded
-    for (std::size_t i = 0; i < text.size();) {
+    for (std::size_t i = 0; i < special_limit;) {
       const auto& candidates = specials[static_cast<unsigned char>(text[i])];
       const std::pair<std::string, std::int32_t>* hit = nullptr;
       for (const auto& c : candidates)
@@ -490,12 +527,24 @@ struct BpeTokenizer::Impl {
         ++i;
         continue;
       }
-      encode_plain(start, i);
-      out.push_back(hit->second);
+      encode_plain(start, i, true);
+      emit(&hit->second, 1);
       i += hit->first.size();
       start = i;
     }
-    encode_plain(start, text.size());
+    if (at_end) {
+      encode_plain(start, n, true);
+      return n;
+    }
+    return encode_plain(start, n, false);
+  }
+
+  std::vector<std::int32_t> encode(std::string_view text) const {
+    std::vector<std::int32_t> out;
+    out.reserve(text.size() / 3 + 16);
+    PieceCache cache;
+    encode_some(text, 0, true, cache,
+                [&](const std::int32_t* ids, std::size_t count) { out.insert(out.end(), ids, ids + count); });
     return out;
   }
 };
@@ -558,45 +607,45 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const fs::path& tokenizer_json) {
   const Json& model = *m;
   std::string type;
   if (auto t = model.find("type"); t != model.end()) {
-    if (!t->is_string()) fail(file, fmt::format("model.type is {}, not a string", t->dump()));
+    if (!t->is_string()) fail(file, fmt::format("model.type is {}, not a string", shown_json(*t)));
     type = t->get<std::string>();
   } else if (model.contains("merges")) {
     type = "BPE";  // files written before the field existed: only BPE has merges
   }
   if (type != "BPE")
     fail(file, fmt::format("model.type is {}, not \"BPE\": a {} tokenizer is not GPT-2's byte-level BPE",
-                           type.empty() ? "missing" : json_quoted(type), type.empty() ? "non-BPE" : type),
+                           type.empty() ? "missing" : json_quoted(type), type.empty() ? "non-BPE" : shown(type)),
          kUseTokensHint);
   const auto unsupported = [&](const std::string& what) { fail(file, what, kUseTokensHint); };
   if (!is_null_or(model, "dropout", [](const Json& v) { return v.is_number() && v.get<double>() == 0.0; }))
-    unsupported(fmt::format("model.dropout is {}: BPE dropout samples merges at random", model["dropout"].dump()));
+    unsupported(fmt::format("model.dropout is {}: BPE dropout samples merges at random", shown_json(model["dropout"])));
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (!is_null_or(model, k, [](const Json& v) { return v.is_string() && v.get<std::string>().empty(); }))
-      unsupported(fmt::format("model.{} is {}, which byte-level BPE does not use", k, model[k].dump()));
+      unsupported(fmt::format("model.{} is {}, which byte-level BPE does not use", k, shown_json(model[k])));
   if (!is_null_or(model, "byte_fallback", [](const Json& v) { return v.is_boolean() && !v.get<bool>(); }))
     unsupported(fmt::format("model.byte_fallback is {}: that is SentencePiece-style BPE",
-                            model["byte_fallback"].dump()));
+                            shown_json(model["byte_fallback"])));
   if (auto im = model.find("ignore_merges"); im != model.end() && !im->is_null()) {
-    if (!im->is_boolean()) fail(file, fmt::format("model.ignore_merges is {}, not true or false", im->dump()));
+    if (!im->is_boolean()) fail(file, fmt::format("model.ignore_merges is {}, not true or false", shown_json(*im)));
     impl->ignore_merges = im->get<bool>();
   }
   if (!is_null_or(root, "normalizer", [](const Json&) { return false; }))
     unsupported(fmt::format("normalizer is {}; GPT-2's tokenizer has none",
                             root["normalizer"].is_object() && root["normalizer"].contains("type")
-                                ? root["normalizer"]["type"].dump()
-                                : root["normalizer"].dump()));
+                                ? shown_json(root["normalizer"]["type"])
+                                : shown_json(root["normalizer"])));
   auto pre = root.find("pre_tokenizer");
   if (pre == root.end() || !pre->is_object() || !pre->contains("type") || (*pre)["type"] != "ByteLevel")
     unsupported(fmt::format("pre_tokenizer is {}, not GPT-2's ByteLevel",
                             pre == root.end()                                  ? "missing"
-                            : pre->is_object() && pre->contains("type") ? (*pre)["type"].dump()
-                                                                               : pre->dump()));
+                            : pre->is_object() && pre->contains("type") ? shown_json((*pre)["type"])
+                                                                               : shown_json(*pre)));
   if (!is_null_or(*pre, "add_prefix_space", [](const Json& v) { return v.is_boolean() && !v.get<bool>(); }))
     unsupported(fmt::format("pre_tokenizer.add_prefix_space is {}; GPT-2's is false",
-                            (*pre)["add_prefix_space"].dump()));
+                            shown_json((*pre)["add_prefix_space"])));
   if (!is_null_or(*pre, "use_regex", [](const Json& v) { return v.is_boolean() && v.get<bool>(); }))
     unsupported(fmt::format("pre_tokenizer.use_regex is {}: the text is not split by GPT-2's pattern",
-                            (*pre)["use_regex"].dump()));
+                            shown_json((*pre)["use_regex"])));
 
   auto v = model.find("vocab");
   if (v == model.end()) fail(file, "model.vocab is missing");
@@ -611,13 +660,13 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const fs::path& tokenizer_json) {
       const std::string s = e.get<std::string>();
       const std::size_t sp = s.find(' ');
       if (sp == std::string::npos || sp == 0 || sp + 1 == s.size() || s.find(' ', sp + 1) != std::string::npos)
-        fail(file, fmt::format("model.merges[{}] is {}, not two symbols separated by one space", k, e.dump()));
+        fail(file, fmt::format("model.merges[{}] is {}, not two symbols separated by one space", k, shown_json(e)));
       pairs.emplace_back(s.substr(0, sp), s.substr(sp + 1));
     } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string() &&
                !e[0].get<std::string>().empty() && !e[1].get<std::string>().empty()) {  // ["a", "b"]
       pairs.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
     } else {
-      fail(file, fmt::format("model.merges[{}] is {}, neither \"a b\" nor [\"a\", \"b\"]", k, e.dump()));
+      fail(file, fmt::format("model.merges[{}] is {}, neither \"a b\" nor [\"a\", \"b\"]", k, shown_json(e)));
     }
   }
   impl->add_merges(file, pairs, [](std::size_t k) { return fmt::format("model.merges[{}]", k); });
@@ -630,11 +679,11 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const fs::path& tokenizer_json) {
       if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer() || !e.contains("content") ||
           !e["content"].is_string() || e["content"].get<std::string>().empty())
         fail(file, fmt::format("{} is {}, not an object with an integer \"id\" and a non-empty \"content\"", where,
-                               e.dump()));
+                               shown_json(e)));
       for (const char* flag : {"lstrip", "rstrip", "single_word"})
         if (!is_null_or(e, flag, [](const Json& f) { return f.is_boolean() && !f.get<bool>(); }))
           unsupported(fmt::format("{} ({}) has {}: {}, which this reader does not implement", where,
-                                  e["content"].dump(), flag, e[flag].dump()));
+                                  shown_json(e["content"]), flag, shown_json(e[flag])));
       const std::string content = e["content"].get<std::string>();
       const std::int64_t id = e["id"].is_number_unsigned()
                                   ? static_cast<std::int64_t>(std::min<std::uint64_t>(e["id"].get<std::uint64_t>(), INT64_MAX))
@@ -669,6 +718,38 @@ BpeTokenizer BpeTokenizer::from_folder(const fs::path& folder) {
 }
 
 std::vector<std::int32_t> BpeTokenizer::encode(std::string_view bytes) const { return impl_->encode(bytes); }
+
+void BpeTokenizer::encode_file(const fs::path& path,
+                               const std::function<void(const std::int32_t*, std::size_t)>& on_ids,
+                               std::size_t chunk_bytes) const {
+  const auto refuse = [&](const detail::FileProblem& problem) {
+    throw TokenizerError(fmt::format("text file '{}': {}\nhint: --text takes a regular file of text (UTF-8 or any "
+                                     "bytes)",
+                                     path.string(), problem.describe()));
+  };
+  detail::InputFile file;
+  if (auto problem = detail::open_input_file(path, file)) refuse(*problem);
+  const std::size_t chunk = std::max<std::size_t>(chunk_bytes, 1);
+  Impl::PieceCache cache;
+  std::string buffer;          // the text not yet encoded, from byte `offset` on
+  std::uint64_t offset = 0, read = 0;
+  for (;;) {
+    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, file.size() - read));
+    if (want > 0) {
+      const std::size_t had = buffer.size();
+      buffer.resize(had + want);
+      if (auto problem = detail::read_at(file, read, buffer.data() + had, want)) refuse(*problem);
+      read += want;
+    }
+    const bool at_end = read == file.size();
+    // (A single piece longer than a chunk, such as a megabyte without a space, makes the buffer grow until it
+    // ends: nothing is encoded until then.)
+    const std::size_t used = impl_->encode_some(buffer, offset, at_end, cache, on_ids);
+    if (at_end) return;
+    buffer.erase(0, used);
+    offset += used;
+  }
+}
 
 std::string BpeTokenizer::decode(const std::vector<std::int32_t>& ids) const {
   std::string out;

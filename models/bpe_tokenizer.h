@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -47,6 +48,12 @@ class BpeTokenizer {
   // missing from the vocabulary (naming the piece). The cache of repeated pieces lives for one call, so
   // encode and decode may run on several threads at once.
   std::vector<std::int32_t> encode(std::string_view bytes) const;
+  // A file's bytes, exactly as encode() of the whole file would give them, read and encoded chunk_bytes at a
+  // time: memory holds a chunk and what on_ids(ids, n) keeps, not the text (it cost 25-50 bytes per byte of
+  // text when the whole file was read and encoded at once). Only a regular file is read (a FIFO, a device, a
+  // folder: TokenizerError naming the file, before it is opened).
+  void encode_file(const std::filesystem::path& path, const std::function<void(const std::int32_t*, std::size_t)>& on_ids,
+                   std::size_t chunk_bytes = std::size_t{1} << 20) const;
   // The exact bytes back. Throws TokenizerError for an id that names no token.
   std::string decode(const std::vector<std::int32_t>& ids) const;
   // One more than the largest id (vocabulary and special tokens): the rows an embedding needs.

@@ -4,12 +4,15 @@
 
 #include <fmt/format.h>
 
+#include "core/io/json_limits.h"
 #include "core/ops.h"
 #include "models/hf_models.h"
 
 namespace ampscope::samples::hf::detail {
 
 namespace {
+
+using ampscope::detail::text_excerpt;
 
 enum class Activation { gelu_new, gelu_tanh, gelu, relu };
 
@@ -40,7 +43,8 @@ Gpt2Config parse(const Config& c) {
     c.refuse("n_head", fmt::format("({}) must divide n_embd ({})", g.heads, g.embd), "fix n_head or n_embd");
   }
   g.inner = c.positive_int("n_inner", 4 * g.embd);
-  g.eps = c.number("layer_norm_epsilon", 1e-5);
+  // LayerNorm divides by sqrt(var + eps): a zero or negative epsilon gives NaN or Inf on a constant input.
+  g.eps = c.positive_number("layer_norm_epsilon", 1e-5);
   g.init_range = c.number("initializer_range", 0.02);
   const std::string act = c.string("activation_function", "gelu_new");
   if (act == "gelu_new") {
@@ -52,7 +56,7 @@ Gpt2Config parse(const Config& c) {
   } else if (act == "relu") {
     g.activation = Activation::relu;
   } else {
-    c.refuse("activation_function", fmt::format("is '{}', which ampscope does not implement", act),
+    c.refuse("activation_function", fmt::format("is '{}', which ampscope does not implement", text_excerpt(act)),
              "supported: gelu_new (GPT-2's), gelu_pytorch_tanh, gelu, relu");
   }
   g.scale_attn_weights = c.boolean("scale_attn_weights", true);

@@ -5,12 +5,15 @@
 
 #include <fmt/format.h>
 
+#include "core/io/json_limits.h"
 #include "core/ops.h"
 #include "models/hf_models.h"
 
 namespace ampscope::samples::hf::detail {
 
 namespace {
+
+using ampscope::detail::text_excerpt;
 
 struct LlamaConfig {
   bool mistral;
@@ -48,12 +51,14 @@ LlamaConfig parse(const Config& c) {
     c.refuse("head_dim", fmt::format("is {}: rotary embeddings rotate pairs, so it must be even", l.head_dim),
              "fix head_dim (or hidden_size / num_attention_heads)");
   }
-  l.eps = c.number("rms_norm_eps", 1e-6);
+  // RMSNorm multiplies by rsqrt(mean(x^2) + eps): a zero or negative epsilon gives Inf or NaN on a zero row.
+  l.eps = c.positive_number("rms_norm_eps", 1e-6);
   l.init_range = c.number("initializer_range", 0.02);
-  l.rope_theta = c.number("rope_theta", 10000.0);
+  // inv_freq = 1 / theta^(2i/d): a theta of 0 or below makes the angles Inf or NaN.
+  l.rope_theta = c.positive_number("rope_theta", 10000.0);
   const std::string act = c.string("hidden_act", "silu");
   if (act != "silu") {
-    c.refuse("hidden_act", fmt::format("is '{}', which ampscope does not implement for {}", act,
+    c.refuse("hidden_act", fmt::format("is '{}', which ampscope does not implement for {}", text_excerpt(act),
                                        l.mistral ? "mistral" : "llama"),
              "supported: silu (Llama's and Mistral's)");
   }
@@ -62,7 +67,7 @@ LlamaConfig parse(const Config& c) {
     std::string kind = "an unknown kind";
     if (rs.is_object()) {
       for (const char* k : {"rope_type", "type"}) {
-        if (rs.contains(k) && rs.at(k).is_string()) kind = "'" + rs.at(k).get<std::string>() + "'";
+        if (rs.contains(k) && rs.at(k).is_string()) kind = "'" + text_excerpt(rs.at(k).get<std::string>()) + "'";
       }
     }
     c.refuse("rope_scaling", fmt::format("asks for {} RoPE scaling, which ampscope does not implement", kind),

@@ -2,13 +2,15 @@
 // make_model and save_model. The architectures are in hf_gpt2.cpp and hf_llama.cpp.
 #include "models/hf_models.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <map>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -16,6 +18,8 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "core/io/input_file.h"
+#include "core/io/json_limits.h"
 #include "core/io/safetensors.h"
 
 namespace ampscope::samples::hf {
@@ -34,11 +38,9 @@ std::string json_kind(const nlohmann::json& v) {
   return "null";
 }
 
-std::string shown(const nlohmann::json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
+// A value for a message: its compact JSON, cut to 60 characters (never printed whole: it may be large, or
+// nested as deep as the parser allows).
+std::string shown(const nlohmann::json& v) { return ampscope::detail::json_excerpt(v, 60); }
 
 }  // namespace
 
@@ -100,6 +102,15 @@ bool Config::boolean(const std::string& key, bool fallback) const {
            fmt::format("write it as a JSON boolean, e.g. \"{}\": false", key));
   }
   return v.get<bool>();
+}
+
+double Config::positive_number(const std::string& key, double fallback) const {
+  const double v = number(key, fallback);
+  if (!(v > 0)) {
+    refuse(key, fmt::format("must be a positive number, got {}", shown(json_.at(key))),
+           fmt::format("fix the value in config.json (the default is {})", fallback));
+  }
+  return v;
 }
 
 std::string Config::string(const std::string& key, const std::string& fallback) const {
@@ -248,20 +259,53 @@ Tensor CheckpointSource::take(const std::string& name, const Shape& shape, const
 
 nlohmann::json read_config(const std::filesystem::path& folder) {
   const std::filesystem::path path = folder / "config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw ModelError(fmt::format("{}: cannot open config.json\nhint: a Hugging Face model folder holds config.json "
-                                 "beside model.safetensors; point --model at that folder",
-                                 path.string()));
+  std::string text;
+  if (auto problem = ampscope::detail::read_input_file(path, kMaxConfigBytes, text)) {
+    using Kind = ampscope::detail::FileProblem::Kind;
+    if (problem->kind == Kind::cannot_open) {
+      throw ModelError(fmt::format("{}: cannot open config.json: {}\nhint: a Hugging Face model folder holds "
+                                   "config.json beside model.safetensors; point --model at that folder",
+                                   path.string(), problem->what));
+    }
+    throw ModelError(fmt::format("{}: {}\nhint: {}", path.string(), problem->describe(),
+                                 problem->kind == Kind::not_regular
+                                     ? "config.json must be a regular file (a FIFO or a device is never read)"
+                                 : problem->kind == Kind::too_large
+                                     ? "a config.json describes the architecture in a few kilobytes; restore the "
+                                       "file from the model's source"
+                                     : "check the disk, and restore the file from the model's source"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ModelError(fmt::format("{}: not valid JSON ({})\nhint: restore the file from the model's source",
-                                 path.string(), e.what()));
+  nlohmann::json json;
+  if (auto problem = ampscope::detail::parse_json(text, json)) {
+    throw ModelError(fmt::format("{}: {}{}\nhint: restore the file from the model's source", path.string(),
+                                 problem->too_deep ? "" : "not valid JSON: ", problem->what));
   }
+  return json;
+}
+
+void check_nonfinite(const std::filesystem::path& folder, const std::vector<safetensors::NonFiniteTensor>& found,
+                     LoadReport& report, const LoadOptions& options) {
+  std::vector<std::string> lines;
+  for (const auto& t : found) {
+    const auto listed = [&](const std::vector<std::string>& names) {
+      return std::find(names.begin(), names.end(), t.name) != names.end();
+    };
+    if (listed(report.unexpected) || listed(report.ignored)) continue;  // not the model's weights
+    lines.push_back(t.describe());
+  }
+  if (lines.empty()) return;
+  if (options.allow_nonfinite) {
+    report.nonfinite = std::move(lines);
+    return;
+  }
+  std::string msg = fmt::format("{}: {} weight{} of the checkpoint hold{} NaN or Inf:", folder.string(), lines.size(),
+                                lines.size() == 1 ? "" : "s", lines.size() == 1 ? "s" : "");
+  for (std::size_t i = 0; i < lines.size() && i < 8; ++i) msg += "\n" + lines[i];
+  if (lines.size() > 8) msg += fmt::format("\n... and {} more", lines.size() - 8);
+  msg += "\nhint: the weights are damaged, or were saved by a run that had diverged: a run would start from NaN. Use "
+         "other weights, or accept these explicitly (hf::LoadOptions::allow_nonfinite; ampscope train "
+         "--model-allow-nonfinite)";
+  throw ModelError(msg);
 }
 
 void save_folder(const nlohmann::json& config, const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -273,14 +317,36 @@ void save_folder(const nlohmann::json& config, const std::vector<std::pair<std::
   }
   std::filesystem::create_directories(folder);
   const std::filesystem::path config_path = folder / "config.json";
-  {
-    std::ofstream out(config_path, std::ios::binary | std::ios::trunc);
-    out << config.dump(2) << "\n";
-    if (!out) {
-      throw Error(fmt::format("{}: cannot write the config\nhint: check the folder's permissions and free space",
-                              config_path.string()));
+  // Written beside and renamed over config.json, so that a failed write leaves the old file whole; never
+  // through a link left at the temporary name.
+  const std::filesystem::path tmp = config_path.string() + ".tmp";
+  const std::string text = config.dump(2) + "\n";
+  const auto cannot = [&](const std::string& what) {
+    throw Error(fmt::format("{}: cannot write the config: {}\nhint: check the folder's permissions and free space",
+                            config_path.string(), what));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) cannot(fmt::format("'{}': {}", tmp.string(), std::strerror(errno)));
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      std::filesystem::remove(tmp);
+      cannot(std::strerror(e));
     }
+    done += static_cast<std::size_t>(n);
   }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int e = errno;
+    std::filesystem::remove(tmp);
+    cannot(std::strerror(e));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, config_path, ec);
+  if (ec) cannot(ec.message());
   safetensors::save(folder / "model.safetensors", tensors, {{"format", "pt"}});
 }
 
@@ -302,7 +368,7 @@ std::shared_ptr<CausalLM> build(const Config& config, WeightSource& source) {
   throw ModelError(fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, mistral)\nhint: ampscope "
                                "builds GPT-2 and Llama-style decoders (Mistral's grouped-query attention included); "
                                "for another architecture, write the model with ampscope's nn modules (docs/api.md)",
-                               config.where(), type));
+                               config.where(), ampscope::detail::text_excerpt(type)));
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
@@ -325,7 +391,7 @@ bool is_ignored_buffer(const std::string& name) {
 }  // namespace
 }  // namespace detail
 
-LoadedModel load_model(const std::filesystem::path& folder) {
+LoadedModel load_model(const std::filesystem::path& folder, const LoadOptions& options) {
   using namespace detail;
   const nlohmann::json json = read_config(folder);
   const Config config(json, (folder / "config.json").string());
@@ -334,7 +400,8 @@ LoadedModel load_model(const std::filesystem::path& folder) {
   // Validate the config (and refuse what is refused) with a dry run on a source that only records shapes
   // (placeholders, no memory), and bounded by the checkpoint: a config that describes many more weights than
   // the checkpoint holds (n_layer 1000000 beside two layers of weights) is refused before it costs a build.
-  std::map<std::string, Tensor> stored = safetensors::load_folder(folder, DType::f32);
+  std::vector<safetensors::NonFiniteTensor> nonfinite;
+  std::map<std::string, Tensor> stored = safetensors::load_folder(folder, DType::f32, &nonfinite);
   {
     ShapeOnlySource dry(folder.string(), stored.size(),
                         "its layer count (n_layer, num_hidden_layers) with the checkpoint's layer names");
@@ -417,6 +484,7 @@ LoadedModel load_model(const std::filesystem::path& folder) {
   for (const auto& [name, t] : source.tensors_) report.unexpected.push_back(original.at(name));
   std::sort(report.ignored.begin(), report.ignored.end());
   std::sort(report.unexpected.begin(), report.unexpected.end());
+  check_nonfinite(folder, nonfinite, report, options);
   return {model, report};
 }
 

@@ -62,6 +62,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/io/safetensors.h"
 #include "core/nn.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -80,9 +81,21 @@ class ModelError : public Error {
 //   missing: parameters the checkpoint lacks (load_model throws before returning when there are any);
 //   unexpected: tensors no parameter took (not used; listed so a user sees a mismatched checkpoint);
 //   ignored: known buffers HF stores or used to store (GPT-2's attn.bias and attn.masked_bias, Llama's
-//            rotary_emb.inv_freq), and a tied head's lm_head.weight when it equals the embedding.
+//            rotary_emb.inv_freq), and a tied head's lm_head.weight when it equals the embedding;
+//   nonfinite: with LoadOptions::allow_nonfinite, one line per weight the model took that holds NaN or Inf
+//            once loaded as f32 (safetensors::NonFiniteTensor::describe()); without it there are none (the
+//            load is refused).
 struct LoadReport {
-  std::vector<std::string> missing, unexpected, ignored;
+  std::vector<std::string> missing, unexpected, ignored, nonfinite;
+};
+
+// How a load treats what it could take but should not without being told.
+struct LoadOptions {
+  // Accept weights that hold NaN or Inf once loaded as f32 master weights (an F64 1e300 is Inf in f32). Off:
+  // ModelError naming each such tensor, its file and where its first one is, as a resumed checkpoint's are
+  // (CheckpointLoadOptions::allow_nonfinite): a run would start from NaN and its report blame the data. Tensors
+  // the model does not take (report.unexpected, report.ignored) are not checked.
+  bool allow_nonfinite = false;
 };
 
 // A causal language model: forward(tokens i64 [B, T]) -> logits [B, T, vocab] (under autocast in the
@@ -116,9 +129,11 @@ struct LoadedModel {
 // Reads DIR/config.json, builds the architecture (model_type "gpt2", "llama" or "mistral"), loads DIR's
 // safetensors (safetensors::load_folder; f16/bf16/f64 weights become f32 master weights, f16 and bf16
 // exactly). Missing weights: ModelError listing them all (a run must refuse to start); wrong shapes:
-// ModelError naming each tensor with both shapes; unexpected tensors are in the report. Format errors of
-// the files themselves are safetensors::FormatError.
-LoadedModel load_model(const std::filesystem::path& folder);
+// ModelError naming each tensor with both shapes; weights holding NaN or Inf: ModelError naming them, unless
+// options.allow_nonfinite; unexpected tensors are in the report. Format errors of the files themselves are
+// safetensors::FormatError. Every file is read only when it is a regular file (a FIFO or /dev/zero is
+// refused by name), config.json up to 16 MiB with its JSON nesting bounded (core/io/json_limits.h).
+LoadedModel load_model(const std::filesystem::path& folder, const LoadOptions& options = {});
 
 // A randomly initialised model from a config, drawn from gen in parameter order with HF's _init_weights:
 // Linear/Conv1D/Embedding weights normal(0, initializer_range) (GPT-2's c_proj weights
@@ -201,15 +216,24 @@ class CheckpointSource : public WeightSource {
   std::map<std::string, Tensor> tensors_;  // what no parameter took
 };
 
-// FOLDER/config.json parsed (ModelError when it cannot be opened or is not JSON).
+// FOLDER/config.json parsed (ModelError when it is not a regular file, is larger than kMaxConfigBytes, is not
+// JSON, or nests arrays and objects deeper than core/io/json_limits.h's kMaxJsonDepth).
+inline constexpr std::uint64_t kMaxConfigBytes = std::uint64_t{16} << 20;
 nlohmann::json read_config(const std::filesystem::path& folder);
+
+// Refuses (ModelError) the weights the model took that hold NaN or Inf, naming each; with allow_nonfinite,
+// lists them in report.nonfinite instead. `found` is what load_folder listed, by the checkpoint's names;
+// those in report.unexpected or report.ignored are not the model's and are passed over.
+void check_nonfinite(const std::filesystem::path& folder, const std::vector<safetensors::NonFiniteTensor>& found,
+                     LoadReport& report, const LoadOptions& options);
 
 // Writes FOLDER/config.json (config, indented) and FOLDER/model.safetensors (tensors, metadata
 // {"format": "pt"}), creating FOLDER; refuses a FOLDER holding model.safetensors.index.json.
 void save_folder(const nlohmann::json& config, const std::vector<std::pair<std::string, Tensor>>& tensors,
                  const std::filesystem::path& folder);
 
-// Reading config.json: each accessor names the key and where it came from in its error.
+// Reading config.json: each accessor names the key and where it came from in its error; values are shown
+// as short excerpts (core/io/json_limits.h's json_excerpt), never printed whole.
 class Config {
  public:
   Config(const nlohmann::json& json, std::string where);  // where: "<folder>/config.json" or "config"
@@ -222,6 +246,8 @@ class Config {
   double number(const std::string& key, double fallback) const;
   bool boolean(const std::string& key, bool fallback) const;
   std::string string(const std::string& key, const std::string& fallback) const;
+  // A number that must be above 0 (an epsilon, rope_theta): ModelError naming the key otherwise.
+  double positive_number(const std::string& key, double fallback) const;
   [[noreturn]] void refuse(const std::string& key, const std::string& why, const std::string& hint) const;
 
  private:

@@ -12,6 +12,7 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "core/io/json_limits.h"
 #include "core/io/safetensors.h"
 
 namespace ampscope::samples::hf {
@@ -140,7 +141,7 @@ T5Config parse_config(const Config& c) {
   if (t.gated) act = proj.substr(6);
   if (proj == "gated-gelu") act = "gelu_new";
   if (act != "relu" && act != "gelu" && act != "gelu_new") {
-    c.refuse("feed_forward_proj", fmt::format("is '{}', which ampscope does not build", proj),
+    c.refuse("feed_forward_proj", fmt::format("is '{}', which ampscope does not build", ampscope::detail::text_excerpt(proj)),
              "supported: \"relu\" (T5 v1.0), \"gated-gelu\" (T5 v1.1, flan-t5), and \"gelu\", \"gelu_new\" or "
              "\"relu\" with or without \"gated-\"");
   }
@@ -519,7 +520,7 @@ std::shared_ptr<T5Model> build(const Config& config, Source& source) {
   if (type != "t5") {
     throw ModelError(fmt::format("{}: model_type is '{}', but load_seq2seq builds T5 (model_type \"t5\")\nhint: load "
                                  "decoder-only models (gpt2, llama, mistral) with load_model",
-                                 config.where(), type));
+                                 config.where(), ampscope::detail::text_excerpt(type)));
   }
   return std::make_shared<T5Model>(config, source);
 }
@@ -538,10 +539,11 @@ bool is_seq2seq_folder(const std::filesystem::path& folder) {
          json.at("model_type").get<std::string>() == "t5";
 }
 
-LoadedSeq2Seq load_seq2seq(const std::filesystem::path& folder) {
+LoadedSeq2Seq load_seq2seq(const std::filesystem::path& folder, const LoadOptions& options) {
   const nlohmann::json json = detail::read_config(folder);
   const Config config(json, (folder / "config.json").string());
-  std::map<std::string, Tensor> stored = safetensors::load_folder(folder, DType::f32);
+  std::vector<safetensors::NonFiniteTensor> nonfinite;
+  std::map<std::string, Tensor> stored = safetensors::load_folder(folder, DType::f32, &nonfinite);
   {
     // Validates the config (and refuses what is refused) before the weights are used.
     ShapeOnlySource dry(folder.string(), stored.size(),
@@ -598,6 +600,7 @@ LoadedSeq2Seq load_seq2seq(const std::filesystem::path& folder) {
   }
   for (const auto& [name, t] : source.tensors_) report.unexpected.push_back(name);
   std::sort(report.ignored.begin(), report.ignored.end());
+  detail::check_nonfinite(folder, nonfinite, report, options);
   return {model, report};
 }
 

@@ -131,8 +131,9 @@ bool is_seq2seq_folder(const std::filesystem::path& folder);
 // "lm_head.weight", are ignored when equal to it and refused (ModelError) when they differ. The decoder's
 // "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight", which old checkpoints carry and HF
 // ignores, is ignored too. Missing weights: ModelError listing them all; wrong shapes: ModelError naming each
-// tensor with both shapes; other tensors are listed in report.unexpected. Config errors name the key.
-LoadedSeq2Seq load_seq2seq(const std::filesystem::path& folder);
+// tensor with both shapes; weights holding NaN or Inf: ModelError naming them, unless options.allow_nonfinite
+// (LoadOptions, models/hf_models.h); other tensors are listed in report.unexpected. Config errors name the key.
+LoadedSeq2Seq load_seq2seq(const std::filesystem::path& folder, const LoadOptions& options = {});
 
 // A randomly initialised T5 from a config, with HF's _init_weights (initializer_factor f): shared and an
 // untied lm_head N(0, f); q N(0, f (d_model d_kv)^-1/2), k and v N(0, f d_model^-1/2), o N(0, f (num_heads

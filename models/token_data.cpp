@@ -19,10 +19,28 @@
 
 #include <fmt/format.h>
 
+#include "core/io/input_file.h"
+
 namespace ampscope::samples {
 
 static_assert(std::endian::native == std::endian::little,
               "the token readers take little-endian values as they are; a big-endian host needs byte swaps");
+
+// What a TokenSequence holds: its ids in memory (2 bytes each while every id fits, 4 once one does not), or
+// where they are in its open file.
+struct TokenSequence::Storage {
+  std::int64_t count = 0;
+  std::int32_t max_id = -1;
+  std::vector<std::uint16_t> narrow;
+  std::vector<std::int32_t> wide;
+  bool is_wide = false;
+  // On disk: `count` little-endian elements of `element` bytes (1, 2: unsigned; 4, 8: signed) from byte `at`.
+  bool on_disk = false;
+  detail::InputFile file;
+  std::filesystem::path path;
+  std::uint64_t at = 0;
+  std::size_t element = 0;
+};
 
 namespace {
 
@@ -35,29 +53,33 @@ namespace fs = std::filesystem;
 constexpr const char* kRewriteNpyHint = "the file is damaged or was not written by numpy; write it again with "
                                         "np.save(path, np.array(ids, dtype=np.int32))";
 
-// The whole file, memory-mapped read-only (nothing mapped for an empty file).
+// Opens a token file: a regular file only, refused before open() (a FIFO would block it, a device never end).
+detail::InputFile open_token_file(const fs::path& path) {
+  detail::InputFile f;
+  if (auto problem = detail::open_input_file(path, f)) {
+    fail(path, problem->describe(),
+         problem->kind == detail::FileProblem::Kind::not_regular
+             ? "--tokens takes a .npy, .bin or .txt file of token ids"
+             : "check the path and permissions");
+  }
+  return f;
+}
+
+// The whole of an open file, memory-mapped read-only (nothing mapped for an empty file), for the headers and
+// the text of a .txt file. release_before() hands the pages read so far back to the kernel, so that reading
+// a large file through the mapping does not keep it in the process's memory.
 class MappedFile {
  public:
-  explicit MappedFile(const fs::path& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(path, fmt::format("cannot open it: {}", std::strerror(errno)), "check the path and permissions");
-    struct stat st{};
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      fail(path, "not a regular file", "--tokens takes a .npy, .bin or .txt file of token ids");
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
+  MappedFile(const detail::InputFile& input, const fs::path& path) : size_(static_cast<std::size_t>(input.size())) {
     if (size_ > 0) {
-      void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, input.fd(), 0);
       if (p == MAP_FAILED) {
         const int e = errno;
-        ::close(fd);
         fail(path, fmt::format("cannot memory-map its {} bytes: {}", size_, std::strerror(e)),
              "check that the file is readable and fits the address space");
       }
       data_ = static_cast<const unsigned char*>(p);
     }
-    ::close(fd);
   }
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -66,6 +88,11 @@ class MappedFile {
   }
   const unsigned char* data() const { return data_; }
   std::size_t size() const { return size_; }
+  void release_before(std::size_t offset) const {
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t end = offset / page * page;
+    if (data_ != nullptr && end > 0) madvise(const_cast<unsigned char*>(data_), end, MADV_DONTNEED);
+  }
 
  private:
   const unsigned char* data_ = nullptr;
@@ -274,7 +301,15 @@ struct NpyDType {
 constexpr NpyDType kNpyDTypes[] = {{"<i4", 4, "int32"}, {"<i8", 8, "int64"}, {"<u2", 2, "uint16"}, {"|u1", 1, "uint8"}};
 constexpr const char* kNpySupported = "'<i4' (int32), '<i8' (int64), '<u2' (uint16), '|u1' (uint8)";
 
-std::vector<std::int32_t> read_npy(const MappedFile& f, const fs::path& path) {
+// Where a file's ids are: `count` little-endian elements of `size` bytes from byte `at`, each checked by
+// scan_ids (negative or past int32 only possible for the signed 4- and 8-byte ones).
+struct IdLayout {
+  std::uint64_t at = 0, count = 0;
+  std::size_t size = 0;
+  const char* descr = "";  // for messages: '<i4', ...
+};
+
+IdLayout read_npy(const MappedFile& f, const fs::path& path) {
   const std::size_t size = f.size();
   const unsigned char* p = f.data();
   if (!starts_with(f, "\x93NUMPY")) {
@@ -352,23 +387,7 @@ std::vector<std::int32_t> read_npy(const MappedFile& f, const fs::path& path) {
          have < need ? "the file is truncated; write it again with np.save"
                      : "the header does not describe the data; write it again with np.save");
   }
-  std::vector<std::int32_t> out(static_cast<std::size_t>(count));
-  const unsigned char* data = p + data_at;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const unsigned char* e = data + i * dtype->size;
-    std::int64_t id = 0;
-    switch (dtype->size) {
-      case 1: id = *e; break;
-      case 2: id = read_le<std::uint16_t>(e); break;
-      case 4: id = read_le<std::int32_t>(e); break;
-      default: id = read_le<std::int64_t>(e); break;
-    }
-    check_id(id, path, [&] {
-      return fmt::format("element {} (byte offset {}, dtype '{}')", i, data_at + i * dtype->size, dtype->descr);
-    });
-    out[i] = static_cast<std::int32_t>(id);
-  }
-  return out;
+  return {data_at, count, dtype->size, dtype->descr};
 }
 
 // ---------------------------------------------------------------------------------------------- .bin
@@ -386,7 +405,7 @@ std::optional<int> llmc_version(const MappedFile& f) {
   return version;
 }
 
-std::vector<std::int32_t> read_bin(const MappedFile& f, const fs::path& path) {
+IdLayout read_bin(const MappedFile& f, const fs::path& path) {
   if (starts_with(f, "\x93NUMPY")) {
     fail(path, "a .npy file (it starts with numpy's magic \\x93NUMPY) named .bin; .bin is read as raw uint16",
          "rename it to end in .npy");
@@ -403,9 +422,7 @@ std::vector<std::int32_t> read_bin(const MappedFile& f, const fs::path& path) {
                            f.size()),
          "the file is truncated or not a nanoGPT token file; write it with np.array(ids, dtype=np.uint16).tofile(path)");
   }
-  std::vector<std::int32_t> out(f.size() / 2);
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = read_le<std::uint16_t>(f.data() + 2 * i);
-  return out;
+  return {0, f.size() / 2, 2, "<u2"};
 }
 
 // ---------------------------------------------------------------------------------------------- .txt
@@ -413,17 +430,25 @@ std::vector<std::int32_t> read_bin(const MappedFile& f, const fs::path& path) {
 bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 
-// Two passes over the mapped text: the first checks every byte and counts the ids, the second (with `out`
-// sized to the count) stores them, so the result is allocated once.
-std::size_t scan_txt(const MappedFile& f, const fs::path& path, std::vector<std::int32_t>* out) {
+// One pass over the mapped text: every byte checked, the ids appended to `out` in batches, and the pages
+// read handed back every 64 MiB, so that a large file is never all in memory at once.
+void scan_txt(const MappedFile& f, const fs::path& path, TokenSequence& out) {
   const unsigned char* p = f.data();
   const std::size_t n = f.size();
+  constexpr std::size_t kRelease = std::size_t{64} << 20;
+  std::size_t released = 0;
+  std::vector<std::int32_t> pending;
+  pending.reserve(65536);
   const char* kHint = "a .txt token file holds non-negative decimal integers separated by spaces, tabs or newlines "
                       "(write it with ' '.join(map(str, ids)))";
   std::size_t count = 0, line = 1, line_start = 0;
   std::size_t i = 0;
   auto where = [&](std::size_t at) { return fmt::format("line {}, column {}", line, at - line_start + 1); };
   while (i < n) {
+    if (i - released >= kRelease) {
+      f.release_before(i);
+      released = i;
+    }
     const unsigned char c = p[i];
     if (is_space(c)) {
       if (c == '\n') {
@@ -471,21 +496,60 @@ std::size_t scan_txt(const MappedFile& f, const fs::path& path, std::vector<std:
                                                                      std::min<std::size_t>(i - start, 24))),
            std::string(kHint) + (p[i] == ',' ? "; a Python or JSON list needs its brackets and commas removed" : ""));
     }
-    if (out != nullptr) (*out)[count] = static_cast<std::int32_t>(v);
+    pending.push_back(static_cast<std::int32_t>(v));
+    if (pending.size() == pending.capacity()) {
+      out.append(pending.data(), pending.size());
+      pending.clear();
+    }
     ++count;
   }
-  return count;
-}
-
-std::vector<std::int32_t> read_txt(const MappedFile& f, const fs::path& path) {
-  const std::size_t count = scan_txt(f, path, nullptr);
+  out.append(pending.data(), pending.size());
+  f.release_before(n);
   if (count == 0) {
     fail(path, fmt::format("its {} bytes are all whitespace: it holds no tokens", f.size()),
          "write the ids with ' '.join(map(str, ids))");
   }
-  std::vector<std::int32_t> out(count);
-  scan_txt(f, path, &out);
-  return out;
+}
+
+// Element i of a file's raw bytes as an id (any value its dtype holds; checked by the caller).
+std::int64_t element_id(const unsigned char* e, std::size_t size) {
+  switch (size) {
+    case 1: return *e;
+    case 2: return read_le<std::uint16_t>(e);
+    case 4: return read_le<std::int32_t>(e);
+    default: return read_le<std::int64_t>(e);
+  }
+}
+
+// Reads elements [begin, begin + count) of an on-disk sequence's file into `bytes`.
+void read_elements(const TokenSequence::Storage& s, std::uint64_t begin, std::uint64_t count,
+                   std::vector<unsigned char>& bytes) {
+  bytes.resize(static_cast<std::size_t>(count) * s.element);
+  if (auto problem = detail::read_at(s.file, s.at + begin * s.element, bytes.data(), bytes.size())) {
+    fail(s.path, problem->describe(), "the file was changed or removed while it was in use; give the run a file "
+                                      "nothing writes to");
+  }
+}
+
+// Every id of a file, read in chunks of 1 MiB: each checked (negative, past int32) as load_tokens always
+// did, naming the element and its byte offset, and the largest kept.
+void scan_ids(TokenSequence::Storage& s, const char* descr) {
+  const std::uint64_t chunk = (std::uint64_t{1} << 20) / s.element;
+  std::vector<unsigned char> bytes;
+  for (std::uint64_t begin = 0; begin < static_cast<std::uint64_t>(s.count); begin += chunk) {
+    const std::uint64_t n = std::min<std::uint64_t>(chunk, static_cast<std::uint64_t>(s.count) - begin);
+    read_elements(s, begin, n, bytes);
+    for (std::uint64_t k = 0; k < n; ++k) {
+      const std::int64_t id = element_id(bytes.data() + k * s.element, s.element);
+      if (s.element >= 4) {
+        const std::uint64_t i = begin + k;
+        check_id(id, s.path, [&] {
+          return fmt::format("element {} (byte offset {}, dtype '{}')", i, s.at + i * s.element, descr);
+        });
+      }
+      s.max_id = std::max(s.max_id, static_cast<std::int32_t>(id));
+    }
+  }
 }
 
 std::string lower(std::string s) {
@@ -508,7 +572,12 @@ void check_batch_args(const char* fn, std::int64_t batch, std::int64_t step) {
 
 }  // namespace
 
-std::vector<std::int32_t> load_tokens(const std::filesystem::path& path) {
+TokenSequence::TokenSequence() : s_(std::make_unique<Storage>()) {}
+TokenSequence::TokenSequence(TokenSequence&&) noexcept = default;
+TokenSequence& TokenSequence::operator=(TokenSequence&&) noexcept = default;
+TokenSequence::~TokenSequence() = default;
+
+TokenSequence TokenSequence::open(const std::filesystem::path& path) {
   const std::string ext = lower(path.extension().string());
   if (ext != ".npy" && ext != ".bin" && ext != ".txt") {
     fail(path,
@@ -518,14 +587,90 @@ std::vector<std::int32_t> load_tokens(const std::filesystem::path& path) {
          "the format is chosen by the extension: rename the file, or write one with np.save(path, np.array(ids, "
          "dtype=np.int32))");
   }
-  const MappedFile f(path);
-  if (f.size() == 0) {
+  detail::InputFile input = open_token_file(path);
+  if (input.size() == 0) {
     fail(path, "the file is empty (0 bytes): it holds no tokens", "tokenize a non-empty text and write its ids");
   }
-  if (ext == ".npy") return read_npy(f, path);
-  if (ext == ".bin") return read_bin(f, path);
-  return read_txt(f, path);
+  TokenSequence seq;
+  if (ext == ".txt") {
+    const MappedFile f(input, path);
+    scan_txt(f, path, seq);
+    return seq;
+  }
+  IdLayout layout;
+  {
+    const MappedFile f(input, path);  // the headers only; the ids are read with pread, in chunks
+    layout = ext == ".npy" ? read_npy(f, path) : read_bin(f, path);
+  }
+  Storage& s = *seq.s_;
+  s.on_disk = true;
+  s.file = std::move(input);
+  s.path = path;
+  s.at = layout.at;
+  s.element = layout.size;
+  s.count = static_cast<std::int64_t>(layout.count);
+  scan_ids(s, layout.descr);
+  return seq;
 }
+
+TokenSequence TokenSequence::from_ids(const std::vector<std::int32_t>& ids) {
+  TokenSequence seq;
+  seq.append(ids.data(), ids.size());
+  return seq;
+}
+
+void TokenSequence::append(const std::int32_t* ids, std::size_t count) {
+  Storage& s = *s_;
+  if (s.on_disk) throw Error("TokenSequence::append: the sequence is read from its file; only in-memory ones grow");
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::int32_t id = ids[i];
+    if (id < 0) throw Error(fmt::format("TokenSequence::append: id {} is negative", id));
+    if (!s.is_wide && id > 65535) {
+      s.wide.assign(s.narrow.begin(), s.narrow.end());
+      std::vector<std::uint16_t>().swap(s.narrow);
+      s.is_wide = true;
+    }
+    if (s.is_wide) s.wide.push_back(id);
+    else s.narrow.push_back(static_cast<std::uint16_t>(id));
+    s.max_id = std::max(s.max_id, id);
+  }
+  s.count += static_cast<std::int64_t>(count);
+}
+
+std::int64_t TokenSequence::size() const { return s_->count; }
+std::int32_t TokenSequence::max_id() const { return s_->max_id; }
+bool TokenSequence::on_disk() const { return s_->on_disk; }
+
+void TokenSequence::read(std::int64_t begin, std::int64_t count, std::int64_t* out) const {
+  const Storage& s = *s_;
+  if (begin < 0 || count < 0 || begin > s.count || count > s.count - begin) {
+    throw Error(fmt::format("TokenSequence::read: ids [{}, {}) are outside the {} ids", begin, begin + count, s.count));
+  }
+  if (s.on_disk) {
+    std::vector<unsigned char> bytes;
+    read_elements(s, static_cast<std::uint64_t>(begin), static_cast<std::uint64_t>(count), bytes);
+    for (std::int64_t k = 0; k < count; ++k) out[k] = element_id(bytes.data() + k * s.element, s.element);
+  } else if (s.is_wide) {
+    std::copy(s.wide.begin() + begin, s.wide.begin() + begin + count, out);
+  } else {
+    std::copy(s.narrow.begin() + begin, s.narrow.begin() + begin + count, out);
+  }
+}
+
+std::vector<std::int32_t> TokenSequence::to_vector() const {
+  std::vector<std::int32_t> out(static_cast<std::size_t>(size()));
+  constexpr std::int64_t kChunk = 1 << 20;
+  std::vector<std::int64_t> ids;
+  for (std::int64_t begin = 0; begin < size(); begin += kChunk) {
+    const std::int64_t n = std::min(kChunk, size() - begin);
+    ids.resize(static_cast<std::size_t>(n));
+    read(begin, n, ids.data());
+    std::copy(ids.begin(), ids.end(), out.begin() + begin);
+  }
+  return out;
+}
+
+std::vector<std::int32_t> load_tokens(const std::filesystem::path& path) { return TokenSequence::open(path).to_vector(); }
 
 void check_vocabulary(const std::vector<std::int32_t>& tokens, std::int64_t vocab, const std::filesystem::path& path) {
   if (vocab < 1) throw Error(fmt::format("check_vocabulary: vocabulary size {} is below 1", vocab));
@@ -548,6 +693,35 @@ void check_vocabulary(const std::vector<std::int32_t>& tokens, std::int64_t voca
   }
 }
 
+void check_vocabulary(const TokenSequence& tokens, std::int64_t vocab, const std::filesystem::path& path) {
+  if (vocab < 1) throw Error(fmt::format("check_vocabulary: vocabulary size {} is below 1", vocab));
+  if (tokens.max_id() < vocab) return;
+  // Some id is outside: read them all again, in chunks, to say which is first, how many and the largest.
+  std::optional<std::int64_t> first;
+  std::int64_t first_id = 0, outside = 0, largest = 0;
+  constexpr std::int64_t kChunk = 1 << 20;
+  std::vector<std::int64_t> ids;
+  for (std::int64_t begin = 0; begin < tokens.size(); begin += kChunk) {
+    const std::int64_t n = std::min(kChunk, tokens.size() - begin);
+    ids.resize(static_cast<std::size_t>(n));
+    tokens.read(begin, n, ids.data());
+    for (std::int64_t k = 0; k < n; ++k) {
+      if (ids[k] < vocab) continue;
+      if (!first) {
+        first = begin + k;
+        first_id = ids[k];
+      }
+      ++outside;
+      largest = std::max(largest, ids[k]);
+    }
+  }
+  fail(path, fmt::format("element {} holds id {}, outside the model's vocabulary of {} ids (0 to {}); {} of the {} "
+                         "ids are outside it, the largest is {}",
+                         first.value_or(0), first_id, vocab, vocab - 1, outside, tokens.size(), largest),
+       "the ids were made by another tokenizer than the model's; tokenize the text with the tokenizer in the model's "
+       "folder");
+}
+
 std::int64_t window_count(std::int64_t tokens, std::int64_t context, bool seq2seq) {
   if (tokens < 0) throw Error(fmt::format("window_count: token count {} is negative", tokens));
   if (context < 1) throw Error(fmt::format("context {} is below 1\nhint: --context takes a positive length", context));
@@ -568,15 +742,20 @@ std::int64_t window_count(std::int64_t tokens, std::int64_t context, bool seq2se
   return windows;
 }
 
-TokenBatch causal_lm_batch(const std::vector<std::int32_t>& tokens, std::int64_t context, std::int64_t batch,
-                           std::int64_t step) {
+namespace {
+
+// The batching, over any source of ids: read(begin, count, out) puts ids [begin, begin + count) into out.
+template <class Read>
+TokenBatch causal_lm_batch_of(std::int64_t size, const Read& read, std::int64_t context, std::int64_t batch,
+                              std::int64_t step) {
   check_batch_args("causal_lm_batch", batch, step);
-  const std::int64_t windows = window_count(static_cast<std::int64_t>(tokens.size()), context, false);
+  const std::int64_t windows = window_count(size, context, false);
   TokenBatch out{Tensor::empty({batch, context}, {DType::i64}), Tensor::empty({batch, context}, {DType::i64})};
   std::int64_t* x = out.x.data_as<std::int64_t>();
   std::int64_t* y = out.y.data_as<std::int64_t>();
+  std::vector<std::int64_t> w(static_cast<std::size_t>(context + 1));
   for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int32_t* w = tokens.data() + window_of(step, batch, b, windows) * context;
+    read(window_of(step, batch, b, windows) * context, context + 1, w.data());
     for (std::int64_t t = 0; t < context; ++t) {
       x[b * context + t] = w[t];
       y[b * context + t] = w[t + 1];
@@ -585,23 +764,25 @@ TokenBatch causal_lm_batch(const std::vector<std::int32_t>& tokens, std::int64_t
   return out;
 }
 
-Seq2SeqBatch seq2seq_batch(const std::vector<std::int32_t>& tokens, std::int64_t context, std::int64_t batch,
-                           std::int64_t step, std::int64_t decoder_start_token_id) {
+template <class Read>
+Seq2SeqBatch seq2seq_batch_of(std::int64_t size, const Read& read, std::int64_t context, std::int64_t batch,
+                              std::int64_t step, std::int64_t decoder_start_token_id) {
   check_batch_args("seq2seq_batch", batch, step);
   if (decoder_start_token_id < 0) {
     throw Error(fmt::format("seq2seq_batch: decoder_start_token_id {} is negative\nhint: take it from the model's "
                             "config.json (T5: 0, the pad id)",
                             decoder_start_token_id));
   }
-  const std::int64_t windows = window_count(static_cast<std::int64_t>(tokens.size()), context, true);
+  const std::int64_t windows = window_count(size, context, true);
   const std::int64_t half = context / 2;
   Seq2SeqBatch out{Tensor::empty({batch, half}, {DType::i64}), Tensor::empty({batch, half}, {DType::i64}),
                    Tensor::empty({batch, half}, {DType::i64})};
   std::int64_t* enc = out.encoder_input.data_as<std::int64_t>();
   std::int64_t* dec = out.decoder_input.data_as<std::int64_t>();
   std::int64_t* lab = out.labels.data_as<std::int64_t>();
+  std::vector<std::int64_t> w(static_cast<std::size_t>(context));
   for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int32_t* w = tokens.data() + window_of(step, batch, b, windows) * context;
+    read(window_of(step, batch, b, windows) * context, context, w.data());
     for (std::int64_t t = 0; t < half; ++t) {
       enc[b * half + t] = w[t];
       lab[b * half + t] = w[half + t];
@@ -609,6 +790,38 @@ Seq2SeqBatch seq2seq_batch(const std::vector<std::int32_t>& tokens, std::int64_t
     }
   }
   return out;
+}
+
+auto vector_reader(const std::vector<std::int32_t>& tokens) {
+  return [&tokens](std::int64_t begin, std::int64_t count, std::int64_t* out) {
+    std::copy(tokens.begin() + begin, tokens.begin() + begin + count, out);
+  };
+}
+
+auto sequence_reader(const TokenSequence& tokens) {
+  return [&tokens](std::int64_t begin, std::int64_t count, std::int64_t* out) { tokens.read(begin, count, out); };
+}
+
+}  // namespace
+
+TokenBatch causal_lm_batch(const std::vector<std::int32_t>& tokens, std::int64_t context, std::int64_t batch,
+                           std::int64_t step) {
+  return causal_lm_batch_of(static_cast<std::int64_t>(tokens.size()), vector_reader(tokens), context, batch, step);
+}
+
+TokenBatch causal_lm_batch(const TokenSequence& tokens, std::int64_t context, std::int64_t batch, std::int64_t step) {
+  return causal_lm_batch_of(tokens.size(), sequence_reader(tokens), context, batch, step);
+}
+
+Seq2SeqBatch seq2seq_batch(const std::vector<std::int32_t>& tokens, std::int64_t context, std::int64_t batch,
+                           std::int64_t step, std::int64_t decoder_start_token_id) {
+  return seq2seq_batch_of(static_cast<std::int64_t>(tokens.size()), vector_reader(tokens), context, batch, step,
+                          decoder_start_token_id);
+}
+
+Seq2SeqBatch seq2seq_batch(const TokenSequence& tokens, std::int64_t context, std::int64_t batch, std::int64_t step,
+                           std::int64_t decoder_start_token_id) {
+  return seq2seq_batch_of(tokens.size(), sequence_reader(tokens), context, batch, step, decoder_start_token_id);
 }
 
 }  // namespace ampscope::samples

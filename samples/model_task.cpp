@@ -1,8 +1,6 @@
 // The task of `ampscope train --model DIR --tokens FILE`: an architecture loaded from a Hugging Face model
 // folder (models/hf_models.h), trained or evaluated on a token file in fixed windows (models/token_data.h).
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 
 #include <fmt/format.h>
 
@@ -18,20 +16,19 @@ namespace ampscope::samples {
 namespace {
 
 // The run's token ids: --text encoded by the folder's own GPT-2 tokenizer (vocab.json + merges.txt, or
-// tokenizer.json), or --tokens read; each checked against the vocabulary.
-std::vector<std::int32_t> run_tokens(const TrainConfig& c, std::int64_t vocab) {
-  std::vector<std::int32_t> tokens;
+// tokenizer.json) a megabyte at a time into ids of 2 bytes each, or --tokens opened (a .npy or .bin file is
+// read by window as batches need it); each checked against the vocabulary. Memory does not hold the text,
+// nor a token file's ids.
+TokenSequence run_tokens(const TrainConfig& c, std::int64_t vocab) {
   if (!c.text_file.empty()) {
     const BpeTokenizer tokenizer = BpeTokenizer::from_folder(c.model_dir);
-    std::ifstream in(c.text_file, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!in.good() && !in.eof()) throw Error(fmt::format("--text '{}': cannot read the file", c.text_file));
-    tokens = tokenizer.encode(bytes);
+    TokenSequence tokens;
+    tokenizer.encode_file(c.text_file, [&](const std::int32_t* ids, std::size_t n) { tokens.append(ids, n); });
     check_vocabulary(tokens, vocab, c.text_file);
-  } else {
-    tokens = load_tokens(c.tokens_file);
-    check_vocabulary(tokens, vocab, c.tokens_file);
+    return tokens;
   }
+  TokenSequence tokens = TokenSequence::open(c.tokens_file);
+  check_vocabulary(tokens, vocab, c.tokens_file);
   return tokens;
 }
 
@@ -39,8 +36,15 @@ std::string data_option(const TrainConfig& c) {
   return c.text_file.empty() ? "--tokens '" + c.tokens_file + "'" : "--text '" + c.text_file + "'";
 }
 
+hf::LoadOptions load_options(const TrainConfig& c) { return {.allow_nonfinite = c.model_allow_nonfinite}; }
+
+// What the load accepted that a user must hear of: weights holding NaN or Inf (allowed explicitly), then
+// tensors the architecture does not use.
 void warn_unexpected(const TrainConfig& c, const hf::LoadReport& report, const std::string& type,
                      std::vector<std::string>& warnings) {
+  for (const std::string& line : report.nonfinite) {
+    warnings.push_back(fmt::format("--model '{}': the weights hold NaN or Inf (allowed): {}", c.model_dir, line));
+  }
   if (report.unexpected.empty()) return;
   std::string names;
   for (std::size_t i = 0; i < report.unexpected.size() && i < 8; ++i) names += (i ? ", " : "") + report.unexpected[i];
@@ -53,7 +57,7 @@ void warn_unexpected(const TrainConfig& c, const hf::LoadReport& report, const s
 class ModelFolderTask final : public SampleTask {
  public:
   ModelFolderTask(const TrainConfig& c, std::vector<std::string>& warnings) {
-    hf::LoadedModel loaded = hf::load_model(c.model_dir);
+    hf::LoadedModel loaded = hf::load_model(c.model_dir, load_options(c));
     model_ = std::move(loaded.model);
     warn_unexpected(c, loaded.report, model_->model_type(), warnings);
     tokens_ = run_tokens(c, model_->vocab_size());
@@ -65,7 +69,7 @@ class ModelFolderTask final : public SampleTask {
     }
     batch_ = c.batch > 0 ? c.batch : 1;
     // Fails here, naming how many tokens one window needs, rather than at the first step.
-    windows_ = window_count(static_cast<std::int64_t>(tokens_.size()), context_, /*seq2seq=*/false);
+    windows_ = window_count(tokens_.size(), context_, /*seq2seq=*/false);
     if (windows_ < 1) {
       throw Error(fmt::format("{}: {} tokens make no window of --context {} (one needs {} tokens)", data_option(c),
                               tokens_.size(), context_, context_ + 1));
@@ -88,7 +92,7 @@ class ModelFolderTask final : public SampleTask {
 
  private:
   std::shared_ptr<hf::CausalLM> model_;
-  std::vector<std::int32_t> tokens_;
+  TokenSequence tokens_;
   std::int64_t context_ = 0, batch_ = 1, windows_ = 0;
 };
 
@@ -98,7 +102,7 @@ class ModelFolderTask final : public SampleTask {
 class Seq2SeqFolderTask final : public SampleTask {
  public:
   Seq2SeqFolderTask(const TrainConfig& c, std::vector<std::string>& warnings) {
-    hf::LoadedSeq2Seq loaded = hf::load_seq2seq(c.model_dir);
+    hf::LoadedSeq2Seq loaded = hf::load_seq2seq(c.model_dir, load_options(c));
     model_ = std::move(loaded.model);
     model_->set_clamp_inf(c.fp16_clamp);
     warn_unexpected(c, loaded.report, model_->model_type(), warnings);
@@ -111,7 +115,7 @@ class Seq2SeqFolderTask final : public SampleTask {
                               context_, context_ < 2 ? 2 : context_ + 1));
     }
     batch_ = c.batch > 0 ? c.batch : 1;
-    window_count(static_cast<std::int64_t>(tokens_.size()), context_, /*seq2seq=*/true);  // throws naming the need
+    window_count(tokens_.size(), context_, /*seq2seq=*/true);  // throws naming the need
   }
 
   nn::Module& model() override { return *model_; }
@@ -127,7 +131,7 @@ class Seq2SeqFolderTask final : public SampleTask {
 
  private:
   std::shared_ptr<hf::Seq2SeqLM> model_;
-  std::vector<std::int32_t> tokens_;
+  TokenSequence tokens_;
   std::int64_t context_ = 0, batch_ = 1;
 };
 

@@ -178,6 +178,10 @@ std::vector<RunOption> make_table() {
                   .help = "T5 folders: Hugging Face's fp16 clamp (inf hidden states clamped to +-(65504 - 1000) after "
                           "each sublayer); off by default, so the overflow shows; the report says when it fired",
                   .json_key = "fp16_clamp", .recorded = R::with_model, .recorded_when_set = true});
+  rows.push_back({.name = "model-allow-nonfinite", .type = T::flag, .field = &C::model_allow_nonfinite,
+                  .help = "Load a --model folder whose weights hold NaN or Inf (refused otherwise, naming each tensor); "
+                          "the run's warnings list them",
+                  .json_key = "model_allow_nonfinite", .recorded = R::with_model, .recorded_when_set = true});
   rows.push_back({.name = "eval", .type = T::flag, .field = &C::eval,
                   .help = "Forward passes only (no backward, optimizer or scaler), recorded and analysed like "
                           "training steps",

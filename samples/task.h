@@ -68,6 +68,7 @@ struct TrainConfig {
   bool keep_checkpoints = false;
   std::string resume;           // load from here before training
   bool resume_allow_nonfinite = false;  // accept NaN/Inf in the resumed parameters or optimizer state
+  bool model_allow_nonfinite = false;   // accept NaN/Inf in --model's weights (hf::LoadOptions::allow_nonfinite)
   std::string data_dir;         // MNIST IDX files for cnn
   std::string text_file;        // text for transformer
   bool zero_grad = true;        // scenarios may turn it off (no-zero-grad)

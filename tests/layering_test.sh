@@ -6,7 +6,8 @@
 #   tests/layering_test.sh [SOURCE_DIR]      # exit 0: every include allowed; 1: a violation (listed)
 #
 # The rules, one folder each (a folder's subfolders that have rules of their own are checked by those):
-#   probes/trace/     the trace: itself, and core's header-only error types and HDF5 helpers; no runtime, no CUDA
+#   probes/trace/     the trace: itself, and core's header-only error types, HDF5 helpers and bounded JSON
+#                     parsing (core/io/json_limits.h); no runtime, no CUDA
 #   probes/analysis/  the diagnosis: itself, the trace, core's error types
 #   viewer/           the trace, the analysis, core's error types: never the runtime or CUDA
 #   models/           itself and core
@@ -22,7 +23,7 @@ cd "$root"
 
 # folder | allowed include pattern (an extended regex matched against the whole included path)
 rules=(
-  "probes/trace|probes/trace/.*|core/error\.h|core/io/hdf5_support\.h"
+  "probes/trace|probes/trace/.*|core/error\.h|core/io/hdf5_support\.h|core/io/json_limits\.h"
   "probes/analysis|probes/analysis/.*|probes/trace/.*|core/error\.h"
   "viewer|viewer/.*|probes/trace/.*|probes/analysis/.*|core/error\.h"
   "models|models/.*|core/.*"

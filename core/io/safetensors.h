@@ -47,6 +47,8 @@ std::string stored_name(DType dtype);  // throws DTypeError for bool
 std::optional<DType> from_stored_name(std::string_view name);
 
 // One memory-mapped, validated safetensors file. Movable; the mapping is released with the last copy.
+// open() refuses anything but a regular file before opening it (a FIFO would block), and parses the header
+// in time linear in its length, its JSON nesting bounded (core/io/json_limits.h).
 class File {
  public:
   static File open(const std::filesystem::path& path);
@@ -76,9 +78,28 @@ class File {
 void save(const std::filesystem::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
           const std::map<std::string, std::string>& metadata = {});
 
+// A tensor of a folder that holds NaN or Inf once loaded (load_folder's `nonfinite`).
+struct NonFiniteTensor {
+  std::string name;          // as the folder names it
+  std::string file;          // the .safetensors file that holds it
+  std::string stored_dtype;  // as the file names it: "F64"
+  std::int64_t nans = 0, infs = 0, count = 0;  // once loaded; count: all its values
+  std::int64_t first = -1;                     // the flat index of the first NaN or Inf
+  // Of the NaN and Inf, how many the file holds as finite values: an F64 1e300 is Inf once loaded as f32.
+  std::int64_t overflowed = 0;
+  // "tensor 'w' ('DIR/model.safetensors') holds 1 NaN and 2 Inf of its 6 values (the first at flat index 0);
+  // 2 of them are finite F64 values in the file, beyond the range of the dtype they were loaded as"
+  std::string describe() const;
+};
+
 // Every tensor of a Hugging Face folder by name: model.safetensors, or model.safetensors.index.json
-// ("weight_map": name -> shard file) with its shards. Errors name the shard and the tensor.
+// ("weight_map": name -> shard file) with its shards. Errors name the shard and the tensor. Every file is
+// opened only when it is a regular file (a FIFO or a device is refused by name; the index is read up to
+// 64 MiB and its JSON nesting bounded). With `nonfinite`, every floating-point tensor is checked once
+// converted to `as`, and those that hold NaN or Inf are listed there (in the order loaded); what to do
+// about them is the caller's (hf::load_model refuses them unless allowed).
 std::map<std::string, Tensor> load_folder(const std::filesystem::path& folder,
-                                          std::optional<DType> as = std::nullopt);
+                                          std::optional<DType> as = std::nullopt,
+                                          std::vector<NonFiniteTensor>* nonfinite = nullptr);
 
 }  // namespace ampscope::safetensors

@@ -50,6 +50,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "core/io/json_limits.h"
+
 #include "probes/trace/codec.h"
 #include "probes/trace/hdf5_io.h"
 #include "probes/trace/layout.h"
@@ -282,10 +284,18 @@ struct TraceReader::State {
     }
     complete = complete_value == 1;
     // A config or probe description that is not JSON leaves the tables readable: a note, not an error
-    // (older ampscope wrote a config with a bare nan in it).
+    // (older ampscope wrote a config with a bare nan in it). One nested deeper than any ampscope writes is
+    // left out (its text emptied, with a note): whatever parses it later (the report, fix, the rank
+    // comparison) would build a value that recursion over it (dump(), copies) cannot handle, a crash at
+    // about 65,000 levels. Checked without building a value (core/io/json_limits.h).
     attribute_damage.clear();
-    for (const auto& [name, text] : {std::pair<const char*, const std::string*>{"config", &info.config}, {"probe", &info.probe}}) {
-      if (!text->empty() && !nlohmann::json::accept(*text)) {
+    for (const auto& [name, text] : {std::pair<const char*, std::string*>{"config", &info.config}, {"probe", &info.probe}}) {
+      if (text->empty()) continue;
+      const auto problem = ampscope::detail::check_json(*text);
+      if (problem && problem->too_deep) {
+        attribute_damage.push_back(fmt::format("the root attribute '{}' is left out: its JSON {}", name, problem->what));
+        text->clear();
+      } else if (problem) {
         attribute_damage.push_back(fmt::format("the root attribute '{}' is not valid JSON", name));
       }
     }

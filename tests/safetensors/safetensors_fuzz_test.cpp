@@ -2,8 +2,8 @@
 // the header's digits and strings, inserted and deleted bytes, changed length fields. Every mutant either
 // throws ampscope::Error or opens; one that opens loads every tensor, each tensor's bytes are the mutant's
 // bytes at its stated range, and a mutant whose header is untouched lists the original tensors. Never a
-// crash. AMPSCOPE_FUZZ_CASES sets the number of mutants (default 400, well under a second);
-// AMPSCOPE_FUZZ_SEED the first seed.
+// crash, also with runs of up to 10^6 '[' or '{' put in the header. AMPSCOPE_FUZZ_CASES sets the number of
+// mutants (default 400, about half a second); AMPSCOPE_FUZZ_SEED the first seed.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -43,7 +43,7 @@ Bytes mutate(const Bytes& original, std::mt19937_64& rng, std::string& how) {
   Bytes b = original;
   const std::uint64_t n = header_length(original);
   auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return testing::pick(rng, lo, hi); };
-  switch (pick(0, 6)) {
+  switch (pick(0, 7)) {
     case 0: testing::flip_byte(b, rng, how); break;  // flip bits anywhere
     case 1: testing::truncate(b, rng, how); break;   // truncate
     case 2: {  // change a digit of the header (shapes, offsets)
@@ -83,9 +83,18 @@ Bytes mutate(const Bytes& original, std::mt19937_64& rng, std::string& how) {
       how = "length " + std::to_string(m);
       break;
     }
-    default: {  // several flips in the buffer only
+    case 6: {  // several flips in the buffer only
       for (int k = 0; k < 4; ++k) b[pick(8 + n, b.size() - 1)] ^= static_cast<unsigned char>(pick(1, 255));
       how = "buffer flips";
+      break;
+    }
+    default: {  // a run of 100 to 10^6 '[' or '{' inserted in the header, its length fixed (issue 36)
+      const std::size_t at = pick(9, 8 + n - 1);
+      const std::size_t count = pick(0, 1) == 0 ? pick(100, 1000) : pick(100'000, 1'000'000);
+      b.insert(b.begin() + static_cast<std::ptrdiff_t>(at), count, static_cast<unsigned char>(pick(0, 1) ? '[' : '{'));
+      const std::uint64_t m = n + count;
+      for (int i = 0; i < 8; ++i) b[static_cast<std::size_t>(i)] = static_cast<unsigned char>(m >> (8 * i));
+      how = "nesting run of " + std::to_string(count) + " at " + std::to_string(at);
       break;
     }
   }

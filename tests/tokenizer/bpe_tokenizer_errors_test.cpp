@@ -174,7 +174,7 @@ TEST(bpe_tokenizer_errors_test, refuses_damaged_tokenizer_json_with_the_json_pat
 std::string mutate(const std::string& original, std::mt19937_64& rng, std::string& how) {
   std::string b = original;
   auto pick = [&](std::size_t lo, std::size_t hi) { return static_cast<std::size_t>(testing::pick(rng, lo, hi)); };
-  switch (pick(0, 5)) {
+  switch (pick(0, 6)) {
     case 0: testing::flip_byte(b, rng, how); break;
     case 1: testing::truncate(b, rng, how); break;
     case 2: testing::insert_or_delete_byte(b, rng, how); break;
@@ -195,9 +195,16 @@ std::string mutate(const std::string& original, std::mt19937_64& rng, std::strin
       how = "punctuation at " + std::to_string(at);
       break;
     }
-    default: {  // several flips
+    case 5: {  // several flips
       for (int k = 0; k < 4; ++k) b[pick(0, b.size() - 1)] ^= static_cast<char>(pick(1, 255));
       how = "four flips";
+      break;
+    }
+    default: {  // a run of 100 to 10^6 '[' or '{' put in (issue 36: it crashed once printed, 65,000 deep)
+      const std::size_t at = pick(0, b.size() - 1);
+      const std::size_t count = pick(0, 1) == 0 ? pick(100, 1000) : pick(100'000, 1'000'000);
+      b.insert(at, count, pick(0, 1) ? '[' : '{');
+      how = "nesting run of " + std::to_string(count) + " at " + std::to_string(at);
       break;
     }
   }

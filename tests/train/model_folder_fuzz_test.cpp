@@ -4,26 +4,35 @@
 // either loads (then a forward pass on in-vocabulary ids runs and gives logits of the expected shape) or
 // throws ampscope::Error (ModelError, safetensors::FormatError) naming a problem. Never a crash, and never
 // an allocation the files do not justify: a config claiming a model far larger than its weights is refused
-// with the missing or wrong-shaped weights, not by running out of memory. AMPSCOPE_FUZZ_CASES sets the number
-// of mutants per folder (default 150), AMPSCOPE_FUZZ_SEED the first seed.
+// with the missing or wrong-shaped weights, not by running out of memory. The mutants made to hurt (issue
+// 36) must be refused with the message that names what they are: a config value nested 130 to 10^6 levels
+// deep, a number past double's range (1e999, named with its key), a weight holding NaN or Inf (or an F64
+// 1e300, Inf once loaded; named by tensor), and a FIFO or a /dev/zero link as config.json or
+// model.safetensors (named, never a hang). AMPSCOPE_FUZZ_CASES sets the number of mutants per folder
+// (default 150), AMPSCOPE_FUZZ_SEED the first seed.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
+#include <map>
 #include <random>
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/io/safetensors.h"
 #include "core/random.h"
 #include "models/hf_models.h"
 #include "models/hf_t5.h"
 #include "tests/hf_t5/t5_test_util.h"
 #include "tests/support/fuzz.h"
+#include "tests/support/hostile_files.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {
@@ -38,11 +47,22 @@ std::string read(const fs::path& p) {
 
 void write(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
 
+// What a mutant made to hurt must be refused with: a piece of the message, and the FIFO to open for writing
+// should the load block on it.
+struct Expected {
+  std::string piece;
+  fs::path fifo;
+};
+
 // One mutant of the folder's two files, from their valid bytes.
-void mutate(std::mt19937_64& rng, const std::string& config, const std::string& weights, const fs::path& dir) {
+Expected mutate(std::mt19937_64& rng, const std::string& config, const std::string& weights, const fs::path& dir) {
   std::string c = config, w = weights;
+  Expected expected;
   auto pick = [&](std::uint64_t n) { return static_cast<std::size_t>(rng() % std::max<std::uint64_t>(n, 1)); };
-  switch (rng() % 6) {
+  // Whatever the last mutant left there (a FIFO would block the writes below, a link redirect them).
+  fs::remove(dir / "config.json");
+  fs::remove(dir / "model.safetensors");
+  switch (rng() % 10) {
     case 0: {  // a number of config.json replaced by an edge value
       nlohmann::json j = nlohmann::json::parse(config);
       std::vector<std::string> keys;
@@ -75,12 +95,74 @@ void mutate(std::mt19937_64& rng, const std::string& config, const std::string& 
         w[at] ^= static_cast<char>(1 + rng() % 255);
       }
       break;
-    default:  // the safetensors file truncated
+    case 5:  // the safetensors file truncated
       w.resize(pick(w.size()));
       break;
+    case 6: {  // a value of config.json nested 130 to 10^6 levels deep, closed or not
+      nlohmann::json j = nlohmann::json::parse(config);
+      std::vector<std::string> keys;
+      for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
+      j[keys[pick(keys.size())]] = "@DEEP@";
+      static const std::size_t depths[] = {130, 1000, 100'000, 1'000'000};
+      const std::size_t depth = depths[pick(std::size(depths))];
+      const std::string deep = rng() % 2 == 0 ? testing::deep_json(depth)
+                                               : testing::deep_json(depth) + std::string(depth, ']');
+      c = j.dump();
+      c.replace(c.find("\"@DEEP@\""), 8, deep);
+      expected.piece = "arrays and objects nest deeper than 128 levels";
+      break;
+    }
+    case 7: {  // a number past double's range
+      nlohmann::json j = nlohmann::json::parse(config);
+      std::vector<std::string> keys;
+      for (auto it = j.begin(); it != j.end(); ++it)
+        if (it->is_number()) keys.push_back(it.key());
+      const std::string key = keys[pick(keys.size())];
+      j[key] = "@BIG@";
+      c = j.dump();
+      const std::string big = rng() % 2 == 0 ? "1e999" : "-2.5e400";
+      c.replace(c.find("\"@BIG@\""), 7, big);
+      expected.piece = fmt::format("number overflow parsing '{}' at '{}'", big, key);
+      break;
+    }
+    case 8: {  // a weight holding NaN or Inf, or an F64 1e300 (Inf once an f32 master weight)
+      const fs::path valid = dir / "valid.safetensors";
+      write(valid, weights);
+      std::map<std::string, Tensor> tensors;
+      {
+        const auto file = safetensors::File::open(valid);
+        for (const auto& t : file.tensors()) tensors[t.name] = file.load(t.name);
+      }
+      auto it = tensors.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(pick(tensors.size())));
+      std::vector<double> values = it->second.values();
+      static const double bad[] = {std::nan(""), std::numeric_limits<double>::infinity(),
+                                   -std::numeric_limits<double>::infinity(), 1e300};
+      const double v = bad[pick(std::size(bad))];
+      values[pick(values.size())] = v;
+      it->second = from_values(values, it->second.shape(), {v == 1e300 ? DType::f64 : it->second.dtype()});
+      safetensors::save(dir / "model.safetensors", {tensors.begin(), tensors.end()}, {{"format", "pt"}});
+      write(dir / "config.json", c);
+      expected.piece = fmt::format("tensor '{}'", it->first);
+      return expected;
+    }
+    default: {  // a FIFO or a /dev/zero link as one of the two files
+      const fs::path slot = dir / (rng() % 2 == 0 ? "config.json" : "model.safetensors");
+      write(dir / "config.json", c);
+      write(dir / "model.safetensors", w);
+      if (rng() % 2 == 0) {
+        expected.fifo = testing::make_fifo(slot);
+        expected.piece = "not a regular file: it is a FIFO (named pipe)";
+      } else {
+        testing::make_link(slot, "/dev/zero");
+        expected.piece = "not a regular file: it is a character device";
+      }
+      return expected;
+    }
   }
   write(dir / "config.json", c);
   write(dir / "model.safetensors", w);
+  return expected;
 }
 
 template <class Load>
@@ -88,16 +170,34 @@ void fuzz(const fs::path& valid, const std::string& name, Load&& load_and_run) {
   const std::string config = read(valid / "config.json"), weights = read(valid / "model.safetensors");
   const fs::path dir = valid.parent_path() / (name + "_mutant");
   fs::create_directories(dir);
+  Expected expected;
+  std::string label;
   const testing::FuzzTally tally = testing::run_mutants<Error>(
       "ampscope::Error", 150,
       [&](std::mt19937_64& rng, std::uint64_t seed, std::string& what) {
-        mutate(rng, config, weights, dir);
-        what = name + " mutant " + std::to_string(seed);
+        expected = mutate(rng, config, weights, dir);
+        what = label = name + " mutant " + std::to_string(seed);
         SCOPED_TRACE(what);
-        load_and_run(dir);
+        if (expected.fifo.empty()) {
+          load_and_run(dir);
+          return;
+        }
+        // A FIFO: loaded on another thread, so that a load that blocks fails the test instead of hanging it.
+        const std::string message = testing::refusal_within<Error>([&] { load_and_run(dir); }, {expected.fifo});
+        throw Error(message);
       },
-      [](const Error& e) { EXPECT_GT(std::string(e.what()).size(), 20u); });
+      [&](const Error& e) {
+        const std::string message = e.what();
+        EXPECT_GT(message.size(), 20u);
+        if (!expected.piece.empty()) {
+          EXPECT_NE(message.find(expected.piece), std::string::npos) << label << ": " << message.substr(0, 2000);
+          EXPECT_LT(message.size(), 2000u) << label << ": a message that prints a value whole";
+        }
+      });
   const std::uint64_t cases = tally.cases, loaded = tally.loaded, refused = tally.refused;
+  std::printf("%s folder fuzz: %llu mutants, %llu loaded and ran, %llu refused\n", name.c_str(),
+              static_cast<unsigned long long>(cases), static_cast<unsigned long long>(loaded),
+              static_cast<unsigned long long>(refused));
   EXPECT_EQ(loaded + refused, cases);
   EXPECT_GT(refused, 0u);
   EXPECT_GT(loaded, 0u);  // some mutants (an epsilon, a flipped data byte) still load and run

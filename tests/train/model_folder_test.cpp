@@ -4,6 +4,7 @@
 // of bad folders and token files, and issue 18's worked example: a GPT-2 whose attention scores pass
 // 65504 in fp16, found by the report and fixed by an override that `ampscope fix` verifies and a hand re-run
 // confirms. The architectures' numerics against PyTorch are tests/hf/'s subject.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +29,7 @@
 #include "models/token_data.h"
 #include "cli/run.h"
 #include "cli/train_command.h"
+#include "tests/support/hostile_files.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {
@@ -284,6 +286,67 @@ TEST(model_folder_test, bad_folders_and_token_files_are_refused_naming_the_probl
     c.autocast_fp32 = {"blocks.*.attn"};
     EXPECT_THROW_MSG(train(c), Error, "matches no module of the 'gpt2' model", "wte");
   }
+}
+
+// Issue 36 through the run: a FIFO or /dev/zero in any file slot a --model run reads (config.json,
+// model.safetensors, --tokens, --text, the tokenizer's files) is refused naming it, never a hang; weights that
+// hold NaN are refused naming the tensor, and with model_allow_nonfinite the run starts and says so in its
+// warnings; --text read a chunk at a time trains on the same ids as before.
+TEST(model_folder_test, hostile_files_in_every_slot_are_refused_by_the_run_naming_them) {
+  const fs::path dir = write_folder(scratch("hostile"));
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 32; b <= 126; ++b) vocab[BpeTokenizer::byte_symbol(static_cast<unsigned char>(b))] = b - 32;
+  std::ofstream(dir / "vocab.json") << vocab.dump();
+  std::ofstream(dir / "merges.txt") << "#version: 0.2\n";
+  std::ofstream(dir / "text.txt") << std::string(200, 'a');
+  const auto refused = [&](const std::string& slot, bool text, const std::string& piece) {
+    const fs::path path = dir / slot;
+    const fs::path saved = dir / (slot + ".saved");
+    fs::rename(path, saved);
+    for (int kind = 0; kind < 2; ++kind) {
+      if (kind == 0) testing::make_fifo(path);
+      else testing::make_link(path, "/dev/zero");
+      TrainConfig c = model_run(dir, Precision::fp16, 1);
+      if (text) {
+        c.tokens_file.clear();
+        c.text_file = (dir / "text.txt").string();
+      }
+      const std::string m = testing::refusal_within<Error>([&] { (void)train(c); }, {path});
+      EXPECT_NE(m.find(path.string()), std::string::npos) << slot << ": " << m;
+      EXPECT_NE(m.find(kind == 0 ? "it is a FIFO (named pipe)" : "it is a character device"), std::string::npos)
+          << slot << ": " << m;
+      EXPECT_NE(m.find(piece), std::string::npos) << slot << ": " << m;
+      fs::remove(path);
+    }
+    fs::rename(saved, path);
+  };
+  refused("config.json", false, "not a regular file");
+  refused("model.safetensors", false, "not a regular file");
+  refused("tokens.txt", false, "token file");
+  refused("vocab.json", true, "tokenizer file");
+  refused("merges.txt", true, "tokenizer file");
+  refused("text.txt", true, "text file");
+  // Everything back in place: the run trains.
+  EXPECT_EQ(train(model_run(dir, Precision::fp16, 1)).steps, 1);
+}
+
+TEST(model_folder_test, nan_weights_are_refused_naming_the_tensor_unless_allowed) {
+  const fs::path dir = write_folder(scratch("nan_weights"), [](hf::CausalLM& m) {
+    NoGradGuard no_grad;
+    for (auto& [name, p] : m.named_parameters())
+      if (name == "h.1.mlp.c_fc.weight") p.view({-1}).slice(0, 3, 4).fill_(std::nan(""));
+  });
+  EXPECT_THROW_MSG(train(model_run(dir, Precision::fp16, 1)), Error, "1 weight of the checkpoint holds NaN or Inf",
+                   "tensor 'h.1.mlp.c_fc.weight'", "1 NaN and 0 Inf of its 4096 values (the first at flat index 3)",
+                   "--model-allow-nonfinite");
+  TrainConfig c = model_run(dir, Precision::fp16, 1);
+  c.model_allow_nonfinite = true;
+  const TrainResult r = train(c);
+  EXPECT_EQ(r.steps, 1);
+  const bool said = std::any_of(r.warnings.begin(), r.warnings.end(), [](const std::string& w) {
+    return w.find("the weights hold NaN or Inf (allowed): tensor 'h.1.mlp.c_fc.weight'") != std::string::npos;
+  });
+  EXPECT_TRUE(said);
 }
 
 // Issue 18's worked example (docs/checkpoints.md): block 1's query and key weights x3000 (the q and k
