@@ -542,7 +542,7 @@ class GradComparison {
 // Steps a run skipped while its GradScaler calibrated (DiffReport::calibration_skips_a): skipped with a
 // finite loss, a later unskipped step ran at a smaller scale (backing off cured it), and no earlier unskipped
 // step had run at this scale or above (the scale was too high; the gradients had not grown). The analysis
-// (analysis.cpp, "calibration") applies the same test (probes/analysis/scaler_calibration.h).
+// (scaler_health.cpp, "calibration") applies the same test (probes/analysis/scaler_calibration.h).
 std::vector<std::int64_t> calibration_skips(std::vector<StepRow> rows) {
   std::sort(rows.begin(), rows.end(), [](const StepRow& x, const StepRow& y) { return x.step < y.step; });
   const detail::CleanScales clean = detail::clean_scales(rows);

@@ -2,6 +2,7 @@
 // first, and where" in its first lines, then gives the details; the JSON mirrors the structs of
 // probes/analysis/analysis.h and probes/analysis/diff.h field for field (docs/report-format.md).
 #include "probes/analysis/render.h"
+#include "probes/analysis/op_traits.h"
 
 #include <algorithm>
 #include <cmath>
@@ -446,7 +447,7 @@ std::string op_diff_detail(const OpDiff& d) {
     const trace::TensorHealth& other = in_a ? d.b : d.a;
     const double s_pinned = in_a ? d.scale_a : d.scale_b, s_other = in_a ? d.scale_b : d.scale_a;
     if (only & kPinLower) {
-      if (d.key.op == "tanh")
+      if (op_range(d.key.op) == OpRange::signed_unit)  // tanh: its lower end is -1, not 0
         return fmt::format("saturation: {} reaches -1 in {} only (min {} against {})", d.key.op, run, num(pinned.min), num(other.min));
       return fmt::format("saturation: {} reaches exactly 0 in {} only ({} exact zeros of {}; the other run: {} zeros, min {})",
                          d.key.op, run, pinned.zero, pinned.numel, other.zero, num(other.min));
