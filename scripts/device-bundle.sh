@@ -29,7 +29,7 @@ if [ "$mode" = size-only ]; then [ $# -eq 1 ] || { echo "$usage" >&2; exit 2; };
 [ -f "$1/CMakeCache.txt" ] || { echo "device-bundle: $1 is not a CMake build folder (no CMakeCache.txt)"$'\n'"hint: scripts/device-check.sh pack builds one" >&2; exit 2; }
 build=$(cd "$1" && pwd -P)
 
-cache() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt" | head -n 1; }
+cache() { grep -m 1 "^$1:" "$build/CMakeCache.txt" | sed 's/^[^=]*=//'; return 0; }  # empty when not set
 source_dir=$(cache CMAKE_HOME_DIRECTORY)
 
 # The programs the check runs (scripts/device-check.sh): paths relative to BUILD.
@@ -77,7 +77,7 @@ mapfile -t libs < "$closure"
 rm -f "$closure"
 
 commit=$(git -C "$source_dir" rev-parse HEAD 2>/dev/null || echo unknown)
-dirty=$(git -C "$source_dir" status --porcelain --untracked-files=no 2>/dev/null | head -n 1)
+dirty=$(git -C "$source_dir" status --porcelain --untracked-files=no 2>/dev/null | sed -n 1p)
 manifest() {  # manifest BUNDLE_DIR: what the run script reads back (the commit and the build's settings)
   {
     echo "commit $commit${dirty:+ (with uncommitted changes)}"
@@ -137,7 +137,7 @@ case "$mode" in
     awk -v p=${#programs[@]} -v l=${#libs[@]} -v f="$out/bundle.tar.xz" -v b="$bytes" -v u="$unpacked" -v m="$limit_mib" \
       'BEGIN { printf "bundled %d programs and %d libraries into %s: %.1f MiB (%.1f MiB unpacked); the limit is %d MiB\n", p, l, f, b / 1048576, u / 1048576, m }'
     echo "largest members (unpacked):"
-    (cd "$stage/bundle" && find . -type f -printf '%s %P\n' | sort -rn | head -n 8 |
+    (cd "$stage/bundle" && find . -type f -printf '%s %P\n' | sort -rn | sed -n 1,8p |
       awk '{ printf "  %6.1f MiB  %s\n", $1 / 1048576, $2 }')
     if [ "$bytes" -gt $((limit_mib * 1048576)) ]; then
       echo "device-bundle: error: the archive is over the limit of $limit_mib MiB (64 MiB travel to the GPU machine, the tree included)" >&2
@@ -164,7 +164,7 @@ case "$mode" in
     for p in "${programs[@]}"; do
       target=$(basename "$p")
       # (not deeper: the install tests build whole consumer projects under tests/)
-      objdir=$(find "$build" -maxdepth 3 -type d -path "*/CMakeFiles/$target.dir" | head -n 1)
+      objdir=$(find "$build" -maxdepth 3 -type d -path "*/CMakeFiles/$target.dir" -print -quit)
       [ -n "$objdir" ] || { echo "device-bundle: no objects of $target under $build" >&2; exit 1; }
       while IFS= read -r o; do add "$o"; done < <(find "$objdir" -name '*.o')
       case "$target" in

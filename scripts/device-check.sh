@@ -172,14 +172,17 @@ timeout_for() {
   echo "$test_timeout"
 }
 
-# The job queue of part 1: lines "LABEL<TAB>PROGRAM<TAB>ARGS<TAB>ENV" (ARGS and ENV space-separated, no spaces
-# inside), run side by side, at most $jobs_max at once. Rows are written as each job ends: every row when
+# enqueue QUEUE LABEL PROGRAM ARGS ENV: one job. Fields are separated by the unit separator (0x1f), not a tab:
+# `read` merges consecutive tabs, and an empty ARGS would shift ENV into the arguments.
+enqueue() { printf '%s\x1f%s\x1f%s\x1f%s\n' "$2" "$3" "$4" "$5" >> "$1"; }
+
+# The job queue of parts 1 and 3: one line per job (ARGS and ENV space-separated, no spaces inside), run side by side, at most $jobs_max at once. Rows are written as each job ends: every row when
 # VERBOSE=1, else only those that did not pass. Each job's "LABEL<TAB>OUTCOME" goes to RESULTS.
 run_queue() {
   local queue=$1 results=$2 verbose=$3 pass=$4
   local label prog args envs
   : > "$results"
-  while IFS=$'\t' read -r label prog args envs; do
+  while IFS=$'\x1f' read -r label prog args envs; do
     local l
     l=$(left)
     if [ "$l" -lt 15 ]; then
@@ -219,7 +222,9 @@ run_check() {
 
   # ---- the machine
   local gpu=0 nogpu=""
-  if [ "$dry" = 1 ]; then
+  if [ "${AMPSCOPE_CHECK_FAKE_GPU:-0}" = 1 ]; then
+    gpu=1  # tests/device/dry_run_test.sh: the GPU path's plumbing, with fake programs
+  elif [ "$dry" = 1 ]; then
     nogpu="not run: no GPU (dry run)"
   elif ! command -v nvidia-smi >/dev/null 2>&1; then
     nogpu="not run: no GPU (no nvidia-smi on this machine)"
@@ -231,7 +236,9 @@ run_check() {
   : > "$summary"
   say "# ampscope device check" ""
   say "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); machine: $(hostname), $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)"
-  if [ $gpu = 1 ]; then
+  if [ "${AMPSCOPE_CHECK_FAKE_GPU:-0}" = 1 ]; then
+    say "- GPU: assumed (AMPSCOPE_CHECK_FAKE_GPU=1: a test of this script with fake programs; nothing runs on a GPU)"
+  elif [ $gpu = 1 ]; then
     say "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | head -n 4 | paste -sd';' -) (name, driver, memory, compute capability)"
   else
     say "- mode: ${nogpu#not run: }: every GPU part below says \"$nogpu\""
@@ -389,7 +396,7 @@ part_correctness() {
     name=$(basename "$t")
     touches_cuda "$name" || continue
     grep -iE "$gpu_pattern" "$work/lists/$name" | while IFS= read -r test; do
-      printf '%s\t%s\t%s\t%s\n' "$name:$test" "$bin/$t" "--gtest_filter=$test" "CUDA_LAUNCH_BLOCKING=1 AMPSCOPE_REQUIRE_GPU=1" >> "$queue"
+      enqueue "$queue" "$name:$test" "$bin/$t" "--gtest_filter=$test" "CUDA_LAUNCH_BLOCKING=1 AMPSCOPE_REQUIRE_GPU=1"
     done
   done
   say "" "### 1a. The $(wc -l < "$queue") GPU tests, each in its own process, CUDA_LAUNCH_BLOCKING=1" ""
@@ -409,15 +416,15 @@ part_correctness() {
     n=$(wc -l < "$work/lists/$name")
     if [ $gpu = 0 ] && [ $full = 0 ]; then
       # Dry: each program once, on its first test (what starts it, the runner and the summary are exercised).
-      printf '%s\t%s\t%s\t%s\n' "$name" "$bin/$t" "--gtest_filter=$(head -n 1 "$work/lists/$name")" "" >> "$queue"
+      enqueue "$queue" "$name" "$bin/$t" "--gtest_filter=$(head -n 1 "$work/lists/$name")" ""
       continue
     fi
     shards=$(((n + 59) / 60)); [ $shards -lt 1 ] && shards=1; [ $shards -gt 8 ] && shards=8
     for ((i = 0; i < shards; i++)); do
       local label=$name
       [ $shards -gt 1 ] && label="$name [$((i + 1))/$shards]"
-      printf '%s\t%s\t%s\t%s\n' "$label" "$bin/$t" "" \
-        "GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i$([ $gpu = 1 ] && echo " AMPSCOPE_REQUIRE_GPU=1")" >> "$queue"
+      enqueue "$queue" "$label" "$bin/$t" "" \
+        "GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i$([ $gpu = 1 ] && echo " AMPSCOPE_REQUIRE_GPU=1")"
     done
   done
   if [ $gpu = 1 ]; then
@@ -433,8 +440,9 @@ part_correctness() {
   # 1c. The CUDA backend without stream-ordered memory pools (plain cudaMalloc), as on GPUs that lack them.
   say "" "### 1c. The CUDA backend's tests with AMPSCOPE_CUDA_NO_POOLS=1 (cudaMalloc instead of the pool)" ""
   if [ $gpu = 1 ] && [ -x "$bin/tests/kernels_tests" ]; then
-    printf '%s\t%s\t%s\t%s\n' "kernels_tests:cuda_*" "$bin/tests/kernels_tests" "--gtest_filter=cuda_*" \
-      "AMPSCOPE_CUDA_NO_POOLS=1 AMPSCOPE_REQUIRE_GPU=1" > "$work/queue-1c"
+    : > "$work/queue-1c"
+    enqueue "$work/queue-1c" "kernels_tests:cuda_*" "$bin/tests/kernels_tests" "--gtest_filter=cuda_*" \
+      "AMPSCOPE_CUDA_NO_POOLS=1 AMPSCOPE_REQUIRE_GPU=1"
     say "| program | outcome | s |" "|---|---|---|"
     run_queue "$work/queue-1c" "$work/results-1c" 1 "1c"
   else
@@ -593,12 +601,12 @@ part_sanitize() {
       [ -x "$bin/tests/$prog" ] || continue
       local extra="--tool $tool --error-exitcode 99"
       [ $tool = memcheck ] && extra="$extra --leak-check full"
-      printf '%s\t%s\t%s\t%s\n' "$tool: $prog ($filter)" "$san" "$extra $bin/tests/$prog --gtest_filter=$filter" "AMPSCOPE_REQUIRE_GPU=1" >> "$queue"
+      enqueue "$queue" "$tool: $prog ($filter)" "$san" "$extra $bin/tests/$prog --gtest_filter=$filter" "AMPSCOPE_REQUIRE_GPU=1"
     done
   done
   # The autograd CUDA cases under memcheck last: the longest, so they take what time is left.
-  [ -x "$bin/tests/autograd_tests" ] && printf '%s\t%s\t%s\t%s\n' "memcheck: autograd_tests (*cuda*)" "$san" \
-    "--tool memcheck --error-exitcode 99 $bin/tests/autograd_tests --gtest_filter=*cuda*" "AMPSCOPE_REQUIRE_GPU=1" >> "$queue"
+  [ -x "$bin/tests/autograd_tests" ] && enqueue "$queue" "memcheck: autograd_tests (*cuda*)" "$san" \
+    "--tool memcheck --error-exitcode 99 $bin/tests/autograd_tests --gtest_filter=*cuda*" "AMPSCOPE_REQUIRE_GPU=1"
   local saved=$test_timeout
   test_timeout=${AMPSCOPE_CHECK_SANITIZER_TIMEOUT:-150}
   run_queue "$queue" "$work/results-3" 1 "3"

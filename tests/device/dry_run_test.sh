@@ -4,7 +4,8 @@
 # added: one that segfaults in its test, one that hangs (its time limit is 5 s here), one that
 # segfaults as soon as it starts. The script must write each of them down as what it is and carry on: every real
 # test program started and passed its first test, the training part ran on the CPU, every GPU part says
-# "not run: no GPU", the summary ends with the three failures, and the logs come back as one archive.
+# "not run: no GPU", the summary ends with the three failures, and the logs come back as one archive. Then part 1
+# on the GPU path, with fake programs that check the environment and arguments each pass gives them.
 #   tests/device/dry_run_test.sh BUILD_DIR WORK_DIR
 set -uo pipefail
 [ $# -eq 2 ] || { echo "usage: $0 BUILD_DIR WORK_DIR" >&2; exit 2; }
@@ -54,7 +55,57 @@ check "the result counts the three fakes" '^\*\*Result: FAILED\*\* \(3 failing i
 order=$(grep -E '^## [1-4]\.' "$md" | cut -c1-5 | paste -sd' ' -)
 [ "$order" = "## 1. ## 2. ## 3. ## 4." ] || { echo "FAIL: the parts in the summary: '$order'"; status=1; }
 # The logs archive holds the crash's own log.
-tar tzf "$work/out/device-check-logs.tar.gz" 2>/dev/null | grep -q 'logs/1b/crash_tests.txt' ||
-  { echo "FAIL: device-check-logs.tar.gz lacks logs/1b/crash_tests.txt"; status=1; }
+members=$(tar tzf "$work/out/device-check-logs.tar.gz" 2>/dev/null)
+grep -qx 'logs/1b/crash_tests.txt' <<< "$members" || { echo "FAIL: device-check-logs.tar.gz lacks logs/1b/crash_tests.txt"; status=1; }
 if [ $status -ne 0 ]; then echo "--- $md"; cat "$md"; else echo "dry run: all checks passed ($(grep -c '' "$md") summary lines)"; fi
+
+# The GPU path's plumbing (part 1 as it runs on a GPU), with fake programs that check what they are given:
+# AMPSCOPE_CHECK_FAKE_GPU=1 makes the script take the GPU path without one. The fake kernels_tests (a CUDA-touching
+# program: tests/kernels mentions the GPU) wants CUDA_LAUNCH_BLOCKING=1 and AMPSCOPE_REQUIRE_GPU=1 when run on its
+# one CUDA test alone (1a), AMPSCOPE_REQUIRE_GPU=1, a shard count and no arguments when run whole (1b),
+# AMPSCOPE_CUDA_NO_POOLS=1 on its CUDA tests (1c); the fake autograd_tests lists 130 tests and runs only those of
+# its shard (3 shards: 44, 43, 43). A fake test fails, naming what it lacked, when its environment is wrong.
+gb=$work/gpu-bundle/bin/tests
+mkdir -p "$gb" "$work/gpu-bundle/lib"
+cat > "$gb/kernels_tests" <<'FAKE'
+#!/bin/bash
+[[ " $* " == *" --gtest_list_tests "* ]] && { printf 'cuda_backend_test.\n  allocates\ncpu_backend_test.\n  adds\n'; exit 0; }
+want() { [ "${!1:-}" = "$2" ] || wrong="$wrong $1=${!1:-unset} (want $2)"; }
+wrong="" tests=()
+case "$*" in
+  --gtest_filter=cuda_backend_test.allocates) want CUDA_LAUNCH_BLOCKING 1; want AMPSCOPE_REQUIRE_GPU 1; tests=(cuda_backend_test.allocates) ;;
+  --gtest_filter=cuda_\*) want AMPSCOPE_CUDA_NO_POOLS 1; want AMPSCOPE_REQUIRE_GPU 1; want CUDA_LAUNCH_BLOCKING ""; tests=(cuda_backend_test.allocates) ;;
+  "") want AMPSCOPE_REQUIRE_GPU 1; want GTEST_TOTAL_SHARDS 1; want CUDA_LAUNCH_BLOCKING ""; tests=(cuda_backend_test.allocates cpu_backend_test.adds) ;;
+  *) wrong="unexpected arguments: $*"; tests=(cuda_backend_test.allocates) ;;
+esac
+for t in "${tests[@]}"; do
+  echo "[ RUN      ] $t"
+  if [ -n "$wrong" ]; then echo "wrong environment:$wrong"; echo "[  FAILED  ] $t (0 ms)"; else echo "[       OK ] $t (0 ms)"; fi
+done
+[ -z "$wrong" ]
+FAKE
+cat > "$gb/autograd_tests" <<'FAKE'
+#!/bin/bash
+[[ " $* " == *" --gtest_list_tests "* ]] && { echo 'grad_test.'; for i in $(seq 0 129); do echo "  case_$i"; done; exit 0; }
+if [ $# -ne 0 ] || [ "${GTEST_TOTAL_SHARDS:-}" != 3 ] || [ "${AMPSCOPE_REQUIRE_GPU:-}" != 1 ]; then
+  echo "[ RUN      ] grad_test.case_0"; echo "args '$*', GTEST_TOTAL_SHARDS=${GTEST_TOTAL_SHARDS:-unset}"; echo "[  FAILED  ] grad_test.case_0 (0 ms)"; exit 1
+fi
+for i in $(seq 0 129); do
+  [ $((i % 3)) -eq "$GTEST_SHARD_INDEX" ] && printf '[ RUN      ] grad_test.case_%d\n[       OK ] grad_test.case_%d (0 ms)\n' "$i" "$i"
+done
+exit 0
+FAKE
+chmod +x "$gb/kernels_tests" "$gb/autograd_tests"
+OUT=$work/gpu-out AMPSCOPE_CHECK_FAKE_GPU=1 AMPSCOPE_CHECK_JOBS=2 \
+  "$root/scripts/device-check.sh" run --only correctness --bundle "$work/gpu-bundle" > "$work/gpu-console.txt" 2>&1
+rc=$?
+md=$work/gpu-out/device-check.md
+[ "$rc" -eq 0 ] || { echo "FAIL: the GPU path with fake programs: exit status $rc, expected 0"; status=1; }
+check "1a: the CUDA test in its own process" '^1a: 1 of 1 passed\.$'
+check "1b: the fake kernels_tests whole" '^\| kernels_tests \| passed \(2 passed\) \|'
+for i in 1 2 3; do check "1b: autograd shard $i" "^\| autograd_tests \[$i/3\] \| passed \(4[34] passed\) \|"; done
+check "1b's total" '^1b: 4 of 4 passed\.$'
+check "1c: without memory pools" '^\| kernels_tests:cuda_\* \| passed \(1 passed\) \|'
+check "the result" '^\*\*Result: passed\*\*'
+if [ $status -ne 0 ]; then echo "--- $md"; cat "$md"; else echo "GPU path with fake programs: all checks passed"; fi
 exit $status
