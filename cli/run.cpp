@@ -28,20 +28,12 @@
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/probe_hook.h"
-#include "core/io/safetensors.h"
 #include "core/training_step.h"
 #include "core/distributed/zero_optimizer.h"
 #include "cli/recording.h"
 #include "cli/run_options_io.h"
 
 namespace ampscope::samples {
-
-void SampleTask::save_model(const std::filesystem::path& folder) {
-  std::filesystem::create_directories(folder);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [name, p] : model().named_parameters()) tensors.emplace_back(name, p);
-  safetensors::save(folder / "model.safetensors", tensors, {{"format", "pt"}, {"ampscope_task", identity()}});
-}
 
 std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t step) {
   const std::filesystem::path p(checkpoint);

@@ -1,6 +1,7 @@
 // The sample tasks of `ampscope train`: mlp, cnn, transformer, each with deterministic data.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -8,6 +9,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/io/safetensors.h"
 #include "core/ops.h"
 #include "samples/idx.h"
 #include "samples/models.h"
@@ -15,6 +17,17 @@
 #include "samples/task.h"
 
 namespace ampscope::samples {
+
+// Here, beside the tasks, rather than in cli/: SampleTask's vtable lives with this, its first out-of-line
+// virtual function, and ampscope_samples must not need ampscope_cli (a shared build links each library
+// with its own dependencies only).
+void SampleTask::save_model(const std::filesystem::path& folder) {
+  std::filesystem::create_directories(folder);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, p] : model().named_parameters()) tensors.emplace_back(name, p);
+  safetensors::save(folder / "model.safetensors", tensors, {{"format", "pt"}, {"ampscope_task", identity()}});
+}
+
 namespace {
 
 // Batch `step` of a fixed data set: consecutive slices, wrapping around.

@@ -1,11 +1,14 @@
-// The CUDA backend: device memory from the stream-ordered pool, one stream, kernels from
+// The CUDA backend: device memory from the stream-ordered pool (plain cudaMalloc where pools are
+// unsupported), one stream, kernels from
 // cuda_kernels.cu and cuda_nn_kernels.cu, matrix products on cuBLAS (cuda_gemm.cpp). Every CUDA and
 // cuBLAS call is checked once, and a failure carries the call, the error's name and the library's text.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -46,13 +49,16 @@ class CudaStream {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int index)
-      : index_(index), stream_(make_stream(index)), allow_tf32_(cuda::allow_tf32_from_env()) {
-    // Keep freed memory in the pool instead of returning it to the driver at every synchronisation:
-    // training allocates the same sizes every step, and the pool then serves them without the driver.
-    cudaMemPool_t pool = nullptr;
-    AMPSCOPE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
-    std::uint64_t keep_all = UINT64_MAX;
-    AMPSCOPE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+      : index_(index), stream_(make_stream(index)), allow_tf32_(cuda::allow_tf32_from_env()),
+        pools_(memory_pools_supported(index)) {
+    if (pools_) {
+      // Keep freed memory in the pool instead of returning it to the driver at every synchronisation:
+      // training allocates the same sizes every step, and the pool then serves them without the driver.
+      cudaMemPool_t pool = nullptr;
+      AMPSCOPE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
+      std::uint64_t keep_all = UINT64_MAX;
+      AMPSCOPE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+    }
 
     // The same (op, dtype) table as the CPU backend (kernels/cpu/cpu_backend.cpp, nn_kernels.cpp).
     for (int t = 0; t < kNumDTypes; ++t) {
@@ -79,7 +85,8 @@ class CudaBackend final : public Backend {
   void* allocate(std::size_t nbytes) override {
     AMPSCOPE_CUDA_CHECK(cudaSetDevice(index_));
     void* ptr = nullptr;
-    const cudaError_t status = cudaMallocAsync(&ptr, nbytes == 0 ? 1 : nbytes, stream());
+    const std::size_t n = nbytes == 0 ? 1 : nbytes;
+    const cudaError_t status = pools_ ? cudaMallocAsync(&ptr, n, stream()) : cudaMalloc(&ptr, n);
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       std::size_t free_bytes = 0, total_bytes = 0;
@@ -94,8 +101,16 @@ class CudaBackend final : public Backend {
   }
 
   void deallocate(void* ptr, std::size_t) noexcept override {
-    // Stream-ordered: the block returns to the pool after the work already queued on the stream.
-    if (ptr != nullptr) cudaFreeAsync(ptr, stream());
+    if (ptr == nullptr) return;
+    if (pools_) {
+      // Stream-ordered: the block returns to the pool after the work already queued on the stream.
+      cudaFreeAsync(ptr, stream());
+    } else {
+      // Without a pool the block is free at once, so first let the queued work that may use it finish
+      // (this stream is non-blocking: cudaFree's own implicit synchronisation does not wait for it).
+      cudaStreamSynchronize(stream());
+      cudaFree(ptr);
+    }
   }
 
   void copy_from_host(void* dst, const void* src, std::size_t nbytes) override {
@@ -141,6 +156,18 @@ class CudaBackend final : public Backend {
 #endif
 
  private:
+  // Stream-ordered memory pools (cudaMallocAsync) are missing on some virtualised GPUs and drivers
+  // (cudaDevAttrMemoryPoolsSupported is 0 there): the backend then allocates with plain cudaMalloc.
+  // AMPSCOPE_CUDA_NO_POOLS=1 takes that path on any GPU, so it can be tested where pools exist.
+  static bool memory_pools_supported(int index) {
+    if (const char* off = std::getenv("AMPSCOPE_CUDA_NO_POOLS"); off != nullptr && std::string_view(off) == "1") {
+      return false;
+    }
+    int supported = 0;
+    AMPSCOPE_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, index));
+    return supported != 0;
+  }
+
   static CudaStream make_stream(int index) {
     AMPSCOPE_CUDA_CHECK(cudaSetDevice(index));
     return CudaStream();
@@ -218,6 +245,7 @@ class CudaBackend final : public Backend {
   int index_;
   CudaStream stream_;
   bool allow_tf32_;
+  bool pools_;  // cudaMallocAsync/cudaFreeAsync on the default pool, else cudaMalloc/cudaFree
   std::unique_ptr<cuda::CublasHandle> blas_;
 };
 
