@@ -216,6 +216,8 @@ run_check() {
   mkdir -p "$out"
   summary=$out/device-check.md
   work=$(mktemp -d "${TMPDIR:-/tmp}/ampscope-device.XXXXXX")
+  # Readable by all, as /tmp is: tests that drop privileges (to check a permission error) must reach their files.
+  chmod 755 "$work"
   mkdir -p "$work/logs"
   trap finish EXIT
   trap 'say "" "stopped by a signal after $(elapsed) s"; exit 143' TERM INT
