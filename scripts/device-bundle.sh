@@ -88,8 +88,8 @@ manifest() {  # manifest BUNDLE_DIR: what the run script reads back (the commit 
       echo "cmake $v=$(cache "$v")"
     done
     (cd "$1" && find . \( -type f -o -type l \) -not -name MANIFEST | sort | while read -r f; do echo "file ${f#./} $(stat -L -c %s "$f")"; done)
-    # The sources' SHA-1 as they are now (uncommitted edits included): `run` checks the tree against them.
-    (cd "$source_dir" && git ls-files -z -- CMakeLists.txt cmake core kernels probes models samples cli tests bench 2>/dev/null |
+    # The compiled sources' SHA-1 as they are now (uncommitted edits included): `run` checks the tree against them.
+    (cd "$source_dir" && git ls-files -z -- '*.cpp' '*.h' '*.cu' '*.cuh' '*CMakeLists.txt' '*.cmake' '*.cmake.in' 2>/dev/null |
       xargs -0 -r sha1sum 2>/dev/null | sed 's/^/src /')
   } > "$1/MANIFEST"
 }
