@@ -140,7 +140,8 @@ case "$mode" in
     (cd "$stage/bundle" && find . -type f -printf '%s %P\n' | sort -rn | sed -n 1,8p |
       awk '{ printf "  %6.1f MiB  %s\n", $1 / 1048576, $2 }')
     if [ "$bytes" -gt $((limit_mib * 1048576)) ]; then
-      echo "device-bundle: error: the archive is over the limit of $limit_mib MiB (64 MiB travel to the GPU machine, the tree included)" >&2
+      rm -f "$out/bundle.tar.xz"  # so that nobody carries it
+      echo "device-bundle: error: the archive is over the limit of $limit_mib MiB (64 MiB travel to the GPU machine, the tree included); removed" >&2
       echo "hint: build shared (BUILD_SHARED_LIBS=ON) for one architecture, as scripts/device-check.sh pack does, or bundle fewer programs" >&2
       exit 1
     fi
