@@ -88,8 +88,8 @@ manifest() {  # manifest BUNDLE_DIR: what the run script reads back (the commit 
       echo "cmake $v=$(cache "$v")"
     done
     (cd "$1" && find . \( -type f -o -type l \) -not -name MANIFEST | sort | while read -r f; do echo "file ${f#./} $(stat -L -c %s "$f")"; done)
-    # The sources' SHA-1 as they are now (uncommitted edits included): `run` checks the tree against them.
-    (cd "$source_dir" && git ls-files -z -- CMakeLists.txt cmake core kernels probes models samples cli tests bench 2>/dev/null |
+    # The compiled sources' SHA-1 as they are now (uncommitted edits included): `run` checks the tree against them.
+    (cd "$source_dir" && git ls-files -z -- '*.cpp' '*.h' '*.cu' '*.cuh' '*CMakeLists.txt' '*.cmake' '*.cmake.in' 2>/dev/null |
       xargs -0 -r sha1sum 2>/dev/null | sed 's/^/src /')
   } > "$1/MANIFEST"
 }
@@ -140,7 +140,8 @@ case "$mode" in
     (cd "$stage/bundle" && find . -type f -printf '%s %P\n' | sort -rn | sed -n 1,8p |
       awk '{ printf "  %6.1f MiB  %s\n", $1 / 1048576, $2 }')
     if [ "$bytes" -gt $((limit_mib * 1048576)) ]; then
-      echo "device-bundle: error: the archive is over the limit of $limit_mib MiB (64 MiB travel to the GPU machine, the tree included)" >&2
+      rm -f "$out/bundle.tar.xz"  # so that nobody carries it
+      echo "device-bundle: error: the archive is over the limit of $limit_mib MiB (64 MiB travel to the GPU machine, the tree included); removed" >&2
       echo "hint: build shared (BUILD_SHARED_LIBS=ON) for one architecture, as scripts/device-check.sh pack does, or bundle fewer programs" >&2
       exit 1
     fi

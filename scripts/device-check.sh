@@ -216,6 +216,8 @@ run_check() {
   mkdir -p "$out"
   summary=$out/device-check.md
   work=$(mktemp -d "${TMPDIR:-/tmp}/ampscope-device.XXXXXX")
+  # Readable by all, as /tmp is: tests that drop privileges (to check a permission error) must reach their files.
+  chmod 755 "$work"
   mkdir -p "$work/logs"
   trap finish EXIT
   trap 'say "" "stopped by a signal after $(elapsed) s"; exit 143' TERM INT
@@ -313,7 +315,8 @@ run_check() {
   # A bundle must not reach back into the build it came from (it is not there on the GPU machine).
   local bbuild from_build
   bbuild=$(sed -n 's/^build //p' "$manifest" 2>/dev/null)
-  from_build=$([ -n "$bbuild" ] && cat "$work/logs/ldd/"*.txt | awk -v b="$bbuild/" '$3 ~ /^\// && index($3, b) == 1 { print $1 }' | sort -u | paste -sd' ' -)
+  from_build=$([ -n "$bbuild" ] && cat "$work/logs/ldd/"*.txt |
+    awk -v b="$bbuild/" -v own="$bundle/lib/" '$3 ~ /^\// && index($3, b) == 1 && index($3, own) != 1 { print $1 }' | sort -u | paste -sd' ' -)
   if [ -n "$from_build" ]; then
     say "- **libraries found in the build folder $bbuild instead of the bundle**: $from_build"
     fail
