@@ -17,6 +17,8 @@
 //  - A flush (end_step, flush, close) H5Dflush-es every dataset written since the last one, then appends
 //    a row to /index with every table's row count and flushes that. Rows beyond the last /index row may
 //    be half-written if the writer is killed; readers trust /index, so a killed trace shows whole steps.
+//  - A write the file system refuses (a full disk) ends all writing, through our copy of HDF5's POSIX
+//    driver (detail::write_access): the file stays as a kill would leave it, and HDF5 closes it cleanly.
 #include "probes/trace/writer.h"
 
 #include <fcntl.h>
@@ -115,8 +117,11 @@ class FileWriter {
  public:
   FileWriter(const std::filesystem::path& path, const RunInfo& info, int compression)
       : io_(path.string(), "write"), compression_(compression) {
+    // A full disk (or any failed write) is then a clean error naming it, and leaves the file as it was.
+    io_.watch(storage_);
+    io_.set_call_hint("the trace holds no complete step");
     const QuietHdf5Errors quiet;
-    PropertyList fapl(io_.check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", "/"));
+    PropertyList fapl = write_access(io_, storage_);
     io_.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds", "/");
     file_ = File(io_.check(H5Fcreate(io_.path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), "H5Fcreate", "/"));
 
@@ -195,6 +200,12 @@ class FileWriter {
     append_index(record);
     last_index_ = record;
     indexed_ = true;
+    // What a failure from here on leaves readable, for its message.
+    if (step != durable_step_) {
+      durable_step_ = step;
+      io_.set_call_hint(step < 0 ? std::string("the trace holds no complete step")
+                                 : fmt::format("the trace holds the steps up to step {} (report and the viewer read them)", step));
+    }
   }
 
   void close(std::int64_t step, const Totals& totals, bool complete) {
@@ -263,6 +274,7 @@ class FileWriter {
         "H5Dcreate2", where));
   }
 
+  StorageFailure storage_;  // first: the file driver records into it until the file is closed
   Io io_;
   int compression_;
   ChunkRows chunks_{};
@@ -276,6 +288,7 @@ class FileWriter {
   std::array<std::size_t, kTableCount> full_count_{};
   IndexRecord last_index_{};
   bool indexed_ = false;
+  std::int64_t durable_step_ = -1;  // the step of the last /index row
 };
 
 // The byte ranges of a table's floating-point fields, merged where adjacent: ChunkCodec deflates their
@@ -324,8 +337,11 @@ class OutputLock {
     for (int attempt = 0; attempt < 100; ++attempt) {
       fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
       if (fd_ < 0) {
-        io.fail(fmt::format("cannot create its lock file '{}': {}", path_, std::strerror(errno)),
-                "the trace's folder must be writable");
+        const StorageFailure failure{.error = errno, .operation = {}};
+        io.fail(fmt::format("cannot create its lock file '{}': {}", path_, failure.problem()),
+                failure.error == ENOSPC || failure.error == EDQUOT
+                    ? "free space on its file system, or write the trace elsewhere"
+                    : "the trace's folder must be writable");
       }
       if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
         const int error = errno;

@@ -51,7 +51,9 @@ class TraceWriter final : public Sink {
   void begin(const RunInfo& info) override;
 
   // Errors on the writer thread (a full disk, an HDF5 failure) are thrown by the next call of the
-  // caller's thread (write, end_step, flush or close), as TraceError.
+  // caller's thread (write, end_step, flush or close), as TraceError. A write the file system refuses
+  // ("no space left on device") stops all writing: the file keeps the steps flushed before it (the
+  // message says up to which), as if the writer had been killed then, and HDF5 prints nothing.
   void write(const StepRow& row) override;
   void write(const OpRow& row) override;
   void write(const GradRow& row) override;
