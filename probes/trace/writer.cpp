@@ -57,6 +57,15 @@ namespace {
 
 constexpr std::size_t kIndexChunk = 64;          // /index: a row per flush
 constexpr std::size_t kMaxChunkBytes = 2 << 20;  // automatic chunks: at most this much raw data
+// HDF5's metadata cache for the file, fixed at this size. Its default grows from 2 MiB up to 32 MiB: an
+// appending writer never reads back the chunk index blocks of chunks it finished, but they stay cached
+// until the cache is full, so the process grew about 12 bytes a step for tens of thousands of steps.
+// What a step touches (object headers, the index blocks of the chunks being appended) takes 8 to 14 KiB
+// in the traces of the samples, scenarios and --twin --probe full runs; HDF5 read nothing back at 32 KiB.
+constexpr std::size_t kMetadataCacheBytes = 64 << 10;
+// Flushes between two H5garbage_collect() calls: HDF5 keeps the blocks of evicted metadata in free lists
+// of its own (up to 16 MiB by default) rather than giving them back.
+constexpr std::uint64_t kFlushesPerCollect = 1024;
 
 std::size_t index_of(Table t) { return static_cast<std::size_t>(t); }
 
@@ -123,6 +132,19 @@ class FileWriter {
     const QuietHdf5Errors quiet;
     PropertyList fapl = write_access(io_, storage_);
     io_.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds", "/");
+    // Memory that does not grow with the run (see kMetadataCacheBytes). Neither changes a byte of the file.
+    H5AC_cache_config_t mdc{};
+    mdc.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+    io_.check(H5Pget_mdc_config(fapl.get(), &mdc), "H5Pget_mdc_config", "/");
+    mdc.set_initial_size = true;
+    mdc.initial_size = mdc.min_size = mdc.max_size = kMetadataCacheBytes;
+    mdc.incr_mode = H5C_incr__off;
+    mdc.flash_incr_mode = H5C_flash_incr__off;
+    mdc.decr_mode = H5C_decr__off;
+    io_.check(H5Pset_mdc_config(fapl.get(), &mdc), "H5Pset_mdc_config", "/");
+    // The chunk cache holds /index's chunks only (the tables' chunks bypass it: H5Dwrite_chunk), and only
+    // the last one is ever written again: room for one. The default (1 MiB) kept 146 finished chunks.
+    io_.check(H5Pset_cache(fapl.get(), 0, 7, kIndexChunk * record_size(Table::index), 1.0), "H5Pset_cache", "/");
     file_ = File(io_.check(H5Fcreate(io_.path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), "H5Fcreate", "/"));
 
     const hid_t root = file_.get();
@@ -200,6 +222,7 @@ class FileWriter {
     append_index(record);
     last_index_ = record;
     indexed_ = true;
+    if (++flushes_ % kFlushesPerCollect == 0) H5garbage_collect();
     // What a failure from here on leaves readable, for its message.
     if (step != durable_step_) {
       durable_step_ = step;
@@ -289,6 +312,7 @@ class FileWriter {
   IndexRecord last_index_{};
   bool indexed_ = false;
   std::int64_t durable_step_ = -1;  // the step of the last /index row
+  std::uint64_t flushes_ = 0;       // /index rows appended
 };
 
 // The byte ranges of a table's floating-point fields, merged where adjacent: ChunkCodec deflates their
@@ -443,7 +467,7 @@ struct TraceWriter::State {
   std::uint64_t jobs_pushed = 0;
   std::uint64_t jobs_done = 0;
   std::array<std::vector<std::vector<std::byte>>, kDataTableCount> spare;  // record buffers, per table
-  std::vector<std::vector<std::byte>> spare_stored;                        // compressed chunk buffers
+  std::array<std::vector<std::vector<std::byte>>, kDataTableCount> spare_stored;  // compressed chunks, per table
   std::exception_ptr error;
   bool failed = false;
   bool stopping = false;                 // compression threads: exit when idle
@@ -483,9 +507,10 @@ struct TraceWriter::State {
     queued += job->weight;
     const bool compress = job->kind == Job::Kind::chunk;
     if (compress) {
-      if (!spare_stored.empty()) {
-        job->stored = std::move(spare_stored.back());
-        spare_stored.pop_back();
+      auto& pool = spare_stored[index_of(job->table)];
+      if (!pool.empty()) {
+        job->stored = std::move(pool.back());
+        pool.pop_back();
       }
       to_encode.push_back(job.get());
     }
@@ -551,6 +576,9 @@ struct TraceWriter::State {
       s.handed = 0;
     } else {
       job->records = spare_buffer(t);
+      // Every buffer of a table holds a whole chunk: a recycled one never grows (a heap of buffers of
+      // every size in between, left by a long run's ups and downs, would grow the process instead).
+      job->records.reserve(chunks[t] * record_size(table));
       job->records.assign(s.bytes.begin(), s.bytes.begin() + static_cast<std::ptrdiff_t>(s.rows * record_size(table)));
       s.handed = s.rows;
     }
@@ -714,7 +742,7 @@ struct TraceWriter::State {
         // and fresh ones cost more in page faults than zlib's time on small chunks.
         if (job->kind == Job::Kind::chunk) {
           spare[index_of(job->table)].push_back(std::move(job->records));
-          spare_stored.push_back(std::move(job->stored));
+          spare_stored[index_of(job->table)].push_back(std::move(job->stored));
         }
       }
       progress.notify_all();
