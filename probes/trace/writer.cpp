@@ -22,14 +22,16 @@
 #include "probes/trace/writer.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <array>
+#include <atomic>
 #include <bit>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -348,15 +350,84 @@ bool same_run(const RunInfo& a, const RunInfo& b) {
   return a.precision == b.precision && a.device == b.device && a.model == b.model && a.seed == b.seed && a.config == b.config;
 }
 
+// ---- termination notes (TraceWriterOptions::note_termination) ----
+//
+// A writer whose process receives SIGTERM writes kTerminationNote into its lock file before the process
+// ends as SIGTERM ends it. The lock file outlives a process that ends without closing its writer, so a
+// reader (writer_state) tells a writer that was asked to stop (mpirun asks the other ranks when one rank
+// dies) from one that died without a word (SIGKILL, a crash, the out-of-memory killer). The handler only
+// reads atomics and calls pwrite, sigaction and raise, which are async-signal-safe.
+
+constexpr char kTerminationNote[] = "ampscope trace writer: ended by SIGTERM\n";
+constexpr std::size_t kNotedSlots = 64;  // writers noted at once; more are simply not noted
+// The lock files' descriptors plus one (0: a free slot).
+std::array<std::atomic<int>, kNotedSlots> noted_locks{};
+struct sigaction previous_term {};
+
+void note_termination(int signal_number) {
+  for (std::atomic<int>& slot : noted_locks) {
+    const int fd = slot.load() - 1;
+    if (fd >= 0) {
+      const ssize_t ignored = ::pwrite(fd, kTerminationNote, sizeof kTerminationNote - 1, 0);
+      (void)ignored;
+    }
+  }
+  // Then what SIGTERM did before: the default action (the handler is installed only over it), on return.
+  ::sigaction(signal_number, &previous_term, nullptr);
+  ::raise(signal_number);
+}
+
+// Installs the handler once, and only where SIGTERM still has its default action: a program that handles
+// SIGTERM itself keeps its handler (its writers are then not noted).
+bool install_termination_note() {
+  static const bool installed = [] {
+    struct sigaction current {};
+    if (::sigaction(SIGTERM, nullptr, &current) != 0 || (current.sa_flags & SA_SIGINFO) != 0 ||
+        current.sa_handler != SIG_DFL) {
+      return false;
+    }
+    previous_term = current;
+    struct sigaction mine {};
+    mine.sa_handler = note_termination;
+    sigemptyset(&mine.sa_mask);
+    mine.sa_flags = SA_RESTART;
+    return ::sigaction(SIGTERM, &mine, nullptr) == 0;
+  }();
+  return installed;
+}
+
 // One writer per trace: an advisory lock (flock) on "<trace>.lock", taken before the trace is created
 // (HDF5's H5Fcreate truncates the file before its own lock, and an SWMR writer drops that lock so that
-// readers can open the file) and held until the writer is gone. Readers never touch the lock file, so
-// they are never blocked. The lock file is removed by its holder before it lets go; a process that locked
-// a lock file which was removed meanwhile sees that the path no longer names it, and tries again. The
-// lock dies with its process, so a killed run never blocks the next one.
+// readers can open the file) and held until the writer is gone. Readers only test it (writer_state, and the
+// reader's own check), never waiting, so they are never blocked. The lock file is removed by its holder
+// before it lets go; a process that locked a lock file which was removed meanwhile sees that the path no
+// longer names it, and tries again. The lock dies with its process, so a killed run never blocks the next
+// one; the file stays, empty or with the termination note (above), which the next writer empties.
 class OutputLock {
  public:
-  explicit OutputLock(const std::filesystem::path& trace) : path_(trace.string() + ".lock") {
+  OutputLock(const std::filesystem::path& trace, bool note_termination) : path_(trace.string() + ".lock") {
+    take(trace);
+    if (note_termination && install_termination_note()) {
+      for (std::atomic<int>& slot : noted_locks) {
+        int free = 0;
+        if (slot.compare_exchange_strong(free, fd_ + 1)) {
+          slot_ = &slot;
+          break;
+        }
+      }
+    }
+  }
+  ~OutputLock() {
+    if (slot_ != nullptr) slot_->store(0);
+    if (fd_ < 0) return;
+    ::unlink(path_.c_str());  // while still holding the lock (see above)
+    ::close(fd_);
+  }
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+ private:
+  void take(const std::filesystem::path& trace) {
     const Io io(trace.string(), "write");
     for (int attempt = 0; attempt < 100; ++attempt) {
       fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -381,24 +452,24 @@ class OutputLock {
       struct stat held {}, named {};
       if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
           held.st_dev == named.st_dev) {
-        return;  // the lock file the path names: ours
+        // Ours. A lock file a process left (killed) may hold its termination note: not this writer's.
+        if (::ftruncate(fd_, 0) != 0) {
+          const int error = errno;
+          ::close(fd_);
+          fd_ = -1;
+          io.fail(fmt::format("cannot empty its lock file '{}': {}", path_, std::strerror(error)));
+        }
+        return;
       }
       ::close(fd_);  // a lock file its holder removed as we opened it: try again
       fd_ = -1;
     }
     io.fail(fmt::format("cannot take the lock file '{}': it keeps being replaced", path_));
   }
-  ~OutputLock() {
-    if (fd_ < 0) return;
-    ::unlink(path_.c_str());  // while still holding the lock (see above)
-    ::close(fd_);
-  }
-  OutputLock(const OutputLock&) = delete;
-  OutputLock& operator=(const OutputLock&) = delete;
 
- private:
   std::string path_;
   int fd_ = -1;
+  std::atomic<int>* slot_ = nullptr;  // this lock's slot in noted_locks, if noted
 };
 
 // Hashes std::string and std::string_view alike, so the interner looks texts up without a copy.
@@ -804,7 +875,8 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
     const QuietHdf5Errors quiet;
     for (std::size_t t = 0; t < kDataTableCount; ++t) s.float_ranges[t] = float_columns(io, static_cast<Table>(t));
   }
-  s.lock = std::make_unique<OutputLock>(path);  // before the file: a second writer must not truncate it
+  // Before the file: a second writer must not truncate it.
+  s.lock = std::make_unique<OutputLock>(path, options.note_termination);
   s.file = std::make_unique<FileWriter>(path, info, options.compression);
   s.writer = std::thread([&s] { s.run_writer(); });
   for (int i = 0; i < options.compression_threads; ++i) s.compressors.emplace_back([&s] { s.run_compressor(); });
@@ -884,6 +956,25 @@ void TraceWriter::close() {
   s.finish(ok);
   s.lock.reset();  // the file is closed: another run may write this path now
   if (s.failed) std::rethrow_exception(s.error);
+}
+
+WriterState writer_state(const std::filesystem::path& trace) {
+  WriterState state;
+  const std::string lock = trace.string() + ".lock";
+  // A lock file is what a writer left, or anything anyone put there: a regular file only, never waited on.
+  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  if (fd < 0) return state;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    state.writing = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    char note[sizeof kTerminationNote] = {};
+    const ssize_t n = ::pread(fd, note, sizeof note - 1, 0);
+    state.terminated = !state.writing && st.st_size == static_cast<off_t>(sizeof kTerminationNote - 1) &&
+                       n == static_cast<ssize_t>(sizeof kTerminationNote - 1) &&
+                       std::memcmp(note, kTerminationNote, sizeof kTerminationNote - 1) == 0;
+  }
+  ::close(fd);  // releases the shared lock, if it was taken
+  return state;
 }
 
 }  // namespace ampscope::trace
