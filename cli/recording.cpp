@@ -34,7 +34,9 @@ Recording::Recording(const TrainConfig& config, const std::string& config_json, 
   // A data-parallel rank checksums its parameters after every step: the multi-rank report compares the ranks'.
   options.checksums = config.process_group != nullptr && config.process_group->size() > 1;
   info.probe = probe::describe(options);  // the autocast overrides are installed by now
-  impl_->writer = std::make_shared<trace::TraceWriter>(config.out, info);
+  // A SIGTERM (mpirun's, to the other ranks when one dies) is noted beside the trace: the multi-rank report
+  // then tells the rank that died from those ended after it.
+  impl_->writer = std::make_shared<trace::TraceWriter>(config.out, info, trace::TraceWriterOptions{.note_termination = true});
   impl_->probe = std::make_shared<probe::Probe>(impl_->writer, options);
   if (config.twin) {
     // The twin rides along with the probe: it sees every op first, forwards every call unchanged and

@@ -141,6 +141,7 @@ struct RankReport {
   std::map<std::int64_t, std::vector<NonFiniteGradient>> nonfinite_before;
   // format_version 6: the parameter checksums after each step: step -> (parameter -> checksum), "" the combined.
   std::map<std::int64_t, std::vector<std::pair<std::string, std::uint64_t>>> checksums;
+  analysis::RankEnd end;  // how its trace ended: closed, still written, or not (a killed rank)
 };
 
 // Where the ranks' parameters first differ (their /checksums rows after the same step).
@@ -237,6 +238,7 @@ int run_multi_rank_report(const ReportRequest& request, std::ostream& out, std::
         }
       }
       for (const trace::ChecksumRow& c : reader.checksums()) r.checksums[c.step].emplace_back(c.param, c.checksum);
+      r.end = analysis::rank_end_of(reader, r.rank);
       ranks.push_back(std::move(r));
     }
   } catch (const Error&) {
@@ -265,13 +267,27 @@ int run_multi_rank_report(const ReportRequest& request, std::ostream& out, std::
   const auto where = [](const analysis::Diagnosis& d) {
     return d.module.empty() ? (d.op.empty() ? std::string("the step") : d.op) : d.module;
   };
+  // A rank whose trace ended before the others' (killed): named, and the run is not healthy.
+  std::vector<analysis::RankEnd> rank_ends;
+  for (const RankReport& r : ranks) rank_ends.push_back(r.end);
+  const analysis::RankEnds ends = analysis::rank_ends(std::move(rank_ends));
   nlohmann::ordered_json j;
   std::string text = fmt::format("data-parallel run: {} ranks\n", ranks.size());
   j["ranks"] = ranks.size();
   for (const RankReport& r : ranks) {
+    const std::string status = analysis::end_status(ends, r.rank);
     text += fmt::format("  rank {}: {} ({} steps, {} anomalies{})\n", r.rank, r.path, r.report.steps,
-                        r.report.anomalies.size(), r.report.complete ? "" : ", incomplete");
+                        r.report.anomalies.size(), status.empty() ? "" : ", " + status);
     j["traces"].push_back(r.path);
+  }
+  text += analysis::render_text(ends);
+  if (!ends.finished()) {  // only then: a finished run's JSON is as it was
+    nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
+    for (const analysis::RankEnd& e : ends.ranks)
+      per_rank.push_back({{"rank", e.rank}, {"complete", e.complete}, {"writing", e.writing}, {"terminated", e.terminated},
+                          {"last_step", e.last_step ? nlohmann::ordered_json(*e.last_step) : nullptr},
+                          {"ended_early", std::count(ends.ended_early.begin(), ends.ended_early.end(), e.rank) > 0}});
+    j["unfinished"] = {{"ended_early", ends.ended_early}, {"ranks", per_rank}};
   }
   if (first == nullptr) {
     text += "no NaN/Inf origin on any rank\n";
@@ -360,6 +376,8 @@ int run_multi_rank_report(const ReportRequest& request, std::ostream& out, std::
     j["parameter_drift"] = {{"step", drift.step}, {"reference_rank", 0}, {"ranks", differing},
                             {"steps_differing", drift.steps_differing}};
   }
+  const bool healthy = drift.step < 0 && ends.finished() &&
+                       std::all_of(ranks.begin(), ranks.end(), [](const RankReport& r) { return r.report.healthy(); });
   std::vector<std::string> reports;
   for (const RankReport& r : ranks) {
     analysis::TextStyle style;
@@ -368,8 +386,6 @@ int run_multi_rank_report(const ReportRequest& request, std::ostream& out, std::
     j["reports"].push_back(nlohmann::ordered_json::parse(analysis::render_json(r.report)));
   }
   if (!deliver(request.json ? j.dump(2) + "\n" : text, request.output, out, err, "report")) return kExitUsage;
-  const bool healthy = drift.step < 0 &&
-                       std::all_of(ranks.begin(), ranks.end(), [](const RankReport& r) { return r.report.healthy(); });
   return healthy ? kExitClean : kExitFound;
 }
 

@@ -515,8 +515,10 @@ TrainResult train(const TrainConfig& requested, const std::function<void(const S
     const probe::StepSummary summary = run.step(step);
     ++result.steps;
     result.skipped += summary.skipped ? 1 : 0;
-    result.losses.push_back(summary.loss);
-    result.scales.push_back(summary.scale);
+    if (config.keep_losses) {
+      result.losses.push_back(summary.loss);
+      result.scales.push_back(summary.scale);
+    }
     result.final_loss = summary.loss;
     result.final_scale = summary.scale_after;
     if (!config.checkpoint.empty() && config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0) {

@@ -47,8 +47,8 @@ struct TrainResult {
   std::string trace;            // path written, or ""
   bool interrupted = false;     // stopped early by the stop flag
   std::vector<std::string> warnings;  // one line each, for the end of the run (unmatched globs, ...)
-  std::vector<double> losses;   // per step
-  std::vector<double> scales;   // per step, the scale used
+  std::vector<double> losses;   // per step (with TrainConfig::keep_losses, the default)
+  std::vector<double> scales;   // per step, the scale used (likewise)
   // Elements of optimizer state this rank held at the end (core/distributed/zero_optimizer.h's
   // optimizer_state_elements): with --shard-optimizer, its shard's only.
   std::int64_t optimizer_state_elements = 0;

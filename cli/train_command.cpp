@@ -396,7 +396,8 @@ int TrainCommand::run_plan(const TrainConfig& config, bool compare, bool leader)
   }
   prepare_outputs(plan, overwrite_);
   bool interrupted = false;
-  for (const TrainConfig& c : plan) {
+  for (TrainConfig& c : plan) {
+    c.keep_losses = false;  // the progress line sees each step; a long run must not hold them all
     std::string sample = c.scenario.empty() ? c.sample : find_scenario(c.scenario).sample;
     if (!c.model_dir.empty()) {  // the folder's name: "[gpt2-tiny fp16]"
       const std::filesystem::path folder = std::filesystem::absolute(c.model_dir).lexically_normal();

@@ -26,8 +26,10 @@ namespace ampscope::samples {
 inline constexpr std::int64_t kMaxBatch = 65536;
 
 // TrainConfig's fields that are not options, so have no row: `scenario_applied` (set by `ampscope fix`
-// when it replays a recorded configuration) and `process_group` (the group a --ddp run is one rank of).
-inline constexpr std::size_t kInternalTrainConfigFields = 2;
+// when it replays a recorded configuration), `process_group` (the group a --ddp run is one rank of) and
+// `keep_losses` (whether train() keeps every step's loss in memory: a library caller's choice; `ampscope
+// train` turns it off, since its on_step already sees each step).
+inline constexpr std::size_t kInternalTrainConfigFields = 3;
 
 enum class OptionType {
   text,    // a string

@@ -95,6 +95,10 @@ struct TrainConfig {
   // the optimizer state of its shard of the parameters only, and the updated parameters are broadcast from
   // their owners; bit for bit the unsharded run. With one rank (or no group) the shard is the whole state.
   bool shard_optimizer = false;
+  // Keep each step's loss and scale in TrainResult::losses and scales: 16 bytes a step for the whole run (1.6 MB
+  // per 100,000 steps), which a long run that does not read them (`ampscope train`: on_step sees each step)
+  // should not hold. Off: both stay empty.
+  bool keep_losses = true;
 };
 
 struct Batch {

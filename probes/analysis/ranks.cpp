@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "probes/trace/writer.h"
 
 namespace ampscope::analysis {
 namespace {
@@ -174,6 +175,127 @@ bool same_run(const trace::RunInfo& a, const trace::RunInfo& b) {
     cb.erase(field);
   }
   return ca == cb;
+}
+
+// ---- how each rank's trace ended ----
+
+RankEnd rank_end_of(const trace::TraceReader& reader, int rank) {
+  RankEnd end;
+  end.rank = rank;
+  end.complete = reader.complete();
+  if (!end.complete) {
+    const trace::WriterState state = trace::writer_state(reader.path());
+    end.writing = state.writing;
+    end.terminated = state.terminated;
+  }
+  end.last_step = reader.last_flushed_step();
+  return end;
+}
+
+RankEnds rank_ends(std::vector<RankEnd> ranks) {
+  RankEnds e;
+  std::sort(ranks.begin(), ranks.end(), [](const RankEnd& a, const RankEnd& b) { return a.rank < b.rank; });
+  e.ranks = std::move(ranks);
+  const auto last = [](const RankEnd& r) { return r.last_step.value_or(-1); };
+  std::int64_t latest = -1;
+  for (const RankEnd& r : e.ranks) {
+    latest = std::max(latest, last(r));
+    if (r.stopped()) e.stopped.push_back(r.rank);
+  }
+  if (e.stopped.empty()) return e;
+  // Fewer durable steps than another rank: it stopped first (the ranks step together: a rank cannot run
+  // more than a step ahead of another, whose gradients it waits for).
+  for (const RankEnd& r : e.ranks)
+    if (r.stopped() && last(r) < latest) e.ended_early.push_back(r.rank);
+  if (e.ended_early.empty()) {
+    // All at one step: a rank whose writer died without notice, while another's was closed, still writes,
+    // or was asked to stop (SIGTERM: mpirun's, after a rank died).
+    const bool others_told = std::any_of(e.ranks.begin(), e.ranks.end(), [](const RankEnd& r) {
+      return r.complete || r.writing || r.terminated;
+    });
+    if (others_told)
+      for (const RankEnd& r : e.ranks)
+        if (r.stopped() && !r.terminated) e.ended_early.push_back(r.rank);
+  }
+  e.together = e.ended_early.empty();
+  return e;
+}
+
+namespace {
+
+// Where a trace stops: "at step 12" (its last durable step), or "before its first step" when none was durable.
+std::string step_of(const RankEnd& r) {
+  return r.last_step ? fmt::format("at step {}", *r.last_step) : std::string("before its first step");
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+}
+
+}  // namespace
+
+std::string render_text(const RankEnds& e) {
+  if (e.finished()) return {};
+  std::string t;
+  const auto& by_rank = e.ranks;
+  const auto find = [&](int rank) -> const RankEnd& {
+    return *std::find_if(by_rank.begin(), by_rank.end(), [&](const RankEnd& r) { return r.rank == rank; });
+  };
+  // The rank whose trace goes furthest, for the comparison.
+  const RankEnd* furthest = nullptr;
+  for (const RankEnd& r : by_rank)
+    if (furthest == nullptr || r.last_step.value_or(-1) > furthest->last_step.value_or(-1)) furthest = &r;
+  if (e.together) {
+    const RankEnd& any = find(e.stopped.front());
+    const bool all_terminated = std::all_of(e.stopped.begin(), e.stopped.end(), [&](int r) { return find(r).terminated; });
+    if (all_terminated) {
+      t += fmt::format("the run did not finish: {} {} ended by SIGTERM {}, without closing {} trace\n",
+                       rank_list(e.stopped), e.stopped.size() == 1 ? "was" : "were", step_of(any),
+                       e.stopped.size() == 1 ? "its" : "their");
+    } else {
+      t += fmt::format("the run did not finish: the trace{} of {} {} {} without being closed by {} writer{}, and no "
+                       "termination request reached {}: the job was killed (the traces cannot tell which rank went "
+                       "first)\n",
+                       e.stopped.size() == 1 ? "" : "s", rank_list(e.stopped), e.stopped.size() == 1 ? "stops" : "stop",
+                       step_of(any), e.stopped.size() == 1 ? "its" : "their", e.stopped.size() == 1 ? "" : "s",
+                       e.stopped.size() == 1 ? "it" : "them");
+    }
+    return t;
+  }
+  for (int rank : e.ended_early) {
+    const RankEnd& r = find(rank);
+    std::string ahead;
+    if (r.last_step.value_or(-1) < furthest->last_step.value_or(-1))
+      ahead = fmt::format(", while rank {}'s goes on to step {}", furthest->rank, *furthest->last_step);
+    t += fmt::format("rank {} ENDED EARLY: its trace stops {} without being closed by its writer{}; {}\n", rank,
+                     step_of(r), ahead,
+                     r.terminated ? "its process was ended by SIGTERM"
+                                  : "no termination request reached it: the rank died there (SIGKILL, a crash, the "
+                                    "out-of-memory killer)");
+  }
+  std::vector<int> after, silent;
+  for (int rank : e.stopped) {
+    if (std::find(e.ended_early.begin(), e.ended_early.end(), rank) != e.ended_early.end()) continue;
+    (find(rank).terminated ? after : silent).push_back(rank);
+  }
+  if (!after.empty())
+    t += fmt::format("{} {} then ended by SIGTERM (mpirun ends the other ranks when one dies)\n", rank_list(after),
+                     after.size() == 1 ? "was" : "were");
+  if (!silent.empty())
+    t += fmt::format("{} stopped too, without closing {} trace{}\n", rank_list(silent), silent.size() == 1 ? "its" : "their",
+                     silent.size() == 1 ? "" : "s");
+  return t;
+}
+
+std::string end_status(const RankEnds& e, int rank) {
+  for (const RankEnd& r : e.ranks) {
+    if (r.rank != rank) continue;
+    if (r.complete) return {};
+    if (r.writing) return "incomplete: still being written";
+    if (std::find(e.ended_early.begin(), e.ended_early.end(), rank) != e.ended_early.end()) return "ENDED EARLY";
+    return r.terminated ? "incomplete: ended by SIGTERM" : "incomplete: not closed by its writer";
+  }
+  return {};
 }
 
 // ---- two ranks of one run ----

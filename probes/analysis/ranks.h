@@ -45,6 +45,43 @@ std::optional<RankPlace> rank_place(const trace::RunInfo& run);
 // them when they start). Their ranks may be equal (the same file twice).
 bool same_run(const trace::RunInfo& a, const trace::RunInfo& b);
 
+// ---- how each rank's trace ended (the multi-rank report) ----
+
+// One rank's trace: whether its writer closed it, whether a writer holds it now, whether the last writer
+// noted a SIGTERM (trace::writer_state), and its last durable step (the last /index row's).
+struct RankEnd {
+  int rank = 0;
+  bool complete = false;
+  bool writing = false;
+  bool terminated = false;
+  std::optional<std::int64_t> last_step;
+  // Not closed and not being written: the rank's process ended before the run did.
+  bool stopped() const { return !complete && !writing; }
+};
+
+// Which ranks ended early. A rank ended early when its trace was not closed, nobody writes it, and either it
+// stops at an earlier step than another rank's (fewer durable steps), or, all stopping at the same step, its
+// writer died without notice while another rank's was closed, is still writing, or was ended by SIGTERM
+// (mpirun's, to the other ranks, after one died). Every rank stopped at one step without notice: the traces
+// cannot tell which went first (`together`).
+struct RankEnds {
+  std::vector<RankEnd> ranks;     // by rank
+  std::vector<int> ended_early;   // the ranks that ended early, ascending
+  std::vector<int> stopped;       // every rank whose trace was not closed and is not being written
+  bool together = false;          // stopped ranks, none of which can be named
+  // The run as a whole finished (or is still running): no rank stopped.
+  bool finished() const { return stopped.empty(); }
+};
+RankEnds rank_ends(std::vector<RankEnd> ranks);
+// A rank's trace as RankEnd sees it: its reader's complete() and last_flushed_step(), its lock file.
+RankEnd rank_end_of(const trace::TraceReader& reader, int rank);
+
+// The lines the multi-rank report prints about it (empty when every rank finished or is still running), and
+// its status for one rank's line of the list ("" when closed; "ENDED EARLY", "ended by SIGTERM",
+// "incomplete: still being written", "incomplete: not closed by its writer").
+std::string render_text(const RankEnds& ends);
+std::string end_status(const RankEnds& ends, int rank);
+
 // ---- two ranks of one run ----
 
 // Something that must be the same on every rank and is not. `what`: "scale", "scale_after", "skipped",

@@ -1,9 +1,19 @@
 #include "probes/trace/hdf5_io.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <mutex>
+#include <type_traits>
 #include <vector>
 
 namespace ampscope::trace::detail {
@@ -15,7 +25,33 @@ void Io::fail(std::string_view problem, std::string_view hint) const {
 }
 
 void Io::fail_call(std::string_view call, std::string_view object) const {
+  if (storage_ != nullptr && storage_->failed()) {
+    // HDF5 saw no error (the driver took the failed write over): its stack has nothing to say.
+    take_hdf5_errors();
+    std::string_view advice;
+    switch (storage_->error) {
+      case ENOSPC:
+      case EDQUOT: advice = "free space on its file system, or write the trace elsewhere"; break;
+      case EFBIG: advice = "the file system allows no larger file: write the trace elsewhere"; break;
+      case EACCES:
+      case EPERM:
+      case EROFS: advice = "the trace's folder must be writable, or write the trace elsewhere"; break;
+      case EISDIR: advice = "the path names a folder: give the trace a file name"; break;
+      default: advice = "check the file system (its kernel log may say more), or write the trace elsewhere"; break;
+    }
+    fail(fmt::format("{} ({}, in {} on '{}')", storage_->problem(), storage_->operation, call, object),
+         call_hint_.empty() ? std::string(advice) : fmt::format("{}; {}", call_hint_, advice));
+  }
   fail(fmt::format("{} failed on '{}'\nHDF5 error stack:\n{}", call, object, take_hdf5_errors()), call_hint_);
+}
+
+std::string StorageFailure::problem() const {
+  std::string text = std::strerror(error);
+  // strerror's "No space left on device" reads as part of our sentence.
+  if (!text.empty() && text[0] >= 'A' && text[0] <= 'Z' && !(text.size() > 1 && text[1] >= 'A' && text[1] <= 'Z')) {
+    text[0] = static_cast<char>(text[0] - 'A' + 'a');
+  }
+  return text;
 }
 
 Datatype copy_type(const Io& io, hid_t predefined) { return Datatype(io.check(H5Tcopy(predefined), "H5Tcopy", "/")); }
@@ -270,6 +306,281 @@ std::optional<std::int64_t> read_int_attribute(const Io& io, hid_t object, std::
   std::int64_t value = 0;
   io.check(H5Aread(a->attr.get(), H5T_NATIVE_INT64, &value), "H5Aread", a->path);
   return value;
+}
+
+// --- the writer's file driver (write_access) ---
+//
+// HDF5's sec2 driver, as its 1.10 sources and documentation describe it: pread/pwrite at HDF5's
+// addresses, the file's size tracked as its end of file, truncated to HDF5's end of allocation when
+// HDF5 asks, flock for HDF5's file locking. The same feature flags, so HDF5 allocates, aggregates and
+// writes exactly as with sec2, and the file has no driver information in it: any reader opens it with
+// the default driver. What differs is the failure of a write (see write_access).
+
+namespace {
+
+// What the property list carries to the open call (HDF5 copies it byte for byte).
+struct DriverInfo {
+  StorageFailure* storage;
+};
+
+// A write HDF5 made after the failure, kept in memory; later ones cover earlier ones.
+struct AbsorbedWrite {
+  haddr_t address;
+  std::vector<unsigned char> bytes;
+};
+
+struct DriverState {
+  int fd = -1;
+  haddr_t eoa = 0;  // HDF5's end of allocation
+  haddr_t eof = 0;  // the file's size, as HDF5 sees it (including absorbed writes)
+  dev_t device = 0;
+  ino_t inode = 0;
+  StorageFailure* storage = nullptr;
+  std::vector<AbsorbedWrite> absorbed;
+
+  bool failed() const { return storage->failed(); }
+  void record(int error, std::string operation) {
+    if (failed()) return;  // the first failure is the one to report
+    storage->error = error;
+    storage->operation = std::move(operation);
+  }
+};
+
+// HDF5 sees the public part, which must come first; it fills it in after open.
+struct DriverFile {
+  H5FD_t pub;
+  DriverState* state;
+};
+static_assert(std::is_standard_layout_v<DriverFile>, "HDF5 casts H5FD_t* to the driver's file struct");
+
+DriverState& state_of(const H5FD_t* file) { return *reinterpret_cast<const DriverFile*>(file)->state; }
+
+constexpr haddr_t kMaxAddress = (haddr_t{1} << (8 * sizeof(off_t) - 1)) - 1;
+
+bool bad_region(haddr_t address, std::size_t size) {
+  return address == HADDR_UNDEF || address > kMaxAddress || size > kMaxAddress - address;
+}
+
+H5FD_t* driver_open(const char* name, unsigned flags, hid_t fapl, haddr_t maxaddr) noexcept {
+  const auto* info = static_cast<const DriverInfo*>(H5Pget_driver_info(fapl));
+  if (info == nullptr || info->storage == nullptr || name == nullptr || *name == '\0' || maxaddr == 0 ||
+      maxaddr == HADDR_UNDEF || maxaddr > kMaxAddress) {
+    return nullptr;
+  }
+  int o_flags = (flags & H5F_ACC_RDWR) ? O_RDWR : O_RDONLY;
+  if (flags & H5F_ACC_TRUNC) o_flags |= O_TRUNC;
+  if (flags & H5F_ACC_CREAT) o_flags |= O_CREAT;
+  if (flags & H5F_ACC_EXCL) o_flags |= O_EXCL;
+  const int fd = ::open(name, o_flags | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    // HDF5 first tries an open without creating (is the file open already?), which fails on a new
+    // file: only the creating open's failure is the file system's.
+    if (flags & H5F_ACC_CREAT) {
+      const int error = errno;
+      if (!info->storage->failed()) {
+        info->storage->error = error;
+        info->storage->operation = "creating it";
+      }
+    }
+    return nullptr;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return nullptr;
+  }
+  try {
+    auto state = std::make_unique<DriverState>();
+    state->fd = fd;
+    state->eof = static_cast<haddr_t>(st.st_size);
+    state->device = st.st_dev;
+    state->inode = st.st_ino;
+    state->storage = info->storage;
+    auto* file = new DriverFile{};
+    file->state = state.release();
+    return &file->pub;
+  } catch (...) {
+    ::close(fd);
+    return nullptr;
+  }
+}
+
+herr_t driver_close(H5FD_t* file) noexcept {
+  auto* f = reinterpret_cast<DriverFile*>(file);
+  DriverState* state = f->state;
+  // A failed close (NFS reports a full disk here) fails nothing in HDF5, which would keep the file open
+  // and loop at exit trying to close it: it is recorded, like a failed write.
+  if (::close(state->fd) != 0) state->record(errno, "closing it");
+  delete state;
+  delete f;
+  return 0;
+}
+
+int driver_compare(const H5FD_t* a, const H5FD_t* b) noexcept {
+  const DriverState& x = state_of(a);
+  const DriverState& y = state_of(b);
+  if (x.device != y.device) return x.device < y.device ? -1 : 1;
+  if (x.inode != y.inode) return x.inode < y.inode ? -1 : 1;
+  return 0;
+}
+
+herr_t driver_query(const H5FD_t*, unsigned long* flags) noexcept {
+  // sec2's: what makes HDF5 lay the file out as it does with the default driver, and allow SWMR.
+  *flags = H5FD_FEAT_AGGREGATE_METADATA | H5FD_FEAT_ACCUMULATE_METADATA | H5FD_FEAT_DATA_SIEVE |
+           H5FD_FEAT_AGGREGATE_SMALLDATA | H5FD_FEAT_POSIX_COMPAT_HANDLE | H5FD_FEAT_SUPPORTS_SWMR_IO |
+           H5FD_FEAT_DEFAULT_VFD_COMPATIBLE;
+  return 0;
+}
+
+haddr_t driver_get_eoa(const H5FD_t* file, H5FD_mem_t) noexcept { return state_of(file).eoa; }
+
+herr_t driver_set_eoa(H5FD_t* file, H5FD_mem_t, haddr_t address) noexcept {
+  if (address == HADDR_UNDEF || address > kMaxAddress) return -1;
+  state_of(file).eoa = address;
+  return 0;
+}
+
+haddr_t driver_get_eof(const H5FD_t* file, H5FD_mem_t) noexcept { return state_of(file).eof; }
+
+herr_t driver_get_handle(H5FD_t* file, hid_t, void** handle) noexcept {
+  if (handle == nullptr) return -1;
+  *handle = &state_of(file).fd;
+  return 0;
+}
+
+herr_t driver_read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t address, std::size_t size, void* buffer) noexcept {
+  DriverState& state = state_of(file);
+  if (bad_region(address, size)) return -1;
+  auto* out = static_cast<unsigned char*>(buffer);
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(state.fd, out + done, size - done, static_cast<off_t>(address + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (n == 0) {  // past the end of the file: zeros, as sec2 reads them
+      std::memset(out + done, 0, size - done);
+      break;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  // After a failure, what HDF5 wrote since is in memory, not in the file.
+  for (const AbsorbedWrite& w : state.absorbed) {
+    const haddr_t begin = std::max(address, w.address);
+    const haddr_t end = std::min<haddr_t>(address + size, w.address + w.bytes.size());
+    if (begin < end) {
+      std::memcpy(out + (begin - address), w.bytes.data() + (begin - w.address), static_cast<std::size_t>(end - begin));
+    }
+  }
+  return 0;
+}
+
+herr_t driver_write(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t address, std::size_t size, const void* buffer) noexcept {
+  DriverState& state = state_of(file);
+  if (bad_region(address, size)) return -1;
+  const auto* in = static_cast<const unsigned char*>(buffer);
+  std::size_t done = 0;
+  while (!state.failed() && done < size) {
+    const ssize_t n = ::pwrite(state.fd, in + done, size - done, static_cast<off_t>(address + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      // A short write leaves the bytes that fit, where HDF5 had allocated space nothing points at yet
+      // (or rewritten in place: on most file systems a rewrite needs no new space).
+      state.record(n < 0 ? errno : ENOSPC, fmt::format("writing {} bytes at byte {}", size, address));
+      break;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (state.failed()) {
+    try {
+      state.absorbed.push_back({address, std::vector<unsigned char>(in, in + size)});
+    } catch (...) {
+      return -1;  // out of memory: HDF5 fails the call
+    }
+  }
+  state.eof = std::max<haddr_t>(state.eof, address + size);
+  return 0;
+}
+
+herr_t driver_truncate(H5FD_t* file, hid_t, hbool_t) noexcept {
+  DriverState& state = state_of(file);
+  if (state.eoa == state.eof) return 0;
+  if (!state.failed() && ::ftruncate(state.fd, static_cast<off_t>(state.eoa)) != 0) {
+    state.record(errno, fmt::format("setting its size to {} bytes", state.eoa));
+  }
+  state.eof = state.eoa;
+  return 0;
+}
+
+herr_t driver_lock(H5FD_t* file, hbool_t rw) noexcept {
+  if (::flock(state_of(file).fd, (rw ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) return 0;
+  return errno == ENOSYS ? 0 : -1;  // a file system without locks: as HDF5 does by default
+}
+
+herr_t driver_unlock(H5FD_t* file) noexcept {
+  if (::flock(state_of(file).fd, LOCK_UN) == 0) return 0;
+  return errno == ENOSYS ? 0 : -1;
+}
+
+hid_t registered_driver = H5I_INVALID_HID;
+
+herr_t driver_terminate() noexcept {
+  registered_driver = H5I_INVALID_HID;  // the library is closing: register again if it is reopened
+  return 0;
+}
+
+const H5FD_class_t kDriverClass = {
+    .name = "ampscope_sec2",
+    .maxaddr = kMaxAddress,
+    .fc_degree = H5F_CLOSE_WEAK,
+    .terminate = driver_terminate,
+    .sb_size = nullptr,  // no driver information in the file: it is a plain sec2 file
+    .sb_encode = nullptr,
+    .sb_decode = nullptr,
+    .fapl_size = sizeof(DriverInfo),  // copied byte for byte by HDF5
+    .fapl_get = nullptr,
+    .fapl_copy = nullptr,
+    .fapl_free = nullptr,
+    .dxpl_size = 0,
+    .dxpl_copy = nullptr,
+    .dxpl_free = nullptr,
+    .open = driver_open,
+    .close = driver_close,
+    .cmp = driver_compare,
+    .query = driver_query,
+    .get_type_map = nullptr,
+    .alloc = nullptr,  // HDF5 allocates addresses itself, as for sec2
+    .free = nullptr,
+    .get_eoa = driver_get_eoa,
+    .set_eoa = driver_set_eoa,
+    .get_eof = driver_get_eof,
+    .get_handle = driver_get_handle,
+    .read = driver_read,
+    .write = driver_write,
+    .flush = nullptr,  // pwrite hands everything to the kernel at once, as sec2
+    .truncate = driver_truncate,
+    .lock = driver_lock,
+    .unlock = driver_unlock,
+    .fl_map = H5FD_FLMAP_DICHOTOMY,
+};
+
+}  // namespace
+
+PropertyList write_access(const Io& io, StorageFailure& storage) {
+  static std::mutex registering;
+  hid_t driver;
+  {
+    std::lock_guard lock(registering);
+    if (registered_driver < 0 || H5Iis_valid(registered_driver) <= 0) {
+      registered_driver = io.check(H5FDregister(&kDriverClass), "H5FDregister", "/");
+    }
+    driver = registered_driver;
+  }
+  PropertyList fapl(io.check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", "/"));
+  const DriverInfo info{&storage};
+  io.check(H5Pset_driver(fapl.get(), driver, &info), "H5Pset_driver", "/");
+  return fapl;
 }
 
 }  // namespace ampscope::trace::detail

@@ -17,17 +17,21 @@
 //  - A flush (end_step, flush, close) H5Dflush-es every dataset written since the last one, then appends
 //    a row to /index with every table's row count and flushes that. Rows beyond the last /index row may
 //    be half-written if the writer is killed; readers trust /index, so a killed trace shows whole steps.
+//  - A write the file system refuses (a full disk) ends all writing, through our copy of HDF5's POSIX
+//    driver (detail::write_access): the file stays as a kill would leave it, and HDF5 closes it cleanly.
 #include "probes/trace/writer.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <array>
+#include <atomic>
 #include <bit>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -55,6 +59,15 @@ namespace {
 
 constexpr std::size_t kIndexChunk = 64;          // /index: a row per flush
 constexpr std::size_t kMaxChunkBytes = 2 << 20;  // automatic chunks: at most this much raw data
+// HDF5's metadata cache for the file, fixed at this size. Its default grows from 2 MiB up to 32 MiB: an
+// appending writer never reads back the chunk index blocks of chunks it finished, but they stay cached
+// until the cache is full, so the process grew about 12 bytes a step for tens of thousands of steps.
+// What a step touches (object headers, the index blocks of the chunks being appended) takes 8 to 14 KiB
+// in the traces of the samples, scenarios and --twin --probe full runs; HDF5 read nothing back at 32 KiB.
+constexpr std::size_t kMetadataCacheBytes = 64 << 10;
+// Flushes between two H5garbage_collect() calls: HDF5 keeps the blocks of evicted metadata in free lists
+// of its own (up to 16 MiB by default) rather than giving them back.
+constexpr std::uint64_t kFlushesPerCollect = 1024;
 
 std::size_t index_of(Table t) { return static_cast<std::size_t>(t); }
 
@@ -115,9 +128,25 @@ class FileWriter {
  public:
   FileWriter(const std::filesystem::path& path, const RunInfo& info, int compression)
       : io_(path.string(), "write"), compression_(compression) {
+    // A full disk (or any failed write) is then a clean error naming it, and leaves the file as it was.
+    io_.watch(storage_);
+    io_.set_call_hint("the trace holds no complete step");
     const QuietHdf5Errors quiet;
-    PropertyList fapl(io_.check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", "/"));
+    PropertyList fapl = write_access(io_, storage_);
     io_.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds", "/");
+    // Memory that does not grow with the run (see kMetadataCacheBytes). Neither changes a byte of the file.
+    H5AC_cache_config_t mdc{};
+    mdc.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+    io_.check(H5Pget_mdc_config(fapl.get(), &mdc), "H5Pget_mdc_config", "/");
+    mdc.set_initial_size = true;
+    mdc.initial_size = mdc.min_size = mdc.max_size = kMetadataCacheBytes;
+    mdc.incr_mode = H5C_incr__off;
+    mdc.flash_incr_mode = H5C_flash_incr__off;
+    mdc.decr_mode = H5C_decr__off;
+    io_.check(H5Pset_mdc_config(fapl.get(), &mdc), "H5Pset_mdc_config", "/");
+    // The chunk cache holds /index's chunks only (the tables' chunks bypass it: H5Dwrite_chunk), and only
+    // the last one is ever written again: room for one. The default (1 MiB) kept 146 finished chunks.
+    io_.check(H5Pset_cache(fapl.get(), 0, 7, kIndexChunk * record_size(Table::index), 1.0), "H5Pset_cache", "/");
     file_ = File(io_.check(H5Fcreate(io_.path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), "H5Fcreate", "/"));
 
     const hid_t root = file_.get();
@@ -195,6 +224,13 @@ class FileWriter {
     append_index(record);
     last_index_ = record;
     indexed_ = true;
+    if (++flushes_ % kFlushesPerCollect == 0) H5garbage_collect();
+    // What a failure from here on leaves readable, for its message.
+    if (step != durable_step_) {
+      durable_step_ = step;
+      io_.set_call_hint(step < 0 ? std::string("the trace holds no complete step")
+                                 : fmt::format("the trace holds the steps up to step {} (report and the viewer read them)", step));
+    }
   }
 
   void close(std::int64_t step, const Totals& totals, bool complete) {
@@ -263,6 +299,7 @@ class FileWriter {
         "H5Dcreate2", where));
   }
 
+  StorageFailure storage_;  // first: the file driver records into it until the file is closed
   Io io_;
   int compression_;
   ChunkRows chunks_{};
@@ -276,6 +313,8 @@ class FileWriter {
   std::array<std::size_t, kTableCount> full_count_{};
   IndexRecord last_index_{};
   bool indexed_ = false;
+  std::int64_t durable_step_ = -1;  // the step of the last /index row
+  std::uint64_t flushes_ = 0;       // /index rows appended
 };
 
 // The byte ranges of a table's floating-point fields, merged where adjacent: ChunkCodec deflates their
@@ -311,21 +350,93 @@ bool same_run(const RunInfo& a, const RunInfo& b) {
   return a.precision == b.precision && a.device == b.device && a.model == b.model && a.seed == b.seed && a.config == b.config;
 }
 
+// ---- termination notes (TraceWriterOptions::note_termination) ----
+//
+// A writer whose process receives SIGTERM writes kTerminationNote into its lock file before the process
+// ends as SIGTERM ends it. The lock file outlives a process that ends without closing its writer, so a
+// reader (writer_state) tells a writer that was asked to stop (mpirun asks the other ranks when one rank
+// dies) from one that died without a word (SIGKILL, a crash, the out-of-memory killer). The handler only
+// reads atomics and calls pwrite, sigaction and raise, which are async-signal-safe.
+
+constexpr char kTerminationNote[] = "ampscope trace writer: ended by SIGTERM\n";
+constexpr std::size_t kNotedSlots = 64;  // writers noted at once; more are simply not noted
+// The lock files' descriptors plus one (0: a free slot).
+std::array<std::atomic<int>, kNotedSlots> noted_locks{};
+struct sigaction previous_term {};
+
+void note_termination(int signal_number) {
+  for (std::atomic<int>& slot : noted_locks) {
+    const int fd = slot.load() - 1;
+    if (fd >= 0) {
+      const ssize_t ignored = ::pwrite(fd, kTerminationNote, sizeof kTerminationNote - 1, 0);
+      (void)ignored;
+    }
+  }
+  // Then what SIGTERM did before: the default action (the handler is installed only over it), on return.
+  ::sigaction(signal_number, &previous_term, nullptr);
+  ::raise(signal_number);
+}
+
+// Installs the handler once, and only where SIGTERM still has its default action: a program that handles
+// SIGTERM itself keeps its handler (its writers are then not noted).
+bool install_termination_note() {
+  static const bool installed = [] {
+    struct sigaction current {};
+    if (::sigaction(SIGTERM, nullptr, &current) != 0 || (current.sa_flags & SA_SIGINFO) != 0 ||
+        current.sa_handler != SIG_DFL) {
+      return false;
+    }
+    previous_term = current;
+    struct sigaction mine {};
+    mine.sa_handler = note_termination;
+    sigemptyset(&mine.sa_mask);
+    mine.sa_flags = SA_RESTART;
+    return ::sigaction(SIGTERM, &mine, nullptr) == 0;
+  }();
+  return installed;
+}
+
 // One writer per trace: an advisory lock (flock) on "<trace>.lock", taken before the trace is created
 // (HDF5's H5Fcreate truncates the file before its own lock, and an SWMR writer drops that lock so that
-// readers can open the file) and held until the writer is gone. Readers never touch the lock file, so
-// they are never blocked. The lock file is removed by its holder before it lets go; a process that locked
-// a lock file which was removed meanwhile sees that the path no longer names it, and tries again. The
-// lock dies with its process, so a killed run never blocks the next one.
+// readers can open the file) and held until the writer is gone. Readers only test it (writer_state, and the
+// reader's own check), never waiting, so they are never blocked. The lock file is removed by its holder
+// before it lets go; a process that locked a lock file which was removed meanwhile sees that the path no
+// longer names it, and tries again. The lock dies with its process, so a killed run never blocks the next
+// one; the file stays, empty or with the termination note (above), which the next writer empties.
 class OutputLock {
  public:
-  explicit OutputLock(const std::filesystem::path& trace) : path_(trace.string() + ".lock") {
+  OutputLock(const std::filesystem::path& trace, bool note_termination) : path_(trace.string() + ".lock") {
+    take(trace);
+    if (note_termination && install_termination_note()) {
+      for (std::atomic<int>& slot : noted_locks) {
+        int free = 0;
+        if (slot.compare_exchange_strong(free, fd_ + 1)) {
+          slot_ = &slot;
+          break;
+        }
+      }
+    }
+  }
+  ~OutputLock() {
+    if (slot_ != nullptr) slot_->store(0);
+    if (fd_ < 0) return;
+    ::unlink(path_.c_str());  // while still holding the lock (see above)
+    ::close(fd_);
+  }
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+ private:
+  void take(const std::filesystem::path& trace) {
     const Io io(trace.string(), "write");
     for (int attempt = 0; attempt < 100; ++attempt) {
       fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
       if (fd_ < 0) {
-        io.fail(fmt::format("cannot create its lock file '{}': {}", path_, std::strerror(errno)),
-                "the trace's folder must be writable");
+        const StorageFailure failure{.error = errno, .operation = {}};
+        io.fail(fmt::format("cannot create its lock file '{}': {}", path_, failure.problem()),
+                failure.error == ENOSPC || failure.error == EDQUOT
+                    ? "free space on its file system, or write the trace elsewhere"
+                    : "the trace's folder must be writable");
       }
       if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
         const int error = errno;
@@ -341,24 +452,24 @@ class OutputLock {
       struct stat held {}, named {};
       if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
           held.st_dev == named.st_dev) {
-        return;  // the lock file the path names: ours
+        // Ours. A lock file a process left (killed) may hold its termination note: not this writer's.
+        if (::ftruncate(fd_, 0) != 0) {
+          const int error = errno;
+          ::close(fd_);
+          fd_ = -1;
+          io.fail(fmt::format("cannot empty its lock file '{}': {}", path_, std::strerror(error)));
+        }
+        return;
       }
       ::close(fd_);  // a lock file its holder removed as we opened it: try again
       fd_ = -1;
     }
     io.fail(fmt::format("cannot take the lock file '{}': it keeps being replaced", path_));
   }
-  ~OutputLock() {
-    if (fd_ < 0) return;
-    ::unlink(path_.c_str());  // while still holding the lock (see above)
-    ::close(fd_);
-  }
-  OutputLock(const OutputLock&) = delete;
-  OutputLock& operator=(const OutputLock&) = delete;
 
- private:
   std::string path_;
   int fd_ = -1;
+  std::atomic<int>* slot_ = nullptr;  // this lock's slot in noted_locks, if noted
 };
 
 // Hashes std::string and std::string_view alike, so the interner looks texts up without a copy.
@@ -427,7 +538,7 @@ struct TraceWriter::State {
   std::uint64_t jobs_pushed = 0;
   std::uint64_t jobs_done = 0;
   std::array<std::vector<std::vector<std::byte>>, kDataTableCount> spare;  // record buffers, per table
-  std::vector<std::vector<std::byte>> spare_stored;                        // compressed chunk buffers
+  std::array<std::vector<std::vector<std::byte>>, kDataTableCount> spare_stored;  // compressed chunks, per table
   std::exception_ptr error;
   bool failed = false;
   bool stopping = false;                 // compression threads: exit when idle
@@ -467,9 +578,10 @@ struct TraceWriter::State {
     queued += job->weight;
     const bool compress = job->kind == Job::Kind::chunk;
     if (compress) {
-      if (!spare_stored.empty()) {
-        job->stored = std::move(spare_stored.back());
-        spare_stored.pop_back();
+      auto& pool = spare_stored[index_of(job->table)];
+      if (!pool.empty()) {
+        job->stored = std::move(pool.back());
+        pool.pop_back();
       }
       to_encode.push_back(job.get());
     }
@@ -535,6 +647,9 @@ struct TraceWriter::State {
       s.handed = 0;
     } else {
       job->records = spare_buffer(t);
+      // Every buffer of a table holds a whole chunk: a recycled one never grows (a heap of buffers of
+      // every size in between, left by a long run's ups and downs, would grow the process instead).
+      job->records.reserve(chunks[t] * record_size(table));
       job->records.assign(s.bytes.begin(), s.bytes.begin() + static_cast<std::ptrdiff_t>(s.rows * record_size(table)));
       s.handed = s.rows;
     }
@@ -698,7 +813,7 @@ struct TraceWriter::State {
         // and fresh ones cost more in page faults than zlib's time on small chunks.
         if (job->kind == Job::Kind::chunk) {
           spare[index_of(job->table)].push_back(std::move(job->records));
-          spare_stored.push_back(std::move(job->stored));
+          spare_stored[index_of(job->table)].push_back(std::move(job->stored));
         }
       }
       progress.notify_all();
@@ -760,7 +875,8 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
     const QuietHdf5Errors quiet;
     for (std::size_t t = 0; t < kDataTableCount; ++t) s.float_ranges[t] = float_columns(io, static_cast<Table>(t));
   }
-  s.lock = std::make_unique<OutputLock>(path);  // before the file: a second writer must not truncate it
+  // Before the file: a second writer must not truncate it.
+  s.lock = std::make_unique<OutputLock>(path, options.note_termination);
   s.file = std::make_unique<FileWriter>(path, info, options.compression);
   s.writer = std::thread([&s] { s.run_writer(); });
   for (int i = 0; i < options.compression_threads; ++i) s.compressors.emplace_back([&s] { s.run_compressor(); });
@@ -840,6 +956,25 @@ void TraceWriter::close() {
   s.finish(ok);
   s.lock.reset();  // the file is closed: another run may write this path now
   if (s.failed) std::rethrow_exception(s.error);
+}
+
+WriterState writer_state(const std::filesystem::path& trace) {
+  WriterState state;
+  const std::string lock = trace.string() + ".lock";
+  // A lock file is what a writer left, or anything anyone put there: a regular file only, never waited on.
+  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  if (fd < 0) return state;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    state.writing = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    char note[sizeof kTerminationNote] = {};
+    const ssize_t n = ::pread(fd, note, sizeof note - 1, 0);
+    state.terminated = !state.writing && st.st_size == static_cast<off_t>(sizeof kTerminationNote - 1) &&
+                       n == static_cast<ssize_t>(sizeof kTerminationNote - 1) &&
+                       std::memcmp(note, kTerminationNote, sizeof kTerminationNote - 1) == 0;
+  }
+  ::close(fd);  // releases the shared lock, if it was taken
+  return state;
 }
 
 }  // namespace ampscope::trace

@@ -35,6 +35,11 @@ struct TraceWriterOptions {
   int compression = 1;
   // Threads that compress chunks in parallel, besides the one that writes the file.
   int compression_threads = 2;
+  // When the process receives SIGTERM, say so in the trace's lock file before it ends (writer_state reads
+  // it), so that a writer asked to stop is told from one that died: mpirun sends SIGTERM to the other ranks
+  // of a data-parallel run when one rank dies. Installs a SIGTERM handler (once, only over SIGTERM's default
+  // action) that writes the note and then ends the process as SIGTERM would. `ampscope train` turns it on.
+  bool note_termination = false;
 };
 
 class TraceWriter final : public Sink {
@@ -51,7 +56,9 @@ class TraceWriter final : public Sink {
   void begin(const RunInfo& info) override;
 
   // Errors on the writer thread (a full disk, an HDF5 failure) are thrown by the next call of the
-  // caller's thread (write, end_step, flush or close), as TraceError.
+  // caller's thread (write, end_step, flush or close), as TraceError. A write the file system refuses
+  // ("no space left on device") stops all writing: the file keeps the steps flushed before it (the
+  // message says up to which), as if the writer had been killed then, and HDF5 prints nothing.
   void write(const StepRow& row) override;
   void write(const OpRow& row) override;
   void write(const GradRow& row) override;
@@ -76,5 +83,16 @@ class TraceWriter final : public Sink {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// How the writer of a trace stands, from its lock file ("<trace>.lock", which a writer takes while it writes
+// and removes when it closes, but a process that ends without closing leaves): `writing`, a writer holds the
+// trace now; `terminated`, none does, and the last one noted that SIGTERM ended its process
+// (note_termination). Neither, for a trace not closed by its writer: the writer's process died without
+// notice (SIGKILL, a crash), or the file was copied or cut while being written.
+struct WriterState {
+  bool writing = false;
+  bool terminated = false;
+};
+WriterState writer_state(const std::filesystem::path& trace);
 
 }  // namespace ampscope::trace

@@ -60,4 +60,42 @@ for r in 0 1; do
   echo "   run.rank$r.h5: $rows /steps rows readable"
   if [ "$rows" -lt 1 ]; then echo "FAIL: run.rank$r.h5 holds no step"; failures=$((failures + 1)); fi
 done
+# The multi-rank report: rank 1 ended early. Both traces may hold the same steps (rank 0 waited for rank 1's
+# gradients); what tells them apart is that rank 0's end was mpirun's SIGTERM, noted beside its trace.
+"$ampscope" report run.h5 >report.txt 2>report.err
+status=$?
+echo "   ampscope report run.h5: exit status $status"
+sed -n '1,/^no NaN\/Inf origin\|^first origin/p' report.txt | sed 's/^/   | /'
+if [ "$status" -ne 1 ]; then
+  echo "FAIL: the report of a run whose rank 1 was killed exited $status, expected 1 (not healthy)"
+  sed 's/^/   | /' report.err
+  failures=$((failures + 1))
+fi
+if ! grep -q '^  rank 1: run\.rank1\.h5 ([0-9]* steps, [0-9]* anomalies, ENDED EARLY)$' report.txt ||
+   ! grep -q '^rank 1 ENDED EARLY: its trace stops at step [0-9]* without being closed by its writer' report.txt; then
+  echo "FAIL: the report does not name rank 1 as the rank that ended early"
+  failures=$((failures + 1))
+fi
+if grep -q 'rank 0 ENDED EARLY\|rank 0: run\.rank0\.h5 (.*ENDED EARLY' report.txt; then
+  echo "FAIL: the report names rank 0, which mpirun ended after rank 1 died"
+  failures=$((failures + 1))
+fi
+"$ampscope" report run.h5 --json >report.json 2>report-json.err
+status=$?
+if [ "$status" -ne 1 ]; then
+  echo "FAIL: the JSON report exited $status, expected 1"
+  failures=$((failures + 1))
+fi
+if ! python3 - report.json <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["unfinished"]
+assert j["ended_early"] == [1], f"ended_early is {j['ended_early']}, expected [1]"
+ends = {e["rank"]: e for e in j["ranks"]}
+assert ends[1]["ended_early"] and not ends[1]["complete"] and not ends[1]["terminated"], ends[1]
+assert not ends[0]["ended_early"] and not ends[0]["complete"], ends[0]
+PY
+then
+  echo "FAIL: the JSON report's unfinished: ended_early, ranks"
+  failures=$((failures + 1))
+fi
 [ "$failures" -eq 0 ] && echo "PASS" || exit 1
