@@ -487,9 +487,12 @@ std::optional<Amplification> amplification_walk(Diagnosis& d, const OpRow& origi
     const double gain = out_absmax / in_absmax;
     path.push_back({p, in, gain, in_absmax, out_absmax, overflowed});
     const OpKind op_kind_ = op_kind(p->op);
+    // A product of two activations is as large as its operands make it (x * x, q k^T): it amplifies only where
+    // it lacks the scale it should have, a dot product nothing scales before the softmax or exp it feeds.
+    const bool counts = kind != Amplification::Kind::product || !unscaled_consumer(*p, in, ops).empty();
     if (carries(op_kind_) || op_kind_ == OpKind::softmax) {
       if (gain >= kAmplifies) break;  // an operand the walk does not follow made the values larger
-    } else if (gain >= kAmplifies && out_absmax >= least) {
+    } else if (counts && gain >= kAmplifies && out_absmax >= least) {
       root = path.size();
     }
     if (op_kind_ == OpKind::norm || op_kind_ == OpKind::softmax) break;

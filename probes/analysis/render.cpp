@@ -182,8 +182,8 @@ std::string_view root_explanation(std::string_view root) {
   if (root == "cancellation") return "an addition or subtraction of nearly equal values cancelled to exact zeros";
   if (root == "underflow") return "results below the dtype's smallest subnormal became exact zeros";
   if (root == "amplification")
-    return "an op upstream made the values far larger (a small divisor, a large factor or weight, a dot product not "
-           "scaled by 1/sqrt(d)), and what followed overflowed";
+    return "an op made the values far larger than its input (a small divisor, a large factor or weight, a dot "
+           "product not scaled by 1/sqrt(d)): the overflow is there or downstream of it";
   return "";
 }
 

@@ -61,8 +61,10 @@ struct Amplification {
 // largest input to the op that amplified the values: the most upstream op on the way that made them at least 8
 // times larger (kAmplifies) and brought them within 2^10 of the limit the origin passed. Adds and mask fills are
 // not amplifiers, and the walk stops at one that made the values that much larger (an operand it does not
-// follow made them) and after a norm or a softmax (their output does not grow with their input). Fills d.chain
-// (root first: roles "amplification", "passes on", "origin") and d.root_cause ("amplification").
+// follow made them) and after a norm or a softmax (their output does not grow with their input); a product of
+// two activations amplifies only as a dot product nothing scales before the softmax or exp it feeds (the
+// missing 1/sqrt(d)), otherwise the walk goes on to its larger operand. Fills d.chain (root first: roles
+// "amplification", "passes on", "origin") and d.root_cause ("amplification").
 std::optional<Amplification> amplification_walk(Diagnosis& d, const trace::OpRow& origin, const SeqIndex& idx,
                                                 std::span<const trace::OpRow> ops);
 inline constexpr double kAmplifies = 8;
