@@ -95,7 +95,9 @@ inline constexpr const char* kRemedyKinds[] = {
     "reorder",             // reorder the computation: subtract before rounding, add small terms together first
     // Swamped updates (the SWAMPED UPDATES section, from /updates; code only):
     "master_weights_f32",  // keep the parameters in f32 (autocast runs the ops in f16/bf16): updates survive
-    // An overflow whose values an op upstream amplified (root cause amplification; code only):
+    // An overflow whose values an op upstream amplified (root cause amplification; code only). smaller_scale and
+    // scale_scores are applied and re-run in tests/analysis/user_models_report_test.cpp; temperature is checked
+    // on hand-built rows (analysis_rules_test.cpp) and normalise on the attention-overflow scenario, not re-run.
     "temperature",         // divide by a larger value (value: a divisor that keeps the values in range on the batch)
     "smaller_scale",       // multiply by a smaller factor (value: a factor that keeps the values in range)
     "scale_scores",        // scale a dot product's operand by 1/sqrt(d) before the product (value: 1/sqrt(d))
