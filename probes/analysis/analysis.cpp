@@ -39,6 +39,9 @@ void Analyser::set_run(const trace::RunInfo& run, std::string path, bool complet
   state_->rep.run = run;
   state_->rep.path = std::move(path);
   state_->rep.complete = complete;
+  // nlohmann writes an empty list as [] (probe::describe): any other value names at least one override.
+  state_->watch_outside = run.probe.find("\"autocast_overrides\":") != std::string::npos &&
+                          run.probe.find("\"autocast_overrides\":[]") == std::string::npos;
 }
 
 void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<const OpRow> ops,
@@ -69,6 +72,10 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
       st.overrides_applied.insert(r.autocast.substr(q + 1, e - q - 1));
       q = r.autocast.find('\'', e + 1);
     }
+  }
+  if (st.watch_outside) {
+    for (const OpRow& r : ops)
+      if (r.phase == Phase::forward && r.autocast.empty()) st.outside_autocast.emplace(r.op, r.module);
   }
   for (const OpRow& r : ops) {
     f.origin |= r.origin;
@@ -133,7 +140,7 @@ Report Analyser::finish() {
   st.later_steps_evidence();
   st.gradient_underflow();
   st.scale_collapse();
-  coverage(rep, st.overrides_applied);
+  coverage(rep, st.overrides_applied, st.outside_autocast);
 
   std::stable_sort(rep.anomalies.begin(), rep.anomalies.end(), [](const Diagnosis& a, const Diagnosis& b) {
     return std::tie(a.step, a.seq) < std::tie(b.step, b.seq);

@@ -65,8 +65,11 @@ inline constexpr double kF16Max = 65504.0;
 //   cancellation  an add or sub returned exact zeros from inputs that held none (nearly equal values
 //                 subtracted: 1 - s with s rounded to 1);
 //   underflow     an op returned exact zeros from non-zero inputs (a product or a cast below the dtype's
-//                 smallest subnormal; an added epsilon that rounds to 0 in the dtype does not lift them).
-inline constexpr const char* kRootCauses[] = {"saturation", "cancellation", "underflow"};
+//                 smallest subnormal; an added epsilon that rounds to 0 in the dtype does not lift them);
+//   amplification an overflow's values were made far larger upstream: an op whose output's absmax is at least
+//                 8 times its input's (a division by a small temperature, a large factor or weight, a dot
+//                 product nothing scales by 1/sqrt(d)); ChainLink::factor says by how much.
+inline constexpr const char* kRootCauses[] = {"saturation", "cancellation", "underflow", "amplification"};
 
 // Remedy kinds (Remedy::kind). Each is applied and re-run in tests/analysis/user_models_test.cpp.
 inline constexpr const char* kRemedyKinds[] = {
@@ -92,6 +95,13 @@ inline constexpr const char* kRemedyKinds[] = {
     "reorder",             // reorder the computation: subtract before rounding, add small terms together first
     // Swamped updates (the SWAMPED UPDATES section, from /updates; code only):
     "master_weights_f32",  // keep the parameters in f32 (autocast runs the ops in f16/bf16): updates survive
+    // An overflow whose values an op upstream amplified (root cause amplification; code only). smaller_scale and
+    // scale_scores are applied and re-run in tests/analysis/user_models_report_test.cpp; temperature is checked
+    // on hand-built rows (analysis_rules_test.cpp) and normalise on the attention-overflow scenario, not re-run.
+    "temperature",         // divide by a larger value (value: a divisor that keeps the values in range on the batch)
+    "smaller_scale",       // multiply by a smaller factor (value: a factor that keeps the values in range)
+    "scale_scores",        // scale a dot product's operand by 1/sqrt(d) before the product (value: 1/sqrt(d))
+    "normalise",           // a layer_norm on what a matmul with large weights produces
 };
 
 // One remedy in the two forms a user needs: the `ampscope train` option (empty when none applies, for
@@ -113,8 +123,11 @@ struct ChainLink {
   trace::Phase phase = trace::Phase::forward;
   std::string op, module, out_dtype;
   std::string autocast;  // autocast's reason for the op's dtype ("" outside autocast)
-  std::string role;      // "saturation", "cancellation", "underflow", "passes on", "origin"
+  std::string role;      // "saturation", "cancellation", "underflow", "amplification", "passes on", "origin"
   std::string evidence;  // one sentence quoting the recorded numbers of this op
+  // amplification: how many times larger the op made the values, its output's absmax over its input's (a lower
+  // bound when its output overflowed); 0 for the other roles.
+  double factor = 0;
 };
 
 struct Diagnosis {

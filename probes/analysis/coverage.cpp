@@ -1,10 +1,13 @@
 // What the probe's set-up may have hidden (probes/analysis/internal/coverage.h).
 #include "probes/analysis/internal/coverage.h"
 
+#include "probes/analysis/internal/reach.h"
 #include "probes/analysis/internal/remedies.h"
 
 #include <algorithm>
 #include <exception>
+
+#include <fnmatch.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -24,7 +27,8 @@ std::string globs_text(const std::vector<std::string>& globs) {
 
 // What the probe's set-up (the root attribute `probe`) may have hidden, as notes and as evidence on the
 // diagnoses it concerns.
-void coverage(Report& rep, const std::set<std::string>& overrides_applied) {
+void coverage(Report& rep, const std::set<std::string>& overrides_applied,
+              const std::set<std::pair<std::string, std::string>>& outside_autocast) {
   Coverage& c = rep.coverage;
   if (rep.steps == 0)
     c.notes.push_back("the trace holds no step: a probe records ops only inside a probe::StepScope (an op outside "
@@ -56,11 +60,29 @@ void coverage(Report& rep, const std::set<std::string>& overrides_applied) {
     // ampscope train installs each --autocast-fp32 glob twice (as an op glob and as a module glob): a glob
     // is unmatched when neither decided an op's dtype.
     for (const std::string& g : overrides_applied) unmatched.erase(g);
-    for (const std::string& g : unmatched)
+    for (const std::string& g : unmatched) {
+      // Ops the glob names (by op or by module) that ran outside autocast: the override was right about them,
+      // it just cannot reach them.
+      std::vector<std::string> named;
+      for (const auto& [op, module] : outside_autocast) {
+        if (fnmatch(g.c_str(), op.c_str(), 0) != 0 && fnmatch(g.c_str(), module.c_str(), 0) != 0) continue;
+        named.push_back(place_of(op, module));
+      }
+      if (!named.empty()) {
+        const std::size_t n = named.size();
+        if (n > 3) named.resize(3);
+        c.notes.push_back(fmt::format("the autocast override '{}' decided no recorded op's dtype: the ops it names ({}{}) "
+                                      "ran outside any autocast region, where an override does nothing; cast their "
+                                      "input to f32 instead (Tensor x32 = x.to(DType::f32);), or run them inside the "
+                                      "region",
+                                      g, fmt::join(named, ", "), n > 3 ? fmt::format(" and {} more", n - 3) : ""));
+        continue;
+      }
       c.notes.push_back(fmt::format("the autocast override '{}' decided no recorded op's dtype: a typo, or a pattern that "
                                     "names neither an op nor the module path an op runs in (a module's own ops run "
                                     "in its path, its children's in theirs)",
                                     g));
+    }
     c.known = true;
   } catch (const std::exception& e) {
     c.notes.push_back(fmt::format("the trace's probe description is not valid JSON ({}): what the probe recorded "

@@ -38,8 +38,8 @@ constexpr OpTraits kOpTraits[] = {
     {"clamp", K::elementwise, F::clamps_low | F::passes_zeros | F::element_table, kNoRange, A::none},
     {"clamp_min", K::elementwise, F::clamps_low | F::passes_zeros, kNoRange, A::none},
     {"clamp_max", K::elementwise, F::passes_zeros, kNoRange, A::none},
-    {"mul", K::elementwise, F::passes_zeros | F::element_table, kNoRange, A::none},
-    {"div", K::elementwise, F::divides | F::passes_zeros | F::element_table, kNoRange, A::none},
+    {"mul", K::elementwise, F::passes_zeros | F::element_table | F::scales, kNoRange, A::none},
+    {"div", K::elementwise, F::divides | F::passes_zeros | F::element_table | F::scales, kNoRange, A::none},
 
     // additive: add and subtract. rsub is what `1 - t` records (c - x).
     {"add", K::additive, F::passes_zeros | F::element_table, kNoRange, A::none},

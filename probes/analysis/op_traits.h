@@ -77,6 +77,10 @@ enum class OpFlag : std::uint32_t {
   // Its CPU kernel computes each element alone, from its value: the twin may compute a large f16/bf16 input
   // by a table of the op on all 65536 values (probes/twin.cpp).
   element_table = 1u << 12,
+  // Multiplies its tensor input by a factor (mul, div: a scalar, a parameter, or a smaller tensor such as a
+  // temperature): a factor far from 1 makes every value that many times larger or smaller (the root walk's
+  // amplification, docs/report-format.md).
+  scales = 1u << 13,
 };
 constexpr OpFlag operator|(OpFlag a, OpFlag b) {
   return static_cast<OpFlag>(static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b));

@@ -1,5 +1,6 @@
 // The PRECISION section and the rankings of the f32 twin's rows (probes/analysis/precision.h).
 #include "probes/analysis/precision.h"
+#include "probes/analysis/internal/reach.h"
 #include "probes/analysis/op_traits.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 namespace ampscope::analysis {
 
+using detail::f32_remedies;
 using trace::PrecisionRow;
 
 int significand_bits_of(std::string_view dtype) {
@@ -155,6 +157,11 @@ struct Scored {
   std::int64_t calls = 1;       // calls in its chain
   std::vector<std::string> producers;
   std::vector<std::string> producer_dtypes;  // beside producers: each one's output dtype
+  // Beside producers: each one's module and autocast reason; and the op's own reason (its /ops row): what an
+  // f32 remedy can reach (internal/reach.h).
+  std::vector<std::string> producer_modules, producer_autocast;
+  std::string autocast;
+  bool recorded = false;  // the op's /ops row was found
 };
 
 struct Chain {
@@ -213,11 +220,15 @@ void PrecisionAnalyser::add_step(std::int64_t, std::span<const trace::OpRow> ops
     Chain chain{r.in_acc_mean_rel, r.in_acc_max_rel, 1};
     bool inherited_flips = false;  // an input's producer already had outputs at a boundary: passed on, not new
     if (const auto o = op_of.find(r.seq); o != op_of.end()) {
+      s.autocast = o->second->autocast;
+      s.recorded = true;
       for (const std::int64_t in : o->second->inputs) {
         if (in < 0) continue;
         if (const auto producer = op_of.find(in); producer != op_of.end()) {
           s.producers.push_back(producer->second->op);
           s.producer_dtypes.push_back(producer->second->out_dtype);
+          s.producer_modules.push_back(producer->second->module);
+          s.producer_autocast.push_back(producer->second->autocast);
         }
         const auto earlier = row_of.find(in);
         // Outputs at 1 of a saturating producer are not this op's outputs at 0 (1 - s cancelling): only a
@@ -359,8 +370,19 @@ void explain(PrecisionEntry& e, const Scored& s) {
   // lost more than f16 keeps (a mean error of 2^-11 or more): a few of f32's 24 bits lost in a matmul is what
   // f32 arithmetic is, not something to change.
   if (e.kind == "rounding" && e.reference == "f64" && !op_low && !(e.error >= std::ldexp(1.0, -11))) return;
-  auto keep_f32 = [&](const std::string& module, const std::string& target, const std::string& why) {
-    e.remedies.push_back(detail::keep_f32_remedy(module, target, why));
+  // The op itself (by its module, or by its name outside any module), or the producer of its first input (every
+  // op of that name), computed in f32 by whatever reaches it (internal/reach.h): an autocast override, or, for
+  // an op that ran outside autocast, a cast of its input.
+  auto keep_f32 = [&](const std::string& why) {
+    f32_remedies({.op = op, .module = e.module, .dtype = e.out_dtype, .autocast = s.autocast, .recorded = s.recorded}, why,
+                 e.remedies,
+                 /*every_block=*/false);
+  };
+  auto keep_producer_f32 = [&](const std::string& why) {
+    const auto i = static_cast<std::size_t>(at);
+    f32_remedies({.op = producer, .module = s.producer_modules[i], .dtype = s.producer_dtypes[i],
+                  .autocast = s.producer_autocast[i], .by_op = true},
+                 why, e.remedies, /*every_block=*/false);
   };
   auto code_only = [&](const char* kind, std::string text, std::string code) {
     Remedy m;
@@ -380,10 +402,9 @@ void explain(PrecisionEntry& e, const Scored& s) {
   // has its f16/bf16 producer kept in f32; an f32 op that lost them itself (an f64 twin's row) is computed in f64.
   auto keep_op_wider = [&](const std::string& why) {
     if (op_low) {
-      keep_f32(e.module, op, why);
+      keep_f32(why);
     } else if (producer_low) {
-      keep_f32("", producer,
-               fmt::format("{} ran in {} already; its input came from {}, computed in {}", place(op, e.module),
+      keep_producer_f32(fmt::format("{} ran in {} already; its input came from {}, computed in {}", place(op, e.module),
                            e.out_dtype, producer, s.producer_dtypes[static_cast<std::size_t>(at)]));
     } else if (s.row.local) {
       compute_f64(place(op, e.module), "");
@@ -402,8 +423,8 @@ void explain(PrecisionEntry& e, const Scored& s) {
     }
     if (producer_low) {
       // The value was rounded before the subtraction exposed it: its producer is what must run in f32.
-      keep_f32("", producer,
-               fmt::format("its output feeds {} unrounded, so the nearly equal values keep their difference", place(op, e.module)));
+      keep_producer_f32(
+          fmt::format("its output feeds {} unrounded, so the nearly equal values keep their difference", place(op, e.module)));
     } else if (!producer.empty() && !op_low && s.row.local) {
       // Both ran in f32: the producer's output must reach the subtraction unrounded, so both run in f64.
       compute_f64(fmt::format("{} and {}", producer, place(op, e.module)),

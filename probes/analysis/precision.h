@@ -72,10 +72,4 @@ class PrecisionAnalyser {
   std::unique_ptr<State> state_;
 };
 
-namespace detail {
-// The autocast_fp32 remedy the anomaly rules propose (remedies.cpp): keep `module` (or, when it is "", every
-// `op`) in f32, saying why.
-Remedy keep_f32_remedy(const std::string& module, const std::string& op, const std::string& why);
-}  // namespace detail
-
 }  // namespace ampscope::analysis

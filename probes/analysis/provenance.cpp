@@ -2,11 +2,14 @@
 // and the silent damage downstream of it.
 #include "probes/analysis/internal/provenance.h"
 
+#include "probes/analysis/internal/reach.h"
 #include "probes/analysis/internal/rows.h"
 #include "probes/analysis/op_traits.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -281,6 +284,267 @@ void root_walk(Diagnosis& d, const OpRow& origin, const SeqIndex& idx) {
   if (root.empty()) return;
   d.root_cause = root;
   d.chain.assign(rev.rbegin(), rev.rend());
+}
+
+// ---- amplification: the op that made an overflow's values that large ----
+
+namespace {
+
+// The largest input an exp of this dtype can take: ln of its largest finite value.
+double exp_limit(const std::string& dtype) { return dtype == "f16" ? std::log(kF16Max) : std::log(3.4028234663852886e38); }
+
+// A row's shape, "[16, 12, 64]" -> {16, 12, 64}; empty when it does not parse.
+std::vector<std::int64_t> dims_of(const std::string& shape) {
+  std::vector<std::int64_t> out;
+  std::int64_t v = 0;
+  bool any = false;
+  for (char ch : shape) {
+    if (ch >= '0' && ch <= '9') {
+      v = v * 10 + (ch - '0');
+      any = true;
+    } else if (any) {
+      out.push_back(v);
+      v = 0;
+      any = false;
+    }
+  }
+  return out;
+}
+
+// The inputs of a row that are outputs of recorded ops: `main`, the one the values come through (most elements,
+// then largest absmax: the operand the output's shape comes from), and `other`; and, when only one is a row,
+// the marker of the first input that is not (a scalar factor records none, a weight a parameter).
+struct RowInputs {
+  const OpRow* main = nullptr;
+  std::size_t main_at = 0;
+  const OpRow* other = nullptr;
+  std::int64_t other_marker = trace::kInputNone;
+  int rows = 0;
+};
+RowInputs row_inputs(const OpRow& r, const SeqIndex& idx) {
+  RowInputs in;
+  bool marker = false;
+  for (std::size_t i = 0; i < trace::kOpInputs; ++i) {
+    const OpRow* q = producer_of(r, i, idx);
+    if (q == nullptr) {
+      if (!marker && i > 0 && (r.inputs[i] == trace::kInputParameter || r.inputs[i] == trace::kInputData)) {
+        in.other_marker = r.inputs[i];
+        marker = true;
+      }
+      continue;
+    }
+    ++in.rows;
+    const bool larger = in.main == nullptr || q->health.numel > in.main->health.numel ||
+                        (q->health.numel == in.main->health.numel && q->health.absmax > in.main->health.absmax);
+    if (larger) {
+      if (in.main != nullptr && in.other == nullptr) in.other = in.main;
+      in.main = q;
+      in.main_at = i;
+    } else if (in.other == nullptr) {
+      in.other = q;
+    }
+  }
+  return in;
+}
+
+// What kind of amplifier a row is, from the op table and its inputs.
+Amplification::Kind amplifier_kind(const OpRow& r, const RowInputs& in) {
+  const OpKind kind = op_kind(r.op);
+  const bool two_activations =
+      in.rows == 2 && in.other != nullptr && in.other->health.numel == in.main->health.numel;
+  if (kind == OpKind::matmul) return in.rows == 2 ? Amplification::Kind::product : Amplification::Kind::weight;
+  if (kind == OpKind::norm) return Amplification::Kind::weight;
+  if (op_has(r.op, OpFlag::scales)) {
+    if (two_activations) return Amplification::Kind::product;
+    // A division scales its dividend only.
+    if (!op_has(r.op, OpFlag::divides) || in.main_at == 0) return Amplification::Kind::factor;
+  }
+  return Amplification::Kind::other;
+}
+
+// Ops that cannot amplify: their output holds their inputs' values (or a fill, or a sum of two operands), so
+// an output far larger than the input the walk follows came from an operand it does not follow.
+bool carries(OpKind kind) {
+  return kind == OpKind::additive || kind == OpKind::mask_fill || kind == OpKind::layout || kind == OpKind::cast ||
+         kind == OpKind::selecting;
+}
+
+// The first forward row of the step that takes r's output as an input.
+const OpRow* consumer_of(const OpRow& r, std::span<const OpRow> ops) {
+  for (const OpRow& o : ops) {
+    if (o.phase != Phase::forward || o.seq <= r.seq) continue;
+    if (std::find(o.inputs.begin(), o.inputs.end(), r.seq) != o.inputs.end()) return &o;
+  }
+  return nullptr;
+}
+
+// A product of two activations that nothing scales down: neither operand is the output of a scaling op, and its
+// output reaches a softmax or an exp through ops that only carry it (a mask, a view) without one. The op it
+// reaches, or "" when it is scaled (or reaches something else).
+std::string unscaled_consumer(const OpRow& product, const RowInputs& in, std::span<const OpRow> ops) {
+  for (const OpRow* q : {in.main, in.other})
+    if (q != nullptr && op_has(q->op, OpFlag::scales)) return "";
+  const OpRow* at = &product;
+  for (int guard = 0; guard < 8; ++guard) {
+    const OpRow* c = consumer_of(*at, ops);
+    if (c == nullptr || op_has(c->op, OpFlag::scales)) return "";
+    if (op_kind(c->op) == OpKind::softmax || op_has(c->op, OpFlag::exponential)) return c->op;
+    if (!carries(op_kind(c->op))) return "";
+    at = c;
+  }
+  return "";
+}
+
+// The dimension a product a @ b sums over: a's last, when b's row (before a transposing view) has it last or
+// second to last; 0 when the shapes do not say.
+std::int64_t inner_dimension(const OpRow& product, const SeqIndex& idx) {
+  const OpRow* a = producer_of(product, 0, idx);
+  const OpRow* b = producer_of(product, 1, idx);
+  if (a == nullptr || b == nullptr) return 0;
+  const std::vector<std::int64_t> da = dims_of(a->shape), db = dims_of(b->shape);
+  if (da.empty() || db.size() < 2) return 0;
+  return da.back() == db.back() || da.back() == db[db.size() - 2] ? da.back() : 0;
+}
+
+std::string gain_text(double g) { return fmt::format("{:.3g}x", g); }
+
+// The evidence of the amplifier's link.
+std::string amplifier_evidence(const Amplification& a, const SeqIndex& idx) {
+  const OpRow& r = *a.op;
+  const std::string values = a.overflowed ? fmt::format("absmax {} -> beyond {} (inf)", number(a.in_absmax), kF16Max)
+                                          : fmt::format("absmax {} -> {}", number(a.in_absmax), number(a.out_absmax));
+  const std::string larger = fmt::format("made |x| {}{} larger: {}", a.overflowed ? "at least " : "", gain_text(a.gain),
+                                         values);
+  switch (a.kind) {
+    case Amplification::Kind::factor: {
+      const bool divides = op_has(r.op, OpFlag::divides);
+      std::string by;
+      if (a.other != nullptr)
+        by = fmt::format("the output of {} (absmax {})", place(*a.other), number(a.other->health.absmax));
+      else if (a.other_marker == trace::kInputParameter)
+        by = "a parameter";
+      else
+        by = "a constant";
+      const std::string factor = a.overflowed ? "" : ", about " + about(divides ? 1 / a.gain : a.gain);
+      return fmt::format("{}, a {} by {}{}, {}", where_text(r), divides ? "division" : "multiplication", by, factor,
+                         larger);
+    }
+    case Amplification::Kind::product: {
+      std::string text = fmt::format("{}, a product of {} (absmax {}) and {} (absmax {}), {}", where_text(r),
+                                     place(*a.input), number(a.input->health.absmax), place(*a.other),
+                                     number(a.other->health.absmax), larger);
+      if (a.unscaled)
+        text += a.inner > 0 ? fmt::format("; it sums {} terms and nothing scales them by 1/sqrt({}) = {:.3g} before {}",
+                                          a.inner, a.inner, 1 / std::sqrt(static_cast<double>(a.inner)), a.consumer)
+                            : fmt::format("; nothing scales it by 1/sqrt(d) before {}", a.consumer);
+      return text;
+    }
+    case Amplification::Kind::weight:
+      return fmt::format("{} {} (its weights: {}'s output grows with their size)", where_text(r), larger, r.op);
+    case Amplification::Kind::other: break;
+  }
+  (void)idx;
+  return fmt::format("{} {}", where_text(r), larger);
+}
+
+}  // namespace
+
+std::optional<Amplification> amplification_walk(Diagnosis& d, const OpRow& origin, const SeqIndex& idx,
+                                                std::span<const OpRow> ops) {
+  if (origin.inputs[0] == trace::kInputUnknown || origin.phase != Phase::forward) return std::nullopt;
+  const bool exp_origin = d.cause == "exp_overflow";
+  if (!exp_origin && d.cause != "f16_overflow") return std::nullopt;
+  Amplification a;
+  a.limit = exp_origin ? exp_limit(origin.out_dtype) : kF16Max;
+  // The origin amplified itself unless it is the exp (its overflow is the cause itself) or its input overflowed
+  // on the cast to f16 (the values came from an op upstream, in f32).
+  const OpRow* p = &origin;
+  if (exp_origin || origin.cast_overflow > 0) {
+    p = row_inputs(origin, idx).main;
+    if (p != nullptr && exp_origin) a.reached = p->health.absmax;
+  }
+  // The ops from the origin upstream (origin first), and the most upstream amplifier among them.
+  struct Visited {
+    const OpRow* op;
+    RowInputs in;
+    double gain, in_absmax, out_absmax;
+    bool overflowed;
+  };
+  std::vector<Visited> path;
+  std::size_t root = 0;  // index in path + 1, 0 when none
+  const double least = a.limit * std::ldexp(1.0, -10);
+  for (int guard = 0; p != nullptr && guard < 32; ++guard) {
+    const RowInputs in = row_inputs(*p, idx);
+    if (in.main == nullptr) break;  // data or parameters only: what entered is not in the trace
+    const Amplification::Kind kind = amplifier_kind(*p, in);
+    const OpRow* through = in.main;
+    if (kind == Amplification::Kind::product && in.other != nullptr && in.other->health.absmax > in.main->health.absmax)
+      through = in.other;
+    const double in_absmax = through->health.absmax;
+    if (!(in_absmax > 0) || !std::isfinite(in_absmax)) break;
+    const bool overflowed = p == &origin && non_finite(*p) > 0;
+    const double out_absmax = overflowed ? std::max(p->health.absmax, kF16Max) : p->health.absmax;
+    const double gain = out_absmax / in_absmax;
+    path.push_back({p, in, gain, in_absmax, out_absmax, overflowed});
+    const OpKind op_kind_ = op_kind(p->op);
+    // A product of two activations is as large as its operands make it (x * x, q k^T): it amplifies only where
+    // it lacks the scale it should have, a dot product nothing scales before the softmax or exp it feeds.
+    const bool counts = kind != Amplification::Kind::product || !unscaled_consumer(*p, in, ops).empty();
+    if (carries(op_kind_) || op_kind_ == OpKind::softmax) {
+      if (gain >= kAmplifies) break;  // an operand the walk does not follow made the values larger
+    } else if (counts && gain >= kAmplifies && out_absmax >= least) {
+      root = path.size();
+    }
+    if (op_kind_ == OpKind::norm || op_kind_ == OpKind::softmax) break;
+    p = through;
+  }
+  if (root == 0) return std::nullopt;
+
+  const Visited& v = path[root - 1];
+  a.op = v.op;
+  a.kind = amplifier_kind(*v.op, v.in);
+  a.input = v.in.main;
+  a.other = v.in.other;
+  if (a.kind == Amplification::Kind::product && a.other != nullptr && a.other->health.absmax > a.input->health.absmax)
+    std::swap(a.input, a.other);
+  if (a.kind == Amplification::Kind::factor && v.in.rows == 1) a.other_marker = v.in.other_marker;
+  a.gain = v.gain;
+  a.in_absmax = v.in_absmax;
+  a.out_absmax = v.out_absmax;
+  a.overflowed = v.overflowed;
+  if (a.kind == Amplification::Kind::product) {
+    a.consumer = unscaled_consumer(*v.op, v.in, ops);
+    a.unscaled = !a.consumer.empty();
+    if (op_kind(v.op->op) == OpKind::matmul) a.inner = inner_dimension(*v.op, idx);
+  }
+  // The amplifier computed in f32 cures the overflow when everything after it keeps f32 and f32 holds the
+  // result: exp's f32 range ends at 88.7; an f16 overflow is far inside f32's.
+  a.f32_path = !exp_origin || a.reached < exp_limit("f32");
+  for (std::size_t i = 0; i + 1 < root; ++i) a.f32_path &= keeps_f32_input(path[i].op->autocast);
+  if (exp_origin) a.f32_path &= keeps_f32_input(origin.autocast);
+
+  std::vector<ChainLink> chain;  // root first
+  ChainLink amplifier = link(*v.op, "amplification", amplifier_evidence(a, idx));
+  amplifier.factor = a.gain;
+  chain.push_back(std::move(amplifier));
+  for (std::size_t i = root - 1; i-- > 0;) {
+    const Visited& w = path[i];
+    if (w.op == &origin) break;
+    chain.push_back(link(*w.op, "passes on",
+                         fmt::format("{} carries the values on (absmax {} -> {})", where_text(*w.op),
+                                     number(w.in_absmax), number(w.out_absmax))));
+  }
+  if (a.op != &origin) {
+    const std::string what =
+        exp_origin ? fmt::format("exp of values up to {} overflows {} above {:.4g}", number(a.reached), origin.out_dtype,
+                                 a.limit)
+                   : fmt::format("its results passed {}'s largest value, {}", origin.out_dtype, kF16Max);
+    chain.push_back(link(origin, "origin", fmt::format("{} returned {}: {}", where_text(origin),
+                                                       counts_text(origin.health), what)));
+  }
+  d.root_cause = "amplification";
+  d.chain = std::move(chain);
+  return a;
 }
 
 // Silent damage: forward ops of the step that took NaN/inf in and returned finite values, and the ops

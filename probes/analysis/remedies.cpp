@@ -2,9 +2,9 @@
 // table kRemediesByCause, each worded for both `ampscope train` and the user's own loop.
 #include "probes/analysis/internal/remedies.h"
 
+#include "probes/analysis/internal/reach.h"
 #include "probes/analysis/internal/rows.h"
 #include "probes/analysis/op_traits.h"
-#include "probes/analysis/precision.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,50 +21,13 @@ using trace::Phase;
 
 namespace {
 
-// A wildcard over numbered children ("blocks.0.attn" -> "blocks.*.attn") for the same layer in every block.
-std::string wildcard(const std::string& module) {
-  std::string out, part;
-  bool changed = false;
-  auto flush = [&] {
-    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (!out.empty()) out += '.';
-    out += digits ? "*" : part;
-    changed |= digits;
-    part.clear();
-  };
-  for (char c : module) {
-    if (c == '.') flush(); else part += c;
-  }
-  flush();
-  return changed ? out : "";
-}
-
 // An epsilon (or clamp bound) for an op of this dtype: 1e-4 in f16 (normal there: 1e-8 and 1e-5 are not),
 // 1e-8 otherwise.
 double safe_epsilon(const std::string& dtype) { return dtype == "f16" ? 1e-4 : 1e-8; }
 
-Remedy autocast_remedy(const std::string& module, const std::string& op, const std::string& why) {
-  Remedy m;
-  m.kind = "autocast_fp32";
-  m.pattern_is_op = module.empty();
-  m.pattern = m.pattern_is_op ? op : module;
-  m.flag = fmt::format("--autocast-fp32 {}", autocast_pattern(m.pattern));
-  m.code = fmt::format("AutocastOverrideGuard keep_f32({{.{} = \"{}\", .precision = Precision::f32}});  // around the "
-                       "forward pass",
-                       m.pattern_is_op ? "op" : "module", m.pattern);
-  m.text = fmt::format("run {} in f32{}", m.pattern_is_op ? fmt::format("every {} op", op) : fmt::format("module {}", module),
-                       why.empty() ? "" : ": " + why);
-  return m;
-}
-
-Remedy every_block_remedy(const std::string& module) {
-  const std::string wild = wildcard(module);
-  if (wild.empty()) return {};
-  Remedy m = autocast_remedy(wild, "", "the same layer in every block");
-  return m;
-}
-
 std::string dtype_words(const std::string& dtype) { return dtype.empty() ? "its dtype" : dtype; }
+
+std::string gain_words(double gain) { return fmt::format("{:.3g} times", gain); }
 
 }  // namespace
 
@@ -108,15 +71,6 @@ Remedy zero_grad_remedy() {
                 "", "opt.zero_grad();  // at the start of every step");
 }
 
-}  // namespace detail
-
-std::string autocast_pattern(const std::string& module) { return "'" + module + "'"; }
-
-Remedy detail::keep_f32_remedy(const std::string& module, const std::string& op, const std::string& why) {
-  return autocast_remedy(module, op, why);
-}
-
-namespace detail {
 namespace {
 
 // ---- remedies by cause ----
@@ -132,23 +86,19 @@ struct RemedyContext {
   bool from_mask = false;  // NaN from a mask's -inf (a fully masked row through softmax)
   bool low = false;        // an fp16 or bf16 run
   bool f16 = false;        // an fp16 run
-  // An op outside any autocast region runs in its inputs' dtype: an autocast override cannot reach it, an
-  // explicit cast can. The op to keep in f32 is the chain's root when there is one (where the rounding
-  // happened), else the origin.
-  bool outside_autocast = false;
-  // An op called with an explicit dtype (softmax(x, dim, DType::f16)) runs as called under autocast: an
-  // override cannot reach it either; the call's dtype argument can.
-  bool dtype_given = false;
-  std::string target_dtype, target_place, target_op;
-  // Keep the root op in f32 when the chain names one (the op that saturated or underflowed), else the origin.
-  std::string f32_module, f32_op;
+  // The op to keep in f32: the chain's root when there is one (where the rounding happened), else the origin;
+  // how a remedy reaches it (an override, a cast, the call's dtype) is reach.h's to decide.
+  F32Target target;
   // The op whose output the chain starts from (the root), for wording.
   std::string root_op, dtype;
   double eps = 0;
   std::string eps_why;
 
-  RemedyContext(const Diagnosis& diagnosis, const OpRow& row, const std::string& run_precision, bool mask)
-      : d(diagnosis), r(row), from_mask(mask) {
+  const Amplification* amp = nullptr;  // the amplifier of an overflow (root cause amplification)
+
+  RemedyContext(const Diagnosis& diagnosis, const OpRow& row, const std::string& run_precision, bool mask,
+                const Amplification* amplification)
+      : d(diagnosis), r(row), from_mask(mask), amp(amplification) {
     // Rows analysed without run info (hand-built traces): the op's own dtypes say what the run was.
     const std::string precision =
         !run_precision.empty() ? run_precision
@@ -159,16 +109,14 @@ struct RemedyContext {
                                                                                    : "fp32";
     low = precision == "fp16" || precision == "bf16";
     f16 = precision == "fp16";
-    const ChainLink* root_link = d.chain.empty() ? nullptr : &d.chain.front();
-    outside_autocast = (root_link ? root_link->autocast.empty() : d.autocast.empty()) && r.phase == Phase::forward;
-    dtype_given = (root_link ? root_link->autocast : d.autocast).find("a dtype was given") != std::string::npos;
-    target_dtype = root_link ? root_link->out_dtype : r.out_dtype;
-    target_place = root_link ? (root_link->module.empty() ? root_link->op + " (outside any module)"
-                                                          : fmt::format("{} in {}", root_link->op, root_link->module))
-                             : place(r);
-    target_op = root_link ? root_link->op : r.op;
-    f32_module = root_link ? root_link->module : d.module;
-    f32_op = root_link ? root_link->op : d.op;
+    // An amplifier is not where the overflow happens: keeping it in f32 is its own remedy (the values then stay
+    // f32 up to the origin), so the cause's f32 remedy keeps the origin.
+    const ChainLink* root_link = d.chain.empty() || d.root_cause == "amplification" ? nullptr : &d.chain.front();
+    target.op = root_link ? root_link->op : d.op;
+    target.module = root_link ? root_link->module : d.module;
+    target.dtype = root_link ? root_link->out_dtype : r.out_dtype;
+    target.autocast = root_link ? root_link->autocast : d.autocast;
+    target.phase = r.phase;
     root_op = root_link ? root_link->op : "";
     dtype = root_link ? root_link->out_dtype : r.out_dtype;
     // In an fp16 run the value a clamp or an epsilon protects may be f16 wherever the op itself ran (a log runs
@@ -177,31 +125,10 @@ struct RemedyContext {
     eps_why = eps == 1e-4 ? " (1e-4 is a normal f16 value; 1e-8 rounds to 0 in f16 and 1e-5 is subnormal)" : "";
   }
 
-  // Keeps the target op in f32, in low-precision runs only: by the call's dtype argument, by a cast of its
-  // input (outside autocast), or by an autocast override (and the same override for every block).
+  // Keeps the target op in f32, in low-precision runs only (reach.h: by an autocast override and the same one
+  // for every block, by a cast of its input outside autocast, or by the call's dtype argument).
   void keep_f32(std::vector<Remedy>& out, const std::string& why) const {
-    if (!low) return;
-    if (dtype_given && (target_dtype == "f16" || target_dtype == "bf16")) {
-      out.push_back(simple("cast_f32",
-                           fmt::format("{} was called with an explicit dtype, {}, which autocast respects (an "
-                                       "override cannot reach it): ask for f32 in the call{}",
-                                       target_place, target_dtype, why.empty() ? "" : " (" + why + ")"),
-                           "", fmt::format("Tensor y = {}(x, dim, DType::f32);  // not the input's {}", target_op,
-                                           target_dtype)));
-      return;
-    }
-    if (outside_autocast && (target_dtype == "f16" || target_dtype == "bf16")) {
-      Remedy m = simple("cast_f32",
-                        fmt::format("{} ran outside autocast, in its inputs' {} (an autocast override cannot reach "
-                                    "it): cast its input to f32 first{}",
-                                    target_place, target_dtype, why.empty() ? "" : " (" + why + ")"),
-                        "", fmt::format("Tensor x32 = x.to(DType::f32);  // then {}(x32, ...)", target_op));
-      out.push_back(std::move(m));
-      return;
-    }
-    out.push_back(autocast_remedy(f32_module, f32_op, why));
-    Remedy every = every_block_remedy(f32_module);
-    if (!every.kind.empty()) out.push_back(std::move(every));
+    if (low) f32_remedies(target, why, out);
   }
 };
 
@@ -263,13 +190,141 @@ void zeros_root_remedies(const RemedyContext& c, std::vector<Remedy>& out) {
   if (c.f16 && d.root_cause == "underflow") out.push_back(bf16_remedy());
 }
 
+// ---- an overflow whose values an op upstream amplified (the root walk's amplification) ----
+
+// x rounded to two significant digits, down or up: 10.68 -> 10 or 11, 0.1046 -> 0.1 or 0.11.
+double two_digits(double x, bool up) {
+  const double unit = std::pow(10.0, std::floor(std::log10(x)) - 1);
+  const double digits = up ? std::ceil(x / unit - 1e-9) : std::floor(x / unit + 1e-9);
+  return std::max(digits, 1.0) * unit;
+}
+
+// The factor at most (for a multiplication) that keeps the amplified values within half the limit the origin
+// passed, on this batch: from exp's input when exp overflowed (the ops between pass the values on), from the
+// amplifier's input when it overflowed itself; 0 when the trace cannot say (an overflow further downstream).
+double safe_factor(const Amplification& a) {
+  if (a.reached > 0) return a.gain * (a.limit / 2) / a.reached;
+  if (a.overflowed) return (kF16Max / 2) / a.in_absmax;
+  return 0;
+}
+
+void amplification_remedies(const RemedyContext& c, std::vector<Remedy>& out) {
+  const Amplification& a = *c.amp;
+  const OpRow& amp = *a.op;
+  const std::string at = place_of(amp.op, amp.module);
+  const std::string past = a.reached > 0 ? fmt::format("exp's input reached {}, past the {:.4g} exp can take in {}",
+                                                       number(a.reached), a.limit, c.r.out_dtype)
+                                         : fmt::format("the values passed {}'s largest, {}", c.r.out_dtype, kF16Max);
+  if (a.grew) {
+    Remedy lower = lr_remedy(a.lr);
+    lower.text += fmt::format(": {} amplified the values, and {}", at, a.growth);
+    out.push_back(std::move(lower));
+  }
+  // An amplifier that overflowed itself: its gain is a lower bound (65504 over its input's absmax).
+  const std::string larger = (a.overflowed ? "at least " : "") + gain_words(a.gain);
+  switch (a.kind) {
+    case Amplification::Kind::factor: {
+      const bool divides = op_has(amp.op, OpFlag::divides);
+      const std::string now = a.overflowed ? fmt::format("{} {}", divides ? "at most" : "at least", about(divides ? 1 / a.gain : a.gain))
+                                           : "about " + about(divides ? 1 / a.gain : a.gain);
+      const double factor = safe_factor(a);
+      const std::string bound = a.reached > 0 ? fmt::format("below {:.3g}", a.limit / 2) : fmt::format("below {}", kF16Max / 2);
+      if (divides) {
+        const double divisor = factor > 0 ? two_digits(1 / factor, /*up=*/true) : 0;
+        out.push_back(simple(
+            "temperature",
+            divisor > 0
+                ? fmt::format("divide by at least {} (a larger temperature) instead of {}: {} made the values {} "
+                              "larger and {}; divided by {} they stay {} on this batch (a learned temperature: start "
+                              "it there, or clamp it from below)",
+                              number(divisor), now, at, larger, past, number(divisor), bound)
+                : fmt::format("divide by a larger value (a larger temperature) than {}: {} made the values {} larger "
+                              "and {}",
+                              now, at, larger, past),
+            "",
+            divisor > 0 ? fmt::format("Tensor y = div(x, {});  // at least {}, not {}; a learned one: clamp_min(t, {})",
+                                      number(divisor), number(divisor), now, number(divisor))
+                        : fmt::format("Tensor y = div(x, t);  // t larger than {}", now),
+            divisor));
+      } else {
+        const double at_most = factor > 0 ? two_digits(factor, /*up=*/false) : 0;
+        out.push_back(simple(
+            "smaller_scale",
+            at_most > 0
+                ? fmt::format("multiply by at most {} instead of {}: {} made the values {} larger and {}; "
+                              "multiplied by {} they stay {} on this batch (a learned factor such as a logit scale: "
+                              "start it there, or clamp it)",
+                              number(at_most), now, at, larger, past, number(at_most), bound)
+                : fmt::format("multiply by a smaller factor than {}: {} made the values {} larger and {}", now, at,
+                              larger, past),
+            "",
+            at_most > 0 ? fmt::format("Tensor y = mul(x, {});  // at most {}, not {}; a learned one: clamp_max(s, {})",
+                                      number(at_most), number(at_most), now, number(at_most))
+                        : fmt::format("Tensor y = mul(x, s);  // s smaller than {}", now),
+            at_most));
+      }
+      // The scale computed in f32: its output, and what follows it up to the origin, stay f32.
+      if (c.low && a.f32_path)
+        f32_remedies({.op = amp.op, .module = amp.module, .dtype = amp.out_dtype, .autocast = amp.autocast},
+                     fmt::format("the scaled values then stay f32 up to {}, whose f32 range holds them", place(c.r)),
+                     out);
+      break;
+    }
+    case Amplification::Kind::product:
+      if (a.unscaled) {
+        const double scale = a.inner > 0 ? 1 / std::sqrt(static_cast<double>(a.inner)) : 0;
+        const std::string by = a.inner > 0 ? fmt::format("1/sqrt({}) = {:.3g}", a.inner, scale) : "1/sqrt(d)";
+        out.push_back(simple(
+            "scale_scores",
+            fmt::format("scale the product by {} ({} sums {} terms) as scaled dot-product attention does, and "
+                        "before it is taken: multiply {}'s first operand by it{}",
+                        by, at, a.inner > 0 ? fmt::format("{}", a.inner) : std::string("d"), amp.op,
+                        a.overflowed ? fmt::format(" (scaling the result instead still overflows in {})", amp.op) : ""),
+            "",
+            fmt::format("Tensor scores = {}(mul(q, {}), k.transpose(-2, -1));  // q / sqrt(d) before the product",
+                        amp.op, scale > 0 ? fmt::format("{:.6g}", scale) : std::string("1.0 / std::sqrt(d)")),
+            scale));
+      }
+      break;
+    case Amplification::Kind::weight:
+      // Weights large from the start: changing the model comes after the cause's own remedies (f32 for the op
+      // that overflowed, bf16), which an option applies; normalise_remedy() adds it there.
+      break;
+    case Amplification::Kind::other: break;
+  }
+}
+
+// A matmul whose weights were large from the start (not grown: the learning rate is the remedy then): a norm
+// on its output.
+void normalise_remedy(const RemedyContext& c, std::vector<Remedy>& out) {
+  if (c.amp == nullptr || c.amp->kind != Amplification::Kind::weight || c.amp->grew) return;
+  const OpRow& amp = *c.amp->op;
+  if (op_kind(amp.op) != OpKind::matmul) return;  // a norm's own weight: no norm to add
+  // Its last dimension, from the row's shape ("[4, 64, 384]" -> "384").
+  const auto open = amp.shape.find_last_of("[ ");
+  const auto close = amp.shape.rfind(']');
+  const std::string n = open == std::string::npos || close == std::string::npos || close <= open + 1
+                            ? "n"
+                            : amp.shape.substr(open + 1, close - open - 1);
+  out.push_back(simple("normalise",
+                       fmt::format("normalise what {} produces: a layer_norm over its last dimension ({}) bounds the "
+                                   "values whatever the size of its weights (for attention's q and k: one on each, "
+                                   "QK-norm); or initialise its weights smaller",
+                                   place_of(amp.op, amp.module), n),
+                       "", fmt::format("Tensor h = layer_norm(y, {{{}}});  // y = {}(x, ...): bounded whatever its "
+                                       "weights",
+                                       n, amp.op)));
+}
+
 void exp_overflow_remedies(const RemedyContext& c, std::vector<Remedy>& out) {
+  if (c.amp != nullptr) amplification_remedies(c, out);
   out.push_back(simple("stable_formulation",
                        "subtract the row's max before exp (softmax, log_softmax and cross_entropy do it for you): "
                        "exp of a value above 11.09 overflows f16",
                        "", "Tensor e = exp(x - amax(x, {-1}, true));  // or softmax / log_softmax / cross_entropy"));
   c.keep_f32(out, "exp overflows f32 only above 88.7");
   if (c.f16) out.push_back(bf16_remedy());
+  normalise_remedy(c, out);
 }
 
 // A division by zero with no root cause found; with one, the zeros' remedies.
@@ -311,8 +366,10 @@ void invalid_operation_remedies(const RemedyContext& c, std::vector<Remedy>& out
 
 void f16_overflow_remedies(const RemedyContext& c, std::vector<Remedy>& out) {
   const OpRow& r = c.r;
+  if (c.amp != nullptr) amplification_remedies(c, out);
   c.keep_f32(out, r.cast_overflow > 0 ? "the cast to f16 is what overflows" : "f32's range ends at 3.4e38");
   if (c.f16) out.push_back(bf16_remedy());
+  normalise_remedy(c, out);
   if (r.cast_overflow > 0)
     out.push_back(simple("rescale_input",
                          fmt::format("rescale what feeds {}: standardise the data or activations{}", place(r),
@@ -369,8 +426,8 @@ constexpr CauseRemedies kRemediesByCause[] = {
 
 // Remedies for a diagnosis of row r, best first.
 std::vector<Remedy> remedies_of(const Diagnosis& d, const OpRow& r, const std::string& run_precision,
-                                bool from_mask) {
-  const RemedyContext context(d, r, run_precision, from_mask);
+                                bool from_mask, const Amplification* amplification) {
+  const RemedyContext context(d, r, run_precision, from_mask, amplification);
   RemedyFn add = compare_fp32_remedies;
   for (const CauseRemedies& c : kRemediesByCause)
     if (c.cause == d.cause) add = c.add;

@@ -181,6 +181,9 @@ std::string_view root_explanation(std::string_view root) {
   if (root == "saturation") return "an op returned a value its math never reaches (sigmoid or tanh at exactly 1, softmax at 0 or 1, exp at 0): the dtype rounded it there";
   if (root == "cancellation") return "an addition or subtraction of nearly equal values cancelled to exact zeros";
   if (root == "underflow") return "results below the dtype's smallest subnormal became exact zeros";
+  if (root == "amplification")
+    return "an op made the values far larger than its input (a small divisor, a large factor or weight, a dot "
+           "product not scaled by 1/sqrt(d)): the overflow is there or downstream of it";
   return "";
 }
 
@@ -245,14 +248,17 @@ json health_json(const trace::TensorHealth& h) {
 
 json chain_json(const std::vector<ChainLink>& chain) {
   json out = json::array();
-  for (const ChainLink& l : chain)
-    out.push_back({{"seq", l.seq},
-                   {"phase", std::string(trace::phase_name(l.phase))},
-                   {"op", l.op},
-                   {"module", l.module},
-                   {"out_dtype", l.out_dtype},
-                   {"role", l.role},
-                   {"evidence", l.evidence}});
+  for (const ChainLink& l : chain) {
+    json j = {{"seq", l.seq},
+              {"phase", std::string(trace::phase_name(l.phase))},
+              {"op", l.op},
+              {"module", l.module},
+              {"out_dtype", l.out_dtype},
+              {"role", l.role},
+              {"evidence", l.evidence}};
+    if (l.role == "amplification") j["factor"] = number(l.factor);
+    out.push_back(std::move(j));
+  }
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #include "probes/analysis/op_traits.h"
 
+#include <cmath>
 #include <vector>
 
 #include <fmt/format.h>
@@ -33,6 +34,12 @@ std::string place(const OpRow& r) {
 }
 
 std::string number(double v) { return fmt::format("{:.6g}", v); }
+
+std::string about(double x) {
+  if (!(x > 0) || !std::isfinite(x)) return number(x);
+  const double unit = std::pow(10.0, std::floor(std::log10(x)) - 1);
+  return number(std::round(x / unit) * unit);
+}
 
 const OpRow* producer_of(const OpRow& r, std::size_t i, const SeqIndex& idx) {
   if (i >= r.inputs.size() || r.inputs[i] < 0) return nullptr;

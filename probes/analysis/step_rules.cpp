@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -171,6 +172,12 @@ void Analyser::State::origins(std::int64_t step, std::span<const OpRow> ops, con
         d.evidence.push_back(fmt::format("probe ({}): {}", e.kind, e.detail));
     }
     root_walk(d, r, idx);
+    std::optional<Amplification> amplification;
+    if (d.chain.empty()) amplification = amplification_walk(d, r, idx, ops);
+    if (amplification) {
+      amplifier_growth(*amplification, ops);
+      if (amplification->grew) d.chain.front().evidence += "; " + amplification->growth;
+    }
     // NaN from a masked_fill's -inf (a fully masked row through softmax is 0 / 0 in every dtype).
     bool from_mask = false;
     for (std::size_t i = 0; i < trace::kOpInputs && d.cause == "invalid_operation"; ++i) {
@@ -189,7 +196,7 @@ void Analyser::State::origins(std::int64_t step, std::span<const OpRow> ops, con
       silent_damage(d, ops, idx, step_row);
       damage_told = true;
     }
-    d.remedies = remedies_of(d, r, rep.run.precision, from_mask);
+    d.remedies = remedies_of(d, r, rep.run.precision, from_mask, amplification ? &*amplification : nullptr);
     if (d.cause == "f16_overflow" && r.cast_overflow == 0 && r.phase == Phase::forward) grown(d, r, ops);
     d.remedy = remedy_text(d.remedies);
     if (deferred) {
@@ -249,6 +256,9 @@ void Analyser::State::grown(Diagnosis& d, const OpRow& r, std::span<const OpRow>
                                    fmt::join(points, ", "), kF16Max, r.step, kF16Max / h.front().second));
   auto lr = lr_of.find(h.back().first);
   Remedy lower = lr_remedy(lr == lr_of.end() ? std::nan("") : lr->second);
+  // The root walk may have proposed the learning rate for the amplifier upstream already: one remedy, worded
+  // for this output (which the steps before show), in the place this rule gives it.
+  std::erase_if(d.remedies, [](const Remedy& m) { return m.kind == "learning_rate"; });
   if (h.size() == 1) {
     lower.text += fmt::format(": one optimizer step took this output from {:.4g} past f16's range; keeping it in "
                               "f32 or bf16 only trades the inf for a diverging loss",
@@ -258,6 +268,25 @@ void Analyser::State::grown(Diagnosis& d, const OpRow& r, std::span<const OpRow>
     lower.text += ": the output climbed step after step (or regularise with weight decay); clamping to f16's range "
                   "is a stopgap that hides the growth";
     d.remedies.push_back(std::move(lower));
+  }
+}
+
+// The amplifier's gain on the earliest recent step that recorded it and its input: grown at least twice since,
+// what it multiplies by (its weights, a learned factor) grew as the run trained.
+void Analyser::State::amplifier_growth(Amplification& a, std::span<const OpRow> ops) const {
+  if (const auto lr = lr_of.find(a.op->step); lr != lr_of.end()) a.lr = lr->second;
+  const auto out = recent.history(*a.op, ops), in = recent.history(*a.input, ops);
+  for (const auto& [step, out_absmax] : out) {
+    const auto at = std::find_if(in.begin(), in.end(), [&](const auto& x) { return x.first == step; });
+    if (at == in.end() || !(at->second > 0)) continue;
+    const double before = out_absmax / at->second;
+    if (a.gain >= 2 * before) {
+      a.grew = true;
+      a.growth = fmt::format("its output's absmax was {:.3g}x its input's at step {} and {}{:.3g}x at step {}: what "
+                             "it multiplies by (its weights, a learned factor) grew as the run trained",
+                             before, step, a.overflowed ? "at least " : "", a.gain, a.op->step);
+    }
+    break;
   }
 }
 

@@ -555,5 +555,110 @@ TEST(analysis_rules_test, non_finite_input_from_a_filtered_op_is_a_hidden_origin
   EXPECT_EQ(rep.anomalies[0].remedies.front().kind, "record_every_op");
 }
 
+// ---- amplification: the op upstream of an overflow that made the values that large ----
+
+// linear (from the data) -> div by a scalar temperature -> exp, the last two after the autocast region (no
+// autocast reason): exp overflows f16. Hand-worked: the division made |x| 58.2 / 0.58 = 100.3 times larger (a
+// temperature of about 0.01); exp takes at most ln(65504) = 11.09 in f16, so within half of it (5.545) the
+// divisor must be at least 0.58 / 5.545 = 0.1046: 0.11 rounded up to two digits.
+std::vector<OpRow> temperature_rows() {
+  OpRow enc = op_row(0, 0, "linear", "encoder");
+  enc.shape = "[8, 8]";
+  enc.health.numel = 64;
+  enc.health.absmax = 0.58;
+  enc.inputs = {trace::kInputData, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
+  enc.autocast = "linear is on the lower_precision_fp list: runs in f16";
+  OpRow div = op_row(0, 1, "div", "loss");
+  div.shape = "[8, 8]";
+  div.health.numel = 64;
+  div.health.absmax = 58.2;
+  div.inputs = {0, trace::kInputNone, trace::kInputNone, trace::kInputNone};  // div(x, 0.01): a scalar
+  OpRow exp_row = op_row(0, 2, "exp", "loss");
+  exp_row.shape = "[8, 8]";
+  exp_row.health.numel = 64;
+  exp_row.health.pos_inf = 3;
+  exp_row.health.absmax = 60000;
+  exp_row.origin = true;
+  exp_row.inputs = {1, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  return {enc, div, exp_row};
+}
+
+TEST(analysis_rules_test, a_division_by_a_small_temperature_before_exp_is_the_amplification_root) {
+  const Report rep = analyse({step_row(0, 1024, 512, true)}, temperature_rows(), {});
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  const Diagnosis& d = rep.anomalies[0];
+  EXPECT_EQ(d.cause, "exp_overflow");
+  EXPECT_EQ(d.root_cause, "amplification");
+  ASSERT_EQ(d.chain.size(), 2u);
+  EXPECT_EQ(d.chain[0].op, "div");
+  EXPECT_EQ(d.chain[0].role, "amplification");
+  EXPECT_DOUBLE_EQ(d.chain[0].factor, 58.2 / 0.58);
+  EXPECT_EQ(d.chain[1].op, "exp");
+  EXPECT_EQ(d.chain[1].role, "origin");
+  EXPECT_NE(d.chain[0].evidence.find("a division by a constant, about 0.01, made |x| 100x larger: absmax 0.58 -> 58.2"),
+            std::string::npos)
+      << d.chain[0].evidence;
+  ASSERT_GE(d.remedies.size(), 2u);
+  EXPECT_EQ(d.remedies[0].kind, "temperature");
+  EXPECT_DOUBLE_EQ(d.remedies[0].value, 0.11);
+  EXPECT_LT(0.58 / d.remedies[0].value, std::log(65504.0) / 2);
+  EXPECT_NE(d.remedies[0].code.find("div(x, 0.11)"), std::string::npos) << d.remedies[0].code;
+  // The division in f32: it ran outside autocast, so a cast of its input, not an override (nor one for exp).
+  EXPECT_EQ(d.remedies[1].kind, "cast_f32");
+  EXPECT_NE(d.remedies[1].text.find("div in loss ran outside autocast"), std::string::npos) << d.remedies[1].text;
+  for (const Remedy& m : d.remedies) EXPECT_NE(m.kind, "autocast_fp32") << m.text;
+}
+
+TEST(analysis_rules_test, the_temperature_under_autocast_is_reached_by_an_override_and_followed_by_f32_ops) {
+  // The same rows with the division and exp under autocast (exp on the fp32 list keeps an f32 input in f32):
+  // the division in f32 is an override for its module.
+  std::vector<OpRow> rows = temperature_rows();
+  rows[1].autocast = "div is on no autocast list: runs in its inputs' dtype";
+  rows[2].autocast = "exp is on the fp32 list: runs in f32";
+  const Report rep = analyse({step_row(0, 1024, 512, true)}, rows, {});
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  const Diagnosis& d = rep.anomalies[0];
+  ASSERT_GE(d.remedies.size(), 2u);
+  EXPECT_EQ(d.remedies[1].kind, "autocast_fp32");
+  EXPECT_EQ(d.remedies[1].pattern, "loss");
+  // After a linear (lower_precision_fp: an f32 input is cast back to f16) the division in f32 cures nothing. (A
+  // division by 1e-4 here: an amplifier must bring the values within 2^10 of 65504, and 0.58 / 1e-4 = 5800 does.)
+  rows[1].health.absmax = 5800;
+  rows[2].op = "linear";
+  rows[2].autocast = "linear is on the lower_precision_fp list: runs in f16";
+  rows[2].health.pos_inf = 0;
+  rows[2].health.neg_inf = 3;
+  const Report linear = analyse({step_row(0, 1024, 512, true)}, rows, {});
+  ASSERT_EQ(linear.anomalies.size(), 1u);
+  EXPECT_EQ(linear.anomalies[0].cause, "f16_overflow");
+  EXPECT_EQ(linear.anomalies[0].root_cause, "amplification");
+  ASSERT_FALSE(linear.anomalies[0].chain.empty());
+  EXPECT_EQ(linear.anomalies[0].chain[0].op, "div");
+  for (const Remedy& m : linear.anomalies[0].remedies) EXPECT_FALSE(m.kind == "autocast_fp32" && m.pattern == "loss" &&
+                                                                   m.text.find("scaled values") != std::string::npos)
+      << m.text;
+}
+
+TEST(analysis_rules_test, values_made_large_by_an_added_operand_have_no_amplification_root) {
+  // linear (absmax 2) + a constant the trace does not hold (an additive mask of -1e5) -> softmax whose cast to
+  // f16 overflows: the add made the values 50000 times larger, but through an operand the walk cannot follow.
+  OpRow lin = op_row(0, 0, "linear", "attn");
+  lin.health.absmax = 2;
+  lin.inputs = {trace::kInputData, trace::kInputParameter, trace::kInputNone, trace::kInputNone};
+  OpRow add = op_row(0, 1, "add", "attn", "f32");
+  add.health.absmax = 1e5;
+  add.inputs = {0, trace::kInputData, trace::kInputNone, trace::kInputNone};
+  OpRow soft = op_row(0, 2, "softmax", "attn");
+  soft.health.nan = 16;
+  soft.cast_overflow = 4;
+  soft.origin = true;
+  soft.inputs = {1, trace::kInputNone, trace::kInputNone, trace::kInputNone};
+  const Report rep = analyse({step_row(0, 1024, 512, true)}, {lin, add, soft}, {});
+  ASSERT_EQ(rep.anomalies.size(), 1u);
+  EXPECT_EQ(rep.anomalies[0].cause, "f16_overflow");
+  EXPECT_EQ(rep.anomalies[0].root_cause, "");
+  EXPECT_TRUE(rep.anomalies[0].chain.empty());
+}
+
 }  // namespace
 }  // namespace ampscope::analysis

@@ -17,6 +17,7 @@
 #include "probes/probe.h"
 #include "probes/trace/reader.h"
 #include "probes/trace/writer.h"
+#include "probes/twin.h"
 
 namespace ampscope::user_models {
 
@@ -26,6 +27,8 @@ std::string_view model_name(Model model) {
     case Model::handnorm: return "handnorm";
     case Model::lse: return "lse";
     case Model::rmsnorm: return "rmsnorm";
+    case Model::pairs: return "pairs";
+    case Model::attention: return "attention";
   }
   return "?";
 }
@@ -315,6 +318,140 @@ std::vector<Batch> rmsnorm_data(Generator& gen) {
   return batches;
 }
 
+// ======================================================================================================
+// 5. pairs: a dual encoder that matches two views of the same record (CLIP-style): each view through its
+// own tower (Linear(24, 64) + GELU + Linear(64, 32)), both embeddings normalised by hand to unit length,
+// their cosine similarities times a learned logit scale,
+//     logits = exp(logit_scale) * (a / |a|) (b / |b|)^T,   logit_scale = log(100) at the start,
+// and the user's symmetric cross-entropy written by hand after the autocast region (each row's and each
+// column's log-sum-exp minus the matching pair's logit). The user started the scale at 100, the value
+// CLIP clamps it to, rather than CLIP's 1/0.07. The similarities are in [-1, 1]; the scale makes the
+// logits 100 times larger, and the logits are f16 (the matmul's dtype: a 0-dim f32 factor does not
+// promote them), so outside autocast exp runs in f16 and overflows once a logit passes ln(65504) = 11.09.
+// With the scale at 10 the logits stay within [-10, 10] and nothing overflows; in f32 exp reaches 88.7.
+// init_scale 1024: at 65536 the scaler's first steps overflow in the backward of the scale's mul.
+// ======================================================================================================
+
+struct Tower : nn::Module {
+  std::shared_ptr<nn::Linear> fc1, fc2;
+  Tower(std::int64_t in, Generator& gen) : Module("Tower") {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(in, 64, gen));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(64, 32, gen));
+  }
+  Tensor forward(const Tensor& x) override { return (*fc2)(gelu((*fc1)(x))); }
+};
+
+struct Pairs : nn::Module {
+  std::shared_ptr<Tower> view_a, view_b;
+  std::vector<double> last_similarities;  // of the last forward (read by the test)
+  double last_scale = 0;
+  Pairs(Generator& gen, double scale) : Module("Pairs") {
+    view_a = register_module("view_a", std::make_shared<Tower>(24, gen));
+    view_b = register_module("view_b", std::make_shared<Tower>(24, gen));
+    register_parameter("logit_scale", full({}, std::log(scale)));
+  }
+  // x: [2, batch, 24], the two views of each record.
+  Tensor forward(const Tensor& x) override {
+    const std::int64_t n = x.size(1), f = x.size(2);
+    const Tensor a = unit((*view_a)(x.slice(0, 0, 1).reshape({n, f})));
+    const Tensor b = unit((*view_b)(x.slice(0, 1, 2).reshape({n, f})));
+    const Tensor similarities = matmul(a, b.transpose(0, 1));
+    const Tensor scale = exp(parameter("logit_scale"));
+    last_similarities = similarities.values();
+    last_scale = scale.item();
+    return mul(similarities, scale);
+  }
+  static Tensor unit(const Tensor& z) { return div(z, sqrt(sum(mul(z, z), {-1}, true))); }
+};
+
+Batch pairs_data(Generator& gen) {
+  // 32 records; view b is a fixed linear mixing of view a plus noise, so matching pairs can be learned.
+  const Tensor a = randn({32, 24}, gen);
+  const Tensor b = add(matmul(a, mul(randn({24, 24}, gen), 0.2)), mul(randn({32, 24}, gen), 0.1));
+  std::vector<double> x = a.values();
+  for (double v : b.values()) x.push_back(v);
+  std::vector<double> eye(32 * 32, 0.0);
+  for (std::size_t i = 0; i < 32; ++i) eye[i * 32 + i] = 1.0;
+  return {from_values(x, {2, 32, 24}), from_values(eye, {32, 32}), Tensor()};
+}
+
+// The user's symmetric cross-entropy on the logits, with the knobs a remedy turns: the logits cast to f32
+// first, or the row's max subtracted before exp.
+Tensor pairs_loss(const Tensor& logits_in, const Tensor& eye, const RunConfig& c) {
+  const Tensor logits = c.loss_cast_f32 ? logits_in.to(DType::f32) : logits_in;
+  auto one_way = [&](const Tensor& z) {
+    const Tensor shifted = c.subtract_max ? sub(z, amax(z, {1}, true)) : z;
+    const Tensor lse = log(sum(exp(shifted), {1}));
+    const Tensor picked = sum(mul(shifted, eye), {1});
+    return mean(sub(lse, picked));
+  };
+  return mul(add(one_way(logits), one_way(logits.transpose(0, 1))), 0.5);
+}
+
+// ======================================================================================================
+// 6. attention: a sequence classifier on raw sensor readings (16 sequences of 12 steps, 8 readings each,
+// in [0, 410): not standardised), with single-head attention written by hand,
+//     q, k, v = Linear(8, 64)(x);   scores = bmm(q, k^T);   out = bmm(softmax(scores, -1), v)
+// (the 1/sqrt(d) of scaled dot-product attention forgotten), mean over the sequence, Linear(64, 4),
+// cross-entropy, Adam. The readings share a large common level, so q and k at every position point nearly
+// the same way and are large (absmax about 500): their 64-term dot products pass 65504, and under autocast
+// bmm runs in f16 and returns inf there. Multiplying q by 1/sqrt(64) = 0.125 before the product keeps the
+// scores 8 times smaller (under 16000 over the run); in f32 they are far from its range, and bf16 has f32's. init_scale
+// 128: the raw readings make v, and so the head's gradients, large; at 1024 the scaler's first step
+// overflows in the head's backward, a skip that has nothing to do with the scores.
+// ======================================================================================================
+
+struct HandAttention : nn::Module {
+  std::shared_ptr<nn::Linear> q, k, v;
+  double q_scale;
+  std::vector<double> last_q, last_k;  // what the scores' bmm took (read by the test)
+  HandAttention(Generator& gen, double q_scale_) : Module("HandAttention"), q_scale(q_scale_) {
+    q = register_module("q", std::make_shared<nn::Linear>(8, 64, gen));
+    k = register_module("k", std::make_shared<nn::Linear>(8, 64, gen));
+    v = register_module("v", std::make_shared<nn::Linear>(8, 64, gen));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor queries = (*q)(x);
+    if (q_scale != 1.0) queries = mul(queries, q_scale);
+    const Tensor keys = (*k)(x);
+    last_q = queries.values();
+    last_k = keys.values();
+    const Tensor scores = bmm(queries, keys.transpose(1, 2));
+    return bmm(softmax(scores, -1), (*v)(x));
+  }
+};
+
+struct SequenceClassifier : nn::Module {
+  std::shared_ptr<HandAttention> attn;
+  std::shared_ptr<nn::Linear> head;
+  SequenceClassifier(Generator& gen, double q_scale) : Module("SequenceClassifier") {
+    attn = register_module("attn", std::make_shared<HandAttention>(gen, q_scale));
+    head = register_module("head", std::make_shared<nn::Linear>(64, 4, gen));
+  }
+  Tensor forward(const Tensor& x) override { return (*head)(mean((*attn)(x), {1})); }
+};
+
+Batch attention_data(Generator& gen) {
+  // A common level per sequence in [100, 300), per-step variation of +-50, and the class's own reading
+  // (feature `label`) 60 higher on every step: every reading in [0, 410). One sequence in four has the mark
+  // of another class than its label (label noise: the loss never reaches 0).
+  const std::vector<double> level = rand({16, 1, 1}, gen).values();
+  const std::vector<double> noise = rand({16, 12, 8}, gen).values();
+  std::vector<double> x(noise.size()), labels(16);
+  for (std::size_t b = 0; b < 16; ++b) {
+    labels[b] = static_cast<double>(b % 4);
+    const std::size_t mark = b % 4 == 3 ? (b + 1) % 4 : b % 4;
+    for (std::size_t t = 0; t < 12; ++t) {
+      for (std::size_t f = 0; f < 8; ++f) {
+        const std::size_t i = (b * 12 + t) * 8 + f;
+        x[i] = 100.0 + 200.0 * level[b] + 100.0 * (noise[i] - 0.5) + (f == mark ? 60.0 : 0.0);
+      }
+    }
+  }
+  const Tensor y = from_values(labels, {16}, {.dtype = DType::i64});
+  return {from_values(x, {16, 12, 8}), y, y};
+}
+
 // ---- the training loop, as docs/api.md shows it ----
 
 std::string config_json(const RunConfig& c) {
@@ -326,10 +463,11 @@ std::string config_json(const RunConfig& c) {
   return fmt::format(
       "{{\"model\": \"{}\", \"precision\": \"{}\", \"steps\": {}, \"seed\": {}, \"lr\": {}, \"init_scale\": {}, "
       "\"use_scaler\": {}, \"autocast_fp32\": [{}], \"clamp_eps\": {}, \"use_logits_loss\": {}, \"norm_eps\": {}, "
-      "\"loss_in_autocast\": {}, \"loss_cast_f32\": {}}}",
+      "\"loss_in_autocast\": {}, \"loss_cast_f32\": {}, \"logit_scale\": {}, \"subtract_max\": {}, \"q_scale\": {}, "
+      "\"twin\": {}}}",
       model_name(c.model), precision_name(c.precision), c.steps, c.seed, c.lr, c.init_scale, c.use_scaler, overrides,
       c.clamp_eps ? fmt::format("{}", *c.clamp_eps) : std::string("null"), c.use_logits_loss, c.norm_eps,
-      c.loss_in_autocast, c.loss_cast_f32);
+      c.loss_in_autocast, c.loss_cast_f32, c.logit_scale, c.subtract_max, c.q_scale, c.twin);
 }
 
 }  // namespace
@@ -343,6 +481,8 @@ RunConfig default_config(Model model) {
     case Model::handnorm: c.steps = 30; c.seed = 3; c.lr = 0.5; c.init_scale = 1024.0; break;
     case Model::lse: c.steps = 30; c.seed = 0; c.lr = 2e-2; break;
     case Model::rmsnorm: c.steps = 8; c.seed = 0; c.lr = 1e-4; c.init_scale = 1024.0; break;
+    case Model::pairs: c.steps = 20; c.seed = 2; c.lr = 1e-3; c.init_scale = 1024.0; break;
+    case Model::attention: c.steps = 12; c.seed = 4; c.lr = 1e-3; c.init_scale = 128.0; break;
   }
   return c;
 }
@@ -355,6 +495,8 @@ RunResult run(const RunConfig& c) {
   // The model, its data and its optimizer: everything a user builds before training.
   std::shared_ptr<nn::Module> model;
   RMSNorm* watched_norm = nullptr;
+  Pairs* pairs = nullptr;
+  HandAttention* hand_attention = nullptr;
   std::vector<HandNorm*> hand_norms;
   std::vector<Batch> batches;
   std::unique_ptr<optim::Optimizer> opt;
@@ -376,6 +518,22 @@ RunResult run(const RunConfig& c) {
     case Model::lse: {
       model = std::make_shared<Classifier>(gen);
       batches.push_back(lse_data(gen));
+      opt = std::make_unique<optim::Adam>(model->parameters(), optim::OptimizerOptions{.lr = c.lr});
+      break;
+    }
+    case Model::pairs: {
+      auto m = std::make_shared<Pairs>(gen, c.logit_scale);
+      pairs = m.get();
+      model = m;
+      batches.push_back(pairs_data(gen));
+      opt = std::make_unique<optim::Adam>(model->parameters(), optim::OptimizerOptions{.lr = c.lr});
+      break;
+    }
+    case Model::attention: {
+      auto m = std::make_shared<SequenceClassifier>(gen, c.q_scale);
+      hand_attention = m->attn.get();
+      model = m;
+      batches.push_back(attention_data(gen));
       opt = std::make_unique<optim::Adam>(model->parameters(), optim::OptimizerOptions{.lr = c.lr});
       break;
     }
@@ -401,18 +559,24 @@ RunResult run(const RunConfig& c) {
     overrides.push_back(std::make_unique<AutocastOverrideGuard>(rule));
   }
 
+  // The probe's set-up, the overrides above included, in the trace (probe.h: before creating the writer).
+  const probe::ProbeOptions options{.level = probe::Level::health};
   const trace::RunInfo info{.precision = std::string(precision_name(c.precision)),
                             .device = "cpu",
                             .model = std::string(model_name(c.model)),
                             .seed = static_cast<std::int64_t>(c.seed),
-                            .config = config_json(c)};
+                            .config = config_json(c),
+                            .probe = probe::describe(options)};
   auto writer = std::make_shared<trace::TraceWriter>(c.trace_path, info);
-  auto probe = std::make_shared<probe::Probe>(writer, probe::ProbeOptions{.level = probe::Level::health});
+  auto probe = std::make_shared<probe::Probe>(writer, options);
+  // With the twin, it wraps the probe and writes its /precision rows to the same trace (`ampscope train --twin`).
+  std::shared_ptr<probe::Hook> hook = probe;
+  if (c.twin) hook = std::make_shared<probe::Twin>(probe, probe::TwinOptions{.sink = writer, .keep_rows = false});
   RunResult result;
   result.trace_path = c.trace_path;
   result.batch = batches.front().x.size(0);
   {
-    probe::HookGuard watching(probe);
+    probe::HookGuard watching(hook);
     for (std::int64_t step = 0; step < c.steps; ++step) {
       probe::StepScope scope(step);
       const Batch& data = batches[static_cast<std::size_t>(step) % batches.size()];
@@ -451,6 +615,17 @@ RunResult run(const RunConfig& c) {
             loss = mse_loss(out, data.y);
             break;
           }
+          case Model::pairs: {
+            autocast.reset();  // the region closes; the user's loss runs on the f16 logits
+            ScopeGuard in_loss("loss");
+            loss = pairs_loss(out, data.y, c);
+            break;
+          }
+          case Model::attention: {
+            ScopeGuard in_loss("loss");
+            loss = cross_entropy(out, data.y_index);
+            break;
+          }
         }
       }
       const double scale = scaler.get_scale();
@@ -461,6 +636,14 @@ RunResult run(const RunConfig& c) {
       result.losses.push_back(l);
       result.skipped.push_back(!stepped);
       if (!std::isfinite(l) && result.first_nonfinite_loss < 0) result.first_nonfinite_loss = step;
+      if (pairs != nullptr) {
+        result.similarities.push_back(pairs->last_similarities);
+        result.logit_scales.push_back(pairs->last_scale);
+      }
+      if (hand_attention != nullptr) {
+        result.queries.push_back(hand_attention->last_q);
+        result.keys.push_back(hand_attention->last_k);
+      }
       if (watched_norm != nullptr) {
         result.bias_rows.push_back(watched_norm->zero_rows);
         result.norm_inputs.push_back(watched_norm->input);

@@ -10,7 +10,7 @@
 //   std::optional<trace::OpRow> o = first_origin(r.trace_path);   // step, op, module of the first NaN/inf
 //   apply_override(c, "sigmoid", /*is_op=*/true);       // the same run with sigmoid kept in f32
 //
-// The four models and what goes wrong in f16 (each .cpp section says why, with the numbers):
+// The models and what goes wrong in f16 (each .cpp section says why, with the numbers):
 //   tagger    residual MLP tagger, hand-written BCE on sigmoid probabilities: sigmoid rounds to 1.0,
 //             1 - s cancels to 0, log(0) = -inf, 0 * -inf = NaN (the loss).
 //   handnorm  MLP with batch normalisation written by hand, (x - mean) / sqrt(var + 1e-8), after a ReLU:
@@ -20,6 +20,12 @@
 //   rmsnorm   regression MLP whose blocks.1 has a hand-written RMS norm x * rsqrt(mean(x * x)): on a
 //             batch of large raw readings x * x overflows f16 for |x| > 256, rsqrt(inf) = 0, the block's
 //             output becomes its bias on those rows. Silent: finite loss, finite gradients, no skip.
+//   pairs     dual encoder matching two views of the same record, CLIP-style: cosine similarities times a
+//             learned logit scale started at 100, the user's cross-entropy written by hand after the
+//             autocast region: the scale makes the logits 100 times the similarities, exp (f16, outside
+//             autocast) overflows once a logit passes 11.09.
+//   attention sequence classifier with attention written by hand on raw readings, scores = q k^T without
+//             the 1/sqrt(d): the 64-term dot products of q and k pass 65504 and bmm returns inf.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +39,7 @@
 
 namespace ampscope::user_models {
 
-enum class Model { tagger, handnorm, lse, rmsnorm };
+enum class Model { tagger, handnorm, lse, rmsnorm, pairs, attention };
 std::string_view model_name(Model model);
 
 enum class Precision { fp32, fp16, bf16 };
@@ -64,9 +70,17 @@ struct RunConfig {
   // lse: where the loss runs. false (the user's code): after the autocast region, on the f16 logits, so
   // exp runs in f16. true: inside the region, where autocast's table runs exp in f32.
   bool loss_in_autocast = false;
-  // lse: the loss casts the logits to f32 first (logits.to(DType::f32)), so exp runs in f32 outside the
-  // region too.
+  // lse and pairs: the loss casts the logits to f32 first (logits.to(DType::f32)), so exp runs in f32 outside
+  // the region too.
   bool loss_cast_f32 = false;
+  // pairs: the logit scale's initial value (the parameter starts at its log), and the loss written as a
+  // stable log-sum-exp (the row's max subtracted before exp).
+  double logit_scale = 100.0;
+  bool subtract_max = false;
+  // attention: q multiplied by this factor before the product (1: the user's code, no 1/sqrt(d)).
+  double q_scale = 1.0;
+  // Record the f32 twin too (probe::Twin around the probe, as `ampscope train --twin`): /precision rows.
+  bool twin = false;
   // The trace (probe level health). Required.
   std::string trace_path{};
 };
@@ -90,6 +104,11 @@ struct RunResult {
   // handnorm only: per step, for norm1 and norm2 (module path, count), the columns of the norm's input
   // that hold the same value on every row of the batch (a ReLU unit dead over the batch): var = 0.
   std::vector<std::vector<std::pair<std::string, std::int64_t>>> constant_columns;
+  // pairs only: per step, the similarities (before the logit scale) and the logit scale, as computed.
+  std::vector<std::vector<double>> similarities;
+  std::vector<double> logit_scales;
+  // attention only: per step, q and k as the scores' bmm took them (row-major [batch, T, 64]).
+  std::vector<std::vector<double>> queries, keys;
   // rmsnorm only: per step, the input of blocks.1.norm (row-major [batch, 32]).
   std::vector<std::vector<double>> norm_inputs;
   // rmsnorm only: per step, how many rows of blocks.1's output were exactly blocks.1.fc's bias (what

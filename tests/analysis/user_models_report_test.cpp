@@ -8,7 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <string>
 #include <unistd.h>
 
@@ -16,6 +20,7 @@
 #include <fmt/ranges.h>
 
 #include "probes/analysis/analysis.h"
+#include "probes/analysis/render.h"
 #include "probes/trace/reader.h"
 #include "tests/analysis/user_models.h"
 #include "tests/test_support.h"
@@ -26,6 +31,7 @@ namespace {
 using analysis::Diagnosis;
 using analysis::Remedy;
 using analysis::Report;
+using analysis::render_text;
 using ampscope::testing::reference_f16;
 
 bool contains(const std::string& text, std::string_view piece) { return text.find(piece) != std::string::npos; }
@@ -41,7 +47,10 @@ class user_models_report_test : public ::testing::Test {
   }
   static Report report_of(const RunResult& r) {
     trace::TraceReader reader(r.trace_path);
-    return analysis::analyse(reader);
+    Report rep = analysis::analyse(reader);
+    // How the examples of docs/report-format.md ("Amplification") were made.
+    if (std::getenv("AMPSCOPE_SHOW_REPORT") != nullptr) std::cout << render_text(rep);
+    return rep;
   }
   void TearDown() override {
     for (const auto& p : paths_) std::filesystem::remove(p);
@@ -70,8 +79,20 @@ class user_models_report_test : public ::testing::Test {
       c.norm_eps = m.value;
       return true;
     }
-    if (m.kind == "cast_f32" && c.model == Model::lse) {
-      c.loss_cast_f32 = true;
+    if (m.kind == "cast_f32" && (c.model == Model::lse || c.model == Model::pairs)) {
+      c.loss_cast_f32 = true;  // the loss, after the autocast region, casts the logits to f32 first
+      return true;
+    }
+    if (m.kind == "stable_formulation" && c.model == Model::pairs && contains(m.code, "amax")) {
+      c.subtract_max = true;
+      return true;
+    }
+    if (m.kind == "smaller_scale" && c.model == Model::pairs) {
+      c.logit_scale = m.value;  // the learned scale starts there
+      return true;
+    }
+    if (m.kind == "scale_scores" && c.model == Model::attention) {
+      c.q_scale = m.value;  // q times the factor before the product
       return true;
     }
     if (m.kind == "stable_formulation" && c.model == Model::tagger && contains(m.code, "binary_cross_entropy_with_logits")) {
@@ -259,6 +280,182 @@ TEST_F(user_models_report_test, rmsnorm_names_the_silent_damage) {
   EXPECT_TRUE(told) << fmt::format("{}", fmt::join(d.evidence, "\n"));
   const auto applied = expect_every_remedy_works(c, d);
   EXPECT_GE(applied.size(), 2u);  // f32 for the norm, bf16
+}
+
+// ---- pairs and attention: overflows whose values an op upstream amplified (root cause amplification) ----
+
+// The rows of one step of a trace by seq.
+std::map<std::int64_t, trace::OpRow> rows_of_step(const std::string& path, std::int64_t step) {
+  trace::TraceReader reader(path);
+  std::map<std::int64_t, trace::OpRow> rows;
+  for (const trace::OpRow& r : reader.ops())
+    if (r.step == step && r.phase == trace::Phase::forward) rows.emplace(r.seq, r);
+  return rows;
+}
+
+// The recorded inputs of a row that are outputs of rows of its step.
+std::vector<trace::OpRow> producers(const std::map<std::int64_t, trace::OpRow>& rows, const trace::OpRow& r) {
+  std::vector<trace::OpRow> out;
+  for (std::int64_t in : r.inputs)
+    if (auto it = rows.find(in); in >= 0 && it != rows.end()) out.push_back(it->second);
+  return out;
+}
+
+TEST_F(user_models_report_test, pairs_root_is_the_mul_by_the_logit_scale_100_times_the_similarities) {
+  const RunConfig c = default_config(Model::pairs);
+  const RunResult r = train(c);
+  const Report rep = report_of(r);
+  ASSERT_FALSE(rep.anomalies.empty());
+  const Diagnosis& d = rep.anomalies.front();
+  EXPECT_EQ(d.op, "exp");
+  EXPECT_EQ(d.module, "loss");
+  EXPECT_EQ(d.cause, "exp_overflow");
+  EXPECT_EQ(d.root_cause, "amplification");
+  ASSERT_GE(d.chain.size(), 2u);
+  const analysis::ChainLink& root = d.chain.front();
+  EXPECT_EQ(root.op, "mul");
+  EXPECT_EQ(root.role, "amplification");
+  EXPECT_EQ(d.chain.back().op, "exp");
+  // The factor, from the recorded absmax of the mul's output and of its input (the similarity matrix, the
+  // input with as many elements as the output; the other is the 0-dim scale, exp of the parameter).
+  const auto rows = rows_of_step(r.trace_path, d.step);
+  const trace::OpRow& mul = rows.at(root.seq);
+  const std::vector<trace::OpRow> in = producers(rows, mul);
+  ASSERT_EQ(in.size(), 2u);
+  const trace::OpRow& sim = in[0].health.numel >= in[1].health.numel ? in[0] : in[1];
+  const trace::OpRow& scale = in[0].health.numel >= in[1].health.numel ? in[1] : in[0];
+  EXPECT_EQ(sim.op, "matmul");
+  EXPECT_EQ(scale.op, "exp");
+  EXPECT_EQ(scale.health.numel, 1);
+  const double factor = mul.health.absmax / sim.health.absmax;
+  EXPECT_DOUBLE_EQ(root.factor, factor);
+  // And from the run's own tensors: the similarities' largest magnitude and the logits' (each product
+  // rounded once to f16), about the scale of 100 (f16 rounding moves it by under 2^-11).
+  double sim_max = 0, logit_max = 0;
+  for (double v : r.similarities[0]) {
+    sim_max = std::max(sim_max, std::fabs(v));
+    logit_max = std::max(logit_max, std::fabs(reference_f16(static_cast<float>(v) * static_cast<float>(r.logit_scales[0]))));
+  }
+  EXPECT_DOUBLE_EQ(sim.health.absmax, sim_max);
+  EXPECT_DOUBLE_EQ(mul.health.absmax, logit_max);
+  EXPECT_NEAR(factor, 100.0, 100.0 * std::ldexp(1.0, -10));
+  const std::string quoted = fmt::format("made |x| {:.3g}x larger: absmax {:.6g} -> {:.6g}", factor, sim_max, logit_max);
+  EXPECT_TRUE(contains(root.evidence, quoted)) << root.evidence << "\nwanted: " << quoted;
+  EXPECT_TRUE(contains(root.evidence, "a multiplication by the output of exp")) << root.evidence;
+  // The first remedy is a smaller factor that keeps exp's input (the logits) within half of ln(65504) on this
+  // batch: value * largest similarity <= 11.09 / 2.
+  ASSERT_FALSE(d.remedies.empty());
+  const Remedy& smaller = d.remedies.front();
+  EXPECT_EQ(smaller.kind, "smaller_scale");
+  EXPECT_GT(smaller.value, 0);
+  EXPECT_LE(smaller.value * sim_max, std::log(65504.0) / 2);
+  // The scale computed in f32: mul ran under autocast (on no list: an override reaches it), and everything
+  // after it (the loss, outside autocast) keeps f32: an autocast override for mul, not a cast.
+  const auto f32 = std::find_if(d.remedies.begin(), d.remedies.end(), [](const Remedy& m) {
+    return m.kind == "autocast_fp32" && m.pattern == "mul";
+  });
+  EXPECT_NE(f32, d.remedies.end()) << d.remedy;
+  // Every remedy applied and re-run: no origin, no anomaly.
+  const auto applied = expect_every_remedy_works(c, d);
+  EXPECT_EQ(applied.size(), d.remedies.size()) << fmt::format("{}", fmt::join(applied, ", "));
+}
+
+TEST_F(user_models_report_test, attention_root_is_the_unscaled_bmm_of_q_and_k) {
+  const RunConfig c = default_config(Model::attention);
+  const RunResult r = train(c);
+  const Report rep = report_of(r);
+  ASSERT_FALSE(rep.anomalies.empty());
+  const Diagnosis& d = rep.anomalies.front();
+  EXPECT_EQ(d.op, "bmm");
+  EXPECT_EQ(d.module, "attn");
+  EXPECT_EQ(d.cause, "f16_overflow");
+  EXPECT_EQ(d.root_cause, "amplification");
+  ASSERT_EQ(d.chain.size(), 1u);  // the bmm amplified and overflowed itself
+  const analysis::ChainLink& root = d.chain.front();
+  EXPECT_EQ(root.op, "bmm");
+  EXPECT_EQ(root.seq, d.seq);
+  // The factor: at least 65504 over the larger of q's and k's recorded absmax (its output overflowed, so
+  // 65504 is a lower bound of its largest result); q and k as the run computed them agree with the rows.
+  const auto rows = rows_of_step(r.trace_path, d.step);
+  const std::vector<trace::OpRow> in = producers(rows, rows.at(root.seq));
+  ASSERT_EQ(in.size(), 2u);
+  double q_max = 0, k_max = 0;
+  for (double v : r.queries[0]) q_max = std::max(q_max, std::fabs(v));
+  for (double v : r.keys[0]) k_max = std::max(k_max, std::fabs(v));
+  EXPECT_DOUBLE_EQ(in[0].health.absmax, q_max);
+  EXPECT_DOUBLE_EQ(in[1].health.absmax, k_max);
+  const double larger = std::max(in[0].health.absmax, in[1].health.absmax);
+  EXPECT_DOUBLE_EQ(root.factor, 65504.0 / larger);
+  EXPECT_TRUE(contains(root.evidence, fmt::format("made |x| at least {:.3g}x larger: absmax {:.6g} -> beyond 65504",
+                                                  65504.0 / larger, larger)))
+      << root.evidence;
+  EXPECT_TRUE(contains(root.evidence, "it sums 64 terms and nothing scales them by 1/sqrt(64) = 0.125 before softmax"))
+      << root.evidence;
+  // The first remedy scales q by 1/sqrt(64) before the product.
+  ASSERT_FALSE(d.remedies.empty());
+  EXPECT_EQ(d.remedies.front().kind, "scale_scores");
+  EXPECT_DOUBLE_EQ(d.remedies.front().value, 0.125);
+  EXPECT_TRUE(contains(d.remedies.front().code, "bmm(mul(q, 0.125)")) << d.remedies.front().code;
+  const auto applied = expect_every_remedy_works(c, d);
+  EXPECT_EQ(applied.size(), d.remedies.size()) << fmt::format("{}", fmt::join(applied, ", "));
+}
+
+// ---- ops outside autocast: a cast, never an override, in every section that proposes f32 ----
+
+TEST_F(user_models_report_test, the_precision_section_proposes_a_cast_for_the_loss_after_the_autocast_region) {
+  // pairs with a healthy scale, twinned: its loss, written after the autocast region, runs in f16.
+  RunConfig c = default_config(Model::pairs);
+  c.logit_scale = 10;
+  c.twin = true;
+  const RunResult r = train(c);
+  const Report rep = report_of(r);
+  EXPECT_TRUE(rep.healthy());
+  ASSERT_TRUE(rep.precision.recorded());
+  // What ran outside autocast, from the trace: the loss's rows have no autocast reason.
+  const auto rows = rows_of_step(r.trace_path, 0);
+  std::set<std::string> outside;
+  for (const auto& [seq, row] : rows)
+    if (row.autocast.empty()) outside.insert(row.op + "@" + row.module);
+  ASSERT_FALSE(outside.empty());
+  std::int64_t casts = 0;
+  for (const analysis::PrecisionEntry& e : rep.precision.by_jump) {
+    for (const Remedy& m : e.remedies) {
+      // An override would name an op or module whose rows all ran outside autocast: it could do nothing.
+      if (m.kind == "autocast_fp32") {
+        bool reaches = false;
+        for (const auto& [seq, row] : rows)
+          reaches |= !row.autocast.empty() && (m.pattern_is_op ? row.op == m.pattern : row.module == m.pattern);
+        EXPECT_TRUE(reaches) << e.op << " in '" << e.module << "': " << m.text;
+      }
+      if (m.kind == "cast_f32") {
+        ++casts;
+        EXPECT_TRUE(contains(m.text, "ran outside autocast")) << m.text;
+      }
+    }
+  }
+  EXPECT_GT(casts, 0) << render_text(rep);
+  // The cast applied (the logits to f32 before the loss): no entry of the loss has remedies any more.
+  RunConfig cast = c;
+  cast.loss_cast_f32 = true;
+  const Report fixed = report_of(train(cast));
+  EXPECT_TRUE(fixed.healthy());
+  ASSERT_TRUE(fixed.precision.recorded());
+  for (const analysis::PrecisionEntry& e : fixed.precision.by_jump)
+    EXPECT_FALSE(e.module == "loss" && !e.remedies.empty()) << e.op << ": " << e.evidence;
+}
+
+TEST_F(user_models_report_test, an_override_that_names_only_ops_outside_autocast_is_said_so_not_called_a_typo) {
+  RunConfig c = default_config(Model::pairs);
+  c.logit_scale = 10;
+  apply_override(c, "loss", /*is_op=*/false);  // what --autocast-fp32 'loss' installs as a module glob
+  const Report rep = report_of(train(c));
+  bool told = false;
+  for (const std::string& n : rep.coverage.notes) {
+    if (!contains(n, "override 'loss'")) continue;
+    told = contains(n, "ran outside any autocast region") && contains(n, "exp in loss");
+    EXPECT_FALSE(contains(n, "typo")) << n;
+  }
+  EXPECT_TRUE(told) << fmt::format("{}", fmt::join(rep.coverage.notes, "\n"));
 }
 
 }  // namespace

@@ -355,5 +355,95 @@ TEST_F(user_models_test, rmsnorm_remedy_bf16_is_clean_and_undamaged) {
   EXPECT_EQ(*std::max_element(r.bias_rows.begin(), r.bias_rows.end()), 0);
 }
 
+// ---- 5. pairs: a logit scale of 100 makes exp (f16, after the autocast region) overflow ----
+
+// The largest |logit| of a step as the run computed it: each similarity (f16) times the scale, in float,
+// rounded once to f16 (a 0-dim f32 factor does not promote the f16 matrix).
+double max_logit_f16(const RunResult& r, std::size_t step) {
+  double m = 0;
+  for (double sim : r.similarities[step])
+    m = std::max(m, std::fabs(reference_f16(static_cast<float>(sim) * static_cast<float>(r.logit_scales[step]))));
+  return m;
+}
+
+TEST_F(user_models_test, pairs_fp16_exp_of_logits_scaled_by_100_overflows_at_step_0) {
+  const RunResult r = train(default_config(Model::pairs));
+  ASSERT_FALSE(r.similarities.empty());
+  EXPECT_NEAR(r.logit_scales[0], 100.0, 1e-4);
+  // exp in f16 overflows above ln(65504) = 11.09: the first step's logits are already past it.
+  EXPECT_GT(max_logit_f16(r, 0), std::log(65504.0));
+  const std::optional<trace::OpRow> o = first_origin(r.trace_path);
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->step, 0);
+  EXPECT_EQ(o->op, "exp");
+  EXPECT_EQ(o->module, "loss");
+  EXPECT_EQ(o->out_dtype, "f16");
+  EXPECT_EQ(o->autocast, "");  // after the region: an autocast override cannot reach it
+  EXPECT_EQ(r.first_nonfinite_loss, 0);
+}
+
+TEST_F(user_models_test, pairs_fp32_is_clean) {
+  RunConfig c = default_config(Model::pairs);
+  set_precision(c, Precision::fp32);
+  expect_clean(train(c), "pairs fp32");
+}
+
+TEST_F(user_models_test, pairs_with_a_logit_scale_of_10_stays_within_exps_f16_range) {
+  RunConfig c = default_config(Model::pairs);
+  c.logit_scale = 10;
+  const RunResult r = train(c);
+  expect_clean(r, "logit scale 10");
+  for (std::size_t s = 0; s < r.similarities.size(); ++s) EXPECT_LT(max_logit_f16(r, s), std::log(65504.0)) << s;
+}
+
+// ---- 6. attention: q k^T without the 1/sqrt(d) overflows f16 in bmm ----
+
+// The largest |score| of a step in f64 from the q and k the bmm took (row-major [16, 12, 64] each).
+double max_score(const RunResult& r, std::size_t step) {
+  const std::vector<double>& q = r.queries[step];
+  const std::vector<double>& k = r.keys[step];
+  double m = 0;
+  for (std::size_t b = 0; b < 16; ++b)
+    for (std::size_t i = 0; i < 12; ++i)
+      for (std::size_t j = 0; j < 12; ++j) {
+        double acc = 0;
+        for (std::size_t d = 0; d < 64; ++d) acc += q[(b * 12 + i) * 64 + d] * k[(b * 12 + j) * 64 + d];
+        m = std::max(m, std::fabs(acc));
+      }
+  return m;
+}
+
+TEST_F(user_models_test, attention_fp16_unscaled_scores_overflow_in_bmm_at_step_0) {
+  const RunResult r = train(default_config(Model::attention));
+  ASSERT_FALSE(r.queries.empty());
+  // f16's largest finite value is 65504; a result from 65520 on rounds to inf.
+  EXPECT_GE(max_score(r, 0), 65520.0);
+  const std::optional<trace::OpRow> o = first_origin(r.trace_path);
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->step, 0);
+  EXPECT_EQ(o->op, "bmm");
+  EXPECT_EQ(o->module, "attn");
+  EXPECT_EQ(o->out_dtype, "f16");
+  EXPECT_GT(o->health.pos_inf + o->health.neg_inf, 0);
+}
+
+TEST_F(user_models_test, attention_fp32_is_clean) {
+  RunConfig c = default_config(Model::attention);
+  set_precision(c, Precision::fp32);
+  expect_clean(train(c), "attention fp32");
+}
+
+TEST_F(user_models_test, attention_with_q_scaled_by_1_over_sqrt_64_keeps_the_scores_in_f16) {
+  RunConfig c = default_config(Model::attention);
+  c.q_scale = 0.125;
+  const RunResult r = train(c);
+  expect_clean(r, "q / sqrt(64)");
+  // The same weights at step 0: q times 0.125 (a power of two, exact in f16) makes every score 8 times smaller.
+  const RunResult unscaled = train(default_config(Model::attention));
+  EXPECT_DOUBLE_EQ(max_score(r, 0), max_score(unscaled, 0) / 8);
+  // And they stay below a quarter of f16's largest value while the run trains.
+  for (std::size_t s = 0; s < r.queries.size(); ++s) EXPECT_LT(max_score(r, s), 65504.0 / 4) << s;
+}
+
 }  // namespace
 }  // namespace ampscope::user_models

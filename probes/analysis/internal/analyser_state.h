@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "probes/analysis/analysis.h"
+#include "probes/analysis/internal/provenance.h"
 #include "probes/analysis/internal/rows.h"
 #include "probes/analysis/precision.h"
 #include "probes/trace/schema.h"
@@ -124,6 +125,10 @@ struct Analyser::State {
   std::map<std::int64_t, double> lr_of;
   std::set<std::string> params;                // every parameter with a gradient row
   std::set<std::string> overrides_applied;     // globs of autocast overrides that decided some op's dtype
+  // The (op, module) of forward rows outside any autocast region, kept when the probe recorded autocast
+  // overrides (watch_outside): the coverage note on an override that decided nothing says why.
+  bool watch_outside = false;
+  std::set<std::pair<std::string, std::string>> outside_autocast;
   bool any_nonfinite = false;
   detail::RecentOutputs recent;
 
@@ -169,6 +174,9 @@ struct Analyser::State {
   // An output that was finite in the steps before and grew past f16's range: the weights grew, so the
   // learning rate is the first suspect (a jump in one step: far too high; a steady climb: too high for f16).
   void grown(Diagnosis& d, const trace::OpRow& r, std::span<const trace::OpRow> ops);
+  // Whether the amplifier a root walk found amplified less on the steps before (a.grew, a.growth), and the run's
+  // learning rate at its step (a.lr).
+  void amplifier_growth(detail::Amplification& a, std::span<const trace::OpRow> ops) const;
   // Non-finite forward outputs in a step without origin: the data were non-finite before the first op.
   void nonfinite_input(std::int64_t step, std::span<const trace::OpRow> ops, const trace::StepRow* step_row,
                        std::span<const trace::GradRow> grads);

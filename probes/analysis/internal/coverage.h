@@ -5,12 +5,17 @@
 
 #include <set>
 #include <string>
+#include <utility>
 
 #include "probes/analysis/analysis.h"
 
 namespace ampscope::analysis::detail {
 
-// Fills rep.coverage; overrides_applied: the globs of autocast overrides that decided some recorded op's dtype.
-void coverage(Report& rep, const std::set<std::string>& overrides_applied);
+// Fills rep.coverage. overrides_applied: the globs of autocast overrides that decided some recorded op's dtype;
+// outside_autocast: the (op, module) of forward rows recorded outside any autocast region (no autocast reason),
+// which an override cannot reach (internal/reach.h): an override that names only those is told so, not
+// taken for a typo.
+void coverage(Report& rep, const std::set<std::string>& overrides_applied,
+              const std::set<std::pair<std::string, std::string>>& outside_autocast);
 
 }  // namespace ampscope::analysis::detail

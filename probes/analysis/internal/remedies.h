@@ -11,14 +11,16 @@
 #include <vector>
 
 #include "probes/analysis/analysis.h"
+#include "probes/analysis/internal/provenance.h"
 #include "probes/trace/schema.h"
 
 namespace ampscope::analysis::detail {
 
 // Remedies for a diagnosis of row r, best first. run_precision: the run's ("fp16", ...; "" when unknown: the
-// row's dtypes say). from_mask: the NaN came from a mask's -inf.
+// row's dtypes say). from_mask: the NaN came from a mask's -inf. amplification: what the root walk found
+// amplified an overflow's values (d.root_cause "amplification"): its remedies come first.
 std::vector<Remedy> remedies_of(const Diagnosis& d, const trace::OpRow& r, const std::string& run_precision,
-                                bool from_mask = false);
+                                bool from_mask = false, const Amplification* amplification = nullptr);
 // The remedies' texts in one paragraph, each with its option: "...  (--lr 0.001); or ...".
 std::string remedy_text(const std::vector<Remedy>& remedies);
 

@@ -24,6 +24,8 @@ std::string counts_text(const trace::TensorHealth& h);
 std::string place(const trace::OpRow& r);
 // A number as the report writes it (up to 6 significant digits).
 std::string number(double v);
+// A factor to two significant digits, as a person writes it: 100.3 -> "100", 0.00997 -> "0.01".
+std::string about(double x);
 
 // The rows of one step by seq.
 using SeqIndex = std::unordered_map<std::int64_t, const trace::OpRow*>;
