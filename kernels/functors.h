@@ -119,8 +119,27 @@ struct ReciprocalFn {
 };
 // |x| only clears the sign bit, on both backends, as std::abs does in PyTorch's kernel: a NaN keeps its
 // payload (like relu, abs moves a value rather than computing one).
+// abs moves values, so it keeps a NaN's payload: the sign bit is cleared with an integer mask. (PTX's
+// abs.f32, what fabsf compiles to, leaves a NaN's other bits unspecified; x86's andps keeps them.)
 struct AbsFn {
-  template <class T> AMPSCOPE_HD T operator()(T a) const { return std::fabs(a); }
+  template <class T> AMPSCOPE_HD T operator()(T a) const {
+    if constexpr (std::is_same_v<T, float>) {
+      return detail::bits_float(detail::float_bits(a) & 0x7FFFFFFFu);
+    } else if constexpr (std::is_same_v<T, double>) {
+#if defined(__CUDA_ARCH__)
+      return __longlong_as_double(__double_as_longlong(a) & 0x7FFFFFFFFFFFFFFFll);
+#else
+      std::uint64_t bits;
+      std::memcpy(&bits, &a, sizeof bits);
+      bits &= 0x7FFFFFFFFFFFFFFFull;
+      double d;
+      std::memcpy(&d, &bits, sizeof d);
+      return d;
+#endif
+    } else {
+      return a < T(0) ? T(-a) : a;  // integers
+    }
+  }
 };
 struct Log1pFn {
   template <class T> AMPSCOPE_HD T operator()(T a) const { return canonical_nan(std::log1p(a)); }

@@ -28,9 +28,10 @@
 //    complement). Max is NaN if any element is NaN (the lowest rank's NaN), otherwise the largest, with
 //    ties (+0 and -0) keeping the lower rank's value. Every rank gets the same bits. (PyTorch's gloo and
 //    NCCL also sum f16 in f16 with one rounding per addition, in an order set by their algorithm.)
-//  - On CUDA tensors (NCCL) sum and max are NCCL's, in the order of NCCL's algorithm: with two ranks
-//    this is the same bits as the CPU's (IEEE addition commutes); with more, it may differ in the last
-//    place. NCCL calls are queued on the CUDA backend's stream and return before they complete; later
+//  - On CUDA tensors (NCCL) sum is NCCL's, in the order of NCCL's algorithm: with two ranks this is the
+//    same bits as the CPU's (IEEE addition commutes); with more, it may differ in the last place. Max of
+//    floating tensors is the CPU's rule bit for bit (NaN kept): NCCL's own max drops a NaN, so the ranks'
+//    tensors are gathered and folded in rank order on the GPU (kernels/rank_fold.h). NCCL calls are queued on the CUDA backend's stream and return before they complete; later
 //    ops on the tensor see the result.
 //  - Errors name the op, the group ("mpi, rank 1 of 2"), the tensor's shape, dtype and device, and
 //    what to do. A failure inside MPI or NCCL throws DeviceRuntimeError with the library's own text.

@@ -86,7 +86,14 @@ class CudaBackend final : public Backend {
     AMPSCOPE_CUDA_CHECK(cudaSetDevice(index_));
     void* ptr = nullptr;
     const std::size_t n = nbytes == 0 ? 1 : nbytes;
-    const cudaError_t status = pools_ ? cudaMallocAsync(&ptr, n, stream()) : cudaMalloc(&ptr, n);
+    cudaError_t status = pools_ ? cudaMallocAsync(&ptr, n, stream()) : cudaMalloc(&ptr, n);
+    if (status == cudaErrorMemoryAllocation && pools_) {
+      // The pool keeps freed blocks (see the constructor); before giving up, hand them back to the driver
+      // once the queued work is done with them, and ask again.
+      cudaGetLastError();
+      trim_pool();
+      status = cudaMallocAsync(&ptr, n, stream());
+    }
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       std::size_t free_bytes = 0, total_bytes = 0;
@@ -102,15 +109,35 @@ class CudaBackend final : public Backend {
 
   void deallocate(void* ptr, std::size_t) noexcept override {
     if (ptr == nullptr) return;
+    cudaError_t status = cudaSuccess;
     if (pools_) {
       // Stream-ordered: the block returns to the pool after the work already queued on the stream.
-      cudaFreeAsync(ptr, stream());
+      status = cudaFreeAsync(ptr, stream());
     } else {
       // Without a pool the block is free at once, so first let the queued work that may use it finish
       // (this stream is non-blocking: cudaFree's own implicit synchronisation does not wait for it).
-      cudaStreamSynchronize(stream());
-      cudaFree(ptr);
+      status = cudaStreamSynchronize(stream());
+      const cudaError_t freed = cudaFree(ptr);
+      if (status == cudaSuccess) status = freed;
     }
+    if (status != cudaSuccess) {
+      // No throwing here (a destructor frees tensors): the error is cleared from CUDA's last-error state,
+      // so the next launch does not take the blame, and reported as itself by the next op (dispatch).
+      cudaGetLastError();
+      if (free_error_ == cudaSuccess) free_error_ = status;
+    }
+  }
+
+  // Freed blocks back to the driver after the queued work, so that cuBLAS's workspace, NCCL's buffers and
+  // the statistics buffers (plain cudaMalloc) can have them.
+  void trim_pool() {
+    if (!pools_) return;
+    cudaMemPool_t pool = nullptr;
+    if (cudaStreamSynchronize(stream()) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, index_) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    if (cudaMemPoolTrimTo(pool, 0) != cudaSuccess) cudaGetLastError();
   }
 
   void copy_from_host(void* dst, const void* src, std::size_t nbytes) override {
@@ -206,6 +233,17 @@ class CudaBackend final : public Backend {
 
   void dispatch(Op op, const KernelArgs& a) {
     AMPSCOPE_CUDA_CHECK(cudaSetDevice(index_));
+    // An error left by an earlier call is named as that, before this op's launch could be blamed for it.
+    if (free_error_ != cudaSuccess) {
+      const cudaError_t earlier = free_error_;
+      free_error_ = cudaSuccess;
+      check(earlier, fmt::format("cudaFree(Async) of an earlier tensor (reported before kernel '{}')", op_name(op)));
+    }
+    if (const cudaError_t stale = cudaPeekAtLastError(); stale != cudaSuccess) {
+      check(stale, fmt::format("an earlier, unchecked CUDA call (found before launching kernel '{}', which has not "
+                               "run)",
+                               op_name(op)));
+    }
     const cudaStream_t s = stream();
     switch (op) {
       case Op::fill: return check_launch(cuda::launch_fill(a, s), op);
@@ -246,6 +284,7 @@ class CudaBackend final : public Backend {
   CudaStream stream_;
   bool allow_tf32_;
   bool pools_;  // cudaMallocAsync/cudaFreeAsync on the default pool, else cudaMalloc/cudaFree
+  cudaError_t free_error_ = cudaSuccess;  // a failed free, reported by the next dispatch
   std::unique_ptr<cuda::CublasHandle> blas_;
 };
 

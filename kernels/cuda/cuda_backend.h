@@ -1,7 +1,10 @@
 // kernels/cuda/cuda_backend.h: the CUDA backend. Memory comes from CUDA's stream-ordered allocator
-// (cudaMallocAsync on the device's default memory pool, which keeps freed blocks for reuse); every
-// kernel runs on the backend's one stream; element math comes from kernels/functors.h, shared with the
-// CPU backend. Only built when AMPSCOPE_WITH_CUDA is defined.
+// (cudaMallocAsync on the device's default memory pool, which keeps freed blocks for reuse and is trimmed
+// back to the driver when an allocation would fail); where the device has no memory pools (some
+// virtualised GPUs), or with AMPSCOPE_CUDA_NO_POOLS=1, from cudaMalloc/cudaFree after the stream's work.
+// Every kernel runs on the backend's one stream; an error left by an earlier call (a failed free) is
+// reported as that before the next launch, not blamed on it. Element math comes from kernels/functors.h,
+// shared with the CPU backend. Only built when AMPSCOPE_WITH_CUDA is defined.
 //
 //   std::string why;
 //   if (cuda_device_count(&why) > 0) { auto be = make_cuda_backend(0); }

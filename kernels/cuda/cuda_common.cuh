@@ -15,16 +15,13 @@
 #include <type_traits>
 
 #include <cuda_runtime.h>
+#include "kernels/cuda/grid.h"
 #include "kernels/functors.h"
 #include "kernels/row_functors.h"
 
 namespace ampscope::cuda {
 
-inline constexpr int kThreads = 256;
-inline constexpr int kWarp = 32;
 inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
-// Enough blocks to fill any current GPU several times over; grid-stride loops cover the rest.
-inline constexpr std::int64_t kMaxBlocks = 4096;
 
 static_assert(kWarp == kReduceLanes, "warp_lane_sum must use lane_tree_sum's number of lanes");
 
@@ -89,17 +86,16 @@ struct WarpRow {
 
 template <class Body>
 cudaError_t launch_linear(std::int64_t n, const Body& body, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  const std::int64_t blocks = std::min<std::int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks);
+  const std::int64_t blocks = linear_blocks(n);
+  if (blocks == 0) return cudaSuccess;
   linear_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(n, body);
   return cudaGetLastError();
 }
 
 template <class Body>
 cudaError_t launch_warp_rows(std::int64_t rows, const Body& body, cudaStream_t stream) {
-  if (rows <= 0) return cudaSuccess;
-  constexpr int kRowsPerBlock = kThreads / kWarp;
-  const std::int64_t blocks = std::min<std::int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxBlocks);
+  const std::int64_t blocks = row_blocks(rows);
+  if (blocks == 0) return cudaSuccess;
   warp_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(rows, body);
   return cudaGetLastError();
 }

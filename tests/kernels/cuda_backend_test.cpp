@@ -3,12 +3,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "tests/test_support.h"
 
 #include "core/error.h"
+#include "core/float16.h"
 #include "core/format.h"
 #include "core/ops.h"
 #include "core/random.h"
@@ -67,6 +69,70 @@ TEST(cuda_backend_test, converts_between_dtypes_with_the_same_bits_as_the_cpu) {
   const Tensor f_gpu = f.to(Device::cuda());
   for (DType to : {DType::f16, DType::bf16, DType::f64, DType::i64}) {
     expect_same_bits(f.to(to), f_gpu.to(to), fmt::format("f32 -> {}", dtype_name(to)));
+  }
+}
+
+// Round half to even at every tie: for each finite f16 (bf16) value and its successor, the f32 exactly
+// halfway between them, and the f32 values one ulp either side, narrowed on both backends (the sampled
+// patterns above contain no tie). Subnormal f16 ties included; the CPU's result is also checked against
+// the rule itself (a tie goes to the even code).
+TEST(cuda_backend_test, narrowing_rounds_every_f16_and_bf16_tie_to_even_as_the_cpu_does) {
+  SKIP_WITHOUT_GPU();
+  for (DType to : {DType::f16, DType::bf16}) {
+    std::vector<float> v;
+    std::vector<std::uint16_t> even;  // the expected code of each tie
+    for (std::uint32_t code = 0; code < 0x10000u; ++code) {
+      const auto c = static_cast<std::uint16_t>(code);
+      const std::uint16_t next = static_cast<std::uint16_t>(c + 1);
+      const bool f16 = to == DType::f16;
+      const std::uint16_t exp_mask = f16 ? 0x7C00 : 0x7F80;
+      if ((c & exp_mask) == exp_mask || (next & exp_mask) == exp_mask || (c & 0x7FFF) == 0x7FFF) continue;  // inf/NaN
+      const double a = f16 ? static_cast<double>(detail::f16_bits_to_float(c)) : detail::bf16_bits_to_float(c);
+      const double b = f16 ? static_cast<double>(detail::f16_bits_to_float(next)) : detail::bf16_bits_to_float(next);
+      const float tie = static_cast<float>((a + b) / 2);  // exact: both are floats one f16/bf16 ulp apart
+      ASSERT_EQ(static_cast<double>(tie), (a + b) / 2);
+      v.push_back(tie);
+      v.push_back(std::nextafter(tie, -INFINITY));
+      v.push_back(std::nextafter(tie, INFINITY));
+      even.push_back((c & 1) == 0 ? c : next);
+    }
+    Tensor f = Tensor::empty({static_cast<std::int64_t>(v.size())}, {DType::f32});
+    std::memcpy(f.data(), v.data(), v.size() * sizeof(float));
+    const Tensor cpu = f.to(to), gpu = f.to(Device::cuda()).to(to);
+    expect_same_bits(cpu, gpu, fmt::format("f32 ties -> {}", dtype_name(to)));
+    const auto* got = static_cast<const std::uint16_t*>(cpu.data());
+    std::size_t wrong = 0;
+    for (std::size_t k = 0; k < even.size(); ++k) wrong += got[3 * k] != even[k];
+    EXPECT_EQ(wrong, 0u) << dtype_name(to) << ": ties not rounded to the even code on the CPU";
+  }
+}
+
+// More rows than one grid covers (4096 blocks of 8 warps: 32,768 rows), so the row kernels' grid-stride
+// loop takes a second pass; and fill/copy into non-contiguous outputs (a transposed view, a column slice).
+TEST(cuda_backend_test, row_kernels_past_one_grid_and_writes_into_strided_outputs_match_the_cpu) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    const std::string d(dtype_name(dtype));
+    Generator gen(17);
+    const Tensor x = mul(randn({40000, 7}, gen, {dtype}), 4.0);
+    const Tensor xg = x.to(Device::cuda());
+    expect_same_bits(softmax(x, 1), softmax(xg, 1), "softmax 40000 rows " + d);
+    expect_same_bits(log_softmax(x, 1), log_softmax(xg, 1), "log_softmax 40000 rows " + d);
+    expect_same_bits(sum(x, std::vector<std::int64_t>{1}), sum(xg, std::vector<std::int64_t>{1}), "sum 40000 rows " + d);
+
+    Tensor a = zeros({6, 9}, {dtype}), ag = zeros({6, 9}, {dtype, Device::cuda()});
+    Tensor at = a.transpose(0, 1), agt = ag.transpose(0, 1);  // [9, 6] views of the same storage, strided
+    at.fill_(3.5);
+    agt.fill_(3.5);
+    expect_same_bits(a, ag, "fill through a transposed view " + d);
+    const Tensor src = mul(randn({9, 6}, gen, {dtype}), 100.0);
+    at.copy_(src);
+    agt.copy_(src.to(Device::cuda()));
+    expect_same_bits(a, ag, "copy into a transposed view " + d);
+    Tensor col = a.slice(1, 2, 9, 3), colg = ag.slice(1, 2, 9, 3);  // columns 2, 5, 8
+    col.fill_(-7.25);
+    colg.fill_(-7.25);
+    expect_same_bits(a, ag, "fill of a column slice " + d);
   }
 }
 

@@ -303,6 +303,85 @@ TEST(cuda_parity_test, special_values_through_arithmetic_give_the_same_bits) {
   }
 }
 
+// NaNs with payloads, each sign, among ordinary values, as raw bits of `d` (from_values would give only
+// the canonical NaN). Rows of 8: the payload patterns first, then finite values and infinities.
+Tensor nan_payload_values(Device dev, DType d, std::int64_t rows) {
+  const Shape shape = {rows, 8};
+  Tensor t = from_values(std::vector<double>(static_cast<std::size_t>(rows * 8), 1.5), shape, {d});
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::uint64_t k = static_cast<std::uint64_t>(r) + 1;
+    for (std::int64_t c = 0; c < 8; ++c) {
+      const std::size_t i = static_cast<std::size_t>(r * 8 + c);
+      switch (d) {
+        case DType::f32: {
+          const std::uint32_t bits[8] = {0x7FC00000u | static_cast<std::uint32_t>(k), 0xFFC00000u | static_cast<std::uint32_t>(k * 77),
+                                         0x7F800000u | static_cast<std::uint32_t>(k), 0x7FFFFFFFu,
+                                         0x3FC00000u, 0xBF800000u, 0x7F800000u, 0x80000000u};
+          std::memcpy(static_cast<std::uint32_t*>(t.data()) + i, &bits[c], 4);
+          break;
+        }
+        case DType::f64: {
+          const std::uint64_t bits[8] = {0x7FF8000000000000ull | k, 0xFFF8000000000000ull | (k * 77),
+                                         0x7FF0000000000000ull | k, 0x7FFFFFFFFFFFFFFFull,
+                                         0x3FF8000000000000ull, 0xBFF0000000000000ull, 0xFFF0000000000000ull, 0ull};
+          std::memcpy(static_cast<std::uint64_t*>(t.data()) + i, &bits[c], 8);
+          break;
+        }
+        case DType::f16: {
+          const std::uint16_t bits[8] = {static_cast<std::uint16_t>(0x7E00u | (k & 0x1FF)),
+                                         static_cast<std::uint16_t>(0xFE00u | ((k * 77) & 0x1FF)),
+                                         static_cast<std::uint16_t>(0x7C00u | ((k & 0x1FF) + 1)), 0x7FFFu,
+                                         0x3E00u, 0xBC00u, 0x7C00u, 0x8000u};
+          std::memcpy(static_cast<std::uint16_t*>(t.data()) + i, &bits[c], 2);
+          break;
+        }
+        case DType::bf16: {
+          const std::uint16_t bits[8] = {static_cast<std::uint16_t>(0x7FC0u | (k & 0x3F)),
+                                         static_cast<std::uint16_t>(0xFFC0u | ((k * 77) & 0x3F)),
+                                         static_cast<std::uint16_t>(0x7F80u | ((k & 0x3F) + 1)), 0x7FFFu,
+                                         0x3FC0u, 0xBF80u, 0x7F80u, 0x8000u};
+          std::memcpy(static_cast<std::uint16_t*>(t.data()) + i, &bits[c], 2);
+          break;
+        }
+        default: break;
+      }
+    }
+  }
+  return t.to(dev);
+}
+
+// Ops that only move values keep a NaN's bits on the CPU (the docs promise it): the GPU must store the
+// same bits, not its own canonical NaN (PTX's abs and max leave a NaN's other bits unspecified).
+TEST(cuda_parity_test, nan_payloads_through_value_moving_ops_keep_the_cpus_bits) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : kFloating) {
+    const std::vector<std::pair<Shape, DType>> out = {{{64, 8}, d}};
+    auto x_only = [d](Device dev) { return std::vector<Tensor>{nan_payload_values(dev, d, 64)}; };
+    for (Op op : {Op::abs, Op::neg, Op::relu}) check_case({std::string(op_name(op)) + " payloads", op, d, out, x_only}, Check::exact);
+    check_case({"clamp payloads", Op::clamp, d, out, x_only, {-1.0, 1.0}}, Check::exact);
+    check_case({"copy payloads (transposed source)", Op::copy, d, {{{8, 64}, d}},
+                [d](Device dev) { return std::vector<Tensor>{nan_payload_values(dev, d, 64).transpose(0, 1)}; }},
+               Check::exact);
+    check_case({"where payloads", Op::where, d, out,
+                [d](Device dev) {
+                  return std::vector<Tensor>{mask_values(dev, {64, 8}, 41), nan_payload_values(dev, d, 64),
+                                             values(dev, {64, 8}, d, 44)};
+                }},
+               Check::exact);
+    check_case({"masked_fill payloads", Op::masked_fill, d, out,
+                [d](Device dev) { return std::vector<Tensor>{nan_payload_values(dev, d, 64), mask_values(dev, {64, 8}, 42)}; },
+                {-1e9}},
+               Check::exact);
+    for (Op op : {Op::maximum, Op::minimum}) {
+      check_case({std::string(op_name(op)) + " payloads", op, d, out,
+                  [d](Device dev) {
+                    return std::vector<Tensor>{nan_payload_values(dev, d, 64), values(dev, {64, 8}, d, 43)};
+                  }},
+                 Check::exact);
+    }
+  }
+}
+
 TEST(cuda_parity_test, functions_from_the_math_library_match_the_cpu_within_a_few_ulp) {
   SKIP_WITHOUT_GPU();
   for (DType d : kFloating) {

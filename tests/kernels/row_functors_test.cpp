@@ -27,6 +27,7 @@
 #include "kernels/cpu/fused_optim.h"
 #include "kernels/functors.h"
 #include "kernels/optim_functors.h"
+#include "kernels/rank_fold.h"
 #include "kernels/row_functors.h"
 
 namespace ampscope {
@@ -853,6 +854,117 @@ TEST(row_functors_test, sgd_step_with_run_time_options_is_the_cpu_fused_steps_bi
         }
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace ampscope
+
+namespace ampscope {
+namespace {
+
+// abs moves values: for every f32 NaN pattern of a stride through the payload space (quiet and signalling,
+// both signs), every f32 value of a few exponents and the special values, AbsFn's result is the input's
+// bits with the sign bit cleared, nothing else (the GPU compiles the same body; PTX's abs.f32 would not
+// promise it for NaN). Doubles likewise on a sample.
+TEST(value_moving_functors_test, abs_clears_only_the_sign_bit_including_nan_payloads) {
+  const AbsFn abs_fn;
+  std::uint64_t checked = 0;
+  for (std::uint64_t u = 0; u <= 0xFFFFFFFFull; u += 0x10001ull) {  // 65,536 patterns over all exponents
+    const auto x = static_cast<std::uint32_t>(u);
+    float f;
+    std::memcpy(&f, &x, 4);
+    const float r = abs_fn(f);
+    std::uint32_t rb;
+    std::memcpy(&rb, &r, 4);
+    ASSERT_EQ(rb, x & 0x7FFFFFFFu) << std::hex << x;
+    ++checked;
+  }
+  for (std::uint32_t x : {0x7F800001u, 0xFF800001u, 0x7FC00001u, 0xFFC12345u, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x80000000u,
+                          0xFF800000u, 0x80000001u}) {
+    float f;
+    std::memcpy(&f, &x, 4);
+    const float r = abs_fn(f);
+    std::uint32_t rb;
+    std::memcpy(&rb, &r, 4);
+    EXPECT_EQ(rb, x & 0x7FFFFFFFu) << std::hex << x;
+  }
+  for (std::uint64_t x : {0x7FF0000000000001ull, 0xFFF8000000000077ull, 0xFFFFFFFFFFFFFFFFull, 0x8000000000000000ull,
+                          0xBFF0000000000000ull, 0xFFF0000000000000ull}) {
+    double f;
+    std::memcpy(&f, &x, 8);
+    const double r = abs_fn(f);
+    std::uint64_t rb;
+    std::memcpy(&rb, &r, 8);
+    EXPECT_EQ(rb, x & 0x7FFFFFFFFFFFFFFFull) << std::hex << x;
+  }
+  EXPECT_EQ(abs_fn(std::int64_t{-5}), 5);
+  EXPECT_GT(checked, 60000u);
+}
+
+}  // namespace
+}  // namespace ampscope
+
+namespace ampscope {
+namespace {
+
+std::uint16_t f16b(float f) { return detail::float_to_f16_bits(f); }
+
+// The rank fold of a max collective (kernels/rank_fold.h, run by the NCCL communicator on the GPU) against
+// the rule process_group.h states, worked by hand: three ranks, element by element.
+TEST(rank_fold_test, max_over_ranks_keeps_the_lowest_ranks_nan_bits_and_the_lower_ranks_tie) {
+  const float nan1 = detail::bits_float(0x7FC00011u), nan2 = detail::bits_float(0xFFC00022u);
+  // parts[p * 5 + i]: rank p's element i.
+  const std::vector<float> parts = {
+      1.0f, -0.0f, 2.0f,  nan1, -1.0f,   // rank 0
+      3.0f, 0.0f,  nan2,  nan2, -5.0f,   // rank 1
+      2.0f, -0.0f, 9.0f,  1.0f, -1.0f};  // rank 2
+  const std::vector<std::uint32_t> want = {detail::float_bits(3.0f), 0x80000000u /* rank 0's -0 */, 0xFFC00022u,
+                                           0x7FC00011u, detail::float_bits(-1.0f)};
+  for (std::int64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(detail::float_bits(rank_fold_max(parts.data(), 3, 5, i, WidenSame{})), want[static_cast<std::size_t>(i)])
+        << "element " << i;
+  }
+  // One rank: its own bits, NaN payload included.
+  EXPECT_EQ(detail::float_bits(rank_fold_max(parts.data(), 1, 5, 3, WidenSame{})), 0x7FC00011u);
+  // f16 and bf16 storage compare through float: 65504 > 1, -inf < -0, a payload NaN from rank 2.
+  const std::vector<std::uint16_t> h = {f16b(1.0f), 0xFC00u, 0x3C00u, f16b(65504.0f), 0x8000u, 0x3C00u,
+                                        f16b(2.0f), 0x7C00u, 0x7E05u};
+  EXPECT_EQ(rank_fold_max(h.data(), 3, 3, 0, WidenF16Bits{}), f16b(65504.0f));
+  EXPECT_EQ(rank_fold_max(h.data(), 3, 3, 1, WidenF16Bits{}), 0x7C00u);
+  EXPECT_EQ(rank_fold_max(h.data(), 3, 3, 2, WidenF16Bits{}), 0x7E05u);
+  const std::vector<std::uint16_t> b = {0x3F80u, 0xFFC1u, 0x4000u, 0x7FC2u};  // 1, NaN | 2, NaN: two ranks
+  EXPECT_EQ(rank_fold_max(b.data(), 2, 2, 0, WidenBf16Bits{}), 0x4000u);
+  EXPECT_EQ(rank_fold_max(b.data(), 2, 2, 1, WidenBf16Bits{}), 0xFFC1u);
+}
+
+// Against an independent statement of the rule on random data with NaNs and ties: the first NaN in rank
+// order if any, else the first rank holding the largest value.
+TEST(rank_fold_test, random_columns_match_first_nan_else_first_largest) {
+  std::uint64_t state = 12345;
+  auto next = [&] { state = state * 6364136223846793005ull + 1442695040888963407ull; return state >> 33; };
+  const int ranks = 4;
+  const std::int64_t n = 2000;
+  std::vector<float> parts(static_cast<std::size_t>(ranks * n));
+  for (float& v : parts) {
+    const auto r = next() % 10;
+    v = r == 0 ? detail::bits_float(0x7FC00000u | static_cast<std::uint32_t>(next() & 0xFFFF))
+        : r == 1 ? -0.0f : static_cast<float>(static_cast<int>(next() % 5) - 2);
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    int pick = 0;
+    bool found_nan = false;
+    for (int p = 0; p < ranks && !found_nan; ++p) {
+      const float v = parts[static_cast<std::size_t>(p * n + i)];
+      if (std::isnan(v)) { pick = p; found_nan = true; }
+    }
+    if (!found_nan) {
+      for (int p = 1; p < ranks; ++p)
+        if (parts[static_cast<std::size_t>(p * n + i)] > parts[static_cast<std::size_t>(pick * n + i)]) pick = p;
+    }
+    ASSERT_EQ(detail::float_bits(rank_fold_max(parts.data(), ranks, n, i, WidenSame{})),
+              detail::float_bits(parts[static_cast<std::size_t>(pick * n + i)]))
+        << "element " << i;
   }
 }
 
