@@ -79,7 +79,8 @@ std::vector<RunOption> make_table() {
   std::vector<RunOption> rows;
   // The order is the config JSON's (traces written before this table had it too), then --help's.
   rows.push_back({.name = "sample", .type = T::text, .field = &C::sample,
-                  .help = "Sample model: mlp, cnn or transformer (see --list-samples)", .json_key = "sample"});
+                  .help = "Sample model: mlp, cnn or transformer (see --list-samples)", .json_key = "sample",
+                  .recorded = R::without_model});
   rows.push_back({.name = "precision", .type = T::choice, .field = &C::precision,
                   .help = "Precision of the ops: fp32, fp16 (autocast + GradScaler) or bf16", .json_key = "precision",
                   .choices = {"fp32", "fp16", "bf16"}, .check = precision_check});

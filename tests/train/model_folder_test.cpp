@@ -391,6 +391,14 @@ TEST(model_folder_test, attention_scores_past_65504_in_fp16_are_found_and_the_ov
   EXPECT_EQ(first.module, "h.1.attn");
   EXPECT_EQ(first.op, "matmul");
 
+  // What ran is the model folder, not a sample (issue 31: the config said "sample": "mlp"): the config
+  // records the folder by its absolute path and no sample, and fix below replays it from that config.
+  {
+    const nlohmann::json config = nlohmann::json::parse(reader.run_info().config);
+    EXPECT_FALSE(config.contains("sample")) << config.dump();
+    EXPECT_EQ(config.value("model", ""), fs::absolute(dir).lexically_normal().string()) << config.dump();
+    EXPECT_EQ(reader.run_info().config.find("mlp"), std::string::npos) << reader.run_info().config;
+  }
   // The trace records the folder and the token file by absolute paths, which fix does not follow on the
   // trace's word: it names the option that supplies them. Named on the command line, they are used.
   {
@@ -412,6 +420,8 @@ TEST(model_folder_test, attention_scores_past_65504_in_fp16_are_found_and_the_ov
         e["flag"].get<std::string>().find("h.1.attn") != std::string::npos)
       verified_flag = e["flag"];
   ASSERT_FALSE(verified_flag.empty()) << out.str();
+  EXPECT_FALSE(doc["replayed"].contains("sample")) << doc["replayed"].dump();
+  EXPECT_EQ(doc["replayed"].value("model", ""), fs::absolute(dir).lexically_normal().string()) << doc["replayed"].dump();
 
   TrainConfig fixed = model_run(dir, Precision::fp16, 3);
   fixed.autocast_fp32 = {"h.1.attn"};
