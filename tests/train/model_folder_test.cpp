@@ -239,6 +239,44 @@ TEST(model_folder_test, text_is_encoded_by_the_folders_tokenizer_into_the_ids_wo
   EXPECT_THROW(train(c), Error);
 }
 
+// Issue 31: with --text the ids come from the folder's own tokenizer, so an id past config.json's vocab_size
+// is a folder whose files disagree, not "a token file" made by "another tokenizer". The tokenizer: bytes 32..126
+// as ids 0..94 (96 ids with the merge "h e" -> 95, so its vocab_size() is 96); the model's vocab_size 90.
+// "he~z" encodes as [95, 94, 90] (no merge joins "~" or "z"), so the largest id is 95.
+TEST(model_folder_test, text_ids_past_the_models_vocabulary_blame_the_folder_not_another_tokenizer) {
+  nlohmann::json config = tiny_gpt2();
+  config["vocab_size"] = 90;
+  const fs::path dir = write_folder(scratch("text_vocab"), {}, config);
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 32; b <= 126; ++b) vocab[BpeTokenizer::byte_symbol(static_cast<unsigned char>(b))] = b - 32;
+  vocab["he"] = 95;
+  std::ofstream(dir / "vocab.json") << vocab.dump();
+  std::ofstream(dir / "merges.txt") << "#version: 0.2\nh e\n";
+  std::ofstream(dir / "text.txt") << "he~z";
+  TrainConfig c = model_run(dir, Precision::fp16, 1);
+  c.tokens_file.clear();
+  c.text_file = (dir / "text.txt").string();
+  const std::string d = dir.string();
+  EXPECT_THROW_MSG(train(c), Error,
+                   "--text '" + d + "/text.txt': the model folder's own tokenizer (" + d + "/vocab.json + " + d +
+                       "/merges.txt, 96 ids) made ids up to 95 from this text, past the model's vocabulary of 90 ids "
+                       "(0 to 89, config.json's vocab_size)\nhint: the folder's config.json and its tokenizer "
+                       "disagree: a model whose vocab_size is at least 96 is needed for this tokenizer's ids; check "
+                       "that config.json and the tokenizer's files belong to the same model");
+  try {
+    train(c);
+  } catch (const Error& e) {
+    const std::string text = e.what();
+    EXPECT_EQ(text.find("token file"), std::string::npos) << text;
+    EXPECT_EQ(text.find("another tokenizer"), std::string::npos) << text;
+  }
+  // The same ids from a token file still read as a token file's (made elsewhere, perhaps by another tokenizer).
+  std::ofstream(dir / "ids.txt") << "95 94 90";
+  c.text_file.clear();
+  c.tokens_file = (dir / "ids.txt").string();
+  EXPECT_THROW_MSG(train(c), Error, "token file '" + d + "/ids.txt'", "another tokenizer");
+}
+
 TEST(model_folder_test, bad_folders_and_token_files_are_refused_naming_the_problem) {
   const fs::path dir = write_folder(scratch("bad"));
   const std::string tokens = (dir / "tokens.txt").string();
