@@ -42,9 +42,12 @@ using nlohmann::ordered_json;
 
 // The configuration `ampscope train` recorded (the trace's root attribute `config`), as it ran: the
 // scenario's configure() had already been applied, and applying it again on the re-run changes nothing.
+// What it trained is a `sample`, or a `model` folder (whose runs record no sample; older traces of them
+// recorded the unused default "mlp" as well, which the model folder overrides).
 RecordedRun read_recorded(const std::string& text, const std::string& trace) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("sample") || !j.contains("precision") || !j.contains("steps")) {
+  const bool trains_something = j.is_object() && (j.contains("sample") || j.contains("model"));
+  if (!trains_something || !j.contains("precision") || !j.contains("steps")) {
     throw Error(fmt::format("'{}' was not written by `ampscope train` (it has no run configuration: a user's own "
                             "training loop?); `ampscope fix` needs a run it can repeat.\nhint: apply the report's "
                             "remedies in your own loop and compare the new trace with `ampscope diff`",

@@ -16,6 +16,7 @@
 #include "cli/program.h"
 #include "cli/report_command.h"
 #include "cli/suggest.h"
+#include "cli/tokenize_command.h"
 #include "cli/train_command.h"
 
 namespace {
@@ -125,6 +126,7 @@ int main(int argc, char** argv) {
   ampscope::samples::ExportCommand export_cmd(app);
   ampscope::samples::FixCommand fix(app);
   ampscope::samples::RecordCommand record(app);
+  ampscope::samples::TokenizeCommand tokenize(app);
   // --verbose after the subcommand's name works too.
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) sub->fallthrough();
   if (const int status = check_command(app, argc, argv); status >= 0) return status;
@@ -149,6 +151,7 @@ int main(int argc, char** argv) {
     if (export_cmd.parsed()) return export_cmd.run(verbose);
     if (fix.parsed()) return fix.run();
     if (record.parsed()) return record.run(argv[0]);
+    if (tokenize.parsed()) return tokenize.run();
   } catch (const ampscope::Error& e) {
     // Usage and file errors (a bad value, a missing or damaged file): 2, as report and diff.
     fmt::print(stderr, "ampscope: error: {}\n", verbose ? std::string(e.what()) : ampscope::samples::without_hdf5_stack(e.what()));

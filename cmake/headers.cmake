@@ -9,7 +9,9 @@
 # from <prefix>/include (cmake/package.cmake).
 #
 # Which headers are public: every header of core/ and probes/ except the internal ones listed here;
-# none of kernels/ (the backends' internals: CUDA launchers, fused kernels, CPU loops). A public header
+# of models/, the tokenizer and the token files (AMPSCOPE_PUBLIC_MODEL_HEADERS: docs/checkpoints.md shows
+# them), not the Hugging Face architectures, whose interfaces take nlohmann::json (no installed header
+# includes a JSON header); none of kernels/ (the backends' internals: CUDA launchers, fused kernels, CPU loops). A public header
 # that includes an internal one is refused here, at configure time, and again at build time by the
 # staging script (which sees edits made since).
 
@@ -27,9 +29,15 @@ set(AMPSCOPE_INTERNAL_HEADERS
     core/distributed/mpi_process_group.h # the MPI process group's factory (its .cpp is the only file that includes mpi.h)
 )
 
+set(AMPSCOPE_PUBLIC_MODEL_HEADERS
+    models/bpe_tokenizer.h   # GPT-2's byte-level BPE tokenizer (ampscope_models)
+    models/token_data.h      # token files (.npy, .bin, .txt) and their batching (ampscope_models)
+)
+
 file(GLOB _ampscope_header_paths CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}
      ${PROJECT_SOURCE_DIR}/core/*.h ${PROJECT_SOURCE_DIR}/core/*/*.h
      ${PROJECT_SOURCE_DIR}/probes/*.h ${PROJECT_SOURCE_DIR}/probes/*/*.h)
+list(APPEND _ampscope_header_paths ${AMPSCOPE_PUBLIC_MODEL_HEADERS})
 set(AMPSCOPE_PUBLIC_HEADERS "")
 foreach(_h IN LISTS _ampscope_header_paths)
   if(NOT _h IN_LIST AMPSCOPE_INTERNAL_HEADERS)
@@ -40,7 +48,7 @@ list(SORT AMPSCOPE_PUBLIC_HEADERS)
 
 # Every project include a public header makes must be public too.
 foreach(_h IN LISTS AMPSCOPE_PUBLIC_HEADERS)
-  file(STRINGS ${PROJECT_SOURCE_DIR}/${_h} _includes REGEX "^[ \t]*#[ \t]*include[ \t]*\"(core|probes|kernels)/")
+  file(STRINGS ${PROJECT_SOURCE_DIR}/${_h} _includes REGEX "^[ \t]*#[ \t]*include[ \t]*\"(core|probes|kernels|models)/")
   foreach(_line IN LISTS _includes)
     string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\".*$" "\\1" _included "${_line}")
     if(NOT _included IN_LIST AMPSCOPE_PUBLIC_HEADERS)

@@ -2,7 +2,8 @@
 #
 #   ampscope::ampscope  the runtime (tensors, ops, autograd, nn, autocast, GradScaler, optimizers,
 #                       checkpoints, the CPU backend and the CUDA backend when built with it), the probe,
-#                       and the trace writer, reader and analysis;
+#                       the trace writer, reader and analysis, and GPT-2's tokenizer and the token files
+#                       (ampscope::models: models/bpe_tokenizer.h, models/token_data.h);
 #   ampscope::reader    the trace reader and the analysis only (with the trace writer, which lives in the
 #                       same library): no runtime, no BLAS, no CUDA, for tools that only read traces.
 #
@@ -13,7 +14,7 @@
 # position, and dependencies are found again on the user's machine (ampscopeConfig.cmake.in).
 
 add_library(ampscope_all INTERFACE)
-target_link_libraries(ampscope_all INTERFACE ampscope_core ampscope_probes ampscope_trace ampscope_analysis)
+target_link_libraries(ampscope_all INTERFACE ampscope_core ampscope_probes ampscope_trace ampscope_analysis ampscope_models)
 set_target_properties(ampscope_all PROPERTIES EXPORT_NAME ampscope)
 add_library(ampscope::ampscope ALIAS ampscope_all)
 
@@ -24,7 +25,7 @@ add_library(ampscope::reader ALIAS ampscope_reader)
 
 # The libraries behind them, as ampscope::core, ampscope::trace, ... in the export.
 set(_ampscope_libraries ampscope_base ampscope_kernels_cpu ampscope_core ampscope_trace ampscope_analysis
-                        ampscope_probes)
+                        ampscope_probes ampscope_models)
 if(TARGET ampscope_kernels_cuda)
   list(APPEND _ampscope_libraries ampscope_kernels_cuda)
 endif()

@@ -19,7 +19,7 @@ file(READ "${SOURCE}" _text)
 # Only real include directives: at the start of a line (a leading newline makes the first line one too),
 # so an include quoted in a comment is left as it is.
 set(_text "\n${_text}")
-set(_directive "\n([ \t]*#[ \t]*include[ \t]*\")((core|probes|kernels)/[^\"]+)\"")
+set(_directive "\n([ \t]*#[ \t]*include[ \t]*\")((core|probes|kernels|models)/[^\"]+)\"")
 string(REGEX MATCHALL "${_directive}" _matches "${_text}")
 foreach(_match IN LISTS _matches)
   string(REGEX REPLACE "${_directive}" "\\2" _included "${_match}")

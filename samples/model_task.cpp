@@ -24,7 +24,17 @@ TokenSequence run_tokens(const TrainConfig& c, std::int64_t vocab) {
     const BpeTokenizer tokenizer = BpeTokenizer::from_folder(c.model_dir);
     TokenSequence tokens;
     tokenizer.encode_file(c.text_file, [&](const std::int32_t* ids, std::size_t n) { tokens.append(ids, n); });
-    check_vocabulary(tokens, vocab, c.text_file);
+    // The ids came from the folder's own tokenizer, not from a token file made elsewhere: an id past the
+    // model's vocabulary means the folder's config.json and tokenizer disagree.
+    if (tokens.max_id() >= vocab) {
+      throw Error(fmt::format(
+          "--text '{}': the model folder's own tokenizer ({}, {} ids) made ids up to {} from this text, past the model's "
+          "vocabulary of {} ids (0 to {}, config.json's vocab_size)\nhint: the folder's config.json and its "
+          "tokenizer disagree: a model whose vocab_size is at least {} is needed for this tokenizer's ids; check "
+          "that config.json and the tokenizer's files belong to the same model",
+          c.text_file, tokenizer.source(), tokenizer.vocab_size(), tokens.max_id(), vocab, vocab - 1,
+          tokenizer.vocab_size()));
+    }
     return tokens;
   }
   TokenSequence tokens = TokenSequence::open(c.tokens_file);

@@ -79,7 +79,8 @@ std::vector<RunOption> make_table() {
   std::vector<RunOption> rows;
   // The order is the config JSON's (traces written before this table had it too), then --help's.
   rows.push_back({.name = "sample", .type = T::text, .field = &C::sample,
-                  .help = "Sample model: mlp, cnn or transformer (see --list-samples)", .json_key = "sample"});
+                  .help = "Sample model: mlp, cnn or transformer (see --list-samples)", .json_key = "sample",
+                  .recorded = R::without_model});
   rows.push_back({.name = "precision", .type = T::choice, .field = &C::precision,
                   .help = "Precision of the ops: fp32, fp16 (autocast + GradScaler) or bf16", .json_key = "precision",
                   .choices = {"fp32", "fp16", "bf16"}, .check = precision_check});
@@ -143,7 +144,8 @@ std::vector<RunOption> make_table() {
                   .json_key = "data"});
   rows.push_back({.name = "text", .type = T::path, .field = &C::text_file,
                   .help = "Text file for the transformer sample (default: built-in synthetic text), or for a --model "
-                          "folder with GPT-2's tokenizer (vocab.json + merges.txt, or tokenizer.json): encoded by it",
+                          "folder with GPT-2's byte-level BPE tokenizer (vocab.json + merges.txt, or tokenizer.json): "
+                          "encoded by it (instead of --tokens)",
                   .json_key = "text", .recorded_path = RecordedPath::absolute_in_model_runs});
   rows.push_back({.name = "resume", .type = T::path, .field = &C::resume,
                   .help = "Continue from this checkpoint, bit for bit", .json_key = "resume"});
@@ -164,12 +166,13 @@ std::vector<RunOption> make_table() {
                           "`ampscope fix` then re-runs from the last one before the first anomaly",
                   .json_key = "keep_checkpoints", .recorded = R::with_checkpoint});
   rows.push_back({.name = "model", .type = T::path, .field = &C::model_dir,
-                  .help = "Hugging Face model folder to train instead of a sample: config.json (model_type gpt2 or "
-                          "llama) and model.safetensors or a sharded index (docs/checkpoints.md); needs --tokens",
+                  .help = "Hugging Face model folder to train instead of a sample: config.json (model_type gpt2, "
+                          "llama, mistral or t5) and model.safetensors or a sharded index (docs/checkpoints.md); its "
+                          "data: --tokens, or --text when the folder has GPT-2's byte-level BPE tokenizer",
                   .json_key = "model", .recorded = R::with_model, .recorded_path = RecordedPath::absolute});
   rows.push_back({.name = "tokens", .type = T::path, .field = &C::tokens_file,
-                  .help = "Token ids for --model: .npy (int32, int64, uint16), .bin (uint16, as nanoGPT writes) or "
-                          ".txt (whitespace-separated integers)",
+                  .help = "Token ids for --model (or --text instead): .npy (int32, int64, uint16), .bin (uint16, as "
+                          "nanoGPT writes) or .txt (whitespace-separated integers); `ampscope tokenize` writes them",
                   .json_key = "tokens", .recorded = R::with_model, .recorded_path = RecordedPath::absolute});
   rows.push_back({.name = "context", .type = T::integer, .field = &C::context,
                   .help = "Tokens per window for --model (0: the model's maximum positions, capped at 256)",

@@ -48,6 +48,7 @@ enum class Recorded {
   always,
   with_checkpoint,  // only when the run saved a checkpoint (`checkpoint` set)
   with_model,       // only in a model-folder run (`model` set)
+  without_model,    // only in a run of a sample (`model` not set): a model-folder run trains no sample
   with_ranks,       // only in a run of more than one rank, after its `world_size` and `rank`
   never,            // not recorded: RunOption::not_recorded says why
 };

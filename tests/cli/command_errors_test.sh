@@ -5,7 +5,7 @@
 set -uo pipefail
 bin=${1:?usage: command_errors_test.sh AMPSCOPE_BINARY}
 failures=0
-commands="demo, train, report, diff, export, fix, record"
+commands="demo, train, report, diff, export, fix, record, tokenize"
 expect() {  # expect "ARGS" STATUS "EXPECTED STDERR"
   local args=$1 status=$2 expected=$3 out rc
   out=$("$bin" $args 2>&1 >/dev/null); rc=$?
@@ -62,5 +62,28 @@ grep -q 'step 0 (1/60 done)' "$work/log" || { echo "FAIL: the first skipped step
 grep -q "summary: 1 step of 'mlp'" "$work/one" || { echo "FAIL: the summary of one step:"; cat "$work/one"; failures=$((failures + 1)); }
 # A known command still parses as before.
 "$bin" report --help >/dev/null 2>&1 || { echo "FAIL: ampscope report --help exited $?"; failures=$((failures + 1)); }
+# Help that tells the truth (issue 31): --model takes Mistral and T5 folders too, and --text instead of
+# --tokens; `ampscope tokenize --help` names its options. Help text may be wrapped: compare with spaces
+# squeezed.
+help_has() {  # help_has "ARGS" "TEXT" [absent]
+  local text
+  text=$("$bin" $1 --help 2>&1 | tr -s " \n" "  ")
+  if [ "${3:-}" = absent ]; then
+    if grep -qF -- "$2" <<<"$text"; then echo "FAIL: ampscope $1 --help still says '$2'"; failures=$((failures + 1)); fi
+  elif ! grep -qF -- "$2" <<<"$text"; then
+    echo "FAIL: ampscope $1 --help lacks '$2'"; failures=$((failures + 1))
+  else
+    echo "ok: ampscope $1 --help says '$2'"
+  fi
+}
+help_has train "config.json (model_type gpt2, llama, mistral or t5)"
+help_has train "its data: --tokens, or --text when the folder has GPT-2's byte-level BPE tokenizer"
+help_has train "needs --tokens" absent
+help_has train "gpt2 or llama" absent
+help_has tokenize "--model"
+help_has tokenize "Write the ids to this token file instead of printing them"
+help_has tokenize "Replace the --tokens file if it exists"
+expect "tokenize notes.txt" 2 "ampscope: error: ampscope tokenize: the --model argument is missing
+hint: ampscope tokenize --help lists its options"
 [ "$failures" -eq 0 ] && echo "command_errors: all passed"
 exit $((failures > 0))

@@ -44,6 +44,11 @@ fi
 echo "== 2. installed headers"
 include=$prefix/include
 [ -f "$include/ampscope/core/ops.h" ] || fail "no ampscope/core/ops.h under $include"
+# The tokenizer and the token files docs/checkpoints.md shows (issue 31), not the architectures (nlohmann).
+for h in models/bpe_tokenizer.h models/token_data.h; do
+  [ -f "$include/ampscope/$h" ] || fail "no ampscope/$h under $include"
+done
+[ ! -e "$include/ampscope/models/hf_models.h" ] || fail "models/hf_models.h (which includes nlohmann/json) is installed"
 [ ! -e "$include/ampscope/kernels" ] || fail "backend internals installed: $include/ampscope/kernels"
 [ -z "$(find "$include" -name '*.h' ! -path "$include/ampscope/*")" ] || fail "headers outside $include/ampscope"
 while IFS= read -r header; do

@@ -248,8 +248,9 @@ TEST(run_options_table_test, the_config_json_is_the_text_traces_have_always_held
   c.eval = true;
   c.shard_optimizer = true;
   c.autocast_fp32 = {"x", "y.*"};
+  // A model-folder run trains no sample: `sample` is not recorded (traces before issue 31 had "mlp" there).
   EXPECT_EQ(run_config_json(c, 2, 1),
-            R"({"sample":"mlp","precision":"fp16","device":"auto","steps":50,"batch":0,"lr":"nan","seed":7,)"
+            R"({"precision":"fp16","device":"auto","steps":50,"batch":0,"lr":"nan","seed":7,)"
             R"("scenario":"","init_scale":"inf","growth_interval":2000,"use_scaler":true,"probe":"health",)"
             R"("sample_every":1,"twin":false,"twin_every":1,"twin_backward":true,"twin_f64":false,)"
             R"("max_grad_norm":1.0,"zero_grad":true,"autocast_fp32":["x","y.*"],"data":"","text":"/text.txt",)"
