@@ -23,6 +23,7 @@ struct FixRequest {
   std::string trace{};
   std::int64_t after = 10;    // steps re-run after the first anomaly's step
   bool json = false;          // print the results document instead of the table
+  bool run = false;           // --run: a recorded PyTorch run's command may run (without it: the plan, exit 3)
   std::string output{};       // results file; "" for <trace stem>.fix.json beside the trace
   // The run's inputs named by the user (as given: relative to the working folder), instead of the paths the
   // trace records (which are read only from under the trace's folder).
@@ -38,6 +39,9 @@ struct FixRequest {
 // recorded value train refuses, an input outside the trace's folder, an output name that is a link, every
 // re-run failed) and 0 with "nothing to fix" for a healthy run.
 int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err);
+
+// A trace of `ampscope record` without --run: the plan and the re-runs' command lines were printed, nothing ran.
+inline constexpr int kExitPlanOnly = 3;
 
 // "run.h5" -> "run.fix.json"; "run.h5", "lr-0.0005" -> "run.fix-lr-0.0005.h5".
 std::string fix_results_path(const std::string& trace);
