@@ -1091,6 +1091,11 @@ void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, s
   }
   for (const std::string& a : plan.advice) out << fmt::format("not verifiable from outside the script: {}\n", a);
   const int verified = doc["verified"].get<int>();
+  const ordered_json& fp32 = doc["runs"].size() > 1 ? doc["runs"][1] : ordered_json();
+  if (plan.torch && verified == 0 && fp32.is_object() && fp32["ran"].get<bool>() && !fp32["anomaly_gone"].get<bool>()) {
+    out << "no remedy applied from outside the script removes the anomaly, and it remains in f32 (autocast off): not a "
+           "precision problem; the remedy is in the script (above: not verifiable from outside the script)\n";
+  }
   out << fmt::format("{} remed{} verified; results: {}\n", verified, verified == 1 ? "y" : "ies", plan.results);
 }
 
