@@ -531,8 +531,17 @@ class Recorder:
             self.busy = False
 
     def wrap_scaler(self, scaler):
-        step_fn, update_fn = scaler.step, scaler.update
+        step_fn, update_fn, scale_fn = scaler.step, scaler.update, scaler.scale
         recorder = self
+        set_up = []
+
+        def scale(*args, **kwargs):
+            # --init-scale, --growth-interval: at the first scale(), after every __init__ of a subclass has run
+            # and before the scale is made (GradScaler makes it lazily from _init_scale at that call).
+            if not set_up and recorder.pid == os.getpid():
+                set_up.append(True)
+                recorder.remedies.on_scaler(scaler)
+            return scale_fn(*args, **kwargs)
 
         def step(optimizer, *args, **kwargs):
             if recorder.pid != os.getpid():
@@ -566,7 +575,7 @@ class Recorder:
                 recorder.scaler = None
                 recorder.end_step(info["optimizer"], info)
 
-        scaler.step, scaler.update = step, update
+        scaler.step, scaler.update, scaler.scale = step, update, scale
 
     # ---------------------------------------------------------------- steps
     def end_step(self, optimizer, scaler_info):
@@ -737,7 +746,6 @@ def _wrap_scaler_init():
             __original(self, *args, **kwargs)
             if _active is not None and not getattr(self, "_ampscope_wrapped", False):
                 self._ampscope_wrapped = True
-                _active.remedies.on_scaler(self)
                 _active.wrap_scaler(self)
 
         cls.__init__ = __init__
