@@ -4,7 +4,9 @@
 // so the trace is treated as hostile input: its recorded configuration passes train's own checks (the table
 // of samples/run_options.h), the files it names are read only from under the trace's folder (a path the
 // trace records is never followed out of it: the user names such files on the command line), the re-runs
-// stop at the steps the trace holds, and nothing is written through a name planted beside it.
+// stop at the steps the trace holds, and nothing is written through a name planted beside it. A run of
+// `ampscope record` (a PyTorch script) is re-run by its recorded command, under the rule of "A recorded
+// PyTorch run" below (docs/pytorch.md, "Proving a fix").
 #include "cli/fix_command.h"
 
 #include <sys/stat.h>
@@ -1162,12 +1164,14 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
 
 FixCommand::FixCommand(CLI::App& app) {
   cmd_ = app.add_subcommand(
-      "fix", "Re-run a run `ampscope train` recorded, once per remedy its report proposes (and in fp32), through "
-             "the first anomaly and --after steps more; say which remedies remove the anomaly. The plan (re-runs, "
-             "steps, every file read and written) is printed first. Exit 0: at least one verified (or nothing to "
-             "fix), 1: none, 2: errors (every re-run failed, a recorded value train refuses, an input outside the "
-             "trace's folder, an output name that is a link)");
-  cmd_->add_option("trace", request_.trace, "Trace written by `ampscope train`")->required();
+      "fix", "Re-run a run `ampscope train` or `ampscope record` recorded, once per remedy its report proposes (and "
+             "in fp32), through the first anomaly and --after steps more; say which remedies remove the anomaly. The "
+             "plan (re-runs, steps, every file read and written; for a recorded PyTorch run its command and each "
+             "re-run's command line) is printed first. Exit 0: at least one verified (or nothing to fix), 1: none, "
+             "2: errors (every re-run failed, a recorded value train refuses, a recorded command fix does not run, "
+             "an input outside the trace's folder, an output name that is a link), 3: a recorded PyTorch run "
+             "without --run (nothing ran)");
+  cmd_->add_option("trace", request_.trace, "Trace written by `ampscope train` or `ampscope record`")->required();
   cmd_->add_option("--after", request_.after, "Steps re-run after the first anomaly's step")->capture_default_str();
   cmd_->add_flag("--run", request_.run, "Run a recorded PyTorch run's command (shown first; without --run fix shows "
                                        "the plan and exits 3)");

@@ -5,7 +5,9 @@
 // after train's own checks; inputs are read only from under the trace's folder unless named here (--data,
 // --text, --model, --tokens); the re-runs stop at the steps the trace holds; every output is created new,
 // never through a link (core/io/output_file.h). The plan (re-runs, steps, every file read and written) is
-// printed before the first re-run starts.
+// printed before the first re-run starts. A trace of `ampscope record` is re-run by its recorded command
+// (shown first, run only with --run, only a Python interpreter on a script, never through a shell) with the
+// remedies `ampscope record`'s options apply from outside the script (docs/pytorch.md, "Proving a fix").
 //
 //   std::ostringstream out, err;
 //   int status = run_fix({.trace = "run.h5", .after = 2}, out, err);  // 0 verified, 1 none, 2 error
