@@ -245,5 +245,23 @@ p = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "att.h5"), "
                    input="", capture_output=True, text=True)
 check(p.returncode == 2 and "--attach records a process that started itself" in p.stderr, "attach: %s" % p.stderr)
 
+# --autocast bf16: an autocast region asking for f16 (which torch 1.13's CPU autocast refuses: the script fails
+# on entering it) runs in bf16; the script's own print of the output's dtype says which ran.
+f16 = os.path.join(WORK, "f16_region.py")
+open(f16, "w").write("import torch, warnings\nwarnings.simplefilter('ignore')\ntorch.manual_seed(0)\n"
+                     "m = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                     "with torch.autocast('cpu', dtype=torch.float16):\n    y = m(torch.randn(3, 4))\n"
+                     "print(y.dtype)\ny.float().sum().backward()\nopt.step()\n")
+p = run([AMPSCOPE, "record", "--out", "f16.h5", "--", PYTHON, f16])
+check(p.returncode == 1 and "AutocastCPU only support Bfloat16" in p.stderr, "f16 region: exit %d: %s" % (
+    p.returncode, p.stderr[-300:]))
+p = run([AMPSCOPE, "record", "--out", "f16.h5", "--autocast", "bf16", "--", PYTHON, f16])
+prec = ""
+if os.path.exists(os.path.join(WORK, "f16.h5")):
+    with h5py.File(os.path.join(WORK, "f16.h5"), "r") as fh:
+        prec = fh.attrs["precision"].decode()
+check(p.returncode == 0 and p.stdout.strip() == "torch.bfloat16" and prec == "bf16",
+      "--autocast bf16: exit %d, the script saw %s, trace precision %s" % (p.returncode, p.stdout.strip(), prec))
+
 print("%d checks, %d failed" % (checks, len(failures)))
 sys.exit(1 if failures else 0)
