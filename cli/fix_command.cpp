@@ -592,6 +592,15 @@ std::optional<FixPlan> make_torch_plan(const FixRequest& request, trace::TraceRe
                                        const nlohmann::json& config) {
   FixPlan plan;
   plan.trace = request.trace;
+  for (const auto& [option, value] : {std::pair<const char*, const std::string&>{"--data", request.data},
+                                     {"--text", request.text}, {"--model", request.model},
+                                     {"--tokens", request.tokens}}) {
+    if (!value.empty()) {
+      throw Error(fmt::format("{}: '{}' is a recorded PyTorch run, whose script reads its own inputs; {} names an input "
+                              "of an `ampscope train` run\nhint: leave {} out",
+                              option, request.trace, option, option));
+    }
+  }
   TorchRun run = read_torch_run(config, request.trace);
   check_torch_command(run, request.trace);
   const analysis::Report report = analysis::analyse(reader);
@@ -1058,6 +1067,7 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
   for (const NotReplayed& n : plan.skipped) skipped.push_back({{"option", n.option}, {"value", n.value}, {"why", n.why}});
   doc["not_replayed"] = skipped;
   ordered_json reads = ordered_json::array({plan.trace});
+  if (plan.torch) reads.push_back(plan.torch->module.empty() ? plan.torch->script : "-m " + plan.torch->module);
   for (const Input& in : plan.inputs) reads.push_back(in.path);
   if (plan.from.step > 0) reads.push_back(plan.from.path);
   doc["reads"] = reads;

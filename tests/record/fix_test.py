@@ -136,6 +136,7 @@ if len(runs) == 3:
     check(m["ran"] and m["applied"] and m["anomaly_gone"] and m["verified"] and m["kind"] == "cast_f32" and
           m["flag"] == "--autocast-fp32 criterion --stop-after 2" and m["remedy_text"].startswith("sigmoid in criterion"),
           "bce: the f32 module %s" % m)
+    check(doc["reads"] == ["bce.h5", os.path.join(WORK, "bce_by_hand.py")], "bce: reads %s" % doc["reads"])
     check(doc["verified"] == 1 and doc["replayed"]["command"] == cmd and doc["replayed"]["cwd"] == WORK,
           "bce: verified %s, replayed %s" % (doc["verified"], doc["replayed"]))
     kinds = [a.split(":")[0] for a in doc["not_verifiable"]]
@@ -215,6 +216,9 @@ for name, change, status, text in cases:
     check(p.returncode == status and text in p.stderr, "edited %s: exit %d (want %d): %s" % (
         name, p.returncode, status, p.stderr[-500:]))
     check(not os.path.exists(M2), "edited %s: something ran (the marker exists)" % name)
+p = run([AMPSCOPE, "fix", "--data", WORK, "bce.h5"])
+check(p.returncode == 2 and "--data: 'bce.h5' is a recorded PyTorch run, whose script reads its own inputs" in p.stderr,
+      "--data on a PyTorch run: exit %d: %s" % (p.returncode, p.stderr[-300:]))
 # An output name planted as a link is refused before anything runs.
 os.remove(os.path.join(WORK, "bce.fix-original.h5"))
 os.symlink("/etc/hostname", os.path.join(WORK, "bce.fix-original.h5"))
