@@ -514,7 +514,23 @@ void check_torch_command(TorchRun& run, const std::string& trace) {
                                              std::string::npos) {
         throw Error(fmt::format("'{}': the recorded command ({}) has -m without a module name\n{}", trace, shown, hint));
       }
+      // Only a module of the recorded folder's own (python -m looks there first): `-m pip install ...` from a
+      // trace installs, it does not train.
       run.module = run.command[i + 1];
+      std::string rel = run.module;
+      std::replace(rel.begin(), rel.end(), '.', '/');
+      const fs::path base = fs::path(run.cwd) / rel;
+      const fs::path file = fs::path(base.string() + ".py"), main = base / "__main__.py";
+      struct stat fst {};
+      const bool found = (::stat(file.c_str(), &fst) == 0 && S_ISREG(fst.st_mode)) ||
+                         (::stat(main.c_str(), &fst) == 0 && S_ISREG(fst.st_mode));
+      if (!found) {
+        throw Error(fmt::format("'{}': the recorded command ({}) runs the module '{}', which is not a file of the "
+                                "recorded folder ('{}' or '{}'); fix runs only a script file or a module of the "
+                                "folder the run was recorded in\n{}",
+                                trace, shown, run.module, file.string(), main.string(), hint));
+      }
+      run.script = (::stat(file.c_str(), &fst) == 0 ? file : main).lexically_normal().string();
       return;
     }
     if (a.starts_with("-c") || a == "-") {
@@ -1067,7 +1083,7 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
   for (const NotReplayed& n : plan.skipped) skipped.push_back({{"option", n.option}, {"value", n.value}, {"why", n.why}});
   doc["not_replayed"] = skipped;
   ordered_json reads = ordered_json::array({plan.trace});
-  if (plan.torch) reads.push_back(plan.torch->module.empty() ? plan.torch->script : "-m " + plan.torch->module);
+  if (plan.torch) reads.push_back(plan.torch->script);
   for (const Input& in : plan.inputs) reads.push_back(in.path);
   if (plan.from.step > 0) reads.push_back(plan.from.path);
   doc["reads"] = reads;

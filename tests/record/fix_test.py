@@ -202,8 +202,12 @@ cases = [
      "the recorded environment sets 'LD_PRELOAD', which `ampscope record` never keeps"),
     ("cwd", lambda c: c.update(cwd="/nonexistent-ampscope-folder"), 2,
      "the recorded command ran in '/nonexistent-ampscope-folder', which does not exist"),
+    ("pip", lambda c: c.update(command=[PYTHON, "-m", "pip", "install", "--target", M2, "nothing"]), 2,
+     "runs the module 'pip', which is not a file of the recorded folder"),
     ("no_script", lambda c: c.update(command=[PYTHON, "missing_script.py"]), 2,
      "the recorded script 'missing_script.py' is not a file"),
+    ("module", lambda c: c.update(command=[PYTHON, "-u", "-m", "bce_by_hand", "--marker", M2]), 3,
+     "fix:   interpreter: %s; module: bce_by_hand\n" % PYTHON),
     # Another script of the user's, another marker: allowed by the rule, so shown, and not run without --run.
     ("other", lambda c: c.update(command=[PYTHON, "bce_by_hand.py", "--marker", M2]), 3,
      "fix:   recorded command: %s bce_by_hand.py --marker %s\n" % (PYTHON, M2)),
