@@ -4,10 +4,13 @@
 // so the trace is treated as hostile input: its recorded configuration passes train's own checks (the table
 // of samples/run_options.h), the files it names are read only from under the trace's folder (a path the
 // trace records is never followed out of it: the user names such files on the command line), the re-runs
-// stop at the steps the trace holds, and nothing is written through a name planted beside it.
+// stop at the steps the trace holds, and nothing is written through a name planted beside it. A run of
+// `ampscope record` (a PyTorch script) is re-run by its recorded command, under the rule of "A recorded
+// PyTorch run" below (docs/pytorch.md, "Proving a fix").
 #include "cli/fix_command.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +22,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -27,6 +31,7 @@
 #include "probes/analysis/analysis.h"
 #include "probes/analysis/fix.h"
 #include "probes/trace/reader.h"
+#include "cli/record_command.h"
 #include "cli/report_command.h"
 #include "cli/run.h"
 #include "cli/run_options_io.h"
@@ -293,6 +298,8 @@ struct Candidate {
   std::int64_t from_step = 0;  // resumed from a kept checkpoint at this step, or 0
   bool retried = false;        // failed from the checkpoint, then re-run from step 0
   std::string trace{};         // where its trace ends up (beside the original)
+  RecordRequest record{};      // a recorded PyTorch run's re-run: the remedy options of `ampscope record`
+  std::string remedy_text{};   // the remedy's text where its flag is "" (cast_f32): what mark_verified matches
 };
 
 // The remedy applied to the configuration; false when no option applies this kind (code-only remedies).
@@ -361,6 +368,196 @@ std::vector<Candidate> candidates_of(const TrainConfig& base, const analysis::Re
   return cands;
 }
 
+// ---- A recorded PyTorch run (`ampscope record -- python3 train.py`) -------------------------------------
+//
+// Its trace's config holds the command as it was given, the folder it ran in and the kept environment
+// variables (kKeptEnvironment). That command is code a file chose, so before anything runs:
+// - it is shown, with the folder, the environment and the exact command line of every re-run, and nothing
+//   runs without --run (exit 3 then);
+// - it runs only a Python interpreter (python, python3, python3.N; the recorder works only inside Python) on
+//   a script file that exists in the recorded folder, or a module (-m); code on the command line (-c, or a
+//   script on stdin) and interpreter options other than a known harmless few are refused;
+// - it is run with fork and exec, never through a shell, in the recorded folder (which must exist and be a
+//   folder), with only the kept variables set from the trace (no other name a trace holds is set);
+// - each re-run's trace is written in a private folder and moved beside the original (the output folder):
+//   nothing fix writes is placed by a name the trace chose. What the script itself writes is its own.
+
+struct TorchRun {
+  std::vector<std::string> command;
+  std::string cwd;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string interpreter;  // where exec finds command[0] (shown in the plan)
+  std::string script;       // the script file, resolved in cwd ("" with -m)
+  std::string module;       // -m MODULE
+  double lr = NAN;          // the first recorded step's learning rate (the lr remedy is a factor of it)
+  std::int64_t stop_after = 0;
+};
+
+bool is_python_name(const std::string& name) {
+  if (!name.starts_with("python")) return false;
+  const std::string rest = name.substr(6);
+  return rest.find_first_not_of("0123456789.") == std::string::npos && !rest.starts_with(".");
+}
+
+bool is_executable_file(const fs::path& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+}
+
+bool has_nul(const std::string& s) { return s.find('\0') != std::string::npos; }
+
+TorchRun read_torch_run(const nlohmann::json& j, const std::string& trace) {
+  const std::string edited = "hint: the trace was edited or damaged: record the run again with `ampscope record "
+                             "--out run.h5 -- python3 train.py`";
+  if (!j.contains("command") || !j.contains("cwd")) {
+    throw Error(fmt::format("'{}' records a PyTorch run but not the command that ran it (recorded with "
+                            "ampscope.torch.record(), or by an older ampscope): fix has nothing to re-run\nhint: record "
+                            "the script with `ampscope record --out run.h5 -- python3 train.py`, then fix that trace",
+                            trace));
+  }
+  TorchRun run;
+  const nlohmann::json& cmd = j["command"];
+  if (!cmd.is_array() || cmd.empty() || cmd.size() > 4096) {
+    throw Error(fmt::format("'{}': the recorded command is not a list of 1 to 4096 words\n{}", trace, edited));
+  }
+  for (const nlohmann::json& w : cmd) {
+    if (!w.is_string() || w.get<std::string>().empty() || w.get<std::string>().size() > 65536 ||
+        has_nul(w.get<std::string>())) {
+      throw Error(fmt::format("'{}': a word of the recorded command is not a non-empty text without NUL bytes\n{}",
+                              trace, edited));
+    }
+    run.command.push_back(w.get<std::string>());
+  }
+  if (!j["cwd"].is_string() || has_nul(j["cwd"].get<std::string>()) ||
+      !fs::path(j["cwd"].get<std::string>()).is_absolute()) {
+    throw Error(fmt::format("'{}': the recorded folder is not an absolute path\n{}", trace, edited));
+  }
+  run.cwd = j["cwd"].get<std::string>();
+  if (j.contains("env")) {
+    if (!j["env"].is_object()) throw Error(fmt::format("'{}': the recorded 'env' is not an object\n{}", trace, edited));
+    for (const auto& [name, value] : j["env"].items()) {
+      const bool kept = std::any_of(std::begin(kKeptEnvironment), std::end(kKeptEnvironment),
+                                    [&](const char* k) { return name == k; });
+      if (!kept) {
+        throw Error(fmt::format("'{}': the recorded environment sets '{}', which `ampscope record` never keeps (it "
+                                "keeps only {}); fix sets no other variable a trace names\n{}",
+                                trace, name, fmt::join(kKeptEnvironment, ", "), edited));
+      }
+      if (!value.is_string() || has_nul(value.get<std::string>())) {
+        throw Error(fmt::format("'{}': the recorded environment's '{}' is not a text\n{}", trace, name, edited));
+      }
+      run.env.emplace_back(name, value.get<std::string>());
+    }
+  }
+  if (j.contains("world_size") && j["world_size"].is_number_integer() && j["world_size"].get<std::int64_t>() > 1) {
+    throw Error(fmt::format("'{}' is one rank of a torch.distributed run; fix starts no ranks\nhint: apply the "
+                            "report's remedies with `ampscope record`'s options on every rank yourself",
+                            trace));
+  }
+  return run;
+}
+
+// The rule above, checked on the recorded command: throws naming the word that breaks it.
+void check_torch_command(TorchRun& run, const std::string& trace) {
+  const std::string shown = fmt::format("{}", fmt::join(run.command, " "));
+  const std::string hint = "hint: a recorded command is code from a file: check the trace; to run something else, run "
+                           "it yourself under `ampscope record` with the remedy's options";
+  struct stat st {};
+  if (::stat(run.cwd.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw Error(fmt::format("'{}': the recorded command ran in '{}', which {}; fix runs it only in the folder it was "
+                            "recorded in\nhint: record the run again where it runs now",
+                            trace, run.cwd, ::stat(run.cwd.c_str(), &st) != 0 ? "does not exist" : "is not a folder"));
+  }
+  const fs::path exe(run.command[0]);
+  if (!is_python_name(exe.filename().string())) {
+    throw Error(fmt::format("'{}': the recorded command ({}) runs '{}', which is not a Python interpreter; fix re-runs "
+                            "only python, python3 or python3.N (the recorder works only inside Python), never through "
+                            "a shell\n{}",
+                            trace, shown, run.command[0], hint));
+  }
+  if (run.command[0].find('/') != std::string::npos) {
+    const fs::path p = exe.is_absolute() ? exe : fs::path(run.cwd) / exe;
+    if (!is_executable_file(p)) {
+      throw Error(fmt::format("'{}': the recorded interpreter '{}' is not an executable file here\nhint: record the "
+                              "run again with the interpreter it trains with",
+                              trace, p.string()));
+    }
+    run.interpreter = p.lexically_normal().string();
+  } else {
+    const char* path = std::getenv("PATH");
+    std::string dirs = path != nullptr ? path : "";
+    for (std::size_t start = 0; start <= dirs.size();) {
+      const std::size_t colon = std::min(dirs.find(':', start), dirs.size());
+      const std::string dir = dirs.substr(start, colon - start);
+      start = colon + 1;
+      if (dir.empty()) continue;
+      if (is_executable_file(fs::path(dir) / exe)) {
+        run.interpreter = (fs::path(dir) / exe).string();
+        break;
+      }
+    }
+    if (run.interpreter.empty()) {
+      throw Error(fmt::format("'{}': the recorded interpreter '{}' is not on PATH\nhint: put it on PATH, or record "
+                              "the run again with its full path",
+                              trace, run.command[0]));
+    }
+  }
+  // Interpreter options: those that change nothing of what runs (unbuffered, no .pyc, isolation, warnings).
+  static const std::set<std::string> kHarmless = {"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-q", "-b", "-bb"};
+  for (std::size_t i = 1; i < run.command.size(); ++i) {
+    const std::string& a = run.command[i];
+    if (a == "-W" || a == "-X") {
+      ++i;
+      continue;
+    }
+    if (kHarmless.count(a) > 0) continue;
+    if (a == "-m") {
+      if (i + 1 >= run.command.size() || run.command[i + 1].find_first_not_of(
+                                             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.") !=
+                                             std::string::npos) {
+        throw Error(fmt::format("'{}': the recorded command ({}) has -m without a module name\n{}", trace, shown, hint));
+      }
+      // Only a module of the recorded folder's own (python -m looks there first): `-m pip install ...` from a
+      // trace installs, it does not train.
+      run.module = run.command[i + 1];
+      std::string rel = run.module;
+      std::replace(rel.begin(), rel.end(), '.', '/');
+      const fs::path base = fs::path(run.cwd) / rel;
+      const fs::path file = fs::path(base.string() + ".py"), main = base / "__main__.py";
+      struct stat fst {};
+      const bool found = (::stat(file.c_str(), &fst) == 0 && S_ISREG(fst.st_mode)) ||
+                         (::stat(main.c_str(), &fst) == 0 && S_ISREG(fst.st_mode));
+      if (!found) {
+        throw Error(fmt::format("'{}': the recorded command ({}) runs the module '{}', which is not a file of the "
+                                "recorded folder ('{}' or '{}'); fix runs only a script file or a module of the "
+                                "folder the run was recorded in\n{}",
+                                trace, shown, run.module, file.string(), main.string(), hint));
+      }
+      run.script = (::stat(file.c_str(), &fst) == 0 ? file : main).lexically_normal().string();
+      return;
+    }
+    if (a.starts_with("-c") || a == "-") {
+      throw Error(fmt::format("'{}': the recorded command ({}) runs code given {} ('{}'), not a script file: fix runs "
+                              "only a script file or a module (-m) the command names\n{}",
+                              trace, shown, a == "-" ? "on its standard input" : "on its command line", a, hint));
+    }
+    if (a.starts_with("-")) {
+      throw Error(fmt::format("'{}': the recorded command ({}) gives the interpreter the option '{}', which fix does "
+                              "not pass on (it passes only {} -W, -X and -m)\n{}",
+                              trace, shown, a, fmt::join(kHarmless, " "), hint));
+    }
+    const fs::path script = fs::path(a).is_absolute() ? fs::path(a) : fs::path(run.cwd) / a;
+    if (::stat(script.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      throw Error(fmt::format("'{}': the recorded script '{}' is not a file (looked for '{}')\nhint: record the run "
+                              "again where the script is",
+                              trace, a, script.string()));
+    }
+    run.script = script.lexically_normal().string();
+    return;
+  }
+  throw Error(fmt::format("'{}': the recorded command ({}) names no script\n{}", trace, shown, hint));
+}
+
 // ---- The plan ------------------------------------------------------------------------------------------
 
 struct FixPlan {
@@ -376,6 +573,8 @@ struct FixPlan {
   std::vector<NotReplayed> skipped;
   std::vector<Candidate> cands;
   std::string results;  // the results file
+  std::optional<TorchRun> torch;    // a run `ampscope record` recorded: its command is what the re-runs run
+  std::vector<std::string> advice;  // remedies that cannot be applied from outside the script
 };
 
 std::int64_t saturating_product(std::int64_t a, std::int64_t b) {
@@ -403,6 +602,46 @@ std::int64_t steps_to_rerun(const FixPlan& plan, std::int64_t after) {
   return std::min({plan.base.steps, through, plan.held});
 }
 
+// The plan for a run `ampscope record` recorded: its command, checked (check_torch_command), re-run until the
+// first anomaly's step plus `after`, once per remedy the recorder can apply.
+std::vector<Candidate> torch_candidates(const analysis::Report& report, const TorchRun& run, const std::string& trace,
+                                        std::vector<std::string>& advice);
+
+std::optional<FixPlan> make_torch_plan(const FixRequest& request, trace::TraceReader& reader,
+                                       const nlohmann::json& config) {
+  FixPlan plan;
+  plan.trace = request.trace;
+  for (const auto& [option, value] : {std::pair<const char*, const std::string&>{"--data", request.data},
+                                     {"--text", request.text}, {"--model", request.model},
+                                     {"--tokens", request.tokens}}) {
+    if (!value.empty()) {
+      throw Error(fmt::format("{}: '{}' is a recorded PyTorch run, whose script reads its own inputs; {} names an input "
+                              "of an `ampscope train` run\nhint: leave {} out",
+                              option, request.trace, option, option));
+    }
+  }
+  TorchRun run = read_torch_run(config, request.trace);
+  check_torch_command(run, request.trace);
+  const analysis::Report report = analysis::analyse(reader);
+  plan.step_rows = reader.row_counts().steps;
+  if (report.anomalies.empty()) return std::nullopt;
+  plan.first = report.anomalies.front();
+  if (plan.first.step < 0) throw Error(fmt::format("'{}': its first anomaly has no step", request.trace));
+  const std::vector<trace::StepRow> steps = reader.steps();
+  if (!steps.empty()) run.lr = steps.front().lr;
+  run.stop_after = plan.first.step > std::numeric_limits<std::int64_t>::max() - request.after
+                       ? std::numeric_limits<std::int64_t>::max() - 1
+                       : plan.first.step + request.after;
+  plan.folder = fs::path(request.trace).parent_path();
+  plan.base.steps = run.stop_after + 1;  // the table's "re-ran steps 0..N"
+  plan.cands = torch_candidates(report, run, request.trace, plan.advice);
+  plan.torch = std::move(run);
+  plan.results = request.output.empty() ? fix_results_path(request.trace) : request.output;
+  for (const Candidate& c : plan.cands) refuse_unsafe_output(c.trace, "the re-run's trace");
+  refuse_unsafe_output(plan.results, "the results file");
+  return plan;
+}
+
 // Everything fix will do, decided and checked before the first re-run: any refusal costs nothing.
 // nullopt: the report finds no anomaly.
 std::optional<FixPlan> make_plan(const FixRequest& request) {
@@ -416,6 +655,10 @@ std::optional<FixPlan> make_plan(const FixRequest& request) {
   analysis::Report report;
   {
     trace::TraceReader reader(request.trace);
+    const nlohmann::json config = nlohmann::json::parse(reader.run_info().config, nullptr, false);
+    if (config.is_object() && config.value("recorder", nlohmann::json()) == "ampscope.torch") {
+      return make_torch_plan(request, reader, config);
+    }
     plan.recorded = read_recorded(reader.run_info().config, request.trace);
     check_recorded_values(plan.recorded, request.trace);
     report = analysis::analyse(reader);
@@ -547,6 +790,191 @@ Outcome measure(const Candidate& cand, const std::string& cause, const PrivateFo
   return o;
 }
 
+// The module a cast_f32 remedy names ("sigmoid in criterion ran outside autocast ..."): the op of the
+// diagnosis (its origin or a link of its root-cause chain) whose place the remedy's text starts with.
+std::string module_of_cast(const analysis::Remedy& m, const analysis::Diagnosis& d) {
+  std::vector<std::pair<std::string, std::string>> places = {{d.op, d.module}};
+  for (const analysis::ChainLink& l : d.chain) places.emplace_back(l.op, l.module);
+  for (const auto& [op, module] : places) {
+    if (!module.empty() && !op.empty() && m.text.starts_with(op + " in " + module + " ")) return module;
+  }
+  return "";
+}
+
+// The original, the f32 reference (autocast off) and one re-run per remedy `ampscope record` can apply from
+// outside the script; the others go to `advice`.
+std::vector<Candidate> torch_candidates(const analysis::Report& report, const TorchRun& run, const std::string& trace,
+                                        std::vector<std::string>& advice) {
+  std::vector<Candidate> cands;
+  std::set<std::string> seen, files;
+  auto add = [&](Candidate c) {
+    if (!seen.insert(c.name).second) return;
+    c.record.stop_after = run.stop_after;
+    c.flag = fmt::format("{}", fmt::join(remedy_arguments(c.record), " "));
+    c.trace = fix_trace_path(trace, c.name);
+    for (int n = 2; !files.insert(c.trace).second; ++n) c.trace = fix_trace_path(trace, fmt::format("{}-{}", c.name, n));
+    cands.push_back(std::move(c));
+  };
+  add({"original", "original", "", "the run as recorded (the baseline: step time, the anomaly again)", {}});
+  Candidate ref{"fp32", "fp32", "", "the f32 reference: every autocast region disabled", {}};
+  ref.record.autocast = "off";
+  add(std::move(ref));
+  for (const analysis::Diagnosis& d : report.anomalies) {
+    for (const analysis::Remedy& m : d.remedies) {
+      Candidate c{"", m.kind, "", m.text, {}};
+      c.remedy_flag = m.flag;
+      if (m.kind == "autocast_fp32" && !m.pattern.empty() && !m.pattern_is_op) {
+        c.record.autocast_fp32 = {m.pattern};
+        c.name = "autocast-fp32-" + m.pattern;
+      } else if (const std::string module = m.kind == "cast_f32" ? module_of_cast(m, d) : "";
+                 m.kind == "cast_f32" && !module.empty()) {
+        // Its input cast to f32 by hand, applied to the op's module: autocast off and f32 inputs inside it.
+        c.record.autocast_fp32 = {module};
+        c.name = "autocast-fp32-" + module;
+        c.remedy_text = m.text;
+      } else if (m.kind == "bf16") {
+        c.record.autocast = "bf16";
+        c.name = "bf16";
+      } else if (m.kind == "learning_rate" && m.value > 0 && std::isfinite(m.value) && run.lr > 0 &&
+                 std::isfinite(run.lr)) {
+        c.record.lr_factor = m.value / run.lr;
+        c.name = fmt::format("lr-{}", m.value);
+      } else if (m.kind == "init_scale" && m.value > 0 && std::isfinite(m.value)) {
+        c.record.init_scale = m.value;
+        c.name = fmt::format("init-scale-{}", m.value);
+      } else {
+        const std::string line = fmt::format("{}: {}", m.kind, m.text);
+        if (std::find(advice.begin(), advice.end(), line) == advice.end()) advice.push_back(line);
+        continue;
+      }
+      add(std::move(c));
+    }
+  }
+  return cands;
+}
+
+// A word as a POSIX shell reads it back: bare when it holds only safe characters, else in single quotes.
+std::string shell_word(const std::string& w) {
+  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./=:,+-@%") ==
+                        std::string::npos) {
+    return w;
+  }
+  std::string out = "'";
+  for (char ch : w) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+std::string program_path() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("ampscope") : exe.string();
+}
+
+// The exact command line of a re-run, as a user would type it to run it by hand.
+std::string torch_command_line(const TorchRun& run, const Candidate& c) {
+  std::vector<std::string> words;
+  for (const auto& [name, value] : run.env) words.push_back(name + "=" + value);
+  words.push_back(program_path());
+  words.insert(words.end(), {"record", "--out", fs::absolute(c.trace).lexically_normal().string()});
+  for (const std::string& a : remedy_arguments(c.record)) words.push_back(a);
+  words.push_back("--");
+  words.insert(words.end(), run.command.begin(), run.command.end());
+  std::string line = "cd " + shell_word(run.cwd) + " &&";
+  for (const std::string& w : words) line += " " + shell_word(w);
+  return line;
+}
+
+void print_torch_plan(const FixPlan& plan, std::ostream& err) {
+  const analysis::Diagnosis& first = plan.first;
+  const TorchRun& run = *plan.torch;
+  err << fmt::format("fix: plan for {}: first anomaly {} at step {} ({}{})\n", plan.trace, first.cause, first.step,
+                     first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module);
+  err << fmt::format("fix:   recorded command: {}\n", fmt::join(run.command, " "));
+  err << fmt::format("fix:   recorded folder: {}\n", run.cwd);
+  err << fmt::format("fix:   interpreter: {}; {}: {}\n", run.interpreter, run.module.empty() ? "script" : "module",
+                     run.module.empty() ? run.script : run.module);
+  std::string env;
+  for (const auto& [name, value] : run.env) env += fmt::format("{}{}={}", env.empty() ? "" : " ", name, value);
+  err << fmt::format("fix:   recorded environment: {}\n", env.empty() ? "(none kept)" : env);
+  err << fmt::format("fix:   each re-run: the script, ended after step {} (the first anomaly's step + --after)\n",
+                     run.stop_after);
+  err << fmt::format("fix:   re-runs ({}), each exactly this command (no shell):\n", plan.cands.size());
+  for (const Candidate& c : plan.cands) err << fmt::format("fix:     {}: {}\n", c.name, torch_command_line(run, c));
+  for (const std::string& a : plan.advice) err << fmt::format("fix:   not verifiable from outside the script: {}\n", a);
+  err << fmt::format("fix:   reads: {} (the trace)\n", plan.trace);
+  for (const Candidate& c : plan.cands) err << fmt::format("fix:   writes: {}\n", c.trace);
+  err << fmt::format("fix:   writes: {} (the results)\n", plan.results);
+}
+
+// Runs one re-run of a recorded PyTorch run under `ampscope record` (its trace written in `staging`, then
+// moved beside the original), and judges it as measure() judges a train re-run.
+Outcome measure_torch(const Candidate& cand, const std::string& cause, const TorchRun& run,
+                      const PrivateFolder& staging, std::ostream& err) {
+  Outcome o;
+  o.trace = cand.trace;
+  RecordRequest r = cand.record;
+  r.out = (staging.path() / fs::path(cand.trace).filename()).string();
+  r.command = run.command;
+  r.cwd = run.cwd;
+  r.env = run.env;
+  r.stdout_to_stderr = true;  // fix's stdout is its table or JSON
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  try {
+    r.python_dir = find_python_dir("");
+    status = run_record(r, err);
+  } catch (const std::exception& e) {
+    o.error = e.what();
+    err << fmt::format("fix: {}: failed: {}\n", cand.name, o.error);
+    return o;
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!hdf5::unreadable_reason(r.out.c_str()).empty()) {
+    o.error = fmt::format("the script exited with status {} before it finished a step: no trace", status);
+    err << fmt::format("fix: {}: failed: {}\n", cand.name, o.error);
+    return o;
+  }
+  o.ran = true;
+  {
+    trace::TraceReader reader(r.out);
+    const std::vector<trace::StepRow> steps = reader.steps();
+    o.steps = static_cast<std::int64_t>(steps.size());
+    if (!steps.empty()) o.final_loss = steps.back().loss;
+    o.seconds_per_step = o.steps > 0 ? secs / static_cast<double>(o.steps) : NAN;
+    // What the recorder applied (the trace's config "remedies"): a remedy that acted on nothing (a glob that
+    // matched no module, no GradScaler to set) is "not applied", not "did not help".
+    const nlohmann::json config = nlohmann::json::parse(reader.run_info().config, nullptr, false);
+    auto applied = [&](const std::string& prefix) {
+      if (!config.is_object() || !config.contains("remedies") || !config["remedies"].is_object()) return false;
+      const nlohmann::json& a = config["remedies"].value("applied", nlohmann::json::object());
+      if (!a.is_object()) return false;
+      for (const auto& [key, n] : a.items()) {
+        if (key.starts_with(prefix) && n.is_number_integer() && n.get<std::int64_t>() > 0) return true;
+      }
+      return false;
+    };
+    if (!cand.record.autocast_fp32.empty()) o.applied = applied("autocast_fp32:");
+    if (cand.record.autocast == "bf16") o.applied = applied("autocast_bf16");
+    if (!std::isnan(cand.record.lr_factor)) o.applied = applied("lr_factor");
+    if (!std::isnan(cand.record.init_scale)) o.applied = applied("init_scale");
+    const analysis::Report rep = analysis::analyse(reader);
+    o.first = "none";
+    o.gone = true;
+    for (const analysis::Diagnosis& d : rep.anomalies) {
+      if (d.cause != cause) continue;
+      o.gone = false;
+      o.first = fmt::format("step {}, {}{}", d.step, d.op.empty() ? d.cause : d.op,
+                            d.module.empty() ? "" : " in " + d.module);
+      break;
+    }
+  }
+  publish_output_file(r.out, cand.trace, "the re-run's trace");
+  if (!o.applied) o.gone = false;
+  err << fmt::format("fix: {}: {} steps in {:.1f}s (the script's status {}): {}\n", cand.name, o.steps, secs, status,
+                     !o.applied ? "not applied" : (o.gone ? "anomaly gone" : "anomaly remains"));
+  return o;
+}
+
 // Runs every candidate. From a kept checkpoint: the runs in the recorded precision resume from it (a
 // checkpoint's scaler state belongs to its precision: runs in another precision start at step 0). When the
 // original does not fail again from the checkpoint (what caused it is not in a checkpoint: gradients left
@@ -568,6 +996,10 @@ bool run_candidates(FixPlan& plan, std::vector<Outcome>& outcomes, std::ostream&
   bool fell_back = false;
   const std::string& cause = plan.first.cause;
   for (std::size_t i = 0; i < cands.size(); ++i) {
+    if (plan.torch) {
+      outcomes.push_back(measure_torch(cands[i], cause, *plan.torch, staging, err));
+      continue;
+    }
     outcomes.push_back(measure(cands[i], cause, staging, err));
     if (cands[i].from_step == 0) continue;
     if (i == 0 && outcomes[0].ran && outcomes[0].gone) {
@@ -619,6 +1051,7 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
     e["kind"] = c.kind;
     e["flag"] = c.flag;
     e["remedy_flag"] = c.remedy_flag;
+    if (!c.remedy_text.empty()) e["remedy_text"] = c.remedy_text;
     e["trace"] = o.trace;
     e["from_step"] = c.from_step;
     if (c.retried) e["retried_from_step_0"] = true;
@@ -640,11 +1073,20 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
   doc["runs"] = list;
   doc["verified"] = verified;
   // What was replayed, what was not and why, and what was read.
-  doc["replayed"] = ordered_json::parse(run_config_json(plan.base));
+  if (plan.torch) {
+    doc["replayed"] = {{"command", plan.torch->command}, {"cwd", plan.torch->cwd}, {"stop_after", plan.torch->stop_after}};
+    ordered_json env = ordered_json::object();
+    for (const auto& [name, value] : plan.torch->env) env[name] = value;
+    doc["replayed"]["env"] = env;
+    doc["not_verifiable"] = plan.advice;
+  } else {
+    doc["replayed"] = ordered_json::parse(run_config_json(plan.base));
+  }
   ordered_json skipped = ordered_json::array();
   for (const NotReplayed& n : plan.skipped) skipped.push_back({{"option", n.option}, {"value", n.value}, {"why", n.why}});
   doc["not_replayed"] = skipped;
   ordered_json reads = ordered_json::array({plan.trace});
+  if (plan.torch) reads.push_back(plan.torch->script);
   for (const Input& in : plan.inputs) reads.push_back(in.path);
   if (plan.from.step > 0) reads.push_back(plan.from.path);
   doc["reads"] = reads;
@@ -678,7 +1120,13 @@ void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, s
   for (const NotReplayed& n : plan.skipped) {
     out << fmt::format("not replayed: {}{}: {}\n", n.option, n.value.empty() ? "" : " " + n.value, n.why);
   }
+  for (const std::string& a : plan.advice) out << fmt::format("not verifiable from outside the script: {}\n", a);
   const int verified = doc["verified"].get<int>();
+  const ordered_json& fp32 = doc["runs"].size() > 1 ? doc["runs"][1] : ordered_json();
+  if (plan.torch && verified == 0 && fp32.is_object() && fp32["ran"].get<bool>() && !fp32["anomaly_gone"].get<bool>()) {
+    out << "no remedy applied from outside the script removes the anomaly, and it remains in f32 (autocast off): not a "
+           "precision problem; the remedy is in the script (above: not verifiable from outside the script)\n";
+  }
   out << fmt::format("{} remed{} verified; results: {}\n", verified, verified == 1 ? "y" : "ies", plan.results);
 }
 
@@ -710,7 +1158,16 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
     out << fmt::format("{}: the report finds no anomaly: nothing to fix\n", request.trace);
     return kExitClean;
   }
-  print_plan(*plan, err);
+  if (plan->torch) {
+    print_torch_plan(*plan, err);
+    if (!request.run) {
+      err << "fix: nothing was run: the re-runs run the recorded command above, which came from the trace; check it "
+             "and the folder, then run again with --run\n";
+      return kExitPlanOnly;
+    }
+  } else {
+    print_plan(*plan, err);
+  }
   std::vector<Outcome> outcomes;
   ordered_json doc;
   bool fell_back = false;
@@ -736,13 +1193,17 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
 
 FixCommand::FixCommand(CLI::App& app) {
   cmd_ = app.add_subcommand(
-      "fix", "Re-run a run `ampscope train` recorded, once per remedy its report proposes (and in fp32), through "
-             "the first anomaly and --after steps more; say which remedies remove the anomaly. The plan (re-runs, "
-             "steps, every file read and written) is printed first. Exit 0: at least one verified (or nothing to "
-             "fix), 1: none, 2: errors (every re-run failed, a recorded value train refuses, an input outside the "
-             "trace's folder, an output name that is a link)");
-  cmd_->add_option("trace", request_.trace, "Trace written by `ampscope train`")->required();
+      "fix", "Re-run a run `ampscope train` or `ampscope record` recorded, once per remedy its report proposes (and "
+             "in fp32), through the first anomaly and --after steps more; say which remedies remove the anomaly. The "
+             "plan (re-runs, steps, every file read and written; for a recorded PyTorch run its command and each "
+             "re-run's command line) is printed first. Exit 0: at least one verified (or nothing to fix), 1: none, "
+             "2: errors (every re-run failed, a recorded value train refuses, a recorded command fix does not run, "
+             "an input outside the trace's folder, an output name that is a link), 3: a recorded PyTorch run "
+             "without --run (nothing ran)");
+  cmd_->add_option("trace", request_.trace, "Trace written by `ampscope train` or `ampscope record`")->required();
   cmd_->add_option("--after", request_.after, "Steps re-run after the first anomaly's step")->capture_default_str();
+  cmd_->add_flag("--run", request_.run, "Run a recorded PyTorch run's command (shown first; without --run fix shows "
+                                       "the plan and exits 3)");
   cmd_->add_flag("--json", request_.json, "Print the results document (run.fix.json) instead of the table");
   cmd_->add_option("--output,-o", request_.output, "Results file (default: <trace stem>.fix.json beside the trace)");
   // The trace's own paths are read only from under its folder; these name the inputs from anywhere.

@@ -5,7 +5,9 @@
 // after train's own checks; inputs are read only from under the trace's folder unless named here (--data,
 // --text, --model, --tokens); the re-runs stop at the steps the trace holds; every output is created new,
 // never through a link (core/io/output_file.h). The plan (re-runs, steps, every file read and written) is
-// printed before the first re-run starts.
+// printed before the first re-run starts. A trace of `ampscope record` is re-run by its recorded command
+// (shown first, run only with --run, only a Python interpreter on a script, never through a shell) with the
+// remedies `ampscope record`'s options apply from outside the script (docs/pytorch.md, "Proving a fix").
 //
 //   std::ostringstream out, err;
 //   int status = run_fix({.trace = "run.h5", .after = 2}, out, err);  // 0 verified, 1 none, 2 error
@@ -23,6 +25,7 @@ struct FixRequest {
   std::string trace{};
   std::int64_t after = 10;    // steps re-run after the first anomaly's step
   bool json = false;          // print the results document instead of the table
+  bool run = false;           // --run: a recorded PyTorch run's command may run (without it: the plan, exit 3)
   std::string output{};       // results file; "" for <trace stem>.fix.json beside the trace
   // The run's inputs named by the user (as given: relative to the working folder), instead of the paths the
   // trace records (which are read only from under the trace's folder).
@@ -38,6 +41,9 @@ struct FixRequest {
 // recorded value train refuses, an input outside the trace's folder, an output name that is a link, every
 // re-run failed) and 0 with "nothing to fix" for a healthy run.
 int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err);
+
+// A trace of `ampscope record` without --run: the plan and the re-runs' command lines were printed, nothing ran.
+inline constexpr int kExitPlanOnly = 3;
 
 // "run.h5" -> "run.fix.json"; "run.h5", "lr-0.0005" -> "run.fix-lr-0.0005.h5".
 std::string fix_results_path(const std::string& trace);

@@ -342,6 +342,62 @@ int run_attached(const RecordRequest& request, std::ostream& err) {
 
 }  // namespace
 
+std::vector<std::string> remedy_arguments(const RecordRequest& request) {
+  std::vector<std::string> args;
+  for (const std::string& glob : request.autocast_fp32) args.insert(args.end(), {"--autocast-fp32", glob});
+  if (!request.autocast.empty()) args.insert(args.end(), {"--autocast", request.autocast});
+  if (!std::isnan(request.init_scale)) args.insert(args.end(), {"--init-scale", fmt::format("{}", request.init_scale)});
+  if (request.growth_interval > 0) {
+    args.insert(args.end(), {"--growth-interval", std::to_string(request.growth_interval)});
+  }
+  if (!std::isnan(request.lr_factor)) args.insert(args.end(), {"--lr-factor", fmt::format("{}", request.lr_factor)});
+  if (request.stop_after >= 0) args.insert(args.end(), {"--stop-after", std::to_string(request.stop_after)});
+  return args;
+}
+
+namespace {
+
+// The remedy options, checked, as the recorder reads them (AMPSCOPE_RECORD_OPTIONS["remedies"]).
+json remedy_options(const RecordRequest& request) {
+  json r = json::object();
+  for (const std::string& glob : request.autocast_fp32) {
+    if (glob.empty()) {
+      throw Error("--autocast-fp32 '': an empty module glob\nhint: name a module path as the report names it: "
+                  "--autocast-fp32 criterion, or --autocast-fp32 'blocks.*.attn'");
+    }
+  }
+  if (!request.autocast_fp32.empty()) r["autocast_fp32"] = request.autocast_fp32;
+  if (!request.autocast.empty()) {
+    if (request.autocast != "bf16" && request.autocast != "off") {
+      throw Error(fmt::format("--autocast {}: expected bf16 (f16 autocast regions run in bf16) or off (autocast "
+                              "disabled: the f32 reference)", request.autocast));
+    }
+    r["autocast"] = request.autocast;
+  }
+  if (!std::isnan(request.init_scale)) {
+    if (!std::isfinite(request.init_scale) || request.init_scale <= 0) {
+      throw Error(fmt::format("--init-scale {}: expected a finite number > 0", request.init_scale));
+    }
+    r["init_scale"] = request.init_scale;
+  }
+  if (request.growth_interval < 0) {
+    throw Error(fmt::format("--growth-interval {}: expected an integer >= 1", request.growth_interval));
+  }
+  if (request.growth_interval > 0) r["growth_interval"] = request.growth_interval;
+  if (!std::isnan(request.lr_factor)) {
+    if (!std::isfinite(request.lr_factor) || request.lr_factor <= 0) {
+      throw Error(fmt::format("--lr-factor {}: expected a finite number > 0 (0.1 runs at a tenth of the script's "
+                              "learning rate)", request.lr_factor));
+    }
+    r["lr_factor"] = request.lr_factor;
+  }
+  if (request.stop_after < -1) throw Error(fmt::format("--stop-after {}: expected a step >= 0", request.stop_after));
+  if (request.stop_after >= 0) r["stop_after"] = request.stop_after;
+  return r;
+}
+
+}  // namespace
+
 int run_record(const RecordRequest& request, std::ostream& err) {
   if (request.attach && !request.command.empty()) {
     throw Error("--attach reads the rows of a running Python process on stdin: no command is run\nhint: leave out "
@@ -359,11 +415,30 @@ int run_record(const RecordRequest& request, std::ostream& err) {
     throw Error(fmt::format("--sample-every {}: must be 1 or more\nhint: --sample-every 10 records the ops of every "
                             "tenth step", request.sample_every));
   }
-  if (request.attach) return run_attached(request, err);
+  const json remedies = remedy_options(request);
+  if (request.attach) {
+    if (!remedies.empty()) {
+      throw Error("--attach records a process that started itself: the remedy options (--autocast-fp32, --autocast, "
+                  "--init-scale, --growth-interval, --lr-factor, --stop-after) apply only to a command ampscope runs\n"
+                  "hint: leave them out, or run the script as ampscope record --out run.h5 [OPTIONS] -- python3 SCRIPT");
+    }
+    return run_attached(request, err);
+  }
   const std::string python_dir = request.python_dir;
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
-  const json options = {{"probe", request.probe}, {"sample_every", request.sample_every}};
+  json options = {{"probe", request.probe}, {"sample_every", request.sample_every}};
+  // What `ampscope fix` needs to run the script again, kept in the trace's config by the recorder: the command
+  // as it was given, the folder it ran in, and the kept environment variables (kKeptEnvironment).
+  options["command"] = request.command;
+  options["cwd"] = request.cwd.empty() ? fs::current_path().string() : request.cwd;
+  json env = json::object();
+  for (const char* name : kKeptEnvironment) {
+    if (const char* value = std::getenv(name); value != nullptr) env[name] = value;
+  }
+  for (const auto& [name, value] : request.env) env[name] = value;
+  options["env"] = env;
+  if (!remedies.empty()) options["remedies"] = remedies;
   const std::string boot = (fs::path(python_dir) / "ampscope" / "_boot").string();
   std::string pythonpath = boot + ":" + python_dir;
   if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old != '\0') pythonpath += std::string(":") + old;
@@ -376,6 +451,14 @@ int run_record(const RecordRequest& request, std::ostream& err) {
     setenv("AMPSCOPE_RECORD_FD", std::to_string(w).c_str(), 1);
     setenv("AMPSCOPE_RECORD_OPTIONS", options.dump().c_str(), 1);
     setenv("PYTHONPATH", pythonpath.c_str(), 1);
+    for (const auto& [name, value] : request.env) setenv(name.c_str(), value.c_str(), 1);
+    if (request.stdout_to_stderr) dup2(2, 1);
+    if (!request.cwd.empty() && chdir(request.cwd.c_str()) != 0) {
+      const std::string msg = fmt::format("ampscope record: error: cannot enter the folder '{}': {}\n", request.cwd,
+                                          std::strerror(errno));
+      [[maybe_unused]] const ssize_t n = write(2, msg.data(), msg.size());
+      _exit(127);
+    }
     std::vector<char*> argv;
     for (const std::string& a : request.command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -431,6 +514,15 @@ RecordCommand::RecordCommand(CLI::App& app) {
       ->capture_default_str();
   cmd_->add_flag("--attach", request_.attach, "Read the rows of a Python process that records itself on stdin (run "
                                              "by ampscope.torch.record(); no command)");
+  // Remedies applied from outside the script (docs/pytorch.md, "Proving a fix"): what `ampscope fix` re-runs with.
+  cmd_->add_option("--autocast-fp32", request_.autocast_fp32, "Run the modules whose path matches this glob with "
+                                                              "autocast disabled and f32 inputs (repeatable)");
+  cmd_->add_option("--autocast", request_.autocast, "bf16: autocast regions that ask for f16 get bf16; off: every "
+                                                    "autocast region disabled (the f32 reference)");
+  cmd_->add_option("--init-scale", request_.init_scale, "Every GradScaler's initial scale");
+  cmd_->add_option("--growth-interval", request_.growth_interval, "Every GradScaler's growth interval");
+  cmd_->add_option("--lr-factor", request_.lr_factor, "Multiply every optimizer's learning rate by this factor");
+  cmd_->add_option("--stop-after", request_.stop_after, "End the script (status 0) after this step");
   cmd_->add_option("command", request_.command, "The command to run, after --: python3 train.py ARGS...");
 }
 

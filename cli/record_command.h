@@ -14,7 +14,9 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -28,7 +30,28 @@ struct RecordRequest {
   std::string python_dir{};          // the folder holding the `ampscope` package ("": found, see find_python_dir)
   std::vector<std::string> command{};
   bool attach = false;               // --attach: rows on stdin from ampscope.torch.record(), no command run
+  // Remedies the recorder applies from outside the script (python/ampscope/torch/_remedies.py; what `ampscope
+  // fix` re-runs a recorded PyTorch run with, docs/pytorch.md "Proving a fix"). Unset: empty, NaN, 0 or -1.
+  std::vector<std::string> autocast_fp32{};  // module path globs run with autocast off and f32 inputs
+  std::string autocast{};                    // "bf16": f16 autocast regions get bf16; "off": autocast disabled
+  double init_scale = std::numeric_limits<double>::quiet_NaN();  // every GradScaler's initial scale
+  std::int64_t growth_interval = 0;          // every GradScaler's growth interval
+  double lr_factor = std::numeric_limits<double>::quiet_NaN();   // every optimizer's lr times this
+  std::int64_t stop_after = -1;              // the process ends (status 0) after this step
+  // Set by `ampscope fix` only: the folder the command runs in ("": this process's), environment variables
+  // set for it (names from kKeptEnvironment), and the script's stdout sent to stderr (fix's stdout is its own).
+  std::string cwd{};
+  std::vector<std::pair<std::string, std::string>> env{};
+  bool stdout_to_stderr = false;
 };
+
+// The environment variables a recorded run keeps in its trace's config ("env") and `ampscope fix` sets again
+// for its re-runs: those that change a PyTorch run's numbers or devices. No other name is recorded or set.
+inline constexpr const char* kKeptEnvironment[] = {"CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG",
+                                                   "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED"};
+
+// The remedy options of `request` as `ampscope record` spells them ("--autocast-fp32 criterion --stop-after 3").
+std::vector<std::string> remedy_arguments(const RecordRequest& request);
 
 // Where the `ampscope` Python package is: $AMPSCOPE_PYTHON_DIR, else the installed copy next to the program
 // (<prefix>/share/ampscope/python), else the source tree's python/. Throws Error naming the places tried.

@@ -63,9 +63,15 @@ std::string mark_verified(Report& report, const std::string& trace) {
   }
   for (const nlohmann::json& r : *runs) {
     if (!r["verified"].get<bool>()) continue;
+    // A remedy without a flag (cast_f32, verified on a recorded PyTorch run by keeping its op's module in f32)
+    // is told from others of its kind by its text ("remedy_text"), when the entry has one.
+    const auto text = r.find("remedy_text");
+    const bool by_text = text != r.end() && text->is_string();
     for (Diagnosis& diag : report.anomalies)
       for (Remedy& m : diag.remedies)
-        if (m.kind == r["kind"].get<std::string>() && m.flag == r["remedy_flag"].get<std::string>()) m.verified = true;
+        if (m.kind == r["kind"].get<std::string>() && m.flag == r["remedy_flag"].get<std::string>() &&
+            (!by_text || m.text == text->get<std::string>()))
+          m.verified = true;
   }
   return "";
 }

@@ -1,6 +1,7 @@
 // probes/analysis/fix.h: the verified mark. `ampscope fix TRACE` writes TRACE's results file (run.h5 ->
 // run.fix.json beside it, docs/report-format.md "Verified remedies"); mark_verified reads it and sets
-// Remedy::verified on each remedy a re-run confirmed. A missing file is not an error; a damaged one, or
+// Remedy::verified on each remedy a re-run confirmed (matched by kind and flag, and by text where the
+// entry has a remedy_text). A missing file is not an error; a damaged one, or
 // one written for another run, is ignored and the returned note says why.
 //
 //   analysis::Report rep = analysis::analyse(reader);

@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampscope.torch._channel import PROTOCOL, Channel, num
+from ampscope.torch._remedies import Remedies, end_process
 
 # Input markers (docs/trace-format.md, /ops `inputs`).
 NONE, PARAMETER, DATA, SUMMED, OTHER_STEP = -1, -2, -3, -5, -7
@@ -158,6 +159,10 @@ class Recorder:
         self.every = max(1, int(options.get("sample_every", 1)))
         self.level = options.get("probe", "health")
         self.model_name = options.get("model", "")
+        # What `ampscope record` knows of the run and the recorder cannot (the command as it was typed, the
+        # folder it ran in, the environment variables it keeps): stored in the trace's config for `ampscope fix`.
+        self.run_context = {k: options[k] for k in ("command", "cwd", "env") if k in options}
+        self.remedies = Remedies(options.get("remedies"))
         self.pid = os.getpid()
         self.busy = False
         self.step = 0
@@ -432,6 +437,7 @@ class Recorder:
                 path = self.name_root(module)
         self.module_stack.append(path)
         self.module_types.append(type(module).__name__)
+        return self.remedies.module_enter(path, inputs)  # --autocast-fp32: f32 inputs, autocast off inside
 
     def module_post(self, module, inputs, output):
         if self.busy or self.pid != os.getpid():
@@ -441,6 +447,7 @@ class Recorder:
         if self.module_stack:
             self.module_stack.pop()
             self.module_types.pop()
+            self.remedies.module_exit()
 
     def name_root(self, module):
         # The first module with parameters called from outside every module is the model: its children's
@@ -524,8 +531,17 @@ class Recorder:
             self.busy = False
 
     def wrap_scaler(self, scaler):
-        step_fn, update_fn = scaler.step, scaler.update
+        step_fn, update_fn, scale_fn = scaler.step, scaler.update, scaler.scale
         recorder = self
+        set_up = []
+
+        def scale(*args, **kwargs):
+            # --init-scale, --growth-interval: at the first scale(), after every __init__ of a subclass has run
+            # and before the scale is made (GradScaler makes it lazily from _init_scale at that call).
+            if not set_up and recorder.pid == os.getpid():
+                set_up.append(True)
+                recorder.remedies.on_scaler(scaler)
+            return scale_fn(*args, **kwargs)
 
         def step(optimizer, *args, **kwargs):
             if recorder.pid != os.getpid():
@@ -559,7 +575,7 @@ class Recorder:
                 recorder.scaler = None
                 recorder.end_step(info["optimizer"], info)
 
-        scaler.step, scaler.update = step, update
+        scaler.step, scaler.update, scaler.scale = step, update, scale
 
     # ---------------------------------------------------------------- steps
     def end_step(self, optimizer, scaler_info):
@@ -606,11 +622,17 @@ class Recorder:
             self.step_started = time.perf_counter()
         finally:
             self.busy = False
+        if not self.ended and self.remedies.stop_now(self.step - 1):  # --stop-after: the step's end is written
+            self.finish()
+            end_process()
 
     def send_begin(self):
         import json
         config = {"recorder": "ampscope.torch", "torch": torch.__version__, "python": sys.version.split()[0],
                   "argv": sys.argv, "sample_every": self.every, "probe": self.level}
+        config.update(self.run_context)
+        if self.remedies.any():
+            config["remedies"] = {"requested": self.remedies.requested(), "applied": dict(self.remedies.applied)}
         # A rank of a torch.distributed run: `ampscope record` then writes OUT's STEM.rankN.h5 (as train --ddp).
         dist = getattr(torch, "distributed", None)
         if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -697,6 +719,7 @@ def _wrap_optimizer_init():
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         if _active is not None:
+            _active.remedies.on_optimizer(self)
             _active.wrap_optimizer(self)
 
     torch.optim.Optimizer.__init__ = __init__
@@ -752,6 +775,7 @@ def start(fd, options, whole_run=True):
         _wrap_scaler_init()
         _wrap_function_apply()
         _wrap_compile()
+    recorder.remedies.install()
     recorder.mode = _Mode(recorder)
     recorder.mode.__enter__()
     if whole_run:

@@ -15,15 +15,18 @@ class CpuGradScaler(torch.cuda.amp.GradScaler):
         self._enabled = True
         self._growth_factor, self._backoff_factor = growth_factor, backoff_factor
         self._growth_interval = growth_interval
-        self._scale_value = float(init_scale)
+        self._init_scale = float(init_scale)
+        self._scale_value = None  # made at the first scale(), as GradScaler makes its scale tensor
         self._tracker = 0
         self._per_optimizer_states = {}
 
     def scale(self, loss):
+        if self._scale_value is None:
+            self._scale_value = self._init_scale
         return loss * self._scale_value
 
     def get_scale(self):
-        return self._scale_value
+        return self._init_scale if self._scale_value is None else self._scale_value
 
     def _get_growth_tracker(self):
         return self._tracker
