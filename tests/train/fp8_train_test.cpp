@@ -126,6 +126,10 @@ TEST(fp8_train_test, mistyped_or_conflicting_options_are_refused_with_what_to_do
   EXPECT_THROW_MSG(train(cuda), Error,
                    "--precision fp8 with --device cuda: FP8 runs on the CPU backend so far (the CUDA FP8 kernels are "
                    "not built)\nhint: use --device cpu (or auto) for fp8, or --precision bf16 on the GPU");
+  TrainConfig traced = mlp(Precision::fp8, 0, 1);
+  traced.out = "/nonexistent/run.h5";
+  EXPECT_THROW_MSG(train(traced), Error,
+                   "--out '/nonexistent/run.h5' with --precision fp8: the trace format has no FP8 runs yet");
   TrainConfig resumed = mlp(Precision::fp8, 0, 1);
   resumed.resume = "/nonexistent/ck.h5";
   EXPECT_THROW_MSG(train(resumed), Error,
