@@ -255,17 +255,6 @@ std::vector<std::unique_ptr<AutocastOverrideGuard>> install_overrides(nn::Module
   return overrides;
 }
 
-// The --fp8-* options of a run that is not --precision fp8 would do nothing: refused, naming the first one.
-void check_fp8_options(const TrainConfig& config) {
-  if (config.precision == Precision::fp8) return;
-  for (const RunOption& o : run_options()) {
-    if (o.recorded != Recorded::with_fp8 || o.is_default(config)) continue;
-    throw Error(fmt::format("--{} is set but the precision is {}: the FP8 options apply only to --precision fp8\nhint: "
-                            "add --precision fp8, or leave --{} out",
-                            o.name, precision_name(config.precision), o.name));
-  }
-}
-
 // The FP8 state of a --precision fp8 run. A --fp8-keep-bf16 glob must name a module of the model: one that
 // names none is a typo, refused with the model's module paths.
 std::shared_ptr<Fp8Context> make_fp8_context(nn::Module& model, const TrainConfig& config, const std::string& what) {
@@ -370,33 +359,13 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     throw Error("--shard-optimizer with --eval: an evaluation has no optimizer whose state could be sharded\nhint: "
                 "leave --shard-optimizer out");
   }
-  check_fp8_options(config);
-  if (config.precision == Precision::fp8 && !config.out.empty()) {
-    // The trace format (probes/trace/) knows the precisions fp32, fp16 and bf16; an FP8 run's trace, with its
-    // per-operand statistics, is a new format version not written yet. Refused before the run, not at its end.
-    throw Error(fmt::format("--out '{}' with --precision fp8: the trace format has no FP8 runs yet (its per-operand "
-                            "FP8 statistics are not built), so an FP8 run cannot write a trace\nhint: leave --out out "
-                            "for fp8 runs; the loss and its summary still print",
-                            config.out));
-  }
+  check_fp8_run(config);
   if (config.precision == Precision::fp8 && ranks_ > 1) {
     throw Error("--precision fp8 with --ddp: the ranks' amaxes are not reduced across ranks yet (TransformerEngine "
                 "reduces them, so every rank uses the same scales)\nhint: train fp8 on one rank");
   }
-  if (config.precision == Precision::fp8 && config.fp8_recipe == "delayed" && !config.resume.empty()) {
-    throw Error(fmt::format("--resume '{}' with --precision fp8 and the delayed recipe: checkpoints do not hold the amax "
-                            "histories and scales yet, so the resumed run would not continue the saved one\nhint: "
-                            "use --fp8-recipe current (no state to save), or train from the start",
-                            config.resume));
-  }
-  // FP8 GEMMs exist on the CPU backend only: auto picks the CPU for them, and a GPU asked for is refused.
+  // FP8 GEMMs exist on the CPU backend only: auto picks the CPU for them (check_fp8_run refused a GPU).
   device_ = config.precision == Precision::fp8 && config.device == "auto" ? Device::cpu() : resolve_device(config.device);
-  if (config.precision == Precision::fp8 && device_.is_cuda()) {
-    throw Error(fmt::format("--precision fp8 with --device {}: FP8 runs on the CPU backend so far (the CUDA FP8 "
-                            "kernels are not built)\nhint: use --device cpu (or auto) for fp8, or --precision bf16 on "
-                            "the GPU",
-                            config.device));
-  }
   if (!config.checkpoint.empty()) {
     check_writable_folder("--checkpoint", config.checkpoint,
                           std::filesystem::absolute(config.checkpoint).parent_path());
@@ -570,6 +539,39 @@ void TrainingRun::save_model() {
 }
 
 }  // namespace
+
+void check_fp8_run(const TrainConfig& config) {
+  if (config.precision != Precision::fp8) {
+    // The --fp8-* options of a run that is not --precision fp8 would do nothing: refused, naming the first.
+    for (const RunOption& o : run_options()) {
+      if (o.recorded != Recorded::with_fp8 || o.is_default(config)) continue;
+      throw Error(fmt::format("--{} is set but the precision is {}: the FP8 options apply only to --precision fp8\n"
+                              "hint: add --precision fp8, or leave --{} out",
+                              o.name, precision_name(config.precision), o.name));
+    }
+    return;
+  }
+  if (config.device != "auto" && config.device != "cpu") {
+    throw Error(fmt::format("--precision fp8 with --device {}: FP8 runs on the CPU backend so far (the CUDA FP8 "
+                            "kernels are not built)\nhint: use --device cpu (or auto) for fp8, or --precision bf16 on "
+                            "the GPU",
+                            config.device));
+  }
+  if (!config.out.empty()) {
+    // The trace format (probes/trace/) knows the precisions fp32, fp16 and bf16; an FP8 run's trace, with its
+    // per-operand statistics, is a new format version not written yet.
+    throw Error(fmt::format("--out '{}' with --precision fp8: the trace format has no FP8 runs yet (its per-operand "
+                            "FP8 statistics are not built), so an FP8 run cannot write a trace\nhint: leave --out out "
+                            "for fp8 runs; the loss and its summary still print",
+                            config.out));
+  }
+  if (config.fp8_recipe == "delayed" && !config.resume.empty()) {
+    throw Error(fmt::format("--resume '{}' with --precision fp8 and the delayed recipe: checkpoints do not hold the amax "
+                            "histories and scales yet, so the resumed run would not continue the saved one\nhint: "
+                            "use --fp8-recipe current (no state to save), or train from the start",
+                            config.resume));
+  }
+}
 
 TrainResult train(const TrainConfig& requested, const std::function<void(const StepReport&)>& on_step,
                   const std::atomic<bool>* stop) {
