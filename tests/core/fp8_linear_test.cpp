@@ -353,7 +353,48 @@ TEST(fp8_linear_test, delayed_scaling_uses_the_scale_from_the_history_up_to_the_
   }
 }
 
-TEST(fp8_linear_test, a_gpu_tensor_or_a_bad_recipe_is_refused) {
+// The f32 twin runs a node's backward again under WidenToF32 (Node::apply_in_f32): an FP8 Linear's node then
+// computes the unquantized products in f32 and records nothing into the module's state (a backward function
+// has no side effects). Its dx is the f32 product of the bf16 values, within f32's accumulation bound of the
+// f64 product, and differs from the FP8 dx.
+TEST(fp8_linear_test, the_twins_widened_backward_is_unquantized_and_leaves_the_state_alone) {
+  std::mt19937 rng(42);
+  const std::int64_t M = 6, K = 16, N = 8;
+  const std::vector<float> x = random_bf16(static_cast<std::size_t>(M * K), 1.0, rng);
+  const std::vector<float> w = random_bf16(static_cast<std::size_t>(N * K), 0.3, rng);
+  const std::vector<float> g = random_bf16(static_cast<std::size_t>(M * N), 0.01, rng);
+  auto fp8 = std::make_shared<Fp8Context>(Fp8Options{.recipe = Fp8Recipe::delayed});
+  Tensor xt = tensor_of(x, {M, K}).to(DType::bf16).requires_grad_();
+  Tensor wt = tensor_of(w, {N, K}).to(DType::bf16).requires_grad_();
+  Tensor y;
+  {
+    Fp8Guard region(fp8);
+    y = linear(xt, wt);
+  }
+  const Tensor gt = tensor_of(g, {M, N}).to(DType::bf16);
+  const std::vector<Tensor> quantized = y.grad_fn()->apply(gt, {true, true, true});
+  const std::vector<float> history = fp8->states().at("").grad_output.amax_history;
+  EXPECT_EQ(history[0], amax_of(g)) << "apply() recorded grad_output's amax";
+  const std::vector<Tensor> widened = y.grad_fn()->apply_in_f32(gt, {true, true, true});
+  EXPECT_EQ(fp8->states().at("").grad_output.amax_history, history) << "the twin's run recorded nothing";
+  ASSERT_EQ(widened[0].dtype(), DType::f32);
+  const std::vector<double> dx = widened[0].values();
+  for (std::int64_t m = 0; m < M; ++m) {
+    for (std::int64_t k = 0; k < K; ++k) {
+      double exact = 0, abs_sum = 0;
+      for (std::int64_t n = 0; n < N; ++n) {
+        const double p = static_cast<double>(g[static_cast<std::size_t>(m * N + n)]) * w[static_cast<std::size_t>(n * K + k)];
+        exact += p;
+        abs_sum += std::fabs(p);
+      }
+      const double u = std::ldexp(1.0, -24);
+      EXPECT_LE(std::fabs(dx[static_cast<std::size_t>(m * K + k)] - exact), (N + 1) * u * abs_sum + u * std::fabs(exact));
+    }
+  }
+  EXPECT_NE(quantized[0].to(DType::f32).values(), dx);
+}
+
+TEST(fp8_linear_test, a_bad_recipe_is_refused_and_hybrid_quantizes_only_gradients_to_e5m2) {
   EXPECT_THROW((Fp8Context(Fp8Options{.delayed = {.history_len = 0}})), Fp8RecipeError);
   EXPECT_EQ(fp8_operand_format(Fp8Operand::grad_output, Fp8FormatMix::hybrid), Fp8Format::e5m2);
   EXPECT_EQ(fp8_operand_format(Fp8Operand::grad_output, Fp8FormatMix::e4m3), Fp8Format::e4m3);
