@@ -113,16 +113,11 @@ Fp8Quantized fp8_quantize_operand(const Tensor& matrix, Fp8Operand operand, cons
   const Tensor f = matrix.to(DType::f32).contiguous();
   const float* v = f.data_as<float>();
   const std::size_t n = static_cast<std::size_t>(f.numel());
-  // max |x|; a NaN makes it NaN (it must reach the recipe, which keeps the previous scale for it).
+  // max |x| folded with fmaxf, as TE's cast kernels fold it (transformer_engine/common/util/
+  // vectorized_pointwise.h, unary_kernel: max = fmaxf(fabsf(temp), max)): a NaN element is skipped, an inf
+  // wins. The NaN itself still quantizes to the NaN code.
   float amax = 0.0f;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float a = std::fabs(v[i]);
-    if (std::isnan(a)) {
-      amax = a;
-      break;
-    }
-    if (a > amax) amax = a;
-  }
+  for (std::size_t i = 0; i < n; ++i) amax = std::fmax(std::fabs(v[i]), amax);
   Fp8Quantized q;
   q.rows = matrix.size(0);
   q.cols = matrix.size(1);

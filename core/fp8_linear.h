@@ -112,7 +112,7 @@ struct Fp8Quantized {
   std::vector<std::uint8_t> codes;
   std::int64_t rows = 0, cols = 0;
   Fp8Format format = Fp8Format::e4m3;
-  float amax = 0.0f;       // max |x| of the unquantized values (NaN if one was NaN)
+  float amax = 0.0f;       // max |x| of the unquantized values, NaNs skipped (TE folds with fmaxf)
   float scale = 1.0f;      // q = satfinite(RNE(x * scale))
   float scale_inv = 1.0f;  // x ~ decode(q) * scale_inv
 };

@@ -394,6 +394,29 @@ TEST(fp8_linear_test, the_twins_widened_backward_is_unquantized_and_leaves_the_s
   EXPECT_NE(quantized[0].to(DType::f32).values(), dx);
 }
 
+// amax as TE's cast kernels fold it, with fmaxf: a NaN element is skipped (it quantizes to the NaN code,
+// 0x7F), an inf wins (and saturates at +-max).
+TEST(fp8_linear_test, the_amax_skips_nan_elements_and_an_inf_wins) {
+  const Fp8Options current{.recipe = Fp8Recipe::current};
+  const Fp8Quantized q = fp8_quantize_operand(tensor_of({1.0f, std::nanf(""), -3.0f, 0.5f}, {2, 2}),
+                                              Fp8Operand::input, current, nullptr);
+  EXPECT_EQ(q.amax, 3.0f);
+  EXPECT_EQ(q.scale, current_scale(3.0f, kE4M3));
+  EXPECT_EQ(q.codes[1], 0x7F);
+  EXPECT_EQ(q.codes[2], ref_quantize(-3.0f * q.scale, kE4M3));
+  const float inf = std::numeric_limits<float>::infinity();
+  const Fp8Quantized qi = fp8_quantize_operand(tensor_of({1.0f, -inf, std::nanf(""), 2.0f}, {1, 4}),
+                                               Fp8Operand::grad_output, current, nullptr);
+  EXPECT_EQ(qi.amax, inf);
+  EXPECT_EQ(qi.scale, 1.0f) << "current scaling: an infinite amax gives scale 1";
+  EXPECT_EQ(qi.format, Fp8Format::e5m2);
+  EXPECT_EQ(qi.codes[1], 0xFB) << "-inf saturates at -57344";
+  Fp8LinearState state{make_delayed_scaling_state({}), make_delayed_scaling_state({}), make_delayed_scaling_state({})};
+  (void)fp8_quantize_operand(tensor_of({std::nanf(""), 0.25f}, {1, 2}), Fp8Operand::weight,
+                             Fp8Options{.recipe = Fp8Recipe::delayed}, &state);
+  EXPECT_EQ(state.weight.amax_history[0], 0.25f);
+}
+
 TEST(fp8_linear_test, a_bad_recipe_is_refused_and_hybrid_quantizes_only_gradients_to_e5m2) {
   EXPECT_THROW((Fp8Context(Fp8Options{.delayed = {.history_len = 0}})), Fp8RecipeError);
   EXPECT_EQ(fp8_operand_format(Fp8Operand::grad_output, Fp8FormatMix::hybrid), Fp8Format::e5m2);
