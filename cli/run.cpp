@@ -24,6 +24,7 @@
 #include "core/io/output_file.h"
 #include "core/distributed/data_parallel.h"
 #include "core/error.h"
+#include "core/fp8_linear.h"
 #include "core/grad_scaler.h"
 #include "core/ops.h"
 #include "core/optim.h"
@@ -67,7 +68,8 @@ std::unique_ptr<SampleTask> make_task(const TrainConfig& config, Generator& gen,
 
 namespace {
 
-DType lower_dtype(Precision p) { return p == Precision::bf16 ? DType::bf16 : DType::f16; }
+// fp8 is bf16 autocast with the Linear GEMMs in FP8 on top (core/fp8_linear.h).
+DType lower_dtype(Precision p) { return p == Precision::bf16 || p == Precision::fp8 ? DType::bf16 : DType::f16; }
 
 Device resolve_device(const std::string& name) {
   if (name == "auto") return cuda_status().device_count > 0 ? Device::cuda() : Device::cpu();
@@ -253,6 +255,33 @@ std::vector<std::unique_ptr<AutocastOverrideGuard>> install_overrides(nn::Module
   return overrides;
 }
 
+// The FP8 state of a --precision fp8 run. A --fp8-keep-bf16 glob must name a module of the model: one that
+// names none is a typo, refused with the model's module paths.
+std::shared_ptr<Fp8Context> make_fp8_context(nn::Module& model, const TrainConfig& config, const std::string& what) {
+  std::vector<std::string> module_paths;
+  for (const auto& [name, module] : model.named_modules())
+    if (!name.empty()) module_paths.push_back(name);
+  for (const std::string& pattern : config.fp8_keep_bf16) {
+    const bool names_module = std::any_of(module_paths.begin(), module_paths.end(), [&](const std::string& path) {
+      return ::fnmatch(pattern.c_str(), path.c_str(), 0) == 0;
+    });
+    if (names_module) continue;
+    std::string examples;
+    for (std::size_t i = 0; i < module_paths.size() && i < 6; ++i) examples += (i ? ", " : "") + module_paths[i];
+    throw Error(fmt::format("--fp8-keep-bf16: '{}' matches no module of the '{}' model; its modules are {}{}\nhint: "
+                            "name a module path (a glob: * matches dots too)",
+                            pattern, what, examples, module_paths.size() > 6 ? ", ..." : ""));
+  }
+  Fp8Options options;
+  options.recipe = config.fp8_recipe == "current" ? Fp8Recipe::current : Fp8Recipe::delayed;
+  options.formats = config.fp8_format == "e4m3" ? Fp8FormatMix::e4m3 : Fp8FormatMix::hybrid;
+  options.delayed = DelayedScaling{.history_len = config.fp8_amax_history,
+                                   .algo = config.fp8_amax_algo == "most_recent" ? AmaxAlgo::most_recent : AmaxAlgo::max,
+                                   .margin = static_cast<float>(config.fp8_margin)};
+  options.keep_bf16 = config.fp8_keep_bf16;
+  return std::make_shared<Fp8Context>(std::move(options));
+}
+
 // One run: set up (configuration, task, optimizer, scaler, resume, overrides, recording), then step and
 // save. Members are declared in the order they are built; the recording, built last, is closed first.
 class TrainingRun {
@@ -288,6 +317,7 @@ class TrainingRun {
   std::int64_t first_step_ = 0;
   StateDict run_state_;
   std::vector<std::unique_ptr<AutocastOverrideGuard>> overrides_;
+  std::shared_ptr<Fp8Context> fp8_;  // --precision fp8; null otherwise
   // Data parallelism (a group of more than one rank; null otherwise): rank_ of ranks_.
   ProcessGroup* group_ = nullptr;
   int rank_ = 0;
@@ -329,7 +359,13 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     throw Error("--shard-optimizer with --eval: an evaluation has no optimizer whose state could be sharded\nhint: "
                 "leave --shard-optimizer out");
   }
-  device_ = resolve_device(config.device);
+  check_fp8_run(config);
+  if (config.precision == Precision::fp8 && ranks_ > 1) {
+    throw Error("--precision fp8 with --ddp: the ranks' amaxes are not reduced across ranks yet (TransformerEngine "
+                "reduces them, so every rank uses the same scales)\nhint: train fp8 on one rank");
+  }
+  // FP8 GEMMs exist on the CPU backend only: auto picks the CPU for them (check_fp8_run refused a GPU).
+  device_ = config.precision == Precision::fp8 && config.device == "auto" ? Device::cpu() : resolve_device(config.device);
   if (!config.checkpoint.empty()) {
     check_writable_folder("--checkpoint", config.checkpoint,
                           std::filesystem::absolute(config.checkpoint).parent_path());
@@ -419,6 +455,7 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     if (config.shard_optimizer && opt_) zero_ = std::make_unique<ShardedOptimizer>(*group_, *opt_);
   }
   overrides_ = install_overrides(model, config, identity_, warnings_);
+  if (config.precision == Precision::fp8) fp8_ = make_fp8_context(model, config, identity_);
   recording_ = std::make_unique<Recording>(config, config_json(config), device_, identity_);
 }
 
@@ -447,12 +484,19 @@ probe::StepSummary TrainingRun::step(std::int64_t n) {
   {
     std::optional<AutocastGuard> autocast;
     if (config_.precision != Precision::fp32) autocast.emplace(lower_dtype(config_.precision));
+    Fp8Guard fp8_region(fp8_);  // null (no FP8) unless --precision fp8
     Tensor output = task_->forward(batch);
     loss = scenario_ != nullptr && scenario_->loss ? scenario_->loss(*task_, output, batch.y)
                                                    : task_->loss(output, batch.y);
   }
-  if (config_.eval) return recorded.finish_eval(loss);
+  if (config_.eval) {
+    if (fp8_) fp8_->end_step();
+    return recorded.finish_eval(loss);
+  }
   scaler_->scale(loss).backward();
+  // TE's scale update after the backward: every FP8 tensor's amax history rolls (those that ran) and the
+  // next step's scales are computed; this step's were used already.
+  if (fp8_) fp8_->end_step();
   if (reducer_) {
     // This rank's own gradients, before the all-reduce averages them (the /grads rows marked before_all_reduce):
     // the multi-rank report tells from them which rank's gradient broke first.
@@ -495,6 +539,39 @@ void TrainingRun::save_model() {
 }
 
 }  // namespace
+
+void check_fp8_run(const TrainConfig& config) {
+  if (config.precision != Precision::fp8) {
+    // The --fp8-* options of a run that is not --precision fp8 would do nothing: refused, naming the first.
+    for (const RunOption& o : run_options()) {
+      if (o.recorded != Recorded::with_fp8 || o.is_default(config)) continue;
+      throw Error(fmt::format("--{} is set but the precision is {}: the FP8 options apply only to --precision fp8\n"
+                              "hint: add --precision fp8, or leave --{} out",
+                              o.name, precision_name(config.precision), o.name));
+    }
+    return;
+  }
+  if (config.device != "auto" && config.device != "cpu") {
+    throw Error(fmt::format("--precision fp8 with --device {}: FP8 runs on the CPU backend so far (the CUDA FP8 "
+                            "kernels are not built)\nhint: use --device cpu (or auto) for fp8, or --precision bf16 on "
+                            "the GPU",
+                            config.device));
+  }
+  if (!config.out.empty()) {
+    // The trace format (probes/trace/) knows the precisions fp32, fp16 and bf16; an FP8 run's trace, with its
+    // per-operand statistics, is a new format version not written yet.
+    throw Error(fmt::format("--out '{}' with --precision fp8: the trace format has no FP8 runs yet (its per-operand "
+                            "FP8 statistics are not built), so an FP8 run cannot write a trace\nhint: leave --out out "
+                            "for fp8 runs; the loss and its summary still print",
+                            config.out));
+  }
+  if (config.fp8_recipe == "delayed" && !config.resume.empty()) {
+    throw Error(fmt::format("--resume '{}' with --precision fp8 and the delayed recipe: checkpoints do not hold the amax "
+                            "histories and scales yet, so the resumed run would not continue the saved one\nhint: "
+                            "use --fp8-recipe current (no state to save), or train from the start",
+                            config.resume));
+  }
+}
 
 TrainResult train(const TrainConfig& requested, const std::function<void(const StepReport&)>& on_step,
                   const std::atomic<bool>* stop) {

@@ -64,6 +64,11 @@ std::pair<std::int64_t, std::int64_t> rank_rows(std::int64_t batch, int rank, in
 // Where a kept periodic checkpoint goes: "run/ck.h5", 40 -> "run/ck.step-40.h5" (the state before step 40).
 std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t step);
 
+// What --precision fp8 cannot be combined with yet, checked before anything runs (train() checks it again):
+// an --fp8-* option with another precision, a CUDA device, --out (no FP8 traces yet), --resume with the
+// delayed recipe (no FP8 state in checkpoints). Throws Error naming the option and what to do instead.
+void check_fp8_run(const TrainConfig& config);
+
 // Runs the training. `stop` (optional) is polled at every step boundary: set it from a signal handler
 // to end cleanly with a complete trace.
 TrainResult train(const TrainConfig& config, const std::function<void(const StepReport&)>& on_step = {},

@@ -223,6 +223,9 @@ std::string run_config_json(const TrainConfig& config, int world_size, int rank)
       case Recorded::without_model:
         if (!config.model_dir.empty()) continue;
         break;
+      case Recorded::with_fp8:
+        if (config.precision != Precision::fp8) continue;
+        break;
       case Recorded::with_ranks:
         if (world_size <= 1) continue;
         if (!ranks_written) {

@@ -277,6 +277,7 @@ void validate_config(const TrainConfig& c) {
                 "--checkpoint out (--resume with --eval evaluates a checkpoint)");
   }
   if (c.eval && !c.save_model.empty()) throw Error("--save-model with --eval: an evaluation changes no weights\nhint: leave --save-model out");
+  check_fp8_run(c);
   if (c.twin && c.out.empty()) {
     throw Error("--twin needs --out FILE: the twin's rows go to the trace's /precision table");
   }

@@ -17,6 +17,7 @@
 #include "core/autograd.h"
 #include "core/convert.h"
 #include "core/error.h"
+#include "core/fp8_linear.h"
 
 namespace ampscope {
 
@@ -848,6 +849,49 @@ static Tensor matmul_impl(const Tensor& a, const Tensor& b) {
                           });
 }
 
+// linear() inside an Fp8Guard (core/fp8_linear.h): TE's fprop, dgrad and wgrad GEMMs on quantized operands.
+// The checks have been made by linear_impl. The node's backward quantizes grad_output (recording its amax in
+// the module's state); under the twin's widening it computes instead the unquantized product, as the bf16
+// path's backward does, so that the twin measures what FP8 and bf16 together lost against f32.
+static Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8Context> fp8) {
+  const std::string module = current_scope();
+  const std::int64_t in = weight.size(1), out_features = weight.size(0);
+  const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Fp8LinearState* state = fp8->options().recipe == Fp8Recipe::delayed ? &fp8->state(module) : nullptr;
+  auto qx = std::make_shared<Fp8Quantized>();
+  auto qw = std::make_shared<Fp8Quantized>();
+  Tensor x2;
+  Tensor out = untracked([&] {
+    x2 = x.reshape({rows, in});
+    *qx = fp8_quantize_operand(x2, Fp8Operand::input, fp8->options(), state);
+    *qw = fp8_quantize_operand(weight, Fp8Operand::weight, fp8->options(), state);
+    return fp8_gemm(*qx, false, *qw, true, x.dtype(), bias).reshape(out_shape);
+  });
+  if (!autograd::any_requires_grad({x, weight, bias})) return out;
+  return autograd::record(
+      "linear", out, {x, weight, bias},
+      [fp8, module, qx, qw, sx = x2.detach(), sw = weight.detach(), x_shape = x.shape(), has_bias = bias.defined()](
+          const Tensor& g, const Needs& n) {
+        const std::int64_t r = sx.size(0), o = sw.size(0), i = sw.size(1);
+        const Tensor g2 = g.reshape({r, o});
+        Tensor gx, gw, gb;
+        if (autograd::widening_target()) {
+          const Tensor g3 = g.reshape({1, r, o});
+          if (n[0]) gx = gemm("linear", g3, sw.reshape({1, o, i}), sx.dtype()).reshape(x_shape);
+          if (n[1]) gw = gemm("linear", transpose_last(g3), sx.reshape({1, r, i}), sw.dtype()).reshape({o, i});
+        } else if (n[0] || n[1]) {
+          Fp8LinearState* st = fp8->options().recipe == Fp8Recipe::delayed ? &fp8->state(module) : nullptr;
+          const Fp8Quantized qg = fp8_quantize_operand(g2, Fp8Operand::grad_output, fp8->options(), st);
+          if (n[0]) gx = fp8_gemm(qg, false, *qw, false, sx.dtype()).reshape(x_shape);  // dgrad: Q(dy) Q(W)
+          if (n[1]) gw = fp8_gemm(qg, true, *qx, false, sw.dtype());                    // wgrad: Q(dy)^T Q(x)
+        }
+        if (has_bias && n[2]) gb = sum_to(g2, {o});
+        return Grads{gx, gw, gb};
+      });
+}
+
 static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (weight.dim() != 2) {
     throw ShapeError(fmt::format("{}: weight must be 2-D [out_features, in_features], got {}", label("linear"),
@@ -868,6 +912,11 @@ static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& b
   check_same_dtype("linear", x, "the input", bias, "the bias");
   check_same_device("linear", x, weight);
   check_same_device("linear", x, bias);
+  if (std::shared_ptr<Fp8Context> fp8 = active_fp8_context();
+      fp8 != nullptr && (x.dtype() == DType::bf16 || x.dtype() == DType::f16) && !autograd::widening_target() &&
+      fp8->covers(current_scope())) {
+    return fp8_linear_impl(x, weight, bias, std::move(fp8));
+  }
   const std::int64_t in = weight.size(1), out_features = weight.size(0);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;

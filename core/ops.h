@@ -93,7 +93,9 @@ Tensor log_softmax(const Tensor& a, std::int64_t dim, std::optional<DType> dtype
 // have the same dtype; products accumulate in float and the result is rounded once to that dtype.
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);  // [B, M, K] @ [B, K, N]
-// x [..., in] @ weight [out, in]^T + bias [out]; the bias is added before the single rounding.
+// x [..., in] @ weight [out, in]^T + bias [out]; the bias is added before the single rounding. Inside an
+// Fp8Guard, on f16/bf16 inputs of a module no keep glob names, the forward and backward GEMMs run on FP8
+// copies of their operands instead (core/fp8_linear.h).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- convolution and pooling (NCHW) ----

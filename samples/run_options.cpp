@@ -67,9 +67,41 @@ std::optional<Refusal> probe_check(const OptionValue& v) {
 }
 std::optional<Refusal> precision_check(const OptionValue& v) {
   const std::string& name = std::get<std::string>(v);
-  for (const char* known : {"fp32", "fp16", "bf16"})
+  for (const char* known : {"fp32", "fp16", "bf16", "fp8"})
     if (name == known) return std::nullopt;
-  return Refusal{name, "one of fp32, fp16, bf16"};
+  return Refusal{name, "one of fp32, fp16, bf16, fp8"};
+}
+std::optional<Refusal> one_of(const OptionValue& v, std::initializer_list<const char*> known, std::string_view expected) {
+  const std::string& name = std::get<std::string>(v);
+  for (const char* k : known)
+    if (name == k) return std::nullopt;
+  return Refusal{name, std::string(expected)};
+}
+std::optional<Refusal> fp8_recipe_check(const OptionValue& v) {
+  return one_of(v, {"delayed", "current"}, "delayed or current");
+}
+std::optional<Refusal> fp8_format_check(const OptionValue& v) {
+  return one_of(v, {"hybrid", "e4m3"}, "hybrid (E4M3 forward, E5M2 gradients) or e4m3");
+}
+std::optional<Refusal> fp8_amax_algo_check(const OptionValue& v) {
+  return one_of(v, {"max", "most_recent"}, "max or most_recent");
+}
+std::optional<Refusal> fp8_amax_history_check(const OptionValue& v) {
+  const std::int64_t n = std::get<std::int64_t>(v);
+  if (n >= 1 && n <= kMaxFp8AmaxHistory) return std::nullopt;
+  return Refusal{std::to_string(n), fmt::format("an integer from 1 to {} (1024 is TransformerEngine's default)",
+                                                kMaxFp8AmaxHistory)};
+}
+std::optional<Refusal> fp8_margin_check(const OptionValue& v) {
+  const std::int64_t n = std::get<std::int64_t>(v);
+  if (n >= 0 && n <= kMaxFp8Margin) return std::nullopt;
+  return Refusal{std::to_string(n), fmt::format("an integer from 0 to {} (the scale is divided by 2^margin)", kMaxFp8Margin)};
+}
+std::optional<Refusal> module_globs_check(const OptionValue& v) {
+  for (const std::string& pattern : std::get<std::vector<std::string>>(v)) {
+    if (pattern.empty()) return Refusal{"''", "a glob naming modules, e.g. 'fc3' or 'blocks.*.mlp.*'"};
+  }
+  return std::nullopt;
 }
 
 std::vector<RunOption> make_table() {
@@ -82,8 +114,9 @@ std::vector<RunOption> make_table() {
                   .help = "Sample model: mlp, cnn or transformer (see --list-samples)", .json_key = "sample",
                   .recorded = R::without_model});
   rows.push_back({.name = "precision", .type = T::choice, .field = &C::precision,
-                  .help = "Precision of the ops: fp32, fp16 (autocast + GradScaler) or bf16", .json_key = "precision",
-                  .choices = {"fp32", "fp16", "bf16"}, .check = precision_check});
+                  .help = "Precision of the ops: fp32, fp16 (autocast + GradScaler), bf16, or fp8 (bf16 autocast with the "
+                          "Linear GEMMs in FP8 as TransformerEngine runs them; CPU only so far)",
+                  .json_key = "precision", .choices = {"fp32", "fp16", "bf16", "fp8"}, .check = precision_check});
   rows.push_back({.name = "device", .type = T::text, .field = &C::device,
                   .help = "auto (the GPU when one is present), cpu, cuda or cuda:N", .json_key = "device"});
   rows.push_back({.name = "steps", .type = T::integer, .field = &C::steps, .help = "Optimizer steps to run",
@@ -127,6 +160,30 @@ std::vector<RunOption> make_table() {
                   .help = "Also twin the forward ops that ran in f32, in f64 (implies --twin): where f32 itself loses "
                           "digits, in fp32 runs too; f16/bf16 ops are still twinned in f32. Slower than --twin",
                   .json_key = "twin_f64", .implies = "twin"});
+  rows.push_back({.name = "fp8-recipe", .type = T::choice, .field = &C::fp8_recipe,
+                  .help = "--precision fp8: TransformerEngine's scaling recipe, delayed (each tensor's scale from its "
+                          "amax history, used the next step) or current (from the tensor's own amax)",
+                  .json_key = "fp8_recipe", .recorded = R::with_fp8, .choices = {"delayed", "current"},
+                  .check = fp8_recipe_check});
+  rows.push_back({.name = "fp8-format", .type = T::choice, .field = &C::fp8_format,
+                  .help = "--precision fp8: hybrid (inputs and weights E4M3, gradients E5M2) or e4m3 (all three E4M3)",
+                  .json_key = "fp8_format", .recorded = R::with_fp8, .choices = {"hybrid", "e4m3"},
+                  .check = fp8_format_check});
+  rows.push_back({.name = "fp8-amax-history", .type = T::integer, .field = &C::fp8_amax_history,
+                  .help = "--precision fp8 with the delayed recipe: steps of amax history per tensor",
+                  .json_key = "fp8_amax_history", .recorded = R::with_fp8, .check = fp8_amax_history_check});
+  rows.push_back({.name = "fp8-amax-algo", .type = T::choice, .field = &C::fp8_amax_algo,
+                  .help = "--precision fp8 with the delayed recipe: the amax the scale uses, max (of the history) or "
+                          "most_recent (the last step's)",
+                  .json_key = "fp8_amax_algo", .recorded = R::with_fp8, .choices = {"max", "most_recent"},
+                  .check = fp8_amax_algo_check});
+  rows.push_back({.name = "fp8-margin", .type = T::integer, .field = &C::fp8_margin,
+                  .help = "--precision fp8 with the delayed recipe: scale = fp8_max / amax / 2^margin",
+                  .json_key = "fp8_margin", .recorded = R::with_fp8, .check = fp8_margin_check});
+  rows.push_back({.name = "fp8-keep-bf16", .type = T::list, .field = &C::fp8_keep_bf16,
+                  .help = "--precision fp8: keep the Linears of modules matching this glob in bf16 (repeatable), "
+                          "e.g. 'fc3'",
+                  .json_key = "fp8_keep_bf16", .recorded = R::with_fp8, .check = module_globs_check});
   rows.push_back({.name = "max-grad-norm", .type = T::number, .field = &C::max_grad_norm,
                   .help = "Clip gradients to this norm after unscaling (0: no clipping)", .json_key = "max_grad_norm",
                   .check = max_grad_norm_check});

@@ -24,6 +24,10 @@ namespace ampscope::samples {
 
 // The largest --batch accepted (a batch beyond it would not fit in memory for any sample).
 inline constexpr std::int64_t kMaxBatch = 65536;
+// The longest --fp8-amax-history (one float per step per quantized tensor) and the largest --fp8-margin
+// (448 / 2^64 is already far below any amax a scale is made for).
+inline constexpr std::int64_t kMaxFp8AmaxHistory = 1 << 20;
+inline constexpr std::int64_t kMaxFp8Margin = 64;
 
 // TrainConfig's fields that are not options, so have no row: `scenario_applied` (set by `ampscope fix`
 // when it replays a recorded configuration), `process_group` (the group a --ddp run is one rank of) and
@@ -50,6 +54,7 @@ enum class Recorded {
   with_model,       // only in a model-folder run (`model` set)
   without_model,    // only in a run of a sample (`model` not set): a model-folder run trains no sample
   with_ranks,       // only in a run of more than one rank, after its `world_size` and `rank`
+  with_fp8,         // only in an FP8 run (`precision` fp8)
   never,            // not recorded: RunOption::not_recorded says why
 };
 

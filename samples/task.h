@@ -30,8 +30,9 @@
 
 namespace ampscope::samples {
 
-enum class Precision { fp32, fp16, bf16 };
-std::string_view precision_name(Precision p);  // "fp32", "fp16", "bf16"
+// fp8: bf16 autocast with the Linear GEMMs in FP8 as TransformerEngine runs them (core/fp8_linear.h).
+enum class Precision { fp32, fp16, bf16, fp8 };
+std::string_view precision_name(Precision p);  // "fp32", "fp16", "bf16", "fp8"
 Precision parse_precision(std::string_view name);  // Error listing the valid names
 
 struct TrainConfig {
@@ -55,6 +56,14 @@ struct TrainConfig {
   // With the twin: also every forward op that ran in f32, computed again in f64 (--twin-f64; probes/twin.h,
   // TwinOptions::f32_in_f64): where f32 itself loses digits. Slower: f64 comparisons take the scalar path.
   bool twin_f64 = false;
+  // --precision fp8 (docs/fp8.md): TransformerEngine's recipe for the FP8 Linear GEMMs; refused with another
+  // precision when set to anything but the default.
+  std::string fp8_recipe = "delayed";     // delayed or current
+  std::string fp8_format = "hybrid";      // hybrid (E4M3 forward, E5M2 gradients) or e4m3
+  std::int64_t fp8_amax_history = 1024;   // delayed scaling's amax history length
+  std::string fp8_amax_algo = "max";      // max or most_recent
+  std::int64_t fp8_margin = 0;            // scale = fp8_max / amax / 2^margin
+  std::vector<std::string> fp8_keep_bf16; // module globs whose Linears stay bf16
   std::string scenario;         // "" for none
   double init_scale = 65536.0;
   std::int64_t growth_interval = 2000;

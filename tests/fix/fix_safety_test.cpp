@@ -373,7 +373,7 @@ TEST(fix_safety_test, recorded_values_train_refuses_are_refused_with_the_key_nam
       {"steps", -1, "'steps' is -1, which"},
       {"max_grad_norm", "-inf", "'max_grad_norm' is -inf, which"},
       {"probe", "everything", "'probe' is everything, which `ampscope train` refuses (--probe: expected one of off, dtype, health, full)"},
-      {"precision", "fp8", "unknown precision 'fp8'"},
+      {"precision", "fp4", "unknown precision 'fp4'"},
       {"seed", -1, "the recorded configuration's 'seed' is -1; expected an integer >= 0"},
       {"scenario", "no-such-scenario", "the recorded configuration names unknown scenario 'no-such-scenario'"},
       {"twin", "yes", "the recorded configuration's 'twin' is \"yes\"; expected true or false"},

@@ -210,6 +210,7 @@ TEST(run_options_table_test, every_recorded_option_round_trips_through_the_confi
     // The condition under which the row is recorded.
     if (row.recorded == Recorded::with_checkpoint && row.name != "checkpoint") c.checkpoint = "/elsewhere/ck.h5";
     if (row.recorded == Recorded::with_model && row.name != "model") c.model_dir = "/elsewhere/model";
+    if (row.recorded == Recorded::with_fp8) c.precision = Precision::fp8;
     row.set(c, value);
     const int ranks = row.recorded == Recorded::with_ranks ? 2 : 1;
     const RecordedRun back = read_run_config(nlohmann::json::parse(run_config_json(c, ranks, ranks - 1)));
@@ -270,7 +271,7 @@ TEST(run_options_table_test, a_recorded_value_of_the_wrong_type_is_refused_namin
   EXPECT_THROW_MSG(read(R"({"twin": 1})"), Error, "'twin' is 1; expected true or false");
   EXPECT_THROW_MSG(read(R"({"lr": "fast"})"), Error, "'lr' is \"fast\"; expected a number");
   EXPECT_THROW_MSG(read(R"({"autocast_fp32": ["a", 3]})"), Error, "'autocast_fp32'", "expected an array of strings");
-  EXPECT_THROW_MSG(read(R"({"precision": "fp8"})"), Error, "unknown precision 'fp8'");
+  EXPECT_THROW_MSG(read(R"({"precision": "fp4"})"), Error, "unknown precision 'fp4'; valid: fp32, fp16, bf16, fp8");
   EXPECT_THROW_MSG(read(R"({"world_size": 0})"), Error, "'world_size' is 0; expected an integer >= 1");
   // Non-finite numbers are read back as written; train's checks refuse them later (check_run_options).
   const RecordedRun nan = read(R"({"lr": "nan", "init_scale": "-inf", "some_future_option": 3})");
@@ -305,6 +306,20 @@ TEST(run_options_table_test, each_check_refuses_just_outside_its_range_and_allow
       {"context", std::int64_t{-1}, std::int64_t{0}, "--context: -1 is not allowed"},
       {"autocast-fp32", std::vector<std::string>{"a", ""}, std::vector<std::string>{"a"}, "--autocast-fp32: '' is not allowed"},
       {"probe", std::string("everything"), std::string("off"), "--probe: everything is not allowed; expected one of off"},
+      {"fp8-recipe", std::string("delay"), std::string("current"),
+       "--fp8-recipe: delay is not allowed; expected delayed or current"},
+      {"fp8-format", std::string("e5m2"), std::string("e4m3"),
+       "--fp8-format: e5m2 is not allowed; expected hybrid (E4M3 forward, E5M2 gradients) or e4m3"},
+      {"fp8-amax-algo", std::string("mean"), std::string("most_recent"),
+       "--fp8-amax-algo: mean is not allowed; expected max or most_recent"},
+      {"fp8-amax-history", std::int64_t{0}, std::int64_t{1},
+       "--fp8-amax-history: 0 is not allowed; expected an integer from 1 to 1048576 (1024 is TransformerEngine's default)"},
+      {"fp8-amax-history", std::int64_t{1048577}, std::int64_t{1048576}, "--fp8-amax-history: 1048577 is not allowed"},
+      {"fp8-margin", std::int64_t{-1}, std::int64_t{0},
+       "--fp8-margin: -1 is not allowed; expected an integer from 0 to 64 (the scale is divided by 2^margin)"},
+      {"fp8-margin", std::int64_t{65}, std::int64_t{64}, "--fp8-margin: 65 is not allowed"},
+      {"fp8-keep-bf16", std::vector<std::string>{""}, std::vector<std::string>{"fc3"},
+       "--fp8-keep-bf16: '' is not allowed; expected a glob naming modules"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.option);

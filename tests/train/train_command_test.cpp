@@ -33,7 +33,7 @@ std::string write_config(const std::string& text) {
 }
 
 TEST(train_command_test, refuses_values_outside_the_valid_sets) {
-  EXPECT_THROW(run_train({"--precision", "fp8"}), CLI::ValidationError);
+  EXPECT_THROW(run_train({"--precision", "fp4"}), CLI::ValidationError);
   EXPECT_THROW(run_train({"--probe", "everything"}), CLI::ValidationError);
   EXPECT_THROW(run_train({"--seed", "-1"}), CLI::ValidationError);
   EXPECT_THROW_MSG(run_train({"--sample", "resnet"}), Error, "unknown sample 'resnet'", "mlp, cnn, transformer");
