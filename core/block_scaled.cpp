@@ -65,9 +65,10 @@ int floor_log2(float a) {
   return top - 149;
 }
 
-// TE's float_to_e8m0 (the path without Blackwell's cvt.rp.satfinite.ue8m0x2.f32, which it emulates):
-// rounds a non-negative float up to a power of two 2^(c - 127).
-std::uint8_t e8m0_round_up(float v) {
+}  // namespace
+
+// TE's float_to_e8m0 (the path without Blackwell's cvt.rp.satfinite.ue8m0x2.f32, which it emulates).
+std::uint8_t float_to_e8m0_round_up(float v) {
   if (std::isnan(v)) return kE8M0NaN;
   if (std::isinf(v)) return 0xFE;
   if (v == 0.0f) return 0;
@@ -79,6 +80,8 @@ std::uint8_t e8m0_round_up(float v) {
   if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000u)) ++exponent;
   return static_cast<std::uint8_t>(exponent);
 }
+
+namespace {
 
 // TE's exp2f_rcp: the multiplier 2^(127 - c) that scales a block into the element range, with its two
 // edge cases kept (c == 0 -> 1; c == 254 -> (254 - 254) << 23 = +0).
@@ -165,7 +168,7 @@ std::uint8_t mx_block_scale(std::span<const float> block, Fp8Format element, MxS
   float amax = 0.0f;
   for (float v : block) amax = std::fmax(amax, std::fabs(v));  // fmaxf: NaN skipped, inf wins
   const float max_norm_rcp = static_cast<float>(1.0 / static_cast<double>(fp8_max(element)));
-  return e8m0_round_up(amax * max_norm_rcp);
+  return float_to_e8m0_round_up(amax * max_norm_rcp);
 }
 
 MxTensor quantize_mxfp8(std::span<const float> x, std::int64_t rows, std::int64_t cols, const MxOptions& options) {

@@ -62,6 +62,12 @@ std::uint8_t float_to_e2m1_stochastic(float x, float u);
 inline constexpr std::uint8_t kE8M0NaN = 0xFF;
 float e8m0_to_float(std::uint8_t code);
 
+// A non-negative float rounded up to an E8M0 code, as TransformerEngine's float_to_e8m0 (the emulation of
+// Blackwell's cvt.rp.satfinite.ue8m0x2.f32): the smallest 2^(c - 127) >= v, c clamped to 0 .. 254, so
+// v <= 2^-127 (0 and float subnormals up to 2^-127 included) gives 0 and v > 2^127 gives 254 (satfinite, as
+// does inf); NaN gives 0xFF.
+std::uint8_t float_to_e8m0_round_up(float v);
+
 // ---------------------------------------------------------------------------------------------------
 // Blocks and layouts. Matrices are row-major rows x cols f32. Codes come back one per byte in the same
 // row-major order (FP4 codes are not packed two to a byte here).

@@ -207,6 +207,31 @@ TEST(E8M0, EveryCodeDecodesByFormula) {
   EXPECT_EQ(bits_of(e8m0_to_float(254)), 0x7F000000u);  // 2^127
 }
 
+TEST(E8M0, RoundUpEncodeAgainstCeilLog2) {
+  // The smallest 2^(c - 127) >= v: c = ceil(log2 v) + 127, clamped to 0 .. 254.
+  auto want = [](float v) {
+    const int c = static_cast<int>(std::ceil(std::log2(static_cast<double>(v)))) + 127;
+    return std::min(std::max(c, 0), 254);
+  };
+  int n = 0;
+  for (int e = -149; e <= 127; ++e) {
+    const float p = std::ldexp(1.0f, e);
+    for (float v : {p, std::nextafter(p, kInf), std::nextafter(p, 0.0f), 1.5f * p}) {
+      if (v == 0.0f || std::isinf(v)) continue;
+      EXPECT_EQ(float_to_e8m0_round_up(v), want(v)) << "v=" << v;
+      ++n;
+    }
+  }
+  EXPECT_GT(n, 1000);
+  EXPECT_EQ(float_to_e8m0_round_up(std::ldexp(1.0f, -127)), 0);  // exactly 2^-127 (a subnormal)
+  EXPECT_EQ(float_to_e8m0_round_up(std::nextafter(std::ldexp(1.0f, -127), kInf)), 1);
+  EXPECT_EQ(float_to_e8m0_round_up(0.0f), 0);
+  EXPECT_EQ(float_to_e8m0_round_up(FLT_MAX), 254);  // past 2^127: satfinite
+  EXPECT_EQ(float_to_e8m0_round_up(kInf), 254);
+  EXPECT_EQ(float_to_e8m0_round_up(kNaN), 255);
+  EXPECT_EQ(float_to_e8m0_round_up(1.0f), 127);
+}
+
 TEST(E2M1, EncodeEveryBoundaryAndTie) {
   struct Tie {
     float mid;
@@ -575,6 +600,21 @@ TEST(Nvfp4, WorkedBlockWithTies) {
   const std::vector<float> back = dequantize_nvfp4(q);
   EXPECT_EQ(back[16], 2688.0f);  // 6 * 448 * 1
   EXPECT_EQ(back[8], -3.0f);
+}
+
+TEST(Nvfp4, BlockScaleFollowsTheKernelOrderOfOperations) {
+  // TE's reference folds 1/6 into the global scale first (multiplier = fl(global_encode * fl(1/6))) and
+  // multiplies the block amax by it. With global encode 1 and block amax a = 1.78125 - 2^-23, a * fl(1/6)
+  // rounds to 0.296875 exactly, the E4M3 midpoint between 0.28125 (0x29) and 0.3125 (0x2A): the even 0x2A.
+  // Dividing by 6 first would give 0.29687497.. and 0x29.
+  std::vector<float> x(32, 0.0f);
+  x[0] = std::nextafter(1.78125f, 0.0f);
+  x[16] = 2688.0f;
+  const Nvfp4Tensor q = quantize_nvfp4(x, 1, 32);
+  EXPECT_EQ(q.global_encode_scale, 1.0f);
+  EXPECT_EQ(q.scales[0], 0x2A);
+  EXPECT_EQ(e4m3_to_float(q.scales[0]), 0.3125f);
+  check_nvfp4(x, 1, 32, Nvfp4Tile::row_1x16);
 }
 
 TEST(Nvfp4, GlobalScaleEdgeCases) {
