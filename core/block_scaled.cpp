@@ -222,10 +222,12 @@ MxTensor quantize_mxfp8(std::span<const float> x, std::int64_t rows, std::int64_
 std::vector<float> dequantize_mxfp8(const MxTensor& q) {
   check_shape("dequantize_mxfp8", q.codes.size(), q.rows, q.cols);
   const bool along_row = q.options.axis == BlockAxis::along_row;
-  if (q.scales.size() != q.codes.size() / kMxBlock || q.codes.size() % kMxBlock != 0) {
+  const std::int64_t blocked = along_row ? q.cols : q.rows;
+  if (blocked % kMxBlock != 0 || q.scales.size() != q.codes.size() / kMxBlock) {
     throw ShapeError("dequantize_mxfp8: " + std::to_string(q.scales.size()) + " scales for " +
                      std::to_string(q.codes.size()) +
-                     " codes, expected one per 32\nhint: pass an MxTensor made by quantize_mxfp8");
+                     " codes of a " + std::to_string(q.rows) + "x" + std::to_string(q.cols) +
+                     " matrix, expected one per 32-value block\nhint: pass an MxTensor made by quantize_mxfp8");
   }
   std::vector<float> out(q.codes.size());
   for (std::int64_t r = 0; r < q.rows; ++r) {

@@ -448,6 +448,27 @@ TEST(Mxfp8, ShapesThatDoNotDivideAreRefused) {
   EXPECT_THROW(quantize_mxfp8(y, 48, 32, {.axis = BlockAxis::along_column}), ShapeError);
 }
 
+TEST(Mxfp8, DequantizeRefusesInconsistentTensors) {
+  MxTensor q = quantize_mxfp8(std::vector<float>(64, 1.0f), 1, 64);
+  q.scales.pop_back();
+  try {
+    dequantize_mxfp8(q);
+    FAIL() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_STREQ(e.what(), "dequantize_mxfp8: 1 scales for 64 codes of a 1x64 matrix, expected one per 32-value "
+                           "block\nhint: pass an MxTensor made by quantize_mxfp8");
+  }
+  // 16x64 down columns: 32 codes per scale would fit the count, but 16 rows make no 32x1 block.
+  MxTensor c = quantize_mxfp8(std::vector<float>(64, 1.0f), 1, 64);
+  c.rows = 16;
+  c.cols = 4;
+  c.options.axis = BlockAxis::along_column;
+  EXPECT_THROW(dequantize_mxfp8(c), ShapeError);
+  Nvfp4Tensor n = quantize_nvfp4(std::vector<float>(32, 1.0f), 1, 32);
+  n.scales.push_back(0);
+  EXPECT_THROW(dequantize_nvfp4(n), ShapeError);
+}
+
 // --------------------------------------------------------------------------------------------- NVFP4
 
 struct RefNvfp4 {
