@@ -51,9 +51,9 @@ namespace ampscope::trace {
 namespace {
 
 // The run's size (--steps): the planted divergence sits in the middle step, the overflow 3/4 of the way.
-std::int64_t kSteps = 1000;
-std::int64_t kPlantedStep = 500;
-std::int64_t kOverflowStep = 750;
+std::int64_t run_steps = 1000;
+std::int64_t planted_step = 500;
+std::int64_t overflow_step = 750;
 constexpr int kBlocks = 29;  // 2 * (6 + 17 * 29) + 2 = 1000 op rows per step
 constexpr double kScale = 65536;  // the fp16 runs' loss scale until the overflow halves it
 
@@ -129,7 +129,7 @@ std::vector<OpTemplate> gpt_step(bool fp16) {
 
 // Writes one run. Statistics drift from step to step; `noise` perturbs each one (same base values for
 // every run: the base comes from its own generator, the noise from another). An fp16 run has a GradScaler
-// and overflows once (kOverflowStep); `plant` doubles the planted op's output at kPlantedStep.
+// and overflows once (overflow_step); `plant` doubles the planted op's output at planted_step.
 void write_run(const std::filesystem::path& path, bool fp16, double noise, bool plant) {
   const std::vector<OpTemplate> reference = gpt_step(true), own = gpt_step(fp16);
   TraceWriter w(path, {.precision = fp16 ? "fp16" : "fp32", .device = "cpu", .model = "tiny_gpt", .seed = 1,
@@ -141,7 +141,7 @@ void write_run(const std::filesystem::path& path, bool fp16, double noise, bool 
   std::uniform_real_distribution<double> uniform;
   OpRow row;
   double scale = fp16 ? kScale : 1.0;
-  for (std::int64_t step = 0; step < kSteps; ++step) {
+  for (std::int64_t step = 0; step < run_steps; ++step) {
     std::int64_t seq = 0;
     bool overflowed = false;
     std::size_t k = 0;
@@ -175,10 +175,10 @@ void write_run(const std::filesystem::path& path, bool fp16, double noise, bool 
       if (t.phase == Phase::backward) {
         for (double* x : {&h.absmax, &h.max, &h.min, &h.mean, &h.rms}) *x *= scale;
       }
-      if (plant && step == kPlantedStep && is_planted(row)) {
+      if (plant && step == planted_step && is_planted(row)) {
         for (double* x : {&h.absmax, &h.max, &h.min, &h.mean, &h.rms}) *x *= 2;
       }
-      if (fp16 && step == kOverflowStep && is_overflow(row)) {
+      if (fp16 && step == overflow_step && is_overflow(row)) {
         h.pos_inf = 3;
         row.origin = true;
         overflowed = true;
@@ -309,10 +309,10 @@ void read_ops(benchmark::State& state) {
   for (auto _ : state) {
     TraceReader r(run_a());
     rows = 0;
-    for (std::int64_t s = 0; s < kSteps; s += 200) rows += static_cast<std::int64_t>(r.ops(s, s + 200).size());
+    for (std::int64_t s = 0; s < run_steps; s += 200) rows += static_cast<std::int64_t>(r.ops(s, s + 200).size());
   }
   Premises p;
-  p.expect("op rows read from run a", kSteps * expected().rows_fp16, rows);
+  p.expect("op rows read from run a", run_steps * expected().rows_fp16, rows);
   if (!p.check(state, "read_ops")) return;
   report_memory(state, before, rows);
 }
@@ -347,15 +347,15 @@ void diff_runs(benchmark::State& state, const std::filesystem::path& b_path, boo
   }
   Premises p;
   const std::int64_t rows_b = fp32 ? e.rows_fp32 : e.rows_fp16;
-  p.expect("op rows in both traces", kSteps * (e.rows_fp16 + rows_b), rows);
-  p.expect("steps compared", kSteps, d.steps_compared);
-  p.expect("op rows aligned", kSteps * rows_b, d.ops_aligned);
+  p.expect("op rows in both traces", run_steps * (e.rows_fp16 + rows_b), rows);
+  p.expect("steps compared", run_steps, d.steps_compared);
+  p.expect("op rows aligned", run_steps * rows_b, d.ops_aligned);
   if (!d.first_divergence) {
     p.fail(fmt::format("first divergence: expected step {} forward matmul in '{}' (occurrence 0), found none",
-                       kPlantedStep, kPlantedModule));
+                       planted_step, kPlantedModule));
   } else {
     const analysis::OpDiff& f = *d.first_divergence;
-    const analysis::OpKey want{.step = kPlantedStep, .phase = Phase::forward, .module = kPlantedModule, .op = "matmul"};
+    const analysis::OpKey want{.step = planted_step, .phase = Phase::forward, .module = kPlantedModule, .op = "matmul"};
     const bool at_plant = f.key.step == want.step && f.key.phase == want.phase && f.key.module == want.module &&
                           f.key.op == want.op && f.key.occurrence == want.occurrence;
     if (!at_plant) {
@@ -366,16 +366,16 @@ void diff_runs(benchmark::State& state, const std::filesystem::path& b_path, boo
     }
   }
   // Both fp16 runs overflow in the same step (both losses inf: no difference); the fp32 run does not.
-  const std::string want_loss = fp32 ? fmt::format("step {}", kOverflowStep) : "none";
+  const std::string want_loss = fp32 ? fmt::format("step {}", overflow_step) : "none";
   const std::string found_loss = d.first_loss_divergence ? fmt::format("step {}", *d.first_loss_divergence) : "none";
   p.expect("first loss divergence", want_loss, found_loss);
   std::int64_t only_a = 0, only_b = 0, dtypes = 0;
   for (const analysis::Unmatched& u : d.only_in_a) only_a += u.count;
   for (const analysis::Unmatched& u : d.only_in_b) only_b += u.count;
   for (const analysis::DtypeDifference& g : d.dtype_differences) dtypes += g.count;
-  p.expect("rows only in run a (its casts)", fp32 ? kSteps * e.casts : 0, only_a);
+  p.expect("rows only in run a (its casts)", fp32 ? run_steps * e.casts : 0, only_a);
   p.expect("rows only in the other run", 0, only_b);
-  p.expect("aligned rows with a dtype difference", fp32 ? kSteps * e.dtype_differences : 0, dtypes);
+  p.expect("aligned rows with a dtype difference", fp32 ? run_steps * e.dtype_differences : 0, dtypes);
   if (!p.check(state, name)) return;
   state.counters["first_divergence_step"] = static_cast<double>(d.first_divergence->key.step);
   state.counters["ops_aligned"] = static_cast<double>(d.ops_aligned);
@@ -399,14 +399,14 @@ void analyse_run(benchmark::State& state) {
     benchmark::DoNotOptimize(rep.anomalies.size());
   }
   Premises p;
-  p.expect("op rows in run a", kSteps * expected().rows_fp16, rows);
-  p.expect("op rows analysed", kSteps * expected().rows_fp16, rep.op_rows);
-  p.expect("steps analysed", kSteps, rep.steps);
+  p.expect("op rows in run a", run_steps * expected().rows_fp16, rows);
+  p.expect("op rows analysed", run_steps * expected().rows_fp16, rep.op_rows);
+  p.expect("steps analysed", run_steps, rep.steps);
   std::vector<std::string> found;
   for (const analysis::Diagnosis& g : rep.anomalies)
     found.push_back(fmt::format("{} at step {} {} {} in '{}'", g.cause, g.step, phase_name(g.phase), g.op, g.module));
   const std::string want =
-      fmt::format("f16_overflow at step {} forward linear in '{}'", kOverflowStep, kOverflowModule);
+      fmt::format("f16_overflow at step {} forward linear in '{}'", overflow_step, kOverflowModule);
   if (found.size() != 1 || found[0] != want)
     p.fail(fmt::format("anomalies: expected [{}], found [{}]", want, fmt::join(found, "; ")));
   if (!p.check(state, "analyse_run")) return;
@@ -440,9 +440,9 @@ int main(int argc, char** argv) {
                    i + 1 < argc ? argv[i + 1] : "");
       return 2;
     }
-    kSteps = n;
-    kPlantedStep = n / 2;
-    kOverflowStep = 3 * n / 4;
+    run_steps = n;
+    planted_step = n / 2;
+    overflow_step = 3 * n / 4;
     for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
     argc -= 2;
     break;
@@ -466,7 +466,7 @@ int main(int argc, char** argv) {
   waitpid(child, &status, 0);
   int rc = 1;
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    std::fprintf(stderr, "traces of %lld steps in %s: %.0f, %.0f, %.0f MiB\n", static_cast<long long>(kSteps),
+    std::fprintf(stderr, "traces of %lld steps in %s: %.0f, %.0f, %.0f MiB\n", static_cast<long long>(run_steps),
                  folder().c_str(), static_cast<double>(std::filesystem::file_size(run_a())) / (1 << 20),
                  static_cast<double>(std::filesystem::file_size(run_b())) / (1 << 20),
                  static_cast<double>(std::filesystem::file_size(run_c())) / (1 << 20));

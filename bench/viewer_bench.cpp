@@ -33,7 +33,7 @@ using namespace ampscope;
 
 namespace {
 
-std::int64_t kTotalOps = 1'000'000;  // --rows
+std::int64_t total_ops = 1'000'000;  // --rows
 constexpr std::int64_t kSmallSteps = 4, kSmallStepOps = 1000;
 constexpr std::int64_t kAnomalyStep = 2;  // +inf planted at seq 10, the step skipped
 
@@ -44,7 +44,7 @@ void write_trace(const std::filesystem::path& path) {
   const char* ops[] = {"linear", "bmm", "softmax", "gelu", "layer_norm", "add"};
   double scale = 65536;
   for (std::int64_t step = 0; step <= kSmallSteps; ++step) {
-    const std::int64_t n = step < kSmallSteps ? kSmallStepOps : kTotalOps - kSmallSteps * kSmallStepOps;
+    const std::int64_t n = step < kSmallSteps ? kSmallStepOps : total_ops - kSmallSteps * kSmallStepOps;
     for (std::int64_t seq = 0; seq < n; ++seq) {
       trace::OpRow r;
       r.step = step;
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     if (a == "--frames" && i + 1 < argc) frames = std::atoi(argv[++i]);
     else if (a == "--check") check_only = true;
     else if (a == "--rows" && i + 1 < argc && std::atoll(argv[i + 1]) >= 2 * kSmallSteps * kSmallStepOps)
-      kTotalOps = std::atoll(argv[++i]);
+      total_ops = std::atoll(argv[++i]);
     else if (a == "--keep" && i + 1 < argc) dir = argv[++i], keep = true;
     else {
       std::fprintf(stderr, "usage: viewer_bench [--frames N] [--rows N] [--check] [--keep DIR]\n"
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   const auto trace = dir / "bench_1m.h5";
   const auto t0 = std::chrono::steady_clock::now();
   write_trace(trace);
-  std::printf("wrote %s: %lld op rows in %.1f s\n", trace.c_str(), static_cast<long long>(kTotalOps),
+  std::printf("wrote %s: %lld op rows in %.1f s\n", trace.c_str(), static_cast<long long>(total_ops),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
   const std::string step = std::to_string(kSmallSteps);  // the step holding 996,000 ops
@@ -143,9 +143,9 @@ int main(int argc, char** argv) {
     const char* run = v == &open ? "open" : v == &scroll ? "scroll" : "anomaly";
     expect(run, *v, "exit_status", 0);
     expect(run, *v, "steps", static_cast<double>(kSmallSteps + 1));
-    expect(run, *v, "op_rows", static_cast<double>(kTotalOps));
+    expect(run, *v, "op_rows", static_cast<double>(total_ops));
   }
-  const double big_step = static_cast<double>(kTotalOps - kSmallSteps * kSmallStepOps);
+  const double big_step = static_cast<double>(total_ops - kSmallSteps * kSmallStepOps);
   expect("open", open, "selected_step", static_cast<double>(kSmallSteps));
   expect("open", open, "step_rows", big_step);
   expect("scroll", scroll, "step_rows", big_step);
