@@ -3,14 +3,25 @@
 // within 2 s on the development machine, with memory bounded by the rows read at once, not by the trace.
 // The traces are written once, by a child process (so its memory does not count in this process's peak),
 // into the temp folder: a tiny GPT of 29 blocks, 1000 op rows per step (forward, backward, scaler),
-// 1000 steps, at level health. Run b has the same op sequence with every statistic perturbed by about
-// 0.1% and one planted divergence (step 500, blocks.7.attn's score matmul 50% larger); run c is the same
-// model in fp32 (no casts, f32 everywhere: 884 rows per step, the same perturbation and planted
-// divergence), the realistic partner of an fp16 run, whose steps differ in their op sequence and so take
-// the aligner's hashed path, with every linear and matmul a dtype difference.
+// 1000 steps, at level health, under a GradScaler at 65536 (backward rows hold values scaled by it, as a
+// real fp16 run records them). Run a overflows once in forward (3/4 of the way, blocks.20.mlp.fc2's linear:
+// +inf in its f16 output, an inf loss, the step skipped and the scale halved), which the report must diagnose
+// as f16_overflow (an isolated overflow in backward alone would be the scaler's job, no anomaly). Run b has the same
+// op sequence and the same overflow, with every statistic perturbed by about 0.1% and one planted
+// divergence: at the middle step (500), blocks.7.attn's score matmul (its first matmul) twice as large, an
+// rms difference the diff judges (against the threshold 0.2; absmax alone it only shows). Run c is the
+// same model in fp32 (no casts, f32 everywhere, no scaler and no overflow: 884 rows per step, the same
+// perturbation and planted divergence), the realistic partner of an fp16 run, whose steps differ in their
+// op sequence and so take the aligner's hashed path, with every linear and matmul a dtype difference.
 // `read_ops` reads run a's op rows in the same blocks as the diff does, without comparing anything: the
 // reader's share of the diff's time; `open_and_index` the part of that spent opening the file and
 // building the reader's step index. Results: bench/RESULTS.md.
+//
+// Each benchmark checks its own premise (rows counted; the diffs find the planted divergence where it was
+// planted and the dtype differences and casts the runs have; the report finds the overflow and nothing
+// else) and, when it breaks, stops with an error naming what it expected and what it found; the program
+// then exits 1. `--steps N` writes N steps instead of 1000 (the planted divergence at N / 2): ctest runs
+// `analysis_bench --steps 20` for those checks (tests/CMakeLists.txt, bench_premises).
 //
 //   build/bench/analysis_bench    # counters: the process's peak RSS before and after (getrusage ru_maxrss),
 //                                 # and the benchmark's own peak (VmHWM, reset before it starts), in MiB
@@ -18,12 +29,15 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,9 +50,22 @@
 namespace ampscope::trace {
 namespace {
 
-constexpr std::int64_t kSteps = 1000;
+// The run's size (--steps): the planted divergence sits in the middle step, the overflow 3/4 of the way.
+std::int64_t run_steps = 1000;
+std::int64_t planted_step = 500;
+std::int64_t overflow_step = 750;
 constexpr int kBlocks = 29;  // 2 * (6 + 17 * 29) + 2 = 1000 op rows per step
-constexpr std::int64_t kPlantedStep = 500;
+constexpr double kScale = 65536;  // the fp16 runs' loss scale until the overflow halves it
+
+// Where the divergence is planted (run b and c, forward) and where run a and b overflow (forward).
+constexpr const char* kPlantedModule = "blocks.7.attn";
+constexpr std::int64_t kPlantedNumel = 16 * 4 * 64 * 64;  // the score matmul, not the one with v
+constexpr const char* kOverflowModule = "blocks.20.mlp.fc2";
+
+bool is_planted(const OpRow& r) {
+  return r.phase == Phase::forward && r.op == "matmul" && r.module == kPlantedModule && r.health.numel == kPlantedNumel;
+}
+bool is_overflow(const OpRow& r) { return r.phase == Phase::forward && r.op == "linear" && r.module == kOverflowModule; }
 
 struct OpTemplate {
   Phase phase;
@@ -101,7 +128,8 @@ std::vector<OpTemplate> gpt_step(bool fp16) {
 }
 
 // Writes one run. Statistics drift from step to step; `noise` perturbs each one (same base values for
-// every run: the base comes from its own generator, the noise from another).
+// every run: the base comes from its own generator, the noise from another). An fp16 run has a GradScaler
+// and overflows once (overflow_step); `plant` doubles the planted op's output at planted_step.
 void write_run(const std::filesystem::path& path, bool fp16, double noise, bool plant) {
   const std::vector<OpTemplate> reference = gpt_step(true), own = gpt_step(fp16);
   TraceWriter w(path, {.precision = fp16 ? "fp16" : "fp32", .device = "cpu", .model = "tiny_gpt", .seed = 1,
@@ -112,8 +140,10 @@ void write_run(const std::filesystem::path& path, bool fp16, double noise, bool 
   std::normal_distribution<double> normal, noise_normal;
   std::uniform_real_distribution<double> uniform;
   OpRow row;
-  for (std::int64_t step = 0; step < kSteps; ++step) {
+  double scale = fp16 ? kScale : 1.0;
+  for (std::int64_t step = 0; step < run_steps; ++step) {
     std::int64_t seq = 0;
+    bool overflowed = false;
     std::size_t k = 0;
     for (const OpTemplate& ref : reference) {
       // The base values are drawn for every op of the fp16 sequence, so an fp32 run (no casts) sees the
@@ -139,16 +169,30 @@ void write_run(const std::filesystem::path& path, bool fp16, double noise, bool 
       h.min = -h.absmax;
       h.mean = perturb(s * 0.01 * m);
       h.rms = perturb(s * (1 + 0.05 * r));
-      if (plant && step == kPlantedStep && t.phase == Phase::forward && t.op == "matmul" && t.module == "blocks.7.attn" && t.numel == 16 * 4 * 64 * 64) {
-        h.absmax *= 1.5;
+      h.nan = h.pos_inf = h.neg_inf = 0;
+      row.origin = false;
+      // A GradScaler run records its backward values multiplied by the scale (the diff divides them back).
+      if (t.phase == Phase::backward) {
+        for (double* x : {&h.absmax, &h.max, &h.min, &h.mean, &h.rms}) *x *= scale;
+      }
+      if (plant && step == planted_step && is_planted(row)) {
+        for (double* x : {&h.absmax, &h.max, &h.min, &h.mean, &h.rms}) *x *= 2;
+      }
+      if (fp16 && step == overflow_step && is_overflow(row)) {
+        h.pos_inf = 3;
+        row.origin = true;
+        overflowed = true;
       }
       w.write(row);
     }
     StepRow sr;
     sr.step = step;
     sr.loss = 5.5 * std::exp(-static_cast<double>(step) / 2000.0) * (1 + (noise > 0 ? 1e-3 : 0));
-    sr.scale = fp16 ? 65536.0 : 1.0;
-    sr.scale_after = sr.scale;
+    if (overflowed) sr.loss = std::numeric_limits<double>::infinity();
+    sr.scale = scale;
+    sr.found_inf = sr.skipped = overflowed;
+    sr.scale_after = overflowed ? scale / 2 : scale;
+    scale = sr.scale_after;
     w.write(sr);
     w.end_step(step);
   }
@@ -206,6 +250,58 @@ void report_memory(benchmark::State& state, double before, std::int64_t rows) {
   state.SetItemsProcessed(state.iterations() * rows);
 }
 
+// A broken premise: the benchmark stops with an error naming what it expected and what it found, and the
+// program exits 1 (Google Benchmark alone would report the error and exit 0).
+bool premise_broken = false;
+
+// Collects the premises that do not hold, "what: expected X, found Y".
+class Premises {
+ public:
+  template <class T, class U>
+  void expect(const std::string& what, const T& expected, const U& found) {
+    if (!(expected == found)) problems_.push_back(fmt::format("{}: expected {}, found {}", what, expected, found));
+  }
+  void fail(std::string problem) { problems_.push_back(std::move(problem)); }
+  // True when every premise held; otherwise reports them and stops the benchmark.
+  bool check(benchmark::State& state, const char* benchmark_name) {
+    if (problems_.empty()) return true;
+    const std::string text = fmt::format("premise broken: {}", fmt::join(problems_, "; "));
+    std::fprintf(stderr, "analysis_bench: %s: %s\n", benchmark_name, text.c_str());
+    premise_broken = true;
+    state.SkipWithError(text.c_str());
+    return false;
+  }
+
+ private:
+  std::vector<std::string> problems_;
+};
+
+// What the generator writes, counted from its templates (not from the files): rows per step, and per
+// step the rows only the fp16 run has (its casts) and the aligned rows whose dtypes differ from fp32's.
+struct Expected {
+  std::int64_t rows_fp16 = 0, rows_fp32 = 0, casts = 0, dtype_differences = 0;
+};
+Expected expected() {
+  const std::vector<OpTemplate> a = gpt_step(true), c = gpt_step(false);
+  Expected e;
+  e.rows_fp16 = static_cast<std::int64_t>(a.size());
+  e.rows_fp32 = static_cast<std::int64_t>(c.size());
+  std::size_t k = 0;
+  for (const OpTemplate& t : a) {
+    if (t.op == "to") {
+      ++e.casts;
+      continue;
+    }
+    const OpTemplate& u = c.at(k++);
+    if (t.in_dtypes != u.in_dtypes || t.out_dtype != u.out_dtype) ++e.dtype_differences;
+  }
+  return e;
+}
+
+std::string key_text(const analysis::OpKey& k) {
+  return fmt::format("step {} {} {} in '{}' (occurrence {})", k.step, phase_name(k.phase), k.op, k.module, k.occurrence);
+}
+
 // Reads run a's op rows in blocks of 200 steps (as diff does at rows_per_read 200,000) and drops them.
 void read_ops(benchmark::State& state) {
   const double before = start_memory();
@@ -213,8 +309,11 @@ void read_ops(benchmark::State& state) {
   for (auto _ : state) {
     TraceReader r(run_a());
     rows = 0;
-    for (std::int64_t s = 0; s < kSteps; s += 200) rows += static_cast<std::int64_t>(r.ops(s, s + 200).size());
+    for (std::int64_t s = 0; s < run_steps; s += 200) rows += static_cast<std::int64_t>(r.ops(s, s + 200).size());
   }
+  Premises p;
+  p.expect("op rows read from run a", run_steps * expected().rows_fp16, rows);
+  if (!p.check(state, "read_ops")) return;
   report_memory(state, before, rows);
 }
 
@@ -227,37 +326,90 @@ void open_and_index(benchmark::State& state) {
     rows = static_cast<std::int64_t>(r.ops(0, 1).size());
     benchmark::DoNotOptimize(rows);
   }
+  Premises p;
+  p.expect("op rows of step 0", expected().rows_fp16, rows);
+  p.check(state, "open_and_index");
 }
 
-void diff_runs(benchmark::State& state, const std::filesystem::path& b_path) {
+// The diff of run a with b_path, which must find the planted divergence first, where it was planted (the
+// fp16-fp32 pair's overflow comes later; the planted divergence is not in run a, so it is first whichever
+// of a and b_path it is counted in).
+void diff_runs(benchmark::State& state, const std::filesystem::path& b_path, bool fp32, const char* name) {
   const double before = start_memory();
+  const Expected e = expected();
   std::int64_t rows = 0;
+  analysis::DiffReport d;
   for (auto _ : state) {
     TraceReader a(run_a()), b(b_path);
-    const analysis::DiffReport d = analysis::diff(a, b, {.rows_per_read = state.range(0)});
+    d = analysis::diff(a, b, {.rows_per_read = state.range(0)});
     rows = a.row_counts().ops + b.row_counts().ops;
-    if (!d.first_divergence) state.SkipWithError("no divergence found");
     benchmark::DoNotOptimize(d.ops_aligned);
-    state.counters["first_divergence_step"] = static_cast<double>(d.first_divergence ? d.first_divergence->key.step : -1);
-    state.counters["ops_aligned"] = static_cast<double>(d.ops_aligned);
   }
+  Premises p;
+  const std::int64_t rows_b = fp32 ? e.rows_fp32 : e.rows_fp16;
+  p.expect("op rows in both traces", run_steps * (e.rows_fp16 + rows_b), rows);
+  p.expect("steps compared", run_steps, d.steps_compared);
+  p.expect("op rows aligned", run_steps * rows_b, d.ops_aligned);
+  if (!d.first_divergence) {
+    p.fail(fmt::format("first divergence: expected step {} forward matmul in '{}' (occurrence 0), found none",
+                       planted_step, kPlantedModule));
+  } else {
+    const analysis::OpDiff& f = *d.first_divergence;
+    const analysis::OpKey want{.step = planted_step, .phase = Phase::forward, .module = kPlantedModule, .op = "matmul"};
+    const bool at_plant = f.key.step == want.step && f.key.phase == want.phase && f.key.module == want.module &&
+                          f.key.op == want.op && f.key.occurrence == want.occurrence;
+    if (!at_plant) {
+      p.fail(fmt::format("first divergence: expected {}, found {} ({}, max_rel {:.3g})", key_text(want),
+                         key_text(f.key), f.stat, f.max_rel));
+    } else {
+      p.expect("the planted divergence's statistic", std::string("rms"), f.stat);
+    }
+  }
+  // Both fp16 runs overflow in the same step (both losses inf: no difference); the fp32 run does not.
+  const std::string want_loss = fp32 ? fmt::format("step {}", overflow_step) : "none";
+  const std::string found_loss = d.first_loss_divergence ? fmt::format("step {}", *d.first_loss_divergence) : "none";
+  p.expect("first loss divergence", want_loss, found_loss);
+  std::int64_t only_a = 0, only_b = 0, dtypes = 0;
+  for (const analysis::Unmatched& u : d.only_in_a) only_a += u.count;
+  for (const analysis::Unmatched& u : d.only_in_b) only_b += u.count;
+  for (const analysis::DtypeDifference& g : d.dtype_differences) dtypes += g.count;
+  p.expect("rows only in run a (its casts)", fp32 ? run_steps * e.casts : 0, only_a);
+  p.expect("rows only in the other run", 0, only_b);
+  p.expect("aligned rows with a dtype difference", fp32 ? run_steps * e.dtype_differences : 0, dtypes);
+  if (!p.check(state, name)) return;
+  state.counters["first_divergence_step"] = static_cast<double>(d.first_divergence->key.step);
+  state.counters["ops_aligned"] = static_cast<double>(d.ops_aligned);
   report_memory(state, before, rows);
 }
 
-// fp16 against its perturbed twin: same op sequence, the planted divergence at step 500.
-void diff_perturbed(benchmark::State& state) { diff_runs(state, run_b()); }
+// fp16 against its perturbed twin: same op sequence, the planted divergence at the middle step.
+void diff_perturbed(benchmark::State& state) { diff_runs(state, run_b(), false, "diff_perturbed"); }
 // fp16 against fp32: the casts are only in a, every linear/matmul differs in dtype.
-void diff_fp32(benchmark::State& state) { diff_runs(state, run_c()); }
+void diff_fp32(benchmark::State& state) { diff_runs(state, run_c(), true, "diff_fp32"); }
 
+// The report on run a: every row analysed, one anomaly, the planted overflow (f16_overflow).
 void analyse_run(benchmark::State& state) {
   const double before = start_memory();
   std::int64_t rows = 0;
+  analysis::Report rep;
   for (auto _ : state) {
     TraceReader r(run_a());
-    const analysis::Report rep = analysis::analyse(r);
+    rep = analysis::analyse(r);
     rows = r.row_counts().ops;
     benchmark::DoNotOptimize(rep.anomalies.size());
   }
+  Premises p;
+  p.expect("op rows in run a", run_steps * expected().rows_fp16, rows);
+  p.expect("op rows analysed", run_steps * expected().rows_fp16, rep.op_rows);
+  p.expect("steps analysed", run_steps, rep.steps);
+  std::vector<std::string> found;
+  for (const analysis::Diagnosis& g : rep.anomalies)
+    found.push_back(fmt::format("{} at step {} {} {} in '{}'", g.cause, g.step, phase_name(g.phase), g.op, g.module));
+  const std::string want =
+      fmt::format("f16_overflow at step {} forward linear in '{}'", overflow_step, kOverflowModule);
+  if (found.size() != 1 || found[0] != want)
+    p.fail(fmt::format("anomalies: expected [{}], found [{}]", want, fmt::join(found, "; ")));
+  if (!p.check(state, "analyse_run")) return;
   report_memory(state, before, rows);
 }
 
@@ -275,6 +427,26 @@ BENCHMARK(analyse_run)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTim
 int main(int argc, char** argv) {
   using namespace ampscope::trace;
   benchmark::Initialize(&argc, argv);
+  // Our own option, after Google Benchmark has taken its own: --steps N (at least 8, so the planted
+  // divergence, the middle step, and the overflow, 3/4 of the way, are distinct steps past the first).
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg != "--steps") continue;
+    char* end = nullptr;
+    const long long n = i + 1 < argc ? std::strtoll(argv[i + 1], &end, 10) : 0;
+    if (i + 1 >= argc || end == argv[i + 1] || *end != '\0' || n < 8) {
+      std::fprintf(stderr, "analysis_bench: error: --steps needs a whole number of at least 8, got '%s'\n"
+                           "hint: analysis_bench --steps 20 runs the premise checks at a small size\n",
+                   i + 1 < argc ? argv[i + 1] : "");
+      return 2;
+    }
+    run_steps = n;
+    planted_step = n / 2;
+    overflow_step = 3 * n / 4;
+    for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
+    argc -= 2;
+    break;
+  }
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   std::filesystem::create_directories(folder());
   // The writer's queues and the generator stay out of this process's peak memory.
@@ -294,12 +466,17 @@ int main(int argc, char** argv) {
   waitpid(child, &status, 0);
   int rc = 1;
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    std::fprintf(stderr, "traces in %s: %.0f, %.0f, %.0f MiB\n", folder().c_str(),
-                 static_cast<double>(std::filesystem::file_size(run_a())) / (1 << 20),
+    std::fprintf(stderr, "traces of %lld steps in %s: %.0f, %.0f, %.0f MiB\n", static_cast<long long>(run_steps),
+                 folder().c_str(), static_cast<double>(std::filesystem::file_size(run_a())) / (1 << 20),
                  static_cast<double>(std::filesystem::file_size(run_b())) / (1 << 20),
                  static_cast<double>(std::filesystem::file_size(run_c())) / (1 << 20));
     benchmark::RunSpecifiedBenchmarks();
     rc = 0;
+    if (premise_broken) {
+      std::fprintf(stderr, "analysis_bench: a benchmark's premise did not hold (above): its figures do not measure "
+                           "what its name says\n");
+      rc = 1;
+    }
   }
   benchmark::Shutdown();
   std::filesystem::remove_all(folder());

@@ -6,6 +6,10 @@
 // rows ("discard") or to a real HDF5 trace in /tmp ("trace"). A step is what bench/training_bench.cpp
 // times, plus a StepScope and the report of the gradients a training loop makes. Results:
 // bench/RESULTS.md.
+// Each benchmark checks its premise after its loop: the probe recorded rows in the probed half of every pair
+// and in no other step (the same number of op rows each time, one gradient row per parameter), and the twin
+// its rows in every twinned half; a trace written holds those rows. When one fails it stops with an error
+// naming what it expected and found, and the program exits 1.
 //
 //   build/bench/probe_bench --benchmark_filter=mlp
 #include <benchmark/benchmark.h>
@@ -13,15 +17,21 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "core/probe_hook.h"
 #include "probes/probe.h"
+#include "probes/trace/reader.h"
 #include "probes/trace/writer.h"
 #include "probes/twin.h"
 #include "samples/models.h"
@@ -30,14 +40,48 @@
 namespace ampscope {
 namespace {
 
+// Rows counted per step as they come (in step order: one increment per row, a new entry per step), so the
+// timed half pays next to nothing for the count.
+struct StepCounts {
+  void add(std::int64_t step) {
+    if (counts.empty() || counts.back().first != step) counts.emplace_back(step, 0);
+    ++counts.back().second;
+  }
+  std::map<std::int64_t, std::int64_t> by_step() const {
+    std::map<std::int64_t, std::int64_t> m;
+    for (const auto& [step, n] : counts) m[step] += n;
+    return m;
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> counts;
+};
+
+// Drops the rows, counting them per step.
 struct DiscardSink : trace::Sink {
   void write(const trace::StepRow&) override {}
-  void write(const trace::OpRow&) override {}
-  void write(const trace::GradRow&) override {}
+  void write(const trace::OpRow& r) override { ops.add(r.step); }
+  void write(const trace::GradRow& r) override { grads.add(r.step); }
   void write(const trace::EventRow&) override {}
   void write(const trace::HistogramRow&) override {}
   void write(const trace::DumpRow&) override {}
+  StepCounts ops, grads;
 };
+
+// A broken premise: the benchmark stops with an error and the program exits 1.
+bool premise_broken = false;
+
+// The premise of one benchmark: rows recorded in `steps` steps (the probed ones), the same number of op
+// rows in each (more than none) and one gradient row per parameter in each.
+std::string check_rows(const char* what, const std::map<std::int64_t, std::int64_t>& by_step, std::int64_t steps,
+                       std::int64_t per_step = -1) {
+  if (static_cast<std::int64_t>(by_step.size()) != steps)
+    return fmt::format("{}: expected rows in {} steps, found them in {}", what, steps, by_step.size());
+  for (const auto& [step, n] : by_step) {
+    const std::int64_t want = per_step >= 0 ? per_step : by_step.begin()->second;
+    if (n != want || n == 0)
+      return fmt::format("{}: expected {} rows in every step, found {} in step {}", what, want, n, step);
+  }
+  return "";
+}
 
 // twin: both halves run with the probe (discarding rows); the second also with the f32 twin wrapped
 // around it (probes/twin.h), twinning every step (forward ops and backward nodes); the ratio is the twin's cost
@@ -98,9 +142,39 @@ void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const 
     pair_ratios.push_back(std::chrono::duration<double>(pair[1]) / std::chrono::duration<double>(pair[0]));
   }
   probe->flush();
+  // The premise: the probed half of each pair recorded rows (a probe that records nothing costs nothing),
+  // the other half none (with the twin, both halves have the probe and only the twinned one twin rows).
+  const auto iterations = static_cast<std::int64_t>(state.iterations());
+  const auto n_params = static_cast<std::int64_t>(params.size());
+  std::vector<std::string> problems;
   if (auto* writer = dynamic_cast<trace::TraceWriter*>(sink.get())) {
     writer->close();
+    const trace::RowCounts c = trace::TraceReader(writer->path()).row_counts();
+    if (c.ops == 0 || c.ops % iterations != 0)
+      problems.push_back(fmt::format("op rows in the trace: expected a multiple of the {} probed steps above 0, found {}",
+                                     iterations, c.ops));
+    if (c.grads != iterations * n_params)
+      problems.push_back(fmt::format("gradient rows in the trace: expected {} ({} steps x {} parameters), found {}",
+                                     iterations * n_params, iterations, n_params, c.grads));
     std::filesystem::remove(writer->path());
+  } else {
+    const auto& counts = dynamic_cast<DiscardSink&>(*sink);
+    const std::int64_t probed_steps = twin ? 2 * iterations : iterations;
+    // The twin keeps its rows (no sink of its own): one per twinned op, in the twinned halves' steps.
+    std::map<std::int64_t, std::int64_t> twin_by_step;
+    if (twin)
+      for (const trace::PrecisionRow& r : twin->rows()) ++twin_by_step[r.step];
+    for (const std::string& p : {check_rows("op rows", counts.ops.by_step(), probed_steps),
+                                 check_rows("gradient rows", counts.grads.by_step(), probed_steps, n_params),
+                                 twin ? check_rows("twin rows", twin_by_step, iterations) : std::string()})
+      if (!p.empty()) problems.push_back(p);
+  }
+  if (!problems.empty()) {
+    const std::string text = fmt::format("premise broken: {}", fmt::join(problems, "; "));
+    std::fprintf(stderr, "probe_bench: %s: %s\n", name.c_str(), text.c_str());
+    premise_broken = true;
+    state.SkipWithError(text.c_str());
+    return;
   }
   const double n = static_cast<double>(state.iterations());
   const double plain_ms = std::chrono::duration<double, std::milli>(plain).count() / n;
@@ -170,4 +244,15 @@ BENCHMARK_CAPTURE(transformer, f32_trace, DType::f32, SinkKind::trace)->Unit(ben
 }  // namespace
 }  // namespace ampscope
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  if (ampscope::premise_broken) {
+    std::fprintf(stderr, "probe_bench: a benchmark's premise did not hold (above): its figures do not measure what its "
+                         "name says\n");
+    return 1;
+  }
+  return 0;
+}

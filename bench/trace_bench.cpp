@@ -4,6 +4,9 @@
 // paths like "blocks.3.attn.qkv", statistics that drift from step to step as in training, gradient rows
 // before and after unscaling, one /steps row per step. Targets (issue 5): >= 1,000,000 op rows/s, and
 // <= 64 bytes per op row. Results: bench/RESULTS.md.
+// Each benchmark reads its file back and counts its rows (op rows, gradient rows, steps) against what it
+// wrote; when they differ it stops with an error naming both and the program exits 1 (ctest's
+// bench_trace_premises runs two cases once each for that check).
 //
 //   build/bench/trace_bench --benchmark_filter=throughput
 #include <benchmark/benchmark.h>
@@ -19,6 +22,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "probes/trace/reader.h"
 #include "probes/trace/writer.h"
 
 namespace ampscope::trace {
@@ -181,6 +185,33 @@ double process_cpu_seconds() {
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
+// A broken premise (the file does not hold the rows written): the benchmark stops with an error and the
+// program exits 1 (Google Benchmark alone would report the error and exit 0).
+bool premise_broken = false;
+
+// Reads `path` back and compares its row counts with what was written; false (and the benchmark stopped)
+// when they differ.
+bool rows_counted(benchmark::State& state, const char* name, const std::filesystem::path& path, const RowCounts& wrote) {
+  std::string problems;
+  try {
+    const RowCounts found = TraceReader(path).row_counts();
+    const auto expect = [&](const char* what, std::int64_t want, std::int64_t got) {
+      if (want != got) problems += fmt::format("{}{}: expected {}, found {}", problems.empty() ? "" : "; ", what, want, got);
+    };
+    expect("op rows", wrote.ops, found.ops);
+    expect("gradient rows", wrote.grads, found.grads);
+    expect("step rows", wrote.steps, found.steps);
+  } catch (const std::exception& e) {
+    problems = fmt::format("the trace written could not be read back: {}", e.what());
+  }
+  if (problems.empty()) return true;
+  const std::string text = "premise broken: " + problems;
+  std::fprintf(stderr, "trace_bench: %s: %s\n", name, text.c_str());
+  premise_broken = true;
+  state.SkipWithError(text.c_str());
+  return false;
+}
+
 const RunInfo kRun{.precision = "fp16", .device = "cpu", .model = "tiny_gpt", .seed = 1, .config = R"({"blocks": 4})"};
 
 // Op rows per second through the writer: rows_per_step op rows (cycled from the tiny GPT's step), an
@@ -211,7 +242,10 @@ void throughput(benchmark::State& state) {
     bytes = static_cast<std::int64_t>(std::filesystem::file_size(path));
   }
   const double cpu = process_cpu_seconds() - cpu_before;
+  // Steps end after every rows_per_step rows; the rows of an unfinished last step are written too (close).
+  const bool counted = rows_counted(state, "throughput", path, {.steps = 0, .ops = kRows});
   std::filesystem::remove(path);
+  if (!counted) return;
   state.SetItemsProcessed(state.iterations() * kRows);
   state.counters["bytes/op_row"] = static_cast<double>(bytes) / kRows;
   state.counters["cpu_us/op_row"] = 1e6 * cpu / static_cast<double>(state.iterations() * kRows);
@@ -245,7 +279,14 @@ void health_trace(benchmark::State& state) {
     bytes = static_cast<std::int64_t>(std::filesystem::file_size(path));
   }
   const double cpu = process_cpu_seconds() - cpu_before;
+  // What one step writes, counted from the generator (not from the loop above): its ops, its parameters'
+  // gradients before and after unscaling, one /steps row.
+  TraceGenerator gen;
+  const std::int64_t params = static_cast<std::int64_t>(parameter_names(4).size());
+  const RowCounts wrote{.steps = steps, .ops = steps * static_cast<std::int64_t>(gen.ops_per_step()), .grads = steps * 2 * params};
+  const bool counted = rows_counted(state, "health_trace", path, wrote);
   std::filesystem::remove(path);
+  if (!counted) return;
   state.SetItemsProcessed(state.iterations() * op_rows);
   state.counters["cpu_us/op_row"] = 1e6 * cpu / static_cast<double>(state.iterations() * op_rows);
   state.counters["ops/step"] = static_cast<double>(op_rows) / static_cast<double>(steps);
@@ -267,4 +308,15 @@ BENCHMARK(health_trace)->ArgNames({"steps", "deflate"})->Args({1000, 1})->Args({
 }  // namespace
 }  // namespace ampscope::trace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  if (ampscope::trace::premise_broken) {
+    std::fprintf(stderr, "trace_bench: a benchmark's premise did not hold (above): its figures do not measure what its "
+                         "name says\n");
+    return 1;
+  }
+  return 0;
+}

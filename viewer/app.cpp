@@ -464,6 +464,8 @@ int run_viewer(const ViewerOptions& o) {
                 ms_between(t_start, t_first_frame), ms_between(t_start, t_ready));
     if (s.a) {
       std::printf("steps %zu\nop_rows %lld\n", s.a->steps().size(), static_cast<long long>(s.a->counts().ops));
+      // The step shown at the end (--step's, else the first anomaly's): bench/viewer_bench checks it.
+      if (const auto step = s.a->selected_step()) std::printf("selected_step %lld\n", static_cast<long long>(*step));
       if (const StepData* d = s.a->step_data()) std::printf("step_rows %zu\nstep_read_ms %.1f\n", d->ops.size(), d->read_ms);
     }
   }
