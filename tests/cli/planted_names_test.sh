@@ -3,10 +3,11 @@
 # "<out>.lock" or at --save-model's model.safetensors is refused with exit 2 and a message naming it, and the
 # file it points at (outside the folder) keeps its bytes; --overwrite replaces the links themselves. A hard
 # link planted at the name the weights' writer used for its temporary file ("model.safetensors.tmp") is not
-# written through either. A FIFO at "<trace>.lock" does not block `ampscope report` (timeout 30 s).
+# written through either. A FIFO at "<trace>.lock" does not block `ampscope report` (timeout 30 s), nor a FIFO
+# or JSON nested 10^6 levels deep as the results file beside the trace.
 #   tests/cli/planted_names_test.sh AMPSCOPE_BINARY SCRATCH_DIR
 set -uo pipefail
-bin=${1:?usage: planted_names_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
+bin=$(realpath "${1:?usage: planted_names_test.sh AMPSCOPE_BINARY SCRATCH_DIR}")
 scratch=${2:?usage: planted_names_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
 rm -rf "$scratch" && mkdir -p "$scratch/run" "$scratch/elsewhere" || exit 1
 cd "$scratch" || exit 1
@@ -62,6 +63,22 @@ else ok "report with a FIFO at the lock file finished (exit 0)"; fi
 rm -f run/t.h5.lock && ln -s /dev/zero run/t.h5.lock
 out=$(timeout 30 "$bin" report --json run/t.h5 2>&1); rc=$?
 [ "$rc" = 0 ] && ok "report with a link to /dev/zero at the lock file finished" || fail "report with /dev/zero at the lock file: exit $rc: ${out:0:300}"
+
+# The results file `fix` leaves beside a trace (<stem>.fix.json), which report reads: JSON nested 10^6 levels
+# deep (closed, and never closed) is ignored with a note, a FIFO there is not opened; report finishes.
+rm -f run/t.h5.lock
+deep=$(printf '%*s' 1000000 '' | tr ' ' '[')
+printf '%s%s\n' "$deep" "$(printf '%*s' 1000000 '' | tr ' ' ']')" > run/t.fix.json
+out=$(timeout 30 "$bin" report run/t.h5 2>&1 >/dev/null); rc=$?
+[ "$rc" = 0 ] && [[ "$out" == *"NOTE: ignoring 'run/t.fix.json': it is not JSON"* ]] \
+  && ok "report beside a results file nested 10^6 deep: a note" || fail "report beside a deep results file: exit $rc: ${out:0:300}"
+printf '{"runs":%s' "$deep" > run/t.fix.json
+out=$(timeout 30 "$bin" report run/t.h5 2>&1 >/dev/null); rc=$?
+[ "$rc" = 0 ] && [[ "$out" == *"NOTE: ignoring 'run/t.fix.json'"* ]] \
+  && ok "report beside an unclosed results file nested 10^6 deep: a note" || fail "report beside an unclosed deep results file: exit $rc: ${out:0:300}"
+rm -f run/t.fix.json && mkfifo run/t.fix.json
+out=$(timeout 30 "$bin" report run/t.h5 2>&1 >/dev/null); rc=$?
+[ "$rc" = 0 ] && ok "report beside a FIFO as the results file finished" || fail "report beside a FIFO results file: exit $rc: ${out:0:300}"
 
 # --save-model: a link at model.safetensors is refused before the run; the file outside keeps its bytes.
 fresh_victim; ln -s ../$victim run/model.safetensors
