@@ -397,11 +397,12 @@ bool install_termination_note() {
 }
 
 // Refuses (Io::fail) a name that exists as anything but a regular file: a symbolic link (to anything: a
-// writer never writes through one, which would overwrite whatever it points at), a FIFO, a device, a folder.
+// writer never writes through one, which would overwrite whatever it points at), a FIFO, a device, a socket.
 // `what` says which file it is ("its lock file", "the trace").
 void refuse_planted_name(const Io& io, const std::string& path, std::string_view what) {
   struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
+  // A folder is left to the open that follows, whose own error says so ("is a directory").
+  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) return;
   if (S_ISLNK(st.st_mode)) {
     std::string points(4096, '\0');
     const ssize_t n = ::readlink(path.c_str(), points.data(), points.size() - 1);
@@ -411,8 +412,7 @@ void refuse_planted_name(const Io& io, const std::string& path, std::string_view
                         what, path, n > 0 ? points : std::string("?")),
             "remove the link (a file that came with a trace may point anywhere), or write the trace elsewhere");
   }
-  const char* kind = S_ISDIR(st.st_mode)    ? "a folder"
-                     : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
+  const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO (named pipe)"
                      : S_ISCHR(st.st_mode)  ? "a character device"
                      : S_ISBLK(st.st_mode)  ? "a block device"
                      : S_ISSOCK(st.st_mode) ? "a socket"
