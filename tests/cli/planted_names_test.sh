@@ -4,7 +4,9 @@
 # file it points at (outside the folder) keeps its bytes; --overwrite replaces the links themselves. A hard
 # link planted at the name the weights' writer used for its temporary file ("model.safetensors.tmp") is not
 # written through either. A FIFO at "<trace>.lock" does not block `ampscope report` (timeout 30 s), nor a FIFO
-# or JSON nested 10^6 levels deep as the results file beside the trace.
+# or JSON nested 10^6 levels deep as the results file beside the trace. And every input slot of the command
+# line (--config, --resume, --text, --data's IDX files, the trace of report, diff, fix and export) given a FIFO
+# or a link to /dev/zero: exit 2 within 30 s, naming what it is.
 #   tests/cli/planted_names_test.sh AMPSCOPE_BINARY SCRATCH_DIR
 set -uo pipefail
 bin=$(realpath "${1:?usage: planted_names_test.sh AMPSCOPE_BINARY SCRATCH_DIR}")
@@ -91,6 +93,30 @@ timeout 120 "$bin" "${train[@]}" --save-model run >/dev/null 2>&1 || fail "--sav
 victim_intact "hard link at model.safetensors.tmp"
 [ -f run/model.safetensors ] && [ "$(head -c 8 run/model.safetensors | od -An -tu8 | tr -d ' ')" -gt 0 ] \
   && ok "--save-model wrote run/model.safetensors" || fail "--save-model: no weights written"
+
+# Every input slot of the command line given a FIFO or a link to /dev/zero: exit 2 within 30 s, naming what it
+# is (a FIFO opened for reading would block; /dev/zero would be read until memory runs out).
+rm -rf slots && mkdir -p slots/mnist && mkfifo slots/fifo && ln -s /dev/zero slots/zero
+slot() {  # slot NAME EXPECTED -- ARGS...
+  local name=$1 expected=$2 out rc; shift 3
+  out=$(timeout 30 "$bin" "$@" 2>&1 >/dev/null); rc=$?
+  if [ "$rc" = 124 ]; then fail "$name: blocked (killed after 30 s)"
+  elif [ "$rc" != 2 ] || [[ "$out" != *"$expected"* ]]; then fail "$name: exit $rc, expected 2 and '$expected': ${out:0:300}"
+  else ok "$name: ${out%%$'\n'*}"; fi
+}
+for kind in fifo zero; do
+  what=$([ $kind = fifo ] && echo "a FIFO (named pipe)" || echo "a character device")
+  slot "--config $kind" "$what" -- train --config slots/$kind
+  slot "--resume $kind" "$what" -- train --sample mlp --steps 1 --device cpu --resume slots/$kind
+  slot "--text $kind" "$what" -- train --sample transformer --steps 1 --device cpu --text slots/$kind
+  rm -f slots/mnist/train-images-idx3-ubyte
+  if [ $kind = fifo ]; then mkfifo slots/mnist/train-images-idx3-ubyte; else ln -s /dev/zero slots/mnist/train-images-idx3-ubyte; fi
+  slot "--data with a $kind as the images" "$what" -- train --sample cnn --steps 1 --device cpu --data slots/mnist
+  slot "report $kind" "$what" -- report slots/$kind
+  slot "diff $kind" "$what" -- diff slots/$kind slots/$kind
+  slot "fix $kind" "$what" -- fix slots/$kind
+  slot "export $kind" "$what" -- export slots/$kind --csv slots/csv
+done
 
 echo "$failures failure(s)"
 [ "$failures" = 0 ]
