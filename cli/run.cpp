@@ -382,6 +382,10 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     }
     check_writable_folder("--save-model", config.save_model,
                           std::filesystem::is_directory(folder) ? folder : folder.parent_path());
+    // The files it will write, checked now rather than after the run: a link (or FIFO) planted at either name
+    // is refused, never written through (core/io/output_file.h; save_folder checks again when it writes).
+    refuse_unsafe_output(folder / "config.json", "--save-model's config.json");
+    refuse_unsafe_output(folder / "model.safetensors", "--save-model's model.safetensors");
   }
 
   // A resumed run continues the checkpointed one: its seed (which decides the data stream and a sample's

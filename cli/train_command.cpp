@@ -153,13 +153,28 @@ std::vector<std::filesystem::path> fix_sidecars(const std::filesystem::path& tra
 
 // An existing trace under --out is another run's record: refused unless --overwrite, which removes it and
 // the results files `ampscope fix` wrote for it (they describe the old run). Links are removed, never followed.
+// A lock file ("<trace>.lock") that is not a regular file (a link or a FIFO someone planted) is removed by
+// --overwrite too, by name; without it the writer refuses it, naming it. A regular lock file stays: a writer
+// may hold it.
 void prepare_outputs(const std::vector<TrainConfig>& plan, bool overwrite) {
   for (const TrainConfig& c : plan) {
     if (c.out.empty()) continue;
     const std::filesystem::path trace = trace_path_of(c);
     std::error_code ec;
+    const std::filesystem::path lock = trace.string() + ".lock";
+    const auto lock_type = std::filesystem::symlink_status(lock, ec).type();
+    if (overwrite && lock_type != std::filesystem::file_type::not_found &&
+        lock_type != std::filesystem::file_type::regular && lock_type != std::filesystem::file_type::directory) {
+      std::filesystem::remove(lock);
+    }
     const auto type = std::filesystem::symlink_status(trace, ec).type();
     if (type == std::filesystem::file_type::not_found) continue;
+    if (!overwrite && type == std::filesystem::file_type::symlink) {
+      throw Error(fmt::format("--out: '{}' is a symbolic link (to '{}'); ampscope never writes a trace through a link, "
+                              "which could overwrite whatever it points at\nhint: give another --out, or --overwrite "
+                              "to replace the link itself (what it points at is left alone)",
+                              trace.string(), std::filesystem::read_symlink(trace, ec).string()));
+    }
     if (!overwrite) {
       throw Error(fmt::format("--out: '{}' exists (the trace of an earlier run); refusing to overwrite it\n"
                               "hint: give another --out, or --overwrite to replace it and the results files "

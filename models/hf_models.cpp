@@ -20,6 +20,7 @@
 #include "core/ops.h"
 #include "core/io/input_file.h"
 #include "core/io/json_limits.h"
+#include "core/io/output_file.h"
 #include "core/io/safetensors.h"
 
 namespace ampscope::samples::hf {
@@ -317,36 +318,17 @@ void save_folder(const nlohmann::json& config, const std::vector<std::pair<std::
   }
   std::filesystem::create_directories(folder);
   const std::filesystem::path config_path = folder / "config.json";
-  // Written beside and renamed over config.json, so that a failed write leaves the old file whole; never
-  // through a link left at the temporary name.
-  const std::filesystem::path tmp = config_path.string() + ".tmp";
-  const std::string text = config.dump(2) + "\n";
-  const auto cannot = [&](const std::string& what) {
-    throw Error(fmt::format("{}: cannot write the config: {}\nhint: check the folder's permissions and free space",
-                            config_path.string(), what));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) cannot(fmt::format("'{}': {}", tmp.string(), std::strerror(errno)));
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = errno;
-      ::close(fd);
-      std::filesystem::remove(tmp);
-      cannot(std::strerror(e));
-    }
-    done += static_cast<std::size_t>(n);
+  // Both names are checked before either file is written: a folder someone else prepared may hold a link
+  // (or a FIFO) at either, and a refusal must not leave a new config.json beside old weights. Each is written
+  // under a fresh temporary name and renamed over its target (core/io/output_file.h), so a failed write leaves
+  // the old file whole and a link is never written through.
+  refuse_unsafe_output(config_path, "the model's config.json");
+  refuse_unsafe_output(folder / "model.safetensors", "the safetensors file");
+  {
+    OutputFile file(config_path, "the model's config.json");
+    file.write(config.dump(2) + "\n");
+    file.commit(/*durable=*/true);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int e = errno;
-    std::filesystem::remove(tmp);
-    cannot(std::strerror(e));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, config_path, ec);
-  if (ec) cannot(ec.message());
   safetensors::save(folder / "model.safetensors", tensors, {{"format", "pt"}});
 }
 

@@ -6,14 +6,13 @@
 #include <cctype>
 #include <climits>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/io/input_file.h"
 #include "core/tensor.h"
 
 namespace ampscope::samples {
@@ -141,13 +140,17 @@ std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& gz, const std:
 }  // namespace
 
 IdxArray read_idx(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error(fmt::format("cannot open IDX file '{}'\nhint: --data expects a folder with the MNIST files "
-                            "(train-images-idx3-ubyte or train-images.idx3-ubyte, the labels likewise; .gz too)",
-                            path));
+  // Through core/io/input_file.h: only a regular file is opened (a FIFO would block, /dev/zero never end),
+  // and its size is checked before it is read.
+  std::string raw;
+  if (auto problem = detail::read_input_file(path, kMaxIdxBytes, raw)) {
+    throw Error(fmt::format("cannot read IDX file '{}': {}\nhint: --data expects a folder with the MNIST files "
+                            "(train-images-idx3-ubyte or train-images.idx3-ubyte, the labels likewise; .gz too), "
+                            "regular files",
+                            path, problem->describe()));
   }
-  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::uint8_t> bytes(raw.begin(), raw.end());
+  raw = std::string();
   const bool gzipped = is_gzip(bytes);
   if (gzipped) bytes = gunzip(bytes, path);
   const std::string what = gzipped ? fmt::format("'{}' (gzip, decompressed)", path) : fmt::format("'{}'", path);
@@ -207,6 +210,22 @@ std::string find_idx_file(const std::string& dir, const std::string& split, cons
     if (fs::is_regular_file(p, ec)) return p.string();
     // Kaggle's archive unpacks some files as a folder of that name holding the file.
     if (fs::is_directory(p, ec) && fs::is_regular_file(p / name, ec)) return (p / name).string();
+  }
+  // A name that is there but is not a regular file (a FIFO, a link to a device): said, rather than "no file".
+  for (const std::string& name : names) {
+    const fs::path p = fs::path(dir) / name;
+    const auto type = fs::status(p, ec).type();
+    if (type != fs::file_type::not_found && type != fs::file_type::directory && type != fs::file_type::none &&
+        type != fs::file_type::regular) {
+      throw Error(fmt::format("MNIST {} {} file '{}' is not a regular file ({}); it is not read\nhint: --data expects "
+                              "a folder of regular IDX files",
+                              split, kind, p.string(),
+                              type == fs::file_type::fifo      ? "a FIFO (named pipe)"
+                              : type == fs::file_type::character ? "a character device"
+                              : type == fs::file_type::block     ? "a block device"
+                              : type == fs::file_type::socket    ? "a socket"
+                                                                 : "not a file"));
+    }
   }
   std::string list;
   for (const std::string& name : names) list += (list.empty() ? "" : ", ") + name;

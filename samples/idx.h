@@ -26,7 +26,8 @@ inline constexpr std::size_t kMaxIdxBytes = std::size_t{1} << 30;
 // Error naming the file for: a damaged or truncated gzip stream (zlib's reason); contents that are not
 // IDX (the first bytes, and what they look like: a zip or xz archive, an HTML page, text); an
 // unsupported element type; a truncated file or trailing bytes; a gzip file that would decompress past
-// kMaxIdxBytes.
+// kMaxIdxBytes; a file that is not a regular file (a FIFO, a device: never opened) or larger than
+// kMaxIdxBytes itself (core/io/input_file.h).
 IdxArray read_idx(const std::string& path);
 
 // The file of `split` ("train" or "t10k") and `kind` ("images", idx3; "labels", idx1) in `dir`: the first

@@ -2,13 +2,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 
 #include <fmt/format.h>
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/io/input_file.h"
 #include "core/io/safetensors.h"
 #include "core/ops.h"
 #include "samples/idx.h"
@@ -129,10 +129,23 @@ std::string synthetic_text(std::size_t length, std::uint64_t seed) {
   return text;
 }
 
+// The transformer sample holds its text in memory (it draws windows anywhere in it), so the file is bounded:
+// a user's corpus of more than this belongs to --model, whose tokenizer streams it. Opened through
+// core/io/input_file.h: only a regular file (a FIFO would block open(), /dev/zero would be read until memory
+// runs out), its size checked before anything is read.
+constexpr std::uint64_t kMaxTextBytes = std::uint64_t{1} << 30;
+
 std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("--text: cannot open '{}'\nhint: give a readable text file", path));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text;
+  if (auto problem = detail::read_input_file(path, kMaxTextBytes, text)) {
+    using Kind = detail::FileProblem::Kind;
+    const char* hint = problem->kind == Kind::too_large
+                           ? "the transformer sample holds its text in memory; give a smaller file, or train a "
+                             "--model folder, whose --text is streamed"
+                       : problem->kind == Kind::not_regular ? "give a regular text file (not a pipe or a device)"
+                                                            : "give a readable text file";
+    throw Error(fmt::format("--text '{}': {}\nhint: {}", path, problem->describe(), hint));
+  }
   return text;
 }
 

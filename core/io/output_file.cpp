@@ -83,10 +83,10 @@ OutputFile::~OutputFile() {
   if (!committed_ && !temporary_.empty()) ::unlink(temporary_.c_str());
 }
 
-void OutputFile::flush() {
+void OutputFile::write_through(std::string_view bytes) {
   std::size_t done = 0;
-  while (done < buffer_.size()) {
-    const ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
       const int error = errno;
@@ -95,20 +95,35 @@ void OutputFile::flush() {
     }
     done += static_cast<std::size_t>(n);
   }
+}
+
+void OutputFile::flush() {
+  write_through(buffer_);
   buffer_.clear();
 }
 
 void OutputFile::write(std::string_view bytes) {
   if (fd_ < 0) throw Error(fmt::format("{} is already committed", named(what_, target_)));
+  if (bytes.size() >= kBufferBytes) {  // a tensor of a model: written as it is, not copied into the buffer
+    flush();
+    write_through(bytes);
+    return;
+  }
   buffer_.append(bytes);
   if (buffer_.size() >= kBufferBytes) flush();
 }
 
-void OutputFile::commit() {
+void OutputFile::commit(bool durable) {
   if (fd_ < 0) throw Error(fmt::format("{} is already committed", named(what_, target_)));
   flush();
   const int fd = fd_;
   fd_ = -1;
+  if (durable && ::fsync(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw Error(fmt::format("cannot write {}: {}{}", named(what_, target_), std::strerror(error),
+                            error == ENOSPC ? "\nhint: free some space on its disk, or write elsewhere" : ""));
+  }
   if (::close(fd) != 0) {
     throw Error(fmt::format("cannot write {}: {}", named(what_, target_), std::strerror(errno)));
   }

@@ -33,14 +33,19 @@ class OutputFile {
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
 
-  void write(std::string_view bytes);  // buffered; throws Error ("No space left on device", ...) naming the file
+  // Buffered (a piece of 1 MiB or more, a model's tensor, is written at once rather than copied); throws Error
+  // ("No space left on device", ...) naming the file.
+  void write(std::string_view bytes);
   // Writes what is buffered, closes, checks the target again and renames the temporary file over it.
-  void commit();
+  // durable: fsync()s the file first, so that the name never points at bytes still in the page cache (model
+  // weights, which a crash must not leave half written under their final name).
+  void commit(bool durable = false);
   const std::filesystem::path& target() const { return target_; }
   const std::filesystem::path& temporary() const { return temporary_; }
 
  private:
   void flush();
+  void write_through(std::string_view bytes);
   std::filesystem::path target_, temporary_;
   std::string what_;
   std::string buffer_;

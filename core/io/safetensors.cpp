@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/io/input_file.h"
+#include "core/io/output_file.h"
 #include "core/io/json_limits.h"
 
 namespace ampscope::safetensors {
@@ -581,41 +582,23 @@ void save(const std::filesystem::path& path, const std::vector<std::pair<std::st
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  // O_NOFOLLOW: never write through a link left at the temporary name (the rename then replaces whatever is
-  // at `path`, a link included, without following it).
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) bad(fmt::format("cannot create '{}': {}", tmp.string(), std::strerror(errno)),
-                  "check that the folder exists and is writable");
-  auto write_all = [&](const void* p, std::size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      ssize_t w = ::write(fd, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        int e = errno;
-        ::close(fd);
-        std::filesystem::remove(tmp);
-        bad(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(e)), "check the free disk space");
-      }
-      c += w;
-      n -= static_cast<std::size_t>(w);
+  // Through an OutputFile (core/io/output_file.h): a fresh temporary name created with O_EXCL | O_NOFOLLOW and
+  // renamed over `path`; a link, FIFO or folder at `path` is refused before anything is written (a model
+  // folder may hold names someone else planted: a link there must not send the weights to what it points at).
+  {
+    OutputFile file(path, "the safetensors file");
+    unsigned char len[8];
+    const std::uint64_t n = json.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    file.write(std::string_view(reinterpret_cast<const char*>(len), 8));
+    file.write(json);
+    for (const Tensor& c : host) {
+      if (c.numel() == 0) continue;
+      file.write(std::string_view(static_cast<const char*>(c.data()),
+                                  static_cast<std::size_t>(c.numel()) * dtype_size(c.dtype())));
     }
-  };
-  unsigned char len[8];
-  std::uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  write_all(len, 8);
-  write_all(json.data(), json.size());
-  for (const Tensor& c : host)
-    if (c.numel() > 0) write_all(c.data(), static_cast<std::size_t>(c.numel()) * dtype_size(c.dtype()));
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    std::filesystem::remove(tmp);
-    bad(fmt::format("cannot flush '{}': {}", tmp.string(), std::strerror(errno)), "check the disk");
+    file.commit(/*durable=*/true);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) bad(fmt::format("cannot rename '{}' to it: {}", tmp.string(), ec.message()), "check permissions");
 }
 
 namespace {

@@ -73,8 +73,10 @@ class File {
 };
 
 // Writes tensors (any device, any layout: copied to contiguous CPU values) in name order, contiguous,
-// little-endian, header padded with spaces to a multiple of 8 bytes. Written to `path`.tmp, fsynced and
-// renamed. Throws on duplicate or empty names, undefined tensors, bool tensors, a "__metadata__" tensor.
+// little-endian, header padded with spaces to a multiple of 8 bytes. Written through an OutputFile
+// (core/io/output_file.h: a fresh temporary name, fsynced and renamed); a symbolic link, FIFO or folder at
+// `path` is refused (Error naming it), never written through. Throws on duplicate or empty names, undefined
+// tensors, bool tensors, a "__metadata__" tensor.
 void save(const std::filesystem::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
           const std::map<std::string, std::string>& metadata = {});
 

@@ -19,7 +19,10 @@
 //       NaN only (no inf)                                      invalid_operation (inf - inf, 0 * inf, 0 / 0)
 //       anything else (inf in an f32 or bf16 output)           unknown
 //   - A step whose forward holds non-finite outputs without any origin in it (the data were non-finite
-//     before the first op) gives nonfinite_input at its first non-finite op.
+//     before the first op) gives nonfinite_input at its first non-finite op; nonfinite_weights instead when
+//     the inputs of that op that no recorded op produced and that can hold NaN (not integers) are parameters
+//     only, or parameters and data in a run that loaded its weights with --model-allow-nonfinite (its recorded
+//     config says so), and no input came from an op the probe did not record: the weights held them, not the data.
 //   - Skipped steps after a backward origin whose ops are all finite are stale gradients: the non-finite
 //     .grad survived into the next step, so gradients are never cleared. That backward origin's cause
 //     becomes accumulating_gradients (evidence: the stale steps and the /steps grad_norm trend).
@@ -53,7 +56,7 @@ namespace ampscope::analysis {
 // The documented causes (Diagnosis::cause is one of these strings).
 inline constexpr const char* kCauses[] = {
     "f16_overflow",       "exp_overflow",       "log_of_zero",        "division_by_zero",
-    "invalid_operation",  "nonfinite_input",    "gradient_overflow",  "gradient_underflow",
+    "invalid_operation",  "nonfinite_input",    "nonfinite_weights",  "gradient_overflow",  "gradient_underflow",
     "accumulating_gradients", "scale_collapse", "optimizer_eps_underflow", "unknown"};
 
 inline constexpr double kF16Max = 65504.0;
@@ -86,6 +89,7 @@ inline constexpr const char* kRemedyKinds[] = {
     "zero_grad",           // clear gradients every step
     "finite_mask",         // mask with a finite value rather than the dtype's extreme
     "clean_data",          // the input data hold NaN/inf
+    "finite_weights",      // the weights held NaN/inf before the first op: load finite ones (code only)
     "record_every_op",     // the probe filtered or sampled the origin away: record every op and run again
     "compare_fp32",        // nothing specific: compare with an fp32 run
     // Precision remedies (the PRECISION section, from the f32 twin's rows; code only):

@@ -109,7 +109,7 @@ void coverage(Report& rep, const std::set<std::string>& overrides_applied,
     c.notes.push_back(fmt::format("probe level {}: no statistics, so no NaN/inf can be found in ops", c.level));
   if (!filtered) return;
   for (Diagnosis& d : rep.anomalies) {
-    if (d.op.empty() || d.cause == "nonfinite_input") {
+    if (d.op.empty() || d.cause == "nonfinite_input" || d.cause == "nonfinite_weights") {
       const bool has = std::any_of(d.remedies.begin(), d.remedies.end(),
                                    [](const Remedy& m) { return m.kind == "record_every_op"; });
       if (has) continue;

@@ -35,6 +35,7 @@ constexpr CauseText kCauseTexts[] = {
     {"division_by_zero", "a division by zero (or by a denominator that underflowed to 0) gave inf"},
     {"invalid_operation", "an operation without a defined result (inf - inf, 0 * inf, 0 / 0) gave NaN"},
     {"nonfinite_input", "the data already held NaN or inf before the first op: no op created them"},
+    {"nonfinite_weights", "the weights (parameters) already held NaN or inf before the first op: no op created them, and the data did not bring them"},
     {"gradient_overflow", "a gradient became inf or NaN in the backward pass (scaled gradients beyond the dtype's range)"},
     {"gradient_underflow", "gradients flushed to zero: too small for f16 (below 2^-24) without enough loss scaling"},
     {"accumulating_gradients", "gradients are never cleared, so they grow step after step and an inf in .grad stays there"},

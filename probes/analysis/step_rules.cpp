@@ -290,7 +290,47 @@ void Analyser::State::amplifier_growth(Amplification& a, std::span<const OpRow> 
   }
 }
 
-// Non-finite forward outputs in a step without origin: the data were non-finite before the first op.
+namespace {
+
+// What could have carried non-finite values into `first`: its floating inputs that no recorded op of the step
+// produced, parameters and data apart; the parameters' names from the step's /grads rows (the module's own:
+// MODULE.NAME with no further dot), since an op row names its module, not its parameters.
+struct WeightSuspects {
+  bool parameter = false, data = false;
+  std::vector<std::string> names;
+};
+
+WeightSuspects weight_suspects(const OpRow& first, std::span<const GradRow> grads) {
+  WeightSuspects w;
+  std::vector<std::string> dtypes;
+  for (std::size_t at = 0; at <= first.in_dtypes.size();) {
+    const std::size_t comma = std::min(first.in_dtypes.find(',', at), first.in_dtypes.size());
+    dtypes.push_back(first.in_dtypes.substr(at, comma - at));
+    at = comma + 1;
+  }
+  for (std::size_t i = 0; i < first.inputs.size(); ++i) {
+    const std::int64_t in = first.inputs[i];
+    if (in >= 0 || in == trace::kInputNone || in == trace::kInputUnrecorded) continue;
+    // Integer inputs (token ids, indices, masks) hold no NaN or inf; an unknown dtype may.
+    const std::string dtype = i < dtypes.size() ? dtypes[i] : std::string();
+    const bool integral = !dtype.empty() && dtype != "f16" && dtype != "bf16" && dtype != "f32" && dtype != "f64" &&
+                          dtype.rfind("f8", 0) != 0;
+    if (integral) continue;
+    (in == trace::kInputParameter ? w.parameter : w.data) = true;
+  }
+  if (!w.parameter) return w;
+  const std::string prefix = first.module.empty() ? std::string() : first.module + ".";
+  for (const GradRow& g : grads) {
+    if (g.param.rfind(prefix, 0) != 0 || g.param.find('.', prefix.size()) != std::string::npos) continue;
+    if (std::find(w.names.begin(), w.names.end(), g.param) == w.names.end()) w.names.push_back(g.param);
+  }
+  return w;
+}
+
+}  // namespace
+
+// Non-finite forward outputs in a step without origin: the data (nonfinite_input), or the weights
+// (nonfinite_weights), were non-finite before the first op.
 void Analyser::State::nonfinite_input(std::int64_t step, std::span<const OpRow> ops, const StepRow* step_row,
                                       std::span<const GradRow> grads) {
   const OpRow* first = nullptr;
@@ -306,15 +346,24 @@ void Analyser::State::nonfinite_input(std::int64_t step, std::span<const OpRow> 
   d.in_dtypes = first->in_dtypes;
   d.out_dtype = first->out_dtype;
   d.autocast = first->autocast;
-  d.cause = "nonfinite_input";
+  // Where its non-finite input came from, when the trace says: an op the probe did not record (a filter,
+  // or sampling) is a hidden origin, neither bad data nor bad weights.
+  // Otherwise, which inputs can have carried the non-finite values in: floating inputs that no recorded op of
+  // this step produced (a recorded producer's output was finite: `first` is the first non-finite op). When
+  // they are parameters only, the weights held NaN/inf before the step (weights loaded with
+  // --model-allow-nonfinite, or damaged), not the data; when a parameter and data both could have, the run's
+  // own record decides: a run that loaded its weights with --model-allow-nonfinite is told about its weights.
+  bool hidden = false;
+  for (std::int64_t in : first->inputs) hidden |= in == trace::kInputUnrecorded;
+  const WeightSuspects weights = weight_suspects(*first, grads);
+  const bool allowed_nonfinite_weights =
+      rep.run.config.find("\"model_allow_nonfinite\":true") != std::string::npos;
+  const bool blame_weights = !hidden && weights.parameter && (!weights.data || allowed_nonfinite_weights);
+  d.cause = blame_weights ? "nonfinite_weights" : "nonfinite_input";
   if (seen(d)) {
     add(std::move(d), step);
     return;
   }
-  // Where its non-finite input came from, when the trace says: an op the probe did not record (a filter,
-  // or sampling) is a hidden origin, not bad data.
-  bool hidden = false;
-  for (std::int64_t in : first->inputs) hidden |= in == trace::kInputUnrecorded;
   if (hidden) {
     d.evidence.push_back(fmt::format("{} in the output of {} at step {}: an input came from an op of this step that "
                                      "the probe did not record (filtered out by its op or module globs), so the "
@@ -325,6 +374,30 @@ void Analyser::State::nonfinite_input(std::int64_t step, std::span<const OpRow> 
                                 "in an op this trace does not hold",
                                 "--probe health --sample-every 1",
                                 "probe::ProbeOptions options;  // no .ops / .modules filter, .every = 1"));
+  } else if (blame_weights) {
+    const std::string names = weights.names.empty() ? std::string("its parameters")
+                              : weights.names.size() == 1
+                                  ? fmt::format("'{}'", weights.names[0])
+                                  : fmt::format("one of '{}'", fmt::join(weights.names, "', '"));
+    d.evidence.push_back(fmt::format(
+        "{} in the output of {} at step {}, and no op of the step produced them from finite inputs: the weights "
+        "already held them ({}, an input of {}){}{}",
+        counts_text(first->health), place(*first), step, names, first->op,
+        weights.data ? "; another input that no recorded op produced (data, or a view of a parameter such as its "
+                       "transpose) may hold some too"
+                     : "",
+        allowed_nonfinite_weights ? "; the run loaded its --model weights with --model-allow-nonfinite, which "
+                                    "accepts weights holding NaN or inf"
+                                  : ""));
+    d.remedies.push_back(simple(
+        "finite_weights",
+        fmt::format("the weights hold NaN or inf before any op runs: load finite weights (leave "
+                    "--model-allow-nonfinite out to have the load name every such tensor), or re-initialise {}",
+                    weights.names.empty() ? std::string("the module's parameters") : names),
+        "",
+        fmt::format("// before training: find and replace the non-finite parameter\n"
+                    "for (auto& [name, p] : model.named_parameters()) if (!all_finite(p)) re-initialise p;  // {}",
+                    weights.names.empty() ? place(*first) : weights.names[0])));
   } else {
     bool earlier = false;
     for (std::int64_t in : first->inputs) earlier |= in == trace::kInputOtherStep;

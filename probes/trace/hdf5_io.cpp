@@ -371,6 +371,9 @@ H5FD_t* driver_open(const char* name, unsigned flags, hid_t fapl, haddr_t maxadd
   if (flags & H5F_ACC_TRUNC) o_flags |= O_TRUNC;
   if (flags & H5F_ACC_CREAT) o_flags |= O_CREAT;
   if (flags & H5F_ACC_EXCL) o_flags |= O_EXCL;
+  // A writer never follows a link at the trace's name (it would truncate and overwrite what the link points
+  // at: TraceWriter refuses one by name first); readers do (a trace linked from elsewhere is read as any file).
+  if (flags & H5F_ACC_RDWR) o_flags |= O_NOFOLLOW;
   const int fd = ::open(name, o_flags | O_CLOEXEC, 0666);
   if (fd < 0) {
     // HDF5 first tries an open without creating (is the file open already?), which fails on a new

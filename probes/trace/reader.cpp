@@ -56,6 +56,7 @@
 #include "probes/trace/hdf5_io.h"
 #include "probes/trace/layout.h"
 #include "probes/trace/layout_v3.h"
+#include "probes/trace/writer.h"
 
 namespace ampscope::trace {
 
@@ -397,14 +398,10 @@ struct TraceReader::State {
   // Whether a writer holds the trace's lock ("<trace>.lock", flock'ed by TraceWriter while it writes; a
   // killed writer's lock is released with its process). Only then can a last /index row still be on its
   // way to the file.
-  bool writer_alive() const {
-    const std::string lock = io.path() + ".lock";
-    const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
-    ::close(fd);  // releases the shared lock if it was taken
-    return held;
-  }
+  // The lock file came with the trace, from whoever sent it: writer_state() opens it only when it is a regular
+  // file (lstat first, then O_NONBLOCK | O_NOFOLLOW), so a FIFO or a device planted there neither blocks nor is
+  // read, and a link is not followed; anything else counts as no writer.
+  bool writer_alive() const { return writer_state(io.path()).writing; }
 
   // The last intact row of /index that counts no fewer rows than the rows before it (nullopt when it has
   // none). Every row is read and checked; what is damaged becomes a note in index_damage. A last row of

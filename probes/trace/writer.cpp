@@ -396,6 +396,32 @@ bool install_termination_note() {
   return installed;
 }
 
+// Refuses (Io::fail) a name that exists as anything but a regular file: a symbolic link (to anything: a
+// writer never writes through one, which would overwrite whatever it points at), a FIFO, a device, a socket.
+// `what` says which file it is ("its lock file", "the trace").
+void refuse_planted_name(const Io& io, const std::string& path, std::string_view what) {
+  struct stat st {};
+  // A folder is left to the open that follows, whose own error says so ("is a directory").
+  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) return;
+  if (S_ISLNK(st.st_mode)) {
+    std::string points(4096, '\0');
+    const ssize_t n = ::readlink(path.c_str(), points.data(), points.size() - 1);
+    points.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    io.fail(fmt::format("{} '{}' is a symbolic link (to '{}'); a trace writer never writes through a link, which "
+                        "could overwrite whatever it points at",
+                        what, path, n > 0 ? points : std::string("?")),
+            "remove the link (a file that came with a trace may point anywhere), or write the trace elsewhere");
+  }
+  const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO (named pipe)"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  io.fail(fmt::format("{} '{}' exists and is {}, not a regular file; a trace writer will not write to it", what, path,
+                      kind),
+          "remove it, or write the trace elsewhere");
+}
+
 // One writer per trace: an advisory lock (flock) on "<trace>.lock", taken before the trace is created
 // (HDF5's H5Fcreate truncates the file before its own lock, and an SWMR writer drops that lock so that
 // readers can open the file) and held until the writer is gone. Readers only test it (writer_state, and the
@@ -430,7 +456,22 @@ class OutputLock {
   void take(const std::filesystem::path& trace) {
     const Io io(trace.string(), "write");
     for (int attempt = 0; attempt < 100; ++attempt) {
-      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      // A trace's folder may have come from elsewhere, with a link or a FIFO planted at the lock file's name:
+      // the lock is written (emptied, the termination note) and must never reach what a link points at, nor
+      // block on a FIFO. Refused by lstat() first (so not even a device is opened), then by O_NOFOLLOW and
+      // O_NONBLOCK for a name swapped in meanwhile, and fstat() of what was opened.
+      refuse_planted_name(io, path_, "its lock file");
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+      if (fd_ < 0 && errno == ELOOP) refuse_planted_name(io, path_, "its lock file");
+      if (fd_ >= 0) {
+        struct stat opened {};
+        if (::fstat(fd_, &opened) != 0 || !S_ISREG(opened.st_mode)) {
+          ::close(fd_);
+          fd_ = -1;
+          io.fail(fmt::format("its lock file '{}' is not a regular file", path_),
+                  "remove it (a file that came with a trace may be anything), or write the trace elsewhere");
+        }
+      }
       if (fd_ < 0) {
         const StorageFailure failure{.error = errno, .operation = {}};
         io.fail(fmt::format("cannot create its lock file '{}': {}", path_, failure.problem()),
@@ -875,6 +916,9 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
     const QuietHdf5Errors quiet;
     for (std::size_t t = 0; t < kDataTableCount; ++t) s.float_ranges[t] = float_columns(io, static_cast<Table>(t));
   }
+  // The trace's own name: HDF5 creates it by open(O_TRUNC), which would follow a link planted there (--out in a
+  // folder someone sent) and truncate what it points at. Refused here, and again by the driver's O_NOFOLLOW.
+  refuse_planted_name(io, path.string(), "the trace");
   // Before the file: a second writer must not truncate it.
   s.lock = std::make_unique<OutputLock>(path, options.note_termination);
   s.file = std::make_unique<FileWriter>(path, info, options.compression);
@@ -962,6 +1006,10 @@ WriterState writer_state(const std::filesystem::path& trace) {
   WriterState state;
   const std::string lock = trace.string() + ".lock";
   // A lock file is what a writer left, or anything anyone put there: a regular file only, never waited on.
+  // lstat() first, so that nothing else is even opened (opening some devices has effects of its own); then
+  // O_NONBLOCK | O_NOFOLLOW for a name swapped in meanwhile, and fstat() of what was opened.
+  struct stat named {};
+  if (::lstat(lock.c_str(), &named) != 0 || !S_ISREG(named.st_mode)) return state;
   const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) return state;
   struct stat st {};

@@ -247,19 +247,38 @@ TEST(hf_hostile_test, t5_weights_holding_nan_are_refused_by_name) {
   EXPECT_EQ(hf::load_seq2seq(dir, {.allow_nonfinite = true}).report.nonfinite.size(), 1u);
 }
 
-TEST(hf_hostile_test, save_model_never_writes_through_a_link_at_its_temporary_names) {
+TEST(hf_hostile_test, save_model_never_writes_through_a_link_at_its_names) {
   const fs::path dir = saved(gpt2_config(), "links");
   const fs::path victim = dir.parent_path() / "victim.txt";
   write_text(victim, "keep me");
-  const hf::LoadedModel loaded = hf::load_model(dir);
-  for (const char* tmp : {"config.json.tmp", "model.safetensors.tmp"}) {
-    testing::make_link(dir / tmp, victim);
-    EXPECT_THROW(hf::save_model(*loaded.model, dir), Error) << tmp;
+  const auto victim_text = [&] {
     std::ifstream in(victim);
-    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "keep me") << tmp;
-    fs::remove(dir / tmp);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const hf::LoadedModel loaded = hf::load_model(dir);
+  // A link at either name the folder is written under: refused before either file is written, naming it; the
+  // link stays a link and what it points at keeps its bytes.
+  for (const auto& [name, what] : {std::pair{"config.json", "the model's config.json"},
+                                   std::pair{"model.safetensors", "the safetensors file"}}) {
+    const fs::path moved = dir / (std::string(name) + ".real");
+    fs::rename(dir / name, moved);
+    testing::make_link(dir / name, victim);
+    const std::string other = std::string(name) == "config.json" ? "model.safetensors" : "config.json";
+    const auto other_before = fs::last_write_time(dir / other);
+    EXPECT_THROW_MSG(hf::save_model(*loaded.model, dir), Error,
+                     fmt::format("{} '{}' is a symbolic link (to '{}'); ampscope never writes through a link", what,
+                                 (dir / name).string(), victim.string()));
+    EXPECT_EQ(victim_text(), "keep me") << name;
+    EXPECT_TRUE(fs::is_symlink(dir / name)) << name;
+    EXPECT_EQ(fs::last_write_time(dir / other), other_before) << other << " was written before the refusal";
+    fs::remove(dir / name);
+    fs::rename(moved, dir / name);
   }
+  // Links at the temporary names the writers used before they took fresh ones (core/io/output_file.h): never
+  // opened, so the save succeeds and what they point at keeps its bytes.
+  for (const char* tmp : {"config.json.tmp", "model.safetensors.tmp"}) testing::make_link(dir / tmp, victim);
   EXPECT_NO_THROW(hf::save_model(*loaded.model, dir));
+  EXPECT_EQ(victim_text(), "keep me");
   EXPECT_NO_THROW((void)hf::load_model(dir));
 }
 

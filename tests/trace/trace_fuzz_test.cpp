@@ -1080,6 +1080,49 @@ TEST(trace_fuzz_test, counts_past_the_tables_are_rows_lost_and_an_undercounting_
   EXPECT_NE(s.damage()[0].find("fewer rows or an earlier step than row"), std::string::npos) << s.damage()[0];
 }
 
+TEST(trace_fuzz_test, a_fifo_or_a_device_at_the_lock_file_is_never_opened_when_the_reader_asks_for_a_writer) {
+  // An incomplete trace whose last /index row is zeros: the reader asks the lock file whether a writer is still
+  // writing that row. A lock file came with the trace, from whoever sent it; a FIFO there used to block that
+  // open() for ever (issue 36). Read in a child process whose alarm ends it if it blocks.
+  TempDir dir;
+  const auto path = dir.file("pending.h5");
+  fs::copy_file(corpus().traces[0].path, path);
+  const hid_t file = open_rw(path);
+  ASSERT_GE(file, 0);
+  IndexRows index;
+  ASSERT_TRUE(read_index(file, index));
+  index.rows.back() = detail::IndexRecord{};
+  ASSERT_TRUE(write_index(file, index, false));
+  ASSERT_TRUE(set_int_attribute(file, "complete", 0));
+  H5Fclose(file);
+  const std::string lock = path.string() + ".lock";
+  for (const std::string kind : {"fifo", "device"}) {
+    fs::remove(lock);
+    if (kind == "fifo") ASSERT_EQ(::mkfifo(lock.c_str(), 0600), 0);
+    else fs::create_symlink("/dev/zero", lock);
+    std::fflush(nullptr);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::alarm(20);
+      try {
+        TraceReader r(path);
+        // No writer holds it, so the zero row is damage, with a note (not a row still being written).
+        const auto damage = r.damage();
+        std::_Exit(!r.complete() && damage.size() == 1 && damage[0].find("zeros") != std::string::npos ? 0 : 1);
+      } catch (...) {
+        std::_Exit(2);
+      }
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_FALSE(WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+        << kind << ": the reader blocked on the lock file for 20 s";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << kind << ": status " << status << " (1: not read as an incomplete trace with a damage note, 2: refused)";
+  }
+}
+
 TEST(trace_fuzz_test, root_attributes_are_checked_against_their_checksum_and_schema) {
   TempDir dir;
   const auto path = dir.file("attr.h5");

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "samples/idx.h"
+#include "tests/support/hostile_files.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {
@@ -145,6 +146,31 @@ TEST(idx_test, names_every_file_it_looked_for_and_refuses_a_file_for_the_folder)
   const std::string file = (dir / "train-images-idx3-ubyte").string();
   EXPECT_THROW_MSG(load_mnist(file, "train"), Error, "'" + file + "' is a file",
                    "hint: give its folder, '" + dir.string() + "'");
+}
+
+// Issue 36: --data is a folder from elsewhere. A FIFO or a link to /dev/zero under an MNIST name is named as
+// what it is (not "no file"), and read_idx itself refuses both without blocking or reading without end.
+TEST(idx_test, a_fifo_or_a_device_under_an_mnist_name_is_refused_by_name_without_blocking) {
+  const fs::path dir = fresh_folder("special");
+  const fs::path fifo = testing::make_fifo(dir / "train-images-idx3-ubyte");
+  std::string m = testing::refusal_within<Error>([&] { (void)load_mnist(dir.string(), "train"); }, {fifo});
+  EXPECT_NE(m.find("MNIST train images file '" + fifo.string() + "' is not a regular file (a FIFO (named pipe))"),
+            std::string::npos)
+      << m;
+  m = testing::refusal_within<Error>([&] { (void)read_idx(fifo.string()); }, {fifo});
+  EXPECT_NE(m.find("cannot read IDX file '" + fifo.string() + "': not a regular file: it is a FIFO (named pipe)"),
+            std::string::npos)
+      << m;
+  fs::remove(fifo);
+  write_file(dir / "train-images-idx3-ubyte", images_file());
+  const fs::path zero = testing::make_link(dir / "train-labels-idx1-ubyte", "/dev/zero");
+  m = testing::refusal_within<Error>([&] { (void)load_mnist(dir.string(), "train"); });
+  EXPECT_NE(m.find("MNIST train labels file '" + zero.string() + "' is not a regular file (a character device)"),
+            std::string::npos)
+      << m;
+  m = testing::refusal_within<Error>([&] { (void)read_idx("/dev/zero"); });
+  EXPECT_NE(m.find("cannot read IDX file '/dev/zero': not a regular file: it is a character device"), std::string::npos)
+      << m;
 }
 
 TEST(idx_test, a_damaged_or_cut_gzip_file_is_named_with_what_is_wrong) {

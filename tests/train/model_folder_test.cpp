@@ -391,6 +391,77 @@ TEST(model_folder_test, nan_weights_are_refused_naming_the_tensor_unless_allowed
   EXPECT_TRUE(said);
 }
 
+// Issue 36: with --model-allow-nonfinite the report says the weights held the NaN, not the data. The trace is
+// a real run of the folder above (one NaN in h.1.mlp.c_fc.weight, set here: the independent fact), reported by
+// the command's own entry point as JSON. What the report must say follows from that fact alone: the first
+// non-finite op is the one that multiplies by that weight (c_fc in h.1.mlp; everything before it is finite),
+// its cause names weights, and nothing blames the data.
+TEST(model_folder_test, nan_weights_allowed_are_reported_as_the_weights_not_the_data) {
+  const fs::path dir = write_folder(scratch("nan_weights_report"), [](hf::CausalLM& m) {
+    NoGradGuard no_grad;
+    for (auto& [name, p] : m.named_parameters())
+      if (name == "h.1.mlp.c_fc.weight") p.view({-1}).slice(0, 3, 4).fill_(std::nan(""));
+  });
+  for (const Precision precision : {Precision::fp32, Precision::fp16}) {
+    const int code = run_train({"--model", dir.string(), "--tokens", (dir / "tokens.txt").string(), "--steps", "2",
+                                "--batch", "2", "--context", "16", "--device", "cpu", "--precision",
+                                precision == Precision::fp32 ? "fp32" : "fp16", "--model-allow-nonfinite", "--out",
+                                (dir / "nan.h5").string(), "--overwrite"});
+    ASSERT_EQ(code, 0);
+    std::ostringstream out, err;
+    ReportRequest request;
+    request.trace = (dir / "nan.h5").string();
+    request.json = true;
+    EXPECT_EQ(run_report(request, out, err), kExitFound) << err.str();
+    const nlohmann::json j = nlohmann::json::parse(out.str());
+    ASSERT_FALSE(j["anomalies"].empty()) << out.str();
+    const nlohmann::json& first = j["anomalies"][0];
+    EXPECT_EQ(first["cause"], "nonfinite_weights") << first.dump(2);
+    EXPECT_EQ(first["module"], "h.1.mlp.c_fc") << first.dump(2);
+    EXPECT_EQ(first["step"], 0);
+    const std::string evidence = first["evidence"].dump();
+    EXPECT_NE(evidence.find("the weights already held them"), std::string::npos) << evidence;
+    EXPECT_NE(evidence.find("h.1.mlp.c_fc.weight"), std::string::npos) << evidence;
+    EXPECT_NE(evidence.find("--model-allow-nonfinite"), std::string::npos) << evidence;
+    ASSERT_FALSE(first["remedies"].empty());
+    EXPECT_EQ(first["remedies"][0]["kind"], "finite_weights") << first["remedies"].dump(2);
+    // Nothing anywhere in the report blames the data.
+    for (const nlohmann::json& a : j["anomalies"]) EXPECT_NE(a["cause"], "nonfinite_input") << a.dump(2);
+    EXPECT_EQ(out.str().find("check the data"), std::string::npos) << out.str();
+    EXPECT_EQ(out.str().find("the data already held"), std::string::npos) << out.str();
+  }
+}
+
+// The transformer sample's --text through the run engine (what `fix` replays and the C++ API calls, past the
+// command line's own check): a FIFO is refused without blocking, /dev/zero without reading it, a file over
+// the 1 GiB the sample holds in memory by its size (a sparse file: nothing is read), each naming the file.
+TEST(model_folder_test, transformer_text_that_is_a_fifo_a_device_or_too_large_is_refused_by_the_run) {
+  const fs::path dir = scratch("text_slots");
+  TrainConfig c;
+  c.sample = "transformer";
+  c.device = "cpu";
+  c.steps = 1;
+  const fs::path fifo = testing::make_fifo(dir / "fifo.txt");
+  c.text_file = fifo.string();
+  std::string m = testing::refusal_within<Error>([&] { (void)train(c); }, {fifo});
+  EXPECT_NE(m.find("--text '" + fifo.string() + "': not a regular file: it is a FIFO (named pipe)"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("hint: give a regular text file"), std::string::npos) << m;
+  c.text_file = "/dev/zero";
+  m = testing::refusal_within<Error>([&] { (void)train(c); });
+  EXPECT_NE(m.find("--text '/dev/zero': not a regular file: it is a character device"), std::string::npos) << m;
+  const fs::path big = dir / "big.txt";
+  { std::ofstream(big) << "x"; }
+  fs::resize_file(big, (std::uintmax_t{1} << 30) + 1);
+  c.text_file = big.string();
+  m = testing::refusal_within<Error>([&] { (void)train(c); });
+  EXPECT_NE(m.find("--text '" + big.string() + "': it is 1073741825 bytes, more than the 1073741824 this reader takes"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("--model folder, whose --text is streamed"), std::string::npos) << m;
+  fs::remove(big);
+}
+
 // Issue 18's worked example (docs/checkpoints.md): block 1's query and key weights x3000 (the q and k
 // columns of h.1.attn.c_attn, a Conv1D stored [in, out]: columns 0..31 are q, 32..63 k). Then
 // q.k ~ 3000^2 times the unscaled product: the f32 run's scores in h.1.attn reach past 65504 (checked in its

@@ -330,8 +330,11 @@ TEST(train_command_test, overwrite_removes_a_link_under_out_and_leaves_its_targe
   std::ofstream(target) << "do not touch";
   const fs::path trace = dir / "linked.h5";
   fs::create_symlink(target, trace);
+  // Without --overwrite: refused as the link it is (issue 36), naming what it points at.
   EXPECT_THROW_MSG(run_train({"--sample", "mlp", "--steps", "1", "--device", "cpu", "--out", trace.string()}), Error,
-                   "exists (the trace of an earlier run)");
+                   "--out: '" + trace.string() + "' is a symbolic link (to '" + target.string() +
+                       "'); ampscope never writes a trace through a link",
+                   "hint: give another --out, or --overwrite to replace the link itself");
   ASSERT_EQ(run_train({"--sample", "mlp", "--steps", "1", "--device", "cpu", "--out", trace.string(), "--overwrite"}), 0);
   EXPECT_FALSE(fs::is_symlink(trace));
   EXPECT_EQ(file_text(target), "do not touch");

@@ -135,7 +135,7 @@ TEST(idx_test, reads_a_valid_file_and_rejects_bad_ones_by_name) {
   EXPECT_THROW_MSG(read_idx((dir / "long").string()), Error, "longer than its header says");
   write_bytes(dir / "float", idx_header(0x0D, {1}));
   EXPECT_THROW_MSG(read_idx((dir / "float").string()), Error, "element type 0x0d");
-  EXPECT_THROW_MSG(read_idx((dir / "missing").string()), Error, "cannot open IDX file", "missing");
+  EXPECT_THROW_MSG(read_idx((dir / "missing").string()), Error, "cannot read IDX file", "missing': cannot open it: No such file or directory");
 
   // MNIST layout checks: images must be [N, 28, 28], with as many labels.
   write_bytes(dir / "train-images-idx3-ubyte", good);
