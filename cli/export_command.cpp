@@ -363,6 +363,23 @@ void export_checksums(Exporter& ex, trace::TraceReader& reader, const trace::Row
       blocks);
 }
 
+// FP8 operand statistics (format_version 7; a header only for older traces and runs that are not fp8).
+void export_fp8(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts& counts, const Blocks& blocks) {
+  using namespace trace;
+  ex.export_table<Fp8Row>(
+      "fp8",
+      {"step", "module", "operand", "format", "numel", "nonzero", "underflow", "subnormal", "saturated", "amax", "scale",
+       "rel_rms_error"},
+      counts.fp8, [&](std::int64_t b, std::int64_t e) { return reader.fp8(b, e); },
+      [](const Fp8Row& r) {
+        return std::vector<std::string>{num(r.step),          csv_field(r.module), csv_field(r.operand), csv_field(r.format),
+                                        num(r.numel),         num(r.nonzero),      num(r.underflow),     num(r.subnormal),
+                                        num(r.saturated),     csv_number(r.amax),  csv_number(r.scale),
+                                        csv_number(r.rel_rms_error)};
+      },
+      blocks);
+}
+
 // Dumps are few and small (the probe bounds them): read at once, values into their own file.
 void export_dumps(Exporter& ex, trace::TraceReader& reader, const fs::path& dir, const Blocks& blocks,
                   std::ostream& out) {
@@ -402,6 +419,7 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
   export_precision(ex, reader, counts, blocks);
   export_updates(ex, reader, counts, blocks);
   export_checksums(ex, reader, counts, blocks);
+  export_fp8(ex, reader, counts, blocks);
   export_dumps(ex, reader, dir, blocks, out);
   damage.insert(damage.end(), ex.damage().begin(), ex.damage().end());
 }

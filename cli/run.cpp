@@ -561,14 +561,6 @@ void check_fp8_run(const TrainConfig& config) {
                             "the GPU",
                             config.device));
   }
-  if (!config.out.empty()) {
-    // The trace format (probes/trace/) knows the precisions fp32, fp16 and bf16; an FP8 run's trace, with its
-    // per-operand statistics, is a new format version not written yet.
-    throw Error(fmt::format("--out '{}' with --precision fp8: the trace format has no FP8 runs yet (its per-operand "
-                            "FP8 statistics are not built), so an FP8 run cannot write a trace\nhint: leave --out out "
-                            "for fp8 runs; the loss and its summary still print",
-                            config.out));
-  }
   if (config.fp8_recipe == "delayed" && !config.resume.empty()) {
     throw Error(fmt::format("--resume '{}' with --precision fp8 and the delayed recipe: checkpoints do not hold the amax "
                             "histories and scales yet, so the resumed run would not continue the saved one\nhint: "

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/probe_hook.h"
 
 namespace ampscope {
 namespace {
@@ -100,7 +101,7 @@ Fp8Guard::~Fp8Guard() { t_active = std::move(previous_); }
 std::shared_ptr<Fp8Context> active_fp8_context() { return t_active; }
 
 Fp8Quantized fp8_quantize_operand(const Tensor& matrix, Fp8Operand operand, const Fp8Options& options,
-                                  Fp8LinearState* state) {
+                                  Fp8LinearState* state, const std::string& module) {
   if (!matrix.device().is_cpu()) {
     throw DeviceError(fmt::format("FP8 {} on {}: FP8 GEMMs run on the CPU backend so far\nhint: train with --device "
                                   "cpu, or use --precision bf16 on the GPU",
@@ -134,6 +135,13 @@ Fp8Quantized fp8_quantize_operand(const Tensor& matrix, Fp8Operand operand, cons
     q.scale_inv = 1.0f / q.scale;
   }
   q.codes = quantize_fp8(std::span<const float>(v, n), q.scale, q.format);
+  // The probe's FP8 statistics (underflow, saturation, error) need the values and the codes side by side:
+  // only here are both at hand.
+  if (probe::Hook* hook = probe::hook()) {
+    hook->on_fp8_quantize(probe::Fp8QuantizeEvent{probe::current_step(), module, fp8_operand_name(operand),
+                                                  q.format == Fp8Format::e4m3 ? "e4m3" : "e5m2",
+                                                  std::span<const float>(v, n), q.codes, q.amax, q.scale, q.scale_inv});
+  }
   return q;
 }
 

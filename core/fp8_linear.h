@@ -120,8 +120,9 @@ struct Fp8Quantized {
 // Quantizes a 2-D CPU tensor (any floating dtype, any strides; read as f32) for `operand` under the context's
 // recipe: delayed scaling uses the state's current scale and records this tensor's amax into its history;
 // current scaling computes the scale from this amax (current_scaling_scale). A CUDA tensor throws DeviceError.
+// With a probe hook installed, reports the cast (probe::Fp8QuantizeEvent) as the operand of `module`.
 Fp8Quantized fp8_quantize_operand(const Tensor& matrix, Fp8Operand operand, const Fp8Options& options,
-                                  Fp8LinearState* state);
+                                  Fp8LinearState* state, const std::string& module = {});
 
 // C = op(A) op(B) with op(X) = X or X^T: C[i][j] = sum_p op(A)[i][p] op(B)[p][j] over decoded values in f32,
 // p ascending, then C * (a.scale_inv * b.scale_inv) + bias[j] in f32, rounded once to `out_dtype`. The result

@@ -865,8 +865,8 @@ static Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tenso
   Tensor x2;
   Tensor out = untracked([&] {
     x2 = x.reshape({rows, in});
-    *qx = fp8_quantize_operand(x2, Fp8Operand::input, fp8->options(), state);
-    *qw = fp8_quantize_operand(weight, Fp8Operand::weight, fp8->options(), state);
+    *qx = fp8_quantize_operand(x2, Fp8Operand::input, fp8->options(), state, module);
+    *qw = fp8_quantize_operand(weight, Fp8Operand::weight, fp8->options(), state, module);
     return fp8_gemm(*qx, false, *qw, true, x.dtype(), bias).reshape(out_shape);
   });
   if (!autograd::any_requires_grad({x, weight, bias})) return out;
@@ -883,7 +883,7 @@ static Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tenso
           if (n[1]) gw = gemm("linear", transpose_last(g3), sx.reshape({1, r, i}), sw.dtype()).reshape({o, i});
         } else if (n[0] || n[1]) {
           Fp8LinearState* st = fp8->options().recipe == Fp8Recipe::delayed ? &fp8->state(module) : nullptr;
-          const Fp8Quantized qg = fp8_quantize_operand(g2, Fp8Operand::grad_output, fp8->options(), st);
+          const Fp8Quantized qg = fp8_quantize_operand(g2, Fp8Operand::grad_output, fp8->options(), st, module);
           if (n[0]) gx = fp8_gemm(qg, false, *qw, false, sx.dtype()).reshape(x_shape);  // dgrad: Q(dy) Q(W)
           if (n[1]) gw = fp8_gemm(qg, true, *qx, false, sw.dtype());                    // wgrad: Q(dy)^T Q(x)
         }

@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -168,6 +169,21 @@ struct UpdateEvent {
   const Tensor* second_moment = nullptr;             // Adam, AdamW; null for SGD
 };
 
+// One operand of an FP8 Linear just quantized (core/fp8_linear.h fp8_quantize_operand, under --precision fp8):
+// the unquantized values (f32, row-major), the codes they became, the format ("e4m3", "e5m2") and the recipe's
+// numbers for this cast. Reported only while a hook is installed; the hook may read the spans during the call.
+struct Fp8QuantizeEvent {
+  std::int64_t step;               // current_step()
+  const std::string& module;       // the Linear's module path
+  std::string_view operand;        // "input", "weight", "grad_output"
+  std::string_view format;         // "e4m3", "e5m2"
+  std::span<const float> values;   // the unquantized operand, as f32
+  std::span<const std::uint8_t> codes;
+  float amax = 0;                  // max |x|, NaN skipped, as the recipe recorded it
+  float scale = 1;                 // q = satfinite(RNE(x * scale))
+  float scale_inv = 1;             // x ~ decode(q) * scale_inv
+};
+
 class Hook {
  public:
   virtual ~Hook() = default;
@@ -182,6 +198,8 @@ class Hook {
   virtual void on_scaler(const ScalerEvent& event) {}
   // An f16/bf16 parameter's update, before the optimizer writes it (see UpdateEvent).
   virtual void on_update(const UpdateEvent& event) {}
+  // An FP8 Linear's operand, just quantized (see Fp8QuantizeEvent).
+  virtual void on_fp8_quantize(const Fp8QuantizeEvent& event) {}
   // Whether the hook wants the parameters after every optimizer step (on_params). Asked once per step.
   virtual bool wants_params() { return false; }
   virtual void on_params(const ParamsEvent& event) {}

@@ -210,6 +210,14 @@ void Probe::emit(trace::UpdateRow row) {
   }
 }
 
+void Probe::emit(trace::Fp8Row row) {
+  if (StepRecord* r = record_for(row.step)) {
+    r->fp8.push_back(std::move(row));
+  } else {
+    sink_->write(row);
+  }
+}
+
 void Probe::emit(trace::HistogramRow row) {
   if (StepRecord* r = record_for(row.step)) {
     r->histograms.push_back(std::move(row));
@@ -571,6 +579,12 @@ void Probe::on_update(const UpdateEvent& event) {
   emit(std::move(row));
 }
 
+// An FP8 Linear's operand: its /fp8 row on recorded steps, at level health and above, for wanted modules.
+void Probe::on_fp8_quantize(const Fp8QuantizeEvent& event) {
+  if (options_.level < Level::health || !recording_ || !module_wanted(event.module)) return;
+  emit(fp8_operand_row(event));
+}
+
 // Elements the update turned NaN or infinite from finite values: no op of the model made them, the optimizer
 // did. One event (kind "nonfinite_update", docs/trace-format.md) with what the analysis needs to say why:
 // the counts, and for Adam its eps and how many of those elements had a second moment of exactly 0.
@@ -683,6 +697,7 @@ void Probe::write_record(StepRecord& r) {
   for (const trace::DumpRow& row : r.dumps) sink_->write(row);
   for (const trace::EventRow& row : r.events) sink_->write(row);
   for (const trace::UpdateRow& row : r.updates) sink_->write(row);
+  for (const trace::Fp8Row& row : r.fp8) sink_->write(row);
   r.written = true;
   ++counters_.steps_written;
   clear_rows(r.ops);
@@ -691,6 +706,7 @@ void Probe::write_record(StepRecord& r) {
   clear_rows(r.dumps);
   clear_rows(r.events);
   clear_rows(r.updates);
+  clear_rows(r.fp8);
   r.propagated.clear();
 }
 

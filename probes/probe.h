@@ -22,6 +22,9 @@
 //           Swamped updates (/updates): one UpdateRow per f16/bf16 parameter an optimizer updated (core/probe_hook.h
 //           UpdateEvent), counting the elements whose update rounding lost. Costs a copy of the parameter, its
 //           update and its new value to the host per parameter and step, and only for f16/bf16 parameters.
+//           FP8 operands (/fp8, --precision fp8): one Fp8Row per operand an FP8 Linear quantized (core/probe_hook.h
+//           Fp8QuantizeEvent): underflow, subnormal and saturation counts and the quantization error (stats.h
+//           fp8_operand_row), a pass over the operand's values and codes already on the host.
 //   full    an exponent histogram of every op output and of every unscaled gradient. A backward
 //           node's histograms are named "output" for the gradient its OpRow describes (the first
 //           defined one) and "output i" for the gradient of its input i otherwise.
@@ -123,6 +126,7 @@ class Probe : public Hook {
   void on_grads(const GradEvent& event) override;
   void on_scaler(const ScalerEvent& event) override;
   void on_update(const UpdateEvent& event) override;
+  void on_fp8_quantize(const Fp8QuantizeEvent& event) override;
   bool wants_params() override { return options_.checksums; }
   void on_params(const ParamsEvent& event) override;
   void on_step_begin(std::int64_t step) override;
@@ -159,6 +163,7 @@ class Probe : public Hook {
     std::vector<trace::HistogramRow> histograms;
     std::vector<trace::DumpRow> dumps;
     std::vector<trace::UpdateRow> updates;
+    std::vector<trace::Fp8Row> fp8;
     bool anomalous = false;
     bool written = false;
     // "op\0module\0phase" -> (index in events of the first propagate event, later occurrences)
@@ -207,6 +212,7 @@ class Probe : public Hook {
   void emit(trace::HistogramRow row);
   void emit(trace::DumpRow row);
   void emit(trace::UpdateRow row);
+  void emit(trace::Fp8Row row);
   void emit_event(trace::EventRow row, bool anomaly);
   void mark_anomaly(std::int64_t step);
   void record_nonfinite_update(const UpdateEvent& event, const std::vector<double>& before,

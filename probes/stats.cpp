@@ -7,6 +7,8 @@
 #include <type_traits>
 
 #include "core/device.h"
+#include "core/float8.h"
+#include "core/probe_hook.h"
 #include "kernels/parallel.h"
 
 namespace ampscope::probe {
@@ -52,7 +54,7 @@ struct Bits<f16> {
   static constexpr U kAbs = 0x7FFFu, kInf = 0x7C00u, kMinNormal = 0x0400u, kSign = 0x8000u;
   static constexpr int kShift = 10, kBias = 15;
   static U raw(f16 x) { return x.bits; }
-  static double value(f16 x) { return detail::f16_bits_to_float(x.bits); }
+  static double value(f16 x) { return ampscope::detail::f16_bits_to_float(x.bits); }
 };
 template <>
 struct Bits<bf16> {
@@ -60,7 +62,7 @@ struct Bits<bf16> {
   static constexpr U kAbs = 0x7FFFu, kInf = 0x7F80u, kMinNormal = 0x0080u, kSign = 0x8000u;
   static constexpr int kShift = 7, kBias = 127;
   static U raw(bf16 x) { return x.bits; }
-  static double value(bf16 x) { return detail::bf16_bits_to_float(x.bits); }
+  static double value(bf16 x) { return ampscope::detail::bf16_bits_to_float(x.bits); }
 };
 
 template <class T>
@@ -590,6 +592,44 @@ std::uint64_t combine_checksums(const std::vector<std::uint64_t>& checksums) {
     for (std::size_t b = 0; b < 8; ++b) bytes[8 * i + b] = static_cast<unsigned char>(checksums[i] >> (8 * b));
   }
   return checksum_bytes(bytes.data(), bytes.size());
+}
+
+trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event) {
+  const Fp8Format format = event.format == "e5m2" ? Fp8Format::e5m2 : Fp8Format::e4m3;
+  const float max = fp8_max(format);
+  // The smallest normal code's magnitude bits: 0x08 (2^-6) in E4M3, 0x04 (2^-14) in E5M2; below it and above
+  // 0 are the subnormal codes.
+  const std::uint8_t min_normal = format == Fp8Format::e4m3 ? 0x08 : 0x04;
+  trace::Fp8Row row;
+  row.step = event.step;
+  row.module = event.module;
+  row.operand = std::string(event.operand);
+  row.format = std::string(event.format);
+  row.numel = static_cast<std::int64_t>(event.values.size());
+  row.amax = event.amax;
+  row.scale = event.scale;
+  double err_sq = 0, ref_sq = 0;
+  const std::size_t n = std::min(event.values.size(), event.codes.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = event.values[i];
+    const std::uint8_t c = event.codes[i];
+    const std::uint8_t mag = c & 0x7F;
+    if (x != 0.0f && !std::isnan(x)) {
+      ++row.nonzero;
+      if (mag == 0) ++row.underflow;
+      else if (mag < min_normal) ++row.subnormal;
+      // The product the cast rounded (core/fp8_recipe.h quantize_fp8: x * scale in float first).
+      if (std::fabs(x * event.scale) > max) ++row.saturated;
+    }
+    if (!std::isfinite(x)) continue;
+    const float q = fp8_to_float(c, format);
+    if (std::isnan(q)) continue;
+    const double d = static_cast<double>(q * event.scale_inv) - static_cast<double>(x);
+    err_sq += d * d;
+    ref_sq += static_cast<double>(x) * static_cast<double>(x);
+  }
+  row.rel_rms_error = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : 0.0;
+  return row;
 }
 
 }  // namespace ampscope::probe

@@ -75,4 +75,10 @@ std::uint64_t combine_checksums(const std::vector<std::uint64_t>& checksums);
 // Up to `max_elements` values of `t`, row-major, widened to double (for dumps).
 std::vector<double> leading_values(const Tensor& t, std::int64_t max_elements);
 
+struct Fp8QuantizeEvent;  // core/probe_hook.h
+
+// The /fp8 row of one quantized FP8 operand (trace::Fp8Row says what each count means), from the event's
+// values and codes; step, module, operand, format, amax and scale are the event's.
+trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event);
+
 }  // namespace ampscope::probe

@@ -10,6 +10,7 @@
 #include "probes/analysis/internal/rows.h"
 #include "probes/analysis/internal/scaler_health.h"
 #include "probes/analysis/optimizer.h"
+#include "probes/analysis/fp8.h"
 #include "probes/analysis/updates.h"
 
 #include <algorithm>
@@ -245,6 +246,7 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
   }
   Report report = a.finish();
   report.swamped = analyse_updates(reader.updates());  // one row per f16/bf16 parameter and step: small
+  report.fp8 = analyse_fp8(reader.fp8());  // three rows per FP8 Linear and recorded step: small
   report.damage = reader.damage();
   return report;
 }

@@ -330,6 +330,34 @@ struct SwampedSection {
   bool recorded() const { return rows > 0; }
 };
 
+// The FP8 OPERANDS section (docs/report-format.md): from the /fp8 rows (trace::Fp8Row) of a --precision fp8 run,
+// each FP8 Linear operand (module, operand) over the recorded steps: what fraction of its nonzero values
+// underflowed to zero, became subnormal codes or saturated at +-max, and its quantization error.
+struct Fp8OperandSummary {
+  std::string module, operand, format;  // "fc1", "grad_output", "e5m2"
+  std::int64_t steps = 0;               // recorded steps with a row for it
+  std::int64_t nonzero = 0, underflow = 0, subnormal = 0, saturated = 0;  // summed over those steps
+  double underflow_fraction = 0, subnormal_fraction = 0, saturated_fraction = 0;  // of nonzero, over all steps
+  // The step where each fraction was highest (the first such step) and its fraction there.
+  std::int64_t worst_underflow_step = 0, worst_saturated_step = 0;
+  double worst_underflow_fraction = 0, worst_saturated_fraction = 0;
+  double max_rel_rms_error = 0;  // the largest relative RMS quantization error of a step
+  double last_amax = 0, last_scale = 1;  // at the last recorded step
+};
+
+struct Fp8Section {
+  std::int64_t rows = 0;     // /fp8 rows read (0: not an fp8 run, or nothing recorded)
+  std::int64_t steps = 0;    // steps with rows
+  std::int64_t modules = 0;  // distinct FP8 Linears
+  std::int64_t first_step = 0, last_step = 0;
+  std::vector<Fp8OperandSummary> operands;  // by module, then input, weight, grad_output
+  // Indices into operands of those with any underflow (or saturation), worst fraction first (ties: operands'
+  // order), at most kFp8Worst each.
+  std::vector<std::size_t> worst_underflow, worst_saturation;
+  bool recorded() const { return rows > 0; }
+};
+inline constexpr std::size_t kFp8Worst = 5;
+
 struct AnalysisOptions {
   double headroom_factor = 2.0;     // near_f16_max when absmax * headroom_factor >= 65504
   double underflow_fraction = 0.25; // subnormal / flush_to_zero / below_f16 from this fraction on
@@ -351,6 +379,7 @@ struct Report {
   std::vector<std::string> damage;
   PrecisionSection precision;  // empty (rows 0) without the f32 twin's rows
   SwampedSection swamped;      // empty (rows 0) without /updates rows (analyse_updates, analysis_updates.h)
+  Fp8Section fp8;              // empty (rows 0) without /fp8 rows (analyse_fp8, probes/analysis/fp8.h)
   bool healthy() const { return anomalies.empty(); }
 };
 

@@ -107,7 +107,7 @@ struct RemedyContext {
             ? "fp16"
         : (r.out_dtype == "bf16" || r.in_dtypes.find("bf16") != std::string::npos) ? "bf16"
                                                                                    : "fp32";
-    low = precision == "fp16" || precision == "bf16";
+    low = precision == "fp16" || precision == "bf16" || precision == "fp8";  // fp8: bf16 autocast, FP8 Linears
     f16 = precision == "fp16";
     // An amplifier is not where the overflow happens: keeping it in f32 is its own remedy (the values then stay
     // f32 up to the origin), so the cause's f32 remedy keeps the origin.

@@ -583,6 +583,37 @@ json swamped_json(const SwampedSection& s) {
   return out;
 }
 
+json fp8_operand_json(const Fp8OperandSummary& o) {
+  return json{{"module", o.module},
+              {"operand", o.operand},
+              {"format", o.format},
+              {"steps", o.steps},
+              {"nonzero", o.nonzero},
+              {"underflow", o.underflow},
+              {"subnormal", o.subnormal},
+              {"saturated", o.saturated},
+              {"underflow_fraction", number(o.underflow_fraction)},
+              {"subnormal_fraction", number(o.subnormal_fraction)},
+              {"saturated_fraction", number(o.saturated_fraction)},
+              {"worst_underflow_step", o.worst_underflow_step},
+              {"worst_underflow_fraction", number(o.worst_underflow_fraction)},
+              {"worst_saturated_step", o.worst_saturated_step},
+              {"worst_saturated_fraction", number(o.worst_saturated_fraction)},
+              {"max_rel_rms_error", number(o.max_rel_rms_error)},
+              {"last_amax", number(o.last_amax)},
+              {"last_scale", number(o.last_scale)}};
+}
+
+json fp8_json(const Fp8Section& s) {
+  json out{{"recorded", s.recorded()}, {"rows", s.rows},           {"steps", s.steps},
+           {"modules", s.modules},     {"first_step", s.first_step}, {"last_step", s.last_step},
+           {"operands", json::array()}, {"worst_underflow", json::array()}, {"worst_saturation", json::array()}};
+  for (const Fp8OperandSummary& o : s.operands) out["operands"].push_back(fp8_operand_json(o));
+  for (std::size_t i : s.worst_underflow) out["worst_underflow"].push_back(i);
+  for (std::size_t i : s.worst_saturation) out["worst_saturation"].push_back(i);
+  return out;
+}
+
 std::string loss_cell(bool in, double loss, bool skipped) {
   if (!in) return "-";
   return num(loss) + (skipped ? " S" : "");
@@ -786,6 +817,38 @@ void text_swamped(Text& t, const Report& rep) {
   }
 }
 
+// A --precision fp8 run's operands (only when the trace has /fp8 rows): the worst by underflow and by saturation.
+void text_fp8(Text& t, const Report& rep) {
+  const Fp8Section& f = rep.fp8;
+  if (!f.recorded()) return;
+  // Three significant digits: an underflow of 0.004% is worth seeing, and pct() would print 0.0%.
+  const auto pct = [](double fraction) { return std::isfinite(fraction) ? fmt::format("{:.3g}%", 100.0 * fraction) : num(fraction); };
+  t.blank();
+  t.line("{} {} of {} FP8 {} over {} ({} to {})", t.paint(kBold, "FP8 OPERANDS:"),
+         plural(static_cast<std::int64_t>(f.operands.size()), "operand"), f.modules, f.modules == 1 ? "Linear" : "Linears",
+         plural(f.steps, "recorded step"), f.first_step, f.last_step);
+  const auto line = [&](const Fp8OperandSummary& o) {
+    t.line("    {} {} [{}]: {} underflow to 0 (step {}: {}), {} subnormal, {} saturated (step {}: {}); error {} rms "
+           "at most; last scale {}, amax {}",
+           t.paint(kBold, o.module), o.operand, o.format, pct(o.underflow_fraction), o.worst_underflow_step,
+           pct(o.worst_underflow_fraction), pct(o.subnormal_fraction), pct(o.saturated_fraction),
+           o.worst_saturated_step, pct(o.worst_saturated_fraction), pct(o.max_rel_rms_error), num(o.last_scale),
+           num(o.last_amax));
+  };
+  if (f.worst_underflow.empty()) {
+    t.line("  underflow: none (no nonzero value quantized to zero)");
+  } else {
+    t.line("  worst by underflow (of the nonzero values, over the recorded steps):");
+    for (std::size_t i : f.worst_underflow) line(f.operands[i]);
+  }
+  if (f.worst_saturation.empty()) {
+    t.line("  saturation: none (no value clipped at the format's max)");
+  } else {
+    t.line("  worst by saturation (values clipped at +-max, silently):");
+    for (std::size_t i : f.worst_saturation) line(f.operands[i]);
+  }
+}
+
 // One closing line.
 void text_summary(Text& t, const Report& rep) {
   const ScalerHealth& s = rep.scaler;
@@ -820,6 +883,7 @@ std::string render_text(const Report& rep, const TextStyle& style) {
   text_headroom(t, rep, style);
   text_precision(t, rep);
   text_swamped(t, rep);
+  text_fp8(t, rep);
   text_summary(t, rep);
   return t.take();
 }
@@ -845,6 +909,7 @@ std::string render_json(const Report& rep) {
   doc["provenance"] = rep.provenance;
   doc["precision"] = precision_json(rep.precision);
   doc["swamped"] = swamped_json(rep.swamped);
+  doc["fp8"] = fp8_json(rep.fp8);
   // Invalid UTF-8 in a recorded name (a cut string) becomes U+FFFD rather than an exception.
   return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }

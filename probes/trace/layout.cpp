@@ -24,6 +24,7 @@ static_assert(sizeof(OpRecord) == 16 + 7 * 8 + 6 * 8 + 5 * 8 + 2 * 8 + 1 + kOpIn
 static_assert(sizeof(IndexRecord) == 8 * (2 + kDataTableCount));
 static_assert(sizeof(GradRecord) == 8 * 9 + 2, "GradRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(ChecksumRecord) == 8 * 3, "ChecksumRecord must be packed: it is the file's compound type byte for byte");
+static_assert(sizeof(Fp8Record) == 8 * 12, "Fp8Record must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(UpdateRecord) == 8 * 8, "UpdateRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(PrecisionRecordV5) == 8 * 6 + 1 + 8 * 8 + 8 + 8 * 2 + 1 + 8 * kErrorBins + 8,
               "PrecisionRecordV5 must be packed: it is the file's compound type byte for byte");
@@ -201,6 +202,24 @@ Datatype update_type(const Io& io) {
   return b.take();
 }
 
+Datatype fp8_type(const Io& io) {
+  using R = Fp8Record;
+  CompoundBuilder b(io, sizeof(R), Table::fp8);
+  AMPSCOPE_I64(R, step);
+  AMPSCOPE_I64(R, module);
+  AMPSCOPE_I64(R, operand);
+  AMPSCOPE_I64(R, format);
+  AMPSCOPE_I64(R, numel);
+  AMPSCOPE_I64(R, nonzero);
+  AMPSCOPE_I64(R, underflow);
+  AMPSCOPE_I64(R, subnormal);
+  AMPSCOPE_I64(R, saturated);
+  AMPSCOPE_F64(R, amax);
+  AMPSCOPE_F64(R, scale);
+  AMPSCOPE_F64(R, rel_rms_error);
+  return b.take();
+}
+
 // /index: step, a count per table the version has, then crc32 from format_version 3.
 Datatype index_type(const Io& io, std::int64_t version) {
   using R = IndexRecord;
@@ -252,6 +271,7 @@ std::string_view table_name(Table table) {
     case Table::precision: return "precision";
     case Table::updates: return "updates";
     case Table::checksums: return "checksums";
+    case Table::fp8: return "fp8";
     case Table::index: return "index";
   }
   return "?";
@@ -281,12 +301,13 @@ std::string_view text_fields(Table table) {
     case Table::precision: return "op,module,out_dtype,phase";
     case Table::updates: return "param,dtype";
     case Table::checksums: return "param";
+    case Table::fp8: return "module,operand,format";
     default: return "";
   }
 }
 
 int data_tables(std::int64_t version) {
-  return version >= 6 ? kDataTableCount : version == 5 ? kV5DataTables : version == 4 ? kV4DataTables : kLegacyDataTables;
+  return version >= 7 ? kDataTableCount : version == 6 ? kV6DataTables : version == 5 ? kV5DataTables : version == 4 ? kV4DataTables : kLegacyDataTables;
 }
 
 bool has_table(Table table, std::int64_t version) {
@@ -369,6 +390,7 @@ std::size_t record_size(Table table, std::int64_t version) {
     case Table::precision: return version < 6 ? sizeof(PrecisionRecordV5) : sizeof(PrecisionRecord);
     case Table::updates: return sizeof(UpdateRecord);
     case Table::checksums: return sizeof(ChecksumRecord);
+    case Table::fp8: return sizeof(Fp8Record);
     case Table::index: return sizeof(IndexRecord);
   }
   return 0;
@@ -391,6 +413,7 @@ Datatype record_type(const Io& io, Table table, std::int64_t version) {
       return version < 6 ? precision_type<PrecisionRecordV5>(io) : precision_type<PrecisionRecord>(io);
     case Table::updates: return update_type(io);
     case Table::checksums: return checksum_type(io);
+    case Table::fp8: return fp8_type(io);
     case Table::index: break;
   }
   io.fail("unknown table");
@@ -757,6 +780,61 @@ ChecksumRow decode(const ChecksumRecord& r, const StringTable& s) {
   row.step = r.step;
   row.param = text_of(s, r.param, "param");
   row.checksum = r.checksum;
+  return row;
+}
+
+void encode(const Fp8Row& row, Fp8Record& r, TextIds& ids) {
+  r.step = row.step;
+  r.module = ids.id(row.module);
+  r.operand = ids.id(row.operand);
+  r.format = ids.id(row.format);
+  r.numel = row.numel;
+  r.nonzero = row.nonzero;
+  r.underflow = row.underflow;
+  r.subnormal = row.subnormal;
+  r.saturated = row.saturated;
+  r.amax = row.amax;
+  r.scale = row.scale;
+  r.rel_rms_error = row.rel_rms_error;
+}
+
+Fp8Row decode(const Fp8Record& r, const StringTable& s) {
+  Fp8Row row;
+  row.step = r.step;
+  row.module = text_of(s, r.module, "module");
+  row.operand = text_of(s, r.operand, "operand");
+  if (row.operand != "input" && row.operand != "weight" && row.operand != "grad_output") {
+    throw std::invalid_argument(fmt::format("its field 'operand' is \"{}\", not input, weight or grad_output", row.operand));
+  }
+  row.format = text_of(s, r.format, "format");
+  if (row.format != "e4m3" && row.format != "e5m2") {
+    throw std::invalid_argument(fmt::format("its field 'format' is \"{}\", not e4m3 or e5m2", row.format));
+  }
+  if (r.numel < 0) throw std::invalid_argument(fmt::format("its field 'numel' is {}, a negative count", r.numel));
+  if (r.nonzero < 0 || r.nonzero > r.numel) {
+    throw std::invalid_argument(fmt::format("its field 'nonzero' is {}, not between 0 and numel ({})", r.nonzero, r.numel));
+  }
+  for (const auto& [field, v] : {std::pair<const char*, std::int64_t>{"underflow", r.underflow}, {"subnormal", r.subnormal},
+                                 {"saturated", r.saturated}}) {
+    if (v < 0 || v > r.nonzero) {
+      throw std::invalid_argument(fmt::format("its field '{}' is {}, not between 0 and nonzero ({})", field, v, r.nonzero));
+    }
+  }
+  if (r.underflow + r.subnormal + r.saturated > r.nonzero) {
+    throw std::invalid_argument(fmt::format("its fields underflow, subnormal and saturated add up to {}, more than nonzero ({})",
+                                            r.underflow + r.subnormal + r.saturated, r.nonzero));
+  }
+  for (const auto& [field, v] : {std::pair<const char*, double>{"scale", r.scale}, {"rel_rms_error", r.rel_rms_error}}) {
+    if (!(v >= 0)) throw std::invalid_argument(fmt::format("its field '{}' is {}, not a non-negative number", field, v));
+  }
+  row.numel = r.numel;
+  row.nonzero = r.nonzero;
+  row.underflow = r.underflow;
+  row.subnormal = r.subnormal;
+  row.saturated = r.saturated;
+  row.amax = r.amax;
+  row.scale = r.scale;
+  row.rel_rms_error = r.rel_rms_error;
   return row;
 }
 

@@ -28,6 +28,7 @@
 // before_all_reduce came with 6: older traces read as having no checksums and no rows before an all-reduce (their
 // /grads records are read through H5Dread into zeroed records, so the absent field is 0).
 // /precision's phase came with 6 too: format 5 rows are read with their own record (PrecisionRecordV5) as forward rows.
+// /fp8 came with 7: older traces have no FP8 rows.
 #include "probes/trace/reader.h"
 
 #include <fcntl.h>
@@ -276,8 +277,12 @@ struct TraceReader::State {
                                      {"probe", &info.probe}}) {
       if (!valid_utf8(*text)) io.fail(fmt::format("the root attribute '{}' is not valid UTF-8 text: damaged", name), kDamageHint);
     }
-    if (info.precision != "fp32" && info.precision != "fp16" && info.precision != "bf16") {
-      io.fail(fmt::format("the root attribute 'precision' is \"{}\", not fp32, fp16 or bf16: damaged", printable(info.precision)),
+    // fp8 came with format_version 7: in an older trace it is damage like any other unknown name.
+    const bool known_precision = info.precision == "fp32" || info.precision == "fp16" || info.precision == "bf16" ||
+                                 (version >= 7 && info.precision == "fp8");
+    if (!known_precision) {
+      io.fail(fmt::format("the root attribute 'precision' is \"{}\", not {}: damaged", printable(info.precision),
+                          version >= 7 ? "fp32, fp16, bf16 or fp8" : "fp32, fp16 or bf16"),
               kDamageHint);
     }
     if (complete_value != 0 && complete_value != 1) {
@@ -964,7 +969,8 @@ RowCounts TraceReader::row_counts() const {
   const auto& r = state_->rows;
   return {r[index_of(Table::steps)],  r[index_of(Table::ops)],        r[index_of(Table::grads)],
           r[index_of(Table::events)], r[index_of(Table::histograms)], r[index_of(Table::dumps)],
-          r[index_of(Table::precision)], r[index_of(Table::updates)], r[index_of(Table::checksums)]};
+          r[index_of(Table::precision)], r[index_of(Table::updates)], r[index_of(Table::checksums)],
+          r[index_of(Table::fp8)]};
 }
 
 void TraceReader::refresh() {
@@ -1032,6 +1038,13 @@ std::vector<ChecksumRow> TraceReader::checksums(std::int64_t begin, std::int64_t
   if (state_->version < 6) return {};  // the table came with format_version 6
   state_->load_strings();
   return state_->read_plain<ChecksumRecord, ChecksumRow>(Table::checksums, begin, end);
+}
+
+std::vector<Fp8Row> TraceReader::fp8(std::int64_t begin, std::int64_t end) {
+  const QuietHdf5Errors quiet;
+  if (state_->version < 7) return {};  // the table came with format_version 7
+  state_->load_strings();
+  return state_->read_plain<Fp8Record, Fp8Row>(Table::fp8, begin, end);
 }
 
 }  // namespace ampscope::trace

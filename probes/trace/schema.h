@@ -24,11 +24,14 @@ inline constexpr std::string_view kFormat = "ampscope-trace";
 // 6 (data-parallel observability): the /grads field `before_all_reduce` (a rank's own gradients before the
 // all-reduce) and /checksums (each rank's parameter checksums after every step); /index counts /checksums.
 // Also 6: /precision's field `phase` (the f32 twin's backward rows; format 5 rows read as forward rows).
-inline constexpr std::int64_t kFormatVersion = 6;
+// 7 (FP8): the precision "fp8" (`ampscope train --precision fp8`) and /fp8, each FP8 Linear operand's
+// quantization statistics; /index counts /fp8. A reader of 6 refuses 7 as newer, rather than calling an fp8
+// run's precision damage or taking every /index row for damaged.
+inline constexpr std::int64_t kFormatVersion = 7;
 
 // Root attributes.
 struct RunInfo {
-  std::string precision;  // "fp32", "fp16" or "bf16"
+  std::string precision;  // "fp32", "fp16", "bf16" or (format_version 7) "fp8"
   std::string device;     // "cpu", "cuda:0"
   std::string model;      // sample or model name
   std::int64_t seed = 0;
@@ -224,6 +227,31 @@ struct ChecksumRow {
   std::uint64_t checksum = 0;
 };
 
+// /fp8 (format_version 7): one row per FP8 operand a Linear quantized on a recorded step (core/fp8_linear.h,
+// probe::Fp8QuantizeEvent): the input and weight of each fprop, the grad_output of each backward. Counts are over
+// the operand's elements; a value is "nonzero" when it is neither +-0 nor NaN (infinities count: they saturate).
+// Of the nonzero values: underflow quantized to a zero code (0x00 or 0x80: -0 is zero), subnormal to a code
+// whose exponent field is 0 and mantissa is not, saturated: |fl(x * scale)| was above the format's max (448,
+// 57344), so satfinite held it at +-max (silent: no NaN or inf shows it). rel_rms_error =
+// sqrt(sum (fl(decode(q) * scale_inv) - x)^2 / sum x^2) in double over the finite values whose code is not NaN
+// (0 when that sum of squares is 0): the quantization error against the unquantized tensor.
+struct Fp8Row {
+  std::int64_t step = 0;
+  std::string module;   // the Linear's module path ("fc1")
+  std::string operand;  // "input", "weight" or "grad_output"
+  std::string format;   // "e4m3" or "e5m2"
+  std::int64_t numel = 0;
+  std::int64_t nonzero = 0;
+  std::int64_t underflow = 0, subnormal = 0, saturated = 0;  // each at most nonzero
+  double amax = 0;          // the amax the cast folded (max |x|, NaN skipped), as the recipe recorded it
+  double scale = 1;         // the scale the cast used: q = satfinite(RNE(x * scale))
+  double rel_rms_error = 0;
+};
+// A count of an Fp8Row as a fraction of its nonzero values (0 when there are none).
+inline double fp8_fraction(std::int64_t count, std::int64_t nonzero) {
+  return nonzero > 0 ? static_cast<double>(count) / static_cast<double>(nonzero) : 0.0;
+}
+
 // Where rows go. Calls come from one thread (the probe's); a sink may queue them for another.
 class Sink {
  public:
@@ -241,6 +269,8 @@ class Sink {
   virtual void write(const UpdateRow& row) {}
   // Parameter checksums (data-parallel runs); a sink that keeps none ignores them.
   virtual void write(const ChecksumRow& row) {}
+  // FP8 operand statistics (--precision fp8 runs); a sink that keeps none ignores them.
+  virtual void write(const Fp8Row& row) {}
   // The end of a step's rows: a file sink flushes so a killed run keeps every finished step.
   virtual void end_step(std::int64_t step) {}
   // A clean end of the run (root attribute complete = 1 for the file).

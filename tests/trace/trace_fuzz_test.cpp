@@ -312,7 +312,7 @@ hid_t open_rw(const fs::path& p) {
 }
 
 const char* const kTables[] = {"steps",   "ops",          "grads",    "events",       "histograms", "dumps",
-                               "dump_values",  "strings",  "string_bytes", "precision", "updates", "checksums"};
+                               "dump_values",  "strings",  "string_bytes", "precision", "updates", "checksums", "fp8"};
 
 // The /index rows as step + 7 counts (9 in format_version 4, 11 from 5) and crc32 where the file has it, read
 // and written by field name.
@@ -321,7 +321,7 @@ struct IndexRows {
   bool has_crc = false;
   int tables = detail::kLegacyDataTables;
   std::int64_t version() const {
-    return tables == detail::kDataTableCount ? 6 : tables == detail::kV5DataTables ? 5 : tables == detail::kV4DataTables ? 4 : 3;
+    return tables == detail::kDataTableCount ? 7 : tables == detail::kV6DataTables ? 6 : tables == detail::kV5DataTables ? 5 : tables == detail::kV4DataTables ? 4 : 3;
   }
 };
 
@@ -340,7 +340,8 @@ bool read_index(hid_t file, IndexRows& out) {
   if (ds < 0) return false;
   const hid_t ft = H5Dget_type(ds);
   out.has_crc = H5Tget_member_index(ft, "crc32") >= 0;
-  out.tables = H5Tget_member_index(ft, "checksums") >= 0   ? detail::kDataTableCount
+  out.tables = H5Tget_member_index(ft, "fp8") >= 0         ? detail::kDataTableCount
+               : H5Tget_member_index(ft, "checksums") >= 0 ? detail::kV6DataTables
                : H5Tget_member_index(ft, "precision") >= 0 ? detail::kV5DataTables
                : H5Tget_member_index(ft, "strings") >= 0   ? detail::kV4DataTables
                                                             : detail::kLegacyDataTables;
@@ -1150,6 +1151,10 @@ TEST(trace_fuzz_test, root_attributes_are_checked_against_their_checksum_and_sch
   };
   edited_old("precision", "fp64");
   EXPECT_NE(error_of(old).find("the root attribute 'precision' is \"fp64\", not fp32, fp16 or bf16"), std::string::npos)
+      << error_of(old);
+  // fp8 came with format_version 7: an older trace that claims it is damaged, as before.
+  edited_old("precision", "fp8");
+  EXPECT_NE(error_of(old).find("the root attribute 'precision' is \"fp8\", not fp32, fp16 or bf16"), std::string::npos)
       << error_of(old);
   edited_old("model", "\xc3\x28");
   EXPECT_NE(error_of(old).find("'model' is not valid UTF-8"), std::string::npos) << error_of(old);

@@ -2,6 +2,8 @@
 // mlp sample: trains to a finite loss close to the bf16 run's, keeping every Linear in bf16 is the bf16 run
 // bit for bit, the options are recorded only in FP8 runs, and mistyped or conflicting options are refused.
 #include <cmath>
+#include <map>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "cli/run_options_io.h"
 #include "cli/train_command.h"
 #include "core/error.h"
+#include "probes/trace/reader.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {
@@ -107,6 +110,44 @@ TEST(fp8_train_test, the_fp8_options_are_recorded_in_fp8_runs_only) {
   for (const auto& [key, value] : plain.items()) EXPECT_EQ(key.rfind("fp8", 0), std::string::npos) << key;
 }
 
+// An FP8 run writes a trace (format_version 7, precision fp8) with one /fp8 row per step for every operand of
+// every FP8 Linear, and none for a Linear kept in bf16. The rows' numbers are the probe's (tests/probes/
+// fp8_stats_test.cpp checks them against a reference); here: what the run's shapes and recipe fix.
+TEST(fp8_train_test, an_fp8_run_writes_a_trace_with_a_row_for_every_fp8_linear_and_operand) {
+  const std::string path = (testing::process_scratch_dir("ampscope_fp8_train") / "fp8.h5").string();
+  TrainConfig c = mlp(Precision::fp8, 1, 5);
+  c.probe = "health";
+  c.out = path;
+  c.fp8_keep_bf16 = {"fc3"};
+  train(c);
+  trace::TraceReader r(path);
+  EXPECT_EQ(r.format_version(), 7);
+  EXPECT_EQ(r.run_info().precision, "fp8");
+  const std::vector<trace::Fp8Row> rows = r.fp8();
+  ASSERT_EQ(rows.size(), 5u * 2 * 3);
+  std::map<std::tuple<std::int64_t, std::string, std::string>, const trace::Fp8Row*> seen;
+  for (const trace::Fp8Row& row : rows) {
+    EXPECT_TRUE(seen.emplace(std::tuple{row.step, row.module, row.operand}, &row).second) << row.module << " " << row.operand;
+    EXPECT_EQ(row.format, row.operand == "grad_output" ? "e5m2" : "e4m3");  // HYBRID
+    EXPECT_LE(row.nonzero, row.numel);
+    EXPECT_GE(row.rel_rms_error, 0.0);
+    EXPECT_LT(row.rel_rms_error, 0.1) << "E4M3/E5M2 keep 3/2 mantissa bits: a few percent";
+  }
+  for (std::int64_t step = 0; step < 5; ++step) {
+    for (const char* module : {"fc1", "fc2"}) {
+      for (const char* operand : {"input", "weight", "grad_output"}) {
+        const auto it = seen.find({step, module, operand});
+        ASSERT_NE(it, seen.end()) << "step " << step << " " << module << " " << operand;
+        // Delayed scaling: step 0 casts with the initial scale 1; later steps with 448 (or 57344) / amax history.
+        if (step == 0) EXPECT_EQ(it->second->scale, 1.0);
+        if (step > 0) EXPECT_GT(it->second->scale, 1.0) << module << " " << operand;
+      }
+    }
+  }
+  // The weight's operand covers the whole parameter every step.
+  EXPECT_EQ(seen.at({0, "fc1", "weight"})->numel, seen.at({4, "fc1", "weight"})->numel);
+}
+
 TEST(fp8_train_test, mistyped_or_conflicting_options_are_refused_with_what_to_do) {
   EXPECT_THROW_MSG(run_train({"--precision", "fp8", "--fp8-amax-history", "0"}), Error,
                    "--fp8-amax-history: 0 is not allowed; expected an integer from 1 to 1048576");
@@ -126,10 +167,6 @@ TEST(fp8_train_test, mistyped_or_conflicting_options_are_refused_with_what_to_do
   EXPECT_THROW_MSG(train(cuda), Error,
                    "--precision fp8 with --device cuda: FP8 runs on the CPU backend so far (the CUDA FP8 kernels are "
                    "not built)\nhint: use --device cpu (or auto) for fp8, or --precision bf16 on the GPU");
-  TrainConfig traced = mlp(Precision::fp8, 0, 1);
-  traced.out = "/nonexistent/run.h5";
-  EXPECT_THROW_MSG(train(traced), Error,
-                   "--out '/nonexistent/run.h5' with --precision fp8: the trace format has no FP8 runs yet");
   TrainConfig resumed = mlp(Precision::fp8, 0, 1);
   resumed.resume = "/nonexistent/ck.h5";
   EXPECT_THROW_MSG(train(resumed), Error,
