@@ -1,0 +1,36 @@
+# A model stored in bf16 (a linear, a softmax, a layer norm), one SGD step, written as a user writes it; with a
+# path argument it saves its input, parameters and each op's output there (torch.save) for the twin test.
+import sys
+
+import torch
+import torch.nn as nn
+
+torch.manual_seed(7)
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        self.h = self.fc(x)
+        self.p = torch.softmax(self.h * 4, dim=-1)
+        return self.norm(self.p)
+
+
+model = Head().to(torch.bfloat16)
+with torch.no_grad():
+    model.norm.weight.uniform_(0.5, 1.5)
+    model.norm.bias.uniform_(-0.5, 0.5)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(8, 32).to(torch.bfloat16)
+y = model(x)
+loss = y.float().pow(2).mean()
+loss.backward()
+if len(sys.argv) > 1:
+    torch.save({"x": x, "w": model.fc.weight.detach().clone(), "b": model.fc.bias.detach().clone(),
+                "h": model.h.detach(), "hs": (model.h * 4).detach(), "p": model.p.detach(), "y": y.detach(),
+                "gamma": model.norm.weight.detach().clone(), "beta": model.norm.bias.detach().clone()}, sys.argv[1])
+opt.step()
