@@ -486,6 +486,9 @@ class Recorder:
             first = _tensors(tensors, [])
             if first and not is_grad and first[0].numel() == 1:
                 recorder.loss = first[0].detach()
+            if recorder.twin is not None:
+                recorder.note_once("twin_backward", "", "backward", "--twin: the twin of a PyTorch run computes the "
+                                   "forward ops only: no /precision rows for the backward pass (autograd nodes)")
             saved = recorder.phase
             recorder.phase = "backward"
             recorder.backward_depth += 1
