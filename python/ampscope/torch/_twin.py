@@ -108,10 +108,11 @@ def compare(value, reference, dtype, op=""):
         bucket = torch.clamp(torch.floor(-torch.log2(graded)), 0, ERROR_BINS - 1).to(torch.int64)
         s.error_bins = [int(c) for c in torch.bincount(bucket, minlength=ERROR_BINS)]
     s.max_rel = float(rel.max())
-    # ulp_D(r) = 2^(max(floor(log2|r|), emin) - (p - 1)). frexp(|r| clamped at 2^emin) = m 2^e with m in [0.5, 1):
-    # e - 1 is that max (for 0 and subnormals too). 1 / ulp is a power of two made from its exponent bits.
-    _, e = torch.frexp(torch.clamp(ar, min=math.ldexp(1.0, emin)))
-    inverse_ulp = ((1023 + (p - 1) + 1 - e.to(torch.int64)) << 52).view(torch.float64)
+    # ulp_D(r) = 2^(max(floor(log2|r|), emin) - (p - 1)). |r| clamped at 2^emin is a normal double whose exponent
+    # field is that max + 1023 (for 0 and values below 2^emin too); 1 / ulp is the power of two whose exponent
+    # field is 2046 + (p - 1) minus it, exactly.
+    field = torch.clamp(ar, min=math.ldexp(1.0, emin)).view(torch.int64) >> 52
+    inverse_ulp = ((2046 + (p - 1) - field) << 52).view(torch.float64)
     s.max_ulp = float((err * inverse_ulp).max())
     s.mean_rel = float(rel.sum()) / n
     s.bits = float(p) if s.max_rel == 0 else min(max(-math.log2(s.max_rel), 0.0), float(p)) + 0.0
