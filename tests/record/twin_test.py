@@ -63,7 +63,7 @@ def precision_rows(path):
         rows = []
         for r in p:
             d = {k: r[k] for k in p.dtype.names}
-            for k in ("op", "module", "out_dtype"):
+            for k in ("op", "module", "out_dtype", "phase"):
                 d[k] = text(d[k])
             rows.append(d)
     return rows
@@ -114,8 +114,9 @@ def near(a, b, rel):
 saved = os.path.join(WORK, "twin_ops.pt")
 proc, out = record("twin_ops", "twin_ops.py", saved)
 check(proc.returncode == 0, "twin_ops: exit status %d: %s" % (proc.returncode, proc.stderr[-400:]))
-check("--twin: the twin of a PyTorch run computes the forward ops only" in proc.stderr,
-      "twin_ops: no note that backward rows are not recorded: %s" % proc.stderr[-400:])
+check("--twin: the backward of softmax is not computed again" in proc.stderr and
+      "--twin: the backward of layer_norm is not computed again" in proc.stderr,
+      "twin_ops: no note that softmax's and layer_norm's backward rows are not recorded: %s" % proc.stderr[-600:])
 rows = precision_rows(out)
 T = torch.load(saved)
 d = {k: v.to(torch.float64) for k, v in T.items()}
@@ -139,12 +140,12 @@ want = {
 # more) agree to about 2^-15 relative; a histogram may move an element across a bucket boundary.
 TOL = 2e-3
 for (op, module), (y, local_ref, acc_ref, inp) in want.items():
-    found = [r for r in rows if r["op"] == op and r["module"] == module and r["step"] == 0]
+    found = [r for r in rows if r["op"] == op and r["module"] == module and r["step"] == 0 and r["phase"] == "forward"]
     check(len(found) == 1, "%s in '%s': %d rows, want 1" % (op, module, len(found)))
     if not found:
         continue
     r = found[0]
-    check(r["out_dtype"] == "bf16" and bool(r["local"]) and int(r["numel"]) == y.numel() and r["phase"] == 0,
+    check(r["out_dtype"] == "bf16" and bool(r["local"]) and int(r["numel"]) == y.numel() and r["phase"] == "forward",
           "%s: out_dtype %s local %s numel %d" % (op, r["out_dtype"], r["local"], r["numel"]))
     loc = errors_f64(y.float(), local_ref, "bf16", op)
     acc = errors_f64(y.float(), acc_ref, "bf16", op)
@@ -168,6 +169,31 @@ for (op, module), (y, local_ref, acc_ref, inp) in want.items():
               "%s: inputs' error %r/%r, f64 %r/%r" % (op, r["in_acc_max_rel"], r["in_acc_mean_rel"], e["max_rel"],
                                                     e["mean_rel"]))
     check(bool(r["followed"]), "%s: followed is false" % op)
+# The linear's node (backward): its weight's and bias's gradients (x wants none) against f64 from the incoming
+# gradient the script saved: the largest max and mean over the two, counts summed (probes/twin.h, backward).
+bw = [r for r in rows if r["phase"] == "backward" and r["op"] == "linear"]
+check(len(bw) == 1, "linear's backward rows: %d, want 1" % len(bw))
+if bw:
+    r = bw[0]
+    g = d["dh"]
+    parts = [errors_f64(T["dw"].float(), g.t() @ d["x"], "bf16"), errors_f64(T["db"].float(), g.sum(0), "bf16")]
+    check(r["module"] == "fc" and r["out_dtype"] == "bf16" and bool(r["local"]) and int(r["numel"]) == 16 * 32 + 16,
+          "linear backward: module %s dtype %s numel %d" % (r["module"], r["out_dtype"], r["numel"]))
+    for field, ref in (("local_max_rel", max(e["max_rel"] for e in parts)),
+                       ("local_mean_rel", max(e["mean_rel"] for e in parts)),
+                       ("local_max_ulp", max(e["max_ulp"] for e in parts))):
+        check(ref > 0 and near(float(r[field]), ref, TOL), "linear backward: %s %r, f64 %r" % (field, r[field], ref))
+    check(int(r["flips"]) == sum(e["flips"] for e in parts), "linear backward: flips %d" % r["flips"])
+    check(float(r["acc_mean_rel"]) == 0 and math.isnan(float(r["cond"])), "linear backward: acc %r cond %r" % (
+        r["acc_mean_rel"], r["cond"]))
+    bins = [int(v) for v in r["error_bins"]]
+    check(sum(bins) + int(r["exact"]) + int(r["flips"]) == 16 * 32 + 16, "linear backward: histogram %s" % bins)
+# x * 4's node: its gradient is the incoming one times 4, exact in bf16.
+mb = [r for r in rows if r["phase"] == "backward" and r["op"] == "mul"]
+check(len(mb) == 1 and float(mb[0]["local_max_rel"]) == 0 and int(mb[0]["exact"]) > 0,
+      "mul backward: %r" % [(r["local_max_rel"], r["exact"]) for r in mb])
+check(not [r for r in rows if r["phase"] == "backward" and r["op"] in ("softmax", "layer_norm")],
+      "softmax or layer_norm has a backward row")
 # softmax's accumulated error is not its local one: the twin followed linear's and mul's f32 values.
 sm = [r for r in rows if r["op"] == "softmax"]
 if sm:
@@ -212,7 +238,7 @@ local32 = {
 for op, (y, r32) in local32.items():
     py = recorder_compare(y, r32, "bf16", op)
     same(py, cpp_compare(y.float().numpy(), r32.numpy(), "bf16", op), op)
-    row = [r for r in rows if r["op"] == op and r["step"] == 0]
+    row = [r for r in rows if r["op"] == op and r["step"] == 0 and r["phase"] == "forward"]
     if row:  # the recorded row is that same comparison (torch's f32 recomputation is deterministic here)
         check(near(float(row[0]["local_mean_rel"]), py.mean_rel, 1e-9), "%s: row local_mean_rel %r, compare() on the "
               "test's f32 recomputation %r" % (op, row[0]["local_mean_rel"], py.mean_rel))
@@ -259,7 +285,11 @@ try:
     top = prec["by_jump"][0]
     check(prec["recorded"] and top["op"] == "add" and top["module"] == "pool" and top["kind"] == "accumulation",
           "running_sum: JSON by_jump[0] %r" % top)
-    check(prec.get("backward_rows", 0) == 0, "running_sum: backward rows %r" % prec.get("backward_rows"))
+    # Backward rows for the nodes of linear, add, div, relu (3 steps): 2 linears, 256 adds + 1 (+ 1.0), relu,
+    # div per step.
+    check(prec.get("backward_rows") == 3 * (2 + 257 + 1 + 1) and prec["backward"] and
+          all(e["phase"] == "backward" for e in prec["backward"]),
+          "running_sum: backward rows %r, entries %r" % (prec.get("backward_rows"), prec.get("backward", [])[:2]))
 except (ValueError, KeyError, IndexError) as e:
     check(False, "running_sum: report --json: %s: %s" % (e, rep_json.stdout[:300]))
 proc, out = record("running_sum_plain", "bf16_running_sum.py", twin=False)

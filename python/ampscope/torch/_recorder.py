@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampscope.torch._channel import PROTOCOL, Channel, num
 from ampscope.torch._remedies import Remedies, end_process
-from ampscope.torch._twin import Twin
+from ampscope.torch._twin import BACKWARD_NAMES, Twin
 
 # Input markers (docs/trace-format.md, /ops `inputs`).
 NONE, PARAMETER, DATA, SUMMED, OTHER_STEP = -1, -2, -3, -5, -7
@@ -336,6 +336,8 @@ class Recorder:
             meta["ampscope"] = label
             node.register_prehook(self._node_prehook(node))
             node.register_hook(self._node_hook(label, node))
+            if self.twin is not None and label is not None:
+                self.twin.attach(t, node)
 
     def label_function(self, cls, args, outputs):
         """A custom autograd.Function's outputs: its backward node (a Python BackwardCFunction) is labelled with
@@ -427,6 +429,8 @@ class Recorder:
             self.input_finite(t, s) for t, s in zip(gins, sources + [DATA] * len(gins)))
         self.emit_op(seq, op, module, ",".join(_dtype(g) for g in gins), _dtype(o), list(o.shape), "", h, origin,
                      sources)
+        if self.twin is not None:
+            self.twin.backward_row(node, grad_inputs, grad_outputs, self.step, seq, op, module)
         for g in gouts:
             self.remember(g, seq)
 
@@ -486,9 +490,6 @@ class Recorder:
             first = _tensors(tensors, [])
             if first and not is_grad and first[0].numel() == 1:
                 recorder.loss = first[0].detach()
-            if recorder.twin is not None:
-                recorder.note_once("twin_backward", "", "backward", "--twin: the twin of a PyTorch run computes the "
-                                   "forward ops only: no /precision rows for the backward pass (autograd nodes)")
             saved = recorder.phase
             recorder.phase = "backward"
             recorder.backward_depth += 1
@@ -644,7 +645,7 @@ class Recorder:
                   "argv": sys.argv, "sample_every": self.every, "probe": self.level}
         config.update(self.run_context)
         if self.twin is not None:
-            config["twin"] = {"every": self.every, "backward": False}
+            config["twin"] = {"every": self.every, "backward": sorted(BACKWARD_NAMES)}
         if self.remedies.any():
             config["remedies"] = {"requested": self.remedies.requested(), "applied": dict(self.remedies.applied)}
         # A rank of a torch.distributed run: `ampscope record` then writes OUT's STEM.rankN.h5 (as train --ddp).

@@ -35,6 +35,11 @@ ERROR_BINS = 26  # trace::kErrorBins
 SATURATING = {"sigmoid", "tanh"}
 ADDITIVE = {"add", "sub", "rsub"}
 REDUCTION = {"sum", "mean"}
+# Ops whose backward reads only their inputs (not their output or statistics of the forward): for these the
+# backward of the f32 graph built on the inputs widened is the node's backward run on its own inputs widened,
+# as the runtime's backward twin defines it (saved tensors widened). aten names.
+BACKWARD_OPS = {"addmm", "mm", "bmm", "matmul", "linear", "mul", "add", "sub", "div", "gelu", "silu", "relu"}
+BACKWARD_NAMES = {"linear", "matmul", "mul", "add", "sub", "div", "gelu", "silu", "relu"}  # as rows name them
 RANDOM_OPS = {"native_dropout", "dropout", "bernoulli", "rand_like", "randn_like", "multinomial", "rrelu_with_noise"}
 LOW = (torch.float16, torch.bfloat16)
 
@@ -142,15 +147,28 @@ def _autocast_on():
     return torch.is_autocast_cpu_enabled() or torch.is_autocast_enabled()
 
 
+def _tensors_of(value, out=None):
+    out = [] if out is None else out
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _tensors_of(v, out)
+    return out
+
+
 def _widen(t):
     return t.float() if t.dtype in LOW else t
 
 
 class _Quiet:
-    """Autocast off (a recomputation is not cast down again) and no autograd graph."""
+    """Autocast off (a recomputation is not cast down again) and no autograd graph (grad=True: with one)."""
+
+    def __init__(self, grad=False):
+        self.grad = grad
 
     def __enter__(self):
-        self.no_grad = torch.no_grad()
+        self.no_grad = torch.enable_grad() if self.grad else torch.no_grad()
         self.no_grad.__enter__()
         self.cpu = torch.is_autocast_cpu_enabled()
         self.cuda = torch.is_autocast_enabled()
@@ -170,6 +188,7 @@ class Twin:
     def __init__(self, recorder):
         self.recorder = recorder
         self.values = {}  # id(tensor) -> (weakref, f32 twin value, Stats of the tensor against it or None)
+        self.graphs = []  # (weakref to an op's output, (its f32 twin graph's output, leaves)) until labelled
         self.rows = 0
 
     def end_step(self):
@@ -254,6 +273,13 @@ class Twin:
                                                                else "an in-place op"))
             return
         kwargs = kwargs or {}
+        # The backward twin (ops of BACKWARD_OPS): the op's inputs widened are kept for its node (label_nodes ->
+        # attach -> backward_row), where the f32 graph is built (autograd does not record below the dispatcher's
+        # autograd layer, where this runs).
+        if low and name in BACKWARD_OPS and torch.is_grad_enabled() and any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in ins):
+            flags = [t.requires_grad for t in _tensors_of(args)]
+            self._pending_graph(o, (func, _map(args, lambda t: _widen(t).detach()), kwargs, flags))
         try:
             with _Quiet():
                 local = _first(func(*_map(args, _widen), **kwargs)) if low else None
@@ -292,6 +318,99 @@ class Twin:
             _n(r.max_rel if r else 0), _n(r.mean_rel if r else 0), _n(r.max_ulp if r else 0),
             _n(a.max_rel), _n(a.mean_rel), _n(a.max_ulp), _n(in_max), _n(in_mean), a.flips, _n(a.bits), _n(cond),
             followed, a.error_bins, a.exact, "forward"])
+
+    # ------------------------------------------------------------ the backward twin
+    def _pending_graph(self, o, graph):
+        import weakref
+
+        self.graphs.append((weakref.ref(o), graph))
+
+    def attach(self, t, node):
+        """The recorder labelled node, t's grad_fn: a graph made for t goes with the node (node.metadata)."""
+        if not self.graphs:
+            return
+        kept = []
+        for ref, graph in self.graphs:
+            if ref() is t:
+                node.metadata["ampscope_twin"] = graph
+            elif ref() is not None:
+                kept.append((ref, graph))
+        self.graphs = kept
+
+    def backward_row(self, node, grad_inputs, grad_outputs, step, seq, op, module):
+        """One /precision row (phase backward) for a node of BACKWARD_OPS whose gradients are f16/bf16: each
+        gradient against the gradient of the op's f32 twin graph (built on the op's own inputs widened) for the
+        incoming gradient widened, in its own dtype; the largest max and mean, counts summed (probes/twin.h)."""
+        graph = node.metadata.pop("ampscope_twin", None)
+        grads = list(grad_inputs)
+        low = [g for g in grads if isinstance(g, torch.Tensor) and g.dtype in LOW]
+        if not low:
+            return
+        if graph is None:
+            self.recorder.note_once("twin_bwd_" + op, module, op, "--twin: the backward of %s is not computed again "
+                                    "(the twin of a PyTorch run computes the backward only of nodes whose backward "
+                                    "reads just their inputs: %s): no backward /precision row for it" % (
+                                        op, ", ".join(sorted(BACKWARD_NAMES))))
+            return
+        func, wide_args, kwargs, flags = graph
+        all_leaves = []
+
+        def leaf(t):
+            x = t.detach().requires_grad_(flags[len(all_leaves)] and t.is_floating_point())
+            all_leaves.append(x)
+            return x
+
+        incoming = [g for g in grad_outputs if isinstance(g, torch.Tensor)]
+        try:
+            with _Quiet(grad=True):
+                local = _first(func(*_map(wide_args, leaf), **kwargs))
+            # The node's gradients are its op's tensor inputs', in order (a wrapped number's among them: None).
+            # A Python number the op took (x * 4) has a gradient slot of its own, None, after the tensors'.
+            leaves = all_leaves
+            while len(grads) > len(leaves) and grads[-1] is None:
+                grads.pop()
+            if len(leaves) != len(grads) or len(incoming) != 1 or not local.requires_grad:
+                raise ValueError("%d gradients for %d tensor inputs" % (len(grads), len(leaves)))
+            wanted = [x for x, g in zip(leaves, grads) if isinstance(g, torch.Tensor) and x.requires_grad]
+            with _Quiet(grad=True):
+                refs = torch.autograd.grad(local, wanted, incoming[0].float(), allow_unused=True)
+        except Exception as err:
+            self.recorder.note_once("twin_bwd_" + op, module, op, "the twin could not compute the backward of %s "
+                                    "again in f32 (%s: %s): no backward /precision row for it" % (
+                                        op, type(err).__name__, err))
+            return
+        ref_of = {id(x): r for x, r in zip(wanted, refs)}
+        merged = None
+        dtype = None
+        numel = 0
+        for x, g in zip(leaves, grads):
+            r = ref_of.get(id(x))
+            if not isinstance(g, torch.Tensor) or r is None or r.numel() != g.numel():
+                continue
+            d = dtype_key(g.dtype)
+            if dtype is None or _FORMAT[d][0] < _FORMAT[dtype][0]:
+                dtype = d
+            st = compare(g, r, d)
+            numel += g.numel()
+            if merged is None:
+                merged = st
+                continue
+            merged.counted += st.counted
+            merged.mean_rel = max(merged.mean_rel, st.mean_rel)
+            merged.max_rel = max(merged.max_rel, st.max_rel)
+            merged.max_ulp = max(merged.max_ulp, st.max_ulp)
+            merged.flips += st.flips
+            merged.exact += st.exact
+            merged.error_bins = [a + b for a, b in zip(merged.error_bins, st.error_bins)]
+        if merged is None:
+            return
+        p = _FORMAT[dtype][0]
+        bits = float(p) if merged.max_rel == 0 else min(max(-math.log2(merged.max_rel), 0.0), float(p)) + 0.0
+        self.rows += 1
+        self.recorder.channel.add([
+            "precision", step, seq, op, module, dtype, numel, True, _n(merged.max_rel), _n(merged.mean_rel),
+            _n(merged.max_ulp), 0.0, 0.0, 0.0, 0.0, 0.0, merged.flips, _n(bits), "nan", True, merged.error_bins,
+            merged.exact, "backward"])
 
     def _cond(self, name, op, args, twin_ins, acc, out_dtype):
         """Condition numbers from the twin's values (probes/twin.h): add, sub, rsub: max (|a| + |b|) /

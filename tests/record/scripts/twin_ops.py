@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 torch.manual_seed(7)
+saved = {}
 
 
 class Head(nn.Module):
@@ -16,6 +17,8 @@ class Head(nn.Module):
 
     def forward(self, x):
         self.h = self.fc(x)
+        if self.training and len(sys.argv) > 1:
+            self.h.register_hook(lambda g: saved.update(dh=g.detach().clone()))  # the linear's incoming gradient
         self.p = torch.softmax(self.h * 4, dim=-1)
         return self.norm(self.p)
 
@@ -32,5 +35,6 @@ loss.backward()
 if len(sys.argv) > 1:
     torch.save({"x": x, "w": model.fc.weight.detach().clone(), "b": model.fc.bias.detach().clone(),
                 "h": model.h.detach(), "hs": (model.h * 4).detach(), "p": model.p.detach(), "y": y.detach(),
-                "gamma": model.norm.weight.detach().clone(), "beta": model.norm.bias.detach().clone()}, sys.argv[1])
+                "gamma": model.norm.weight.detach().clone(), "beta": model.norm.bias.detach().clone(),
+                "dh": saved["dh"], "dw": model.fc.weight.grad.clone(), "db": model.fc.bias.grad.clone()}, sys.argv[1])
 opt.step()
