@@ -16,9 +16,15 @@ below: the definitions of probes/twin.h, element for element (relative error wit
 bits, the histogram), computed in f64 with torch ops. The mean's sum is torch's f64 sum (pairwise), not the
 runtime's element-order sum: the two agree to within f64 rounding of the sum, not bit for bit.
 
+Backward (local error): the nodes of BACKWARD_OPS (ops whose backward reads only their inputs) whose gradients
+are f16/bf16 get a row: the op's f32 graph, rebuilt in the node's hook on its inputs widened, differentiated
+for the incoming gradient widened; each gradient compared in its own dtype, the largest max and mean kept,
+counts summed (probes/twin.cpp twin_backward).
+
 Not covered (each named once in /events `unrecorded` and on stderr, never silent): ops that draw random
 numbers (dropout), in-place ops (their input is their output by the time the recorder sees it), ops whose
-body fails when run again in f32, and the backward pass: no backward rows are written for PyTorch runs.
+body fails when run again in f32, and the backward of other nodes (softmax, layer_norm: their backward reads
+their output or the forward's statistics, which an f32 graph would hold in f32 where the node holds f16/bf16).
 """
 import math
 
