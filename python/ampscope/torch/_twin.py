@@ -199,6 +199,7 @@ class Twin:
 
     def end_step(self):
         self.values = {}
+        self.graphs = []  # outputs that never got a node (no graph was made from them); labelled ones keep theirs
 
     def _lookup(self, t):
         e = self.values.get(id(t))
