@@ -201,6 +201,30 @@ if sm:
     check(float(sm[0]["acc_mean_rel"]) > float(sm[0]["local_mean_rel"]) * 1.2,
           "softmax: accumulated %r not above local %r" % (sm[0]["acc_mean_rel"], sm[0]["local_mean_rel"]))
 
+# ---- 1b. under CPU autocast: the linear's inputs are autocast's casts of f32 tensors, which the twin reads ----
+saved_ac = os.path.join(WORK, "twin_ops_autocast.pt")
+proc, out = record("twin_ops_autocast", "twin_ops.py", saved_ac, "--autocast")
+check(proc.returncode == 0, "twin_ops --autocast: exit status %d: %s" % (proc.returncode, proc.stderr[-400:]))
+rows_ac = precision_rows(out)
+A = torch.load(saved_ac)
+lin = [r for r in rows_ac if r["op"] == "linear" and r["phase"] == "forward"]
+check(len(lin) == 1 and A["h"].dtype == torch.bfloat16, "autocast: %d linear rows, output %s" % (len(lin),
+                                                                                              A["h"].dtype))
+if lin:
+    r = lin[0]
+    wide = {k: A[k].to(torch.float64) for k in ("x", "w", "b")}
+    cast = {k: A[k].to(torch.bfloat16).to(torch.float64) for k in ("x", "w", "b")}
+    loc = errors_f64(A["h"].float(), cast["x"] @ cast["w"].t() + cast["b"], "bf16")
+    acc = errors_f64(A["h"].float(), wide["x"] @ wide["w"].t() + wide["b"], "bf16")
+    ins = [errors_f64(cast[k], wide[k], "bf16") for k in ("x", "w", "b")]
+    for field, ref in (("local_max_rel", loc["max_rel"]), ("local_mean_rel", loc["mean_rel"]),
+                       ("acc_max_rel", acc["max_rel"]), ("acc_mean_rel", acc["mean_rel"]),
+                       ("acc_max_ulp", acc["max_ulp"]), ("in_acc_max_rel", max(e["max_rel"] for e in ins)),
+                       ("in_acc_mean_rel", max(e["mean_rel"] for e in ins))):
+        check(ref > 0 and near(float(r[field]), ref, TOL), "autocast linear: %s %r, f64 %r" % (field, r[field], ref))
+    check(float(r["acc_mean_rel"]) > 2 * float(r["local_mean_rel"]), "autocast linear: the casts' rounding is not in "
+          "the accumulated error (%r, local %r)" % (r["acc_mean_rel"], r["local_mean_rel"]))
+
 # ---- 2. one definition: the recorder's compare() and probe::compare() on the same values ----
 
 

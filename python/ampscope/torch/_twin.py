@@ -149,8 +149,37 @@ def _first(value):
     return None
 
 
+# The autocast regions the script is in (torch.autocast and its CPU/CUDA subclasses entered and not yet left):
+# one flag per region, enabled or not. Inside __torch_dispatch__ torch reports autocast as disabled (the Python
+# key runs below it), so the regions are tracked where they are entered (install_region_tracking).
+_regions = []
+_tracking = False
+
+
+def install_region_tracking():
+    global _tracking
+    if _tracking:
+        return
+    _tracking = True
+    cls = torch.amp.autocast_mode.autocast
+    enter, leave = cls.__enter__, cls.__exit__
+
+    def __enter__(self):
+        _regions.append(bool(getattr(self, "_enabled", True)))
+        return enter(self)
+
+    def __exit__(self, *exc):
+        if _regions:
+            _regions.pop()
+        return leave(self, *exc)
+
+    cls.__enter__, cls.__exit__ = __enter__, __exit__
+
+
 def _autocast_on():
-    return torch.is_autocast_cpu_enabled() or torch.is_autocast_enabled()
+    """In an enabled autocast region: a cast down from f32 there is taken as autocast's (a cast the script
+    writes itself inside the region is taken so too)."""
+    return bool(_regions) and _regions[-1]
 
 
 def _tensors_of(value, out=None):
@@ -193,6 +222,7 @@ class Twin:
 
     def __init__(self, recorder):
         self.recorder = recorder
+        install_region_tracking()
         self.values = {}  # id(tensor) -> (weakref, f32 twin value, Stats of the tensor against it or None)
         self.graphs = []  # (weakref to an op's output, (its f32 twin graph's output, leaves)) until labelled
         self.rows = 0
@@ -233,7 +263,8 @@ class Twin:
                 value = e[1]
             elif src.is_floating_point() and src.dtype not in LOW and outs[0].dtype in LOW and _autocast_on():
                 # autocast's cast down: the twin reads the value before it. A cast the script wrote itself
-                # (x.to(torch.bfloat16) outside autocast) is the script's data, as in the runtime's twin.
+                # outside autocast (x.to(torch.bfloat16), model.to(...)) is the script's data, as in the
+                # runtime's twin.
                 value = src.detach().float()
             else:
                 return
