@@ -224,7 +224,7 @@ class Twin:
         self.recorder = recorder
         install_region_tracking()
         self.values = {}  # id(tensor) -> (weakref, f32 twin value, Stats of the tensor against it or None)
-        self.graphs = []  # (weakref to an op's output, (its f32 twin graph's output, leaves)) until labelled
+        self.graphs = []  # (weakref to an op's output, (func, its inputs widened, kwargs, requires_grad flags))
         self.rows = 0
 
     def end_step(self):
