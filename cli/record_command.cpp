@@ -150,6 +150,44 @@ trace::StepRow step_row(const Record& r) {
   return row;
 }
 
+// A row of the twin's /precision table (python/ampscope/torch/_twin.py; fields as trace::PrecisionRow).
+trace::PrecisionRow precision_row(const Record& r) {
+  trace::PrecisionRow row;
+  row.step = r.integer(1);
+  row.seq = r.integer(2);
+  row.op = r.text(3);
+  row.module = r.text(4);
+  row.out_dtype = r.text(5);
+  if (row.out_dtype != "f16" && row.out_dtype != "bf16" && row.out_dtype != "f32") r.bad(5, "f16, bf16 or f32");
+  row.numel = r.integer(6);
+  row.local = r.flag(7);
+  row.local_max_rel = r.number(8);
+  row.local_mean_rel = r.number(9);
+  row.local_max_ulp = r.number(10);
+  row.acc_max_rel = r.number(11);
+  row.acc_mean_rel = r.number(12);
+  row.acc_max_ulp = r.number(13);
+  row.in_acc_max_rel = r.number(14);
+  row.in_acc_mean_rel = r.number(15);
+  row.flips = r.integer(16);
+  row.bits = r.number(17);
+  row.cond = r.number(18);
+  row.followed = r.flag(19);
+  const json& bins = r.at(20);
+  if (!bins.is_array() || bins.size() != trace::kErrorBins) r.bad(20, fmt::format("a list of {} integers", trace::kErrorBins).c_str());
+  for (int i = 0; i < trace::kErrorBins; ++i) {
+    if (!bins[i].is_number_integer()) r.bad(20, "a list of integers");
+    row.error_bins[i] = bins[i].get<std::int64_t>();
+  }
+  row.exact = r.integer(21);
+  try {
+    row.phase = trace::parse_phase(r.text(22));
+  } catch (const std::exception&) {
+    r.bad(22, "a phase (forward, backward)");
+  }
+  return row;
+}
+
 trace::EventRow event_row(const Record& r) {
   return trace::EventRow{r.integer(1), r.integer(2), r.text(3), r.text(4), r.text(5), r.text(6)};
 }
@@ -183,7 +221,7 @@ class Receiver {
       ++steps_;
     } else if (kind == "close") {
       closed_ = true;
-    } else if (kind == "op" || kind == "grad" || kind == "step" || kind == "event") {
+    } else if (kind == "op" || kind == "grad" || kind == "step" || kind == "event" || kind == "precision") {
       pending_.push_back(std::move(a));
     } else {
       throw Error(fmt::format("the recorder's record on line {} has an unknown kind '{}'", line_, kind));
@@ -241,6 +279,7 @@ class Receiver {
     if (kind == "op") writer_->write(op_row(r));
     else if (kind == "grad") writer_->write(grad_row(r));
     else if (kind == "step") writer_->write(step_row(r));
+    else if (kind == "precision") writer_->write(precision_row(r));
     else writer_->write(event_row(r));
   }
 
@@ -439,6 +478,7 @@ int run_record(const RecordRequest& request, std::ostream& err) {
   for (const auto& [name, value] : request.env) env[name] = value;
   options["env"] = env;
   if (!remedies.empty()) options["remedies"] = remedies;
+  if (request.twin) options["twin"] = true;
   const std::string boot = (fs::path(python_dir) / "ampscope" / "_boot").string();
   std::string pythonpath = boot + ":" + python_dir;
   if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old != '\0') pythonpath += std::string(":") + old;
@@ -522,6 +562,8 @@ RecordCommand::RecordCommand(CLI::App& app) {
   cmd_->add_option("--init-scale", request_.init_scale, "Every GradScaler's initial scale");
   cmd_->add_option("--growth-interval", request_.growth_interval, "Every GradScaler's growth interval");
   cmd_->add_option("--lr-factor", request_.lr_factor, "Multiply every optimizer's learning rate by this factor");
+  cmd_->add_flag("--twin", request_.twin, "Compute every recorded f16/bf16 forward op again in f32 and write its "
+                                         "errors to /precision (docs/pytorch.md, \"Where precision went\")");
   cmd_->add_option("--stop-after", request_.stop_after, "End the script (status 0) after this step");
   cmd_->add_option("command", request_.command, "The command to run, after --: python3 train.py ARGS...");
 }

@@ -38,6 +38,9 @@ struct RecordRequest {
   std::int64_t growth_interval = 0;          // every GradScaler's growth interval
   double lr_factor = std::numeric_limits<double>::quiet_NaN();   // every optimizer's lr times this
   std::int64_t stop_after = -1;              // the process ends (status 0) after this step
+  // --twin: the recorder computes every recorded f16/bf16 forward op again in f32 (python/ampscope/torch/
+  // _twin.py) and sends /precision rows; forward only (no backward rows for PyTorch runs).
+  bool twin = false;
   // Set by `ampscope fix` only: the folder the command runs in ("": this process's), environment variables
   // set for it (names from kKeptEnvironment), and the script's stdout sent to stderr (fix's stdout is its own).
   std::string cwd{};

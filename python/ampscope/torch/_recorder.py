@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampscope.torch._channel import PROTOCOL, Channel, num
 from ampscope.torch._remedies import Remedies, end_process
+from ampscope.torch._twin import BACKWARD_NAMES, Twin
 
 # Input markers (docs/trace-format.md, /ops `inputs`).
 NONE, PARAMETER, DATA, SUMMED, OTHER_STEP = -1, -2, -3, -5, -7
@@ -145,7 +146,7 @@ class _Mode(TorchDispatchMode):
         if not r.busy and r.pid == os.getpid():
             r.busy = True
             try:
-                r.on_op(func, args, out)
+                r.on_op(func, args, out, kwargs)
             except Exception as e:  # the script goes on; the trace says it lost rows
                 r.failed(e)
             finally:
@@ -163,6 +164,8 @@ class Recorder:
         # folder it ran in, the environment variables it keeps): stored in the trace's config for `ampscope fix`.
         self.run_context = {k: options[k] for k in ("command", "cwd", "env") if k in options}
         self.remedies = Remedies(options.get("remedies"))
+        # --twin: the f32 twin of the forward ops (_twin.py); None without it.
+        self.twin = Twin(self) if options.get("twin") else None
         self.pid = os.getpid()
         self.busy = False
         self.step = 0
@@ -225,7 +228,7 @@ class Recorder:
         return bool(torch.isfinite(t).all())
 
     # ---------------------------------------------------------------- ops
-    def on_op(self, func, args, out):
+    def on_op(self, func, args, out, kwargs=None):
         name = func.overloadpacket.__name__
         if self.pending_nodes:
             self.label_nodes()
@@ -257,6 +260,8 @@ class Recorder:
                 self.prov[id(o)] = (step, seq, weakref.ref(o))
             if self.phase == "forward":
                 self.pending_nodes.append((weakref.ref(outs[0]), None))
+                if self.twin is not None and self.recording():
+                    self.twin.on_pass(func, name, args, kwargs, ins, outs, CAST_OPS)
             return
         o = outs[0]
         if not o.is_floating_point() or not any(t.is_floating_point() for t in ins):
@@ -287,6 +292,8 @@ class Recorder:
             self.remember(t, seq)
         if self.phase == "forward":
             self.pending_nodes.append((weakref.ref(o), (user_name, module)))
+            if self.twin is not None:
+                self.twin.on_op(func, name, args, kwargs, ins, out, self.step, seq, user_name, module)
 
     def next_seq(self):
         s = self.seq
@@ -329,6 +336,8 @@ class Recorder:
             meta["ampscope"] = label
             node.register_prehook(self._node_prehook(node))
             node.register_hook(self._node_hook(label, node))
+            if self.twin is not None and label is not None:
+                self.twin.attach(t, node)
 
     def label_function(self, cls, args, outputs):
         """A custom autograd.Function's outputs: its backward node (a Python BackwardCFunction) is labelled with
@@ -420,6 +429,8 @@ class Recorder:
             self.input_finite(t, s) for t, s in zip(gins, sources + [DATA] * len(gins)))
         self.emit_op(seq, op, module, ",".join(_dtype(g) for g in gins), _dtype(o), list(o.shape), "", h, origin,
                      sources)
+        if self.twin is not None:
+            self.twin.backward_row(node, grad_inputs, grad_outputs, self.step, seq, op, module)
         for g in gouts:
             self.remember(g, seq)
 
@@ -614,6 +625,8 @@ class Recorder:
             self.channel.flush()
             self.step += 1
             self.seq = 0
+            if self.twin is not None:
+                self.twin.end_step()
             self.rows_nonfinite = {}
             self.forward_bad = False
             self.loss = None
@@ -631,6 +644,8 @@ class Recorder:
         config = {"recorder": "ampscope.torch", "torch": torch.__version__, "python": sys.version.split()[0],
                   "argv": sys.argv, "sample_every": self.every, "probe": self.level}
         config.update(self.run_context)
+        if self.twin is not None:
+            config["twin"] = {"every": self.every, "backward": sorted(BACKWARD_NAMES)}
         if self.remedies.any():
             config["remedies"] = {"requested": self.remedies.requested(), "applied": dict(self.remedies.applied)}
         # A rank of a torch.distributed run: `ampscope record` then writes OUT's STEM.rankN.h5 (as train --ddp).
