@@ -16,6 +16,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -58,6 +59,22 @@ struct KeyViewHash {
 KeyView key_of(const OpRow& r) { return {r.phase, r.module, r.op}; }
 
 std::string dtypes_of(const OpRow& r) { return r.in_dtypes + " -> " + r.out_dtype; }
+
+// The floating dtypes of a comma-separated list ("i64,f32" -> "f32"): the PyTorch recorder lists only floating
+// inputs, our runtime lists token ids and masks too, and an integer input is not where precision parts.
+std::string floating_dtypes(std::string_view list) {
+  std::string out;
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    const std::string_view d = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    const bool integral = d == "bool" || (!d.empty() && (d[0] == 'i' || d[0] == 'u'));
+    if (integral) continue;
+    if (!out.empty()) out += ',';
+    out += d;
+  }
+  return out;
+}
 
 // The health as compared: a backward row's magnitudes divided by the loss scale its step's backward used
 // (exact: scales are powers of two). NaN scale: unknown, the magnitudes are left as recorded.
@@ -200,7 +217,8 @@ PairStats compare(const OpRow& x, const OpRow& y, double floor, double threshold
     s.max_rel = kInf;
     s.stat = "nonfinite";
   }
-  s.dtype_differs = x.in_dtypes != y.in_dtypes || x.out_dtype != y.out_dtype;
+  s.dtype_differs = x.out_dtype != y.out_dtype || (x.in_dtypes != y.in_dtypes &&
+                                                   floating_dtypes(x.in_dtypes) != floating_dtypes(y.in_dtypes));
   return s;
 }
 
@@ -675,6 +693,17 @@ void compare_losses(DiffReport& report, const std::vector<StepRow>& a, const std
 
 }  // namespace
 
+std::string producer_of(const trace::RunInfo& run) {
+  // The recorder writes "recorder": "ampscope.torch" first in its config; a config that is not JSON (a hostile
+  // or foreign file) is ours by default: the reader has checked the rest of the format.
+  const nlohmann::json config = nlohmann::json::parse(run.config, nullptr, false);
+  if (config.is_object()) {
+    const auto it = config.find("recorder");
+    if (it != config.end() && it->is_string() && *it == "ampscope.torch") return "pytorch";
+  }
+  return "ampscope";
+}
+
 std::vector<OpDiff> diff_ops(std::span<const trace::OpRow> a, std::span<const trace::OpRow> b, const DiffOptions& options,
                              double scale_a, double scale_b) {
   // Rows of several steps are aligned step by step, as diff() does.
@@ -712,6 +741,8 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
   report.path_b = b.path().string();
   report.run_a = a.run_info();
   report.run_b = b.run_info();
+  report.producer_a = producer_of(report.run_a);
+  report.producer_b = producer_of(report.run_b);
   report.options = options;
   report.damage_a = a.damage();
   report.damage_b = b.damage();

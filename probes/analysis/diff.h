@@ -8,6 +8,16 @@
 //   analysis::DiffReport d = analysis::diff(a, b);
 //   if (d.first_divergence) fmt::print("parted at step {} in {}\n", d.first_divergence->key.step, d.first_divergence->key.op);
 //
+// Producers: a trace is written by ampscope's runtime (`ampscope train`, the C++ API) or by the PyTorch recorder
+// (`ampscope record`, its config's "recorder" is "ampscope.torch"). Both name rows alike (module paths of the
+// model's modules, "h.0.attn.c_attn"; op names as torch users know them, the recorder renaming aten's: addmm ->
+// linear, _softmax -> softmax, native_layer_norm -> layer_norm), so rows of the two producers align by the
+// same key as two runs of ours. What one producer writes and the other does not is listed as only in a/b,
+// not judged: the recorder's optimizer rows and the ops of torch.nn.utils.clip_grad_norm_, our runtime's
+// backward rows of views (transpose, view, permute, slice, clone). Dtypes are compared on the floating
+// inputs only: the recorder does not list integer and bool inputs (token ids, masks). DiffReport::producer_a/b
+// name the producers; the text and JSON say when they differ.
+//
 // Alignment: within a step, the k-th row with the same (phase, module, op) in one run meets the k-th in the
 // other (occurrence k, from 0). Rows without a partner are "only in a" / "only in b" (an fp16 run records
 // casts an fp32 run does not have, for example). Op rows are compared in the steps both runs have a /steps
@@ -107,7 +117,7 @@ struct OpDiff {
   std::string stat;                     // why: "mean", "rms", "zeros", "saturation" or "nonfinite"
   unsigned pins_a = 0, pins_b = 0;      // kPin* bits: the boundaries each run's output sits at
   bool nonfinite_differs = false;       // NaN/+inf/-inf counts differ
-  bool dtype_differs = false;
+  bool dtype_differs = false;           // the floating dtypes differ (integer and bool inputs are not compared)
   bool magnitudes_compared = true;      // false for a backward row whose step's loss scale is unknown, and for a
                                         // mask fill (where/masked_fill writing its dtype's lowest value)
 };
@@ -153,11 +163,17 @@ struct Unmatched {
   std::int64_t first_step = 0;
 };
 
+// Who wrote a trace: "pytorch" (ampscope record: the config's "recorder" is "ampscope.torch") or "ampscope"
+// (ampscope's runtime: ampscope train, the C++ API).
+std::string producer_of(const trace::RunInfo& run);
+
 struct DiffReport {
   bool diverged() const { return first_divergence || first_loss_divergence || first_grad_divergence; }
+  bool producers_differ() const { return producer_a != producer_b; }
 
   std::string path_a, path_b;
   trace::RunInfo run_a, run_b;
+  std::string producer_a, producer_b;   // producer_of(run_a/b)
   DiffOptions options;
   std::int64_t steps_compared = 0;      // steps recorded in both runs
   std::int64_t ops_aligned = 0;         // op rows with a partner

@@ -860,6 +860,16 @@ void diff_answer(Text& t, const DiffReport& d) {
   const std::string reference = "of each op's largest rms so far";
   for (const std::string& note : d.damage_a) t.line("{} run a: {}; compared what is intact", t.paint(kRed, "DAMAGED:"), note);
   for (const std::string& note : d.damage_b) t.line("{} run b: {}; compared what is intact", t.paint(kRed, "DAMAGED:"), note);
+  if (d.producers_differ()) {
+    const auto who = [](const std::string& producer) {
+      return producer == "pytorch" ? std::string("a PyTorch script recorded by ampscope record")
+                                   : std::string("ampscope's runtime (ampscope train)");
+    };
+    t.line("{} run a is {}, run b is {}: ops are aligned by step, phase, module path, op and occurrence; rows only "
+           "one of them writes (the recorder's optimizer and gradient-clipping ops, the runtime's backward rows of "
+           "views) are listed as only in a/b, not judged",
+           t.paint(kYellow, "DIFFERENT PRODUCERS:"), who(d.producer_a), who(d.producer_b));
+  }
   if (d.aligned_by_update) {
     const auto skips = [](const std::vector<std::int64_t>& steps) {
       return steps.empty() ? std::string("none") : fmt::format("step{} {}", steps.size() == 1 ? "" : "s", fmt::join(steps, ", "));
@@ -1086,6 +1096,8 @@ std::string render_json(const DiffReport& d) {
   doc["path_b"] = d.path_b;
   doc["run_a"] = run_json(d.run_a);
   doc["run_b"] = run_json(d.run_b);
+  doc["producer_a"] = d.producer_a;  // "ampscope" (its runtime) or "pytorch" (ampscope record)
+  doc["producer_b"] = d.producer_b;
   doc["options"] = {{"threshold", number(d.options.threshold)},
                     {"floor", number(d.options.floor)},
                     {"largest", d.options.largest},

@@ -6,7 +6,7 @@ gradient clipping at 1, as `ampscope train --model` trains. `ampscope diff` comp
 ampscope's own run of the same folder (tests/record/pydiff_test.py).
 
 Usage: gpt2_folder_train.py FOLDER TOKENS.txt --context T --batch B --steps N --lr LR
-         [--bf16] [--erf-gelu-block K]
+         [--max-grad-norm X] [--bf16] [--erf-gelu-block K]
 --bf16 applies CUDA autocast's bf16 policy by hand (tests/hf/reference_common.py's Policy), as ampscope's
 runtime does; --erf-gelu-block K replaces block K's tanh GELU by the exact (erf) one: a planted difference."""
 import argparse
@@ -30,6 +30,7 @@ a.add_argument("--context", type=int, required=True)
 a.add_argument("--batch", type=int, required=True)
 a.add_argument("--steps", type=int, required=True)
 a.add_argument("--lr", type=float, required=True)
+a.add_argument("--max-grad-norm", type=float, default=1.0)  # 0: no clipping
 a.add_argument("--bf16", action="store_true")
 a.add_argument("--erf-gelu-block", type=int, default=-1)
 args = a.parse_args()
@@ -149,6 +150,7 @@ for step in range(args.steps):
     logits = model(x)
     loss = F.cross_entropy(logits.reshape(B * T, -1).float(), y.reshape(B * T))
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if args.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
     opt.step()
     print("step %d loss %.6f" % (step, float(loss)))
