@@ -8,7 +8,7 @@ ampscope's own run of the same folder (tests/record/pydiff_test.py).
 Usage: gpt2_folder_train.py FOLDER TOKENS.txt --context T --batch B --steps N --lr LR
          [--max-grad-norm X] [--bf16] [--erf-gelu-block K]
 --bf16 applies CUDA autocast's bf16 policy by hand (tests/hf/reference_common.py's Policy), as ampscope's
-runtime does; --erf-gelu-block K replaces block K's tanh GELU by the exact (erf) one: a planted difference."""
+runtime does; --erf-gelu-block K swaps the tanh of block K's GELU for erf: a planted difference."""
 import argparse
 import math
 import os
@@ -90,10 +90,9 @@ class MLP(nn.Module):
         self.erf = erf
 
     def act(self, x):
-        if self.erf:  # the planted difference: the exact GELU, one op (gelu) instead of the tanh formula's eight
-            return F.gelu(x)
-        # transformers' NewGELUActivation
-        return P.scale(x, 0.5) * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * P.pow(x, 3.0))))
+        # transformers' NewGELUActivation; the planted difference swaps its tanh for erf (the same ops otherwise)
+        squash = torch.erf if self.erf else torch.tanh
+        return P.scale(x, 0.5) * (1.0 + squash(math.sqrt(2.0 / math.pi) * (x + 0.044715 * P.pow(x, 3.0))))
 
     def forward(self, x):
         return self.c_proj(self.act(self.c_fc(x)))

@@ -1,0 +1,168 @@
+#!/usr/bin/python3
+# `ampscope diff` between ampscope's own run of a GPT-2 folder (`ampscope train --model`) and a plain-PyTorch
+# run of the same folder, weights and batches recorded by `ampscope record` (tests/record/scripts/
+# gpt2_folder_train.py: Hugging Face's module names, tests/hf/reference_gpt2.py's math). The two must align by
+# module path and op and agree within a tolerance derived below; a difference planted in one block of the
+# PyTorch script (its GELU's tanh swapped for erf) must be the first divergence, in that block's MLP.
+# Usage: pydiff_test.py AMPSCOPE_BINARY WORK_DIR. Exit 77 (skipped) when this Python has no torch.
+import json
+import os
+import struct
+import subprocess
+import sys
+
+try:
+    import torch
+except ImportError as e:
+    print("SKIP: %s" % e)
+    sys.exit(77)
+
+AMPSCOPE, WORK = sys.argv[1], sys.argv[2]
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "scripts", "gpt2_folder_train.py")
+os.makedirs(WORK, exist_ok=True)
+failures = []
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    checks += 1
+    if not cond:
+        failures.append(what)
+        print("FAIL: " + what)
+
+
+# A tiny GPT-2 folder (config.json, model.safetensors in Hugging Face's names) and a token file, written here.
+D, L, V, POS, T, B, STEPS, LR = 32, 2, 64, 16, 8, 2, 3, 1e-3
+folder = os.path.join(WORK, "gpt2")
+os.makedirs(folder, exist_ok=True)
+g = torch.Generator().manual_seed(7)
+tensors = {}
+
+
+def rand(name, *shape, mean=0.0):
+    tensors[name] = mean + 0.1 * torch.randn(*shape, generator=g)
+
+
+rand("wte.weight", V, D)
+rand("wpe.weight", POS, D)
+for i in range(L):
+    p = "h.%d." % i
+    rand(p + "ln_1.weight", D, mean=1.0), rand(p + "ln_1.bias", D)
+    rand(p + "attn.c_attn.weight", D, 3 * D), rand(p + "attn.c_attn.bias", 3 * D)
+    rand(p + "attn.c_proj.weight", D, D), rand(p + "attn.c_proj.bias", D)
+    rand(p + "ln_2.weight", D, mean=1.0), rand(p + "ln_2.bias", D)
+    rand(p + "mlp.c_fc.weight", D, 4 * D), rand(p + "mlp.c_fc.bias", 4 * D)
+    rand(p + "mlp.c_proj.weight", 4 * D, D), rand(p + "mlp.c_proj.bias", D)
+rand("ln_f.weight", D, mean=1.0), rand("ln_f.bias", D)
+header, blobs, offset = {}, [], 0
+for name, t in tensors.items():
+    raw = t.contiguous().numpy().astype("<f4").tobytes()
+    header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+    blobs.append(raw)
+    offset += len(raw)
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+    f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+with open(os.path.join(folder, "config.json"), "w") as f:
+    json.dump({"model_type": "gpt2", "vocab_size": V, "n_positions": POS, "n_embd": D, "n_layer": L, "n_head": 4,
+               "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new"}, f)
+tokens = os.path.join(WORK, "tokens.txt")
+with open(tokens, "w") as f:
+    f.write(" ".join(str(int(x)) for x in torch.randint(0, V, (200,), generator=torch.Generator().manual_seed(3))))
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        print(p.stdout, p.stderr)
+    return p
+
+
+def ours(name, precision):
+    out = os.path.join(WORK, name + ".h5")
+    if os.path.exists(out):
+        os.remove(out)
+    # --max-grad-norm 0: the recorder's /grads are the gradients the optimizer received (after a script's
+    # clipping), ours those before clipping; without clipping both are the same gradients.
+    p = run([AMPSCOPE, "train", "--model", folder, "--tokens", tokens, "--context", str(T), "--batch", str(B),
+             "--steps", str(STEPS), "--lr", str(LR), "--max-grad-norm", "0", "--precision", precision, "--out", out])
+    check(p.returncode == 0, "ampscope train %s exits 0 (got %d)" % (name, p.returncode))
+    return out
+
+
+def pytorch(name, *extra):
+    out = os.path.join(WORK, name + ".h5")
+    if os.path.exists(out):
+        os.remove(out)
+    p = run([AMPSCOPE, "record", "--out", out, "--", sys.executable, SCRIPT, folder, tokens, "--context", str(T),
+             "--batch", str(B), "--steps", str(STEPS), "--lr", str(LR), "--max-grad-norm", "0", *extra])
+    check(p.returncode == 0, "ampscope record %s exits 0 (got %d)" % (name, p.returncode))
+    return out
+
+
+def diff(a, b, threshold):
+    p = subprocess.run([AMPSCOPE, "diff", a, b, "--json", "--threshold", repr(threshold)], capture_output=True,
+                       text=True)
+    check(p.returncode in (0, 1), "ampscope diff exits 0 or 1 (got %d)" % p.returncode)
+    return json.loads(p.stdout)
+
+
+# The f32 tolerance. Both runs compute the same math in f32 with different summation orders and libm, so at
+# step 0 an op's result differs by its roundoff: about K u relative for a reduction of length K (u = 2^-24),
+# K at most 4 D = 128 here, plus what the ops before it passed on (about 50 ops deep): 50 * 128 * 2^-24 = 4e-4
+# at most, typically far less (random-walk errors). From step 1 on, AdamW's first steps move each weight by
+# lr * m / (sqrt(v) + eps), about +-lr whatever the gradient's size, so a weight whose gradient is at the
+# rounding level (its sign decided by the summation order) can move by 2 lr = 2e-3 in one run more than in the
+# other: 2% of a weight (rms 0.1), diluted in an op's rms over its K inputs (2% / sqrt(K) < 2e-3 for K >= 100)
+# and across the elements. So 1e-3 of an op's largest rms: above both bounds for healthy rows (measured when
+# written: 6e-5 at most over 3 steps), and far below the planted difference (erf(z) - tanh(z) reaches 0.08 at
+# z ~ 1, several percent of the GELU's output).
+F32_TOL = 1e-3
+
+a = ours("ours_f32", "fp32")
+b = pytorch("torch_f32")
+d = diff(a, b, F32_TOL)
+check(d["producer_a"] == "ampscope" and d["producer_b"] == "pytorch",
+      "producers named: ampscope, pytorch (got %s, %s)" % (d["producer_a"], d["producer_b"]))
+check(d["steps_compared"] == STEPS, "%d steps compared (got %d)" % (STEPS, d["steps_compared"]))
+check(d["first_divergence"] is None, "f32: no op divergence beyond %g (got %s)" % (F32_TOL, d["first_divergence"]))
+check(d["first_loss_divergence"] is None, "f32: losses agree")
+check(d["first_grad_divergence"] is None,
+      "f32: gradients agree (got %s)" % (d["first_grad_divergence"] and d["first_grad_divergence"]["param"]))
+check(d["grads_aligned"] == STEPS * (4 + 12 * L),
+      "every parameter's gradient aligned in every step (got %d)" % d["grads_aligned"])
+check(d["dtype_differences"] == [], "f32: no dtype differences (got %s)" % d["dtype_differences"])
+# Every op of the model has a partner: what is only in ours is the backward of views (the recorder folds
+# views into the op they came from), what is only in PyTorch's is outside the model's modules (the optimizer).
+only_a = {(u["phase"], u["op"]) for u in d["only_in_a"]}
+check(all(ph == "backward" and op in ("transpose", "view", "permute", "slice", "clone", "reshape")
+          for ph, op in only_a), "only in ours: backward rows of views (got %s)" % sorted(only_a))
+only_b_forward_in_model = [u for u in d["only_in_b"] if u["module"] != "" and u["phase"] != "optimizer"]
+check(only_b_forward_in_model == [], "nothing of the model's modules only in PyTorch's run (got %s)"
+      % only_b_forward_in_model)
+largest = max((x["max_rel"] for x in d["largest"]), default=0)
+check(0 < largest < F32_TOL, "the largest f32 difference is above 0 and below the tolerance (got %g)" % largest)
+print("f32: %d op rows aligned, largest difference %.3g of an op's rms" % (d["ops_aligned"], largest))
+
+# The planted difference: block 1's GELU uses erf where GPT-2's uses tanh. tanh is then only in ours and erf
+# only in PyTorch's run (both in h.1.mlp), and the first aligned op that parts is the GELU's next op there:
+# the add of 1 + erf(...) (occurrence 1 of add in h.1.mlp), in step 0's forward.
+b2 = pytorch("torch_f32_erf", "--erf-gelu-block", "1")
+d2 = diff(a, b2, F32_TOL)
+f = d2["first_divergence"]
+check(f is not None, "planted: a first divergence")
+if f is not None:
+    k = f["key"]
+    check((k["step"], k["phase"], k["module"], k["op"], k["occurrence"]) == (0, "forward", "h.1.mlp", "add", 1),
+          "planted: first divergence at step 0, forward, h.1.mlp add #1 (got %s)" % k)
+    check(f["max_rel"] > 10 * F32_TOL, "planted: the difference is far above the tolerance (got %g)" % f["max_rel"])
+only = lambda rows: {(u["module"], u["op"]) for u in rows if u["phase"] == "forward"}  # noqa: E731
+check(("h.1.mlp", "tanh") in only(d2["only_in_a"]) and ("h.1.mlp", "erf") in only(d2["only_in_b"]),
+      "planted: tanh only in ours, erf only in PyTorch's, in h.1.mlp")
+check(("h.0.mlp", "tanh") not in only(d2["only_in_a"]), "planted: block 0's tanh still aligned")
+
+print("%d checks, %d failed" % (checks, len(failures)))
+sys.exit(1 if failures else 0)
