@@ -164,5 +164,42 @@ check(("h.1.mlp", "tanh") in only(d2["only_in_a"]) and ("h.1.mlp", "erf") in onl
       "planted: tanh only in ours, erf only in PyTorch's, in h.1.mlp")
 check(("h.0.mlp", "tanh") not in only(d2["only_in_a"]), "planted: block 0's tanh still aligned")
 
+# bf16. ampscope's runtime runs CUDA autocast's policy; the script applies the same policy by hand
+# (tests/hf/reference_common.py's Policy: products of bf16-rounded inputs computed in f32 and rounded once, as
+# cuBLAS does; softmax and layer_norm in f32), so its products are recorded as f32 ops where ours are bf16 ops
+# (dtype differences of exactly those ops, checked below), and its backward computes in f32 where ours
+# rounds each gradient product to bf16. Each such rounding moves an element by at most half a bf16 unit
+# (2^-9 relative), and an op's rms by at most that much; what earlier ops pass on adds a comparable
+# disturbance. The tolerance is two bf16 units, 2 * 2^-8 (tests/hf/hf_reference_test.cpp's kBf16Tol, the
+# same reasoning): measured when written, 2.1e-3 at most over 3 steps (the backward of attention's matmul).
+BF16_TOL = 2 * 2.0 ** -8
+
+a = ours("ours_bf16", "bf16")
+b = pytorch("torch_bf16", "--bf16")
+d = diff(a, b, BF16_TOL)
+check(d["first_divergence"] is None, "bf16: no op divergence beyond %g (got %s)" % (
+    BF16_TOL, d["first_divergence"] and (d["first_divergence"]["key"], d["first_divergence"]["max_rel"])))
+check(d["first_loss_divergence"] is None, "bf16: losses agree")
+check(d["first_grad_divergence"] is None,
+      "bf16: gradients agree (got %s)" % (d["first_grad_divergence"] and d["first_grad_divergence"]["param"]))
+check(d["ops_aligned"] > 0 and d["steps_compared"] == STEPS, "bf16: %d steps compared" % STEPS)
+by_hand = {"linear", "matmul", "softmax", "log_softmax", "mul"}  # what Policy computes in f32 and rounds
+other = [(x["module"], x["op"], x["dtypes_a"], x["dtypes_b"]) for x in d["dtype_differences"]
+         if x["op"] not in by_hand or "bf16" in x["dtypes_b"]]
+check(other == [], "bf16: dtypes differ only where the script computes by hand in f32 (got %s)" % other)
+only_a = {(u["phase"], u["op"]) for u in d["only_in_a"]}
+check(all(op in ("transpose", "view", "permute", "slice", "clone", "reshape", "to") for _, op in only_a),
+      "bf16: only in ours: views and casts (got %s)" % sorted(only_a))
+largest_bf16 = max((x["max_rel"] for x in d["largest"]), default=0)
+check(0 < largest_bf16 < BF16_TOL, "bf16: largest difference in (0, tolerance) (got %g)" % largest_bf16)
+print("bf16: %d op rows aligned, largest difference %.3g of an op's rms" % (d["ops_aligned"], largest_bf16))
+
+b2 = pytorch("torch_bf16_erf", "--bf16", "--erf-gelu-block", "0")
+d2 = diff(a, b2, BF16_TOL)
+f = d2["first_divergence"]
+check(f is not None and (f["key"]["step"], f["key"]["phase"], f["key"]["module"], f["key"]["op"],
+                         f["key"]["occurrence"]) == (0, "forward", "h.0.mlp", "add", 1),
+      "bf16 planted in block 0: first divergence at step 0, forward, h.0.mlp add #1 (got %s)" % (f and f["key"]))
+
 print("%d checks, %d failed" % (checks, len(failures)))
 sys.exit(1 if failures else 0)
