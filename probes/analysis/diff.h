@@ -120,6 +120,10 @@ struct OpDiff {
   bool dtype_differs = false;           // the floating dtypes differ (integer and bool inputs are not compared)
   bool magnitudes_compared = true;      // false for a backward row whose step's loss scale is unknown, and for a
                                         // mask fill (where/masked_fill writing its dtype's lowest value)
+  // DiffReport::first_divergence only: the ops of the same step, phase and module that ran before this row in
+  // each run and have no partner in the other (in order): where the two runs computed different ops (a
+  // PyTorch script's erf where ours ran tanh), the row that parts is the first aligned one after them.
+  std::vector<std::string> unpaired_before_a, unpaired_before_b;
 };
 
 // The gradient of one parameter in one step, in both runs (after unscale_).

@@ -884,6 +884,14 @@ void diff_answer(Text& t, const DiffReport& d) {
     t.line("{} {}, {}", t.paint(kRed, "FIRST DIVERGENCE:"), steps_text(d, f.key.step, f.step_b),
            t.paint(kBold, op_diff_place(f)));
     t.line("  {}", op_diff_detail(f));
+    if (!f.unpaired_before_a.empty() || !f.unpaired_before_b.empty()) {
+      const auto ops = [](const std::vector<std::string>& v) {
+        return v.empty() ? std::string("none") : fmt::format("{}", fmt::join(v, ", "));
+      };
+      t.line("  before it in {}, ops without a partner: a {}; b {} (the runs computed different ops there)",
+             f.key.module.empty() ? std::string("(outside any module)") : f.key.module, ops(f.unpaired_before_a),
+             ops(f.unpaired_before_b));
+    }
     if (f.dtypes_a != f.dtypes_b)
       t.line("  dtypes: a {}, b {}", f.dtypes_a.empty() ? "?" : f.dtypes_a, f.dtypes_b.empty() ? "?" : f.dtypes_b);
     else if (!f.dtypes_a.empty())
@@ -1128,7 +1136,12 @@ std::string render_json(const DiffReport& d) {
                              {"skipped_b", p.skipped_b},
                              {"rel", number(p.rel)}});
   doc["first_loss_divergence"] = d.first_loss_divergence ? json(*d.first_loss_divergence) : json(nullptr);
-  doc["first_divergence"] = d.first_divergence ? op_diff_json(*d.first_divergence) : json(nullptr);
+  doc["first_divergence"] = json(nullptr);
+  if (d.first_divergence) {
+    doc["first_divergence"] = op_diff_json(*d.first_divergence);
+    doc["first_divergence"]["unpaired_before_a"] = d.first_divergence->unpaired_before_a;
+    doc["first_divergence"]["unpaired_before_b"] = d.first_divergence->unpaired_before_b;
+  }
   doc["first_grad_divergence"] = d.first_grad_divergence ? grad_diff_json(*d.first_grad_divergence) : json(nullptr);
   doc["largest"] = json::array();
   for (const OpDiff& o : d.largest) doc["largest"].push_back(op_diff_json(o));

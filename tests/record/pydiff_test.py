@@ -149,7 +149,8 @@ print("f32: %d op rows aligned, largest difference %.3g of an op's rms" % (d["op
 
 # The planted difference: block 1's GELU uses erf where GPT-2's uses tanh. tanh is then only in ours and erf
 # only in PyTorch's run (both in h.1.mlp), and the first aligned op that parts is the GELU's next op there:
-# the add of 1 + erf(...) (occurrence 1 of add in h.1.mlp), in step 0's forward.
+# the add of 1 + erf(...) (occurrence 1 of add in h.1.mlp), in step 0's forward, which names tanh and erf as
+# the ops before it that have no partner.
 b2 = pytorch("torch_f32_erf", "--erf-gelu-block", "1")
 d2 = diff(a, b2, F32_TOL)
 f = d2["first_divergence"]
@@ -159,6 +160,9 @@ if f is not None:
     check((k["step"], k["phase"], k["module"], k["op"], k["occurrence"]) == (0, "forward", "h.1.mlp", "add", 1),
           "planted: first divergence at step 0, forward, h.1.mlp add #1 (got %s)" % k)
     check(f["max_rel"] > 10 * F32_TOL, "planted: the difference is far above the tolerance (got %g)" % f["max_rel"])
+    check((f["unpaired_before_a"], f["unpaired_before_b"]) == (["tanh"], ["erf"]),
+          "planted: the first divergence names tanh (ours) and erf (PyTorch's) as the unpaired ops before it "
+          "(got %s, %s)" % (f["unpaired_before_a"], f["unpaired_before_b"]))
 only = lambda rows: {(u["module"], u["op"]) for u in rows if u["phase"] == "forward"}  # noqa: E731
 check(("h.1.mlp", "tanh") in only(d2["only_in_a"]) and ("h.1.mlp", "erf") in only(d2["only_in_b"]),
       "planted: tanh only in ours, erf only in PyTorch's, in h.1.mlp")
