@@ -353,15 +353,24 @@ bool larger(const OpDiff& x, const OpDiff& y) {
 
 class Comparison {
  public:
-  Comparison(DiffReport& report, const DiffOptions& options) : report_(report), options_(options) {}
+  Comparison(DiffReport& report, const DiffOptions& options)
+      : report_(report), options_(options), cross_producer_(report.producers_differ()) {}
 
   void step(std::span<const OpRow> a, std::span<const OpRow> b, double scale_a, double scale_b, std::int64_t step_b) {
     aligner_.align(a, b);
     for (const auto& [i, j] : aligner_.pairs()) {
       const OpRow &x = a[i], &y = b[j];
       Peak& op_peak = peak(x, aligner_.occurrence(i));
-      const PairStats s = compare(x, y, options_.floor, options_.threshold, scale_a, scale_b, &op_peak);
       ++report_.ops_aligned;
+      // Two producers may describe an op by different tensors: for a backward row of weight * x, our runtime
+      // records the weight's gradient, the PyTorch recorder the one that flows on to another op. Rows whose
+      // sizes differ are then listed, not judged (a reshaped view of the same tensor, [16, 96] against
+      // [2, 8, 96], has the same size and is compared).
+      if (cross_producer_ && x.health.numel != y.health.numel) {
+        add_different_tensors(x, y);
+        continue;
+      }
+      const PairStats s = compare(x, y, options_.floor, options_.threshold, scale_a, scale_b, &op_peak);
       if (s.dtype_differs) add_dtype_difference(x, y);
       const bool divergent = diverges(s, options_.threshold);
       const std::optional<OpDiff>& earliest = report_.first_divergence;
@@ -398,6 +407,7 @@ class Comparison {
     report_.dtype_differences = dtypes_.take();
     report_.only_in_a = only_a_.take();
     report_.only_in_b = only_b_.take();
+    report_.different_tensors = different_.take();
   }
 
  private:
@@ -411,6 +421,25 @@ class Comparison {
       largest_.back() = d;
       std::push_heap(largest_.begin(), largest_.end(), larger);
     }
+  }
+
+  void add_different_tensors(const OpRow& x, const OpRow& y) {
+    std::string key = group_key(x);
+    key += '\x1f';
+    key += x.shape;
+    key += '>';
+    key += y.shape;
+    bool created = false;
+    DifferentTensors& g = different_.at(key, created);
+    if (created) {
+      g.phase = x.phase;
+      g.module = x.module;
+      g.op = x.op;
+      g.shape_a = x.shape;
+      g.shape_b = y.shape;
+      g.first_step = x.step;
+    }
+    ++g.count;
   }
 
   void add_dtype_difference(const OpRow& x, const OpRow& y) {
@@ -450,8 +479,10 @@ class Comparison {
 
   DiffReport& report_;
   const DiffOptions& options_;
+  bool cross_producer_;  // the runs come from different producers (DiffReport::producers_differ)
   StepAligner aligner_;
   std::vector<OpDiff> largest_;
+  Groups<DifferentTensors> different_;
   Groups<DtypeDifference> dtypes_;
   Groups<Unmatched> only_a_, only_b_;
   std::unordered_map<PeakKey, Peak, PeakHash, std::equal_to<>> peaks_;

@@ -14,7 +14,8 @@
 // linear, _softmax -> softmax, native_layer_norm -> layer_norm), so rows of the two producers align by the
 // same key as two runs of ours. What one producer writes and the other does not is listed as only in a/b,
 // not judged: the recorder's optimizer rows and the ops of torch.nn.utils.clip_grad_norm_, our runtime's
-// backward rows of views (transpose, view, permute, slice, clone). Dtypes are compared on the floating
+// backward rows of views (transpose, view, permute, slice, clone). Aligned rows whose output sizes differ
+// describe different tensors (DifferentTensors) and are listed, not judged. Dtypes are compared on the floating
 // inputs only: the recorder does not list integer and bool inputs (token ids, masks). DiffReport::producer_a/b
 // name the producers; the text and JSON say when they differ.
 //
@@ -167,6 +168,17 @@ struct Unmatched {
   std::int64_t first_step = 0;
 };
 
+// Aligned rows of two producers whose output sizes differ, grouped by (phase, module, op, shape_a, shape_b):
+// they describe different tensors of the op (a backward row of weight * x: our runtime records the weight's
+// gradient, the PyTorch recorder the gradient that flows on), so they are listed and not judged.
+struct DifferentTensors {
+  trace::Phase phase = trace::Phase::forward;
+  std::string module, op;
+  std::string shape_a, shape_b;         // "[32]", "[2, 8, 32]"
+  std::int64_t count = 0;
+  std::int64_t first_step = 0;
+};
+
 // Who wrote a trace: "pytorch" (ampscope record: the config's "recorder" is "ampscope.torch") or "ampscope"
 // (ampscope's runtime: ampscope train, the C++ API).
 std::string producer_of(const trace::RunInfo& run);
@@ -192,6 +204,7 @@ struct DiffReport {
   std::optional<GradDiff> first_grad_divergence;      // first (step, then a's order) beyond the threshold
   std::vector<DtypeDifference> dtype_differences;     // in order of first appearance
   std::vector<Unmatched> only_in_a, only_in_b;        // in order of first appearance
+  std::vector<DifferentTensors> different_tensors;    // producers differ only; in order of first appearance
   // Steps only one run finished, or whose ops only one run recorded (--sample-every, the flight recorder).
   std::vector<std::int64_t> steps_only_in_a, steps_only_in_b;
   // Damage each reader found in a trace whose rest it could read (trace::TraceReader::damage).

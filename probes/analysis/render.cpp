@@ -1047,6 +1047,19 @@ void diff_only(Text& t, const DiffReport& d, const TextStyle& style) {
   };
   only("A", d.only_in_a, d.steps_only_in_a);
   only("B", d.only_in_b, d.steps_only_in_b);
+  if (d.different_tensors.empty()) return;
+  std::int64_t rows = 0;
+  for (const DifferentTensors& x : d.different_tensors) rows += x.count;
+  t.blank();
+  t.line("{}", t.paint(kBold, fmt::format("DIFFERENT TENSORS ({} aligned op rows, not judged: each producer "
+                                          "recorded another tensor of the op)", rows)));
+  for (std::size_t i = 0; i < d.different_tensors.size() && i < max_items; ++i) {
+    const DifferentTensors& x = d.different_tensors[i];
+    t.line("  {}: a {}, b {} ({}, from step {})", phase_place(x.phase, x.op, x.module), x.shape_a, x.shape_b,
+           plural(x.count, "row"), x.first_step);
+  }
+  if (d.different_tensors.size() > max_items)
+    t.line("  ... and {} more (--json lists them all)", d.different_tensors.size() - max_items);
 }
 
 // One closing line.
@@ -1152,6 +1165,15 @@ std::string render_json(const DiffReport& d) {
                                         {"op", x.op},
                                         {"dtypes_a", x.dtypes_a},
                                         {"dtypes_b", x.dtypes_b},
+                                        {"count", x.count},
+                                        {"first_step", x.first_step}});
+  doc["different_tensors"] = json::array();
+  for (const DifferentTensors& x : d.different_tensors)
+    doc["different_tensors"].push_back({{"phase", std::string(trace::phase_name(x.phase))},
+                                        {"module", x.module},
+                                        {"op", x.op},
+                                        {"shape_a", x.shape_a},
+                                        {"shape_b", x.shape_b},
                                         {"count", x.count},
                                         {"first_step", x.first_step}});
   doc["only_in_a"] = unmatched_json(d.only_in_a);
