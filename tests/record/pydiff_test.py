@@ -33,42 +33,61 @@ def check(cond, what):
         print("FAIL: " + what)
 
 
-# A tiny GPT-2 folder (config.json, model.safetensors in Hugging Face's names) and a token file, written here.
+# Tiny GPT-2 and Llama folders (config.json, model.safetensors in Hugging Face's names) and a token file,
+# written here.
 D, L, V, POS, T, B, STEPS, LR = 32, 2, 64, 16, 8, 2, 3, 1e-3
-folder = os.path.join(WORK, "gpt2")
-os.makedirs(folder, exist_ok=True)
 g = torch.Generator().manual_seed(7)
-tensors = {}
 
 
-def rand(name, *shape, mean=0.0):
-    tensors[name] = mean + 0.1 * torch.randn(*shape, generator=g)
+def write_folder(name, config, tensors):
+    folder = os.path.join(WORK, name)
+    os.makedirs(folder, exist_ok=True)
+    header, blobs, offset = {}, [], 0
+    for key, t in tensors.items():
+        raw = t.contiguous().numpy().astype("<f4").tobytes()
+        header[key] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    return folder
 
 
-rand("wte.weight", V, D)
-rand("wpe.weight", POS, D)
+def rand(*shape, mean=0.0):
+    return mean + 0.1 * torch.randn(*shape, generator=g)
+
+
+gpt2 = {"wte.weight": rand(V, D), "wpe.weight": rand(POS, D)}
 for i in range(L):
     p = "h.%d." % i
-    rand(p + "ln_1.weight", D, mean=1.0), rand(p + "ln_1.bias", D)
-    rand(p + "attn.c_attn.weight", D, 3 * D), rand(p + "attn.c_attn.bias", 3 * D)
-    rand(p + "attn.c_proj.weight", D, D), rand(p + "attn.c_proj.bias", D)
-    rand(p + "ln_2.weight", D, mean=1.0), rand(p + "ln_2.bias", D)
-    rand(p + "mlp.c_fc.weight", D, 4 * D), rand(p + "mlp.c_fc.bias", 4 * D)
-    rand(p + "mlp.c_proj.weight", 4 * D, D), rand(p + "mlp.c_proj.bias", D)
-rand("ln_f.weight", D, mean=1.0), rand("ln_f.bias", D)
-header, blobs, offset = {}, [], 0
-for name, t in tensors.items():
-    raw = t.contiguous().numpy().astype("<f4").tobytes()
-    header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-    blobs.append(raw)
-    offset += len(raw)
-text = json.dumps(header).encode()
-text += b" " * (-len(text) % 8)
-with open(os.path.join(folder, "model.safetensors"), "wb") as f:
-    f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-with open(os.path.join(folder, "config.json"), "w") as f:
-    json.dump({"model_type": "gpt2", "vocab_size": V, "n_positions": POS, "n_embd": D, "n_layer": L, "n_head": 4,
-               "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new"}, f)
+    gpt2.update({p + "ln_1.weight": rand(D, mean=1.0), p + "ln_1.bias": rand(D),
+                 p + "attn.c_attn.weight": rand(D, 3 * D), p + "attn.c_attn.bias": rand(3 * D),
+                 p + "attn.c_proj.weight": rand(D, D), p + "attn.c_proj.bias": rand(D),
+                 p + "ln_2.weight": rand(D, mean=1.0), p + "ln_2.bias": rand(D),
+                 p + "mlp.c_fc.weight": rand(D, 4 * D), p + "mlp.c_fc.bias": rand(4 * D),
+                 p + "mlp.c_proj.weight": rand(4 * D, D), p + "mlp.c_proj.bias": rand(D)})
+gpt2.update({"ln_f.weight": rand(D, mean=1.0), "ln_f.bias": rand(D)})
+GPT2_PARAMS = len(gpt2)  # the head is tied to wte
+folder = write_folder("gpt2", {"model_type": "gpt2", "vocab_size": V, "n_positions": POS, "n_embd": D, "n_layer": L,
+                               "n_head": 4, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new"}, gpt2)
+INNER = 48
+llama = {"model.embed_tokens.weight": rand(V, D)}
+for i in range(L):
+    p = "model.layers.%d." % i
+    llama.update({p + "input_layernorm.weight": rand(D, mean=1.0), p + "post_attention_layernorm.weight": rand(D, mean=1.0),
+                  p + "mlp.gate_proj.weight": rand(INNER, D), p + "mlp.up_proj.weight": rand(INNER, D),
+                  p + "mlp.down_proj.weight": rand(D, INNER)})
+    llama.update({p + "self_attn.%s_proj.weight" % n: rand(D, D) for n in "qkvo"})
+llama.update({"model.norm.weight": rand(D, mean=1.0), "lm_head.weight": rand(V, D)})
+LLAMA_PARAMS = len(llama)
+llama_folder = write_folder("llama", {
+    "model_type": "llama", "vocab_size": V, "max_position_embeddings": 32, "hidden_size": D, "intermediate_size": INNER,
+    "num_hidden_layers": L, "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "tie_word_embeddings": False}, llama)
 tokens = os.path.join(WORK, "tokens.txt")
 with open(tokens, "w") as f:
     f.write(" ".join(str(int(x)) for x in torch.randint(0, V, (200,), generator=torch.Generator().manual_seed(3))))
@@ -81,23 +100,23 @@ def run(cmd):
     return p
 
 
-def ours(name, precision):
+def ours(name, precision, model=None):
     out = os.path.join(WORK, name + ".h5")
     if os.path.exists(out):
         os.remove(out)
     # --max-grad-norm 0: the recorder's /grads are the gradients the optimizer received (after a script's
     # clipping), ours those before clipping; without clipping both are the same gradients.
-    p = run([AMPSCOPE, "train", "--model", folder, "--tokens", tokens, "--context", str(T), "--batch", str(B),
+    p = run([AMPSCOPE, "train", "--model", model or folder, "--tokens", tokens, "--context", str(T), "--batch", str(B),
              "--steps", str(STEPS), "--lr", str(LR), "--max-grad-norm", "0", "--precision", precision, "--out", out])
     check(p.returncode == 0, "ampscope train %s exits 0 (got %d)" % (name, p.returncode))
     return out
 
 
-def pytorch(name, *extra):
+def pytorch(name, *extra, script=SCRIPT, model=None):
     out = os.path.join(WORK, name + ".h5")
     if os.path.exists(out):
         os.remove(out)
-    p = run([AMPSCOPE, "record", "--out", out, "--", sys.executable, SCRIPT, folder, tokens, "--context", str(T),
+    p = run([AMPSCOPE, "record", "--out", out, "--", sys.executable, script, model or folder, tokens, "--context", str(T),
              "--batch", str(B), "--steps", str(STEPS), "--lr", str(LR), "--max-grad-norm", "0", *extra])
     check(p.returncode == 0, "ampscope record %s exits 0 (got %d)" % (name, p.returncode))
     return out
@@ -106,7 +125,10 @@ def pytorch(name, *extra):
 def diff(a, b, threshold):
     p = subprocess.run([AMPSCOPE, "diff", a, b, "--json", "--threshold", repr(threshold)], capture_output=True,
                        text=True)
-    check(p.returncode in (0, 1), "ampscope diff exits 0 or 1 (got %d)" % p.returncode)
+    check(p.returncode in (0, 1), "ampscope diff exits 0 or 1 (got %d): %s" % (p.returncode, p.stderr))
+    if p.returncode not in (0, 1):
+        print("%d checks, %d failed" % (checks, len(failures)))
+        sys.exit(1)
     return json.loads(p.stdout)
 
 
@@ -132,7 +154,7 @@ check(d["first_divergence"] is None, "f32: no op divergence beyond %g (got %s)" 
 check(d["first_loss_divergence"] is None, "f32: losses agree")
 check(d["first_grad_divergence"] is None,
       "f32: gradients agree (got %s)" % (d["first_grad_divergence"] and d["first_grad_divergence"]["param"]))
-check(d["grads_aligned"] == STEPS * (4 + 12 * L),
+check(d["grads_aligned"] == STEPS * GPT2_PARAMS,
       "every parameter's gradient aligned in every step (got %d)" % d["grads_aligned"])
 check(d["dtype_differences"] == [], "f32: no dtype differences (got %s)" % d["dtype_differences"])
 # Every op of the model has a partner: what is only in ours is the backward of views (the recorder folds
@@ -204,6 +226,42 @@ f = d2["first_divergence"]
 check(f is not None and (f["key"]["step"], f["key"]["phase"], f["key"]["module"], f["key"]["op"],
                          f["key"]["occurrence"]) == (0, "forward", "h.0.mlp", "add", 1),
       "bf16 planted in block 0: first divergence at step 0, forward, h.0.mlp add #1 (got %s)" % (f and f["key"]))
+
+# Llama (tests/record/scripts/llama_folder_train.py: tests/hf/reference_llama.py's math in nn.Modules named as
+# transformers names them). RMSNorm's weight * x: our runtime's backward row is the weight's gradient ([32]),
+# the recorder's the gradient that flows on ([2, 8, 32]): listed as different tensors, not judged. The same
+# tolerances: the same math, 2 layers, reductions at most 48 long.
+LLAMA = os.path.join(HERE, "scripts", "llama_folder_train.py")
+for precision, tol, extra in (("fp32", F32_TOL, ()), ("bf16", BF16_TOL, ("--bf16",))):
+    a = ours("ours_llama_" + precision, precision, model=llama_folder)
+    b = pytorch("torch_llama_" + precision, *extra, script=LLAMA, model=llama_folder)
+    d = diff(a, b, tol)
+    what = "llama %s" % precision
+    check(d["steps_compared"] == STEPS and d["grads_aligned"] == STEPS * LLAMA_PARAMS,
+          "%s: %d steps and every gradient compared (got %d, %d)" % (what, STEPS, d["steps_compared"],
+                                                                    d["grads_aligned"]))
+    check(d["first_divergence"] is None and d["first_loss_divergence"] is None and d["first_grad_divergence"] is None,
+          "%s: no divergence beyond %g (got %s)" % (what, tol, d["first_divergence"] and d["first_divergence"]["key"]))
+    norms = {u["module"].rsplit(".", 1)[-1] for u in d["different_tensors"]}
+    check(d["different_tensors"] and all(u["phase"] == "backward" and u["op"] == "mul" and u["shape_a"] == "[%d]" % D
+                                         for u in d["different_tensors"])
+          and norms == {"input_layernorm", "post_attention_layernorm", "norm"},
+          "%s: different tensors only at the norms' backward mul (got %s)" % (what, d["different_tensors"]))
+    largest = max((x["max_rel"] for x in d["largest"]), default=0)
+    check(0 < largest < tol, "%s: largest difference in (0, tolerance) (got %g)" % (what, largest))
+    print("%s: %d op rows aligned, largest difference %.3g of an op's rms" % (what, d["ops_aligned"], largest))
+    if precision == "fp32":
+        llama_f32 = a
+
+# Planted: relu where Llama's MLP uses SiLU, in layer 1: the first divergence is the MLP's product of the
+# activation and up_proj (mul in model.layers.1.mlp), naming silu (ours) and relu (PyTorch's) before it.
+b = pytorch("torch_llama_relu", "--relu-layer", "1", script=LLAMA, model=llama_folder)
+f = diff(llama_f32, b, F32_TOL)["first_divergence"]
+check(f is not None and (f["key"]["step"], f["key"]["phase"], f["key"]["module"], f["key"]["op"], f["key"]["occurrence"],
+                         f["unpaired_before_a"], f["unpaired_before_b"]) ==
+      (0, "forward", "model.layers.1.mlp", "mul", 0, ["silu"], ["relu"]),
+      "llama planted: first divergence at step 0, model.layers.1.mlp mul after silu/relu (got %s)" % (
+          f and [f["key"], f["unpaired_before_a"], f["unpaired_before_b"]],))
 
 print("%d checks, %d failed" % (checks, len(failures)))
 sys.exit(1 if failures else 0)

@@ -1,11 +1,11 @@
 """A Hugging Face Llama folder trained in plain PyTorch as a user writes it: nn.Module classes named as
 transformers names them (model.layers.0.self_attn.q_proj, model.layers.0.mlp.gate_proj, model.norm, ...), the
 math of tests/hf/reference_llama.py (written from transformers' modeling_llama.py), the batches cut by
-`ampscope train --model`'s window rule, AdamW (weight decay 0), as gpt2_folder_train.py does for GPT-2.
+`ampscope train --model`'s window rule, AdamW (weight decay 0) and gradient clipping at 1, as gpt2_folder_train.py does for GPT-2.
 Untied head, as many key/value heads as query heads, no biases, no pad token (the folders
 tests/record/pydiff_test.py writes). Usage: llama_folder_train.py FOLDER TOKENS.txt --context T --batch B
---steps N --lr LR [--bf16] [--sigmoid-silu-layer K] (K: that layer's SiLU computes x * sigmoid(x) with a
-sigmoid of -x's complement, a planted difference: see the test)."""
+--steps N --lr LR [--max-grad-norm X] [--bf16] [--relu-layer K] (layer K's MLP uses relu where Llama's uses SiLU: a planted
+difference; --bf16 applies CUDA autocast's bf16 policy by hand, tests/hf/reference_common.py's Policy)."""
 import argparse
 import os
 import sys
@@ -26,6 +26,7 @@ a.add_argument("--context", type=int, required=True)
 a.add_argument("--batch", type=int, required=True)
 a.add_argument("--steps", type=int, required=True)
 a.add_argument("--lr", type=float, required=True)
+a.add_argument("--max-grad-norm", type=float, default=1.0)  # 0: no clipping
 a.add_argument("--bf16", action="store_true")
 a.add_argument("--relu-layer", type=int, default=-1)
 args = a.parse_args()
@@ -153,5 +154,7 @@ for step in range(args.steps):
     opt.zero_grad()
     loss = F.cross_entropy(model(x).reshape(B * T, -1).float(), y.reshape(B * T))
     loss.backward()
+    if args.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
     opt.step()
     print("step %d loss %.6f" % (step, float(loss)))
