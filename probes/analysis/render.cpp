@@ -866,8 +866,8 @@ void diff_answer(Text& t, const DiffReport& d) {
                                    : std::string("ampscope's runtime (ampscope train)");
     };
     t.line("{} run a is {}, run b is {}: ops are aligned by step, phase, module path, op and occurrence; rows only "
-           "one of them writes (the recorder's optimizer and gradient-clipping ops, the runtime's backward rows of "
-           "views) are listed as only in a/b, not judged",
+           "one of them writes (the recorder's optimizer and gradient-clipping ops, the runtime's casts and backward "
+           "rows of views) are listed as only in a/b, not judged",
            t.paint(kYellow, "DIFFERENT PRODUCERS:"), who(d.producer_a), who(d.producer_b));
   }
   if (d.aligned_by_update) {

@@ -411,6 +411,46 @@ TEST(diff_test, a_pytorch_recorders_trace_is_named_so_and_its_unlisted_integer_i
   }
 }
 
+TEST(diff_test, rows_of_two_producers_whose_sizes_differ_are_different_tensors_listed_and_not_judged) {
+  // The backward of linear in fc2: ours records a [16] gradient (another input's), the recorder's the [8, 16]
+  // one, with a very different rms. A reshaped row of the same size (fc1's [128] against [8, 16]) is compared.
+  HandRun a = make_run(2);
+  HandRun b = a;
+  b.config = R"({"recorder": "ampscope.torch"})";
+  for (OpRow& r : a.ops) {
+    if (r.phase == Phase::backward && r.module == "fc2") {
+      r.shape = "[16]";
+      r.health.numel = 16;
+      r.health.rms *= 5;
+    }
+    if (r.phase == Phase::forward && r.module == "fc1") r.shape = "[128]";
+  }
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  EXPECT_FALSE(d.first_divergence.has_value());
+  EXPECT_EQ(d.ops_aligned, 2 * static_cast<std::int64_t>(kStep.size()));
+  ASSERT_EQ(d.different_tensors.size(), 1u);
+  const DifferentTensors& x = d.different_tensors[0];
+  EXPECT_EQ(x.phase, Phase::backward);
+  EXPECT_EQ(x.module, "fc2");
+  EXPECT_EQ(x.op, "linear");
+  EXPECT_EQ(x.shape_a, "[16]");
+  EXPECT_EQ(x.shape_b, "[8, 16]");
+  EXPECT_EQ(x.count, 2);
+  EXPECT_EQ(x.first_step, 0);
+  EXPECT_NE(analysis::render_text(d).find("the backward of linear in fc2: a [16], b [8, 16] (2 rows, from step 0)"),
+            std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(analysis::render_json(d)).at("different_tensors").at(0).at("shape_a"), "[16]");
+  // Two runs of one producer: the same key is the same tensor, and a size that differs is judged.
+  b.config = "{}";
+  Pair same(a, b);
+  const DiffReport s = same.diff();
+  EXPECT_TRUE(s.different_tensors.empty());
+  ASSERT_TRUE(s.first_divergence.has_value());
+  EXPECT_EQ(s.first_divergence->key.module, "fc2");
+  EXPECT_EQ(s.first_divergence->key.phase, Phase::backward);
+}
+
 TEST(diff_test, the_first_divergence_names_the_ops_without_a_partner_before_it_in_its_module) {
   // Step 2 of b runs gelu where a runs the first relu in `act`: b's only relu that step (seq 3) then meets a's
   // first (seq 1), whose statistics differ (rms 0.5 + 0.1 seq + 0.01 step: 0.62 against 0.82, 0.2 / 0.82 of the
