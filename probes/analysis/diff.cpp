@@ -41,7 +41,7 @@ double difference(double x, double y, double reference, double floor) {
   return std::fabs(x - y) / std::max(std::isnan(reference) ? 0.0 : reference, floor);
 }
 
-bool same_key_module(const OpRow& x, const OpRow& y) { return x.phase == y.phase && x.module == y.module; }
+bool same_phase_and_module(const OpRow& x, const OpRow& y) { return x.phase == y.phase && x.module == y.module; }
 
 bool same_key(const OpRow& x, const OpRow& y) { return x.phase == y.phase && x.op == y.op && x.module == y.module; }
 
@@ -384,9 +384,9 @@ class Comparison {
       if (first) {
         // The unpaired ops just before it in its module (a's only_a/only_b are in row order).
         for (std::size_t k : aligner_.only_a())
-          if (same_key_module(a[k], x) && a[k].seq < x.seq) d.unpaired_before_a.push_back(a[k].op);
+          if (same_phase_and_module(a[k], x) && a[k].seq < x.seq) d.unpaired_before_a.push_back(a[k].op);
         for (std::size_t k : aligner_.only_b())
-          if (same_key_module(b[k], y) && b[k].seq < y.seq) d.unpaired_before_b.push_back(b[k].op);
+          if (same_phase_and_module(b[k], y) && b[k].seq < y.seq) d.unpaired_before_b.push_back(b[k].op);
         report_.first_divergence = std::move(d);
       }
     }
