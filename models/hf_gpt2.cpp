@@ -207,7 +207,10 @@ class GPT2LMHeadModel : public CausalLM {
     check_tokens(tokens, "GPT2LMHeadModel", g_.positions);
     const std::int64_t T = tokens.size(1);
     const Tensor positions = arange(static_cast<double>(T), {DType::i64, tokens.device()}).view({1, T});
-    Tensor h = add((*wte_)(tokens), (*wpe_)(positions));  // inputs_embeds + position_embeds
+    // inputs_embeds + position_embeds, in Python's order (C++ leaves the order of a call's arguments open), so
+    // the op sequence matches a PyTorch run's.
+    const Tensor inputs_embeds = (*wte_)(tokens);
+    Tensor h = add(inputs_embeds, (*wpe_)(positions));
     h = (*h_)(h);
     return (*child("lm_head"))((*ln_f_)(h));
   }

@@ -158,8 +158,13 @@ class LlamaAttention : public nn::Module {
     Tensor k = heads((*k_proj_)(x));
     Tensor v = heads((*v_proj_)(x));
     const ForwardContext& c = *context_;
-    q = add(mul(q, c.cos), mul(rotate_half(q), c.sin));  // apply_rotary_pos_emb
-    k = add(mul(k, c.cos), mul(rotate_half(k), c.sin));
+    // apply_rotary_pos_emb: (q * cos) + (rotate_half(q) * sin), in Python's order of evaluation (one statement
+    // per product: C++ leaves the order of a call's arguments open), so the op sequence, and the occurrences
+    // `ampscope diff` pairs rows by, match a PyTorch run's.
+    const Tensor q_cos = mul(q, c.cos);
+    q = add(q_cos, mul(rotate_half(q), c.sin));
+    const Tensor k_cos = mul(k, c.cos);
+    k = add(k_cos, mul(rotate_half(k), c.sin));
     // eager_attention_forward
     k = repeat_kv(k, heads_ / kv_heads_);
     v = repeat_kv(v, heads_ / kv_heads_);

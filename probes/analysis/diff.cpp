@@ -16,6 +16,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -40,6 +41,8 @@ double difference(double x, double y, double reference, double floor) {
   return std::fabs(x - y) / std::max(std::isnan(reference) ? 0.0 : reference, floor);
 }
 
+bool same_phase_and_module(const OpRow& x, const OpRow& y) { return x.phase == y.phase && x.module == y.module; }
+
 bool same_key(const OpRow& x, const OpRow& y) { return x.phase == y.phase && x.op == y.op && x.module == y.module; }
 
 struct KeyView {
@@ -58,6 +61,22 @@ struct KeyViewHash {
 KeyView key_of(const OpRow& r) { return {r.phase, r.module, r.op}; }
 
 std::string dtypes_of(const OpRow& r) { return r.in_dtypes + " -> " + r.out_dtype; }
+
+// The floating dtypes of a comma-separated list ("i64,f32" -> "f32"): the PyTorch recorder lists only floating
+// inputs, our runtime lists token ids and masks too, and an integer input is not where precision parts.
+std::string floating_dtypes(std::string_view list) {
+  std::string out;
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    const std::string_view d = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    const bool integral = d == "bool" || (!d.empty() && (d[0] == 'i' || d[0] == 'u'));
+    if (integral) continue;
+    if (!out.empty()) out += ',';
+    out += d;
+  }
+  return out;
+}
 
 // The health as compared: a backward row's magnitudes divided by the loss scale its step's backward used
 // (exact: scales are powers of two). NaN scale: unknown, the magnitudes are left as recorded.
@@ -200,7 +219,8 @@ PairStats compare(const OpRow& x, const OpRow& y, double floor, double threshold
     s.max_rel = kInf;
     s.stat = "nonfinite";
   }
-  s.dtype_differs = x.in_dtypes != y.in_dtypes || x.out_dtype != y.out_dtype;
+  s.dtype_differs = x.out_dtype != y.out_dtype || (x.in_dtypes != y.in_dtypes &&
+                                                   floating_dtypes(x.in_dtypes) != floating_dtypes(y.in_dtypes));
   return s;
 }
 
@@ -333,15 +353,24 @@ bool larger(const OpDiff& x, const OpDiff& y) {
 
 class Comparison {
  public:
-  Comparison(DiffReport& report, const DiffOptions& options) : report_(report), options_(options) {}
+  Comparison(DiffReport& report, const DiffOptions& options)
+      : report_(report), options_(options), cross_producer_(report.producers_differ()) {}
 
   void step(std::span<const OpRow> a, std::span<const OpRow> b, double scale_a, double scale_b, std::int64_t step_b) {
     aligner_.align(a, b);
     for (const auto& [i, j] : aligner_.pairs()) {
       const OpRow &x = a[i], &y = b[j];
       Peak& op_peak = peak(x, aligner_.occurrence(i));
-      const PairStats s = compare(x, y, options_.floor, options_.threshold, scale_a, scale_b, &op_peak);
       ++report_.ops_aligned;
+      // Two producers may describe an op by different tensors: for a backward row of weight * x, our runtime
+      // records the weight's gradient, the PyTorch recorder the one that flows on to another op. Rows whose
+      // sizes differ are then listed, not judged (a reshaped view of the same tensor, [16, 96] against
+      // [2, 8, 96], has the same size and is compared).
+      if (cross_producer_ && x.health.numel != y.health.numel) {
+        add_different_tensors(x, y);
+        continue;
+      }
+      const PairStats s = compare(x, y, options_.floor, options_.threshold, scale_a, scale_b, &op_peak);
       if (s.dtype_differs) add_dtype_difference(x, y);
       const bool divergent = diverges(s, options_.threshold);
       const std::optional<OpDiff>& earliest = report_.first_divergence;
@@ -352,7 +381,14 @@ class Comparison {
       OpDiff d = make_diff(x, y, aligner_.occurrence(i), s, scale_a, scale_b);
       d.step_b = step_b;
       if (keep) offer(d);
-      if (first) report_.first_divergence = std::move(d);
+      if (first) {
+        // The unpaired ops just before it in its module (a's only_a/only_b are in row order).
+        for (std::size_t k : aligner_.only_a())
+          if (same_phase_and_module(a[k], x) && a[k].seq < x.seq) d.unpaired_before_a.push_back(a[k].op);
+        for (std::size_t k : aligner_.only_b())
+          if (same_phase_and_module(b[k], y) && b[k].seq < y.seq) d.unpaired_before_b.push_back(b[k].op);
+        report_.first_divergence = std::move(d);
+      }
     }
     for (std::size_t i : aligner_.only_a()) add_unmatched(only_a_, a[i]);
     for (std::size_t j : aligner_.only_b()) add_unmatched(only_b_, b[j]);
@@ -371,6 +407,7 @@ class Comparison {
     report_.dtype_differences = dtypes_.take();
     report_.only_in_a = only_a_.take();
     report_.only_in_b = only_b_.take();
+    report_.different_tensors = different_.take();
   }
 
  private:
@@ -384,6 +421,25 @@ class Comparison {
       largest_.back() = d;
       std::push_heap(largest_.begin(), largest_.end(), larger);
     }
+  }
+
+  void add_different_tensors(const OpRow& x, const OpRow& y) {
+    std::string key = group_key(x);
+    key += '\x1f';
+    key += x.shape;
+    key += '>';
+    key += y.shape;
+    bool created = false;
+    DifferentTensors& g = different_.at(key, created);
+    if (created) {
+      g.phase = x.phase;
+      g.module = x.module;
+      g.op = x.op;
+      g.shape_a = x.shape;
+      g.shape_b = y.shape;
+      g.first_step = x.step;
+    }
+    ++g.count;
   }
 
   void add_dtype_difference(const OpRow& x, const OpRow& y) {
@@ -423,8 +479,10 @@ class Comparison {
 
   DiffReport& report_;
   const DiffOptions& options_;
+  bool cross_producer_;  // the runs come from different producers (DiffReport::producers_differ)
   StepAligner aligner_;
   std::vector<OpDiff> largest_;
+  Groups<DifferentTensors> different_;
   Groups<DtypeDifference> dtypes_;
   Groups<Unmatched> only_a_, only_b_;
   std::unordered_map<PeakKey, Peak, PeakHash, std::equal_to<>> peaks_;
@@ -675,6 +733,17 @@ void compare_losses(DiffReport& report, const std::vector<StepRow>& a, const std
 
 }  // namespace
 
+std::string producer_of(const trace::RunInfo& run) {
+  // The recorder writes "recorder": "ampscope.torch" first in its config; a config that is not JSON (a hostile
+  // or foreign file) is ours by default: the reader has checked the rest of the format.
+  const nlohmann::json config = nlohmann::json::parse(run.config, nullptr, false);
+  if (config.is_object()) {
+    const auto it = config.find("recorder");
+    if (it != config.end() && it->is_string() && *it == "ampscope.torch") return "pytorch";
+  }
+  return "ampscope";
+}
+
 std::vector<OpDiff> diff_ops(std::span<const trace::OpRow> a, std::span<const trace::OpRow> b, const DiffOptions& options,
                              double scale_a, double scale_b) {
   // Rows of several steps are aligned step by step, as diff() does.
@@ -712,6 +781,8 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
   report.path_b = b.path().string();
   report.run_a = a.run_info();
   report.run_b = b.run_info();
+  report.producer_a = producer_of(report.run_a);
+  report.producer_b = producer_of(report.run_b);
   report.options = options;
   report.damage_a = a.damage();
   report.damage_b = b.damage();

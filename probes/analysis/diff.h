@@ -8,6 +8,17 @@
 //   analysis::DiffReport d = analysis::diff(a, b);
 //   if (d.first_divergence) fmt::print("parted at step {} in {}\n", d.first_divergence->key.step, d.first_divergence->key.op);
 //
+// Producers: a trace is written by ampscope's runtime (`ampscope train`, the C++ API) or by the PyTorch recorder
+// (`ampscope record`, its config's "recorder" is "ampscope.torch"). Both name rows alike (module paths of the
+// model's modules, "h.0.attn.c_attn"; op names as torch users know them, the recorder renaming aten's: addmm ->
+// linear, _softmax -> softmax, native_layer_norm -> layer_norm), so rows of the two producers align by the
+// same key as two runs of ours. What one producer writes and the other does not is listed as only in a/b,
+// not judged: the recorder's optimizer rows and the ops of torch.nn.utils.clip_grad_norm_, our runtime's
+// backward rows of views (transpose, view, permute, slice, clone). Aligned rows whose output sizes differ
+// describe different tensors (DifferentTensors) and are listed, not judged. Dtypes are compared on the floating
+// inputs only: the recorder does not list integer and bool inputs (token ids, masks). DiffReport::producer_a/b
+// name the producers; the text and JSON say when they differ.
+//
 // Alignment: within a step, the k-th row with the same (phase, module, op) in one run meets the k-th in the
 // other (occurrence k, from 0). Rows without a partner are "only in a" / "only in b" (an fp16 run records
 // casts an fp32 run does not have, for example). Op rows are compared in the steps both runs have a /steps
@@ -107,9 +118,13 @@ struct OpDiff {
   std::string stat;                     // why: "mean", "rms", "zeros", "saturation" or "nonfinite"
   unsigned pins_a = 0, pins_b = 0;      // kPin* bits: the boundaries each run's output sits at
   bool nonfinite_differs = false;       // NaN/+inf/-inf counts differ
-  bool dtype_differs = false;
+  bool dtype_differs = false;           // the floating dtypes differ (integer and bool inputs are not compared)
   bool magnitudes_compared = true;      // false for a backward row whose step's loss scale is unknown, and for a
                                         // mask fill (where/masked_fill writing its dtype's lowest value)
+  // DiffReport::first_divergence only: the ops of the same step, phase and module that ran before this row in
+  // each run and have no partner in the other (in order): where the two runs computed different ops (a
+  // PyTorch script's erf where ours ran tanh), the row that parts is the first aligned one after them.
+  std::vector<std::string> unpaired_before_a, unpaired_before_b;
 };
 
 // The gradient of one parameter in one step, in both runs (after unscale_).
@@ -153,11 +168,28 @@ struct Unmatched {
   std::int64_t first_step = 0;
 };
 
+// Aligned rows of two producers whose output sizes differ, grouped by (phase, module, op, shape_a, shape_b):
+// they describe different tensors of the op (a backward row of weight * x: our runtime records the weight's
+// gradient, the PyTorch recorder the gradient that flows on), so they are listed and not judged.
+struct DifferentTensors {
+  trace::Phase phase = trace::Phase::forward;
+  std::string module, op;
+  std::string shape_a, shape_b;         // "[32]", "[2, 8, 32]"
+  std::int64_t count = 0;
+  std::int64_t first_step = 0;
+};
+
+// Who wrote a trace: "pytorch" (ampscope record: the config's "recorder" is "ampscope.torch") or "ampscope"
+// (ampscope's runtime: ampscope train, the C++ API).
+std::string producer_of(const trace::RunInfo& run);
+
 struct DiffReport {
   bool diverged() const { return first_divergence || first_loss_divergence || first_grad_divergence; }
+  bool producers_differ() const { return producer_a != producer_b; }
 
   std::string path_a, path_b;
   trace::RunInfo run_a, run_b;
+  std::string producer_a, producer_b;   // producer_of(run_a/b)
   DiffOptions options;
   std::int64_t steps_compared = 0;      // steps recorded in both runs
   std::int64_t ops_aligned = 0;         // op rows with a partner
@@ -172,6 +204,7 @@ struct DiffReport {
   std::optional<GradDiff> first_grad_divergence;      // first (step, then a's order) beyond the threshold
   std::vector<DtypeDifference> dtype_differences;     // in order of first appearance
   std::vector<Unmatched> only_in_a, only_in_b;        // in order of first appearance
+  std::vector<DifferentTensors> different_tensors;    // producers differ only; in order of first appearance
   // Steps only one run finished, or whose ops only one run recorded (--sample-every, the flight recorder).
   std::vector<std::int64_t> steps_only_in_a, steps_only_in_b;
   // Damage each reader found in a trace whose rest it could read (trace::TraceReader::damage).

@@ -926,6 +926,16 @@ void diff_answer(Text& t, const DiffReport& d) {
   const std::string reference = "of each op's largest rms so far";
   for (const std::string& note : d.damage_a) t.line("{} run a: {}; compared what is intact", t.paint(kRed, "DAMAGED:"), note);
   for (const std::string& note : d.damage_b) t.line("{} run b: {}; compared what is intact", t.paint(kRed, "DAMAGED:"), note);
+  if (d.producers_differ()) {
+    const auto who = [](const std::string& producer) {
+      return producer == "pytorch" ? std::string("a PyTorch script recorded by ampscope record")
+                                   : std::string("ampscope's runtime (ampscope train)");
+    };
+    t.line("{} run a is {}, run b is {}: ops are aligned by step, phase, module path, op and occurrence; rows only "
+           "one of them writes (the recorder's optimizer and gradient-clipping ops, the runtime's casts and backward "
+           "rows of views) are listed as only in a/b, not judged",
+           t.paint(kYellow, "DIFFERENT PRODUCERS:"), who(d.producer_a), who(d.producer_b));
+  }
   if (d.aligned_by_update) {
     const auto skips = [](const std::vector<std::int64_t>& steps) {
       return steps.empty() ? std::string("none") : fmt::format("step{} {}", steps.size() == 1 ? "" : "s", fmt::join(steps, ", "));
@@ -940,6 +950,14 @@ void diff_answer(Text& t, const DiffReport& d) {
     t.line("{} {}, {}", t.paint(kRed, "FIRST DIVERGENCE:"), steps_text(d, f.key.step, f.step_b),
            t.paint(kBold, op_diff_place(f)));
     t.line("  {}", op_diff_detail(f));
+    if (!f.unpaired_before_a.empty() || !f.unpaired_before_b.empty()) {
+      const auto ops = [](const std::vector<std::string>& v) {
+        return v.empty() ? std::string("none") : fmt::format("{}", fmt::join(v, ", "));
+      };
+      t.line("  before it in {}, ops without a partner: a {}; b {} (the runs computed different ops there)",
+             f.key.module.empty() ? std::string("(outside any module)") : f.key.module, ops(f.unpaired_before_a),
+             ops(f.unpaired_before_b));
+    }
     if (f.dtypes_a != f.dtypes_b)
       t.line("  dtypes: a {}, b {}", f.dtypes_a.empty() ? "?" : f.dtypes_a, f.dtypes_b.empty() ? "?" : f.dtypes_b);
     else if (!f.dtypes_a.empty())
@@ -1095,6 +1113,19 @@ void diff_only(Text& t, const DiffReport& d, const TextStyle& style) {
   };
   only("A", d.only_in_a, d.steps_only_in_a);
   only("B", d.only_in_b, d.steps_only_in_b);
+  if (d.different_tensors.empty()) return;
+  std::int64_t rows = 0;
+  for (const DifferentTensors& x : d.different_tensors) rows += x.count;
+  t.blank();
+  t.line("{}", t.paint(kBold, fmt::format("DIFFERENT TENSORS ({} aligned op rows, not judged: each producer "
+                                          "recorded another tensor of the op)", rows)));
+  for (std::size_t i = 0; i < d.different_tensors.size() && i < max_items; ++i) {
+    const DifferentTensors& x = d.different_tensors[i];
+    t.line("  {}: a {}, b {} ({}, from step {})", phase_place(x.phase, x.op, x.module), x.shape_a, x.shape_b,
+           plural(x.count, "row"), x.first_step);
+  }
+  if (d.different_tensors.size() > max_items)
+    t.line("  ... and {} more (--json lists them all)", d.different_tensors.size() - max_items);
 }
 
 // One closing line.
@@ -1152,6 +1183,8 @@ std::string render_json(const DiffReport& d) {
   doc["path_b"] = d.path_b;
   doc["run_a"] = run_json(d.run_a);
   doc["run_b"] = run_json(d.run_b);
+  doc["producer_a"] = d.producer_a;  // "ampscope" (its runtime) or "pytorch" (ampscope record)
+  doc["producer_b"] = d.producer_b;
   doc["options"] = {{"threshold", number(d.options.threshold)},
                     {"floor", number(d.options.floor)},
                     {"largest", d.options.largest},
@@ -1182,7 +1215,12 @@ std::string render_json(const DiffReport& d) {
                              {"skipped_b", p.skipped_b},
                              {"rel", number(p.rel)}});
   doc["first_loss_divergence"] = d.first_loss_divergence ? json(*d.first_loss_divergence) : json(nullptr);
-  doc["first_divergence"] = d.first_divergence ? op_diff_json(*d.first_divergence) : json(nullptr);
+  doc["first_divergence"] = json(nullptr);
+  if (d.first_divergence) {
+    doc["first_divergence"] = op_diff_json(*d.first_divergence);
+    doc["first_divergence"]["unpaired_before_a"] = d.first_divergence->unpaired_before_a;
+    doc["first_divergence"]["unpaired_before_b"] = d.first_divergence->unpaired_before_b;
+  }
   doc["first_grad_divergence"] = d.first_grad_divergence ? grad_diff_json(*d.first_grad_divergence) : json(nullptr);
   doc["largest"] = json::array();
   for (const OpDiff& o : d.largest) doc["largest"].push_back(op_diff_json(o));
@@ -1193,6 +1231,15 @@ std::string render_json(const DiffReport& d) {
                                         {"op", x.op},
                                         {"dtypes_a", x.dtypes_a},
                                         {"dtypes_b", x.dtypes_b},
+                                        {"count", x.count},
+                                        {"first_step", x.first_step}});
+  doc["different_tensors"] = json::array();
+  for (const DifferentTensors& x : d.different_tensors)
+    doc["different_tensors"].push_back({{"phase", std::string(trace::phase_name(x.phase))},
+                                        {"module", x.module},
+                                        {"op", x.op},
+                                        {"shape_a", x.shape_a},
+                                        {"shape_b", x.shape_b},
                                         {"count", x.count},
                                         {"first_step", x.first_step}});
   doc["only_in_a"] = unmatched_json(d.only_in_a);

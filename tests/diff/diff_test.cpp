@@ -16,6 +16,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "probes/analysis/diff.h"
 #include "probes/analysis/render.h"
 #include "probes/trace/reader.h"
@@ -58,6 +60,7 @@ class TempTrace {
 // A hand-built run: step rows and op rows, written step by step as the probe would.
 struct HandRun {
   std::string precision = "fp32";
+  std::string config = "{}";  // the run's config JSON (the PyTorch recorder's names it: "recorder")
   std::vector<StepRow> steps;
   std::vector<OpRow> ops;
   std::vector<GradRow> grads;
@@ -67,7 +70,7 @@ struct HandRun {
   std::int64_t outside_after = 0;
 
   void write(const std::filesystem::path& path) const {
-    trace::TraceWriter w(path, {.precision = precision, .device = "cpu", .model = "hand", .seed = 1, .config = "{}"});
+    trace::TraceWriter w(path, {.precision = precision, .device = "cpu", .model = "hand", .seed = 1, .config = config});
     if (outside_after == -1) {
       for (const OpRow& r : outside) w.write(r);
     }
@@ -361,6 +364,122 @@ TEST(diff_test, dtype_differences_are_grouped_by_op_with_their_count) {
   EXPECT_EQ(g.first_step, 0);
   EXPECT_EQ(d.run_a.precision, "fp16");
   EXPECT_FALSE(d.first_divergence.has_value());  // a dtype alone is not a divergence of the statistics
+}
+
+TEST(diff_test, a_pytorch_recorders_trace_is_named_so_and_its_unlisted_integer_inputs_are_no_dtype_difference) {
+  HandRun a = make_run(2);
+  HandRun b = a;
+  b.config = R"({"recorder": "ampscope.torch", "torch": "1.13.0"})";
+  // Our runtime lists the token ids and a mask among the inputs; the recorder lists floating inputs only.
+  for (OpRow& r : a.ops) {
+    if (r.phase == Phase::forward && r.module == "fc1") r.in_dtypes = "i64,f32";
+    if (r.phase == Phase::forward && r.module == "fc2") r.in_dtypes = "bool,f32,f32";
+  }
+  for (OpRow& r : b.ops) {
+    if (r.phase == Phase::forward && r.module == "fc1") r.in_dtypes = "f32";
+    if (r.phase == Phase::forward && r.module == "fc2") r.in_dtypes = "f32,f32";
+    // A floating dtype that differs still does.
+    if (r.phase == Phase::forward && r.module == "fc3") r.in_dtypes = "bf16,f32";
+  }
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  EXPECT_EQ(d.producer_a, "ampscope");
+  EXPECT_EQ(d.producer_b, "pytorch");
+  EXPECT_TRUE(d.producers_differ());
+  ASSERT_EQ(d.dtype_differences.size(), 1u);
+  EXPECT_EQ(d.dtype_differences[0].module, "fc3");
+  EXPECT_EQ(d.dtype_differences[0].dtypes_b, "bf16,f32 -> f32");
+  EXPECT_EQ(d.dtype_differences[0].count, 2);
+  EXPECT_FALSE(d.first_divergence.has_value());
+  const std::string text = analysis::render_text(d);
+  EXPECT_NE(text.find("DIFFERENT PRODUCERS: run a is ampscope's runtime (ampscope train), run b is a PyTorch script "
+                      "recorded by ampscope record"),
+            std::string::npos)
+      << text;
+  const auto doc = nlohmann::json::parse(analysis::render_json(d));
+  EXPECT_EQ(doc.at("producer_a"), "ampscope");
+  EXPECT_EQ(doc.at("producer_b"), "pytorch");
+  // Two runs of ours: no such line. Neither is a config that is not JSON, nor another recorder's name.
+  Pair same(a, a);
+  const DiffReport s = same.diff();
+  EXPECT_FALSE(s.producers_differ());
+  EXPECT_EQ(analysis::render_text(s).find("DIFFERENT PRODUCERS"), std::string::npos);
+  for (const char* config : {"not json", R"({"recorder": "other"})", R"({"recorder": 1})", "[]"}) {
+    trace::RunInfo info;
+    info.config = config;
+    EXPECT_EQ(analysis::producer_of(info), "ampscope") << config;
+  }
+}
+
+TEST(diff_test, rows_of_two_producers_whose_sizes_differ_are_different_tensors_listed_and_not_judged) {
+  // The backward of linear in fc2: ours records a [16] gradient (another input's), the recorder's the [8, 16]
+  // one, with a very different rms. A reshaped row of the same size (fc1's [128] against [8, 16]) is compared.
+  HandRun a = make_run(2);
+  HandRun b = a;
+  b.config = R"({"recorder": "ampscope.torch"})";
+  for (OpRow& r : a.ops) {
+    if (r.phase == Phase::backward && r.module == "fc2") {
+      r.shape = "[16]";
+      r.health.numel = 16;
+      r.health.rms *= 5;
+    }
+    if (r.phase == Phase::forward && r.module == "fc1") r.shape = "[128]";
+  }
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  EXPECT_FALSE(d.first_divergence.has_value());
+  EXPECT_EQ(d.ops_aligned, 2 * static_cast<std::int64_t>(kStep.size()));
+  ASSERT_EQ(d.different_tensors.size(), 1u);
+  const DifferentTensors& x = d.different_tensors[0];
+  EXPECT_EQ(x.phase, Phase::backward);
+  EXPECT_EQ(x.module, "fc2");
+  EXPECT_EQ(x.op, "linear");
+  EXPECT_EQ(x.shape_a, "[16]");
+  EXPECT_EQ(x.shape_b, "[8, 16]");
+  EXPECT_EQ(x.count, 2);
+  EXPECT_EQ(x.first_step, 0);
+  EXPECT_NE(analysis::render_text(d).find("the backward of linear in fc2: a [16], b [8, 16] (2 rows, from step 0)"),
+            std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(analysis::render_json(d)).at("different_tensors").at(0).at("shape_a"), "[16]");
+  // Two runs of one producer: the same key is the same tensor, and a size that differs is judged.
+  b.config = "{}";
+  Pair same(a, b);
+  const DiffReport s = same.diff();
+  EXPECT_TRUE(s.different_tensors.empty());
+  ASSERT_TRUE(s.first_divergence.has_value());
+  EXPECT_EQ(s.first_divergence->key.module, "fc2");
+  EXPECT_EQ(s.first_divergence->key.phase, Phase::backward);
+}
+
+TEST(diff_test, the_first_divergence_names_the_ops_without_a_partner_before_it_in_its_module) {
+  // Step 2 of b runs gelu where a runs the first relu in `act`: b's only relu that step (seq 3) then meets a's
+  // first (seq 1), whose statistics differ (rms 0.5 + 0.1 seq + 0.01 step: 0.62 against 0.82, 0.2 / 0.82 of the
+  // largest = 0.24 > 0.2); a's second relu has no partner, and it ran after the divergent row.
+  const HandRun a = make_run(4);
+  HandRun b = a;
+  b.op(2, 1).op = "gelu";
+  Pair pair(a, b);
+  const DiffReport d = pair.diff();
+  ASSERT_TRUE(d.first_divergence.has_value());
+  const OpDiff& f = *d.first_divergence;
+  EXPECT_EQ(f.key.step, 2);
+  EXPECT_EQ(f.key.module, "act");
+  EXPECT_EQ(f.key.op, "relu");
+  EXPECT_EQ(f.seq_a, 1);
+  EXPECT_EQ(f.seq_b, 3);
+  EXPECT_NEAR(f.rel_rms, 0.2 / 0.82, 1e-12);
+  EXPECT_TRUE(f.unpaired_before_a.empty());
+  EXPECT_EQ(f.unpaired_before_b, (std::vector<std::string>{"gelu"}));
+  EXPECT_NE(analysis::render_text(d).find("before it in act, ops without a partner: a none; b gelu"), std::string::npos);
+  const auto doc = nlohmann::json::parse(analysis::render_json(d));
+  EXPECT_EQ(doc.at("first_divergence").at("unpaired_before_b"), nlohmann::json::array({"gelu"}));
+  // The ones after it or in other modules are not named: a's second relu (seq 3) came after.
+  Pair reversed(b, a);
+  const DiffReport r = reversed.diff();
+  ASSERT_TRUE(r.first_divergence.has_value());
+  EXPECT_EQ(r.first_divergence->seq_a, 3);
+  EXPECT_EQ(r.first_divergence->unpaired_before_a, (std::vector<std::string>{"gelu"}));
+  EXPECT_TRUE(r.first_divergence->unpaired_before_b.empty());
 }
 
 TEST(diff_test, loss_curves_cover_every_step_of_either_run) {
