@@ -745,6 +745,20 @@ struct Outcome {
   std::int64_t steps = 0;
 };
 
+// Whether the re-run in `reader` still has an anomaly of `cause`: o.gone, and o.first, its first one
+// ("step 3, softmax in blocks.0.attn") or "none". Shared by the re-runs of train and of recorded scripts.
+void judge_rerun(trace::TraceReader& reader, const std::string& cause, Outcome& o) {
+  const analysis::Report rep = analysis::analyse(reader);
+  o.first = "none";
+  o.gone = true;
+  for (const analysis::Diagnosis& d : rep.anomalies) {
+    if (d.cause != cause) continue;
+    o.gone = false;
+    o.first = fmt::format("step {}, {}{}", d.step, d.op.empty() ? d.cause : d.op, d.module.empty() ? "" : " in " + d.module);
+    break;
+  }
+}
+
 // Runs one candidate, writing its trace in `staging` (a folder of this process's own, where no name can
 // have been planted) and moving it beside the original when complete; counts the re-run's anomalies of the
 // original's kind (Diagnosis::cause).
@@ -772,16 +786,7 @@ Outcome measure(const Candidate& cand, const std::string& cause, const PrivateFo
     const TrainConfig ran = read_recorded(reader.run_info().config, config.out).config;
     if (cand.kind == "enable_scaler") o.applied = ran.use_scaler;
     if (cand.kind == "zero_grad") o.applied = ran.zero_grad;
-    const analysis::Report rep = analysis::analyse(reader);
-    o.first = "none";
-    o.gone = true;
-    for (const analysis::Diagnosis& d : rep.anomalies) {
-      if (d.cause != cause) continue;
-      o.gone = false;
-      o.first = fmt::format("step {}, {}{}", d.step, d.op.empty() ? d.cause : d.op,
-                            d.module.empty() ? "" : " in " + d.module);
-      break;
-    }
+    judge_rerun(reader, cause, o);
   }
   publish_output_file(config.out, cand.trace, "the re-run's trace");
   if (!o.applied) o.gone = false;
@@ -957,16 +962,7 @@ Outcome measure_torch(const Candidate& cand, const std::string& cause, const Tor
     if (cand.record.autocast == "bf16") o.applied = applied("autocast_bf16");
     if (!std::isnan(cand.record.lr_factor)) o.applied = applied("lr_factor");
     if (!std::isnan(cand.record.init_scale)) o.applied = applied("init_scale");
-    const analysis::Report rep = analysis::analyse(reader);
-    o.first = "none";
-    o.gone = true;
-    for (const analysis::Diagnosis& d : rep.anomalies) {
-      if (d.cause != cause) continue;
-      o.gone = false;
-      o.first = fmt::format("step {}, {}{}", d.step, d.op.empty() ? d.cause : d.op,
-                            d.module.empty() ? "" : " in " + d.module);
-      break;
-    }
+    judge_rerun(reader, cause, o);
   }
   publish_output_file(r.out, cand.trace, "the re-run's trace");
   if (!o.applied) o.gone = false;
