@@ -204,8 +204,11 @@ class T5LayerNorm : public nn::Module {
 // HF's NewGELUActivation, op for op (pow is on autocast's f32 list, so under autocast the result is f32).
 Tensor gelu_new(const Tensor& x) {
   const double c = std::sqrt(2.0 / M_PI);
+  // In Python's order (0.5 * input first; C++ leaves the order of a call's arguments open), so the op
+  // sequence matches a PyTorch run's for `ampscope diff`.
+  const Tensor half = mul(x, 0.5);
   const Tensor inner = mul(add(x, mul(pow(x, 3.0), 0.044715)), c);
-  return mul(mul(x, 0.5), add(tanh(inner), 1.0));
+  return mul(half, add(tanh(inner), 1.0));
 }
 
 class DenseReluDense : public nn::Module {
@@ -227,7 +230,9 @@ class DenseReluDense : public nn::Module {
   Tensor forward(const Tensor& x) override {
     Tensor h;
     if (gated_) {
-      h = mul(activate((*wi_0_)(x)), (*wi_1_)(x));
+      // hidden_gelu = act(wi_0(x)), then hidden_linear = wi_1(x), as HF runs them.
+      const Tensor gate = activate((*wi_0_)(x));
+      h = mul(gate, (*wi_1_)(x));
     } else {
       h = activate((*wi_)(x));
     }
