@@ -725,14 +725,29 @@ void text_headroom(Text& t, const Report& rep, const TextStyle& style) {
   const std::size_t max_items = std::max<std::size_t>(style.max_items, 1);
   t.blank();
   if (rep.warnings.empty()) {
+    // The headroom factor is applied to f16 outputs and gradients only (near_f16_max): in a bf16, fp8 or f32
+    // run "no op came within f16's range" would credit a check that looked at nothing, so the line names the
+    // run's precision instead. An unknown precision keeps the f16 wording.
+    const std::string& prec = rep.run.precision;
+    const bool f16_range_watched = prec.empty() || prec == "fp16";
     // After an overflow "none" alone reads as a contradiction: the anomaly is not repeated here.
-    if (rep.anomalies.empty())
-      t.line("{} none (no op came within the headroom factor of f16's range, nothing flushed to zero)",
-             t.paint(kBold, "HEADROOM:"));
-    else
+    if (rep.anomalies.empty()) {
+      if (f16_range_watched)
+        t.line("{} none (no op came within the headroom factor of f16's range, nothing flushed to zero)",
+               t.paint(kBold, "HEADROOM:"));
+      else
+        t.line("{} none (nothing flushed to zero; the headroom factor applies to f16 outputs and gradients, and "
+               "this run's precision is {})",
+               t.paint(kBold, "HEADROOM:"), prec);
+    } else if (f16_range_watched) {
       t.line("{} no warnings besides the anomalies above (no other op came within the headroom factor of f16's "
              "range, nothing else flushed to zero)",
              t.paint(kBold, "HEADROOM:"));
+    } else {
+      t.line("{} no warnings besides the anomalies above (nothing else flushed to zero; the headroom factor "
+             "applies to f16 outputs and gradients, and this run's precision is {})",
+             t.paint(kBold, "HEADROOM:"), prec);
+    }
   } else {
     t.line("{}", t.paint(kBold, fmt::format("HEADROOM WARNINGS ({})", rep.warnings.size())));
     for (std::size_t i = 0; i < rep.warnings.size() && i < max_items; ++i) {

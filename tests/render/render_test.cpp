@@ -169,8 +169,10 @@ TEST(render_test, healthy_run_says_no_nan_or_inf_on_its_first_line) {
 }
 
 TEST(render_test, headroom_line_says_none_plainly_only_when_nothing_went_wrong) {
-  // Healthy and without warnings: "none".
-  EXPECT_TRUE(contains(render_text(healthy_report(), TextStyle{}),
+  // Healthy and without warnings, in f16: "none".
+  Report f16_healthy = healthy_report();
+  f16_healthy.run.precision = "fp16";
+  EXPECT_TRUE(contains(render_text(f16_healthy, TextStyle{}),
                        "HEADROOM: none (no op came within the headroom factor of f16's range, nothing flushed to zero)"));
   // An overflow without other warnings: the overflow itself is not a headroom warning, and the line says so
   // instead of a bare "none" under an anomaly.
@@ -181,6 +183,24 @@ TEST(render_test, headroom_line_says_none_plainly_only_when_nothing_went_wrong) 
                              "factor of f16's range, nothing else flushed to zero)"))
       << text;
   EXPECT_FALSE(contains(text, "HEADROOM: none")) << text;
+}
+
+// near_f16_max looks only at f16 outputs and gradients: a run in another precision must not be told that no
+// op came near f16's range, as if that had been checked; the line names the precision instead.
+TEST(render_test, headroom_line_of_a_run_without_f16_names_its_precision) {
+  const std::string f32 = render_text(healthy_report(), TextStyle{});  // precision fp32
+  EXPECT_TRUE(contains(f32, "HEADROOM: none (nothing flushed to zero; the headroom factor applies to f16 outputs and "
+                            "gradients, and this run's precision is fp32)"))
+      << f32;
+  EXPECT_FALSE(contains(f32, "f16's range")) << f32;
+  Report bf16 = overflow_report();
+  bf16.run.precision = "bf16";
+  bf16.warnings.clear();
+  const std::string text = render_text(bf16, TextStyle{});
+  EXPECT_TRUE(contains(text, "HEADROOM: no warnings besides the anomalies above (nothing else flushed to zero; the "
+                             "headroom factor applies to f16 outputs and gradients, and this run's precision is bf16)"))
+      << text;
+  EXPECT_FALSE(contains(text, "within the headroom factor of f16's range")) << text;
 }
 
 TEST(render_test, incomplete_trace_carries_a_visible_note_near_the_top) {
