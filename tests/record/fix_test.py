@@ -11,35 +11,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import zlib
 
-try:
-    import h5py
-    import numpy as np
-    import torch  # noqa: F401  (the scripts need it)
-except ImportError as e:
-    print("SKIP: %s" % e)
-    sys.exit(77)
+from harness import PYTHON, SCRIPTS, arguments, check, finish, require
 
-AMPSCOPE, WORK = os.path.abspath(sys.argv[1]), os.path.realpath(sys.argv[2]) if os.path.exists(sys.argv[2]) else sys.argv[2]
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = os.path.join(HERE, "scripts")
-PYTHON = sys.executable
+h5py, np, _ = require("h5py", "numpy", "torch")  # torch: the scripts need it
+AMPSCOPE, WORK = arguments("AMPSCOPE_BINARY", "WORK_DIR")
+AMPSCOPE, WORK = os.path.abspath(AMPSCOPE), os.path.realpath(WORK) if os.path.exists(WORK) else WORK
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
 WORK = os.path.realpath(WORK)
 KEPT = ["CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED"]
-failures = []
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL: " + what)
 
 
 def run(args, **kw):
@@ -271,5 +253,4 @@ if os.path.exists(os.path.join(WORK, "f16.h5")):
 check(p.returncode == 0 and p.stdout.strip() == "torch.bfloat16" and prec == "bf16",
       "--autocast bf16: exit %d, the script saw %s, trace precision %s" % (p.returncode, p.stdout.strip(), prec))
 
-print("%d checks, %d failed" % (checks, len(failures)))
-sys.exit(1 if failures else 0)
+finish()

@@ -11,26 +11,12 @@ import struct
 import subprocess
 import sys
 
-try:
-    import torch
-except ImportError as e:
-    print("SKIP: %s" % e)
-    sys.exit(77)
+from harness import HERE, arguments, check, finish, require
 
-AMPSCOPE, WORK = sys.argv[1], sys.argv[2]
-HERE = os.path.dirname(os.path.abspath(__file__))
+torch, = require("torch")
+AMPSCOPE, WORK = arguments("AMPSCOPE_BINARY", "WORK_DIR")
 SCRIPT = os.path.join(HERE, "scripts", "gpt2_folder_train.py")
 os.makedirs(WORK, exist_ok=True)
-failures = []
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL: " + what)
 
 
 # Tiny GPT-2 and Llama folders (config.json, model.safetensors in Hugging Face's names) and a token file,
@@ -127,8 +113,7 @@ def diff(a, b, threshold):
                        text=True)
     check(p.returncode in (0, 1), "ampscope diff exits 0 or 1 (got %d): %s" % (p.returncode, p.stderr))
     if p.returncode not in (0, 1):
-        print("%d checks, %d failed" % (checks, len(failures)))
-        sys.exit(1)
+        finish()  # the check above failed: exit 1
     return json.loads(p.stdout)
 
 
@@ -263,5 +248,4 @@ check(f is not None and (f["key"]["step"], f["key"]["phase"], f["key"]["module"]
       "llama planted: first divergence at step 0, model.layers.1.mlp mul after silu/relu (got %s)" % (
           f and [f["key"], f["unpaired_before_a"], f["unpaired_before_b"]],))
 
-print("%d checks, %d failed" % (checks, len(failures)))
-sys.exit(1 if failures else 0)
+finish()

@@ -7,31 +7,12 @@
 import json
 import os
 import subprocess
-import sys
 
-try:
-    import h5py
-    import numpy as np
-    import torch  # noqa: F401  (the scripts need it)
-except ImportError as e:
-    print("SKIP: %s" % e)
-    sys.exit(77)
+from harness import HERE, PYTHON, SCRIPTS, arguments, check, finish, require
 
-AMPSCOPE, WORK = sys.argv[1], sys.argv[2]
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = os.path.join(HERE, "scripts")
-PYTHON = sys.executable
+h5py, np, _ = require("h5py", "numpy", "torch")  # torch: the scripts need it
+AMPSCOPE, WORK = arguments("AMPSCOPE_BINARY", "WORK_DIR")
 os.makedirs(WORK, exist_ok=True)
-failures = []
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL: " + what)
 
 
 def record(name, script, *args, capture=False, extra=()):
@@ -351,5 +332,4 @@ check(r.returncode == 1 and "data-parallel run: 2 ranks" in r.stdout and  # 1: a
       "first origin across ranks: rank 1: nonfinite_input in module.0 at step 1" in r.stdout,
       "ddp: report exit %d: %s" % (r.returncode, r.stdout[:400]))
 
-print("%d checks, %d failed" % (checks, len(failures)))
-sys.exit(1 if failures else 0)
+finish()

@@ -17,31 +17,14 @@ import os
 import subprocess
 import sys
 
-try:
-    import h5py
-    import numpy as np
-    import torch
-except ImportError as e:
-    print("SKIP: %s" % e)
-    sys.exit(77)
+from harness import HERE, SCRIPTS, arguments, check, finish, require
 
-AMPSCOPE, TWIN_COMPARE, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = os.path.join(HERE, "scripts")
+h5py, np, torch = require("h5py", "numpy", "torch")
+AMPSCOPE, TWIN_COMPARE, WORK = arguments("AMPSCOPE", "TWIN_COMPARE", "WORK_DIR")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
 from ampscope.torch._twin import compare as recorder_compare  # noqa: E402
 
 os.makedirs(WORK, exist_ok=True)
-failures = []
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL: " + what)
 
 
 def record(name, script, *args, twin=True):
@@ -350,5 +333,4 @@ proc, out = record("running_sum_plain", "bf16_running_sum.py", twin=False)
 rep = subprocess.run([AMPSCOPE, "report", out], capture_output=True, text=True)
 check("PRECISION: not recorded" in rep.stdout, "running_sum without --twin: %s" % rep.stdout[-400:])
 
-print("%d checks, %d failed" % (checks, len(failures)))
-sys.exit(1 if failures else 0)
+finish()
