@@ -6,7 +6,6 @@ Untied head, as many key/value heads as query heads, no biases, no pad token (th
 tests/record/pydiff_test.py writes). Usage: llama_folder_train.py FOLDER TOKENS.txt --context T --batch B
 --steps N --lr LR [--max-grad-norm X] [--bf16] [--relu-layer K] (layer K's MLP uses relu where Llama's uses SiLU: a planted
 difference; --bf16 applies CUDA autocast's bf16 policy by hand, tests/hf/reference_common.py's Policy)."""
-import argparse
 import os
 import sys
 
@@ -16,18 +15,12 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "hf"))
+sys.path.insert(0, HERE)
+import folder_train  # noqa: E402
 import reference_common as rc  # noqa: E402
 from reference_io import read_config, read_safetensors  # noqa: E402
 
-a = argparse.ArgumentParser()
-a.add_argument("folder")
-a.add_argument("tokens")
-a.add_argument("--context", type=int, required=True)
-a.add_argument("--batch", type=int, required=True)
-a.add_argument("--steps", type=int, required=True)
-a.add_argument("--lr", type=float, required=True)
-a.add_argument("--max-grad-norm", type=float, default=1.0)  # 0: no clipping
-a.add_argument("--bf16", action="store_true")
+a = folder_train.arguments()
 a.add_argument("--relu-layer", type=int, default=-1)
 args = a.parse_args()
 
@@ -142,19 +135,4 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.model.norm(h))
 
 
-with open(args.tokens) as f:
-    ids = torch.tensor([int(v) for v in f.read().split()], dtype=torch.int64)
-T, B = args.context, args.batch
-windows = (ids.numel() - 1) // T
-model = LlamaForCausalLM()
-opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-for step in range(args.steps):
-    batch = torch.stack([ids[((step * B + r) % windows) * T:((step * B + r) % windows) * T + T + 1] for r in range(B)])
-    x, y = batch[:, :T], batch[:, 1:]
-    opt.zero_grad()
-    loss = F.cross_entropy(model(x).reshape(B * T, -1).float(), y.reshape(B * T))
-    loss.backward()
-    if args.max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-    opt.step()
-    print("step %d loss %.6f" % (step, float(loss)))
+folder_train.train(LlamaForCausalLM(), args)
