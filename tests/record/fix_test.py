@@ -11,9 +11,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import zlib
 
-from harness import PYTHON, SCRIPTS, arguments, check, finish, require
+sys.dont_write_bytecode = True  # importing harness leaves no __pycache__ in the source tree
+from harness import PYTHON, SCRIPTS, arguments, check, finish, require  # noqa: E402
 
 h5py, np, _ = require("h5py", "numpy", "torch")  # torch: the scripts need it
 AMPSCOPE, WORK = arguments("AMPSCOPE_BINARY", "WORK_DIR")

@@ -11,7 +11,8 @@ import struct
 import subprocess
 import sys
 
-from harness import HERE, arguments, check, finish, require
+sys.dont_write_bytecode = True  # importing harness leaves no __pycache__ in the source tree
+from harness import HERE, arguments, check, finish, require  # noqa: E402
 
 torch, = require("torch")
 AMPSCOPE, WORK = arguments("AMPSCOPE_BINARY", "WORK_DIR")

@@ -17,7 +17,8 @@ import os
 import subprocess
 import sys
 
-from harness import HERE, SCRIPTS, arguments, check, finish, require
+sys.dont_write_bytecode = True  # importing harness leaves no __pycache__ in the source tree
+from harness import HERE, SCRIPTS, arguments, check, finish, require  # noqa: E402
 
 h5py, np, torch = require("h5py", "numpy", "torch")
 AMPSCOPE, TWIN_COMPARE, WORK = arguments("AMPSCOPE", "TWIN_COMPARE", "WORK_DIR")
