@@ -405,7 +405,7 @@ std::vector<Candidate> candidates_of(const TrainConfig& base, const analysis::Re
         Candidate c{"", r.option.substr(2), "", r.why, base};
         std::replace(c.kind.begin(), c.kind.end(), '-', '_');
         if (!apply_fp8(r, margin, c.config, c.flag, c.name)) continue;
-        c.remedy_flag = r.command_line;
+        c.remedy_flag = c.flag;  // what mark_verified matches a finding's remedy on (its command line)
         add(std::move(c));
       }
     }

@@ -364,6 +364,7 @@ struct Fp8Remedy {
   std::string value;         // "hybrid", "1", "current"
   std::string command_line;  // "--fp8-format hybrid"
   std::string why;
+  bool verified = false;  // `ampscope fix`'s results file beside the trace confirms it (mark_verified)
 };
 
 struct Fp8Finding {

@@ -625,7 +625,8 @@ json fp8_finding_json(const Fp8Finding& f) {
   }
   for (const Fp8Remedy& r : f.remedies)
     out["remedies"].push_back(
-        json{{"option", r.option}, {"value", r.value}, {"command_line", r.command_line}, {"why", r.why}});
+        json{{"option", r.option}, {"value", r.value}, {"command_line", r.command_line}, {"why", r.why},
+             {"verified", r.verified}});
   return out;
 }
 
@@ -893,7 +894,8 @@ void text_fp8(Text& t, const Report& rep) {
              t.paint(kBold, x.module), x.operand, x.format, x.count, x.nonzero, pct(x.fraction), steps,
              plural(x.steps, "recorded step"), pct(x.threshold), x.worst_step, pct(x.worst_fraction),
              num(x.max_scaled_amax));
-    for (const Fp8Remedy& r : x.remedies) t.line("      remedy: {} ({})", r.command_line, r.why);
+    for (const Fp8Remedy& r : x.remedies)
+      t.line("      remedy: {} ({}){}", r.command_line, r.why, r.verified ? " (verified by `ampscope fix`)" : "");
   }
 }
 

@@ -158,6 +158,25 @@ for name, kind, remedy in (("e4m3", "e4m3_grad_underflow", "fp8-format-hybrid"),
         assert set(runs) == {"original", "fp32", "fp8-format-hybrid"}, sorted(runs)
 PY
 
+# The report reads fix's results beside the trace: the verified remedy is marked, in text and JSON, and no NOTE.
+"$ampscope" report "$work/fix/e4m3.h5" >"$work/fix/e4m3.report.txt" 2>"$work/fix/e4m3.report.err"
+grep -qF 'remedy: --fp8-format hybrid' "$work/fix/e4m3.report.txt" || fail "report after fix lost the remedy"
+grep -F 'remedy: --fp8-format hybrid' "$work/fix/e4m3.report.txt" | grep -qF '(verified by `ampscope fix`)' ||
+  fail "report after fix does not mark --fp8-format hybrid verified"
+grep -qF "NOTE" "$work/fix/e4m3.report.err" && fail "report after fix ignores its results: $(cat "$work/fix/e4m3.report.err")"
+"$ampscope" report --json "$work/fix/sat.h5" >"$work/fix/sat.report.json" 2>/dev/null
+/usr/bin/python3 - "$work/fix" <<'PY' || fail "report --json after fix: see above"
+import json, os, sys
+d = sys.argv[1]
+fix = json.load(open(os.path.join(d, "sat.json")))
+verified = {r["flag"] for r in fix["runs"] if r["verified"]}
+doc = json.load(open(os.path.join(d, "sat.report.json")))
+for f in doc["fp8_findings"]:
+    for r in f["remedies"]:
+        assert r["verified"] == (r["command_line"] in verified), (f["module"], f["operand"], r, verified)
+assert any(r["verified"] for f in doc["fp8_findings"] for r in f["remedies"]), "no remedy marked verified"
+PY
+
 grep -qF "gradients underflow in E4M3:" "$work/e4m3.txt" || fail "report text names no E4M3 gradient underflow"
 grep -qF "remedy: --fp8-format hybrid" "$work/e4m3.txt" || fail "report text gives no --fp8-format hybrid remedy"
 grep -qF "silent saturation:" "$work/sat.txt" || fail "report text names no saturation"
