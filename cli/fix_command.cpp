@@ -20,6 +20,7 @@
 #include <limits>
 #include <ostream>
 #include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -337,6 +338,44 @@ bool apply(const analysis::Remedy& m, TrainConfig& c, std::string& flag) {
   return false;
 }
 
+// A run leaving FP8 (the fp32 reference, the bf16 remedy) drops the --fp8-* options, which train refuses with
+// another precision.
+void leave_fp8(TrainConfig& c) {
+  if (c.precision == Precision::fp8) return;
+  const TrainConfig defaults;
+  c.fp8_recipe = defaults.fp8_recipe;
+  c.fp8_format = defaults.fp8_format;
+  c.fp8_amax_history = defaults.fp8_amax_history;
+  c.fp8_amax_algo = defaults.fp8_amax_algo;
+  c.fp8_margin = defaults.fp8_margin;
+  c.fp8_keep_bf16.clear();
+}
+
+// An FP8 finding's cause in the plan (FixPlan::first.cause): "fp8:" and the finding's kind. A run without a
+// NaN/Inf anomaly whose report has FP8 findings is fixed for the first finding's kind (docs/fp8.md).
+constexpr std::string_view kFp8Cause = "fp8:";
+
+// An FP8 remedy (analysis::Fp8Remedy) applied to the configuration: false when it changes nothing (the run
+// already used it) or names an option fix does not know. --fp8-margin takes `margin` (the largest of the
+// findings': the option is one for every operand).
+bool apply_fp8(const analysis::Fp8Remedy& r, std::int64_t margin, TrainConfig& c, std::string& flag, std::string& name) {
+  if (r.option == "--fp8-format" && (r.value == "hybrid" || r.value == "e4m3") && c.fp8_format != r.value) {
+    c.fp8_format = r.value;
+  } else if (r.option == "--fp8-recipe" && (r.value == "current" || r.value == "delayed") && c.fp8_recipe != r.value) {
+    c.fp8_recipe = r.value;
+  } else if (r.option == "--fp8-margin" && c.fp8_recipe == "delayed" && margin > c.fp8_margin) {
+    c.fp8_margin = margin;
+    flag = fmt::format("--fp8-margin {}", margin);
+    name = fmt::format("fp8-margin-{}", margin);
+    return true;
+  } else {
+    return false;
+  }
+  flag = r.command_line;
+  name = r.option.substr(2) + "-" + r.value;
+  return true;
+}
+
 // The original, the fp32 reference, and one run per remedy an option can apply, each once.
 std::vector<Candidate> candidates_of(const TrainConfig& base, const analysis::Report& report, const std::string& trace) {
   std::vector<Candidate> cands;
@@ -352,11 +391,30 @@ std::vector<Candidate> candidates_of(const TrainConfig& base, const analysis::Re
   add({"original", "original", "", "the run as recorded (the baseline: step time, the anomaly again)", base});
   Candidate ref{"fp32", "fp32", "--precision fp32", "the fp32 reference run", base};
   ref.config.precision = Precision::fp32;
+  leave_fp8(ref.config);
   add(std::move(ref));
+  if (report.anomalies.empty() && !report.fp8.findings.empty()) {
+    // Fixing FP8 findings: the remedies of the findings of the first one's kind, which the re-runs are judged on.
+    const std::string& kind = report.fp8.findings.front().kind;
+    std::int64_t margin = 0;
+    for (const analysis::Fp8Finding& f : report.fp8.findings)
+      if (f.kind == kind) margin = std::max<std::int64_t>(margin, f.margin);
+    for (const analysis::Fp8Finding& f : report.fp8.findings) {
+      if (f.kind != kind) continue;
+      for (const analysis::Fp8Remedy& r : f.remedies) {
+        Candidate c{"", r.option.substr(2), "", r.why, base};
+        std::replace(c.kind.begin(), c.kind.end(), '-', '_');
+        if (!apply_fp8(r, margin, c.config, c.flag, c.name)) continue;
+        c.remedy_flag = c.flag;  // what mark_verified matches a finding's remedy on (its command line)
+        add(std::move(c));
+      }
+    }
+  }
   for (const analysis::Diagnosis& d : report.anomalies) {
     for (const analysis::Remedy& m : d.remedies) {
       Candidate c{"", m.kind, "", m.text, base};
       if (!apply(m, c.config, c.flag)) continue;
+      leave_fp8(c.config);
       c.remedy_flag = m.flag;
       c.name = m.kind == "autocast_fp32" ? "autocast-fp32-" + m.pattern
                : m.kind == "learning_rate" ? fmt::format("lr-{}", m.value)
@@ -664,8 +722,18 @@ std::optional<FixPlan> make_plan(const FixRequest& request) {
     report = analysis::analyse(reader);
     plan.step_rows = reader.row_counts().steps;
   }
-  if (report.anomalies.empty()) return std::nullopt;
-  plan.first = report.anomalies.front();
+  if (!report.anomalies.empty()) {
+    plan.first = report.anomalies.front();
+  } else if (!report.fp8.findings.empty()) {
+    // No NaN/Inf anomaly, but FP8 findings (calibration): fix proves the remedies of the first one's kind.
+    const analysis::Fp8Finding& f = report.fp8.findings.front();
+    plan.first.cause = std::string(kFp8Cause) + f.kind;
+    plan.first.step = f.first_step;
+    plan.first.module = f.module;
+    plan.first.op = f.operand;
+  } else {
+    return std::nullopt;
+  }
   plan.folder = fs::path(request.trace).parent_path();
   const fs::path root = fs::canonical(plan.folder.empty() ? fs::path(".") : plan.folder);
   plan.base = plan.recorded.config;
@@ -751,6 +819,17 @@ void judge_rerun(trace::TraceReader& reader, const std::string& cause, Outcome& 
   const analysis::Report rep = analysis::analyse(reader);
   o.first = "none";
   o.gone = true;
+  if (cause.starts_with(kFp8Cause)) {
+    // An FP8 finding's kind: gone when the re-run's /fp8 rows give no finding of that kind on any operand.
+    const std::string kind = cause.substr(kFp8Cause.size());
+    for (const analysis::Fp8Finding& f : rep.fp8.findings) {
+      if (f.kind != kind) continue;
+      o.gone = false;
+      o.first = fmt::format("step {}, {} in {}", f.first_step, f.operand, f.module);
+      break;
+    }
+    return;
+  }
   for (const analysis::Diagnosis& d : rep.anomalies) {
     if (d.cause != cause) continue;
     o.gone = false;
@@ -786,6 +865,9 @@ Outcome measure(const Candidate& cand, const std::string& cause, const PrivateFo
     const TrainConfig ran = read_recorded(reader.run_info().config, config.out).config;
     if (cand.kind == "enable_scaler") o.applied = ran.use_scaler;
     if (cand.kind == "zero_grad") o.applied = ran.zero_grad;
+    if (cand.kind == "fp8_format") o.applied = ran.fp8_format == cand.config.fp8_format;
+    if (cand.kind == "fp8_recipe") o.applied = ran.fp8_recipe == cand.config.fp8_recipe;
+    if (cand.kind == "fp8_margin") o.applied = ran.fp8_margin == cand.config.fp8_margin;
     judge_rerun(reader, cause, o);
   }
   publish_output_file(config.out, cand.trace, "the re-run's trace");

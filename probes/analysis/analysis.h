@@ -345,6 +345,46 @@ struct Fp8OperandSummary {
   double last_amax = 0, last_scale = 1;  // at the last recorded step
 };
 
+// FP8 findings (docs/fp8.md, "Diagnoses"): calibration-like, not anomalies. The casts saturate (satfinite) and
+// underflow silently, so nothing here is a NaN/Inf; a finding says which operand lost values, over which recorded
+// steps, and which --fp8-* options would stop it. Judged per recorded step on that step's row.
+//
+// Gradients in E4M3 underflowing: a grad_output operand quantized to e4m3 with more than this fraction of its
+// nonzero values quantized to zero in a step. 2% is the level bionemo's FP8 analyzer flags in its gradient
+// underflow heatmaps; E4M3's range below the scaled amax is 2^-9 / 448, about 2^-18 (E5M2's is 2^-16 / 57344,
+// about 2^-32), so gradients whose spread is wider than that lose their small values, which HYBRID keeps.
+inline constexpr double kFp8GradUnderflowThreshold = 0.02;
+// Silent saturation: an operand with more than this fraction of its nonzero values clipped at +-max in a step.
+// An ordinary delayed-recipe run clips a little in the steps where an amax grew past the previous window (the
+// mlp sample's 4-step run in docs/report-format.md peaks at 0.6% on a weight); 1% is above that.
+inline constexpr double kFp8SaturationThreshold = 0.01;
+
+struct Fp8Remedy {
+  std::string option;        // "--fp8-format", "--fp8-margin", "--fp8-recipe"
+  std::string value;         // "hybrid", "1", "current"
+  std::string command_line;  // "--fp8-format hybrid"
+  std::string why;
+  bool verified = false;  // `ampscope fix`'s results file beside the trace confirms it (mark_verified)
+};
+
+struct Fp8Finding {
+  std::string kind;  // "e4m3_grad_underflow" or "saturation"
+  std::string module, operand, format;
+  std::int64_t first_step = 0, last_step = 0;  // the first and last recorded step over the threshold
+  std::int64_t steps = 0;                       // recorded steps over the threshold
+  // Summed over the steps over the threshold: the nonzero values and those that underflowed (or saturated).
+  std::int64_t nonzero = 0, count = 0;
+  double fraction = 0;        // count / nonzero
+  double threshold = 0;       // the per-step fraction it exceeded
+  std::int64_t worst_step = 0;
+  double worst_fraction = 0;  // the highest per-step fraction, at worst_step (the first such step)
+  // Saturation only: the largest amax * scale of a flagged step (how far past max the scaled values reached) and
+  // the margin 2^margin that brings it to or under the format's max (at least 1).
+  double max_scaled_amax = 0;
+  int margin = 0;
+  std::vector<Fp8Remedy> remedies;
+};
+
 struct Fp8Section {
   std::int64_t rows = 0;     // /fp8 rows read (0: not an fp8 run, or nothing recorded)
   std::int64_t steps = 0;    // steps with rows
@@ -354,6 +394,8 @@ struct Fp8Section {
   // Indices into operands of those with any underflow (or saturation), worst fraction first (ties: operands'
   // order), at most kFp8Worst each.
   std::vector<std::size_t> worst_underflow, worst_saturation;
+  // Findings (kinds in that order, then operands' order); empty when nothing crossed a threshold.
+  std::vector<Fp8Finding> findings;
   bool recorded() const { return rows > 0; }
 };
 inline constexpr std::size_t kFp8Worst = 5;

@@ -45,12 +45,17 @@ std::string mark_verified(Report& report, const std::string& trace) {
     return ignored("it lacks 'runs', 'cause' or 'first_anomaly' (damaged?); run `ampscope fix` again");
   // The file belongs to this run only when it names the same first anomaly (a trace written again since
   // `ampscope fix` ran has another story).
-  if (report.anomalies.empty()) return ignored("the report finds no anomaly, the results file describes one");
-  const Diagnosis& d = report.anomalies.front();
+  // An FP8 run without anomalies: fix proved the remedies of its first FP8 finding (cause "fp8:" and the kind).
+  const bool fp8 = report.anomalies.empty() && !report.fp8.findings.empty();
+  if (report.anomalies.empty() && !fp8)
+    return ignored("the report finds no anomaly, the results file describes one");
   const nlohmann::json& step = (*first)["step"];
   const nlohmann::json& op = (*first)["op"];
-  if (doc["cause"] != d.cause || !step.is_number_integer() || step.get<std::int64_t>() != d.step || !op.is_string() ||
-      op.get<std::string>() != d.op)
+  const std::string cause = fp8 ? "fp8:" + report.fp8.findings.front().kind : report.anomalies.front().cause;
+  const std::int64_t first_step = fp8 ? report.fp8.findings.front().first_step : report.anomalies.front().step;
+  const std::string first_op = fp8 ? report.fp8.findings.front().operand : report.anomalies.front().op;
+  if (doc["cause"] != cause || !step.is_number_integer() || step.get<std::int64_t>() != first_step || !op.is_string() ||
+      op.get<std::string>() != first_op)
     return ignored("it was written for another run (its first anomaly differs); run `ampscope fix` again");
   for (const nlohmann::json& r : *runs) {
     if (!r.is_object()) return ignored("an entry of 'runs' is not an object (damaged?)");
@@ -72,6 +77,11 @@ std::string mark_verified(Report& report, const std::string& trace) {
         if (m.kind == r["kind"].get<std::string>() && m.flag == r["remedy_flag"].get<std::string>() &&
             (!by_text || m.text == text->get<std::string>()))
           m.verified = true;
+    // An FP8 remedy: by its command line (fix tries the largest margin of the findings, so a finding whose own
+    // margin is smaller is not marked: that margin was not tried).
+    for (Fp8Finding& f : report.fp8.findings)
+      for (Fp8Remedy& m : f.remedies)
+        if (fp8 && m.command_line == r["remedy_flag"].get<std::string>()) m.verified = true;
   }
   return "";
 }

@@ -604,6 +604,32 @@ json fp8_operand_json(const Fp8OperandSummary& o) {
               {"last_scale", number(o.last_scale)}};
 }
 
+json fp8_finding_json(const Fp8Finding& f) {
+  json out{{"kind", f.kind},
+           {"module", f.module},
+           {"operand", f.operand},
+           {"format", f.format},
+           {"first_step", f.first_step},
+           {"last_step", f.last_step},
+           {"steps", f.steps},
+           {"nonzero", f.nonzero},
+           {"count", f.count},
+           {"fraction", number(f.fraction)},
+           {"threshold", number(f.threshold)},
+           {"worst_step", f.worst_step},
+           {"worst_fraction", number(f.worst_fraction)},
+           {"remedies", json::array()}};
+  if (f.kind == "saturation") {
+    out["max_scaled_amax"] = number(f.max_scaled_amax);
+    out["margin"] = f.margin;
+  }
+  for (const Fp8Remedy& r : f.remedies)
+    out["remedies"].push_back(
+        json{{"option", r.option}, {"value", r.value}, {"command_line", r.command_line}, {"why", r.why},
+             {"verified", r.verified}});
+  return out;
+}
+
 json fp8_json(const Fp8Section& s) {
   json out{{"recorded", s.recorded()}, {"rows", s.rows},           {"steps", s.steps},
            {"modules", s.modules},     {"first_step", s.first_step}, {"last_step", s.last_step},
@@ -862,6 +888,30 @@ void text_fp8(Text& t, const Report& rep) {
     t.line("  worst by saturation (values clipped at +-max, silently):");
     for (std::size_t i : f.worst_saturation) line(f.operands[i]);
   }
+  // Findings: calibration-like (no NaN/Inf), kept apart from the anomalies as the scaler's calibration is.
+  if (f.findings.empty()) {
+    t.line("  findings: none (no E4M3 gradient underflow above {}, no saturation above {} in a step)",
+           pct(kFp8GradUnderflowThreshold), pct(kFp8SaturationThreshold));
+    return;
+  }
+  t.line("  findings (calibration, not anomalies: nothing became NaN/Inf):");
+  for (const Fp8Finding& x : f.findings) {
+    const std::string steps = x.first_step == x.last_step ? fmt::format("step {}", x.first_step)
+                                                          : fmt::format("steps {} to {}", x.first_step, x.last_step);
+    if (x.kind == "e4m3_grad_underflow")
+      t.line("    {} {} [{}]: gradients underflow in E4M3: {} of {} nonzero values quantized to 0 ({}) over {} "
+             "({} over {}; worst step {}: {})",
+             t.paint(kBold, x.module), x.operand, x.format, x.count, x.nonzero, pct(x.fraction), steps,
+             plural(x.steps, "recorded step"), pct(x.threshold), x.worst_step, pct(x.worst_fraction));
+    else
+      t.line("    {} {} [{}]: silent saturation: {} of {} nonzero values clipped at +-max ({}) over {} ({} over "
+             "{}; worst step {}: {}); amax * scale reached {}",
+             t.paint(kBold, x.module), x.operand, x.format, x.count, x.nonzero, pct(x.fraction), steps,
+             plural(x.steps, "recorded step"), pct(x.threshold), x.worst_step, pct(x.worst_fraction),
+             num(x.max_scaled_amax));
+    for (const Fp8Remedy& r : x.remedies)
+      t.line("      remedy: {} ({}){}", r.command_line, r.why, r.verified ? " (verified by `ampscope fix`)" : "");
+  }
 }
 
 // One closing line.
@@ -925,6 +975,8 @@ std::string render_json(const Report& rep) {
   doc["precision"] = precision_json(rep.precision);
   doc["swamped"] = swamped_json(rep.swamped);
   doc["fp8"] = fp8_json(rep.fp8);
+  doc["fp8_findings"] = json::array();
+  for (const Fp8Finding& f : rep.fp8.findings) doc["fp8_findings"].push_back(fp8_finding_json(f));
   // Invalid UTF-8 in a recorded name (a cut string) becomes U+FFFD rather than an exception.
   return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
