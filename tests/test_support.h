@@ -8,11 +8,14 @@
 #include <limits>
 #include <exception>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <initializer_list>
 #include <string>
 #include <string_view>
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/backend.h"
@@ -32,6 +35,26 @@ inline std::filesystem::path process_scratch_dir(const std::string& prefix) {
   static Folder folder{std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()))};
   std::filesystem::create_directories(folder.path);
   return folder.path;
+}
+
+// A file's bytes and its modification time, to show that a command neither wrote nor touched it (the
+// target of a link planted under an output's name).
+//   const FileSnapshot before = file_snapshot(target);  ...  EXPECT_EQ(file_snapshot(target), before);
+struct FileSnapshot {
+  std::string bytes;
+  timespec mtime{};
+  bool operator==(const FileSnapshot& o) const {
+    return bytes == o.bytes && mtime.tv_sec == o.mtime.tv_sec && mtime.tv_nsec == o.mtime.tv_nsec;
+  }
+};
+inline FileSnapshot file_snapshot(const std::filesystem::path& p) {
+  FileSnapshot s;
+  std::ifstream f(p, std::ios::binary);
+  s.bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  struct stat st {};
+  EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+  s.mtime = st.st_mtim;
+  return s;
 }
 
 }  // namespace ampscope::testing

@@ -159,24 +159,6 @@ void shift_steps(const fs::path& trace_path, std::int64_t offset) {
   H5Fclose(file);
 }
 
-// A file's bytes and its modification time, to show it was neither written nor touched.
-struct Snapshot {
-  std::string bytes;
-  timespec mtime{};
-  bool operator==(const Snapshot& o) const {
-    return bytes == o.bytes && mtime.tv_sec == o.mtime.tv_sec && mtime.tv_nsec == o.mtime.tv_nsec;
-  }
-};
-Snapshot snapshot(const fs::path& p) {
-  Snapshot s;
-  std::ifstream f(p, std::ios::binary);
-  s.bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  struct stat st {};
-  EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
-  s.mtime = st.st_mtim;
-  return s;
-}
-
 // A file outside the trace's folder that a planted link points at.
 fs::path victim(const std::string& name) {
   const fs::path dir = process_scratch_dir("ampscope_fix_safety") / "elsewhere";
@@ -237,7 +219,7 @@ TEST(fix_safety_test, links_planted_under_its_output_names_are_refused_before_an
     SCOPED_TRACE(name);
     const fs::path target = victim(name + ".target");
     fs::create_symlink(target, dir / name);
-    const Snapshot before = snapshot(target);
+    const FileSnapshot before = file_snapshot(target);
     const FixRun r = fix({.trace = trace.string(), .after = 1});
     EXPECT_EQ(r.status, samples::kExitUsage) << r.err;
     EXPECT_NE(r.err.find("'" + (dir / name).string() + "' is a symbolic link (to '" + target.string() + "')"),
@@ -245,34 +227,34 @@ TEST(fix_safety_test, links_planted_under_its_output_names_are_refused_before_an
         << r.err;
     EXPECT_NE(r.err.find("ampscope never writes through a link"), std::string::npos) << r.err;
     EXPECT_FALSE(any_rerun(r.err)) << r.err;
-    EXPECT_TRUE(snapshot(target) == before) << "the link's target was written";
+    EXPECT_TRUE(file_snapshot(target) == before) << "the link's target was written";
     EXPECT_TRUE(fs::is_symlink(dir / name));
     fs::remove(dir / name);
   }
   // --output naming a link: the same.
   const fs::path target = victim("output.target");
   fs::create_symlink(target, dir / "mine.json");
-  const Snapshot before = snapshot(target);
+  const FileSnapshot before = file_snapshot(target);
   const FixRun r = fix({.trace = trace.string(), .after = 1, .output = (dir / "mine.json").string()});
   EXPECT_EQ(r.status, samples::kExitUsage) << r.err;
-  EXPECT_TRUE(snapshot(target) == before);
+  EXPECT_TRUE(file_snapshot(target) == before);
 }
 
 TEST(fix_safety_test, lock_file_links_beside_the_trace_are_never_followed) {
   const fs::path dir = fresh_dir("locks");
   const fs::path trace = train_into(dir);
-  std::vector<std::pair<fs::path, Snapshot>> targets;
+  std::vector<std::pair<fs::path, FileSnapshot>> targets;
   for (const std::string name : {"t.h5.lock", "t.fix-original.h5.lock", "t.fix-fp32.h5.lock", "t.fix-bf16.h5.lock"}) {
     const fs::path target = victim(name + ".target");
     fs::create_symlink(target, dir / name);
-    targets.emplace_back(target, snapshot(target));
+    targets.emplace_back(target, file_snapshot(target));
   }
   // A dangling link: a lock file opened through it (O_CREAT) would create its target.
   const fs::path absent = process_scratch_dir("ampscope_fix_safety") / "elsewhere" / "never-created";
   fs::create_symlink(absent, dir / "t.fix-autocast-fp32-blocks.0.attn.h5.lock");
   const FixRun r = fix({.trace = trace.string(), .after = 1});
   EXPECT_EQ(r.status, samples::kExitClean) << r.err << r.out;
-  for (const auto& [target, before] : targets) EXPECT_TRUE(snapshot(target) == before) << target;
+  for (const auto& [target, before] : targets) EXPECT_TRUE(file_snapshot(target) == before) << target;
   EXPECT_FALSE(fs::exists(absent));
   for (const std::string name : {"t.h5.lock", "t.fix-original.h5.lock"}) EXPECT_TRUE(fs::is_symlink(dir / name)) << name;
   // Nothing of the fix's own is left behind but its traces and results (no staging folder, no lock file).
@@ -292,7 +274,7 @@ TEST(fix_safety_test, reads_the_recorded_inputs_only_from_under_the_traces_folde
   }
   // The sender trained on a file of theirs by an absolute path.
   const fs::path trace = train_into(dir, [&](TrainConfig& c) { c.text_file = corpus.string(); });
-  const Snapshot before = snapshot(corpus);
+  const FileSnapshot before = file_snapshot(corpus);
   FixRun r = fix({.trace = trace.string(), .after = 1});
   EXPECT_EQ(r.status, samples::kExitUsage);
   EXPECT_NE(r.err.find("the recorded run read '" + corpus.string() + "' (--text), an absolute path"), std::string::npos)
@@ -327,7 +309,7 @@ TEST(fix_safety_test, reads_the_recorded_inputs_only_from_under_the_traces_folde
   EXPECT_EQ(r.status, samples::kExitUsage);
   EXPECT_NE(r.err.find("it is a FIFO (named pipe), not a regular file"), std::string::npos) << r.err;
   EXPECT_FALSE(any_rerun(r.err));
-  EXPECT_TRUE(snapshot(corpus) == before);
+  EXPECT_TRUE(file_snapshot(corpus) == before);
 
   // A copy beside the trace, named relatively: read from there (this process's working folder is another).
   ASSERT_NE(fs::current_path(), dir);

@@ -33,23 +33,6 @@ fs::path fresh_dir(const std::string& name) {
   return dir;
 }
 
-struct Snapshot {
-  std::string bytes;
-  timespec mtime{};
-  bool operator==(const Snapshot& o) const {
-    return bytes == o.bytes && mtime.tv_sec == o.mtime.tv_sec && mtime.tv_nsec == o.mtime.tv_nsec;
-  }
-};
-Snapshot snapshot(const fs::path& p) {
-  Snapshot s;
-  std::ifstream f(p, std::ios::binary);
-  s.bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  struct stat st {};
-  EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
-  s.mtime = st.st_mtim;
-  return s;
-}
-
 // A file outside `dir` and a link to it planted in `dir` under `name`.
 fs::path plant_link(const fs::path& dir, const std::string& name) {
   const fs::path elsewhere = process_scratch_dir("ampscope_output_links") / "elsewhere";
@@ -75,14 +58,14 @@ TEST(output_links_test, output_file_replaces_a_regular_file_and_refuses_links_fi
   // A regular file is replaced, whole.
   std::ofstream(dir / "a.txt") << "old contents, longer than the new ones\n";
   write_output_file(dir / "a.txt", "new\n");
-  EXPECT_EQ(snapshot(dir / "a.txt").bytes, "new\n");
+  EXPECT_EQ(file_snapshot(dir / "a.txt").bytes, "new\n");
   // A link, to a file or to nothing: refused, the target untouched (or never created).
   const fs::path target = plant_link(dir, "b.txt");
-  const Snapshot before = snapshot(target);
+  const FileSnapshot before = file_snapshot(target);
   EXPECT_THROW_MSG(write_output_file(dir / "b.txt", "x", "the results file"), Error,
                    "the results file '" + (dir / "b.txt").string() + "' is a symbolic link (to '" + target.string() + "')",
                    "hint: remove the link");
-  EXPECT_TRUE(snapshot(target) == before);
+  EXPECT_TRUE(file_snapshot(target) == before);
   const fs::path absent = dir.parent_path() / "elsewhere" / "never-created";
   fs::create_symlink(absent, dir / "c.txt");
   EXPECT_THROW_MSG(write_output_file(dir / "c.txt", "x"), Error, "is a symbolic link");
@@ -98,7 +81,7 @@ TEST(output_links_test, output_file_replaces_a_regular_file_and_refuses_links_fi
     f.write("data");
     const fs::path late = plant_link(dir, "f.txt");
     EXPECT_THROW_MSG(f.commit(), Error, "is a symbolic link");
-    EXPECT_EQ(snapshot(late).bytes, "precious bytes\n");
+    EXPECT_EQ(file_snapshot(late).bytes, "precious bytes\n");
   }
   for (const auto& entry : fs::directory_iterator(dir))
     EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
@@ -108,7 +91,7 @@ TEST(output_links_test, report_and_diff_output_files_are_never_written_through_a
   const fs::path dir = fresh_dir("report");
   const std::string trace = trace_in(dir);
   const fs::path target = plant_link(dir, "report.json");
-  const Snapshot before = snapshot(target);
+  const FileSnapshot before = file_snapshot(target);
   std::ostringstream out, err;
   samples::ReportRequest report;
   report.trace = trace;
@@ -117,7 +100,7 @@ TEST(output_links_test, report_and_diff_output_files_are_never_written_through_a
   EXPECT_EQ(samples::run_report(report, out, err), samples::kExitUsage);
   EXPECT_NE(err.str().find("ampscope report: error: '" + report.output + "' is a symbolic link"), std::string::npos)
       << err.str();
-  EXPECT_TRUE(snapshot(target) == before);
+  EXPECT_TRUE(file_snapshot(target) == before);
 
   samples::DiffRequest diff;
   diff.a = trace;
@@ -126,7 +109,7 @@ TEST(output_links_test, report_and_diff_output_files_are_never_written_through_a
   std::ostringstream dout, derr;
   EXPECT_EQ(samples::run_diff(diff, dout, derr), samples::kExitUsage);
   EXPECT_NE(derr.str().find("is a symbolic link"), std::string::npos) << derr.str();
-  EXPECT_TRUE(snapshot(target) == before);
+  EXPECT_TRUE(file_snapshot(target) == before);
 }
 
 TEST(output_links_test, export_refuses_a_link_under_a_csv_name_and_never_follows_the_old_temporary_names) {
@@ -136,21 +119,21 @@ TEST(output_links_test, export_refuses_a_link_under_a_csv_name_and_never_follows
   fs::create_directories(csv);
   // The names the export used to write first (NAME.tmp): links there are now simply never opened.
   const fs::path old_temporary = plant_link(csv, "run.csv.tmp");
-  const Snapshot old_before = snapshot(old_temporary);
+  const FileSnapshot old_before = file_snapshot(old_temporary);
   const fs::path target = plant_link(csv, "steps.csv");
-  const Snapshot before = snapshot(target);
+  const FileSnapshot before = file_snapshot(target);
   std::ostringstream out, err;
   EXPECT_EQ(samples::run_export({.trace = trace, .dir = csv.string()}, out, err), samples::kExportFailed);
   EXPECT_NE(err.str().find("'" + (csv / "steps.csv").string() + "' is a symbolic link"), std::string::npos) << err.str();
-  EXPECT_TRUE(snapshot(target) == before);
-  EXPECT_TRUE(snapshot(old_temporary) == old_before);
+  EXPECT_TRUE(file_snapshot(target) == before);
+  EXPECT_TRUE(file_snapshot(old_temporary) == old_before);
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(csv / "run.csv")));  // written before steps.csv, as a file
 }
 
 TEST(output_links_test, train_never_writes_a_kept_checkpoint_through_a_link) {
   const fs::path dir = fresh_dir("kept");
   const fs::path target = plant_link(dir, "ck.step-2.h5");
-  const Snapshot before = snapshot(target);
+  const FileSnapshot before = file_snapshot(target);
   samples::TrainConfig c;
   c.sample = "mlp";
   c.device = "cpu";
@@ -160,15 +143,15 @@ TEST(output_links_test, train_never_writes_a_kept_checkpoint_through_a_link) {
   c.keep_checkpoints = true;
   EXPECT_THROW_MSG(samples::train(c), Error,
                    "the kept checkpoint '" + (dir / "ck.step-2.h5").string() + "' is a symbolic link");
-  EXPECT_TRUE(snapshot(target) == before);
+  EXPECT_TRUE(file_snapshot(target) == before);
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / "ck.step-1.h5")));  // the one before it, as a file
   // A link under the checkpoint's own name: refused before the run starts.
   const fs::path main_target = plant_link(dir, "main.h5");
-  const Snapshot main_before = snapshot(main_target);
+  const FileSnapshot main_before = file_snapshot(main_target);
   c.checkpoint = (dir / "main.h5").string();
   c.keep_checkpoints = false;
   EXPECT_THROW_MSG(samples::train(c), Error, "--checkpoint '" + c.checkpoint + "' is a symbolic link");
-  EXPECT_TRUE(snapshot(main_target) == main_before);
+  EXPECT_TRUE(file_snapshot(main_target) == main_before);
   EXPECT_TRUE(fs::is_symlink(dir / "main.h5"));
 }
 
