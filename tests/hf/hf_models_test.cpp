@@ -8,6 +8,7 @@
 #include "core/ops.h"
 #include "core/io/safetensors.h"
 #include "models/hf_models.h"
+#include "tests/hf/tiny_configs.h"
 #include "tests/test_support.h"
 
 namespace ampscope {
@@ -17,16 +18,8 @@ namespace fs = std::filesystem;
 namespace hf = samples::hf;
 using nlohmann::json;
 
-json gpt2_config() {
-  return {{"model_type", "gpt2"}, {"vocab_size", 64}, {"n_positions", 16}, {"n_embd", 32}, {"n_layer", 2},
-          {"n_head", 4}};
-}
-
-json llama_config() {
-  return {{"model_type", "llama"},     {"vocab_size", 64},         {"max_position_embeddings", 32},
-          {"hidden_size", 32},         {"intermediate_size", 48},  {"num_hidden_layers", 2},
-          {"num_attention_heads", 4},  {"num_key_value_heads", 2}, {"tie_word_embeddings", false}};
-}
+json gpt2_config() { return testing::tiny_gpt2_config(); }
+json llama_config() { return testing::tiny_llama_config(); }
 
 fs::path scratch(const std::string& name) {
   const fs::path dir = testing::process_scratch_dir("ampscope_hf_models") / name;
