@@ -376,8 +376,8 @@ inline constexpr std::int64_t kFp8StaleMinHeld = 3;
 inline constexpr std::int64_t kFp8ShortHistory = kFp8StaleMinHeld - 1;
 
 // A layer whose FP8 error dominates (fp8_error_dominates): the Linear with the largest mean relative RMS quantization
-// error of an operand over the recorded steps (trace::Fp8Row::rel_rms_error), if that error exceeds the unit
-// roundoff of the operand's format: 2^-4 (E4M3: 4 significant bits) or 2^-3 (E5M2). Round to nearest moves a value
+// error of an operand over the recorded steps (trace::Fp8Row::rel_rms_error), measured in units of the operand's
+// format's unit roundoff, if that error exceeds the unit roundoff: 2^-4 (E4M3: 4 significant bits) or 2^-3 (E5M2). Round to nearest moves a value
 // in the normal range and under +-max by at most that much relative to itself, so an RMS error above it can come
 // only from values lost to underflow, subnormal codes or saturation; ordinary runs sit at about 0.4 of it.
 inline double fp8_unit_roundoff(const std::string& format) { return format == "e5m2" ? 0.125 : 0.0625; }
@@ -432,7 +432,7 @@ struct Fp8Finding {
   double underflow_before = 0, underflow_after = 0;
   std::int64_t window = 0;
   // fp8_error_dominates only: the module's worst operand's mean relative RMS error over its recorded steps, the
-  // bound it exceeds (fp8_unit_roundoff of its format), and the largest such error of any other module.
+  // bound it exceeds (fp8_unit_roundoff of its format), and the module next by error / bound, with its error.
   double error = 0, error_bound = 0, next_error = 0;
   std::string next_module;
   std::vector<Fp8Remedy> remedies;

@@ -178,8 +178,10 @@ void add_findings(const std::vector<const trace::Fp8Row*>& list, const Fp8RunSet
 std::optional<Fp8Finding> error_dominates(
     const std::map<std::tuple<std::string, int>, std::vector<const trace::Fp8Row*>>& by_operand,
     const Fp8RunSettings& run) {
+  // Compared by error / the format's unit roundoff: how far past what rounding alone explains (an E5M2 operand
+  // rounds twice as coarsely as an E4M3 one).
   struct Worst {
-    double error = -1;
+    double error = -1, ratio = -1;
     const std::vector<const trace::Fp8Row*>* rows = nullptr;
   };
   std::map<std::string, Worst> by_module;
@@ -193,13 +195,14 @@ std::optional<Fp8Finding> error_dominates(
     }
     if (n == 0) continue;
     const double mean = sum / static_cast<double>(n);
+    const double ratio = mean / fp8_unit_roundoff(list.front()->format);
     Worst& w = by_module[std::get<0>(key)];
-    if (mean > w.error) w = {mean, &list};  // operands' order breaks ties
+    if (ratio > w.ratio) w = {mean, ratio, &list};  // operands' order breaks ties
   }
   const Worst* top = nullptr;
   std::string top_module;
   for (const auto& [module, w] : by_module) {
-    if (top == nullptr || w.error > top->error) {
+    if (top == nullptr || w.ratio > top->ratio) {
       top = &w;
       top_module = module;
     }
@@ -207,7 +210,7 @@ std::optional<Fp8Finding> error_dominates(
   if (top == nullptr) return std::nullopt;
   const std::vector<const trace::Fp8Row*>& list = *top->rows;
   const double bound = fp8_unit_roundoff(list.front()->format);
-  if (!(top->error > bound)) return std::nullopt;
+  if (!(top->ratio > 1)) return std::nullopt;
   Fp8Finding f;
   f.kind = "fp8_error_dominates";
   f.module = top_module;
@@ -216,8 +219,10 @@ std::optional<Fp8Finding> error_dominates(
   f.error = top->error;
   f.error_bound = bound;
   f.threshold = bound;
+  double next_ratio = -1;
   for (const auto& [module, w] : by_module) {
-    if (module != top_module && w.error > f.next_error) {
+    if (module != top_module && w.ratio > next_ratio) {
+      next_ratio = w.ratio;
       f.next_error = w.error;
       f.next_module = module;
     }
