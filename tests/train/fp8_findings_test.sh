@@ -143,7 +143,9 @@ for name, kind, remedy in (("e4m3", "e4m3_grad_underflow", "fp8-format-hybrid"),
     runs = {r["name"]: r for r in doc["runs"]}
     assert over(rows(runs["original"]["trace"]), kind), (name, "the original re-run has no row over the threshold")
     r = runs[remedy]
-    assert r["applied"] and r["anomaly_gone"] and r["verified"], (name, r)
+    assert r["applied"] and r["finding_gone"] and r["verified"], (name, r)
+    assert "first_finding" in doc and "first_anomaly" not in doc, sorted(doc)  # a finding, not an anomaly
+    assert "bf16" in runs and runs["bf16"]["kind"] == "bf16_reference" and not runs["bf16"]["verified"], runs.get("bf16")
     assert over(rows(r["trace"]), kind) == [], (name, remedy, "its re-run still has rows over the threshold")
     if name == "sat":
         # The margin candidate: the largest margin over the original trace's saturating rows.
@@ -155,7 +157,7 @@ for name, kind, remedy in (("e4m3", "e4m3_grad_underflow", "fp8-format-hybrid"),
         # Verified exactly when its re-run's rows are under the threshold (at --lr 0.5 they are not: docs/fp8.md).
         assert m["verified"] == (over(rows(m["trace"]), kind) == []), m
     else:
-        assert set(runs) == {"original", "fp32", "fp8-format-hybrid"}, sorted(runs)
+        assert set(runs) == {"original", "fp32", "bf16", "fp8-format-hybrid"}, sorted(runs)
 PY
 
 # The report reads fix's results beside the trace: the verified remedy is marked, in text and JSON, and no NOTE.
