@@ -535,13 +535,54 @@ Scenario fp8_stale_scale() {
   return s;
 }
 
+// fp8-e4m3-grads: every tensor in E4M3. TransformerEngine offers Format.E4M3 beside HYBRID, and E4M3's extra mantissa
+// bit reads like the better choice; for gradients it is not: they spread over more binades than E4M3's 2^18 below
+// the scaled amax. The delayed recipe's first step casts with the initial scale 1, where the mlp's gradients (about
+// 1e-3) lie below E4M3's smallest subnormal 2^-9.
+Scenario fp8_e4m3_grads() {
+  Scenario s;
+  s.name = "fp8-e4m3-grads";
+  s.description = "mlp, for --precision fp8: every tensor in E4M3 (--fp8-format e4m3 unless given), gradients too";
+  s.sample = "mlp";
+  s.expect =
+      "no NaN/Inf; under --precision fp8 the gradients fc1 and fc2 receive (grad_output) underflow in E4M3 at "
+      "step 0 (fc1's entirely): e4m3_grad_underflow, remedy --fp8-format hybrid";
+  s.configure = [](TrainConfig& c) {
+    c.sample = "mlp";
+    propose_steps(c, 10);
+    // Only an FP8 run has a format, and only where the user left HYBRID, the default.
+    if (c.precision == Precision::fp8 && c.fp8_format == defaults().fp8_format) c.fp8_format = "e4m3";
+  };
+  return s;
+}
+
+// fp8-saturation: the top of a learning-rate sweep. At lr 0.5 (500x the mlp's) the weights and activations grow
+// between steps faster than a delayed scale, computed from earlier steps' amaxes, follows: the values past the
+// history's amax are clipped at +-max by satfinite, silently (bf16 trains on, diverging but finite).
+Scenario fp8_saturation() {
+  Scenario s;
+  s.name = "fp8-saturation";
+  s.description = "mlp, for --precision fp8: learning rate 0.5 (the top of a sweep): amaxes outgrow the delayed scale";
+  s.sample = "mlp";
+  s.expect =
+      "no NaN/Inf; under --precision fp8 (delayed recipe) every Linear's weight saturates from step 1 (fc1's weight "
+      "100% in step 1): saturation findings, remedies --fp8-margin and --fp8-recipe current (current verifies)";
+  s.configure = [](TrainConfig& c) {
+    c.sample = "mlp";
+    propose_steps(c, 10);
+    propose_lr(c, 0.5);
+  };
+  return s;
+}
+
 }  // namespace
 
 const std::vector<Scenario>& scenario_registry() {
   static const std::vector<Scenario> kScenarios = {attention_overflow(), masked_softmax(), activation_overflow(),
                                                    log_zero(),           lr_explosion(),   grad_underflow(),
                                                    scale_collapse(),     no_zero_grad(),   rank_bad_batch(),
-                                                   rank_drift(),         fp8_stale_scale()};
+                                                   rank_drift(),         fp8_stale_scale(),  fp8_e4m3_grads(),
+                                                   fp8_saturation()};
   return kScenarios;
 }
 
