@@ -24,7 +24,7 @@ run() { "$@" >"$work/out.txt" 2>"$work/err.txt" || { [[ $? == 1 ]] || { fail "'$
 run "$ampscope" train --sample mlp --device cpu --steps 10 --seed 0 --precision fp8 --fp8-format e4m3 --out "$work/e4m3.h5"
 run "$ampscope" train --sample mlp --device cpu --steps 10 --seed 0 --precision fp8 --out "$work/hybrid.h5"
 run "$ampscope" train --sample mlp --device cpu --steps 10 --seed 0 --precision fp8 --lr 0.5 --out "$work/sat.h5"
-# The remedy --fp8-recipe current applied by hand to the saturating run (ampscope fix does not apply FP8 remedies yet).
+# The remedy --fp8-recipe current applied by hand to the saturating run (ampscope fix applies it below too).
 run "$ampscope" train --sample mlp --device cpu --steps 10 --seed 0 --precision fp8 --lr 0.5 --fp8-recipe current --out "$work/sat_current.h5"
 for name in e4m3 hybrid sat sat_current; do
   run "$ampscope" report --json "$work/$name.h5"
