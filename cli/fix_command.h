@@ -33,6 +33,8 @@ struct FixRequest {
   std::string text{};
   std::string model{};
   std::string tokens{};
+  // --finding KIND: an FP8 run's finding to fix (its first of that kind) instead of the report's first finding.
+  std::string finding{};
 };
 
 // Prints the plan on `err`, runs the re-runs, writes the results file and each re-run's trace beside the

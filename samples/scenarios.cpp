@@ -489,13 +489,100 @@ Scenario rank_drift() {
   return s;
 }
 
+// fp8-stale-scale: one record in raw units in one step. A data pipeline that standardises features record by record
+// and misses one (a malformed row whose feature 0 is a raw count, 1e5) hands the model a single outlier value in
+// step kRawRecordStep. In bf16 nothing overflows (1e5 is far below bf16's max); under FP8's delayed recipe the
+// input's amax of that step enters the amax history and sets the scale of every later step until it leaves the
+// window (1024 steps by default).
+constexpr std::int64_t kRawRecordStep = 3;
+
+class RawRecordTask final : public SampleTask {
+ public:
+  explicit RawRecordTask(std::unique_ptr<SampleTask> sample) : sample_(std::move(sample)) {}
+  nn::Module& model() override { return sample_->model(); }
+  Batch batch(std::int64_t step) override {
+    Batch b = sample_->batch(step);
+    if (step != kRawRecordStep) return b;
+    std::vector<double> x = b.x.values();
+    x[0] = kRawFeature;  // the first record's feature 0, unstandardised
+    b.x = from_values(x, b.x.shape(), {b.x.dtype(), b.x.device()});
+    return b;
+  }
+  Tensor loss(const Tensor& out, const Tensor& y) override { return sample_->loss(out, y); }
+  double default_lr() const override { return sample_->default_lr(); }
+  std::string identity() const override { return sample_->identity(); }
+
+ private:
+  std::unique_ptr<SampleTask> sample_;
+};
+
+Scenario fp8_stale_scale() {
+  Scenario s;
+  s.name = "fp8-stale-scale";
+  s.description = "mlp, for --precision fp8: at step 3 one record's feature 0 arrives in raw units (1e5)";
+  s.sample = "mlp";
+  s.expect =
+      "no NaN/Inf; under --precision fp8 (delayed recipe) fc1's input amax spikes at step 3, the scale of every "
+      "later step is set by it (the amax history holds it for 1024 steps), and from step 4 about 12% of fc1's "
+      "inputs quantize to zero (none did before): a stale_scale finding on fc1's input";
+  s.configure = [](TrainConfig& c) {
+    c.sample = "mlp";
+    propose_steps(c, 10);
+  };
+  s.make_task = [](const TrainConfig& c, Generator& gen) -> std::unique_ptr<SampleTask> {
+    return std::make_unique<RawRecordTask>(find_sample("mlp").make(c, gen));
+  };
+  return s;
+}
+
+// fp8-e4m3-grads: every tensor in E4M3. TransformerEngine offers Format.E4M3 beside HYBRID, and E4M3's extra mantissa
+// bit reads like the better choice; for gradients it is not: they spread over more binades than E4M3's 2^18 below
+// the scaled amax. The delayed recipe's first step casts with the initial scale 1, where the mlp's gradients (about
+// 1e-3) lie below E4M3's smallest subnormal 2^-9.
+Scenario fp8_e4m3_grads() {
+  Scenario s;
+  s.name = "fp8-e4m3-grads";
+  s.description = "mlp, for --precision fp8: every tensor in E4M3 (--fp8-format e4m3 unless given), gradients too";
+  s.sample = "mlp";
+  s.expect =
+      "no NaN/Inf; under --precision fp8 the gradients fc1 and fc2 receive (grad_output) underflow in E4M3 at "
+      "step 0 (fc1's entirely): e4m3_grad_underflow, remedy --fp8-format hybrid";
+  s.configure = [](TrainConfig& c) {
+    c.sample = "mlp";
+    propose_steps(c, 10);
+    // Only an FP8 run has a format, and only where the user left HYBRID, the default.
+    if (c.precision == Precision::fp8 && c.fp8_format == defaults().fp8_format) c.fp8_format = "e4m3";
+  };
+  return s;
+}
+
+// fp8-saturation: the top of a learning-rate sweep. At lr 0.5 (500x the mlp's) the weights and activations grow
+// between steps faster than a delayed scale, computed from earlier steps' amaxes, follows: the values past the
+// history's amax are clipped at +-max by satfinite, silently (bf16 trains on, diverging but finite).
+Scenario fp8_saturation() {
+  Scenario s;
+  s.name = "fp8-saturation";
+  s.description = "mlp, for --precision fp8: learning rate 0.5 (the top of a sweep): amaxes outgrow the delayed scale";
+  s.sample = "mlp";
+  s.expect =
+      "no NaN/Inf; under --precision fp8 (delayed recipe) every Linear's weight saturates from step 1 (fc1's weight "
+      "100% in step 1): saturation findings, remedies --fp8-margin and --fp8-recipe current (current verifies)";
+  s.configure = [](TrainConfig& c) {
+    c.sample = "mlp";
+    propose_steps(c, 10);
+    propose_lr(c, 0.5);
+  };
+  return s;
+}
+
 }  // namespace
 
 const std::vector<Scenario>& scenario_registry() {
   static const std::vector<Scenario> kScenarios = {attention_overflow(), masked_softmax(), activation_overflow(),
                                                    log_zero(),           lr_explosion(),   grad_underflow(),
                                                    scale_collapse(),     no_zero_grad(),   rank_bad_batch(),
-                                                   rank_drift()};
+                                                   rank_drift(),         fp8_stale_scale(),  fp8_e4m3_grads(),
+                                                   fp8_saturation()};
   return kScenarios;
 }
 

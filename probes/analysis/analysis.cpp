@@ -246,7 +246,7 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
   }
   Report report = a.finish();
   report.swamped = analyse_updates(reader.updates());  // one row per f16/bf16 parameter and step: small
-  report.fp8 = analyse_fp8(reader.fp8());  // three rows per FP8 Linear and recorded step: small
+  report.fp8 = analyse_fp8(reader.fp8(), fp8_run_settings(reader.run_info().config));  // three rows per FP8 Linear and recorded step: small
   report.damage = reader.damage();
   return report;
 }

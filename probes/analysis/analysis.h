@@ -359,6 +359,47 @@ inline constexpr double kFp8GradUnderflowThreshold = 0.02;
 // mlp sample's 4-step run in docs/report-format.md peaks at 0.6% on a weight); 1% is above that.
 inline constexpr double kFp8SaturationThreshold = 0.01;
 
+// A stale delayed scale (docs/fp8.md, "Diagnoses"): an operand's amax spikes in one recorded step, the next step's
+// scale is fp8_max / 2^margin / (the spike's amax), and the underflow fraction of the steps cast with that scale
+// rises by more than kFp8StaleUnderflowJump over the spike step's (cast with the scale from before the spike).
+// A spike: the amax is at least kFp8SpikeRatio times the previous recorded step's and the next step's: one binade,
+// the smallest drop of the scale that moves the underflow boundary a whole exponent step.
+inline constexpr double kFp8SpikeRatio = 2.0;
+// The new underflow: of the nonzero values, this many more quantize to zero than in the spike step (2%, the level
+// of kFp8GradUnderflowThreshold, applied to the values the held scale loses).
+inline constexpr double kFp8StaleUnderflowJump = 0.02;
+// Every delayed scale lags one step (most_recent too: the step after a spike is cast with the spike's scale), and a
+// history of 2 holds it one step more; a scale is stale when the raised underflow lasts longer than that: this many
+// consecutive recorded steps. A spike in the last two recorded steps cannot be told from the lag.
+inline constexpr std::int64_t kFp8StaleMinHeld = 3;
+// The shorter history offered: the longest that cannot hold a spike kFp8StaleMinHeld steps.
+inline constexpr std::int64_t kFp8ShortHistory = kFp8StaleMinHeld - 1;
+
+// A layer whose FP8 error dominates (fp8_error_dominates): the Linear with the largest mean relative RMS quantization
+// error of an operand over the recorded steps (trace::Fp8Row::rel_rms_error), measured in units of the operand's
+// format's unit roundoff, if that error exceeds the unit roundoff: 2^-4 (E4M3: 4 significant bits) or 2^-3 (E5M2). Round to nearest moves a value
+// in the normal range and under +-max by at most that much relative to itself, so an RMS error above it can come
+// only from values lost to underflow, subnormal codes or saturation; ordinary runs sit at about 0.4 of it.
+inline double fp8_unit_roundoff(const std::string& format) { return format == "e5m2" ? 0.125 : 0.0625; }
+
+// `ampscope fix` verifies the fp8_error_dominates remedy (--fp8-keep-bf16 MODULE) by the re-run's final loss: within
+// this fraction of the bf16 run's (same seed, same steps). Measured, not derived from a bound: over healthy FP8
+// runs of the mlp sample (no finding; seeds 0 to 9, 10 and 30 steps, delayed and current recipes, HYBRID) the final
+// loss lies between -1.4% and +7.5% of the bf16 run's (docs/fp8.md); 8% is the smallest whole percent above all.
+inline constexpr double kFp8LossTolerance = 0.08;
+
+// The run's FP8 options as the trace's configuration records them (fp8_run_settings); known false when the
+// configuration does not say (a trace from elsewhere): then every remedy is offered.
+struct Fp8RunSettings {
+  bool known = false;
+  std::string recipe = "delayed", format = "hybrid", algo = "max";
+  std::int64_t history = 1024;
+  std::int64_t margin = 0;
+  std::vector<std::string> keep_bf16;
+};
+// From RunInfo::config (JSON); a configuration without the fp8_* keys or not JSON gives known = false.
+Fp8RunSettings fp8_run_settings(const std::string& config_json);
+
 struct Fp8Remedy {
   std::string option;        // "--fp8-format", "--fp8-margin", "--fp8-recipe"
   std::string value;         // "hybrid", "1", "current"
@@ -368,7 +409,7 @@ struct Fp8Remedy {
 };
 
 struct Fp8Finding {
-  std::string kind;  // "e4m3_grad_underflow" or "saturation"
+  std::string kind;  // "e4m3_grad_underflow", "stale_scale", "saturation" or "fp8_error_dominates"
   std::string module, operand, format;
   std::int64_t first_step = 0, last_step = 0;  // the first and last recorded step over the threshold
   std::int64_t steps = 0;                       // recorded steps over the threshold
@@ -382,6 +423,18 @@ struct Fp8Finding {
   // the margin 2^margin that brings it to or under the format's max (at least 1).
   double max_scaled_amax = 0;
   int margin = 0;
+  // stale_scale only: the spike step, the amax of the recorded step before it and at it, the scale the spike
+  // step used and the one held after it, the underflow fraction in the spike step (before) and the step after it
+  // (after), and the history length that holds it (the run's --fp8-amax-history with max; 0 when unknown).
+  // first_step..last_step are the steps cast with the held scale and the underflow raised (steps of them).
+  std::int64_t spike_step = 0;
+  double amax_before = 0, amax_spike = 0, scale_before = 0, scale_held = 0;
+  double underflow_before = 0, underflow_after = 0;
+  std::int64_t window = 0;
+  // fp8_error_dominates only: the module's worst operand's mean relative RMS error over its recorded steps, the
+  // bound it exceeds (fp8_unit_roundoff of its format), and the module next by error / bound, with its error.
+  double error = 0, error_bound = 0, next_error = 0;
+  std::string next_module;
   std::vector<Fp8Remedy> remedies;
 };
 
@@ -396,6 +449,7 @@ struct Fp8Section {
   std::vector<std::size_t> worst_underflow, worst_saturation;
   // Findings (kinds in that order, then operands' order); empty when nothing crossed a threshold.
   std::vector<Fp8Finding> findings;
+  Fp8RunSettings settings;  // what the remedies were judged against (options the run already used are not offered)
   bool recorded() const { return rows > 0; }
 };
 inline constexpr std::size_t kFp8Worst = 5;

@@ -40,20 +40,33 @@ std::string mark_verified(Report& report, const std::string& trace) {
   nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) return ignored("it is not JSON (damaged?); run `ampscope fix` again");
   const auto* runs = doc.contains("runs") && doc["runs"].is_array() ? &doc["runs"] : nullptr;
-  const auto* first = doc.contains("first_anomaly") && doc["first_anomaly"].is_object() ? &doc["first_anomaly"] : nullptr;
+  // An FP8 fix names its "first_finding"; any other its "first_anomaly".
+  const char* first_key = doc.contains("first_finding") ? "first_finding" : "first_anomaly";
+  const auto* first = doc.contains(first_key) && doc[first_key].is_object() ? &doc[first_key] : nullptr;
   if (runs == nullptr || first == nullptr || !doc.contains("cause") || !doc["cause"].is_string())
     return ignored("it lacks 'runs', 'cause' or 'first_anomaly' (damaged?); run `ampscope fix` again");
   // The file belongs to this run only when it names the same first anomaly (a trace written again since
   // `ampscope fix` ran has another story).
   // An FP8 run without anomalies: fix proved the remedies of its first FP8 finding (cause "fp8:" and the kind).
+  // fix --finding KIND proves the remedies of the first finding of that kind: the file's cause names it.
   const bool fp8 = report.anomalies.empty() && !report.fp8.findings.empty();
   if (report.anomalies.empty() && !fp8)
     return ignored("the report finds no anomaly, the results file describes one");
   const nlohmann::json& step = (*first)["step"];
   const nlohmann::json& op = (*first)["op"];
-  const std::string cause = fp8 ? "fp8:" + report.fp8.findings.front().kind : report.anomalies.front().cause;
-  const std::int64_t first_step = fp8 ? report.fp8.findings.front().first_step : report.anomalies.front().step;
-  const std::string first_op = fp8 ? report.fp8.findings.front().operand : report.anomalies.front().op;
+  const Fp8Finding* fixed = nullptr;
+  if (fp8) {
+    fixed = &report.fp8.findings.front();
+    const std::string doc_cause = doc["cause"].get<std::string>();
+    for (const Fp8Finding& f : report.fp8.findings)
+      if ("fp8:" + f.kind == doc_cause) {
+        fixed = &f;
+        break;
+      }
+  }
+  const std::string cause = fp8 ? "fp8:" + fixed->kind : report.anomalies.front().cause;
+  const std::int64_t first_step = fp8 ? fixed->first_step : report.anomalies.front().step;
+  const std::string first_op = fp8 ? fixed->operand : report.anomalies.front().op;
   if (doc["cause"] != cause || !step.is_number_integer() || step.get<std::int64_t>() != first_step || !op.is_string() ||
       op.get<std::string>() != first_op)
     return ignored("it was written for another run (its first anomaly differs); run `ampscope fix` again");
@@ -81,7 +94,7 @@ std::string mark_verified(Report& report, const std::string& trace) {
     // margin is smaller is not marked: that margin was not tried).
     for (Fp8Finding& f : report.fp8.findings)
       for (Fp8Remedy& m : f.remedies)
-        if (fp8 && m.command_line == r["remedy_flag"].get<std::string>()) m.verified = true;
+        if (fp8 && f.kind == fixed->kind && m.command_line == r["remedy_flag"].get<std::string>()) m.verified = true;
   }
   return "";
 }

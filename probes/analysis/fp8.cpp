@@ -7,6 +7,9 @@
 #include <set>
 #include <tuple>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 namespace ampscope::analysis {
 
 namespace {
@@ -68,9 +71,80 @@ Fp8Remedy remedy(std::string option, std::string value, std::string why) {
   return r;
 }
 
-void add_findings(const std::vector<const trace::Fp8Row*>& list, std::vector<Fp8Finding>& underflow,
+bool finite_positive(double x) { return std::isfinite(x) && x > 0; }
+
+// The first stale delayed scale of one operand's rows (in step order), as analysis.h defines it
+// (kFp8SpikeRatio, kFp8StaleUnderflowJump, kFp8StaleMinHeld); nullopt when there is none.
+std::optional<Fp8Finding> stale_scale(const std::vector<const trace::Fp8Row*>& list, const Fp8RunSettings& run) {
+  const double fmax = fp8_format_max(list.front()->format);
+  for (std::size_t i = 1; i + 1 < list.size(); ++i) {
+    const trace::Fp8Row& before = *list[i - 1];
+    const trace::Fp8Row& spike = *list[i];
+    const trace::Fp8Row& after = *list[i + 1];
+    // A spike: finite, at least kFp8SpikeRatio times the step before and the step after (a zero or non-finite
+    // amax on either side is no measure: the recipe keeps the previous scale for those).
+    if (!finite_positive(before.amax) || !finite_positive(spike.amax) || !finite_positive(after.amax)) continue;
+    if (!(spike.amax >= kFp8SpikeRatio * before.amax) || !(spike.amax >= kFp8SpikeRatio * after.amax)) continue;
+    if (after.step != spike.step + 1 || spike.nonzero == 0 || after.nonzero == 0) continue;
+    // Held by the spike: the next step's scale fell, and is fp8_max / 2^m / the spike's amax for an integer m >= 0
+    // (the run's margin). The recipe computes it in float: 2^-20 relative covers that rounding.
+    if (!(after.scale < spike.scale) || !finite_positive(after.scale)) continue;
+    const double ratio = fmax / (after.scale * spike.amax);
+    const double m = std::round(std::log2(ratio));
+    if (!(m >= 0) || std::fabs(ratio / std::exp2(m) - 1.0) > 0x1p-20) continue;
+    const double u_spike = trace::fp8_fraction(spike.underflow, spike.nonzero);
+    Fp8Finding f;
+    for (std::size_t j = i + 1; j < list.size(); ++j) {
+      const trace::Fp8Row& r = *list[j];
+      const double u = trace::fp8_fraction(r.underflow, r.nonzero);
+      if (r.step != list[j - 1]->step + 1 || r.scale != after.scale || r.nonzero == 0 ||
+          !(u - u_spike > kFp8StaleUnderflowJump))
+        break;
+      if (f.steps == 0) f.first_step = r.step;
+      f.last_step = r.step;
+      ++f.steps;
+      f.nonzero += r.nonzero;
+      f.count += r.underflow;
+      if (u > f.worst_fraction) {
+        f.worst_fraction = u;
+        f.worst_step = r.step;
+      }
+    }
+    if (f.steps < kFp8StaleMinHeld) continue;
+    f.kind = "stale_scale";
+    f.module = spike.module;
+    f.operand = spike.operand;
+    f.format = spike.format;
+    f.threshold = kFp8StaleUnderflowJump;
+    f.fraction = trace::fp8_fraction(f.count, f.nonzero);
+    f.spike_step = spike.step;
+    f.amax_before = before.amax;
+    f.amax_spike = spike.amax;
+    f.scale_before = spike.scale;
+    f.scale_held = after.scale;
+    f.underflow_before = u_spike;
+    f.underflow_after = trace::fp8_fraction(after.underflow, after.nonzero);
+    f.window = run.known && run.recipe == "delayed" && run.algo == "max" ? run.history : 0;
+    const bool used_most_recent = run.known && run.algo == "most_recent";
+    if (!used_most_recent)
+      f.remedies.push_back(remedy("--fp8-amax-algo", "most_recent",
+                                  "the scale follows the last step's amax: a spike lowers it for the one step every "
+                                  "delayed scale lags"));
+    if (!run.known || (run.history > kFp8ShortHistory && !used_most_recent))
+      f.remedies.push_back(remedy("--fp8-amax-history", std::to_string(kFp8ShortHistory),
+                                  fmt::format("a spike leaves the window after {} steps", kFp8ShortHistory)));
+    if (!run.known || run.recipe != "current")
+      f.remedies.push_back(remedy("--fp8-recipe", "current", "each cast scales by its own tensor's amax"));
+    return f;
+  }
+  return std::nullopt;
+}
+
+void add_findings(const std::vector<const trace::Fp8Row*>& list, const Fp8RunSettings& run,
+                  std::vector<Fp8Finding>& underflow, std::vector<Fp8Finding>& stale,
                   std::vector<Fp8Finding>& saturation) {
   const trace::Fp8Row& first = *list.front();
+  if (auto f = stale_scale(list, run)) stale.push_back(std::move(*f));
   if (first.operand == "grad_output" && first.format == "e4m3") {
     if (auto f = flagged(list, "e4m3_grad_underflow", kFp8GradUnderflowThreshold,
                          [](const trace::Fp8Row& r) { return r.underflow; })) {
@@ -83,21 +157,130 @@ void add_findings(const std::vector<const trace::Fp8Row*>& list, std::vector<Fp8
                        [](const trace::Fp8Row& r) { return r.saturated; })) {
     // The scale a delayed-recipe step uses is fp8_max / 2^margin / (the history's amax); values clipped because
     // this step's amax outgrew the history by amax * scale / fp8_max fit with a margin of ceil(log2 of that).
+    // The run's own margin is already in that scale: the margin offered is the run's plus what is missing, and
+    // none under the current recipe (margins are the delayed recipe's).
     const double over = f->max_scaled_amax / fp8_format_max(f->format);
-    if (std::isfinite(over)) {
-      f->margin = std::clamp(static_cast<int>(std::ceil(std::log2(std::max(over, 1.0)))), 1, 64);
-      f->remedies.push_back(remedy("--fp8-margin", std::to_string(f->margin),
-                                   "scale / 2^margin keeps amax * scale under the format's max"));
+    const bool current = run.known && run.recipe == "current";
+    if (std::isfinite(over) && !current) {
+      const int extra = std::clamp(static_cast<int>(std::ceil(std::log2(std::max(over, 1.0)))), 1, 64);
+      f->margin = static_cast<int>(std::min<std::int64_t>(64, extra + (run.known ? run.margin : 0)));
+      if (f->margin > (run.known ? run.margin : 0))
+        f->remedies.push_back(remedy("--fp8-margin", std::to_string(f->margin),
+                                     "scale / 2^margin keeps amax * scale under the format's max"));
     }
-    f->remedies.push_back(remedy("--fp8-recipe", "current", "each cast scales by its own tensor's amax"));
+    if (!current) f->remedies.push_back(remedy("--fp8-recipe", "current", "each cast scales by its own tensor's amax"));
     saturation.push_back(std::move(*f));
   }
 }
 
+// The module with the largest mean relative RMS error of an operand, if that error exceeds its format's unit
+// roundoff (analysis.h, fp8_error_dominates); nullopt otherwise. `by_operand` in (module, operand) order.
+std::optional<Fp8Finding> error_dominates(
+    const std::map<std::tuple<std::string, int>, std::vector<const trace::Fp8Row*>>& by_operand,
+    const Fp8RunSettings& run) {
+  // Compared by error / the format's unit roundoff: how far past what rounding alone explains (an E5M2 operand
+  // rounds twice as coarsely as an E4M3 one).
+  struct Worst {
+    double error = -1, ratio = -1;
+    const std::vector<const trace::Fp8Row*>* rows = nullptr;
+  };
+  std::map<std::string, Worst> by_module;
+  for (const auto& [key, list] : by_operand) {
+    double sum = 0;
+    std::int64_t n = 0;
+    for (const trace::Fp8Row* r : list) {
+      if (!std::isfinite(r->rel_rms_error)) continue;  // no finite value to measure against: no error recorded
+      sum += r->rel_rms_error;
+      ++n;
+    }
+    if (n == 0) continue;
+    const double mean = sum / static_cast<double>(n);
+    const double ratio = mean / fp8_unit_roundoff(list.front()->format);
+    Worst& w = by_module[std::get<0>(key)];
+    if (ratio > w.ratio) w = {mean, ratio, &list};  // operands' order breaks ties
+  }
+  const Worst* top = nullptr;
+  std::string top_module;
+  for (const auto& [module, w] : by_module) {
+    if (top == nullptr || w.ratio > top->ratio) {
+      top = &w;
+      top_module = module;
+    }
+  }
+  if (top == nullptr) return std::nullopt;
+  const std::vector<const trace::Fp8Row*>& list = *top->rows;
+  const double bound = fp8_unit_roundoff(list.front()->format);
+  if (!(top->ratio > 1)) return std::nullopt;
+  Fp8Finding f;
+  f.kind = "fp8_error_dominates";
+  f.module = top_module;
+  f.operand = list.front()->operand;
+  f.format = list.front()->format;
+  f.error = top->error;
+  f.error_bound = bound;
+  f.threshold = bound;
+  double next_ratio = -1;
+  for (const auto& [module, w] : by_module) {
+    if (module != top_module && w.ratio > next_ratio) {
+      next_ratio = w.ratio;
+      f.next_error = w.error;
+      f.next_module = module;
+    }
+  }
+  // The steps whose own error exceeds the bound.
+  for (const trace::Fp8Row* r : list) {
+    if (!(r->rel_rms_error > bound)) continue;
+    if (f.steps == 0) f.first_step = r->step;
+    f.last_step = r->step;
+    ++f.steps;
+    if (r->rel_rms_error > f.worst_fraction) {
+      f.worst_fraction = r->rel_rms_error;
+      f.worst_step = r->step;
+    }
+  }
+  if (f.steps == 0) {  // the mean exceeds the bound only if some step does; a guard for the record
+    f.first_step = f.last_step = f.worst_step = list.front()->step;
+  }
+  f.fraction = f.error;
+  (void)run;  // a module kept in bf16 has no rows, so its remedy is never one the run used
+  f.remedies.push_back(remedy("--fp8-keep-bf16", f.module,
+                              "its Linear's GEMMs stay in bf16; the other Linears keep FP8"));
+  return f;
+}
+
 }  // namespace
 
-Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows) {
+Fp8RunSettings fp8_run_settings(const std::string& config_json) {
+  Fp8RunSettings s;
+  const nlohmann::json j = nlohmann::json::parse(config_json, nullptr, false);
+  if (!j.is_object()) return s;
+  const auto text = [&](const char* key, std::string& out) {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_string()) return false;
+    out = it->get<std::string>();
+    return true;
+  };
+  const auto integer = [&](const char* key, std::int64_t& out) {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer()) return false;
+    out = it->get<std::int64_t>();
+    return true;
+  };
+  // All five, or the trace is not one this build recorded: known stays false and every remedy is offered.
+  Fp8RunSettings r;
+  if (!text("fp8_recipe", r.recipe) || !text("fp8_format", r.format) || !text("fp8_amax_algo", r.algo) ||
+      !integer("fp8_amax_history", r.history) || !integer("fp8_margin", r.margin))
+    return s;
+  if (const auto it = j.find("fp8_keep_bf16"); it != j.end() && it->is_array())
+    for (const auto& g : *it)
+      if (g.is_string()) r.keep_bf16.push_back(g.get<std::string>());
+  r.known = true;
+  return r;
+}
+
+Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows, const Fp8RunSettings& run) {
   Fp8Section out;
+  out.settings = run;
   out.rows = static_cast<std::int64_t>(rows.size());
   if (rows.empty()) return out;
   std::set<std::int64_t> steps;
@@ -113,10 +296,10 @@ Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows) {
   out.modules = static_cast<std::int64_t>(modules.size());
   out.first_step = *steps.begin();
   out.last_step = *steps.rbegin();
-  std::vector<Fp8Finding> underflow_findings, saturation_findings;
+  std::vector<Fp8Finding> underflow_findings, stale_findings, saturation_findings;
   for (auto& [key, list] : by_operand) {
     std::stable_sort(list.begin(), list.end(), [](const trace::Fp8Row* a, const trace::Fp8Row* b) { return a->step < b->step; });
-    add_findings(list, underflow_findings, saturation_findings);
+    add_findings(list, run, underflow_findings, stale_findings, saturation_findings);
     Fp8OperandSummary s;
     s.module = list.front()->module;
     s.operand = list.front()->operand;
@@ -149,7 +332,9 @@ Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows) {
     out.operands.push_back(std::move(s));
   }
   out.findings = std::move(underflow_findings);
+  for (Fp8Finding& f : stale_findings) out.findings.push_back(std::move(f));
   for (Fp8Finding& f : saturation_findings) out.findings.push_back(std::move(f));
+  if (auto f = error_dominates(by_operand, run)) out.findings.push_back(std::move(*f));
   out.worst_underflow = worst(out.operands, [](const Fp8OperandSummary& s) { return s.underflow_fraction; });
   out.worst_saturation = worst(out.operands, [](const Fp8OperandSummary& s) { return s.saturated_fraction; });
   return out;

@@ -15,6 +15,8 @@
 namespace ampscope::analysis {
 
 // Rows in any order. Fractions are of the nonzero values (trace::fp8_fraction), summed over the steps first.
-Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows);
+// `run`: the run's FP8 options (fp8_run_settings of the trace's config), so that no remedy repeats one the run
+// used; the default (unknown) offers every remedy.
+Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows, const Fp8RunSettings& run = {});
 
 }  // namespace ampscope::analysis

@@ -623,6 +623,22 @@ json fp8_finding_json(const Fp8Finding& f) {
     out["max_scaled_amax"] = number(f.max_scaled_amax);
     out["margin"] = f.margin;
   }
+  if (f.kind == "stale_scale") {
+    out["spike_step"] = f.spike_step;
+    out["amax_before"] = number(f.amax_before);
+    out["amax_spike"] = number(f.amax_spike);
+    out["scale_before"] = number(f.scale_before);
+    out["scale_held"] = number(f.scale_held);
+    out["underflow_before"] = number(f.underflow_before);
+    out["underflow_after"] = number(f.underflow_after);
+    out["window"] = f.window;
+  }
+  if (f.kind == "fp8_error_dominates") {
+    out["error"] = number(f.error);
+    out["error_bound"] = number(f.error_bound);
+    out["next_module"] = f.next_module;
+    out["next_error"] = number(f.next_error);
+  }
   for (const Fp8Remedy& r : f.remedies)
     out["remedies"].push_back(
         json{{"option", r.option}, {"value", r.value}, {"command_line", r.command_line}, {"why", r.why},
@@ -890,7 +906,8 @@ void text_fp8(Text& t, const Report& rep) {
   }
   // Findings: calibration-like (no NaN/Inf), kept apart from the anomalies as the scaler's calibration is.
   if (f.findings.empty()) {
-    t.line("  findings: none (no E4M3 gradient underflow above {}, no saturation above {} in a step)",
+    t.line("  findings: none (no E4M3 gradient underflow above {}, no saturation above {} in a step, no scale held "
+           "by an amax spike, no Linear's error above its format's unit roundoff)",
            pct(kFp8GradUnderflowThreshold), pct(kFp8SaturationThreshold));
     return;
   }
@@ -903,6 +920,23 @@ void text_fp8(Text& t, const Report& rep) {
              "({} over {}; worst step {}: {})",
              t.paint(kBold, x.module), x.operand, x.format, x.count, x.nonzero, pct(x.fraction), steps,
              plural(x.steps, "recorded step"), pct(x.threshold), x.worst_step, pct(x.worst_fraction));
+    else if (x.kind == "stale_scale")
+      t.line("    {} {} [{}]: stale scale: amax spiked in step {} ({} after {}); the scale fell from {} to {} and "
+             "stayed there over {}, underflow {} in step {} and {} in step {} ({} of {} nonzero values to 0 over "
+             "the held steps; raised more than {} for {}){}",
+             t.paint(kBold, x.module), x.operand, x.format, x.spike_step, num(x.amax_spike), num(x.amax_before),
+             num(x.scale_before), num(x.scale_held), steps, pct(x.underflow_before), x.spike_step,
+             pct(x.underflow_after), x.spike_step + 1, x.count, x.nonzero, pct(x.threshold),
+             plural(x.steps, "recorded step"),
+             x.window > 0 ? fmt::format("; the amax history ({} steps) holds it through step {}", x.window,
+                                        x.spike_step + x.window)
+                          : "");
+    else if (x.kind == "fp8_error_dominates")
+      t.line("    {} [{}]: FP8 error dominates: {}'s quantization error is {} rms on average over the recorded steps, "
+             "above {} ({}'s unit roundoff, the most rounding alone can cost), over {}; {}",
+             t.paint(kBold, x.module), x.format, x.operand, pct(x.error), pct(x.error_bound), x.format, steps,
+             x.next_module.empty() ? std::string("no other FP8 Linear")
+                                   : fmt::format("the next Linear, {}, {}", x.next_module, pct(x.next_error)));
     else
       t.line("    {} {} [{}]: silent saturation: {} of {} nonzero values clipped at +-max ({}) over {} ({} over "
              "{}; worst step {}: {}); amax * scale reached {}",

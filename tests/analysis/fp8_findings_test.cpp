@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -104,6 +105,182 @@ TEST(Fp8Findings, UnderflowFindingsComeBeforeSaturation) {
   EXPECT_EQ(s.findings[2].kind, "saturation");
   EXPECT_EQ(s.findings[2].module, "z");
   EXPECT_TRUE(analyse_fp8(std::vector<trace::Fp8Row>{}).findings.empty());
+}
+
+// Pointers into `s`: keep the section alive while they are used.
+// One operand's rows for the stale-scale tests: (step, amax, scale, underflow) of 1000 nonzero values each.
+struct Cast {
+  std::int64_t step;
+  double amax, scale;
+  std::int64_t underflow;
+};
+std::vector<trace::Fp8Row> operand_rows(const std::string& module, const std::vector<Cast>& casts,
+                                        std::string operand = "input", std::string format = "e4m3") {
+  std::vector<trace::Fp8Row> out;
+  for (const Cast& c : casts) out.push_back(row(c.step, module, operand, format, 1000, c.underflow, 0, c.amax, c.scale));
+  return out;
+}
+Fp8RunSettings delayed_max(std::int64_t history = 1024, std::int64_t margin = 0) {
+  Fp8RunSettings s;
+  s.known = true;
+  s.history = history;
+  s.margin = margin;
+  return s;
+}
+std::vector<std::string> remedy_lines(const Fp8Finding& f) {
+  std::vector<std::string> out;
+  for (const Fp8Remedy& r : f.remedies) out.push_back(r.command_line);
+  return out;
+}
+std::vector<const Fp8Finding*> of_kind(const Fp8Section& s, const std::string& kind) {
+  std::vector<const Fp8Finding*> out;
+  for (const Fp8Finding& f : s.findings)
+    if (f.kind == kind) out.push_back(&f);
+  return out;
+}
+
+// E4M3, max 448. Steady amax 2 (scale 448 / 2 = 224); step 2 spikes to 64 (32x), so steps 3 on are cast with
+// 448 / 64 = 7. Underflow of 1000 nonzero values: 0 through the spike step, then 50, 21, 30 (raised 5%, 2.1%, 3%:
+// each more than 2%), then 20 (exactly 2% more than the spike step's 0: not more than 2%, the stretch ends), then
+// 90 (after the stretch: not counted).
+TEST(Fp8Findings, StaleScaleHeldThreeStepsAfterASpike) {
+  const std::vector<trace::Fp8Row> rows = operand_rows(
+      "fc1", {{0, 2, 1, 0}, {1, 2, 224, 0}, {2, 64, 224, 0}, {3, 2, 7, 50}, {4, 4, 7, 21}, {5, 2, 7, 30}, {6, 2, 7, 20},
+              {7, 2, 7, 90}});
+  const Fp8Section s = analyse_fp8(rows, delayed_max());
+  const auto stale = of_kind(s, "stale_scale");
+  ASSERT_EQ(stale.size(), 1u);
+  const Fp8Finding& f = *stale[0];
+  EXPECT_EQ(f.module, "fc1");
+  EXPECT_EQ(f.operand, "input");
+  EXPECT_EQ(f.spike_step, 2);
+  EXPECT_EQ(f.amax_before, 2.0);
+  EXPECT_EQ(f.amax_spike, 64.0);
+  EXPECT_EQ(f.scale_before, 224.0);
+  EXPECT_EQ(f.scale_held, 7.0);
+  EXPECT_EQ(f.underflow_before, 0.0);
+  EXPECT_DOUBLE_EQ(f.underflow_after, 0.05);
+  EXPECT_EQ(f.first_step, 3);
+  EXPECT_EQ(f.last_step, 5);
+  EXPECT_EQ(f.steps, 3);
+  EXPECT_EQ(f.nonzero, 3000);
+  EXPECT_EQ(f.count, 101);
+  EXPECT_DOUBLE_EQ(f.fraction, 101.0 / 3000.0);
+  EXPECT_EQ(f.worst_step, 3);
+  EXPECT_DOUBLE_EQ(f.worst_fraction, 0.05);
+  EXPECT_EQ(f.window, 1024);
+  EXPECT_EQ(remedy_lines(f), (std::vector<std::string>{"--fp8-amax-algo most_recent", "--fp8-amax-history 2",
+                                                       "--fp8-recipe current"}));
+  // Unknown settings (a trace without the fp8_* configuration): no window, every remedy offered.
+  const Fp8Section unknown_section = analyse_fp8(rows);
+  const auto unknown = of_kind(unknown_section, "stale_scale");
+  ASSERT_EQ(unknown.size(), 1u);
+  EXPECT_EQ(unknown[0]->window, 0);
+  EXPECT_EQ(unknown[0]->remedies.size(), 3u);
+}
+
+TEST(Fp8Findings, StaleScaleEdges) {
+  // Each module one case; all steady at amax 2 around the spike in step 2, 25 underflows (2.5%) after it.
+  const auto held = [](const std::string& m, double before, double spike, double held_scale, int steps_held,
+                       double after = 2) {
+    std::vector<Cast> c = {{1, before, 224, 0}, {2, spike, 224, 0}};
+    for (int i = 0; i < steps_held; ++i) c.push_back({3 + i, i == 0 ? after : 2, held_scale, 25});
+    c.push_back({3 + steps_held, 2, 224, 0});
+    return operand_rows(m, c);
+  };
+  std::vector<trace::Fp8Row> rows;
+  auto add = [&](std::vector<trace::Fp8Row> r) { rows.insert(rows.end(), r.begin(), r.end()); };
+  add(held("ratio2", 2, 4, 112, 3));                // exactly 2x (448 / 4 = 112): a spike
+  add(held("under2", 2, 3.99, 448 / 3.99, 3));      // under 2x: not
+  add(held("zero_before", 0, 64, 7, 3));            // amax 0 before (the module did not run): no measure
+  add(held("inf_spike", 2, INFINITY, 224, 3));      // inf: the recipe keeps the scale; not
+  add(held("nan_spike", 2, NAN, 224, 3));           // NaN: skipped, scale kept; not
+  add(held("two_steps", 2, 64, 7, 2));              // held two steps (history 2's lag): not
+  add(held("not_from_spike", 2, 64, 7.5, 3));       // the held scale is not 448 / 2^m / 64: not
+  add(held("margin1", 2, 64, 3.5, 3));              // 448 / 2 / 64: the run's margin 1; a spike
+  add(held("stays_high", 2, 64, 7, 3, 40));         // the step after keeps amax 40 (> 64 / 2): growth, not a spike
+  // A gap in the recorded steps (--sample-every): step 3 not recorded, so the step after the spike is unknown.
+  add(operand_rows("gap", {{1, 2, 224, 0}, {2, 64, 224, 0}, {4, 2, 7, 25}, {5, 2, 7, 25}, {6, 2, 7, 25}, {7, 2, 7, 25}}));
+  const Fp8Section s = analyse_fp8(rows, delayed_max(1024, 1));
+  std::vector<std::string> modules;
+  for (const Fp8Finding* f : of_kind(s, "stale_scale")) modules.push_back(f->module);
+  EXPECT_EQ(modules, (std::vector<std::string>{"margin1", "ratio2"}));
+  // Options the run used are not offered: most_recent (then no history either), a history already <= 2, current.
+  Fp8RunSettings recent = delayed_max();
+  recent.algo = "most_recent";
+  const Fp8Section recent_section = analyse_fp8(held("x", 2, 64, 7, 3), recent);
+  const auto r = of_kind(recent_section, "stale_scale");
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0]->window, 0);  // not max: the window does not hold it
+  EXPECT_EQ(remedy_lines(*r[0]), (std::vector<std::string>{"--fp8-recipe current"}));
+  const Fp8Section short_section = analyse_fp8(held("x", 2, 64, 7, 3), delayed_max(2));
+  const auto h = of_kind(short_section, "stale_scale");
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(remedy_lines(*h[0]), (std::vector<std::string>{"--fp8-amax-algo most_recent", "--fp8-recipe current"}));
+}
+
+TEST(Fp8Findings, SaturationRemediesSkipWhatTheRunUsed) {
+  // amax * scale = 896 = 2 * 448 with the run's margin 2 already in the scale: 2 more, margin 3.
+  const std::vector<trace::Fp8Row> rows = {row(0, "a", "weight", "e4m3", 100, 0, 5, 4.0, 224.0)};
+  const Fp8Section margin_section = analyse_fp8(rows, delayed_max(1024, 2));
+  const auto f = of_kind(margin_section, "saturation");
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0]->margin, 3);
+  EXPECT_EQ(remedy_lines(*f[0]), (std::vector<std::string>{"--fp8-margin 3", "--fp8-recipe current"}));
+  Fp8RunSettings current = delayed_max();
+  current.recipe = "current";
+  const Fp8Section current_section = analyse_fp8(rows, current);
+  const auto c = of_kind(current_section, "saturation");
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_TRUE(c[0]->remedies.empty());  // no margin under current scaling, and current is what it used
+}
+
+// Relative RMS errors: the bound is 2^-4 = 0.0625 (E4M3) and 2^-3 = 0.125 (E5M2); modules compared by error / bound.
+TEST(Fp8Findings, ErrorDominatesAboveTheUnitRoundoff) {
+  const auto err_row = [](std::int64_t step, std::string module, std::string operand, std::string format, double e) {
+    trace::Fp8Row r = row(step, std::move(module), std::move(operand), std::move(format), 100, 0, 0);
+    r.rel_rms_error = e;
+    return r;
+  };
+  // a: input 0.05 and 0.09, mean 0.07 = 1.12 bounds; its weight 0.02. b: e5m2 grad_output 0.12 (0.96 bounds: the
+  // larger error, but within what E5M2's rounding explains). c: a NaN error (no finite values) is skipped.
+  std::vector<trace::Fp8Row> rows = {err_row(0, "a", "input", "e4m3", 0.05),        err_row(1, "a", "input", "e4m3", 0.09),
+                                     err_row(0, "a", "weight", "e4m3", 0.02),       err_row(1, "a", "weight", "e4m3", 0.02),
+                                     err_row(0, "b", "grad_output", "e5m2", 0.12), err_row(1, "b", "grad_output", "e5m2", 0.12),
+                                     err_row(0, "c", "input", "e4m3", NAN),         err_row(1, "c", "input", "e4m3", 0.01)};
+  const Fp8Section section = analyse_fp8(rows);
+  const auto f = of_kind(section, "fp8_error_dominates");
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0]->module, "a");
+  EXPECT_EQ(f[0]->operand, "input");
+  EXPECT_DOUBLE_EQ(f[0]->error, 0.07);
+  EXPECT_EQ(f[0]->error_bound, 0.0625);
+  EXPECT_EQ(f[0]->next_module, "b");
+  EXPECT_DOUBLE_EQ(f[0]->next_error, 0.12);
+  EXPECT_EQ(f[0]->first_step, 1);  // only step 1's own error (0.09) is over the bound
+  EXPECT_EQ(f[0]->last_step, 1);
+  EXPECT_EQ(f[0]->steps, 1);
+  EXPECT_DOUBLE_EQ(f[0]->worst_fraction, 0.09);
+  EXPECT_EQ(remedy_lines(*f[0]), (std::vector<std::string>{"--fp8-keep-bf16 a"}));
+  // Exactly at the bound: not.
+  rows = {err_row(0, "a", "input", "e4m3", 0.0625), err_row(0, "b", "grad_output", "e5m2", 0.125)};
+  EXPECT_TRUE(of_kind(analyse_fp8(rows), "fp8_error_dominates").empty());
+}
+
+TEST(Fp8Findings, RunSettingsFromTheConfiguration) {
+  const Fp8RunSettings s = fp8_run_settings(
+      R"({"fp8_recipe":"delayed","fp8_format":"e4m3","fp8_amax_history":16,"fp8_amax_algo":"most_recent",)"
+      R"("fp8_margin":2,"fp8_keep_bf16":["head","x*"]})");
+  EXPECT_TRUE(s.known);
+  EXPECT_EQ(s.format, "e4m3");
+  EXPECT_EQ(s.history, 16);
+  EXPECT_EQ(s.algo, "most_recent");
+  EXPECT_EQ(s.margin, 2);
+  EXPECT_EQ(s.keep_bf16, (std::vector<std::string>{"head", "x*"}));
+  EXPECT_FALSE(fp8_run_settings("not json").known);
+  EXPECT_FALSE(fp8_run_settings(R"({"fp8_recipe":"delayed"})").known);
+  EXPECT_FALSE(fp8_run_settings(R"({"fp8_recipe":"delayed","fp8_format":"e4m3","fp8_amax_history":"16",)"
+                                R"("fp8_amax_algo":"max","fp8_margin":0})").known);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ run() { "$@" >"$work/out.txt" 2>"$work/err.txt" || { [[ $? == 1 ]] || { fail "'$
 run "$ampscope" train --sample mlp --device cpu --steps 10 --seed 0 --precision fp8 --fp8-format e4m3 --out "$work/e4m3.h5"
 run "$ampscope" train --sample mlp --device cpu --steps 10 --seed 0 --precision fp8 --out "$work/hybrid.h5"
 run "$ampscope" train --sample mlp --device cpu --steps 10 --seed 0 --precision fp8 --lr 0.5 --out "$work/sat.h5"
-# The remedy --fp8-recipe current applied by hand to the saturating run (ampscope fix does not apply FP8 remedies yet).
+# The remedy --fp8-recipe current applied by hand to the saturating run (ampscope fix applies it below too).
 run "$ampscope" train --sample mlp --device cpu --steps 10 --seed 0 --precision fp8 --lr 0.5 --fp8-recipe current --out "$work/sat_current.h5"
 for name in e4m3 hybrid sat sat_current; do
   run "$ampscope" report --json "$work/$name.h5"
@@ -143,7 +143,9 @@ for name, kind, remedy in (("e4m3", "e4m3_grad_underflow", "fp8-format-hybrid"),
     runs = {r["name"]: r for r in doc["runs"]}
     assert over(rows(runs["original"]["trace"]), kind), (name, "the original re-run has no row over the threshold")
     r = runs[remedy]
-    assert r["applied"] and r["anomaly_gone"] and r["verified"], (name, r)
+    assert r["applied"] and r["finding_gone"] and r["verified"], (name, r)
+    assert "first_finding" in doc and "first_anomaly" not in doc, sorted(doc)  # a finding, not an anomaly
+    assert "bf16" in runs and runs["bf16"]["kind"] == "bf16_reference" and not runs["bf16"]["verified"], runs.get("bf16")
     assert over(rows(r["trace"]), kind) == [], (name, remedy, "its re-run still has rows over the threshold")
     if name == "sat":
         # The margin candidate: the largest margin over the original trace's saturating rows.
@@ -155,7 +157,7 @@ for name, kind, remedy in (("e4m3", "e4m3_grad_underflow", "fp8-format-hybrid"),
         # Verified exactly when its re-run's rows are under the threshold (at --lr 0.5 they are not: docs/fp8.md).
         assert m["verified"] == (over(rows(m["trace"]), kind) == []), m
     else:
-        assert set(runs) == {"original", "fp32", "fp8-format-hybrid"}, sorted(runs)
+        assert set(runs) == {"original", "fp32", "bf16", "fp8-format-hybrid"}, sorted(runs)
 PY
 
 # The report reads fix's results beside the trace: the verified remedy is marked, in text and JSON, and no NOTE.
