@@ -658,8 +658,8 @@ std::int64_t steps_to_rerun(const FixPlan& plan, std::int64_t after) {
                             "{} steps of a run; fix re-runs from step 0 and will not start a run longer than the trace "
                             "shows (its step numbers were shifted, or the run was resumed from a checkpoint)\nhint: "
                             "re-run it yourself with `ampscope train`",
-                            plan.trace, first_what(plan.first), step, plan.step_rows, k > 1 ? fmt::format(" at --sample-every {}", k) : "",
-                            plan.held));
+                            plan.trace, first_what(plan.first), step, plan.step_rows,
+                            k > 1 ? fmt::format(" at --sample-every {}", k) : "", plan.held));
   }
   const std::int64_t through = step + 1 > std::numeric_limits<std::int64_t>::max() - after
                                    ? std::numeric_limits<std::int64_t>::max()
