@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -357,6 +358,12 @@ void leave_fp8(TrainConfig& c) {
 // NaN/Inf anomaly whose report has FP8 findings is fixed for the first finding's kind (docs/fp8.md).
 constexpr std::string_view kFp8Cause = "fp8:";
 
+// What the plan fixes, in the plan's and the table's words: an FP8 finding is not an anomaly (nothing went
+// NaN or inf), so it is not called one.
+std::string first_what(const analysis::Diagnosis& first) {
+  return first.cause.starts_with(kFp8Cause) ? "first FP8 finding" : "first anomaly";
+}
+
 // An FP8 remedy (analysis::Fp8Remedy) applied to the configuration: false when it changes nothing (the run
 // already used it) or names an option fix does not know. --fp8-margin takes `margin` (the largest of the
 // findings': the option is one for every operand).
@@ -669,13 +676,12 @@ std::int64_t steps_to_rerun(const FixPlan& plan, std::int64_t after) {
   const std::int64_t step = plan.first.step;
   const std::int64_t k = plan.base.sample_every;
   if (step < 0 || step >= plan.held) {
-    throw Error(fmt::format("'{}': its first {} is at step {}, but the trace holds {} step row(s){}, so at most "
+    throw Error(fmt::format("'{}': its {} is at step {}, but the trace holds {} step row(s){}, so at most "
                             "{} steps of a run; fix re-runs from step 0 and will not start a run longer than the trace "
                             "shows (its step numbers were shifted, or the run was resumed from a checkpoint)\nhint: "
                             "re-run it yourself with `ampscope train`",
-                            plan.trace, plan.first.cause.starts_with(kFp8Cause) ? "FP8 finding" : "anomaly", step,
-                            plan.step_rows, k > 1 ? fmt::format(" at --sample-every {}", k) : "",
-                            plan.held));
+                            plan.trace, first_what(plan.first), step, plan.step_rows,
+                            k > 1 ? fmt::format(" at --sample-every {}", k) : "", plan.held));
   }
   const std::int64_t through = step + 1 > std::numeric_limits<std::int64_t>::max() - after
                                    ? std::numeric_limits<std::int64_t>::max()
@@ -818,9 +824,8 @@ std::string replayed_options(const TrainConfig& base) {
 
 void print_plan(const FixPlan& plan, std::ostream& err) {
   const analysis::Diagnosis& first = plan.first;
-  err << fmt::format("fix: plan for {}: {} {} at step {} ({}{})\n", plan.trace,
-                     first.cause.starts_with(kFp8Cause) ? "FP8 finding" : "first anomaly", first.cause, first.step,
-                     first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module);
+  err << fmt::format("fix: plan for {}: {} {} at step {} ({}{})\n", plan.trace, first_what(first), first.cause,
+                     first.step, first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module);
   err << fmt::format("fix:   each re-run: steps 0..{} ({} of the recorded {}; the trace holds {} step rows){}\n",
                      plan.base.steps - 1, plan.base.steps, plan.recorded.config.steps, plan.step_rows,
                      plan.from.step > 0 ? fmt::format(", in {} from the kept checkpoint at step {}",
@@ -1244,10 +1249,10 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
 void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, std::ostream& out) {
   const analysis::Diagnosis& first = plan.first;
   const bool fp8 = first.cause.starts_with(kFp8Cause);
-  const std::string what = fp8 ? "FP8 finding" : "first anomaly";
-  out << fmt::format("{}: {}: {} at step {} ({}{}); re-ran steps 0..{}{}\n", plan.trace, what, first.cause,
-                     first.step, first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module,
-                     plan.base.steps - 1, doc["reproduced"].get<bool>() ? "" : " (the re-run did NOT reproduce it)");
+  out << fmt::format("{}: {}: {} at step {} ({}{}); re-ran steps 0..{}{}\n", plan.trace, first_what(first),
+                     first.cause, first.step, first.op.empty() ? "-" : first.op,
+                     first.module.empty() ? "" : " in " + first.module, plan.base.steps - 1,
+                     doc["reproduced"].get<bool>() ? "" : " (the re-run did NOT reproduce it)");
   if (doc.contains("loss_tolerance_vs_bf16"))
     out << fmt::format("gone: the final loss within {:.0f}% of the bf16 run's (docs/fp8.md)\n",
                        100 * doc["loss_tolerance_vs_bf16"].get<double>());
@@ -1288,6 +1293,25 @@ void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, s
   out << fmt::format("{} remed{} verified; results: {}\n", verified, verified == 1 ? "y" : "ies", plan.results);
 }
 
+// On a terminal, without --run: the question after the plan, and whether the answer read is "y" or "yes" (any
+// case, surrounding blanks ignored). No stream, end of input or any other answer: no.
+bool answered_yes(std::istream* in, std::size_t reruns, std::ostream& err) {
+  if (in == nullptr) return false;
+  err << fmt::format("fix: run the {} re-run{} above (the recorded command, from the trace)? [y/N] ", reruns,
+                     reruns == 1 ? "" : "s");
+  err.flush();
+  std::string line;
+  if (!std::getline(*in, line)) {
+    err << "\n";
+    return false;
+  }
+  const auto first = line.find_first_not_of(" \t\r");
+  const auto last = line.find_last_not_of(" \t\r");
+  std::string word = first == std::string::npos ? "" : line.substr(first, last - first + 1);
+  for (char& ch : word) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return word == "y" || word == "yes";
+}
+
 }  // namespace
 
 std::string fix_results_path(const std::string& trace) { return analysis::fix_results_path(trace); }
@@ -1318,7 +1342,7 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
   }
   if (plan->torch) {
     print_torch_plan(*plan, err);
-    if (!request.run) {
+    if (!request.run && !answered_yes(request.answer, plan->cands.size(), err)) {
       err << "fix: nothing was run: the re-runs run the recorded command above, which came from the trace; check it "
              "and the folder, then run again with --run\n";
       return kExitPlanOnly;
@@ -1357,11 +1381,11 @@ FixCommand::FixCommand(CLI::App& app) {
              "re-run's command line) is printed first. Exit 0: at least one verified (or nothing to fix), 1: none, "
              "2: errors (every re-run failed, a recorded value train refuses, a recorded command fix does not run, "
              "an input outside the trace's folder, an output name that is a link), 3: a recorded PyTorch run "
-             "without --run (nothing ran)");
+             "without --run (nothing ran; on a terminal fix asks first and runs on 'y')");
   cmd_->add_option("trace", request_.trace, "Trace written by `ampscope train` or `ampscope record`")->required();
   cmd_->add_option("--after", request_.after, "Steps re-run after the first anomaly's step")->capture_default_str();
   cmd_->add_flag("--run", request_.run, "Run a recorded PyTorch run's command (shown first; without --run fix shows "
-                                       "the plan and exits 3)");
+                                       "the plan and exits 3, or on a terminal asks y/N)");
   cmd_->add_option("--finding", request_.finding,
                    "An FP8 run's finding kind to fix (stale_scale, saturation, e4m3_grad_underflow, "
                    "fp8_error_dominates) instead of its first");
@@ -1376,6 +1400,10 @@ FixCommand::FixCommand(CLI::App& app) {
 
 bool FixCommand::parsed() const { return cmd_->parsed(); }
 
-int FixCommand::run() { return run_fix(request_, std::cout, std::cerr); }
+int FixCommand::run() {
+  // A person at a terminal is asked before a recorded command runs; a script or a pipe gets the plan, exit 3.
+  if (!request_.run && isatty(STDIN_FILENO) == 1 && isatty(STDERR_FILENO) == 1) request_.answer = &std::cin;
+  return run_fix(request_, std::cout, std::cerr);
+}
 
 }  // namespace ampscope::samples

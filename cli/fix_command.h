@@ -26,6 +26,10 @@ struct FixRequest {
   std::int64_t after = 10;    // steps re-run after the first anomaly's step
   bool json = false;          // print the results document instead of the table
   bool run = false;           // --run: a recorded PyTorch run's command may run (without it: the plan, exit 3)
+  // Without --run, a recorded PyTorch run's plan ends with a question on `err` and the answer is read from here
+  // (FixCommand sets std::cin when stdin and stderr are terminals): "y" or "yes" runs, anything else (or end of
+  // input) runs nothing (exit 3). nullptr: no question, exit 3.
+  std::istream* answer = nullptr;
   std::string output{};       // results file; "" for <trace stem>.fix.json beside the trace
   // The run's inputs named by the user (as given: relative to the working folder), instead of the paths the
   // trace records (which are read only from under the trace's folder).
@@ -44,7 +48,8 @@ struct FixRequest {
 // re-run failed) and 0 with "nothing to fix" for a healthy run.
 int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err);
 
-// A trace of `ampscope record` without --run: the plan and the re-runs' command lines were printed, nothing ran.
+// A trace of `ampscope record` without --run (and no "y" on a terminal): the plan and the re-runs' command lines
+// were printed, nothing ran.
 inline constexpr int kExitPlanOnly = 3;
 
 // "run.h5" -> "run.fix.json"; "run.h5", "lr-0.0005" -> "run.fix-lr-0.0005.h5".

@@ -5,13 +5,19 @@
 # losses equal to a plain torch run of the same script with that module in f32 by hand (no recorder), and the
 # report of the re-run clean; a script whose anomaly f32 keeps too (no remedy verifiable); traces whose recorded
 # command, environment or folder were edited (the checksum recomputed); record's remedy options against values
-# worked by hand (a GradScaler's schedule, the learning rate) and their usage errors.
+# worked by hand (a GradScaler's schedule, the learning rate) and their usage errors; the learning-rate remedy of
+# a bf16 Poisson regression whose exp overflows and the initial-scale remedy of an f16 model whose scaled
+# gradients overflow, each verified by `fix --run`, the re-runs' /steps against plain runs with the remedy
+# written in by hand; on a pseudo-terminal, fix without --run asks, and runs nothing on "n", everything on "yes".
 # Usage: fix_test.py AMPSCOPE_BINARY WORK_DIR. Exit 77 (skipped) when this Python has no torch or h5py.
 import json
 import os
+import pty
+import select
 import shutil
 import subprocess
 import sys
+import time
 import zlib
 
 sys.dont_write_bytecode = True  # importing harness leaves no __pycache__ in the source tree
@@ -254,5 +260,147 @@ if os.path.exists(os.path.join(WORK, "f16.h5")):
         prec = fh.attrs["precision"].decode()
 check(p.returncode == 0 and p.stdout.strip() == "torch.bfloat16" and prec == "bf16",
       "--autocast bf16: exit %d, the script saw %s, trace precision %s" % (p.returncode, p.stdout.strip(), prec))
+
+# --- 7. the learning-rate and initial-scale remedies, end to end: each applied, re-run and verified; the re-runs'
+# /steps rows against plain runs of the scripts with the remedy written in by hand (no recorder) ----------------
+
+
+def fix_json(trace, after):
+    p = run([AMPSCOPE, "fix", "--run", "--json", "--after", str(after), trace])
+    try:
+        return p, {r["name"]: r for r in json.loads(p.stdout)["runs"]}
+    except (ValueError, KeyError):
+        return p, {}
+
+
+def plain_losses(script, *args):
+    out = run([PYTHON, script, *args], env=env).stdout
+    return [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
+
+
+# A Poisson regression in bf16 at lr 0.3: the head's weights grow until exp overflows at step 5; lr 0.03 trains.
+p = run([AMPSCOPE, "record", "--out", "poisson.h5", "--", PYTHON, os.path.join(SCRIPTS, "poisson_high_lr.py")],
+        env=env)
+check(p.returncode == 0, "poisson: record exit %d: %s" % (p.returncode, p.stderr[-300:]))
+p, runs = fix_json("poisson.h5", 1)
+check(p.returncode == 0 and sorted(runs) == ["fp32", "lr-0.03", "original"], "poisson: fix exit %d, runs %s: %s" % (
+    p.returncode, sorted(runs), p.stderr[-500:]))
+if "lr-0.03" in runs:
+    r = runs["lr-0.03"]
+    flag = r["flag"].split()
+    factor = float(flag[1]) if flag[:1] == ["--lr-factor"] else float("nan")
+    check(r["kind"] == "learning_rate" and abs(factor * 0.3 - 0.03) < 1e-12 and flag[2:] == ["--stop-after", "6"] and
+          r["applied"] and r["anomaly_gone"] and r["verified"] and r["first_anomaly"] == "none",
+          "poisson: the learning-rate run %s" % r)
+    check(not runs["original"]["anomaly_gone"] and runs["original"]["first_anomaly"] == "step 5, exp" and
+          not runs["fp32"]["anomaly_gone"], "poisson: original %s, fp32 %s" % (runs["original"], runs["fp32"]))
+    fixed_steps = steps_of(os.path.join(WORK, "poisson.fix-lr-0.03.h5"))
+    orig_steps = steps_of(os.path.join(WORK, "poisson.fix-original.h5"))
+    lrs = sorted({float(s["lr"]) for s in fixed_steps})
+    check(len(fixed_steps) == 7 and len(lrs) == 1 and abs(lrs[0] - 0.3 * factor) <= 1e-15,
+          "poisson: the re-run's steps %d, lr %s (want 7 steps at 0.3 x %r)" % (len(fixed_steps), lrs, factor))
+    want = plain_losses(os.path.join(SCRIPTS, "poisson_high_lr.py"), "--lr", repr(lrs[0] if lrs else 0.03), "--steps",
+                        "7")
+    got = [float(s["loss"]) for s in fixed_steps]
+    check(len(want) == 7 and len(got) == 7 and all(np.isfinite(got)) and
+          all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got, want)),
+          "poisson: the re-run's losses %s, plain torch at that lr %s" % (got, want))
+    o = [float(s["loss"]) for s in orig_steps]
+    check(len(o) == 7 and all(np.isfinite(o[:5])) and not np.isfinite(o[5]) and
+          {float(s["lr"]) for s in orig_steps} == {0.3}, "poisson: the original re-run's losses %s" % o)
+
+# An f16 model at GradScaler's default scale (2^16): every step's gradients overflow and are skipped; 1024 trains.
+p = run([AMPSCOPE, "record", "--out", "scaled.h5", "--", PYTHON, os.path.join(SCRIPTS, "scaled_f16_train.py")],
+        env=env)
+check(p.returncode == 0, "scaled: record exit %d: %s" % (p.returncode, p.stderr[-300:]))
+p, runs = fix_json("scaled.h5", 3)
+check(p.returncode == 0 and "init-scale-1024" in runs, "scaled: fix exit %d, runs %s: %s" % (
+    p.returncode, sorted(runs), p.stderr[-500:]))
+if "init-scale-1024" in runs:
+    r = runs["init-scale-1024"]
+    check(r["kind"] == "init_scale" and r["flag"] == "--init-scale 1024 --stop-after 3" and r["applied"] and
+          r["anomaly_gone"] and r["verified"], "scaled: the initial-scale run %s" % r)
+    others = {n: x["anomaly_gone"] for n, x in runs.items() if n not in ("original", "init-scale-1024")}
+    check(others and not any(others.values()), "scaled: other remedies removed the overflow too: %s" % others)
+    fixed = steps_of(os.path.join(WORK, "scaled.fix-init-scale-1024.h5"))
+    got = [(float(s["scale"]), bool(s["skipped"])) for s in fixed]
+    check(got == [(1024.0, False)] * 4, "scaled: the re-run's (scale, skipped) %s, want 1024 and none skipped" % got)
+    src = open(os.path.join(SCRIPTS, "scaled_f16_train.py")).read()
+    by_hand = src.replace("scaler = CpuGradScaler(2.0 ** 16)", "scaler = CpuGradScaler(1024.0)")
+    check(by_hand != src, "scaled: the reference script was not made")
+    open(os.path.join(WORK, "scaled_1024_by_hand.py"), "w").write(by_hand)
+    want = plain_losses(os.path.join(WORK, "scaled_1024_by_hand.py"), "--steps", "4")
+    loss = [float(s["loss"]) for s in fixed]
+    check(len(want) == 4 and all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(loss, want)) and want[3] < want[0],
+          "scaled: the re-run's losses %s, plain torch with init_scale 1024 by hand %s" % (loss, want))
+    orig = [(float(s["scale"]), bool(s["skipped"]))
+            for s in steps_of(os.path.join(WORK, "scaled.fix-original.h5"))]
+    # By hand: 2^16 halved after each skipped step.
+    check(orig == [(65536.0, True), (32768.0, True), (16384.0, True), (8192.0, True)],
+          "scaled: the original re-run's (scale, skipped) %s" % orig)
+
+# --- 8. on a terminal, without --run: fix asks after the plan; "n" runs nothing (exit 3), "y" runs the re-runs ---
+
+
+def on_terminal(args, answer, timeout=240):
+    """Runs args with stdin and stderr on a pseudo-terminal, answers `answer` once the question is shown; returns
+    the exit status, what the terminal showed and stdout."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(args, stdin=slave, stdout=subprocess.PIPE, stderr=slave, cwd=WORK)
+    os.close(slave)
+    shown, answered, deadline = b"", False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: every holder of the terminal's other end closed it
+                break
+            if not chunk:
+                break
+            shown += chunk
+        if not answered and b"[y/N] " in shown:
+            os.write(master, answer.encode())
+            answered = True
+        if proc.poll() is not None and not ready:
+            break
+    os.close(master)
+    try:
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return proc.returncode, shown.decode(errors="replace").replace("\r\n", "\n"), proc.stdout.read().decode()
+
+
+for leftover in [n for n in os.listdir(WORK) if n.startswith("bce.fix")] + ["marker.txt"]:
+    if os.path.exists(os.path.join(WORK, leftover)):
+        os.remove(os.path.join(WORK, leftover))
+question = "fix: run the 3 re-runs above (the recorded command, from the trace)? [y/N] "
+status, shown, stdout = on_terminal([AMPSCOPE, "fix", "--after", "0", "bce.h5"], "n\n")
+check(status == 3 and question in shown and "fix:     autocast-fp32-criterion: cd " in shown.split(question)[0] and
+      "fix: nothing was run" in shown, "terminal, answer n: exit %d, shown %s" % (status, shown[-700:]))
+check(not os.path.exists(MARKER) and not [n for n in os.listdir(WORK) if n.startswith("bce.fix")],
+      "terminal, answer n: something ran or was written: %s" % sorted(os.listdir(WORK)))
+status, shown, stdout = on_terminal([AMPSCOPE, "fix", "--after", "0", "bce.h5"], " Yes\n")
+check(status == 0 and question in shown and "1 remedy verified" in stdout, "terminal, answer yes: exit %d, shown %s, "
+      "stdout %s" % (status, shown[-500:], stdout[-500:]))
+check(os.path.exists(MARKER) and open(MARKER).read() == "ran\n" * 3, "terminal, answer yes: the script did not run 3 "
+      "times")
+if os.path.exists(os.path.join(WORK, "bce.fix.json")):
+    doc = json.load(open(os.path.join(WORK, "bce.fix.json")))
+    check([(r["name"], r["anomaly_gone"]) for r in doc["runs"]] == [("original", False), ("fp32", True),
+                                                                    ("autocast-fp32-criterion", True)],
+          "terminal, answer yes: results %s" % [(r["name"], r["anomaly_gone"]) for r in doc["runs"]])
+else:
+    check(False, "terminal, answer yes: no results file")
+# Stdin on a terminal but stderr not (the question would not be seen): no question, exit 3.
+master, slave = pty.openpty()
+p = subprocess.run([AMPSCOPE, "fix", "--after", "0", "bce.h5"], stdin=slave, stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE, cwd=WORK, timeout=60)
+os.close(slave)
+os.close(master)
+check(p.returncode == 3 and b"[y/N]" not in p.stderr, "stdin on a terminal, stderr a pipe: exit %d: %s" % (
+    p.returncode, p.stderr[-300:]))
 
 finish()

@@ -4,12 +4,16 @@
 #     row's local and accumulated errors equal errors computed here, in f64, from references made with plain
 #     torch f64 ops and the error measures of probes/twin.h written out element by element (no code shared with
 #     the recorder).
+#  1c. Nodes whose backward reads their output or the forward's statistics (layer_norm, tanh, sigmoid, exp,
+#     softmax, log_softmax; scripts/twin_backward_ops.py saves each node's gradients): each backward row equals
+#     errors against f64 gradients from each op's derivative written out here.
 #  2. One definition: the recorder's compare() and the runtime's probe::compare() (run by the twin_compare
 #     program) give the same numbers on the same values: the recorded ops' outputs against their f32
 #     recomputation, and made-up edge cases (flips, saturation, subnormal and non-finite references); and our
 #     runtime's probe::Twin on the same forward and bf16 values (twin_compare --ops) gives the same rows.
 #  3. A script whose bf16 running total swamps its terms (scripts/bf16_running_sum.py): `ampscope report` of
 #     the --twin trace names the op and module in PRECISION; without --twin PRECISION says it was not recorded.
+#  4. The Python API (ampscope.torch.record(..., twin=True)) writes the same rows as `ampscope record --twin`.
 # Usage: twin_test.py AMPSCOPE TWIN_COMPARE WORK_DIR. Exit 77 (skipped) when this Python has no torch or h5py.
 import json
 import math
@@ -99,9 +103,7 @@ def near(a, b, rel):
 saved = os.path.join(WORK, "twin_ops.pt")
 proc, out = record("twin_ops", "twin_ops.py", saved)
 check(proc.returncode == 0, "twin_ops: exit status %d: %s" % (proc.returncode, proc.stderr[-400:]))
-check("--twin: the backward of softmax is not computed again" in proc.stderr and
-      "--twin: the backward of layer_norm is not computed again" in proc.stderr,
-      "twin_ops: no note that softmax's and layer_norm's backward rows are not recorded: %s" % proc.stderr[-600:])
+check("the backward of" not in proc.stderr, "twin_ops: a backward is noted as not recorded: %s" % proc.stderr[-600:])
 rows = precision_rows(out)
 T = torch.load(saved)
 d = {k: v.to(torch.float64) for k, v in T.items()}
@@ -177,13 +179,74 @@ if bw:
 mb = [r for r in rows if r["phase"] == "backward" and r["op"] == "mul"]
 check(len(mb) == 1 and float(mb[0]["local_max_rel"]) == 0 and int(mb[0]["exact"]) > 0,
       "mul backward: %r" % [(r["local_max_rel"], r["exact"]) for r in mb])
-check(not [r for r in rows if r["phase"] == "backward" and r["op"] in ("softmax", "layer_norm")],
-      "softmax or layer_norm has a backward row")
+check(len([r for r in rows if r["phase"] == "backward" and r["op"] in ("softmax", "layer_norm")]) == 2,
+      "softmax's and layer_norm's nodes: %d backward rows, want 2" % len(
+          [r for r in rows if r["phase"] == "backward" and r["op"] in ("softmax", "layer_norm")]))
 # softmax's accumulated error is not its local one: the twin followed linear's and mul's f32 values.
 sm = [r for r in rows if r["op"] == "softmax"]
 if sm:
     check(float(sm[0]["acc_mean_rel"]) > float(sm[0]["local_mean_rel"]) * 1.2,
           "softmax: accumulated %r not above local %r" % (sm[0]["acc_mean_rel"], sm[0]["local_mean_rel"]))
+
+# ---- 1c. the backward of nodes that read their output or the forward's statistics (scripts/twin_backward_ops.py):
+# each node's gradients (saved by the script: each op's input feeds that op alone) against the f32 forward and
+# backward on the node's inputs, here in f64 from the formulas of each op's derivative written out.
+saved_bw = os.path.join(WORK, "twin_backward_ops.pt")
+proc, out = record("twin_backward_ops", "twin_backward_ops.py", saved_bw)
+check(proc.returncode == 0, "twin_backward_ops: exit status %d: %s" % (proc.returncode, proc.stderr[-400:]))
+check("the backward of" not in proc.stderr, "twin_backward_ops: a backward noted as not recorded: %s" %
+      proc.stderr[-600:])
+rows_bw = precision_rows(out)
+B = torch.load(saved_bw)
+D = {k: v.to(torch.float64) for k, v in B.items()}
+
+
+def layer_norm_grads(x, g, gamma, eps=1e-5):
+    mu = x.mean(-1, keepdim=True)
+    rstd = 1 / torch.sqrt(((x - mu) ** 2).mean(-1, keepdim=True) + eps)
+    xhat = (x - mu) * rstd
+    dxhat = g * gamma
+    dx = rstd * (dxhat - dxhat.mean(-1, keepdim=True) - xhat * (dxhat * xhat).mean(-1, keepdim=True))
+    return dx, (g * xhat).sum(0), g.sum(0)
+
+
+sm_u = torch.softmax(D["u"], dim=-1)
+sm_v = torch.softmax(D["v"], dim=-1)
+sig = 1 / (1 + torch.exp(-D["b"]))
+ln_ref = layer_norm_grads(D["x"], D["dn"], D["gamma"])
+# op -> [(the node's gradient, its f64 reference)]
+backward_want = {
+    "layer_norm": [(B["dx"], ln_ref[0]), (B["dgamma"], ln_ref[1]), (B["dbeta"], ln_ref[2])],
+    "tanh": [(B["da"], D["dt"] * (1 - torch.tanh(D["a"]) ** 2))],
+    "sigmoid": [(B["db"], D["ds"] * sig * (1 - sig))],
+    "exp": [(B["dc"], D["de"] * torch.exp(D["c"]))],
+    "softmax": [(B["du"], sm_u * (D["dp"] - (D["dp"] * sm_u).sum(-1, keepdim=True)))],
+    "log_softmax": [(B["dv"], D["dq"] - sm_v * D["dq"].sum(-1, keepdim=True))],
+}
+for op, pairs in backward_want.items():
+    found = [r for r in rows_bw if r["op"] == op and r["phase"] == "backward"]
+    check(len(found) == 1, "backward of %s: %d rows, want 1" % (op, len(found)))
+    if not found:
+        continue
+    r = found[0]
+    parts = [errors_f64(y.float(), ref, "bf16") for y, ref in pairs]
+    numel = sum(y.numel() for y, _ in pairs)
+    check(r["out_dtype"] == "bf16" and bool(r["local"]) and int(r["numel"]) == numel and
+          r["module"] == ("norm" if op == "layer_norm" else ""),
+          "backward of %s: module '%s' dtype %s numel %d, want %d" % (op, r["module"], r["out_dtype"], r["numel"],
+                                                                    numel))
+    for field, ref in (("local_max_rel", max(e["max_rel"] for e in parts)),
+                       ("local_mean_rel", max(e["mean_rel"] for e in parts)),
+                       ("local_max_ulp", max(e["max_ulp"] for e in parts))):
+        check(ref > 0 and near(float(r[field]), ref, TOL), "backward of %s: %s %r, f64 %r" % (op, field, r[field], ref))
+    check(int(r["flips"]) == sum(e["flips"] for e in parts), "backward of %s: flips %d, f64 %d" % (
+        op, r["flips"], sum(e["flips"] for e in parts)))
+    bins = [int(v) for v in r["error_bins"]]
+    want_bins = [sum(e["bins"][i] for e in parts) for i in range(26)]
+    check(sum(bins) + int(r["exact"]) + int(r["flips"]) == numel, "backward of %s: histogram counts %d, want %d" % (
+        op, sum(bins) + int(r["exact"]) + int(r["flips"]), numel))
+    moved = sum(abs(a - b) for a, b in zip(bins, want_bins))
+    check(moved <= max(2, numel // 50), "backward of %s: histogram %s, f64 %s" % (op, bins, want_bins))
 
 # ---- 1b. under CPU autocast: the linear's inputs are autocast's casts of f32 tensors, which the twin reads ----
 saved_ac = os.path.join(WORK, "twin_ops_autocast.pt")
@@ -333,5 +396,39 @@ except (ValueError, KeyError, IndexError) as e:
 proc, out = record("running_sum_plain", "bf16_running_sum.py", twin=False)
 rep = subprocess.run([AMPSCOPE, "report", out], capture_output=True, text=True)
 check("PRECISION: not recorded" in rep.stdout, "running_sum without --twin: %s" % rep.stdout[-400:])
+
+# ---- 4. the Python API (ampscope.torch.record(..., twin=True), `ampscope record --attach`): the same rows as
+# `ampscope record --twin` of the same script ----
+api_out = os.path.join(WORK, "api_twin.h5")
+if os.path.exists(api_out):
+    os.remove(api_out)
+api_env = dict(os.environ, AMPSCOPE=AMPSCOPE, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(HERE)),
+                                                                     "python"))
+api = subprocess.run([sys.executable, os.path.join(SCRIPTS, "api_twin.py"), api_out], capture_output=True, text=True,
+                     env=api_env)
+check(api.returncode == 0, "api twin: exit status %d: %s" % (api.returncode, api.stderr[-400:]))
+proc, whole_out = record("api_twin_whole", "api_twin.py")
+check(proc.returncode == 0 and proc.stdout == api.stdout, "api twin under record --twin: exit %d, output %r (the "
+      "API run's %r)" % (proc.returncode, proc.stdout, api.stdout))
+if api.returncode == 0 and proc.returncode == 0:
+    FIELDS = ("step", "op", "module", "phase", "out_dtype", "numel", "local", "local_max_rel", "local_mean_rel",
+              "local_max_ulp", "acc_max_rel", "acc_mean_rel", "acc_max_ulp", "in_acc_max_rel", "in_acc_mean_rel",
+              "flips", "exact")
+
+    def key(r):
+        return tuple(str(r[k]) if not isinstance(r[k], (float, np.floating)) else repr(float(r[k])) for k in FIELDS)
+
+    a_rows, w_rows = precision_rows(api_out), precision_rows(whole_out)
+    ops_seen = sorted({(r["op"], r["phase"]) for r in a_rows})
+    check(len(a_rows) > 0 and [key(r) for r in a_rows] == [key(r) for r in w_rows],
+          "api twin: %d rows, record --twin %d; first differing %r" % (
+              len(a_rows), len(w_rows), next(((key(x), key(y)) for x, y in zip(a_rows, w_rows) if key(x) != key(y)),
+                                            None)))
+    for want_op in (("linear", "forward"), ("tanh", "backward"), ("softmax", "backward"), ("linear", "backward")):
+        check(want_op in ops_seen, "api twin: no %s row (%s)" % (want_op, ops_seen))
+    with h5py.File(api_out, "r") as f:
+        c = f.attrs["config"]
+        cfg = json.loads(c.decode() if isinstance(c, bytes) else c)
+    check("twin" in cfg and "softmax" in cfg["twin"].get("backward", []), "api twin: config %s" % cfg.get("twin"))
 
 finish()

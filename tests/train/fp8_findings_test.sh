@@ -114,6 +114,9 @@ for name in e4m3 sat; do
   "$ampscope" fix --json "$work/fix/$name.h5" >"$work/fix/$name.json" 2>"$work/fix/$name.err"
   status=$?
   [[ $status == 0 ]] || { fail "fix $name exited $status, expected 0 (a remedy verified)"; cat "$work/fix/$name.err" >&2; }
+  # Nothing went NaN or inf: the plan calls what it fixes an FP8 finding, not an anomaly.
+  grep -qE "^fix: plan for .*/$name\.h5: first FP8 finding fp8:" "$work/fix/$name.err" ||
+    fail "fix $name: the plan does not name the first FP8 finding: $(head -1 "$work/fix/$name.err")"
 done
 /usr/bin/python3 - "$work" <<'PY' || fail "fix: see above"
 import json, math, os, sys

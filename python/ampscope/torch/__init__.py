@@ -37,11 +37,12 @@ def end_step():
 
 
 @contextlib.contextmanager
-def record(out, *, probe="health", sample_every=1, optimizers=(), ampscope=None):
+def record(out, *, probe="health", sample_every=1, optimizers=(), twin=False, ampscope=None):
     """Records what runs inside the `with` block into the trace `out`, as `ampscope record` records a whole
     script. Steps end at each step() of an optimizer created inside the block or passed in `optimizers`
     (an optimizer made before the block is not seen otherwise), at a GradScaler's update(), or at
-    end_step(). `ampscope`: the program's path (default: $AMPSCOPE, else `ampscope` on PATH). The block's ops
+    end_step(). twin=True: the f32 twin's /precision rows, as `ampscope record --twin` writes them (an autocast
+    region entered before the block is not seen as one). `ampscope`: the program's path (default: $AMPSCOPE, else `ampscope` on PATH). The block's ops
     after the last step make a last step. An exception leaving the block leaves the trace with its finished
     steps and complete = 0. Raises RuntimeError when the program cannot be found or fails to write the
     trace (its own message is on stderr)."""
@@ -54,8 +55,10 @@ def record(out, *, probe="health", sample_every=1, optimizers=(), ampscope=None)
     child = subprocess.Popen([exe, "record", "--out", os.fspath(out), "--attach", "--probe", probe,
                               "--sample-every", str(int(sample_every))], stdin=subprocess.PIPE)
     try:
-        r = _recorder.start(child.stdin.fileno(), {"probe": probe, "sample_every": int(sample_every)},
-                            whole_run=False)
+        options = {"probe": probe, "sample_every": int(sample_every)}
+        if twin:
+            options["twin"] = True
+        r = _recorder.start(child.stdin.fileno(), options, whole_run=False)
     except BaseException:
         child.stdin.close()
         child.wait()

@@ -16,15 +16,19 @@ below: the definitions of probes/twin.h, element for element (relative error wit
 bits, the histogram), computed in f64 with torch ops. The mean's sum is torch's f64 sum (pairwise), not the
 runtime's element-order sum: the two agree to within f64 rounding of the sum, not bit for bit.
 
-Backward (local error): the nodes of BACKWARD_OPS (ops whose backward reads only their inputs) whose gradients
-are f16/bf16 get a row: the op's f32 graph, rebuilt in the node's hook on its inputs widened, differentiated
-for the incoming gradient widened; each gradient compared in its own dtype, the largest max and mean kept,
-counts summed (probes/twin.cpp twin_backward).
+Backward (local error): the nodes of BACKWARD_OPS whose gradients are f16/bf16 get a row: the op's f32 graph,
+rebuilt in the node's hook on its inputs widened, differentiated for the incoming gradient widened; each gradient
+compared in its own dtype, the largest max and mean kept, counts summed (probes/twin.cpp twin_backward). For the
+ops whose backward reads only their inputs (linear, matmul, mul, add, sub, div, gelu, silu, relu) that is the
+node's backward run on its saved tensors widened, as the runtime's twin defines it. For the ops whose backward
+reads their output or the forward's statistics (softmax, log_softmax, layer_norm's mean and rstd, tanh, sigmoid,
+exp, sqrt, rsqrt) the f32 graph recomputes those from the inputs widened: the reference is the f32 forward and
+backward on the node's inputs, so the row also counts what the f16/bf16 output the node saved costs its
+gradient (the runtime's twin widens the saved output instead and does not count that).
 
 Not covered (each named once in /events `unrecorded` and on stderr, never silent): ops that draw random
 numbers (dropout), in-place ops (their input is their output by the time the recorder sees it), ops whose
-body fails when run again in f32, and the backward of other nodes (softmax, layer_norm: their backward reads
-their output or the forward's statistics, which an f32 graph would hold in f32 where the node holds f16/bf16).
+body fails when run again in f32, and the backward of nodes of other ops (not in BACKWARD_OPS).
 """
 import math
 
@@ -41,11 +45,14 @@ ERROR_BINS = 26  # trace::kErrorBins
 SATURATING = {"sigmoid", "tanh"}
 ADDITIVE = {"add", "sub", "rsub"}
 REDUCTION = {"sum", "mean"}
-# Ops whose backward reads only their inputs (not their output or statistics of the forward): for these the
-# backward of the f32 graph built on the inputs widened is the node's backward run on its own inputs widened,
-# as the runtime's backward twin defines it (saved tensors widened). aten names.
-BACKWARD_OPS = {"addmm", "mm", "bmm", "matmul", "linear", "mul", "add", "sub", "div", "gelu", "silu", "relu"}
-BACKWARD_NAMES = {"linear", "matmul", "mul", "add", "sub", "div", "gelu", "silu", "relu"}  # as rows name them
+# Ops whose node gets a backward row (aten names): the f32 graph built on the inputs widened is differentiated in
+# the node's hook. The first group's backward reads only the inputs, so that is the node's own backward on its
+# saved tensors widened; the second's reads the output or the forward's statistics, which the f32 graph
+# recomputes from the inputs (see the module's comment).
+BACKWARD_OPS = {"addmm", "mm", "bmm", "matmul", "linear", "mul", "add", "sub", "div", "gelu", "silu", "relu",
+                "_softmax", "_log_softmax", "native_layer_norm", "tanh", "sigmoid", "exp", "sqrt", "rsqrt"}
+BACKWARD_NAMES = {"linear", "matmul", "mul", "add", "sub", "div", "gelu", "silu", "relu",  # as rows name them
+                  "softmax", "log_softmax", "layer_norm", "tanh", "sigmoid", "exp", "sqrt", "rsqrt"}
 RANDOM_OPS = {"native_dropout", "dropout", "bernoulli", "rand_like", "randn_like", "multinomial", "rrelu_with_noise"}
 LOW = (torch.float16, torch.bfloat16)
 
@@ -386,8 +393,8 @@ class Twin:
             return
         if graph is None:
             self.recorder.note_once("twin_bwd_" + op, module, op, "--twin: the backward of %s is not computed again "
-                                    "(the twin of a PyTorch run computes the backward only of nodes whose backward "
-                                    "reads just their inputs: %s): no backward /precision row for it" % (
+                                    "(the twin of a PyTorch run computes the backward only of the nodes of %s): no "
+                                    "backward /precision row for it" % (
                                         op, ", ".join(sorted(BACKWARD_NAMES))))
             return
         func, wide_args, kwargs, flags = graph
