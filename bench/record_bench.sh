@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The cost of `ampscope record` (issue 32): a bf16 two-block transformer with d 256 (record_bench_train.py,
 # written as a user writes it) timed plain, under `ampscope record --probe health`, and under
-# `ampscope record --probe health --sample-every 10`, the three alternated ROUNDS times in one run; prints
-# each run's step times and the ratios of the medians over the rounds. One thread (torch.set_num_threads(1)).
+# `ampscope record --probe health --sample-every 10`, and under `ampscope record --probe health --record-optimizer`
+# (the optimizer's element-wise ops recorded too, as before they were left out by default), the four alternated
+# ROUNDS times in one run; prints each run's step times and the ratios of the medians over the rounds. One thread
+# (torch.set_num_threads(1)).
 #   bench/record_bench.sh [BUILD_DIR] [ROUNDS] [STEPS]
 # Steps after the first two count (warm-up); STEPS - 2 should be a multiple of 10 so the sampled runs
 # record their share (steps 10, 20, ...).
@@ -30,6 +32,7 @@ run() {  # run KIND ROUND: appends the run's median and mean step time
     plain)  out=$("$python" "$here/record_bench_train.py" --steps "$steps") ;;
     health) out=$("$ampscope" record --out "$work/h.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
     every10) out=$("$ampscope" record --out "$work/s.h5" --probe health --sample-every 10 -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
+    optimizer) out=$("$ampscope" record --out "$work/o.h5" --probe health --record-optimizer -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
   esac
   local line
   line=$(grep '^step_ms' <<<"$out")
@@ -38,14 +41,16 @@ run() {  # run KIND ROUND: appends the run's median and mean step time
   printf '  round %d %-8s step ms: median %s mean %s\n' "$2" "$kind" "$(awk '{print $3}' <<<"$line")" "$(awk '{print $5}' <<<"$line")"
 }
 for ((r = 1; r <= rounds; r++)); do
-  for kind in plain health every10; do run "$kind" "$r"; done
+  for kind in plain health every10 optimizer; do run "$kind" "$r"; done
 done
 echo "load after: $(uptime | sed 's/.*load average: //')"
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 pm=$(median <<<"${med[plain]}"); hm=$(median <<<"${med[health]}")
 pa=$(median <<<"${mean[plain]}"); ha=$(median <<<"${mean[health]}"); sa=$(median <<<"${mean[every10]}")
-echo "medians over $rounds rounds (ms per step): plain median $pm mean $pa; health median $hm mean $ha; every10 mean $sa"
-awk -v pm="$pm" -v hm="$hm" -v pa="$pa" -v ha="$ha" -v sa="$sa" 'BEGIN {
+om=$(median <<<"${med[optimizer]}")
+echo "medians over $rounds rounds (ms per step): plain median $pm mean $pa; health median $hm mean $ha; every10 mean $sa; record-optimizer median $om"
+awk -v pm="$pm" -v hm="$hm" -v pa="$pa" -v ha="$ha" -v sa="$sa" -v om="$om" 'BEGIN {
   printf "ratio health / plain: %.2fx (median steps), %.2fx (mean steps)\n", hm / pm, ha / pa
-  printf "ratio health --sample-every 10 / plain: %.2fx (mean steps: one recorded step in ten)\n", sa / pa }'
+  printf "ratio health --sample-every 10 / plain: %.2fx (mean steps: one recorded step in ten)\n", sa / pa
+  printf "ratio health --record-optimizer / plain: %.2fx (median steps)\n", om / pm }'
