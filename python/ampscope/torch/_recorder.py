@@ -167,6 +167,9 @@ def health(x):
     return _health(x)[0]
 
 
+_TINY = {}  # dtype -> its smallest normal
+
+
 def _health(x):
     """(health, sum of squares of the finite values in f64): the sum of squares gives a gradient's norm with no
     second pass.
@@ -174,51 +177,61 @@ def _health(x):
     health: [numel, nan, pos_inf, neg_inf, zero, subnormal, min, max, absmax, mean, rms] of a floating tensor, the
     moments in double over the finite values (NaN when there are none).
 
-    Cost: one copy into a reused f64 buffer, then reductions on it (sum, aminmax, the sum of squares taken by
-    squaring the buffer in place, whose smallest value tells whether a zero or subnormal exists). The zero and
+    Cost: one copy into a reused f64 buffer, then reductions on it (sum, the sum of squares taken by squaring the
+    buffer in place, whose smallest value tells whether a zero or subnormal exists) and aminmax on x, their
+    results brought to the host together (one synchronisation on a GPU, one conversion on a CPU). The zero and
     subnormal counts (boolean masks, the costly part on a CPU) are taken only when the smallest magnitude is
-    below the dtype's smallest normal, and the NaN/inf counts only when the sum is not finite (bench/RESULTS.md,
-    "ampscope record's cost")."""
+    below the dtype's smallest normal; a tensor whose sum is not finite takes the slower path that counts NaN and
+    inf (bench/RESULTS.md, "ampscope record's cost")."""
     x = x.detach()
     n = x.numel()
     if n == 0:
         nan = float("nan")
         return [0, 0, 0, 0, 0, 0, nan, nan, nan, nan, nan], 0.0
-    tiny = torch.finfo(x.dtype).tiny
+    tiny = _TINY.get(x.dtype)
+    if tiny is None:
+        tiny = _TINY[x.dtype] = torch.finfo(x.dtype).tiny
     xd = _widened(x)
-    total = float(xd.sum())
-    nan_c = pinf = ninf = 0
-    if not math.isfinite(total):
-        nan_c = int(torch.isnan(xd).sum())
-        pinf = int((xd == math.inf).sum())
-        ninf = int((xd == -math.inf).sum())
-        xd = xd[torch.isfinite(xd)]
-        if xd.numel() == 0:
-            nan = float("nan")
-            return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
-        total = float(xd.sum())
-    m = xd.numel()
-    # The extremes are values of x's own dtype: taken on x (half the bytes of f64) when all are finite.
-    lo, hi = torch.aminmax(xd if m != n else x)
-    lo, hi = float(lo), float(hi)
-    zero = subnormal = 0
-    if x.dtype == torch.float64:  # tiny * tiny underflows in f64: the magnitudes themselves
-        small = float(xd.abs().amin()) < tiny
+    total_t = xd.sum()
+    # The extremes are values of x's own dtype: exact on x, half the bytes of f64 (torch 1.13's CPU has no f16
+    # aminmax: the buffer then, before it is squared; ops run in order on one device).
+    lo_t, hi_t = torch.aminmax(xd if x.dtype == torch.float16 and x.device.type == "cpu" else x)
+    if x.dtype == torch.float64:  # tiny * tiny underflows in f64: the smallest magnitude itself
+        small_t, bound = xd.abs().amin(), tiny
     else:
-        small = None
-    if small:
-        zero = int((xd == 0).sum())
-        subnormal = int((xd.abs() < tiny).sum()) - zero
-    sq_t = xd.mul_(xd)  # the buffer (or the finite values' copy) holds the squares from here on
-    sq = float(sq_t.sum())  # not torch.dot: BLAS threads fight over the cores and it ran 10x slower
-    if small is None and float(sq_t.amin()) < tiny * tiny:
-        # A square below tiny^2 (exact in f64 for f32, f16, bf16 values) is a zero or a subnormal; the buffer
-        # holds squares now, so the counts are taken on x itself.
+        small_t, bound = None, tiny * tiny
+    sq_t = xd.mul_(xd)  # the buffer holds the squares from here on
+    if small_t is None:
+        small_t = sq_t.amin()  # a square below tiny^2 (exact in f64 for f32, f16, bf16) is a zero or subnormal
+    # not torch.dot for the sum of squares: BLAS threads fight over the cores and it ran 10x slower
+    total, lo, hi, sq, smallest = torch.stack([total_t, lo_t.to(torch.float64), hi_t.to(torch.float64), sq_t.sum(),
+                                               small_t]).tolist()
+    if not math.isfinite(total):
+        return _health_nonfinite(x, n, tiny)
+    zero = subnormal = 0
+    if smallest < bound:
         xf = x.reshape(-1)
-        if nan_c or pinf or ninf:
-            xf = xf[torch.isfinite(xf)]
         zero = int((xf == 0).sum())
         subnormal = int((xf.abs() < tiny).sum()) - zero
+    return [n, 0, 0, 0, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / n, math.sqrt(sq / n)], sq
+
+
+def _health_nonfinite(x, n, tiny):
+    """_health of a tensor holding NaN or inf: the counts by masks, the moments over the finite values."""
+    xd = _widened(x)
+    nan_c = int(torch.isnan(xd).sum())
+    pinf = int((xd == math.inf).sum())
+    ninf = int((xd == -math.inf).sum())
+    xd = xd[torch.isfinite(xd)]
+    m = xd.numel()
+    if m == 0:
+        nan = float("nan")
+        return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
+    total = float(xd.sum())
+    lo, hi = (float(v) for v in torch.aminmax(xd))
+    zero = int((xd == 0).sum())
+    subnormal = int((xd.abs() < tiny).sum()) - zero
+    sq = float((xd * xd).sum())
     return [n, nan_c, pinf, ninf, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / m, math.sqrt(sq / m)], sq
 
 
