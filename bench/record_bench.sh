@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The cost of `ampscope record` (issue 32): a bf16 two-block transformer with d 256 (record_bench_train.py,
 # written as a user writes it) timed plain, under `ampscope record --probe health`, and under
-# `ampscope record --probe health --sample-every 10`, the three alternated ROUNDS times in one run; prints
-# each run's step times and the ratios of the medians over the rounds. One thread (torch.set_num_threads(1)).
+# `ampscope record --probe health --sample-every 10`, and under `ampscope record --probe health --record-optimizer`
+# (the optimizer's element-wise ops recorded too, as before they were left out by default), the four alternated
+# ROUNDS times in one run; prints each run's step times, the ratios of the medians over the rounds, and the median
+# over the rounds of each round's own ratio to its plain run (what a burst of other work on a shared machine moves
+# least: the runs of one round are seconds apart). One thread (torch.set_num_threads(1)).
 #   bench/record_bench.sh [BUILD_DIR] [ROUNDS] [STEPS]
 # Steps after the first two count (warm-up); STEPS - 2 should be a multiple of 10 so the sampled runs
 # record their share (steps 10, 20, ...).
@@ -24,28 +27,40 @@ echo "load before: $(uptime | sed 's/.*load average: //')"
 echo "model: d 256, 2 blocks, 4 heads, batch 8, seq 64, vocab 512, bf16 CPU autocast, AdamW; $steps steps, the first 2 not timed"
 
 declare -A med mean
+declare -A last
+ratios_health="" ratios_every10="" ratios_optimizer=""
 run() {  # run KIND ROUND: appends the run's median and mean step time
   local kind=$1 out
   case $kind in
     plain)  out=$("$python" "$here/record_bench_train.py" --steps "$steps") ;;
     health) out=$("$ampscope" record --out "$work/h.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
     every10) out=$("$ampscope" record --out "$work/s.h5" --probe health --sample-every 10 -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
+    optimizer) out=$("$ampscope" record --out "$work/o.h5" --probe health --record-optimizer -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
   esac
   local line
   line=$(grep '^step_ms' <<<"$out")
   med[$kind]+="$(awk '{print $3}' <<<"$line") "
+  last[$kind]="$(awk '{print $3, $5}' <<<"$line")"
   mean[$kind]+="$(awk '{print $5}' <<<"$line") "
   printf '  round %d %-8s step ms: median %s mean %s\n' "$2" "$kind" "$(awk '{print $3}' <<<"$line")" "$(awk '{print $5}' <<<"$line")"
 }
 for ((r = 1; r <= rounds; r++)); do
-  for kind in plain health every10; do run "$kind" "$r"; done
+  for kind in plain health every10 optimizer; do run "$kind" "$r"; done
+  read -r pm_r pa_r <<<"${last[plain]}"
+  ratios_health+="$(awk -v a="${last[health]% *}" -v b="$pm_r" 'BEGIN {print a / b}') "
+  ratios_every10+="$(awk -v a="${last[every10]#* }" -v b="$pa_r" 'BEGIN {print a / b}') "
+  ratios_optimizer+="$(awk -v a="${last[optimizer]% *}" -v b="$pm_r" 'BEGIN {print a / b}') "
 done
 echo "load after: $(uptime | sed 's/.*load average: //')"
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 pm=$(median <<<"${med[plain]}"); hm=$(median <<<"${med[health]}")
 pa=$(median <<<"${mean[plain]}"); ha=$(median <<<"${mean[health]}"); sa=$(median <<<"${mean[every10]}")
-echo "medians over $rounds rounds (ms per step): plain median $pm mean $pa; health median $hm mean $ha; every10 mean $sa"
-awk -v pm="$pm" -v hm="$hm" -v pa="$pa" -v ha="$ha" -v sa="$sa" 'BEGIN {
+om=$(median <<<"${med[optimizer]}")
+echo "medians over $rounds rounds (ms per step): plain median $pm mean $pa; health median $hm mean $ha; every10 mean $sa; record-optimizer median $om"
+awk -v pm="$pm" -v hm="$hm" -v pa="$pa" -v ha="$ha" -v sa="$sa" -v om="$om" 'BEGIN {
   printf "ratio health / plain: %.2fx (median steps), %.2fx (mean steps)\n", hm / pm, ha / pa
-  printf "ratio health --sample-every 10 / plain: %.2fx (mean steps: one recorded step in ten)\n", sa / pa }'
+  printf "ratio health --sample-every 10 / plain: %.2fx (mean steps: one recorded step in ten)\n", sa / pa
+  printf "ratio health --record-optimizer / plain: %.2fx (median steps)\n", om / pm }'
+echo "per-round ratios to the round's plain run: health $ratios_health; every10 (means) $ratios_every10; record-optimizer $ratios_optimizer"
+echo "median of the per-round ratios: health $(median <<<"$ratios_health")x, every10 $(median <<<"$ratios_every10")x, record-optimizer $(median <<<"$ratios_optimizer")x"

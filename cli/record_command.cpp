@@ -188,6 +188,22 @@ trace::PrecisionRow precision_row(const Record& r) {
   return row;
 }
 
+// A row of /histograms (level full): ["hist", step, seq (-1 for a gradient), tensor, [kHistBins counts]].
+trace::HistogramRow histogram_row(const Record& r) {
+  trace::HistogramRow row;
+  row.step = r.integer(1);
+  row.seq = r.integer(2);
+  row.tensor = r.text(3);
+  const json& bins = r.at(4);
+  const std::string wanted = fmt::format("a list of {} counts >= 0", trace::kHistBins);
+  if (!bins.is_array() || bins.size() != trace::kHistBins) r.bad(4, wanted.c_str());
+  for (int i = 0; i < trace::kHistBins; ++i) {
+    if (!bins[i].is_number_integer() || bins[i].get<std::int64_t>() < 0) r.bad(4, wanted.c_str());
+    row.bins[i] = bins[i].get<std::int64_t>();
+  }
+  return row;
+}
+
 trace::EventRow event_row(const Record& r) {
   return trace::EventRow{r.integer(1), r.integer(2), r.text(3), r.text(4), r.text(5), r.text(6)};
 }
@@ -221,7 +237,8 @@ class Receiver {
       ++steps_;
     } else if (kind == "close") {
       closed_ = true;
-    } else if (kind == "op" || kind == "grad" || kind == "step" || kind == "event" || kind == "precision") {
+    } else if (kind == "op" || kind == "grad" || kind == "step" || kind == "event" || kind == "precision" ||
+               kind == "hist") {
       pending_.push_back(std::move(a));
     } else {
       throw Error(fmt::format("the recorder's record on line {} has an unknown kind '{}'", line_, kind));
@@ -280,6 +297,7 @@ class Receiver {
     else if (kind == "grad") writer_->write(grad_row(r));
     else if (kind == "step") writer_->write(step_row(r));
     else if (kind == "precision") writer_->write(precision_row(r));
+    else if (kind == "hist") writer_->write(histogram_row(r));
     else writer_->write(event_row(r));
   }
 
@@ -445,10 +463,16 @@ int run_record(const RecordRequest& request, std::ostream& err) {
   if (request.command.empty() && !request.attach) {
     throw Error("no command to record\nhint: ampscope record --out run.h5 -- python3 train.py ARGS...");
   }
-  if (request.probe != "health") {
-    throw Error(fmt::format("--probe {}: the PyTorch recorder has only the level 'health' so far\nhint: leave out "
-                            "--probe (histograms and tensor dumps are recorded only by `ampscope train`)",
+  if (request.probe != "off" && request.probe != "dtype" && request.probe != "health" && request.probe != "full") {
+    throw Error(fmt::format("--probe {}: unknown probe level\nhint: the levels are off (/steps only), dtype (rows "
+                            "without statistics), health (the default) and full (health and exponent histograms)",
                             request.probe));
+  }
+  for (const std::string& glob : request.ops) {
+    if (glob.empty()) {
+      throw Error("--ops '': an empty glob matches no op\nhint: name ops as the report names them: --ops linear --ops "
+                  "'soft*' (an empty --modules '' is allowed: the ops outside every module)");
+    }
   }
   if (request.sample_every < 1) {
     throw Error(fmt::format("--sample-every {}: must be 1 or more\nhint: --sample-every 10 records the ops of every "
@@ -466,7 +490,8 @@ int run_record(const RecordRequest& request, std::ostream& err) {
   const std::string python_dir = request.python_dir;
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
-  json options = {{"probe", request.probe}, {"sample_every", request.sample_every}};
+  json options = {{"probe", request.probe},       {"sample_every", request.sample_every}, {"ops", request.ops},
+                  {"modules", request.modules},   {"record_optimizer", request.record_optimizer}};
   // What `ampscope fix` needs to run the script again, kept in the trace's config by the recorder: the command
   // as it was given, the folder it ran in, and the kept environment variables (kKeptEnvironment).
   options["command"] = request.command;
@@ -547,16 +572,31 @@ RecordCommand::RecordCommand(CLI::App& app) {
   cmd_ = app.add_subcommand("record", "Record an unmodified PyTorch training script: ampscope record --out run.h5 -- "
                                       "python3 train.py ARGS... (docs/pytorch.md)");
   cmd_->add_option("--out", request_.out, "The trace to write (HDF5)")->required();
-  cmd_->add_option("--probe", request_.probe, "What to record per op: health (counts and moments of every output)")
+  cmd_->add_option("--probe", request_.probe, "What to record per op: off (no op or gradient rows: /steps only), "
+                                             "dtype (rows without statistics), health (counts and moments of every "
+                                             "output), full (health and exponent histograms, /histograms)")
       ->capture_default_str();
-  cmd_->add_option("--sample-every", request_.sample_every, "Record the ops of every Nth step (steps and gradients "
-                                                            "are recorded every step)")
+  cmd_->add_option("--sample-every", request_.sample_every, "Record the ops and gradients of every Nth step (/steps "
+                                                            "is written every step; the other steps run with no "
+                                                            "recorder between their ops)")
       ->capture_default_str();
+  cmd_->add_option("--ops", request_.ops, "Record only the ops whose name matches this glob (repeatable; as the "
+                                          "report names them: linear, softmax, 'layer_*')")
+      ->allow_extra_args(false);  // one glob per occurrence: a list must not swallow the `--` before the command
+  cmd_->add_option("--modules", request_.modules, "Record only the ops whose module path matches this glob "
+                                                  "(repeatable; * matches dots too: 'blocks.*.attn*'); also selects "
+                                                  "/grads by the parameter's module")
+      ->allow_extra_args(false);
+  cmd_->add_flag("--record-optimizer", request_.record_optimizer, "Record the optimizer's own ops (and gradient "
+                                                                  "clipping's) as optimizer-phase rows; left out "
+                                                                  "by default: on an AdamW transformer they cost "
+                                                                  "more than all the other rows together");
   cmd_->add_flag("--attach", request_.attach, "Read the rows of a Python process that records itself on stdin (run "
                                              "by ampscope.torch.record(); no command)");
   // Remedies applied from outside the script (docs/pytorch.md, "Proving a fix"): what `ampscope fix` re-runs with.
   cmd_->add_option("--autocast-fp32", request_.autocast_fp32, "Run the modules whose path matches this glob with "
-                                                              "autocast disabled and f32 inputs (repeatable)");
+                                                              "autocast disabled and f32 inputs (repeatable)")
+      ->allow_extra_args(false);
   cmd_->add_option("--autocast", request_.autocast, "bf16: autocast regions that ask for f16 get bf16; off: every "
                                                     "autocast region disabled (the f32 reference)");
   cmd_->add_option("--init-scale", request_.init_scale, "Every GradScaler's initial scale");

@@ -25,8 +25,11 @@ namespace ampscope::samples {
 
 struct RecordRequest {
   std::string out{};
-  std::string probe = "health";      // "health" (the only level the Python recorder has so far)
-  std::int64_t sample_every = 1;     // record ops every N steps (steps and gradients: every step)
+  std::string probe = "health";      // off, dtype, health or full (probes/probe.h Level)
+  std::int64_t sample_every = 1;     // record ops and gradients every N steps (/steps: every step)
+  std::vector<std::string> ops{};    // op name globs (empty: every op), as probe::ProbeOptions::ops
+  std::vector<std::string> modules{};  // module path globs (empty: every module), as probe::ProbeOptions::modules
+  bool record_optimizer = false;     // the optimizer's and clip_grad_norm_'s aten ops as optimizer-phase rows
   std::string python_dir{};          // the folder holding the `ampscope` package ("": found, see find_python_dir)
   std::vector<std::string> command{};
   bool attach = false;               // --attach: rows on stdin from ampscope.torch.record(), no command run

@@ -13,6 +13,7 @@ sys.dont_write_bytecode = True  # importing harness leaves no __pycache__ in the
 from harness import HERE, PYTHON, SCRIPTS, arguments, check, finish, require  # noqa: E402
 
 h5py, np, _ = require("h5py", "numpy", "torch")  # torch: the scripts need it
+from trace_rows import close, health_f64, ops, text  # noqa: E402
 AMPSCOPE, WORK = arguments("AMPSCOPE_BINARY", "WORK_DIR")
 os.makedirs(WORK, exist_ok=True)
 
@@ -27,44 +28,6 @@ def record(name, script, *args, capture=False, extra=()):
     cmd += [os.path.join(SCRIPTS, script), *args]
     p = subprocess.run(cmd, capture_output=True, text=True)
     return p, out
-
-
-def text(f, ids):
-    strings, data = f["strings"], f["string_bytes"]
-    table = strings[()]
-    offset_field = [n for n in table.dtype.names if "offset" in n][0]
-    length_field = [n for n in table.dtype.names if n in ("length", "size", "bytes", "count")][0]
-    raw = data[()]
-    return [bytes(raw[table[i][offset_field]:table[i][offset_field] + table[i][length_field]]).decode() for i in ids]
-
-
-def ops(path):
-    with h5py.File(path, "r") as f:
-        o = f["ops"][()]
-        rows = []
-        names = {k: text(f, o[k]) for k in ("phase", "op", "module", "out_dtype", "in_dtypes", "shape")}
-        for i in range(len(o)):
-            r = {k: o[k][i] for k in o.dtype.names}
-            r.update({k: names[k][i] for k in names})
-            rows.append(r)
-        steps = f["steps"][()]
-        grads = f["grads"][()]
-        gnames = text(f, grads["param"])
-        complete = int(f.attrs["complete"])
-        precision = f.attrs["precision"].decode()
-    return rows, steps, grads, gnames, complete, precision
-
-
-def health_f64(x):
-    x = np.asarray(x, dtype=np.float64).ravel()
-    fin = x[np.isfinite(x)]
-    return {"numel": x.size, "nan": int(np.isnan(x).sum()), "pos_inf": int((x == np.inf).sum()),
-            "neg_inf": int((x == -np.inf).sum()), "zero": int((fin == 0).sum()), "min": fin.min(), "max": fin.max(),
-            "absmax": np.abs(fin).max(), "mean": fin.mean(), "rms": np.sqrt((fin * fin).mean())}
-
-
-def close(a, b, rel=1e-12):
-    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-300)
 
 
 # --- 1. MLP, f32 and bf16 autocast: rows, dtypes, module paths, statistics, gradients, exit status ---------
@@ -174,9 +137,10 @@ rows, steps, grads, gnames, complete, precision = ops(out)
 check(len(steps) == 3, "grad_penalty: %d steps" % len(steps))
 for s in range(3):
     phases = [r["phase"] for r in rows if r["step"] == s]
-    # forward, then autograd.grad's backward, forward again (the penalty), backward, optimizer
+    # forward, then autograd.grad's backward, forward again (the penalty), backward; the optimizer's own ops are
+    # left out without --record-optimizer (record_options_test.py records them)
     runs = [ph for i, ph in enumerate(phases) if i == 0 or phases[i - 1] != ph]
-    check(runs == ["forward", "backward", "forward", "backward", "optimizer"], "grad_penalty step %d: phases %s" % (s, runs))
+    check(runs == ["forward", "backward", "forward", "backward"], "grad_penalty step %d: phases %s" % (s, runs))
     # The first backward (autograd.grad of out.sum() w.r.t. x): the nodes of the two linears and the softplus.
     first_bwd = [(r["op"], r["module"]) for r in rows if r["step"] == s and r["phase"] == "backward"][:4]
     check(first_bwd[1:4] == [("linear", "2"), ("softplus", "1"), ("linear", "0")], "grad_penalty: %s" % first_bwd)
@@ -212,9 +176,10 @@ check(first.get("phase") != "backward", "scaler: a backward row taken as the ori
 p, out = record("sampled", "mlp_train.py", "--steps", "4", extra=("--sample-every", "2"))
 rows, steps = ops(out)[:2]
 check(len(steps) == 4 and {int(r["step"]) for r in rows} == {0, 2}, "sampled: ops of steps %s" % sorted({int(r["step"]) for r in rows}))
-p = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "x.h5"), "--probe", "full", "--", PYTHON, "-c", "0"],
+p = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "x.h5"), "--probe", "fulll", "--", PYTHON, "-c", "0"],
                    capture_output=True, text=True)
-check(p.returncode == 2 and "hint:" in p.stderr, "--probe full: exit %d %s" % (p.returncode, p.stderr))
+check(p.returncode == 2 and "--probe fulll: unknown probe level" in p.stderr and "hint: the levels are off" in p.stderr,
+      "--probe fulll: exit %d %s" % (p.returncode, p.stderr))
 p = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "y.h5"), "--", PYTHON, "-c", "print(1)"],
                    capture_output=True, text=True)
 check(p.returncode == 2 and "no trace written" in p.stderr and not os.path.exists(os.path.join(WORK, "y.h5")),

@@ -37,9 +37,11 @@ def end_step():
 
 
 @contextlib.contextmanager
-def record(out, *, probe="health", sample_every=1, optimizers=(), twin=False, ampscope=None):
+def record(out, *, probe="health", sample_every=1, ops=(), modules=(), record_optimizer=False, optimizers=(),
+           twin=False, ampscope=None):
     """Records what runs inside the `with` block into the trace `out`, as `ampscope record` records a whole
-    script. Steps end at each step() of an optimizer created inside the block or passed in `optimizers`
+    script (the keywords are its options: --probe, --sample-every, --ops, --modules, --record-optimizer). Steps
+    end at each step() of an optimizer created inside the block or passed in `optimizers`
     (an optimizer made before the block is not seen otherwise), at a GradScaler's update(), or at
     end_step(). twin=True: the f32 twin's /precision rows, as `ampscope record --twin` writes them (an autocast
     region entered before the block is not seen as one). `ampscope`: the program's path (default: $AMPSCOPE, else `ampscope` on PATH). The block's ops
@@ -52,10 +54,18 @@ def record(out, *, probe="health", sample_every=1, optimizers=(), twin=False, am
     if not exe:
         raise RuntimeError("ampscope.torch.record(): cannot find the ampscope program\n"
                            "hint: put it on PATH, set AMPSCOPE=/path/to/ampscope, or pass ampscope=...")
-    child = subprocess.Popen([exe, "record", "--out", os.fspath(out), "--attach", "--probe", probe,
-                              "--sample-every", str(int(sample_every))], stdin=subprocess.PIPE)
+    argv = [exe, "record", "--out", os.fspath(out), "--attach", "--probe", probe, "--sample-every",
+            str(int(sample_every))]
+    for glob in ops:
+        argv += ["--ops", glob]
+    for glob in modules:
+        argv += ["--modules", glob]
+    if record_optimizer:
+        argv.append("--record-optimizer")
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE)
     try:
-        options = {"probe": probe, "sample_every": int(sample_every)}
+        options = {"probe": probe, "sample_every": int(sample_every), "ops": list(ops), "modules": list(modules),
+                   "record_optimizer": bool(record_optimizer)}
         if twin:
             options["twin"] = True
         r = _recorder.start(child.stdin.fileno(), options, whole_run=False)

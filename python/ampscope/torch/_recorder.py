@@ -1,7 +1,8 @@
 """The recorder: what an unmodified PyTorch script does, as ampscope trace rows (docs/pytorch.md).
 
-- Ops: a TorchDispatchMode sees every aten op after autocast's casts, with its real dtypes. Forward and
-  optimizer ops give one row per aten op (named as torch names them: addmm -> "linear", _softmax ->
+- Ops: a TorchDispatchMode sees every aten op after autocast's casts, with its real dtypes. It is pushed only
+  for the steps that are recorded (--sample-every) and popped while the optimizer's step and gradient clipping
+  run (unless --record-optimizer). Forward (and with that option, optimizer) ops give one row per aten op (named as torch names them: addmm -> "linear", _softmax ->
   "softmax", add.Tensor -> "add"); views, clones, detaches and casts give none and carry the producer of
   what they were made from (so autocast's casts are folded into the op they feed).
 - Backward: one row per autograd node, named after the forward op that made it and attributed to its
@@ -10,11 +11,13 @@
 - Steps end with the optimizer's step (every Optimizer instance's step is wrapped when it is created), or
   with the GradScaler's update() when one is used, or with ampscope.torch.end_step().
 - Provenance: a map from each output tensor (by id, checked with a weakref) to its row's seq.
-- Statistics with torch reductions on the tensor's device; masks only when a non-finite value exists.
+- Statistics with torch reductions on the tensor's device; masks only when a non-finite value exists. Level
+  full adds exponent histograms (/histograms); --ops/--modules globs leave ops out (their consumers name them -4).
 """
 import atexit
 import math
 import os
+import re
 import sys
 import time
 import weakref
@@ -27,7 +30,14 @@ from ampscope.torch._remedies import Remedies, end_process
 from ampscope.torch._twin import BACKWARD_NAMES, Twin
 
 # Input markers (docs/trace-format.md, /ops `inputs`).
-NONE, PARAMETER, DATA, SUMMED, OTHER_STEP = -1, -2, -3, -5, -7
+NONE, PARAMETER, DATA, FILTERED, SUMMED, OTHER_STEP = -1, -2, -3, -4, -5, -7
+LEVELS = ("off", "dtype", "health", "full")
+# /histograms bins (probes/trace/schema.h): exponents -64..63, then subnormal, zero, inf, NaN.
+HIST_MIN_EXPONENT, HIST_MAX_EXPONENT = -64, 63
+HIST_EXPONENT_BINS = HIST_MAX_EXPONENT - HIST_MIN_EXPONENT + 1
+HIST_BINS = HIST_EXPONENT_BINS + 4
+# What the per-op path does with an aten op, decided once per OpOverload (Recorder.classify).
+KIND_FILL, KIND_PASS, KIND_COPY, KIND_OP = 0, 1, 2, 3
 
 DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
                torch.int64: "i64", torch.bool: "bool", torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8"}
@@ -74,43 +84,155 @@ def _tensors(value, out):
     return out
 
 
+_Tensor = torch.Tensor
+
+
+def _flat(value):
+    """The tensors of an op's arguments or result, two levels deep (aten's arguments: tensors, lists of
+    tensors): the per-op path's cheaper _tensors (no recursion, no list passed down)."""
+    if isinstance(value, _Tensor):
+        return [value]
+    out = []
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            if isinstance(v, _Tensor):
+                out.append(v)
+            elif isinstance(v, (list, tuple)):
+                for w in v:
+                    if isinstance(w, _Tensor):
+                        out.append(w)
+    return out
+
+
+def histogram(x):
+    """The exponent histogram of a floating tensor as the probe writes it (/histograms, probes/trace/schema.h):
+    bins[e + 64] counts the finite values with floor(log2|x|) = e for e in -64..63 (larger exponents in the
+    last), then subnormal (below the dtype's smallest normal, or below 2^-64), zero, inf (either sign), NaN."""
+    xd = x.detach().reshape(-1).to(torch.float64)
+    bins = [0] * HIST_BINS
+    finite = torch.isfinite(xd)
+    nan = int(torch.isnan(xd).sum())
+    bins[HIST_EXPONENT_BINS + 3] = nan
+    bins[HIST_EXPONENT_BINS + 2] = int(xd.numel() - int(finite.sum())) - nan
+    a = xd[finite].abs()
+    zero = int((a == 0).sum())
+    bins[HIST_EXPONENT_BINS + 1] = zero
+    normal = a[a >= torch.finfo(x.dtype).tiny]
+    subnormal = int(a.numel()) - zero - int(normal.numel())
+    # frexp: a = m * 2^k with m in [0.5, 1), so floor(log2 a) = k - 1, exactly (no log rounding).
+    e = torch.frexp(normal).exponent.to(torch.int64) - 1
+    low = e < HIST_MIN_EXPONENT
+    subnormal += int(low.sum())
+    e = e[~low].clamp(max=HIST_MAX_EXPONENT) - HIST_MIN_EXPONENT
+    counts = torch.bincount(e, minlength=HIST_EXPONENT_BINS).tolist()
+    bins[:HIST_EXPONENT_BINS] = counts[:HIST_EXPONENT_BINS]
+    bins[HIST_EXPONENT_BINS] = subnormal
+    return bins
+
+
+def _glob_matcher(patterns):
+    """fnmatch as the probe matches its --ops/--modules globs (fnmatch(3) without flags: * matches dots too);
+    None when there are no patterns (everything matches). Answers are cached per name."""
+    if not patterns:
+        return None
+    import fnmatch
+    compiled = [re.compile(fnmatch.translate(p)) for p in patterns]
+    cache = {}
+
+    def matches(name):
+        hit = cache.get(name)
+        if hit is None:
+            hit = cache[name] = any(c.match(name) is not None for c in compiled)
+        return hit
+    return matches
+
+
+_scratch = {}  # device -> a 1-D f64 buffer health() widens into (grown, never shrunk)
+
+
+def _widened(x):
+    """x's elements as a 1-D f64 tensor in a buffer kept across calls: a fresh multi-megabyte temporary per
+    call is a fresh mmap whose every page faults on first touch, which cost more than the reductions themselves
+    on a CPU (bench/RESULTS.md). The result is valid until the next call; x itself is never written."""
+    n = x.numel()
+    buf = _scratch.get(x.device)
+    if buf is None or buf.numel() < n:
+        buf = _scratch[x.device] = torch.empty(max(n, 1 << 16), dtype=torch.float64, device=x.device)
+    out = buf[:n]
+    out.copy_(x.reshape(-1))
+    return out
+
+
 def health(x):
-    """[numel, nan, pos_inf, neg_inf, zero, subnormal, min, max, absmax, mean, rms] of a floating tensor, the
+    return _health(x)[0]
+
+
+_TINY = {}  # dtype -> its smallest normal
+
+
+def _health(x):
+    """(health, sum of squares of the finite values in f64): the sum of squares gives a gradient's norm with no
+    second pass.
+
+    health: [numel, nan, pos_inf, neg_inf, zero, subnormal, min, max, absmax, mean, rms] of a floating tensor, the
     moments in double over the finite values (NaN when there are none).
 
-    Cost: one cast to f64, then reductions on it (sum, aminmax, the sum of squares, the smallest magnitude). The
-    zero and subnormal counts (boolean masks, the costly part on a CPU) are taken only when the smallest
-    magnitude is below the dtype's smallest normal, and the NaN/inf counts only when the sum is not finite
-    (bench/RESULTS.md, "ampscope record's cost")."""
+    Cost: one copy into a reused f64 buffer, then reductions on it (sum, the sum of squares taken by squaring the
+    buffer in place, whose smallest value tells whether a zero or subnormal exists) and aminmax on x, their
+    results brought to the host together (one synchronisation on a GPU, one conversion on a CPU). The zero and
+    subnormal counts (boolean masks, the costly part on a CPU) are taken only when the smallest magnitude is
+    below the dtype's smallest normal; a tensor whose sum is not finite takes the slower path that counts NaN and
+    inf (bench/RESULTS.md, "ampscope record's cost")."""
     x = x.detach()
     n = x.numel()
     if n == 0:
         nan = float("nan")
-        return [0, 0, 0, 0, 0, 0, nan, nan, nan, nan, nan]
-    tiny = torch.finfo(x.dtype).tiny
-    xd = x.reshape(-1).to(torch.float64)
-    total = xd.sum()
-    nan_c = pinf = ninf = 0
-    if not bool(torch.isfinite(total)):
-        nan_c = int(torch.isnan(xd).sum())
-        pinf = int((xd == math.inf).sum())
-        ninf = int((xd == -math.inf).sum())
-        xd = xd[torch.isfinite(xd)]
-        if xd.numel() == 0:
-            nan = float("nan")
-            return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan]
-        total = xd.sum()
-    m = xd.numel()
-    lo, hi = torch.aminmax(xd)
-    sq = (xd * xd).sum()  # not torch.dot: BLAS threads fight over the cores and it ran 10x slower
-    magnitude = xd.abs()
+        return [0, 0, 0, 0, 0, 0, nan, nan, nan, nan, nan], 0.0
+    tiny = _TINY.get(x.dtype)
+    if tiny is None:
+        tiny = _TINY[x.dtype] = torch.finfo(x.dtype).tiny
+    xd = _widened(x)
+    total_t = xd.sum()
+    # The extremes are values of x's own dtype: exact on x, half the bytes of f64 (torch 1.13's CPU has no f16
+    # aminmax: the buffer then, before it is squared; ops run in order on one device).
+    lo_t, hi_t = torch.aminmax(xd if x.dtype == torch.float16 and x.device.type == "cpu" else x)
+    if x.dtype == torch.float64:  # tiny * tiny underflows in f64: the smallest magnitude itself
+        small_t, bound = xd.abs().amin(), tiny
+    else:
+        small_t, bound = None, tiny * tiny
+    sq_t = xd.mul_(xd)  # the buffer holds the squares from here on
+    if small_t is None:
+        small_t = sq_t.amin()  # a square below tiny^2 (exact in f64 for f32, f16, bf16) is a zero or subnormal
+    # not torch.dot for the sum of squares: BLAS threads fight over the cores and it ran 10x slower
+    total, lo, hi, sq, smallest = torch.stack([total_t, lo_t.to(torch.float64), hi_t.to(torch.float64), sq_t.sum(),
+                                               small_t]).tolist()
+    if not math.isfinite(total):
+        return _health_nonfinite(x, n, tiny)
     zero = subnormal = 0
-    if float(magnitude.amin()) < tiny:
-        zero = int((xd == 0).sum())
-        subnormal = int((magnitude < tiny).sum()) - zero
-    lo, hi = float(lo), float(hi)
-    return [n, nan_c, pinf, ninf, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), float(total) / m,
-            math.sqrt(float(sq) / m)]
+    if smallest < bound:
+        xf = x.reshape(-1)
+        zero = int((xf == 0).sum())
+        subnormal = int((xf.abs() < tiny).sum()) - zero
+    return [n, 0, 0, 0, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / n, math.sqrt(sq / n)], sq
+
+
+def _health_nonfinite(x, n, tiny):
+    """_health of a tensor holding NaN or inf: the counts by masks, the moments over the finite values."""
+    xd = _widened(x)
+    nan_c = int(torch.isnan(xd).sum())
+    pinf = int((xd == math.inf).sum())
+    ninf = int((xd == -math.inf).sum())
+    xd = xd[torch.isfinite(xd)]
+    m = xd.numel()
+    if m == 0:
+        nan = float("nan")
+        return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
+    total = float(xd.sum())
+    lo, hi = (float(v) for v in torch.aminmax(xd))
+    zero = int((xd == 0).sum())
+    subnormal = int((xd.abs() < tiny).sum()) - zero
+    sq = float((xd * xd).sum())
+    return [n, nan_c, pinf, ninf, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / m, math.sqrt(sq / m)], sq
 
 
 def _counts_text(h):
@@ -133,6 +255,20 @@ def _feeds_parameter(node):
             return False
         node = node.next_functions[0][0]
     return False
+
+
+def _flows_on(node):
+    """For each gradient the node returns: whether it flows on to another op (not only into a parameter's .grad).
+    Taken when the node is labelled (its inputs' nodes are labelled by then), so its hook need not hold it."""
+    return tuple(nxt is not None and not _feeds_parameter(nxt) for nxt, _ in node.next_functions)
+
+
+class _NodeView:
+    """What the twin reads of a node in its backward_row: its metadata."""
+    __slots__ = ("metadata",)
+
+    def __init__(self, metadata):
+        self.metadata = metadata
 
 
 class _Mode(TorchDispatchMode):
@@ -159,6 +295,22 @@ class Recorder:
         self.channel = channel
         self.every = max(1, int(options.get("sample_every", 1)))
         self.level = options.get("probe", "health")
+        if self.level not in LEVELS:
+            raise ValueError("ampscope.torch: unknown probe level '%s' (known levels: %s)" % (
+                self.level, ", ".join(LEVELS)))
+        # --ops / --modules (probes/probe.h ProbeOptions): an op is recorded when its name matches one op glob
+        # and its module one module glob; module globs also select /grads by the parameter's module.
+        self.op_globs = list(options.get("ops", []))
+        self.module_globs = list(options.get("modules", []))
+        self.op_matches = _glob_matcher(self.op_globs)
+        self.module_matches = _glob_matcher(self.module_globs)
+        # --record-optimizer: the optimizer's (and gradient clipping's) aten ops are rows of the optimizer
+        # phase; without it the dispatch mode is popped while they run (bench/RESULTS.md: they were 290 of
+        # the 358 rows of a transformer's step, and about a third of its recording cost).
+        self.record_optimizer = bool(options.get("record_optimizer", False))
+        self.op_info = {}  # OpOverload -> (aten name, kind, the name a torch user knows)
+        self.mode = None
+        self.mode_on = False
         self.model_name = options.get("model", "")
         # What `ampscope record` knows of the run and the recorder cannot (the command as it was typed, the
         # folder it ran in, the environment variables it keeps): stored in the trace's config for `ampscope fix`.
@@ -178,7 +330,6 @@ class Recorder:
         self.param_names = {}
         self.root_with_params = False
         self.pending_nodes = []
-        self.current_node = None
         self.backward_depth = 0
         self.loss = None
         self.scaler = None  # (scaler, info dict) while a GradScaler's step is in progress
@@ -197,7 +348,56 @@ class Recorder:
 
     # ---------------------------------------------------------------- tensors and provenance
     def recording(self):
-        return self.step % self.every == 0
+        return self.level != "off" and self.step % self.every == 0
+
+    # The dispatch mode is on only while ops are recorded: on an unsampled step (and at level off) the script
+    # runs with no Python between its ops; what its tensors were made from is then not known (they read as data).
+    def set_mode(self, on):
+        if on == self.mode_on or self.mode is None:
+            return
+        if on:
+            self.mode.__enter__()
+            self.mode_on = True
+        elif self._mode_on_top():
+            self.mode.__exit__(None, None, None)
+            self.mode_on = False
+
+    def pause(self):
+        """Pops the dispatch mode while the recorder itself computes outside the mode's handler (a backward node's
+        hook, the gradients' statistics): its reductions would otherwise each pass through the mode (the handler
+        pops it for itself; hooks run without that). Returns whether to resume()."""
+        if self.mode_on and self._mode_on_top():
+            self.mode.__exit__(None, None, None)
+            self.mode_on = False
+            return True
+        return False
+
+    def resume(self, paused):
+        if paused:
+            self.mode.__enter__()
+            self.mode_on = True
+
+    def _mode_on_top(self):
+        try:
+            from torch.utils._python_dispatch import _get_current_dispatch_mode
+            return _get_current_dispatch_mode() is self.mode
+        except ImportError:
+            return True
+
+    def unrecorded(self, fn, args, kwargs):
+        """Runs the optimizer's step (or gradient clipping) in phase optimizer: without --record-optimizer, with
+        the dispatch mode popped, so its element-wise ops make no rows and cost nothing."""
+        saved = self.phase
+        self.phase = "optimizer"
+        was_on = self.mode_on
+        if was_on and not self.record_optimizer:
+            self.set_mode(False)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was_on and not self.mode_on:
+                self.set_mode(True)
+            self.phase = saved
 
     def remember(self, t, seq):
         key = id(t)
@@ -213,7 +413,7 @@ class Recorder:
     def source(self, t):
         e = self.prov.get(id(t))
         if e is not None and e[2]() is t:
-            if e[1] < 0:
+            if e[1] < 0 and e[1] != FILTERED:
                 return e[1]
             return e[1] if e[0] == self.step else OTHER_STEP
         if t.is_leaf and t.requires_grad:
@@ -228,27 +428,42 @@ class Recorder:
         return bool(torch.isfinite(t).all())
 
     # ---------------------------------------------------------------- ops
-    def on_op(self, func, args, out, kwargs=None):
+    def classify(self, func):
         name = func.overloadpacket.__name__
+        if name in FILL_OPS:
+            kind = KIND_FILL
+        elif name == "copy_":
+            kind = KIND_COPY
+        elif name in PASS_OPS:
+            kind = KIND_PASS
+        else:
+            kind = KIND_OP
+        user_name = RENAME.get(name, name.rstrip("_") if name.endswith("_") and not name.startswith("_") else name)
+        info = self.op_info[func] = (name, kind, user_name)
+        return info
+
+    def on_op(self, func, args, out, kwargs=None):
+        info = self.op_info.get(func)
+        if info is None:
+            info = self.classify(func)
+        name, kind, user_name = info
         if self.pending_nodes:
             self.label_nodes()
-        ins = _tensors(args, [])
-        outs = _tensors(out, [])
+        outs = _flat(out)
         if not outs:
             return
-        if self.phase == "backward":
-            # The nodes' rows come from their hooks; here only the engine's own work: the seed and the sums of
-            # the gradients several consumers sent back.
-            if self.current_node is None and name in ("add", "add_", "sum"):
-                for o in outs:
-                    self.remember(o, SUMMED)
+        phase = self.phase
+        if phase == "backward":
+            # The nodes' rows come from their hooks (the mode is popped during backward: this is reached only when
+            # another mode sat above it); the engine's sums are told apart in grad_source().
             return
-        if name in FILL_OPS:
+        if kind == KIND_FILL:
             for o in outs:
                 self.prov.pop(id(o), None)
             return
-        if name in PASS_OPS or (name == "copy_" and len(ins) >= 2):
-            src = ins[1] if name == "copy_" else (ins[0] if ins else None)
+        ins = _flat(args)
+        if kind == KIND_PASS or (kind == KIND_COPY and len(ins) >= 2):
+            src = ins[1] if kind == KIND_COPY else (ins[0] if ins else None)
             if src is None:
                 return
             e = self.prov.get(id(src))
@@ -258,22 +473,31 @@ class Recorder:
                 step, seq = self.step, self.source(src)
             for o in outs:
                 self.prov[id(o)] = (step, seq, weakref.ref(o))
-            if self.phase == "forward":
+            if phase == "forward":
                 self.pending_nodes.append((weakref.ref(outs[0]), None))
-                if self.twin is not None and self.recording():
+                if self.twin is not None:
                     self.twin.on_pass(func, name, args, kwargs, ins, outs, CAST_OPS)
             return
         o = outs[0]
-        if not o.is_floating_point() or not any(t.is_floating_point() for t in ins):
-            return  # masks, indices, created tensors: data, not rows
-        if not self.recording():
-            return
+        if not o.is_floating_point():
+            return  # masks, indices: data, not rows
+        for t in ins:
+            if t.is_floating_point():
+                break
+        else:
+            return  # created tensors: data, not rows
         module = self.module_stack[-1] if self.module_stack else ""
-        user_name = RENAME.get(name, name.rstrip("_") if name.endswith("_") and not name.startswith("_") else name)
         if name in LINEAR_OPS and self.module_stack and self.module_types[-1] == "Linear":
             user_name = "linear"
-        if name in ("add", "add_", "sub", "sub_") and self.phase == "optimizer":
+        if phase == "optimizer" and name in ("add", "add_", "sub", "sub_"):
             user_name = name.rstrip("_")
+        if (self.op_matches is not None and not self.op_matches(user_name)) or (
+                self.module_matches is not None and not self.module_matches(module)):
+            for t in outs:  # --ops/--modules left it out: its consumers name it -4
+                self.remember(t, FILTERED)
+            if phase == "forward":
+                self.pending_nodes.append((weakref.ref(o), (user_name, module)))
+            return
         if name == "addmm" and len(ins) == 3:
             ins = [ins[1], ins[2], ins[0]]  # as F.linear takes them: input, weight, bias
         seq = self.next_seq()
@@ -283,17 +507,25 @@ class Recorder:
         origin = bad and all(self.input_finite(t, s) for t, s in zip(ins, sources + [DATA] * len(ins)))
         in_dtypes = ",".join(_dtype(t) for t in ins if t.is_floating_point())
         reason = ""
-        if (torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()) and user_name in LOWER_PRECISION and \
-                o.dtype in (torch.float16, torch.bfloat16):
+        if user_name in LOWER_PRECISION and o.dtype in (torch.float16, torch.bfloat16) and (
+                torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()):
             reason = "%s is on the lower_precision_fp list: runs in %s" % (user_name, _dtype(o))
         self.emit_op(seq, user_name, module, in_dtypes, _dtype(o), list(o.shape), reason, h, origin, sources)
+        if self.level == "full":
+            self.channel.add(["hist", self.step, seq, "output", histogram(o)])
         self.note_dtype(o)
         for t in outs:
             self.remember(t, seq)
-        if self.phase == "forward":
+        if phase == "forward":
             self.pending_nodes.append((weakref.ref(o), (user_name, module)))
             if self.twin is not None:
                 self.twin.on_op(func, name, args, kwargs, ins, out, self.step, seq, user_name, module)
+
+    def prov_prune(self):
+        """After a step: the entries of views and casts (kept without a weakref callback, the per-op path's
+        cheaper form) whose tensor is gone are dropped once the map grows, so it does not grow with the run."""
+        if len(self.prov) > 4096:
+            self.prov = {k: e for k, e in self.prov.items() if e[2]() is not None}
 
     def next_seq(self):
         s = self.seq
@@ -334,8 +566,7 @@ class Recorder:
             if "ampscope" in meta:
                 continue
             meta["ampscope"] = label
-            node.register_prehook(self._node_prehook(node))
-            node.register_hook(self._node_hook(label, node))
+            node.register_hook(self._node_hook(label, meta, _flows_on(node)))
             if self.twin is not None and label is not None:
                 self.twin.attach(t, node)
 
@@ -358,8 +589,7 @@ class Recorder:
             if node is None or "ampscope" in node.metadata:
                 continue
             node.metadata["ampscope"] = label
-            node.register_prehook(self._node_prehook(node))
-            node.register_hook(self._node_hook(label, node))
+            node.register_hook(self._node_hook(label, node.metadata, _flows_on(node)))
         if self.pending_nodes:
             self.label_nodes()
         if checkpoint:
@@ -379,26 +609,36 @@ class Recorder:
             self.noted_kinds.add(key)
             sys.stderr.write("ampscope record: note: %s\n" % text)
 
-    def _node_prehook(self, node):
-        def prehook(grad_outputs):
-            self.current_node = node
-        return prehook
+    def grad_source(self, g, meta):
+        """The producer of a gradient a node received: the row (or marker) its producing node's hook remembered,
+        else the engine made it: the seed of a backward's root (data) or the sum of what several consumers sent
+        back (SUMMED)."""
+        e = self.prov.get(id(g))
+        if e is not None and e[2]() is g:
+            if e[1] < 0 and e[1] != FILTERED:
+                return e[1]
+            return e[1] if e[0] == self.step else OTHER_STEP
+        return DATA if meta.get("ampscope_root") else SUMMED
 
-    def _node_hook(self, label, node):
+    def _node_hook(self, label, meta, flows):
+        # The hook holds the node's metadata dict, never the node: a hook that refers to its own node makes a cycle
+        # (node -> its hooks -> the hook -> node) that Python's collector can break by emptying the hooks' dict,
+        # after which the node's hook silently never runs (seen: backward rows lost at random).
         def hook(grad_inputs, grad_outputs):
-            self.current_node = None
             if self.busy or self.pid != os.getpid():
                 return
             self.busy = True
+            paused = self.pause()
             try:
-                self.on_node(label, node, grad_inputs, grad_outputs)
+                self.on_node(label, meta, flows, grad_inputs, grad_outputs)
             except Exception as e:
                 self.failed(e)
             finally:
+                self.resume(paused)
                 self.busy = False
         return hook
 
-    def on_node(self, label, node, grad_inputs, grad_outputs):
+    def on_node(self, label, meta, flows, grad_inputs, grad_outputs):
         gins = [g for g in grad_outputs if isinstance(g, torch.Tensor)]
         gouts = [g for g in grad_inputs if isinstance(g, torch.Tensor)]
         if not gouts:
@@ -406,11 +646,11 @@ class Recorder:
         # The row describes the gradient that flows on to another op (a linear's input gradient, not its
         # bias's or weight's, which go to AccumulateGrad): the first such, else the first gradient.
         primary = None
-        for g, (nxt, _) in zip(grad_inputs, node.next_functions):
-            if isinstance(g, torch.Tensor) and nxt is not None and not _feeds_parameter(nxt):
+        for g, flows_on in zip(grad_inputs, flows):
+            if flows_on and isinstance(g, torch.Tensor):
                 primary = g
                 break
-        sources = [self.source(g) for g in gins[:4]]
+        sources = [self.grad_source(g, meta) for g in gins[:4]]
         if label is None:  # a view's or a cast's node: its gradient carries the producer of the one it received
             src = sources[0] if sources else DATA
             for g in gouts:
@@ -419,9 +659,14 @@ class Recorder:
         if not self.recording():
             return
         op, module = label
+        if (self.op_matches is not None and not self.op_matches(op)) or (
+                self.module_matches is not None and not self.module_matches(module)):
+            for g in gouts:  # --ops/--modules left it out: its consumers name it -4
+                self.remember(g, FILTERED)
+            return
         o = primary if primary is not None else gouts[0]
         seq = self.next_seq()
-        h = health(o)
+        h = health(o) if self.level != "dtype" else [o.numel()] + [0] * 10
         bad = h[1] + h[2] + h[3] > 0
         # A node also reads what its forward op saved: after a non-finite forward value, a non-finite gradient
         # follows from it (as the runtime's probe judges), not a new origin.
@@ -429,8 +674,10 @@ class Recorder:
             self.input_finite(t, s) for t, s in zip(gins, sources + [DATA] * len(gins)))
         self.emit_op(seq, op, module, ",".join(_dtype(g) for g in gins), _dtype(o), list(o.shape), "", h, origin,
                      sources)
+        if self.level == "full":
+            self.channel.add(["hist", self.step, seq, "output", histogram(o)])
         if self.twin is not None:
-            self.twin.backward_row(node, grad_inputs, grad_outputs, self.step, seq, op, module)
+            self.twin.backward_row(_NodeView(meta), grad_inputs, grad_outputs, self.step, seq, op, module)
         for g in gouts:
             self.remember(g, seq)
 
@@ -490,15 +737,21 @@ class Recorder:
             first = _tensors(tensors, [])
             if first and not is_grad and first[0].numel() == 1:
                 recorder.loss = first[0].detach()
+            # The backward ops need no dispatch mode: each labelled node's hook writes its row. Popping the mode
+            # for the backward pass spares every backward aten op the trip through Python (bench/RESULTS.md).
+            for t in first:  # the seed the engine makes for a root is data (grad_source)
+                if t.grad_fn is not None:
+                    t.grad_fn.metadata["ampscope_root"] = True
             saved = recorder.phase
             recorder.phase = "backward"
             recorder.backward_depth += 1
+            paused = recorder.pause()
             try:
                 return fn(*args, **kwargs)
             finally:
+                recorder.resume(paused)
                 recorder.backward_depth -= 1
                 recorder.phase = saved
-                recorder.current_node = None
         return wrapper
 
     def wrap_optimizer(self, optimizer):
@@ -511,12 +764,9 @@ class Recorder:
             recorder.optimizer_ran = True
             # Gradients as the step uses them: after the GradScaler's unscale_, or the plain ones.
             recorder.grad_rows(optimizer, True)
-            saved = recorder.phase
-            recorder.phase = "optimizer"
             try:
-                return original(*args, **kwargs)
+                return recorder.unrecorded(original, args, kwargs)
             finally:
-                recorder.phase = saved
                 if recorder.scaler is None:
                     recorder.end_step(optimizer, None)
         step.__ampscope_wrapped__ = True
@@ -524,21 +774,37 @@ class Recorder:
 
     def grad_rows(self, optimizer, unscaled):
         self.busy = True
+        paused = self.pause()
         try:
-            total = 0.0
+            named = []
             for gi, group in enumerate(optimizer.param_groups):
                 for pi, p in enumerate(group["params"]):
-                    if p.grad is None:
-                        continue
-                    name = self.param_names.get(id(p), "group %d, parameter %d" % (gi, pi))
-                    norm = float(torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64))
-                    total += norm * norm
-                    if self.recording():  # the step's grad_norm needs only the norms; rows only when sampled
-                        h = health(p.grad)
-                        self.channel.add(["grad", self.step, name, _dtype(p.grad), h[1], h[2], h[3], h[4], num(h[8]),
-                                          num(norm), unscaled])
-            self.grad_norm = math.sqrt(total)
+                    if p.grad is not None:
+                        named.append((self.param_names.get(id(p), "group %d, parameter %d" % (gi, pi)), p.grad.detach()))
+            if not named:
+                self.grad_norm = 0.0
+                return
+            if not self.recording() or self.level == "dtype":
+                # One host synchronisation for all the norms (the step's grad_norm needs only them).
+                norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64).to("cpu")
+                                     for _, g in named]).tolist()
+            else:
+                # The norms from the rows' statistics (their sums of squares, in f64): no second pass.
+                stats = [_health(g) for _, g in named]
+                norms = [math.nan if h[1] else math.inf if h[2] + h[3] else math.sqrt(sq) for h, sq in stats]
+            self.grad_norm = math.sqrt(sum(n * n for n in norms))
+            if not self.recording():  # rows only on sampled steps
+                return
+            for i, ((name, g), norm) in enumerate(zip(named, norms)):
+                if self.module_matches is not None and not self.module_matches(name.rsplit(".", 1)[0] if "." in name else ""):
+                    continue
+                h = stats[i][0] if self.level != "dtype" else [g.numel()] + [0] * 10
+                self.channel.add(["grad", self.step, name, _dtype(g), h[1], h[2], h[3], h[4], num(h[8]), num(norm),
+                                  unscaled])
+                if self.level == "full" and unscaled:
+                    self.channel.add(["hist", self.step, -1, name, histogram(g)])
         finally:
+            self.resume(paused)
             self.busy = False
 
     def wrap_scaler(self, scaler):
@@ -625,6 +891,8 @@ class Recorder:
             self.channel.flush()
             self.step += 1
             self.seq = 0
+            self.prov_prune()
+            self.set_mode(self.recording() and not self.ended)
             if self.twin is not None:
                 self.twin.end_step()
             self.rows_nonfinite = {}
@@ -642,7 +910,8 @@ class Recorder:
     def send_begin(self):
         import json
         config = {"recorder": "ampscope.torch", "torch": torch.__version__, "python": sys.version.split()[0],
-                  "argv": sys.argv, "sample_every": self.every, "probe": self.level}
+                  "argv": sys.argv, "sample_every": self.every, "probe": self.level,
+                  "record_optimizer": self.record_optimizer}
         config.update(self.run_context)
         if self.twin is not None:
             config["twin"] = {"every": self.every, "backward": sorted(BACKWARD_NAMES)}
@@ -652,8 +921,9 @@ class Recorder:
         dist = getattr(torch, "distributed", None)
         if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             config["rank"], config["world_size"] = int(dist.get_rank()), int(dist.get_world_size())
-        probe = {"level": self.level, "ops": [], "modules": [], "every": self.every, "flight_recorder": False,
-                 "recorder_steps": 0, "outside_steps": False, "autocast_overrides": []}
+        probe = {"level": self.level, "ops": self.op_globs, "modules": self.module_globs, "every": self.every,
+                 "flight_recorder": False, "recorder_steps": 0, "outside_steps": False, "autocast_overrides": [],
+                 "record_optimizer": self.record_optimizer}
         begin = ["begin", PROTOCOL, self.precision, self.device or "cpu", self.model_name or os.path.basename(
             sys.argv[0] if sys.argv and sys.argv[0] else "python"), int(torch.initial_seed()) & 0x7FFFFFFFFFFFFFFF,
             json.dumps(config), json.dumps(probe)]
@@ -692,7 +962,7 @@ def _wrap_function_apply():
     def apply(cls, *args, **kwargs):
         out = base.__get__(None, cls)(*args, **kwargs)
         r = _active
-        if r is not None and not r.busy and r.pid == os.getpid() and r.phase == "forward" and \
+        if r is not None and r.mode_on and not r.busy and r.pid == os.getpid() and r.phase == "forward" and \
                 torch.is_grad_enabled():
             r.busy = True
             try:
@@ -726,6 +996,32 @@ def _wrap_compile():
         return model
 
     torch.compile = compile
+
+
+def _wrap_clipping():
+    """Gradient clipping (torch.nn.utils.clip_grad_norm_, clip_grad_value_) belongs to the optimizer's work: its
+    ops are recorded in phase optimizer with --record-optimizer and left out with the optimizer's without it
+    (they would otherwise be forward rows outside every module). Both names are replaced, so a script's
+    `from torch.nn.utils import clip_grad_norm_` (after the recorder started) gets the wrapper."""
+    import torch.nn.utils
+    import torch.nn.utils.clip_grad as clip_grad
+
+    for name in ("clip_grad_norm_", "clip_grad_value_"):
+        original = getattr(clip_grad, name, None)
+        if original is None:
+            continue
+
+        def clip(*args, __original=original, **kwargs):
+            r = _active
+            if r is None or r.busy or r.pid != os.getpid():
+                return __original(*args, **kwargs)
+            return r.unrecorded(__original, args, kwargs)
+
+        clip.__name__ = name
+        clip.__doc__ = original.__doc__
+        setattr(clip_grad, name, clip)
+        if getattr(torch.nn.utils, name, None) is original:
+            setattr(torch.nn.utils, name, clip)
 
 
 def _wrap_optimizer_init():
@@ -790,9 +1086,10 @@ def start(fd, options, whole_run=True):
         _wrap_scaler_init()
         _wrap_function_apply()
         _wrap_compile()
+        _wrap_clipping()
     recorder.remedies.install()
     recorder.mode = _Mode(recorder)
-    recorder.mode.__enter__()
+    recorder.set_mode(recorder.recording())
     if whole_run:
         atexit.register(recorder.finish)
     return recorder
@@ -808,7 +1105,7 @@ def stop(recorder, clean=True):
             recorder.finish()
         # else: no close record: the trace keeps its finished steps and complete = 0, as after a crash
     finally:
-        recorder.mode.__exit__(None, None, None)
+        recorder.set_mode(False)
         for h in recorder.hooks:
             h.remove()
         torch.autograd.backward, torch.autograd.grad = recorder.saved_autograd
