@@ -645,12 +645,19 @@ trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event, const Fp8HistorySte
   row.numel = static_cast<std::int64_t>(event.values.size());
   row.amax = event.amax;
   row.scale = event.scale;
+  // Codes at or above this magnitude are NaN (E4M3: 0x7F) or inf and NaN (E5M2: 0x7C and up); below it a code's value
+  // grows with its magnitude bits, so the extremes of the nonzero finite codes are those of their magnitudes.
+  const std::uint8_t finite_end = format == Fp8Format::e4m3 ? 0x7F : 0x7C;
+  std::uint8_t qlo = 0xFF, qhi = 0;
+  float lo = std::numeric_limits<float>::infinity(), hi = 0;
   double err_sq = 0, ref_sq = 0;
   const std::size_t n = std::min(event.values.size(), event.codes.size());
   for (std::size_t i = 0; i < n; ++i) {
     const float x = event.values[i];
     const std::uint8_t c = event.codes[i];
     const std::uint8_t mag = c & 0x7F;
+    if (mag != 0 && mag < finite_end) qlo = std::min(qlo, mag), qhi = std::max(qhi, mag);
+    if (const float a = std::fabs(x); a != 0.0f && std::isfinite(a)) lo = std::min(lo, a), hi = std::max(hi, a);
     if (x != 0.0f && !std::isnan(x)) {
       ++row.nonzero;
       if (mag == 0) ++row.underflow;
@@ -668,18 +675,11 @@ trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event, const Fp8HistorySte
   row.rel_rms_error = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : 0.0;
   // The dynamic ranges, in binades: log2(max) - log2(min) over the finite nonzero magnitudes, of the operand and of
   // its decoded codes (the scale multiplies both ends, so it cancels).
-  float lo = std::numeric_limits<float>::infinity(), hi = 0, qlo = lo, qhi = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float a = std::fabs(event.values[i]);
-    if (a != 0.0f && std::isfinite(a)) lo = std::min(lo, a), hi = std::max(hi, a);
-    const float qa = std::fabs(fp8_to_float(event.codes[i], format));
-    if (qa != 0.0f && std::isfinite(qa)) qlo = std::min(qlo, qa), qhi = std::max(qhi, qa);
-  }
   const auto range = [](float min, float max) {
     return max > 0 ? std::log2(static_cast<double>(max)) - std::log2(static_cast<double>(min)) : 0.0;
   };
   row.dynamic_range = range(lo, hi);
-  row.quantized_dynamic_range = range(qlo, qhi);
+  row.quantized_dynamic_range = qhi > 0 ? range(fp8_to_float(qlo, format), fp8_to_float(qhi, format)) : 0.0;
   // The history's state that sets the next scale (core/fp8_recipe.h delayed_scaling_update): nothing when slot 0
   // is 0 (no roll, the scale is kept), else this step's amax (most_recent) or the window's max (NaN skipped).
   const std::span<const float> h = event.amax_history;
