@@ -369,13 +369,15 @@ void export_fp8(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts
   ex.export_table<Fp8Row>(
       "fp8",
       {"step", "module", "operand", "format", "numel", "nonzero", "underflow", "subnormal", "saturated", "amax", "scale",
-       "rel_rms_error"},
+       "rel_rms_error", "dynamic_range", "quantized_dynamic_range", "history_len", "history_amax", "history_amax_step"},
       counts.fp8, [&](std::int64_t b, std::int64_t e) { return reader.fp8(b, e); },
       [](const Fp8Row& r) {
         return std::vector<std::string>{num(r.step),          csv_field(r.module), csv_field(r.operand), csv_field(r.format),
                                         num(r.numel),         num(r.nonzero),      num(r.underflow),     num(r.subnormal),
                                         num(r.saturated),     csv_number(r.amax),  csv_number(r.scale),
-                                        csv_number(r.rel_rms_error)};
+                                        csv_number(r.rel_rms_error), csv_number(r.dynamic_range),
+                                        csv_number(r.quantized_dynamic_range), num(r.history_len),
+                                        csv_number(r.history_amax), num(r.history_amax_step)};
       },
       blocks);
 }

@@ -138,9 +138,15 @@ Fp8Quantized fp8_quantize_operand(const Tensor& matrix, Fp8Operand operand, cons
   // The probe's FP8 statistics (underflow, saturation, error) need the values and the codes side by side:
   // only here are both at hand.
   if (probe::Hook* hook = probe::hook()) {
-    hook->on_fp8_quantize(probe::Fp8QuantizeEvent{probe::current_step(), module, fp8_operand_name(operand),
-                                                  q.format == Fp8Format::e4m3 ? "e4m3" : "e5m2",
-                                                  std::span<const float>(v, n), q.codes, q.amax, q.scale, q.scale_inv});
+    probe::Fp8QuantizeEvent event{probe::current_step(), module, fp8_operand_name(operand),
+                                  q.format == Fp8Format::e4m3 ? "e4m3" : "e5m2",
+                                  std::span<const float>(v, n), q.codes, q.amax, q.scale, q.scale_inv};
+    // The history that sets the next scale (the probe records its state: /fp8 history_amax).
+    if (options.recipe == Fp8Recipe::delayed) {
+      event.amax_history = state->operand(operand).amax_history;
+      event.most_recent = options.delayed.algo == AmaxAlgo::most_recent;
+    }
+    hook->on_fp8_quantize(event);
   }
   return q;
 }

@@ -182,6 +182,11 @@ struct Fp8QuantizeEvent {
   float amax = 0;                  // max |x|, NaN skipped, as the recipe recorded it
   float scale = 1;                 // q = satfinite(RNE(x * scale))
   float scale_inv = 1;             // x ~ decode(q) * scale_inv
+  // Delayed scaling: the operand's amax history just after this cast folded its amax into slot 0 (core/fp8_recipe.h
+  // DelayedScalingState: [0] this step, [1 .. len-1] earlier steps, oldest first), and whether the recipe reduces it
+  // by most_recent rather than max. Empty under current scaling.
+  std::span<const float> amax_history = {};
+  bool most_recent = false;
 };
 
 class Hook {

@@ -581,8 +581,15 @@ void Probe::on_update(const UpdateEvent& event) {
 
 // An FP8 Linear's operand: its /fp8 row on recorded steps, at level health and above, for wanted modules.
 void Probe::on_fp8_quantize(const Fp8QuantizeEvent& event) {
-  if (options_.level < Level::health || !recording_ || !module_wanted(event.module)) return;
-  emit(fp8_operand_row(event));
+  if (options_.level < Level::health) return;
+  // Every cast, recorded or not, says which steps the delayed recipe's history holds (history_amax_step).
+  Fp8HistorySteps* steps = nullptr;
+  if (!event.amax_history.empty()) {
+    steps = &fp8_history_steps_[event.module + '\n' + std::string(event.operand)];
+    steps->note_cast(event.step, event.amax, event.amax_history.size());
+  }
+  if (!recording_ || !module_wanted(event.module)) return;
+  emit(fp8_operand_row(event, steps));
 }
 
 // Elements the update turned NaN or infinite from finite values: no op of the model made them, the optimizer

@@ -229,6 +229,8 @@ class Probe : public Hook {
   std::vector<trace::EventRow> step_events_;                // scaler events of the open step
   std::optional<ScalerEvent> last_scaler_;                  // the open step's last scaler update
   std::unordered_map<std::string, bool> loose_propagated_;  // propagate events outside steps
+  // Per FP8 operand ("module\noperand"): the steps its delayed-scaling history holds (stats.h).
+  std::unordered_map<std::string, Fp8HistorySteps> fp8_history_steps_;
   bool dumped_ = false;
   // The last step whose forward pass held a NaN/inf (origin or propagated).
   std::int64_t forward_anomaly_step_ = std::numeric_limits<std::int64_t>::min();

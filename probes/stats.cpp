@@ -594,7 +594,44 @@ std::uint64_t combine_checksums(const std::vector<std::uint64_t>& checksums) {
   return checksum_bytes(bytes.data(), bytes.size());
 }
 
-trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event) {
+void Fp8HistorySteps::note_cast(std::int64_t step, float amax, std::size_t history_len) {
+  // A roll needs slot 0 nonzero: TE compares the amax's bits (a NaN amax rolls too).
+  if (amax == 0.0f) return;
+  if (!runs_.empty() && runs_.back().second >= step) return;  // the step is noted already
+  if (!runs_.empty() && runs_.back().second + 1 == step) {
+    runs_.back().second = step;
+  } else {
+    runs_.emplace_back(step, step);
+  }
+  ++count_;
+  // Keep the steps a history of history_len entries can hold: the current step and len - 1 rolled ones.
+  while (count_ > history_len && !runs_.empty()) {
+    auto& front = runs_.front();
+    if (front.first == front.second) {
+      runs_.pop_front();
+    } else {
+      ++front.first;
+    }
+    --count_;
+  }
+}
+
+std::int64_t Fp8HistorySteps::slot_step(std::size_t slot, std::size_t history_len, std::int64_t step) const {
+  if (slot == 0) return step;
+  if (slot >= history_len) return -1;
+  // The age-th latest step before `step` that rolled.
+  std::size_t age = history_len - slot;
+  for (auto it = runs_.rbegin(); it != runs_.rend(); ++it) {
+    const std::int64_t last = std::min(it->second, step - 1);
+    if (last < it->first) continue;
+    const std::size_t in_run = static_cast<std::size_t>(last - it->first + 1);
+    if (age <= in_run) return last - static_cast<std::int64_t>(age - 1);
+    age -= in_run;
+  }
+  return -1;
+}
+
+trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event, const Fp8HistorySteps* steps) {
   const Fp8Format format = event.format == "e5m2" ? Fp8Format::e5m2 : Fp8Format::e4m3;
   const float max = fp8_max(format);
   // The smallest normal code's magnitude bits: 0x08 (2^-6) in E4M3, 0x04 (2^-14) in E5M2; below it and above
@@ -608,12 +645,19 @@ trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event) {
   row.numel = static_cast<std::int64_t>(event.values.size());
   row.amax = event.amax;
   row.scale = event.scale;
+  // Codes at or above this magnitude are NaN (E4M3: 0x7F) or inf and NaN (E5M2: 0x7C and up); below it a code's value
+  // grows with its magnitude bits, so the extremes of the nonzero finite codes are those of their magnitudes.
+  const std::uint8_t finite_end = format == Fp8Format::e4m3 ? 0x7F : 0x7C;
+  std::uint8_t qlo = 0xFF, qhi = 0;
+  float lo = std::numeric_limits<float>::infinity(), hi = 0;
   double err_sq = 0, ref_sq = 0;
   const std::size_t n = std::min(event.values.size(), event.codes.size());
   for (std::size_t i = 0; i < n; ++i) {
     const float x = event.values[i];
     const std::uint8_t c = event.codes[i];
     const std::uint8_t mag = c & 0x7F;
+    if (mag != 0 && mag < finite_end) qlo = std::min(qlo, mag), qhi = std::max(qhi, mag);
+    if (const float a = std::fabs(x); a != 0.0f && std::isfinite(a)) lo = std::min(lo, a), hi = std::max(hi, a);
     if (x != 0.0f && !std::isnan(x)) {
       ++row.nonzero;
       if (mag == 0) ++row.underflow;
@@ -629,6 +673,36 @@ trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event) {
     ref_sq += static_cast<double>(x) * static_cast<double>(x);
   }
   row.rel_rms_error = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : 0.0;
+  // The dynamic ranges, in binades: log2(max) - log2(min) over the finite nonzero magnitudes, of the operand and of
+  // its decoded codes (the scale multiplies both ends, so it cancels).
+  const auto range = [](float min, float max) {
+    return max > 0 ? std::log2(static_cast<double>(max)) - std::log2(static_cast<double>(min)) : 0.0;
+  };
+  row.dynamic_range = range(lo, hi);
+  row.quantized_dynamic_range = qhi > 0 ? range(fp8_to_float(qlo, format), fp8_to_float(qhi, format)) : 0.0;
+  // The history's state that sets the next scale (core/fp8_recipe.h delayed_scaling_update): nothing when slot 0
+  // is 0 (no roll, the scale is kept), else this step's amax (most_recent) or the window's max (NaN skipped).
+  const std::span<const float> h = event.amax_history;
+  row.history_len = static_cast<std::int64_t>(h.size());
+  row.history_amax = 0;
+  row.history_amax_step = -1;
+  if (!h.empty() && h[0] != 0.0f) {
+    std::size_t slot = 0;
+    float amax = h[0];
+    if (!event.most_recent) {
+      amax = 0.0f;
+      for (const float a : h) amax = std::fmax(amax, a);
+      // The oldest slot holding it: 1 .. len-1 are the earlier steps, oldest first; 0 is this step.
+      slot = h.size();
+      for (std::size_t k = 1; k < h.size() && slot == h.size(); ++k)
+        if (h[k] == amax) slot = k;
+      if (slot == h.size()) slot = 0;
+    }
+    row.history_amax = amax;
+    if (amax != 0.0f) {
+      row.history_amax_step = slot == 0 ? event.step : steps ? steps->slot_step(slot, h.size(), event.step) : -1;
+    }
+  }
   return row;
 }
 

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "core/dtype.h"
@@ -77,8 +78,28 @@ std::vector<double> leading_values(const Tensor& t, std::int64_t max_elements);
 
 struct Fp8QuantizeEvent;  // core/probe_hook.h
 
+// The steps whose amax an FP8 operand's delayed-scaling history holds. The history rolls at the end of a step only
+// when a cast of that step recorded an amax other than 0 (core/fp8_recipe.h delayed_scaling_update), so slot k of a
+// history of len entries (k >= 1) holds the amax of the (len - k)-th latest such step, and slot 0 the current
+// step's. The probe tells it every cast (recorded steps or not) and asks it for a slot's step. Kept as runs of
+// consecutive steps, at most len steps in all: a run that trains every step holds one run.
+class Fp8HistorySteps {
+ public:
+  // A cast in `step` that recorded `amax` (steps in ascending order).
+  void note_cast(std::int64_t step, float amax, std::size_t history_len);
+  // The step whose amax slot `slot` of a history of `history_len` entries holds, as of a cast in `step`; -1 when
+  // the history is older than the casts told (a probe attached after the run began).
+  std::int64_t slot_step(std::size_t slot, std::size_t history_len, std::int64_t step) const;
+
+ private:
+  std::deque<std::pair<std::int64_t, std::int64_t>> runs_;  // [first, last] steps that rolled, ascending
+  std::size_t count_ = 0;                                   // steps in runs_
+};
+
 // The /fp8 row of one quantized FP8 operand (trace::Fp8Row says what each count means), from the event's
-// values and codes; step, module, operand, format, amax and scale are the event's.
-trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event);
+// values and codes; step, module, operand, format, amax and scale are the event's. The history columns come
+// from the event's amax_history (history_len 0 when it has none: current scaling), the step of history_amax from
+// `steps` (-1 without it).
+trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event, const Fp8HistorySteps* steps = nullptr);
 
 }  // namespace ampscope::probe

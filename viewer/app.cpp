@@ -98,6 +98,9 @@ void adopt_a(ViewerState& s, std::unique_ptr<TraceDocument> doc) {
   // A new trace is fitted afresh, whatever the user had zoomed in the last one.
   s.shared_x = {};
   s.scale_plot = s.loss_plot = s.norm_plot = {};
+  s.fp8_row.reset();
+  s.fp8_plot_for.reset();
+  s.fp8_plot = {};
   s.histogram_plot = {};
   s.histogram_special = {};
   s.compare_plot = {};
@@ -279,9 +282,25 @@ void poll_documents(ViewerState& s) {
   }
 }
 
+bool fp8_panel_wanted(const ViewerState& s) {
+  if (!s.a || !s.a->ok() || !has_fp8_panel(s.a->counts())) return false;
+  return s.panel == "fp8" || (s.panel == "all" && s.show_fp8);
+}
+
+void select_fp8_cell(ViewerState& s, std::size_t row, std::int64_t step) {
+  const Fp8Map* m = s.a ? s.a->fp8() : nullptr;
+  if (!m || row >= m->rows.size()) return;
+  s.fp8_row = row;
+  const std::string& module = m->rows[row].module;
+  std::snprintf(s.filter_text, sizeof s.filter_text, "%s", module.c_str());
+  s.filter.text = s.filter_text;
+  s.op_rows_dirty = true;
+  select_step(s, step);
+}
+
 bool idle(const ViewerState& s) {
   auto doc_idle = [](const TraceDocument* d) {
-    return !d || (!d->analysing() && !d->precision_loading() && !d->step_loading());
+    return !d || (!d->analysing() && !d->precision_loading() && !d->fp8_loading() && !d->step_loading());
   };
   return doc_idle(s.a.get()) && doc_idle(s.b.get()) && (!s.comparison || !s.comparison->running()) &&
          (!s.a || s.a->selected_step() || s.a->steps().empty());
@@ -306,7 +325,7 @@ void draw_frame(ViewerState& s) {
     l.overview = {x0, y0, left_w, overview_h, true};
     l.why = {x0, y0 + overview_h, left_w, H - overview_h, true};
     const float scale_h = std::floor(H * 0.5f);
-    (s.show_precision ? l.precision : l.scale) = {x0 + left_w, y0, right_w, scale_h, true};
+    (fp8_panel_wanted(s) ? l.fp8 : s.show_precision ? l.precision : l.scale) = {x0 + left_w, y0, right_w, scale_h, true};
     const float bottom_y = y0 + scale_h, bottom_h = H - scale_h;
     const float ops_w = std::floor(right_w * (s.show_compare ? 0.45f : 0.6f));
     l.ops = {x0 + left_w, bottom_y, ops_w, bottom_h, true};
@@ -320,6 +339,7 @@ void draw_frame(ViewerState& s) {
     if (s.panel == "detail") l.detail = full;
     if (s.panel == "why") l.why = full;
     if (s.panel == "compare") l.compare = full;
+    if (s.panel == "fp8" && fp8_panel_wanted(s)) l.fp8 = full;
     if (s.panel == "precision") {
       // The heatmap above the Op detail its clicks fill.
       const float heat_h = std::floor(H * 0.55f);
@@ -336,6 +356,7 @@ void draw_frame(ViewerState& s) {
   draw_detail_panel(s);
   draw_compare_panel(s);
   draw_precision_panel(s);
+  draw_fp8_panel(s);
   draw_file_browser(s);
 }
 
@@ -467,6 +488,10 @@ int run_viewer(const ViewerOptions& o) {
       // The step shown at the end (--step's, else the first anomaly's): bench/viewer_bench checks it.
       if (const auto step = s.a->selected_step()) std::printf("selected_step %lld\n", static_cast<long long>(*step));
       if (const StepData* d = s.a->step_data()) std::printf("step_rows %zu\nstep_read_ms %.1f\n", d->ops.size(), d->read_ms);
+      // An FP8 run's heatmap (the FP8 panel): its rows read and its cells (operands x steps).
+      if (const Fp8Map* m = s.a->fp8()) {
+        std::printf("fp8_rows %lld\nfp8_cells %zu\n", static_cast<long long>(s.a->counts().fp8), m->rows.size() * m->steps.size());
+      }
     }
   }
   auto print_stats = [](const char* name, std::vector<double> v) {

@@ -27,7 +27,7 @@ struct PanelRect {
   bool visible = false;
 };
 struct Layout {
-  PanelRect errors, overview, scale, ops, detail, why, compare, precision;
+  PanelRect errors, overview, scale, ops, detail, why, compare, precision, fp8;
 };
 
 struct ViewerState {
@@ -89,6 +89,15 @@ struct ViewerState {
   plot::State error_plot;
   std::optional<std::pair<std::int64_t, std::int64_t>> error_plot_for;  // (step, seq) the plot was fitted to
 
+  // FP8 (a --precision fp8 trace only): the heatmap's measure, the operand whose scale and amax the plot shows (a
+  // row of the document's Fp8Map, picked by a click on a cell), and the plot.
+  bool show_fp8 = false;  // the upper-right area shows FP8 instead of Scale and loss (when trace a has /fp8 rows)
+  Fp8Measure fp8_measure = Fp8Measure::underflow;
+  std::optional<std::size_t> fp8_row;           // the operand plotted (nullopt: the map's first row)
+  std::optional<std::size_t> fp8_hover_row;     // the heatmap row under the mouse last frame (highlighted)
+  plot::State fp8_plot;
+  std::optional<std::size_t> fp8_plot_for;      // the row the plot was fitted to
+
   // Compare: the per-op differences of the selected step.
   std::vector<analysis::OpDiff> op_diffs;
   std::uint64_t op_diffs_for_a = 0, op_diffs_for_b = 0;  // StepData::load_id
@@ -132,6 +141,12 @@ const TraceDocument* rank_document(const ViewerState& s, std::size_t i);
 void select_step(ViewerState& s, std::int64_t step, std::optional<std::int64_t> seq = std::nullopt);
 // Selects an op of the step shown (an input or consumer clicked in Op detail): the ops table scrolls to it.
 void select_op(ViewerState& s, std::int64_t seq);
+// A cell of the FP8 heatmap picked (a click): selects its step, plots its operand, and filters the ops table to its
+// module, so the ops table shows that Linear's ops of that step.
+void select_fp8_cell(ViewerState& s, std::size_t row, std::int64_t step);
+// Whether the FP8 panel is placed this frame: trace a holds /fp8 rows (has_fp8_panel) and the panel was asked for
+// (--panel fp8, or View > FP8 in the whole window). A trace without them never shows it.
+bool fp8_panel_wanted(const ViewerState& s);
 void poll_documents(ViewerState& s);
 // True when nothing is loading or being analysed (headless mode waits for this).
 bool idle(const ViewerState& s);
@@ -146,6 +161,7 @@ void draw_detail_panel(ViewerState& s);
 void draw_why_panel(ViewerState& s);
 void draw_compare_panel(ViewerState& s);
 void draw_precision_panel(ViewerState& s);
+void draw_fp8_panel(ViewerState& s);
 void draw_file_browser(ViewerState& s);
 void draw_menu_bar(ViewerState& s);
 

@@ -100,6 +100,27 @@ analysis::Report analyse_in_turns(SharedReader& shared, const analysis::Analysis
 
 }  // namespace
 
+// The rows of a table read by (reader.*read)(begin, end), a block of steps per turn of the reader's lock, so the
+// selected step's rows wait little; then the rows after the last recorded step (an unfinished one).
+template <class Row>
+std::vector<Row> read_in_turns(SharedReader& reader, JobControl& control, const std::vector<std::int64_t>& steps,
+                               std::vector<Row> (trace::TraceReader::*read)(std::int64_t, std::int64_t)) {
+  constexpr std::size_t kStepsPerTurn = 64;
+  control.total = static_cast<std::int64_t>(steps.size()) + 1;
+  std::vector<Row> rows;
+  for (std::size_t i = 0; i <= steps.size(); i += kStepsPerTurn) {
+    if (control.cancel) throw Cancelled();
+    const std::int64_t begin = i == 0 ? trace::kFirstStep : steps[i];
+    const std::int64_t end = i + kStepsPerTurn >= steps.size() ? trace::kLastStep : steps[i + kStepsPerTurn];
+    std::lock_guard lock(reader.mutex);
+    auto block = (reader.reader.*read)(begin, end);
+    rows.insert(rows.end(), std::make_move_iterator(block.begin()), std::make_move_iterator(block.end()));
+    control.done = static_cast<std::int64_t>(std::min(i + kStepsPerTurn, steps.size() + 1));
+    if (end == trace::kLastStep) break;
+  }
+  return rows;
+}
+
 StepData read_step(SharedReader& shared, std::int64_t step) {
   const auto t0 = Clock::now();
   std::lock_guard lock(shared.mutex);
@@ -146,8 +167,10 @@ std::unique_ptr<TraceDocument> TraceDocument::open(const std::filesystem::path& 
 TraceDocument::~TraceDocument() {
   if (analysis_control_) analysis_control_->cancel = true;
   if (precision_control_) precision_control_->cancel = true;
+  if (fp8_control_) fp8_control_->cancel = true;
   if (analysis_.valid()) analysis_.wait();
   if (precision_job_.valid()) precision_job_.wait();
+  if (fp8_job_.valid()) fp8_job_.wait();
   if (step_job_.valid()) step_job_.wait();
 }
 
@@ -164,22 +187,24 @@ void TraceDocument::start_precision() {
   std::vector<std::int64_t> steps;
   for (const trace::StepRow& r : steps_) steps.push_back(r.step);
   precision_job_ = std::async(std::launch::async, [reader, control, steps = std::move(steps)]() {
-    // A block of steps per turn of the lock, so the selected step's rows wait little; then rows after the
-    // last recorded step (an unfinished one).
-    constexpr std::size_t kStepsPerTurn = 64;
-    control->total = static_cast<std::int64_t>(steps.size()) + 1;
-    std::vector<trace::PrecisionRow> rows;
-    for (std::size_t i = 0; i <= steps.size(); i += kStepsPerTurn) {
-      if (control->cancel) throw Cancelled();
-      const std::int64_t begin = i == 0 ? trace::kFirstStep : steps[i];
-      const std::int64_t end = i + kStepsPerTurn >= steps.size() ? trace::kLastStep : steps[i + kStepsPerTurn];
-      std::lock_guard lock(reader->mutex);
-      auto block = reader->reader.precision(begin, end);
-      rows.insert(rows.end(), std::make_move_iterator(block.begin()), std::make_move_iterator(block.end()));
-      control->done = static_cast<std::int64_t>(std::min(i + kStepsPerTurn, steps.size() + 1));
-      if (end == trace::kLastStep) break;
-    }
-    return precision_map(std::move(rows));
+    return precision_map(read_in_turns(*reader, *control, steps, &trace::TraceReader::precision));
+  });
+}
+
+void TraceDocument::start_fp8() {
+  if (!ok() || !has_fp8_panel(counts_)) return;
+  if (fp8_job_.valid()) {
+    refp8_ = true;
+    return;
+  }
+  fp8_error_.clear();
+  auto control = std::make_shared<JobControl>();
+  fp8_control_ = control;
+  auto reader = reader_;
+  std::vector<std::int64_t> steps;
+  for (const trace::StepRow& r : steps_) steps.push_back(r.step);
+  fp8_job_ = std::async(std::launch::async, [reader, control, steps = std::move(steps)]() {
+    return fp8_map(read_in_turns(*reader, *control, steps, &trace::TraceReader::fp8));
   });
 }
 
@@ -190,6 +215,7 @@ void TraceDocument::enable_analysis() {
 
 void TraceDocument::start_analysis() {
   start_precision();
+  start_fp8();
   if (!ok() || analysis_.valid()) return;
   analysis_error_.clear();
   auto control = std::make_shared<JobControl>();
@@ -253,6 +279,20 @@ bool TraceDocument::poll() {
       start_precision();
     }
   }
+  if (is_ready(fp8_job_)) {
+    try {
+      fp8_ = fp8_job_.get();
+      fp8_error_.clear();
+    } catch (const Cancelled&) {
+    } catch (const std::exception& e) {
+      fp8_error_ = std::string("cannot read the FP8 rows: ") + e.what();
+    }
+    changed = true;
+    if (refp8_) {
+      refp8_ = false;
+      start_fp8();
+    }
+  }
   if (ready(step_job_)) {
     const std::int64_t job_step = step_job_step_;
     try {
@@ -305,9 +345,10 @@ void TraceDocument::wait_idle() {
   for (;;) {
     if (analysis_.valid()) analysis_.wait();
     if (precision_job_.valid()) precision_job_.wait();
+    if (fp8_job_.valid()) fp8_job_.wait();
     if (step_job_.valid()) step_job_.wait();
     poll();
-    if (!analysis_.valid() && !precision_job_.valid() && !step_job_.valid()) return;
+    if (!analysis_.valid() && !precision_job_.valid() && !fp8_job_.valid() && !step_job_.valid()) return;
   }
 }
 

@@ -112,6 +112,13 @@ class TraceDocument {
   bool precision_loading() const { return precision_job_.valid(); }
   const std::string& precision_error() const { return precision_error_; }
 
+  // The /fp8 rows of a --precision fp8 run as the FP8 panel's heatmap (view_model.h, Fp8Map): read and built on a
+  // background thread as the precision map is, for a trace with /fp8 rows. Null until built (and for a trace
+  // without them); its error if the read failed.
+  const Fp8Map* fp8() const { return fp8_ ? &*fp8_ : nullptr; }
+  bool fp8_loading() const { return fp8_job_.valid(); }
+  const std::string& fp8_error() const { return fp8_error_; }
+
   // The step whose rows the panels show. The rows arrive later (step_data() null meanwhile). Selecting
   // the step already selected does nothing, unless its read failed (step_error()): then it is read again.
   void select_step(std::int64_t step);
@@ -128,6 +135,7 @@ class TraceDocument {
   void refresh_live();
   void start_step_job(std::int64_t step);
   void start_precision();
+  void start_fp8();
 
   Options options_;
   std::filesystem::path path_;
@@ -151,6 +159,12 @@ class TraceDocument {
   std::optional<PrecisionMap> precision_;
   std::string precision_error_;
   bool reprecision_ = false;  // steps arrived while the map was built: build it again when it ends
+
+  std::shared_ptr<JobControl> fp8_control_;
+  std::future<Fp8Map> fp8_job_;
+  std::optional<Fp8Map> fp8_;
+  std::string fp8_error_;
+  bool refp8_ = false;  // steps arrived while the map was built: build it again when it ends
 
   std::optional<std::int64_t> selected_;
   std::future<StepData> step_job_;

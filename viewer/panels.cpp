@@ -1260,6 +1260,159 @@ void draw_error_histogram(ViewerState& s, const trace::PrecisionRow& p, float he
   plot::draw("##error_hist", st, {&series, 1}, {}, ImVec2(0, height));
 }
 
+// FP8: the underflow (or saturation) fraction of each operand (rows) at each recorded step (columns), and below
+// it the picked operand's scale and amax over the steps. A click on a cell selects its step and module.
+void draw_fp8_panel(ViewerState& s) {
+  if (!begin_panel("FP8", s.layout.fp8)) return;
+  if (!need_trace(s)) {
+    ImGui::End();
+    return;
+  }
+  if (!s.a->fp8_error().empty()) {
+    error_box(s.a->fp8_error());
+    ImGui::End();
+    return;
+  }
+  const Fp8Map* m = s.a->fp8();
+  if (!m || m->rows.empty()) {
+    ImGui::TextDisabled(s.a->fp8_loading() ? "reading the FP8 rows..." : "This trace has no FP8 rows.");
+    ImGui::End();
+    return;
+  }
+  int measure = s.fp8_measure == Fp8Measure::underflow ? 0 : 1;
+  ImGui::RadioButton("underflow", &measure, 0);
+  ImGui::SameLine();
+  ImGui::RadioButton("saturation", &measure, 1);
+  s.fp8_measure = measure == 0 ? Fp8Measure::underflow : Fp8Measure::saturation;
+  help_marker("Each cell: of the operand's nonzero values at that step, the fraction the cast quantized to zero "
+              "(underflow) or clipped at the format's max (saturation, silent: no NaN shows it). Rows are the FP8 "
+              "Linears' operands, columns the recorded steps. Hover a cell for its numbers; click it to select the "
+              "step, show that Linear's ops and plot the operand's scale and amax below.");
+  ImGui::SameLine();
+  ImGui::TextDisabled("fraction:");
+  for (const FractionTick& t : fraction_legend()) {
+    ImGui::SameLine();
+    swatch(t.colour, 0);
+    ImGui::TextUnformatted(t.label.c_str());
+  }
+  const std::size_t rows = m->rows.size(), cols = m->steps.size();
+  const std::size_t picked = s.fp8_row && *s.fp8_row < rows ? *s.fp8_row : 0;
+
+  const float plot_h = std::max(120.0f, std::floor(ImGui::GetContentRegionAvail().y * 0.4f));
+  ImGui::BeginChild("##fp8map", ImVec2(0, -plot_h), false, ImGuiWindowFlags_HorizontalScrollbar);
+  const float line = ImGui::GetTextLineHeight();
+  const ImVec2 view = ImGui::GetWindowSize();
+  const float label_w = std::clamp(view.x * 0.3f, 120.0f, 300.0f);
+  const float header_h = line + 4;
+  const float cell_w = std::clamp(std::floor((view.x - label_w - 16) / static_cast<float>(cols)), 6.0f, 28.0f);
+  const float cell_h = std::floor(line + 2);
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  ImGui::Dummy(ImVec2(label_w + cell_w * static_cast<float>(cols), header_h + cell_h * static_cast<float>(rows)));
+  const ImVec2 win = ImGui::GetWindowPos();
+  const float scroll_x = ImGui::GetScrollX(), scroll_y = ImGui::GetScrollY();
+  const std::size_t r0 = static_cast<std::size_t>(std::max(0.0f, std::floor(scroll_y / cell_h)));
+  const std::size_t r1 = std::min(rows, r0 + static_cast<std::size_t>(view.y / cell_h) + 2);
+  const std::size_t c0 = static_cast<std::size_t>(std::max(0.0f, std::floor(scroll_x / cell_w)));
+  const std::size_t c1 = std::min(cols, c0 + static_cast<std::size_t>((view.x - label_w) / cell_w) + 2);
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const auto cell_min = [&](std::size_t r, std::size_t c) {
+    return ImVec2(std::floor(origin.x + label_w + cell_w * static_cast<float>(c)),
+                  std::floor(origin.y + header_h + cell_h * static_cast<float>(r)));
+  };
+  const std::optional<std::int64_t> sel_step = s.a->selected_step();
+  for (std::size_t r = r0; r < r1; ++r) {
+    for (std::size_t c = c0; c < c1; ++c) {
+      const double f = m->fraction(r, c, s.fp8_measure);
+      if (std::isnan(f)) continue;  // no row: the background shows
+      const ImVec2 a = cell_min(r, c);
+      dl->AddRectFilled(a, ImVec2(a.x + cell_w - 1, a.y + cell_h - 1), im(fraction_colour(f)));
+      if (sel_step && m->steps[c] == *sel_step && r == picked) {
+        dl->AddRect(ImVec2(a.x - 1, a.y - 1), ImVec2(a.x + cell_w, a.y + cell_h), im(colours::kSelectedStep), 0, 0, 2);
+      }
+    }
+  }
+  const ImU32 bg = ImGui::GetColorU32(ImGuiCol_WindowBg);
+  dl->AddRectFilled(ImVec2(win.x, origin.y + header_h), ImVec2(win.x + label_w - 2, win.y + view.y), bg);
+  for (std::size_t r = r0; r < r1; ++r) {
+    const ImVec2 a = cell_min(r, 0);
+    const bool hot = (s.fp8_hover_row && *s.fp8_hover_row == r) || r == picked;
+    dl->PushClipRect(ImVec2(win.x, a.y), ImVec2(win.x + label_w - 6, a.y + cell_h), true);
+    dl->AddText(ImVec2(win.x + 4, a.y), hot ? im(colours::kSelectedStep) : ImGui::GetColorU32(ImGuiCol_Text),
+                m->rows[r].label.c_str());
+    dl->PopClipRect();
+  }
+  dl->AddRectFilled(ImVec2(win.x, win.y), ImVec2(win.x + view.x, win.y + header_h), bg);
+  dl->AddText(ImVec2(win.x + 4, win.y + 2), ImGui::GetColorU32(ImGuiCol_TextDisabled), "operand \\ step");
+  const std::size_t every = static_cast<std::size_t>(std::ceil(ImGui::CalcTextSize("000000").x / cell_w));
+  for (std::size_t c = c0 - c0 % every; c < c1; c += every) {
+    const float x = cell_min(0, c).x;
+    if (x < win.x + label_w) continue;
+    dl->AddText(ImVec2(x, win.y + 2), ImGui::GetColorU32(ImGuiCol_TextDisabled), fmt::format("{}", m->steps[c]).c_str());
+  }
+  s.fp8_hover_row.reset();
+  if (ImGui::IsWindowHovered()) {
+    const ImVec2 mouse = ImGui::GetIO().MousePos;
+    const float fx = (mouse.x - origin.x - label_w) / cell_w, fy = (mouse.y - origin.y - header_h) / cell_h;
+    if (mouse.y >= win.y + header_h && fy >= 0 && fy < static_cast<float>(rows)) {
+      const std::size_t r = static_cast<std::size_t>(fy);
+      s.fp8_hover_row = r;
+      if (mouse.x >= win.x + label_w && fx >= 0 && fx < static_cast<float>(cols)) {
+        const std::size_t c = static_cast<std::size_t>(fx);
+        if (const trace::Fp8Row* p = m->at(r, c)) {
+          ImGui::BeginTooltip();
+          ImGui::TextUnformatted(fp8_cell_text(m->rows[r], *p).c_str());
+          ImGui::EndTooltip();
+          if (ImGui::IsMouseClicked(0)) {
+            s.user_selected = true;
+            select_fp8_cell(s, r, p->step);
+          }
+        }
+      } else {
+        ImGui::SetTooltip("%s", m->rows[r].label.c_str());
+        if (ImGui::IsMouseClicked(0)) s.fp8_row = r;  // a label: plot that operand, keep the step
+      }
+    }
+  }
+  ImGui::EndChild();
+
+  // The picked operand's scale and amax (and the history's amax that sets the next scale) over the steps.
+  const Fp8OperandSeries series = fp8_operand_series(*m, picked);
+  if (s.fp8_plot_for != picked) {
+    s.fp8_plot = {};
+    s.fp8_plot.y.scale = plot::Scale::log2;
+    s.fp8_plot.x.integer = true;
+    s.fp8_plot.empty_note = "no finite positive scale or amax to draw";
+    s.fp8_plot_for = picked;
+  }
+  // The operand's numbers at the selected step, folded by default so the plot keeps its room.
+  const auto column = sel_step ? fp8_column(*m, *sel_step) : std::nullopt;
+  const trace::Fp8Row* shown = column ? m->at(picked, *column) : nullptr;
+  if (!shown) {
+    ImGui::TextUnformatted(m->rows[picked].label.c_str());
+  } else if (ImGui::TreeNode("##fp8numbers", "%s, step %lld: scale %s, amax %s", m->rows[picked].label.c_str(),
+                             static_cast<long long>(shown->step), format_number(shown->scale).c_str(),
+                             format_number(shown->amax).c_str())) {
+    key_value_table("##fp8detail", fp8_detail_rows(*shown), 110);
+    ImGui::TreePop();
+  }
+  std::vector<plot::Series> lines{
+      {.label = "scale", .x = series.step, .y = series.scale, .colour = im(colours::kScale), .style = plot::Style::line_and_markers},
+      {.label = "amax", .x = series.step, .y = series.amax, .colour = im(colours::kLoss), .style = plot::Style::line_and_markers},
+      {.label = "history amax", .x = series.step, .y = series.history_amax, .colour = im(colours::kGradNorm)}};
+  std::vector<plot::Marker> markers;
+  if (sel_step) markers.push_back({static_cast<double>(*sel_step), im(colours::kSelectedStep), "selected"});
+  const plot::Result r = plot::draw("##fp8plot", s.fp8_plot, lines, markers, ImVec2(-1, -1));
+  if (r.clicked && !series.step.empty()) {
+    // The recorded step nearest the click.
+    const auto it = std::min_element(series.step.begin(), series.step.end(), [&](double a, double b) {
+      return std::fabs(a - r.clicked_x) < std::fabs(b - r.clicked_x);
+    });
+    s.user_selected = true;
+    select_step(s, static_cast<std::int64_t>(*it));
+  }
+  ImGui::End();
+}
+
 void draw_file_browser(ViewerState& s) {
   if (!s.browser_open) return;
   const ImVec2 vp = ImGui::GetMainViewport()->WorkSize;
@@ -1342,8 +1495,10 @@ void draw_menu_bar(ViewerState& s) {
     if (ImGui::MenuItem("Op detail", nullptr, !s.show_compare)) s.show_compare = false;
     if (ImGui::MenuItem("Compare", nullptr, s.show_compare)) s.show_compare = true;
     ImGui::Separator();
-    if (ImGui::MenuItem("Scale and loss", nullptr, !s.show_precision)) s.show_precision = false;
-    if (ImGui::MenuItem("Precision", nullptr, s.show_precision)) s.show_precision = true;
+    if (ImGui::MenuItem("Scale and loss", nullptr, !s.show_precision && !s.show_fp8)) s.show_precision = s.show_fp8 = false;
+    if (ImGui::MenuItem("Precision", nullptr, s.show_precision && !s.show_fp8)) s.show_precision = true, s.show_fp8 = false;
+    // Only for an FP8 run's trace: no other trace has the panel.
+    if (s.a && s.a->ok() && has_fp8_panel(s.a->counts()) && ImGui::MenuItem("FP8", nullptr, s.show_fp8)) s.show_fp8 = true;
     ImGui::EndMenu();
   }
   if (s.a) {

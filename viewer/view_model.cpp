@@ -949,4 +949,170 @@ std::string rank_item_label(const RankItem& item) {
   return fmt::format("rank {}: {} anomal{}", item.rank, n, n == 1 ? "y" : "ies");
 }
 
+// ---- FP8 ----
+
+namespace {
+int operand_rank(std::string_view operand) { return operand == "input" ? 0 : operand == "weight" ? 1 : 2; }
+}  // namespace
+
+Fp8Map fp8_map(std::vector<trace::Fp8Row> rows) {
+  Fp8Map m;
+  // Rows in step order, the trace's order within a step (stable), so "first appearance" is the model's order.
+  std::stable_sort(rows.begin(), rows.end(), [](const trace::Fp8Row& a, const trace::Fp8Row& b) { return a.step < b.step; });
+  std::map<std::string, std::size_t> module_order;
+  std::map<std::int64_t, std::size_t> step_column;
+  for (const trace::Fp8Row& r : rows) {
+    module_order.emplace(r.module, module_order.size());
+    step_column.emplace(r.step, 0);
+  }
+  // The map's rows: (module order, operand rank) -> row index.
+  std::map<std::pair<std::size_t, int>, std::size_t> row_of;
+  for (const trace::Fp8Row& r : rows) row_of.emplace(std::pair{module_order.at(r.module), operand_rank(r.operand)}, 0);
+  for (auto& [key, index] : row_of) {
+    index = m.rows.size();
+    m.rows.emplace_back();
+  }
+  for (const trace::Fp8Row& r : rows) {
+    Fp8MapRow& row = m.rows[row_of.at({module_order.at(r.module), operand_rank(r.operand)})];
+    if (row.label.empty()) row = {r.module, r.operand, r.format, fmt::format("{} {} [{}]", r.module, r.operand, r.format)};
+  }
+  for (auto& [step, column] : step_column) {
+    column = m.steps.size();
+    m.steps.push_back(step);
+  }
+  m.cells.assign(m.rows.size() * m.steps.size(), -1);
+  for (trace::Fp8Row& r : rows) {
+    const std::size_t cell = row_of.at({module_order.at(r.module), operand_rank(r.operand)}) * m.steps.size() +
+                             step_column.at(r.step);
+    if (m.cells[cell] < 0) {
+      m.cells[cell] = static_cast<std::int32_t>(m.source.size());
+      m.source.push_back(std::move(r));
+      continue;
+    }
+    trace::Fp8Row& into = m.source[static_cast<std::size_t>(m.cells[cell])];
+    into.numel += r.numel;
+    into.nonzero += r.nonzero;
+    into.underflow += r.underflow;
+    into.subnormal += r.subnormal;
+    into.saturated += r.saturated;
+    into.amax = std::fmax(into.amax, r.amax);
+    into.rel_rms_error = std::max(into.rel_rms_error, r.rel_rms_error);
+    into.scale = r.scale;
+    into.dynamic_range = r.dynamic_range;
+    into.quantized_dynamic_range = r.quantized_dynamic_range;
+    into.history_len = r.history_len;
+    into.history_amax = r.history_amax;
+    into.history_amax_step = r.history_amax_step;
+  }
+  return m;
+}
+
+const trace::Fp8Row* Fp8Map::at(std::size_t row, std::size_t column) const {
+  if (row >= rows.size() || column >= steps.size()) return nullptr;
+  const std::int32_t i = cells[row * steps.size() + column];
+  return i < 0 ? nullptr : &source[static_cast<std::size_t>(i)];
+}
+
+double Fp8Map::fraction(std::size_t row, std::size_t column, Fp8Measure measure) const {
+  const trace::Fp8Row* r = at(row, column);
+  if (!r) return std::numeric_limits<double>::quiet_NaN();
+  return trace::fp8_fraction(measure == Fp8Measure::underflow ? r->underflow : r->saturated, r->nonzero);
+}
+
+bool has_fp8_panel(const trace::RowCounts& counts) { return counts.fp8 > 0; }
+
+std::optional<std::size_t> fp8_column(const Fp8Map& map, std::int64_t step) {
+  const auto it = std::lower_bound(map.steps.begin(), map.steps.end(), step);
+  if (it == map.steps.end() || *it != step) return std::nullopt;
+  return static_cast<std::size_t>(it - map.steps.begin());
+}
+
+std::optional<std::size_t> fp8_row(const Fp8Map& map, std::string_view module, std::string_view operand) {
+  for (std::size_t i = 0; i < map.rows.size(); ++i)
+    if (map.rows[i].module == module && map.rows[i].operand == operand) return i;
+  return std::nullopt;
+}
+
+std::uint32_t fraction_colour(double fraction) {
+  if (std::isnan(fraction)) return kFp8NoRow;
+  if (fraction <= 0) return kFp8Nothing;
+  const double t = std::clamp(std::log10(fraction) + 5.0, 0.0, 5.0);  // 1e-5 -> 0, 1 -> 5
+  const int i = std::min(4, static_cast<int>(std::floor(t)));
+  const double f = t - i;
+  const auto channel = [&](int shift) {
+    const double a = (kFractionStops[i] >> shift) & 0xff, b = (kFractionStops[i + 1] >> shift) & 0xff;
+    return static_cast<std::uint32_t>(std::lround(a + (b - a) * f));
+  };
+  return rgba(channel(0), channel(8), channel(16));
+}
+
+std::vector<FractionTick> fraction_legend() {
+  std::vector<FractionTick> ticks{{0.0, kFp8Nothing, "0"}};
+  for (int e = -5; e <= 0; ++e) {
+    const double f = std::pow(10.0, e);
+    ticks.push_back({f, fraction_colour(f), e == 0 ? std::string("1") : fmt::format("1e{}", e)});
+  }
+  return ticks;
+}
+
+Fp8OperandSeries fp8_operand_series(const Fp8Map& map, std::size_t row) {
+  Fp8OperandSeries out;
+  for (std::size_t c = 0; c < map.steps.size(); ++c) {
+    const trace::Fp8Row* r = map.at(row, c);
+    if (!r) continue;
+    out.step.push_back(static_cast<double>(map.steps[c]));
+    out.scale.push_back(r->scale);
+    out.amax.push_back(r->amax);
+    // The history's amax only where the trace holds it (and the recipe keeps one): NaN leaves a gap.
+    out.history_amax.push_back(trace::fp8_has_range_columns(*r) && r->history_len > 0
+                                   ? r->history_amax
+                                   : std::numeric_limits<double>::quiet_NaN());
+  }
+  return out;
+}
+
+namespace {
+std::string percent(std::int64_t count, std::int64_t nonzero) {
+  return fmt::format("{} of {} ({}%)", format_count(count), format_count(nonzero),
+                     format_number(100.0 * trace::fp8_fraction(count, nonzero)));
+}
+std::string history_text(const trace::Fp8Row& r) {
+  if (!trace::fp8_has_range_columns(r)) return "not recorded (a trace written before these columns)";
+  if (r.history_len == 0) return "none (current scaling)";
+  if (r.history_amax == 0) return fmt::format("no amax this step: the scale is kept ({}-step history)", r.history_len);
+  return fmt::format("next scale from amax {}{} ({}-step history)", format_number(r.history_amax),
+                     r.history_amax_step >= 0 ? fmt::format(" of step {}", r.history_amax_step) : std::string(),
+                     r.history_len);
+}
+}  // namespace
+
+std::string fp8_cell_text(const Fp8MapRow& row, const trace::Fp8Row& r) {
+  std::string text = fmt::format("{}\nstep {}, {} values\nunderflow {}\nsaturated {}\nscale {}, amax {}", row.label,
+                                 r.step, format_count(r.numel), percent(r.underflow, r.nonzero),
+                                 percent(r.saturated, r.nonzero), format_number(r.scale), format_number(r.amax));
+  if (trace::fp8_has_range_columns(r)) {
+    text += fmt::format("\ndynamic range {} binades ({} after the cast)\n{}", format_number(r.dynamic_range),
+                        format_number(r.quantized_dynamic_range), history_text(r));
+  }
+  return text;
+}
+
+std::vector<KeyValue> fp8_detail_rows(const trace::Fp8Row& r) {
+  std::vector<KeyValue> out;
+  out.push_back({"operand", fmt::format("{} {} [{}], step {}", r.module, r.operand, r.format, r.step)});
+  out.push_back({"values", fmt::format("{} ({} nonzero)", format_count(r.numel), format_count(r.nonzero))});
+  out.push_back({"underflow", percent(r.underflow, r.nonzero), r.underflow > 0});
+  out.push_back({"subnormal", percent(r.subnormal, r.nonzero)});
+  out.push_back({"saturated", percent(r.saturated, r.nonzero), r.saturated > 0});
+  out.push_back({"scale", format_number(r.scale)});
+  out.push_back({"amax", format_number(r.amax)});
+  out.push_back({"rms error", format_number(r.rel_rms_error)});
+  out.push_back({"dynamic range", trace::fp8_has_range_columns(r)
+                                      ? fmt::format("{} binades, {} after the cast", format_number(r.dynamic_range),
+                                                    format_number(r.quantized_dynamic_range))
+                                      : std::string("not recorded")});
+  out.push_back({"history", history_text(r)});
+  return out;
+}
+
 }  // namespace ampscope::viewer

@@ -305,6 +305,61 @@ std::vector<KeyValue> precision_detail_rows(const trace::PrecisionRow& p);
 // flip bar kInfBar's red, exact the top of the scale).
 std::vector<Bar> error_histogram_bars(const trace::PrecisionRow& p);
 
+// ---- FP8 ----
+// The /fp8 rows of a --precision fp8 run (docs/trace-format.md) as a heatmap: one row per FP8 operand (module and
+// operand: "fc1 input [e4m3]"), modules in the order they first appear in the trace (step, then row order: the
+// model's order of its forward pass), each module's operands as input, weight, grad_output; one column per
+// recorded step with rows, ascending; each cell the underflow or the saturation fraction of that step's nonzero
+// values (trace::fp8_fraction). Several rows of one operand in one step (a Linear called twice) are one cell:
+// counts summed, amax the largest, scale and the optional columns the last row's, rel_rms_error the largest.
+enum class Fp8Measure { underflow, saturation };
+struct Fp8MapRow {
+  std::string module, operand, format;
+  std::string label;  // "fc1 input [e4m3]"
+};
+struct Fp8Map {
+  std::vector<Fp8MapRow> rows;
+  std::vector<std::int64_t> steps;        // the columns
+  std::vector<trace::Fp8Row> source;      // one (merged) row per cell that has one
+  std::vector<std::int32_t> cells;        // rows.size() x steps.size(), row-major: an index into source, -1 none
+  const trace::Fp8Row* at(std::size_t row, std::size_t column) const;
+  // The cell's fraction of the nonzero values (0 when it has none); NaN for a cell without a row.
+  double fraction(std::size_t row, std::size_t column, Fp8Measure measure) const;
+};
+// Builds the map from a trace's /fp8 rows (any order); O(n log n), off the UI thread (TraceDocument).
+Fp8Map fp8_map(std::vector<trace::Fp8Row> rows);
+// Whether a trace gets the FP8 panel: it holds /fp8 rows (a --precision fp8 run; no other trace shows the panel).
+bool has_fp8_panel(const trace::RowCounts& counts);
+// The column of a step, the row of a module's operand; nullopt when the map has none.
+std::optional<std::size_t> fp8_column(const Fp8Map& map, std::int64_t step);
+std::optional<std::size_t> fp8_row(const Fp8Map& map, std::string_view module, std::string_view operand);
+
+// The fraction colour scale: exactly 0 is kFp8Nothing (nothing lost); above, log10 of the fraction from 1e-5 (the
+// first stop; smaller fractions are that colour too) to 1 (all), linear between the stops at 1e-5, 1e-4, 1e-3,
+// 1e-2, 1e-1 and 1. 1e-2 is the 2% / 1% neighbourhood the report's findings flag (analysis.h).
+inline constexpr std::uint32_t kFp8Nothing = rgba(34, 44, 70);
+inline constexpr std::uint32_t kFp8NoRow = rgba(95, 95, 110);  // a cell without a row: not drawn, the legend's grey
+inline constexpr std::uint32_t kFractionStops[6] = {rgba(40, 110, 200), rgba(60, 170, 190), rgba(80, 180, 90),
+                                                    rgba(230, 210, 60), rgba(240, 120, 30), rgba(200, 30, 30)};
+std::uint32_t fraction_colour(double fraction);
+// The legend: a tick per stop ("0", "1e-5", ..., "1"), the first kFp8Nothing's.
+struct FractionTick {
+  double fraction = 0;
+  std::uint32_t colour = 0;
+  std::string label;
+};
+std::vector<FractionTick> fraction_legend();
+
+// One operand over the steps, for the plot under the heatmap: its scale, its amax, and (when the trace has the
+// optional columns) the history's amax that set the next scale, at each column with a row.
+struct Fp8OperandSeries {
+  std::vector<double> step, scale, amax, history_amax;
+};
+Fp8OperandSeries fp8_operand_series(const Fp8Map& map, std::size_t row);
+// What hovering a cell shows, and the numbers beside the plot for the selected cell.
+std::string fp8_cell_text(const Fp8MapRow& row, const trace::Fp8Row& r);
+std::vector<KeyValue> fp8_detail_rows(const trace::Fp8Row& r);
+
 // ---- Ranks of a data-parallel run ----
 // `ampscope train --ddp --out run.h5` writes one trace per rank (run.rank0.h5, ...). The viewer opens a run's
 // rank traces together: one rank's ops, anomalies and op detail at a time (the rank selector), and every

@@ -42,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <functional>
 #include <memory>
 #include <span>
@@ -343,6 +344,14 @@ struct Fp8OperandSummary {
   double worst_underflow_fraction = 0, worst_saturated_fraction = 0;
   double max_rel_rms_error = 0;  // the largest relative RMS quantization error of a step
   double last_amax = 0, last_scale = 1;  // at the last recorded step
+  // The optional /fp8 columns (NaN / -1 when the trace lacks them, trace::Fp8Row): the widest dynamic range of a
+  // step, in binades, and at the last recorded step the ranges and the history state that sets the next scale.
+  double max_dynamic_range = std::numeric_limits<double>::quiet_NaN();
+  double last_dynamic_range = std::numeric_limits<double>::quiet_NaN();
+  double last_quantized_dynamic_range = std::numeric_limits<double>::quiet_NaN();
+  std::int64_t last_history_len = -1;  // 0: current scaling
+  double last_history_amax = std::numeric_limits<double>::quiet_NaN();
+  std::int64_t last_history_amax_step = -1;
 };
 
 // FP8 findings (docs/fp8.md, "Diagnoses"): calibration-like, not anomalies. The casts saturate (satfinite) and

@@ -324,6 +324,14 @@ Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows, const Fp8RunSettings
       }
       s.last_amax = r->amax;
       s.last_scale = r->scale;
+      if (trace::fp8_has_range_columns(*r)) {
+        if (!(s.max_dynamic_range >= r->dynamic_range)) s.max_dynamic_range = r->dynamic_range;
+        s.last_dynamic_range = r->dynamic_range;
+        s.last_quantized_dynamic_range = r->quantized_dynamic_range;
+        s.last_history_len = r->history_len;
+        s.last_history_amax = r->history_amax;
+        s.last_history_amax_step = r->history_amax_step;
+      }
     }
     s.steps = static_cast<std::int64_t>(own_steps.size());
     s.underflow_fraction = trace::fp8_fraction(s.underflow, s.nonzero);

@@ -601,7 +601,13 @@ json fp8_operand_json(const Fp8OperandSummary& o) {
               {"worst_saturated_fraction", number(o.worst_saturated_fraction)},
               {"max_rel_rms_error", number(o.max_rel_rms_error)},
               {"last_amax", number(o.last_amax)},
-              {"last_scale", number(o.last_scale)}};
+              {"last_scale", number(o.last_scale)},
+              {"max_dynamic_range", number(o.max_dynamic_range)},
+              {"last_dynamic_range", number(o.last_dynamic_range)},
+              {"last_quantized_dynamic_range", number(o.last_quantized_dynamic_range)},
+              {"last_history_len", o.last_history_len},
+              {"last_history_amax", number(o.last_history_amax)},
+              {"last_history_amax_step", o.last_history_amax_step}};
 }
 
 json fp8_finding_json(const Fp8Finding& f) {
@@ -891,6 +897,16 @@ void text_fp8(Text& t, const Report& rep) {
            pct(o.worst_underflow_fraction), pct(o.subnormal_fraction), pct(o.saturated_fraction),
            o.worst_saturated_step, pct(o.worst_saturated_fraction), pct(o.max_rel_rms_error), num(o.last_scale),
            num(o.last_amax));
+    // The optional columns (absent from the first format 7 traces): ranges in binades, the next scale's source.
+    if (o.last_history_len < 0) return;
+    const std::string history =
+        o.last_history_len == 0 ? std::string("current scaling: no history")
+        : o.last_history_amax_step >= 0
+            ? fmt::format("next scale from amax {} of step {} ({}-step history)", num(o.last_history_amax),
+                          o.last_history_amax_step, o.last_history_len)
+            : fmt::format("next scale from amax {} ({}-step history)", num(o.last_history_amax), o.last_history_len);
+    t.line("      dynamic range {:.1f} binades ({:.1f} after the cast, widest {:.1f}); {}", o.last_dynamic_range,
+           o.last_quantized_dynamic_range, o.max_dynamic_range, history);
   };
   if (f.worst_underflow.empty()) {
     t.line("  underflow: none (no nonzero value quantized to zero)");

@@ -24,7 +24,7 @@ static_assert(sizeof(OpRecord) == 16 + 7 * 8 + 6 * 8 + 5 * 8 + 2 * 8 + 1 + kOpIn
 static_assert(sizeof(IndexRecord) == 8 * (2 + kDataTableCount));
 static_assert(sizeof(GradRecord) == 8 * 9 + 2, "GradRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(ChecksumRecord) == 8 * 3, "ChecksumRecord must be packed: it is the file's compound type byte for byte");
-static_assert(sizeof(Fp8Record) == 8 * 12, "Fp8Record must be packed: it is the file's compound type byte for byte");
+static_assert(sizeof(Fp8Record) == 8 * 17, "Fp8Record must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(UpdateRecord) == 8 * 8, "UpdateRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(PrecisionRecordV5) == 8 * 6 + 1 + 8 * 8 + 8 + 8 * 2 + 1 + 8 * kErrorBins + 8,
               "PrecisionRecordV5 must be packed: it is the file's compound type byte for byte");
@@ -217,6 +217,11 @@ Datatype fp8_type(const Io& io) {
   AMPSCOPE_F64(R, amax);
   AMPSCOPE_F64(R, scale);
   AMPSCOPE_F64(R, rel_rms_error);
+  AMPSCOPE_F64(R, dynamic_range);
+  AMPSCOPE_F64(R, quantized_dynamic_range);
+  AMPSCOPE_I64(R, history_len);
+  AMPSCOPE_F64(R, history_amax);
+  AMPSCOPE_I64(R, history_amax_step);
   return b.take();
 }
 
@@ -796,6 +801,11 @@ void encode(const Fp8Row& row, Fp8Record& r, TextIds& ids) {
   r.amax = row.amax;
   r.scale = row.scale;
   r.rel_rms_error = row.rel_rms_error;
+  r.dynamic_range = row.dynamic_range;
+  r.quantized_dynamic_range = row.quantized_dynamic_range;
+  r.history_len = row.history_len;
+  r.history_amax = row.history_amax;
+  r.history_amax_step = row.history_amax_step;
 }
 
 Fp8Row decode(const Fp8Record& r, const StringTable& s) {
@@ -835,6 +845,28 @@ Fp8Row decode(const Fp8Record& r, const StringTable& s) {
   row.amax = r.amax;
   row.scale = r.scale;
   row.rel_rms_error = r.rel_rms_error;
+  // The optional columns: history_len -1 is what the reader leaves in a record whose file lacks them
+  // (blank_record); such a row keeps Fp8Row's "not recorded" values.
+  if (r.history_len == -1) return row;
+  for (const auto& [field, v] : {std::pair<const char*, double>{"dynamic_range", r.dynamic_range},
+                                 {"quantized_dynamic_range", r.quantized_dynamic_range}}) {
+    if (!(v >= 0)) throw std::invalid_argument(fmt::format("its field '{}' is {}, not a non-negative number", field, v));
+  }
+  if (r.history_len < 0) {
+    throw std::invalid_argument(fmt::format("its field 'history_len' is {}, neither a length (0 or more) nor -1", r.history_len));
+  }
+  if (r.history_amax < 0) {
+    throw std::invalid_argument(fmt::format("its field 'history_amax' is {}, a negative amax", r.history_amax));
+  }
+  if (r.history_amax_step < -1 || r.history_amax_step > r.step) {
+    throw std::invalid_argument(fmt::format("its field 'history_amax_step' is {}, neither -1 nor a step up to the row's ({})",
+                                            r.history_amax_step, r.step));
+  }
+  row.dynamic_range = r.dynamic_range;
+  row.quantized_dynamic_range = r.quantized_dynamic_range;
+  row.history_len = r.history_len;
+  row.history_amax = r.history_amax;
+  row.history_amax_step = r.history_amax_step;
   return row;
 }
 

@@ -145,13 +145,28 @@ struct [[gnu::packed]] ChecksumRecord {
   std::uint64_t checksum;
 };
 
-// /fp8 (format_version 7).
+// /fp8 (format_version 7). The fields from dynamic_range on are optional: the first format 7 traces lack them
+// (kFp8OptionalFields; the reader fills Fp8Row's "not recorded" values then).
 struct [[gnu::packed]] Fp8Record {
   std::int64_t step;
   TextId module, operand, format;
   std::int64_t numel, nonzero, underflow, subnormal, saturated;
   double amax, scale, rel_rms_error;
+  double dynamic_range, quantized_dynamic_range;
+  std::int64_t history_len;
+  double history_amax;
+  std::int64_t history_amax_step;
 };
+// A record as the reader lays it out before HDF5 fills it: zero, except that an Fp8Record says history_len -1,
+// which a file without the optional /fp8 fields leaves there (HDF5 keeps a field the file lacks as it was).
+template <class Record>
+Record blank_record() {
+  Record r{};
+  if constexpr (requires { r.history_amax_step; }) r.history_len = -1;
+  return r;
+}
+inline constexpr std::string_view kFp8OptionalFields[] = {"dynamic_range", "quantized_dynamic_range", "history_len",
+                                                          "history_amax", "history_amax_step"};
 
 // A text: bytes [offset, offset + length) of /string_bytes (UTF-8, no NUL), and zlib's CRC-32 of them.
 struct [[gnu::packed]] StringRecord {

@@ -28,7 +28,8 @@
 // before_all_reduce came with 6: older traces read as having no checksums and no rows before an all-reduce (their
 // /grads records are read through H5Dread into zeroed records, so the absent field is 0).
 // /precision's phase came with 6 too: format 5 rows are read with their own record (PrecisionRecordV5) as forward rows.
-// /fp8 came with 7: older traces have no FP8 rows.
+// /fp8 came with 7: older traces have no FP8 rows. Its fields from dynamic_range on are optional (the first format 7
+// traces lack them): such rows read with Fp8Row's "not recorded" values, through H5Dread into blank records.
 #include "probes/trace/reader.h"
 
 #include <fcntl.h>
@@ -347,6 +348,8 @@ struct TraceReader::State {
         if (version < 2 && table == Table::ops && field == "inputs") continue;
         if (version < 3 && table == Table::index && field == "crc32") continue;
         if (version < 6 && table == Table::grads && field == "before_all_reduce") continue;  // reads as 0
+        // The optional /fp8 columns (format 7 traces written before them): "not recorded" (blank_record).
+        if (table == Table::fp8 && std::ranges::find(kFp8OptionalFields, field) != std::end(kFp8OptionalFields)) continue;
         io.fail(fmt::format("the dataset '{}' has no field '{}'", where, field));
       }
     }
@@ -698,7 +701,8 @@ struct TraceReader::State {
     std::string error;
     while (first < last) {
       const std::int64_t n = std::min<std::int64_t>(last - first, static_cast<std::int64_t>(kReadBlockRows));
-      buffer.assign(static_cast<std::size_t>(n), Record{});  // zeroed: a field an older version lacks reads as 0
+      // Zeroed (a field an older version lacks reads as 0), but for the optional /fp8 fields (blank_record).
+      buffer.assign(static_cast<std::size_t>(n), blank_record<Record>());
       read_records_into(table, first, n, buffer.data());
       for (std::int64_t k = 0; k < n; ++k) {
         if (!decode_into(buffer[static_cast<std::size_t>(k)], strings, out[at++], error)) fail_row(table, first + k, error);

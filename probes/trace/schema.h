@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -235,6 +236,20 @@ struct ChecksumRow {
 // 57344), so satfinite held it at +-max (silent: no NaN or inf shows it). rel_rms_error =
 // sqrt(sum (fl(decode(q) * scale_inv) - x)^2 / sum x^2) in double over the finite values whose code is not NaN
 // (0 when that sum of squares is 0): the quantization error against the unquantized tensor.
+//
+// The dynamic range and the amax history's state are optional columns of format 7 (added after the first format 7
+// traces, which lack them: docs/trace-format.md, "Versioning"). Read from a trace without them, each holds its
+// "not recorded" value: dynamic_range and quantized_dynamic_range NaN, history_len -1, history_amax NaN,
+// history_amax_step -1 (fp8_has_range_columns says which).
+//  - dynamic_range: log2(max |x|) - log2(min |x|) over the finite nonzero values of the unquantized operand (0 when
+//    it has none); quantized_dynamic_range: the same over the finite nonzero decoded codes (what survived: the
+//    scale cancels out).
+//  - history_len: the delayed recipe's amax history length (--fp8-amax-history); 0 under current scaling, which
+//    keeps no history. history_amax: the amax the end-of-step update would reduce the history to as it stood just
+//    after this cast (the window's max, NaN entries skipped, for the algorithm max; this step's slot for
+//    most_recent), which sets the next step's scale (fp8_max * 2^-margin / history_amax when finite and > 0);
+//    history_amax_step: the step whose amax that is (the first such step when several hold it), -1 when unknown
+//    (the history predates the probe) or under current scaling (history_amax 0 then).
 struct Fp8Row {
   std::int64_t step = 0;
   std::string module;   // the Linear's module path ("fc1")
@@ -246,7 +261,15 @@ struct Fp8Row {
   double amax = 0;          // the amax the cast folded (max |x|, NaN skipped), as the recipe recorded it
   double scale = 1;         // the scale the cast used: q = satfinite(RNE(x * scale))
   double rel_rms_error = 0;
+  // Optional columns (see above).
+  double dynamic_range = std::numeric_limits<double>::quiet_NaN();
+  double quantized_dynamic_range = std::numeric_limits<double>::quiet_NaN();
+  std::int64_t history_len = -1;
+  double history_amax = std::numeric_limits<double>::quiet_NaN();
+  std::int64_t history_amax_step = -1;
 };
+// Whether a row holds the optional range and history columns (false for a row of a trace written before them).
+inline bool fp8_has_range_columns(const Fp8Row& row) { return row.history_len >= 0; }
 // A count of an Fp8Row as a fraction of its nonzero values (0 when there are none).
 inline double fp8_fraction(std::int64_t count, std::int64_t nonzero) {
   return nonzero > 0 ? static_cast<double>(count) / static_cast<double>(nonzero) : 0.0;

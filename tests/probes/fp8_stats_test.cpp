@@ -189,6 +189,105 @@ TEST(fp8_stats_test, random_tensors_in_both_formats_match_the_reference_counts) 
   }
 }
 
+// The dynamic ranges of the hand-built tensor above, by hand: the finite nonzero magnitudes run from 1e-4 (as a
+// float) to 300 (inf left out); what survives the cast at scale 2 runs from the subnormal code 3 (3 * 2^-9) to 448,
+// log2(448 * 512 / 3) = 16.2224 binades (the scale cancels).
+TEST(fp8_stats_test, the_dynamic_ranges_are_those_worked_by_hand) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {0.0f,   -0.0f, nan,     1e-4f, -1e-4f, 0x1p-11f, 0.004f, -0.003f,
+                                0.0073f, 0.00733f, 0.5f, 224.0f, 230.0f, -300.0f, inf};
+  const trace::Fp8Row r = probed_row(x, 2.0f, Fp8Operand::input, Fp8FormatMix::hybrid);
+  EXPECT_NEAR(r.dynamic_range, std::log2(300.0 / static_cast<double>(1e-4f)), 1e-12);
+  EXPECT_NEAR(r.dynamic_range, 21.5165, 5e-5);
+  EXPECT_NEAR(r.quantized_dynamic_range, 16.22239, 5e-6);
+  // One value: no range; nothing finite and nonzero: 0 as well.
+  EXPECT_EQ(probed_row({0.0f, 3.0f, -3.0f}, 1.0f, Fp8Operand::weight, Fp8FormatMix::hybrid).dynamic_range, 0.0);
+  const trace::Fp8Row none = probed_row({0.0f, nan, inf}, 1.0f, Fp8Operand::weight, Fp8FormatMix::hybrid);
+  EXPECT_EQ(none.dynamic_range, 0.0);
+  EXPECT_EQ(none.quantized_dynamic_range, 0.0);  // inf saturates to 448: finite, nonzero, alone
+}
+
+// The amax history's state over a run of steps (delayed scaling, history 3, driven through Fp8Context as training
+// drives it), worked by hand from core/fp8_recipe.h's rules: h = [this step, older .. newer], a roll only when this
+// step's slot is nonzero. Amaxes 2, 8 (a spike), 1, 0 (an all-zero operand: no roll), 1, 0.5:
+//   step 0  h [2, 0, 0]   max 2 (this step)             rolls to [0, 0, 2]
+//   step 1  h [8, 0, 2]   max 8 (this step)             rolls to [0, 2, 8]
+//   step 2  h [1, 2, 8]   max 8 in slot 2: step 1        rolls to [0, 8, 1]
+//   step 3  h [0, 8, 1]   slot 0 is 0: no roll, the scale is kept: history_amax 0, step -1
+//   step 4  h [1, 8, 1]   max 8 in slot 1: two rolls back, step 1 (step 3 did not roll)   rolls to [0, 1, 1]
+//   step 5  h [0.5, 1, 1] max 1 in slots 1 and 2: the older, step 2
+// With most_recent the state is this step's amax (0 at step 3).
+TEST(fp8_stats_test, the_history_state_names_the_amax_and_step_that_set_the_next_scale) {
+  const std::vector<float> amaxes = {2, 8, 1, 0, 1, 0.5f};
+  for (const bool most_recent : {false, true}) {
+    SCOPED_TRACE(most_recent ? "most_recent" : "max");
+    auto sink = std::make_shared<Fp8Sink>();
+    {
+      probe::HookGuard guard(std::make_shared<probe::Probe>(sink, probe::ProbeOptions{.level = probe::Level::health}));
+      auto context = std::make_shared<Fp8Context>(Fp8Options{
+          .recipe = Fp8Recipe::delayed,
+          .delayed = {.history_len = 3, .algo = most_recent ? AmaxAlgo::most_recent : AmaxAlgo::max}});
+      for (std::int64_t step = 0; step < 6; ++step) {
+        probe::StepScope scope(step);
+        const float a = amaxes[static_cast<std::size_t>(step)];
+        (void)fp8_quantize_operand(row_of({a / 2, -a}), Fp8Operand::input, context->options(), &context->state("fc1"),
+                                   "fc1");
+        context->end_step();
+        scope.end({.step = step});
+      }
+    }
+    ASSERT_EQ(sink->fp8.size(), 6u);
+    const std::vector<double> want_amax = most_recent ? std::vector<double>{2, 8, 1, 0, 1, 0.5}
+                                                      : std::vector<double>{2, 8, 8, 0, 8, 1};
+    const std::vector<std::int64_t> want_step = most_recent ? std::vector<std::int64_t>{0, 1, 2, -1, 4, 5}
+                                                            : std::vector<std::int64_t>{0, 1, 1, -1, 1, 2};
+    for (std::size_t i = 0; i < 6; ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(sink->fp8[i].history_len, 3);
+      EXPECT_EQ(sink->fp8[i].history_amax, want_amax[i]);
+      EXPECT_EQ(sink->fp8[i].history_amax_step, want_step[i]);
+    }
+    // The scale each step used is the one the previous step's state sets: 448 / history_amax (step 3 kept its).
+    EXPECT_EQ(sink->fp8[2].scale, 448.0f / static_cast<float>(want_amax[1]));
+    EXPECT_EQ(sink->fp8[4].scale, sink->fp8[3].scale);
+    EXPECT_EQ(sink->fp8[5].scale, 448.0f / static_cast<float>(want_amax[4]));
+  }
+}
+
+// Current scaling keeps no history; a history older than the casts the probe saw has no step for its slots.
+TEST(fp8_stats_test, current_scaling_has_no_history_and_an_unseen_slot_has_no_step) {
+  auto sink = std::make_shared<Fp8Sink>();
+  {
+    probe::HookGuard guard(std::make_shared<probe::Probe>(sink, probe::ProbeOptions{.level = probe::Level::health}));
+    probe::StepScope scope(0);
+    (void)fp8_quantize_operand(row_of({1.0f, 2.0f}), Fp8Operand::input, Fp8Options{.recipe = Fp8Recipe::current},
+                               nullptr, "fc1");
+    scope.end({.step = 0});
+  }
+  ASSERT_EQ(sink->fp8.size(), 1u);
+  EXPECT_EQ(sink->fp8[0].history_len, 0);
+  EXPECT_EQ(sink->fp8[0].history_amax, 0.0);
+  EXPECT_EQ(sink->fp8[0].history_amax_step, -1);
+  EXPECT_TRUE(trace::fp8_has_range_columns(sink->fp8[0]));
+
+  probe::Fp8HistorySteps steps;
+  steps.note_cast(10, 1.0f, 4);
+  steps.note_cast(11, 0.0f, 4);  // no roll
+  steps.note_cast(12, 1.0f, 4);
+  steps.note_cast(12, 2.0f, 4);  // the same step again
+  steps.note_cast(13, 1.0f, 4);
+  // As of a cast in step 13 with a 4-entry history: slot 3 is the latest roll (12), slot 2 the one before (10),
+  // slot 1 one the probe never saw.
+  EXPECT_EQ(steps.slot_step(0, 4, 13), 13);
+  EXPECT_EQ(steps.slot_step(3, 4, 13), 12);
+  EXPECT_EQ(steps.slot_step(2, 4, 13), 10);
+  EXPECT_EQ(steps.slot_step(1, 4, 13), -1);
+  // Only as many steps as the history holds are kept: after 100 rolling steps, the oldest slot is 97 steps on.
+  for (std::int64_t s = 14; s < 114; ++s) steps.note_cast(s, 1.0f, 4);
+  EXPECT_EQ(steps.slot_step(1, 4, 113), 110);
+  EXPECT_EQ(steps.slot_step(1, 4, 114), 111);
+}
+
 // No hook: nothing reported; a hook that is not recording (level off) writes no row.
 TEST(fp8_stats_test, a_probe_at_level_off_writes_no_fp8_rows) {
   auto sink = std::make_shared<Fp8Sink>();

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -268,6 +269,30 @@ TEST(screenshot_test, the_precision_heatmap_colours_cells_by_bits_and_op_detail_
   const Image none = screenshot(quoted(plain), "precision", "precision_none.png");
   EXPECT_EQ(find_colour(none, bits_colour(0)).count, 0);  // no heatmap: the panel says how to record one
   EXPECT_EQ(find_colour(none, colours::kErrorBackground).count, 0);
+}
+
+// The FP8 heatmap of a real run (tests/fixtures/v7-mlp-fp8.h5: `train --sample mlp --steps 3 --precision fp8`): every
+// cell's colour, computed here from the reader's rows (fraction_colour of underflow / nonzero), is on the picture;
+// the saturation view draws those of saturated / nonzero. A trace without /fp8 rows draws no FP8 panel at all.
+TEST(screenshot_test, the_fp8_heatmap_draws_each_cell_in_its_fraction_colour_and_a_non_fp8_trace_none) {
+  SKIP_WITHOUT_DISPLAY();
+  const std::filesystem::path fixture = std::filesystem::path(AMPSCOPE_SOURCE_DIR) / "tests" / "fixtures" / "v7-mlp-fp8.h5";
+  trace::TraceReader reader(fixture);
+  std::map<std::uint32_t, int> cells;  // colour -> cells of that colour
+  for (const trace::Fp8Row& r : reader.fp8()) ++cells[fraction_colour(trace::fp8_fraction(r.underflow, r.nonzero))];
+  ASSERT_GE(cells.size(), 2u);
+  const Image img = screenshot(quoted(fixture), "fp8", "fp8.png", "--step 1", 1000, 600);
+  for (const auto& [colour, n] : cells) {
+    SCOPED_TRACE(fmt::format("colour {:08x}, {} cells", colour, n));
+    // A cell is at least 26 x 14 pixels (3 columns are 28 wide); the legend's swatch of a stop colour is smaller.
+    EXPECT_GE(find_colour(img, colour).count, 250 * n);
+  }
+  EXPECT_EQ(find_colour(img, colours::kErrorBackground).count, 0);
+
+  const auto plain = testing::write_fixture(testing::fixture_dir() / "shot_no_fp8.h5", false);
+  const Image none = screenshot(quoted(plain), "fp8", "fp8_none.png", "", 1000, 600);
+  EXPECT_EQ(find_colour(none, kFp8Nothing).count, 0);
+  for (const std::uint32_t stop : kFractionStops) EXPECT_EQ(find_colour(none, stop).count, 0);
 }
 
 TEST(screenshot_test, a_file_that_is_not_hdf5_shows_the_error_box_and_exits_cleanly) {
