@@ -181,12 +181,12 @@ class CudaBackend final : public Backend {
     check(cudaStreamSynchronize(stream()), call);
     check_index_errors();
   }
-  // A wait for one event on this stream (a statistics slot): counted the same way. The index checks queued
-  // before that event are read too, which is all of them when the event is the latest work.
+  // A wait for one event on this stream (a statistics slot): counted the same way. The index checks are left
+  // for the next wait for the whole stream: work queued after the event may still be writing their pinned
+  // record, which could then be read half old, half new.
   void wait_for_event(cudaEvent_t event, const char* call) {
     host_syncs_.fetch_add(1, std::memory_order_relaxed);
     check(cudaEventSynchronize(event), call);
-    check_index_errors_before(event);
   }
   std::int64_t host_syncs() const override { return host_syncs_.load(std::memory_order_relaxed); }
 
@@ -371,16 +371,6 @@ class CudaBackend final : public Backend {
     checks.swap(pending_checks_);
     if (found.launch != 0) report_index_error(found, checks);
   }
-  // After a wait for one event: the record is current for the checks queued before it. Without knowing
-  // which those were, only an error already recorded is reported; the rest wait for the next full wait.
-  void check_index_errors_before(cudaEvent_t) {
-    if (pending_checks_.empty() || host_record_->launch == 0) return;
-    const cuda::IndexCheckRecord found = *host_record_;
-    std::vector<PendingCheck> checks;
-    checks.swap(pending_checks_);
-    report_index_error(found, checks);
-  }
-
   [[noreturn]] void report_index_error(const cuda::IndexCheckRecord& found, const std::vector<PendingCheck>& checks) {
     // Cleared first (device record and pinned copy, after the queued work), so the next check starts clean
     // whatever the caller does with the error.

@@ -147,9 +147,11 @@ TEST(deferred_stats_test, a_deferred_run_writes_the_immediate_runs_trace_at_any_
         // once per step here, however many ops a step has.
         EXPECT_GE(deferred.counters.stats_reads, 3);
         EXPECT_LE(deferred.counters.stats_reads, 3);
-      } else {
+      } else if (slots == 3) {
         EXPECT_GT(deferred.counters.stats_reads, 3) << "a small ring is read when it fills";
       }
+      // One slot: an op with more tensors than the ring holds is read at once (after the pending ones), so
+      // most of this run takes the immediate path and the rows must still come out in order.
     }
   }
 }
@@ -157,7 +159,7 @@ TEST(deferred_stats_test, a_deferred_run_writes_the_immediate_runs_trace_at_any_
 TEST(deferred_stats_test, the_first_origin_dumps_its_inputs_as_they_were_when_it_ran) {
   // x [1, 2] = (1e5, 1): the f16 cast of input 0 overflows, so the linear is the origin; x is then
   // overwritten with 7 in place before the step ends and the probe reads its slots.
-  for (int slots : {0, 4}) {
+  for (int slots : {0, 64}) {
     SCOPED_TRACE(fmt::format("{} slots", slots));
     auto sink = std::make_shared<MemorySink>();
     auto p = std::make_shared<probe::Probe>(sink, probe::ProbeOptions{});
@@ -176,6 +178,7 @@ TEST(deferred_stats_test, the_first_origin_dumps_its_inputs_as_they_were_when_it
       scope.end({.step = 0});
     }
     ASSERT_EQ(p->counters().origins, 1);
+    EXPECT_EQ(p->counters().stats_reads, slots > 0 ? 1 : 0) << "deferred: read once, when the step ended";
     bool found = false;
     for (const trace::DumpRow& d : sink->dumps) {
       if (d.tensor != "input 0 before autocast") continue;
