@@ -330,6 +330,7 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
       if (defer(std::move(p), wanted)) return;
     }
   }
+  drain();  // an op read at once comes after the ops still pending (nothing to do on a CPU run)
   record_op(e, phase, producers);
 }
 
@@ -578,6 +579,7 @@ void Probe::on_grads(const GradEvent& event) {
     p.grads = event.grads;
     if (defer(std::move(p), wanted)) return;
   }
+  drain();
   record_grads(event);
 }
 

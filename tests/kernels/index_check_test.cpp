@@ -1,7 +1,7 @@
 // The text of the CUDA backend's device-side index check (kernels/cuda/cuda_stream.h, index_error_text): the
 // host check's text in core/ops.cpp (embedding, nll_loss), then the line naming the kernel whose check found
 // it. Plain host code: runs without a GPU wherever the build has the CUDA backend; the check itself runs in
-// tests/probes/cuda_sync_test.cpp.
+// tests/probes/sync_cuda_test.cpp.
 #include <gtest/gtest.h>
 
 #include <string>

@@ -83,11 +83,29 @@ struct ProbedRun {
   probe::Probe::Counters counters;
 };
 
-// A probed run of `body` with the given options; `slots` > 0 sends the statistics through a host queue.
-ProbedRun probed_run(probe::ProbeOptions options, int slots, const std::function<void()>& body) {
+// A host queue that takes only f32 tensors: as a device ring takes only its device's tensors, so an op with none
+// of them (an f16 op under autocast) is read at once, after the pending ones, and an op with some is queued
+// with the others read in place.
+class F32Only final : public probe::DeferredStats {
+ public:
+  explicit F32Only(int slots) : inner_(probe::host_stats_queue(slots)) {}
+  int capacity() const override { return inner_->capacity(); }
+  int free_slots() const override { return inner_->free_slots(); }
+  int launch(const Tensor& t, bool h) override { return inner_->launch(t, h); }
+  probe::TensorStats read(int slot) override { return inner_->read(slot); }
+  bool takes(const Tensor& t) const override { return inner_->takes(t) && t.dtype() == DType::f32; }
+
+ private:
+  std::unique_ptr<probe::DeferredStats> inner_;
+};
+
+// A probed run of `body` with the given options; `slots` > 0 sends the statistics through a host queue (of
+// f32 tensors only when `f32_only`).
+ProbedRun probed_run(probe::ProbeOptions options, int slots, const std::function<void()>& body, bool f32_only = false) {
   auto sink = std::make_shared<MemorySink>();
   auto p = std::make_shared<probe::Probe>(sink, options);
-  if (slots > 0) p->use_deferred_stats(probe::host_stats_queue(slots));
+  if (slots > 0 && f32_only) p->use_deferred_stats(std::make_unique<F32Only>(slots));
+  if (slots > 0 && !f32_only) p->use_deferred_stats(probe::host_stats_queue(slots));
   {
     probe::HookGuard guard(p);
     body();
@@ -152,6 +170,13 @@ TEST(deferred_stats_test, a_deferred_run_writes_the_immediate_runs_trace_at_any_
       }
       // One slot: an op with more tensors than the ring holds is read at once (after the pending ones), so
       // most of this run takes the immediate path and the rows must still come out in order.
+    }
+    {
+      SCOPED_TRACE(fmt::format("level {}, a ring that takes only f32 tensors", probe::level_name(level)));
+      const ProbedRun mixed = probed_run(options, 1024, [] { training(3); }, true);
+      ASSERT_EQ(mixed.rows.size(), immediate.rows.size());
+      for (std::size_t i = 0; i < immediate.rows.size(); ++i) ASSERT_EQ(mixed.rows[i], immediate.rows[i]) << i;
+      EXPECT_GT(mixed.counters.stats_reads, 3) << "the f16 ops, read at once, first read the pending ones";
     }
   }
 }

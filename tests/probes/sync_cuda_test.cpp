@@ -1,4 +1,6 @@
-// tests/probes/cuda_sync_test.cpp: what the host waits for on CUDA (issue 30, docs/cuda.md "What synchronises").
+// tests/probes/sync_cuda_test.cpp: what the host waits for on CUDA (issue 30, docs/cuda.md "What synchronises").
+// (Named to sort after the probe tests that run without a GPU: the device check's dry run starts each program with its
+// first test, which must pass there.)
 // A probed CUDA run's rows, statistics read once per step through the device ring, against the same run
 // probed the old way (each tensor copied to the host and read by tensor_stats: use_deferred_stats(nullptr));
 // cuBLAS's products are not the CPU's bits, so the reference is the same CUDA computation, and the rows must be
@@ -113,7 +115,7 @@ void expect_health_near(const trace::TensorHealth& got, const trace::TensorHealt
   EXPECT_NEAR(got.rms, ref.rms, ref.rms * (2.0 * n * u + 4 * u)) << what;
 }
 
-TEST(cuda_sync_test, a_probed_cuda_run_reads_its_statistics_per_step_with_the_host_paths_rows) {
+TEST(sync_cuda_test, a_probed_cuda_run_reads_its_statistics_per_step_with_the_host_paths_rows) {
   SKIP_WITHOUT_GPU();
   for (probe::Level level : {probe::Level::health, probe::Level::full}) {
     SCOPED_TRACE(probe::level_name(level));
@@ -161,7 +163,7 @@ TEST(cuda_sync_test, a_probed_cuda_run_reads_its_statistics_per_step_with_the_ho
   }
 }
 
-TEST(cuda_sync_test, host_syncs_per_step_do_not_grow_with_the_number_of_ops) {
+TEST(sync_cuda_test, host_syncs_per_step_do_not_grow_with_the_number_of_ops) {
   SKIP_WITHOUT_GPU();
   const Probed few = probed_cuda_training(probe::Level::health, false, 0);
   const Probed many = probed_cuda_training(probe::Level::health, false, 40);
@@ -177,7 +179,7 @@ TEST(cuda_sync_test, host_syncs_per_step_do_not_grow_with_the_number_of_ops) {
 }
 
 #if defined(AMPSCOPE_WITH_CUDA)
-TEST(cuda_sync_test, fused_amp_calls_queue_on_the_backend_stream_without_waiting) {
+TEST(sync_cuda_test, fused_amp_calls_queue_on_the_backend_stream_without_waiting) {
   SKIP_WITHOUT_GPU();
   Backend& backend = backend_for(Device::cuda(0));
   const Tensor g = from_values({1, 2, std::numeric_limits<double>::infinity(), 4}, {4}, {DType::f32, Device::cuda(0)});
@@ -196,7 +198,7 @@ TEST(cuda_sync_test, fused_amp_calls_queue_on_the_backend_stream_without_waiting
   EXPECT_EQ(g.values()[0], 0.5) << "unscaled in place, in stream order before the read";
 }
 
-TEST(cuda_sync_test, an_out_of_range_index_is_reported_at_the_next_wait_naming_the_op) {
+TEST(sync_cuda_test, an_out_of_range_index_is_reported_at_the_next_wait_naming_the_op) {
   SKIP_WITHOUT_GPU();
   const Device cuda = Device::cuda(0);
   Backend& backend = backend_for(cuda);
