@@ -56,15 +56,15 @@
 // histogram. With `checksums`, the parameters after each step are checksummed (ChecksumRows), every step.
 //
 // Statistics on a device (docs/cuda.md, "What synchronises"): the statistics of CUDA tensors are computed on
-// the device (Backend::make_stats_queue, a ring of kDeviceStatsSlots slots), queued as each op runs and read
-// once per step (at its end, when the ring fills, and before the gradient rows of a step's first GradEvent
-// need the ring's slots), not per op. An op's rows are completed when its slots are read, in the order the ops
+// the device (Backend::make_stats_queue, a ring of kDeviceStatsSlots slots), queued as each op and GradEvent
+// of a step comes and read once per step, when it ends, not per op (earlier only when the ring is full, or an op
+// must be read at once: one with tensors on another device or more tensors than the ring holds). An op's rows are completed when its slots are read, in the order the ops
 // ran, so the trace holds the same rows in the same order as if each op were read at once; the sums behind
 // mean and rms add in the device's order (kernels/cuda/stats_cuda.h bounds the difference). Until then the op's
 // tensors are kept alive, and while the run's first origin is still to be dumped, a copy of the leading values
 // of each tensor it would dump. counters() is current after each step's end. CPU tensors are read in place at
 // once, as before. What still waits for the device per use: the dump of the first origin, the /updates rows
-// (f16/bf16 parameters) and the parameter checksums.
+// (f16/bf16 parameters), the parameter checksums, and ops outside steps (outside_steps), read at once.
 //
 // Provenance: each OpRow's `inputs` names the rows of the same step that produced the op's inputs (the
 // stamps of core/probe_hook.h, Producer), or a marker (trace::kInputParameter, kInputData, ...).
