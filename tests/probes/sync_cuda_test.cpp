@@ -122,7 +122,9 @@ TEST(sync_cuda_test, a_probed_cuda_run_reads_its_statistics_per_step_with_the_ho
     const Probed ref = probed_cuda_training(level, true, 0);
     const Probed got = probed_cuda_training(level, false, 0);
     EXPECT_EQ(ref.counters.stats_reads, 0);
-    EXPECT_EQ(got.counters.stats_reads, 3) << "once per step";
+    // At least once per step (its end); more only where an op of the step has no tensor on the GPU (read at once,
+    // after the pending ones). That it does not grow with the ops is checked below.
+    EXPECT_GE(got.counters.stats_reads, 3);
     ASSERT_EQ(got.sink->ops.size(), ref.sink->ops.size());
     ASSERT_GT(ref.sink->ops.size(), 20u);
     for (std::size_t i = 0; i < ref.sink->ops.size(); ++i) {
@@ -168,6 +170,7 @@ TEST(sync_cuda_test, host_syncs_per_step_do_not_grow_with_the_number_of_ops) {
   const Probed few = probed_cuda_training(probe::Level::health, false, 0);
   const Probed many = probed_cuda_training(probe::Level::health, false, 40);
   const Probed old = probed_cuda_training(probe::Level::health, true, 40);
+  EXPECT_EQ(many.counters.stats_reads, few.counters.stats_reads) << "40 more ops per step, the same reads";
   for (std::size_t s = 0; s < few.syncs.size(); ++s) {
     SCOPED_TRACE("step " + std::to_string(s));
     EXPECT_EQ(many.syncs[s], few.syncs[s]) << "40 more ops, the same waits";
