@@ -69,6 +69,8 @@ std::unique_ptr<Communicator> Backend::create_communicator(const std::string&, i
   no_communicator(*this, "create_communicator");
 }
 
+std::unique_ptr<StatsQueue> Backend::make_stats_queue(int) { return nullptr; }
+
 void Backend::register_kernel(Op op, DType dtype, KernelFn fn) {
   KernelFn& slot = table_[index(op)][index(dtype)];
   if (slot != nullptr) {

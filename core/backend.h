@@ -128,6 +128,34 @@ struct KernelArgs {
   std::uint64_t offset = 0;  // random ops: first Philox block
 };
 
+// ---- device statistics (optional; the probe's statistics without a host sync per op) ----
+// The statistics of one tensor as a device computed them: counts, min/max/absmax and the sums for mean
+// and rms of the finite values (in double), and the exponent histogram (the bins of probes/trace/schema.h
+// kHistBins, which the probe checks against kDeviceStatsBins: core may not include probes/). Plain data.
+inline constexpr int kDeviceStatsBins = 132;
+struct DeviceStatsResult {
+  std::uint64_t numel = 0, nan = 0, pos_inf = 0, neg_inf = 0, zero = 0, subnormal = 0;
+  double min = 0, max = 0, absmax = 0, sum = 0, sum_sq = 0;
+  std::array<std::uint64_t, kDeviceStatsBins> histogram{};
+};
+
+// A ring of result slots on a backend's device (Backend::make_stats_queue). launch() queues the statistics
+// of a tensor behind the work already queued on the backend and returns at once; read() waits for that
+// slot only. A slot launched and not yet read stays taken: launch() answers -1 when every slot is taken,
+// and the caller reads (and so frees) slots before launching more. Slots are freed by read() in any order.
+class StatsQueue {
+ public:
+  virtual ~StatsQueue() = default;
+  virtual int capacity() const = 0;
+  virtual int free_slots() const = 0;
+  // f32, f64, f16 and bf16 tensors; the slot, or -1 when the ring is full. Throws DTypeError for other
+  // dtypes.
+  virtual int launch(const TensorView& t, bool histogram) = 0;
+  // Waits for the slot's result (the first read of a batch of slots is the one host sync that batch costs);
+  // the slot is free again afterwards. Throws IndexError for a slot that holds no launch.
+  virtual DeviceStatsResult read(int slot) = 0;
+};
+
 class Backend;
 class Communicator;  // core/distributed/communicator.h
 using KernelFn = void (*)(Backend&, const KernelArgs&);
@@ -205,6 +233,17 @@ class Backend {
                               const float* found_inf);
   virtual void fused_adam_step(const std::vector<FusedAdamTensor>& tensors, const FusedAdamOptions& options,
                                const float* found_inf);
+
+  // ---- statistics on the device and host synchronisations (optional) ----
+  // A ring of `slots` statistics slots on this backend's stream, or null when this backend has none (the
+  // CPU backend: its tensors are read in place, probes/stats.h). The CUDA backend's ring is
+  // kernels/cuda/stats_cuda.h's StatsBuffer.
+  virtual std::unique_ptr<StatsQueue> make_stats_queue(int slots);
+  // How many times the host has waited for this backend's device so far (synchronize(), the blocking
+  // copies, statistics reads, error-flag checks): a counter for tests and benchmarks that the probe and
+  // the fused AMP path keep to a constant number per step (docs/cuda.md, "What synchronises"). 0 for
+  // the CPU backend, which never waits.
+  virtual std::int64_t host_syncs() const { return 0; }
 
   // ---- collectives between processes (optional; core/distributed/communicator.h) ----
   // How ProcessGroup::connect (core/distributed/process_group.h) reaches a device's communication library (NCCL for

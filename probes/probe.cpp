@@ -287,8 +287,56 @@ std::array<std::int64_t, trace::kOpInputs> Probe::input_producers(const OpEvent&
 }
 
 void Probe::record_op(const OpEvent& e, trace::Phase phase) {
+  const std::array<std::int64_t, trace::kOpInputs> producers = input_producers(e);
+  // A CPU run never builds the lists below: its op's output is on the host and no queue was made.
+  const bool off_host = deferred_ || (e.output.defined() && !e.output.device().is_cpu());
+  if (off_host && options_.level != Level::dtype && record_for(e.step) != nullptr) {
+    // The tensors whose statistics the op's rows need (a superset: the anomaly rule reads the inputs only
+    // when an output holds NaN/inf): queued on the device when they live there.
+    std::vector<Tensor> tensors = e.inputs;
+    tensors.insert(tensors.end(), e.outputs.begin(), e.outputs.end());
+    for (const CastRecord& c : e.autocast.casts) {
+      tensors.push_back(c.source);
+      tensors.push_back(c.result);
+    }
+    if (queue_for(tensors) != nullptr) {
+      const bool full = options_.level == Level::full;
+      std::vector<std::pair<Tensor, bool>> wanted;
+      for (const Tensor& t : e.outputs) {
+        if (t.defined()) wanted.emplace_back(t, full && is_floating(t.dtype()));
+      }
+      for (std::size_t i = 0; i < e.inputs.size(); ++i) {
+        const Tensor& t = e.inputs[i];
+        const bool cast_input = i == 0 && analysis::op_kind(e.op) == analysis::OpKind::cast;  // count_casts
+        if (t.defined() && (is_floating(t.dtype()) || cast_input)) wanted.emplace_back(t, false);
+      }
+      for (const CastRecord& c : e.autocast.casts) {
+        if (c.source.defined()) wanted.emplace_back(c.source, false);
+        if (c.result.defined()) wanted.emplace_back(c.result, false);
+      }
+      Pending p;
+      p.op = std::string(e.op);
+      p.scope = e.scope;
+      p.index = e.index;
+      p.step = e.step;
+      p.seq = e.seq;
+      p.phase = phase;
+      p.core_phase = e.phase;
+      p.autocast = e.autocast;
+      p.inputs = e.inputs;
+      p.outputs = e.outputs;
+      p.output = e.output;
+      p.producers = producers;
+      if (defer(std::move(p), wanted)) return;
+    }
+  }
+  drain();  // an op read at once comes after the ops still pending (nothing to do on a CPU run)
+  record_op(e, phase, producers);
+}
+
+void Probe::record_op(const OpEvent& e, trace::Phase phase, const std::array<std::int64_t, trace::kOpInputs>& producers) {
   trace::OpRow row = op_row(e, phase);
-  row.inputs = input_producers(e);
+  row.inputs = producers;
   if (options_.level == Level::dtype) {
     emit(std::move(row));
     return;
@@ -298,7 +346,7 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase) {
   const bool full = options_.level == Level::full;
   const bool backward = phase == trace::Phase::backward;
   const OutputStats out = output_stats(e, full);
-  row.health = out.primary >= 0 ? out.stats[static_cast<std::size_t>(out.primary)].health : tensor_stats(Tensor()).health;
+  row.health = out.primary >= 0 ? out.stats[static_cast<std::size_t>(out.primary)].health : stats_of(Tensor(), false).health;
 
   // ---- casts: what they overflowed and flushed ----
   std::vector<trace::EventRow> events;
@@ -330,7 +378,7 @@ Probe::OutputStats Probe::output_stats(const OpEvent& e, bool histograms) {
   for (std::size_t i = 0; i < e.outputs.size(); ++i) {
     const Tensor& t = e.outputs[i];
     if (!t.defined()) continue;
-    out.stats[i] = tensor_stats(t, histograms && is_floating(t.dtype()));
+    out.stats[i] = stats_of(t, histograms && is_floating(t.dtype()));
     if (out.primary < 0) out.primary = static_cast<int>(i);
     out.nan += out.stats[i].health.nan;
     out.pos_inf += out.stats[i].health.pos_inf;
@@ -342,7 +390,7 @@ Probe::OutputStats Probe::output_stats(const OpEvent& e, bool histograms) {
 bool Probe::count_casts(const OpEvent& e, bool backward, trace::OpRow& row, std::vector<trace::EventRow>& events) {
   bool anomaly = false;
   auto count_cast = [&](const Tensor& source, const Tensor& result, const std::string& which) {
-    const CastCounts c = cast_counts(source, result);
+    const CastCounts c = casts_of(source, result);
     row.cast_overflow += c.overflow;
     row.cast_underflow += c.underflow;
     counters_.cast_overflow += c.overflow;
@@ -354,7 +402,7 @@ bool Probe::count_casts(const OpEvent& e, bool backward, trace::OpRow& row, std:
                         fmt::format("{} finite value{} became inf casting {} from {} to {} (source absmax {:.6g}; the "
                                     "largest finite {} is {:.6g})",
                                     c.overflow, c.overflow == 1 ? "" : "s", which, from, to,
-                                    tensor_stats(source).health.absmax, to, largest_finite(result.dtype()))});
+                                    stats_of(source, false).health.absmax, to, largest_finite(result.dtype()))});
     }
     if (c.underflow > 0) {
       events.push_back({e.step, e.seq, "cast_underflow", row.op, row.module,
@@ -389,7 +437,7 @@ std::vector<Probe::JudgedInput> Probe::judged_inputs(const OpEvent& e, bool back
         label += " before autocast";
       }
     }
-    JudgedInput in{std::move(label), tensor_stats(t)};
+    JudgedInput in{std::move(label), stats_of(t, false)};
     const std::int64_t from = i < row.inputs.size() ? row.inputs[i] : trace::kInputNone;
     if (!backward && record != nullptr && from >= 0 && in.stats.health.nan == 0 && in.stats.health.pos_inf == 0) {
       for (const trace::OpRow& o : record->ops)
@@ -465,7 +513,7 @@ void Probe::record_origin(const OpEvent& e, bool backward, int primary, bool mad
 void Probe::dump_origin(const OpEvent& e, const trace::OpRow& row, int primary) {
   auto dump = [&](const std::string& name, const Tensor& t) {
     emit(trace::DumpRow{e.step, e.seq, row.op, row.module, name, std::string(dtype_name(t.dtype())),
-                        shape_str(t.shape()), leading_values(t, options_.dump_max_elements)});
+                        shape_str(t.shape()), leading_of(t, options_.dump_max_elements)});
   };
   for (std::size_t i = 0; i < e.inputs.size(); ++i) {
     if (!e.inputs[i].defined()) continue;
@@ -510,13 +558,39 @@ void Probe::record_propagation(const OpEvent& e, trace::Phase phase, const Judge
 }
 void Probe::on_grads(const GradEvent& event) {
   if (options_.level < Level::health || !recording_) return;
+  std::vector<Tensor> tensors;
+  bool off_host = deferred_ != nullptr;
+  for (const auto& [name, grad] : event.grads) {
+    tensors.push_back(grad);
+    off_host = off_host || (grad.defined() && !grad.device().is_cpu());
+  }
+  if (off_host && queue_for(tensors) != nullptr && record_for(event.step) != nullptr) {
+    const bool full = options_.level == Level::full;
+    std::vector<std::pair<Tensor, bool>> wanted;
+    for (const auto& [name, grad] : event.grads) {
+      if (!grad.defined() || !module_wanted(parameter_module(name))) continue;
+      wanted.emplace_back(grad, full && event.unscaled && !event.before_all_reduce && is_floating(grad.dtype()));
+    }
+    Pending p;
+    p.is_op = false;
+    p.step = event.step;
+    p.unscaled = event.unscaled;
+    p.before_all_reduce = event.before_all_reduce;
+    p.grads = event.grads;
+    if (defer(std::move(p), wanted)) return;
+  }
+  drain();
+  record_grads(event);
+}
+
+void Probe::record_grads(const GradEvent& event) {
   const bool full = options_.level == Level::full;
   for (const auto& [name, grad] : event.grads) {
     if (!grad.defined() || !module_wanted(parameter_module(name))) continue;
     // Histograms of the true gradients only: a scaled gradient's histogram is the same shifted by
     // log2(scale) bins, and its overflows are counted in its GradRow.
     const bool histogram = full && event.unscaled && !event.before_all_reduce && is_floating(grad.dtype());
-    const TensorStats s = tensor_stats(grad, histogram);
+    const TensorStats s = stats_of(grad, histogram);
     trace::GradRow row;
     row.step = event.step;
     row.param = name;
@@ -666,6 +740,7 @@ void Probe::on_scaler(const ScalerEvent& event) {
 }
 
 void Probe::on_step_begin(std::int64_t step) {
+  drain();
   if (open_) end_step(std::nullopt);
   recent_.push_back(StepRecord{});
   recent_.back().step = step;
@@ -678,6 +753,7 @@ void Probe::on_step_begin(std::int64_t step) {
 }
 
 void Probe::on_step_end(const StepSummary& summary) {
+  drain();
   if (open_) {
     end_step(summary);
     return;
@@ -690,10 +766,12 @@ void Probe::on_step_end(const StepSummary& summary) {
 }
 
 void Probe::on_step_abandoned(std::int64_t step) {
+  drain();
   if (open_ && step == step_) end_step(std::nullopt);
 }
 
 void Probe::flush() {
+  drain();
   if (open_) end_step(std::nullopt);
 }
 
@@ -758,6 +836,160 @@ void Probe::end_step(const std::optional<StepSummary>& summary) {
   sink_->end_step(rec.step);
   step_events_.clear();
   last_scaler_.reset();
+}
+
+// ---- deferred statistics ----
+
+void Probe::use_deferred_stats(std::unique_ptr<DeferredStats> queue) {
+  drain();
+  deferred_ = std::move(queue);
+  device_queue_tried_ = true;
+}
+
+DeferredStats* Probe::queue_for(const std::vector<Tensor>& tensors) {
+  if (!deferred_ && !device_queue_tried_) {
+    for (const Tensor& t : tensors) {
+      if (t.defined() && !t.device().is_cpu()) {
+        device_queue_tried_ = true;
+        deferred_ = device_stats_queue(t.device(), kDeviceStatsSlots);
+        break;
+      }
+    }
+  }
+  if (!deferred_) return nullptr;
+  // Only when some tensor lives where the queue computes: a CPU-only op is read in place at once (drain()
+  // first keeps the order).
+  for (const Tensor& t : tensors) {
+    if (deferred_->takes(t)) return deferred_.get();
+  }
+  return nullptr;
+}
+
+bool Probe::defer(Pending p, const std::vector<std::pair<Tensor, bool>>& wanted) {
+  DeferredStats& q = *deferred_;
+  // Each (tensor, histogram) once; a tensor wanted with and without a histogram takes the histogram's slot.
+  std::vector<std::pair<Tensor, bool>> unique;
+  for (const auto& [t, hist] : wanted) {
+    if (!t.defined() || t.numel() == 0) continue;  // tensor_stats reads nothing of them
+    bool seen = false;
+    for (auto& [u, uh] : unique) {
+      if (u.id() == t.id()) {
+        uh = uh || hist;
+        seen = true;
+      }
+    }
+    if (!seen) unique.emplace_back(t, hist);
+  }
+  std::int64_t device_count = 0;
+  for (const auto& [t, hist] : unique) {
+    if (q.takes(t)) {
+      ++device_count;
+    } else if (!t.device().is_cpu()) {
+      drain();  // another device's tensor: read at once, after what came before
+      return false;
+    }
+  }
+  if (device_count > q.capacity()) {
+    drain();
+    return false;
+  }
+  if (device_count > q.free_slots()) drain();  // the ring is full: read it, then queue
+  for (const auto& [t, hist] : unique) {
+    if (q.takes(t)) {
+      const int slot = q.launch(t, hist);
+      if (slot < 0) throw Error("Probe: the statistics ring refused a launch it had room for (a bug)");
+      p.slots.push_back({{t.id(), hist}, slot});
+    } else {
+      p.host.emplace(t.id(), tensor_stats(t, hist));  // a CPU tensor: read in place now
+    }
+  }
+  // The run's first origin dumps its op's tensors as they were when it ran: while that dump is still to come,
+  // each tensor keeps a copy of its leading values (queued on its device, no wait).
+  if (p.is_op && options_.dump_first_origin && !dumped_) {
+    auto snapshot = [&](const Tensor& t) {
+      if (!t.defined() || p.snapshots.count(t.id()) > 0) return;
+      const std::int64_t n = std::min(t.numel(), options_.dump_max_elements);
+      p.snapshots.emplace(t.id(), n == 0 ? Tensor() : t.detach().reshape({-1}).slice(0, 0, n).clone());
+    };
+    for (const Tensor& t : p.inputs) snapshot(t);
+    for (const CastRecord& c : p.autocast.casts) snapshot(c.source);
+    for (const Tensor& t : p.outputs) snapshot(t);
+  }
+  pending_.push_back(std::move(p));
+  return true;
+}
+
+void Probe::drain() {
+  if (pending_.empty()) return;
+  ++counters_.stats_reads;
+  // Every slot is read before any row is completed: the first read waits for the device, the rest have landed.
+  std::deque<Pending> items;
+  items.swap(pending_);
+  std::vector<std::pair<std::unordered_map<const void*, TensorStats>, std::unordered_map<const void*, TensorStats>>>
+      results(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    auto& [plain, hist] = results[i];
+    for (const auto& [key, slot] : items[i].slots) {
+      TensorStats s = deferred_->read(slot);
+      if (key.second) {
+        TensorStats without = s;
+        without.histogram.fill(0);
+        plain.emplace(key.first, std::move(without));
+        hist.emplace(key.first, std::move(s));
+      } else {
+        plain.emplace(key.first, std::move(s));
+      }
+    }
+    for (const auto& [id, s] : items[i].host) plain.emplace(id, s);
+  }
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Pending& p = items[i];
+    resolved_plain_ = &results[i].first;
+    resolved_hist_ = &results[i].second;
+    snapshots_ = &p.snapshots;
+    try {
+      if (p.is_op) {
+        const OpEvent e{p.op, p.scope, p.index, p.step, p.seq, p.core_phase, p.autocast, p.inputs, p.output, p.outputs};
+        record_op(e, p.phase, p.producers);
+      } else {
+        record_grads(GradEvent{p.step, p.unscaled, p.grads, p.before_all_reduce});
+      }
+    } catch (...) {
+      resolved_plain_ = resolved_hist_ = nullptr;
+      snapshots_ = nullptr;
+      throw;
+    }
+    resolved_plain_ = resolved_hist_ = nullptr;
+    snapshots_ = nullptr;
+  }
+}
+
+TensorStats Probe::stats_of(const Tensor& t, bool with_histogram) {
+  if (resolved_plain_ != nullptr && t.defined()) {
+    const auto& table = with_histogram ? *resolved_hist_ : *resolved_plain_;
+    if (auto found = table.find(t.id()); found != table.end()) return found->second;
+  }
+  return tensor_stats(t, with_histogram);
+}
+
+CastCounts Probe::casts_of(const Tensor& source, const Tensor& result) {
+  if (resolved_plain_ != nullptr && source.defined() && result.defined()) {
+    const auto s = resolved_plain_->find(source.id()), r = resolved_plain_->find(result.id());
+    if (s != resolved_plain_->end() && r != resolved_plain_->end()) {
+      if (source.shape() != result.shape()) return cast_counts(source, result);  // its ShapeError
+      return cast_counts_from_stats(s->second, r->second, result.dtype());
+    }
+  }
+  return cast_counts(source, result);
+}
+
+std::vector<double> Probe::leading_of(const Tensor& t, std::int64_t max_elements) {
+  if (snapshots_ != nullptr && t.defined()) {
+    if (auto found = snapshots_->find(t.id()); found != snapshots_->end()) {
+      return leading_values(found->second, max_elements);
+    }
+  }
+  return leading_values(t, max_elements);
 }
 
 }  // namespace ampscope::probe

@@ -55,6 +55,17 @@
 // GradRows like the others, marked before_all_reduce, on the same steps and with the same filters; they get no
 // histogram. With `checksums`, the parameters after each step are checksummed (ChecksumRows), every step.
 //
+// Statistics on a device (docs/cuda.md, "What synchronises"): the statistics of CUDA tensors are computed on
+// the device (Backend::make_stats_queue, a ring of kDeviceStatsSlots slots), queued as each op and GradEvent
+// of a step comes and read once per step, when it ends, not per op (earlier only when the ring is full, or an op
+// must be read at once: one with tensors on another device or more tensors than the ring holds). An op's rows are completed when its slots are read, in the order the ops
+// ran, so the trace holds the same rows in the same order as if each op were read at once; the sums behind
+// mean and rms add in the device's order (kernels/cuda/stats_cuda.h bounds the difference). Until then the op's
+// tensors are kept alive, and while the run's first origin is still to be dumped, a copy of the leading values
+// of each tensor it would dump. counters() is current after each step's end. CPU tensors are read in place at
+// once, as before. What still waits for the device per use: the dump of the first origin, the /updates rows
+// (f16/bf16 parameters), the parameter checksums, and ops outside steps (outside_steps), read at once.
+//
 // Provenance: each OpRow's `inputs` names the rows of the same step that produced the op's inputs (the
 // stamps of core/probe_hook.h, Producer), or a marker (trace::kInputParameter, kInputData, ...).
 #pragma once
@@ -82,6 +93,10 @@ std::string_view level_name(Level level);  // "off", "dtype", "health", "full"
 // Throws Error "unknown probe level 'x' (known levels: off, dtype, health, full)".
 Level parse_level(std::string_view name);
 const std::vector<std::string_view>& level_names();
+
+// The slots of the probe's statistics ring on a device: the most tensors read at once (about 1.1 KiB of pinned
+// host memory each).
+inline constexpr int kDeviceStatsSlots = 1024;
 
 struct ProbeOptions {
   Level level = Level::health;
@@ -141,6 +156,10 @@ class Probe : public Hook {
 
   const ProbeOptions& options() const { return options_; }
 
+  // The deferred path without a GPU (tests): the statistics of tensors `queue` takes go through it, read as the
+  // device ring is (see "Statistics on a device" above). Call before the first op.
+  void use_deferred_stats(std::unique_ptr<DeferredStats> queue);
+
   // What the probe has found so far in this run.
   struct Counters {
     std::int64_t origins = 0;
@@ -150,6 +169,7 @@ class Probe : public Hook {
     std::int64_t grad_overflows = 0;  // parameters the scaler found non-finite
     std::int64_t skipped_steps = 0;
     std::int64_t steps_written = 0;  // steps whose op-level rows reached the sink
+    std::int64_t stats_reads = 0;    // times the deferred statistics were read (once per step, or a full ring)
   };
   const Counters& counters() const { return counters_; }
 
@@ -176,6 +196,41 @@ class Probe : public Hook {
   // One op's rows (probe.cpp, record_op and the functions it calls, in the order it calls them): the OpRow,
   // its health, its casts' overflow and underflow, and whether its NaN/inf are its own (an origin) or came in.
   void record_op(const OpEvent& event, trace::Phase phase);
+  void record_op(const OpEvent& event, trace::Phase phase,
+                 const std::array<std::int64_t, trace::kOpInputs>& producers);
+  void record_grads(const GradEvent& event);
+
+  // ---- deferred statistics (a device's ring, or use_deferred_stats) ----
+  // An op or a GradEvent whose statistics are queued: its own copy of the event, and its slots.
+  struct Pending {
+    bool is_op = true;
+    std::string op, scope;
+    std::uint64_t index = 0;
+    std::int64_t step = 0, seq = 0;
+    trace::Phase phase = trace::Phase::forward;
+    Phase core_phase = Phase::forward;
+    AutocastInfo autocast;
+    std::vector<Tensor> inputs, outputs;
+    Tensor output;
+    std::array<std::int64_t, trace::kOpInputs> producers{};
+    bool unscaled = false, before_all_reduce = false;
+    std::vector<std::pair<std::string, Tensor>> grads;
+    std::vector<std::pair<std::pair<const void*, bool>, int>> slots;  // ((tensor id, histogram), slot)
+    std::unordered_map<const void*, Tensor> snapshots;               // tensor id -> leading values, copied
+    std::unordered_map<const void*, TensorStats> host;                // tensors read in place (on the CPU)
+  };
+  // The queue for these tensors, made on first use for a device with a ring; null when they go to the host.
+  DeferredStats* queue_for(const std::vector<Tensor>& tensors);
+  // Queues `pending`'s statistics (`wanted`: tensor and histogram) and keeps it; false (nothing queued) when it
+  // must be read at once: a tensor the queue does not take, or more tensors than the ring holds.
+  bool defer(Pending pending, const std::vector<std::pair<Tensor, bool>>& wanted);
+  // Reads every queued slot and completes the pending ops and gradients in the order they came.
+  void drain();
+  // What record_op and record_grads read: the queued result while one is being completed, else the tensor.
+  TensorStats stats_of(const Tensor& t, bool with_histogram);
+  CastCounts casts_of(const Tensor& source, const Tensor& result);
+  std::vector<double> leading_of(const Tensor& t, std::int64_t max_elements);
+
   std::array<std::int64_t, trace::kOpInputs> input_producers(const OpEvent& event) const;
   // The statistics of an op's outputs, one pass each; `primary` is the output its row describes (the first
   // defined one, -1 when none); the NaN/inf counts are summed over all of them.
@@ -184,7 +239,7 @@ class Probe : public Hook {
     int primary = -1;
     std::int64_t nan = 0, pos_inf = 0, neg_inf = 0;
   };
-  static OutputStats output_stats(const OpEvent& event, bool histograms);
+  OutputStats output_stats(const OpEvent& event, bool histograms);
   // Counts what the op's casts overflowed and flushed to zero (an explicit `to`, and autocast's casts of its
   // inputs not served by the weight-cast cache) into its row and the counters, with an event each; true when
   // a cast overflowed.
@@ -235,6 +290,13 @@ class Probe : public Hook {
   // The last step whose forward pass held a NaN/inf (origin or propagated).
   std::int64_t forward_anomaly_step_ = std::numeric_limits<std::int64_t>::min();
   Counters counters_;
+  std::unique_ptr<DeferredStats> deferred_;
+  bool device_queue_tried_ = false;
+  std::deque<Pending> pending_;
+  // While a pending item is completed: its results by (tensor id, histogram), its snapshots.
+  const std::unordered_map<const void*, TensorStats>* resolved_plain_ = nullptr;
+  const std::unordered_map<const void*, TensorStats>* resolved_hist_ = nullptr;
+  const std::unordered_map<const void*, Tensor>* snapshots_ = nullptr;
 };
 
 }  // namespace ampscope::probe

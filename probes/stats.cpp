@@ -4,9 +4,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
+#include <unordered_map>
+
+#include <fmt/format.h>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "core/float8.h"
 #include "core/probe_hook.h"
 #include "kernels/parallel.h"
@@ -593,6 +598,115 @@ std::uint64_t combine_checksums(const std::vector<std::uint64_t>& checksums) {
   }
   return checksum_bytes(bytes.data(), bytes.size());
 }
+
+static_assert(kDeviceStatsBins == trace::kHistBins, "core's DeviceStatsResult holds the trace's histogram bins");
+
+TensorStats stats_from_device(const DeviceStatsResult& r, bool with_histogram) {
+  TensorStats out;
+  trace::TensorHealth& h = out.health;
+  h.min = h.max = h.absmax = h.mean = h.rms = kNaN;
+  h.numel = static_cast<std::int64_t>(r.numel);
+  h.nan = static_cast<std::int64_t>(r.nan);
+  h.pos_inf = static_cast<std::int64_t>(r.pos_inf);
+  h.neg_inf = static_cast<std::int64_t>(r.neg_inf);
+  h.zero = static_cast<std::int64_t>(r.zero);
+  h.subnormal = static_cast<std::int64_t>(r.subnormal);
+  out.sum_sq = r.sum_sq;
+  if (with_histogram) {
+    for (int b = 0; b < trace::kHistBins; ++b)
+      out.histogram[static_cast<std::size_t>(b)] = static_cast<std::int64_t>(r.histogram[static_cast<std::size_t>(b)]);
+  }
+  const std::int64_t finite = h.numel - out.non_finite();
+  if (finite > 0) {
+    h.min = r.min;
+    h.max = r.max;
+    h.absmax = r.absmax;
+    h.mean = r.sum / static_cast<double>(finite);
+    h.rms = std::sqrt(r.sum_sq / static_cast<double>(finite));
+  }
+  return out;
+}
+
+CastCounts cast_counts_from_stats(const TensorStats& source, const TensorStats& result, DType result_dtype) {
+  CastCounts c;
+  if (!is_floating(result_dtype)) return c;
+  c.overflow = (result.health.pos_inf + result.health.neg_inf) - (source.health.pos_inf + source.health.neg_inf);
+  c.underflow = result.health.zero - source.health.zero;
+  return c;
+}
+
+namespace {
+
+class DeviceQueue final : public DeferredStats {
+ public:
+  DeviceQueue(Device device, std::unique_ptr<StatsQueue> queue) : device_(device), queue_(std::move(queue)) {}
+  int capacity() const override { return queue_->capacity(); }
+  int free_slots() const override { return queue_->free_slots(); }
+  bool takes(const Tensor& t) const override { return t.defined() && t.device() == device_; }
+  int launch(const Tensor& t, bool with_histogram) override {
+    if (queue_->free_slots() == 0) return -1;
+    // Integer and bool values widened on the device, as tensor_stats widens them on the host; the widened
+    // copy may go at once: its memory is freed in stream order, after the statistics kernel read it.
+    const Tensor floating = is_floating(t.dtype()) ? t : t.to(DType::f64);
+    const int slot = queue_->launch(floating.kernel_view(), with_histogram);
+    if (slot >= 0) histogram_[slot] = with_histogram;
+    return slot;
+  }
+  TensorStats read(int slot) override {
+    const bool with_histogram = histogram_.count(slot) > 0 && histogram_[slot];
+    histogram_.erase(slot);
+    return stats_from_device(queue_->read(slot), with_histogram);
+  }
+
+ private:
+  Device device_;
+  std::unique_ptr<StatsQueue> queue_;
+  std::unordered_map<int, bool> histogram_;
+};
+
+class HostQueue final : public DeferredStats {
+ public:
+  explicit HostQueue(int slots) : slots_(static_cast<std::size_t>(slots)) {
+    if (slots <= 0) throw Error(fmt::format("host_stats_queue: needs at least one slot, got {}", slots));
+  }
+  int capacity() const override { return static_cast<int>(slots_.size()); }
+  int free_slots() const override { return capacity() - used_; }
+  bool takes(const Tensor& t) const override { return t.defined() && t.device().is_cpu(); }
+  int launch(const Tensor& t, bool with_histogram) override {
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i]) {
+        slots_[i] = tensor_stats(t, with_histogram);
+        ++used_;
+        return static_cast<int>(i);
+      }
+    }
+    return -1;
+  }
+  TensorStats read(int slot) override {
+    if (slot < 0 || slot >= capacity() || !slots_[static_cast<std::size_t>(slot)]) {
+      throw IndexError(fmt::format("host_stats_queue: slot {} holds no launch (the ring has {} slots)", slot,
+                                   capacity()));
+    }
+    TensorStats out = *slots_[static_cast<std::size_t>(slot)];
+    slots_[static_cast<std::size_t>(slot)].reset();
+    --used_;
+    return out;
+  }
+
+ private:
+  std::vector<std::optional<TensorStats>> slots_;
+  int used_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DeferredStats> device_stats_queue(Device device, int slots) {
+  std::unique_ptr<StatsQueue> queue = backend_for(device).make_stats_queue(slots);
+  if (!queue) return nullptr;
+  return std::make_unique<DeviceQueue>(device, std::move(queue));
+}
+
+std::unique_ptr<DeferredStats> host_stats_queue(int slots) { return std::make_unique<HostQueue>(slots); }
 
 void Fp8HistorySteps::note_cast(std::int64_t step, float amax, std::size_t history_len) {
   // A roll needs slot 0 nonzero: TE compares the amax's bits (a NaN amax rolls too).

@@ -15,8 +15,10 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "probes/trace/schema.h"
@@ -75,6 +77,36 @@ std::uint64_t combine_checksums(const std::vector<std::uint64_t>& checksums);
 
 // Up to `max_elements` values of `t`, row-major, widened to double (for dumps).
 std::vector<double> leading_values(const Tensor& t, std::int64_t max_elements);
+
+// ---- statistics queued now and read later (the probe on CUDA: no host sync per op) ----
+// A ring of result slots: launch() queues the statistics of a tensor as its values are now (behind the work
+// already queued on its device) and returns a slot, or -1 when every slot is taken; read() hands the result
+// back and frees the slot. The probe reads its slots once per step, or when the ring fills.
+class DeferredStats {
+ public:
+  virtual ~DeferredStats() = default;
+  virtual int capacity() const = 0;
+  virtual int free_slots() const = 0;
+  virtual int launch(const Tensor& t, bool with_histogram) = 0;
+  virtual TensorStats read(int slot) = 0;
+  // Whether `t` lives where this queue computes (else the caller uses tensor_stats).
+  virtual bool takes(const Tensor& t) const = 0;
+};
+// The statistics ring of `device`'s backend (core/backend.h, Backend::make_stats_queue), or null when the
+// backend has none (the CPU backend: tensor_stats reads its tensors in place). Floating tensors go to the
+// device kernel as they are; integer and bool tensors are widened to f64 on the device first, which gives
+// the values tensor_stats widens them to, so the same statistics.
+std::unique_ptr<DeferredStats> device_stats_queue(Device device, int slots);
+// A queue of `slots` slots for CPU tensors that computes with tensor_stats at launch and hands the result
+// back at read: the probe's deferred path without a GPU (its tests).
+std::unique_ptr<DeferredStats> host_stats_queue(int slots);
+// A device's result as tensor_stats reports it: counts, sum_sq, the histogram when asked for, and min, max,
+// absmax, mean = sum / finite and rms = sqrt(sum_sq / finite) when a value is finite (NaN otherwise).
+TensorStats stats_from_device(const DeviceStatsResult& r, bool with_histogram);
+// cast_counts from the statistics of the source and of the result: a cast maps NaN to NaN, +-inf to +-inf and
+// zero to zero, so the result's extra infinities are the finite values that overflowed and its extra zeros the
+// non-zero values that flushed. 0 and 0 for a result that is not floating (as cast_counts).
+CastCounts cast_counts_from_stats(const TensorStats& source, const TensorStats& result, DType result_dtype);
 
 struct Fp8QuantizeEvent;  // core/probe_hook.h
 

@@ -4,6 +4,7 @@
 // cuBLAS call is checked once, and a failure carries the call, the error's name and the library's text.
 #include "kernels/cuda/cuda_backend.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -18,7 +19,9 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_gemm.h"
 #include "kernels/cuda/cuda_launch.h"
+#include "kernels/cuda/cuda_stream.h"
 #include "kernels/cuda/fused_amp.h"
+#include "kernels/cuda/stats_cuda.h"
 #if defined(AMPSCOPE_WITH_NCCL)
 #include "core/distributed/communicator.h"
 #include "kernels/cuda/nccl_communicator.h"
@@ -78,6 +81,17 @@ class CudaBackend final : public Backend {
     register_kernel(Op::argmax_rows, DType::i64, runner(Op::argmax_rows));
   }
 
+  ~CudaBackend() override {
+    // The pinned copy may still be written by a queued check: the stream first (no throwing here).
+    if (record_ != nullptr || host_record_ != nullptr) {
+      cudaSetDevice(index_);
+      cudaStreamSynchronize(stream());
+      if (host_record_ != nullptr) cudaFreeHost(host_record_);
+      if (record_ != nullptr) cudaFree(record_);
+      cudaGetLastError();
+    }
+  }
+
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return Device::cuda(index_); }
   cudaStream_t stream() const { return stream_.get(); }
@@ -116,6 +130,7 @@ class CudaBackend final : public Backend {
     } else {
       // Without a pool the block is free at once, so first let the queued work that may use it finish
       // (this stream is non-blocking: cudaFree's own implicit synchronisation does not wait for it).
+      host_syncs_.fetch_add(1, std::memory_order_relaxed);
       status = cudaStreamSynchronize(stream());
       const cudaError_t freed = cudaFree(ptr);
       if (status == cudaSuccess) status = freed;
@@ -133,6 +148,7 @@ class CudaBackend final : public Backend {
   void trim_pool() {
     if (!pools_) return;
     cudaMemPool_t pool = nullptr;
+    host_syncs_.fetch_add(1, std::memory_order_relaxed);
     if (cudaStreamSynchronize(stream()) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, index_) != cudaSuccess) {
       cudaGetLastError();
       return;
@@ -144,17 +160,37 @@ class CudaBackend final : public Backend {
     if (nbytes == 0) return;
     AMPSCOPE_CUDA_CHECK(cudaSetDevice(index_));
     AMPSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream()));
-    AMPSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    wait_for_stream("cudaStreamSynchronize (after a copy from the host)");
   }
 
   void copy_to_host(void* dst, const void* src, std::size_t nbytes) override {
     if (nbytes == 0) return;
     AMPSCOPE_CUDA_CHECK(cudaSetDevice(index_));
     AMPSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream()));
-    AMPSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    wait_for_stream("cudaStreamSynchronize (after a copy to the host)");
   }
 
-  void synchronize() override { AMPSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+  void synchronize() override { wait_for_stream("cudaStreamSynchronize"); }
+
+  // Every wait of the host for this stream goes through here: it is counted (host_syncs), and the index
+  // checks queued since the last wait are read then (their records reached pinned memory in stream order),
+  // so an out-of-range index is reported at the first point where the host waits anyway.
+  void wait_for_stream(const char* call) {
+    AMPSCOPE_CUDA_CHECK(cudaSetDevice(index_));
+    host_syncs_.fetch_add(1, std::memory_order_relaxed);
+    check(cudaStreamSynchronize(stream()), call);
+    check_index_errors();
+  }
+  // A wait for one event on this stream (a statistics slot): counted the same way. The index checks are left
+  // for the next wait for the whole stream: work queued after the event may still be writing their pinned
+  // record, which could then be read half old, half new.
+  void wait_for_event(cudaEvent_t event, const char* call) {
+    host_syncs_.fetch_add(1, std::memory_order_relaxed);
+    check(cudaEventSynchronize(event), call);
+  }
+  std::int64_t host_syncs() const override { return host_syncs_.load(std::memory_order_relaxed); }
+
+  std::unique_ptr<StatsQueue> make_stats_queue(int slots) override;
 
   // The fused AMP fast path (core/backend.h): the kernels of fused_amp.h, while they are switched on.
   bool fused_amp_available() const override { return cuda::fused_amp_enabled(); }
@@ -245,6 +281,7 @@ class CudaBackend final : public Backend {
                                op_name(op)));
     }
     const cudaStream_t s = stream();
+    queue_index_check(op, a, s);
     switch (op) {
       case Op::fill: return check_launch(cuda::launch_fill(a, s), op);
       case Op::copy: return check_launch(cuda::launch_copy(a, s), op);
@@ -286,9 +323,164 @@ class CudaBackend final : public Backend {
   bool pools_;  // cudaMallocAsync/cudaFreeAsync on the default pool, else cudaMalloc/cudaFree
   cudaError_t free_error_ = cudaSuccess;  // a failed free, reported by the next dispatch
   std::unique_ptr<cuda::CublasHandle> blas_;
+  std::atomic<std::int64_t> host_syncs_{0};
+
+  // ---- the index checks (cuda_launch.h, launch_index_check) ----
+  struct PendingCheck {
+    std::uint64_t launch;
+    Op op;
+  };
+  // The ops whose indices are checked on the device: the index tensor, the valid range, the ignored value.
+  static bool index_check_of(Op op, const KernelArgs& a, cuda::IndexCheck& c) {
+    switch (op) {
+      case Op::embedding: c = {a.in[1].ptr<std::int64_t>(), a.in[1].numel, a.in[0].sizes[0], 0, false}; return true;
+      case Op::embedding_backward: c = {a.in[1].ptr<std::int64_t>(), a.in[1].numel, a.out.sizes[0], 0, false}; return true;
+      case Op::nll_rows:
+        c = {a.in[1].ptr<std::int64_t>(), a.in[1].numel, a.in[0].sizes[1], static_cast<std::int64_t>(a.scalars[0]), true};
+        return true;
+      case Op::nll_backward_rows:
+        c = {a.in[1].ptr<std::int64_t>(), a.in[1].numel, a.out.sizes[1], static_cast<std::int64_t>(a.scalars[0]), true};
+        return true;
+      default: return false;
+    }
+  }
+
+  // A launch's check, queued before its kernel; `pending_checks_` remembers which op each launch number was.
+  void queue_index_check(Op op, const KernelArgs& a, cudaStream_t s) {
+    cuda::IndexCheck c;
+    if (!index_check_of(op, a, c)) return;
+    if (record_ == nullptr) {
+      // Once per backend: the device record and its pinned copy, both "no error".
+      AMPSCOPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&record_), sizeof(cuda::IndexCheckRecord)));
+      AMPSCOPE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_record_), sizeof(cuda::IndexCheckRecord)));
+      *host_record_ = cuda::IndexCheckRecord{};
+      AMPSCOPE_CUDA_CHECK(cudaMemcpyAsync(record_, host_record_, sizeof(cuda::IndexCheckRecord),
+                                          cudaMemcpyHostToDevice, s));
+    }
+    c.launch = ++launches_;
+    pending_checks_.push_back({c.launch, op});
+    const cudaError_t status = cuda::launch_index_check(c, record_, host_record_, s);
+    if (status != cudaSuccess) check(status, fmt::format("launch of the index check of kernel '{}'", op_name(op)));
+  }
+
+  // After a wait for the whole stream: every queued check's record is in pinned memory.
+  void check_index_errors() {
+    if (pending_checks_.empty()) return;
+    const cuda::IndexCheckRecord found = *host_record_;
+    std::vector<PendingCheck> checks;
+    checks.swap(pending_checks_);
+    if (found.launch != 0) report_index_error(found, checks);
+  }
+  [[noreturn]] void report_index_error(const cuda::IndexCheckRecord& found, const std::vector<PendingCheck>& checks) {
+    // Cleared first (device record and pinned copy, after the queued work), so the next check starts clean
+    // whatever the caller does with the error.
+    *host_record_ = cuda::IndexCheckRecord{};
+    const cudaError_t reset = cudaMemcpyAsync(record_, host_record_, sizeof(cuda::IndexCheckRecord),
+                                              cudaMemcpyHostToDevice, stream());
+    if (reset != cudaSuccess) cudaGetLastError();
+    Op op = Op::embedding;
+    for (const PendingCheck& c : checks) {
+      if (c.launch == found.launch) op = c.op;
+    }
+    throw IndexError(cuda::index_error_text(op, found));
+  }
+
+  cuda::IndexCheckRecord* record_ = nullptr;       // device
+  cuda::IndexCheckRecord* host_record_ = nullptr;  // pinned: the device record as of the latest check
+  std::uint64_t launches_ = 0;
+  std::vector<PendingCheck> pending_checks_;
 };
 
+// The CUDA backend's statistics ring (core/backend.h, StatsQueue): a StatsBuffer on the backend's stream,
+// with the slots' bookkeeping (which are taken) and the waits counted as the backend's host syncs.
+class CudaStatsQueue final : public StatsQueue {
+ public:
+  CudaStatsQueue(CudaBackend& backend, int slots)
+      : backend_(backend), buffer_(backend.device().index, slots), taken_(static_cast<std::size_t>(slots), false) {}
+  int capacity() const override { return buffer_.slots(); }
+  int free_slots() const override { return capacity() - used_; }
+  int launch(const TensorView& t, bool histogram) override {
+    if (used_ == capacity()) return -1;
+    // The next free slot after the last one taken: slots are read roughly in launch order, so this finds one
+    // at once.
+    int slot = next_;
+    while (taken_[static_cast<std::size_t>(slot)]) slot = (slot + 1) % capacity();
+    buffer_.launch(t, histogram, slot, backend_.stream());
+    taken_[static_cast<std::size_t>(slot)] = true;
+    ++used_;
+    next_ = (slot + 1) % capacity();
+    return slot;
+  }
+  DeviceStatsResult read(int slot) override {
+    if (slot < 0 || slot >= capacity() || !taken_[static_cast<std::size_t>(slot)]) {
+      throw IndexError(fmt::format("StatsQueue: slot {} holds no launch (the ring has {} slots)", slot, capacity()));
+    }
+    taken_[static_cast<std::size_t>(slot)] = false;
+    --used_;
+    if (!buffer_.ready(slot)) backend_.wait_for_event(buffer_.event(slot), "cudaEventSynchronize (statistics slot)");
+    const cuda::DeviceStats& d = buffer_.wait(slot);  // ready: no wait
+    DeviceStatsResult r;
+    r.numel = d.numel;
+    r.nan = d.nan;
+    r.pos_inf = d.pos_inf;
+    r.neg_inf = d.neg_inf;
+    r.zero = d.zero;
+    r.subnormal = d.subnormal;
+    r.min = d.min;
+    r.max = d.max;
+    r.absmax = d.absmax;
+    r.sum = d.sum;
+    r.sum_sq = d.sum_sq;
+    for (int b = 0; b < kDeviceStatsBins; ++b) r.histogram[static_cast<std::size_t>(b)] = d.histogram[b];
+    return r;
+  }
+
+ private:
+  CudaBackend& backend_;
+  cuda::StatsBuffer buffer_;
+  std::vector<bool> taken_;
+  int used_ = 0;
+  int next_ = 0;
+};
+
+std::unique_ptr<StatsQueue> CudaBackend::make_stats_queue(int slots) {
+  return std::make_unique<CudaStatsQueue>(*this, slots);
+}
+
 }  // namespace
+
+namespace cuda {
+
+static_assert(kStatsHistBins == kDeviceStatsBins, "the statistics kernel's bins are core's DeviceStatsResult's");
+
+std::string index_error_text(Op op, const IndexCheckRecord& found) {
+  const std::string where = fmt::format("\n(checked on the device by the index check of kernel '{}'; reported at the "
+                                        "next host synchronisation, so later ops may already have been queued)",
+                                        op_name(op));
+  if (op == Op::nll_rows || op == Op::nll_backward_rows) {
+    return fmt::format("nll_loss: target {} (row {}) is out of bounds for {} classes{}", found.index,
+                       found.first_position, found.limit, where);
+  }
+  return fmt::format("embedding: index {} at position {} is out of range for {} embeddings{}", found.index,
+                     found.first_position, found.limit, where);
+}
+
+cudaStream_t backend_stream(Backend& backend, const char* who) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) {
+    throw DeviceError(fmt::format("{}: backend '{}' is not a CUDA backend", who, backend.name()));
+  }
+  AMPSCOPE_CUDA_CHECK(cudaSetDevice(cuda->device().index));
+  return cuda->stream();
+}
+
+void check_stale_error(const char* what) {
+  if (const cudaError_t stale = cudaPeekAtLastError(); stale != cudaSuccess) {
+    check(stale, fmt::format("an earlier, unchecked CUDA call (found before launching '{}', which has not run)", what));
+  }
+}
+
+}  // namespace cuda
 
 int cuda_device_count(std::string* reason) {
   int count = 0;  // the runtime leaves it untouched when there is no driver

@@ -37,6 +37,29 @@ cudaError_t launch_nn(Op op, const KernelArgs& args, cudaStream_t stream);
 // is zeroed here, summed into in index order, then rounded into out.
 cudaError_t launch_embedding_backward(const KernelArgs& args, void* acc, cudaStream_t stream);
 
+// ---- the device-side index check of embedding, embedding_backward, nll_rows and nll_backward_rows ----
+// Indices are checked on the device, behind the work queued before them, instead of being copied to the
+// host (a sync per op): the first out-of-range index lands in a device record, copied asynchronously to
+// pinned host memory, which the backend reads at its next host synchronisation (cuda_backend.cpp,
+// check_index_errors) and reports as IndexError naming the launch.
+inline constexpr unsigned long long kIndexCheckNone = ~0ull;
+struct IndexCheckRecord {
+  unsigned long long first_position = kIndexCheckNone;  // the smallest out-of-range position
+  std::int64_t index = 0;                                // the index found there
+  std::int64_t limit = 0;                                // the valid range is [0, limit)
+  std::uint64_t launch = 0;                              // the launch that found it (0: no error)
+};
+struct IndexCheck {
+  const std::int64_t* indices = nullptr;
+  std::int64_t n = 0;
+  std::int64_t limit = 0;
+  std::int64_t ignore = 0;  // an index skipped (nll's ignore_index) when has_ignore
+  bool has_ignore = false;
+  std::uint64_t launch = 1;  // non-zero: the backend's number for this launch
+};
+cudaError_t launch_index_check(const IndexCheck& check, IndexCheckRecord* record, IndexCheckRecord* host_copy,
+                               cudaStream_t stream);
+
 // The last step of a matrix product: out[i] = round(acc[i] + bias), acc the [B, M, N] product in the
 // accumulation type (float; double for f64 out), bias (or null) already in that type, one value per
 // row (bias_per_row) or per column. acc may be out's own memory.

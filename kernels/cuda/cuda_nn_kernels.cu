@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <math_constants.h>
+
 #include "core/convert.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_launch.h"
@@ -286,8 +288,12 @@ struct EmbeddingBody {
   const T* weight;
   const std::int64_t* index;
   T* out;
-  std::int64_t d;
-  __device__ void operator()(std::int64_t i) const { out[i] = weight[index[i / d] * d + i % d]; }
+  std::int64_t d, rows;
+  // An out-of-range index (reported by the index check, launch_index_check) reads nothing: its row is NaN.
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t r = index[i / d];
+    out[i] = r >= 0 && r < rows ? weight[r * d + i % d] : convert<T>(CUDART_NAN);
+  }
 };
 
 // One thread per embedding column j adds the gradient rows into acc in index order: the CPU's order,
@@ -297,9 +303,12 @@ struct EmbeddingBackwardBody {
   const T* g;
   const std::int64_t* index;
   acc_type<T>* acc;
-  std::int64_t n, d;
+  std::int64_t n, d, rows;
   __device__ void operator()(std::int64_t j) const {
-    for (std::int64_t i = 0; i < n; ++i) acc[index[i] * d + j] += convert<acc_type<T>>(g[i * d + j]);
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (index[i] < 0 || index[i] >= rows) continue;  // reported by the index check; written nowhere
+      acc[index[i] * d + j] += convert<acc_type<T>>(g[i * d + j]);
+    }
   }
 };
 
@@ -318,8 +327,11 @@ struct NllRowsBody {
   T* out;
   std::int64_t cols, ignore;
   __device__ void operator()(std::int64_t r) const {
-    out[r] = target[r] == ignore ? convert<T>(0.0)
-                                 : convert<T>(canonical_nan(-convert<acc_type<T>>(logp[r * cols + target[r]])));
+    const std::int64_t t = target[r];
+    // An out-of-range target (reported by the index check) reads nothing: NaN.
+    out[r] = t == ignore                ? convert<T>(0.0)
+             : (t < 0 || t >= cols)     ? convert<T>(CUDART_NAN)
+                                        : convert<T>(canonical_nan(-convert<acc_type<T>>(logp[r * cols + t])));
   }
 };
 
@@ -426,7 +438,8 @@ cudaError_t launch_nn_typed(Op op, const KernelArgs& a, cudaStream_t s) {
                            s);
     case Op::embedding:
       return launch_linear(a.out.numel,
-                           EmbeddingBody<T>{x.ptr<T>(), a.in[1].ptr<std::int64_t>(), a.out.ptr<T>(), x.sizes[1]}, s);
+                           EmbeddingBody<T>{x.ptr<T>(), a.in[1].ptr<std::int64_t>(), a.out.ptr<T>(), x.sizes[1], x.sizes[0]},
+                           s);
     case Op::nll_rows:
       return launch_linear(x.sizes[0],
                            NllRowsBody<T>{x.ptr<T>(), a.in[1].ptr<std::int64_t>(), a.out.ptr<T>(), x.sizes[1],
@@ -517,7 +530,8 @@ cudaError_t launch_embedding_backward(const KernelArgs& a, void* acc, cudaStream
       auto* acc_p = static_cast<Acc*>(acc);
       cudaError_t status = cudaMemsetAsync(acc_p, 0, static_cast<std::size_t>(a.out.numel) * sizeof(Acc), s);
       if (status != cudaSuccess) return status;
-      status = launch_linear(d, EmbeddingBackwardBody<T>{a.in[0].ptr<T>(), a.in[1].ptr<std::int64_t>(), acc_p, n, d}, s);
+      status = launch_linear(d, EmbeddingBackwardBody<T>{a.in[0].ptr<T>(), a.in[1].ptr<std::int64_t>(), acc_p, n, d, a.out.sizes[0]},
+                           s);
       if (status != cudaSuccess) return status;
       return launch_linear(a.out.numel, RoundAccBody<T>{acc_p, a.out.ptr<T>()}, s);
     }
@@ -537,6 +551,49 @@ cudaError_t launch_gemm_epilogue(const GemmEpilogue& e, cudaStream_t s) {
                            s);
     }
   });
+}
+
+// ---- the device-side index check (cuda_launch.h, IndexCheck) ----
+namespace {
+
+// Lowers record->first_position to the smallest out-of-range position, while no earlier check has
+// recorded an error (the first error is kept until the host reads it).
+__global__ void index_check_kernel(const std::int64_t* indices, std::int64_t n, std::int64_t limit,
+                                   std::int64_t ignore, bool has_ignore, IndexCheckRecord* record) {
+  if (record->launch != 0) return;
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const std::int64_t v = indices[i];
+    if (has_ignore && v == ignore) continue;
+    if (v < 0 || v >= limit) atomicMin(&record->first_position, static_cast<unsigned long long>(i));
+  }
+}
+
+// One thread: names the error found by index_check_kernel (the index at the smallest position, the
+// limit, and the launch it belongs to). The indices are still alive: stream order.
+__global__ void index_check_finish_kernel(const std::int64_t* indices, std::int64_t limit, std::uint64_t launch,
+                                          IndexCheckRecord* record) {
+  if (record->launch != 0 || record->first_position == kIndexCheckNone) return;
+  record->index = indices[record->first_position];
+  record->limit = limit;
+  record->launch = launch;
+}
+
+}  // namespace
+
+cudaError_t launch_index_check(const IndexCheck& c, IndexCheckRecord* record, IndexCheckRecord* host_copy,
+                               cudaStream_t s) {
+  if (c.n > 0) {
+    const std::int64_t blocks = linear_blocks(c.n);
+    index_check_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(c.indices, c.n, c.limit, c.ignore,
+                                                                          c.has_ignore, record);
+    if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+    index_check_finish_kernel<<<1, 1, 0, s>>>(c.indices, c.limit, c.launch, record);
+    if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  }
+  // The record reaches pinned host memory behind the check, so that whoever synchronises next reads it
+  // there without another wait.
+  return cudaMemcpyAsync(host_copy, record, sizeof(IndexCheckRecord), cudaMemcpyDeviceToHost, s);
 }
 
 }  // namespace ampscope::cuda

@@ -1,6 +1,6 @@
 // Host side of the fused AMP kernels (kernels/cuda/fused_amp.h): argument checks, batching into
 // launches of at most kFusedMaxTensors tensors, the f32 scalars exactly as the unfused ops round them,
-// and the ordering against the backend's stream.
+// and the launches on the backend's stream (no host synchronisation).
 #include "kernels/cuda/fused_amp.h"
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_stream.h"
 #include "kernels/cuda/fused_launch.h"
 
 namespace ampscope::cuda {
@@ -28,24 +29,16 @@ std::atomic<bool>& enabled_flag() {
 
 std::atomic<std::uint64_t> g_fused_calls{0};
 
-// Runs `launch(stream)` ordered after everything queued on the backend's stream and before anything
-// queued after this call. The backend does not export its stream yet (cuda_backend.h), so the order is
-// kept with two host synchronisations: the backend's stream is drained, the kernels run on this thread's
-// default stream, which is drained too. Correct, not free: once cuda_backend.h exports its stream, this
-// becomes `check(launch(backend_stream))` and the fast path needs no host sync at all (docs/cuda.md,
-// "Fast path").
+// Runs `launch(stream)` on the backend's own stream (cuda_stream.h): ordered after everything queued there
+// and before anything queued after, with no host synchronisation at all. found_inf stays on the device: the
+// fused optimizer steps read it there, and the one wait of a step is the caller's, where GradScaler copies
+// found_inf to the host to decide whether the step was skipped (docs/cuda.md, "What synchronises").
 template <class Launch>
 void run_ordered(Backend& backend, const char* kernel, Launch&& launch) {
-  const Device device = backend.device();
-  if (!device.is_cuda()) {
-    throw DeviceError(fmt::format("{}: backend '{}' is not a CUDA backend", kernel, backend.name()));
-  }
-  backend.synchronize();
-  AMPSCOPE_CUDA_CHECK(cudaSetDevice(device.index));
-  const cudaStream_t stream = cudaStreamPerThread;
+  const cudaStream_t stream = backend_stream(backend, kernel);
+  check_stale_error(kernel);
   const cudaError_t status = launch(stream);
   if (status != cudaSuccess) check(status, fmt::format("launch of kernel '{}'", kernel));
-  AMPSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream));
   g_fused_calls.fetch_add(1);
 }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include <fmt/format.h>
@@ -119,6 +120,11 @@ bool StatsBuffer::ready(int slot) const {
   return true;
 }
 
+cudaEvent_t StatsBuffer::event(int slot) const {
+  check_slot(slot, slots_);
+  return events_[static_cast<std::size_t>(slot)];
+}
+
 const DeviceStats& StatsBuffer::wait(int slot) {
   check_slot(slot, slots_);
   AMPSCOPE_CUDA_CHECK(cudaEventSynchronize(events_[static_cast<std::size_t>(slot)]));
@@ -129,12 +135,24 @@ DeviceStats cuda_tensor_stats(Backend& backend, const TensorView& t, bool histog
   if (!backend.device().is_cuda()) {
     throw DeviceError(fmt::format("cuda_tensor_stats: backend '{}' is not a CUDA backend", backend.name()));
   }
-  // Ordered after the backend's queued work by a host sync: cuda_backend.h does not export its stream
-  // yet (see fused_amp.cpp, run_ordered).
-  backend.synchronize();
-  StatsBuffer buffer(backend.device().index, 1);
-  buffer.launch(t, histogram, 0, cudaStreamPerThread);
-  return buffer.wait(0);
+  // Through the backend's own ring: on its stream, so ordered after its queued work without a separate sync.
+  const std::unique_ptr<StatsQueue> queue = backend.make_stats_queue(1);
+  const int slot = queue->launch(t, histogram);
+  const DeviceStatsResult r = queue->read(slot);
+  DeviceStats d;
+  d.numel = r.numel;
+  d.nan = r.nan;
+  d.pos_inf = r.pos_inf;
+  d.neg_inf = r.neg_inf;
+  d.zero = r.zero;
+  d.subnormal = r.subnormal;
+  d.min = r.min;
+  d.max = r.max;
+  d.absmax = r.absmax;
+  d.sum = r.sum;
+  d.sum_sq = r.sum_sq;
+  for (int b = 0; b < kStatsHistBins; ++b) d.histogram[b] = r.histogram[static_cast<std::size_t>(b)];
+  return d;
 }
 
 }  // namespace ampscope::cuda

@@ -63,6 +63,8 @@ class StatsBuffer {
   void launch(const TensorView& t, bool histogram, int slot, cudaStream_t stream);
   // Whether the slot's copy has landed (no wait).
   bool ready(int slot) const;
+  // The event recorded after the slot's copy (valid while the buffer lives).
+  cudaEvent_t event(int slot) const;
   // Waits for the slot's copy only, then returns the pinned result (valid until the slot is reused).
   const DeviceStats& wait(int slot);
 
@@ -79,7 +81,8 @@ class StatsBuffer {
   int last_slot_ = -1;
 };
 
-// The statistics of `t` on `backend`'s device, waited for: ordered after the backend's queued work.
+// The statistics of `t` on `backend`'s device, waited for: queued on the backend's stream behind its work
+// (one wait, counted in backend.host_syncs()).
 // For tests and benchmarks; a probe uses a StatsBuffer.
 DeviceStats cuda_tensor_stats(Backend& backend, const TensorView& t, bool histogram);
 
