@@ -557,8 +557,8 @@ void check_fp8_run(const TrainConfig& config) {
   }
   if (config.device != "auto" && config.device != "cpu") {
     throw Error(fmt::format("--precision fp8 with --device {}: FP8 runs on the CPU backend so far (the CUDA FP8 "
-                            "kernels are not built)\nhint: use --device cpu (or auto) for fp8, or --precision bf16 on "
-                            "the GPU",
+                            "kernels have not run on a GPU yet)\nhint: use --device cpu (or auto) for fp8, or "
+                            "--precision bf16 on the GPU",
                             config.device));
   }
   if (config.fp8_recipe == "delayed" && !config.resume.empty()) {

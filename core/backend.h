@@ -25,6 +25,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/float8.h"
 #include "core/tensor_view.h"
 
 namespace ampscope {
@@ -187,6 +188,40 @@ struct FusedAdamOptions {
   bool decoupled_weight_decay = false;  // AdamW
 };
 
+// The FP8 kernels of a device backend (core/fp8_linear.h's quantization and scaled GEMMs on a GPU; the CPU
+// computes them in core/fp8_linear.cpp itself). Reached through fp8_device_kernels(device) below; the CUDA
+// ones and what each matches of the CPU are in kernels/cuda/fp8_cuda.h and docs/cuda.md.
+//
+// One operand quantized: codes[i] = satfinite(RNE(float(x[i]) * scale)) in row-major order, and
+// *amax = max(*amax, fmaxf-fold of |float(x[i])|) (NaN skipped, an inf wins), the caller zeroing it first.
+struct Fp8QuantizeArgs {
+  TensorView x;                   // 2-D, f64/f32/f16/bf16, any strides, on the backend's device
+  std::uint8_t* codes = nullptr;  // x.numel bytes of device memory
+  float* amax = nullptr;          // one device f32
+  float scale = 1.0f;
+  Fp8Format format = Fp8Format::e4m3;
+};
+// One scaled GEMM: out[i][j] = round(sum_p op(A)[i][p] op(B)[p][j] * alpha + bias[j]), op(X) = X or X^T of
+// the row-major code matrices, the product of decoded values accumulated in f32.
+struct Fp8GemmArgs {
+  const std::uint8_t* a = nullptr;  // [a_rows, a_cols] codes, device memory, row-major
+  std::int64_t a_rows = 0, a_cols = 0;
+  Fp8Format a_format = Fp8Format::e4m3;
+  bool transpose_a = false;
+  const std::uint8_t* b = nullptr;
+  std::int64_t b_rows = 0, b_cols = 0;
+  Fp8Format b_format = Fp8Format::e4m3;
+  bool transpose_b = false;
+  float alpha = 1.0f;       // scale_inv_a * scale_inv_b, one f32 product made by the caller
+  TensorView bias;          // null data, or J contiguous f32 values on the device
+  TensorView out;           // [I, J] contiguous, f32/f16/bf16, on the device
+  bool fast_accumulation = false;  // TransformerEngine's fprop setting (no split accumulator), cuBLASLt only
+};
+struct Fp8DeviceKernels {
+  void (*quantize)(Backend& backend, const Fp8QuantizeArgs& args);
+  void (*gemm)(Backend& backend, const Fp8GemmArgs& args);
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -268,6 +303,9 @@ class Backend {
 // The backend of a device, created on first use. Throws DeviceError when the device is not available
 // (a CUDA device in a build without CUDA, or on a machine without a GPU).
 Backend& backend_for(Device device);
+
+// The FP8 kernels of `device`'s backend, or null where there are none (the CPU; a build without CUDA).
+const Fp8DeviceKernels* fp8_device_kernels(Device device);
 
 // Whether a CUDA device can be used, and if not, why (for skip messages and `ampscope` output). CUDA
 // error 100 (no device) and error 35 without a driver mean "no GPU"; error 35 with a driver installed

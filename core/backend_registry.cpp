@@ -11,6 +11,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #if defined(AMPSCOPE_WITH_CUDA)
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/fp8_cuda.h"
 #endif
 
 namespace ampscope {
@@ -53,6 +54,15 @@ Backend& backend_for(Device device) {
   return *created;
 #else
   throw DeviceError(fmt::format("device '{}' is not available: {}", device.str(), status.reason));
+#endif
+}
+
+const Fp8DeviceKernels* fp8_device_kernels(Device device) {
+  if (device.is_cpu()) return nullptr;
+#if defined(AMPSCOPE_WITH_CUDA)
+  return &cuda::kFp8Kernels;
+#else
+  return nullptr;
 #endif
 }
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/fp8_linear_device.h"
 #include "core/probe_hook.h"
 
 namespace ampscope {
@@ -102,15 +103,11 @@ std::shared_ptr<Fp8Context> active_fp8_context() { return t_active; }
 
 Fp8Quantized fp8_quantize_operand(const Tensor& matrix, Fp8Operand operand, const Fp8Options& options,
                                   Fp8LinearState* state, const std::string& module) {
-  if (!matrix.device().is_cpu()) {
-    throw DeviceError(fmt::format("FP8 {} on {}: FP8 GEMMs run on the CPU backend so far\nhint: train with --device "
-                                  "cpu, or use --precision bf16 on the GPU",
-                                  fp8_operand_name(operand), matrix.device().str()));
-  }
   if (matrix.dim() != 2) {
     throw ShapeError(fmt::format("FP8 {}: expected a 2-D matrix, got shape {}", fp8_operand_name(operand),
                                  shape_str(matrix.shape())));
   }
+  if (!matrix.device().is_cpu()) return fp8_quantize_operand_device(matrix, operand, options, state, module);
   const Tensor f = matrix.to(DType::f32).contiguous();
   const float* v = f.data_as<float>();
   const std::size_t n = static_cast<std::size_t>(f.numel());
@@ -158,6 +155,7 @@ Tensor fp8_gemm(const Fp8Quantized& a, bool transpose_a, const Fp8Quantized& b, 
   if (P != Pb) {
     throw ShapeError(fmt::format("fp8_gemm: inner sizes differ ([{}, {}] times [{}, {}])", I, P, Pb, J));
   }
+  if (!a.device.is_cpu() || !b.device.is_cpu()) return fp8_gemm_device(a, transpose_a, b, transpose_b, out_dtype, bias);
   std::vector<float> bias_f;
   if (bias.defined()) {
     if (bias.numel() != J) throw ShapeError(fmt::format("fp8_gemm: bias of {} elements for {} columns", bias.numel(), J));

@@ -16,9 +16,12 @@
 //   dbias     = sum of dy over rows, from the unquantized grad_output (TE's fused bgrad-cast)
 // Each GEMM multiplies the decoded FP8 values (exact in float), accumulates in f32 over the inner index in
 // ascending order, multiplies the sum by scale_inv_a * scale_inv_b (one f32 product), adds the bias (fprop)
-// in f32 and rounds once to the output dtype (the input's: bf16 under bf16 autocast). cuBLASLt's FP8 GEMM
-// computes the same products and scalings; its accumulation order is its own (docs/fp8.md says what that
-// changes), and the GPU side is not built: a CUDA tensor is refused.
+// in f32 and rounds once to the output dtype (the input's: bf16 under bf16 autocast). On a CUDA tensor the same
+// functions run the CUDA backend's FP8 kernels (core/fp8_linear_device.cpp, kernels/cuda/fp8_cuda.h): the codes,
+// amaxes and scales are the CPU's bit for bit; the GEMMs are the CPU's bits where they run the exact kernel, and
+// within a documented bound where they run cuBLASLt's FP8 matmul, whose accumulation order is its own
+// (docs/cuda.md, "FP8"). `ampscope train --precision fp8 --device cuda` is still refused (cli/run.cpp) until
+// the GPU tests have passed on a GPU.
 //
 // A Linear is FP8 when an Fp8Guard is alive on the thread, its inputs are f16 or bf16 (the autocast dtype;
 // a Linear an autocast override keeps in f32 stays f32, and so does the f32 twin's recompute) and its module
@@ -107,9 +110,12 @@ class Fp8Guard {
 // The thread's FP8 region now (null outside every Fp8Guard).
 std::shared_ptr<Fp8Context> active_fp8_context();
 
-// One operand quantized: row-major codes of a [rows, cols] matrix and the scale that made them.
+// One operand quantized: row-major codes of a [rows, cols] matrix and the scale that made them. The codes are
+// in `codes` for a CPU operand, in device memory (`device_codes`, rows * cols bytes) for a GPU one.
 struct Fp8Quantized {
   std::vector<std::uint8_t> codes;
+  Device device = Device::cpu();
+  std::shared_ptr<const std::uint8_t> device_codes;  // freed through the device's backend
   std::int64_t rows = 0, cols = 0;
   Fp8Format format = Fp8Format::e4m3;
   float amax = 0.0f;       // max |x| of the unquantized values, NaNs skipped (TE folds with fmaxf)
@@ -119,14 +125,17 @@ struct Fp8Quantized {
 
 // Quantizes a 2-D CPU tensor (any floating dtype, any strides; read as f32) for `operand` under the context's
 // recipe: delayed scaling uses the state's current scale and records this tensor's amax into its history;
-// current scaling computes the scale from this amax (current_scaling_scale). A CUDA tensor throws DeviceError.
-// With a probe hook installed, reports the cast (probe::Fp8QuantizeEvent) as the operand of `module`.
+// current scaling computes the scale from this amax (current_scaling_scale). A CUDA tensor is quantized on its
+// device (the same codes and amax; the amax is read back to the host, a synchronisation per operand). With a
+// probe hook installed, reports the cast (probe::Fp8QuantizeEvent) as the operand of `module` (for a CUDA
+// operand, after copying its values and codes to the host).
 Fp8Quantized fp8_quantize_operand(const Tensor& matrix, Fp8Operand operand, const Fp8Options& options,
                                   Fp8LinearState* state, const std::string& module = {});
 
 // C = op(A) op(B) with op(X) = X or X^T: C[i][j] = sum_p op(A)[i][p] op(B)[p][j] over decoded values in f32,
 // p ascending, then C * (a.scale_inv * b.scale_inv) + bias[j] in f32, rounded once to `out_dtype`. The result
-// is a new [I, J] CPU tensor. `bias` (optional) has J elements. ShapeError if the inner sizes differ.
+// is a new [I, J] tensor on the operands' device. `bias` (optional) has J elements. ShapeError if the inner sizes
+// differ, DeviceError if the operands (or the bias) are on different devices.
 Tensor fp8_gemm(const Fp8Quantized& a, bool transpose_a, const Fp8Quantized& b, bool transpose_b, DType out_dtype,
                 const Tensor& bias = Tensor());
 

@@ -165,8 +165,9 @@ TEST(fp8_train_test, mistyped_or_conflicting_options_are_refused_with_what_to_do
   TrainConfig cuda = mlp(Precision::fp8, 0, 1);
   cuda.device = "cuda";
   EXPECT_THROW_MSG(train(cuda), Error,
-                   "--precision fp8 with --device cuda: FP8 runs on the CPU backend so far (the CUDA FP8 kernels are "
-                   "not built)\nhint: use --device cpu (or auto) for fp8, or --precision bf16 on the GPU");
+                   "--precision fp8 with --device cuda: FP8 runs on the CPU backend so far (the CUDA FP8 kernels "
+                   "have not run on a GPU yet)\nhint: use --device cpu (or auto) for fp8, or --precision bf16 on the "
+                   "GPU");
   TrainConfig resumed = mlp(Precision::fp8, 0, 1);
   resumed.resume = "/nonexistent/ck.h5";
   EXPECT_THROW_MSG(train(resumed), Error,
