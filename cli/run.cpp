@@ -286,6 +286,27 @@ std::shared_ptr<Fp8Context> make_fp8_context(nn::Module& model, const TrainConfi
                                    .algo = config.fp8_amax_algo == "most_recent" ? AmaxAlgo::most_recent : AmaxAlgo::max,
                                    .margin = static_cast<float>(config.fp8_margin)};
   options.keep_bf16 = config.fp8_keep_bf16;
+  if (config.fp8_keep_first_last) {
+    // The first and last nn::Linear in registration order (named_modules: depth-first, as the model registered
+    // them), known before the first step runs; each kept by a glob matching its path alone.
+    std::vector<std::string> linears;
+    for (const auto& [name, module] : model.named_modules())
+      if (dynamic_cast<const nn::Linear*>(module) != nullptr) linears.push_back(name);
+    if (linears.empty()) {
+      throw Error(fmt::format("--fp8-keep-first-last: the '{}' model has no Linear module (nn::Linear), so there is "
+                              "no first or last one to keep\nhint: leave --fp8-keep-first-last out, or name the "
+                              "modules with --fp8-keep-bf16",
+                              what));
+    }
+    for (const std::string& path : {linears.front(), linears.back()}) {
+      std::string glob;  // fnmatch's special characters escaped: the path matches itself only
+      for (char ch : path) {
+        if (ch == '*' || ch == '?' || ch == '[' || ch == '\\') glob += '\\';
+        glob += ch;
+      }
+      options.keep_bf16.push_back(glob);
+    }
+  }
   return std::make_shared<Fp8Context>(std::move(options));
 }
 

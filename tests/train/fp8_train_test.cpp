@@ -3,6 +3,7 @@
 // bit for bit, the options are recorded only in FP8 runs, and mistyped or conflicting options are refused.
 #include <cmath>
 #include <map>
+#include <set>
 #include <tuple>
 #include <string>
 #include <vector>
@@ -179,6 +180,53 @@ TEST(fp8_train_test, mistyped_or_conflicting_options_are_refused_with_what_to_do
   EXPECT_THROW_MSG(train(cuda), Error,
                    "--precision fp8 with --device cuda: FP8 runs on the CPU backend so far (the CUDA FP8 kernels are "
                    "not built)\nhint: use --device cpu (or auto) for fp8, or --precision bf16 on the GPU");
+}
+
+// The modules with /fp8 rows in a trace, and those rows' count.
+std::set<std::string> fp8_modules(const std::string& path, std::size_t* rows = nullptr) {
+  trace::TraceReader r(path);
+  std::set<std::string> out;
+  const std::vector<trace::Fp8Row> all = r.fp8();
+  for (const trace::Fp8Row& row : all) out.insert(row.module);
+  if (rows != nullptr) *rows = all.size();
+  return out;
+}
+
+// --fp8-keep-first-last keeps the first and last Linear modules of the model's registration order in bf16: on
+// the mlp (fc1, fc2, fc3) only fc2 runs in FP8; on the GPT-style transformer sample (2 blocks, each attention's
+// qkv and proj and the MLP's fc1 and fc2, then the head: samples/models.cpp and core/nn.h's block) the first
+// block's qkv and the head stay bf16 and the other 7 Linears run in FP8.
+TEST(fp8_train_test, keep_first_last_keeps_the_first_and_last_registered_linear_in_bf16) {
+  const std::filesystem::path dir = testing::process_scratch_dir("ampscope_fp8_first_last");
+  TrainConfig c = mlp(Precision::fp8, 1, 2);
+  c.probe = "health";
+  c.out = (dir / "mlp.h5").string();
+  c.fp8_keep_first_last = true;
+  train(c);
+  std::size_t rows = 0;
+  EXPECT_EQ(fp8_modules(c.out, &rows), (std::set<std::string>{"fc2"}));
+  EXPECT_EQ(rows, 2u * 3);
+  c.fp8_keep_first_last = false;
+  c.out = (dir / "mlp_all.h5").string();
+  train(c);
+  EXPECT_EQ(fp8_modules(c.out), (std::set<std::string>{"fc1", "fc2", "fc3"}));
+
+  TrainConfig t = mlp(Precision::fp8, 1, 1);
+  t.sample = "transformer";
+  t.batch = 2;
+  t.probe = "health";
+  t.out = (dir / "gpt_all.h5").string();
+  train(t);
+  const std::set<std::string> all = fp8_modules(t.out);
+  t.fp8_keep_first_last = true;
+  t.out = (dir / "gpt.h5").string();
+  train(t);
+  std::set<std::string> expected = all;
+  ASSERT_EQ(expected.erase("blocks.0.attn.qkv"), 1u) << "the first Linear registered";
+  ASSERT_EQ(expected.erase("head"), 1u) << "the last Linear registered";
+  EXPECT_EQ(all.size(), 9u);
+  EXPECT_EQ(fp8_modules(t.out), expected);
+  EXPECT_TRUE(expected.count("blocks.1.attn.qkv") == 1 && expected.count("blocks.0.attn.proj") == 1);
 }
 
 // ---- FP8 state in checkpoints (core/io/fp8_checkpoint.h) ----
