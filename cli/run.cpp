@@ -25,6 +25,7 @@
 #include "core/distributed/data_parallel.h"
 #include "core/error.h"
 #include "core/fp8_linear.h"
+#include "core/io/fp8_checkpoint.h"
 #include "core/grad_scaler.h"
 #include "core/ops.h"
 #include "core/optim.h"
@@ -152,6 +153,9 @@ struct SavedRun {
   std::optional<std::int64_t> world_size;
   // The global batch of the run that wrote it (unknown in checkpoints written before the field existed).
   std::optional<std::int64_t> batch;
+  // An FP8 run's checkpoint holds its scaling state ("fp8", core/io/fp8_checkpoint.h): false in checkpoints
+  // written before it did.
+  bool fp8_state = false;
 };
 
 SavedRun peek_resume(const TrainConfig& config) {
@@ -186,6 +190,9 @@ SavedRun peek_resume(const TrainConfig& config) {
   }
   if (const auto it = run.find("batch"); it != run.end() && std::holds_alternative<std::int64_t>(it->second)) {
     saved.batch = std::get<std::int64_t>(it->second);
+  }
+  if (const auto it = run.find("fp8_state"); it != run.end() && std::holds_alternative<bool>(it->second)) {
+    saved.fp8_state = std::get<bool>(it->second);
   }
   return saved;
 }
@@ -279,6 +286,27 @@ std::shared_ptr<Fp8Context> make_fp8_context(nn::Module& model, const TrainConfi
                                    .algo = config.fp8_amax_algo == "most_recent" ? AmaxAlgo::most_recent : AmaxAlgo::max,
                                    .margin = static_cast<float>(config.fp8_margin)};
   options.keep_bf16 = config.fp8_keep_bf16;
+  if (config.fp8_keep_first_last) {
+    // The first and last nn::Linear in registration order (named_modules: depth-first, as the model registered
+    // them), known before the first step runs; each kept by a glob matching its path alone.
+    std::vector<std::string> linears;
+    for (const auto& [name, module] : model.named_modules())
+      if (dynamic_cast<const nn::Linear*>(module) != nullptr) linears.push_back(name);
+    if (linears.empty()) {
+      throw Error(fmt::format("--fp8-keep-first-last: the '{}' model has no Linear module (nn::Linear), so there is "
+                              "no first or last one to keep\nhint: leave --fp8-keep-first-last out, or name the "
+                              "modules with --fp8-keep-bf16",
+                              what));
+    }
+    for (const std::string& path : {linears.front(), linears.back()}) {
+      std::string glob;  // fnmatch's special characters escaped: the path matches itself only
+      for (char ch : path) {
+        if (ch == '*' || ch == '?' || ch == '[' || ch == '\\') glob += '\\';
+        glob += ch;
+      }
+      options.keep_bf16.push_back(glob);
+    }
+  }
   return std::make_shared<Fp8Context>(std::move(options));
 }
 
@@ -318,6 +346,7 @@ class TrainingRun {
   StateDict run_state_;
   std::vector<std::unique_ptr<AutocastOverrideGuard>> overrides_;
   std::shared_ptr<Fp8Context> fp8_;  // --precision fp8; null otherwise
+  std::optional<StateDict> resumed_fp8_;  // the resumed checkpoint's FP8 state, until fp8_ is made
   // Data parallelism (a group of more than one rank; null otherwise): rank_ of ranks_.
   ProcessGroup* group_ = nullptr;
   int rank_ = 0;
@@ -439,13 +468,16 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
                 {"world_size", static_cast<std::int64_t>(ranks_)},
                 {"batch", config.batch},  // the global batch: a resume with another one is warned about
                 {"sharded_optimizer", config.shard_optimizer && ranks_ > 1}};
+  if (config.precision == Precision::fp8) run_state_["fp8_state"] = true;  // the "fp8" state is saved too
   if (!config.resume.empty()) {
     Checkpoint ck{.model = &model, .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
                   .states = {{"scaler", scaler_->state_dict()}, {"run", StateDict{}}}};
+    if (saved->fp8_state) ck.states["fp8"] = StateDict{};  // any keys: load_fp8_state_dict checks them
     const CheckpointLoadReport loaded =
         load_checkpoint(config.resume, ck, {.allow_nonfinite = config.resume_allow_nonfinite});
     for (const std::string& w : loaded.warnings) warnings_.push_back(fmt::format("--resume: {}", w));
     if (scaling) scaler_->load_state_dict(ck.states.at("scaler"));
+    if (saved->fp8_state) resumed_fp8_ = ck.states.at("fp8");
     first_step_ = ck.step;
   }
   if (group_ != nullptr) {
@@ -459,7 +491,19 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     if (config.shard_optimizer && opt_) zero_ = std::make_unique<ShardedOptimizer>(*group_, *opt_);
   }
   overrides_ = install_overrides(model, config, identity_, warnings_);
-  if (config.precision == Precision::fp8) fp8_ = make_fp8_context(model, config, identity_);
+  if (config.precision == Precision::fp8) {
+    fp8_ = make_fp8_context(model, config, identity_);
+    if (resumed_fp8_) {
+      std::vector<std::string> paths;
+      for (const auto& [name, module] : model.named_modules()) paths.push_back(name);
+      load_fp8_state_dict(*fp8_, *resumed_fp8_, paths, config.resume);
+    } else if (!config.resume.empty() && config.fp8_recipe == "delayed") {
+      warnings_.push_back(fmt::format(
+          "--resume: '{}' holds no FP8 scaling state (written before checkpoints held it): the delayed recipe starts "
+          "again from scale 1 and empty amax histories, so the resumed run does not continue the saved one bit for bit",
+          config.resume));
+    }
+  }
   recording_ = std::make_unique<Recording>(config, config_json(config), device_, identity_);
 }
 
@@ -526,6 +570,7 @@ void TrainingRun::save_checkpoint(std::int64_t next_step, bool periodic) {
   }
   Checkpoint ck{.model = &task_->model(), .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
                 .states = {{"scaler", scaler_->state_dict()}, {"run", run_state_}}, .step = next_step};
+  if (fp8_) ck.states["fp8"] = fp8_state_dict(*fp8_);  // after this step's end_step: the next step's scales
   ampscope::save_checkpoint(config_.checkpoint, ck);
   if (zero_) zero_->release_state();  // ZeRO-1: back to rank 0's own shard
   if (periodic && config_.keep_checkpoints) {
@@ -560,12 +605,6 @@ void check_fp8_run(const TrainConfig& config) {
                             "kernels have not run on a GPU yet)\nhint: use --device cpu (or auto) for fp8, or "
                             "--precision bf16 on the GPU",
                             config.device));
-  }
-  if (config.fp8_recipe == "delayed" && !config.resume.empty()) {
-    throw Error(fmt::format("--resume '{}' with --precision fp8 and the delayed recipe: checkpoints do not hold the amax "
-                            "histories and scales yet, so the resumed run would not continue the saved one\nhint: "
-                            "use --fp8-recipe current (no state to save), or train from the start",
-                            config.resume));
   }
 }
 

@@ -65,8 +65,8 @@ std::pair<std::int64_t, std::int64_t> rank_rows(std::int64_t batch, int rank, in
 std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t step);
 
 // What --precision fp8 cannot be combined with yet, checked before anything runs (train() checks it again):
-// an --fp8-* option with another precision, a CUDA device, --resume with the
-// delayed recipe (no FP8 state in checkpoints). Throws Error naming the option and what to do instead.
+// an --fp8-* option with another precision, a CUDA device. Throws Error naming the option and what to do instead.
+// (--resume restores the delayed recipe's state from the checkpoint: core/io/fp8_checkpoint.h.)
 void check_fp8_run(const TrainConfig& config);
 
 // Runs the training. `stop` (optional) is polled at every step boundary: set it from a signal handler

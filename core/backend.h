@@ -18,6 +18,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -243,6 +244,15 @@ class Backend {
 
   // Waits for all work queued on this backend.
   virtual void synchronize() = 0;
+
+  // Calls fn(begin, end) on disjoint chunks covering [0, n), each at least `grain` long where possible, on the
+  // host threads this backend's kernels use (the CPU backend: its pool, kernels/parallel.h), and returns when
+  // all are done; an exception from fn is rethrown. For host loops core runs itself (core/fp8_linear.cpp's
+  // FP8 GEMM), which cannot include a backend. The default runs fn(0, n) on the calling thread.
+  virtual void parallel_for(std::int64_t n, std::int64_t grain,
+                            const std::function<void(std::int64_t, std::int64_t)>& fn) {
+    if (n > 0) fn(0, n);
+  }
 
   bool supports(Op op, DType dtype) const { return table_[index(op)][index(dtype)] != nullptr; }
 

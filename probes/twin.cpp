@@ -759,10 +759,30 @@ void Twin::on_backward_op(const OpEvent& event) {
 void Twin::on_grads(const GradEvent& event) { inner_->on_grads(event); }
 void Twin::on_scaler(const ScalerEvent& event) { inner_->on_scaler(event); }
 void Twin::on_update(const UpdateEvent& event) { inner_->on_update(event); }
+
+void Twin::on_fp8_quantize(const Fp8QuantizeEvent& event) {
+  if (active_ && event.step == step_) {
+    Fp8Pending& pending = fp8_pending_[event.module];
+    Fp8Cast& cast = event.operand == "input" ? pending.input : event.operand == "weight" ? pending.weight : pending.grad_output;
+    cast.seen = true;
+    cast.q.codes.assign(event.codes.begin(), event.codes.end());
+    cast.q.format = event.format == "e5m2" ? Fp8Format::e5m2 : Fp8Format::e4m3;
+    cast.q.amax = event.amax;
+    cast.q.scale = event.scale;
+    cast.q.scale_inv = event.scale_inv;
+  }
+  inner_->on_fp8_quantize(event);
+}
+
+void Twin::forget_fp8() {
+  fp8_pending_.clear();
+  fp8_forward_.clear();
+}
 bool Twin::wants_params() { return inner_->wants_params(); }
 void Twin::on_params(const ParamsEvent& event) { inner_->on_params(event); }
 
 void Twin::on_step_begin(std::int64_t step) {
+  forget_fp8();
   values_.clear();
   stats_.clear();
   layouts_.clear();
@@ -783,6 +803,7 @@ void Twin::hand_over() {
 }
 
 void Twin::on_step_end(const StepSummary& summary) {
+  forget_fp8();
   values_.clear();
   stats_.clear();
   layouts_.clear();
@@ -792,6 +813,7 @@ void Twin::on_step_end(const StepSummary& summary) {
 }
 
 void Twin::on_step_abandoned(std::int64_t step) {
+  forget_fp8();
   values_.clear();
   stats_.clear();
   layouts_.clear();
@@ -892,8 +914,11 @@ void Twin::twin(const OpEvent& event) {
   row.numel = event.output.numel();
   row.followed = followed;
   Tensor local;
+  bool fp8 = false;  // an FP8 Linear: its local value is its quantized GEMM in f32, not its accumulated one
   if (low) {
-    local = local_by_table(event);
+    local = fp8_forward_reference(event);
+    fp8 = local.defined();
+    if (!fp8) local = local_by_table(event);
     if (!local.defined()) {
       std::vector<Tensor> own(event.inputs.size());
       for (std::size_t i = 0; i < event.inputs.size(); ++i) own[i] = widened(event.inputs[i], keep);
@@ -902,7 +927,7 @@ void Twin::twin(const OpEvent& event) {
   }
   // Inputs the twin does not follow and autocast did not cast are the op's own: the accumulated values are
   // the local ones.
-  const bool same = low && !follows && !cast;
+  const bool same = low && !follows && !cast && !fp8;
   const Tensor acc = same ? local.to(keep) : (*event.recompute)(twin_inputs).to(keep);
   // The comparisons, side by side (compare_together): the output against the local and the accumulated values,
   // and each input the twin replaced against the twin's input. Against its own exact widening every finite
@@ -1000,7 +1025,8 @@ void Twin::twin_backward(const OpEvent& event) {
   const DType ref = reference_dtype(dtype);
   if (ref == dtype) return;
   NoGradGuard no_grad;
-  const std::vector<Tensor> reference = (*event.recompute_backward)(event.inputs[0], ref);
+  std::vector<Tensor> reference = (*event.recompute_backward)(event.inputs[0], ref);
+  (void)fp8_backward_reference(event, reference);
   PrecisionRow row = row_for(event, dtype);
   row.phase = trace::Phase::backward;
   row.local = true;
@@ -1024,6 +1050,79 @@ void Twin::twin_backward(const OpEvent& event) {
   row.error_bins = all.error_bins;
   row.exact = all.exact;
   rows_.push_back(std::move(row));
+}
+
+// ---- FP8 Linears (probes/twin.h, "FP8 Linears") ----
+
+namespace {
+// Whether `y` is `reference` rounded to y's dtype, element for element (bits): what an FP8 GEMM's output is to
+// its f32 value. A reference made from the wrong operands fails it.
+bool rounds_to(const Tensor& y, const Tensor& reference) {
+  if (!y.defined() || !reference.defined() || y.numel() != reference.numel()) return false;
+  const Tensor a = y.contiguous();
+  const Tensor b = reference.to(y.dtype()).contiguous();
+  return std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype())) == 0;
+}
+
+// A cast of the twin's copy as the [rows, cols] matrix it quantized; false when its codes do not fill one.
+bool shaped(Fp8Quantized& q, std::int64_t rows, std::int64_t cols) {
+  if (rows < 0 || cols <= 0 || static_cast<std::int64_t>(q.codes.size()) != rows * cols) return false;
+  q.rows = rows;
+  q.cols = cols;
+  return true;
+}
+}  // namespace
+
+Tensor Twin::fp8_forward_reference(const OpEvent& event) {
+  if (event.op != "linear" || event.inputs.size() < 2 || !event.inputs[0].defined() || !event.inputs[1].defined()) {
+    return {};
+  }
+  const auto it = fp8_pending_.find(event.scope);
+  if (it == fp8_pending_.end() || !it->second.input.seen || !it->second.weight.seen) return {};
+  Fp8Quantized qx = std::move(it->second.input.q), qw = std::move(it->second.weight.q);
+  it->second.input.seen = it->second.weight.seen = false;
+  const Tensor& x = event.inputs[0];
+  const Tensor& w = event.inputs[1];
+  if (w.dim() != 2) return {};
+  const std::int64_t in = w.size(1);
+  if (!shaped(qx, x.numel() / std::max<std::int64_t>(in, 1), in) || !shaped(qw, w.size(0), in)) {
+    throw Error("the twin's FP8 operands do not have this Linear's shapes");  // on_op counts it uncovered
+  }
+  const Tensor bias = event.inputs.size() > 2 ? event.inputs[2] : Tensor();
+  // The GEMM the run computed (core/fp8_linear.h fp8_gemm), kept in f32: the run's output is this value rounded
+  // once to bf16 (checked), so the row's local error is that rounding's and nothing else.
+  Tensor reference = fp8_gemm(qx, false, qw, true, DType::f32, bias).reshape(event.output.shape());
+  if (!rounds_to(event.output, reference)) {
+    throw Error("the twin's FP8 operands are not the ones this Linear used");  // on_op counts it uncovered
+  }
+  fp8_forward_[event.scope].emplace_back(std::move(qx), std::move(qw));
+  return reference;
+}
+
+bool Twin::fp8_backward_reference(const OpEvent& event, std::vector<Tensor>& reference) {
+  if (event.op != "linear") return false;
+  const auto pending = fp8_pending_.find(event.scope);
+  const auto forward = fp8_forward_.find(event.scope);
+  if (pending == fp8_pending_.end() || !pending->second.grad_output.seen || forward == fp8_forward_.end() ||
+      forward->second.empty()) {
+    return false;
+  }
+  Fp8Quantized qg = std::move(pending->second.grad_output.q);
+  pending->second.grad_output.seen = false;
+  const auto [qx, qw] = std::move(forward->second.back());
+  forward->second.pop_back();
+  if (!shaped(qg, qx.rows, qw.rows) || reference.size() < 2 || event.outputs.size() < 2) {
+    throw Error("the twin's FP8 grad_output is not this Linear's");  // on_backward_op counts it uncovered
+  }
+  const Tensor& gx = event.outputs[0];
+  const Tensor& gw = event.outputs[1];
+  // dgrad Q(dy) Q(W) and wgrad Q(dy)^T Q(x), as the node computed them, kept in f32 (checked as forward).
+  if (gx.defined()) reference[0] = fp8_gemm(qg, false, qw, false, DType::f32).reshape(gx.shape());
+  if (gw.defined()) reference[1] = fp8_gemm(qg, true, qx, false, DType::f32).reshape(gw.shape());
+  if ((gx.defined() && !rounds_to(gx, reference[0])) || (gw.defined() && !rounds_to(gw, reference[1]))) {
+    throw Error("the twin's FP8 operands are not the ones this Linear's backward used");
+  }
+  return true;
 }
 
 }  // namespace ampscope::probe

@@ -60,6 +60,18 @@
 // (the engine adds them in the gradients' dtype, between nodes), AccumulateGrad, and nodes whose backward throws
 // when run again in f32 (counted in uncovered() as "backward of OP"). The design: docs/twin-backward.md.
 //
+// FP8 Linears (`--precision fp8`, core/fp8_linear.h): a Linear that ran its GEMMs in FP8 rounded twice, once
+// when it quantized its operands to FP8 and once when it rounded the f32 GEMM to bf16. Its rows keep the two
+// apart: the local reference of its forward row, and of its backward node's dgrad and wgrad, is the GEMM it ran on
+// the FP8 operands it quantized (copied from their Fp8QuantizeEvent, the codes and scale_inv), in f32
+// (fp8_gemm with an f32 output), so local_* are the bf16 output rounding alone, as out_dtype says; the twin checks
+// that this reference rounds to the op's output bit for bit (operands that do not match make the op uncovered,
+// never a wrong row). The FP8 quantization error is in the accumulated errors: the forward row's accumulated
+// reference is the unquantized Linear in f32 on the twin's inputs, as for every op, so acc_* (and precision_jump)
+// hold what FP8 and bf16 together lost and the twin follows f32 values past it, never FP8 ones. The bias
+// gradient of the node (from the unquantized grad_output, TE's bgrad) is judged against f32 as before. The twin
+// forwards every FP8 cast to the wrapped hook (the probe's /fp8 rows).
+//
 // The numbers (compare()), per element i with y the op's value, r the reference (both widened to double) and
 // D the op's output dtype (f16: p = 11 significand bits, emin = -14; bf16: p = 8, emin = -126; f32: p = 24,
 // emin = -126):
@@ -84,6 +96,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/fp8_linear.h"
 #include "core/probe_hook.h"
 #include "probes/analysis/precision.h"
 #include "probes/trace/schema.h"
@@ -143,6 +156,7 @@ class Twin : public Hook {
   void on_grads(const GradEvent& event) override;
   void on_scaler(const ScalerEvent& event) override;
   void on_update(const UpdateEvent& event) override;
+  void on_fp8_quantize(const Fp8QuantizeEvent& event) override;
   bool wants_params() override;
   void on_params(const ParamsEvent& event) override;
   void on_step_begin(std::int64_t step) override;
@@ -159,6 +173,13 @@ class Twin : public Hook {
   DType reference_dtype(DType out) const;  // what an op of output dtype `out` is computed again in
   void twin_backward(const OpEvent& event);  // the backward rows (twin.cpp, "the backward twin")
   void hand_over();  // the open step's rows to the sink
+  void forget_fp8();  // the open step's FP8 operands (the step ended)
+  // The reference of an FP8 Linear (below, "FP8 Linears"): its forward output before the rounding to the output
+  // dtype, from the operands it quantized; undefined when `event` is not an FP8 Linear.
+  Tensor fp8_forward_reference(const OpEvent& event);
+  // Its backward node's dgrad and wgrad before their rounding, in place of `reference`'s first two; false when
+  // `event` is not the node of an FP8 Linear whose forward the twin saw.
+  bool fp8_backward_reference(const OpEvent& event, std::vector<Tensor>& reference);
 
   std::shared_ptr<Hook> inner_;
   TwinOptions options_;
@@ -175,6 +196,19 @@ class Twin : public Hook {
   std::vector<PrecisionRow> rows_;
   std::size_t handed_ = 0;  // rows_[0, handed_) went to the sink
   std::map<std::string, std::int64_t> uncovered_;
+  // FP8 Linears of the open step, by module path: the operands cast since the module's last Linear or node
+  // (input, weight, grad_output; Fp8QuantizeEvent copied), and the forward's quantized (input, weight) of each
+  // FP8 Linear the twin compared, the latest last (its backward node takes the latest: autograd runs a module's
+  // calls in reverse).
+  struct Fp8Cast {
+    bool seen = false;
+    Fp8Quantized q;
+  };
+  struct Fp8Pending {
+    Fp8Cast input, weight, grad_output;
+  };
+  std::unordered_map<std::string, Fp8Pending> fp8_pending_;
+  std::unordered_map<std::string, std::vector<std::pair<Fp8Quantized, Fp8Quantized>>> fp8_forward_;
 };
 
 }  // namespace ampscope::probe

@@ -184,6 +184,10 @@ std::vector<RunOption> make_table() {
                   .help = "--precision fp8: keep the Linears of modules matching this glob in bf16 (repeatable), "
                           "e.g. 'fc3'",
                   .json_key = "fp8_keep_bf16", .recorded = R::with_fp8, .check = module_globs_check});
+  rows.push_back({.name = "fp8-keep-first-last", .type = T::flag, .field = &C::fp8_keep_first_last,
+                  .help = "--precision fp8: keep the model's first and last Linear modules in bf16 (in registration "
+                          "order, the order of the model's module list)",
+                  .json_key = "fp8_keep_first_last", .recorded = R::with_fp8});
   rows.push_back({.name = "max-grad-norm", .type = T::number, .field = &C::max_grad_norm,
                   .help = "Clip gradients to this norm after unscaling (0: no clipping)", .json_key = "max_grad_norm",
                   .check = max_grad_norm_check});

@@ -64,6 +64,7 @@ struct TrainConfig {
   std::string fp8_amax_algo = "max";      // max or most_recent
   std::int64_t fp8_margin = 0;            // scale = fp8_max / amax / 2^margin
   std::vector<std::string> fp8_keep_bf16; // module globs whose Linears stay bf16
+  bool fp8_keep_first_last = false;       // the first and last nn::Linear (registration order) stay bf16
   std::string scenario;         // "" for none
   double init_scale = 65536.0;
   std::int64_t growth_interval = 2000;

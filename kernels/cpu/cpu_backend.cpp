@@ -202,6 +202,10 @@ class CpuBackend final : public Backend {
     if (nbytes > 0) std::memcpy(dst, src, nbytes);
   }
   void synchronize() override {}
+  void parallel_for(std::int64_t n, std::int64_t grain,
+                    const std::function<void(std::int64_t, std::int64_t)>& fn) override {
+    cpu::parallel_for(n, grain, fn);
+  }
 
   // Fused optimizer steps (kernels/cpu/fused_optim.h); the rest of the fused AMP path (unscale, scale
   // update) stays unfused on the CPU, so fused_amp_available() keeps its default, false.

@@ -424,5 +424,46 @@ TEST(fp8_linear_test, a_bad_recipe_is_refused_and_hybrid_quantizes_only_gradient
   EXPECT_EQ(fp8_operand_format(Fp8Operand::input, Fp8FormatMix::hybrid), Fp8Format::e4m3);
 }
 
+// The GEMM's row blocks (several, on the pool) and column blocks (full 32-column blocks and a remainder) sum
+// each element as the one-at-a-time definition does: p ascending from 0 in f32, then alpha, then the bias.
+// Codes drawn at random over every finite E4M3 / E5M2 value; sizes chosen so that fp8_gemm cuts 5 row blocks.
+TEST(fp8_linear_test, the_blocked_threaded_gemm_sums_every_element_in_the_defined_order) {
+  std::mt19937 rng(5);
+  const std::int64_t I = 1200, P = 64, J = 70;
+  const auto random_codes = [&](std::int64_t n, Fp8Format f) {
+    std::vector<std::uint8_t> c(static_cast<std::size_t>(n));
+    for (auto& v : c) {
+      do v = static_cast<std::uint8_t>(rng() & 0xFF);
+      while (!std::isfinite(fp8_to_float(v, f)));
+    }
+    return c;
+  };
+  for (const bool transpose_b : {false, true}) {
+    Fp8Quantized a{random_codes(I * P, Fp8Format::e4m3), I, P, Fp8Format::e4m3, 1.0f, 3.0f, 0.375f};
+    Fp8Quantized b{random_codes(P * J, Fp8Format::e5m2), transpose_b ? J : P, transpose_b ? P : J, Fp8Format::e5m2,
+                   1.0f, 0.5f, 0.0078125f};
+    std::vector<double> bias_v(static_cast<std::size_t>(J));
+    for (auto& v : bias_v) v = std::ldexp(static_cast<double>(rng() % 1000) - 500.0, -6);
+    const Tensor bias = from_values(bias_v, {J}, {DType::f32});
+    const Tensor c = fp8_gemm(a, false, b, transpose_b, DType::f32, bias);
+    const std::vector<double> got = c.values();
+    const float alpha = a.scale_inv * b.scale_inv;
+    std::int64_t differ = 0;
+    for (std::int64_t i = 0; i < I; ++i) {
+      for (std::int64_t j = 0; j < J; ++j) {
+        float s = 0.0f;
+        for (std::int64_t p = 0; p < P; ++p) {
+          const std::uint8_t bc = transpose_b ? b.codes[static_cast<std::size_t>(j * P + p)] : b.codes[static_cast<std::size_t>(p * J + j)];
+          s += fp8_to_float(a.codes[static_cast<std::size_t>(i * P + p)], Fp8Format::e4m3) * fp8_to_float(bc, Fp8Format::e5m2);
+        }
+        const float want = s * alpha + static_cast<float>(bias_v[static_cast<std::size_t>(j)]);
+        const float have = static_cast<float>(got[static_cast<std::size_t>(i * J + j)]);  // an f32 output: exact
+        if (std::memcmp(&want, &have, sizeof want) != 0) ++differ;
+      }
+    }
+    EXPECT_EQ(differ, 0) << "transpose_b " << transpose_b;
+  }
+}
+
 }  // namespace
 }  // namespace ampscope

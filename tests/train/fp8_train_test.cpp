@@ -3,6 +3,7 @@
 // bit for bit, the options are recorded only in FP8 runs, and mistyped or conflicting options are refused.
 #include <cmath>
 #include <map>
+#include <set>
 #include <tuple>
 #include <string>
 #include <vector>
@@ -10,10 +11,22 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <bit>
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+#include <fmt/format.h>
+
 #include "cli/run.h"
 #include "cli/run_options_io.h"
 #include "cli/train_command.h"
 #include "core/error.h"
+#include "core/io/checkpoint.h"
+#include "core/ops.h"
+#include "core/optim.h"
+#include "core/random.h"
+#include "samples/task.h"
 #include "probes/trace/reader.h"
 #include "tests/test_support.h"
 
@@ -168,11 +181,181 @@ TEST(fp8_train_test, mistyped_or_conflicting_options_are_refused_with_what_to_do
                    "--precision fp8 with --device cuda: FP8 runs on the CPU backend so far (the CUDA FP8 kernels "
                    "have not run on a GPU yet)\nhint: use --device cpu (or auto) for fp8, or --precision bf16 on the "
                    "GPU");
-  TrainConfig resumed = mlp(Precision::fp8, 0, 1);
-  resumed.resume = "/nonexistent/ck.h5";
-  EXPECT_THROW_MSG(train(resumed), Error,
-                   "--resume '/nonexistent/ck.h5' with --precision fp8 and the delayed recipe: checkpoints do not hold "
-                   "the amax histories and scales yet");
+}
+
+// The modules with /fp8 rows in a trace, and those rows' count.
+std::set<std::string> fp8_modules(const std::string& path, std::size_t* rows = nullptr) {
+  trace::TraceReader r(path);
+  std::set<std::string> out;
+  const std::vector<trace::Fp8Row> all = r.fp8();
+  for (const trace::Fp8Row& row : all) out.insert(row.module);
+  if (rows != nullptr) *rows = all.size();
+  return out;
+}
+
+// --fp8-keep-first-last keeps the first and last Linear modules of the model's registration order in bf16: on
+// the mlp (fc1, fc2, fc3) only fc2 runs in FP8; on the GPT-style transformer sample (2 blocks, each attention's
+// qkv and proj and the MLP's fc1 and fc2, then the head: samples/models.cpp and core/nn.h's block) the first
+// block's qkv and the head stay bf16 and the other 7 Linears run in FP8.
+TEST(fp8_train_test, keep_first_last_keeps_the_first_and_last_registered_linear_in_bf16) {
+  const std::filesystem::path dir = testing::process_scratch_dir("ampscope_fp8_first_last");
+  TrainConfig c = mlp(Precision::fp8, 1, 2);
+  c.probe = "health";
+  c.out = (dir / "mlp.h5").string();
+  c.fp8_keep_first_last = true;
+  train(c);
+  std::size_t rows = 0;
+  EXPECT_EQ(fp8_modules(c.out, &rows), (std::set<std::string>{"fc2"}));
+  EXPECT_EQ(rows, 2u * 3);
+  c.fp8_keep_first_last = false;
+  c.out = (dir / "mlp_all.h5").string();
+  train(c);
+  EXPECT_EQ(fp8_modules(c.out), (std::set<std::string>{"fc1", "fc2", "fc3"}));
+
+  TrainConfig t = mlp(Precision::fp8, 1, 1);
+  t.sample = "transformer";
+  t.batch = 2;
+  t.probe = "health";
+  t.out = (dir / "gpt_all.h5").string();
+  train(t);
+  const std::set<std::string> all = fp8_modules(t.out);
+  t.fp8_keep_first_last = true;
+  t.out = (dir / "gpt.h5").string();
+  train(t);
+  std::set<std::string> expected = all;
+  ASSERT_EQ(expected.erase("blocks.0.attn.qkv"), 1u) << "the first Linear registered";
+  ASSERT_EQ(expected.erase("head"), 1u) << "the last Linear registered";
+  EXPECT_EQ(all.size(), 9u);
+  EXPECT_EQ(fp8_modules(t.out), expected);
+  EXPECT_TRUE(expected.count("blocks.1.attn.qkv") == 1 && expected.count("blocks.0.attn.proj") == 1);
+}
+
+// ---- FP8 state in checkpoints (core/io/fp8_checkpoint.h) ----
+
+// A run of the mlp sample with the delayed recipe writing a trace with /fp8 rows, history 4 so that the
+// histories fill up and roll within the run.
+TrainConfig delayed_run(const std::filesystem::path& dir, const std::string& name, std::int64_t steps) {
+  TrainConfig c = mlp(Precision::fp8, 3, steps);
+  c.probe = "health";
+  c.fp8_amax_history = 4;
+  c.out = (dir / (name + ".h5")).string();
+  return c;
+}
+
+// The /fp8 rows of steps [from, ...), every field.
+std::vector<std::string> fp8_rows(const std::string& path, std::int64_t from) {
+  trace::TraceReader r(path);
+  std::vector<std::string> out;
+  for (const trace::Fp8Row& row : r.fp8()) {
+    if (row.step < from) continue;
+    out.push_back(fmt::format("{} {} {} {} {} {} {} {} {} {:a} {:a} {:a}", row.step, row.module, row.operand, row.format,
+                              row.numel, row.nonzero, row.underflow, row.subnormal, row.saturated, row.amax, row.scale,
+                              row.rel_rms_error));
+  }
+  return out;
+}
+
+// Rewrites checkpoint `from` to `to` through the checkpoint API, with `edit` applied to its "run" state and its
+// other states: how a test makes a checkpoint ampscope would have written otherwise (an older one, a damaged one).
+void rewrite_checkpoint(const std::filesystem::path& from, const std::filesystem::path& to, const TrainConfig& config,
+                        const std::function<void(std::map<std::string, StateDict>&)>& edit) {
+  Generator gen(config.seed);
+  std::vector<std::string> warnings;
+  const std::unique_ptr<SampleTask> task = make_task(config, gen, warnings);
+  optim::AdamW opt(task->model().parameters(), optim::OptimizerOptions{.lr = 1e-3, .weight_decay = 0.0});
+  Checkpoint ck{.model = &task->model(), .optimizer = &opt, .generators = {{"model", &gen}},
+                .states = {{"scaler", StateDict{}}, {"run", StateDict{}}, {"fp8", StateDict{}}}};
+  load_checkpoint(from, ck);
+  edit(ck.states);
+  save_checkpoint(to, ck);
+}
+
+TEST(fp8_train_test, a_delayed_run_resumed_from_its_checkpoint_continues_it_bit_for_bit) {
+  const std::filesystem::path dir = testing::process_scratch_dir("ampscope_fp8_resume");
+  const TrainResult straight = train(delayed_run(dir, "straight", 8));
+  TrainConfig first = delayed_run(dir, "first", 4);
+  first.checkpoint = (dir / "ck.h5").string();
+  const TrainResult a = train(first);
+  TrainConfig second = delayed_run(dir, "second", 4);
+  second.resume = first.checkpoint;
+  const TrainResult b = train(second);
+  EXPECT_TRUE(b.warnings.empty()) << b.warnings.front();
+  std::vector<double> joined = a.losses;
+  joined.insert(joined.end(), b.losses.begin(), b.losses.end());
+  ASSERT_EQ(joined.size(), 8u);
+  for (std::size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(joined[i]), std::bit_cast<std::uint64_t>(straight.losses[i])) << "step " << i;
+  }
+  const std::vector<std::string> rows = fp8_rows(delayed_run(dir, "straight", 8).out, 4);
+  ASSERT_EQ(rows.size(), 4u * 3 * 3);
+  EXPECT_EQ(fp8_rows(second.out, 4), rows);
+  // Without the saved state (a checkpoint of an older ampscope: no "fp8" state, no marker) the resumed run starts
+  // from scale 1 again, says so, and parts from the straight run: the comparison above can fail.
+  rewrite_checkpoint(first.checkpoint, dir / "old.h5", first, [](std::map<std::string, StateDict>& states) {
+    states.erase("fp8");
+    states.at("run").erase("fp8_state");
+  });
+  TrainConfig old = delayed_run(dir, "old", 4);
+  old.resume = (dir / "old.h5").string();
+  const TrainResult c = train(old);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_EQ(c.warnings[0], fmt::format("--resume: '{}' holds no FP8 scaling state (written before checkpoints held "
+                                       "it): the delayed recipe starts again from scale 1 and empty amax histories, so "
+                                       "the resumed run does not continue the saved one bit for bit",
+                                       old.resume));
+  EXPECT_NE(fp8_rows(old.out, 4), rows);
+}
+
+TEST(fp8_train_test, a_checkpoint_of_other_fp8_settings_or_with_damaged_fp8_state_is_refused) {
+  const std::filesystem::path dir = testing::process_scratch_dir("ampscope_fp8_resume_refused");
+  TrainConfig first = delayed_run(dir, "first", 2);
+  first.probe = "off";
+  first.out.clear();
+  first.checkpoint = (dir / "ck.h5").string();
+  train(first);
+  TrainConfig c = mlp(Precision::fp8, 3, 1);
+  c.resume = first.checkpoint;
+  c.fp8_amax_history = 4;
+  c.fp8_format = "e4m3";
+  EXPECT_THROW_MSG(train(c), CheckpointError,
+                   fmt::format("--resume: '{}' was written by an FP8 run with --fp8-recipe delayed --fp8-format hybrid "
+                               "--fp8-amax-history 4 --fp8-amax-algo max --fp8-margin 0, not --fp8-recipe delayed "
+                               "--fp8-format e4m3 --fp8-amax-history 4 --fp8-amax-algo max --fp8-margin 0: its scales "
+                               "would not continue under these settings\nhint: resume with the saved FP8 options, or "
+                               "train from the start with the new ones",
+                               c.resume));
+  c.fp8_format = "hybrid";
+  c.fp8_recipe = "current";
+  EXPECT_THROW_MSG(train(c), CheckpointError, "written by an FP8 run with --fp8-recipe delayed --fp8-format hybrid "
+                                              "--fp8-amax-history 4 --fp8-amax-algo max --fp8-margin 0, not "
+                                              "--fp8-recipe current --fp8-format hybrid: its scales");
+  c.fp8_recipe = "delayed";
+  c.fp8_amax_history = 1024;
+  EXPECT_THROW_MSG(train(c), CheckpointError, "--fp8-amax-history 4 --fp8-amax-algo max --fp8-margin 0, not "
+                                              "--fp8-recipe delayed --fp8-format hybrid --fp8-amax-history 1024");
+  c.fp8_amax_history = 4;
+  // Damaged states, each refused naming the key (the checkpoint's own checksums pass: rewritten by the API).
+  const auto damaged = [&](const char* name, const std::function<void(StateDict&)>& edit, const std::string& message) {
+    const std::filesystem::path path = dir / name;
+    rewrite_checkpoint(first.checkpoint, path, first, [&](std::map<std::string, StateDict>& s) { edit(s.at("fp8")); });
+    c.resume = path.string();
+    SCOPED_TRACE(name);
+    EXPECT_THROW_MSG(train(c), CheckpointError, fmt::format("--resume: '{}': the FP8 state's {}", c.resume, message));
+  };
+  damaged("count.h5", [](StateDict& s) { s["modules"] = std::int64_t{1000000}; },
+          "'modules' is 1000000; the model has 6 module(s) that could hold FP8 state");
+  damaged("extra.h5", [](StateDict& s) { s["module.9"] = std::string("fc1"); },
+          "'modules' is 3, but the state holds 29 keys, not the 28 that makes");
+  damaged("path.h5", [](StateDict& s) { s["module.0"] = std::string("fc9"); }, "'module.0' names 'fc9', no module");
+  damaged("twice.h5", [](StateDict& s) { s["module.1"] = s.at("module.0"); }, "'module.1' names 'fc1' a second time");
+  damaged("length.h5", [](StateDict& s) { s["module.0.weight.amax_history"] = zeros({5}, {DType::f32}); },
+          "'module.0.weight.amax_history' is a f32 tensor of shape [5], not f32 [4]");
+  damaged("negative.h5", [](StateDict& s) { s["module.1.input.amax_history"] = full({4}, -1.0, {DType::f32}); },
+          "'module.1.input.amax_history' holds a negative amax (-1)");
+  damaged("scale.h5", [](StateDict& s) { s["module.0.grad_output.scale"] = from_values({2.0, 0.25}, {2}, {DType::f32}); },
+          "'module.0.grad_output.scale' is scale 2 with scale_inv 0.25");
+  damaged("type.h5", [](StateDict& s) { s["recipe"] = 1.0; }, "'recipe' is not a string");
+  damaged("version.h5", [](StateDict& s) { s.erase("version"); }, "'version' is missing");
 }
 
 }  // namespace
