@@ -439,9 +439,11 @@ TEST(fp8_linear_test, the_blocked_threaded_gemm_sums_every_element_in_the_define
     return c;
   };
   for (const bool transpose_b : {false, true}) {
-    Fp8Quantized a{random_codes(I * P, Fp8Format::e4m3), I, P, Fp8Format::e4m3, 1.0f, 3.0f, 0.375f};
-    Fp8Quantized b{random_codes(P * J, Fp8Format::e5m2), transpose_b ? J : P, transpose_b ? P : J, Fp8Format::e5m2,
-                   1.0f, 0.5f, 0.0078125f};
+    Fp8Quantized a{.codes = random_codes(I * P, Fp8Format::e4m3), .rows = I, .cols = P, .format = Fp8Format::e4m3,
+                   .amax = 1.0f, .scale = 3.0f, .scale_inv = 0.375f};
+    Fp8Quantized b{.codes = random_codes(P * J, Fp8Format::e5m2), .rows = transpose_b ? J : P,
+                   .cols = transpose_b ? P : J, .format = Fp8Format::e5m2, .amax = 1.0f, .scale = 0.5f,
+                   .scale_inv = 0.0078125f};
     std::vector<double> bias_v(static_cast<std::size_t>(J));
     for (auto& v : bias_v) v = std::ldexp(static_cast<double>(rng() % 1000) - 500.0, -6);
     const Tensor bias = from_values(bias_v, {J}, {DType::f32});
