@@ -957,6 +957,7 @@ std::vector<Candidate> torch_candidates(const analysis::Report& report, const To
   };
   add({"original", "original", "", "the run as recorded (the baseline: step time, the anomaly again)", {}});
   Candidate ref{"fp32", "fp32", "", "the f32 reference: every autocast region disabled", {}};
+  ref.reference = true;  // judged, never counted as a verified remedy
   ref.record.autocast = "off";
   add(std::move(ref));
   for (const analysis::Diagnosis& d : report.anomalies) {
