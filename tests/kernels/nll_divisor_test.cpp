@@ -54,7 +54,7 @@ struct Case {
   std::int64_t rows, classes, every;  // every: the period of ignored targets (0: none)
 };
 
-class NllDivisorTest : public testing::TestWithParam<Case> {};
+class NllDivisorTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(NllDivisorTest, the_device_paths_division_gives_the_cpu_kernels_bits) {
   const Case c = GetParam();
@@ -92,13 +92,13 @@ TEST_P(NllDivisorTest, the_device_paths_division_gives_the_cpu_kernels_bits) {
 
 // Counts 3, 7, 11, 999 and 1000 (with ignored targets), and 0: every target ignored, 0 / 0 = NaN in both.
 INSTANTIATE_TEST_SUITE_P(dtypes_and_counts, NllDivisorTest,
-                         testing::Values(Case{DType::f32, 4, 5, 4}, Case{DType::f16, 4, 5, 4},
+                         ::testing::Values(Case{DType::f32, 4, 5, 4}, Case{DType::f16, 4, 5, 4},
                                          Case{DType::bf16, 4, 5, 4}, Case{DType::f64, 4, 5, 4},
                                          Case{DType::f32, 7, 3, 0}, Case{DType::f16, 11, 6, 0},
                                          Case{DType::bf16, 1000, 9, 1000}, Case{DType::f16, 1000, 9, 1000},
                                          Case{DType::f64, 1000, 9, 1000}, Case{DType::f32, 1000, 9, 0},
                                          Case{DType::f16, 3, 4, 1}, Case{DType::f32, 3, 4, 1}),
-                         [](const testing::TestParamInfo<Case>& info) {
+                         [](const ::testing::TestParamInfo<Case>& info) {
                            return std::string(dtype_name(info.param.dtype)) + "_" + std::to_string(info.param.rows) +
                                   "_rows_every_" + std::to_string(info.param.every);
                          });
