@@ -1,6 +1,7 @@
 // CUDA kernels for the training runtime's ops that are not element-wise: rows (sum, argmax, softmax,
 // log_softmax and their backward, layer norm and its gradients), windows (im2col, col2im, max pooling),
-// embedding, nll and the epilogue of a cuBLAS matrix product. The row ops and argmax are the CPU's own
+// embedding, nll (and the count of its mean divisor, Backend::count_not_equal) and the epilogue of a cuBLAS
+// matrix product. The row ops and argmax are the CPU's own
 // code: kernels/row_functors.h's functions, run here by a WarpRow (one warp per row; its sums are
 // lane_tree_sum's additions in lane_tree_sum's order) or by one thread per row. The other kernels mirror
 // their CPU kernel in kernels/cpu/nn_kernels.cpp operation for operation: every other sum runs on one
