@@ -49,6 +49,12 @@ void Backend::fused_adam_step(const std::vector<FusedAdamTensor>&, const FusedAd
   no_fused_amp(*this, "fused_adam_step");
 }
 
+void Backend::count_not_equal(const TensorView&, std::int64_t, const TensorView&) {
+  throw UnsupportedError(fmt::format("count_not_equal: backend '{}' has no device count kernel\nhint: count the "
+                                     "indices on the host (nll_loss does so for CPU tensors)",
+                                     name()));
+}
+
 namespace {
 
 [[noreturn]] void no_communicator(const Backend& backend, const char* what) {

@@ -290,6 +290,14 @@ class Backend {
   // the CPU backend, which never waits.
   virtual std::int64_t host_syncs() const { return 0; }
 
+  // ---- nll_loss's mean divisor on the device (optional) ----
+  // Queues, behind the work already queued and without waiting, the count of the `indices` (i64,
+  // contiguous, this backend's memory) that differ from `ignore`, rounded once to out's dtype (f32 or f64;
+  // one element in this backend's memory). nll_loss with mean divides by it on a GPU, where copying the
+  // targets to the host to count them would cost a wait per call (docs/cuda.md, "What synchronises"); the
+  // CPU path counts on the host while it checks the targets. The default throws UnsupportedError.
+  virtual void count_not_equal(const TensorView& indices, std::int64_t ignore, const TensorView& out);
+
   // ---- collectives between processes (optional; core/distributed/communicator.h) ----
   // How ProcessGroup::connect (core/distributed/process_group.h) reaches a device's communication library (NCCL for
   // CUDA) without including a backend header. new_communicator_id: a fresh id for a new communicator

@@ -1122,11 +1122,17 @@ static Tensor embedding_impl(const Tensor& indices, const Tensor& weight) {
   check_floating("embedding", weight, "weight");
   check_same_device("embedding", weight, indices);
   const std::int64_t V = weight.size(0), D = weight.size(1);
-  const std::vector<std::int64_t> idx = host_indices(indices);
-  for (std::size_t i = 0; i < idx.size(); ++i) {
-    if (idx[i] < 0 || idx[i] >= V) {
-      throw IndexError(fmt::format("{}: index {} at position {} is out of range for {} embeddings", label("embedding"),
-                                   idx[i], i, V));
+  // On the CPU the indices are checked here, before the kernel, and a bad one throws at once. On a GPU,
+  // copying them here would make the host wait for the device on every call: the backend checks them on
+  // the device instead and throws the same IndexError at its next host synchronisation (docs/cuda.md,
+  // "What synchronises").
+  if (indices.device().is_cpu()) {
+    const std::vector<std::int64_t> idx = host_indices(indices);
+    for (std::size_t i = 0; i < idx.size(); ++i) {
+      if (idx[i] < 0 || idx[i] >= V) {
+        throw IndexError(fmt::format("{}: index {} at position {} is out of range for {} embeddings",
+                                     label("embedding"), idx[i], i, V));
+      }
     }
   }
   Shape out_shape = indices.shape();
@@ -1215,6 +1221,17 @@ static Tensor cat_impl(const std::vector<Tensor>& tensors, std::int64_t dim) {
 
 // ---- losses ----
 
+// x / count, divided in count's dtype (nll_loss's accumulation type: f32 for f32/f16/bf16, f64 for f64) and
+// rounded to out_dtype: a GPU's nll_loss mean with its count on the device, bit for bit the CPU kernels'
+// division by a host divisor. There sum_rows computes round(s * 1 / divisor) (s * 1 is exact), and
+// nll_backward_rows round(-g / divisor): -g / d is -(g / d) exactly and round-to-nearest-even is symmetric,
+// so dividing g here and letting the kernel compute -g' / 1 (exact) gives the same bits; one rounding to the
+// accumulation type and one to out_dtype in both, NaN canonical in both.
+static Tensor divide_by_count(std::string_view op, const Tensor& x, const Tensor& count, DType out_dtype) {
+  const Tensor q = map(op, Op::div, x.shape(), count.dtype(), {x.to(count.dtype()), count});
+  return q.to(out_dtype);
+}
+
 static Tensor nll_loss_impl(const Tensor& logp, const Tensor& target, Reduction reduction, std::int64_t ignore_index) {
   if (logp.dim() != 2 || target.dim() != 1 || target.size(0) != logp.size(0)) {
     throw ShapeError(fmt::format("{}: expected log-probabilities [N, C] and targets [N], got {} and {}", label("nll_loss"),
@@ -1227,28 +1244,50 @@ static Tensor nll_loss_impl(const Tensor& logp, const Tensor& target, Reduction 
   check_floating("nll_loss", logp);
   check_same_device("nll_loss", logp, target);
   const std::int64_t N = logp.size(0), C = logp.size(1);
-  const std::vector<std::int64_t> t = host_indices(target);
-  std::int64_t count = 0;
-  for (std::int64_t i = 0; i < N; ++i) {
-    if (t[i] == ignore_index) continue;
-    if (t[i] < 0 || t[i] >= C) {
-      throw IndexError(fmt::format("{}: target {} (row {}) is out of bounds for {} classes", label("nll_loss"), t[i], i, C));
+  const bool on_host = logp.device().is_cpu();
+  const bool mean = reduction == Reduction::mean;
+  // The mean divides by the number of counted targets (0 / 0 = NaN when all are ignored). On the CPU the
+  // targets are checked and counted here, and a bad one throws at once. On a GPU that would cost a host
+  // wait per call: the nll kernels check the targets on the device (an IndexError at the backend's next
+  // host synchronisation, docs/cuda.md), and the count is a device value, `count`, in the accumulation
+  // type, divided on the device below in the CPU kernels' arithmetic.
+  double divisor = 1.0;
+  Tensor count;
+  const Tensor tc = target.contiguous();
+  if (on_host) {
+    const std::vector<std::int64_t> t = host_indices(target);
+    std::int64_t counted = 0;
+    for (std::int64_t i = 0; i < N; ++i) {
+      if (t[i] == ignore_index) continue;
+      if (t[i] < 0 || t[i] >= C) {
+        throw IndexError(
+            fmt::format("{}: target {} (row {}) is out of bounds for {} classes", label("nll_loss"), t[i], i, C));
+      }
+      ++counted;
     }
-    ++count;
+    if (mean) divisor = static_cast<double>(counted);
+  } else if (mean) {
+    count = untracked([&] {
+      Tensor c = Tensor::empty({}, {acc_dtype(logp.dtype()), logp.device()});
+      backend_for(logp.device()).count_not_equal(tc.kernel_view(), ignore_index, c.kernel_view());
+      return c;
+    });
   }
-  const double divisor = reduction == Reduction::mean ? static_cast<double>(count) : 1.0;
   Tensor out = untracked([&] {
     Tensor per = Tensor::empty({N}, {logp.dtype(), logp.device()});
-    run_kernel_general("nll_loss", Op::nll_rows, {per}, {logp.contiguous(), target.contiguous()},
-                       {static_cast<double>(ignore_index)});
+    run_kernel_general("nll_loss", Op::nll_rows, {per}, {logp.contiguous(), tc}, {static_cast<double>(ignore_index)});
     if (reduction == Reduction::none) return per;
-    // Mean divides the sum by the number of counted targets (0 / 0 = NaN when all are ignored).
-    return reduce_rows("nll_loss", per, {0}, false, per.dtype(), 1.0, divisor);
+    if (!count.defined()) return reduce_rows("nll_loss", per, {0}, false, per.dtype(), 1.0, divisor);
+    return divide_by_count("nll_loss", reduce_rows("nll_loss", per, {0}, false, count.dtype(), 1.0, 1.0), count,
+                           per.dtype());
   });
   if (!autograd::any_requires_grad({logp})) return out;
   return autograd::record("nll_loss", out, {logp, Tensor()},
-                          [tc = target.contiguous(), N, C, ignore_index, divisor, reduction](const Tensor& g, const Needs&) {
-                            const Tensor gn = loss_grad(g, {N}, reduction);
+                          [tc, N, C, ignore_index, divisor, count, reduction](const Tensor& g, const Needs&) {
+                            // On a GPU with mean, g / count first (as the CPU kernel's -g / divisor: see
+                            // divide_by_count), then the kernel's -g' / 1, which is exact.
+                            const Tensor gc = count.defined() ? divide_by_count("nll_loss", g, count, g.dtype()) : g;
+                            const Tensor gn = loss_grad(gc, {N}, reduction);
                             Tensor dx = Tensor::empty({N, C}, {g.dtype(), g.device()});
                             run_kernel_general("nll_loss", Op::nll_backward_rows, {dx}, {gn, tc},
                                                {static_cast<double>(ignore_index), divisor});

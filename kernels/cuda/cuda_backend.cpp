@@ -207,6 +207,21 @@ class CudaBackend final : public Backend {
     cuda::fused_adam_step(*this, tensors, options, found_inf);
   }
 
+  // nll_loss's mean divisor on the device (core/backend.h): one kernel on the stream, no wait.
+  void count_not_equal(const TensorView& indices, std::int64_t ignore, const TensorView& out) override {
+    const bool f_out = out.dtype == DType::f32 || out.dtype == DType::f64;
+    if (indices.dtype != DType::i64 || !indices.is_contiguous() || !f_out || out.numel != 1) {
+      throw DTypeError(fmt::format("count_not_equal: expected contiguous i64 indices and one f32 or f64 output, got "
+                                   "{} indices and {} elements of {}",
+                                   dtype_name(indices.dtype), out.numel, dtype_name(out.dtype)));
+    }
+    AMPSCOPE_CUDA_CHECK(cudaSetDevice(index_));
+    cuda::check_stale_error("count_not_equal");
+    check(cuda::launch_count_not_equal(indices.ptr<std::int64_t>(), indices.numel, ignore, out.data,
+                                       out.dtype == DType::f64, stream()),
+          "launch of kernel 'count_not_equal'");
+  }
+
 #if defined(AMPSCOPE_WITH_NCCL)
   // Collectives between processes (core/backend.h): NCCL, on this backend's stream.
   std::string new_communicator_id() override {

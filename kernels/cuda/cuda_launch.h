@@ -60,6 +60,13 @@ struct IndexCheck {
 cudaError_t launch_index_check(const IndexCheck& check, IndexCheckRecord* record, IndexCheckRecord* host_copy,
                                cudaStream_t stream);
 
+// nll_loss's mean divisor (Backend::count_not_equal): *out = the number of the n indices that differ from
+// `ignore`, counted in 64-bit integers and rounded once to float (double when f64), in one block behind the
+// work queued on `stream`. n may be 0 (then 0). The indices need not be in range (the nll kernels' own check
+// reports those).
+cudaError_t launch_count_not_equal(const std::int64_t* indices, std::int64_t n, std::int64_t ignore, void* out,
+                                   bool f64, cudaStream_t stream);
+
 // The last step of a matrix product: out[i] = round(acc[i] + bias), acc the [B, M, N] product in the
 // accumulation type (float; double for f64 out), bias (or null) already in that type, one value per
 // row (bias_per_row) or per column. acc may be out's own memory.

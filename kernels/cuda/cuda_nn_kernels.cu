@@ -1,6 +1,7 @@
 // CUDA kernels for the training runtime's ops that are not element-wise: rows (sum, argmax, softmax,
 // log_softmax and their backward, layer norm and its gradients), windows (im2col, col2im, max pooling),
-// embedding, nll and the epilogue of a cuBLAS matrix product. The row ops and argmax are the CPU's own
+// embedding, nll (and the count of its mean divisor, Backend::count_not_equal) and the epilogue of a cuBLAS
+// matrix product. The row ops and argmax are the CPU's own
 // code: kernels/row_functors.h's functions, run here by a WarpRow (one warp per row; its sums are
 // lane_tree_sum's additions in lane_tree_sum's order) or by one thread per row. The other kernels mirror
 // their CPU kernel in kernels/cpu/nn_kernels.cpp operation for operation: every other sum runs on one
@@ -594,6 +595,40 @@ cudaError_t launch_index_check(const IndexCheck& c, IndexCheckRecord* record, In
   // The record reaches pinned host memory behind the check, so that whoever synchronises next reads it
   // there without another wait.
   return cudaMemcpyAsync(host_copy, record, sizeof(IndexCheckRecord), cudaMemcpyDeviceToHost, s);
+}
+
+// ---- nll_loss's mean divisor (cuda_launch.h, launch_count_not_equal) ----
+namespace {
+
+constexpr int kCountThreads = 256;
+
+// One block: each thread counts its stride of the indices in 64-bit integers, the block adds the counts
+// (integers: the order does not matter), and thread 0 rounds the total once to Out, as the CPU's
+// static_cast<Acc>(count) does (a conversion in the default round-to-nearest-even mode).
+template <class Out>
+__global__ void count_not_equal_kernel(const std::int64_t* indices, std::int64_t n, std::int64_t ignore, Out* out) {
+  __shared__ unsigned long long partial[kCountThreads];
+  unsigned long long count = 0;
+  for (std::int64_t i = threadIdx.x; i < n; i += kCountThreads) count += indices[i] != ignore ? 1u : 0u;
+  partial[threadIdx.x] = count;
+  __syncthreads();
+  for (int width = kCountThreads / 2; width > 0; width /= 2) {
+    if (static_cast<int>(threadIdx.x) < width) partial[threadIdx.x] += partial[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = static_cast<Out>(static_cast<std::int64_t>(partial[0]));
+}
+
+}  // namespace
+
+cudaError_t launch_count_not_equal(const std::int64_t* indices, std::int64_t n, std::int64_t ignore, void* out,
+                                   bool f64, cudaStream_t s) {
+  if (f64) {
+    count_not_equal_kernel<double><<<1, kCountThreads, 0, s>>>(indices, n, ignore, static_cast<double*>(out));
+  } else {
+    count_not_equal_kernel<float><<<1, kCountThreads, 0, s>>>(indices, n, ignore, static_cast<float*>(out));
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace ampscope::cuda

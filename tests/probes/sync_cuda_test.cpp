@@ -5,10 +5,13 @@
 // probed the old way (each tensor copied to the host and read by tensor_stats: use_deferred_stats(nullptr));
 // cuBLAS's products are not the CPU's bits, so the reference is the same CUDA computation, and the rows must be
 // equal except mean and rms, within the sums bound of kernels/cuda/stats_cuda.h. Then the device-side index
-// check, and the count of host synchronisations per step, which must not grow with the number of ops. Every
-// test skips, saying why, where there is no GPU.
+// check, and the count of host synchronisations per step, which must not grow with the number of ops. Last,
+// embedding and nll_loss called through core on CUDA: a bad index reported at the next wait naming the op, nll's
+// mean (its count of non-ignored targets a device value) equal to the CPU's bits forward and backward, and no
+// wait inside the calls. Every test skips, saying why, where there is no GPU.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -24,6 +27,7 @@
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/probe_hook.h"
+#include "core/random.h"
 #include "probes/probe.h"
 #include "samples/models.h"
 #include "samples/synthetic.h"
@@ -251,6 +255,108 @@ TEST(sync_cuda_test, an_out_of_range_index_is_reported_at_the_next_wait_naming_t
   }
 }
 #endif
+
+// ---- embedding and nll_loss through core (core/ops.cpp): no host copy of the indices on CUDA ----
+
+const std::string kCheckedLine =
+    "\n(checked on the device by the index check of kernel '{}'; reported at the next host synchronisation, so "
+    "later ops may already have been queued)";
+
+std::string checked_by(const std::string& kernel) {
+  std::string out = kCheckedLine;
+  out.replace(out.find("{}"), 2, kernel);
+  return out;
+}
+
+TEST(sync_cuda_test, embedding_and_nll_loss_report_a_bad_index_at_the_next_wait_naming_the_op) {
+  SKIP_WITHOUT_GPU();
+  const Device cuda = Device::cuda(0);
+  Backend& backend = backend_for(cuda);
+  backend.synchronize();
+  const Tensor w = full({5, 3}, 2.0, {DType::f32, cuda});
+  Tensor out;
+  EXPECT_NO_THROW(out = embedding(from_values({0, 2, 7, 1}, {4}, {DType::i64, cuda}), w)) << "the call does not wait";
+  try {
+    (void)out.values();
+    FAIL() << "the out-of-range index was not reported";
+  } catch (const IndexError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "embedding: index 7 at position 2 is out of range for 5 embeddings" + checked_by("embedding"));
+  }
+  const Tensor logp = full({3, 4}, -1.0, {DType::f32, cuda});
+  Tensor loss;
+  EXPECT_NO_THROW(loss = nll_loss(logp, from_values({1, -100, 9}, {3}, {DType::i64, cuda})));
+  try {
+    (void)loss.item();
+    FAIL() << "the out-of-range target was not reported";
+  } catch (const IndexError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "nll_loss: target 9 (row 2) is out of bounds for 4 classes" + checked_by("nll_rows"));
+  }
+  EXPECT_NO_THROW(backend.synchronize()) << "reported once";
+}
+
+// Equal as stored values (f16/bf16/f32 widen to double exactly), zeros' signs included; a NaN matches a NaN.
+bool same_value(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+}
+
+TEST(sync_cuda_test, nll_loss_mean_with_ignore_index_is_the_cpus_bits_forward_and_backward) {
+  SKIP_WITHOUT_GPU();
+  const Device cuda = Device::cuda(0);
+  struct Case {
+    DType dtype;
+    std::int64_t rows, classes, every;  // every k-th target ignored (0: none; 1: all, 0 / 0 = NaN)
+  };
+  for (const Case c : {Case{DType::f32, 1000, 9, 7}, Case{DType::f16, 1000, 9, 7}, Case{DType::bf16, 333, 5, 3},
+                       Case{DType::f64, 1000, 9, 7}, Case{DType::f16, 11, 6, 0}, Case{DType::f32, 4, 3, 1}}) {
+    SCOPED_TRACE(std::string(dtype_name(c.dtype)) + " rows " + std::to_string(c.rows));
+    Generator gen(77 + c.rows);
+    const Tensor lp = log_softmax(mul(randn({c.rows, c.classes}, gen, {DType::f64}), 3.0), 1).to(c.dtype);
+    std::vector<double> tv;
+    for (std::int64_t i = 0; i < c.rows; ++i) {
+      tv.push_back(c.every > 0 && i % c.every == 0 ? -100.0 : double((i * 5 + 1) % c.classes));
+    }
+    const Tensor t = from_values(tv, {c.rows}, {DType::i64});
+    const Tensor g = from_values({0.7}, {}, {c.dtype});  // not 1, so that g / count rounds
+    std::vector<double> loss_bits[2], grad_bits[2];
+    for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
+      const Device d = on_gpu ? cuda : Device::cpu();
+      const Tensor logp = lp.to(d).detach().requires_grad_();
+      const Tensor loss = nll_loss(logp, t.to(d), Reduction::mean, -100);
+      loss.backward(g.to(d));
+      loss_bits[on_gpu] = loss.values();
+      grad_bits[on_gpu] = logp.grad().values();
+    }
+    EXPECT_TRUE(same_value(loss_bits[1][0], loss_bits[0][0])) << loss_bits[1][0] << " vs " << loss_bits[0][0];
+    ASSERT_EQ(grad_bits[1].size(), grad_bits[0].size());
+    for (std::size_t i = 0; i < grad_bits[0].size(); ++i) {
+      ASSERT_TRUE(same_value(grad_bits[1][i], grad_bits[0][i])) << "element " << i;
+    }
+  }
+}
+
+TEST(sync_cuda_test, embedding_and_nll_loss_calls_add_no_host_sync) {
+  SKIP_WITHOUT_GPU();
+  const Device cuda = Device::cuda(0);
+  Backend& backend = backend_for(cuda);
+  Generator gen(5);
+  const Tensor w = randn({10, 4}, gen, {DType::f32, cuda}).requires_grad_();
+  const Tensor idx = from_values({3, 0, 9, 3, 5, 1}, {2, 3}, {DType::i64, cuda});
+  const Tensor target = from_values({1, -100, 3, 2, -100, 0}, {6}, {DType::i64, cuda});
+  backend.synchronize();
+  const std::int64_t before = backend.host_syncs();
+  const Tensor e = embedding(idx, w).reshape({6, 4});
+  const Tensor mean = nll_loss(log_softmax(e, 1), target);
+  const Tensor summed = nll_loss(log_softmax(e, 1), target, Reduction::sum);
+  const Tensor none = nll_loss(log_softmax(e, 1), target, Reduction::none);
+  const Tensor ce = cross_entropy(e, target);
+  add(add(mean, summed), add(sum(none), ce)).backward();
+  EXPECT_EQ(backend.host_syncs(), before) << "embedding, nll_loss (mean, sum, none), cross_entropy and their backward";
+  EXPECT_TRUE(std::isfinite(mean.item()));
+  EXPECT_EQ(backend.host_syncs(), before + 1) << "the one wait is the caller's item()";
+}
 
 }  // namespace
 }  // namespace ampscope
