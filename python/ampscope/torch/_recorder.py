@@ -210,9 +210,14 @@ def _health(x):
         return _health_nonfinite(x, n, tiny)
     zero = subnormal = 0
     if smallest < bound:
-        xf = x.reshape(-1)
-        zero = int((xf == 0).sum())
-        subnormal = int((xf.abs() < tiny).sum()) - zero
+        if x.dtype != torch.float64:
+            # From the squares still in the buffer: a square of an f32, bf16 or f16 value is exact in f64, so
+            # x^2 == 0 iff x == 0 and x^2 < tiny^2 iff |x| < tiny; one read of the buffer per count, no copy of x.
+            zero, below = torch.stack([(sq_t == 0).sum(), (sq_t < bound).sum()]).tolist()
+        else:
+            xf = x.reshape(-1)
+            zero, below = torch.stack([(xf == 0).sum(), (xf.abs() < tiny).sum()]).tolist()
+        subnormal = below - zero
     return [n, 0, 0, 0, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / n, math.sqrt(sq / n)], sq
 
 
