@@ -224,24 +224,24 @@ def _health(x):
 def _health_nonfinite(x, n, tiny):
     """_health of a tensor holding NaN or inf: the counts by masks, the moments over the finite values.
 
-    In the reused buffer with no boolean indexing: the non-finite values are set to zero in place (a zero adds
-    nothing to a sum or a sum of squares) and left out of the extremes by torch.where. Indexing with the mask made
-    a fresh copy of the finite values per call (a fresh mmap whose pages fault on first touch): a masked attention
-    score tensor cost ~17 ms a step that way on bench/record_bench_train.py (bench/RESULTS.md)."""
+    In the reused buffer with no boolean indexing and no f64 temporary: the non-finite values are overwritten in
+    place by +inf for the minimum, -inf for the maximum, then zero (a zero adds nothing to a sum or a sum of
+    squares). Indexing with the mask made a fresh copy of the finite values per call (a fresh mmap whose pages
+    fault on first touch): the two masked attention scores a step (-inf above the diagonal) took 8 to 17 ms each
+    that way in a cProfile of record_bench_train.py (bench/RESULTS.md)."""
     xd = _widened(x)
-    finite = torch.isfinite(xd)
-    inf = torch.tensor(math.inf, dtype=torch.float64, device=xd.device)
+    bad = ~torch.isfinite(xd)
     counts = torch.stack([torch.isnan(xd).sum(), (xd == math.inf).sum(), (xd == -math.inf).sum(), (xd == 0).sum(),
-                          (xd.abs() < tiny).sum()]).tolist()
+                          ((xd < tiny) & (xd > -tiny)).sum()]).tolist()
     nan_c, pinf, ninf, zero, below = counts
     m = n - nan_c - pinf - ninf
     if m == 0:
         nan = float("nan")
         return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
-    lo_t = torch.where(finite, xd, inf).amin()
-    hi_t = torch.where(finite, xd, -inf).amax()
-    xd.masked_fill_(~finite, 0.0)
-    total_t = xd.sum()
+    # Each fill reads its extreme before the next one overwrites the non-finite places (ops run in order).
+    lo_t = xd.masked_fill_(bad, math.inf).amin()
+    hi_t = xd.masked_fill_(bad, -math.inf).amax()
+    total_t = xd.masked_fill_(bad, 0.0).sum()
     sq_t = xd.mul_(xd).sum()
     total, lo, hi, sq = torch.stack([total_t, lo_t, hi_t, sq_t]).tolist()
     return [n, nan_c, pinf, ninf, zero, below - zero, lo, hi, max(abs(lo), abs(hi)), total / m, math.sqrt(sq / m)], sq
