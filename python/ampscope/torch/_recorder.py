@@ -13,6 +13,8 @@
 - Provenance: a map from each output tensor (by id, checked with a weakref) to its row's seq.
 - Statistics with torch reductions on the tensor's device; masks only when a non-finite value exists. Level
   full adds exponent histograms (/histograms); --ops/--modules globs leave ops out (their consumers name them -4).
+- Flight recorder (--flight-recorder N, with --sample-every): every step is recorded and its rows held; an
+  unsampled step is written only when anomalous, with the held steps before it (Recorder.flight_end).
 """
 import atexit
 import math
