@@ -33,7 +33,8 @@ declare -A med mean
 declare -A last
 ratios_health="" ratios_every10="" ratios_optimizer="" ratios_flight="" ratios_base=""
 kinds="plain health every10 optimizer flight"
-[[ -n "${BASE_PYTHON_DIR:-}" ]] && kinds+=" base"
+# The baseline right after health, so that the two are seconds apart in each round.
+[[ -n "${BASE_PYTHON_DIR:-}" ]] && kinds="plain health base every10 optimizer flight"
 run() {  # run KIND ROUND: appends the run's median and mean step time
   local kind=$1 out
   case $kind in
