@@ -590,7 +590,8 @@ RecordCommand::RecordCommand(CLI::App& app) {
       ->capture_default_str();
   cmd_->add_option("--sample-every", request_.sample_every, "Record the ops and gradients of every Nth step (/steps "
                                                             "is written every step; the other steps run with no "
-                                                            "recorder between their ops)")
+                                                            "recorder between their ops, unless "
+                                                            "--flight-recorder)")
       ->capture_default_str();
   cmd_->add_option("--ops", request_.ops, "Record only the ops whose name matches this glob (repeatable; as the "
                                           "report names them: linear, softmax, 'layer_*')")
@@ -607,8 +608,8 @@ RecordCommand::RecordCommand(CLI::App& app) {
                                                                   "keep the last N in memory; an unsampled step "
                                                                   "with an anomaly (NaN/inf in an op or gradient, "
                                                                   "a skipped step) is written with the N - 1 steps "
-                                                                  "before it (0: off; every step then costs a "
-                                                                  "recorded step)")
+                                                                  "before it (0: off; with it every step costs "
+                                                                  "what a recorded step costs)")
       ->capture_default_str();
   cmd_->add_flag("--attach", request_.attach, "Read the rows of a Python process that records itself on stdin (run "
                                              "by ampscope.torch.record(); no command)");
