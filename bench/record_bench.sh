@@ -5,8 +5,11 @@
 # (the optimizer's element-wise ops recorded too, as before they were left out by default), the four alternated
 # ROUNDS times in one run; prints each run's step times, the ratios of the medians over the rounds, and the median
 # over the rounds of each round's own ratio to its plain run (what a burst of other work on a shared machine moves
-# least: the runs of one round are seconds apart). One thread (torch.set_num_threads(1)).
-#   bench/record_bench.sh [BUILD_DIR] [ROUNDS] [STEPS]
+# least: the runs of one round are seconds apart). One thread (torch.set_num_threads(1)). A fifth run,
+# `--probe health --sample-every 10 --flight-recorder 4` (every step recorded and held, the finite ones not written),
+# and with BASE_PYTHON_DIR=DIR a sixth, `--probe health` with the recorder in DIR (AMPSCOPE_PYTHON_DIR: an older
+# python/ folder, e.g. from `git archive`), so that a change is measured against its baseline in the same rounds.
+#   [BASE_PYTHON_DIR=DIR] bench/record_bench.sh [BUILD_DIR] [ROUNDS] [STEPS]
 # Steps after the first two count (warm-up); STEPS - 2 should be a multiple of 10 so the sampled runs
 # record their share (steps 10, 20, ...).
 set -euo pipefail
@@ -28,7 +31,10 @@ echo "model: d 256, 2 blocks, 4 heads, batch 8, seq 64, vocab 512, bf16 CPU auto
 
 declare -A med mean
 declare -A last
-ratios_health="" ratios_every10="" ratios_optimizer=""
+ratios_health="" ratios_every10="" ratios_optimizer="" ratios_flight="" ratios_base=""
+kinds="plain health every10 optimizer flight"
+# The baseline right after health, so that the two are seconds apart in each round.
+[[ -n "${BASE_PYTHON_DIR:-}" ]] && kinds="plain health base every10 optimizer flight"
 run() {  # run KIND ROUND: appends the run's median and mean step time
   local kind=$1 out
   case $kind in
@@ -36,6 +42,8 @@ run() {  # run KIND ROUND: appends the run's median and mean step time
     health) out=$("$ampscope" record --out "$work/h.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
     every10) out=$("$ampscope" record --out "$work/s.h5" --probe health --sample-every 10 -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
     optimizer) out=$("$ampscope" record --out "$work/o.h5" --probe health --record-optimizer -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
+    flight) out=$("$ampscope" record --out "$work/f.h5" --probe health --sample-every 10 --flight-recorder 4 -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
+    base) out=$(AMPSCOPE_PYTHON_DIR="$BASE_PYTHON_DIR" "$ampscope" record --out "$work/b.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
   esac
   local line
   line=$(grep '^step_ms' <<<"$out")
@@ -45,11 +53,13 @@ run() {  # run KIND ROUND: appends the run's median and mean step time
   printf '  round %d %-8s step ms: median %s mean %s\n' "$2" "$kind" "$(awk '{print $3}' <<<"$line")" "$(awk '{print $5}' <<<"$line")"
 }
 for ((r = 1; r <= rounds; r++)); do
-  for kind in plain health every10 optimizer; do run "$kind" "$r"; done
+  for kind in $kinds; do run "$kind" "$r"; done
   read -r pm_r pa_r <<<"${last[plain]}"
   ratios_health+="$(awk -v a="${last[health]% *}" -v b="$pm_r" 'BEGIN {print a / b}') "
   ratios_every10+="$(awk -v a="${last[every10]#* }" -v b="$pa_r" 'BEGIN {print a / b}') "
   ratios_optimizer+="$(awk -v a="${last[optimizer]% *}" -v b="$pm_r" 'BEGIN {print a / b}') "
+  ratios_flight+="$(awk -v a="${last[flight]#* }" -v b="$pa_r" 'BEGIN {print a / b}') "
+  [[ -n "${BASE_PYTHON_DIR:-}" ]] && ratios_base+="$(awk -v a="${last[base]% *}" -v b="$pm_r" 'BEGIN {print a / b}') "
 done
 echo "load after: $(uptime | sed 's/.*load average: //')"
 
@@ -63,4 +73,5 @@ awk -v pm="$pm" -v hm="$hm" -v pa="$pa" -v ha="$ha" -v sa="$sa" -v om="$om" 'BEG
   printf "ratio health --sample-every 10 / plain: %.2fx (mean steps: one recorded step in ten)\n", sa / pa
   printf "ratio health --record-optimizer / plain: %.2fx (median steps)\n", om / pm }'
 echo "per-round ratios to the round's plain run: health $ratios_health; every10 (means) $ratios_every10; record-optimizer $ratios_optimizer"
-echo "median of the per-round ratios: health $(median <<<"$ratios_health")x, every10 $(median <<<"$ratios_every10")x, record-optimizer $(median <<<"$ratios_optimizer")x"
+echo "per-round ratios: flight recorder (means) $ratios_flight${BASE_PYTHON_DIR:+; baseline health $ratios_base}"
+echo "median of the per-round ratios: health $(median <<<"$ratios_health")x, every10 $(median <<<"$ratios_every10")x, record-optimizer $(median <<<"$ratios_optimizer")x, flight recorder (means) $(median <<<"$ratios_flight")x${BASE_PYTHON_DIR:+, baseline health $(median <<<"$ratios_base")x}"

@@ -478,6 +478,17 @@ int run_record(const RecordRequest& request, std::ostream& err) {
     throw Error(fmt::format("--sample-every {}: must be 1 or more\nhint: --sample-every 10 records the ops of every "
                             "tenth step", request.sample_every));
   }
+  if (request.flight_recorder < 0) {
+    throw Error(fmt::format("--flight-recorder {}: must be 0 (off) or more\nhint: --flight-recorder 4 writes an "
+                            "anomalous unsampled step with the 3 steps before it", request.flight_recorder));
+  }
+  if (request.flight_recorder > 0 && (request.sample_every < 2 || request.probe == "off")) {
+    throw Error(fmt::format("--flight-recorder {} keeps the steps that sampling leaves out, but {}\nhint: add "
+                            "--sample-every N (N of 2 or more) and a --probe level other than off, or leave "
+                            "--flight-recorder out", request.flight_recorder,
+                            request.probe == "off" ? "--probe off records no ops"
+                                                   : "--sample-every 1 records every step already"));
+  }
   const json remedies = remedy_options(request);
   if (request.attach) {
     if (!remedies.empty()) {
@@ -491,7 +502,8 @@ int run_record(const RecordRequest& request, std::ostream& err) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
   json options = {{"probe", request.probe},       {"sample_every", request.sample_every}, {"ops", request.ops},
-                  {"modules", request.modules},   {"record_optimizer", request.record_optimizer}};
+                  {"modules", request.modules},   {"record_optimizer", request.record_optimizer},
+                  {"flight_recorder", request.flight_recorder}};
   // What `ampscope fix` needs to run the script again, kept in the trace's config by the recorder: the command
   // as it was given, the folder it ran in, and the kept environment variables (kKeptEnvironment).
   options["command"] = request.command;
@@ -578,7 +590,8 @@ RecordCommand::RecordCommand(CLI::App& app) {
       ->capture_default_str();
   cmd_->add_option("--sample-every", request_.sample_every, "Record the ops and gradients of every Nth step (/steps "
                                                             "is written every step; the other steps run with no "
-                                                            "recorder between their ops)")
+                                                            "recorder between their ops, unless "
+                                                            "--flight-recorder)")
       ->capture_default_str();
   cmd_->add_option("--ops", request_.ops, "Record only the ops whose name matches this glob (repeatable; as the "
                                           "report names them: linear, softmax, 'layer_*')")
@@ -591,6 +604,13 @@ RecordCommand::RecordCommand(CLI::App& app) {
                                                                   "clipping's) as optimizer-phase rows; left out "
                                                                   "by default: on an AdamW transformer they cost "
                                                                   "more than all the other rows together");
+  cmd_->add_option("--flight-recorder", request_.flight_recorder, "With --sample-every: record every step and "
+                                                                  "keep the last N in memory; an unsampled step "
+                                                                  "with an anomaly (NaN/inf in an op or gradient, "
+                                                                  "a skipped step) is written with the N - 1 steps "
+                                                                  "before it (0: off; with it every step costs "
+                                                                  "what a recorded step costs)")
+      ->capture_default_str();
   cmd_->add_flag("--attach", request_.attach, "Read the rows of a Python process that records itself on stdin (run "
                                              "by ampscope.torch.record(); no command)");
   // Remedies applied from outside the script (docs/pytorch.md, "Proving a fix"): what `ampscope fix` re-runs with.

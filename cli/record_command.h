@@ -30,6 +30,9 @@ struct RecordRequest {
   std::vector<std::string> ops{};    // op name globs (empty: every op), as probe::ProbeOptions::ops
   std::vector<std::string> modules{};  // module path globs (empty: every module), as probe::ProbeOptions::modules
   bool record_optimizer = false;     // the optimizer's and clip_grad_norm_'s aten ops as optimizer-phase rows
+  // --flight-recorder N: with --sample-every, every step is recorded and held; an unsampled step with an anomaly is
+  // written with the N - 1 steps before it (probes/probe.h, the flight recorder). 0: off.
+  std::int64_t flight_recorder = 0;
   std::string python_dir{};          // the folder holding the `ampscope` package ("": found, see find_python_dir)
   std::vector<std::string> command{};
   bool attach = false;               // --attach: rows on stdin from ampscope.torch.record(), no command run

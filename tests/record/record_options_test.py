@@ -176,11 +176,58 @@ s0 = [r for r in rows_ref if r["step"] == 0 and r["phase"] == "backward"]
 check(int(s0[0]["inputs"][0]) == -3 and all(int(b["inputs"][0]) == int(a["seq"]) for a, b in zip(s0, s0[1:])),
       "backward provenance: %s" % [(r["op"], int(r["seq"]), list(map(int, r["inputs"]))) for r in s0])
 
-# --- 6. refused options ------------------------------------------------------------------------------------------
+# --- 6. --flight-recorder: an anomaly on an unsampled step gets its rows and the steps before it -------------------
+# flight_train.py: step 3's batch holds an inf; the script drops that step's gradients and goes on. At
+# --sample-every 4, steps 0 and 4 are sampled; step 3 is not.
+MLP_FC = [("forward", "linear", "fc1"), ("forward", "relu", ""), ("forward", "linear", "fc2"),
+          ("forward", "log_softmax", ""), ("forward", "nll_loss", "")]
+MLP_FC_BACKWARD = [("backward", "nll_loss", ""), ("backward", "log_softmax", ""), ("backward", "linear", "fc2"),
+                   ("backward", "relu", ""), ("backward", "linear", "fc1")]
+for n, want_steps in ((0, [0, 4]), (3, [0, 1, 2, 3, 4]), (2, [0, 2, 3, 4]), (1, [0, 3, 4])):
+    extra = ("--sample-every", "4") + (("--flight-recorder", str(n)) if n else ())
+    out, ref, p = record("flight%d" % n, "flight_train.py", "--steps", "6", extra=extra)
+    rows, steps, grads, gnames, complete, _ = ops(out)
+    got = sorted({int(r["step"]) for r in rows})
+    check(complete == 1 and len(steps) == 6 and got == want_steps,
+          "flight %d: complete %d, %d steps, rows of steps %s (want %s)" % (n, complete, len(steps), got, want_steps))
+    # Grads: none at step 3 (the script set them to None); the written finite steps have theirs.
+    check(sorted({int(g["step"]) for g in grads}) == [s for s in want_steps if s != 3],
+          "flight %d: grads of steps %s" % (n, sorted({int(g["step"]) for g in grads})))
+    for s in want_steps:
+        check(per_step(rows, s) == MLP_FC + MLP_FC_BACKWARD, "flight %d step %d: rows %s" % (n, s, per_step(rows, s)))
+        # The linears against plain torch's outputs in f64 (capture.py: fc1 and fc2 of step s are calls 2s, 2s + 1),
+        # the inf of step 3's batch included: counts exactly, moments over the finite values.
+        for k, module in ((2 * s, "fc1"), (2 * s + 1, "fc2")):
+            r = [r for r in rows if r["step"] == s and r["phase"] == "forward" and r["module"] == module][0]
+            h = health_f64(ref["linear_%d" % k])
+            check(all(int(r[c]) == int(h[c]) for c in ("numel", "nan", "pos_inf", "neg_inf", "zero")) and
+                  all(close(float(r[c]), float(h[c])) for c in ("min", "max", "mean", "rms")),
+                  "flight %d step %d %s: %s against the f64 reference %s" % (n, s, module, stats(r), h))
+    # The inf reached fc1's output at step 3 (the f64 reference says how many), and the /ops rows stay in step order.
+    h3 = health_f64(ref["linear_6"])
+    check(h3["pos_inf"] + h3["neg_inf"] > 0, "flight_train.py: step 3's fc1 output holds no inf (%s)" % h3)
+    order = [int(r["step"]) for r in rows]
+    check(order == sorted(order), "flight %d: /ops rows out of step order: %s" % (n, order))
+    # /steps is written for every step; the unsampled steps' grad_norm as plain torch's gradients give it at step 5.
+    check([int(x) for x in steps["step"]] == list(range(6)), "flight %d: /steps %s" % (n, list(steps["step"])))
+    total = np.sqrt(sum((ref[k] ** 2).sum() for k in ref.files if k.startswith("grad:")))
+    check(close(float(steps["grad_norm"][5]), total, 1e-9), "flight %d: step 5's grad_norm %r, f64 %r" % (
+        n, steps["grad_norm"][5], total))
+    with h5py.File(out, "r") as f:
+        import json
+        probe = json.loads(f.attrs["probe"].decode() if isinstance(f.attrs["probe"], bytes) else f.attrs["probe"])
+    check(probe.get("flight_recorder") == (n > 0) and probe.get("recorder_steps") == n,
+          "flight %d: the trace's probe description %s" % (n, probe))
+
+# --- 7. refused options ------------------------------------------------------------------------------------------
 for args, want in ((["--opps", "linear"], "unknown option '--opps'; did you mean '--ops'?"),
                    (["--ops", ""], "--ops '': an empty glob matches no op"),
                    (["--probe", "histograms"], "--probe histograms: unknown probe level"),
-                   (["--record-optimiser"], "did you mean '--record-optimizer'?")):
+                   (["--record-optimiser"], "did you mean '--record-optimizer'?"),
+                   (["--flight-recorder", "3"], "--flight-recorder 3 keeps the steps that sampling leaves out, but "
+                                                "--sample-every 1 records every step already"),
+                   (["--flight-recorder", "3", "--sample-every", "4", "--probe", "off"], "--probe off records no ops"),
+                   (["--flight-recorder", "-1", "--sample-every", "4"], "--flight-recorder -1: must be 0 (off) or more")):
     p = subprocess.run([AMPSCOPE, "record", "--out", os.path.join(WORK, "bad.h5"), *args, "--", PYTHON, "-c", "0"],
                        capture_output=True, text=True)
     check(p.returncode == 2 and want in p.stderr and "hint:" in p.stderr and not os.path.exists(os.path.join(WORK, "bad.h5")),

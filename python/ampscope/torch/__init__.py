@@ -38,9 +38,10 @@ def end_step():
 
 @contextlib.contextmanager
 def record(out, *, probe="health", sample_every=1, ops=(), modules=(), record_optimizer=False, optimizers=(),
-           twin=False, ampscope=None):
+           twin=False, ampscope=None, flight_recorder=0):
     """Records what runs inside the `with` block into the trace `out`, as `ampscope record` records a whole
-    script (the keywords are its options: --probe, --sample-every, --ops, --modules, --record-optimizer). Steps
+    script (the keywords are its options: --probe, --sample-every, --ops, --modules, --record-optimizer,
+    --flight-recorder). Steps
     end at each step() of an optimizer created inside the block or passed in `optimizers`
     (an optimizer made before the block is not seen otherwise), at a GradScaler's update(), or at
     end_step(). twin=True: the f32 twin's /precision rows, as `ampscope record --twin` writes them (an autocast
@@ -62,10 +63,12 @@ def record(out, *, probe="health", sample_every=1, ops=(), modules=(), record_op
         argv += ["--modules", glob]
     if record_optimizer:
         argv.append("--record-optimizer")
+    if flight_recorder:
+        argv += ["--flight-recorder", str(int(flight_recorder))]
     child = subprocess.Popen(argv, stdin=subprocess.PIPE)
     try:
         options = {"probe": probe, "sample_every": int(sample_every), "ops": list(ops), "modules": list(modules),
-                   "record_optimizer": bool(record_optimizer)}
+                   "record_optimizer": bool(record_optimizer), "flight_recorder": int(flight_recorder)}
         if twin:
             options["twin"] = True
         r = _recorder.start(child.stdin.fileno(), options, whole_run=False)

@@ -13,6 +13,8 @@
 - Provenance: a map from each output tensor (by id, checked with a weakref) to its row's seq.
 - Statistics with torch reductions on the tensor's device; masks only when a non-finite value exists. Level
   full adds exponent histograms (/histograms); --ops/--modules globs leave ops out (their consumers name them -4).
+- Flight recorder (--flight-recorder N, with --sample-every): every step is recorded and its rows held; an
+  unsampled step is written only when anomalous, with the held steps before it (Recorder.flight_end).
 """
 import atexit
 import math
@@ -210,29 +212,41 @@ def _health(x):
         return _health_nonfinite(x, n, tiny)
     zero = subnormal = 0
     if smallest < bound:
-        xf = x.reshape(-1)
-        zero = int((xf == 0).sum())
-        subnormal = int((xf.abs() < tiny).sum()) - zero
+        if x.dtype != torch.float64:
+            # From the squares still in the buffer: a square of an f32, bf16 or f16 value is exact in f64, so
+            # x^2 == 0 iff x == 0 and x^2 < tiny^2 iff |x| < tiny; one read of the buffer per count, no copy of x.
+            zero, below = torch.stack([(sq_t == 0).sum(), (sq_t < bound).sum()]).tolist()
+        else:
+            xf = x.reshape(-1)
+            zero, below = torch.stack([(xf == 0).sum(), (xf.abs() < tiny).sum()]).tolist()
+        subnormal = below - zero
     return [n, 0, 0, 0, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / n, math.sqrt(sq / n)], sq
 
 
 def _health_nonfinite(x, n, tiny):
-    """_health of a tensor holding NaN or inf: the counts by masks, the moments over the finite values."""
+    """_health of a tensor holding NaN or inf: the counts by masks, the moments over the finite values.
+
+    In the reused buffer with no boolean indexing and no f64 temporary: the non-finite values are overwritten in
+    place by +inf for the minimum, -inf for the maximum, then zero (a zero adds nothing to a sum or a sum of
+    squares). Indexing with the mask made a fresh copy of the finite values per call (a fresh mmap whose pages
+    fault on first touch): the two masked attention scores a step (-inf above the diagonal) took 8 to 17 ms each
+    that way in a cProfile of record_bench_train.py (bench/RESULTS.md)."""
     xd = _widened(x)
-    nan_c = int(torch.isnan(xd).sum())
-    pinf = int((xd == math.inf).sum())
-    ninf = int((xd == -math.inf).sum())
-    xd = xd[torch.isfinite(xd)]
-    m = xd.numel()
+    bad = ~torch.isfinite(xd)
+    counts = torch.stack([torch.isnan(xd).sum(), (xd == math.inf).sum(), (xd == -math.inf).sum(), (xd == 0).sum(),
+                          ((xd < tiny) & (xd > -tiny)).sum()]).tolist()
+    nan_c, pinf, ninf, zero, below = counts
+    m = n - nan_c - pinf - ninf
     if m == 0:
         nan = float("nan")
         return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
-    total = float(xd.sum())
-    lo, hi = (float(v) for v in torch.aminmax(xd))
-    zero = int((xd == 0).sum())
-    subnormal = int((xd.abs() < tiny).sum()) - zero
-    sq = float((xd * xd).sum())
-    return [n, nan_c, pinf, ninf, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / m, math.sqrt(sq / m)], sq
+    # Each fill reads its extreme before the next one overwrites the non-finite places (ops run in order).
+    lo_t = xd.masked_fill_(bad, math.inf).amin()
+    hi_t = xd.masked_fill_(bad, -math.inf).amax()
+    total_t = xd.masked_fill_(bad, 0.0).sum()
+    sq_t = xd.mul_(xd).sum()
+    total, lo, hi, sq = torch.stack([total_t, lo_t, hi_t, sq_t]).tolist()
+    return [n, nan_c, pinf, ninf, zero, below - zero, lo, hi, max(abs(lo), abs(hi)), total / m, math.sqrt(sq / m)], sq
 
 
 def _counts_text(h):
@@ -308,6 +322,15 @@ class Recorder:
         # phase; without it the dispatch mode is popped while they run (bench/RESULTS.md: they were 290 of
         # the 358 rows of a transformer's step, and about a third of its recording cost).
         self.record_optimizer = bool(options.get("record_optimizer", False))
+        # --flight-recorder N (probes/probe.h, as `ampscope train` keeps it when sampling): with --sample-every,
+        # every step is recorded, its rows held in memory; an unsampled step is written only if it had an anomaly
+        # (a non-finite op output or gradient, an overflow the GradScaler found, a skipped step), and then with
+        # the held steps before it (N steps in all, itself included). 0: off (unsampled steps run unrecorded).
+        self.flight_steps = max(0, int(options.get("flight_recorder", 0)))
+        self.flight = self.flight_steps > 0 and self.every > 1
+        self.held = []  # this unsampled step's rows (flight recorder)
+        self.kept = []  # earlier unsampled steps' rows, oldest first: (step, rows), at most flight_steps - 1
+        self.step_anomalous = False
         self.op_info = {}  # OpOverload -> (aten name, kind, the name a torch user knows)
         self.mode = None
         self.mode_on = False
@@ -348,7 +371,40 @@ class Recorder:
 
     # ---------------------------------------------------------------- tensors and provenance
     def recording(self):
+        """Whether this step's ops and gradients are recorded: a sampled step, or any step with the flight
+        recorder (its rows are then held until the step's end decides whether they are written)."""
+        return self.level != "off" and (self.flight or self.step % self.every == 0)
+
+    def flight_end(self, scaler_anomaly):
+        """The flight recorder at a step's end: the held rows are written when the step is sampled or anomalous,
+        an anomalous step's after those of the kept unwritten steps before it (the lead-up); an unwritten step is
+        kept, the oldest dropped beyond flight_steps - 1. A written step drops the kept ones: they would reach
+        the trace out of step order."""
+        held, self.held = self.held, []
+        anomalous = self.step_anomalous or scaler_anomaly
+        if anomalous:
+            for _, rows in self.kept:
+                for r in rows:
+                    self.channel.add(r)
+        if anomalous or self.step % self.every == 0:
+            self.kept = []
+            for r in held:
+                self.channel.add(r)
+            return
+        self.kept.append((self.step, held))
+        if len(self.kept) > self.flight_steps - 1:
+            del self.kept[0]
+
+    def sampled(self):
         return self.level != "off" and self.step % self.every == 0
+
+    def add_row(self, record):
+        """An op, gradient or histogram row or an origin event: written with the step when it is sampled, else
+        held by the flight recorder."""
+        if self.flight:  # the step's end decides (flight_end)
+            self.held.append(record)
+        else:
+            self.channel.add(record)
 
     # The dispatch mode is on only while ops are recorded: on an unsampled step (and at level off) the script
     # runs with no Python between its ops; what its tensors were made from is then not known (they read as data).
@@ -475,7 +531,7 @@ class Recorder:
                 self.prov[id(o)] = (step, seq, weakref.ref(o))
             if phase == "forward":
                 self.pending_nodes.append((weakref.ref(outs[0]), None))
-                if self.twin is not None:
+                if self.twin is not None and self.sampled():
                     self.twin.on_pass(func, name, args, kwargs, ins, outs, CAST_OPS)
             return
         o = outs[0]
@@ -512,13 +568,13 @@ class Recorder:
             reason = "%s is on the lower_precision_fp list: runs in %s" % (user_name, _dtype(o))
         self.emit_op(seq, user_name, module, in_dtypes, _dtype(o), list(o.shape), reason, h, origin, sources)
         if self.level == "full":
-            self.channel.add(["hist", self.step, seq, "output", histogram(o)])
+            self.add_row(["hist", self.step, seq, "output", histogram(o)])
         self.note_dtype(o)
         for t in outs:
             self.remember(t, seq)
         if phase == "forward":
             self.pending_nodes.append((weakref.ref(o), (user_name, module)))
-            if self.twin is not None:
+            if self.twin is not None and self.sampled():
                 self.twin.on_op(func, name, args, kwargs, ins, out, self.step, seq, user_name, module)
 
     def prov_prune(self):
@@ -545,13 +601,16 @@ class Recorder:
         if self.rows_nonfinite[seq] and self.phase == "forward":
             self.forward_bad = True
         inputs = (sources + [NONE] * 4)[:4]
-        self.channel.add(["op", self.step, seq, self.phase, op, module, in_dtypes, out_dtype,
+        # A mask's fill writes -inf on purpose (the probe's rule, OpFlag::mask_neg_inf): not an anomaly.
+        if h[1] + h[2] + (0 if op == "masked_fill" and self.phase == "forward" else h[3]) > 0:
+            self.step_anomalous = True
+        self.add_row(["op", self.step, seq, self.phase, op, module, in_dtypes, out_dtype,
                           "[" + ", ".join(str(d) for d in shape) + "]", reason, h[0], h[1], h[2], h[3], h[4], h[5],
                           num(h[6]), num(h[7]), num(h[8]), num(h[9]), num(h[10]), 0, 0, origin, inputs])
         self.rows_this_step += 1
         if origin:
             what = "%s in the output of %s" % (_counts_text(h), op)
-            self.channel.add(["event", self.step, seq, "origin", op, module, what + "; " + (
+            self.add_row(["event", self.step, seq, "origin", op, module, what + "; " + (
                 "the incoming gradient is finite" if self.phase == "backward" else "inputs finite")])
 
     # ---------------------------------------------------------------- backward nodes
@@ -567,7 +626,7 @@ class Recorder:
                 continue
             meta["ampscope"] = label
             node.register_hook(self._node_hook(label, meta, _flows_on(node)))
-            if self.twin is not None and label is not None:
+            if self.twin is not None and label is not None and self.sampled():
                 self.twin.attach(t, node)
 
     def label_function(self, cls, args, outputs):
@@ -675,8 +734,8 @@ class Recorder:
         self.emit_op(seq, op, module, ",".join(_dtype(g) for g in gins), _dtype(o), list(o.shape), "", h, origin,
                      sources)
         if self.level == "full":
-            self.channel.add(["hist", self.step, seq, "output", histogram(o)])
-        if self.twin is not None:
+            self.add_row(["hist", self.step, seq, "output", histogram(o)])
+        if self.twin is not None and self.sampled():
             self.twin.backward_row(_NodeView(meta), grad_inputs, grad_outputs, self.step, seq, op, module)
         for g in gouts:
             self.remember(g, seq)
@@ -799,10 +858,12 @@ class Recorder:
                 if self.module_matches is not None and not self.module_matches(name.rsplit(".", 1)[0] if "." in name else ""):
                     continue
                 h = stats[i][0] if self.level != "dtype" else [g.numel()] + [0] * 10
-                self.channel.add(["grad", self.step, name, _dtype(g), h[1], h[2], h[3], h[4], num(h[8]), num(norm),
+                if h[1] + h[2] + h[3]:
+                    self.step_anomalous = True
+                self.add_row(["grad", self.step, name, _dtype(g), h[1], h[2], h[3], h[4], num(h[8]), num(norm),
                                   unscaled])
                 if self.level == "full" and unscaled:
-                    self.channel.add(["hist", self.step, -1, name, histogram(g)])
+                    self.add_row(["hist", self.step, -1, name, histogram(g)])
         finally:
             self.resume(paused)
             self.busy = False
@@ -869,6 +930,8 @@ class Recorder:
             skipped = bool(scaler_info["skipped"]) if scaler_info else False
             found_inf = bool(scaler_info["found_inf"]) if scaler_info else False
             scale_after = scaler_info["scale_after"] if scaler_info else 1.0
+            if self.flight:
+                self.flight_end(found_inf or skipped)
             self.channel.add(["step", self.step, num(loss), num(scale), num(scale_after), found_inf, skipped,
                               scaler_info["growth_tracker"] if scaler_info else 0, num(getattr(self, "grad_norm", 0.0)),
                               num(lr), (now - self.step_started) * 1000.0])
@@ -896,6 +959,7 @@ class Recorder:
             if self.twin is not None:
                 self.twin.end_step()
             self.rows_nonfinite = {}
+            self.step_anomalous = False
             self.forward_bad = False
             self.loss = None
             self.grad_norm = 0.0
@@ -911,7 +975,7 @@ class Recorder:
         import json
         config = {"recorder": "ampscope.torch", "torch": torch.__version__, "python": sys.version.split()[0],
                   "argv": sys.argv, "sample_every": self.every, "probe": self.level,
-                  "record_optimizer": self.record_optimizer}
+                  "record_optimizer": self.record_optimizer, "flight_recorder": self.flight_steps if self.flight else 0}
         config.update(self.run_context)
         if self.twin is not None:
             config["twin"] = {"every": self.every, "backward": sorted(BACKWARD_NAMES)}
@@ -922,7 +986,8 @@ class Recorder:
         if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             config["rank"], config["world_size"] = int(dist.get_rank()), int(dist.get_world_size())
         probe = {"level": self.level, "ops": self.op_globs, "modules": self.module_globs, "every": self.every,
-                 "flight_recorder": False, "recorder_steps": 0, "outside_steps": False, "autocast_overrides": [],
+                 "flight_recorder": self.flight,
+                 "recorder_steps": self.flight_steps if self.flight else 0, "outside_steps": False, "autocast_overrides": [],
                  "record_optimizer": self.record_optimizer}
         begin = ["begin", PROTOCOL, self.precision, self.device or "cpu", self.model_name or os.path.basename(
             sys.argv[0] if sys.argv and sys.argv[0] else "python"), int(torch.initial_seed()) & 0x7FFFFFFFFFFFFFFF,
