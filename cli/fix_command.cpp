@@ -662,6 +662,9 @@ struct FixPlan {
   std::string results;  // the results file
   std::optional<TorchRun> torch;    // a run `ampscope record` recorded: its command is what the re-runs run
   std::vector<std::string> advice;  // remedies that cannot be applied from outside the script
+  // Why the f32 reference is not run ("" when it is): a recorded run that used no autocast region, which
+  // "autocast off" would re-run unchanged (no_autocast_reason).
+  std::string reference_skipped;
 };
 
 std::int64_t saturating_product(std::int64_t a, std::int64_t b) {
@@ -692,7 +695,7 @@ std::int64_t steps_to_rerun(const FixPlan& plan, std::int64_t after) {
 // The plan for a run `ampscope record` recorded: its command, checked (check_torch_command), re-run until the
 // first anomaly's step plus `after`, once per remedy the recorder can apply.
 std::vector<Candidate> torch_candidates(const analysis::Report& report, const TorchRun& run, const std::string& trace,
-                                        std::vector<std::string>& advice);
+                                        std::vector<std::string>& advice, std::string& reference_skipped);
 
 std::optional<FixPlan> make_torch_plan(const FixRequest& request, trace::TraceReader& reader,
                                        const nlohmann::json& config) {
@@ -721,7 +724,7 @@ std::optional<FixPlan> make_torch_plan(const FixRequest& request, trace::TraceRe
                        : plan.first.step + request.after;
   plan.folder = fs::path(request.trace).parent_path();
   plan.base.steps = run.stop_after + 1;  // the table's "re-ran steps 0..N"
-  plan.cands = torch_candidates(report, run, request.trace, plan.advice);
+  plan.cands = torch_candidates(report, run, request.trace, plan.advice, plan.reference_skipped);
   plan.torch = std::move(run);
   plan.results = request.output.empty() ? fix_results_path(request.trace) : request.output;
   for (const Candidate& c : plan.cands) refuse_unsafe_output(c.trace, "the re-run's trace");
@@ -941,10 +944,22 @@ std::string module_of_cast(const analysis::Remedy& m, const analysis::Diagnosis&
   return "";
 }
 
-// The original, the f32 reference (autocast off) and one re-run per remedy `ampscope record` can apply from
-// outside the script; the others go to `advice`.
+// Why the f32 reference (every autocast region disabled) would re-run a recorded run unchanged, or "": the trace
+// recorded every op (no --ops/--modules filter) and none of them ran under autocast, so the run's f16/bf16 ops are
+// f16/bf16 because its model and inputs are (a model stored in f16/bf16), which autocast off leaves as they are.
+std::string no_autocast_reason(const analysis::Report& report) {
+  if (report.op_rows == 0 || report.autocast_op_rows > 0) return "";
+  if (!report.coverage.ops.empty() || !report.coverage.modules.empty()) return "";  // unrecorded ops may have
+  return fmt::format("none of the {} recorded op rows ran under autocast (a model stored in f16/bf16): disabling "
+                     "autocast would re-run the run unchanged",
+                     report.op_rows);
+}
+
+// The original, the f32 reference (autocast off; skipped, with the reason in reference_skipped, for a run with no
+// autocast region) and one re-run per remedy `ampscope record` can apply from outside the script; the others go
+// to `advice`.
 std::vector<Candidate> torch_candidates(const analysis::Report& report, const TorchRun& run, const std::string& trace,
-                                        std::vector<std::string>& advice) {
+                                        std::vector<std::string>& advice, std::string& reference_skipped) {
   std::vector<Candidate> cands;
   std::set<std::string> seen, files;
   auto add = [&](Candidate c) {
@@ -956,9 +971,12 @@ std::vector<Candidate> torch_candidates(const analysis::Report& report, const To
     cands.push_back(std::move(c));
   };
   add({"original", "original", "", "the run as recorded (the baseline: step time, the anomaly again)", {}});
-  Candidate ref{"fp32", "fp32", "", "the f32 reference: every autocast region disabled", {}};
-  ref.record.autocast = "off";
-  add(std::move(ref));
+  reference_skipped = no_autocast_reason(report);
+  if (reference_skipped.empty()) {
+    Candidate ref{"fp32", "fp32", "", "the f32 reference: every autocast region disabled", {}};
+    ref.record.autocast = "off";
+    add(std::move(ref));
+  }
   for (const analysis::Diagnosis& d : report.anomalies) {
     for (const analysis::Remedy& m : d.remedies) {
       Candidate c{"", m.kind, "", m.text, {}};
@@ -1040,6 +1058,8 @@ void print_torch_plan(const FixPlan& plan, std::ostream& err) {
                      run.stop_after);
   err << fmt::format("fix:   re-runs ({}), each exactly this command (no shell):\n", plan.cands.size());
   for (const Candidate& c : plan.cands) err << fmt::format("fix:     {}: {}\n", c.name, torch_command_line(run, c));
+  if (!plan.reference_skipped.empty())
+    err << fmt::format("fix:   not run: the fp32 reference (--autocast off): {}\n", plan.reference_skipped);
   for (const std::string& a : plan.advice) err << fmt::format("fix:   not verifiable from outside the script: {}\n", a);
   err << fmt::format("fix:   reads: {} (the trace)\n", plan.trace);
   for (const Candidate& c : plan.cands) err << fmt::format("fix:   writes: {}\n", c.trace);
@@ -1158,7 +1178,12 @@ bool run_candidates(FixPlan& plan, std::vector<Outcome>& outcomes, std::ostream&
 ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& outcomes, bool fell_back) {
   const analysis::Diagnosis& first = plan.first;
   const Outcome& orig = outcomes[0];
-  const Outcome& fp32 = outcomes[1];
+  // The f32 reference, when it ran (a recorded run without autocast has none: FixPlan::reference_skipped).
+  static const Outcome kNotRun;
+  const Outcome* fp32_run = &kNotRun;
+  for (std::size_t i = 0; i < plan.cands.size(); ++i)
+    if (plan.cands[i].kind == "fp32") fp32_run = &outcomes[i];
+  const Outcome& fp32 = *fp32_run;
   // An FP8 finding is calibration, not an anomaly: its keys say "finding" (first_finding, finding_gone).
   const bool fp8 = first.cause.starts_with(kFp8Cause);
   const char* first_key = fp8 ? "first_finding" : "first_anomaly";
@@ -1232,6 +1257,7 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
     for (const auto& [name, value] : plan.torch->env) env[name] = value;
     doc["replayed"]["env"] = env;
     doc["not_verifiable"] = plan.advice;
+    if (!plan.reference_skipped.empty()) doc["fp32_reference_skipped"] = plan.reference_skipped;
   } else {
     doc["replayed"] = ordered_json::parse(run_config_json(plan.base));
   }
@@ -1285,7 +1311,11 @@ void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, s
   }
   for (const std::string& a : plan.advice) out << fmt::format("not verifiable from outside the script: {}\n", a);
   const int verified = doc["verified"].get<int>();
-  const ordered_json& fp32 = doc["runs"].size() > 1 ? doc["runs"][1] : ordered_json();
+  if (doc.contains("fp32_reference_skipped"))
+    out << fmt::format("not run: the fp32 reference (--autocast off): {}\n", doc["fp32_reference_skipped"].get<std::string>());
+  ordered_json fp32;
+  for (const ordered_json& r : doc["runs"])
+    if (r["kind"] == "fp32") fp32 = r;
   if (plan.torch && verified == 0 && fp32.is_object() && fp32["ran"].get<bool>() && !fp32["anomaly_gone"].get<bool>()) {
     out << "no remedy applied from outside the script removes the anomaly, and it remains in f32 (autocast off): not a "
            "precision problem; the remedy is in the script (above: not verifiable from outside the script)\n";
@@ -1376,7 +1406,8 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
 FixCommand::FixCommand(CLI::App& app) {
   cmd_ = app.add_subcommand(
       "fix", "Re-run a run `ampscope train` or `ampscope record` recorded, once per remedy its report proposes (and "
-             "in fp32), through the first anomaly and --after steps more; say which remedies remove the anomaly. The "
+             "in fp32, unless a recorded PyTorch run used no autocast region: then that re-run would be the run again), "
+             "through the first anomaly and --after steps more; say which remedies remove the anomaly. The "
              "plan (re-runs, steps, every file read and written; for a recorded PyTorch run its command and each "
              "re-run's command line) is printed first. Exit 0: at least one verified (or nothing to fix), 1: none, "
              "2: errors (every re-run failed, a recorded value train refuses, a recorded command fix does not run, "

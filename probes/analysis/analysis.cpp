@@ -59,6 +59,7 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
   if (step_row != nullptr) st.steps.push_back(*step_row);
   st.rep.op_rows += static_cast<std::int64_t>(ops.size());
   st.rep.grad_rows += static_cast<std::int64_t>(grads.size());
+  for (const OpRow& r : ops) st.rep.autocast_op_rows += r.autocast.empty() ? 0 : 1;
 
   if (!ops.empty()) st.rep.provenance |= ops.front().inputs[0] != trace::kInputUnknown;
   StepFacts& f = st.facts[step];
@@ -247,6 +248,7 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
   Report report = a.finish();
   report.swamped = analyse_updates(reader.updates());  // one row per f16/bf16 parameter and step: small
   report.fp8 = analyse_fp8(reader.fp8(), fp8_run_settings(reader.run_info().config));  // three rows per FP8 Linear and recorded step: small
+  mark_fp8_linears(report.precision, report.fp8);
   report.damage = reader.damage();
   return report;
 }
