@@ -944,15 +944,19 @@ std::string module_of_cast(const analysis::Remedy& m, const analysis::Diagnosis&
   return "";
 }
 
-// Why the f32 reference (every autocast region disabled) would re-run a recorded run unchanged, or "": the trace
-// recorded every op (no --ops/--modules filter) and none of them ran under autocast, so the run's f16/bf16 ops are
-// f16/bf16 because its model and inputs are (a model stored in f16/bf16), which autocast off leaves as they are.
+// Why the f32 reference (every autocast region disabled) of a recorded run would not be an f32 run, or "": every
+// recorded gradient is f16/bf16, so the parameters are stored in f16/bf16 (no f32 master weights; under autocast
+// they stay f32), and their ops run in f16/bf16 with autocast on or off: without an autocast region the re-run is
+// the run again. A trace without gradient rows says nothing here: the reference runs, and its re-run's trace says
+// afterwards whether it disabled any autocast region (measure_torch: "not applied" when none).
 std::string no_autocast_reason(const analysis::Report& report) {
-  if (report.op_rows == 0 || report.autocast_op_rows > 0) return "";
-  if (!report.coverage.ops.empty() || !report.coverage.modules.empty()) return "";  // unrecorded ops may have
-  return fmt::format("none of the {} recorded op rows ran under autocast (a model stored in f16/bf16): disabling "
-                     "autocast would re-run the run unchanged",
-                     report.op_rows);
+  if (report.grad_dtypes.empty()) return "";
+  for (const std::string& d : report.grad_dtypes)
+    if (d != "f16" && d != "bf16") return "";
+  return fmt::format("every recorded gradient is {} (the parameters are stored in f16/bf16, without f32 master "
+                     "weights): with autocast off its ops still run in f16/bf16, so that re-run would not be an f32 "
+                     "reference (without an autocast region, it would be the run again)",
+                     fmt::join(report.grad_dtypes, "/"));
 }
 
 // The original, the f32 reference (autocast off; skipped, with the reason in reference_skipped, for a run with no
@@ -1115,6 +1119,9 @@ Outcome measure_torch(const Candidate& cand, const std::string& cause, const Tor
     };
     if (!cand.record.autocast_fp32.empty()) o.applied = applied("autocast_fp32:");
     if (cand.record.autocast == "bf16") o.applied = applied("autocast_bf16");
+    // The f32 reference disabled no autocast region: the script ran none (a model stored in f16/bf16), so the
+    // re-run was the run again, not an f32 run.
+    if (cand.record.autocast == "off") o.applied = applied("autocast_off");
     if (!std::isnan(cand.record.lr_factor)) o.applied = applied("lr_factor");
     if (!std::isnan(cand.record.init_scale)) o.applied = applied("init_scale");
     judge_rerun(reader, cause, o);
@@ -1316,7 +1323,11 @@ void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, s
   ordered_json fp32;
   for (const ordered_json& r : doc["runs"])
     if (r["kind"] == "fp32") fp32 = r;
-  if (plan.torch && verified == 0 && fp32.is_object() && fp32["ran"].get<bool>() && !fp32["anomaly_gone"].get<bool>()) {
+  if (plan.torch && fp32.is_object() && fp32["ran"].get<bool>() && !fp32["applied"].get<bool>())
+    out << "the fp32 reference (--autocast off) disabled no autocast region (the script enters none): it re-ran the "
+           "run unchanged, not in f32\n";
+  if (plan.torch && verified == 0 && fp32.is_object() && fp32["ran"].get<bool>() && fp32["applied"].get<bool>() &&
+      !fp32["anomaly_gone"].get<bool>()) {
     out << "no remedy applied from outside the script removes the anomaly, and it remains in f32 (autocast off): not a "
            "precision problem; the remedy is in the script (above: not verifiable from outside the script)\n";
   }

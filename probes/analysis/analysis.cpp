@@ -59,7 +59,11 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
   if (step_row != nullptr) st.steps.push_back(*step_row);
   st.rep.op_rows += static_cast<std::int64_t>(ops.size());
   st.rep.grad_rows += static_cast<std::int64_t>(grads.size());
-  for (const OpRow& r : ops) st.rep.autocast_op_rows += r.autocast.empty() ? 0 : 1;
+  for (const GradRow& g : grads)
+    if (std::find(st.rep.grad_dtypes.begin(), st.rep.grad_dtypes.end(), g.dtype) == st.rep.grad_dtypes.end()) {
+      st.rep.grad_dtypes.push_back(g.dtype);
+      std::sort(st.rep.grad_dtypes.begin(), st.rep.grad_dtypes.end());
+    }
 
   if (!ops.empty()) st.rep.provenance |= ops.front().inputs[0] != trace::kInputUnknown;
   StepFacts& f = st.facts[step];

@@ -490,10 +490,10 @@ struct Report {
   trace::RunInfo run;
   bool complete = true;       // false: the writer did not close the file (killed, failed or still running)
   std::int64_t steps = 0, op_rows = 0, grad_rows = 0;  // what was analysed
-  // Op rows that ran under autocast (a non-empty autocast reason): 0 with op rows recorded means the run used no
-  // autocast region (a model stored in f16/bf16), so an "autocast off" re-run is the run again (`ampscope fix`
-  // skips its f32 reference then). Not rendered.
-  std::int64_t autocast_op_rows = 0;
+  // The distinct dtypes of the /grads rows ("f32"; "bf16" for a model whose parameters are stored in bf16), sorted:
+  // `ampscope fix` runs no f32 reference ("autocast off") for a recorded run whose gradients are all f16/bf16, as
+  // that re-run would not be f32. Not rendered.
+  std::vector<std::string> grad_dtypes;
   std::vector<Diagnosis> anomalies;
   std::vector<HeadroomWarning> warnings;
   ScalerHealth scaler;

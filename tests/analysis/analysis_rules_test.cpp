@@ -220,10 +220,13 @@ TEST(analysis_rules_test, the_learning_rate_remedy_of_an_uncured_overflow_is_wor
     if (rep.anomalies.empty()) return std::string();
     for (const Remedy& m : rep.anomalies[0].remedies)
       if (m.kind == "learning_rate") return m.text;
-    return std::string("(no learning_rate remedy)");
+    std::string kinds = rep.anomalies[0].cause + ":";
+    for (const Remedy& m : rep.anomalies[0].remedies) kinds += " " + m.kind;
+    return "(no learning_rate remedy: " + kinds + ")";
   };
   {
-    const std::vector<StepRow> steps = trajectory(65536, {true, true, true});
+    std::vector<StepRow> steps = trajectory(65536, {true, true, true});
+    for (StepRow& st : steps) st.loss = 2.0;  // finite forward passes: only the scaled gradients overflowed
     const BackwardOnly b;
     const Report rep = analyse(steps, b.ops, b.grads);
     const std::string text = lr_text(rep);
@@ -238,6 +241,7 @@ TEST(analysis_rules_test, the_learning_rate_remedy_of_an_uncured_overflow_is_wor
     // every smaller scale after it: one update applied before, at a smaller scale than step 1's.
     std::vector<StepRow> steps = {step_row(0, 16384, 32768, false), step_row(1, 32768, 16384, true),
                                   step_row(2, 16384, 8192, true), step_row(3, 8192, 4096, true)};
+    for (StepRow& st : steps) st.loss = 2.0;
     BackwardOnly b;
     for (OpRow& o : b.ops) o.step += 1;
     const Report rep = analyse(steps, b.ops, b.grads);
