@@ -979,6 +979,7 @@ std::vector<Candidate> torch_candidates(const analysis::Report& report, const To
   if (reference_skipped.empty()) {
     Candidate ref{"fp32", "fp32", "", "the f32 reference: every autocast region disabled", {}};
     ref.record.autocast = "off";
+    ref.reference = true;  // not a remedy: never counted as verified
     add(std::move(ref));
   }
   for (const analysis::Diagnosis& d : report.anomalies) {
