@@ -662,8 +662,8 @@ struct FixPlan {
   std::string results;  // the results file
   std::optional<TorchRun> torch;    // a run `ampscope record` recorded: its command is what the re-runs run
   std::vector<std::string> advice;  // remedies that cannot be applied from outside the script
-  // Why the f32 reference is not run ("" when it is): a recorded run that used no autocast region, which
-  // "autocast off" would re-run unchanged (no_autocast_reason).
+  // Why the f32 reference is not run ("" when it is): a recorded run whose gradients are all f16/bf16 (parameters
+  // stored low), which "autocast off" would not make f32 (no_autocast_reason).
   std::string reference_skipped;
 };
 
