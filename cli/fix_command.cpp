@@ -662,6 +662,9 @@ struct FixPlan {
   std::string results;  // the results file
   std::optional<TorchRun> torch;    // a run `ampscope record` recorded: its command is what the re-runs run
   std::vector<std::string> advice;  // remedies that cannot be applied from outside the script
+  // Why the f32 reference is not run ("" when it is): a recorded run whose gradients are all f16/bf16 (parameters
+  // stored low), which "autocast off" would not make f32 (no_autocast_reason).
+  std::string reference_skipped;
 };
 
 std::int64_t saturating_product(std::int64_t a, std::int64_t b) {
@@ -692,7 +695,7 @@ std::int64_t steps_to_rerun(const FixPlan& plan, std::int64_t after) {
 // The plan for a run `ampscope record` recorded: its command, checked (check_torch_command), re-run until the
 // first anomaly's step plus `after`, once per remedy the recorder can apply.
 std::vector<Candidate> torch_candidates(const analysis::Report& report, const TorchRun& run, const std::string& trace,
-                                        std::vector<std::string>& advice);
+                                        std::vector<std::string>& advice, std::string& reference_skipped);
 
 std::optional<FixPlan> make_torch_plan(const FixRequest& request, trace::TraceReader& reader,
                                        const nlohmann::json& config) {
@@ -721,7 +724,7 @@ std::optional<FixPlan> make_torch_plan(const FixRequest& request, trace::TraceRe
                        : plan.first.step + request.after;
   plan.folder = fs::path(request.trace).parent_path();
   plan.base.steps = run.stop_after + 1;  // the table's "re-ran steps 0..N"
-  plan.cands = torch_candidates(report, run, request.trace, plan.advice);
+  plan.cands = torch_candidates(report, run, request.trace, plan.advice, plan.reference_skipped);
   plan.torch = std::move(run);
   plan.results = request.output.empty() ? fix_results_path(request.trace) : request.output;
   for (const Candidate& c : plan.cands) refuse_unsafe_output(c.trace, "the re-run's trace");
@@ -941,10 +944,26 @@ std::string module_of_cast(const analysis::Remedy& m, const analysis::Diagnosis&
   return "";
 }
 
-// The original, the f32 reference (autocast off) and one re-run per remedy `ampscope record` can apply from
-// outside the script; the others go to `advice`.
+// Why the f32 reference (every autocast region disabled) of a recorded run would not be an f32 run, or "": every
+// recorded gradient is f16/bf16, so the parameters are stored in f16/bf16 (no f32 master weights; under autocast
+// they stay f32), and their ops run in f16/bf16 with autocast on or off: without an autocast region the re-run is
+// the run again. A trace without gradient rows says nothing here: the reference runs, and its re-run's trace says
+// afterwards whether it disabled any autocast region (measure_torch: "not applied" when none).
+std::string no_autocast_reason(const analysis::Report& report) {
+  if (report.grad_dtypes.empty()) return "";
+  for (const std::string& d : report.grad_dtypes)
+    if (d != "f16" && d != "bf16") return "";
+  return fmt::format("every recorded gradient is {} (the parameters are stored in f16/bf16, without f32 master "
+                     "weights): with autocast off its ops still run in f16/bf16, so that re-run would not be an f32 "
+                     "reference (without an autocast region, it would be the run again)",
+                     fmt::join(report.grad_dtypes, "/"));
+}
+
+// The original, the f32 reference (autocast off; skipped, with the reason in reference_skipped, for a run with no
+// autocast region) and one re-run per remedy `ampscope record` can apply from outside the script; the others go
+// to `advice`.
 std::vector<Candidate> torch_candidates(const analysis::Report& report, const TorchRun& run, const std::string& trace,
-                                        std::vector<std::string>& advice) {
+                                        std::vector<std::string>& advice, std::string& reference_skipped) {
   std::vector<Candidate> cands;
   std::set<std::string> seen, files;
   auto add = [&](Candidate c) {
@@ -956,10 +975,13 @@ std::vector<Candidate> torch_candidates(const analysis::Report& report, const To
     cands.push_back(std::move(c));
   };
   add({"original", "original", "", "the run as recorded (the baseline: step time, the anomaly again)", {}});
-  Candidate ref{"fp32", "fp32", "", "the f32 reference: every autocast region disabled", {}};
-  ref.reference = true;  // judged, never counted as a verified remedy
-  ref.record.autocast = "off";
-  add(std::move(ref));
+  reference_skipped = no_autocast_reason(report);
+  if (reference_skipped.empty()) {
+    Candidate ref{"fp32", "fp32", "", "the f32 reference: every autocast region disabled", {}};
+    ref.record.autocast = "off";
+    ref.reference = true;  // not a remedy: never counted as verified
+    add(std::move(ref));
+  }
   for (const analysis::Diagnosis& d : report.anomalies) {
     for (const analysis::Remedy& m : d.remedies) {
       Candidate c{"", m.kind, "", m.text, {}};
@@ -1041,6 +1063,8 @@ void print_torch_plan(const FixPlan& plan, std::ostream& err) {
                      run.stop_after);
   err << fmt::format("fix:   re-runs ({}), each exactly this command (no shell):\n", plan.cands.size());
   for (const Candidate& c : plan.cands) err << fmt::format("fix:     {}: {}\n", c.name, torch_command_line(run, c));
+  if (!plan.reference_skipped.empty())
+    err << fmt::format("fix:   not run: the fp32 reference (--autocast off): {}\n", plan.reference_skipped);
   for (const std::string& a : plan.advice) err << fmt::format("fix:   not verifiable from outside the script: {}\n", a);
   err << fmt::format("fix:   reads: {} (the trace)\n", plan.trace);
   for (const Candidate& c : plan.cands) err << fmt::format("fix:   writes: {}\n", c.trace);
@@ -1096,6 +1120,9 @@ Outcome measure_torch(const Candidate& cand, const std::string& cause, const Tor
     };
     if (!cand.record.autocast_fp32.empty()) o.applied = applied("autocast_fp32:");
     if (cand.record.autocast == "bf16") o.applied = applied("autocast_bf16");
+    // The f32 reference disabled no autocast region: the script ran none (a model stored in f16/bf16), so the
+    // re-run was the run again, not an f32 run.
+    if (cand.record.autocast == "off") o.applied = applied("autocast_off");
     if (!std::isnan(cand.record.lr_factor)) o.applied = applied("lr_factor");
     if (!std::isnan(cand.record.init_scale)) o.applied = applied("init_scale");
     judge_rerun(reader, cause, o);
@@ -1159,7 +1186,12 @@ bool run_candidates(FixPlan& plan, std::vector<Outcome>& outcomes, std::ostream&
 ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& outcomes, bool fell_back) {
   const analysis::Diagnosis& first = plan.first;
   const Outcome& orig = outcomes[0];
-  const Outcome& fp32 = outcomes[1];
+  // The f32 reference, when it ran (a recorded run without autocast has none: FixPlan::reference_skipped).
+  static const Outcome kNotRun;
+  const Outcome* fp32_run = &kNotRun;
+  for (std::size_t i = 0; i < plan.cands.size(); ++i)
+    if (plan.cands[i].kind == "fp32") fp32_run = &outcomes[i];
+  const Outcome& fp32 = *fp32_run;
   // An FP8 finding is calibration, not an anomaly: its keys say "finding" (first_finding, finding_gone).
   const bool fp8 = first.cause.starts_with(kFp8Cause);
   const char* first_key = fp8 ? "first_finding" : "first_anomaly";
@@ -1233,6 +1265,7 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
     for (const auto& [name, value] : plan.torch->env) env[name] = value;
     doc["replayed"]["env"] = env;
     doc["not_verifiable"] = plan.advice;
+    if (!plan.reference_skipped.empty()) doc["fp32_reference_skipped"] = plan.reference_skipped;
   } else {
     doc["replayed"] = ordered_json::parse(run_config_json(plan.base));
   }
@@ -1286,8 +1319,16 @@ void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, s
   }
   for (const std::string& a : plan.advice) out << fmt::format("not verifiable from outside the script: {}\n", a);
   const int verified = doc["verified"].get<int>();
-  const ordered_json& fp32 = doc["runs"].size() > 1 ? doc["runs"][1] : ordered_json();
-  if (plan.torch && verified == 0 && fp32.is_object() && fp32["ran"].get<bool>() && !fp32["anomaly_gone"].get<bool>()) {
+  if (doc.contains("fp32_reference_skipped"))
+    out << fmt::format("not run: the fp32 reference (--autocast off): {}\n", doc["fp32_reference_skipped"].get<std::string>());
+  ordered_json fp32;
+  for (const ordered_json& r : doc["runs"])
+    if (r["kind"] == "fp32") fp32 = r;
+  if (plan.torch && fp32.is_object() && fp32["ran"].get<bool>() && !fp32["applied"].get<bool>())
+    out << "the fp32 reference (--autocast off) disabled no autocast region (the script enters none): it re-ran the "
+           "run unchanged, not in f32\n";
+  if (plan.torch && verified == 0 && fp32.is_object() && fp32["ran"].get<bool>() && fp32["applied"].get<bool>() &&
+      !fp32["anomaly_gone"].get<bool>()) {
     out << "no remedy applied from outside the script removes the anomaly, and it remains in f32 (autocast off): not a "
            "precision problem; the remedy is in the script (above: not verifiable from outside the script)\n";
   }
@@ -1377,7 +1418,8 @@ int run_fix(const FixRequest& request, std::ostream& out, std::ostream& err) {
 FixCommand::FixCommand(CLI::App& app) {
   cmd_ = app.add_subcommand(
       "fix", "Re-run a run `ampscope train` or `ampscope record` recorded, once per remedy its report proposes (and "
-             "in fp32), through the first anomaly and --after steps more; say which remedies remove the anomaly. The "
+             "in fp32, unless a recorded PyTorch run used no autocast region: then that re-run would be the run again), "
+             "through the first anomaly and --after steps more; say which remedies remove the anomaly. The "
              "plan (re-runs, steps, every file read and written; for a recorded PyTorch run its command and each "
              "re-run's command line) is printed first. Exit 0: at least one verified (or nothing to fix), 1: none, "
              "2: errors (every re-run failed, a recorded value train refuses, a recorded command fix does not run, "

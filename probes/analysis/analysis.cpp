@@ -59,6 +59,11 @@ void Analyser::add_step(std::int64_t step, const StepRow* step_row, std::span<co
   if (step_row != nullptr) st.steps.push_back(*step_row);
   st.rep.op_rows += static_cast<std::int64_t>(ops.size());
   st.rep.grad_rows += static_cast<std::int64_t>(grads.size());
+  for (const GradRow& g : grads)
+    if (std::find(st.rep.grad_dtypes.begin(), st.rep.grad_dtypes.end(), g.dtype) == st.rep.grad_dtypes.end()) {
+      st.rep.grad_dtypes.push_back(g.dtype);
+      std::sort(st.rep.grad_dtypes.begin(), st.rep.grad_dtypes.end());
+    }
 
   if (!ops.empty()) st.rep.provenance |= ops.front().inputs[0] != trace::kInputUnknown;
   StepFacts& f = st.facts[step];
@@ -247,6 +252,7 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
   Report report = a.finish();
   report.swamped = analyse_updates(reader.updates());  // one row per f16/bf16 parameter and step: small
   report.fp8 = analyse_fp8(reader.fp8(), fp8_run_settings(reader.run_info().config));  // three rows per FP8 Linear and recorded step: small
+  mark_fp8_linears(report.precision, report.fp8);
   report.damage = reader.damage();
   return report;
 }

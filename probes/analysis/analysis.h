@@ -93,6 +93,10 @@ inline constexpr const char* kRemedyKinds[] = {
     "finite_weights",      // the weights held NaN/inf before the first op: load finite ones (code only)
     "record_every_op",     // the probe filtered or sampled the origin away: record every op and run again
     "compare_fp32",        // nothing specific: compare with an fp32 run
+    // An FP8 Linear (`--precision fp8`): keep its GEMMs out of FP8, in bf16 (pattern: the module). The remedy of
+    // fp8_error_dominates (verified by `ampscope fix`) and of a PRECISION jump at an FP8 Linear (kind
+    // fp8_quantization).
+    "fp8_keep_bf16",
     // Precision remedies (the PRECISION section, from the f32 twin's rows; code only):
     "accumulate_f32",      // keep a running total (or a reduction's accumulator) in f32
     "accumulate_f64",      // the same in f64, for an f32 accumulator (an f64 twin's row: `--twin-f64`)
@@ -258,9 +262,16 @@ struct Coverage {
 //             by their local mean relative error; named by the forward op (op, module) each belongs to.
 // kind of an entry: cancellation (an add/sub with cond >= 8 whose output lost what its inputs had),
 // saturation (sigmoid/tanh outputs at 1 where f32's are not), accumulation (a chain of 8 or more calls whose
-// error grew), reduction (sum/mean), boundary (other outputs at 0, inf or the largest value), rounding.
+// error grew), reduction (sum/mean), boundary (other outputs at 0, inf or the largest value), rounding;
+// fp8_quantization: a jump or trend entry (accumulated error) of a Linear that ran its GEMMs in FP8, which would
+// otherwise read rounding: its accumulated error is against the unquantized f32 Linear, so it holds the FP8
+// quantization of its operands (its local error, against the same FP8 GEMM in f32, is the bf16 rounding alone:
+// probes/twin.h), and its remedy is --fp8-keep-bf16 (mark_fp8_linears).
 struct PrecisionEntry {
   std::string op, module, out_dtype;
+  // An FP8 Linear's entry in a list of accumulated error (jump, trend): the FP8 format of its forward operands
+  // ("e4m3"; "e4m3/e5m2" if they differ), which its label shows ("fp8 e4m3 -> bf16"); "" otherwise.
+  std::string fp8;
   // What the twin computed the op in, the errors' reference (analysis::reference_of): "f32", or "f64" for an f32
   // op twinned by `--twin-f64` (and an f64 op).
   std::string reference = "f32";
@@ -363,9 +374,13 @@ struct Fp8OperandSummary {
 // underflow heatmaps; E4M3's range below the scaled amax is 2^-9 / 448, about 2^-18 (E5M2's is 2^-16 / 57344,
 // about 2^-32), so gradients whose spread is wider than that lose their small values, which HYBRID keeps.
 inline constexpr double kFp8GradUnderflowThreshold = 0.02;
-// Silent saturation: an operand with more than this fraction of its nonzero values clipped at +-max in a step.
-// An ordinary delayed-recipe run clips a little in the steps where an amax grew past the previous window (the
-// mlp sample's 4-step run in docs/report-format.md peaks at 0.6% on a weight); 1% is above that.
+// Silent saturation: an operand with more than this fraction of its nonzero values clipped at +-max in a step, in a
+// step whose relative RMS quantization error (trace::Fp8Row::rel_rms_error) exceeds its format's unit roundoff
+// (fp8_unit_roundoff, below). The delayed recipe clips by design wherever an amax grew past the history's: values
+// between max and amax * scale. Clipped by less than a rounding they lose no more than rounding would (E4M3 rounds
+// everything in (432, 464) to 448 anyway): the sample transformer's weights clip 1.1-3.4% in steps 1 to 4 at
+// amax * scale up to 1.067 max with an RMS error of 0.027 (0.43 u, as unclipped steps). A step's RMS error above
+// u is what rounding cannot make: values were lost, and with over 1% clipped, to the clipping (docs/fp8.md).
 inline constexpr double kFp8SaturationThreshold = 0.01;
 
 // A stale delayed scale (docs/fp8.md, "Diagnoses"): an operand's amax spikes in one recorded step, the next step's
@@ -429,7 +444,8 @@ struct Fp8Finding {
   std::int64_t worst_step = 0;
   double worst_fraction = 0;  // the highest per-step fraction, at worst_step (the first such step)
   // Saturation only: the largest amax * scale of a flagged step (how far past max the scaled values reached) and
-  // the margin 2^margin that brings it to or under the format's max (at least 1).
+  // the margin 2^margin that brings it to or under the format's max (at least 1); error and error_bound (below) are
+  // the largest relative RMS error of a flagged step and the format's unit roundoff it exceeds.
   double max_scaled_amax = 0;
   int margin = 0;
   // stale_scale only: the spike step, the amax of the recorded step before it and at it, the scale the spike
@@ -474,6 +490,10 @@ struct Report {
   trace::RunInfo run;
   bool complete = true;       // false: the writer did not close the file (killed, failed or still running)
   std::int64_t steps = 0, op_rows = 0, grad_rows = 0;  // what was analysed
+  // The distinct dtypes of the /grads rows ("f32"; "bf16" for a model whose parameters are stored in bf16), sorted:
+  // `ampscope fix` runs no f32 reference ("autocast off") for a recorded run whose gradients are all f16/bf16, as
+  // that re-run would not be f32. Not rendered.
+  std::vector<std::string> grad_dtypes;
   std::vector<Diagnosis> anomalies;
   std::vector<HeadroomWarning> warnings;
   ScalerHealth scaler;

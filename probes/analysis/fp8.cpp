@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 namespace ampscope::analysis {
@@ -31,15 +32,24 @@ std::vector<std::size_t> worst(const std::vector<Fp8OperandSummary>& operands, F
 
 double fp8_format_max(const std::string& format) { return format == "e5m2" ? 57344.0 : 448.0; }
 
-// The steps of one operand's rows (in step order) whose per-step fraction of `count` exceeds `threshold`, as a
-// finding of `kind` without remedies; nullopt when no step does.
+// Whether a step's clipping cost more than rounding (saturation, analysis.h kFp8SaturationThreshold): its relative
+// RMS error above the format's unit roundoff. A step without a finite error (no finite value to measure) is judged
+// by its fraction alone.
+bool clipping_lost_values(const trace::Fp8Row& r) {
+  return !std::isfinite(r.rel_rms_error) || r.rel_rms_error > fp8_unit_roundoff(r.format);
+}
+
+// The steps of one operand's rows (in step order) whose per-step fraction of `count` exceeds `threshold` (for
+// saturation, also clipping_lost_values), as a finding of `kind` without remedies; nullopt when no step does.
 template <typename Count>
 std::optional<Fp8Finding> flagged(const std::vector<const trace::Fp8Row*>& list, const std::string& kind,
                                   double threshold, Count count) {
   Fp8Finding f;
+  const bool saturation = kind == "saturation";
   for (const trace::Fp8Row* r : list) {
     const double fraction = trace::fp8_fraction(count(*r), r->nonzero);
     if (!(fraction > threshold)) continue;
+    if (saturation && !clipping_lost_values(*r)) continue;
     if (f.steps == 0) f.first_step = r->step;
     f.last_step = r->step;
     ++f.steps;
@@ -49,10 +59,11 @@ std::optional<Fp8Finding> flagged(const std::vector<const trace::Fp8Row*>& list,
       f.worst_fraction = fraction;
       f.worst_step = r->step;
     }
-    if (kind == "saturation") {
+    if (saturation) {
       // amax * scale: where the largest value landed before satfinite held it at max.
       const double scaled = r->amax * r->scale;
       f.max_scaled_amax = std::max(f.max_scaled_amax, scaled);
+      if (std::isfinite(r->rel_rms_error)) f.error = std::max(f.error, r->rel_rms_error);
     }
   }
   if (f.steps == 0) return std::nullopt;
@@ -62,6 +73,7 @@ std::optional<Fp8Finding> flagged(const std::vector<const trace::Fp8Row*>& list,
   f.format = list.front()->format;
   f.threshold = threshold;
   f.fraction = trace::fp8_fraction(f.count, f.nonzero);
+  if (saturation) f.error_bound = fp8_unit_roundoff(f.format);
   return f;
 }
 
@@ -249,6 +261,42 @@ std::optional<Fp8Finding> error_dominates(
 }
 
 }  // namespace
+
+void mark_fp8_linears(PrecisionSection& precision, const Fp8Section& fp8) {
+  // module -> the formats of its forward operands (input, weight), from its /fp8 rows.
+  std::map<std::string, std::set<std::string>> forward_formats;
+  for (const Fp8OperandSummary& o : fp8.operands)
+    if (o.operand == "input" || o.operand == "weight") forward_formats[o.module].insert(o.format);
+  const auto mark = [&](PrecisionEntry& e, bool jump) {
+    if (e.op != "linear" || e.phase != "forward") return;
+    const auto it = forward_formats.find(e.module);
+    if (it == forward_formats.end()) return;
+    e.fp8 = fmt::format("{}", fmt::join(it->second, "/"));
+    if (!jump || e.kind != "rounding") return;
+    e.kind = "fp8_quantization";
+    // Before the evidence's closing "(step N, seq M)".
+    const std::string why = fmt::format("; its input and weight were quantized to FP8 {} for the GEMM, and its own {} "
+                                        "rounding is {:.2g} (its local error, against the same FP8 GEMM in f32): the "
+                                        "rest of the jump is the quantization",
+                                        e.fp8, e.out_dtype, e.local_error);
+    const std::size_t at = e.evidence.rfind(" (step ");
+    e.evidence.insert(at == std::string::npos ? e.evidence.size() : at, why);
+    if (e.remedies.empty()) return;  // an op that lost little gets none (precision.cpp, kSignificant)
+    Remedy m;
+    m.kind = "fp8_keep_bf16";
+    m.pattern = e.module;
+    m.flag = "--fp8-keep-bf16 " + autocast_pattern(e.module);
+    m.text = fmt::format("run the GEMMs of linear in {} in bf16, out of FP8 (the other Linears keep FP8): its operands "
+                         "are then not quantized",
+                         e.module);
+    m.code = fmt::format("fp8_options.keep_bf16.push_back(\"{}\");  // Fp8Options (core/fp8_linear.h)", e.module);
+    // Keeping it in f32 (an autocast override) also takes it out of FP8, at f32's cost: the bf16 remedy replaces it.
+    std::erase_if(e.remedies, [](const Remedy& r) { return r.kind == "autocast_fp32" || r.kind == "cast_f32"; });
+    e.remedies.insert(e.remedies.begin(), std::move(m));
+  };
+  for (PrecisionEntry& e : precision.by_jump) mark(e, true);
+  for (PrecisionEntry& e : precision.by_trend) mark(e, false);
+}
 
 Fp8RunSettings fp8_run_settings(const std::string& config_json) {
   Fp8RunSettings s;

@@ -19,4 +19,13 @@ namespace ampscope::analysis {
 // used; the default (unknown) offers every remedy.
 Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows, const Fp8RunSettings& run = {});
 
+// Marks the PRECISION entries of FP8 Linears (a forward `linear` whose module has /fp8 input or weight rows) in
+// the lists of accumulated error, by_jump and by_trend: their error against the unquantized f32 Linear holds
+// the FP8 quantization of the operands, not only the bf16 rounding their out_dtype names. Each gets fp8 (the
+// operands' format); a by_jump entry of kind rounding becomes fp8_quantization, with its evidence saying so and
+// its remedies (when it has any) the one that removes the quantization: --fp8-keep-bf16 'MODULE' (kind
+// fp8_keep_bf16) in place of keeping it in f32. by_local and backward (local errors, measured against the
+// same FP8 GEMM in f32: the bf16 rounding alone) are left as they are.
+void mark_fp8_linears(PrecisionSection& precision, const Fp8Section& fp8);
+
 }  // namespace ampscope::analysis

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -318,11 +319,19 @@ void normalise_remedy(const RemedyContext& c, std::vector<Remedy>& out) {
 
 void exp_overflow_remedies(const RemedyContext& c, std::vector<Remedy>& out) {
   if (c.amp != nullptr) amplification_remedies(c, out);
+  // The limit of the dtype the exp ran in (its output's): ln of its largest finite value, 11.09 in f16; bf16 has
+  // f32's exponent range, so its exp overflows where f32's does (88.72) and computing it in f32 does not help.
+  const std::string& dtype = c.r.out_dtype;
+  const double largest = dtype == "f16"    ? 65504.0
+                         : dtype == "bf16" ? 0x1.fep127
+                         : dtype == "f64"  ? std::numeric_limits<double>::max()
+                                           : static_cast<double>(std::numeric_limits<float>::max());
   out.push_back(simple("stable_formulation",
-                       "subtract the row's max before exp (softmax, log_softmax and cross_entropy do it for you): "
-                       "exp of a value above 11.09 overflows f16",
+                       fmt::format("subtract the row's max before exp (softmax, log_softmax and cross_entropy do it for "
+                                   "you): exp of a value above {:.4g} overflows {}",
+                                   std::log(largest), dtype.empty() ? "f32" : dtype),
                        "", "Tensor e = exp(x - amax(x, {-1}, true));  // or softmax / log_softmax / cross_entropy"));
-  c.keep_f32(out, "exp overflows f32 only above 88.7");
+  if (dtype == "f16") c.keep_f32(out, "exp overflows f32 only above 88.72");
   if (c.f16) out.push_back(bf16_remedy());
   normalise_remedy(c, out);
 }

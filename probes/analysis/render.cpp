@@ -513,12 +513,19 @@ std::string precision_place(const PrecisionEntry& e) {
   return e.phase == "backward" ? "backward of " + place : place;
 }
 
+// The dtype an entry's label shows: its output's, and for an FP8 Linear's accumulated error the FP8 format its
+// operands were quantized to first ("fp8 e4m3 -> bf16").
+std::string precision_dtype(const PrecisionEntry& e) {
+  return e.fp8.empty() ? e.out_dtype : fmt::format("fp8 {} -> {}", e.fp8, e.out_dtype);
+}
+
 json precision_entry_json(const PrecisionEntry& e) {
   const auto finite_or_null = [](double v) { return number(v); };  // NaN null, infinities "inf" / "-inf"
   return json{{"op", e.op},
               {"module", e.module},
               {"phase", e.phase},
               {"out_dtype", e.out_dtype},
+              {"fp8", e.fp8},
               {"reference", e.reference},
               {"step", e.step},
               {"seq", e.seq},
@@ -628,6 +635,8 @@ json fp8_finding_json(const Fp8Finding& f) {
   if (f.kind == "saturation") {
     out["max_scaled_amax"] = number(f.max_scaled_amax);
     out["margin"] = f.margin;
+    out["error"] = number(f.error);
+    out["error_bound"] = number(f.error_bound);
   }
   if (f.kind == "stale_scale") {
     out["spike_step"] = f.spike_step;
@@ -640,6 +649,9 @@ json fp8_finding_json(const Fp8Finding& f) {
     out["window"] = f.window;
   }
   if (f.kind == "fp8_error_dominates") {
+    // Judged from each step's RMS error, not from counted values: no count to report (docs/report-format.md).
+    out.erase("nonzero");
+    out.erase("count");
     out["error"] = number(f.error);
     out["error_bound"] = number(f.error_bound);
     out["next_module"] = f.next_module;
@@ -823,7 +835,7 @@ void text_precision(Text& t, const Report& rep) {
     for (std::size_t i = 0; i < p.by_jump.size(); ++i) {
       const PrecisionEntry& e = p.by_jump[i];
       t.line("  [{}] {} {} [{}]: jump {}: {}", i + 1, t.paint(e.remedies.empty() ? kCyan : kYellow, e.kind),
-             t.paint(kBold, precision_place(e)), e.out_dtype, num(e.score), e.evidence);
+             t.paint(kBold, precision_place(e)), precision_dtype(e), num(e.score), e.evidence);
       for (std::size_t k = 0; k < e.remedies.size(); ++k) {
         const Remedy& m = e.remedies[k];
         t.line("      {}. {}", k + 1, t.paint(kGreen, m.text));
@@ -839,7 +851,8 @@ void text_precision(Text& t, const Report& rep) {
       t.line("  growing over steps: none");
     } else {
       t.line("  growing over steps:");
-      for (const PrecisionEntry& e : p.by_trend) t.line("    {}: {}", precision_place(e), e.evidence);
+      for (const PrecisionEntry& e : p.by_trend)
+        t.line("    {}{}: {}", precision_place(e), e.fp8.empty() ? "" : " [" + precision_dtype(e) + "]", e.evidence);
     }
     if (!p.conditioning.empty()) {
       t.line("  condition (add, sub, sum, mean):");
@@ -955,10 +968,10 @@ void text_fp8(Text& t, const Report& rep) {
                                    : fmt::format("the next Linear, {}, {}", x.next_module, pct(x.next_error)));
     else
       t.line("    {} {} [{}]: silent saturation: {} of {} nonzero values clipped at +-max ({}) over {} ({} over "
-             "{}; worst step {}: {}); amax * scale reached {}",
+             "{} with an RMS error above {}; worst step {}: {}); amax * scale reached {}, RMS error {}",
              t.paint(kBold, x.module), x.operand, x.format, x.count, x.nonzero, pct(x.fraction), steps,
-             plural(x.steps, "recorded step"), pct(x.threshold), x.worst_step, pct(x.worst_fraction),
-             num(x.max_scaled_amax));
+             plural(x.steps, "recorded step"), pct(x.threshold), pct(x.error_bound), x.worst_step,
+             pct(x.worst_fraction), num(x.max_scaled_amax), pct(x.error));
     for (const Fp8Remedy& r : x.remedies)
       t.line("      remedy: {} ({}){}", r.command_line, r.why, r.verified ? " (verified by `ampscope fix`)" : "");
   }

@@ -199,8 +199,24 @@ void Analyser::State::decide_calibration() {
                                number(scale)));
       // Gradients that grew past what a scale handled before point at the learning rate (or the loss) first;
       // an overflow no smaller scale cured, at the initial scale.
+      // Worded from what the steps before show: the learning rate moves the weights only through applied
+      // updates, so with none applied (every earlier step skipped) the gradients are those of the weights the run
+      // started with, and nothing grew.
+      std::int64_t applied_before = 0;
+      for (std::size_t j = 0; j < i; ++j) applied_before += steps[j].skipped ? 0 : 1;
       Remedy lower = lr_remedy(lr);
-      lower.text += ": the gradients grew until the scaled ones overflow f16";
+      if (fine_before) {
+        lower.text += ": the gradients grew until the scaled ones overflow f16";
+      } else if (applied_before == 0) {
+        lower.text += fmt::format(": no update was applied before step {} ({}), so its weights are the ones the "
+                                  "run started with and a smaller learning rate changes nothing up to there; it "
+                                  "matters once steps run, if the gradients then grow",
+                                  step, i == 0 ? "the first step recorded" : fmt::format("all {} steps before it were skipped", i));
+      } else {
+        lower.text += fmt::format(": {} earlier step{} applied updates, at smaller scales only; gradients that grow "
+                                  "with the weights overflow f16 when scaled",
+                                  applied_before, applied_before == 1 ? "" : "s");
+      }
       if (fine_before) d.remedies.insert(d.remedies.begin(), std::move(lower));
       else d.remedies.push_back(std::move(lower));
       d.remedy = remedy_text(d.remedies);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -179,6 +180,75 @@ TEST(analysis_rules_test, cause_rules_pick_exp_division_and_invalid_operation) {
   EXPECT_EQ(rep.anomalies[1].cause, "division_by_zero");
   EXPECT_EQ(rep.anomalies[2].cause, "invalid_operation");
   EXPECT_EQ(rep.anomalies[3].cause, "unknown");
+}
+
+// The "subtract the max" remedy quotes the limit of the dtype the exp ran in: ln of its largest finite value, by
+// hand ln(65504) = 11.0898 (f16), ln((2 - 2^-7) * 2^127) = 88.7189 (bf16), ln((2 - 2^-23) * 2^127) = 88.7228
+// (f32). Keeping the exp in f32 is offered only for an f16 exp: bf16 has f32's range, so f32 overflows there too.
+TEST(analysis_rules_test, the_exp_remedy_quotes_the_limit_of_the_exps_own_dtype) {
+  for (const auto& [dtype, words] : std::vector<std::pair<std::string, std::string>>{
+           {"f16", "exp of a value above 11.09 overflows f16"},
+           {"bf16", "exp of a value above 88.72 overflows bf16"},
+           {"f32", "exp of a value above 88.72 overflows f32"}}) {
+    OpRow exp_row = op_row(0, 0, "exp", "head", dtype);
+    exp_row.health.pos_inf = 1;
+    exp_row.origin = true;
+    const Report rep = analyse({step_row(0, 1, 1, false)}, {exp_row}, {});
+    ASSERT_EQ(rep.anomalies.size(), 1u) << dtype;
+    const Diagnosis& d = rep.anomalies[0];
+    EXPECT_EQ(d.cause, "exp_overflow") << dtype;
+    ASSERT_FALSE(d.remedies.empty()) << dtype;
+    const auto stable = std::find_if(d.remedies.begin(), d.remedies.end(),
+                                     [](const Remedy& m) { return m.kind == "stable_formulation"; });
+    ASSERT_NE(stable, d.remedies.end()) << dtype;
+    EXPECT_NE(stable->text.find(words), std::string::npos) << stable->text;
+    const bool f32_remedy = std::any_of(d.remedies.begin(), d.remedies.end(), [](const Remedy& m) {
+      return m.kind == "autocast_fp32" || m.kind == "cast_f32";
+    });
+    EXPECT_EQ(f32_remedy, dtype == "f16") << dtype << ": " << d.remedy;
+    EXPECT_EQ(d.remedy.find("overflows f16") != std::string::npos, dtype == "f16") << d.remedy;
+  }
+}
+
+// The learning-rate remedy of a gradient overflow no back-off cured says what the steps before show. All skipped
+// (as an f16 model at GradScaler's 2^16 whose gradients overflow at every scale tried): no update was applied, the
+// weights are the initial ones, nothing grew. One step applied at a smaller scale before: the weights changed, at
+// smaller scales only (the gradients grew is not shown either).
+TEST(analysis_rules_test, the_learning_rate_remedy_of_an_uncured_overflow_is_worded_from_the_steps_before_it) {
+  const auto lr_text = [](const Report& rep) {
+    EXPECT_EQ(rep.anomalies.size(), 1u);
+    if (rep.anomalies.empty()) return std::string();
+    for (const Remedy& m : rep.anomalies[0].remedies)
+      if (m.kind == "learning_rate") return m.text;
+    std::string kinds = rep.anomalies[0].cause + ":";
+    for (const Remedy& m : rep.anomalies[0].remedies) kinds += " " + m.kind;
+    return "(no learning_rate remedy: " + kinds + ")";
+  };
+  {
+    std::vector<StepRow> steps = trajectory(65536, {true, true, true});
+    for (StepRow& st : steps) st.loss = 2.0;  // finite forward passes: only the scaled gradients overflowed
+    const BackwardOnly b;
+    const Report rep = analyse(steps, b.ops, b.grads);
+    const std::string text = lr_text(rep);
+    EXPECT_EQ(text, "lower the learning rate (this run: 0.001; try 0.0001) or add warm-up: no update was applied "
+                    "before step 0 (the first step recorded), so its weights are the ones the run started with and a "
+                    "smaller learning rate changes nothing up to there; it matters once steps run, if the gradients "
+                    "then grow");
+    EXPECT_EQ(text.find("grew"), std::string::npos);
+  }
+  {
+    // Step 0 ran clean at 16384 and the scale grew (growth interval 1) to 32768; step 1 overflowed there and at
+    // every smaller scale after it: one update applied before, at a smaller scale than step 1's.
+    std::vector<StepRow> steps = {step_row(0, 16384, 32768, false), step_row(1, 32768, 16384, true),
+                                  step_row(2, 16384, 8192, true), step_row(3, 8192, 4096, true)};
+    for (StepRow& st : steps) st.loss = 2.0;
+    BackwardOnly b;
+    for (OpRow& o : b.ops) o.step += 1;
+    const Report rep = analyse(steps, b.ops, b.grads);
+    EXPECT_EQ(lr_text(rep), "lower the learning rate (this run: 0.001; try 0.0001) or add warm-up: 1 earlier step "
+                            "applied updates, at smaller scales only; gradients that grow with the weights overflow f16 "
+                            "when scaled");
+  }
 }
 
 TEST(analysis_rules_test, recurrences_are_grouped_with_a_count_and_the_last_step) {

@@ -28,6 +28,9 @@ trace::Fp8Row row(std::int64_t step, std::string module, std::string operand, st
   r.saturated = saturated;
   r.amax = amax;
   r.scale = scale;
+  // No error recorded (NaN, as for a cast without finite values): the saturation tests below that are about the
+  // fraction, the margin and the order are judged by the fraction alone; SaturationNeedsAnErrorAboveRounding sets it.
+  r.rel_rms_error = std::numeric_limits<double>::quiet_NaN();
   return r;
 }
 
@@ -235,6 +238,49 @@ TEST(Fp8Findings, SaturationRemediesSkipWhatTheRunUsed) {
   EXPECT_TRUE(c[0]->remedies.empty());  // no margin under current scaling, and current is what it used
 }
 
+// Saturation counts a step over 1% clipped only when its relative RMS error exceeds the unit roundoff (2^-4 E4M3,
+// 2^-3 E5M2): the rows are those of real runs (the numbers docs/fp8.md quotes), the errors and fractions as
+// recorded. a: the transformer sample's blocks.0.mlp.2 weight, steps 1 and 2 (3.21% and 2.50% clipped at 1.066 and
+// 1.067 times max, RMS errors 0.0273 and 0.0270: rounding's level): no finding. b: the cnn sample's fc2 input,
+// step 1 (59.47% clipped at 2.45 times max, error 0.4316) and step 8 (4.5% clipped, error 0.0499 under the bound):
+// a finding on step 1 only. c: an E5M2 grad_output 5.78% clipped with error 0.0422, over E4M3's bound but under
+// E5M2's 0.125: none. d: exactly at the bound (0.0625): not over it. e: over 1% with a NaN error: the fraction
+// alone decides (a finding).
+TEST(Fp8Findings, SaturationNeedsAnErrorAboveRounding) {
+  const auto sat = [](std::int64_t step, std::string module, std::string operand, std::string format,
+                      std::int64_t nonzero, std::int64_t saturated, double over, double error) {
+    const double fmax = format == "e5m2" ? 57344.0 : 448.0;
+    trace::Fp8Row r = row(step, std::move(module), std::move(operand), std::move(format), nonzero, 0, saturated,
+                          over * fmax / 1024.0, 1024.0);
+    r.rel_rms_error = error;
+    return r;
+  };
+  const std::vector<trace::Fp8Row> rows = {
+      sat(1, "a", "weight", "e4m3", 262144, 8415, 1.0663, 0.0273),  // 3.21%
+      sat(2, "a", "weight", "e4m3", 262144, 6554, 1.0674, 0.0270),  // 2.50%
+      sat(1, "b", "input", "e4m3", 2048, 1218, 2.4516, 0.4316),    // 59.47%
+      sat(8, "b", "input", "e4m3", 2000, 90, 1.2518, 0.0499),      // 4.5%
+      sat(1, "c", "grad_output", "e5m2", 1000, 58, 1.0667, 0.0422),
+      sat(1, "d", "weight", "e4m3", 1000, 20, 1.1, 0.0625),
+      sat(1, "e", "weight", "e4m3", 1000, 20, 1.1, std::numeric_limits<double>::quiet_NaN()),
+  };
+  const Fp8Section s = analyse_fp8(rows);
+  const auto f = of_kind(s, "saturation");
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0]->module, "b");
+  EXPECT_EQ(f[0]->first_step, 1);
+  EXPECT_EQ(f[0]->last_step, 1);
+  EXPECT_EQ(f[0]->steps, 1);
+  EXPECT_EQ(f[0]->nonzero, 2048);
+  EXPECT_EQ(f[0]->count, 1218);
+  EXPECT_DOUBLE_EQ(f[0]->max_scaled_amax, 2.4516 * 448.0);
+  EXPECT_EQ(f[0]->margin, 2);  // 2.45 times max: 2^2 brings it under
+  EXPECT_DOUBLE_EQ(f[0]->error, 0.4316);
+  EXPECT_EQ(f[0]->error_bound, 0.0625);
+  EXPECT_EQ(f[1]->module, "e");
+  EXPECT_EQ(f[1]->count, 20);
+}
+
 // Relative RMS errors: the bound is 2^-4 = 0.0625 (E4M3) and 2^-3 = 0.125 (E5M2); modules compared by error / bound.
 TEST(Fp8Findings, ErrorDominatesAboveTheUnitRoundoff) {
   const auto err_row = [](std::int64_t step, std::string module, std::string operand, std::string format, double e) {
@@ -265,6 +311,72 @@ TEST(Fp8Findings, ErrorDominatesAboveTheUnitRoundoff) {
   // Exactly at the bound: not.
   rows = {err_row(0, "a", "input", "e4m3", 0.0625), err_row(0, "b", "grad_output", "e5m2", 0.125)};
   EXPECT_TRUE(of_kind(analyse_fp8(rows), "fp8_error_dominates").empty());
+}
+
+// The PRECISION entries of FP8 Linears (mark_fp8_linears): by their /fp8 rows' modules. fc1 (input and weight e4m3):
+// its jump entry (rounding, with a remedy) becomes fp8_quantization with --fp8-keep-bf16 'fc1' in place of keeping
+// it in f32, the evidence says what its own bf16 rounding was; its trend entry gets the format only. fc2 ran in
+// bf16 (no /fp8 rows): untouched. fc1's local and backward entries (bf16 rounding alone) are left as they are, and
+// so is a matmul in fc1 (not a Linear).
+TEST(Fp8Findings, Fp8LinearsInThePrecisionLists) {
+  const auto entry = [](std::string op, std::string module, std::string kind, bool remedy) {
+    PrecisionEntry e;
+    e.op = std::move(op);
+    e.module = std::move(module);
+    e.out_dtype = "bf16";
+    e.kind = std::move(kind);
+    e.local_error = 0.0019;
+    e.evidence = "inputs agree with f32 to 0.0014 (mean relative error; max 0.0039), its output is 12.1% off (max 735%) "
+                 "(step 9, seq 0)";
+    if (remedy) {
+      Remedy m;
+      m.kind = "autocast_fp32";
+      m.pattern = e.module;
+      m.flag = "--autocast-fp32 '" + e.module + "'";
+      e.remedies.push_back(m);
+      Remedy other;
+      other.kind = "reorder";
+      e.remedies.push_back(other);
+    }
+    return e;
+  };
+  PrecisionSection p;
+  p.by_jump = {entry("linear", "fc1", "rounding", true), entry("linear", "fc2", "rounding", true),
+               entry("matmul", "fc1", "rounding", true)};
+  p.by_trend = {entry("linear", "fc1", "rounding", false)};
+  p.by_local = {entry("linear", "fc1", "rounding", true)};
+  p.backward = {entry("linear", "fc1", "rounding", false)};
+  p.backward[0].phase = "backward";
+  const std::vector<trace::Fp8Row> rows = {row(0, "fc1", "input", "e4m3", 10, 0, 0), row(0, "fc1", "weight", "e4m3", 10, 0, 0),
+                                           row(0, "fc1", "grad_output", "e5m2", 10, 0, 0)};
+  mark_fp8_linears(p, analyse_fp8(rows));
+  const PrecisionEntry& j = p.by_jump[0];
+  EXPECT_EQ(j.kind, "fp8_quantization");
+  EXPECT_EQ(j.fp8, "e4m3");
+  EXPECT_EQ(j.out_dtype, "bf16");
+  ASSERT_EQ(j.remedies.size(), 2u);
+  EXPECT_EQ(j.remedies[0].kind, "fp8_keep_bf16");
+  EXPECT_EQ(j.remedies[0].flag, "--fp8-keep-bf16 'fc1'");
+  EXPECT_EQ(j.remedies[1].kind, "reorder");  // only the f32 remedy is replaced
+  EXPECT_EQ(j.evidence,
+            "inputs agree with f32 to 0.0014 (mean relative error; max 0.0039), its output is 12.1% off (max 735%); "
+            "its input and weight were quantized to FP8 e4m3 for the GEMM, and its own bf16 rounding is 0.0019 (its "
+            "local error, against the same FP8 GEMM in f32): the rest of the jump is the quantization (step 9, seq 0)");
+  EXPECT_EQ(p.by_jump[1].kind, "rounding");
+  EXPECT_EQ(p.by_jump[1].fp8, "");
+  EXPECT_EQ(p.by_jump[1].remedies[0].kind, "autocast_fp32");
+  EXPECT_EQ(p.by_jump[2].fp8, "");
+  EXPECT_EQ(p.by_trend[0].fp8, "e4m3");
+  EXPECT_EQ(p.by_trend[0].kind, "rounding");
+  EXPECT_EQ(p.by_local[0].fp8, "");
+  EXPECT_EQ(p.by_local[0].remedies[0].kind, "autocast_fp32");
+  EXPECT_EQ(p.backward[0].fp8, "");
+  // An entry that lost little (no remedies) gets none.
+  PrecisionSection q;
+  q.by_jump = {entry("linear", "fc1", "rounding", false)};
+  mark_fp8_linears(q, analyse_fp8(rows));
+  EXPECT_EQ(q.by_jump[0].kind, "fp8_quantization");
+  EXPECT_TRUE(q.by_jump[0].remedies.empty());
 }
 
 TEST(Fp8Findings, RunSettingsFromTheConfiguration) {

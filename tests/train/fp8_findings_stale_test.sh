@@ -146,6 +146,8 @@ g = got[0]
 assert (g["module"], g["operand"]) == (d[1], d[2]) == ("fc1", "input"), (g, d)
 assert math.isclose(g["error"], d[3], rel_tol=1e-12) and g["error_bound"] == d[4], (g, d)
 assert [r["command_line"] for r in g["remedies"]] == ["--fp8-keep-bf16 fc1"], g
+# Judged from RMS errors, not counted values: no nonzero or count fields (docs/report-format.md).
+assert "nonzero" not in g and "count" not in g, g
 PY
 
 grep -qF "stale scale: amax spiked in step 3" "$work/stale.txt" || fail "report text names no stale scale"
