@@ -1079,6 +1079,92 @@ void draw_compare_panel(ViewerState& s) {
   ImGui::End();
 }
 
+namespace {
+
+// The geometry of a heatmap (the Precision and FP8 panels): a column of row labels, a header of step
+// numbers, rows x cols cells, in the current scrolling child. Made after BeginChild; it reserves the
+// content's size and works out which cells are visible, so each frame draws a bounded number of them.
+struct HeatmapGrid {
+  HeatmapGrid(std::size_t rows_in, std::size_t cols_in, float label_max) : rows(rows_in), cols(cols_in) {
+    const float line = ImGui::GetTextLineHeight();
+    view = ImGui::GetWindowSize();
+    label_w = std::clamp(view.x * 0.3f, 120.0f, label_max);
+    header_h = line + 4;
+    cell_w = std::clamp(std::floor((view.x - label_w - 16) / static_cast<float>(cols)), 6.0f, 28.0f);
+    cell_h = std::floor(line + 2);
+    origin = ImGui::GetCursorScreenPos();  // the content's top left, scrolled
+    ImGui::Dummy(ImVec2(label_w + cell_w * static_cast<float>(cols), header_h + cell_h * static_cast<float>(rows)));
+    win = ImGui::GetWindowPos();
+    const float scroll_x = ImGui::GetScrollX(), scroll_y = ImGui::GetScrollY();
+    r0 = static_cast<std::size_t>(std::max(0.0f, std::floor(scroll_y / cell_h)));
+    r1 = std::min(rows, r0 + static_cast<std::size_t>(view.y / cell_h) + 2);
+    c0 = static_cast<std::size_t>(std::max(0.0f, std::floor(scroll_x / cell_w)));
+    c1 = std::min(cols, c0 + static_cast<std::size_t>((view.x - label_w) / cell_w) + 2);
+    dl = ImGui::GetWindowDrawList();
+  }
+
+  ImVec2 cell_min(std::size_t r, std::size_t c) const {
+    return ImVec2(std::floor(origin.x + label_w + cell_w * static_cast<float>(c)),
+                  std::floor(origin.y + header_h + cell_h * static_cast<float>(r)));
+  }
+  void fill(std::size_t r, std::size_t c, ImU32 colour) const {
+    const ImVec2 a = cell_min(r, c);
+    dl->AddRectFilled(a, ImVec2(a.x + cell_w - 1, a.y + cell_h - 1), colour);
+  }
+  void outline(std::size_t r, std::size_t c) const {
+    const ImVec2 a = cell_min(r, c);
+    dl->AddRect(ImVec2(a.x - 1, a.y - 1), ImVec2(a.x + cell_w, a.y + cell_h), im(colours::kSelectedStep), 0, 0, 2);
+  }
+
+  // The labels stay at the left and the steps at the top while the cells scroll under them. `label(r)` gives
+  // row r's text and whether it is highlighted; `step(c)` column c's step number.
+  template <class Label, class Step>
+  void draw_frame(const char* corner, const Label& label, const Step& step) const {
+    const ImU32 bg = ImGui::GetColorU32(ImGuiCol_WindowBg);
+    dl->AddRectFilled(ImVec2(win.x, origin.y + header_h), ImVec2(win.x + label_w - 2, win.y + view.y), bg);
+    for (std::size_t r = r0; r < r1; ++r) {
+      const ImVec2 a = cell_min(r, 0);
+      const auto [text, hot] = label(r);
+      dl->PushClipRect(ImVec2(win.x, a.y), ImVec2(win.x + label_w - 6, a.y + cell_h), true);
+      dl->AddText(ImVec2(win.x + 4, a.y), hot ? im(colours::kSelectedStep) : ImGui::GetColorU32(ImGuiCol_Text),
+                  text.c_str());
+      dl->PopClipRect();
+    }
+    dl->AddRectFilled(ImVec2(win.x, win.y), ImVec2(win.x + view.x, win.y + header_h), bg);
+    dl->AddText(ImVec2(win.x + 4, win.y + 2), ImGui::GetColorU32(ImGuiCol_TextDisabled), corner);
+    const std::size_t every = static_cast<std::size_t>(std::ceil(ImGui::CalcTextSize("000000").x / cell_w));
+    for (std::size_t c = c0 - c0 % every; c < c1; c += every) {
+      const float x = cell_min(0, c).x;
+      if (x < win.x + label_w) continue;
+      dl->AddText(ImVec2(x, win.y + 2), ImGui::GetColorU32(ImGuiCol_TextDisabled), fmt::format("{}", step(c)).c_str());
+    }
+  }
+
+  // Under the mouse (only while the child is hovered): the row, and the column when over a cell rather than
+  // a label.
+  struct Hit {
+    std::optional<std::size_t> row, col;
+  };
+  Hit hit() const {
+    Hit h;
+    if (!ImGui::IsWindowHovered()) return h;
+    const ImVec2 mouse = ImGui::GetIO().MousePos;
+    const float fx = (mouse.x - origin.x - label_w) / cell_w, fy = (mouse.y - origin.y - header_h) / cell_h;
+    if (mouse.y < win.y + header_h || fy < 0 || fy >= static_cast<float>(rows)) return h;
+    h.row = static_cast<std::size_t>(fy);
+    if (mouse.x >= win.x + label_w && fx >= 0 && fx < static_cast<float>(cols)) h.col = static_cast<std::size_t>(fx);
+    return h;
+  }
+
+  std::size_t rows, cols;
+  ImVec2 view, origin, win;
+  float label_w = 0, header_h = 0, cell_w = 0, cell_h = 0;
+  std::size_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+  ImDrawList* dl = nullptr;
+};
+
+}  // namespace
+
 void draw_precision_panel(ViewerState& s) {
   if (!begin_panel("Precision", s.layout.precision)) return;
   if (!need_trace(s)) {
@@ -1143,81 +1229,40 @@ void draw_precision_panel(ViewerState& s) {
 
   // The grid, in a child that scrolls both ways; only the visible cells are drawn (bounded work per frame).
   ImGui::BeginChild("##heatmap", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
-  const float line = ImGui::GetTextLineHeight();
-  const ImVec2 view = ImGui::GetWindowSize();
-  const float label_w = std::clamp(view.x * 0.3f, 120.0f, 320.0f);
-  const float header_h = line + 4;
-  const std::size_t cols = m->steps.size();
-  const float cell_w = std::clamp(std::floor((view.x - label_w - 16) / static_cast<float>(cols)), 6.0f, 28.0f);
-  const float cell_h = std::floor(line + 2);
-  const ImVec2 origin = ImGui::GetCursorScreenPos();  // the content's top left, scrolled
-  ImGui::Dummy(ImVec2(label_w + cell_w * static_cast<float>(cols), header_h + cell_h * static_cast<float>(rows)));
-  const ImVec2 win = ImGui::GetWindowPos();
-  const float scroll_x = ImGui::GetScrollX(), scroll_y = ImGui::GetScrollY();
-  const std::size_t r0 = static_cast<std::size_t>(std::max(0.0f, std::floor(scroll_y / cell_h)));
-  const std::size_t r1 = std::min(rows, r0 + static_cast<std::size_t>(view.y / cell_h) + 2);
-  const std::size_t c0 = static_cast<std::size_t>(std::max(0.0f, std::floor(scroll_x / cell_w)));
-  const std::size_t c1 = std::min(cols, c0 + static_cast<std::size_t>((view.x - label_w) / cell_w) + 2);
-  ImDrawList* dl = ImGui::GetWindowDrawList();
-  const auto cell_min = [&](std::size_t r, std::size_t c) {
-    return ImVec2(std::floor(origin.x + label_w + cell_w * static_cast<float>(c)),
-                  std::floor(origin.y + header_h + cell_h * static_cast<float>(r)));
-  };
+  const HeatmapGrid g(rows, m->steps.size(), 320.0f);
   const std::optional<std::int64_t> sel_step = s.a->selected_step();
-  for (std::size_t r = r0; r < r1; ++r) {
-    for (std::size_t c = c0; c < c1; ++c) {
+  for (std::size_t r = g.r0; r < g.r1; ++r) {
+    for (std::size_t c = g.c0; c < g.c1; ++c) {
       const trace::PrecisionRow* p = m->at(base + r, c);
       if (!p) continue;
-      const ImVec2 a = cell_min(r, c);
-      const double bits = s.precision_local ? local_bits(*p) : accumulated_bits(*p);
-      dl->AddRectFilled(a, ImVec2(a.x + cell_w - 1, a.y + cell_h - 1), im(bits_colour(bits)));
-      if (sel_step && s.selected_seq && p->step == *sel_step && p->seq == *s.selected_seq) {
-        dl->AddRect(ImVec2(a.x - 1, a.y - 1), ImVec2(a.x + cell_w, a.y + cell_h), im(colours::kSelectedStep), 0, 0, 2);
-      }
+      g.fill(r, c, im(bits_colour(s.precision_local ? local_bits(*p) : accumulated_bits(*p))));
+      if (sel_step && s.selected_seq && p->step == *sel_step && p->seq == *s.selected_seq) g.outline(r, c);
     }
   }
-  // The labels stay at the left and the steps at the top while the cells scroll under them.
-  const ImU32 bg = ImGui::GetColorU32(ImGuiCol_WindowBg);
-  dl->AddRectFilled(ImVec2(win.x, origin.y + header_h), ImVec2(win.x + label_w - 2, win.y + view.y), bg);
-  for (std::size_t r = r0; r < r1; ++r) {
-    const ImVec2 a = cell_min(r, 0);
-    const bool hot = s.precision_hover_row && *s.precision_hover_row == r;
-    const std::string& text = m->rows[base + r].label;
-    dl->PushClipRect(ImVec2(win.x, a.y), ImVec2(win.x + label_w - 6, a.y + cell_h), true);
-    dl->AddText(ImVec2(win.x + 4, a.y), hot ? im(colours::kSelectedStep) : ImGui::GetColorU32(ImGuiCol_Text), text.c_str());
-    dl->PopClipRect();
-  }
-  dl->AddRectFilled(ImVec2(win.x, win.y), ImVec2(win.x + view.x, win.y + header_h), bg);
-  dl->AddText(ImVec2(win.x + 4, win.y + 2), ImGui::GetColorU32(ImGuiCol_TextDisabled), "op \\ step");
-  const std::size_t every = static_cast<std::size_t>(std::ceil(ImGui::CalcTextSize("000000").x / cell_w));
-  for (std::size_t c = c0 - c0 % every; c < c1; c += every) {
-    const float x = cell_min(0, c).x;
-    if (x < win.x + label_w) continue;
-    dl->AddText(ImVec2(x, win.y + 2), ImGui::GetColorU32(ImGuiCol_TextDisabled),
-                fmt::format("{}", m->steps[c]).c_str());
-  }
+  g.draw_frame(
+      "op \\ step",
+      [&](std::size_t r) {
+        return std::pair<const std::string&, bool>(m->rows[base + r].label,
+                                                    s.precision_hover_row && *s.precision_hover_row == r);
+      },
+      [&](std::size_t c) { return m->steps[c]; });
   // Hover: the cell's numbers; click: the op in Op detail.
   s.precision_hover_row.reset();
-  if (ImGui::IsWindowHovered()) {
-    const ImVec2 mouse = ImGui::GetIO().MousePos;
-    const float fx = (mouse.x - origin.x - label_w) / cell_w, fy = (mouse.y - origin.y - header_h) / cell_h;
-    if (mouse.y >= win.y + header_h && fy >= 0 && fy < static_cast<float>(rows)) {
-      const std::size_t r = static_cast<std::size_t>(fy);
-      s.precision_hover_row = r;
-      if (mouse.x >= win.x + label_w && fx >= 0 && fx < static_cast<float>(cols)) {
-        const std::size_t c = static_cast<std::size_t>(fx);
-        if (const trace::PrecisionRow* p = m->at(base + r, c)) {
-          ImGui::BeginTooltip();
-          ImGui::TextUnformatted(precision_cell_text(m->rows[base + r], *p).c_str());
-          ImGui::EndTooltip();
-          if (ImGui::IsMouseClicked(0)) {
-            select_step(s, p->step, p->seq);
-            s.scroll_to_selected = true;
-          }
+  if (const HeatmapGrid::Hit hit = g.hit(); hit.row) {
+    const std::size_t r = *hit.row;
+    s.precision_hover_row = r;
+    if (hit.col) {
+      if (const trace::PrecisionRow* p = m->at(base + r, *hit.col)) {
+        ImGui::BeginTooltip();
+        ImGui::TextUnformatted(precision_cell_text(m->rows[base + r], *p).c_str());
+        ImGui::EndTooltip();
+        if (ImGui::IsMouseClicked(0)) {
+          select_step(s, p->step, p->seq);
+          s.scroll_to_selected = true;
         }
-      } else {
-        ImGui::SetTooltip("%s", m->rows[base + r].label.c_str());
       }
+    } else {
+      ImGui::SetTooltip("%s", m->rows[base + r].label.c_str());
     }
   }
   ImGui::EndChild();
@@ -1300,77 +1345,40 @@ void draw_fp8_panel(ViewerState& s) {
 
   const float plot_h = std::max(120.0f, std::floor(ImGui::GetContentRegionAvail().y * 0.4f));
   ImGui::BeginChild("##fp8map", ImVec2(0, -plot_h), false, ImGuiWindowFlags_HorizontalScrollbar);
-  const float line = ImGui::GetTextLineHeight();
-  const ImVec2 view = ImGui::GetWindowSize();
-  const float label_w = std::clamp(view.x * 0.3f, 120.0f, 300.0f);
-  const float header_h = line + 4;
-  const float cell_w = std::clamp(std::floor((view.x - label_w - 16) / static_cast<float>(cols)), 6.0f, 28.0f);
-  const float cell_h = std::floor(line + 2);
-  const ImVec2 origin = ImGui::GetCursorScreenPos();
-  ImGui::Dummy(ImVec2(label_w + cell_w * static_cast<float>(cols), header_h + cell_h * static_cast<float>(rows)));
-  const ImVec2 win = ImGui::GetWindowPos();
-  const float scroll_x = ImGui::GetScrollX(), scroll_y = ImGui::GetScrollY();
-  const std::size_t r0 = static_cast<std::size_t>(std::max(0.0f, std::floor(scroll_y / cell_h)));
-  const std::size_t r1 = std::min(rows, r0 + static_cast<std::size_t>(view.y / cell_h) + 2);
-  const std::size_t c0 = static_cast<std::size_t>(std::max(0.0f, std::floor(scroll_x / cell_w)));
-  const std::size_t c1 = std::min(cols, c0 + static_cast<std::size_t>((view.x - label_w) / cell_w) + 2);
-  ImDrawList* dl = ImGui::GetWindowDrawList();
-  const auto cell_min = [&](std::size_t r, std::size_t c) {
-    return ImVec2(std::floor(origin.x + label_w + cell_w * static_cast<float>(c)),
-                  std::floor(origin.y + header_h + cell_h * static_cast<float>(r)));
-  };
+  const HeatmapGrid g(rows, cols, 300.0f);
   const std::optional<std::int64_t> sel_step = s.a->selected_step();
-  for (std::size_t r = r0; r < r1; ++r) {
-    for (std::size_t c = c0; c < c1; ++c) {
+  for (std::size_t r = g.r0; r < g.r1; ++r) {
+    for (std::size_t c = g.c0; c < g.c1; ++c) {
       const double f = m->fraction(r, c, s.fp8_measure);
       if (std::isnan(f)) continue;  // no row: the background shows
-      const ImVec2 a = cell_min(r, c);
-      dl->AddRectFilled(a, ImVec2(a.x + cell_w - 1, a.y + cell_h - 1), im(fraction_colour(f)));
-      if (sel_step && m->steps[c] == *sel_step && r == picked) {
-        dl->AddRect(ImVec2(a.x - 1, a.y - 1), ImVec2(a.x + cell_w, a.y + cell_h), im(colours::kSelectedStep), 0, 0, 2);
-      }
+      g.fill(r, c, im(fraction_colour(f)));
+      if (sel_step && m->steps[c] == *sel_step && r == picked) g.outline(r, c);
     }
   }
-  const ImU32 bg = ImGui::GetColorU32(ImGuiCol_WindowBg);
-  dl->AddRectFilled(ImVec2(win.x, origin.y + header_h), ImVec2(win.x + label_w - 2, win.y + view.y), bg);
-  for (std::size_t r = r0; r < r1; ++r) {
-    const ImVec2 a = cell_min(r, 0);
-    const bool hot = (s.fp8_hover_row && *s.fp8_hover_row == r) || r == picked;
-    dl->PushClipRect(ImVec2(win.x, a.y), ImVec2(win.x + label_w - 6, a.y + cell_h), true);
-    dl->AddText(ImVec2(win.x + 4, a.y), hot ? im(colours::kSelectedStep) : ImGui::GetColorU32(ImGuiCol_Text),
-                m->rows[r].label.c_str());
-    dl->PopClipRect();
-  }
-  dl->AddRectFilled(ImVec2(win.x, win.y), ImVec2(win.x + view.x, win.y + header_h), bg);
-  dl->AddText(ImVec2(win.x + 4, win.y + 2), ImGui::GetColorU32(ImGuiCol_TextDisabled), "operand \\ step");
-  const std::size_t every = static_cast<std::size_t>(std::ceil(ImGui::CalcTextSize("000000").x / cell_w));
-  for (std::size_t c = c0 - c0 % every; c < c1; c += every) {
-    const float x = cell_min(0, c).x;
-    if (x < win.x + label_w) continue;
-    dl->AddText(ImVec2(x, win.y + 2), ImGui::GetColorU32(ImGuiCol_TextDisabled), fmt::format("{}", m->steps[c]).c_str());
-  }
+  g.draw_frame(
+      "operand \\ step",
+      [&](std::size_t r) {
+        return std::pair<const std::string&, bool>(m->rows[r].label,
+                                                    (s.fp8_hover_row && *s.fp8_hover_row == r) || r == picked);
+      },
+      [&](std::size_t c) { return m->steps[c]; });
   s.fp8_hover_row.reset();
-  if (ImGui::IsWindowHovered()) {
-    const ImVec2 mouse = ImGui::GetIO().MousePos;
-    const float fx = (mouse.x - origin.x - label_w) / cell_w, fy = (mouse.y - origin.y - header_h) / cell_h;
-    if (mouse.y >= win.y + header_h && fy >= 0 && fy < static_cast<float>(rows)) {
-      const std::size_t r = static_cast<std::size_t>(fy);
-      s.fp8_hover_row = r;
-      if (mouse.x >= win.x + label_w && fx >= 0 && fx < static_cast<float>(cols)) {
-        const std::size_t c = static_cast<std::size_t>(fx);
-        if (const trace::Fp8Row* p = m->at(r, c)) {
-          ImGui::BeginTooltip();
-          ImGui::TextUnformatted(fp8_cell_text(m->rows[r], *p).c_str());
-          ImGui::EndTooltip();
-          if (ImGui::IsMouseClicked(0)) {
-            s.user_selected = true;
-            select_fp8_cell(s, r, p->step);
-          }
+  if (const HeatmapGrid::Hit hit = g.hit(); hit.row) {
+    const std::size_t r = *hit.row;
+    s.fp8_hover_row = r;
+    if (hit.col) {
+      if (const trace::Fp8Row* p = m->at(r, *hit.col)) {
+        ImGui::BeginTooltip();
+        ImGui::TextUnformatted(fp8_cell_text(m->rows[r], *p).c_str());
+        ImGui::EndTooltip();
+        if (ImGui::IsMouseClicked(0)) {
+          s.user_selected = true;
+          select_fp8_cell(s, r, p->step);
         }
-      } else {
-        ImGui::SetTooltip("%s", m->rows[r].label.c_str());
-        if (ImGui::IsMouseClicked(0)) s.fp8_row = r;  // a label: plot that operand, keep the step
       }
+    } else {
+      ImGui::SetTooltip("%s", m->rows[r].label.c_str());
+      if (ImGui::IsMouseClicked(0)) s.fp8_row = r;  // a label: plot that operand, keep the step
     }
   }
   ImGui::EndChild();
