@@ -21,6 +21,10 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 
+namespace ampscope {
+struct BlockStats;  // core/block_stats.h
+}
+
 namespace ampscope::probe {
 
 // The autocast policies (reference/amp-semantics.md 2.3), plus `none` for ops on no list and for ops
@@ -189,6 +193,19 @@ struct Fp8QuantizeEvent {
   bool most_recent = false;
 };
 
+// A GEMM operand quantized to a block-scaled format: by a --precision mxfp8|nvfp4 run's Linear, or (what_if) only
+// measured, on a run that trains in another precision, for --what-if (core/block_stats.h).
+struct BlockQuantizeEvent {
+  std::int64_t step;              // current_step()
+  const std::string& module;      // the Linear's module path
+  std::string_view operand;       // "input", "weight", "grad_output"
+  std::string_view copy;          // "rowwise" (blocks along each row) or "columnwise" (down each column)
+  std::string_view format;        // "mxfp8" or "nvfp4"
+  bool what_if = false;           // statistics only: the run's GEMM did not use this quantization
+  std::int64_t rows = 0, cols = 0;  // the quantized matrix
+  const BlockStats& stats;
+};
+
 class Hook {
  public:
   virtual ~Hook() = default;
@@ -205,6 +222,8 @@ class Hook {
   virtual void on_update(const UpdateEvent& event) {}
   // An FP8 Linear's operand, just quantized (see Fp8QuantizeEvent).
   virtual void on_fp8_quantize(const Fp8QuantizeEvent& event) {}
+  // A block-scaled operand, quantized or measured (see BlockQuantizeEvent).
+  virtual void on_block_quantize(const BlockQuantizeEvent& event) {}
   // Whether the hook wants the parameters after every optimizer step (on_params). Asked once per step.
   virtual bool wants_params() { return false; }
   virtual void on_params(const ParamsEvent& event) {}
