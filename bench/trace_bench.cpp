@@ -173,8 +173,16 @@ class TraceGenerator {
   std::uniform_real_distribution<double> uniform_;
 };
 
+// --keep DIR: the traces are written into DIR and left there (named after the case), for trace_breakdown.
+std::filesystem::path keep_dir;
+
 std::filesystem::path bench_file(std::string_view name) {
+  if (!keep_dir.empty()) return keep_dir / fmt::format("{}.h5", name);
   return std::filesystem::temp_directory_path() / fmt::format("ampscope-trace-bench-{}-{}.h5", name, getpid());
+}
+
+void done_with(const std::filesystem::path& path) {
+  if (keep_dir.empty()) std::filesystem::remove(path);
 }
 
 // CPU seconds used so far by every thread of this process: on a shared machine, where the wall time
@@ -226,7 +234,7 @@ void throughput(benchmark::State& state) {
     gen.op_rows(step, [&](const OpRow& r) { rows.push_back(r); });
   }
   rows.resize(kRows);
-  const auto path = bench_file("throughput");
+  const auto path = bench_file(fmt::format("throughput-{}-{}", rows_per_step, compression));
   std::int64_t bytes = 0;
   const double cpu_before = process_cpu_seconds();
   for (auto _ : state) {
@@ -244,7 +252,7 @@ void throughput(benchmark::State& state) {
   const double cpu = process_cpu_seconds() - cpu_before;
   // Steps end after every rows_per_step rows; the rows of an unfinished last step are written too (close).
   const bool counted = rows_counted(state, "throughput", path, {.steps = 0, .ops = kRows});
-  std::filesystem::remove(path);
+  done_with(path);
   if (!counted) return;
   state.SetItemsProcessed(state.iterations() * kRows);
   state.counters["bytes/op_row"] = static_cast<double>(bytes) / kRows;
@@ -257,7 +265,7 @@ void throughput(benchmark::State& state) {
 void health_trace(benchmark::State& state) {
   const std::int64_t steps = state.range(0);
   const int compression = static_cast<int>(state.range(1));
-  const auto path = bench_file("health");
+  const auto path = bench_file(fmt::format("health-{}-{}", steps, compression));
   std::int64_t op_rows = 0, bytes = 0;
   const double cpu_before = process_cpu_seconds();
   for (auto _ : state) {
@@ -285,7 +293,7 @@ void health_trace(benchmark::State& state) {
   const std::int64_t params = static_cast<std::int64_t>(parameter_names(4).size());
   const RowCounts wrote{.steps = steps, .ops = steps * static_cast<std::int64_t>(gen.ops_per_step()), .grads = steps * 2 * params};
   const bool counted = rows_counted(state, "health_trace", path, wrote);
-  std::filesystem::remove(path);
+  done_with(path);
   if (!counted) return;
   state.SetItemsProcessed(state.iterations() * op_rows);
   state.counters["cpu_us/op_row"] = 1e6 * cpu / static_cast<double>(state.iterations() * op_rows);
@@ -310,6 +318,20 @@ BENCHMARK(health_trace)->ArgNames({"steps", "deflate"})->Args({1000, 1})->Args({
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  // Our own option, after Google Benchmark has taken its own: --keep DIR.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) != "--keep") continue;
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "trace_bench: error: --keep needs a folder\nhint: trace_bench --keep /tmp/traces, then "
+                           "trace_breakdown /tmp/traces/health-1000-1.h5\n");
+      return 2;
+    }
+    ampscope::trace::keep_dir = argv[i + 1];
+    std::filesystem::create_directories(ampscope::trace::keep_dir);
+    for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
+    argc -= 2;
+    break;
+  }
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
