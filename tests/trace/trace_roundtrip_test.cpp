@@ -3,7 +3,9 @@
 // including NaN, infinities, -0, subnormal doubles and empty strings; rows are selected by step range;
 // small chunks exercise chunks rewritten at step ends, and a tiny queue exercises back-pressure.
 #include <cmath>
+#include <cstddef>
 #include <limits>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -375,6 +377,72 @@ TEST(trace_roundtrip_test, stores_chunks_raw_when_compression_is_off) {
   const std::vector<OpRow> ops = r.ops();
   ASSERT_EQ(ops.size(), 30u);
   for (std::size_t i = 0; i < ops.size(); ++i) testing::expect_same_op(testing::numbered_op(0, static_cast<std::int64_t>(i)), ops[i]);
+}
+
+// Statistics whose mantissas look random, in chunks of 1024 rows, 700 a step: the writer puts their low bytes in
+// stored deflate blocks (probes/trace/codec.h), in partial chunks rewritten at step ends and in full ones. Both
+// the reader and HDF5's own shuffle + deflate filters (H5Dread) give back every value bit for bit, the special
+// values among them included.
+TEST(trace_roundtrip_test, keeps_random_statistics_of_large_chunks_through_hdf5s_own_filters) {
+  TempDir dir;
+  const auto path = dir.file("random.h5");
+  std::mt19937_64 gen(2026);
+  std::uniform_real_distribution<double> exponent(-30.0, 30.0), sign(-1.0, 1.0);
+  const auto value = [&] { return (sign(gen) < 0 ? -1.0 : 1.0) * std::exp2(exponent(gen)); };
+  std::vector<OpRow> written;
+  {
+    TraceWriter w(path, testing::sample_run(), {.chunk_rows = 1024});
+    for (std::int64_t step = 0; step < 3; ++step) {
+      for (std::int64_t seq = 0; seq < 700; ++seq) {
+        OpRow row = testing::numbered_op(step, seq);
+        for (double* x : {&row.health.min, &row.health.max, &row.health.absmax, &row.health.mean, &row.health.rms}) *x = value();
+        if (seq == 5) row.health.min = kNaN;
+        if (seq == 6) row.health.max = -kInf;
+        if (seq == 7) row.health.mean = -0.0;
+        if (seq == 8) row.health.rms = kDenormal;
+        w.write(row);
+        written.push_back(row);
+      }
+      w.end_step(step);
+    }
+    w.close();
+  }
+  TraceReader r(path);
+  const std::vector<OpRow> ops = r.ops();
+  ASSERT_EQ(ops.size(), written.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) testing::expect_same_op(written[i], ops[i]);
+
+  struct Statistics {
+    std::int64_t step, seq;
+    double min, max, absmax, mean, rms;
+  };
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hid_t dataset = H5Dopen2(file, "/ops", H5P_DEFAULT);
+  const hid_t type = H5Tcreate(H5T_COMPOUND, sizeof(Statistics));
+  H5Tinsert(type, "step", offsetof(Statistics, step), H5T_NATIVE_INT64);
+  H5Tinsert(type, "seq", offsetof(Statistics, seq), H5T_NATIVE_INT64);
+  H5Tinsert(type, "min", offsetof(Statistics, min), H5T_NATIVE_DOUBLE);
+  H5Tinsert(type, "max", offsetof(Statistics, max), H5T_NATIVE_DOUBLE);
+  H5Tinsert(type, "absmax", offsetof(Statistics, absmax), H5T_NATIVE_DOUBLE);
+  H5Tinsert(type, "mean", offsetof(Statistics, mean), H5T_NATIVE_DOUBLE);
+  H5Tinsert(type, "rms", offsetof(Statistics, rms), H5T_NATIVE_DOUBLE);
+  std::vector<Statistics> rows(written.size());
+  const herr_t read = H5Dread(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data());
+  H5Tclose(type);
+  H5Dclose(dataset);
+  H5Fclose(file);
+  ASSERT_GE(read, 0);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const OpRow& e = written[i];
+    ASSERT_EQ(rows[i].step, e.step);
+    ASSERT_EQ(rows[i].seq, e.seq);
+    EXPECT_SAME_DOUBLE(e.health.min, rows[i].min);
+    EXPECT_SAME_DOUBLE(e.health.max, rows[i].max);
+    EXPECT_SAME_DOUBLE(e.health.absmax, rows[i].absmax);
+    EXPECT_SAME_DOUBLE(e.health.mean, rows[i].mean);
+    EXPECT_SAME_DOUBLE(e.health.rms, rows[i].rms);
+  }
 }
 
 TEST(trace_roundtrip_test, leaves_complete_zero_when_destroyed_without_close) {
