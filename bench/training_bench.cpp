@@ -8,13 +8,22 @@
 // in f32 and under fp16/bf16 autocast: the comparison the goal (fp16 autocast at most 1.5x f32)
 // is about. AMPSCOPE_NO_F16C=1 runs it on the portable f16 conversions.
 //
+// Each case checks its own premise after timing: the last step's loss is finite and every parameter of the
+// model received a gradient of its own shape and dtype (the backward pass reached the whole model); when it
+// breaks, the case stops with an error naming the parameter and the program exits 1 (ctest
+// bench_training_premises runs the sample models' cases once each).
+//
 //   build/bench/training_bench --benchmark_filter=cnn
 //   build/bench/training_bench --benchmark_filter=gpt2_small
 #include <time.h>
 
+#include <cmath>
+#include <cstdio>
 #include <optional>
+#include <string>
 
 #include <benchmark/benchmark.h>
+#include <fmt/format.h>
 
 #include "core/autocast.h"
 #include "core/autograd.h"
@@ -33,12 +42,42 @@ double process_cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+// A broken premise: the program exits 1 (Google Benchmark alone would report the error and exit 0).
+bool premise_broken = false;
+
+// The premise of a step: a finite loss and a gradient of each parameter's shape and dtype. False (and the
+// benchmark stopped) when it does not hold.
+bool step_premise(benchmark::State& state, const nn::Module& model, const Tensor& loss) {
+  std::string problems;
+  const double value = loss.defined() ? loss.item() : std::nan("");
+  if (!std::isfinite(value)) problems += fmt::format("loss: expected a finite value, found {}; ", value);
+  int missing = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const Tensor g = p.grad();
+    const bool ok = g.defined() && g.shape() == p.shape() && g.dtype() == p.dtype();
+    if (!ok && missing++ < 3) {
+      problems += g.defined() ? fmt::format("gradient of {}: expected {} {}, found {} {}; ", name, dtype_name(p.dtype()),
+                                            shape_str(p.shape()), dtype_name(g.dtype()), shape_str(g.shape()))
+                              : fmt::format("gradient of {}: none (backward did not reach it); ", name);
+    }
+  }
+  if (missing > 3) problems += fmt::format("{} parameters without their gradient; ", missing);
+  if (problems.empty()) return true;
+  problems.resize(problems.size() - 2);
+  // Google Benchmark names the case on the line of its error; this line is for logs that keep stderr only.
+  std::fprintf(stderr, "training_bench: premise broken: %s\n", problems.c_str());
+  premise_broken = true;
+  state.SkipWithError(("premise broken: " + problems).c_str());
+  return false;
+}
+
 // Runs fwd+bwd of `model` on (x, y) once per iteration; `loss_of` maps the output to a scalar loss. With
 // `autocast`, the forward pass and the loss run in an autocast region of that dtype (backward after it).
 template <class LossFn>
 void step_loop(benchmark::State& state, nn::Module& model, const Tensor& x, const Tensor& y, LossFn loss_of,
                std::optional<DType> autocast = std::nullopt) {
   double cpu = 0;
+  Tensor last_loss;
   for (auto _ : state) {
     const double cpu0 = process_cpu_seconds();
     for (const Tensor& p : model.parameters()) const_cast<Tensor&>(p).set_grad(Tensor());
@@ -50,7 +89,9 @@ void step_loop(benchmark::State& state, nn::Module& model, const Tensor& x, cons
     loss.backward();
     benchmark::DoNotOptimize(loss.data());
     cpu += process_cpu_seconds() - cpu0;
+    last_loss = loss;
   }
+  if (!step_premise(state, model, last_loss)) return;
   // All threads' CPU time per step (ms), the step's own work whatever else the machine runs.
   state.counters["all_threads_cpu_ms"] = 1000 * cpu / static_cast<double>(state.iterations());
   state.counters["samples/s"] = benchmark::Counter(static_cast<double>(x.size(0)), benchmark::Counter::kIsIterationInvariantRate);
@@ -111,4 +152,15 @@ BENCHMARK_CAPTURE(gpt2_small, bf16_autocast, DType::bf16)->Unit(benchmark::kMill
 }  // namespace
 }  // namespace ampscope
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  if (ampscope::premise_broken) {
+    std::fprintf(stderr, "training_bench: a benchmark's premise did not hold (above): its figures do not measure what its "
+                         "name says\n");
+    return 1;
+  }
+  return 0;
+}
