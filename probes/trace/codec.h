@@ -42,10 +42,12 @@ class ChunkCodec {
   // columns of `run_length` (the records' floating-point fields: their mantissas look random) are
   // deflated with zlib's run-length strategy, which costs half as much there and compresses as well;
   // the rest (text, counters) with the default one, whose string matches text needs. In a range of
-  // 8-byte fields (f64), the six low bytes of each are mantissa bits; a byte column of them whose bytes
-  // are as varied as random ones (their byte entropy within 0.1 bit of what random bytes would give) is
-  // put in deflate's stored blocks: Huffman coding saves nothing on such bytes and cost two thirds of a
-  // trace chunk's compression time. Any deflate decoder (HDF5's filter) reads the stream as before.
+  // 8-byte fields (f64), the six low bytes of each are mantissa bits; in a chunk of 256 rows or more, a
+  // byte column of them whose bytes are as varied as random ones (the sum of their squared byte counts
+  // within 2^0.1 of random bytes') is put in deflate's stored blocks: Huffman coding saves nothing on
+  // such bytes and cost two thirds of a trace chunk's compression time. The test looks at the bytes, so
+  // a range that is not f64 fields after all only loses the speed-up. Any deflate decoder (HDF5's
+  // filter) reads the stream as before.
   ChunkCodec(std::size_t record_bytes, std::size_t chunk_rows, int level, const std::vector<ByteRange>& run_length = {});
   ~ChunkCodec();
   ChunkCodec(const ChunkCodec&) = delete;
