@@ -40,17 +40,17 @@ namespace ampscope {
 
 // e2m1_to_float(code): the value of a 4-bit code (only the low 4 bits are read), by the formula above.
 
-// float_to_e2m1(x): float -> E2M1 code: round to nearest, ties to the even code (the code's last bit), magnitudes past 6
-// (infinities included) saturate to +-6, zero keeps its sign (-0.0f gives 8, as a small negative value
-// that rounds to zero does). NaN gives code 0: E2M1 has no NaN, and TransformerEngine's reference
-// (cast_to_fp4x2) leaves a NaN at its initial 0. The ties, in |x|: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1,
-// 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4. (TE's Python reference maps an exact -0.0 to code 0, not 8,
-// because its range tests count -0.0 as >= 0; the value is the same.)
+// float_to_e2m1(x): float -> E2M1 code: round to nearest, ties to the even code (the code's last bit), magnitudes
+// past 6 (infinities included) saturate to +-6, zero keeps its sign (-0.0f gives 8, as a small negative value that
+// rounds to zero does). NaN gives code 0: E2M1 has no NaN, and TransformerEngine's reference (cast_to_fp4x2)
+// leaves a NaN at its initial 0. The ties, in |x|: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4,
+// 5 -> 4. (TE's Python reference maps an exact -0.0 to code 0, not 8, because its range tests count -0.0 as >= 0;
+// the value is the same.)
 
-// float_to_e2m1_stochastic(x, u): stochastic rounding to E2M1 with a uniform draw u in [0, 1): |x| (saturated to 6) lies between two
-// neighbours lo <= |x| <= hi of the grid; the result is hi when u < (|x| - lo) / (hi - lo), else lo, with
-// x's sign. An exact grid value is returned as itself whatever u. Expected value: x for |x| <= 6, to within
-// the 2^-24 granularity of u (uniform_from_bits<float>). NaN gives 0, as float_to_e2m1.
+// float_to_e2m1_stochastic(x, u): stochastic rounding to E2M1 with a uniform draw u in [0, 1): |x| (saturated to
+// 6) lies between two neighbours lo <= |x| <= hi of the grid; the result is hi when u < (|x| - lo) / (hi - lo),
+// else lo, with x's sign. An exact grid value is returned as itself whatever u. Expected value: x for |x| <= 6, to
+// within the 2^-24 granularity of u (uniform_from_bits<float>). NaN gives 0, as float_to_e2m1.
 
 // ---------------------------------------------------------------------------------------------------
 // E8M0 (the MX shared scale): 8 exponent bits, bias 127, no sign, no mantissa. Code c is 2^(c - 127) for
@@ -58,10 +58,10 @@ namespace ampscope {
 // infinity. kE8M0NaN = 0xFF; e8m0_to_float(code) decodes (NaN for 0xFF).
 // ---------------------------------------------------------------------------------------------------
 
-// float_to_e8m0_round_up(v): a non-negative float rounded up to an E8M0 code, as TransformerEngine's float_to_e8m0 (the emulation of
-// Blackwell's cvt.rp.satfinite.ue8m0x2.f32): the smallest 2^(c - 127) >= v, c clamped to 0 .. 254, so
-// v <= 2^-127 (0 and float subnormals up to 2^-127 included) gives 0 and v > 2^127 gives 254 (satfinite, as
-// does inf); NaN gives 0xFF.
+// float_to_e8m0_round_up(v): a non-negative float rounded up to an E8M0 code, as TransformerEngine's float_to_e8m0
+// (the emulation of Blackwell's cvt.rp.satfinite.ue8m0x2.f32): the smallest 2^(c - 127) >= v, c clamped to 0 ..
+// 254, so v <= 2^-127 (0 and float subnormals up to 2^-127 included) gives 0 and v > 2^127 gives 254 (satfinite,
+// as does inf); NaN gives 0xFF.
 
 // ---------------------------------------------------------------------------------------------------
 // Blocks and layouts. Matrices are row-major rows x cols f32. Codes come back one per byte in the same
@@ -166,7 +166,7 @@ std::vector<float> dequantize_nvfp4(const Nvfp4Tensor& q);
 // v * T with T = (1/4) * D * H16, H16 the Sylvester Hadamard matrix (H1 = [1], H2n = [[Hn, Hn], [Hn, -Hn]])
 // and D = diag(kRhtSigns), TransformerEngine's fixed sign vector (get_wgrad_sign_vector). T is orthogonal
 // (T T^T = (1/16) D H H^T D = I), so the inverse is v * T^T = v * (1/4) * H16 * D. Each output is the sum
-// of its 16 terms in double, rounded once to float: not bit-identical to a GPU's tensor-core transform.
+// of its 16 terms in double, rounded once to float: not bit-identical to TE's tensor-core transform.
 // The input length must be a multiple of 16 (ShapeError otherwise). A GPU summing the same terms in double in
 // the same order gets the same bits (block_scaled_elements.h's rht16_forward / rht16_inverse, which both run).
 // ---------------------------------------------------------------------------------------------------

@@ -4,16 +4,19 @@
 //
 //   cuda::mxfp8_quantize(backend, {.x = x_dev, .rows = 64, .cols = 96, .options = {}, .codes = c, .scales = s});
 //   cuda::nvfp4_quantize(backend, {.x = w_dev, .rows = 32, .cols = 32,
-//                                  .options = {.tile = Nvfp4Tile::square_16x16}, .codes = c, .scales = s, .globals = g});
+//                                  .options = {.tile = Nvfp4Tile::square_16x16},
+//                                  .codes = c, .scales = s, .globals = g});
 //
 // Device pointers in, device pointers out, laid out as the CPU's MxTensor / Nvfp4Tensor fields (row-major f32
 // values, one code per byte, scales as core/block_scaled.h's BlockAxis and Nvfp4Tile say). Every block, tile and
 // element is computed by core/block_scaled_elements.h's functions, the ones the CPU runs, so codes and scales are
-// the CPU's bytes, and the floats (global scales, dequantized values, the transform) the CPU's bits.
+// the CPU's bytes, and the floats (global scales, dequantized values) the CPU's bits; the transform's outputs are
+// the CPU's bits wherever they are not NaN (a NaN output is NaN on both, with the hardware's bits).
 //
 // Each call is ordered after everything queued on `backend` and finished before it returns (as kernels/cuda/
 // fp8_cuda.h's calls). Errors: DeviceError for a backend that is not CUDA's; ShapeError, with the CPU functions'
-// text (the same checks, core/block_scaled_elements.h, naming "... (CUDA)"), for a shape the CPU refuses; DeviceRuntimeError for a failed CUDA call or launch.
+// text (the same checks, core/block_scaled_elements.h, naming "... (CUDA)"), for a shape the CPU refuses, before
+// any device work; DeviceRuntimeError for a failed CUDA call or launch.
 #pragma once
 
 #include <cstdint>
