@@ -23,7 +23,6 @@ std::uint8_t mx_block_scale(std::span<const float> block, Fp8Format element, MxS
 MxTensor quantize_mxfp8(std::span<const float> x, std::int64_t rows, std::int64_t cols, const MxOptions& options) {
   check_block_matrix("quantize_mxfp8", x.size(), rows, cols);
   check_mx_shape("quantize_mxfp8", rows, cols, options.axis);
-  const bool along_row = options.axis == BlockAxis::along_row;
   MxTensor q;
   q.rows = rows;
   q.cols = cols;
@@ -32,14 +31,9 @@ MxTensor quantize_mxfp8(std::span<const float> x, std::int64_t rows, std::int64_
   const std::int64_t n_blocks = rows * cols / kMxBlock;
   q.scales.assign(static_cast<std::size_t>(n_blocks), 0);
 
-  const std::int64_t blocks_per_line = along_row ? cols / kMxBlock : cols;
-  const std::int64_t stride = along_row ? 1 : cols;
+  const std::int64_t stride = mx_block_stride(cols, options.axis);
   for (std::int64_t b = 0; b < n_blocks; ++b) {
-    // Scale b sits at (b / blocks_per_line, b % blocks_per_line) of the scale matrix; its block starts at
-    // (sr, 32 sc) along a row or (32 sr, sc) down a column.
-    const std::int64_t sr = b / blocks_per_line;
-    const std::int64_t sc = b % blocks_per_line;
-    const std::int64_t first = along_row ? sr * cols + sc * kMxBlock : sr * kMxBlock * cols + sc;
+    const std::int64_t first = mx_block_first(b, cols, options.axis);
     q.scales[static_cast<std::size_t>(b)] =
         mx_quantize_block(x.data() + first, stride, options.element, options.rule, q.codes.data() + first);
   }
@@ -59,8 +53,7 @@ std::vector<float> dequantize_mxfp8(const MxTensor& q) {
   std::vector<float> out(q.codes.size());
   for (std::int64_t r = 0; r < q.rows; ++r) {
     for (std::int64_t c = 0; c < q.cols; ++c) {
-      const std::size_t s = along_row ? static_cast<std::size_t>(r * (q.cols / kMxBlock) + c / kMxBlock)
-                                      : static_cast<std::size_t>((r / kMxBlock) * q.cols + c);
+      const std::size_t s = static_cast<std::size_t>(mx_scale_index(r, c, q.cols, q.options.axis));
       const std::size_t i = static_cast<std::size_t>(r * q.cols + c);
       out[i] = mx_dequantize_element(q.codes[i], q.scales[s], q.options.element);
     }
@@ -121,8 +114,7 @@ std::vector<float> dequantize_nvfp4(const Nvfp4Tensor& q) {
   std::vector<float> out(q.codes.size());
   for (std::int64_t r = 0; r < q.rows; ++r) {
     for (std::int64_t c = 0; c < q.cols; ++c) {
-      const std::int64_t sr = square ? r / kNvfp4Block : r;
-      const std::uint8_t scale = q.scales[static_cast<std::size_t>(sr * scale_cols + c / kNvfp4Block)];
+      const std::uint8_t scale = q.scales[static_cast<std::size_t>(nvfp4_scale_index(r, c, q.cols, q.options.tile))];
       const std::size_t i = static_cast<std::size_t>(r * q.cols + c);
       out[i] = nvfp4_dequantize_element(q.codes[i], scale, q.global_decode_scale);
     }

@@ -223,6 +223,23 @@ AMPSCOPE_HD inline std::uint8_t mx_element_code(float v, std::uint8_t scale, Fp8
   return float_to_fp8(v * detail::e8m0_encode_multiplier(scale), element);
 }
 
+// Where MX block b of a rows x cols matrix starts (its first value's row-major index) and the distance between its
+// values: blocks are numbered as their scales are stored (row-major over rows x cols/32 along rows, rows/32 x cols
+// down columns), block b's scale at (b / per_line, b % per_line) of that matrix.
+AMPSCOPE_HD inline std::int64_t mx_block_first(std::int64_t b, std::int64_t cols, BlockAxis axis) {
+  const bool along_row = axis == BlockAxis::along_row;
+  const std::int64_t per_line = along_row ? cols / kMxBlock : cols;
+  const std::int64_t sr = b / per_line, sc = b % per_line;
+  return along_row ? sr * cols + sc * kMxBlock : sr * kMxBlock * cols + sc;
+}
+AMPSCOPE_HD inline std::int64_t mx_block_stride(std::int64_t cols, BlockAxis axis) {
+  return axis == BlockAxis::along_row ? 1 : cols;
+}
+// The index of the scale of element (r, c).
+AMPSCOPE_HD inline std::int64_t mx_scale_index(std::int64_t r, std::int64_t c, std::int64_t cols, BlockAxis axis) {
+  return axis == BlockAxis::along_row ? r * (cols / kMxBlock) + c / kMxBlock : (r / kMxBlock) * cols + c;
+}
+
 // Quantizes the 32 values x[0], x[stride], ..., x[31 * stride] into codes[0], codes[stride], ...; returns the
 // block's E8M0 scale code.
 AMPSCOPE_HD inline std::uint8_t mx_quantize_block(const float* x, std::int64_t stride, Fp8Format element,
@@ -313,6 +330,14 @@ AMPSCOPE_HD inline std::uint8_t nvfp4_quantize_tile(const float* x, std::int64_t
     }
   }
   return scale;
+}
+
+// The index of the scale of element (r, c) of a matrix with `cols` columns (row-major over the scale matrix:
+// rows x cols/16 for 1x16 blocks, rows/16 x cols/16 for 16x16 tiles); tile t starts at row (t / (cols/16)) times
+// the tile's height and column (t % (cols/16)) * 16.
+AMPSCOPE_HD inline std::int64_t nvfp4_scale_index(std::int64_t r, std::int64_t c, std::int64_t cols, Nvfp4Tile tile) {
+  const std::int64_t sr = tile == Nvfp4Tile::square_16x16 ? r / kNvfp4Block : r;
+  return sr * (cols / kNvfp4Block) + c / kNvfp4Block;
 }
 
 // e2m1_value * fl(e4m3_value(scale) * global_decode), a NaN scale or decode scale returned itself.

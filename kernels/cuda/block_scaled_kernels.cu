@@ -18,15 +18,12 @@ __device__ std::int64_t thread_stride() { return static_cast<std::int64_t>(block
 
 __global__ void mx_quantize_kernel(const float* x, std::int64_t rows, std::int64_t cols, BlockAxis axis,
                                    Fp8Format element, MxScaleRule rule, std::uint8_t* codes, std::uint8_t* scales) {
-  const bool along_row = axis == BlockAxis::along_row;
   const std::int64_t n_blocks = rows * cols / kMxBlock;
-  const std::int64_t blocks_per_line = along_row ? cols / kMxBlock : cols;
-  const std::int64_t stride = along_row ? 1 : cols;
+  const std::int64_t stride = mx_block_stride(cols, axis);
   for (std::int64_t b = first_thread(); b < n_blocks; b += thread_stride()) {
     // The CPU's block b (core/block_scaled.cpp quantize_mxfp8): down a column, neighbouring threads read
     // neighbouring addresses.
-    const std::int64_t sr = b / blocks_per_line, sc = b % blocks_per_line;
-    const std::int64_t first = along_row ? sr * cols + sc * kMxBlock : sr * kMxBlock * cols + sc;
+    const std::int64_t first = mx_block_first(b, cols, axis);
     scales[b] = mx_quantize_block(x + first, stride, element, rule, codes + first);
   }
 }
@@ -35,9 +32,7 @@ __global__ void mx_dequantize_kernel(const std::uint8_t* codes, const std::uint8
                                      std::int64_t cols, BlockAxis axis, Fp8Format element, float* out) {
   const std::int64_t n = rows * cols;
   for (std::int64_t i = first_thread(); i < n; i += thread_stride()) {
-    const std::int64_t r = i / cols, c = i % cols;
-    const std::int64_t s = axis == BlockAxis::along_row ? r * (cols / kMxBlock) + c / kMxBlock : (r / kMxBlock) * cols + c;
-    out[i] = mx_dequantize_element(codes[i], scales[s], element);
+    out[i] = mx_dequantize_element(codes[i], scales[mx_scale_index(i / cols, i % cols, cols, axis)], element);
   }
 }
 
@@ -102,12 +97,9 @@ __global__ void nvfp4_quantize_kernel(const float* x, std::int64_t rows, std::in
 __global__ void nvfp4_dequantize_kernel(const std::uint8_t* codes, const std::uint8_t* scales, std::int64_t rows,
                                         std::int64_t cols, Nvfp4Tile tile, const float* global_decode, float* out) {
   const std::int64_t n = rows * cols;
-  const std::int64_t scale_cols = cols / kNvfp4Block;
   const float decode = *global_decode;
   for (std::int64_t i = first_thread(); i < n; i += thread_stride()) {
-    const std::int64_t r = i / cols, c = i % cols;
-    const std::int64_t sr = tile == Nvfp4Tile::square_16x16 ? r / kNvfp4Block : r;
-    out[i] = nvfp4_dequantize_element(codes[i], scales[sr * scale_cols + c / kNvfp4Block], decode);
+    out[i] = nvfp4_dequantize_element(codes[i], scales[nvfp4_scale_index(i / cols, i % cols, cols, tile)], decode);
   }
 }
 
