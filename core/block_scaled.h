@@ -26,6 +26,7 @@
 #include <span>
 #include <vector>
 
+#include "core/block_scaled_elements.h"  // the element and block math, shared with the CUDA kernels
 #include "core/error.h"
 #include "core/float8.h"
 
@@ -35,38 +36,32 @@ namespace ampscope {
 // E2M1 (FP4): s ee m, bias 1; no inf, no NaN. Codes 0..7 are +0, 0.5, 1, 1.5, 2, 3, 4, 6; 8..15 the same
 // negated (8 is -0). Value = (-1)^s * 2^(e-1) * (1 + m/2) for e > 0, (-1)^s * m/2 for e == 0.
 // ---------------------------------------------------------------------------------------------------
-inline constexpr float kE2M1Max = 6.0f;
+// kE2M1Max = 6 (core/block_scaled_elements.h, with the functions below: host and device code).
 
-// The value of a 4-bit code (only the low 4 bits are read), by the formula above.
-float e2m1_to_float(std::uint8_t code);
+// e2m1_to_float(code): the value of a 4-bit code (only the low 4 bits are read), by the formula above.
 
-// float -> E2M1 code: round to nearest, ties to the even code (the code's last bit), magnitudes past 6
-// (infinities included) saturate to +-6, zero keeps its sign (-0.0f gives 8, as a small negative value
-// that rounds to zero does). NaN gives code 0: E2M1 has no NaN, and TransformerEngine's reference
-// (cast_to_fp4x2) leaves a NaN at its initial 0. The ties, in |x|: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1,
-// 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4. (TE's Python reference maps an exact -0.0 to code 0, not 8,
-// because its range tests count -0.0 as >= 0; the value is the same.)
-std::uint8_t float_to_e2m1(float x);
+// float_to_e2m1(x): float -> E2M1 code: round to nearest, ties to the even code (the code's last bit), magnitudes
+// past 6 (infinities included) saturate to +-6, zero keeps its sign (-0.0f gives 8, as a small negative value that
+// rounds to zero does). NaN gives code 0: E2M1 has no NaN, and TransformerEngine's reference (cast_to_fp4x2)
+// leaves a NaN at its initial 0. The ties, in |x|: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4,
+// 5 -> 4. (TE's Python reference maps an exact -0.0 to code 0, not 8, because its range tests count -0.0 as >= 0;
+// the value is the same.)
 
-// Stochastic rounding to E2M1 with a uniform draw u in [0, 1): |x| (saturated to 6) lies between two
-// neighbours lo <= |x| <= hi of the grid; the result is hi when u < (|x| - lo) / (hi - lo), else lo, with
-// x's sign. An exact grid value is returned as itself whatever u. Expected value: x for |x| <= 6, to within
-// the 2^-24 granularity of u (uniform_from_bits<float>). NaN gives 0, as float_to_e2m1.
-std::uint8_t float_to_e2m1_stochastic(float x, float u);
+// float_to_e2m1_stochastic(x, u): stochastic rounding to E2M1 with a uniform draw u in [0, 1): |x| (saturated to
+// 6) lies between two neighbours lo <= |x| <= hi of the grid; the result is hi when u < (|x| - lo) / (hi - lo),
+// else lo, with x's sign. An exact grid value is returned as itself whatever u. Expected value: x for |x| <= 6, to
+// within the 2^-24 granularity of u (uniform_from_bits<float>). NaN gives 0, as float_to_e2m1.
 
 // ---------------------------------------------------------------------------------------------------
 // E8M0 (the MX shared scale): 8 exponent bits, bias 127, no sign, no mantissa. Code c is 2^(c - 127) for
 // c in 0..254 (2^-127 .. 2^127; 2^-127 is a float subnormal, exact); 0xFF is NaN. There is no zero and no
-// infinity.
+// infinity. kE8M0NaN = 0xFF; e8m0_to_float(code) decodes (NaN for 0xFF).
 // ---------------------------------------------------------------------------------------------------
-inline constexpr std::uint8_t kE8M0NaN = 0xFF;
-float e8m0_to_float(std::uint8_t code);
 
-// A non-negative float rounded up to an E8M0 code, as TransformerEngine's float_to_e8m0 (the emulation of
-// Blackwell's cvt.rp.satfinite.ue8m0x2.f32): the smallest 2^(c - 127) >= v, c clamped to 0 .. 254, so
-// v <= 2^-127 (0 and float subnormals up to 2^-127 included) gives 0 and v > 2^127 gives 254 (satfinite, as
-// does inf); NaN gives 0xFF.
-std::uint8_t float_to_e8m0_round_up(float v);
+// float_to_e8m0_round_up(v): a non-negative float rounded up to an E8M0 code, as TransformerEngine's float_to_e8m0
+// (the emulation of Blackwell's cvt.rp.satfinite.ue8m0x2.f32): the smallest 2^(c - 127) >= v, c clamped to 0 ..
+// 254, so v <= 2^-127 (0 and float subnormals up to 2^-127 included) gives 0 and v > 2^127 gives 254 (satfinite,
+// as does inf); NaN gives 0xFF.
 
 // ---------------------------------------------------------------------------------------------------
 // Blocks and layouts. Matrices are row-major rows x cols f32. Codes come back one per byte in the same
@@ -76,8 +71,7 @@ std::uint8_t float_to_e8m0_round_up(float v);
 // Which way a 1-D block runs: along_row = consecutive elements of a row (1xN, the "rowwise" copy: blocks
 // along the contraction dimension of x in x @ W^T); along_column = down a column (Nx1, the "columnwise"
 // copy used by the backward GEMMs). Scales are stored row-major: rows x cols/N for along_row,
-// rows/N x cols for along_column.
-enum class BlockAxis : std::uint8_t { along_row, along_column };
+// rows/N x cols for along_column. (enum class BlockAxis { along_row, along_column }: block_scaled_elements.h)
 
 // The two ways of choosing an MX block's E8M0 scale (see docs/fp8.md for worked blocks):
 // - floor (the OCP specification and its reference code): X = 2^(floor(log2 amax) - emax_elem), emax_elem
@@ -91,16 +85,10 @@ enum class BlockAxis : std::uint8_t { along_row, along_column };
 //   float, except that code 0 multiplies by 1 and code 0xFE by 0, as TE's exp2f_rcp does (so a block whose
 //   amax is below about 2.6e-36, f32 subnormals included, quantizes to zeros, and an infinity becomes NaN
 //   in a block of zeros). Never clips a finite block: amax / scale <= elem_max.
-enum class MxScaleRule : std::uint8_t { floor, round_up };
+// (enum class MxScaleRule { floor, round_up } and the MX block size kMxBlock = 32, OCP's k: block_scaled_elements.h)
 
-// The MX block size (OCP: k = 32).
-inline constexpr std::int64_t kMxBlock = 32;
-
-struct MxOptions {
-  BlockAxis axis = BlockAxis::along_row;
-  Fp8Format element = Fp8Format::e4m3;
-  MxScaleRule rule = MxScaleRule::round_up;  // NVIDIA's, the default of the libraries that run MXFP8
-};
+// struct MxOptions { axis = along_row; element = e4m3; rule = round_up (NVIDIA's, the default of the libraries
+// that run MXFP8) }: block_scaled_elements.h, so that the CUDA kernels' API takes it too.
 
 struct MxTensor {
   std::int64_t rows = 0;
@@ -137,27 +125,17 @@ std::vector<float> dequantize_mxfp8(const MxTensor& q);
 // The columnwise copy TE makes is the quantization of the transpose (with the Hadamard transform applied
 // to it first for the weight-gradient operands), with its own global amax: pass the transpose here.
 // ---------------------------------------------------------------------------------------------------
-enum class Nvfp4Tile : std::uint8_t {
-  row_1x16,      // 16 consecutive values of a row (activations, gradients)
-  square_16x16,  // 16x16 tiles (weights), one scale per tile: rows and cols must be multiples of 16
-};
+// enum class Nvfp4Tile (block_scaled_elements.h): row_1x16 = 16 consecutive values of a row (activations,
+// gradients); square_16x16 = 16x16 tiles (weights), one scale per tile: rows and cols must be multiples of 16.
 
 // Where stochastic rounding draws its uniforms: element i (row-major index) uses
 // uniform_at<float>(seed, offset, i) of core/philox.h. Reproducible for a (seed, offset); not the GPU
 // libraries' stream (their bits come from a different generator layout), so runs match them only in
-// distribution.
-struct PhiloxStream {
-  std::uint64_t seed = 0;
-  std::uint64_t offset = 0;
-};
+// distribution. (struct PhiloxStream { seed, offset } and struct Nvfp4Options { tile = row_1x16;
+// stochastic_rounding = false: elements rounded stochastically (gradients), from `stream`; stream }:
+// block_scaled_elements.h.)
 
-struct Nvfp4Options {
-  Nvfp4Tile tile = Nvfp4Tile::row_1x16;
-  bool stochastic_rounding = false;  // elements rounded stochastically (gradients), from `stream`
-  PhiloxStream stream;
-};
-
-inline constexpr std::int64_t kNvfp4Block = 16;
+// kNvfp4Block = 16 (block_scaled_elements.h).
 
 struct Nvfp4Tensor {
   std::int64_t rows = 0;
@@ -170,15 +148,10 @@ struct Nvfp4Tensor {
   std::vector<std::uint8_t> scales;  // E4M3 block decode scales: rows x cols/16 (1x16) or rows/16 x cols/16
 };
 
-// The global scales of a tensor whose amax is `global_amax` (the first three formulas above).
-struct Nvfp4GlobalScales {
-  float encode;
-  float decode;
-};
-Nvfp4GlobalScales nvfp4_global_scales(float global_amax);
-
-// The E4M3 code of a block's decode scale from its amax and the tensor's global encode scale.
-std::uint8_t nvfp4_block_scale(float block_amax, float global_encode);
+// nvfp4_global_scales(global_amax) -> Nvfp4GlobalScales {encode, decode}: the global scales of a tensor whose
+// amax is `global_amax` (the first three formulas above; a NaN amax gives both that NaN, quieted).
+// nvfp4_block_scale(block_amax, global_encode): the E4M3 code of a block's decode scale from its amax and the
+// tensor's global encode scale. Both in block_scaled_elements.h (host and device).
 
 // Quantizes a rows x cols row-major matrix. cols must be a multiple of 16 (and rows too for 16x16 tiles):
 // anything else throws ShapeError with a hint; so does a size that does not match rows * cols.
@@ -193,10 +166,10 @@ std::vector<float> dequantize_nvfp4(const Nvfp4Tensor& q);
 // v * T with T = (1/4) * D * H16, H16 the Sylvester Hadamard matrix (H1 = [1], H2n = [[Hn, Hn], [Hn, -Hn]])
 // and D = diag(kRhtSigns), TransformerEngine's fixed sign vector (get_wgrad_sign_vector). T is orthogonal
 // (T T^T = (1/16) D H H^T D = I), so the inverse is v * T^T = v * (1/4) * H16 * D. Each output is the sum
-// of its 16 terms in double, rounded once to float: not bit-identical to a GPU's tensor-core transform.
-// The input length must be a multiple of 16 (ShapeError otherwise).
+// of its 16 terms in double, rounded once to float: not bit-identical to TE's tensor-core transform.
+// The input length must be a multiple of 16 (ShapeError otherwise). A GPU summing the same terms in double in
+// the same order gets the same bits (block_scaled_elements.h's rht16_forward / rht16_inverse, which both run).
 // ---------------------------------------------------------------------------------------------------
-inline constexpr std::int64_t kRhtSize = 16;
 inline constexpr float kRhtSigns[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
 
 std::vector<float> random_hadamard_transform(std::span<const float> x);

@@ -449,6 +449,9 @@ part_correctness() {
     # The FP8 kernels' scratch and codes come from the same allocator.
     enqueue "$work/queue-1c" "kernels_tests:fp8_cuda_*" "$bin/tests/kernels_tests" "--gtest_filter=fp8_cuda_*" \
       "AMPSCOPE_CUDA_NO_POOLS=1 AMPSCOPE_REQUIRE_GPU=1"
+    # The block-scaled conversions' (issue 35) buffers and scratch too.
+    enqueue "$work/queue-1c" "kernels_tests:block_scaled_cuda_*" "$bin/tests/kernels_tests" \
+      "--gtest_filter=block_scaled_cuda_*" "AMPSCOPE_CUDA_NO_POOLS=1 AMPSCOPE_REQUIRE_GPU=1"
     say "| program | outcome | s |" "|---|---|---|"
     run_queue "$work/queue-1c" "$work/results-1c" 1 "1c"
   else
@@ -605,6 +608,7 @@ part_sanitize() {
     # The FP8 kernels without the 2^24-element encode sweeps (too slow under the tools; 1b runs them).
     for spec in "kernels_tests:cuda_backend_test.*:cuda_parity_test.*" \
                 "kernels_tests:fp8_cuda_test.*-fp8_cuda_test.f32_patterns*:fp8_cuda_test.the_runtime_encoding*" \
+                "kernels_tests:block_scaled_cuda_test.*" \
                 "scaler_tests:*cuda*" "optim_tests:*cuda*" \
                 "probes_tests:stats_cuda_test.*" "core_tests:*cuda*"; do
       local prog=${spec%%:*} filter=${spec#*:}

@@ -12,7 +12,7 @@
 #   viewer/           the trace, the analysis, core's error types: never the runtime or CUDA
 #   models/           itself and core
 #   samples/          itself, models and core (never the command line or the probes)
-#   kernels/          itself and core's lowest headers (dtype, conversions (f16/bf16, FP8), random stream, views, the backend
+#   kernels/          itself and core's lowest headers (dtype, conversions (f16/bf16, FP8, the block-scaled elements), random stream, views, the backend
 #                     interface, errors, the raw communicator)
 #   core/             itself; the backends' headers only in backend_registry.cpp (the one place naming them)
 #   probes/           the run-time probe: itself, core, the trace and the analysis; kernels only through
@@ -28,7 +28,7 @@ rules=(
   "viewer|viewer/.*|probes/trace/.*|probes/analysis/.*|core/error\.h"
   "models|models/.*|core/.*"
   "samples|samples/.*|models/.*|core/.*"
-  "kernels|kernels/.*|core/(backend|convert|dtype|error|float16|float8|philox|tensor_view)\.h|core/distributed/communicator\.h"
+  "kernels|kernels/.*|core/(backend|block_scaled_elements|convert|dtype|error|float16|float8|philox|tensor_view)\.h|core/distributed/communicator\.h"
   "core|core/.*"
   "probes|probes/.*|core/.*|kernels/[a-z_]+\.h"
 )

@@ -63,8 +63,8 @@ if [ $status -ne 0 ]; then echo "--- $md"; cat "$md"; else echo "dry run: all ch
 # AMPSCOPE_CHECK_FAKE_GPU=1 makes the script take the GPU path without one. The fake kernels_tests (a CUDA-touching
 # program: tests/kernels mentions the GPU) wants CUDA_LAUNCH_BLOCKING=1 and AMPSCOPE_REQUIRE_GPU=1 when run on its
 # one CUDA test alone (1a), AMPSCOPE_REQUIRE_GPU=1, a shard count and no arguments when run whole (1b),
-# AMPSCOPE_CUDA_NO_POOLS=1 on its CUDA tests and its FP8 tests (1c); the fake autograd_tests lists 130 tests and runs only those of
-# its shard (3 shards: 44, 43, 43). A fake test fails, naming what it lacked, when its environment is wrong.
+# AMPSCOPE_CUDA_NO_POOLS=1 on its CUDA tests, its FP8 tests and its block-scaled tests (1c); the fake autograd_tests
+# lists 130 tests and runs only those of its shard (3 shards: 44, 43, 43). A fake test fails, naming what it lacked, when its environment is wrong.
 gb=$work/gpu-bundle/bin/tests
 mkdir -p "$gb" "$work/gpu-bundle/lib"
 cat > "$gb/kernels_tests" <<'FAKE'
@@ -76,6 +76,7 @@ case "$*" in
   --gtest_filter=cuda_backend_test.allocates) want CUDA_LAUNCH_BLOCKING 1; want AMPSCOPE_REQUIRE_GPU 1; tests=(cuda_backend_test.allocates) ;;
   --gtest_filter=cuda_\*) want AMPSCOPE_CUDA_NO_POOLS 1; want AMPSCOPE_REQUIRE_GPU 1; want CUDA_LAUNCH_BLOCKING ""; tests=(cuda_backend_test.allocates) ;;
   --gtest_filter=fp8_cuda_\*) want AMPSCOPE_CUDA_NO_POOLS 1; want AMPSCOPE_REQUIRE_GPU 1; want CUDA_LAUNCH_BLOCKING ""; tests=(fp8_cuda_test.decodes) ;;
+  --gtest_filter=block_scaled_cuda_\*) want AMPSCOPE_CUDA_NO_POOLS 1; want AMPSCOPE_REQUIRE_GPU 1; want CUDA_LAUNCH_BLOCKING ""; tests=(block_scaled_cuda_test.quantizes) ;;
   "") want AMPSCOPE_REQUIRE_GPU 1; want GTEST_TOTAL_SHARDS 1; want CUDA_LAUNCH_BLOCKING ""; tests=(cuda_backend_test.allocates cpu_backend_test.adds) ;;
   *) wrong="unexpected arguments: $*"; tests=(cuda_backend_test.allocates) ;;
 esac
@@ -108,6 +109,7 @@ for i in 1 2 3; do check "1b: autograd shard $i" "^\| autograd_tests \[$i/3\] \|
 check "1b's total" '^1b: 4 of 4 passed\.$'
 check "1c: without memory pools" '^\| kernels_tests:cuda_\* \| passed \(1 passed\) \|'
 check "1c: the FP8 kernels without memory pools" '^\| kernels_tests:fp8_cuda_\* \| passed \(1 passed\) \|'
+check "1c: the block-scaled kernels without memory pools" '^\| kernels_tests:block_scaled_cuda_\* \| passed \(1 passed\) \|'
 check "the result" '^\*\*Result: passed\*\*'
 if [ $status -ne 0 ]; then echo "--- $md"; cat "$md"; else echo "GPU path with fake programs: all checks passed"; fi
 exit $status
