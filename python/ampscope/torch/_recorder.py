@@ -249,6 +249,18 @@ def _health_nonfinite(x, n, tiny):
     return [n, nan_c, pinf, ninf, zero, below - zero, lo, hi, max(abs(lo), abs(hi)), total / m, math.sqrt(sq / m)], sq
 
 
+# What a row's output held, for the judgement of the ops that read it (Recorder.rows_nonfinite).
+ROW_FINITE, ROW_BAD, ROW_MASK = 0, 1, 2
+
+
+def _counted(op, phase, h):
+    """The NaN and inf of a row's health that are anomalies: a mask's fill writes -inf on purpose (masked_fill,
+    attention's causal mask; the probe's OpFlag::mask_neg_inf, probes/probe.cpp judge_nonfinite), so a forward
+    masked_fill's -inf do not count; its NaN and +inf do (they came in through the tensor it masked)."""
+    neg = 0 if op == "masked_fill" and phase == "forward" else h[3]
+    return h[1] + h[2] + neg
+
+
 def _counts_text(h):
     parts = []
     for count, what in ((h[1], "NaN"), (h[2], "+inf"), (h[3], "-inf")):
@@ -346,7 +358,7 @@ class Recorder:
         self.step = 0
         self.seq = 0
         self.phase = "forward"
-        self.rows_nonfinite = {}  # seq -> the row's output held NaN/inf (this step)
+        self.rows_nonfinite = {}  # seq -> ROW_FINITE, ROW_BAD, or ROW_MASK: only a mask fill's -inf (this step)
         self.prov = {}  # id(tensor) -> (step, seq or marker, weakref)
         self.module_stack = []
         self.module_names = weakref.WeakKeyDictionary()
@@ -476,9 +488,14 @@ class Recorder:
             return PARAMETER
         return DATA
 
-    def input_finite(self, t, src):
+    def input_finite(self, t, src, nan_only=False):
+        """Whether an input counts as finite when judging whether an op made its output's NaN/inf. An input holding
+        only the -inf of a mask's fill counts as finite only for an output with NaN and no inf: a fully masked
+        row through softmax (0 / 0) is made by that op; an op passing the -inf on (-inf out) is not its origin
+        (as the probe's JudgedInput::mask, probes/probe.cpp)."""
         if src >= 0:
-            return not self.rows_nonfinite.get(src, False)
+            state = self.rows_nonfinite.get(src, ROW_FINITE)
+            return state == ROW_FINITE or (state == ROW_MASK and nan_only)
         if not t.is_floating_point():
             return True
         return bool(torch.isfinite(t).all())
@@ -559,8 +576,10 @@ class Recorder:
         seq = self.next_seq()
         sources = [self.source(t) for t in ins[:4]]
         h = health(o) if self.level != "dtype" else [o.numel()] + [0] * 10
-        bad = h[1] + h[2] + h[3] > 0
-        origin = bad and all(self.input_finite(t, s) for t, s in zip(ins, sources + [DATA] * len(ins)))
+        counted = _counted(user_name, phase, h)
+        nan_only = h[1] > 0 and counted == h[1]
+        origin = counted > 0 and all(self.input_finite(t, s, nan_only)
+                                     for t, s in zip(ins, sources + [DATA] * len(ins)))
         in_dtypes = ",".join(_dtype(t) for t in ins if t.is_floating_point())
         reason = ""
         if user_name in LOWER_PRECISION and o.dtype in (torch.float16, torch.bfloat16) and (
@@ -597,13 +616,15 @@ class Recorder:
             self.precision = "bf16"
 
     def emit_op(self, seq, op, module, in_dtypes, out_dtype, shape, reason, h, origin, sources):
-        self.rows_nonfinite[seq] = h[1] + h[2] + h[3] > 0
-        if self.rows_nonfinite[seq] and self.phase == "forward":
-            self.forward_bad = True
-        inputs = (sources + [NONE] * 4)[:4]
-        # A mask's fill writes -inf on purpose (the probe's rule, OpFlag::mask_neg_inf): not an anomaly.
-        if h[1] + h[2] + (0 if op == "masked_fill" and self.phase == "forward" else h[3]) > 0:
+        # A mask's fill writes -inf on purpose (the probe's rule, OpFlag::mask_neg_inf): not an anomaly, and not
+        # a non-finite forward pass that would make the step's backward NaN/inf propagations (forward_bad).
+        counted = _counted(op, self.phase, h)
+        self.rows_nonfinite[seq] = ROW_BAD if counted else (ROW_MASK if h[3] else ROW_FINITE)
+        if counted:
             self.step_anomalous = True
+            if self.phase == "forward":
+                self.forward_bad = True
+        inputs = (sources + [NONE] * 4)[:4]
         self.add_row(["op", self.step, seq, self.phase, op, module, in_dtypes, out_dtype,
                           "[" + ", ".join(str(d) for d in shape) + "]", reason, h[0], h[1], h[2], h[3], h[4], h[5],
                           num(h[6]), num(h[7]), num(h[8]), num(h[9]), num(h[10]), 0, 0, origin, inputs])
