@@ -329,5 +329,18 @@ check(r.returncode == 1, "causal_overflow: report exit %d (1: anomalies)" % r.re
 first = json.loads(r.stdout)["anomalies"][0]
 check((first["op"], first["module"], first["cause"], first["step"]) == ("exp", "blocks.0.attn", "exp_overflow", 0),
       "causal_overflow: first anomaly %s" % json.dumps(first)[:300])
+# A sequence that is all padding (masked as keys too): its rows are masked everywhere and softmax makes 0 / 0. The
+# NaN is the softmax's (the probe's rule: NaN with no inf from an input holding only a mask's -inf), not the mask's.
+p, out = record("causal_padded", "causal_attention.py", "--steps", "1", "--padded-sample")
+check(p.returncode == 0, "causal_padded: exit %d: %s" % (p.returncode, p.stderr[-400:]))
+rows = [r for r in ops(out)[0] if r["phase"] == "forward"]
+origins = [(r["op"], r["module"]) for r in rows if r["origin"]]
+# By hand: one sequence of 16 rows, 4 heads, 16 scores a row: 1024 NaN out of each softmax.
+sm = [int(r["nan"]) for r in rows if r["op"] == "softmax" and r["module"] == "blocks.0.attn"]
+check(origins[:1] == [("softmax", "blocks.0.attn")] and sm == [1024], "causal_padded: origins %s, softmax NaN %s" % (origins, sm))
+r = subprocess.run([AMPSCOPE, "report", "--json", out], capture_output=True, text=True)
+first = json.loads(r.stdout)["anomalies"][0] if r.returncode == 1 else {}
+check((first.get("op"), first.get("module"), first.get("cause")) == ("softmax", "blocks.0.attn", "invalid_operation"),
+      "causal_padded: report exit %d, first anomaly %s" % (r.returncode, json.dumps(first)[:300]))
 
 finish()
