@@ -213,6 +213,45 @@ check(f is not None and (f["key"]["step"], f["key"]["phase"], f["key"]["module"]
                          f["key"]["occurrence"]) == (0, "forward", "h.0.mlp", "add", 1),
       "bf16 planted in block 0: first divergence at step 0, forward, h.0.mlp add #1 (got %s)" % (f and f["key"]))
 
+# bf16 under PyTorch's own autocast: the same script with its ops plain and the forward and loss inside
+# torch.autocast("cpu", dtype=torch.bfloat16) (--autocast), as a user writes a bf16 script. Its policy is the
+# CPU one: linear and matmul run in bf16 as in ours (no dtype difference there, unlike the by-hand run above), but
+# pow, softmax and log_softmax, which CUDA's policy (ours) runs in f32, stay in bf16, and with them the
+# element-wise ops after them (GELU's mul, add and tanh). Each of those rounds its elements to bf16, a relative
+# error of at most half a bf16 unit (2^-9) per element, of either sign; an op's statistics (its rms) average
+# that over its elements (512 at least here), so the rounding moves them by far less than the half unit each
+# element can move; the products and the backward round as in ours. The reasoning above for the by-hand run
+# holds, with the same tolerance, two bf16 units: measured when written, 3.2e-3 at most over 3 steps (the
+# backward of attention's matmul in h.1), and the planted erf far above it (1.9e-2).
+a = ours("ours_bf16", "bf16")
+b = pytorch("torch_bf16_autocast", "--autocast")
+d = diff(a, b, BF16_TOL)
+check(d["first_divergence"] is None and d["first_loss_divergence"] is None and d["first_grad_divergence"] is None,
+      "bf16 autocast: no divergence beyond %g (got %s)" % (
+          BF16_TOL, d["first_divergence"] and (d["first_divergence"]["key"], d["first_divergence"]["max_rel"])))
+check(d["ops_aligned"] > 0 and d["steps_compared"] == STEPS and d["grads_aligned"] == STEPS * GPT2_PARAMS,
+      "bf16 autocast: %d steps, every gradient compared (got %d, %d)" % (STEPS, d["steps_compared"], d["grads_aligned"]))
+cpu_bf16 = {"pow", "softmax", "log_softmax", "mul", "add", "tanh"}  # bf16 under CPU autocast, f32 in ours
+diffs = [(x["module"], x["op"], x["dtypes_a"], x["dtypes_b"]) for x in d["dtype_differences"]]
+# log_softmax: its input is bf16 in ours, f32 in the script's (it casts the logits with .float() before the loss).
+check(diffs and all(op in cpu_bf16 and ("bf16" in db or op == "log_softmax") for _, op, _, db in diffs),
+      "bf16 autocast: dtypes differ only at the element-wise ops CPU autocast leaves in bf16 (got %s)" % diffs)
+check(not any(op in ("linear", "matmul") for _, op, _, _ in diffs), "bf16 autocast: products in bf16 in both runs")
+check(all(op in ("transpose", "view", "permute", "slice", "clone", "reshape", "to") for _, op in
+          {(u["phase"], u["op"]) for u in d["only_in_a"]}) and d["only_in_b"] == [],
+      "bf16 autocast: only in ours: views and casts; nothing only in PyTorch's (got %s, %s)" % (
+          sorted({(u["phase"], u["op"]) for u in d["only_in_a"]}), d["only_in_b"][:5]))
+largest_ac = max((x["max_rel"] for x in d["largest"]), default=0)
+check(0 < largest_ac < BF16_TOL, "bf16 autocast: largest difference in (0, tolerance) (got %g)" % largest_ac)
+print("bf16 autocast: %d op rows aligned, largest difference %.3g of an op's rms" % (d["ops_aligned"], largest_ac))
+b2 = pytorch("torch_bf16_autocast_erf", "--autocast", "--erf-gelu-block", "0")
+f = diff(a, b2, BF16_TOL)["first_divergence"]
+check(f is not None and (f["key"]["step"], f["key"]["phase"], f["key"]["module"], f["key"]["op"], f["key"]["occurrence"],
+                         f["unpaired_before_a"], f["unpaired_before_b"]) ==
+      (0, "forward", "h.0.mlp", "add", 1, ["tanh"], ["erf"]) and f["max_rel"] > 2 * BF16_TOL,
+      "bf16 autocast planted in block 0: first divergence at step 0, forward, h.0.mlp add #1 after tanh/erf (got %s)" % (
+          f and [f["key"], f["max_rel"], f["unpaired_before_a"], f["unpaired_before_b"]],))
+
 # Llama (tests/record/scripts/llama_folder_train.py: tests/hf/reference_llama.py's math in nn.Modules named as
 # transformers names them). RMSNorm's weight * x: our runtime's backward row is the weight's gradient ([32]),
 # the recorder's the gradient that flows on ([2, 8, 32]): listed as different tensors, not judged. The same

@@ -219,6 +219,46 @@ for n, want_steps in ((0, [0, 4]), (3, [0, 1, 2, 3, 4]), (2, [0, 2, 3, 4]), (1, 
     check(probe.get("flight_recorder") == (n > 0) and probe.get("recorder_steps") == n,
           "flight %d: the trace's probe description %s" % (n, probe))
 
+# --- 6b. the flight recorder through the Python API: record(flight_recorder=N) as --flight-recorder N above ------------
+# api_flight.py: flight_train.py's model, data and loop inside `with ampscope.torch.record(OUT, sample_every=4,
+# flight_recorder=N, optimizers=[opt])` in a plain python3 run (capture.py keeps plain torch's linear outputs).
+import json  # noqa: E402
+api_env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"), AMPSCOPE=AMPSCOPE)
+for n, want_steps in ((0, [0, 4]), (3, [0, 1, 2, 3, 4]), (2, [0, 2, 3, 4]), (1, [0, 3, 4])):
+    out, npz = os.path.join(WORK, "api_flight%d.h5" % n), os.path.join(WORK, "api_flight%d.npz" % n)
+    if os.path.exists(out):
+        os.remove(out)
+    p = subprocess.run([PYTHON, os.path.join(HERE, "capture.py"), npz, os.path.join(SCRIPTS, "api_flight.py"), out,
+                        str(n)], capture_output=True, text=True, env=api_env)
+    check(p.returncode == 0, "api flight %d: exit %d: %s" % (n, p.returncode, p.stderr[-400:]))
+    ref = np.load(npz)
+    rows, steps, grads, gnames, complete, _ = ops(out)
+    got = sorted({int(r["step"]) for r in rows})
+    check(complete == 1 and len(steps) == 6 and got == want_steps,
+          "api flight %d: complete %d, %d steps, rows of steps %s (want %s)" % (n, complete, len(steps), got, want_steps))
+    check(sorted({int(g["step"]) for g in grads}) == [s for s in want_steps if s != 3],
+          "api flight %d: grads of steps %s" % (n, sorted({int(g["step"]) for g in grads})))
+    for s in want_steps:
+        check(per_step(rows, s) == MLP_FC + MLP_FC_BACKWARD, "api flight %d step %d: rows %s" % (n, s, per_step(rows, s)))
+        for k, module in ((2 * s, "fc1"), (2 * s + 1, "fc2")):
+            r = [r for r in rows if r["step"] == s and r["phase"] == "forward" and r["module"] == module][0]
+            h = health_f64(ref["linear_%d" % k])
+            check(all(int(r[c]) == int(h[c]) for c in ("numel", "nan", "pos_inf", "neg_inf", "zero")) and
+                  all(close(float(r[c]), float(h[c])) for c in ("min", "max", "mean", "rms")),
+                  "api flight %d step %d %s: %s against the f64 reference %s" % (n, s, module, stats(r), h))
+    h3 = health_f64(ref["linear_6"])
+    check(h3["pos_inf"] + h3["neg_inf"] > 0, "api_flight.py: step 3's fc1 output holds no inf (%s)" % h3)
+    order = [int(r["step"]) for r in rows]
+    check(order == sorted(order), "api flight %d: /ops rows out of step order: %s" % (n, order))
+    check([int(x) for x in steps["step"]] == list(range(6)), "api flight %d: /steps %s" % (n, list(steps["step"])))
+    total = np.sqrt(sum((ref[k] ** 2).sum() for k in ref.files if k.startswith("grad:")))
+    check(close(float(steps["grad_norm"][5]), total, 1e-9), "api flight %d: step 5's grad_norm %r, f64 %r" % (
+        n, steps["grad_norm"][5], total))
+    with h5py.File(out, "r") as f:
+        probe = json.loads(f.attrs["probe"].decode() if isinstance(f.attrs["probe"], bytes) else f.attrs["probe"])
+    check(probe.get("flight_recorder") == (n > 0) and probe.get("recorder_steps") == n,
+          "api flight %d: the trace's probe description %s" % (n, probe))
+
 # --- 7. refused options ------------------------------------------------------------------------------------------
 for args, want in ((["--opps", "linear"], "unknown option '--opps'; did you mean '--ops'?"),
                    (["--ops", ""], "--ops '': an empty glob matches no op"),

@@ -299,4 +299,48 @@ check(r.returncode == 1 and "data-parallel run: 2 ranks" in r.stdout and  # 1: a
       "first origin across ranks: rank 1: nonfinite_input in module.0 at step 1" in r.stdout,
       "ddp: report exit %d: %s" % (r.returncode, r.stdout[:400]))
 
+# --- 11. causal attention (torch.triu mask + masked_fill(-inf) + softmax): the mask's -inf is no anomaly -----
+# The -inf masked_fill writes is the mask (the probe's rule for its own runs, probes/probe.cpp judge_nonfinite):
+# no origin, no event, no anomaly in the report; the NaN/inf of a real overflow in the same block (exp of a
+# learned logit scale started at 100: e^100 > f32's largest) still reach the trace through the masked tensor.
+p, out = record("causal_clean", "causal_attention.py", "--steps", "3")
+check(p.returncode == 0, "causal_clean: exit %d: %s" % (p.returncode, p.stderr[-400:]))
+rows = ops(out)[0]
+mf = [r for r in rows if r["op"] == "masked_fill" and r["phase"] == "forward"]
+# By hand: batch 4, 4 heads, 16 positions, 16 * 15 / 2 = 120 masked scores per head: 4 * 4 * 120 = 1920 -inf.
+check(len(mf) == 6 and all(int(r["neg_inf"]) == 1920 and int(r["nan"]) + int(r["pos_inf"]) == 0 for r in mf),
+      "causal_clean: masked_fill rows %s" % [(r["module"], int(r["neg_inf"])) for r in mf])
+check(not any(int(r["origin"]) for r in rows), "causal_clean: origins %s" % [(r["op"], r["module"]) for r in rows if r["origin"]])
+with h5py.File(out, "r") as f:
+    check(len(f["events"]) == 0, "causal_clean: %d events (none wanted: the mask's -inf is on purpose)" % len(f["events"]))
+r = subprocess.run([AMPSCOPE, "report", out], capture_output=True, text=True)
+check(r.returncode == 0 and r.stdout.startswith("OK: no NaN/Inf found in 3 steps"),
+      "causal_clean: report exit %d: %s" % (r.returncode, r.stdout[:400]))
+p, out = record("causal_overflow", "causal_attention.py", "--steps", "2", "--logit-scale", "100")
+check(p.returncode == 0, "causal_overflow: exit %d: %s" % (p.returncode, p.stderr[-400:]))
+rows = [r for r in ops(out)[0] if r["step"] == 0 and r["phase"] == "forward"]
+origins = [(r["op"], r["module"]) for r in rows if r["origin"]]
+check(origins[:1] == [("exp", "blocks.0.attn")], "causal_overflow: origins %s" % origins)
+mf = [r for r in rows if r["op"] == "masked_fill" and r["module"] == "blocks.0.attn"]
+check(len(mf) == 1 and int(mf[0]["nan"]) + int(mf[0]["pos_inf"]) > 0 and not mf[0]["origin"],
+      "causal_overflow: the masked scores %s" % [(int(r["nan"]), int(r["pos_inf"]), int(r["origin"])) for r in mf])
+r = subprocess.run([AMPSCOPE, "report", "--json", out], capture_output=True, text=True)
+check(r.returncode == 1, "causal_overflow: report exit %d (1: anomalies)" % r.returncode)
+first = json.loads(r.stdout)["anomalies"][0]
+check((first["op"], first["module"], first["cause"], first["step"]) == ("exp", "blocks.0.attn", "exp_overflow", 0),
+      "causal_overflow: first anomaly %s" % json.dumps(first)[:300])
+# A sequence that is all padding (masked as keys too): its rows are masked everywhere and softmax makes 0 / 0. The
+# NaN is the softmax's (the probe's rule: NaN with no inf from an input holding only a mask's -inf), not the mask's.
+p, out = record("causal_padded", "causal_attention.py", "--steps", "1", "--padded-sample")
+check(p.returncode == 0, "causal_padded: exit %d: %s" % (p.returncode, p.stderr[-400:]))
+rows = [r for r in ops(out)[0] if r["phase"] == "forward"]
+origins = [(r["op"], r["module"]) for r in rows if r["origin"]]
+# By hand: one sequence of 16 rows, 4 heads, 16 scores a row: 1024 NaN out of each softmax.
+sm = [int(r["nan"]) for r in rows if r["op"] == "softmax" and r["module"] == "blocks.0.attn"]
+check(origins[:1] == [("softmax", "blocks.0.attn")] and sm == [1024], "causal_padded: origins %s, softmax NaN %s" % (origins, sm))
+r = subprocess.run([AMPSCOPE, "report", "--json", out], capture_output=True, text=True)
+first = json.loads(r.stdout)["anomalies"][0] if r.returncode == 1 else {}
+check((first.get("op"), first.get("module"), first.get("cause")) == ("softmax", "blocks.0.attn", "invalid_operation"),
+      "causal_padded: report exit %d, first anomaly %s" % (r.returncode, json.dumps(first)[:300]))
+
 finish()

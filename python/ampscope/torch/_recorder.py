@@ -215,7 +215,9 @@ def _health(x):
         if x.dtype != torch.float64:
             # From the squares still in the buffer: a square of an f32, bf16 or f16 value is exact in f64, so
             # x^2 == 0 iff x == 0 and x^2 < tiny^2 iff |x| < tiny; one read of the buffer per count, no copy of x.
-            zero, below = torch.stack([(sq_t == 0).sum(), (sq_t < bound).sum()]).tolist()
+            # count_nonzero: no boolean temporary, half the time of (sq == 0).sum() on this CPU.
+            nonzero, below = torch.stack([torch.count_nonzero(sq_t), (sq_t < bound).sum()]).tolist()
+            zero = n - nonzero
         else:
             xf = x.reshape(-1)
             zero, below = torch.stack([(xf == 0).sum(), (xf.abs() < tiny).sum()]).tolist()
@@ -224,29 +226,55 @@ def _health(x):
 
 
 def _health_nonfinite(x, n, tiny):
-    """_health of a tensor holding NaN or inf: the counts by masks, the moments over the finite values.
+    """_health of a tensor holding NaN or inf: the counts, the moments over the finite values.
 
-    In the reused buffer with no boolean indexing and no f64 temporary: the non-finite values are overwritten in
-    place by +inf for the minimum, -inf for the maximum, then zero (a zero adds nothing to a sum or a sum of
-    squares). Indexing with the mask made a fresh copy of the finite values per call (a fresh mmap whose pages
-    fault on first touch): the two masked attention scores a step (-inf above the diagonal) took 8 to 17 ms each
-    that way in a cProfile of record_bench_train.py (bench/RESULTS.md)."""
+    In the reused buffer with no boolean indexing and no f64 temporary: nan_to_num_ overwrites the non-finite
+    values in place by +inf for the minimum, then (the +inf now standing for every non-finite place) by -inf for
+    the maximum, then by zero (a zero adds nothing to a sum or a sum of squares). Indexing with a mask made a
+    fresh copy of the finite values per call (a fresh mmap whose pages fault on first touch): the two masked
+    attention scores a step (-inf above the diagonal) took 8 to 17 ms each that way in a cProfile of
+    record_bench_train.py; masked_fill_ with a boolean mask of the non-finite places, then, took three more passes
+    and a mask (bench/RESULTS.md). The NaN and inf counts are taken on x itself (half the bytes of f64 or fewer);
+    the zero and subnormal counts from the squares, less the non-finite places zeroed."""
     xd = _widened(x)
-    bad = ~torch.isfinite(xd)
-    counts = torch.stack([torch.isnan(xd).sum(), (xd == math.inf).sum(), (xd == -math.inf).sum(), (xd == 0).sum(),
-                          ((xd < tiny) & (xd > -tiny)).sum()]).tolist()
-    nan_c, pinf, ninf, zero, below = counts
-    m = n - nan_c - pinf - ninf
+    inf = math.inf
+    if x.dtype == torch.float64:  # tiny * tiny underflows in f64: counted on x (a rare dtype for a row)
+        xf = x.reshape(-1)
+        zero_t, below_t = (xf == 0).sum(), (xf.abs() < tiny).sum()
+    else:
+        zero_t = below_t = None
+    nan_t, pinf_t, ninf_t = torch.isnan(x).sum(), (x == inf).sum(), (x == -inf).sum()
+    # Each nan_to_num_ reads its extreme before the next one overwrites the non-finite places (ops run in order).
+    lo_t = xd.nan_to_num_(nan=inf, posinf=inf, neginf=inf).amin()
+    hi_t = xd.nan_to_num_(posinf=-inf).amax()
+    total_t = xd.nan_to_num_(neginf=0.0).sum()
+    sq = xd.mul_(xd)
+    if zero_t is None:
+        # A square of an f32, bf16 or f16 value is exact in f64: x^2 == 0 iff x == 0, x^2 < tiny^2 iff |x| < tiny.
+        zero_t, below_t = n - torch.count_nonzero(sq), (sq < tiny * tiny).sum()
+    nan_c, pinf, ninf, zero, below = torch.stack([nan_t, pinf_t, ninf_t, zero_t, below_t]).tolist()
+    bad = nan_c + pinf + ninf
+    m = n - bad
     if m == 0:
         nan = float("nan")
         return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
-    # Each fill reads its extreme before the next one overwrites the non-finite places (ops run in order).
-    lo_t = xd.masked_fill_(bad, math.inf).amin()
-    hi_t = xd.masked_fill_(bad, -math.inf).amax()
-    total_t = xd.masked_fill_(bad, 0.0).sum()
-    sq_t = xd.mul_(xd).sum()
-    total, lo, hi, sq = torch.stack([total_t, lo_t, hi_t, sq_t]).tolist()
-    return [n, nan_c, pinf, ninf, zero, below - zero, lo, hi, max(abs(lo), abs(hi)), total / m, math.sqrt(sq / m)], sq
+    if x.dtype != torch.float64:
+        zero, below = zero - bad, below - bad  # the non-finite places hold zeros now
+    total, lo, hi, sq_sum = torch.stack([total_t, lo_t, hi_t, sq.sum()]).tolist()
+    return [n, nan_c, pinf, ninf, zero, below - zero, lo, hi, max(abs(lo), abs(hi)), total / m,
+            math.sqrt(sq_sum / m)], sq_sum
+
+
+# What a row's output held, for the judgement of the ops that read it (Recorder.rows_nonfinite).
+ROW_FINITE, ROW_BAD, ROW_MASK = 0, 1, 2
+
+
+def _counted(op, phase, h):
+    """The NaN and inf of a row's health that are anomalies: a mask's fill writes -inf on purpose (masked_fill,
+    attention's causal mask; the probe's OpFlag::mask_neg_inf, probes/probe.cpp judge_nonfinite), so a forward
+    masked_fill's -inf do not count; its NaN and +inf do (they came in through the tensor it masked)."""
+    neg = 0 if op == "masked_fill" and phase == "forward" else h[3]
+    return h[1] + h[2] + neg
 
 
 def _counts_text(h):
@@ -346,7 +374,7 @@ class Recorder:
         self.step = 0
         self.seq = 0
         self.phase = "forward"
-        self.rows_nonfinite = {}  # seq -> the row's output held NaN/inf (this step)
+        self.rows_nonfinite = {}  # seq -> ROW_FINITE, ROW_BAD, or ROW_MASK: only a mask fill's -inf (this step)
         self.prov = {}  # id(tensor) -> (step, seq or marker, weakref)
         self.module_stack = []
         self.module_names = weakref.WeakKeyDictionary()
@@ -476,9 +504,14 @@ class Recorder:
             return PARAMETER
         return DATA
 
-    def input_finite(self, t, src):
+    def input_finite(self, t, src, nan_only=False):
+        """Whether an input counts as finite when judging whether an op made its output's NaN/inf. An input holding
+        only the -inf of a mask's fill counts as finite only for an output with NaN and no inf: a fully masked
+        row through softmax (0 / 0) is made by that op; an op passing the -inf on (-inf out) is not its origin
+        (as the probe's JudgedInput::mask, probes/probe.cpp)."""
         if src >= 0:
-            return not self.rows_nonfinite.get(src, False)
+            state = self.rows_nonfinite.get(src, ROW_FINITE)
+            return state == ROW_FINITE or (state == ROW_MASK and nan_only)
         if not t.is_floating_point():
             return True
         return bool(torch.isfinite(t).all())
@@ -559,8 +592,10 @@ class Recorder:
         seq = self.next_seq()
         sources = [self.source(t) for t in ins[:4]]
         h = health(o) if self.level != "dtype" else [o.numel()] + [0] * 10
-        bad = h[1] + h[2] + h[3] > 0
-        origin = bad and all(self.input_finite(t, s) for t, s in zip(ins, sources + [DATA] * len(ins)))
+        counted = _counted(user_name, phase, h)
+        nan_only = h[1] > 0 and counted == h[1]
+        origin = counted > 0 and all(self.input_finite(t, s, nan_only)
+                                     for t, s in zip(ins, sources + [DATA] * len(ins)))
         in_dtypes = ",".join(_dtype(t) for t in ins if t.is_floating_point())
         reason = ""
         if user_name in LOWER_PRECISION and o.dtype in (torch.float16, torch.bfloat16) and (
@@ -597,13 +632,15 @@ class Recorder:
             self.precision = "bf16"
 
     def emit_op(self, seq, op, module, in_dtypes, out_dtype, shape, reason, h, origin, sources):
-        self.rows_nonfinite[seq] = h[1] + h[2] + h[3] > 0
-        if self.rows_nonfinite[seq] and self.phase == "forward":
-            self.forward_bad = True
-        inputs = (sources + [NONE] * 4)[:4]
-        # A mask's fill writes -inf on purpose (the probe's rule, OpFlag::mask_neg_inf): not an anomaly.
-        if h[1] + h[2] + (0 if op == "masked_fill" and self.phase == "forward" else h[3]) > 0:
+        # A mask's fill writes -inf on purpose (the probe's rule, OpFlag::mask_neg_inf): not an anomaly, and not
+        # a non-finite forward pass that would make the step's backward NaN/inf propagations (forward_bad).
+        counted = _counted(op, self.phase, h)
+        self.rows_nonfinite[seq] = ROW_BAD if counted else (ROW_MASK if h[3] else ROW_FINITE)
+        if counted:
             self.step_anomalous = True
+            if self.phase == "forward":
+                self.forward_bad = True
+        inputs = (sources + [NONE] * 4)[:4]
         self.add_row(["op", self.step, seq, self.phase, op, module, in_dtypes, out_dtype,
                           "[" + ", ".join(str(d) for d in shape) + "]", reason, h[0], h[1], h[2], h[3], h[4], h[5],
                           num(h[6]), num(h[7]), num(h[8]), num(h[9]), num(h[10]), 0, 0, origin, inputs])
@@ -844,9 +881,11 @@ class Recorder:
                 self.grad_norm = 0.0
                 return
             if not self.recording() or self.level == "dtype":
-                # One host synchronisation for all the norms (the step's grad_norm needs only them).
-                norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64).to("cpu")
-                                     for _, g in named]).tolist()
+                # One host synchronisation for all the norms (the step's grad_norm needs only them). Each from the
+                # sum of squares of the gradient widened into the reused f64 buffer: vector_norm(dtype=f64) took
+                # 1.8 ms on a 512 x 1024 tensor on this CPU against 0.15 ms (bench/RESULTS.md). NaN and inf carry
+                # through the squares and the sum as through the norm.
+                norms = torch.stack([_widened(g).square_().sum().to("cpu") for _, g in named]).sqrt_().tolist()
             else:
                 # The norms from the rows' statistics (their sums of squares, in f64): no second pass.
                 stats = [_health(g) for _, g in named]

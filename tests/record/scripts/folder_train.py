@@ -18,6 +18,9 @@ def arguments():
     a.add_argument("--lr", type=float, required=True)
     a.add_argument("--max-grad-norm", type=float, default=1.0)  # 0: no clipping
     a.add_argument("--bf16", action="store_true")
+    # The forward and the loss under PyTorch's own CPU autocast, as a user writes a bf16 script (the model's ops
+    # plain, no policy by hand): torch's CPU policy, not the CUDA one ampscope's runtime follows.
+    a.add_argument("--autocast", action="store_true")
     return a
 
 
@@ -34,7 +37,8 @@ def train(model, args):
                              for r in range(B)])
         x, y = batch[:, :T], batch[:, 1:]
         opt.zero_grad()
-        loss = F.cross_entropy(model(x).reshape(B * T, -1).float(), y.reshape(B * T))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            loss = F.cross_entropy(model(x).reshape(B * T, -1).float(), y.reshape(B * T))
         loss.backward()
         if args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)

@@ -6,9 +6,10 @@ gradient clipping at 1, as `ampscope train --model` trains. `ampscope diff` comp
 ampscope's own run of the same folder (tests/record/pydiff_test.py).
 
 Usage: gpt2_folder_train.py FOLDER TOKENS.txt --context T --batch B --steps N --lr LR
-         [--max-grad-norm X] [--bf16] [--erf-gelu-block K]
+         [--max-grad-norm X] [--bf16 | --autocast] [--erf-gelu-block K]
 --bf16 applies CUDA autocast's bf16 policy by hand (tests/hf/reference_common.py's Policy), as ampscope's
-runtime does; --erf-gelu-block K swaps the tanh of block K's GELU for erf: a planted difference."""
+runtime does; --autocast runs the forward and loss under torch.autocast("cpu", dtype=torch.bfloat16) instead
+(the plain ops, torch's CPU policy); --erf-gelu-block K swaps the tanh of block K's GELU for erf: a planted difference."""
 import math
 import os
 import sys
