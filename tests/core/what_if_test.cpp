@@ -27,6 +27,7 @@
 #include "core/probe_hook.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "probes/twin.h"
 
 namespace ampscope {
 namespace {
@@ -285,6 +286,33 @@ TEST(WhatIf, TheRunWithTheMeasurementIsTheRunWithoutIt) {
     if (fp8) EXPECT_EQ(hook_b->fp8_events, 6);  // 2 Linears x (input, weight, grad_output)
     EXPECT_TRUE(hook_a->events.empty());
     EXPECT_EQ(hook_b->events.size(), 20u);
+  }
+}
+
+TEST(WhatIf, TheTwinPassesTheEventsOnAndItsRecomputationsAddNone) {
+  // `ampscope train --what-if --twin`: the f32 twin wraps the probe. Its forward recomputations (f32) and widened
+  // backward nodes measure nothing, and the measured events reach the probe unchanged: as many as without the twin.
+  const std::uint64_t seed = 6;
+  const Tensor x = input(seed), c = loss_weights(seed);
+  auto options = WhatIfOptions{.formats = {BlockFormat::mxfp8, BlockFormat::nvfp4}, .seed = seed};
+  Model a(seed), b(seed);
+  auto alone = std::make_shared<CaptureHook>(), inner = std::make_shared<CaptureHook>();
+  {
+    probe::HookGuard installed(alone);
+    probe::StepScope scope(0);
+    run_step(a, x, c, std::make_shared<WhatIfContext>(options));
+  }
+  {
+    probe::HookGuard installed(std::make_shared<probe::Twin>(inner));
+    probe::StepScope scope(0);
+    run_step(b, x, c, std::make_shared<WhatIfContext>(options));
+  }
+  ASSERT_EQ(alone->events.size(), 20u);
+  ASSERT_EQ(inner->events.size(), alone->events.size());
+  for (std::size_t i = 0; i < alone->events.size(); ++i) {
+    EXPECT_EQ(inner->events[i].module, alone->events[i].module) << i;
+    EXPECT_EQ(inner->events[i].copy, alone->events[i].copy) << i;
+    expect_same(inner->events[i].stats, alone->events[i].stats, std::to_string(i));
   }
 }
 
