@@ -342,10 +342,13 @@ bool apply(const analysis::Remedy& m, TrainConfig& c, std::string& flag) {
 }
 
 // A run leaving FP8 (the fp32 reference, the bf16 remedy) drops the --fp8-* options, which train refuses with
-// another precision.
+// another precision. It drops --what-if too: the re-runs verify the run, which is the same without it (and an
+// fp32 or fp16 run refuses it), and --what-if was what let a bf16 run carry the keep options.
 void leave_fp8(TrainConfig& c) {
   if (c.precision == Precision::fp8) return;
   const TrainConfig defaults;
+  c.what_if.clear();
+  c.fp8_keep_first_last = defaults.fp8_keep_first_last;
   c.fp8_recipe = defaults.fp8_recipe;
   c.fp8_format = defaults.fp8_format;
   c.fp8_amax_history = defaults.fp8_amax_history;

@@ -34,6 +34,8 @@
 #include "core/distributed/zero_optimizer.h"
 #include "cli/recording.h"
 #include "cli/run_options_io.h"
+#include "cli/suggest.h"
+#include "core/what_if.h"
 
 namespace ampscope::samples {
 
@@ -346,6 +348,7 @@ class TrainingRun {
   StateDict run_state_;
   std::vector<std::unique_ptr<AutocastOverrideGuard>> overrides_;
   std::shared_ptr<Fp8Context> fp8_;  // --precision fp8; null otherwise
+  std::shared_ptr<WhatIfContext> what_if_;  // --what-if; null otherwise
   std::optional<StateDict> resumed_fp8_;  // the resumed checkpoint's FP8 state, until fp8_ is made
   // Data parallelism (a group of more than one rank; null otherwise): rank_ of ranks_.
   ProcessGroup* group_ = nullptr;
@@ -389,6 +392,7 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
                 "leave --shard-optimizer out");
   }
   check_fp8_run(config);
+  check_what_if_run(config);
   if (config.precision == Precision::fp8 && ranks_ > 1) {
     throw Error("--precision fp8 with --ddp: the ranks' amaxes are not reduced across ranks yet (TransformerEngine "
                 "reduces them, so every rank uses the same scales)\nhint: train fp8 on one rank");
@@ -504,6 +508,14 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
           config.resume));
     }
   }
+  if (!config.what_if.empty()) {
+    // The Linears a real run in the format would quantize: those the FP8 keep options leave in (make_fp8_context
+    // checks the globs and turns --fp8-keep-first-last into two).
+    const std::shared_ptr<Fp8Context> kept = fp8_ ? fp8_ : make_fp8_context(model, config, identity_);
+    what_if_ = std::make_shared<WhatIfContext>(WhatIfOptions{.formats = what_if_formats(config.what_if),
+                                                             .seed = config.seed,
+                                                             .keep_bf16 = kept->options().keep_bf16});
+  }
   recording_ = std::make_unique<Recording>(config, config_json(config), device_, identity_);
 }
 
@@ -533,6 +545,8 @@ probe::StepSummary TrainingRun::step(std::int64_t n) {
     std::optional<AutocastGuard> autocast;
     if (config_.precision != Precision::fp32) autocast.emplace(lower_dtype(config_.precision));
     Fp8Guard fp8_region(fp8_);  // null (no FP8) unless --precision fp8
+    // --what-if: the forward's Linears measure their operands; their backward nodes keep the context for dy.
+    WhatIfGuard what_if_region(what_if_);
     Tensor output = task_->forward(batch);
     loss = scenario_ != nullptr && scenario_->loss ? scenario_->loss(*task_, output, batch.y)
                                                    : task_->loss(output, batch.y);
@@ -591,9 +605,11 @@ void TrainingRun::save_model() {
 
 void check_fp8_run(const TrainConfig& config) {
   if (config.precision != Precision::fp8) {
-    // The --fp8-* options of a run that is not --precision fp8 would do nothing: refused, naming the first.
+    // The --fp8-* options of a run that is not --precision fp8 would do nothing: refused, naming the first. A
+    // --what-if run reads the two that leave Linears out.
     for (const RunOption& o : run_options()) {
       if (o.recorded != Recorded::with_fp8 || o.is_default(config)) continue;
+      if (!config.what_if.empty() && selects_quantized_modules(o)) continue;
       throw Error(fmt::format("--{} is set but the precision is {}: the FP8 options apply only to --precision fp8\n"
                               "hint: add --precision fp8, or leave --{} out",
                               o.name, precision_name(config.precision), o.name));
@@ -605,6 +621,52 @@ void check_fp8_run(const TrainConfig& config) {
                             "kernels have not run on a GPU yet)\nhint: use --device cpu (or auto) for fp8, or "
                             "--precision bf16 on the GPU",
                             config.device));
+  }
+}
+
+std::vector<BlockFormat> what_if_formats(const std::string& what_if) {
+  std::vector<BlockFormat> formats;
+  if (what_if.empty()) return formats;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = what_if.find(',', start);
+    std::string name = what_if.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::size_t first = name.find_first_not_of(' '), last = name.find_last_not_of(' ');
+    name = first == std::string::npos ? "" : name.substr(first, last - first + 1);
+    std::optional<BlockFormat> format;
+    if (name == "mxfp8") format = BlockFormat::mxfp8;
+    if (name == "nvfp4") format = BlockFormat::nvfp4;
+    if (!format) {
+      const std::string near = closest_name(name, {"mxfp8", "nvfp4"});
+      throw Error(fmt::format("--what-if: '{}' is not a block-scaled format{}; expected mxfp8, nvfp4 or both, "
+                              "comma-separated\nhint: --what-if {}",
+                              name, near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near),
+                              near.empty() ? "mxfp8,nvfp4" : near));
+    }
+    if (std::find(formats.begin(), formats.end(), *format) == formats.end()) formats.push_back(*format);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return formats;
+}
+
+void check_what_if_run(const TrainConfig& config) {
+  if (config.what_if.empty()) return;
+  (void)what_if_formats(config.what_if);
+  if (config.precision != Precision::bf16 && config.precision != Precision::fp8) {
+    throw Error(fmt::format("--what-if on an {} run: the what-if statistics measure the bf16 Linears of a bf16 or fp8 "
+                            "run, the values a real block-scaled run (bf16 autocast) would quantize{}\nhint: add "
+                            "--precision bf16 (or fp8)",
+                            precision_name(config.precision),
+                            config.precision == Precision::fp32 ? "; an fp32 run has none"
+                                                                : "; an fp16 run's Linears see other values"));
+  }
+  if (config.out.empty()) {
+    throw Error("--what-if needs --out FILE: the what-if statistics are rows of the trace");
+  }
+  if (config.probe == "off") {
+    throw Error("--what-if needs a probe level other than off: the probe records the what-if statistics\nhint: "
+                "--probe health (the default)");
   }
 }
 

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/block_recipe.h"
 #include "samples/task.h"
 
 namespace ampscope::samples {
@@ -68,6 +69,15 @@ std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t ste
 // an --fp8-* option with another precision, a CUDA device. Throws Error naming the option and what to do instead.
 // (--resume restores the delayed recipe's state from the checkpoint: core/io/fp8_checkpoint.h.)
 void check_fp8_run(const TrainConfig& config);
+
+// --what-if's formats, in the order given ("mxfp8,nvfp4"; spaces around names allowed, a repeat counted once); empty
+// for "". Throws Error naming a name that is not mxfp8 or nvfp4, with "did you mean" for a near miss.
+std::vector<BlockFormat> what_if_formats(const std::string& what_if);
+
+// What --what-if needs, checked before anything runs (train() checks it again): valid names, a bf16 or fp8 run (the
+// formats' real runs are bf16 autocast with block-scaled Linears: an fp32 run has no bf16 Linear to measure, an fp16
+// one measures other values), and a trace to record into (--out, a probe level other than off).
+void check_what_if_run(const TrainConfig& config);
 
 // Runs the training. `stop` (optional) is polled at every step boundary: set it from a signal handler
 // to end cleanly with a complete trace.

@@ -224,7 +224,8 @@ std::string run_config_json(const TrainConfig& config, int world_size, int rank)
         if (!config.model_dir.empty()) continue;
         break;
       case Recorded::with_fp8:
-        if (config.precision != Precision::fp8) continue;
+        // A --what-if run reads the options that leave Linears out of it (and `ampscope fix` replays them).
+        if (config.precision != Precision::fp8 && !(!config.what_if.empty() && selects_quantized_modules(row))) continue;
         break;
       case Recorded::with_ranks:
         if (world_size <= 1) continue;

@@ -293,6 +293,7 @@ void validate_config(const TrainConfig& c) {
   }
   if (c.eval && !c.save_model.empty()) throw Error("--save-model with --eval: an evaluation changes no weights\nhint: leave --save-model out");
   check_fp8_run(c);
+  check_what_if_run(c);
   if (c.twin && c.out.empty()) {
     throw Error("--twin needs --out FILE: the twin's rows go to the trace's /precision table");
   }

@@ -18,6 +18,7 @@
 #include "core/convert.h"
 #include "core/error.h"
 #include "core/fp8_linear.h"
+#include "core/what_if.h"
 
 namespace ampscope {
 
@@ -853,7 +854,10 @@ static Tensor matmul_impl(const Tensor& a, const Tensor& b) {
 // The checks have been made by linear_impl. The node's backward quantizes grad_output (recording its amax in
 // the module's state); under the twin's widening it computes instead the unquantized product, as the bf16
 // path's backward does, so that the twin measures what FP8 and bf16 together lost against f32.
-static Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8Context> fp8) {
+// `what_if` (null unless --what-if measures this Linear: core/what_if.h) quantizes the operands again as a
+// block-scaled recipe would, for its statistics only.
+static Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8Context> fp8,
+                              std::shared_ptr<WhatIfContext> what_if) {
   const std::string module = current_scope();
   const std::int64_t in = weight.size(1), out_features = weight.size(0);
   const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
@@ -862,18 +866,22 @@ static Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tenso
   Fp8LinearState* state = fp8->options().recipe == Fp8Recipe::delayed ? &fp8->state(module) : nullptr;
   auto qx = std::make_shared<Fp8Quantized>();
   auto qw = std::make_shared<Fp8Quantized>();
+  // Which operands need gradients (read with grad mode still on): the copies a block-scaled recipe would make.
+  const bool grads = autograd::any_requires_grad({x, weight, bias});
+  const bool x_grad = grads && autograd::any_requires_grad({x}), w_grad = grads && autograd::any_requires_grad({weight});
   Tensor x2;
   Tensor out = untracked([&] {
     x2 = x.reshape({rows, in});
     *qx = fp8_quantize_operand(x2, Fp8Operand::input, fp8->options(), state, module);
     *qw = fp8_quantize_operand(weight, Fp8Operand::weight, fp8->options(), state, module);
+    if (what_if) what_if_linear_forward(*what_if, module, x2, weight, x_grad, w_grad);
     return fp8_gemm(*qx, false, *qw, true, x.dtype(), bias).reshape(out_shape);
   });
-  if (!autograd::any_requires_grad({x, weight, bias})) return out;
+  if (!grads) return out;
   return autograd::record(
       "linear", out, {x, weight, bias},
-      [fp8, module, qx, qw, sx = x2.detach(), sw = weight.detach(), x_shape = x.shape(), has_bias = bias.defined()](
-          const Tensor& g, const Needs& n) {
+      [fp8, what_if, module, qx, qw, sx = x2.detach(), sw = weight.detach(), x_shape = x.shape(),
+       has_bias = bias.defined()](const Tensor& g, const Needs& n) {
         const std::int64_t r = sx.size(0), o = sw.size(0), i = sw.size(1);
         const Tensor g2 = g.reshape({r, o});
         Tensor gx, gw, gb;
@@ -884,6 +892,7 @@ static Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tenso
         } else if (n[0] || n[1]) {
           Fp8LinearState* st = fp8->options().recipe == Fp8Recipe::delayed ? &fp8->state(module) : nullptr;
           const Fp8Quantized qg = fp8_quantize_operand(g2, Fp8Operand::grad_output, fp8->options(), st, module);
+          if (what_if) what_if_linear_backward(*what_if, module, g2, n[0], n[1]);
           if (n[0]) gx = fp8_gemm(qg, false, *qw, false, sx.dtype()).reshape(x_shape);  // dgrad: Q(dy) Q(W)
           if (n[1]) gw = fp8_gemm(qg, true, *qx, false, sw.dtype());                    // wgrad: Q(dy)^T Q(x)
         }
@@ -912,10 +921,12 @@ static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& b
   check_same_dtype("linear", x, "the input", bias, "the bias");
   check_same_device("linear", x, weight);
   check_same_device("linear", x, bias);
+  // --what-if (core/what_if.h): null, at the cost of one thread-local read, unless a WhatIfGuard is alive.
+  std::shared_ptr<WhatIfContext> what_if = active_what_if() ? what_if_for_linear(x, current_scope()) : nullptr;
   if (std::shared_ptr<Fp8Context> fp8 = active_fp8_context();
       fp8 != nullptr && (x.dtype() == DType::bf16 || x.dtype() == DType::f16) && !autograd::widening_target() &&
       fp8->covers(current_scope())) {
-    return fp8_linear_impl(x, weight, bias, std::move(fp8));
+    return fp8_linear_impl(x, weight, bias, std::move(fp8), std::move(what_if));
   }
   const std::int64_t in = weight.size(1), out_features = weight.size(0);
   Shape out_shape = x.shape();
@@ -925,6 +936,15 @@ static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& b
     NoGradGuard guard;
     x3 = x.reshape({1, x.numel() / std::max<std::int64_t>(in, 1), in});
   }
+  if (what_if) {
+    // Which operands need gradients (with grad mode on): the copies a block-scaled recipe would make.
+    const bool grads = autograd::any_requires_grad({x, weight, bias});
+    const bool x_grad = grads && autograd::any_requires_grad({x}), w_grad = grads && autograd::any_requires_grad({weight});
+    untracked([&] {
+      what_if_linear_forward(*what_if, current_scope(), x3.reshape({x3.size(1), in}), weight, x_grad, w_grad);
+      return 0;
+    });
+  }
   Tensor out = untracked([&] {
     const Tensor w3 = weight.transpose(0, 1).reshape({1, in, out_features});
     return gemm("linear", x3, w3, x.dtype(), bias, false).reshape(out_shape);
@@ -932,11 +952,12 @@ static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& b
   if (!autograd::any_requires_grad({x, weight, bias})) return out;
   return autograd::record(
       "linear", out, {x, weight, bias},
-      [sx = x3.detach(), sw = weight.detach(), x_shape = x.shape(), has_bias = bias.defined()](const Tensor& g,
-                                                                                               const Needs& n) {
+      [what_if, module = what_if ? current_scope() : std::string(), sx = x3.detach(), sw = weight.detach(),
+       x_shape = x.shape(), has_bias = bias.defined()](const Tensor& g, const Needs& n) {
         const std::int64_t rows = sx.size(1), o = sw.size(0), i = sw.size(1);
         const Tensor g3 = g.reshape({1, rows, o});
         Tensor gx, gw, gb;
+        if (what_if && (n[0] || n[1])) what_if_linear_backward(*what_if, module, g3.reshape({rows, o}), n[0], n[1]);
         if (n[0]) gx = gemm("linear", g3, sw.reshape({1, o, i}), sx.dtype()).reshape(x_shape);
         if (n[1]) gw = gemm("linear", transpose_last(g3), sx, sw.dtype()).reshape({o, i});
         if (has_bias && n[2]) gb = sum_to(g3.reshape({rows, o}), {o});

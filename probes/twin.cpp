@@ -774,6 +774,8 @@ void Twin::on_fp8_quantize(const Fp8QuantizeEvent& event) {
   inner_->on_fp8_quantize(event);
 }
 
+void Twin::on_block_quantize(const BlockQuantizeEvent& event) { inner_->on_block_quantize(event); }
+
 void Twin::forget_fp8() {
   fp8_pending_.clear();
   fp8_forward_.clear();

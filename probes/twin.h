@@ -157,6 +157,8 @@ class Twin : public Hook {
   void on_scaler(const ScalerEvent& event) override;
   void on_update(const UpdateEvent& event) override;
   void on_fp8_quantize(const Fp8QuantizeEvent& event) override;
+  // Forwarded unchanged (the twin recomputes no block-scaled GEMM; --what-if's copies are statistics only).
+  void on_block_quantize(const BlockQuantizeEvent& event) override;
   bool wants_params() override;
   void on_params(const ParamsEvent& event) override;
   void on_step_begin(std::int64_t step) override;

@@ -104,6 +104,14 @@ std::optional<Refusal> module_globs_check(const OptionValue& v) {
   return std::nullopt;
 }
 
+}  // namespace
+
+bool selects_quantized_modules(const RunOption& option) {
+  return option.name == "fp8-keep-bf16" || option.name == "fp8-keep-first-last";
+}
+
+namespace {
+
 std::vector<RunOption> make_table() {
   using T = OptionType;
   using R = Recorded;
@@ -160,6 +168,13 @@ std::vector<RunOption> make_table() {
                   .help = "Also twin the forward ops that ran in f32, in f64 (implies --twin): where f32 itself loses "
                           "digits, in fp32 runs too; f16/bf16 ops are still twinned in f32. Slower than --twin",
                   .json_key = "twin_f64", .implies = "twin"});
+  rows.push_back({.name = "what-if", .type = T::text, .field = &C::what_if,
+                  .help = "On a bf16 or fp8 run: also quantize every bf16 Linear's operands as these block-scaled "
+                          "formats would (mxfp8, nvfp4 or both, comma-separated), without using the result, and record "
+                          "each copy's blockwise statistics (underflow, saturation, block dynamic range, scales, error) "
+                          "in the trace; the run itself is unchanged. --fp8-keep-bf16 and --fp8-keep-first-last leave "
+                          "Linears out, as a real run in the format would",
+                  .json_key = "what_if", .recorded_when_set = true});
   rows.push_back({.name = "fp8-recipe", .type = T::choice, .field = &C::fp8_recipe,
                   .help = "--precision fp8: TransformerEngine's scaling recipe, delayed (each tensor's scale from its "
                           "amax history, used the next step) or current (from the tensor's own amax)",

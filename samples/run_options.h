@@ -109,6 +109,10 @@ struct RunOption {
   std::optional<Refusal> refusal(const TrainConfig& config) const;
 };
 
+// Whether an option chooses which Linears a quantized run quantizes (--fp8-keep-bf16, --fp8-keep-first-last): an
+// FP8 option that a --what-if run also reads (it measures the Linears a real run in that format would quantize).
+bool selects_quantized_modules(const RunOption& option);
+
 // Every option, in the order the trace's config JSON lists them (and `ampscope train --help` shows them).
 const std::vector<RunOption>& run_options();
 // The row of an option name ("init-scale") or a JSON key ("init_scale"); null when none.

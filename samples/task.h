@@ -56,6 +56,10 @@ struct TrainConfig {
   // With the twin: also every forward op that ran in f32, computed again in f64 (--twin-f64; probes/twin.h,
   // TwinOptions::f32_in_f64): where f32 itself loses digits. Slower: f64 comparisons take the scalar path.
   bool twin_f64 = false;
+  // --what-if mxfp8,nvfp4 (core/what_if.h, docs/fp8.md "What-if statistics"): on a bf16 or fp8 run, every bf16
+  // Linear's operands are also quantized as these block-scaled formats' recipes would, for the probe's statistics
+  // only; the run is unchanged. Comma-separated format names; "" measures nothing.
+  std::string what_if;
   // --precision fp8 (docs/fp8.md): TransformerEngine's recipe for the FP8 Linear GEMMs; refused with another
   // precision when set to anything but the default.
   std::string fp8_recipe = "delayed";     // delayed or current
