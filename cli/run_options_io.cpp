@@ -226,6 +226,15 @@ std::string run_config_json(const TrainConfig& config, int world_size, int rank)
       case Recorded::with_fp8:
         if (config.precision != Precision::fp8) continue;
         break;
+      case Recorded::with_quantized:
+        if (!quantized_linears(config.precision)) continue;
+        break;
+      case Recorded::with_mxfp8:
+        if (config.precision != Precision::mxfp8) continue;
+        break;
+      case Recorded::with_nvfp4:
+        if (config.precision != Precision::nvfp4) continue;
+        break;
       case Recorded::with_ranks:
         if (world_size <= 1) continue;
         if (!ranks_written) {

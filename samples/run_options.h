@@ -54,7 +54,10 @@ enum class Recorded {
   with_model,       // only in a model-folder run (`model` set)
   without_model,    // only in a run of a sample (`model` not set): a model-folder run trains no sample
   with_ranks,       // only in a run of more than one rank, after its `world_size` and `rank`
-  with_fp8,         // only in an FP8 run (`precision` fp8)
+  with_fp8,         // only in an FP8 run (`precision` fp8): the per-tensor recipes' options
+  with_quantized,   // in a run whose Linears are quantized (`precision` fp8, mxfp8 or nvfp4): --fp8-keep-*
+  with_mxfp8,       // only in an MXFP8 run (`precision` mxfp8)
+  with_nvfp4,       // only in an NVFP4 run (`precision` nvfp4)
   never,            // not recorded: RunOption::not_recorded says why
 };
 

@@ -271,7 +271,7 @@ TEST(run_options_table_test, a_recorded_value_of_the_wrong_type_is_refused_namin
   EXPECT_THROW_MSG(read(R"({"twin": 1})"), Error, "'twin' is 1; expected true or false");
   EXPECT_THROW_MSG(read(R"({"lr": "fast"})"), Error, "'lr' is \"fast\"; expected a number");
   EXPECT_THROW_MSG(read(R"({"autocast_fp32": ["a", 3]})"), Error, "'autocast_fp32'", "expected an array of strings");
-  EXPECT_THROW_MSG(read(R"({"precision": "fp4"})"), Error, "unknown precision 'fp4'; valid: fp32, fp16, bf16, fp8");
+  EXPECT_THROW_MSG(read(R"({"precision": "fp4"})"), Error, "unknown precision 'fp4'; valid: fp32, fp16, bf16, fp8, mxfp8, nvfp4");
   EXPECT_THROW_MSG(read(R"({"world_size": 0})"), Error, "'world_size' is 0; expected an integer >= 1");
   // Non-finite numbers are read back as written; train's checks refuse them later (check_run_options).
   const RecordedRun nan = read(R"({"lr": "nan", "init_scale": "-inf", "some_future_option": 3})");
