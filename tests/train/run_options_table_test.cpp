@@ -210,7 +210,9 @@ TEST(run_options_table_test, every_recorded_option_round_trips_through_the_confi
     // The condition under which the row is recorded.
     if (row.recorded == Recorded::with_checkpoint && row.name != "checkpoint") c.checkpoint = "/elsewhere/ck.h5";
     if (row.recorded == Recorded::with_model && row.name != "model") c.model_dir = "/elsewhere/model";
-    if (row.recorded == Recorded::with_fp8) c.precision = Precision::fp8;
+    if (row.recorded == Recorded::with_fp8 || row.recorded == Recorded::with_quantized) c.precision = Precision::fp8;
+    if (row.recorded == Recorded::with_mxfp8) c.precision = Precision::mxfp8;
+    if (row.recorded == Recorded::with_nvfp4) c.precision = Precision::nvfp4;
     row.set(c, value);
     const int ranks = row.recorded == Recorded::with_ranks ? 2 : 1;
     const RecordedRun back = read_run_config(nlohmann::json::parse(run_config_json(c, ranks, ranks - 1)));
