@@ -24,6 +24,8 @@
 
 #include "core/autocast.h"
 #include "core/block_scaled.h"
+#include "core/io/checkpoint.h"
+#include "core/io/fp8_checkpoint.h"
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "tests/test_support.h"
@@ -368,6 +370,37 @@ TEST(block_linear_test, a_linear_whose_sizes_the_blocks_do_not_divide_is_refused
   EXPECT_THROW_MSG(linear(zeros({16, 24}), zeros({16, 24})), ShapeError,
                    "--precision nvfp4 quantizes in 1x16 blocks along each GEMM's contraction dimension and 16x16 "
                    "weight tiles, so in_features and out_features must be multiples of 16, but the weight is [16, 24]");
+}
+
+// The checkpoint's "block" state: NVFP4's stochastic-rounding offset round-trips; a damaged or foreign state is
+// refused naming the key, and the context keeps its offset.
+TEST(block_linear_test, the_block_state_round_trips_and_a_damaged_or_foreign_one_is_refused) {
+  auto nv = std::make_shared<Fp8Context>(Fp8Options{.recipe = Fp8Recipe::nvfp4});
+  EXPECT_EQ(nv->take_random_blocks(10), 0u);  // 10 values: ceil(10 / 4) = 3 blocks
+  EXPECT_EQ(nv->take_random_blocks(1), 3u);
+  const StateDict saved = block_state_dict(*nv);
+  auto fresh = std::make_shared<Fp8Context>(Fp8Options{.recipe = Fp8Recipe::nvfp4});
+  load_block_state_dict(*fresh, saved, "ck.h5");
+  EXPECT_EQ(fresh->random_offset(), 4u);
+
+  auto other = std::make_shared<Fp8Context>(Fp8Options{.recipe = Fp8Recipe::nvfp4});
+  StateDict bad = saved;
+  bad["random_offset"] = std::int64_t{-1};
+  EXPECT_THROW_MSG(load_block_state_dict(*other, bad, "ck.h5"), CheckpointError, "'random_offset' is -1, below 0");
+  bad = saved;
+  bad["extra"] = std::int64_t{0};
+  EXPECT_THROW_MSG(load_block_state_dict(*other, bad, "ck.h5"), CheckpointError, "comes with 6 keys, not the 5");
+  bad = saved;
+  bad.erase("rht");
+  EXPECT_THROW_MSG(load_block_state_dict(*other, bad, "ck.h5"), CheckpointError, "'rht' is missing");
+  bad = saved;
+  bad["rht"] = std::int64_t{2};
+  EXPECT_THROW_MSG(load_block_state_dict(*other, bad, "ck.h5"), CheckpointError, "'rht' is 2, not 0 or 1");
+  EXPECT_EQ(other->random_offset(), 0u);
+  auto mx = std::make_shared<Fp8Context>(Fp8Options{.recipe = Fp8Recipe::mxfp8, .mx_scale = MxScaleRule::floor});
+  EXPECT_THROW_MSG(load_block_state_dict(*mx, saved, "ck.h5"), CheckpointError,
+                   "--resume: 'ck.h5' was written by a run with --precision nvfp4, not --precision mxfp8 --mx-scale "
+                   "floor: it would not continue under these settings");
 }
 
 }  // namespace
