@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -24,9 +26,11 @@
 
 #include "core/autocast.h"
 #include "core/block_scaled.h"
+#include "core/block_stats.h"
 #include "core/io/checkpoint.h"
 #include "core/io/fp8_checkpoint.h"
 #include "core/ops.h"
+#include "core/probe_hook.h"
 #include "core/tensor.h"
 #include "tests/test_support.h"
 
@@ -332,6 +336,44 @@ TEST(block_linear_test, an_operands_rowwise_and_columnwise_copies_differ_where_a
     for (int c = 0; c < 32; ++c)
       EXPECT_EQ(w_row.values[static_cast<std::size_t>(r * 32 + c)], w_col.values[static_cast<std::size_t>(c * 32 + r)]) << r << "," << c;
   EXPECT_EQ(w_row.global_decode, w_col.global_decode);
+}
+
+// With a probe hook installed, each quantized copy is reported once, in the order the Linear quantizes them, with
+// the quantized matrix's shape and statistics over its values.
+struct Recorder : probe::Hook {
+  std::vector<std::string> seen;
+  void on_block_quantize(const probe::BlockQuantizeEvent& e) override {
+    seen.push_back(fmt::format("{} {} {} {} {}x{} {} {}", e.module, e.operand, e.copy, e.format, e.rows, e.cols,
+                               e.stats.numel, e.what_if));
+  }
+};
+
+TEST(block_linear_test, each_quantized_copy_is_reported_to_the_probe_hook) {
+  for (Fp8Recipe recipe : {Fp8Recipe::mxfp8, Fp8Recipe::nvfp4}) {
+    auto recorder = std::make_shared<Recorder>();
+    probe::HookGuard guard(recorder);
+    Tensor x = from_values(std::vector<double>(64 * 32, 0.5), {64, 32}, {.dtype = DType::f32}).requires_grad_();
+    Tensor w = from_values(std::vector<double>(32 * 32, 0.25), {32, 32}, {.dtype = DType::f32}).requires_grad_();
+    auto ctx = std::make_shared<Fp8Context>(Fp8Options{.recipe = recipe});
+    Tensor y;
+    {
+      AutocastGuard autocast(DType::bf16);
+      Fp8Guard region(ctx);
+      y = linear(x, w);
+    }
+    y.backward(ones({64, 32}).to(DType::bf16));
+    const std::string f = recipe == Fp8Recipe::mxfp8 ? "mxfp8" : "nvfp4";
+    // NVFP4's columnwise copies are quantizations of the transpose: their shapes are the transpose's.
+    const bool t = recipe == Fp8Recipe::nvfp4;
+    EXPECT_EQ(recorder->seen, (std::vector<std::string>{
+                                  fmt::format(" input rowwise {} 64x32 2048 false", f),
+                                  fmt::format(" weight rowwise {} 32x32 1024 false", f),
+                                  fmt::format(" weight columnwise {} 32x32 1024 false", f),
+                                  fmt::format(" input columnwise {} {} 2048 false", f, t ? "32x64" : "64x32"),
+                                  fmt::format(" grad_output rowwise {} 64x32 2048 false", f),
+                                  fmt::format(" grad_output columnwise {} {} 2048 false", f, t ? "32x64" : "64x32"),
+                              }));
+  }
 }
 
 // docs/fp8.md's worked GEMM: x = (500, 1, ..., 1), every W value 0.5, MXFP8 round-up: 512 * 0.5 + 31 * 0.5 = 271.5,
