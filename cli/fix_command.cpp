@@ -345,16 +345,21 @@ bool apply(const analysis::Remedy& m, TrainConfig& c, std::string& flag) {
 // another precision. It drops --what-if too: the re-runs verify the run, which is the same without it (and an
 // fp32 or fp16 run refuses it), and --what-if was what let a bf16 run carry the keep options.
 void leave_fp8(TrainConfig& c) {
-  if (c.precision == Precision::fp8) return;
   const TrainConfig defaults;
-  c.what_if.clear();
-  c.fp8_keep_first_last = defaults.fp8_keep_first_last;
-  c.fp8_recipe = defaults.fp8_recipe;
-  c.fp8_format = defaults.fp8_format;
-  c.fp8_amax_history = defaults.fp8_amax_history;
-  c.fp8_amax_algo = defaults.fp8_amax_algo;
-  c.fp8_margin = defaults.fp8_margin;
-  c.fp8_keep_bf16.clear();
+  if (c.precision != Precision::fp8) c.what_if.clear();  // --what-if measures on a bf16 or fp8 run only
+  if (c.precision != Precision::fp8) {
+    c.fp8_recipe = defaults.fp8_recipe;
+    c.fp8_format = defaults.fp8_format;
+    c.fp8_amax_history = defaults.fp8_amax_history;
+    c.fp8_amax_algo = defaults.fp8_amax_algo;
+    c.fp8_margin = defaults.fp8_margin;
+  }
+  if (!quantized_linears(c.precision)) {  // fp8, mxfp8 and nvfp4 share the --fp8-keep-* options
+    c.fp8_keep_bf16.clear();
+    c.fp8_keep_first_last = defaults.fp8_keep_first_last;
+  }
+  if (c.precision != Precision::mxfp8) c.mx_scale = defaults.mx_scale;
+  if (c.precision != Precision::nvfp4) c.nvfp4_rht = defaults.nvfp4_rht;
 }
 
 // An FP8 finding's cause in the plan (FixPlan::first.cause): "fp8:" and the finding's kind. A run without a

@@ -24,6 +24,7 @@
 #include "core/io/output_file.h"
 #include "core/distributed/data_parallel.h"
 #include "core/error.h"
+#include "core/block_linear.h"
 #include "core/fp8_linear.h"
 #include "core/io/fp8_checkpoint.h"
 #include "core/grad_scaler.h"
@@ -72,7 +73,7 @@ std::unique_ptr<SampleTask> make_task(const TrainConfig& config, Generator& gen,
 namespace {
 
 // fp8 is bf16 autocast with the Linear GEMMs in FP8 on top (core/fp8_linear.h).
-DType lower_dtype(Precision p) { return p == Precision::bf16 || p == Precision::fp8 ? DType::bf16 : DType::f16; }
+DType lower_dtype(Precision p) { return p == Precision::bf16 || quantized_linears(p) ? DType::bf16 : DType::f16; }
 
 Device resolve_device(const std::string& name) {
   if (name == "auto") return cuda_status().device_count > 0 ? Device::cuda() : Device::cpu();
@@ -158,6 +159,8 @@ struct SavedRun {
   // An FP8 run's checkpoint holds its scaling state ("fp8", core/io/fp8_checkpoint.h): false in checkpoints
   // written before it did.
   bool fp8_state = false;
+  // An MXFP8 or NVFP4 run's checkpoint holds its block-scaled state ("block": NVFP4's stochastic-rounding offset).
+  bool block_state = false;
 };
 
 SavedRun peek_resume(const TrainConfig& config) {
@@ -195,6 +198,9 @@ SavedRun peek_resume(const TrainConfig& config) {
   }
   if (const auto it = run.find("fp8_state"); it != run.end() && std::holds_alternative<bool>(it->second)) {
     saved.fp8_state = std::get<bool>(it->second);
+  }
+  if (const auto it = run.find("block_state"); it != run.end() && std::holds_alternative<bool>(it->second)) {
+    saved.block_state = std::get<bool>(it->second);
   }
   return saved;
 }
@@ -283,6 +289,11 @@ std::shared_ptr<Fp8Context> make_fp8_context(nn::Module& model, const TrainConfi
   }
   Fp8Options options;
   options.recipe = config.fp8_recipe == "current" ? Fp8Recipe::current : Fp8Recipe::delayed;
+  if (config.precision == Precision::mxfp8) options.recipe = Fp8Recipe::mxfp8;
+  if (config.precision == Precision::nvfp4) options.recipe = Fp8Recipe::nvfp4;
+  options.mx_scale = config.mx_scale == "floor" ? MxScaleRule::floor : MxScaleRule::round_up;
+  options.nvfp4_rht = config.nvfp4_rht;
+  options.sr_seed = config.seed ^ kStochasticRoundingKey;
   options.formats = config.fp8_format == "e4m3" ? Fp8FormatMix::e4m3 : Fp8FormatMix::hybrid;
   options.delayed = DelayedScaling{.history_len = config.fp8_amax_history,
                                    .algo = config.fp8_amax_algo == "most_recent" ? AmaxAlgo::most_recent : AmaxAlgo::max,
@@ -350,6 +361,7 @@ class TrainingRun {
   std::shared_ptr<Fp8Context> fp8_;  // --precision fp8; null otherwise
   std::shared_ptr<WhatIfContext> what_if_;  // --what-if; null otherwise
   std::optional<StateDict> resumed_fp8_;  // the resumed checkpoint's FP8 state, until fp8_ is made
+  std::optional<StateDict> resumed_block_;  // the resumed checkpoint's block-scaled state, until fp8_ is made
   // Data parallelism (a group of more than one rank; null otherwise): rank_ of ranks_.
   ProcessGroup* group_ = nullptr;
   int rank_ = 0;
@@ -391,14 +403,21 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     throw Error("--shard-optimizer with --eval: an evaluation has no optimizer whose state could be sharded\nhint: "
                 "leave --shard-optimizer out");
   }
+  check_what_if_run(config);  // first: check_fp8_run lets --mx-scale/--nvfp4-no-rht through for what --what-if measures
   check_fp8_run(config);
-  check_what_if_run(config);
   if (config.precision == Precision::fp8 && ranks_ > 1) {
     throw Error("--precision fp8 with --ddp: the ranks' amaxes are not reduced across ranks yet (TransformerEngine "
                 "reduces them, so every rank uses the same scales)\nhint: train fp8 on one rank");
   }
-  // FP8 GEMMs exist on the CPU backend only: auto picks the CPU for them (check_fp8_run refused a GPU).
-  device_ = config.precision == Precision::fp8 && config.device == "auto" ? Device::cpu() : resolve_device(config.device);
+  if (quantized_linears(config.precision) && ranks_ > 1) {
+    throw Error(fmt::format("--precision {} with --ddp: block-scaled runs are single-rank so far (NVFP4's global amax "
+                            "would have to be reduced across ranks, as TransformerEngine does for gathered tensors, "
+                            "and neither recipe has been tested on several ranks)\nhint: train {} on one rank",
+                            precision_name(config.precision), precision_name(config.precision)));
+  }
+  // FP8 and block-scaled GEMMs exist on the CPU backend only: auto picks the CPU for them (check_fp8_run refused a
+  // GPU).
+  device_ = quantized_linears(config.precision) && config.device == "auto" ? Device::cpu() : resolve_device(config.device);
   if (!config.checkpoint.empty()) {
     check_writable_folder("--checkpoint", config.checkpoint,
                           std::filesystem::absolute(config.checkpoint).parent_path());
@@ -473,15 +492,18 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
                 {"batch", config.batch},  // the global batch: a resume with another one is warned about
                 {"sharded_optimizer", config.shard_optimizer && ranks_ > 1}};
   if (config.precision == Precision::fp8) run_state_["fp8_state"] = true;  // the "fp8" state is saved too
+  if (config.precision == Precision::mxfp8 || config.precision == Precision::nvfp4) run_state_["block_state"] = true;
   if (!config.resume.empty()) {
     Checkpoint ck{.model = &model, .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
                   .states = {{"scaler", scaler_->state_dict()}, {"run", StateDict{}}}};
     if (saved->fp8_state) ck.states["fp8"] = StateDict{};  // any keys: load_fp8_state_dict checks them
+    if (saved->block_state) ck.states["block"] = StateDict{};  // any keys: load_block_state_dict checks them
     const CheckpointLoadReport loaded =
         load_checkpoint(config.resume, ck, {.allow_nonfinite = config.resume_allow_nonfinite});
     for (const std::string& w : loaded.warnings) warnings_.push_back(fmt::format("--resume: {}", w));
     if (scaling) scaler_->load_state_dict(ck.states.at("scaler"));
     if (saved->fp8_state) resumed_fp8_ = ck.states.at("fp8");
+    if (saved->block_state) resumed_block_ = ck.states.at("block");
     first_step_ = ck.step;
   }
   if (group_ != nullptr) {
@@ -495,6 +517,11 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     if (config.shard_optimizer && opt_) zero_ = std::make_unique<ShardedOptimizer>(*group_, *opt_);
   }
   overrides_ = install_overrides(model, config, identity_, warnings_);
+  if (quantized_linears(config.precision) && config.precision != Precision::fp8) {
+    fp8_ = make_fp8_context(model, config, identity_);
+    // The precision matched the checkpoint's (peek_resume), so a block-scaled checkpoint holds the "block" state.
+    if (resumed_block_) load_block_state_dict(*fp8_, *resumed_block_, config.resume);
+  }
   if (config.precision == Precision::fp8) {
     fp8_ = make_fp8_context(model, config, identity_);
     if (resumed_fp8_) {
@@ -513,6 +540,10 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
     // checks the globs and turns --fp8-keep-first-last into two).
     const std::shared_ptr<Fp8Context> kept = fp8_ ? fp8_ : make_fp8_context(model, config, identity_);
     what_if_ = std::make_shared<WhatIfContext>(WhatIfOptions{.formats = what_if_formats(config.what_if),
+                                                             .mx_scale = config.mx_scale == "floor"
+                                                                             ? MxScaleRule::floor
+                                                                             : MxScaleRule::round_up,
+                                                             .nvfp4_rht = config.nvfp4_rht,
                                                              .seed = config.seed,
                                                              .keep_bf16 = kept->options().keep_bf16});
   }
@@ -584,7 +615,11 @@ void TrainingRun::save_checkpoint(std::int64_t next_step, bool periodic) {
   }
   Checkpoint ck{.model = &task_->model(), .optimizer = opt_.get(), .generators = {{"model", gen_.get()}},
                 .states = {{"scaler", scaler_->state_dict()}, {"run", run_state_}}, .step = next_step};
-  if (fp8_) ck.states["fp8"] = fp8_state_dict(*fp8_);  // after this step's end_step: the next step's scales
+  if (fp8_ && config_.precision == Precision::fp8) {
+    ck.states["fp8"] = fp8_state_dict(*fp8_);  // after this step's end_step: the next step's scales
+  } else if (fp8_) {
+    ck.states["block"] = block_state_dict(*fp8_);  // where the next step's stochastic rounding draws from
+  }
   ampscope::save_checkpoint(config_.checkpoint, ck);
   if (zero_) zero_->release_state();  // ZeRO-1: back to rank 0's own shard
   if (periodic && config_.keep_checkpoints) {
@@ -603,19 +638,72 @@ void TrainingRun::save_model() {
 
 }  // namespace
 
+namespace {
+// Whether a --what-if run measures `format` (an unparsable --what-if is refused by check_what_if_run).
+bool what_if_measures(const TrainConfig& config, BlockFormat format) {
+  if (config.what_if.empty()) return false;
+  try {
+    const std::vector<BlockFormat> formats = what_if_formats(config.what_if);
+    return std::find(formats.begin(), formats.end(), format) != formats.end();
+  } catch (const Error&) {
+    return false;
+  }
+}
+}  // namespace
+
 void check_fp8_run(const TrainConfig& config) {
-  if (config.precision != Precision::fp8) {
-    // The --fp8-* options of a run that is not --precision fp8 would do nothing: refused, naming the first. A
-    // --what-if run reads the two that leave Linears out.
-    for (const RunOption& o : run_options()) {
-      if (o.recorded != Recorded::with_fp8 || o.is_default(config)) continue;
-      if (!config.what_if.empty() && selects_quantized_modules(o)) continue;
+  const std::string_view precision = precision_name(config.precision);
+  const bool block = config.precision == Precision::mxfp8 || config.precision == Precision::nvfp4;
+  // Options that would do nothing in this run are refused, naming the first in table order.
+  for (const RunOption& o : run_options()) {
+    if (o.is_default(config)) continue;
+    if (o.recorded == Recorded::with_fp8 && block) {
+      throw Error(fmt::format("--{} does not apply to --precision {}: block-scaled recipes keep no per-tensor scale (no "
+                              "recipe, amax history, margin or format choice: every block gets its own scale)\n"
+                              "hint: leave --{} out{}",
+                              o.name, precision, o.name,
+                              config.precision == Precision::mxfp8 ? " (--mx-scale chooses MXFP8's scale rule)" : ""));
+    }
+    if (o.recorded == Recorded::with_fp8 && config.precision != Precision::fp8) {
       throw Error(fmt::format("--{} is set but the precision is {}: the FP8 options apply only to --precision fp8\n"
                               "hint: add --precision fp8, or leave --{} out",
-                              o.name, precision_name(config.precision), o.name));
+                              o.name, precision, o.name));
+    }
+    // A --what-if run reads the options that leave Linears out, and the scale rule and transform of the formats it
+    // measures.
+    if (o.recorded == Recorded::with_quantized && !quantized_linears(config.precision) && config.what_if.empty()) {
+      throw Error(fmt::format("--{} is set but the precision is {}: it applies only to --precision fp8, mxfp8 or nvfp4 "
+                              "(Linears with quantized GEMMs)\nhint: add --precision fp8 (or mxfp8, nvfp4), or leave "
+                              "--{} out",
+                              o.name, precision, o.name));
+    }
+    if (o.recorded == Recorded::with_mxfp8 && config.precision != Precision::mxfp8 && !what_if_measures(config, BlockFormat::mxfp8)) {
+      throw Error(fmt::format("--{} is set but the precision is {}: it applies only to --precision mxfp8\nhint: add "
+                              "--precision mxfp8, or leave --{} out",
+                              o.name, precision, o.name));
+    }
+    if (o.recorded == Recorded::with_nvfp4 && config.precision != Precision::nvfp4 && !what_if_measures(config, BlockFormat::nvfp4)) {
+      throw Error(fmt::format("--{} is set but the precision is {}: it applies only to --precision nvfp4\nhint: add "
+                              "--precision nvfp4, or leave --{} out",
+                              o.name, precision, o.name));
+    }
+  }
+  if (block) {
+    if (config.device != "auto" && config.device != "cpu") {
+      throw Error(fmt::format("--precision {} with --device {}: block-scaled Linear GEMMs run on the CPU backend only "
+                              "(there are no CUDA kernels for them yet)\nhint: use --device cpu (or auto) for {}, or "
+                              "--precision bf16 on the GPU",
+                              precision, config.device, precision));
+    }
+    if (config.twin) {
+      throw Error(fmt::format("--twin with --precision {}: the f32 twin does not model block-scaled Linears yet (it "
+                              "would measure them against the wrong reference)\nhint: leave --twin out, or compare "
+                              "against a bf16 run with ampscope diff",
+                              precision));
     }
     return;
   }
+  if (config.precision != Precision::fp8) return;
   if (config.device != "auto" && config.device != "cpu") {
     throw Error(fmt::format("--precision fp8 with --device {}: FP8 runs on the CPU backend so far (the CUDA FP8 "
                             "kernels have not run on a GPU yet)\nhint: use --device cpu (or auto) for fp8, or "
@@ -658,8 +746,10 @@ void check_what_if_run(const TrainConfig& config) {
                             "run, the values a real block-scaled run (bf16 autocast) would quantize{}\nhint: add "
                             "--precision bf16 (or fp8)",
                             precision_name(config.precision),
-                            config.precision == Precision::fp32 ? "; an fp32 run has none"
-                                                                : "; an fp16 run's Linears see other values"));
+                            config.precision == Precision::fp32   ? "; an fp32 run has none"
+                            : config.precision == Precision::fp16 ? "; an fp16 run's Linears see other values"
+                                                                  : "; this run already trains block-scaled, and its "
+                                                                    "trace holds the real statistics"));
   }
   if (config.out.empty()) {
     throw Error("--what-if needs --out FILE: the what-if statistics are rows of the trace");

@@ -65,9 +65,11 @@ std::pair<std::int64_t, std::int64_t> rank_rows(std::int64_t batch, int rank, in
 // Where a kept periodic checkpoint goes: "run/ck.h5", 40 -> "run/ck.step-40.h5" (the state before step 40).
 std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t step);
 
-// What --precision fp8 cannot be combined with yet, checked before anything runs (train() checks it again):
-// an --fp8-* option with another precision, a CUDA device. Throws Error naming the option and what to do instead.
-// (--resume restores the delayed recipe's state from the checkpoint: core/io/fp8_checkpoint.h.)
+// What --precision fp8, mxfp8 and nvfp4 cannot be combined with yet, checked before anything runs (train() checks
+// it again): an option of one of them with a precision it does not apply to (--fp8-recipe, --fp8-format,
+// --fp8-amax-*, --fp8-margin: fp8 only; --fp8-keep-*: fp8, mxfp8, nvfp4; --mx-scale: mxfp8; --nvfp4-no-rht: nvfp4),
+// a CUDA device, and --twin with mxfp8 or nvfp4. Throws Error naming the option and what to do instead.
+// (--resume restores the recipe's state from the checkpoint: core/io/fp8_checkpoint.h.)
 void check_fp8_run(const TrainConfig& config);
 
 // --what-if's formats, in the order given ("mxfp8,nvfp4"; spaces around names allowed, a repeat counted once); empty

@@ -224,8 +224,18 @@ std::string run_config_json(const TrainConfig& config, int world_size, int rank)
         if (!config.model_dir.empty()) continue;
         break;
       case Recorded::with_fp8:
-        // A --what-if run reads the options that leave Linears out of it (and `ampscope fix` replays them).
-        if (config.precision != Precision::fp8 && !(!config.what_if.empty() && selects_quantized_modules(row))) continue;
+        if (config.precision != Precision::fp8) continue;
+        break;
+      // A --what-if run reads the options that leave Linears out of it and the scale rule and transform of the formats
+      // it measures (and `ampscope fix` replays them).
+      case Recorded::with_quantized:
+        if (!quantized_linears(config.precision) && config.what_if.empty()) continue;
+        break;
+      case Recorded::with_mxfp8:
+        if (config.precision != Precision::mxfp8 && config.what_if.find("mxfp8") == std::string::npos) continue;
+        break;
+      case Recorded::with_nvfp4:
+        if (config.precision != Precision::nvfp4 && config.what_if.find("nvfp4") == std::string::npos) continue;
         break;
       case Recorded::with_ranks:
         if (world_size <= 1) continue;

@@ -137,6 +137,12 @@ void Fp8Context::end_step() {
   }
 }
 
+std::uint64_t Fp8Context::take_random_blocks(std::uint64_t n) {
+  const std::uint64_t offset = random_offset_;
+  random_offset_ += (n + 3) / 4;
+  return offset;
+}
+
 Fp8Guard::Fp8Guard(std::shared_ptr<Fp8Context> context) : previous_(std::move(t_active)) {
   t_active = std::move(context);
 }

@@ -38,6 +38,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/block_scaled.h"
 #include "core/dtype.h"
 #include "core/float8.h"
 #include "core/fp8_recipe.h"
@@ -45,7 +46,12 @@
 
 namespace ampscope {
 
-enum class Fp8Recipe : std::uint8_t { delayed, current };
+// delayed and current: TE's per-tensor recipes (this file's GEMMs). mxfp8 and nvfp4: TE's MXFP8BlockScaling and
+// NVFP4BlockScaling, block-scaled Linear GEMMs (core/block_linear.h) under the same guard, keep-bf16 globs and
+// module coverage; they keep no scaling state (only NVFP4's stochastic-rounding offset, below).
+enum class Fp8Recipe : std::uint8_t { delayed, current, mxfp8, nvfp4 };
+// Whether a recipe is block-scaled (mxfp8, nvfp4).
+inline bool is_block_recipe(Fp8Recipe r) { return r == Fp8Recipe::mxfp8 || r == Fp8Recipe::nvfp4; }
 // TE's recipe.Format: HYBRID quantizes forward tensors (input, weight) to E4M3 and gradients to E5M2; E4M3
 // quantizes all three to E4M3.
 enum class Fp8FormatMix : std::uint8_t { hybrid, e4m3 };
@@ -62,6 +68,13 @@ struct Fp8Options {
   DelayedScaling delayed{};  // history 1024, max, margin 0 (TE's defaults)
   CurrentScaling current{};
   std::vector<std::string> keep_bf16{};  // module-path globs (fnmatch, * matches dots) kept out of FP8
+  // mxfp8: how each 32-value block's E8M0 scale is chosen (core/block_scaled.h MxScaleRule; NVIDIA's round-up).
+  MxScaleRule mx_scale = MxScaleRule::round_up;
+  // nvfp4: the 16-point random Hadamard transform on the wgrad GEMM's operands (TE's default: on).
+  bool nvfp4_rht = true;
+  // nvfp4: the key of the Philox stream that stochastic rounding of gradients draws from (the run's seed, mixed:
+  // see block_linear.h kStochasticRoundingKey). Offsets come from the context (take_random_blocks).
+  std::uint64_t sr_seed = 0;
 };
 
 // One Linear's delayed-scaling state: one history and scale per quantized operand.
@@ -90,9 +103,17 @@ class Fp8Context {
   // current scaling nothing (there is no state).
   void end_step();
 
+  // nvfp4's stochastic rounding: the Philox offset the next quantization of n values draws from, which this call
+  // advances by ceil(n / 4) blocks (core/philox.h: element i uses block offset + i / 4), so no two quantizations of
+  // a run share a block. The order of the calls (the run's order of backward GEMMs) makes a run reproducible.
+  std::uint64_t take_random_blocks(std::uint64_t n);
+  std::uint64_t random_offset() const { return random_offset_; }
+  void set_random_offset(std::uint64_t offset) { random_offset_ = offset; }  // a resumed run's (checkpoint)
+
  private:
   Fp8Options options_;
   std::map<std::string, Fp8LinearState> states_;
+  std::uint64_t random_offset_ = 0;
 };
 
 // Makes `context` the thread's FP8 region for its lifetime (nestable; a null context turns FP8 off inside).

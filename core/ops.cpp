@@ -17,6 +17,7 @@
 #include "core/autograd.h"
 #include "core/convert.h"
 #include "core/error.h"
+#include "core/block_linear.h"
 #include "core/fp8_linear.h"
 #include "core/what_if.h"
 
@@ -901,6 +902,76 @@ static Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tenso
       });
 }
 
+// A 2-D tensor's values as f32, row-major.
+static std::vector<float> f32_values(const Tensor& t) {
+  const Tensor f = t.to(DType::f32).contiguous();
+  return std::vector<float>(f.data_as<float>(), f.data_as<float>() + f.numel());
+}
+
+// linear() inside an Fp8Guard whose recipe is mxfp8 or nvfp4 (core/block_linear.h): the forward quantizes the
+// rowwise copies of x and W for fprop, and (as TE's quantizers make both usages in one cast) the columnwise copies
+// the backward will need: W's when x needs a gradient (dgrad), x's when W does (wgrad). The backward quantizes dy's
+// two copies. Under the twin's widening the backward is the unquantized product, as fp8_linear_impl's.
+static Tensor block_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8Context> ctx) {
+  const std::string module = current_scope();
+  const std::int64_t in = weight.size(1), out_features = weight.size(0);
+  const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
+  const bool grads = autograd::any_requires_grad({x, weight, bias});
+  if (!x.device().is_cpu()) {
+    throw DeviceError(fmt::format("linear in '{}': block-scaled (mxfp8, nvfp4) Linear GEMMs run on the CPU only\n"
+                                  "hint: run the model on the CPU",
+                                  module));
+  }
+  check_block_linear_shape(ctx->options().recipe, module, rows, in, out_features, grads);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  // Asked here, not inside untracked(), where no tensor records a gradient.
+  const bool x_grad = grads && autograd::any_requires_grad({x});
+  const bool w_grad = grads && autograd::any_requires_grad({weight});
+  auto qx_col = std::make_shared<BlockOperand>();
+  auto qw_col = std::make_shared<BlockOperand>();
+  Tensor x2;
+  Tensor out = untracked([&] {
+    x2 = x.reshape({rows, in});
+    const std::vector<float> xv = f32_values(x2), wv = f32_values(weight);
+    const BlockOperand qx = block_quantize_copy(xv, rows, in, Fp8Operand::input, BlockCopy::rowwise, *ctx, module);
+    const BlockOperand qw =
+        block_quantize_copy(wv, out_features, in, Fp8Operand::weight, BlockCopy::rowwise, *ctx, module);
+    if (x_grad)
+      *qw_col = block_quantize_copy(wv, out_features, in, Fp8Operand::weight, BlockCopy::columnwise, *ctx, module);
+    if (w_grad)
+      *qx_col = block_quantize_copy(xv, rows, in, Fp8Operand::input, BlockCopy::columnwise, *ctx, module);
+    return block_gemm(qx, qw, x.dtype(), bias).reshape(out_shape);
+  });
+  if (!grads) return out;
+  return autograd::record(
+      "linear", out, {x, weight, bias},
+      [ctx, module, qx_col, qw_col, sx = x2.detach(), sw = weight.detach(), x_shape = x.shape(),
+       has_bias = bias.defined()](const Tensor& g, const Needs& n) {
+        const std::int64_t r = sx.size(0), o = sw.size(0), i = sw.size(1);
+        const Tensor g2 = g.reshape({r, o});
+        Tensor gx, gw, gb;
+        if (autograd::widening_target()) {
+          const Tensor g3 = g.reshape({1, r, o});
+          if (n[0]) gx = gemm("linear", g3, sw.reshape({1, o, i}), sx.dtype()).reshape(x_shape);
+          if (n[1]) gw = gemm("linear", transpose_last(g3), sx.reshape({1, r, i}), sw.dtype()).reshape({o, i});
+        } else if (n[0] || n[1]) {
+          const std::vector<float> gv = f32_values(g2);
+          if (n[0]) {  // dgrad: dx = dy W, contraction over out_features
+            const BlockOperand qg = block_quantize_copy(gv, r, o, Fp8Operand::grad_output, BlockCopy::rowwise, *ctx, module);
+            gx = block_gemm(qg, *qw_col, sx.dtype()).reshape(x_shape);
+          }
+          if (n[1]) {  // wgrad: dW = dy^T x, contraction over the rows
+            const BlockOperand qg =
+                block_quantize_copy(gv, r, o, Fp8Operand::grad_output, BlockCopy::columnwise, *ctx, module);
+            gw = block_gemm(qg, *qx_col, sw.dtype());
+          }
+        }
+        if (has_bias && n[2]) gb = sum_to(g2, {o});
+        return Grads{gx, gw, gb};
+      });
+}
+
 static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (weight.dim() != 2) {
     throw ShapeError(fmt::format("{}: weight must be 2-D [out_features, in_features], got {}", label("linear"),
@@ -926,6 +997,8 @@ static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& b
   if (std::shared_ptr<Fp8Context> fp8 = active_fp8_context();
       fp8 != nullptr && (x.dtype() == DType::bf16 || x.dtype() == DType::f16) && !autograd::widening_target() &&
       fp8->covers(current_scope())) {
+    // A block-scaled run is never --what-if (check_what_if_run refuses it).
+    if (is_block_recipe(fp8->options().recipe)) return block_linear_impl(x, weight, bias, std::move(fp8));
     return fp8_linear_impl(x, weight, bias, std::move(fp8), std::move(what_if));
   }
   const std::int64_t in = weight.size(1), out_features = weight.size(0);

@@ -67,9 +67,9 @@ std::optional<Refusal> probe_check(const OptionValue& v) {
 }
 std::optional<Refusal> precision_check(const OptionValue& v) {
   const std::string& name = std::get<std::string>(v);
-  for (const char* known : {"fp32", "fp16", "bf16", "fp8"})
+  for (const char* known : {"fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4"})
     if (name == known) return std::nullopt;
-  return Refusal{name, "one of fp32, fp16, bf16, fp8"};
+  return Refusal{name, "one of fp32, fp16, bf16, fp8, mxfp8, nvfp4"};
 }
 std::optional<Refusal> one_of(const OptionValue& v, std::initializer_list<const char*> known, std::string_view expected) {
   const std::string& name = std::get<std::string>(v);
@@ -82,6 +82,9 @@ std::optional<Refusal> fp8_recipe_check(const OptionValue& v) {
 }
 std::optional<Refusal> fp8_format_check(const OptionValue& v) {
   return one_of(v, {"hybrid", "e4m3"}, "hybrid (E4M3 forward, E5M2 gradients) or e4m3");
+}
+std::optional<Refusal> mx_scale_check(const OptionValue& v) {
+  return one_of(v, {"round-up", "floor"}, "round-up (NVIDIA's libraries) or floor (the OCP specification)");
 }
 std::optional<Refusal> fp8_amax_algo_check(const OptionValue& v) {
   return one_of(v, {"max", "most_recent"}, "max or most_recent");
@@ -106,10 +109,6 @@ std::optional<Refusal> module_globs_check(const OptionValue& v) {
 
 }  // namespace
 
-bool selects_quantized_modules(const RunOption& option) {
-  return option.name == "fp8-keep-bf16" || option.name == "fp8-keep-first-last";
-}
-
 namespace {
 
 std::vector<RunOption> make_table() {
@@ -122,9 +121,12 @@ std::vector<RunOption> make_table() {
                   .help = "Sample model: mlp, cnn or transformer (see --list-samples)", .json_key = "sample",
                   .recorded = R::without_model});
   rows.push_back({.name = "precision", .type = T::choice, .field = &C::precision,
-                  .help = "Precision of the ops: fp32, fp16 (autocast + GradScaler), bf16, or fp8 (bf16 autocast with the "
-                          "Linear GEMMs in FP8 as TransformerEngine runs them; CPU only so far)",
-                  .json_key = "precision", .choices = {"fp32", "fp16", "bf16", "fp8"}, .check = precision_check});
+                  .help = "Precision of the ops: fp32, fp16 (autocast + GradScaler), bf16, fp8 (bf16 autocast with the "
+                          "Linear GEMMs in FP8 as TransformerEngine runs them), or mxfp8 / nvfp4 (bf16 autocast with "
+                          "block-scaled Linear GEMMs, as TE's MXFP8BlockScaling / NVFP4BlockScaling); the last three "
+                          "on the CPU only so far",
+                  .json_key = "precision", .choices = {"fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4"},
+                  .check = precision_check});
   rows.push_back({.name = "device", .type = T::text, .field = &C::device,
                   .help = "auto (the GPU when one is present), cpu, cuda or cuda:N", .json_key = "device"});
   rows.push_back({.name = "steps", .type = T::integer, .field = &C::steps, .help = "Optimizer steps to run",
@@ -196,13 +198,23 @@ std::vector<RunOption> make_table() {
                   .help = "--precision fp8 with the delayed recipe: scale = fp8_max / amax / 2^margin",
                   .json_key = "fp8_margin", .recorded = R::with_fp8, .check = fp8_margin_check});
   rows.push_back({.name = "fp8-keep-bf16", .type = T::list, .field = &C::fp8_keep_bf16,
-                  .help = "--precision fp8: keep the Linears of modules matching this glob in bf16 (repeatable), "
-                          "e.g. 'fc3'",
-                  .json_key = "fp8_keep_bf16", .recorded = R::with_fp8, .check = module_globs_check});
+                  .help = "--precision fp8, mxfp8 or nvfp4: keep the Linears of modules matching this glob in bf16 "
+                          "(repeatable), e.g. 'fc3'",
+                  .json_key = "fp8_keep_bf16", .recorded = R::with_quantized, .check = module_globs_check});
   rows.push_back({.name = "fp8-keep-first-last", .type = T::flag, .field = &C::fp8_keep_first_last,
-                  .help = "--precision fp8: keep the model's first and last Linear modules in bf16 (in registration "
-                          "order, the order of the model's module list)",
-                  .json_key = "fp8_keep_first_last", .recorded = R::with_fp8});
+                  .help = "--precision fp8, mxfp8 or nvfp4: keep the model's first and last Linear modules in bf16 (in "
+                          "registration order, the order of the model's module list)",
+                  .json_key = "fp8_keep_first_last", .recorded = R::with_quantized});
+  rows.push_back({.name = "mx-scale", .type = T::choice, .field = &C::mx_scale,
+                  .help = "--precision mxfp8 (or --what-if mxfp8): how each 32-value block's power-of-two scale is chosen: round-up (amax / "
+                          "448 rounded up, NVIDIA's libraries: never clips) or floor (2^(floor(log2 amax) - 8), the OCP "
+                          "specification: can clip a block's largest values)",
+                  .json_key = "mx_scale", .recorded = R::with_mxfp8, .choices = {"round-up", "floor"},
+                  .check = mx_scale_check});
+  rows.push_back({.name = "nvfp4-no-rht", .type = T::flag, .field = &C::nvfp4_rht,
+                  .help = "--precision nvfp4 (or --what-if nvfp4): no random Hadamard transform on the weight-gradient GEMM's operands "
+                          "(TransformerEngine applies it by default)",
+                  .json_key = "nvfp4_rht", .recorded = R::with_nvfp4, .negated = true});
   rows.push_back({.name = "max-grad-norm", .type = T::number, .field = &C::max_grad_norm,
                   .help = "Clip gradients to this norm after unscaling (0: no clipping)", .json_key = "max_grad_norm",
                   .check = max_grad_norm_check});

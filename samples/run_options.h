@@ -54,7 +54,10 @@ enum class Recorded {
   with_model,       // only in a model-folder run (`model` set)
   without_model,    // only in a run of a sample (`model` not set): a model-folder run trains no sample
   with_ranks,       // only in a run of more than one rank, after its `world_size` and `rank`
-  with_fp8,         // only in an FP8 run (`precision` fp8)
+  with_fp8,         // only in an FP8 run (`precision` fp8): the per-tensor recipes' options
+  with_quantized,   // in a run whose Linears are quantized (`precision` fp8, mxfp8 or nvfp4): --fp8-keep-*
+  with_mxfp8,       // only in an MXFP8 run (`precision` mxfp8)
+  with_nvfp4,       // only in an NVFP4 run (`precision` nvfp4)
   never,            // not recorded: RunOption::not_recorded says why
 };
 
@@ -108,10 +111,6 @@ struct RunOption {
   // train's check of this field's value in `config`; nullopt when allowed.
   std::optional<Refusal> refusal(const TrainConfig& config) const;
 };
-
-// Whether an option chooses which Linears a quantized run quantizes (--fp8-keep-bf16, --fp8-keep-first-last): an
-// FP8 option that a --what-if run also reads (it measures the Linears a real run in that format would quantize).
-bool selects_quantized_modules(const RunOption& option);
 
 // Every option, in the order the trace's config JSON lists them (and `ampscope train --help` shows them).
 const std::vector<RunOption>& run_options();

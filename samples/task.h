@@ -30,9 +30,13 @@
 
 namespace ampscope::samples {
 
-// fp8: bf16 autocast with the Linear GEMMs in FP8 as TransformerEngine runs them (core/fp8_linear.h).
-enum class Precision { fp32, fp16, bf16, fp8 };
-std::string_view precision_name(Precision p);  // "fp32", "fp16", "bf16", "fp8"
+// fp8: bf16 autocast with the Linear GEMMs in FP8 as TransformerEngine runs them (core/fp8_linear.h). mxfp8 and
+// nvfp4: bf16 autocast with block-scaled Linear GEMMs, as TE's MXFP8BlockScaling and NVFP4BlockScaling recipes
+// (core/block_linear.h).
+enum class Precision { fp32, fp16, bf16, fp8, mxfp8, nvfp4 };
+std::string_view precision_name(Precision p);  // "fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4"
+// fp8, mxfp8 or nvfp4: bf16 autocast with the Linear GEMMs quantized (an Fp8Context, --fp8-keep-bf16).
+inline bool quantized_linears(Precision p) { return p == Precision::fp8 || p == Precision::mxfp8 || p == Precision::nvfp4; }
 Precision parse_precision(std::string_view name);  // Error listing the valid names
 
 struct TrainConfig {
@@ -69,6 +73,10 @@ struct TrainConfig {
   std::int64_t fp8_margin = 0;            // scale = fp8_max / amax / 2^margin
   std::vector<std::string> fp8_keep_bf16; // module globs whose Linears stay bf16
   bool fp8_keep_first_last = false;       // the first and last nn::Linear (registration order) stay bf16
+  // --precision mxfp8: the E8M0 block-scale rule, round-up (NVIDIA's) or floor (the OCP specification's).
+  std::string mx_scale = "round-up";
+  // --precision nvfp4: the random Hadamard transform on the wgrad operands (--nvfp4-no-rht turns it off).
+  bool nvfp4_rht = true;
   std::string scenario;         // "" for none
   double init_scale = 65536.0;
   std::int64_t growth_interval = 2000;

@@ -224,15 +224,18 @@ std::string_view precision_name(Precision p) {
     case Precision::fp16: return "fp16";
     case Precision::bf16: return "bf16";
     case Precision::fp8: return "fp8";
+    case Precision::mxfp8: return "mxfp8";
+    case Precision::nvfp4: return "nvfp4";
   }
   return "?";
 }
 
 Precision parse_precision(std::string_view name) {
-  for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16, Precision::fp8}) {
+  for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16, Precision::fp8, Precision::mxfp8,
+                      Precision::nvfp4}) {
     if (precision_name(p) == name) return p;
   }
-  throw Error(fmt::format("unknown precision '{}'; valid: fp32, fp16, bf16, fp8", name));
+  throw Error(fmt::format("unknown precision '{}'; valid: fp32, fp16, bf16, fp8, mxfp8, nvfp4", name));
 }
 
 }  // namespace ampscope::samples

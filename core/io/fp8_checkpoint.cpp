@@ -17,7 +17,16 @@ namespace {
 
 constexpr Fp8Operand kOperands[] = {Fp8Operand::input, Fp8Operand::weight, Fp8Operand::grad_output};
 
-std::string recipe_name(Fp8Recipe r) { return r == Fp8Recipe::delayed ? "delayed" : "current"; }
+std::string recipe_name(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::delayed: return "delayed";
+    case Fp8Recipe::current: return "current";
+    case Fp8Recipe::mxfp8: return "mxfp8";
+    case Fp8Recipe::nvfp4: return "nvfp4";
+  }
+  return "?";
+}
+std::string mx_scale_name(MxScaleRule r) { return r == MxScaleRule::floor ? "floor" : "round-up"; }
 std::string format_name(Fp8FormatMix f) { return f == Fp8FormatMix::hybrid ? "hybrid" : "e4m3"; }
 std::string algo_name(AmaxAlgo a) { return a == AmaxAlgo::max ? "max" : "most_recent"; }
 
@@ -175,6 +184,49 @@ void load_fp8_state_dict(Fp8Context& context, const StateDict& saved, const std:
     states.emplace(path, std::move(state));
   }
   for (auto& [path, state] : states) context.state(path) = std::move(state);
+}
+
+StateDict block_state_dict(const Fp8Context& context) {
+  const Fp8Options& o = context.options();
+  return StateDict{{"version", kBlockStateVersion},
+                   {"recipe", recipe_name(o.recipe)},
+                   {"mx_scale", mx_scale_name(o.mx_scale)},
+                   {"rht", static_cast<std::int64_t>(o.nvfp4_rht ? 1 : 0)},
+                   {"random_offset", static_cast<std::int64_t>(context.random_offset())}};
+}
+
+void load_block_state_dict(Fp8Context& context, const StateDict& saved, const std::string& file) {
+  const Reader r(saved, file);
+  const std::int64_t version = r.integer("version");
+  if (version != kBlockStateVersion) {
+    throw CheckpointError(fmt::format("--resume: '{}' holds block-scaled state of version {}; this build reads version "
+                                      "{}\nhint: resume with the ampscope that wrote it, or train from the start",
+                                      file, version, kBlockStateVersion));
+  }
+  const Fp8Options& o = context.options();
+  const std::string& recipe = r.text("recipe");
+  const std::string& mx_scale = r.text("mx_scale");
+  const std::int64_t rht = r.integer("rht");
+  if (rht != 0 && rht != 1) throw r.fail("rht", fmt::format("is {}, not 0 or 1", rht));
+  const auto describe = [](const std::string& rec, const std::string& mx, bool with_rht) {
+    if (rec == "mxfp8") return fmt::format("--precision mxfp8 --mx-scale {}", mx);
+    if (rec == "nvfp4") return fmt::format("--precision nvfp4{}", with_rht ? "" : " --nvfp4-no-rht");
+    return fmt::format("recipe '{}'", rec);
+  };
+  const bool mx = o.recipe == Fp8Recipe::mxfp8;
+  const bool same = recipe == recipe_name(o.recipe) && (!mx || mx_scale == mx_scale_name(o.mx_scale)) &&
+                    (mx || (rht == 1) == o.nvfp4_rht);
+  if (!same) {
+    throw CheckpointError(fmt::format("--resume: '{}' was written by a run with {}, not {}: it would not continue "
+                                      "under these settings\nhint: resume with the saved options, or train from the "
+                                      "start with the new ones",
+                                      file, describe(recipe, mx_scale, rht == 1),
+                                      describe(recipe_name(o.recipe), mx_scale_name(o.mx_scale), o.nvfp4_rht)));
+  }
+  const std::int64_t offset = r.integer("random_offset");
+  if (offset < 0) throw r.fail("random_offset", fmt::format("is {}, below 0", offset));
+  if (saved.size() != 5) throw r.fail("version", fmt::format("comes with {} keys, not the 5 this version writes", saved.size()));
+  context.set_random_offset(static_cast<std::uint64_t>(offset));
 }
 
 }  // namespace ampscope

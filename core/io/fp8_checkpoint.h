@@ -38,4 +38,16 @@ StateDict fp8_state_dict(const Fp8Context& context);
 void load_fp8_state_dict(Fp8Context& context, const StateDict& saved, const std::vector<std::string>& module_paths,
                          const std::string& file);
 
+// A block-scaled run's state (recipe mxfp8 or nvfp4) as the checkpoint's "block" StateDict. The keys (version 1;
+// every one required, no others):
+//   version        i64 1
+//   recipe         "mxfp8" or "nvfp4"; mx_scale "round-up" or "floor"; rht i64 0 or 1
+//   random_offset  i64 >= 0: the Philox offset NVFP4's next stochastic rounding draws from
+//                  (Fp8Context::random_offset), so that a resumed run continues bit for bit
+// The settings must equal the context's (refused, naming both, otherwise); anything else throws CheckpointError
+// naming the file and the key, and leaves the context unchanged.
+inline constexpr std::int64_t kBlockStateVersion = 1;
+StateDict block_state_dict(const Fp8Context& context);
+void load_block_state_dict(Fp8Context& context, const StateDict& saved, const std::string& file);
+
 }  // namespace ampscope

@@ -279,11 +279,13 @@ struct TraceReader::State {
       if (!valid_utf8(*text)) io.fail(fmt::format("the root attribute '{}' is not valid UTF-8 text: damaged", name), kDamageHint);
     }
     // fp8 came with format_version 7: in an older trace it is damage like any other unknown name.
+    // mxfp8 and nvfp4 (block-scaled runs) are read from format_version 7 on, as fp8 (schema.h).
     const bool known_precision = info.precision == "fp32" || info.precision == "fp16" || info.precision == "bf16" ||
-                                 (version >= 7 && info.precision == "fp8");
+                                 (version >= 7 && (info.precision == "fp8" || info.precision == "mxfp8" ||
+                                                   info.precision == "nvfp4"));
     if (!known_precision) {
       io.fail(fmt::format("the root attribute 'precision' is \"{}\", not {}: damaged", printable(info.precision),
-                          version >= 7 ? "fp32, fp16, bf16 or fp8" : "fp32, fp16 or bf16"),
+                          version >= 7 ? "fp32, fp16, bf16, fp8, mxfp8 or nvfp4" : "fp32, fp16 or bf16"),
               kDamageHint);
     }
     if (complete_value != 0 && complete_value != 1) {

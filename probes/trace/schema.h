@@ -27,12 +27,13 @@ inline constexpr std::string_view kFormat = "ampscope-trace";
 // Also 6: /precision's field `phase` (the f32 twin's backward rows; format 5 rows read as forward rows).
 // 7 (FP8): the precision "fp8" (`ampscope train --precision fp8`) and /fp8, each FP8 Linear operand's
 // quantization statistics; /index counts /fp8. A reader of 6 refuses 7 as newer, rather than calling an fp8
-// run's precision damage or taking every /index row for damaged.
+// run's precision damage or taking every /index row for damaged. Also read from 7 on: the precisions "mxfp8" and
+// "nvfp4" (block-scaled runs, `--precision mxfp8|nvfp4`), which add no table of their own here.
 inline constexpr std::int64_t kFormatVersion = 7;
 
 // Root attributes.
 struct RunInfo {
-  std::string precision;  // "fp32", "fp16", "bf16" or (format_version 7) "fp8"
+  std::string precision;  // "fp32", "fp16", "bf16" or (format_version 7) "fp8", "mxfp8", "nvfp4"
   std::string device;     // "cpu", "cuda:0"
   std::string model;      // sample or model name
   std::int64_t seed = 0;

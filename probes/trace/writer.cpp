@@ -904,8 +904,9 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
   if (options.compression_threads < 1) {
     io.fail(fmt::format("compression_threads is {}", options.compression_threads), "use at least 1 (2 is the default)");
   }
-  if (info.precision != "fp32" && info.precision != "fp16" && info.precision != "bf16" && info.precision != "fp8") {
-    io.fail(fmt::format("precision '{}' is not one of fp32, fp16, bf16, fp8", info.precision));
+  if (info.precision != "fp32" && info.precision != "fp16" && info.precision != "bf16" && info.precision != "fp8" &&
+      info.precision != "mxfp8" && info.precision != "nvfp4") {
+    io.fail(fmt::format("precision '{}' is not one of fp32, fp16, bf16, fp8, mxfp8, nvfp4", info.precision));
   }
   const std::filesystem::path folder = path.parent_path();
   std::error_code ec;

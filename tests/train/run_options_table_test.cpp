@@ -210,7 +210,9 @@ TEST(run_options_table_test, every_recorded_option_round_trips_through_the_confi
     // The condition under which the row is recorded.
     if (row.recorded == Recorded::with_checkpoint && row.name != "checkpoint") c.checkpoint = "/elsewhere/ck.h5";
     if (row.recorded == Recorded::with_model && row.name != "model") c.model_dir = "/elsewhere/model";
-    if (row.recorded == Recorded::with_fp8) c.precision = Precision::fp8;
+    if (row.recorded == Recorded::with_fp8 || row.recorded == Recorded::with_quantized) c.precision = Precision::fp8;
+    if (row.recorded == Recorded::with_mxfp8) c.precision = Precision::mxfp8;
+    if (row.recorded == Recorded::with_nvfp4) c.precision = Precision::nvfp4;
     row.set(c, value);
     const int ranks = row.recorded == Recorded::with_ranks ? 2 : 1;
     const RecordedRun back = read_run_config(nlohmann::json::parse(run_config_json(c, ranks, ranks - 1)));
@@ -271,7 +273,7 @@ TEST(run_options_table_test, a_recorded_value_of_the_wrong_type_is_refused_namin
   EXPECT_THROW_MSG(read(R"({"twin": 1})"), Error, "'twin' is 1; expected true or false");
   EXPECT_THROW_MSG(read(R"({"lr": "fast"})"), Error, "'lr' is \"fast\"; expected a number");
   EXPECT_THROW_MSG(read(R"({"autocast_fp32": ["a", 3]})"), Error, "'autocast_fp32'", "expected an array of strings");
-  EXPECT_THROW_MSG(read(R"({"precision": "fp4"})"), Error, "unknown precision 'fp4'; valid: fp32, fp16, bf16, fp8");
+  EXPECT_THROW_MSG(read(R"({"precision": "fp4"})"), Error, "unknown precision 'fp4'; valid: fp32, fp16, bf16, fp8, mxfp8, nvfp4");
   EXPECT_THROW_MSG(read(R"({"world_size": 0})"), Error, "'world_size' is 0; expected an integer >= 1");
   // Non-finite numbers are read back as written; train's checks refuse them later (check_run_options).
   const RecordedRun nan = read(R"({"lr": "nan", "init_scale": "-inf", "some_future_option": 3})");

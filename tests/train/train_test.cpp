@@ -91,7 +91,7 @@ TEST(train_test, unknown_names_list_the_valid_ones) {
   TrainConfig c;
   c.sample = "resnet";
   EXPECT_THROW_MSG(train(c), Error, "unknown sample 'resnet'", "mlp, cnn, transformer");
-  EXPECT_THROW_MSG(parse_precision("fp4"), Error, "unknown precision 'fp4'", "fp32, fp16, bf16, fp8");
+  EXPECT_THROW_MSG(parse_precision("fp4"), Error, "unknown precision 'fp4'", "fp32, fp16, bf16, fp8, mxfp8, nvfp4");
   EXPECT_THROW_MSG(find_scenario("nan-everywhere"), Error, "unknown scenario 'nan-everywhere'", "--list-scenarios");
   c.sample = "mlp";
   c.device = "tpu";
