@@ -904,8 +904,9 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
   if (options.compression_threads < 1) {
     io.fail(fmt::format("compression_threads is {}", options.compression_threads), "use at least 1 (2 is the default)");
   }
-  if (info.precision != "fp32" && info.precision != "fp16" && info.precision != "bf16" && info.precision != "fp8") {
-    io.fail(fmt::format("precision '{}' is not one of fp32, fp16, bf16, fp8", info.precision));
+  if (info.precision != "fp32" && info.precision != "fp16" && info.precision != "bf16" && info.precision != "fp8" &&
+      info.precision != "mxfp8" && info.precision != "nvfp4") {
+    io.fail(fmt::format("precision '{}' is not one of fp32, fp16, bf16, fp8, mxfp8, nvfp4", info.precision));
   }
   const std::filesystem::path folder = path.parent_path();
   std::error_code ec;
@@ -952,6 +953,7 @@ void TraceWriter::write(const PrecisionRow& row) { state_->write_record<Precisio
 void TraceWriter::write(const UpdateRow& row) { state_->write_record<UpdateRecord>(Table::updates, row); }
 void TraceWriter::write(const ChecksumRow& row) { state_->write_record<ChecksumRecord>(Table::checksums, row); }
 void TraceWriter::write(const Fp8Row& row) { state_->write_record<Fp8Record>(Table::fp8, row); }
+void TraceWriter::write(const BlockRow& row) { state_->write_record<BlockRecord>(Table::blocks, row); }
 
 void TraceWriter::write(const DumpRow& row) {
   State& s = *state_;

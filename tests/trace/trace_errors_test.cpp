@@ -239,7 +239,7 @@ TEST(trace_errors_test, refuses_bad_writer_options_and_a_missing_folder) {
   EXPECT_THROW_MSG(TraceWriter(path, testing::sample_run(), {.compression = 12}), TraceError, "compression level 12 is outside 0..9");
   RunInfo bad = testing::sample_run();
   bad.precision = "fp4";
-  EXPECT_THROW_MSG(TraceWriter(path, bad), TraceError, "precision 'fp4' is not one of fp32, fp16, bf16, fp8");
+  EXPECT_THROW_MSG(TraceWriter(path, bad), TraceError, "precision 'fp4' is not one of fp32, fp16, bf16, fp8, mxfp8, nvfp4");
   const auto nowhere = dir.file("missing") / "w.h5";
   const std::string file = "cannot write trace '" + nowhere.string() + "'";
   const std::string folder = "folder '" + dir.file("missing").string() + "' does not exist";
