@@ -565,7 +565,7 @@ bool edit_block_field(hid_t file, hsize_t row, const BlockEdit& e) {
   return ok;
 }
 
-enum class Kind {enum class Kind {
+enum class Kind {
   flip, heap_flip, truncate, zero_block, zero_index, edit_index, crafted_size, edit_attribute, edit_strings, edit_precision,
   edit_updates, edit_grads_flag, edit_blocks, count
 };
@@ -1032,6 +1032,28 @@ std::string error_of(const fs::path& p) {
     return e.what();
   }
   return "";
+}
+
+// Each /blocks edit the seeded mutants make, on the first row of the blocks trace (step 0, fc1's rowwise input, with
+// scales and a worst block): the reader (through analyse, as report does) refuses it with an error naming the file,
+// '/blocks', the row and the field, and crashes on none.
+TEST(trace_fuzz_test, every_blocks_edit_is_refused_naming_the_table_row_and_field) {
+  const Base& blocks = corpus().traces[10];
+  ASSERT_EQ(blocks.name, "blocks");
+  TempDir dir;
+  for (const BlockEdit& e : kBlockEdits) {
+    SCOPED_TRACE(e.field);
+    const fs::path path = dir.file(fmt::format("edit-{}.h5", e.field));
+    fs::copy_file(blocks.path, path);
+    const hid_t file = open_rw(path);
+    ASSERT_GE(file, 0);
+    ASSERT_TRUE(edit_block_field(file, 0, e));
+    H5Fclose(file);
+    const std::string error = error_of(path);
+    EXPECT_NE(error.find("row 0 of '/blocks': its field"), std::string::npos) << error;
+    EXPECT_NE(error.find(e.field), std::string::npos) << error;
+    EXPECT_NE(error.find(path.string()), std::string::npos) << error;
+  }
 }
 
 TEST(trace_fuzz_test, every_bit_of_an_old_traces_global_heap_objects_gives_an_error_or_a_read) {
