@@ -163,7 +163,7 @@ TEST(blocks_report_test, report_text_json_and_export_give_back_the_rows_of_a_tra
   const Report rep = analyse(reader);
   ASSERT_EQ(rep.blocks.rows, 6);
   const std::string text = render_text(rep);
-  for (const std::string want : {
+  for (const std::string& want : {
            std::string("BLOCK-SCALED FORMATS: 3 operand copies of 2 Linears over 3 recorded steps (0 to 2); 2 of 6 rows "
                        "what-if (measured only: the run did not train in that format)"),
            // 40 / 2800 = 1.428...%, 5 / 2800 = 0.1786%; step 1: 30 / 1000, 5 / 1000.
