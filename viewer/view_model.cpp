@@ -1237,7 +1237,7 @@ std::vector<KeyValue> block_detail_rows(const trace::BlockRow& r) {
   out.push_back({"widest block", fmt::format("{} binades, {}", format_number(r.max_block_range),
                                              block_place_text(r.max_range_block, r.max_range_row, r.max_range_col))});
   out.push_back({"most lost", r.worst_block < 0 ? std::string("none")
-                                                : fmt::format("{} values, {}", format_count(r.worst_block_underflow),
+                                                : fmt::format("{} lost, {}", format_count(r.worst_block_underflow),
                                                               block_place_text(r.worst_block, r.worst_block_row, r.worst_block_col)),
                  r.worst_block >= 0});
   out.push_back({"scales", scales_text(r)});

@@ -97,7 +97,7 @@ TEST(blocks_view_test, the_heatmap_rows_are_the_copies_and_the_cells_their_fract
   EXPECT_EQ(detail[2].value, "10 of 1,000 (1%)");
   EXPECT_TRUE(detail[2].alert);
   EXPECT_EQ(detail[6].key, "most lost");
-  EXPECT_EQ(detail[6].value, "1 values, block 10 at row 5, col 0");
+  EXPECT_EQ(detail[6].value, "1 lost, block 10 at row 5, col 0");
   EXPECT_EQ(block_detail_rows(*m->at(3, 1))[2].key, "would underflow");
 }
 
