@@ -382,6 +382,50 @@ void export_fp8(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts
       blocks);
 }
 
+// Block-scaled operand statistics (format_version 8; a header only for older traces and runs that neither train in
+// mxfp8/nvfp4 nor ask --what-if). what_if is true/false, as the other flags.
+void export_block_rows(Exporter& ex, trace::TraceReader& reader, const trace::RowCounts& counts, const Blocks& blocks) {
+  using namespace trace;
+  ex.export_table<BlockRow>(
+      "blocks",
+      {"step", "module", "operand", "copy", "format", "what_if", "rows", "cols", "numel", "nonzero", "nonfinite", "underflow",
+       "saturated", "blocks", "blocks_clipped", "blocks_nan", "max_block_range", "max_range_block", "max_range_row",
+       "max_range_col", "worst_block", "worst_block_underflow", "worst_block_row", "worst_block_col", "scale_log2_min",
+       "scale_log2_median", "scale_log2_max", "rel_rms_error"},
+      counts.blocks, [&](std::int64_t b, std::int64_t e) { return reader.blocks(b, e); },
+      [](const BlockRow& r) {
+        return std::vector<std::string>{num(r.step),
+                                        csv_field(r.module),
+                                        csv_field(r.operand),
+                                        csv_field(r.copy),
+                                        csv_field(r.format),
+                                        csv_bool(r.what_if),
+                                        num(r.rows),
+                                        num(r.cols),
+                                        num(r.numel),
+                                        num(r.nonzero),
+                                        num(r.nonfinite),
+                                        num(r.underflow),
+                                        num(r.saturated),
+                                        num(r.blocks),
+                                        num(r.blocks_clipped),
+                                        num(r.blocks_nan),
+                                        csv_number(r.max_block_range),
+                                        num(r.max_range_block),
+                                        num(r.max_range_row),
+                                        num(r.max_range_col),
+                                        num(r.worst_block),
+                                        num(r.worst_block_underflow),
+                                        num(r.worst_block_row),
+                                        num(r.worst_block_col),
+                                        csv_number(r.scale_log2_min),
+                                        csv_number(r.scale_log2_median),
+                                        csv_number(r.scale_log2_max),
+                                        csv_number(r.rel_rms_error)};
+      },
+      blocks);
+}
+
 // Dumps are few and small (the probe bounds them): read at once, values into their own file.
 void export_dumps(Exporter& ex, trace::TraceReader& reader, const fs::path& dir, const Blocks& blocks,
                   std::ostream& out) {
@@ -422,6 +466,7 @@ void export_all(const ExportRequest& request, trace::TraceReader& reader, const 
   export_updates(ex, reader, counts, blocks);
   export_checksums(ex, reader, counts, blocks);
   export_fp8(ex, reader, counts, blocks);
+  export_block_rows(ex, reader, counts, blocks);
   export_dumps(ex, reader, dir, blocks, out);
   damage.insert(damage.end(), ex.damage().begin(), ex.damage().end());
 }

@@ -218,6 +218,14 @@ void Probe::emit(trace::Fp8Row row) {
   }
 }
 
+void Probe::emit(trace::BlockRow row) {
+  if (StepRecord* r = record_for(row.step)) {
+    r->blocks.push_back(std::move(row));
+  } else {
+    sink_->write(row);
+  }
+}
+
 void Probe::emit(trace::HistogramRow row) {
   if (StepRecord* r = record_for(row.step)) {
     r->histograms.push_back(std::move(row));
@@ -666,6 +674,13 @@ void Probe::on_fp8_quantize(const Fp8QuantizeEvent& event) {
   emit(fp8_operand_row(event, steps));
 }
 
+// A block-scaled operand copy (trained in or measured for --what-if): its /blocks row on recorded steps, at level
+// health and above, for wanted modules.
+void Probe::on_block_quantize(const BlockQuantizeEvent& event) {
+  if (options_.level < Level::health || !recording_ || !module_wanted(event.module)) return;
+  emit(block_operand_row(event));
+}
+
 // Elements the update turned NaN or infinite from finite values: no op of the model made them, the optimizer
 // did. One event (kind "nonfinite_update", docs/trace-format.md) with what the analysis needs to say why:
 // the counts, and for Adam its eps and how many of those elements had a second moment of exactly 0.
@@ -783,6 +798,7 @@ void Probe::write_record(StepRecord& r) {
   for (const trace::EventRow& row : r.events) sink_->write(row);
   for (const trace::UpdateRow& row : r.updates) sink_->write(row);
   for (const trace::Fp8Row& row : r.fp8) sink_->write(row);
+  for (const trace::BlockRow& row : r.blocks) sink_->write(row);
   r.written = true;
   ++counters_.steps_written;
   clear_rows(r.ops);
@@ -792,6 +808,7 @@ void Probe::write_record(StepRecord& r) {
   clear_rows(r.events);
   clear_rows(r.updates);
   clear_rows(r.fp8);
+  clear_rows(r.blocks);
   r.propagated.clear();
 }
 

@@ -25,6 +25,9 @@
 //           FP8 operands (/fp8, --precision fp8): one Fp8Row per operand an FP8 Linear quantized (core/probe_hook.h
 //           Fp8QuantizeEvent): underflow, subnormal and saturation counts and the quantization error (stats.h
 //           fp8_operand_row), a pass over the operand's values and codes already on the host.
+//           Block-scaled operands (/blocks, --precision mxfp8|nvfp4 and --what-if): one BlockRow per operand copy
+//           the runtime quantized or measured (core/probe_hook.h BlockQuantizeEvent, stats.h block_operand_row):
+//           the statistics the runtime computed, copied; no pass over the data here.
 //   full    an exponent histogram of every op output and of every unscaled gradient. A backward
 //           node's histograms are named "output" for the gradient its OpRow describes (the first
 //           defined one) and "output i" for the gradient of its input i otherwise.
@@ -142,6 +145,7 @@ class Probe : public Hook {
   void on_scaler(const ScalerEvent& event) override;
   void on_update(const UpdateEvent& event) override;
   void on_fp8_quantize(const Fp8QuantizeEvent& event) override;
+  void on_block_quantize(const BlockQuantizeEvent& event) override;
   bool wants_params() override { return options_.checksums; }
   void on_params(const ParamsEvent& event) override;
   void on_step_begin(std::int64_t step) override;
@@ -184,6 +188,7 @@ class Probe : public Hook {
     std::vector<trace::DumpRow> dumps;
     std::vector<trace::UpdateRow> updates;
     std::vector<trace::Fp8Row> fp8;
+    std::vector<trace::BlockRow> blocks;
     bool anomalous = false;
     bool written = false;
     // "op\0module\0phase" -> (index in events of the first propagate event, later occurrences)
@@ -268,6 +273,7 @@ class Probe : public Hook {
   void emit(trace::DumpRow row);
   void emit(trace::UpdateRow row);
   void emit(trace::Fp8Row row);
+  void emit(trace::BlockRow row);
   void emit_event(trace::EventRow row, bool anomaly);
   void mark_anomaly(std::int64_t step);
   void record_nonfinite_update(const UpdateEvent& event, const std::vector<double>& before,

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "core/block_stats.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/float8.h"
@@ -817,6 +818,61 @@ trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event, const Fp8HistorySte
       row.history_amax_step = slot == 0 ? event.step : steps ? steps->slot_step(slot, h.size(), event.step) : -1;
     }
   }
+  return row;
+}
+
+BlockPlace block_place(std::string_view format, std::string_view copy, std::string_view operand, std::int64_t rows,
+                       std::int64_t cols, std::int64_t block) {
+  if (block < 0 || rows <= 0 || cols <= 0) return {};
+  // (block rows, block cols) of one block; the scales are row-major over (rows / block rows) x (cols / block cols).
+  std::int64_t br = 1, bc = 1;
+  if (format == "mxfp8") {
+    (copy == "columnwise" ? br : bc) = kMxBlock;
+  } else if (format == "nvfp4") {
+    bc = kNvfp4Block;
+    if (operand == "weight") br = kNvfp4Block;
+  } else {
+    return {};
+  }
+  if (rows % br != 0 || cols % bc != 0) return {};
+  const std::int64_t across = cols / bc;
+  if (block >= (rows / br) * across) return {};
+  return {(block / across) * br, (block % across) * bc};
+}
+
+trace::BlockRow block_operand_row(const BlockQuantizeEvent& event) {
+  const BlockStats& s = event.stats;
+  trace::BlockRow row;
+  row.step = event.step;
+  row.module = event.module;
+  row.operand = std::string(event.operand);
+  row.copy = std::string(event.copy);
+  row.format = std::string(event.format);
+  row.what_if = event.what_if;
+  row.rows = event.rows;
+  row.cols = event.cols;
+  row.numel = s.numel;
+  row.nonzero = s.nonzero;
+  row.nonfinite = s.nonfinite;
+  row.underflow = s.underflow;
+  row.saturated = s.saturated;
+  row.blocks = s.blocks;
+  row.blocks_clipped = s.blocks_clipped;
+  row.blocks_nan = s.blocks_nan;
+  row.max_block_range = s.max_block_range;
+  row.max_range_block = s.max_range_block;
+  const BlockPlace range = block_place(event.format, event.copy, event.operand, event.rows, event.cols, s.max_range_block);
+  row.max_range_row = range.row;
+  row.max_range_col = range.col;
+  row.worst_block = s.worst_block;
+  row.worst_block_underflow = s.worst_block_underflow;
+  const BlockPlace worst = block_place(event.format, event.copy, event.operand, event.rows, event.cols, s.worst_block);
+  row.worst_block_row = worst.row;
+  row.worst_block_col = worst.col;
+  row.scale_log2_min = s.scale_log2_min;
+  row.scale_log2_median = s.scale_log2_median;
+  row.scale_log2_max = s.scale_log2_max;
+  row.rel_rms_error = s.rel_rms_error;
   return row;
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "core/backend.h"
@@ -108,7 +109,8 @@ TensorStats stats_from_device(const DeviceStatsResult& r, bool with_histogram);
 // non-zero values that flushed. 0 and 0 for a result that is not floating (as cast_counts).
 CastCounts cast_counts_from_stats(const TensorStats& source, const TensorStats& result, DType result_dtype);
 
-struct Fp8QuantizeEvent;  // core/probe_hook.h
+struct Fp8QuantizeEvent;    // core/probe_hook.h
+struct BlockQuantizeEvent;  // core/probe_hook.h
 
 // The steps whose amax an FP8 operand's delayed-scaling history holds. The history rolls at the end of a step only
 // when a cast of that step recorded an amax other than 0 (core/fp8_recipe.h delayed_scaling_update), so slot k of a
@@ -133,5 +135,21 @@ class Fp8HistorySteps {
 // from the event's amax_history (history_len 0 when it has none: current scaling), the step of history_amax from
 // `steps` (-1 without it).
 trace::Fp8Row fp8_operand_row(const Fp8QuantizeEvent& event, const Fp8HistorySteps* steps = nullptr);
+
+// The first element (row, col) of block `block` of a block-scaled copy of a rows x cols matrix, by the layout of its
+// scales (core/block_scaled.h): MXFP8 "rowwise" 1x32 blocks (scales rows x cols/32), "columnwise" 32x1 (rows/32 x
+// cols); NVFP4 weights in 16x16 tiles (rows/16 x cols/16, either copy: the runtime quantizes weights with
+// Nvfp4Tile::square_16x16), other NVFP4 operands in 1x16 blocks along the rows of the quantized matrix (the transpose
+// for the columnwise copy). {-1, -1} for block -1 and for a block or shape the layout does not have. The event
+// carries the block's number only (BlockStats), so the probe places it here and the report needs no tensor.
+struct BlockPlace {
+  std::int64_t row = -1, col = -1;
+};
+BlockPlace block_place(std::string_view format, std::string_view copy, std::string_view operand, std::int64_t rows,
+                       std::int64_t cols, std::int64_t block);
+
+// The /blocks row of one block-scaled operand copy (trace::BlockRow says what each field means): the event's names,
+// shape and statistics, with the origins of its widest-range and worst-underflow blocks (block_place).
+trace::BlockRow block_operand_row(const BlockQuantizeEvent& event);
 
 }  // namespace ampscope::probe

@@ -101,6 +101,7 @@ void adopt_a(ViewerState& s, std::unique_ptr<TraceDocument> doc) {
   s.fp8_row.reset();
   s.fp8_plot_for.reset();
   s.fp8_plot = {};
+  s.blocks_row.reset();
   s.histogram_plot = {};
   s.histogram_special = {};
   s.compare_plot = {};
@@ -298,9 +299,25 @@ void select_fp8_cell(ViewerState& s, std::size_t row, std::int64_t step) {
   select_step(s, step);
 }
 
+bool blocks_panel_wanted(const ViewerState& s) {
+  if (!s.a || !s.a->ok() || !has_blocks_panel(s.a->counts())) return false;
+  return s.panel == "blocks" || (s.panel == "all" && s.show_blocks);
+}
+
+void select_block_cell(ViewerState& s, std::size_t row, std::int64_t step) {
+  const BlockMap* m = s.a ? s.a->blocks() : nullptr;
+  if (!m || row >= m->rows.size()) return;
+  s.blocks_row = row;
+  std::snprintf(s.filter_text, sizeof s.filter_text, "%s", m->rows[row].module.c_str());
+  s.filter.text = s.filter_text;
+  s.op_rows_dirty = true;
+  select_step(s, step);
+}
+
 bool idle(const ViewerState& s) {
   auto doc_idle = [](const TraceDocument* d) {
-    return !d || (!d->analysing() && !d->precision_loading() && !d->fp8_loading() && !d->step_loading());
+    return !d || (!d->analysing() && !d->precision_loading() && !d->fp8_loading() && !d->blocks_loading() &&
+                  !d->step_loading());
   };
   return doc_idle(s.a.get()) && doc_idle(s.b.get()) && (!s.comparison || !s.comparison->running()) &&
          (!s.a || s.a->selected_step() || s.a->steps().empty());
@@ -325,7 +342,8 @@ void draw_frame(ViewerState& s) {
     l.overview = {x0, y0, left_w, overview_h, true};
     l.why = {x0, y0 + overview_h, left_w, H - overview_h, true};
     const float scale_h = std::floor(H * 0.5f);
-    (fp8_panel_wanted(s) ? l.fp8 : s.show_precision ? l.precision : l.scale) = {x0 + left_w, y0, right_w, scale_h, true};
+    (blocks_panel_wanted(s) ? l.blocks : fp8_panel_wanted(s) ? l.fp8 : s.show_precision ? l.precision : l.scale) = {
+        x0 + left_w, y0, right_w, scale_h, true};
     const float bottom_y = y0 + scale_h, bottom_h = H - scale_h;
     const float ops_w = std::floor(right_w * (s.show_compare ? 0.45f : 0.6f));
     l.ops = {x0 + left_w, bottom_y, ops_w, bottom_h, true};
@@ -340,6 +358,7 @@ void draw_frame(ViewerState& s) {
     if (s.panel == "why") l.why = full;
     if (s.panel == "compare") l.compare = full;
     if (s.panel == "fp8" && fp8_panel_wanted(s)) l.fp8 = full;
+    if (s.panel == "blocks" && blocks_panel_wanted(s)) l.blocks = full;
     if (s.panel == "precision") {
       // The heatmap above the Op detail its clicks fill.
       const float heat_h = std::floor(H * 0.55f);
@@ -357,6 +376,7 @@ void draw_frame(ViewerState& s) {
   draw_compare_panel(s);
   draw_precision_panel(s);
   draw_fp8_panel(s);
+  draw_blocks_panel(s);
   draw_file_browser(s);
 }
 
@@ -491,6 +511,10 @@ int run_viewer(const ViewerOptions& o) {
       // An FP8 run's heatmap (the FP8 panel): its rows read and its cells (operands x steps).
       if (const Fp8Map* m = s.a->fp8()) {
         std::printf("fp8_rows %lld\nfp8_cells %zu\n", static_cast<long long>(s.a->counts().fp8), m->rows.size() * m->steps.size());
+      }
+      if (const BlockMap* m = s.a->blocks()) {
+        std::printf("blocks_rows %lld\nblocks_cells %zu\n", static_cast<long long>(s.a->counts().blocks),
+                    m->rows.size() * m->steps.size());
       }
     }
   }

@@ -27,7 +27,7 @@ struct PanelRect {
   bool visible = false;
 };
 struct Layout {
-  PanelRect errors, overview, scale, ops, detail, why, compare, precision, fp8;
+  PanelRect errors, overview, scale, ops, detail, why, compare, precision, fp8, blocks;
 };
 
 struct ViewerState {
@@ -98,6 +98,13 @@ struct ViewerState {
   plot::State fp8_plot;
   std::optional<std::size_t> fp8_plot_for;      // the row the plot was fitted to
 
+  // Blocks (a trace with /blocks rows only): the heatmap's measure (the FP8 panel's two), the copy whose numbers
+  // show below it (a row of the document's BlockMap, picked by a click), the row under the mouse last frame.
+  bool show_blocks = false;  // the upper-right area shows Blocks (when trace a has /blocks rows)
+  Fp8Measure blocks_measure = Fp8Measure::underflow;
+  std::optional<std::size_t> blocks_row;
+  std::optional<std::size_t> blocks_hover_row;
+
   // Compare: the per-op differences of the selected step.
   std::vector<analysis::OpDiff> op_diffs;
   std::uint64_t op_diffs_for_a = 0, op_diffs_for_b = 0;  // StepData::load_id
@@ -147,6 +154,11 @@ void select_fp8_cell(ViewerState& s, std::size_t row, std::int64_t step);
 // Whether the FP8 panel is placed this frame: trace a holds /fp8 rows (has_fp8_panel) and the panel was asked for
 // (--panel fp8, or View > FP8 in the whole window). A trace without them never shows it.
 bool fp8_panel_wanted(const ViewerState& s);
+// A cell of the Blocks heatmap picked: selects its step and copy and filters the ops table to its module.
+void select_block_cell(ViewerState& s, std::size_t row, std::int64_t step);
+// Whether the Blocks panel is placed this frame: trace a holds /blocks rows (has_blocks_panel) and the panel was
+// asked for (--panel blocks, or View > Blocks in the whole window).
+bool blocks_panel_wanted(const ViewerState& s);
 void poll_documents(ViewerState& s);
 // True when nothing is loading or being analysed (headless mode waits for this).
 bool idle(const ViewerState& s);
@@ -162,6 +174,7 @@ void draw_why_panel(ViewerState& s);
 void draw_compare_panel(ViewerState& s);
 void draw_precision_panel(ViewerState& s);
 void draw_fp8_panel(ViewerState& s);
+void draw_blocks_panel(ViewerState& s);
 void draw_file_browser(ViewerState& s);
 void draw_menu_bar(ViewerState& s);
 

@@ -168,9 +168,11 @@ TraceDocument::~TraceDocument() {
   if (analysis_control_) analysis_control_->cancel = true;
   if (precision_control_) precision_control_->cancel = true;
   if (fp8_control_) fp8_control_->cancel = true;
+  if (blocks_control_) blocks_control_->cancel = true;
   if (analysis_.valid()) analysis_.wait();
   if (precision_job_.valid()) precision_job_.wait();
   if (fp8_job_.valid()) fp8_job_.wait();
+  if (blocks_job_.valid()) blocks_job_.wait();
   if (step_job_.valid()) step_job_.wait();
 }
 
@@ -208,6 +210,23 @@ void TraceDocument::start_fp8() {
   });
 }
 
+void TraceDocument::start_blocks() {
+  if (!ok() || !has_blocks_panel(counts_)) return;
+  if (blocks_job_.valid()) {
+    reblocks_ = true;
+    return;
+  }
+  blocks_error_.clear();
+  auto control = std::make_shared<JobControl>();
+  blocks_control_ = control;
+  auto reader = reader_;
+  std::vector<std::int64_t> steps;
+  for (const trace::StepRow& r : steps_) steps.push_back(r.step);
+  blocks_job_ = std::async(std::launch::async, [reader, control, steps = std::move(steps)]() {
+    return block_map(read_in_turns(*reader, *control, steps, &trace::TraceReader::blocks));
+  });
+}
+
 void TraceDocument::enable_analysis() {
   options_.analyse = true;
   if (!report_ && !analysis_.valid()) start_analysis();
@@ -216,6 +235,7 @@ void TraceDocument::enable_analysis() {
 void TraceDocument::start_analysis() {
   start_precision();
   start_fp8();
+  start_blocks();
   if (!ok() || analysis_.valid()) return;
   analysis_error_.clear();
   auto control = std::make_shared<JobControl>();
@@ -293,6 +313,20 @@ bool TraceDocument::poll() {
       start_fp8();
     }
   }
+  if (is_ready(blocks_job_)) {
+    try {
+      blocks_ = blocks_job_.get();
+      blocks_error_.clear();
+    } catch (const Cancelled&) {
+    } catch (const std::exception& e) {
+      blocks_error_ = std::string("cannot read the block-scaled rows: ") + e.what();
+    }
+    changed = true;
+    if (reblocks_) {
+      reblocks_ = false;
+      start_blocks();
+    }
+  }
   if (ready(step_job_)) {
     const std::int64_t job_step = step_job_step_;
     try {
@@ -346,9 +380,10 @@ void TraceDocument::wait_idle() {
     if (analysis_.valid()) analysis_.wait();
     if (precision_job_.valid()) precision_job_.wait();
     if (fp8_job_.valid()) fp8_job_.wait();
+    if (blocks_job_.valid()) blocks_job_.wait();
     if (step_job_.valid()) step_job_.wait();
     poll();
-    if (!analysis_.valid() && !precision_job_.valid() && !fp8_job_.valid() && !step_job_.valid()) return;
+    if (!analysis_.valid() && !precision_job_.valid() && !fp8_job_.valid() && !blocks_job_.valid() && !step_job_.valid()) return;
   }
 }
 

@@ -119,6 +119,12 @@ class TraceDocument {
   bool fp8_loading() const { return fp8_job_.valid(); }
   const std::string& fp8_error() const { return fp8_error_; }
 
+  // The /blocks rows (block-scaled formats, --what-if) as the Blocks panel's heatmap (view_model.h, BlockMap), read
+  // and built as the FP8 map is, for a trace with /blocks rows.
+  const BlockMap* blocks() const { return blocks_ ? &*blocks_ : nullptr; }
+  bool blocks_loading() const { return blocks_job_.valid(); }
+  const std::string& blocks_error() const { return blocks_error_; }
+
   // The step whose rows the panels show. The rows arrive later (step_data() null meanwhile). Selecting
   // the step already selected does nothing, unless its read failed (step_error()): then it is read again.
   void select_step(std::int64_t step);
@@ -136,6 +142,7 @@ class TraceDocument {
   void start_step_job(std::int64_t step);
   void start_precision();
   void start_fp8();
+  void start_blocks();
 
   Options options_;
   std::filesystem::path path_;
@@ -165,6 +172,12 @@ class TraceDocument {
   std::optional<Fp8Map> fp8_;
   std::string fp8_error_;
   bool refp8_ = false;  // steps arrived while the map was built: build it again when it ends
+
+  std::shared_ptr<JobControl> blocks_control_;
+  std::future<BlockMap> blocks_job_;
+  std::optional<BlockMap> blocks_;
+  std::string blocks_error_;
+  bool reblocks_ = false;  // steps arrived while the map was built: build it again when it ends
 
   std::optional<std::int64_t> selected_;
   std::future<StepData> step_job_;

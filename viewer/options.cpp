@@ -33,7 +33,9 @@ std::string usage() {
          "  --screenshot FILE.png  headless: load, let the analysis finish, render, write FILE.png, exit\n"
          "  --panel NAME           what to render: all (default), overview, scale, ops, detail, why, compare,\n"
          "                         precision (the heatmap above Op detail), fp8 (an FP8 run's underflow and\n"
-         "                         saturation heatmap with its scale and amax plot; blank for other traces)\n"
+         "                         saturation heatmap with its scale and amax plot; blank for other traces),\n"
+         "                         blocks (block-scaled formats and --what-if: underflow and saturation by\n"
+         "                         operand copy and step; blank for traces without them)\n"
          "  --step N               select step N (default: the step of the first anomaly, else the first step)\n"
          "  --seq N                select the op with this seq in that step (Op detail)\n"
          "  --rank R               show rank R of a data-parallel run (default: the rank file named, else 0)\n"
@@ -61,7 +63,7 @@ ViewerOptions parse_options(const std::vector<std::string>& args) {
       o.panel = value(i, a);
       if (std::find(std::begin(kPanelNames), std::end(kPanelNames), o.panel) == std::end(kPanelNames)) {
         throw Error(fmt::format("ampscope-view: unknown panel '{}'\nhint: one of all, overview, scale, ops, "
-                                "detail, why, compare, precision, fp8",
+                                "detail, why, compare, precision, fp8, blocks",
                                 o.panel));
       }
     } else if (a == "--step") {

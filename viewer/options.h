@@ -15,7 +15,8 @@
 namespace ampscope::viewer {
 
 // The panels, by the name --panel takes. "all" is the whole window.
-inline constexpr std::string_view kPanelNames[] = {"all", "overview", "scale", "ops", "detail", "why", "compare", "precision", "fp8"};
+inline constexpr std::string_view kPanelNames[] = {"all", "overview", "scale", "ops", "detail", "why", "compare", "precision", "fp8",
+                                                   "blocks"};
 
 struct ViewerOptions {
   std::vector<std::string> traces;       // trace a [and b], or a data-parallel run's rank traces (OpenPlan)

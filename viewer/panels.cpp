@@ -1421,6 +1421,101 @@ void draw_fp8_panel(ViewerState& s) {
   ImGui::End();
 }
 
+// Blocks: the underflow (or saturation) fraction of each block-scaled operand copy (rows, what-if copies labelled
+// so) at each recorded step (columns), the FP8 panel's grid and colours; below it the picked copy's numbers at the
+// selected step (the widest block and the one that lost most, where they lie). A click on a cell selects its step
+// and module.
+void draw_blocks_panel(ViewerState& s) {
+  if (!begin_panel("Blocks", s.layout.blocks)) return;
+  if (!need_trace(s)) {
+    ImGui::End();
+    return;
+  }
+  if (!s.a->blocks_error().empty()) {
+    error_box(s.a->blocks_error());
+    ImGui::End();
+    return;
+  }
+  const BlockMap* m = s.a->blocks();
+  if (!m || m->rows.empty()) {
+    ImGui::TextDisabled(s.a->blocks_loading() ? "reading the block-scaled rows..." : "This trace has no block-scaled rows.");
+    ImGui::End();
+    return;
+  }
+  int measure = s.blocks_measure == Fp8Measure::underflow ? 0 : 1;
+  ImGui::RadioButton("underflow", &measure, 0);
+  ImGui::SameLine();
+  ImGui::RadioButton("saturation", &measure, 1);
+  s.blocks_measure = measure == 0 ? Fp8Measure::underflow : Fp8Measure::saturation;
+  help_marker("Each cell: of the copy's nonzero values at that step, the fraction its block's scale lost to zero "
+              "(underflow) or clipped at the element's max (saturation). Rows are the operand copies (rowwise, "
+              "columnwise) of the block-scaled Linears; 'what-if' rows were measured only (--what-if), the run did "
+              "not train in that format. Hover a cell for its numbers; click it to select the step and show that "
+              "Linear's ops.");
+  ImGui::SameLine();
+  ImGui::TextDisabled("fraction:");
+  for (const FractionTick& t : fraction_legend()) {
+    ImGui::SameLine();
+    swatch(t.colour, 0);
+    ImGui::TextUnformatted(t.label.c_str());
+  }
+  const std::size_t rows = m->rows.size(), cols = m->steps.size();
+  const std::size_t picked = s.blocks_row && *s.blocks_row < rows ? *s.blocks_row : 0;
+  const float detail_h = std::max(120.0f, std::floor(ImGui::GetContentRegionAvail().y * 0.35f));
+  ImGui::BeginChild("##blocksmap", ImVec2(0, -detail_h), false, ImGuiWindowFlags_HorizontalScrollbar);
+  const HeatmapGrid g(rows, cols, 320.0f);
+  const std::optional<std::int64_t> sel_step = s.a->selected_step();
+  for (std::size_t r = g.r0; r < g.r1; ++r) {
+    for (std::size_t c = g.c0; c < g.c1; ++c) {
+      const double f = m->fraction(r, c, s.blocks_measure);
+      if (std::isnan(f)) continue;
+      g.fill(r, c, im(fraction_colour(f)));
+      if (sel_step && m->steps[c] == *sel_step && r == picked) g.outline(r, c);
+    }
+  }
+  g.draw_frame(
+      "copy \\ step",
+      [&](std::size_t r) {
+        return std::pair<const std::string&, bool>(m->rows[r].label,
+                                                    (s.blocks_hover_row && *s.blocks_hover_row == r) || r == picked);
+      },
+      [&](std::size_t c) { return m->steps[c]; });
+  s.blocks_hover_row.reset();
+  if (const HeatmapGrid::Hit hit = g.hit(); hit.row) {
+    const std::size_t r = *hit.row;
+    s.blocks_hover_row = r;
+    if (hit.col) {
+      if (const trace::BlockRow* p = m->at(r, *hit.col)) {
+        ImGui::BeginTooltip();
+        ImGui::TextUnformatted(block_cell_text(m->rows[r], *p).c_str());
+        ImGui::EndTooltip();
+        if (ImGui::IsMouseClicked(0)) {
+          s.user_selected = true;
+          select_block_cell(s, r, p->step);
+        }
+      }
+    } else {
+      ImGui::SetTooltip("%s", m->rows[r].label.c_str());
+      if (ImGui::IsMouseClicked(0)) s.blocks_row = r;
+    }
+  }
+  ImGui::EndChild();
+  // The picked copy at the selected step (or its last recorded step).
+  std::optional<std::size_t> column;
+  if (sel_step) {
+    const auto it = std::lower_bound(m->steps.begin(), m->steps.end(), *sel_step);
+    if (it != m->steps.end() && *it == *sel_step) column = static_cast<std::size_t>(it - m->steps.begin());
+  }
+  const trace::BlockRow* shown = column ? m->at(picked, *column) : nullptr;
+  if (!shown) {
+    ImGui::TextUnformatted(m->rows[picked].label.c_str());
+    ImGui::TextDisabled("no row at the selected step: click a cell");
+  } else {
+    key_value_table("##blocksdetail", block_detail_rows(*shown), 110);
+  }
+  ImGui::End();
+}
+
 void draw_file_browser(ViewerState& s) {
   if (!s.browser_open) return;
   const ImVec2 vp = ImGui::GetMainViewport()->WorkSize;
@@ -1503,10 +1598,18 @@ void draw_menu_bar(ViewerState& s) {
     if (ImGui::MenuItem("Op detail", nullptr, !s.show_compare)) s.show_compare = false;
     if (ImGui::MenuItem("Compare", nullptr, s.show_compare)) s.show_compare = true;
     ImGui::Separator();
-    if (ImGui::MenuItem("Scale and loss", nullptr, !s.show_precision && !s.show_fp8)) s.show_precision = s.show_fp8 = false;
-    if (ImGui::MenuItem("Precision", nullptr, s.show_precision && !s.show_fp8)) s.show_precision = true, s.show_fp8 = false;
+    if (ImGui::MenuItem("Scale and loss", nullptr, !s.show_precision && !s.show_fp8 && !s.show_blocks)) {
+      s.show_precision = s.show_fp8 = s.show_blocks = false;
+    }
+    if (ImGui::MenuItem("Precision", nullptr, s.show_precision && !s.show_fp8 && !s.show_blocks)) {
+      s.show_precision = true, s.show_fp8 = s.show_blocks = false;
+    }
     // Only for an FP8 run's trace: no other trace has the panel.
-    if (s.a && s.a->ok() && has_fp8_panel(s.a->counts()) && ImGui::MenuItem("FP8", nullptr, s.show_fp8)) s.show_fp8 = true;
+    if (s.a && s.a->ok() && has_fp8_panel(s.a->counts()) && ImGui::MenuItem("FP8", nullptr, s.show_fp8 && !s.show_blocks)) s.show_fp8 = true, s.show_blocks = false;
+    // Only for a trace with /blocks rows (block-scaled formats, --what-if).
+    if (s.a && s.a->ok() && has_blocks_panel(s.a->counts()) && ImGui::MenuItem("Blocks", nullptr, s.show_blocks)) {
+      s.show_blocks = true;
+    }
     ImGui::EndMenu();
   }
   if (s.a) {

@@ -1115,4 +1115,134 @@ std::vector<KeyValue> fp8_detail_rows(const trace::Fp8Row& r) {
   return out;
 }
 
+// ---- Block-scaled formats ----
+
+BlockMap block_map(std::vector<trace::BlockRow> rows) {
+  BlockMap m;
+  std::stable_sort(rows.begin(), rows.end(), [](const trace::BlockRow& a, const trace::BlockRow& b) { return a.step < b.step; });
+  std::map<std::string, std::size_t> module_order;
+  std::map<std::int64_t, std::size_t> step_column;
+  for (const trace::BlockRow& r : rows) {
+    module_order.emplace(r.module, module_order.size());
+    step_column.emplace(r.step, 0);
+  }
+  using Key = std::tuple<std::size_t, int, int, int, bool>;
+  const auto key_of = [&](const trace::BlockRow& r) {
+    return Key{module_order.at(r.module), operand_rank(r.operand), r.copy == "rowwise" ? 0 : 1, r.format == "mxfp8" ? 0 : 1,
+               r.what_if};
+  };
+  std::map<Key, std::size_t> row_of;
+  for (const trace::BlockRow& r : rows) row_of.emplace(key_of(r), 0);
+  for (auto& [key, index] : row_of) {
+    index = m.rows.size();
+    m.rows.emplace_back();
+  }
+  for (const trace::BlockRow& r : rows) {
+    BlockMapRow& row = m.rows[row_of.at(key_of(r))];
+    if (row.label.empty()) {
+      row = {r.module, r.operand, r.copy, r.format, r.what_if,
+             fmt::format("{} {} {} [{}{}]", r.module, r.operand, r.copy, r.format, r.what_if ? " what-if" : "")};
+    }
+  }
+  for (auto& [step, column] : step_column) {
+    column = m.steps.size();
+    m.steps.push_back(step);
+  }
+  m.cells.assign(m.rows.size() * m.steps.size(), -1);
+  for (trace::BlockRow& r : rows) {
+    const std::size_t cell = row_of.at(key_of(r)) * m.steps.size() + step_column.at(r.step);
+    if (m.cells[cell] < 0) {
+      m.cells[cell] = static_cast<std::int32_t>(m.source.size());
+      m.source.push_back(std::move(r));
+      continue;
+    }
+    trace::BlockRow& into = m.source[static_cast<std::size_t>(m.cells[cell])];
+    into.numel += r.numel;
+    into.nonzero += r.nonzero;
+    into.nonfinite += r.nonfinite;
+    into.underflow += r.underflow;
+    into.saturated += r.saturated;
+    into.blocks += r.blocks;
+    into.blocks_clipped += r.blocks_clipped;
+    into.blocks_nan += r.blocks_nan;
+    if (r.max_range_block >= 0 && (into.max_range_block < 0 || r.max_block_range > into.max_block_range)) {
+      into.max_block_range = r.max_block_range;
+      into.max_range_block = r.max_range_block;
+      into.max_range_row = r.max_range_row;
+      into.max_range_col = r.max_range_col;
+    }
+    if (r.worst_block_underflow > into.worst_block_underflow) {
+      into.worst_block = r.worst_block;
+      into.worst_block_underflow = r.worst_block_underflow;
+      into.worst_block_row = r.worst_block_row;
+      into.worst_block_col = r.worst_block_col;
+    }
+    if (!std::isnan(r.scale_log2_min)) {
+      if (!(into.scale_log2_min <= r.scale_log2_min)) into.scale_log2_min = r.scale_log2_min;
+      if (!(into.scale_log2_max >= r.scale_log2_max)) into.scale_log2_max = r.scale_log2_max;
+      into.scale_log2_median = r.scale_log2_median;
+    }
+    into.rel_rms_error = std::max(into.rel_rms_error, r.rel_rms_error);
+  }
+  return m;
+}
+
+const trace::BlockRow* BlockMap::at(std::size_t row, std::size_t column) const {
+  if (row >= rows.size() || column >= steps.size()) return nullptr;
+  const std::int32_t i = cells[row * steps.size() + column];
+  return i < 0 ? nullptr : &source[static_cast<std::size_t>(i)];
+}
+
+double BlockMap::fraction(std::size_t row, std::size_t column, Fp8Measure measure) const {
+  const trace::BlockRow* r = at(row, column);
+  if (!r) return std::numeric_limits<double>::quiet_NaN();
+  return trace::block_fraction(measure == Fp8Measure::underflow ? r->underflow : r->saturated, r->nonzero);
+}
+
+bool has_blocks_panel(const trace::RowCounts& counts) { return counts.blocks > 0; }
+
+namespace {
+std::string block_place_text(std::int64_t block, std::int64_t row, std::int64_t col) {
+  if (block < 0) return "none";
+  if (row < 0) return fmt::format("block {} (not placed)", block);
+  return fmt::format("block {} at row {}, col {}", block, row, col);
+}
+std::string scales_text(const trace::BlockRow& r) {
+  if (std::isnan(r.scale_log2_median)) return "none (no block with a scale)";
+  return fmt::format("2^{} .. 2^{}, median 2^{}", format_number(r.scale_log2_min), format_number(r.scale_log2_max),
+                     format_number(r.scale_log2_median));
+}
+}  // namespace
+
+std::string block_cell_text(const BlockMapRow& row, const trace::BlockRow& r) {
+  const char* u = r.what_if ? "would underflow" : "underflow";
+  const char* sat = r.what_if ? "would saturate" : "saturated";
+  return fmt::format("{}\nstep {}, {} x {} values, {} blocks\n{} {}\n{} {}\nwidest block {} binades: {}\nscales {}", row.label,
+                     r.step, format_count(r.rows), format_count(r.cols), format_count(r.blocks), u,
+                     percent(r.underflow, r.nonzero), sat, percent(r.saturated, r.nonzero), format_number(r.max_block_range),
+                     block_place_text(r.max_range_block, r.max_range_row, r.max_range_col), scales_text(r));
+}
+
+std::vector<KeyValue> block_detail_rows(const trace::BlockRow& r) {
+  std::vector<KeyValue> out;
+  out.push_back({"copy", fmt::format("{} {} {} [{}{}], step {}", r.module, r.operand, r.copy, r.format,
+                                     r.what_if ? ", what-if: measured only" : "", r.step)});
+  out.push_back({"values", fmt::format("{} x {} ({} nonzero, {} NaN/inf)", format_count(r.rows), format_count(r.cols),
+                                       format_count(r.nonzero), format_count(r.nonfinite)),
+                 r.nonfinite > 0});
+  out.push_back({r.what_if ? "would underflow" : "underflow", percent(r.underflow, r.nonzero), r.underflow > 0});
+  out.push_back({r.what_if ? "would saturate" : "saturated", percent(r.saturated, r.nonzero), r.saturated > 0});
+  out.push_back({"blocks", fmt::format("{} ({} clipped, {} NaN)", format_count(r.blocks), format_count(r.blocks_clipped),
+                                       format_count(r.blocks_nan))});
+  out.push_back({"widest block", fmt::format("{} binades, {}", format_number(r.max_block_range),
+                                             block_place_text(r.max_range_block, r.max_range_row, r.max_range_col))});
+  out.push_back({"most lost", r.worst_block < 0 ? std::string("none")
+                                                : fmt::format("{} lost, {}", format_count(r.worst_block_underflow),
+                                                              block_place_text(r.worst_block, r.worst_block_row, r.worst_block_col)),
+                 r.worst_block >= 0});
+  out.push_back({"scales", scales_text(r)});
+  out.push_back({"rms error", format_number(r.rel_rms_error)});
+  return out;
+}
+
 }  // namespace ampscope::viewer

@@ -360,6 +360,36 @@ Fp8OperandSeries fp8_operand_series(const Fp8Map& map, std::size_t row);
 std::string fp8_cell_text(const Fp8MapRow& row, const trace::Fp8Row& r);
 std::vector<KeyValue> fp8_detail_rows(const trace::Fp8Row& r);
 
+// ---- Block-scaled formats ----
+// The /blocks rows (docs/trace-format.md: --precision mxfp8|nvfp4 runs and --what-if statistics) as a heatmap built
+// as the FP8 one is: one row per operand copy (module, operand, copy, format, what_if: "fc1 input rowwise [mxfp8]",
+// "fc1 weight rowwise [nvfp4 what-if]"), modules in the order they first appear, then operand (input, weight,
+// grad_output), copy (rowwise, columnwise), format (mxfp8, nvfp4), trained before what-if; one column per recorded
+// step; each cell the underflow or saturation fraction of that step's nonzero values (trace::block_fraction).
+// Several rows of one copy in one step (a Linear called twice) are one cell: counts summed, the widest block and
+// the worst block the larger one's, scales' min and max over both and the median the last row's, the error the
+// largest.
+struct BlockMapRow {
+  std::string module, operand, copy, format;
+  bool what_if = false;
+  std::string label;
+};
+struct BlockMap {
+  std::vector<BlockMapRow> rows;
+  std::vector<std::int64_t> steps;
+  std::vector<trace::BlockRow> source;
+  std::vector<std::int32_t> cells;  // rows.size() x steps.size(), row-major: an index into source, -1 none
+  const trace::BlockRow* at(std::size_t row, std::size_t column) const;
+  // The cell's fraction of the nonzero values (0 when it has none); NaN for a cell without a row.
+  double fraction(std::size_t row, std::size_t column, Fp8Measure measure) const;
+};
+BlockMap block_map(std::vector<trace::BlockRow> rows);
+// Whether a trace gets the Blocks panel: it holds /blocks rows.
+bool has_blocks_panel(const trace::RowCounts& counts);
+// What hovering a cell shows, and the numbers of the selected cell (what-if cells in the conditional).
+std::string block_cell_text(const BlockMapRow& row, const trace::BlockRow& r);
+std::vector<KeyValue> block_detail_rows(const trace::BlockRow& r);
+
 // ---- Ranks of a data-parallel run ----
 // `ampscope train --ddp --out run.h5` writes one trace per rank (run.rank0.h5, ...). The viewer opens a run's
 // rank traces together: one rank's ops, anomalies and op detail at a time (the rank selector), and every

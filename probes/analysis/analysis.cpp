@@ -10,6 +10,7 @@
 #include "probes/analysis/internal/rows.h"
 #include "probes/analysis/internal/scaler_health.h"
 #include "probes/analysis/optimizer.h"
+#include "probes/analysis/blocks.h"
 #include "probes/analysis/fp8.h"
 #include "probes/analysis/updates.h"
 
@@ -253,6 +254,7 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
   report.swamped = analyse_updates(reader.updates());  // one row per f16/bf16 parameter and step: small
   report.fp8 = analyse_fp8(reader.fp8(), fp8_run_settings(reader.run_info().config));  // three rows per FP8 Linear and recorded step: small
   mark_fp8_linears(report.precision, report.fp8);
+  report.blocks = analyse_blocks(reader.blocks());  // a row per operand copy, Linear and recorded step: small
   report.damage = reader.damage();
   return report;
 }

@@ -479,6 +479,51 @@ struct Fp8Section {
 };
 inline constexpr std::size_t kFp8Worst = 5;
 
+// The BLOCK-SCALED FORMATS section (docs/report-format.md): from the /blocks rows (trace::BlockRow) of a
+// --precision mxfp8|nvfp4 run and of --what-if statistics, each operand copy (module, operand, copy, format, what_if)
+// over the recorded steps. what_if copies were only measured: the run's GEMMs did not use them ("would underflow").
+struct BlockCopySummary {
+  std::string module, operand, copy, format;  // "fc1", "grad_output", "columnwise", "nvfp4"
+  bool what_if = false;
+  std::int64_t steps = 0;  // recorded steps with a row for it
+  std::int64_t rows = 0, cols = 0;  // the quantized matrix at the last recorded step
+  std::int64_t nonzero = 0, nonfinite = 0, underflow = 0, saturated = 0;  // summed over the steps
+  std::int64_t blocks = 0, blocks_clipped = 0, blocks_nan = 0;           // summed over the steps
+  double underflow_fraction = 0, saturated_fraction = 0;  // of nonzero, over all steps
+  // The step where each fraction was highest (the first such step) and its fraction there.
+  std::int64_t worst_underflow_step = 0, worst_saturated_step = 0;
+  double worst_underflow_fraction = 0, worst_saturated_fraction = 0;
+  // The widest block over the steps (the first step that has it): its range in binades, its number and origin
+  // (row, col) in the quantized matrix, the step; block -1 (row, col -1) when no step had a block with a range.
+  double max_block_range = 0;
+  std::int64_t max_range_step = -1, max_range_block = -1, max_range_row = -1, max_range_col = -1;
+  // The block that lost the most nonzero values to underflow in one step (the first such step), as above; -1 when
+  // none underflowed.
+  std::int64_t worst_block_underflow = 0, worst_block_step = -1, worst_block = -1, worst_block_row = -1,
+               worst_block_col = -1;
+  // The blocks' decode scales, log2: the smallest and largest over the steps, and the median of the steps'
+  // medians (the lower middle of an even count); NaN when no step had a block with a scale.
+  double scale_log2_min = std::numeric_limits<double>::quiet_NaN();
+  double scale_log2_median = std::numeric_limits<double>::quiet_NaN();
+  double scale_log2_max = std::numeric_limits<double>::quiet_NaN();
+  double max_rel_rms_error = 0;   // the largest relative RMS quantization error of a step
+  double mean_rel_rms_error = 0;  // over the steps
+};
+
+struct BlockSection {
+  std::int64_t rows = 0;     // /blocks rows read (0: no block-scaled run, no --what-if, or nothing recorded)
+  std::int64_t what_if_rows = 0;  // of those, what_if rows
+  std::int64_t steps = 0;    // steps with rows
+  std::int64_t modules = 0;  // distinct Linears
+  std::int64_t first_step = 0, last_step = 0;
+  std::vector<BlockCopySummary> copies;  // in group_block_rows order (probes/analysis/blocks.h)
+  // Indices into copies of those with any underflow (or saturation), worst fraction first (ties: copies' order), at
+  // most kBlockWorst each.
+  std::vector<std::size_t> worst_underflow, worst_saturation;
+  bool recorded() const { return rows > 0; }
+};
+inline constexpr std::size_t kBlockWorst = 8;
+
 struct AnalysisOptions {
   double headroom_factor = 2.0;     // near_f16_max when absmax * headroom_factor >= 65504
   double underflow_fraction = 0.25; // subnormal / flush_to_zero / below_f16 from this fraction on
@@ -505,6 +550,7 @@ struct Report {
   PrecisionSection precision;  // empty (rows 0) without the f32 twin's rows
   SwampedSection swamped;      // empty (rows 0) without /updates rows (analyse_updates, analysis_updates.h)
   Fp8Section fp8;              // empty (rows 0) without /fp8 rows (analyse_fp8, probes/analysis/fp8.h)
+  BlockSection blocks;         // empty (rows 0) without /blocks rows (analyse_blocks, probes/analysis/blocks.h)
   bool healthy() const { return anomalies.empty(); }
 };
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 namespace ampscope::analysis {
@@ -674,6 +675,56 @@ json fp8_json(const Fp8Section& s) {
   return out;
 }
 
+json block_copy_json(const BlockCopySummary& c) {
+  return json{{"module", c.module},
+              {"operand", c.operand},
+              {"copy", c.copy},
+              {"format", c.format},
+              {"what_if", c.what_if},
+              {"steps", c.steps},
+              {"rows", c.rows},
+              {"cols", c.cols},
+              {"nonzero", c.nonzero},
+              {"nonfinite", c.nonfinite},
+              {"underflow", c.underflow},
+              {"saturated", c.saturated},
+              {"blocks", c.blocks},
+              {"blocks_clipped", c.blocks_clipped},
+              {"blocks_nan", c.blocks_nan},
+              {"underflow_fraction", number(c.underflow_fraction)},
+              {"saturated_fraction", number(c.saturated_fraction)},
+              {"worst_underflow_step", c.worst_underflow_step},
+              {"worst_underflow_fraction", number(c.worst_underflow_fraction)},
+              {"worst_saturated_step", c.worst_saturated_step},
+              {"worst_saturated_fraction", number(c.worst_saturated_fraction)},
+              {"max_block_range", number(c.max_block_range)},
+              {"max_range_step", c.max_range_step},
+              {"max_range_block", c.max_range_block},
+              {"max_range_row", c.max_range_row},
+              {"max_range_col", c.max_range_col},
+              {"worst_block_underflow", c.worst_block_underflow},
+              {"worst_block_step", c.worst_block_step},
+              {"worst_block", c.worst_block},
+              {"worst_block_row", c.worst_block_row},
+              {"worst_block_col", c.worst_block_col},
+              {"scale_log2_min", number(c.scale_log2_min)},
+              {"scale_log2_median", number(c.scale_log2_median)},
+              {"scale_log2_max", number(c.scale_log2_max)},
+              {"max_rel_rms_error", number(c.max_rel_rms_error)},
+              {"mean_rel_rms_error", number(c.mean_rel_rms_error)}};
+}
+
+json blocks_json(const BlockSection& s) {
+  json out{{"recorded", s.recorded()}, {"rows", s.rows},       {"what_if_rows", s.what_if_rows},
+           {"steps", s.steps},         {"modules", s.modules}, {"first_step", s.first_step},
+           {"last_step", s.last_step}, {"copies", json::array()}, {"worst_underflow", json::array()},
+           {"worst_saturation", json::array()}};
+  for (const BlockCopySummary& c : s.copies) out["copies"].push_back(block_copy_json(c));
+  for (std::size_t i : s.worst_underflow) out["worst_underflow"].push_back(i);
+  for (std::size_t i : s.worst_saturation) out["worst_saturation"].push_back(i);
+  return out;
+}
+
 std::string loss_cell(bool in, double loss, bool skipped) {
   if (!in) return "-";
   return num(loss) + (skipped ? " S" : "");
@@ -893,7 +944,59 @@ void text_swamped(Text& t, const Report& rep) {
   }
 }
 
-// A --precision fp8 run's operands (only when the trace has /fp8 rows): the worst by underflow and by saturation.
+// Block-scaled copies (only when the trace has /blocks rows): every copy (up to kBlockListed; --json has all), then
+// the worst by underflow and by saturation. What-if copies speak in the conditional: the run did not train in them.
+inline constexpr std::size_t kBlockListed = 32;
+void text_blocks(Text& t, const Report& rep) {
+  const BlockSection& b = rep.blocks;
+  if (!b.recorded()) return;
+  const auto pct = [](double fraction) { return std::isfinite(fraction) ? fmt::format("{:.3g}%", 100.0 * fraction) : num(fraction); };
+  const auto name = [&](const BlockCopySummary& c) {
+    return fmt::format("{} {} {} [{}{}]", t.paint(kBold, c.module), c.operand, c.copy, c.format, c.what_if ? ", what-if" : "");
+  };
+  t.blank();
+  t.line("{} {} of {} {} over {} ({} to {}){}", t.paint(kBold, "BLOCK-SCALED FORMATS:"),
+         plural(static_cast<std::int64_t>(b.copies.size()), "operand copy", "operand copies"), b.modules,
+         b.modules == 1 ? "Linear" : "Linears", plural(b.steps, "recorded step"), b.first_step, b.last_step,
+         b.what_if_rows > 0 ? fmt::format("; {} of {} rows what-if (measured only: the run did not train in that format)",
+                                          b.what_if_rows, b.rows)
+                            : "");
+  for (std::size_t i = 0; i < b.copies.size() && i < kBlockListed; ++i) {
+    const BlockCopySummary& c = b.copies[i];
+    const std::string verb_u = c.what_if ? "would underflow" : "underflow", verb_s = c.what_if ? "would saturate" : "saturated";
+    t.line("    {}: {} {} to 0 (step {}: {}), {} {} (step {}: {}); error {} rms at most", name(c), verb_u,
+           pct(c.underflow_fraction), c.worst_underflow_step, pct(c.worst_underflow_fraction), verb_s,
+           pct(c.saturated_fraction), c.worst_saturated_step, pct(c.worst_saturated_fraction), pct(c.max_rel_rms_error));
+    const std::string widest = c.max_range_block < 0
+                                   ? std::string("no block holds two non-zero magnitudes")
+                                   : fmt::format("widest block {:.1f} binades (block {} at row {}, col {}, step {})",
+                                                 c.max_block_range, c.max_range_block, c.max_range_row, c.max_range_col,
+                                                 c.max_range_step);
+    const std::string lost = c.worst_block < 0 ? std::string("")
+                                               : fmt::format("; most lost in one block: {} (block {} at row {}, col {}, step {})",
+                                                             c.worst_block_underflow, c.worst_block, c.worst_block_row,
+                                                             c.worst_block_col, c.worst_block_step);
+    t.line("      {}{}; block scales 2^{} .. 2^{} (median 2^{})", widest, lost, num(c.scale_log2_min), num(c.scale_log2_max),
+           num(c.scale_log2_median));
+  }
+  if (b.copies.size() > kBlockListed) t.line("    ... {} more (report --json lists every copy)", b.copies.size() - kBlockListed);
+  const auto worst_line = [&](const std::vector<std::size_t>& list, bool underflow) {
+    std::vector<std::string> parts;
+    for (std::size_t i : list) {
+      const BlockCopySummary& c = b.copies[i];
+      const double f = underflow ? c.underflow_fraction : c.saturated_fraction;
+      parts.push_back(c.what_if ? fmt::format("{} would {} {} in {}", name(c), underflow ? "underflow" : "saturate", pct(f), c.format)
+                                : fmt::format("{} {}", name(c), pct(f)));
+    }
+    return fmt::format("{}", fmt::join(parts, "; "));
+  };
+  t.line("  worst by underflow: {}", b.worst_underflow.empty() ? std::string("none (no nonzero value lost to a block's scale)")
+                                                               : worst_line(b.worst_underflow, true));
+  t.line("  worst by saturation: {}", b.worst_saturation.empty() ? std::string("none (no value clipped at the element's max)")
+                                                                 : worst_line(b.worst_saturation, false));
+}
+
+// A --precision fp8 run's operands (only when the trace has /fp8 rows): the worst by underflow and by saturation.// A --precision fp8 run's operands (only when the trace has /fp8 rows): the worst by underflow and by saturation.
 void text_fp8(Text& t, const Report& rep) {
   const Fp8Section& f = rep.fp8;
   if (!f.recorded()) return;
@@ -1012,6 +1115,7 @@ std::string render_text(const Report& rep, const TextStyle& style) {
   text_precision(t, rep);
   text_swamped(t, rep);
   text_fp8(t, rep);
+  text_blocks(t, rep);
   text_summary(t, rep);
   return t.take();
 }
@@ -1040,6 +1144,7 @@ std::string render_json(const Report& rep) {
   doc["fp8"] = fp8_json(rep.fp8);
   doc["fp8_findings"] = json::array();
   for (const Fp8Finding& f : rep.fp8.findings) doc["fp8_findings"].push_back(fp8_finding_json(f));
+  doc["blocks"] = blocks_json(rep.blocks);
   // Invalid UTF-8 in a recorded name (a cut string) becomes U+FFFD rather than an exception.
   return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }

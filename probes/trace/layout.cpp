@@ -25,6 +25,7 @@ static_assert(sizeof(IndexRecord) == 8 * (2 + kDataTableCount));
 static_assert(sizeof(GradRecord) == 8 * 9 + 2, "GradRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(ChecksumRecord) == 8 * 3, "ChecksumRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(Fp8Record) == 8 * 17, "Fp8Record must be packed: it is the file's compound type byte for byte");
+static_assert(sizeof(BlockRecord) == 8 * 27 + 1, "BlockRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(UpdateRecord) == 8 * 8, "UpdateRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(PrecisionRecordV5) == 8 * 6 + 1 + 8 * 8 + 8 + 8 * 2 + 1 + 8 * kErrorBins + 8,
               "PrecisionRecordV5 must be packed: it is the file's compound type byte for byte");
@@ -225,6 +226,40 @@ Datatype fp8_type(const Io& io) {
   return b.take();
 }
 
+Datatype block_type(const Io& io) {
+  using R = BlockRecord;
+  CompoundBuilder b(io, sizeof(R), Table::blocks);
+  AMPSCOPE_I64(R, step);
+  AMPSCOPE_I64(R, module);
+  AMPSCOPE_I64(R, operand);
+  AMPSCOPE_I64(R, copy);
+  AMPSCOPE_I64(R, format);
+  AMPSCOPE_FLAG(R, what_if);
+  AMPSCOPE_I64(R, rows);
+  AMPSCOPE_I64(R, cols);
+  AMPSCOPE_I64(R, numel);
+  AMPSCOPE_I64(R, nonzero);
+  AMPSCOPE_I64(R, nonfinite);
+  AMPSCOPE_I64(R, underflow);
+  AMPSCOPE_I64(R, saturated);
+  AMPSCOPE_I64(R, blocks);
+  AMPSCOPE_I64(R, blocks_clipped);
+  AMPSCOPE_I64(R, blocks_nan);
+  AMPSCOPE_F64(R, max_block_range);
+  AMPSCOPE_I64(R, max_range_block);
+  AMPSCOPE_I64(R, max_range_row);
+  AMPSCOPE_I64(R, max_range_col);
+  AMPSCOPE_I64(R, worst_block);
+  AMPSCOPE_I64(R, worst_block_underflow);
+  AMPSCOPE_I64(R, worst_block_row);
+  AMPSCOPE_I64(R, worst_block_col);
+  AMPSCOPE_F64(R, scale_log2_min);
+  AMPSCOPE_F64(R, scale_log2_median);
+  AMPSCOPE_F64(R, scale_log2_max);
+  AMPSCOPE_F64(R, rel_rms_error);
+  return b.take();
+}
+
 // /index: step, a count per table the version has, then crc32 from format_version 3.
 Datatype index_type(const Io& io, std::int64_t version) {
   using R = IndexRecord;
@@ -277,6 +312,7 @@ std::string_view table_name(Table table) {
     case Table::updates: return "updates";
     case Table::checksums: return "checksums";
     case Table::fp8: return "fp8";
+    case Table::blocks: return "blocks";
     case Table::index: return "index";
   }
   return "?";
@@ -307,12 +343,13 @@ std::string_view text_fields(Table table) {
     case Table::updates: return "param,dtype";
     case Table::checksums: return "param";
     case Table::fp8: return "module,operand,format";
+    case Table::blocks: return "module,operand,copy,format";
     default: return "";
   }
 }
 
 int data_tables(std::int64_t version) {
-  return version >= 7 ? kDataTableCount : version == 6 ? kV6DataTables : version == 5 ? kV5DataTables : version == 4 ? kV4DataTables : kLegacyDataTables;
+  return version >= 8 ? kDataTableCount : version == 7 ? kV7DataTables : version == 6 ? kV6DataTables : version == 5 ? kV5DataTables : version == 4 ? kV4DataTables : kLegacyDataTables;
 }
 
 bool has_table(Table table, std::int64_t version) {
@@ -396,6 +433,7 @@ std::size_t record_size(Table table, std::int64_t version) {
     case Table::updates: return sizeof(UpdateRecord);
     case Table::checksums: return sizeof(ChecksumRecord);
     case Table::fp8: return sizeof(Fp8Record);
+    case Table::blocks: return sizeof(BlockRecord);
     case Table::index: return sizeof(IndexRecord);
   }
   return 0;
@@ -419,6 +457,7 @@ Datatype record_type(const Io& io, Table table, std::int64_t version) {
     case Table::updates: return update_type(io);
     case Table::checksums: return checksum_type(io);
     case Table::fp8: return fp8_type(io);
+    case Table::blocks: return block_type(io);
     case Table::index: break;
   }
   io.fail("unknown table");
@@ -867,6 +906,153 @@ Fp8Row decode(const Fp8Record& r, const StringTable& s) {
   row.history_len = r.history_len;
   row.history_amax = r.history_amax;
   row.history_amax_step = r.history_amax_step;
+  return row;
+}
+
+void encode(const BlockRow& row, BlockRecord& r, TextIds& ids) {
+  r.step = row.step;
+  r.module = ids.id(row.module);
+  r.operand = ids.id(row.operand);
+  r.copy = ids.id(row.copy);
+  r.format = ids.id(row.format);
+  r.what_if = row.what_if ? 1 : 0;
+  r.rows = row.rows;
+  r.cols = row.cols;
+  r.numel = row.numel;
+  r.nonzero = row.nonzero;
+  r.nonfinite = row.nonfinite;
+  r.underflow = row.underflow;
+  r.saturated = row.saturated;
+  r.blocks = row.blocks;
+  r.blocks_clipped = row.blocks_clipped;
+  r.blocks_nan = row.blocks_nan;
+  r.max_block_range = row.max_block_range;
+  r.max_range_block = row.max_range_block;
+  r.max_range_row = row.max_range_row;
+  r.max_range_col = row.max_range_col;
+  r.worst_block = row.worst_block;
+  r.worst_block_underflow = row.worst_block_underflow;
+  r.worst_block_row = row.worst_block_row;
+  r.worst_block_col = row.worst_block_col;
+  r.scale_log2_min = row.scale_log2_min;
+  r.scale_log2_median = row.scale_log2_median;
+  r.scale_log2_max = row.scale_log2_max;
+  r.rel_rms_error = row.rel_rms_error;
+}
+
+namespace {
+
+// A block number and its origin: -1 with -1, -1, or a block of the copy whose origin lies in the matrix or is -1, -1
+// (not placed: the probe did not know the copy's layout, probes/stats.h block_place).
+void check_block(const BlockRecord& r, const char* block_field, std::int64_t block, const char* row_field, std::int64_t row,
+                 const char* col_field, std::int64_t col) {
+  if (block < -1 || block >= r.blocks) {
+    throw std::invalid_argument(fmt::format("its field '{}' is {}, neither -1 nor one of the row's {} blocks", block_field, block, r.blocks));
+  }
+  if (block == -1) {
+    if (row != -1 || col != -1) {
+      throw std::invalid_argument(fmt::format("its fields '{}' and '{}' are {} and {}, not -1 with {} -1", row_field, col_field,
+                                              row, col, block_field));
+    }
+    return;
+  }
+  if (row == -1 && col == -1) return;
+  if (row < 0 || row >= r.rows || col < 0 || col >= r.cols) {
+    throw std::invalid_argument(fmt::format("its fields '{}' and '{}' are {} and {}, outside the {} x {} matrix", row_field,
+                                            col_field, row, col, r.rows, r.cols));
+  }
+}
+
+}  // namespace
+
+BlockRow decode(const BlockRecord& r, const StringTable& s) {
+  BlockRow row;
+  row.step = r.step;
+  row.module = text_of(s, r.module, "module");
+  row.operand = text_of(s, r.operand, "operand");
+  if (row.operand != "input" && row.operand != "weight" && row.operand != "grad_output") {
+    throw std::invalid_argument(fmt::format("its field 'operand' is \"{}\", not input, weight or grad_output", row.operand));
+  }
+  row.copy = text_of(s, r.copy, "copy");
+  if (row.copy != "rowwise" && row.copy != "columnwise") {
+    throw std::invalid_argument(fmt::format("its field 'copy' is \"{}\", not rowwise or columnwise", row.copy));
+  }
+  row.format = text_of(s, r.format, "format");
+  if (row.format != "mxfp8" && row.format != "nvfp4") {
+    throw std::invalid_argument(fmt::format("its field 'format' is \"{}\", not mxfp8 or nvfp4", row.format));
+  }
+  if (r.what_if != 0 && r.what_if != 1) {
+    throw std::invalid_argument(fmt::format("its field 'what_if' is {}, not 0 or 1", static_cast<int>(r.what_if)));
+  }
+  for (const auto& [field, v] : {std::pair<const char*, std::int64_t>{"rows", r.rows}, {"cols", r.cols}, {"numel", r.numel},
+                                 {"nonzero", r.nonzero}, {"nonfinite", r.nonfinite}, {"underflow", r.underflow},
+                                 {"saturated", r.saturated}, {"blocks", r.blocks}, {"blocks_clipped", r.blocks_clipped},
+                                 {"blocks_nan", r.blocks_nan}, {"worst_block_underflow", r.worst_block_underflow}}) {
+    if (v < 0) throw std::invalid_argument(fmt::format("its field '{}' is {}, a negative count", field, v));
+  }
+  // rows * cols without overflow: numel is a count of values held in memory, far below 2^63.
+  if ((r.cols != 0 && r.rows > r.numel / r.cols) || r.rows * r.cols != r.numel) {
+    throw std::invalid_argument(fmt::format("its field 'numel' is {}, not rows x cols ({} x {})", r.numel, r.rows, r.cols));
+  }
+  if (r.nonzero > r.numel - r.nonfinite) {
+    throw std::invalid_argument(fmt::format("its fields nonzero and nonfinite add up to more than numel ({} + {} > {})", r.nonzero,
+                                            r.nonfinite, r.numel));
+  }
+  if (r.underflow > r.nonzero - r.saturated) {
+    throw std::invalid_argument(fmt::format("its fields underflow and saturated add up to more than nonzero ({} + {} > {})",
+                                            r.underflow, r.saturated, r.nonzero));
+  }
+  if (r.blocks > r.numel) throw std::invalid_argument(fmt::format("its field 'blocks' is {}, more than numel ({})", r.blocks, r.numel));
+  for (const auto& [field, v] : {std::pair<const char*, std::int64_t>{"blocks_clipped", r.blocks_clipped}, {"blocks_nan", r.blocks_nan}}) {
+    if (v > r.blocks) throw std::invalid_argument(fmt::format("its field '{}' is {}, more than blocks ({})", field, v, r.blocks));
+  }
+  check_block(r, "max_range_block", r.max_range_block, "max_range_row", r.max_range_row, "max_range_col", r.max_range_col);
+  check_block(r, "worst_block", r.worst_block, "worst_block_row", r.worst_block_row, "worst_block_col", r.worst_block_col);
+  if (r.worst_block_underflow > r.underflow || (r.worst_block == -1) != (r.worst_block_underflow == 0)) {
+    throw std::invalid_argument(fmt::format("its field 'worst_block_underflow' is {}, not between 1 and underflow ({}) with a "
+                                            "worst_block, nor 0 without one",
+                                            r.worst_block_underflow, r.underflow));
+  }
+  for (const auto& [field, v] : {std::pair<const char*, double>{"max_block_range", r.max_block_range}, {"rel_rms_error", r.rel_rms_error}}) {
+    if (!(v >= 0) || std::isinf(v)) {
+      throw std::invalid_argument(fmt::format("its field '{}' is {}, not a finite non-negative number", field, v));
+    }
+  }
+  const double lo = r.scale_log2_min, mid = r.scale_log2_median, hi = r.scale_log2_max;
+  const int nans = std::isnan(lo) + std::isnan(mid) + std::isnan(hi);
+  if (nans != 0 && nans != 3) {
+    throw std::invalid_argument(fmt::format("its fields scale_log2_min, scale_log2_median and scale_log2_max are {}, {} and {}: "
+                                            "NaN beside numbers",
+                                            lo, mid, hi));
+  }
+  if (nans == 0 && (!(lo <= mid && mid <= hi) || hi == std::numeric_limits<double>::infinity())) {
+    throw std::invalid_argument(fmt::format("its fields scale_log2_min, scale_log2_median and scale_log2_max are {}, {} and {}: "
+                                            "not in order below +inf",
+                                            lo, mid, hi));
+  }
+  row.what_if = r.what_if != 0;
+  row.rows = r.rows;
+  row.cols = r.cols;
+  row.numel = r.numel;
+  row.nonzero = r.nonzero;
+  row.nonfinite = r.nonfinite;
+  row.underflow = r.underflow;
+  row.saturated = r.saturated;
+  row.blocks = r.blocks;
+  row.blocks_clipped = r.blocks_clipped;
+  row.blocks_nan = r.blocks_nan;
+  row.max_block_range = r.max_block_range;
+  row.max_range_block = r.max_range_block;
+  row.max_range_row = r.max_range_row;
+  row.max_range_col = r.max_range_col;
+  row.worst_block = r.worst_block;
+  row.worst_block_underflow = r.worst_block_underflow;
+  row.worst_block_row = r.worst_block_row;
+  row.worst_block_col = r.worst_block_col;
+  row.scale_log2_min = lo;
+  row.scale_log2_median = mid;
+  row.scale_log2_max = hi;
+  row.rel_rms_error = r.rel_rms_error;
   return row;
 }
 

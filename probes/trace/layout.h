@@ -1,4 +1,4 @@
-// probes/trace/layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 7
+// probes/trace/layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 8
 // (internal to ampscope_trace; docs/trace-format.md is the description for readers; the layouts of
 // versions 1 to 3, which the reader still reads, are in probes/trace/layout_v3.h). Each table is a 1-D
 // dataset of one compound type, whose fields are those of the row structs in probes/trace/schema.h, in
@@ -29,15 +29,16 @@ namespace ampscope::trace::detail {
 // rows and updates the swamped-update counts of f16/bf16 parameters (format_version 5); index holds one row per flush, the table sizes that flush made durable.
 enum class Table : int {
   steps, ops, grads, events, histograms, dumps, dump_values, strings, string_bytes, precision, updates, checksums, fp8,
-  index
+  blocks, index
 };
-inline constexpr int kTableCount = 14;
-inline constexpr int kDataTableCount = 13;   // every table but index
+inline constexpr int kTableCount = 15;
+inline constexpr int kDataTableCount = 14;   // every table but index
 inline constexpr int kLegacyDataTables = 7;  // format_version 1 to 3: the tables before strings
 inline constexpr int kV4DataTables = 9;      // format_version 4: the tables before precision
 inline constexpr int kV5DataTables = 11;     // format_version 5: the tables before checksums
 inline constexpr int kV6DataTables = 12;     // format_version 6: the tables before fp8
-// The data tables a trace of this format_version has: the first 7, 9, 11, 12 or 13 of Table's order.
+inline constexpr int kV7DataTables = 13;     // format_version 7: the tables before blocks
+// The data tables a trace of this format_version has: the first 7, 9, 11, 12, 13 or 14 of Table's order.
 int data_tables(std::int64_t version);
 std::string_view table_name(Table table);    // "steps", ..., "string_bytes", "index"
 std::string_view field_name(Table table);    // what a row of the table is, for messages: "value", "byte", "row"
@@ -168,13 +169,25 @@ Record blank_record() {
 inline constexpr std::string_view kFp8OptionalFields[] = {"dynamic_range", "quantized_dynamic_range", "history_len",
                                                           "history_amax", "history_amax_step"};
 
+// /blocks (format_version 8): BlockRow's fields in order; what_if is a flag.
+struct [[gnu::packed]] BlockRecord {
+  std::int64_t step;
+  TextId module, operand, copy, format;
+  std::int8_t what_if;
+  std::int64_t rows, cols, numel, nonzero, nonfinite, underflow, saturated, blocks, blocks_clipped, blocks_nan;
+  double max_block_range;
+  std::int64_t max_range_block, max_range_row, max_range_col;
+  std::int64_t worst_block, worst_block_underflow, worst_block_row, worst_block_col;
+  double scale_log2_min, scale_log2_median, scale_log2_max, rel_rms_error;
+};
+
 // A text: bytes [offset, offset + length) of /string_bytes (UTF-8, no NUL), and zlib's CRC-32 of them.
 struct [[gnu::packed]] StringRecord {
   std::int64_t offset, length, crc32;
 };
 
 // Row counts of the data tables after a flush, in Table order (format_version 1 to 3: the first seven;
-// 4: the first nine; 5: the first eleven; 6: the first twelve).
+// 4: the first nine; 5: the first eleven; 6: the first twelve; 7: the first thirteen).
 struct [[gnu::packed]] IndexRecord {
   std::int64_t step;  // the step whose end (or the close) caused the flush
   std::int64_t rows[kDataTableCount];
@@ -182,7 +195,7 @@ struct [[gnu::packed]] IndexRecord {
 };
 
 // CRC-32 (zlib's) of an /index row's step and row counts as 8 little-endian bytes each: seven counts in
-// format_version 3, nine in 4, eleven in 5, twelve in 6, thirteen from 7.
+// format_version 3, nine in 4, eleven in 5, twelve in 6, thirteen in 7, fourteen from 8.
 std::int64_t index_crc32(const IndexRecord& r, std::int64_t version);
 
 // zlib's CRC-32 of `size` bytes.
@@ -268,6 +281,7 @@ void encode(const PrecisionRow& row, PrecisionRecord& r, TextIds& ids);
 void encode(const UpdateRow& row, UpdateRecord& r, TextIds& ids);
 void encode(const ChecksumRow& row, ChecksumRecord& r, TextIds& ids);
 void encode(const Fp8Row& row, Fp8Record& r, TextIds& ids);
+void encode(const BlockRow& row, BlockRecord& r, TextIds& ids);
 
 // Each throws std::invalid_argument, naming the field, on a text id that is not a sound row of /strings
 // and on an unknown phase name.
@@ -289,5 +303,11 @@ ChecksumRow decode(const ChecksumRecord& r, const StringTable& strings);
 // Also refuses, naming the field, an operand or format it does not know, a negative count, a nonzero above numel
 // or a count above nonzero, and a scale or error that is negative or NaN.
 Fp8Row decode(const Fp8Record& r, const StringTable& strings);
+// Also refuses, naming the field, an operand, copy or format it does not know, a what_if that is not 0 or 1, a
+// negative shape or count, numel not rows * cols, counts that contradict each other (nonzero + nonfinite above
+// numel, underflow + saturated above nonzero, block counts above blocks, a block's underflow above underflow), a
+// block number outside the copy's blocks, an origin outside the matrix or not -1 with its block, a range or error
+// that is negative, NaN or infinite, and scales out of order, +inf, or NaN beside numbers.
+BlockRow decode(const BlockRecord& r, const StringTable& strings);
 
 }  // namespace ampscope::trace::detail

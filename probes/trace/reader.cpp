@@ -28,6 +28,7 @@
 // before_all_reduce came with 6: older traces read as having no checksums and no rows before an all-reduce (their
 // /grads records are read through H5Dread into zeroed records, so the absent field is 0).
 // /precision's phase came with 6 too: format 5 rows are read with their own record (PrecisionRecordV5) as forward rows.
+// /blocks came with 8: older traces have no block-scaled rows.
 // /fp8 came with 7: older traces have no FP8 rows. Its fields from dynamic_range on are optional (the first format 7
 // traces lack them): such rows read with Fp8Row's "not recorded" values, through H5Dread into blank records.
 #include "probes/trace/reader.h"
@@ -278,14 +279,16 @@ struct TraceReader::State {
                                      {"probe", &info.probe}}) {
       if (!valid_utf8(*text)) io.fail(fmt::format("the root attribute '{}' is not valid UTF-8 text: damaged", name), kDamageHint);
     }
-    // fp8 came with format_version 7: in an older trace it is damage like any other unknown name.
-    // mxfp8 and nvfp4 (block-scaled runs) are read from format_version 7 on, as fp8 (schema.h).
+    // fp8 came with format_version 7, mxfp8 and nvfp4 with 8: in an older trace each is damage like any other
+    // unknown name.
     const bool known_precision = info.precision == "fp32" || info.precision == "fp16" || info.precision == "bf16" ||
-                                 (version >= 7 && (info.precision == "fp8" || info.precision == "mxfp8" ||
-                                                   info.precision == "nvfp4"));
+                                 (version >= 7 && info.precision == "fp8") ||
+                                 (version >= 8 && (info.precision == "mxfp8" || info.precision == "nvfp4"));
     if (!known_precision) {
       io.fail(fmt::format("the root attribute 'precision' is \"{}\", not {}: damaged", printable(info.precision),
-                          version >= 7 ? "fp32, fp16, bf16, fp8, mxfp8 or nvfp4" : "fp32, fp16 or bf16"),
+                          version >= 8   ? "fp32, fp16, bf16, fp8, mxfp8 or nvfp4"
+                          : version >= 7 ? "fp32, fp16, bf16 or fp8"
+                                         : "fp32, fp16 or bf16"),
               kDamageHint);
     }
     if (complete_value != 0 && complete_value != 1) {
@@ -976,7 +979,7 @@ RowCounts TraceReader::row_counts() const {
   return {r[index_of(Table::steps)],  r[index_of(Table::ops)],        r[index_of(Table::grads)],
           r[index_of(Table::events)], r[index_of(Table::histograms)], r[index_of(Table::dumps)],
           r[index_of(Table::precision)], r[index_of(Table::updates)], r[index_of(Table::checksums)],
-          r[index_of(Table::fp8)]};
+          r[index_of(Table::fp8)], r[index_of(Table::blocks)]};
 }
 
 void TraceReader::refresh() {
@@ -1051,6 +1054,13 @@ std::vector<Fp8Row> TraceReader::fp8(std::int64_t begin, std::int64_t end) {
   if (state_->version < 7) return {};  // the table came with format_version 7
   state_->load_strings();
   return state_->read_plain<Fp8Record, Fp8Row>(Table::fp8, begin, end);
+}
+
+std::vector<BlockRow> TraceReader::blocks(std::int64_t begin, std::int64_t end) {
+  const QuietHdf5Errors quiet;
+  if (state_->version < 8) return {};  // the table came with format_version 8
+  state_->load_strings();
+  return state_->read_plain<BlockRecord, BlockRow>(Table::blocks, begin, end);
 }
 
 }  // namespace ampscope::trace

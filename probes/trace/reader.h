@@ -28,6 +28,7 @@ struct RowCounts {
   std::int64_t updates = 0;    // format_version 5 (0 for older traces)
   std::int64_t checksums = 0;  // format_version 6 (0 for older traces)
   std::int64_t fp8 = 0;        // format_version 7 (0 for older traces)
+  std::int64_t blocks = 0;     // format_version 8 (0 for older traces)
 };
 
 // Which /grads rows grads() returns: the gradients the step used (after a data-parallel all-reduce: the only
@@ -81,6 +82,9 @@ class TraceReader {
   std::vector<ChecksumRow> checksums(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
   // FP8 operand statistics (format_version 7; none in older traces, nor in a run that is not --precision fp8).
   std::vector<Fp8Row> fp8(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
+  // Block-scaled operand statistics (format_version 8; none in older traces, nor in a run that neither trains in
+  // mxfp8/nvfp4 nor asks --what-if).
+  std::vector<BlockRow> blocks(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
 
  private:
   struct State;

@@ -27,13 +27,15 @@ inline constexpr std::string_view kFormat = "ampscope-trace";
 // Also 6: /precision's field `phase` (the f32 twin's backward rows; format 5 rows read as forward rows).
 // 7 (FP8): the precision "fp8" (`ampscope train --precision fp8`) and /fp8, each FP8 Linear operand's
 // quantization statistics; /index counts /fp8. A reader of 6 refuses 7 as newer, rather than calling an fp8
-// run's precision damage or taking every /index row for damaged. Also read from 7 on: the precisions "mxfp8" and
-// "nvfp4" (block-scaled runs, `--precision mxfp8|nvfp4`), which add no table of their own here.
-inline constexpr std::int64_t kFormatVersion = 7;
+// run's precision damage or taking every /index row for damaged.
+// 8 (block-scaled formats): the precisions "mxfp8" and "nvfp4" (`ampscope train --precision mxfp8|nvfp4`) and
+// /blocks, each block-scaled operand copy's statistics (and --what-if's for a format the run does not train in);
+// /index counts /blocks. A reader of 7 refuses 8 as newer, as a reader of 6 refuses 7.
+inline constexpr std::int64_t kFormatVersion = 8;
 
 // Root attributes.
 struct RunInfo {
-  std::string precision;  // "fp32", "fp16", "bf16" or (format_version 7) "fp8", "mxfp8", "nvfp4"
+  std::string precision;  // "fp32", "fp16", "bf16", (format_version 7) "fp8" or (8) "mxfp8", "nvfp4"
   std::string device;     // "cpu", "cuda:0"
   std::string model;      // sample or model name
   std::int64_t seed = 0;
@@ -276,6 +278,51 @@ inline double fp8_fraction(std::int64_t count, std::int64_t nonzero) {
   return nonzero > 0 ? static_cast<double>(count) / static_cast<double>(nonzero) : 0.0;
 }
 
+// /blocks (format_version 8): one row per block-scaled operand copy on a recorded step (core/block_stats.h
+// BlockStats, probe::BlockQuantizeEvent): under --precision mxfp8|nvfp4 each Linear's input and weight (fprop) and
+// grad_output (backward), in each copy the runtime makes ("rowwise": blocks along each row, "columnwise": down each
+// column; for NVFP4 the columnwise copy is the quantization of the transpose); with --what-if, the same statistics
+// measured (what_if = true) for a format the run does not train in. Counts are over the rows x cols values the
+// quantizer saw (numel = rows * cols; NVFP4 weight-gradient operands: after the Hadamard transform):
+//  - nonzero: finite values != 0; nonfinite: NaN or +-inf; underflow: nonzero values whose dequantized value is 0
+//    (lost to the block's scale); saturated: finite values clipped to the element's max after scaling (the MX floor
+//    rule, NVFP4's clamp to +-6); underflow + saturated <= nonzero.
+//  - blocks: blocks of the copy; blocks_clipped: blocks with a saturated value; blocks_nan: blocks that dequantize
+//    to NaN or hold a non-finite input.
+//  - max_block_range: the largest block dynamic range, log2(block amax) - log2(smallest non-zero |x| of the block),
+//    over finite values (0 when no block holds two non-zero magnitudes); max_range_block: that block's number in
+//    the order of the copy's scales (-1 when none), and max_range_row, max_range_col: its first element in the
+//    quantized rows x cols matrix (-1 when none, and when the probe could not place the block: probes/stats.h
+//    block_place).
+//  - worst_block: the block that lost the most nonzero values to underflow (-1 when none underflowed),
+//    worst_block_underflow: how many (0 when none), worst_block_row, worst_block_col: its first element (-1 when
+//    none or not placed).
+//  - scale_log2_min, scale_log2_median (the lower middle of an even count), scale_log2_max: log2 of the blocks'
+//    decode scales (MX: E8M0 code - 127; NVFP4: log2(E4M3 block scale * global decode scale), -inf for a zero
+//    block scale), over the blocks whose scale is not NaN; all three NaN when there are none.
+//  - rel_rms_error: sqrt(sum (dequantized - x)^2 / sum x^2) in double over the finite inputs whose dequantized
+//    value is finite (0 when sum x^2 is 0).
+struct BlockRow {
+  std::int64_t step = 0;
+  std::string module;   // the Linear's module path ("fc1")
+  std::string operand;  // "input", "weight" or "grad_output"
+  std::string copy;     // "rowwise" or "columnwise"
+  std::string format;   // "mxfp8" or "nvfp4"
+  bool what_if = false; // statistics only (--what-if): the run's GEMM did not use this quantization
+  std::int64_t rows = 0, cols = 0;  // the quantized matrix
+  std::int64_t numel = 0, nonzero = 0, nonfinite = 0, underflow = 0, saturated = 0;
+  std::int64_t blocks = 0, blocks_clipped = 0, blocks_nan = 0;
+  double max_block_range = 0;
+  std::int64_t max_range_block = -1, max_range_row = -1, max_range_col = -1;
+  std::int64_t worst_block = -1, worst_block_underflow = 0, worst_block_row = -1, worst_block_col = -1;
+  double scale_log2_min = std::numeric_limits<double>::quiet_NaN();
+  double scale_log2_median = std::numeric_limits<double>::quiet_NaN();
+  double scale_log2_max = std::numeric_limits<double>::quiet_NaN();
+  double rel_rms_error = 0;
+};
+// A count of a BlockRow as a fraction of its nonzero values (0 when there are none).
+inline double block_fraction(std::int64_t count, std::int64_t nonzero) { return fp8_fraction(count, nonzero); }
+
 // Where rows go. Calls come from one thread (the probe's); a sink may queue them for another.
 class Sink {
  public:
@@ -295,6 +342,8 @@ class Sink {
   virtual void write(const ChecksumRow& row) {}
   // FP8 operand statistics (--precision fp8 runs); a sink that keeps none ignores them.
   virtual void write(const Fp8Row& row) {}
+  // Block-scaled operand statistics (--precision mxfp8|nvfp4, --what-if); a sink that keeps none ignores them.
+  virtual void write(const BlockRow& row) {}
   // The end of a step's rows: a file sink flushes so a killed run keeps every finished step.
   virtual void end_step(std::int64_t step) {}
   // A clean end of the run (root attribute complete = 1 for the file).

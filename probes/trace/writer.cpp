@@ -953,6 +953,7 @@ void TraceWriter::write(const PrecisionRow& row) { state_->write_record<Precisio
 void TraceWriter::write(const UpdateRow& row) { state_->write_record<UpdateRecord>(Table::updates, row); }
 void TraceWriter::write(const ChecksumRow& row) { state_->write_record<ChecksumRecord>(Table::checksums, row); }
 void TraceWriter::write(const Fp8Row& row) { state_->write_record<Fp8Record>(Table::fp8, row); }
+void TraceWriter::write(const BlockRow& row) { state_->write_record<BlockRecord>(Table::blocks, row); }
 
 void TraceWriter::write(const DumpRow& row) {
   State& s = *state_;

@@ -69,6 +69,7 @@ class TraceWriter final : public Sink {
   void write(const UpdateRow& row) override;
   void write(const ChecksumRow& row) override;
   void write(const Fp8Row& row) override;
+  void write(const BlockRow& row) override;
 
   // Queues a flush of every row given so far (H5Dflush of each dataset, then a row of /index) and
   // returns without waiting for it.

@@ -148,7 +148,7 @@ void shift_steps(const fs::path& trace_path, std::int64_t offset) {
   H5Tclose(file_type);
   std::vector<trace::detail::IndexRecord> index(rows_of(ds));
   ASSERT_GE(H5Dread(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, index.data()), 0);
-  const std::int64_t version = tables == trace::detail::kDataTableCount ? 7 : tables == trace::detail::kV6DataTables ? 6 : 5;
+  const std::int64_t version = tables == trace::detail::kDataTableCount ? 8 : tables == trace::detail::kV7DataTables ? 7 : tables == trace::detail::kV6DataTables ? 6 : 5;
   for (auto& r : index) {
     r.step += offset;
     r.crc32 = trace::detail::index_crc32(r, version);

@@ -388,7 +388,8 @@ TEST(trace_export_test, every_exported_column_is_documented) {
     }
     ++files;
   }
-  EXPECT_EQ(files, 12u);  // run, steps, ops, grads, events, histograms, dumps, dump_values, precision, updates, checksums, fp8
+  EXPECT_EQ(files, 13u);  // run, steps, ops, grads, events, histograms, dumps, dump_values, precision, updates, checksums, fp8,
+                         // blocks
 }
 
 TEST(trace_export_test, quotes_fields_as_rfc_4180_says) {

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -52,7 +53,9 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include "core/block_stats.h"
 #include "core/error.h"
+#include "core/probe_hook.h"
 #include "probes/analysis/analysis.h"
 #include "probes/analysis/diff.h"
 #include "probes/analysis/render.h"
@@ -104,15 +107,16 @@ struct Base {
   fs::path path;
   bool complete = true;
   bool variable_length = false;  // format_version 1 or 2: text attributes in the global heap
-  std::int64_t steps = 0, op_rows = 0, precision_rows = 0, update_rows = 0;
-  std::array<std::vector<std::string>, 6> texts;  // every text of every /ops, /events, /grads, /precision, /updates, /checksums row
+  std::int64_t steps = 0, op_rows = 0, precision_rows = 0, update_rows = 0, block_rows = 0;
+  // every text of every /ops, /events, /grads, /precision, /updates, /checksums and /blocks row
+  std::array<std::vector<std::string>, 7> texts;
 };
 
 // The texts of a trace's rows, one line per row of /ops, /events, /grads (every row, those before an all-reduce
-// included, with the flag), /precision, /updates and /checksums (with their numbers): what a mutant must give back
-// exactly unless it says it is damaged.
-std::array<std::vector<std::string>, 6> texts_of(TraceReader& r) {
-  std::array<std::vector<std::string>, 6> out;
+// included, with the flag), /precision, /updates, /checksums and /blocks (with their numbers): what a mutant must
+// give back exactly unless it says it is damaged.
+std::array<std::vector<std::string>, 7> texts_of(TraceReader& r) {
+  std::array<std::vector<std::string>, 7> out;
   for (const OpRow& o : r.ops()) {
     out[0].push_back(fmt::format("op {} {} {} {} {} {} {} {} {}", o.step, o.seq, phase_name(o.phase), o.op, o.module, o.in_dtypes,
                                  o.out_dtype, o.shape, o.autocast));
@@ -133,7 +137,63 @@ std::array<std::vector<std::string>, 6> texts_of(TraceReader& r) {
     out[4].push_back(fmt::format("update {} {} {} {} {} {} {} {}", u.step, u.param, u.dtype, u.numel, u.nonzero, u.swamped,
                                  u.param_abs_mean, u.update_abs_mean));
   }
+  for (const BlockRow& b : r.blocks()) {
+    out[6].push_back(fmt::format("block {} {} {} {} {} {} {}x{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", b.step,
+                                 b.module, b.operand, b.copy, b.format, b.what_if, b.rows, b.cols, b.nonzero, b.nonfinite,
+                                 b.underflow, b.saturated, b.blocks, b.blocks_clipped, b.blocks_nan, b.max_block_range,
+                                 b.max_range_block, b.max_range_row, b.max_range_col, b.worst_block, b.worst_block_underflow,
+                                 b.worst_block_row, b.worst_block_col, b.scale_log2_min, b.scale_log2_median, b.scale_log2_max,
+                                 b.rel_rms_error));
+  }
   return out;
+}
+
+// A bf16 run measured for --what-if and trained in mxfp8 as the runtime reports it (core/probe_hook.h
+// BlockQuantizeEvent), through the probe: a format 8 trace with /blocks rows (trained and what-if, NaN and -inf
+// scales), 3 steps of 2 Linears x 3 operands x 2 copies.
+void write_block_trace(const fs::path& out) {
+  trace::RunInfo info{.precision = "mxfp8", .device = "cpu", .model = "blocks", .seed = 3, .config = "{}"};
+  const probe::ProbeOptions options{.level = probe::Level::health};
+  info.probe = probe::describe(options);
+  auto writer = std::make_shared<TraceWriter>(out, info);
+  auto watcher = std::make_shared<probe::Probe>(writer, options);
+  {
+    probe::HookGuard installed(watcher);
+    for (std::int64_t n = 0; n < 3; ++n) {
+      probe::StepScope step(n);
+      for (const std::string module : {"fc1", "fc2"}) {
+        for (const char* operand : {"input", "weight", "grad_output"}) {
+          for (const char* copy : {"rowwise", "columnwise"}) {
+            BlockStats s;
+            s.numel = 64 * 64;
+            s.nonzero = 4000 - n;
+            s.underflow = 3 * n + (copy[0] == 'r' ? 1 : 0);
+            s.saturated = operand[0] == 'w' ? n : 0;
+            s.blocks = 128;
+            s.blocks_clipped = s.saturated > 0 ? 1 : 0;
+            s.max_block_range = 6.5 + static_cast<double>(n);
+            s.max_range_block = 5 + n;
+            if (s.underflow > 0) s.worst_block = 9, s.worst_block_underflow = s.underflow;
+            if (n != 1) {
+              s.scale_log2_min = operand[0] == 'g' ? -std::numeric_limits<double>::infinity() : -12;
+              s.scale_log2_median = -6;
+              s.scale_log2_max = 1;
+            }
+            s.rel_rms_error = 0.03 + 0.01 * static_cast<double>(n);
+            probe::hook()->on_block_quantize(probe::BlockQuantizeEvent{
+                .step = n, .module = module, .operand = operand, .copy = copy, .format = "mxfp8", .what_if = false,
+                .rows = 64, .cols = 64, .stats = s});
+            probe::hook()->on_block_quantize(probe::BlockQuantizeEvent{
+                .step = n, .module = module, .operand = operand, .copy = copy, .format = "nvfp4", .what_if = true,
+                .rows = 64, .cols = 64, .stats = s});
+          }
+        }
+      }
+      step.end(probe::StepSummary{.step = n, .loss = 1.0 / static_cast<double>(n + 1)});
+    }
+  }
+  watcher->flush();
+  writer->close();
 }
 
 // A model trained as a user trains one in f16 storage (model.to(f16), SGD on its parameters, no master
@@ -235,6 +295,7 @@ Base describe(std::string name, fs::path path) {
   b.op_rows = rep.op_rows;
   b.precision_rows = rep.precision.rows;
   b.update_rows = rep.swamped.rows;
+  b.block_rows = rep.blocks.rows;
   b.texts = texts_of(r);
   EXPECT_TRUE(rep.damage.empty()) << b.name << ": " << rep.damage.front();
   return b;
@@ -274,6 +335,11 @@ struct Corpus {
     EXPECT_EQ(traces[7].texts[2].size(), 4u * 4u) << "and /grads rows before the all-reduce beside the others";
     traces.push_back(describe("v5 fixture", kFixtures / "v5-mlp-twin.h5"));  // /precision without phase
     EXPECT_GT(traces[8].precision_rows, 0) << "the v5 fixture was run with --twin";
+    traces.push_back(describe("v7 fixture", kFixtures / "v7-mlp-fp8.h5"));  // /fp8 without the optional columns
+    const auto blocks = dir.file("blocks.h5");
+    write_block_trace(blocks);
+    traces.push_back(describe("blocks", blocks));
+    EXPECT_EQ(traces[10].block_rows, 3 * 2 * 3 * 2 * 2) << "the blocks trace has /blocks rows";
 
     checkpoint = dir.file("ck.h5");
     samples::TrainConfig save = config("mlp", 2, "");
@@ -312,7 +378,8 @@ hid_t open_rw(const fs::path& p) {
 }
 
 const char* const kTables[] = {"steps",   "ops",          "grads",    "events",       "histograms", "dumps",
-                               "dump_values",  "strings",  "string_bytes", "precision", "updates", "checksums", "fp8"};
+                               "dump_values",  "strings",  "string_bytes", "precision", "updates", "checksums", "fp8",
+                               "blocks"};
 
 // The /index rows as step + 7 counts (9 in format_version 4, 11 from 5) and crc32 where the file has it, read
 // and written by field name.
@@ -321,7 +388,7 @@ struct IndexRows {
   bool has_crc = false;
   int tables = detail::kLegacyDataTables;
   std::int64_t version() const {
-    return tables == detail::kDataTableCount ? 7 : tables == detail::kV6DataTables ? 6 : tables == detail::kV5DataTables ? 5 : tables == detail::kV4DataTables ? 4 : 3;
+    return tables == detail::kDataTableCount ? 8 : tables == detail::kV7DataTables ? 7 : tables == detail::kV6DataTables ? 6 : tables == detail::kV5DataTables ? 5 : tables == detail::kV4DataTables ? 4 : 3;
   }
 };
 
@@ -340,7 +407,8 @@ bool read_index(hid_t file, IndexRows& out) {
   if (ds < 0) return false;
   const hid_t ft = H5Dget_type(ds);
   out.has_crc = H5Tget_member_index(ft, "crc32") >= 0;
-  out.tables = H5Tget_member_index(ft, "fp8") >= 0         ? detail::kDataTableCount
+  out.tables = H5Tget_member_index(ft, "blocks") >= 0      ? detail::kDataTableCount
+               : H5Tget_member_index(ft, "fp8") >= 0       ? detail::kV7DataTables
                : H5Tget_member_index(ft, "checksums") >= 0 ? detail::kV6DataTables
                : H5Tget_member_index(ft, "precision") >= 0 ? detail::kV5DataTables
                : H5Tget_member_index(ft, "strings") >= 0   ? detail::kV4DataTables
@@ -457,9 +525,49 @@ bool set_int_attribute(hid_t file, const char* name, std::int64_t value) {
   return ok >= 0;
 }
 
+// A /blocks field and a value no probe writes there (the row's own numbers make most of them contradictions: the
+// test trace's rows are 64 x 64 with 128 blocks and 4000-odd nonzero values).
+struct BlockEdit {
+  const char* field;
+  double value;
+  bool real;  // an f64 field (else int64; what_if: the file's 8-bit enumeration)
+};
+const BlockEdit kBlockEdits[] = {
+    {"numel", 4095, false},          {"nonzero", 5000, false},         {"underflow", -1, false},
+    {"saturated", 4096, false},      {"blocks", 1e6, false},            {"blocks_nan", 129, false},
+    {"max_range_block", 128, false}, {"max_range_row", 64, false},      {"worst_block_col", -5, false},
+    {"worst_block_underflow", 1e9, false}, {"rows", -64, false},        {"module", -1, false},
+    {"copy", 1e15, false},           {"max_block_range", NAN, true},    {"rel_rms_error", -0.5, true},
+    {"scale_log2_max", INFINITY, true}, {"scale_log2_median", NAN, true}, {"what_if", 7, false},
+};
+
+bool edit_block_field(hid_t file, hsize_t row, const BlockEdit& e) {
+  if (std::string_view(e.field) == "what_if") {
+    const hid_t ds = H5Dopen2(file, "/blocks", H5P_DEFAULT);
+    const hid_t file_type = H5Dget_type(ds);
+    const hid_t member = H5Tget_member_type(file_type, static_cast<unsigned>(H5Tget_member_index(file_type, "what_if")));
+    const hid_t t = H5Tcreate(H5T_COMPOUND, 1);
+    H5Tinsert(t, "what_if", 0, member);
+    std::int8_t v = static_cast<std::int8_t>(e.value);
+    const bool ok = rows_io(file, "blocks", t, row, 1, &v, true);
+    H5Tclose(t);
+    H5Tclose(member);
+    H5Tclose(file_type);
+    H5Dclose(ds);
+    return ok;
+  }
+  const hid_t t = H5Tcreate(H5T_COMPOUND, 8);
+  H5Tinsert(t, e.field, 0, e.real ? H5T_NATIVE_DOUBLE : H5T_NATIVE_INT64);
+  double d = e.value;
+  std::int64_t i = static_cast<std::int64_t>(e.value);
+  const bool ok = rows_io(file, "blocks", t, row, 1, e.real ? static_cast<void*>(&d) : static_cast<void*>(&i), true);
+  H5Tclose(t);
+  return ok;
+}
+
 enum class Kind {
   flip, heap_flip, truncate, zero_block, zero_index, edit_index, crafted_size, edit_attribute, edit_strings, edit_precision,
-  edit_updates, edit_grads_flag, count
+  edit_updates, edit_grads_flag, edit_blocks, count
 };
 
 const char* kind_name(Kind k) {
@@ -475,6 +583,7 @@ const char* kind_name(Kind k) {
     case Kind::edit_strings: return "edited string table";
     case Kind::edit_precision: return "edited /precision row";
     case Kind::edit_updates: return "edited /updates row";
+    case Kind::edit_blocks: return "edited /blocks row";
     case Kind::edit_grads_flag: return "edited /grads before_all_reduce";
     default: return "?";
   }
@@ -685,6 +794,13 @@ std::optional<std::string> mutate_with_hdf5(const fs::path& p, Kind kind, std::m
     H5Tclose(file_type);
     H5Dclose(ds);
     what = fmt::format("/grads row {} before_all_reduce set to {}{}", row, v, ok ? "" : " (failed)");
+  } else if (kind == Kind::edit_blocks && rows_of(file, "blocks") > 0) {
+    // A field of a /blocks row set to a value no probe writes (chunk checksums right): the reader must refuse the row,
+    // naming it and the field (edit_block_field).
+    const hsize_t row = pick(rows_of(file, "blocks"));
+    const BlockEdit& e = kBlockEdits[pick(std::size(kBlockEdits))];
+    const bool ok = edit_block_field(file, row, e);
+    what = fmt::format("/blocks row {} field {} set to {}{}", row, e.field, e.value, ok ? "" : " (failed)");
   } else if (kind == Kind::edit_attribute) {
     switch (pick(6)) {
       case 0: set_text_attribute(file, "precision", "fp64"); what = "precision fp64"; break;
@@ -814,12 +930,13 @@ int check_trace(const Base& base, const fs::path& mutant, const fs::path& note, 
     (void)analysis::render_json(d);
     const bool marked = !rep.damage.empty() || (base.complete && !rep.complete);
     if (rep.steps < base.steps || rep.op_rows < base.op_rows || rep.precision.rows < base.precision_rows ||
-        rep.swamped.rows < base.update_rows) {
+        rep.swamped.rows < base.update_rows || rep.blocks.rows < base.block_rows) {
       if (marked) return kMarked;
       if (shrunk) return kIntact;  // a self-consistent shorter trace
-      std::ofstream(note) << fmt::format("{} steps, {} op rows, {} precision rows, {} update rows of {}, {}, {} and {}, no damage note",
-                                         rep.steps, rep.op_rows, rep.precision.rows, rep.swamped.rows, base.steps,
-                                         base.op_rows, base.precision_rows, base.update_rows);
+      std::ofstream(note) << fmt::format("{} steps, {} op rows, {} precision rows, {} update rows, {} block rows of {}, {}, {}, {} "
+                                         "and {}, no damage note",
+                                         rep.steps, rep.op_rows, rep.precision.rows, rep.swamped.rows, rep.blocks.rows,
+                                         base.steps, base.op_rows, base.precision_rows, base.update_rows, base.block_rows);
       return kSilent;
     }
     if (!rep.damage.empty() && d.damage_b.empty()) {
@@ -915,6 +1032,28 @@ std::string error_of(const fs::path& p) {
     return e.what();
   }
   return "";
+}
+
+// Each /blocks edit the seeded mutants make, on the first row of the blocks trace (step 0, fc1's rowwise input, with
+// scales and a worst block): the reader (through analyse, as report does) refuses it with an error naming the file,
+// '/blocks', the row and the field, and crashes on none.
+TEST(trace_fuzz_test, every_blocks_edit_is_refused_naming_the_table_row_and_field) {
+  const Base& blocks = corpus().traces[10];
+  ASSERT_EQ(blocks.name, "blocks");
+  TempDir dir;
+  for (const BlockEdit& e : kBlockEdits) {
+    SCOPED_TRACE(e.field);
+    const fs::path path = dir.file(fmt::format("edit-{}.h5", e.field));
+    fs::copy_file(blocks.path, path);
+    const hid_t file = open_rw(path);
+    ASSERT_GE(file, 0);
+    ASSERT_TRUE(edit_block_field(file, 0, e));
+    H5Fclose(file);
+    const std::string error = error_of(path);
+    EXPECT_NE(error.find("row 0 of '/blocks': its field"), std::string::npos) << error;
+    EXPECT_NE(error.find(e.field), std::string::npos) << error;
+    EXPECT_NE(error.find(path.string()), std::string::npos) << error;
+  }
 }
 
 TEST(trace_fuzz_test, every_bit_of_an_old_traces_global_heap_objects_gives_an_error_or_a_read) {

@@ -23,6 +23,7 @@
 
 #include "probes/analysis/analysis.h"
 #include "probes/trace/reader.h"
+#include "probes/trace/writer.h"
 #include "tests/viewer/viewer_fixtures.h"
 #include "viewer/view_model.h"
 
@@ -291,6 +292,52 @@ TEST(screenshot_test, the_fp8_heatmap_draws_each_cell_in_its_fraction_colour_and
 
   const auto plain = testing::write_fixture(testing::fixture_dir() / "shot_no_fp8.h5", false);
   const Image none = screenshot(quoted(plain), "fp8", "fp8_none.png", "", 1000, 600);
+  EXPECT_EQ(find_colour(none, kFp8Nothing).count, 0);
+  for (const std::uint32_t stop : kFractionStops) EXPECT_EQ(find_colour(none, stop).count, 0);
+}
+
+// The Blocks heatmap of a trace with /blocks rows (3 copies, one what-if, over 3 steps, each cell its own
+// fraction): every cell's fraction colour, computed from the reader's rows, covers at least a cell's area. A trace
+// without /blocks rows draws no Blocks panel at all.
+TEST(screenshot_test, the_blocks_heatmap_draws_each_cell_in_its_fraction_colour_and_a_trace_without_blocks_none) {
+  SKIP_WITHOUT_DISPLAY();
+  const auto path = testing::fixture_dir() / "shot_blocks.h5";
+  {
+    trace::TraceWriter w(path, {.precision = "nvfp4", .device = "cpu", .model = "blocks shot", .seed = 1, .config = "{}"});
+    for (std::int64_t step = 0; step < 3; ++step) {
+      int k = 0;
+      for (const char* operand : {"input", "weight", "grad_output"}) {
+        trace::BlockRow r;
+        r.step = step, r.module = "fc1", r.operand = operand, r.copy = "rowwise", r.format = "nvfp4", r.what_if = k == 1;
+        r.rows = 16, r.cols = 64, r.numel = 1024, r.blocks = 64, r.nonzero = 1000;
+        // Fractions 0, 1e-4 .. 0.3 across the cells: several stops of the scale.
+        const std::int64_t lost[3][3] = {{0, 1, 10}, {30, 100, 300}, {2, 50, 0}};
+        r.underflow = lost[k][step];
+        if (r.underflow > 0) r.worst_block = 0, r.worst_block_underflow = 1, r.worst_block_row = 0, r.worst_block_col = 0;
+        w.write(r);
+        ++k;
+      }
+      trace::StepRow st;
+      st.step = step;
+      st.loss = 1;
+      w.write(st);
+      w.end_step(step);
+    }
+    w.close();
+  }
+  trace::TraceReader reader(path);
+  std::map<std::uint32_t, int> cells;
+  for (const trace::BlockRow& r : reader.blocks()) ++cells[fraction_colour(trace::block_fraction(r.underflow, r.nonzero))];
+  ASSERT_GE(cells.size(), 5u);
+  const Image img = screenshot(quoted(path), "blocks", "blocks.png", "--step 1", 1000, 600);
+  for (const auto& [colour, n] : cells) {
+    SCOPED_TRACE(fmt::format("colour {:08x}, {} cells", colour, n));
+    EXPECT_GE(find_colour(img, colour).count, 250 * n);
+  }
+  EXPECT_EQ(find_colour(img, colours::kErrorBackground).count, 0);
+
+  const auto plain = testing::write_fixture(testing::fixture_dir() / "shot_no_blocks.h5", false);
+  const Image none = screenshot(quoted(plain), "blocks", "blocks_none.png", "", 1000, 600);
   EXPECT_EQ(find_colour(none, kFp8Nothing).count, 0);
   for (const std::uint32_t stop : kFractionStops) EXPECT_EQ(find_colour(none, stop).count, 0);
 }
