@@ -43,8 +43,19 @@ def rows(path):
         name = lambda i: data[strings[i]["offset"]:strings[i]["offset"] + strings[i]["length"]].decode()
         return [dict(step=int(r["step"]), module=name(r["module"]), operand=name(r["operand"]),
                      format=name(r["format"]), nonzero=int(r["nonzero"]), underflow=int(r["underflow"]),
-                     amax=float(r["amax"]), scale=float(r["scale"]), err=float(r["rel_rms_error"]))
+                     amax=float(r["amax"]), scale=float(r["scale"]), err=float(r["rel_rms_error"]),
+                     hlen=int(r["history_len"]), hstep=int(r["history_amax_step"]))
                 for r in fh["fp8"][()]]
+
+def start_up(lst):
+    # The delayed recipe's start-up rows of one operand in step order (docs/fp8.md, "Start-up"): cast with the
+    # initial scale 1 before any step recorded an amax. fp8_error_dominates leaves them out of its mean.
+    out, seen = [], False
+    for r in lst:
+        if r["hlen"] > 0 and r["scale"] == 1.0 and not seen and (r["hstep"] == r["step"] or r["amax"] == 0):
+            out.append(r)
+        seen = seen or r["amax"] != 0
+    return out
 
 def by_operand(path):
     out = {}
@@ -131,7 +142,8 @@ for name, used in (("recent", "--fp8-amax-algo most_recent"), ("hist2", "--fp8-a
 def dominant(path):
     best = None
     for (module, operand), lst in by_operand(path).items():
-        errs = [r["err"] for r in lst if math.isfinite(r["err"])]
+        skip = {id(r) for r in start_up(lst)}
+        errs = [r["err"] for r in lst if math.isfinite(r["err"]) and id(r) not in skip]
         if not errs:
             continue
         mean = sum(errs) / len(errs)
