@@ -407,10 +407,18 @@ inline constexpr std::int64_t kFp8ShortHistory = kFp8StaleMinHeld - 1;
 inline double fp8_unit_roundoff(const std::string& format) { return format == "e5m2" ? 0.125 : 0.0625; }
 
 // `ampscope fix` verifies the fp8_error_dominates remedy (--fp8-keep-bf16 MODULE) by the re-run's final loss: within
-// this fraction of the bf16 run's (same seed, same steps). Measured, not derived from a bound: over healthy FP8
-// runs of the mlp sample (no finding; seeds 0 to 9, 10 and 30 steps, delayed and current recipes, HYBRID) the final
-// loss lies between -1.4% and +7.5% of the bf16 run's (docs/fp8.md); 8% is the smallest whole percent above all.
-inline constexpr double kFp8LossTolerance = 0.08;
+// fp8_loss_tolerance of the bf16 run's (same seed, same steps, so the same batches), a tolerance derived from the
+// bf16 run's own losses (docs/fp8.md, "The loss tolerance"). A run's final loss is one batch's loss, and the loss
+// moves around its trend from batch to batch: sigma, estimated from the second differences of the last
+// kFp8LossNoiseSteps recorded losses (L_t - 2 L_{t-1} + L_{t-2} removes a locally linear trend; for independent
+// noise of deviation sigma its variance is 6 sigma^2), so sigma = sqrt(mean of the squared second differences / 6).
+// The tolerance is kFp8LossNoiseSigmas sigma relative to the bf16 run's final loss: a remedy closer to bf16 than
+// that is within what the bf16 run's own last steps scatter around their trend. NaN (nothing verifies by loss) with
+// fewer than 3 losses or a non-finite one among them, or a final loss of 0. A tolerance of 1 or more would accept any
+// loss from 0 to twice the bf16 run's: its final loss then measures nothing, and `fix` verifies nothing by loss.
+inline constexpr std::size_t kFp8LossNoiseSteps = 5;
+inline constexpr double kFp8LossNoiseSigmas = 2.0;
+double fp8_loss_tolerance(std::span<const double> bf16_losses);
 
 // The run's FP8 options as the trace's configuration records them (fp8_run_settings); known false when the
 // configuration does not say (a trace from elsewhere): then every remedy is offered.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -338,6 +339,22 @@ void mark_fp8_linears(PrecisionSection& precision, const Fp8Section& fp8) {
   };
   for (PrecisionEntry& e : precision.by_jump) mark(e, true);
   for (PrecisionEntry& e : precision.by_trend) mark(e, false);
+}
+
+double fp8_loss_tolerance(std::span<const double> bf16_losses) {
+  const std::size_t n = std::min(bf16_losses.size(), kFp8LossNoiseSteps);
+  if (n < 3) return std::numeric_limits<double>::quiet_NaN();
+  const std::span<const double> w = bf16_losses.last(n);
+  double sum = 0;
+  for (std::size_t t = 2; t < n; ++t) {
+    const double d2 = w[t] - 2.0 * w[t - 1] + w[t - 2];
+    sum += d2 * d2;
+  }
+  const double sigma = std::sqrt(sum / static_cast<double>(n - 2) / 6.0);
+  const double final_loss = std::fabs(w[n - 1]);
+  if (!std::isfinite(sigma) || !(final_loss > 0) || !std::isfinite(final_loss))
+    return std::numeric_limits<double>::quiet_NaN();
+  return kFp8LossNoiseSigmas * sigma / final_loss;
 }
 
 Fp8RunSettings fp8_run_settings(const std::string& config_json) {

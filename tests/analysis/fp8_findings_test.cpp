@@ -434,6 +434,26 @@ TEST(Fp8Findings, StartUpRowsAreTheInitialScaleOnly) {
   EXPECT_EQ(under[0]->first_step, 1);
 }
 
+// fix's loss tolerance against the bf16 run (fp8_loss_tolerance, docs/fp8.md "The loss tolerance"), worked by hand:
+// losses 10, 8, 7, 6.5, 5 have second differences 7 - 16 + 10 = 1, 6.5 - 14 + 8 = 0.5, 5 - 13 + 7 = -1; their mean
+// square is 2.25 / 3 = 0.75, sigma^2 = 0.75 / 6 = 0.125, and 2 sigma / 5 = 2 sqrt(0.125) / 5 = sqrt(2) / 10.
+TEST(Fp8Findings, LossToleranceIsTwoSigmaOfTheBf16RunsLastSteps) {
+  EXPECT_NEAR(fp8_loss_tolerance(std::vector<double>{10, 8, 7, 6.5, 5}), std::sqrt(2.0) / 10, 1e-15);
+  // Only the last five steps count.
+  EXPECT_NEAR(fp8_loss_tolerance(std::vector<double>{100, -50, 10, 8, 7, 6.5, 5}), std::sqrt(2.0) / 10, 1e-15);
+  // Three steps: one second difference, 1 - 4 + 4 = 1 -> sigma = sqrt(1 / 6), over a final loss of 1.
+  EXPECT_NEAR(fp8_loss_tolerance(std::vector<double>{4, 2, 1}), 2 * std::sqrt(1.0 / 6.0), 1e-15);
+  // A straight line has no noise: nothing but the bf16 run's own loss passes.
+  EXPECT_EQ(fp8_loss_tolerance(std::vector<double>{5, 4, 3, 2, 1}), 0.0);
+  // Nothing to measure: fewer than 3 losses, a non-finite loss in the window, a final loss of 0.
+  EXPECT_TRUE(std::isnan(fp8_loss_tolerance(std::vector<double>{2, 1})));
+  EXPECT_TRUE(std::isnan(fp8_loss_tolerance(std::vector<double>{3, NAN, 2, 1, 1})));
+  EXPECT_TRUE(std::isnan(fp8_loss_tolerance(std::vector<double>{3, 2, INFINITY, 1, 1})));
+  EXPECT_TRUE(std::isnan(fp8_loss_tolerance(std::vector<double>{3, 2, 1, 1, 0})));
+  // A NaN before the window does not matter.
+  EXPECT_NEAR(fp8_loss_tolerance(std::vector<double>{NAN, 10, 8, 7, 6.5, 5}), std::sqrt(2.0) / 10, 1e-15);
+}
+
 // The PRECISION entries of FP8 Linears (mark_fp8_linears): by their /fp8 rows' modules. fc1 (input and weight e4m3):
 // its jump entry (rounding, with a remedy) becomes fp8_quantization with --fp8-keep-bf16 'fc1' in place of keeping
 // it in f32, the evidence says what its own bf16 rounding was; its trend entry gets the format only. fc2 ran in
