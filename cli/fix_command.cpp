@@ -868,6 +868,7 @@ struct Outcome {
   bool gone = false;
   std::string first;          // "step 3, softmax in blocks.0.attn" or "none"
   double final_loss = NAN;
+  std::vector<double> losses;  // every recorded step's loss, in step order (the bf16 reference's sets the tolerance)
   double seconds_per_step = NAN;
   std::string trace;
   std::int64_t steps = 0;
@@ -922,6 +923,7 @@ Outcome measure(const Candidate& cand, const std::string& cause, const PrivateFo
   o.seconds_per_step = r.steps > 0 ? secs / static_cast<double>(r.steps) : NAN;
   {
     trace::TraceReader reader(config.out);
+    for (const trace::StepRow& row : reader.steps()) o.losses.push_back(row.loss);
     const TrainConfig ran = read_recorded(reader.run_info().config, config.out).config;
     if (cand.kind == "enable_scaler") o.applied = ran.use_scaler;
     if (cand.kind == "zero_grad") o.applied = ran.zero_grad;
@@ -1113,6 +1115,7 @@ Outcome measure_torch(const Candidate& cand, const std::string& cause, const Tor
     const std::vector<trace::StepRow> steps = reader.steps();
     o.steps = static_cast<std::int64_t>(steps.size());
     if (!steps.empty()) o.final_loss = steps.back().loss;
+    for (const trace::StepRow& row : steps) o.losses.push_back(row.loss);
     o.seconds_per_step = o.steps > 0 ? secs / static_cast<double>(o.steps) : NAN;
     // What the recorder applied (the trace's config "remedies"): a remedy that acted on nothing (a glob that
     // matched no module, no GradScaler to set) is "not applied", not "did not help".
@@ -1218,7 +1221,9 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
   doc["trace"] = plan.trace;
   doc["cause"] = first.cause;
   doc[first_key] = {{"step", first.step}, {"op", first.op}, {"module", first.module}};
-  if (by_loss) doc["loss_tolerance_vs_bf16"] = analysis::kFp8LossTolerance;
+  // Derived from the bf16 run's own last losses (analysis.h fp8_loss_tolerance); NaN (null) when they cannot say.
+  const double tolerance = bf16 != nullptr ? analysis::fp8_loss_tolerance(bf16->losses) : NAN;
+  if (by_loss) doc["loss_tolerance_vs_bf16"] = std::isfinite(tolerance) ? ordered_json(tolerance) : ordered_json(nullptr);
   doc["steps_rerun"] = plan.base.steps;
   if (plan.from.step > 0) {
     doc["checkpoint"] = {{"path", plan.from.path}, {"step", plan.from.step}, {"used", !fell_back}};
@@ -1235,7 +1240,7 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
     // fp8_error_dominates: gone when the re-run's final loss is within the tolerance of the bf16 run's
     // (docs/fp8.md); the original is judged on its finding (reproduced).
     const bool gone = by_loss && is_remedy ? o.ran && o.applied && std::isfinite(rel_bf16) &&
-                                                 std::abs(rel_bf16) <= analysis::kFp8LossTolerance
+                                                 tolerance < 1 && std::abs(rel_bf16) <= tolerance
                                            : o.ran && o.gone;
     const bool ok = is_remedy && gone && reproduced;
     verified += ok ? 1 : 0;
@@ -1295,9 +1300,19 @@ void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, s
                      first.cause, first.step, first.op.empty() ? "-" : first.op,
                      first.module.empty() ? "" : " in " + first.module, plan.base.steps - 1,
                      doc["reproduced"].get<bool>() ? "" : " (the re-run did NOT reproduce it)");
-  if (doc.contains("loss_tolerance_vs_bf16"))
-    out << fmt::format("gone: the final loss within {:.0f}% of the bf16 run's (docs/fp8.md)\n",
-                       100 * doc["loss_tolerance_vs_bf16"].get<double>());
+  if (doc.contains("loss_tolerance_vs_bf16")) {
+    if (doc["loss_tolerance_vs_bf16"].is_number() && doc["loss_tolerance_vs_bf16"].get<double>() >= 1)
+      out << fmt::format("gone: never by loss here: the bf16 run's loss noise over its last {} steps is {:.0f}% of "
+                         "its final loss (2 sigma), so its final loss measures nothing (docs/fp8.md)\n",
+                         analysis::kFp8LossNoiseSteps, 100 * doc["loss_tolerance_vs_bf16"].get<double>());
+    else if (doc["loss_tolerance_vs_bf16"].is_number())
+      out << fmt::format("gone: the final loss within {:.1f}% of the bf16 run's (2 sigma of the bf16 run's loss noise "
+                         "over its last {} steps: docs/fp8.md)\n",
+                         100 * doc["loss_tolerance_vs_bf16"].get<double>(), analysis::kFp8LossNoiseSteps);
+    else
+      out << "gone: never by loss here: the bf16 run has fewer than 3 finite losses to measure its noise from "
+             "(docs/fp8.md)\n";
+  }
   const char* first_key = fp8 ? "first_finding" : "first_anomaly";
   const char* gone_key = fp8 ? "finding_gone" : "anomaly_gone";
   if (plan.from.step > 0 && !fell_back) {

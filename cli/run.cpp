@@ -90,6 +90,42 @@ std::string config_json(const TrainConfig& c) {
   return run_config_json(c, ranks ? c.process_group->size() : 1, ranks ? c.process_group->rank() : 0);
 }
 
+// TransformerEngine's amax reduction over the data-parallel group (its delayed recipe reduces amaxes across the
+// group before the scale update: every rank then keeps the same history and uses the same scales): each operand's
+// amax of this step, amax_history[0] (the max this rank's casts folded), becomes the max over the ranks, in one max
+// all-reduce of the f32 amaxes of every module's input, weight and grad_output in module-path order. The amaxes are
+// never NaN (the casts' fmaxf fold skips NaN); an inf wins, and a module that ran on no rank stays 0 and rolls
+// nothing. Every rank must hold the same modules (the same model, running the same Linears): a first all-reduce of
+// the counts checks that, so that every rank refuses together rather than mismatching the second. Current scaling
+// keeps no state: each rank casts its own tensors with their own scales, as TE's current recipe does on a
+// data-parallel group.
+void reduce_fp8_amaxes(Fp8Context& fp8, ProcessGroup& group) {
+  if (fp8.options().recipe != Fp8Recipe::delayed) return;
+  std::vector<std::string> modules;
+  for (const auto& [module, state] : fp8.states()) modules.push_back(module);
+  const auto n = static_cast<double>(modules.size());
+  Tensor count = from_values({n, -n}, {2});  // max and -min of the counts; f32 holds them exactly
+  group.all_reduce(count, ReduceOp::max);
+  const std::vector<double> c = count.values();
+  if (c[0] != n || -c[1] != n) {
+    throw Error(fmt::format("--precision fp8 with --ddp: the ranks ran FP8 Linears in different numbers of modules "
+                            "this step (from {} to {}; this rank {}), so their amaxes cannot be reduced module by "
+                            "module\nhint: every rank must run the same Linears each step",
+                            -c[1], c[0], modules.size()));
+  }
+  if (modules.empty()) return;
+  constexpr Fp8Operand kOperands[] = {Fp8Operand::input, Fp8Operand::weight, Fp8Operand::grad_output};
+  Tensor amax = Tensor::empty({static_cast<std::int64_t>(3 * modules.size())}, {.dtype = DType::f32});
+  float* p = amax.data_as<float>();
+  std::size_t i = 0;
+  for (const std::string& m : modules)
+    for (Fp8Operand o : kOperands) p[i++] = fp8.state(m).operand(o).amax_history.at(0);
+  group.all_reduce(amax, ReduceOp::max);
+  i = 0;
+  for (const std::string& m : modules)
+    for (Fp8Operand o : kOperands) fp8.state(m).operand(o).amax_history.at(0) = p[i++];
+}
+
 // The fields of the configuration that may differ between the ranks of one run: the device (each rank its
 // own GPU) and the rank itself.
 constexpr const char* kRankLocalFields[] = {"device", "rank"};
@@ -405,11 +441,7 @@ TrainingRun::TrainingRun(const TrainConfig& requested) : config_(requested) {
   }
   check_what_if_run(config);  // first: check_fp8_run lets --mx-scale/--nvfp4-no-rht through for what --what-if measures
   check_fp8_run(config);
-  if (config.precision == Precision::fp8 && ranks_ > 1) {
-    throw Error("--precision fp8 with --ddp: the ranks' amaxes are not reduced across ranks yet (TransformerEngine "
-                "reduces them, so every rank uses the same scales)\nhint: train fp8 on one rank");
-  }
-  if (quantized_linears(config.precision) && ranks_ > 1) {
+  if ((config.precision == Precision::mxfp8 || config.precision == Precision::nvfp4) && ranks_ > 1) {
     throw Error(fmt::format("--precision {} with --ddp: block-scaled runs are single-rank so far (NVFP4's global amax "
                             "would have to be reduced across ranks, as TransformerEngine does for gathered tensors, "
                             "and neither recipe has been tested on several ranks)\nhint: train {} on one rank",
@@ -583,12 +615,15 @@ probe::StepSummary TrainingRun::step(std::int64_t n) {
                                                    : task_->loss(output, batch.y);
   }
   if (config_.eval) {
+    if (fp8_ && group_ != nullptr) reduce_fp8_amaxes(*fp8_, *group_);
     if (fp8_) fp8_->end_step();
     return recorded.finish_eval(loss);
   }
   scaler_->scale(loss).backward();
   // TE's scale update after the backward: every FP8 tensor's amax history rolls (those that ran) and the
-  // next step's scales are computed; this step's were used already.
+  // next step's scales are computed; this step's were used already. Under --ddp the amaxes are reduced over the
+  // ranks first (reduce_fp8_amaxes), as TE does, so every rank computes the same scales.
+  if (fp8_ && group_ != nullptr) reduce_fp8_amaxes(*fp8_, *group_);
   if (fp8_) fp8_->end_step();
   if (reducer_) {
     // This rank's own gradients, before the all-reduce averages them (the /grads rows marked before_all_reduce):

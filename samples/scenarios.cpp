@@ -537,21 +537,46 @@ Scenario fp8_stale_scale() {
 
 // fp8-e4m3-grads: every tensor in E4M3. TransformerEngine offers Format.E4M3 beside HYBRID, and E4M3's extra mantissa
 // bit reads like the better choice; for gradients it is not: they spread over more binades than E4M3's 2^18 below
-// the scaled amax. The delayed recipe's first step casts with the initial scale 1, where the mlp's gradients (about
-// 1e-3) lie below E4M3's smallest subnormal 2^-9.
+// the scaled amax. Here the loss sharpens the softmax as contrastive and distillation losses do (logits / 0.05):
+// once the model is confident the wrong classes' probabilities fall as exp(-gap / 0.05), and a step's gradients span
+// 22 to 38 binades, which no per-tensor scale fits into E4M3. (A loss merely scaled down would not do it: the
+// delayed scale follows the amax. The first step's underflow at the initial scale 1 is the recipe's start-up, not
+// a finding: docs/fp8.md.)
+constexpr double kLogitTemperature = 0.05;
+
+class SharpenedLossTask final : public SampleTask {
+ public:
+  explicit SharpenedLossTask(std::unique_ptr<SampleTask> sample) : sample_(std::move(sample)) {}
+  nn::Module& model() override { return sample_->model(); }
+  Batch batch(std::int64_t step) override { return sample_->batch(step); }
+  // The logits divided by the temperature, as a contrastive or distillation loss writes it.
+  Tensor loss(const Tensor& out, const Tensor& y) override { return sample_->loss(out * (1.0 / kLogitTemperature), y); }
+  double default_lr() const override { return sample_->default_lr(); }
+  std::string identity() const override { return sample_->identity(); }
+
+ private:
+  std::unique_ptr<SampleTask> sample_;
+};
+
 Scenario fp8_e4m3_grads() {
   Scenario s;
   s.name = "fp8-e4m3-grads";
-  s.description = "mlp, for --precision fp8: every tensor in E4M3 (--fp8-format e4m3 unless given), gradients too";
+  s.description =
+      "mlp with its logits divided by 0.05 in the loss, for --precision fp8: every tensor in E4M3 (--fp8-format e4m3 "
+      "unless given), gradients too";
   s.sample = "mlp";
   s.expect =
-      "no NaN/Inf; under --precision fp8 the gradients fc1 and fc2 receive (grad_output) underflow in E4M3 at "
-      "step 0 (fc1's entirely): e4m3_grad_underflow, remedy --fp8-format hybrid";
+      "no NaN/Inf; under --precision fp8 the gradients every Linear receives (grad_output) underflow in E4M3 once "
+      "the model is confident (fc3's from step 4, 57% in step 9; step 0 is the recipe's start-up): "
+      "e4m3_grad_underflow, remedy --fp8-format hybrid";
   s.configure = [](TrainConfig& c) {
     c.sample = "mlp";
     propose_steps(c, 10);
     // Only an FP8 run has a format, and only where the user left HYBRID, the default.
     if (c.precision == Precision::fp8 && c.fp8_format == defaults().fp8_format) c.fp8_format = "e4m3";
+  };
+  s.make_task = [](const TrainConfig& c, Generator& gen) -> std::unique_ptr<SampleTask> {
+    return std::make_unique<SharpenedLossTask>(find_sample("mlp").make(c, gen));
   };
   return s;
 }

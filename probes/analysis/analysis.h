@@ -407,10 +407,18 @@ inline constexpr std::int64_t kFp8ShortHistory = kFp8StaleMinHeld - 1;
 inline double fp8_unit_roundoff(const std::string& format) { return format == "e5m2" ? 0.125 : 0.0625; }
 
 // `ampscope fix` verifies the fp8_error_dominates remedy (--fp8-keep-bf16 MODULE) by the re-run's final loss: within
-// this fraction of the bf16 run's (same seed, same steps). Measured, not derived from a bound: over healthy FP8
-// runs of the mlp sample (no finding; seeds 0 to 9, 10 and 30 steps, delayed and current recipes, HYBRID) the final
-// loss lies between -1.4% and +7.5% of the bf16 run's (docs/fp8.md); 8% is the smallest whole percent above all.
-inline constexpr double kFp8LossTolerance = 0.08;
+// fp8_loss_tolerance of the bf16 run's (same seed, same steps, so the same batches), a tolerance derived from the
+// bf16 run's own losses (docs/fp8.md, "The loss tolerance"). A run's final loss is one batch's loss, and the loss
+// moves around its trend from batch to batch: sigma, estimated from the second differences of the last
+// kFp8LossNoiseSteps recorded losses (L_t - 2 L_{t-1} + L_{t-2} removes a locally linear trend; for independent
+// noise of deviation sigma its variance is 6 sigma^2), so sigma = sqrt(mean of the squared second differences / 6).
+// The tolerance is kFp8LossNoiseSigmas sigma relative to the bf16 run's final loss: a remedy closer to bf16 than
+// that is within what the bf16 run's own last steps scatter around their trend. NaN (nothing verifies by loss) with
+// fewer than 3 losses or a non-finite one among them, or a final loss of 0. A tolerance of 1 or more would accept any
+// loss from 0 to twice the bf16 run's: its final loss then measures nothing, and `fix` verifies nothing by loss.
+inline constexpr std::size_t kFp8LossNoiseSteps = 5;
+inline constexpr double kFp8LossNoiseSigmas = 2.0;
+double fp8_loss_tolerance(std::span<const double> bf16_losses);
 
 // The run's FP8 options as the trace's configuration records them (fp8_run_settings); known false when the
 // configuration does not say (a trace from elsewhere): then every remedy is offered.
@@ -463,6 +471,29 @@ struct Fp8Finding {
   std::vector<Fp8Remedy> remedies;
 };
 
+// The delayed recipe's start-up (docs/fp8.md, "Start-up"): an operand's first casts use the initial scale 1, set
+// before any amax was seen (core/fp8_recipe.h make_delayed_scaling_state), so what they lose (a whole E4M3 gradient
+// below 2^-9, values above 448 clipped) says nothing about the run's scales, as a GradScaler's calibration skips say
+// nothing about its gradients. A row is a start-up row (fp8_start_up_row) when it was cast with the delayed recipe
+// (history_len > 0), with scale exactly 1, the history's amax after its cast is its own step's (history_amax_step
+// == step, or its amax is 0), and no earlier row of the operand recorded an amax other than 0 (which would have
+// rolled the history and computed a scale). Those rows are judged by no finding (e4m3_grad_underflow, saturation,
+// and fp8_error_dominates' mean leave them out); an operand whose start-up rows would have crossed a finding's
+// threshold gets one Fp8StartUp, which the report prints on its own "start-up:" line. Traces without the history
+// columns (history_len -1) have no start-up rows: they cannot show them.
+bool fp8_start_up_row(const trace::Fp8Row& row, bool earlier_amax);
+
+struct Fp8StartUp {
+  std::string module, operand, format;
+  std::int64_t first_step = 0, last_step = 0, steps = 0;  // its start-up rows
+  std::int64_t nonzero = 0, underflow = 0, saturated = 0;  // summed over them
+  double worst_underflow_fraction = 0, worst_saturated_fraction = 0;  // of a start-up row
+  double max_error = 0;  // the largest finite relative RMS error of a start-up row
+  // What a finding would have said of these rows: E4M3 gradient underflow over kFp8GradUnderflowThreshold,
+  // saturation over kFp8SaturationThreshold with values lost, an error above the format's unit roundoff.
+  bool underflow_over = false, saturation_over = false, error_over = false;
+};
+
 struct Fp8Section {
   std::int64_t rows = 0;     // /fp8 rows read (0: not an fp8 run, or nothing recorded)
   std::int64_t steps = 0;    // steps with rows
@@ -474,6 +505,8 @@ struct Fp8Section {
   std::vector<std::size_t> worst_underflow, worst_saturation;
   // Findings (kinds in that order, then operands' order); empty when nothing crossed a threshold.
   std::vector<Fp8Finding> findings;
+  // The operands whose start-up rows crossed a finding's threshold (operands' order); not findings.
+  std::vector<Fp8StartUp> start_up;
   Fp8RunSettings settings;  // what the remedies were judged against (options the run already used are not offered)
   bool recorded() const { return rows > 0; }
 };

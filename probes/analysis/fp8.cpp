@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -152,11 +153,15 @@ std::optional<Fp8Finding> stale_scale(const std::vector<const trace::Fp8Row*>& l
   return std::nullopt;
 }
 
-void add_findings(const std::vector<const trace::Fp8Row*>& list, const Fp8RunSettings& run,
-                  std::vector<Fp8Finding>& underflow, std::vector<Fp8Finding>& stale,
+// `all`: the operand's rows in step order; `list`: those that are not start-up rows (fp8_start_up_row), which
+// the underflow and saturation findings judge. A stale scale is computed from a recorded amax, never the initial
+// one, so it is looked for over all rows.
+void add_findings(const std::vector<const trace::Fp8Row*>& all, const std::vector<const trace::Fp8Row*>& list,
+                  const Fp8RunSettings& run, std::vector<Fp8Finding>& underflow, std::vector<Fp8Finding>& stale,
                   std::vector<Fp8Finding>& saturation) {
+  if (auto f = stale_scale(all, run)) stale.push_back(std::move(*f));
+  if (list.empty()) return;
   const trace::Fp8Row& first = *list.front();
-  if (auto f = stale_scale(list, run)) stale.push_back(std::move(*f));
   if (first.operand == "grad_output" && first.format == "e4m3") {
     if (auto f = flagged(list, "e4m3_grad_underflow", kFp8GradUnderflowThreshold,
                          [](const trace::Fp8Row& r) { return r.underflow; })) {
@@ -260,7 +265,45 @@ std::optional<Fp8Finding> error_dominates(
   return f;
 }
 
+// What the start-up rows of one operand (in step order) lost, when it crossed a finding's threshold; nullopt
+// otherwise (or without start-up rows).
+std::optional<Fp8StartUp> start_up_summary(const std::vector<const trace::Fp8Row*>& start) {
+  if (start.empty()) return std::nullopt;
+  Fp8StartUp u;
+  u.module = start.front()->module;
+  u.operand = start.front()->operand;
+  u.format = start.front()->format;
+  u.first_step = start.front()->step;
+  u.last_step = start.back()->step;
+  u.steps = static_cast<std::int64_t>(start.size());
+  const bool e4m3_grad = u.operand == "grad_output" && u.format == "e4m3";
+  for (const trace::Fp8Row* r : start) {
+    u.nonzero += r->nonzero;
+    u.underflow += r->underflow;
+    u.saturated += r->saturated;
+    const double under = trace::fp8_fraction(r->underflow, r->nonzero);
+    const double sat = trace::fp8_fraction(r->saturated, r->nonzero);
+    u.worst_underflow_fraction = std::max(u.worst_underflow_fraction, under);
+    u.worst_saturated_fraction = std::max(u.worst_saturated_fraction, sat);
+    if (std::isfinite(r->rel_rms_error)) u.max_error = std::max(u.max_error, r->rel_rms_error);
+    if (e4m3_grad && under > kFp8GradUnderflowThreshold) u.underflow_over = true;
+    if (sat > kFp8SaturationThreshold && clipping_lost_values(*r)) u.saturation_over = true;
+    if (r->rel_rms_error > fp8_unit_roundoff(r->format)) u.error_over = true;
+  }
+  if (!u.underflow_over && !u.saturation_over && !u.error_over) return std::nullopt;
+  return u;
+}
+
 }  // namespace
+
+bool fp8_start_up_row(const trace::Fp8Row& row, bool earlier_amax) {
+  // The initial scale is exactly 1 (make_delayed_scaling_state); a scale computed from an amax a is
+  // fp8_max / 2^margin / a, which is 1 only for a = fp8_max / 2^margin exactly, and then the history would hold
+  // a's earlier step, not this one, unless this step's amax is at least as large: both together are the one case
+  // the rule would misjudge, and only when that earlier step was not recorded.
+  return row.history_len > 0 && row.scale == 1.0 && !earlier_amax &&
+         (row.history_amax_step == row.step || row.amax == 0);
+}
 
 void mark_fp8_linears(PrecisionSection& precision, const Fp8Section& fp8) {
   // module -> the formats of its forward operands (input, weight), from its /fp8 rows.
@@ -296,6 +339,22 @@ void mark_fp8_linears(PrecisionSection& precision, const Fp8Section& fp8) {
   };
   for (PrecisionEntry& e : precision.by_jump) mark(e, true);
   for (PrecisionEntry& e : precision.by_trend) mark(e, false);
+}
+
+double fp8_loss_tolerance(std::span<const double> bf16_losses) {
+  const std::size_t n = std::min(bf16_losses.size(), kFp8LossNoiseSteps);
+  if (n < 3) return std::numeric_limits<double>::quiet_NaN();
+  const std::span<const double> w = bf16_losses.last(n);
+  double sum = 0;
+  for (std::size_t t = 2; t < n; ++t) {
+    const double d2 = w[t] - 2.0 * w[t - 1] + w[t - 2];
+    sum += d2 * d2;
+  }
+  const double sigma = std::sqrt(sum / static_cast<double>(n - 2) / 6.0);
+  const double final_loss = std::fabs(w[n - 1]);
+  if (!std::isfinite(sigma) || !(final_loss > 0) || !std::isfinite(final_loss))
+    return std::numeric_limits<double>::quiet_NaN();
+  return kFp8LossNoiseSigmas * sigma / final_loss;
 }
 
 Fp8RunSettings fp8_run_settings(const std::string& config_json) {
@@ -345,9 +404,19 @@ Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows, const Fp8RunSettings
   out.first_step = *steps.begin();
   out.last_step = *steps.rbegin();
   std::vector<Fp8Finding> underflow_findings, stale_findings, saturation_findings;
+  std::map<std::tuple<std::string, int>, std::vector<const trace::Fp8Row*>> steady;  // by_operand less start-up rows
   for (auto& [key, list] : by_operand) {
     std::stable_sort(list.begin(), list.end(), [](const trace::Fp8Row* a, const trace::Fp8Row* b) { return a->step < b->step; });
-    add_findings(list, run, underflow_findings, stale_findings, saturation_findings);
+    // Start-up rows (analysis.h, Fp8StartUp) apart from the rest.
+    std::vector<const trace::Fp8Row*>& rest = steady[key];
+    std::vector<const trace::Fp8Row*> start;
+    bool earlier_amax = false;
+    for (const trace::Fp8Row* r : list) {
+      (fp8_start_up_row(*r, earlier_amax) ? start : rest).push_back(r);
+      if (r->amax != 0) earlier_amax = true;  // the history rolled: later scales are computed
+    }
+    if (auto u = start_up_summary(start)) out.start_up.push_back(std::move(*u));
+    add_findings(list, rest, run, underflow_findings, stale_findings, saturation_findings);
     Fp8OperandSummary s;
     s.module = list.front()->module;
     s.operand = list.front()->operand;
@@ -390,7 +459,8 @@ Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows, const Fp8RunSettings
   out.findings = std::move(underflow_findings);
   for (Fp8Finding& f : stale_findings) out.findings.push_back(std::move(f));
   for (Fp8Finding& f : saturation_findings) out.findings.push_back(std::move(f));
-  if (auto f = error_dominates(by_operand, run)) out.findings.push_back(std::move(*f));
+  std::erase_if(steady, [](const auto& kv) { return kv.second.empty(); });
+  if (auto f = error_dominates(steady, run)) out.findings.push_back(std::move(*f));
   out.worst_underflow = worst(out.operands, [](const Fp8OperandSummary& s) { return s.underflow_fraction; });
   out.worst_saturation = worst(out.operands, [](const Fp8OperandSummary& s) { return s.saturated_fraction; });
   return out;

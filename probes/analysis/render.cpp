@@ -672,6 +672,23 @@ json fp8_json(const Fp8Section& s) {
   for (const Fp8OperandSummary& o : s.operands) out["operands"].push_back(fp8_operand_json(o));
   for (std::size_t i : s.worst_underflow) out["worst_underflow"].push_back(i);
   for (std::size_t i : s.worst_saturation) out["worst_saturation"].push_back(i);
+  out["start_up"] = json::array();
+  for (const Fp8StartUp& u : s.start_up)
+    out["start_up"].push_back(json{{"module", u.module},
+                                   {"operand", u.operand},
+                                   {"format", u.format},
+                                   {"first_step", u.first_step},
+                                   {"last_step", u.last_step},
+                                   {"steps", u.steps},
+                                   {"nonzero", u.nonzero},
+                                   {"underflow", u.underflow},
+                                   {"saturated", u.saturated},
+                                   {"worst_underflow_fraction", number(u.worst_underflow_fraction)},
+                                   {"worst_saturated_fraction", number(u.worst_saturated_fraction)},
+                                   {"max_error", number(u.max_error)},
+                                   {"underflow_over", u.underflow_over},
+                                   {"saturation_over", u.saturation_over},
+                                   {"error_over", u.error_over}});
   return out;
 }
 
@@ -1035,6 +1052,24 @@ void text_fp8(Text& t, const Report& rep) {
   } else {
     t.line("  worst by saturation (values clipped at +-max, silently):");
     for (std::size_t i : f.worst_saturation) line(f.operands[i]);
+  }
+  // The delayed recipe's start-up (analysis.h, Fp8StartUp): what the initial scale lost, on a line of its own and
+  // not a finding, as the GradScaler's calibration skips are.
+  if (!f.start_up.empty()) {
+    std::string items;
+    for (const Fp8StartUp& u : f.start_up) {
+      std::vector<std::string> lost;
+      if (u.underflow_over) lost.push_back(fmt::format("{} underflow", pct(u.worst_underflow_fraction)));
+      if (u.saturation_over) lost.push_back(fmt::format("{} saturated", pct(u.worst_saturated_fraction)));
+      if (u.error_over) lost.push_back(fmt::format("error {} rms", pct(u.max_error)));
+      items += fmt::format("{}{} {} [{}] {} in {}", items.empty() ? "" : "; ", u.module, u.operand, u.format,
+                           fmt::join(lost, ", "),
+                           u.first_step == u.last_step ? fmt::format("step {}", u.first_step)
+                                                       : fmt::format("steps {} to {}", u.first_step, u.last_step));
+    }
+    t.line("  {} cast with the delayed recipe's initial scale 1, before any amax was recorded: {}; expected, not "
+           "findings",
+           t.paint(kCyan, "start-up:"), items);
   }
   // Findings: calibration-like (no NaN/Inf), kept apart from the anomalies as the scaler's calibration is.
   if (f.findings.empty()) {

@@ -313,6 +313,147 @@ TEST(Fp8Findings, ErrorDominatesAboveTheUnitRoundoff) {
   EXPECT_TRUE(of_kind(analyse_fp8(rows), "fp8_error_dominates").empty());
 }
 
+// A delayed-recipe row with the history columns (trace::Fp8Row): history 1024, the history's amax from hstep.
+trace::Fp8Row delayed_row(std::int64_t step, std::string module, std::string operand, std::string format,
+                          std::int64_t nonzero, std::int64_t underflow, double amax, double scale, std::int64_t hstep,
+                          double error) {
+  trace::Fp8Row r = row(step, std::move(module), std::move(operand), std::move(format), nonzero, underflow, 0, amax, scale);
+  r.rel_rms_error = error;
+  r.dynamic_range = r.quantized_dynamic_range = 10;
+  r.history_len = 1024;
+  r.history_amax = amax;
+  r.history_amax_step = hstep;
+  return r;
+}
+
+// The delayed recipe's start-up (docs/fp8.md, "Start-up"): fc1's gradients, amax 0.001, cast in step 0 with the
+// initial scale 1, all underflow (0.001 < 2^-10, half E4M3's smallest subnormal) with an RMS error of 1; from step 1
+// the scale is 448 / 0.001 and nothing underflows (error 0.03). Not a finding, and not in fp8_error_dominates' mean:
+// with it fc1's mean would be (1 + 0.03 + 0.03) / 3 = 0.353, over E4M3's 0.0625; without it 0.03.
+TEST(Fp8Findings, StartUpUnderflowIsNoFinding) {
+  const double scale = 448.0 / 0.001;
+  const std::vector<trace::Fp8Row> rows = {
+      delayed_row(0, "fc1", "grad_output", "e4m3", 1000, 1000, 0.001, 1.0, 0, 1.0),
+      delayed_row(1, "fc1", "grad_output", "e4m3", 1000, 0, 0.001, scale, 0, 0.03),
+      delayed_row(2, "fc1", "grad_output", "e4m3", 1000, 0, 0.0009, scale, 0, 0.03),
+      delayed_row(0, "fc2", "input", "e4m3", 1000, 0, 2.0, 1.0, 0, 0.02),  // start-up too, but lost nothing
+      delayed_row(1, "fc2", "input", "e4m3", 1000, 0, 2.0, 224.0, 0, 0.02),
+  };
+  const Fp8Section s = analyse_fp8(rows);
+  EXPECT_TRUE(s.findings.empty()) << s.findings.front().kind;
+  ASSERT_EQ(s.start_up.size(), 1u);
+  const Fp8StartUp& u = s.start_up[0];
+  EXPECT_EQ(u.module, "fc1");
+  EXPECT_EQ(u.operand, "grad_output");
+  EXPECT_EQ(u.first_step, 0);
+  EXPECT_EQ(u.last_step, 0);
+  EXPECT_EQ(u.steps, 1);
+  EXPECT_EQ(u.nonzero, 1000);
+  EXPECT_EQ(u.underflow, 1000);
+  EXPECT_DOUBLE_EQ(u.worst_underflow_fraction, 1.0);
+  EXPECT_DOUBLE_EQ(u.max_error, 1.0);
+  EXPECT_TRUE(u.underflow_over);
+  EXPECT_TRUE(u.error_over);
+  EXPECT_FALSE(u.saturation_over);
+  // The operand's summary still counts every step (the worst step is step 0).
+  EXPECT_EQ(s.operands[0].underflow, 1000);
+  EXPECT_EQ(s.operands[0].worst_underflow_step, 0);
+}
+
+// The same start-up followed by 3% underflow in steps 1 and 2: the finding covers those two steps only, and the
+// start-up is still reported apart. fc1's error after start-up, 0.08 and 0.1 (mean 0.09 > 0.0625), makes it
+// fp8_error_dominates with step 0's error 1 left out of the mean.
+TEST(Fp8Findings, UnderflowThatOutlastsTheStartUpIsAFinding) {
+  const double scale = 448.0 / 0.001;
+  const std::vector<trace::Fp8Row> rows = {
+      delayed_row(0, "fc1", "grad_output", "e4m3", 1000, 1000, 0.001, 1.0, 0, 1.0),
+      delayed_row(1, "fc1", "grad_output", "e4m3", 1000, 30, 0.001, scale, 0, 0.08),
+      delayed_row(2, "fc1", "grad_output", "e4m3", 1000, 30, 0.0009, scale, 0, 0.1),
+  };
+  const Fp8Section s = analyse_fp8(rows);
+  ASSERT_EQ(s.start_up.size(), 1u);
+  const auto under = of_kind(s, "e4m3_grad_underflow");
+  ASSERT_EQ(under.size(), 1u);
+  EXPECT_EQ(under[0]->first_step, 1);
+  EXPECT_EQ(under[0]->last_step, 2);
+  EXPECT_EQ(under[0]->steps, 2);
+  EXPECT_EQ(under[0]->nonzero, 2000);
+  EXPECT_EQ(under[0]->count, 60);
+  EXPECT_DOUBLE_EQ(under[0]->worst_fraction, 0.03);
+  EXPECT_EQ(under[0]->worst_step, 1);
+  const auto err = of_kind(s, "fp8_error_dominates");
+  ASSERT_EQ(err.size(), 1u);
+  EXPECT_DOUBLE_EQ(err[0]->error, (0.08 + 0.1) / 2);
+  EXPECT_EQ(err[0]->first_step, 1);
+  EXPECT_DOUBLE_EQ(err[0]->worst_fraction, 0.1);
+}
+
+// Which rows are start-up rows: only the delayed recipe's (history_len > 0), at scale exactly 1, with the history's
+// amax from the row's own step (or an amax of 0), before any row of the operand recorded an amax other than 0.
+TEST(Fp8Findings, StartUpRowsAreTheInitialScaleOnly) {
+  trace::Fp8Row r = delayed_row(0, "fc1", "grad_output", "e4m3", 100, 100, 0.001, 1.0, 0, 1.0);
+  EXPECT_TRUE(fp8_start_up_row(r, false));
+  EXPECT_FALSE(fp8_start_up_row(r, true));  // an earlier amax rolled the history: the scale was computed
+  trace::Fp8Row other = r;
+  other.scale = 2.0;  // not the initial scale
+  EXPECT_FALSE(fp8_start_up_row(other, false));
+  other = r;
+  other.history_amax_step = -1;  // a history older than the probe (attached later, or resumed)
+  EXPECT_FALSE(fp8_start_up_row(other, false));
+  other = r;
+  other.history_len = 0;  // current scaling: each cast's scale is its own amax's
+  EXPECT_FALSE(fp8_start_up_row(other, false));
+  other = r;
+  other.history_len = -1;  // a trace without the history columns cannot show it
+  EXPECT_FALSE(fp8_start_up_row(other, false));
+  other = r;
+  other.amax = 0;  // all zeros: nothing recorded, the next step is still cast with scale 1
+  other.history_amax_step = -1;
+  EXPECT_TRUE(fp8_start_up_row(other, false));
+
+  // In a run: step 0 ran with all zeros (no amax recorded), so step 1 is start-up too; step 2 (scale 448 / 0.001
+  // from step 1's amax) is not. b: its step-0 amax is 448, so its step-1 scale is 448 / 448 = 1, computed: a finding.
+  const double scale = 448.0 / 0.001;
+  std::vector<trace::Fp8Row> rows = {
+      delayed_row(0, "a", "grad_output", "e4m3", 0, 0, 0.0, 1.0, -1, 0.0),
+      delayed_row(1, "a", "grad_output", "e4m3", 100, 50, 0.001, 1.0, 1, 0.7),
+      delayed_row(2, "a", "grad_output", "e4m3", 100, 1, 0.001, scale, 1, 0.03),
+      delayed_row(0, "b", "grad_output", "e4m3", 100, 0, 448.0, 1.0, 0, 0.03),
+      delayed_row(1, "b", "grad_output", "e4m3", 100, 5, 4.0, 1.0, 0, 0.03),
+  };
+  const Fp8Section s = analyse_fp8(rows);
+  ASSERT_EQ(s.start_up.size(), 1u);
+  EXPECT_EQ(s.start_up[0].module, "a");
+  EXPECT_EQ(s.start_up[0].first_step, 0);
+  EXPECT_EQ(s.start_up[0].last_step, 1);
+  EXPECT_EQ(s.start_up[0].steps, 2);
+  EXPECT_EQ(s.start_up[0].underflow, 50);
+  const auto under = of_kind(s, "e4m3_grad_underflow");
+  ASSERT_EQ(under.size(), 1u);
+  EXPECT_EQ(under[0]->module, "b");
+  EXPECT_EQ(under[0]->first_step, 1);
+}
+
+// fix's loss tolerance against the bf16 run (fp8_loss_tolerance, docs/fp8.md "The loss tolerance"), worked by hand:
+// losses 10, 8, 7, 6.5, 5 have second differences 7 - 16 + 10 = 1, 6.5 - 14 + 8 = 0.5, 5 - 13 + 7 = -1; their mean
+// square is 2.25 / 3 = 0.75, sigma^2 = 0.75 / 6 = 0.125, and 2 sigma / 5 = 2 sqrt(0.125) / 5 = sqrt(2) / 10.
+TEST(Fp8Findings, LossToleranceIsTwoSigmaOfTheBf16RunsLastSteps) {
+  EXPECT_NEAR(fp8_loss_tolerance(std::vector<double>{10, 8, 7, 6.5, 5}), std::sqrt(2.0) / 10, 1e-15);
+  // Only the last five steps count.
+  EXPECT_NEAR(fp8_loss_tolerance(std::vector<double>{100, -50, 10, 8, 7, 6.5, 5}), std::sqrt(2.0) / 10, 1e-15);
+  // Three steps: one second difference, 1 - 4 + 4 = 1 -> sigma = sqrt(1 / 6), over a final loss of 1.
+  EXPECT_NEAR(fp8_loss_tolerance(std::vector<double>{4, 2, 1}), 2 * std::sqrt(1.0 / 6.0), 1e-15);
+  // A straight line has no noise: nothing but the bf16 run's own loss passes.
+  EXPECT_EQ(fp8_loss_tolerance(std::vector<double>{5, 4, 3, 2, 1}), 0.0);
+  // Nothing to measure: fewer than 3 losses, a non-finite loss in the window, a final loss of 0.
+  EXPECT_TRUE(std::isnan(fp8_loss_tolerance(std::vector<double>{2, 1})));
+  EXPECT_TRUE(std::isnan(fp8_loss_tolerance(std::vector<double>{3, NAN, 2, 1, 1})));
+  EXPECT_TRUE(std::isnan(fp8_loss_tolerance(std::vector<double>{3, 2, INFINITY, 1, 1})));
+  EXPECT_TRUE(std::isnan(fp8_loss_tolerance(std::vector<double>{3, 2, 1, 1, 0})));
+  // A NaN before the window does not matter.
+  EXPECT_NEAR(fp8_loss_tolerance(std::vector<double>{NAN, 10, 8, 7, 6.5, 5}), std::sqrt(2.0) / 10, 1e-15);
+}
+
 // The PRECISION entries of FP8 Linears (mark_fp8_linears): by their /fp8 rows' modules. fc1 (input and weight e4m3):
 // its jump entry (rounding, with a remedy) becomes fp8_quantization with --fp8-keep-bf16 'fc1' in place of keeping
 // it in f32, the evidence says what its own bf16 rounding was; its trend entry gets the format only. fc2 ran in

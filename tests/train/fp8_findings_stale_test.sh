@@ -8,8 +8,10 @@
 #     --fp8-recipe current): no stale_scale finding, and the rows show why (the scale recovers, or follows amax);
 #   - a run with --fp8-amax-algo most_recent: the report does not offer most_recent (nor a history) again;
 #   - `ampscope fix --json` on the stale run (stale_scale, its three remedies verified) and `fix --finding
-#     fp8_error_dominates` (the bf16 reference, --fp8-keep-bf16 MODULE judged on the final loss within 8% of the bf16
-#     run's, checked here from the re-runs' /steps rows); the JSON says first_finding, never first_anomaly.
+#     fp8_error_dominates` (the bf16 reference, --fp8-keep-bf16 MODULE judged on the final loss within the tolerance
+#     derived from the bf16 run's last 5 losses, recomputed here from the re-runs' /steps rows); the JSON says
+#     first_finding, never first_anomaly. On the fp8-saturation scenario the same fix verifies nothing: keeping fc3
+#     in bf16 ends far from the bf16 run, whose own last losses scatter by more than its final loss.
 #   fp8_findings_stale_test.sh AMPSCOPE_BINARY SCRATCH_DIR
 set -uo pipefail
 ampscope=${1:?usage: fp8_findings_stale_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
@@ -43,8 +45,19 @@ def rows(path):
         name = lambda i: data[strings[i]["offset"]:strings[i]["offset"] + strings[i]["length"]].decode()
         return [dict(step=int(r["step"]), module=name(r["module"]), operand=name(r["operand"]),
                      format=name(r["format"]), nonzero=int(r["nonzero"]), underflow=int(r["underflow"]),
-                     amax=float(r["amax"]), scale=float(r["scale"]), err=float(r["rel_rms_error"]))
+                     amax=float(r["amax"]), scale=float(r["scale"]), err=float(r["rel_rms_error"]),
+                     hlen=int(r["history_len"]), hstep=int(r["history_amax_step"]))
                 for r in fh["fp8"][()]]
+
+def start_up(lst):
+    # The delayed recipe's start-up rows of one operand in step order (docs/fp8.md, "Start-up"): cast with the
+    # initial scale 1 before any step recorded an amax. fp8_error_dominates leaves them out of its mean.
+    out, seen = [], False
+    for r in lst:
+        if r["hlen"] > 0 and r["scale"] == 1.0 and not seen and (r["hstep"] == r["step"] or r["amax"] == 0):
+            out.append(r)
+        seen = seen or r["amax"] != 0
+    return out
 
 def by_operand(path):
     out = {}
@@ -131,7 +144,8 @@ for name, used in (("recent", "--fp8-amax-algo most_recent"), ("hist2", "--fp8-a
 def dominant(path):
     best = None
     for (module, operand), lst in by_operand(path).items():
-        errs = [r["err"] for r in lst if math.isfinite(r["err"])]
+        skip = {id(r) for r in start_up(lst)}
+        errs = [r["err"] for r in lst if math.isfinite(r["err"]) and id(r) not in skip]
         if not errs:
             continue
         mean = sum(errs) / len(errs)
@@ -163,6 +177,11 @@ cp "$work/stale.h5" "$work/fixerr/"
   { fail "fix stale exited $?, expected 0"; cat "$work/fix/stale.err" >&2; }
 "$ampscope" fix --json --finding fp8_error_dominates "$work/fixerr/stale.h5" >"$work/fixerr/stale.json" \
   2>"$work/fixerr/stale.err" || { fail "fix --finding fp8_error_dominates exited $?, expected 0"; cat "$work/fixerr/stale.err" >&2; }
+# The saturating scenario's fp8_error_dominates: nothing verifies by loss there (checked below).
+mkdir -p "$work/fixsat"
+run "$ampscope" train --scenario fp8-saturation --device cpu --seed 0 --precision fp8 --out "$work/fixsat/sat.h5"
+"$ampscope" fix --json --finding fp8_error_dominates "$work/fixsat/sat.h5" >"$work/fixsat/sat.json" 2>"$work/fixsat/sat.err"
+[[ $? == 1 ]] || fail "fix --finding fp8_error_dominates on fp8-saturation: expected exit 1 (nothing verified)"
 "$ampscope" fix "$work/fix/stale.h5" >"$work/fix/table.txt" 2>/dev/null
 grep -qi "first anomaly" "$work/fix/table.txt" && fail "fix's table says 'first anomaly' for an FP8 finding"
 grep -qF "FP8 finding: fp8:stale_scale at step 4" "$work/fix/table.txt" || fail "fix's table does not name the finding"
@@ -193,17 +212,43 @@ assert doc["verified"] == 3
 
 doc = json.load(open(os.path.join(work, "fixerr", "stale.json")))
 assert doc["cause"] == "fp8:fp8_error_dominates" and doc["reproduced"] is True, doc["cause"]
-tol = doc["loss_tolerance_vs_bf16"]
-assert tol == 0.08, tol
 runs = {r["name"]: r for r in doc["runs"]}
+
+def losses(path):
+    with h5py.File(path, "r") as fh:
+        return [float(x) for x in fh["steps"][()]["loss"]]
+
+def tolerance(path):
+    # docs/fp8.md "The loss tolerance": 2 sigma of the bf16 run's last 5 losses about their local trend, sigma^2 the
+    # mean squared second difference / 6, relative to its final loss.
+    w = losses(path)[-5:]
+    d2 = [w[i] - 2 * w[i - 1] + w[i - 2] for i in range(2, len(w))]
+    return 2 * math.sqrt(sum(d * d for d in d2) / len(d2) / 6) / abs(w[-1])
+
+tol = doc["loss_tolerance_vs_bf16"]
+assert math.isclose(tol, tolerance(runs["bf16"]["trace"]), rel_tol=1e-12), (tol, tolerance(runs["bf16"]["trace"]))
+assert 0.05 < tol < 0.1, tol  # seed 0: 8.3% (docs/fp8.md's worked case)
 bf16 = final_loss(runs["bf16"]["trace"])
 for name, r in runs.items():
     rel = (final_loss(r["trace"]) - bf16) / abs(bf16)
     assert math.isclose(r["final_loss_vs_bf16"], rel, rel_tol=1e-9, abs_tol=1e-12), (name, r["final_loss_vs_bf16"], rel)
 keep = runs["fp8-keep-bf16-fc1"]
 assert keep["applied"] and keep["verified"] == (abs(keep["final_loss_vs_bf16"]) <= tol), keep
-assert keep["verified"], keep  # fc1 kept in bf16 lands within 8% of the bf16 run
-assert abs(runs["original"]["final_loss_vs_bf16"]) > tol, runs["original"]  # the FP8 run itself does not
+assert keep["verified"], keep  # fc1 kept in bf16 lands within the tolerance of the bf16 run (-2.0%)
+assert abs(runs["original"]["final_loss_vs_bf16"]) > tol, runs["original"]  # the FP8 run itself does not (-9.0%)
+
+# The saturating run (lr 0.5): keeping fc3 (the dominating error) in bf16 ends at a loss clearly off the bf16 run's
+# (more than 50% away), and the bf16 run's own last losses scatter by more than its final loss (2 sigma >= 100%):
+# its final loss measures nothing, and nothing is verified by loss.
+doc = json.load(open(os.path.join(work, "fixsat", "sat.json")))
+assert doc["cause"] == "fp8:fp8_error_dominates", doc["cause"]
+runs = {r["name"]: r for r in doc["runs"]}
+tol = doc["loss_tolerance_vs_bf16"]
+assert math.isclose(tol, tolerance(runs["bf16"]["trace"]), rel_tol=1e-12) and tol >= 1, tol
+keep = [r for name, r in runs.items() if name.startswith("fp8-keep-bf16-")]
+assert len(keep) == 1 and keep[0]["applied"], sorted(runs)
+assert abs(keep[0]["final_loss_vs_bf16"]) > 0.5 and not keep[0]["verified"], keep[0]
+assert doc["verified"] == 0, doc["verified"]
 PY
 
 if ((failures > 0)); then
