@@ -9,7 +9,10 @@
 # `--probe health --sample-every 10 --flight-recorder 4` (every step recorded and held, the finite ones not written),
 # and with BASE_PYTHON_DIR=DIR a sixth, `--probe health` with the recorder in DIR (AMPSCOPE_PYTHON_DIR: an older
 # python/ folder, e.g. from `git archive`), so that a change is measured against its baseline in the same rounds.
-#   [BASE_PYTHON_DIR=DIR] bench/record_bench.sh [BUILD_DIR] [ROUNDS] [STEPS]
+# CLOCK=cpu: each run's steps timed in the script's CPU time (record_bench_train.py --clock cpu: the recorder runs in
+# the script's process and is counted, the `ampscope record` writer process is not), steadier than wall time when
+# other work loads the machine.
+#   [BASE_PYTHON_DIR=DIR] [CLOCK=wall|cpu] bench/record_bench.sh [BUILD_DIR] [ROUNDS] [STEPS]
 # Steps after the first two count (warm-up); STEPS - 2 should be a multiple of 10 so the sampled runs
 # record their share (steps 10, 20, ...).
 set -euo pipefail
@@ -19,6 +22,8 @@ steps=${3:-22}
 here=$(cd "$(dirname "$0")" && pwd)
 ampscope="$build/bin/ampscope"
 python=${PYTHON:-/usr/bin/python3}
+clock=${CLOCK:-wall}
+[[ $clock == wall || $clock == cpu ]] || { echo "record_bench.sh: CLOCK must be wall or cpu, not '$clock'" >&2; exit 2; }
 [[ -x "$ampscope" ]] || { echo "record_bench.sh: no $ampscope (build the ampscope target first)" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -27,6 +32,7 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 echo "torch: $("$python" -c 'import torch; print(torch.__version__)')"
 echo "load before: $(uptime | sed 's/.*load average: //')"
+echo "clock: $clock (per step; cpu: the script's process time, the writer process not counted)"
 echo "model: d 256, 2 blocks, 4 heads, batch 8, seq 64, vocab 512, bf16 CPU autocast, AdamW; $steps steps, the first 2 not timed"
 
 declare -A med mean
@@ -38,12 +44,12 @@ kinds="plain health every10 optimizer flight"
 run() {  # run KIND ROUND: appends the run's median and mean step time
   local kind=$1 out
   case $kind in
-    plain)  out=$("$python" "$here/record_bench_train.py" --steps "$steps") ;;
-    health) out=$("$ampscope" record --out "$work/h.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
-    every10) out=$("$ampscope" record --out "$work/s.h5" --probe health --sample-every 10 -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
-    optimizer) out=$("$ampscope" record --out "$work/o.h5" --probe health --record-optimizer -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
-    flight) out=$("$ampscope" record --out "$work/f.h5" --probe health --sample-every 10 --flight-recorder 4 -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
-    base) out=$(AMPSCOPE_PYTHON_DIR="$BASE_PYTHON_DIR" "$ampscope" record --out "$work/b.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" 2>/dev/null) ;;
+    plain)  out=$("$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock") ;;
+    health) out=$("$ampscope" record --out "$work/h.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
+    every10) out=$("$ampscope" record --out "$work/s.h5" --probe health --sample-every 10 -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
+    optimizer) out=$("$ampscope" record --out "$work/o.h5" --probe health --record-optimizer -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
+    flight) out=$("$ampscope" record --out "$work/f.h5" --probe health --sample-every 10 --flight-recorder 4 -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
+    base) out=$(AMPSCOPE_PYTHON_DIR="$BASE_PYTHON_DIR" "$ampscope" record --out "$work/b.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
   esac
   local line
   line=$(grep '^step_ms' <<<"$out")

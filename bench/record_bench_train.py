@@ -2,7 +2,10 @@
 # GPT-style transformer with d 256, AdamW, cross-entropy. It knows nothing of ampscope. It prints the median
 # wall time of its steps after the first two (warm-up: allocator, autocast's caches, the recorder's first
 # labelling), and their mean (a sampled run's recorded steps are every Nth: the mean carries them, the median
-# hides them), so start-up and import costs stay out of the ratio.
+# hides them), so start-up and import costs stay out of the ratio. --clock cpu: this process's CPU time
+# (time.process_time, all its threads) in place of wall time: steadier than wall time on a machine loaded by others,
+# where a step waits for a core as long as it runs (bench/RESULTS.md); an `ampscope record` writer process is not
+# counted.
 import argparse
 import math
 import statistics
@@ -18,7 +21,9 @@ parser.add_argument("--d", type=int, default=256)
 parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--seq", type=int, default=64)
 parser.add_argument("--vocab", type=int, default=512)
+parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
 args = parser.parse_args()
+clock = time.process_time if args.clock == "cpu" else time.perf_counter
 torch.manual_seed(0)
 torch.set_num_threads(1)
 
@@ -78,7 +83,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 data = torch.randint(0, args.vocab, (args.steps, args.batch, args.seq + 1))
 times = []
 for i in range(args.steps):
-    start = time.perf_counter()
+    start = clock()
     x, y = data[i, :, :-1], data[i, :, 1:]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(x)
@@ -86,5 +91,5 @@ for i in range(args.steps):
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    times.append(time.perf_counter() - start)
+    times.append(clock() - start)
 print("step_ms median %.3f mean %.3f" % (statistics.median(times[2:]) * 1000.0, statistics.mean(times[2:]) * 1000.0))

@@ -343,4 +343,62 @@ first = json.loads(r.stdout)["anomalies"][0] if r.returncode == 1 else {}
 check((first.get("op"), first.get("module"), first.get("cause")) == ("softmax", "blocks.0.attn", "invalid_operation"),
       "causal_padded: report exit %d, first anomaly %s" % (r.returncode, json.dumps(first)[:300]))
 
+
+# --- 12. the statistics themselves on tensors built to reach every path: NaN, +inf, -inf alone and together (a
+# mask's -inf, the kind health() infers from the extremes), all non-finite, zeros and subnormals, in f32, bf16, f16
+# and f64, contiguous or not; against numpy's f64 over the same values (counts exact, moments at 1e-12).
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+import math  # noqa: E402
+import random  # noqa: E402
+import torch  # noqa: E402
+from ampscope.torch import _recorder  # noqa: E402
+
+
+def stats_f64(x, tiny):
+    a = x.double().numpy().ravel()
+    fin = a[np.isfinite(a)]
+    counts = [a.size, int(np.isnan(a).sum()), int((a == np.inf).sum()), int((a == -np.inf).sum()), int((fin == 0).sum()),
+              int(((fin != 0) & (np.abs(fin) < tiny)).sum())]
+    if fin.size == 0:
+        return counts, None
+    return counts, [fin.min(), fin.max(), np.abs(fin).max(), fin.sum() / fin.size, math.sqrt((fin * fin).sum() / fin.size)]
+
+
+rng = random.Random(12)
+torch.manual_seed(12)
+cases = 0
+for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+    tiny = torch.finfo(dtype).tiny
+    for i in range(40):
+        n = (1, 2, 6, 96, 4096, 65536)[i % 6]
+        x = torch.randn(n, dtype=torch.float64) * 10 ** rng.uniform(-2, 2)
+        # i // 6 picks what is planted: nothing, each kind alone, kinds together, everything non-finite
+        plant = [(), ("ninf",), ("pinf",), ("nan",), ("zero", "sub"), ("ninf", "pinf"), ("nan", "ninf", "zero")][(i // 6) % 7]
+        if i % 13 == 12:
+            plant = ("all",)
+        for kind in plant:
+            idx = torch.randint(0, n, (max(1, n // rng.choice((2, 7, 100))),))
+            value = {"ninf": -math.inf, "pinf": math.inf, "nan": math.nan, "zero": 0.0,
+                     "sub": tiny * 2.0 ** -rng.randint(1, 8), "all": rng.choice((math.inf, -math.inf, math.nan))}[kind]
+            if kind == "all":
+                x[:] = value
+            else:
+                x[idx] = value
+        if i % 5 == 4:
+            x = x.abs()  # every finite value positive: the minimum over the finite values is not a stand-in's
+        x = x.to(dtype)
+        if n % 2 == 0 and i % 3 == 1:
+            x = x.reshape(2, -1).t()  # not contiguous
+        got = _recorder.health(x)
+        counts, moments = stats_f64(x, tiny)
+        what = "health of %s n=%d planted %s" % (str(dtype)[6:], n, ",".join(plant) or "nothing")
+        ok = got[:6] == counts
+        if moments is None:
+            ok = ok and all(math.isnan(v) for v in got[6:])
+        else:
+            ok = ok and all(close(float(g), float(w)) for g, w in zip(got[6:], moments))
+        check(ok, "%s: %r, numpy f64 %r %r" % (what, got, counts, moments))
+        cases += 1
+check(cases == 160, "statistics cases run: %d" % cases)
+
 finish()

@@ -181,10 +181,11 @@ def _health(x):
 
     Cost: one copy into a reused f64 buffer, then reductions on it (sum, the sum of squares taken by squaring the
     buffer in place, whose smallest value tells whether a zero or subnormal exists) and aminmax on x, their
-    results brought to the host together (one synchronisation on a GPU, one conversion on a CPU). The zero and
-    subnormal counts (boolean masks, the costly part on a CPU) are taken only when the smallest magnitude is
-    below the dtype's smallest normal; a tensor whose sum is not finite takes the slower path that counts NaN and
-    inf (bench/RESULTS.md, "ampscope record's cost")."""
+    results brought to the host together (one synchronisation on a GPU, one conversion on a CPU). Only
+    arithmetic passes and reductions on f64, which torch vectorises: on this CPU its comparisons into boolean
+    tensors (`==`, `<`, isnan) ran 4 to 10 times slower than a pass of arithmetic (bench/RESULTS.md, "ampscope
+    record's cost"). The zero and subnormal counts are taken only when the smallest magnitude is below the dtype's
+    smallest normal (_small_counts); a tensor whose sum is not finite takes _health_nonfinite."""
     x = x.detach()
     n = x.numel()
     if n == 0:
@@ -209,15 +210,11 @@ def _health(x):
     total, lo, hi, sq, smallest = torch.stack([total_t, lo_t.to(torch.float64), hi_t.to(torch.float64), sq_t.sum(),
                                                small_t]).tolist()
     if not math.isfinite(total):
-        return _health_nonfinite(x, n, tiny)
+        return _health_nonfinite(x, n, tiny, lo, hi)
     zero = subnormal = 0
     if smallest < bound:
         if x.dtype != torch.float64:
-            # From the squares still in the buffer: a square of an f32, bf16 or f16 value is exact in f64, so
-            # x^2 == 0 iff x == 0 and x^2 < tiny^2 iff |x| < tiny; one read of the buffer per count, no copy of x.
-            # count_nonzero: no boolean temporary, half the time of (sq == 0).sum() on this CPU.
-            nonzero, below = torch.stack([torch.count_nonzero(sq_t), (sq_t < bound).sum()]).tolist()
-            zero = n - nonzero
+            zero, below = _small_counts(sq_t, bound, False)
         else:
             xf = x.reshape(-1)
             zero, below = torch.stack([(xf == 0).sum(), (xf.abs() < tiny).sum()]).tolist()
@@ -225,41 +222,92 @@ def _health(x):
     return [n, 0, 0, 0, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / n, math.sqrt(sq / n)], sq
 
 
-def _health_nonfinite(x, n, tiny):
-    """_health of a tensor holding NaN or inf: the counts, the moments over the finite values.
+def _small_counts(sq, bound, with_nan):
+    """(zeros, values below the smallest normal) among the finite places of sq, the squares of an f32, bf16 or f16
+    tensor in f64 (exact: x^2 == 0 iff x == 0, x^2 < tiny^2 iff |x| < tiny), NaN at its non-finite places when
+    with_nan; also the number of finite places when with_nan. sq is overwritten.
 
-    In the reused buffer with no boolean indexing and no f64 temporary: nan_to_num_ overwrites the non-finite
-    values in place by +inf for the minimum, then (the +inf now standing for every non-finite place) by -inf for
-    the maximum, then by zero (a zero adds nothing to a sum or a sum of squares). Indexing with a mask made a
-    fresh copy of the finite values per call (a fresh mmap whose pages fault on first touch): the two masked
-    attention scores a step (-inf above the diagonal) took 8 to 17 ms each that way in a cProfile of
-    record_bench_train.py; masked_fill_ with a boolean mask of the non-finite places, then, took three more passes
-    and a mask (bench/RESULTS.md). The NaN and inf counts are taken on x itself (half the bytes of f64 or fewer);
-    the zero and subnormal counts from the squares, less the non-finite places zeroed."""
+    By arithmetic, not comparisons (each a boolean temporary and a slow kernel on this CPU): count_nonzero gives
+    the zeros (NaN counts as nonzero); then clamp(sq, max=bound) / bound is 0 for a zero, in (0, 1) for a
+    subnormal's square and exactly 1 for a normal's (bound = tiny^2 is a power of two: the division is exact), so
+    the sum of its floor counts the normal values (nansum leaves the NaN out)."""
+    n = sq.numel()
+    nonzero_t = torch.count_nonzero(sq)
+    t = sq.clamp_(max=bound).mul_(1.0 / bound).floor_()
+    if not with_nan:
+        nonzero, normal = torch.stack([nonzero_t.to(torch.float64), t.sum()]).tolist()
+        return n - int(nonzero), n - int(normal)
+    normal_t = torch.nansum(t)
+    finite_t = torch.nansum(t.mul_(0.0).add_(1.0))  # 1 at each finite place, NaN elsewhere
+    nonzero, normal, finite = (int(v) for v in torch.stack([nonzero_t.to(torch.float64), normal_t, finite_t]).tolist())
+    bad = n - finite
+    return finite - (nonzero - bad), finite - normal, finite
+
+
+def _health_nonfinite(x, n, tiny, lo, hi):
+    """_health of a tensor holding NaN or inf: the counts, the moments over the finite values. lo, hi: x's aminmax
+    (NaN when x holds a NaN).
+
+    In the reused buffer with no boolean indexing and no f64 temporary. nan_to_num_ overwrites the non-finite
+    values in place by +inf for the minimum, then (when the maximum is needed) by -inf for the maximum;
+    add_(xd, alpha=0) turns every non-finite place into NaN (inf + 0 * inf), which nansum leaves out of the sums.
+    Indexing with a mask made a fresh copy of the finite values per call (a fresh mmap whose pages fault on first
+    touch): the two masked attention scores a step (-inf above the diagonal) took 8 to 17 ms each that way;
+    masked_fill_ with a mask took more passes; comparisons into boolean tensors are slow kernels on this CPU
+    (bench/RESULTS.md). The kinds of non-finite value come from the aminmax: with no NaN, -inf exists iff the
+    minimum is -inf and +inf iff the maximum is +inf, and when only one kind is present its count is the number
+    of non-finite places, which _small_counts gives with the zeros; isnan/isposinf/isneginf are taken only when
+    NaN or both infinities are present."""
     xd = _widened(x)
+    if x.dtype == torch.float64:
+        return _health_nonfinite_f64(x, xd, n, tiny)
     inf = math.inf
-    if x.dtype == torch.float64:  # tiny * tiny underflows in f64: counted on x (a rare dtype for a row)
-        xf = x.reshape(-1)
-        zero_t, below_t = (xf == 0).sum(), (xf.abs() < tiny).sum()
+    has_nan = math.isnan(lo) or math.isnan(hi)
+    has_neg, has_pos = lo == -inf, hi == inf
+    counts_t = None
+    if has_nan or (has_neg and has_pos):
+        counts_t = torch.stack([torch.isnan(xd).sum(), torch.isposinf(xd).sum(), torch.isneginf(xd).sum()])
+    lo_t = xd.nan_to_num_(nan=inf, posinf=inf, neginf=inf).amin()  # every non-finite place is +inf
+    hi_t = None
+    if has_nan or has_pos:
+        hi_t = xd.nan_to_num_(posinf=-inf).amax()  # every non-finite place is -inf now (no NaN is left)
+    total_t = torch.nansum(xd.add_(xd, alpha=0.0))  # inf + 0 * inf: NaN at every non-finite place
+    sq = xd.mul_(xd)
+    sq_t = torch.nansum(sq)
+    extremes = torch.stack([total_t, lo_t, sq_t] + ([hi_t] if hi_t is not None else [])).tolist()
+    total, lo_f, sq_sum = extremes[0], extremes[1], extremes[2]
+    hi_f = extremes[3] if hi_t is not None else hi
+    zero, below, m = _small_counts(sq, tiny * tiny, True)
+    bad = n - m
+    if counts_t is not None:
+        nan_c, pinf, ninf = counts_t.tolist()
     else:
-        zero_t = below_t = None
+        nan_c, pinf, ninf = 0, (bad if has_pos else 0), (bad if has_neg else 0)
+    if m == 0:
+        nan = float("nan")
+        return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
+    return [n, nan_c, pinf, ninf, zero, below - zero, lo_f, hi_f, max(abs(lo_f), abs(hi_f)), total / m,
+            math.sqrt(sq_sum / m)], sq_sum
+
+
+def _health_nonfinite_f64(x, xd, n, tiny):
+    """_health_nonfinite of an f64 tensor (a rare dtype for a row): tiny * tiny underflows in f64, so the zeros
+    and subnormals are counted on x, and the NaN/inf by comparisons."""
+    inf = math.inf
+    xf = x.reshape(-1)
+    zero_t, below_t = (xf == 0).sum(), (xf.abs() < tiny).sum()
     nan_t, pinf_t, ninf_t = torch.isnan(x).sum(), (x == inf).sum(), (x == -inf).sum()
     # Each nan_to_num_ reads its extreme before the next one overwrites the non-finite places (ops run in order).
     lo_t = xd.nan_to_num_(nan=inf, posinf=inf, neginf=inf).amin()
     hi_t = xd.nan_to_num_(posinf=-inf).amax()
     total_t = xd.nan_to_num_(neginf=0.0).sum()
     sq = xd.mul_(xd)
-    if zero_t is None:
-        # A square of an f32, bf16 or f16 value is exact in f64: x^2 == 0 iff x == 0, x^2 < tiny^2 iff |x| < tiny.
-        zero_t, below_t = n - torch.count_nonzero(sq), (sq < tiny * tiny).sum()
     nan_c, pinf, ninf, zero, below = torch.stack([nan_t, pinf_t, ninf_t, zero_t, below_t]).tolist()
     bad = nan_c + pinf + ninf
     m = n - bad
     if m == 0:
         nan = float("nan")
         return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
-    if x.dtype != torch.float64:
-        zero, below = zero - bad, below - bad  # the non-finite places hold zeros now
     total, lo, hi, sq_sum = torch.stack([total_t, lo_t, hi_t, sq.sum()]).tolist()
     return [n, nan_c, pinf, ninf, zero, below - zero, lo, hi, max(abs(lo), abs(hi)), total / m,
             math.sqrt(sq_sum / m)], sq_sum
