@@ -16,6 +16,7 @@
 #include "core/convert.h"
 #include "core/philox.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gelu_kernels.h"
 #include "kernels/half_convert.h"
 #include "kernels/parallel.h"
 #include "kernels/functors.h"
@@ -89,6 +90,39 @@ void masked_scale_kernel(Backend&, const KernelArgs& a) {
     StridedCursor<2> c(a.out, {&a.in[0], &a.in[1]}, b);
     for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = convert<T>(fn(convert<Acc>(g[c.offset(0)]), keep[c.offset(1)]));
   });
+}
+
+// ---- GELU ----
+
+// The tanh form on contiguous f32 goes through the vectorised loops of gelu_kernels.h (the same functor, the
+// same bits); everything else through the generic element-wise kernels.
+template <class T>
+void gelu_kernel(Backend& backend, const KernelArgs& a) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.scalars[0] == 1 && a.in[0].is_contiguous()) {
+      const float* x = a.in[0].ptr<float>();
+      float* out = a.out.ptr<float>();
+      parallel_for(a.out.numel, kElementwiseGrain,
+                   [&](std::int64_t b, std::int64_t e) { gelu_tanh_f32(x + b, out + b, e - b); });
+      return;
+    }
+  }
+  unary_kernel<T, GeluFn>(backend, a);
+}
+
+template <class T>
+void gelu_backward_kernel(Backend& backend, const KernelArgs& a) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.scalars[0] == 1 && a.in[0].is_contiguous() && a.in[1].is_contiguous()) {
+      const float* g = a.in[0].ptr<float>();
+      const float* x = a.in[1].ptr<float>();
+      float* out = a.out.ptr<float>();
+      parallel_for(a.out.numel, kElementwiseGrain,
+                   [&](std::int64_t b, std::int64_t e) { gelu_tanh_backward_f32(g + b, x + b, out + b, e - b); });
+      return;
+    }
+  }
+  binary_kernel<T, GeluBackwardFn>(backend, a);
 }
 
 // ---- rows ----
@@ -796,13 +830,13 @@ void register_nn_kernels(const KernelRegistrar& reg) {
     reg(Op::rsqrt, D, &unary_kernel<T, RsqrtFn>);
     reg(Op::sigmoid, D, &unary_kernel<T, SigmoidFn>);
     reg(Op::tanh, D, &unary_kernel<T, TanhFn>);
-    reg(Op::gelu, D, &unary_kernel<T, GeluFn>);
+    reg(Op::gelu, D, &gelu_kernel<T>);
     reg(Op::pow_scalar, D, &unary_kernel<T, PowFn>);
     reg(Op::clamp, D, &unary_kernel<T, ClampFn>);
     reg(Op::where, D, &where_kernel<T>);
     reg(Op::masked_fill, D, &masked_fill_kernel<T>);
     reg(Op::relu_backward, D, &binary_kernel<T, ReluBackwardFn>);
-    reg(Op::gelu_backward, D, &binary_kernel<T, GeluBackwardFn>);
+    reg(Op::gelu_backward, D, &gelu_backward_kernel<T>);
     reg(Op::sigmoid_backward, D, &binary_kernel<T, SigmoidBackwardFn>);
     reg(Op::tanh_backward, D, &binary_kernel<T, TanhBackwardFn>);
     reg(Op::clamp_backward, D, &binary_kernel<T, ClampBackwardFn>);
