@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -661,6 +662,14 @@ void col2im_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
+// An integer that orders floats as `>` does for non-NaN values (both zeros map to 0): sign and magnitude
+// bits turned into a signed integer.
+inline std::int32_t order_key(std::uint32_t u) {
+  const auto mag = static_cast<std::int32_t>(u & 0x7FFFFFFFu);
+  const std::int32_t neg = -static_cast<std::int32_t>(u >> 31);  // 0 or -1
+  return (mag ^ neg) - neg;
+}
+
 // NaN wins, as in PyTorch: a NaN replaces the running maximum whenever it is met.
 template <class T>
 void max_pool2d_kernel(Backend&, const KernelArgs& a) {
@@ -683,13 +692,33 @@ void max_pool2d_kernel(Backend&, const KernelArgs& a) {
             // A 2 x 2 window inside the plane (the usual pooling): the loop below unrolled, same order.
             const std::int64_t p0 = h0 * W + w0;
             const std::int64_t at[4] = {p0, p0 + 1, p0 + W, p0 + W + 1};
-            Acc m = -std::numeric_limits<Acc>::infinity();
             std::int64_t best = p0;
-            for (const std::int64_t p : at) {
-              const Acc v = convert<Acc>(plane[p]);
-              if (v > m || v != v) {
-                m = v;
-                best = p;
+            if constexpr (std::is_same_v<Acc, float>) {
+              // The same decisions (v > m || v != v) made on the floats' bits as integers: the compiler
+              // selects instead of branching, which random data mispredicts. order_key(v) > order_key(m) is
+              // v > m for non-NaN values; once m is a NaN only a NaN replaces it, as v > NaN is false.
+              // Masks are 0 or -1 (all bits), made by arithmetic shifts: GCC turns even integer `?:` and
+              // bool logic here back into branches.
+              std::int64_t mk = order_key(0xFF800000u), m_nan = 0;  // m = -inf
+              for (const std::int64_t p : at) {
+                const float v = convert<float>(plane[p]);
+                std::uint32_t u;
+                std::memcpy(&u, &v, sizeof u);
+                const std::int64_t v_nan = (std::int64_t{0x7F800000} - std::int64_t{u & 0x7FFFFFFFu}) >> 63;
+                const std::int64_t vk = order_key(u);
+                const std::int64_t take = v_nan | (~m_nan & ((mk - vk) >> 63));  // v != v || v > m
+                best = (p & take) | (best & ~take);
+                mk = (vk & take) | (mk & ~take);
+                m_nan = (v_nan & take) | (m_nan & ~take);
+              }
+            } else {
+              Acc m = -std::numeric_limits<Acc>::infinity();
+              for (const std::int64_t p : at) {
+                const Acc v = convert<Acc>(plane[p]);
+                if (v > m || v != v) {
+                  m = v;
+                  best = p;
+                }
               }
             }
             out[o] = plane[best];

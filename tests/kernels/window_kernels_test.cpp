@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -35,6 +36,12 @@ Tensor edgy(const Shape& shape, DType d, std::uint64_t seed) {
   const float inf = std::numeric_limits<float>::infinity();
   const float cases[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.0f, -0.0f, 1e-41f, -3e38f, 3e38f};
   for (std::int64_t i = 0, c = 0; i < t.numel(); i += 23, ++c) p[i] = cases[c % 8];
+  // Ties for the pooling: neighbours with equal values, and +0 beside -0.
+  for (std::int64_t i = 5; i < t.numel(); i += 29) p[i] = p[i - 1];
+  for (std::int64_t i = 12; i + 1 < t.numel(); i += 31) {
+    p[i] = 0.0f;
+    p[i + 1] = -0.0f;
+  }
   return t.to(d);
 }
 
@@ -122,6 +129,35 @@ void check_pool_backward(DType d, std::int64_t N, std::int64_t C, std::int64_t H
     for (int i = 0; i < 6; ++i) a.scalars[i] = s[i];
     backend_for(Device::cpu()).run(Op::max_pool2d, d, a);
   }
+  // The forward pass against its definition: the first largest element of each window in row order, a
+  // NaN replacing the running maximum whenever it is met; the value's bits moved.
+  {
+    const Tensor x64 = x.to(DType::f64);
+    const double* xp = x64.data_as<double>();
+    const std::int64_t* got_index = index.data_as<std::int64_t>();
+    for (std::int64_t nc = 0; nc < N * C; ++nc) {
+      for (std::int64_t oh = 0; oh < OH; ++oh) {
+        for (std::int64_t ow = 0; ow < OW; ++ow) {
+          const std::int64_t h0 = oh * w.sh - w.ph, w0 = ow * w.sw - w.pw;
+          Acc m = -std::numeric_limits<Acc>::infinity();
+          std::int64_t best = std::max<std::int64_t>(h0, 0) * W + std::max<std::int64_t>(w0, 0);
+          for (std::int64_t h = std::max<std::int64_t>(h0, 0); h < std::min(h0 + w.kh, H); ++h) {
+            for (std::int64_t c = std::max<std::int64_t>(w0, 0); c < std::min(w0 + w.kw, W); ++c) {
+              const Acc v = static_cast<Acc>(xp[nc * H * W + h * W + c]);
+              if (v > m || v != v) {
+                m = v;
+                best = h * W + c;
+              }
+            }
+          }
+          const std::int64_t o = nc * OH * OW + oh * OW + ow;
+          ASSERT_EQ(got_index[o], best) << dtype_name(d) << " pool forward k " << w.kh << "x" << w.kw << " s " << w.sh
+                                        << "x" << w.sw << " p " << w.ph << "x" << w.pw << " at " << o;
+          ASSERT_EQ(bits_at(y, o), bits_at(x, nc * H * W + best)) << dtype_name(d) << " pool forward value at " << o;
+        }
+      }
+    }
+  }
   const Tensor g = edgy({N, C, OH, OW}, d, 13);
   const Tensor got = run(Op::max_pool2d_backward, d, {N, C, H, W}, d, {g, index}, w);
   const std::int64_t* ip = index.data_as<std::int64_t>();
@@ -159,8 +195,9 @@ TEST(window_kernels_test, col2im_sums_each_element_kernel_rows_then_columns_and_
   }
 }
 
-TEST(window_kernels_test, max_pool2d_backward_sums_the_windows_in_order_and_rounds_once) {
+TEST(window_kernels_test, max_pool2d_picks_each_windows_first_maximum_and_its_backward_sums_in_window_order) {
   // Pooling windows with padding at most half the kernel (what max_pool2d accepts); stride 1 overlaps them.
+  // 2 x 2 windows inside the plane take the forward kernel's branch-free path.
   const Win pools[] = {{2, 2, 2, 2, 0, 0}, {2, 2, 1, 1, 0, 0}, {3, 3, 1, 1, 1, 1}, {3, 2, 2, 2, 1, 1}, {3, 3, 2, 1, 0, 0}};
   for (const Win& w : pools) {
     check_pool_backward<float>(DType::f32, 2, 3, 9, 10, w);
