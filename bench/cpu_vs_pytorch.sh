@@ -20,14 +20,15 @@ models=${3:-mlp,cnn,transformer}
 bench="$build/bench/training_bench"
 here="$(cd "$(dirname "$0")" && pwd)"
 [ -x "$bench" ] || { echo "cpu_vs_pytorch: $bench not found (build the training_bench target)" >&2; exit 2; }
-filter="^($(echo "$models" | tr , '|'))/f32\$"
+# gpt2_small's case is named gpt2_small/f32/iterations:3/real_time.
+filter="^($(echo "$models" | tr , '|'))/f32(/|\$)"
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 
 ampscope_side() {  # threads -> lines "model wall_ms cpu_ms"
   AMPSCOPE_NUM_THREADS=$1 "$bench" --benchmark_filter="$filter" --benchmark_repetitions=3 \
     --benchmark_report_aggregates_only=true --benchmark_format=csv 2>/dev/null |
-    awk -F, '$1 ~ /_median"?$/ { name = $1; gsub(/"/, "", name); sub(/\/f32_median/, "", name);
+    awk -F, '$1 ~ /_median"?$/ { name = $1; gsub(/"/, "", name); sub(/\/.*/, "", name);
                                  for (i = 1; i <= NF; ++i) if (h[i] == "all_threads_cpu_ms") cpu = $i;
                                  print name, $3, cpu }
              $1 == "name" { for (i = 1; i <= NF; ++i) { h[i] = $i; gsub(/"/, "", h[i]) } }'
