@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "core/convert.h"
 #include "core/philox.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gelu_kernels.h"
 #include "kernels/half_convert.h"
 #include "kernels/parallel.h"
 #include "kernels/functors.h"
@@ -89,6 +91,39 @@ void masked_scale_kernel(Backend&, const KernelArgs& a) {
     StridedCursor<2> c(a.out, {&a.in[0], &a.in[1]}, b);
     for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = convert<T>(fn(convert<Acc>(g[c.offset(0)]), keep[c.offset(1)]));
   });
+}
+
+// ---- GELU ----
+
+// The tanh form on contiguous f32 goes through the vectorised loops of gelu_kernels.h (the same functor, the
+// same bits); everything else through the generic element-wise kernels.
+template <class T>
+void gelu_kernel(Backend& backend, const KernelArgs& a) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.scalars[0] == 1 && a.in[0].is_contiguous()) {
+      const float* x = a.in[0].ptr<float>();
+      float* out = a.out.ptr<float>();
+      parallel_for(a.out.numel, kElementwiseGrain,
+                   [&](std::int64_t b, std::int64_t e) { gelu_tanh_f32(x + b, out + b, e - b); });
+      return;
+    }
+  }
+  unary_kernel<T, GeluFn>(backend, a);
+}
+
+template <class T>
+void gelu_backward_kernel(Backend& backend, const KernelArgs& a) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.scalars[0] == 1 && a.in[0].is_contiguous() && a.in[1].is_contiguous()) {
+      const float* g = a.in[0].ptr<float>();
+      const float* x = a.in[1].ptr<float>();
+      float* out = a.out.ptr<float>();
+      parallel_for(a.out.numel, kElementwiseGrain,
+                   [&](std::int64_t b, std::int64_t e) { gelu_tanh_backward_f32(g + b, x + b, out + b, e - b); });
+      return;
+    }
+  }
+  binary_kernel<T, GeluBackwardFn>(backend, a);
 }
 
 // ---- rows ----
@@ -574,7 +609,10 @@ void im2col_kernel(Backend&, const KernelArgs& a) {
 }
 
 // cols -> dx: each input element sums, in the accumulation type, the column entries that read it
-// (kernel rows in order, then kernel columns), and is rounded once.
+// (kernel rows in order, then kernel columns), and is rounded once. At column stride 1 an output row is
+// summed a kernel offset at a time over a row buffer: for each (ki, kj) the entries it gives the row are
+// one contiguous run of a cols row, so the adds vectorise; each element still receives its terms in the
+// same order (ki, then kj) from the same zero, so the sums are those of the element-by-element loop below.
 template <class T>
 void col2im_kernel(Backend&, const KernelArgs& a) {
   using Acc = acc_type<T>;
@@ -584,9 +622,28 @@ void col2im_kernel(Backend&, const KernelArgs& a) {
   const T* cols = a.in[0].ptr<T>();
   T* out = a.out.ptr<T>();
   parallel_for(N * C, planes_per_task(w.kh * w.kw * H * W), [&](std::int64_t b, std::int64_t e) {
+    std::vector<Acc> acc(w.sw == 1 ? static_cast<std::size_t>(W) : 0);
     for (std::int64_t nc = b; nc < e; ++nc) {
       const T* rows = cols + nc * w.kh * w.kw * OH * OW;
       for (std::int64_t h = 0; h < H; ++h) {
+        if (w.sw == 1) {
+          std::fill(acc.begin(), acc.end(), Acc(0));
+          for (std::int64_t ki = 0; ki < w.kh; ++ki) {
+            const std::int64_t th = h + w.ph - ki;
+            if (th < 0 || th % w.sh != 0 || th / w.sh >= OH) continue;
+            for (std::int64_t kj = 0; kj < w.kw; ++kj) {
+              // Input column x reads output column x + pw - kj, inside [0, OW).
+              const std::int64_t shift = w.pw - kj;
+              const std::int64_t x0 = std::max<std::int64_t>(0, -shift), x1 = std::min(W, OW - shift);
+              const T* src = rows + (ki * w.kw + kj) * OH * OW + (th / w.sh) * OW + shift;
+              Acc* dst = acc.data();
+              for (std::int64_t x = x0; x < x1; ++x) dst[x] += convert<Acc>(src[x]);
+            }
+          }
+          T* o = out + nc * H * W + h * W;
+          for (std::int64_t x = 0; x < W; ++x) o[x] = convert<T>(canonical_nan(acc[x]));
+          continue;
+        }
         for (std::int64_t x = 0; x < W; ++x) {
           Acc s = 0;
           for (std::int64_t ki = 0; ki < w.kh; ++ki) {
@@ -603,6 +660,14 @@ void col2im_kernel(Backend&, const KernelArgs& a) {
       }
     }
   });
+}
+
+// An integer that orders floats as `>` does for non-NaN values (both zeros map to 0): sign and magnitude
+// bits turned into a signed integer.
+inline std::int32_t order_key(std::uint32_t u) {
+  const auto mag = static_cast<std::int32_t>(u & 0x7FFFFFFFu);
+  const std::int32_t neg = -static_cast<std::int32_t>(u >> 31);  // 0 or -1
+  return (mag ^ neg) - neg;
 }
 
 // NaN wins, as in PyTorch: a NaN replaces the running maximum whenever it is met.
@@ -622,6 +687,44 @@ void max_pool2d_kernel(Backend&, const KernelArgs& a) {
       for (std::int64_t oh = 0; oh < OH; ++oh) {
         for (std::int64_t ow = 0; ow < OW; ++ow) {
           const std::int64_t h0 = oh * w.sh - w.ph, w0 = ow * w.sw - w.pw;
+          const std::int64_t o = nc * OH * OW + oh * OW + ow;
+          if (w.kh == 2 && w.kw == 2 && h0 >= 0 && w0 >= 0 && h0 + 2 <= H && w0 + 2 <= W) {
+            // A 2 x 2 window inside the plane (the usual pooling): the loop below unrolled, same order.
+            const std::int64_t p0 = h0 * W + w0;
+            const std::int64_t at[4] = {p0, p0 + 1, p0 + W, p0 + W + 1};
+            std::int64_t best = p0;
+            if constexpr (std::is_same_v<Acc, float>) {
+              // The same decisions (v > m || v != v) made on the floats' bits as integers: the compiler
+              // selects instead of branching, which random data mispredicts. order_key(v) > order_key(m) is
+              // v > m for non-NaN values; once m is a NaN only a NaN replaces it, as v > NaN is false.
+              // Masks are 0 or -1 (all bits), made by arithmetic shifts: GCC turns even integer `?:` and
+              // bool logic here back into branches.
+              std::int64_t mk = order_key(0xFF800000u), m_nan = 0;  // m = -inf
+              for (const std::int64_t p : at) {
+                const float v = convert<float>(plane[p]);
+                std::uint32_t u;
+                std::memcpy(&u, &v, sizeof u);
+                const std::int64_t v_nan = (std::int64_t{0x7F800000} - std::int64_t{u & 0x7FFFFFFFu}) >> 63;
+                const std::int64_t vk = order_key(u);
+                const std::int64_t take = v_nan | (~m_nan & ((mk - vk) >> 63));  // v != v || v > m
+                best = (p & take) | (best & ~take);
+                mk = (vk & take) | (mk & ~take);
+                m_nan = (v_nan & take) | (m_nan & ~take);
+              }
+            } else {
+              Acc m = -std::numeric_limits<Acc>::infinity();
+              for (const std::int64_t p : at) {
+                const Acc v = convert<Acc>(plane[p]);
+                if (v > m || v != v) {
+                  m = v;
+                  best = p;
+                }
+              }
+            }
+            out[o] = plane[best];
+            idx[o] = best;
+            continue;
+          }
           Acc m = -std::numeric_limits<Acc>::infinity();
           std::int64_t best = std::max<std::int64_t>(h0, 0) * W + std::max<std::int64_t>(w0, 0);
           for (std::int64_t h = std::max<std::int64_t>(h0, 0); h < std::min(h0 + w.kh, H); ++h) {
@@ -633,7 +736,6 @@ void max_pool2d_kernel(Backend&, const KernelArgs& a) {
               }
             }
           }
-          const std::int64_t o = nc * OH * OW + oh * OW + ow;
           out[o] = plane[best];
           idx[o] = best;
         }
@@ -642,7 +744,10 @@ void max_pool2d_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
-// Each input element gathers the gradients of the windows whose maximum it was.
+// Each input element sums the gradients of the windows whose maximum it was, in window order (oh, then
+// ow) from zero, and is rounded once. Done as a scatter: the windows are walked in that order and each
+// adds its gradient to the element its index names, when that element lies in the window (an index from
+// max_pool2d always does); an element no window chose stays zero.
 template <class T>
 void max_pool2d_backward_kernel(Backend&, const KernelArgs& a) {
   using Acc = acc_type<T>;
@@ -653,24 +758,29 @@ void max_pool2d_backward_kernel(Backend&, const KernelArgs& a) {
   const std::int64_t* idx = a.in[1].ptr<std::int64_t>();
   T* out = a.out.ptr<T>();
   parallel_for(N * C, planes_per_task(w.kh * w.kw * H * W), [&](std::int64_t b, std::int64_t e) {
+    std::vector<Acc> scratch(std::is_same_v<T, Acc> ? 0 : static_cast<std::size_t>(H * W));
     for (std::int64_t nc = b; nc < e; ++nc) {
       const T* gp = g + nc * OH * OW;
       const std::int64_t* ip = idx + nc * OH * OW;
-      for (std::int64_t h = 0; h < H; ++h) {
-        const std::int64_t ph0 = (h + w.ph < w.kh) ? 0 : (h + w.ph - w.kh) / w.sh + 1;
-        const std::int64_t ph1 = std::min((h + w.ph) / w.sh + 1, OH);
-        for (std::int64_t x = 0; x < W; ++x) {
-          const std::int64_t pw0 = (x + w.pw < w.kw) ? 0 : (x + w.pw - w.kw) / w.sw + 1;
-          const std::int64_t pw1 = std::min((x + w.pw) / w.sw + 1, OW);
-          Acc s = 0;
-          for (std::int64_t oh = ph0; oh < ph1; ++oh) {
-            for (std::int64_t ow = pw0; ow < pw1; ++ow) {
-              if (ip[oh * OW + ow] == h * W + x) s += convert<Acc>(gp[oh * OW + ow]);
-            }
-          }
-          out[nc * H * W + h * W + x] = convert<T>(canonical_nan(s));
+      Acc* acc = nullptr;
+      if constexpr (std::is_same_v<T, Acc>) {
+        acc = out + nc * H * W;
+      } else {
+        acc = scratch.data();
+      }
+      std::fill(acc, acc + H * W, Acc(0));
+      for (std::int64_t oh = 0; oh < OH; ++oh) {
+        const std::int64_t h0 = oh * w.sh - w.ph;
+        for (std::int64_t ow = 0; ow < OW; ++ow) {
+          const std::int64_t i = ip[oh * OW + ow];
+          if (i < 0 || i >= H * W) continue;
+          const std::int64_t h = i / W, x = i - h * W, w0 = ow * w.sw - w.pw;
+          if (h < h0 || h >= h0 + w.kh || x < w0 || x >= w0 + w.kw) continue;
+          acc[i] += convert<Acc>(gp[oh * OW + ow]);
         }
       }
+      T* o = out + nc * H * W;
+      for (std::int64_t j = 0; j < H * W; ++j) o[j] = convert<T>(canonical_nan(acc[j]));
     }
   });
 }
@@ -749,13 +859,13 @@ void register_nn_kernels(const KernelRegistrar& reg) {
     reg(Op::rsqrt, D, &unary_kernel<T, RsqrtFn>);
     reg(Op::sigmoid, D, &unary_kernel<T, SigmoidFn>);
     reg(Op::tanh, D, &unary_kernel<T, TanhFn>);
-    reg(Op::gelu, D, &unary_kernel<T, GeluFn>);
+    reg(Op::gelu, D, &gelu_kernel<T>);
     reg(Op::pow_scalar, D, &unary_kernel<T, PowFn>);
     reg(Op::clamp, D, &unary_kernel<T, ClampFn>);
     reg(Op::where, D, &where_kernel<T>);
     reg(Op::masked_fill, D, &masked_fill_kernel<T>);
     reg(Op::relu_backward, D, &binary_kernel<T, ReluBackwardFn>);
-    reg(Op::gelu_backward, D, &binary_kernel<T, GeluBackwardFn>);
+    reg(Op::gelu_backward, D, &gelu_backward_kernel<T>);
     reg(Op::sigmoid_backward, D, &binary_kernel<T, SigmoidBackwardFn>);
     reg(Op::tanh_backward, D, &binary_kernel<T, TanhBackwardFn>);
     reg(Op::clamp_backward, D, &binary_kernel<T, ClampBackwardFn>);

@@ -1,0 +1,54 @@
+// kernels/cpu/gelu_kernels.h. Built with -fno-math-errno and -fno-trapping-math (kernels/CMakeLists.txt), as
+// fused_optim.cpp is: without them GCC keeps the functors' NaN selects as branches and the loops scalar. Neither
+// flag changes a value; -ffp-contract=off (the top-level CMakeLists.txt) keeps every multiply and add rounded
+// on its own, so the AVX2 and baseline loops give the same bits as the functors called one at a time
+// (tests/kernels/tanh_f32_test.cpp compares them).
+#include "kernels/cpu/gelu_kernels.h"
+
+#include "kernels/functors.h"
+
+namespace ampscope::cpu {
+namespace {
+
+constexpr double kTanhMode = 1;
+
+__attribute__((always_inline)) inline void forward_loop(const float* x, float* out, std::int64_t n) {
+  const GeluFn fn(&kTanhMode);
+  for (std::int64_t i = 0; i < n; ++i) out[i] = fn(x[i]);
+}
+__attribute__((always_inline)) inline void backward_loop(const float* g, const float* x, float* out, std::int64_t n) {
+  const GeluBackwardFn fn(&kTanhMode);
+  for (std::int64_t i = 0; i < n; ++i) out[i] = fn(g[i], x[i]);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void forward_avx2(const float* x, float* out, std::int64_t n) { forward_loop(x, out, n); }
+__attribute__((target("avx2"))) void backward_avx2(const float* g, const float* x, float* out, std::int64_t n) {
+  backward_loop(g, x, out, n);
+}
+bool has_avx2() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+}
+#endif
+
+}  // namespace
+
+void gelu_tanh_f32(const float* x, float* out, std::int64_t n) {
+#if defined(__x86_64__)
+  if (has_avx2()) return forward_avx2(x, out, n);
+#endif
+  forward_loop(x, out, n);
+}
+
+void gelu_tanh_backward_f32(const float* g, const float* x, float* out, std::int64_t n) {
+#if defined(__x86_64__)
+  if (has_avx2()) return backward_avx2(g, x, out, n);
+#endif
+  backward_loop(g, x, out, n);
+}
+
+}  // namespace ampscope::cpu
