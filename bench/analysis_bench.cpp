@@ -33,6 +33,7 @@
 #include <limits>
 #include <filesystem>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -199,9 +200,30 @@ void write_run(const std::filesystem::path& path, bool fp16, double noise, bool 
   w.close();
 }
 
+// Where the traces go: a folder of this process under the temp folder, removed at the end; or, with --cache DIR
+// (or $AMPSCOPE_BENCH_CACHE), DIR/analysis-bench-<steps>, kept and reused by the next run of the same size (a
+// trace of 100M rows takes minutes to write).
+std::filesystem::path cache_root;  // empty: no cache
 std::filesystem::path folder() {
+  if (!cache_root.empty()) return cache_root / fmt::format("analysis-bench-{}", run_steps);
   static const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("ampscope-analysis-bench-{}", getpid());
   return dir;
+}
+// Written after the three traces are complete: what wrote them. A cached folder without it (a run stopped
+// while writing) or with another generator's is written again.
+constexpr const char* kCacheStamp = "analysis_bench generator 2 (scaled backward rows, rms plant, forward overflow)";
+std::filesystem::path stamp_file() { return folder() / "complete"; }
+// The stamp's line: the generator, the size, and the runs written (--write-only writes a and b alone, which
+// bench/large_trace_bench.sh uses; the benchmarks need c too).
+std::string stamp_line(bool with_c) { return fmt::format("{} steps {} runs {}\n", kCacheStamp, run_steps, with_c ? "abc" : "ab"); }
+bool cached_traces_ready(bool need_c) {
+  if (cache_root.empty()) return false;
+  std::FILE* f = std::fopen(stamp_file().c_str(), "r");
+  if (f == nullptr) return false;
+  char line[256] = {};
+  const bool read = std::fgets(line, sizeof line, f) != nullptr;
+  std::fclose(f);
+  return read && (std::string(line) == stamp_line(true) || (!need_c && std::string(line) == stamp_line(false)));
 }
 std::filesystem::path run_a() { return folder() / "a-fp16.h5"; }
 std::filesystem::path run_b() { return folder() / "b-fp16-perturbed.h5"; }
@@ -427,58 +449,94 @@ BENCHMARK(analyse_run)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTim
 int main(int argc, char** argv) {
   using namespace ampscope::trace;
   benchmark::Initialize(&argc, argv);
-  // Our own option, after Google Benchmark has taken its own: --steps N (at least 8, so the planted
-  // divergence, the middle step, and the overflow, 3/4 of the way, are distinct steps past the first).
-  for (int i = 1; i < argc; ++i) {
+  // Our own options, after Google Benchmark has taken its own: --steps N (at least 8, so the planted
+  // divergence, the middle step, and the overflow, 3/4 of the way, are distinct steps past the first),
+  // --cache DIR (keep the traces there and reuse them; also $AMPSCOPE_BENCH_CACHE) and --write-only (write or
+  // find runs a and b, print their folder, run no benchmark: bench/large_trace_bench.sh times the CLI on them).
+  bool write_only = false;
+  if (const char* env = std::getenv("AMPSCOPE_BENCH_CACHE"); env != nullptr && *env != '\0') cache_root = env;
+  for (int i = 1; i < argc;) {
     const std::string arg = argv[i];
-    if (arg != "--steps") continue;
-    char* end = nullptr;
-    const long long n = i + 1 < argc ? std::strtoll(argv[i + 1], &end, 10) : 0;
-    if (i + 1 >= argc || end == argv[i + 1] || *end != '\0' || n < 8) {
-      std::fprintf(stderr, "analysis_bench: error: --steps needs a whole number of at least 8, got '%s'\n"
-                           "hint: analysis_bench --steps 20 runs the premise checks at a small size\n",
-                   i + 1 < argc ? argv[i + 1] : "");
-      return 2;
+    int taken = 0;
+    if (arg == "--steps") {
+      char* end = nullptr;
+      const long long n = i + 1 < argc ? std::strtoll(argv[i + 1], &end, 10) : 0;
+      if (i + 1 >= argc || end == argv[i + 1] || *end != '\0' || n < 8) {
+        std::fprintf(stderr, "analysis_bench: error: --steps needs a whole number of at least 8, got '%s'\n"
+                             "hint: analysis_bench --steps 20 runs the premise checks at a small size\n",
+                     i + 1 < argc ? argv[i + 1] : "");
+        return 2;
+      }
+      run_steps = n;
+      planted_step = n / 2;
+      overflow_step = 3 * n / 4;
+      taken = 2;
+    } else if (arg == "--cache") {
+      if (i + 1 >= argc || *argv[i + 1] == '\0') {
+        std::fprintf(stderr, "analysis_bench: error: --cache needs a folder\n"
+                             "hint: analysis_bench --cache build/bench-cache keeps the traces there between runs\n");
+        return 2;
+      }
+      cache_root = argv[i + 1];
+      taken = 2;
+    } else if (arg == "--write-only") {
+      write_only = true;
+      taken = 1;
+    } else {
+      ++i;
+      continue;
     }
-    run_steps = n;
-    planted_step = n / 2;
-    overflow_step = 3 * n / 4;
-    for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
-    argc -= 2;
-    break;
+    for (int j = i; j + taken <= argc; ++j) argv[j] = argv[j + taken];
+    argc -= taken;
   }
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   std::filesystem::create_directories(folder());
-  // The writer's queues and the generator stay out of this process's peak memory.
-  const pid_t child = fork();
-  if (child == 0) {
-    try {
-      write_run(run_a(), true, 0.0, false);
-      write_run(run_b(), true, 1e-3, true);
-      write_run(run_c(), false, 1e-3, true);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "writing the traces failed: %s\n", e.what());
-      _exit(1);
+  bool written = cached_traces_ready(!write_only);
+  if (written) {
+    std::fprintf(stderr, "traces of %lld steps found in %s (cached)\n", static_cast<long long>(run_steps), folder().c_str());
+  } else {
+    std::filesystem::remove(stamp_file());
+    // The writer's queues and the generator stay out of this process's peak memory.
+    const pid_t child = fork();
+    if (child == 0) {
+      try {
+        write_run(run_a(), true, 0.0, false);
+        write_run(run_b(), true, 1e-3, true);
+        if (!write_only) write_run(run_c(), false, 1e-3, true);
+        if (!cache_root.empty()) {
+          std::FILE* f = std::fopen(stamp_file().c_str(), "w");
+          if (f == nullptr || std::fputs(stamp_line(!write_only).c_str(), f) < 0 ||
+              std::fclose(f) != 0)
+            throw std::runtime_error("cannot write " + stamp_file().string());
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "writing the traces failed: %s\n", e.what());
+        _exit(1);
+      }
+      _exit(0);
     }
-    _exit(0);
+    int status = 0;
+    waitpid(child, &status, 0);
+    written = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
-  int status = 0;
-  waitpid(child, &status, 0);
   int rc = 1;
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    std::fprintf(stderr, "traces of %lld steps in %s: %.0f, %.0f, %.0f MiB\n", static_cast<long long>(run_steps),
+  if (written) {
+    std::fprintf(stderr, "traces of %lld steps in %s: %.0f, %.0f MiB\n", static_cast<long long>(run_steps),
                  folder().c_str(), static_cast<double>(std::filesystem::file_size(run_a())) / (1 << 20),
-                 static_cast<double>(std::filesystem::file_size(run_b())) / (1 << 20),
-                 static_cast<double>(std::filesystem::file_size(run_c())) / (1 << 20));
-    benchmark::RunSpecifiedBenchmarks();
+                 static_cast<double>(std::filesystem::file_size(run_b())) / (1 << 20));
     rc = 0;
-    if (premise_broken) {
-      std::fprintf(stderr, "analysis_bench: a benchmark's premise did not hold (above): its figures do not measure "
-                           "what its name says\n");
-      rc = 1;
+    if (write_only) {
+      std::printf("%s\n", folder().c_str());
+    } else {
+      benchmark::RunSpecifiedBenchmarks();
+      if (premise_broken) {
+        std::fprintf(stderr, "analysis_bench: a benchmark's premise did not hold (above): its figures do not measure "
+                             "what its name says\n");
+        rc = 1;
+      }
     }
   }
   benchmark::Shutdown();
-  std::filesystem::remove_all(folder());
+  if (cache_root.empty()) std::filesystem::remove_all(folder());
   return rc;
 }

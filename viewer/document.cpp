@@ -1,9 +1,11 @@
 #include "viewer/document.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -46,6 +48,21 @@ std::map<std::int64_t, std::vector<Row>> by_step(std::vector<Row> rows) {
   return out;
 }
 
+// A block's op rows grouped by step where they lie (spans into the block, which a stable sort puts in step order
+// when it is not already), each step's rows in the order they were written: what by_step gives, without moving
+// every row into a vector of its step (issue 37).
+std::map<std::int64_t, std::span<const trace::OpRow>> group_by_step(std::vector<trace::OpRow>& rows) {
+  auto by_step_order = [](const trace::OpRow& x, const trace::OpRow& y) { return x.step < y.step; };
+  if (!std::is_sorted(rows.begin(), rows.end(), by_step_order)) std::stable_sort(rows.begin(), rows.end(), by_step_order);
+  std::map<std::int64_t, std::span<const trace::OpRow>> out;
+  for (auto first = rows.begin(); first != rows.end();) {
+    auto last = std::find_if(first, rows.end(), [&](const trace::OpRow& r) { return r.step != first->step; });
+    out.emplace_hint(out.end(), first->step, std::span<const trace::OpRow>(&*first, static_cast<std::size_t>(last - first)));
+    first = last;
+  }
+  return out;
+}
+
 // analysis::analyse(reader) with the reader lock taken per block of steps rather than for the whole run,
 // so the selected step's rows can be read in between.
 analysis::Report analyse_in_turns(SharedReader& shared, const analysis::AnalysisOptions& options,
@@ -67,17 +84,19 @@ analysis::Report analyse_in_turns(SharedReader& shared, const analysis::Analysis
       std::max<std::int64_t>(1, numbers.empty() ? counts.ops : counts.ops / static_cast<std::int64_t>(numbers.size()));
   const std::size_t block = static_cast<std::size_t>(std::max<std::int64_t>(1, options.rows_per_read / per_step));
   std::int64_t done = 0;
+  std::vector<trace::OpRow> op_rows;  // one block's rows; its memory is reused by the next block
   for (std::size_t i = 0; i == 0 || i < numbers.size(); i += block) {
     if (control.cancel) throw Cancelled{};
     // The last block is open-ended: rows of a step without a step row (a killed run's last step) count too.
     const std::int64_t begin = i == 0 ? trace::kFirstStep : numbers[i];
     const std::int64_t end = i + block >= numbers.size() ? trace::kLastStep : numbers[i + block];
     lock.lock();
-    auto ops = by_step(reader.ops(begin, end));
+    reader.ops(begin, end, op_rows);
     auto grads = by_step(reader.grads(begin, end));
     auto events = by_step(reader.events(begin, end));
     auto histograms = by_step(reader.histograms(begin, end));
     lock.unlock();
+    const auto ops = group_by_step(op_rows);
     std::map<std::int64_t, bool> here;
     for (auto it = step_rows.lower_bound(begin); it != step_rows.end() && it->first < end; ++it) here[it->first] = true;
     for (const auto& [n, _] : ops) here[n] = true;
@@ -86,8 +105,10 @@ analysis::Report analyse_in_turns(SharedReader& shared, const analysis::Analysis
     for (const auto& [n, _] : histograms) here[n] = true;
     for (const auto& [n, _] : here) {
       auto row = step_rows.find(n);
-      a.add_step(n, row == step_rows.end() ? nullptr : row->second, ops[n], grads[n], events[n], histograms[n]);
-      done += static_cast<std::int64_t>(ops[n].size());
+      const auto it = ops.find(n);
+      const std::span<const trace::OpRow> step_ops = it == ops.end() ? std::span<const trace::OpRow>{} : it->second;
+      a.add_step(n, row == step_rows.end() ? nullptr : row->second, step_ops, grads[n], events[n], histograms[n]);
+      done += static_cast<std::int64_t>(step_ops.size());
     }
     control.done = done;
     if (numbers.empty()) break;

@@ -822,11 +822,12 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
   const auto scale_b_at = [&](std::int64_t s) { return scales_b_own.at(pairing.b_of(s)); };
   Comparison comparison(report, options);
   GradComparison gradients(report, options);
+  std::vector<OpRow> rows_a, rows_b;  // one block's rows of each run; their memory is reused by the next block
   for (std::size_t k = 0; k == 0 || k < all_steps.size(); k += steps_per_block) {
     const std::int64_t begin = k == 0 ? trace::kFirstStep : all_steps[k];
     const std::int64_t end = k + steps_per_block >= all_steps.size() ? trace::kLastStep : all_steps[k + steps_per_block];
-    std::vector<OpRow> rows_a = a.ops(begin, end);
-    std::vector<OpRow> rows_b = b.ops(pairing.b_bound(begin), pairing.b_bound(end));
+    a.ops(begin, end, rows_a);
+    b.ops(pairing.b_bound(begin), pairing.b_bound(end), rows_b);
     done += static_cast<std::int64_t>(rows_a.size() + rows_b.size());
     pairing.renumber_b(rows_b);
     sort_by_step(rows_a);
@@ -855,8 +856,6 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
       i = ie;
       j = je;
     }
-    rows_a.clear();
-    rows_b.clear();
     std::vector<GradRow> grads_a = a.grads(begin, end), grads_b = b.grads(pairing.b_bound(begin), pairing.b_bound(end));
     pairing.renumber_b(grads_b);
     sort_by_step(grads_a);

@@ -827,11 +827,20 @@ struct TraceReader::State {
   // Rows of `table` with begin <= step < end, in row order.
   template <class Record, class Row>
   std::vector<Row> read_plain(Table table, std::int64_t begin, std::int64_t end) {
+    std::vector<Row> out;
+    read_plain<Record, Row>(table, begin, end, out);
+    return out;
+  }
+
+  // The same into `out`, replacing its rows: every row is assigned whole (decode_into), so the rows it held,
+  // and its memory, are reused.
+  template <class Record, class Row>
+  void read_plain(Table table, std::int64_t begin, std::int64_t end, std::vector<Row>& out) {
     const std::size_t t = index_of(table);
     const auto ranges = row_ranges(table, begin, end);
     std::size_t total = 0;
     for (const auto& [first, last] : ranges) total += static_cast<std::size_t>(last - first);
-    std::vector<Row> out(total);
+    out.resize(total);
     std::vector<Record> buffer;
     if (direct_rows[t] == 0) {
       std::size_t at = 0;
@@ -839,7 +848,7 @@ struct TraceReader::State {
         read_through_hdf5(table, first, last, out, at, buffer);
         at += static_cast<std::size_t>(last - first);
       }
-      return out;
+      return;
     }
     // Split the ranges at chunk boundaries, a job per chunk, and decode a batch of chunks at a time.
     const auto chunk_rows = static_cast<std::int64_t>(direct_rows[t]);
@@ -879,7 +888,6 @@ struct TraceReader::State {
       }
     }
     flush();
-    return out;
   }
 
   // format_version 4: loads the texts of the /strings rows trusted since the last call (every row read
@@ -913,9 +921,15 @@ struct TraceReader::State {
   // Rows of a table with text fields: the v4 record with the string table, or the older fixed-text one.
   template <class Record, class LegacyRecord, class Row>
   std::vector<Row> read_text_rows(Table table, std::int64_t begin, std::int64_t end) {
-    if (version < 4) return read_plain<LegacyRecord, Row>(table, begin, end);
+    std::vector<Row> out;
+    read_text_rows<Record, LegacyRecord, Row>(table, begin, end, out);
+    return out;
+  }
+  template <class Record, class LegacyRecord, class Row>
+  void read_text_rows(Table table, std::int64_t begin, std::int64_t end, std::vector<Row>& out) {
+    if (version < 4) return read_plain<LegacyRecord, Row>(table, begin, end, out);
     load_strings();
-    return read_plain<Record, Row>(table, begin, end);
+    read_plain<Record, Row>(table, begin, end, out);
   }
 
   std::vector<DumpRow> read_dumps(std::int64_t begin, std::int64_t end) {
@@ -993,12 +1007,17 @@ std::vector<StepRow> TraceReader::steps(std::int64_t begin, std::int64_t end) {
 }
 
 std::vector<OpRow> TraceReader::ops(std::int64_t begin, std::int64_t end) {
+  std::vector<OpRow> rows;
+  ops(begin, end, rows);
+  return rows;
+}
+
+void TraceReader::ops(std::int64_t begin, std::int64_t end, std::vector<OpRow>& rows) {
   const QuietHdf5Errors quiet;
-  std::vector<OpRow> rows = state_->read_text_rows<OpRecord, v3::OpRecord, OpRow>(Table::ops, begin, end);
+  state_->read_text_rows<OpRecord, v3::OpRecord, OpRow>(Table::ops, begin, end, rows);
   if (state_->version < 2) {
     for (OpRow& row : rows) row.inputs.fill(kInputUnknown);  // format_version 1 has no provenance
   }
-  return rows;
 }
 
 std::vector<GradRow> TraceReader::grads(std::int64_t begin, std::int64_t end, GradRows which) {
