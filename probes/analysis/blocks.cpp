@@ -313,6 +313,7 @@ std::optional<Fp8Finding> error_dominates(const std::vector<BlockCopyRows>& copi
   f.error = top->error;
   f.error_bound = block_unit_roundoff(c.format);
   f.threshold = f.error_bound;
+  f.fraction = f.error;  // as fp8_error_dominates
   double next_ratio = -1;
   for (const auto& [module, w] : by_module)
     if (module != top_module && w.ratio > next_ratio) next_ratio = w.ratio, f.next_error = w.error, f.next_module = module;
