@@ -245,16 +245,16 @@ std::optional<Fp8Finding> copy_mismatch(const BlockCopyRows& row, const BlockCop
     const trace::BlockRow* r = it->second;
     const double ur = trace::block_fraction(r->underflow, r->nonzero), uc = trace::block_fraction(c->underflow, c->nonzero);
     const double de = std::fabs(c->rel_rms_error - r->rel_rms_error), du = std::fabs(uc - ur);
-    if (!(de > u) && !(du > kFp8GradUnderflowThreshold)) continue;
+    if (!(de > u) && !(du > kBlockMismatchUnderflow)) continue;
     // The copy that lost more, by what set the copies apart: the error, or the underflow.
-    const bool by_error = de / u >= du / kFp8GradUnderflowThreshold;
+    const bool by_error = de / u >= du / kBlockMismatchUnderflow;
     const bool col_worse = by_error ? c->rel_rms_error > r->rel_rms_error : uc > ur;
     const trace::BlockRow* worse = col_worse ? c : r;
     const trace::BlockRow* other = col_worse ? r : c;
     if (f.steps == 0) f.first_step = c->step;
     f.last_step = c->step;
     ++f.steps;
-    const double gap = std::max(de / u, du / kFp8GradUnderflowThreshold);
+    const double gap = std::max(de / u, du / kBlockMismatchUnderflow);
     if (gap > worst_gap) {
       worst_gap = gap;
       f.worst_step = c->step;
@@ -271,7 +271,7 @@ std::optional<Fp8Finding> copy_mismatch(const BlockCopyRows& row, const BlockCop
   f.operand = row.operand;
   f.format = row.format;
   f.error_bound = u;
-  f.threshold = kFp8GradUnderflowThreshold;
+  f.threshold = kBlockMismatchUnderflow;
   // A floor-clipped copy differs from its unclipped twin (the rows of a block and the columns of a block hold
   // different largest values): round-up removes the clipping from both.
   if (row.format == "mxfp8" && (!run.known || run.mx_scale == "floor"))

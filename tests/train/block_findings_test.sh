@@ -102,7 +102,7 @@ nv = [r for r in rows(f"{work}/nv.h5") if not r["what_if"]]
 sel = [r for r in nv if (r["module"], r["operand"], r["copy"]) == ("fc1", "input", "rowwise")]
 range_bound = math.log2(6 / 0.25)  # E2M1: largest 6, values under half the smallest non-zero (0.5) round to 0
 flag = [r for r in sel if r["max_block_range"] > range_bound and r["underflow"] / r["nonzero"] > 0.02
-        and r["worst_block_underflow"] > 8]
+        and r["worst_block_underflow"] > 12]
 f = [x for x in findings("nv") if x["kind"] == "block_outlier"]
 if [(x["module"], x["operand"], x["copy"]) for x in f] != [("fc1", "input", "rowwise")]:
     bad.append(f"nv: block_outlier findings {[(x['module'], x['operand'], x['copy']) for x in f]}")
