@@ -392,6 +392,19 @@ bool apply_fp8(const analysis::Fp8Remedy& r, std::int64_t margin, TrainConfig& c
   } else if (r.option == "--fp8-keep-bf16" && !r.value.empty() &&
              std::find(c.fp8_keep_bf16.begin(), c.fp8_keep_bf16.end(), r.value) == c.fp8_keep_bf16.end()) {
     c.fp8_keep_bf16.push_back(r.value);
+  } else if (r.option == "--mx-scale" && r.value == "round-up" && c.precision == Precision::mxfp8 &&
+             c.mx_scale != r.value) {
+    c.mx_scale = r.value;
+  } else if (r.option == "--nvfp4-rht" && r.value == "on" && c.precision == Precision::nvfp4 && !c.nvfp4_rht) {
+    // The transform is on by default: the remedy drops --nvfp4-no-rht.
+    c.nvfp4_rht = true;
+    flag = r.command_line;
+    name = "nvfp4-rht";
+    return true;
+  } else if (r.option == "--precision" && r.value == "fp8" && c.precision == Precision::mxfp8) {
+    // Per-tensor FP8 in place of MXFP8: the block options go (leave_fp8), the keep options stay.
+    c.precision = Precision::fp8;
+    leave_fp8(c);
   } else if (r.option == "--fp8-margin" && c.fp8_recipe == "delayed" && margin > c.fp8_margin) {
     c.fp8_margin = margin;
     flag = fmt::format("--fp8-margin {}", margin);
@@ -933,6 +946,9 @@ Outcome measure(const Candidate& cand, const std::string& cause, const PrivateFo
     if (cand.kind == "fp8_amax_algo") o.applied = ran.fp8_amax_algo == cand.config.fp8_amax_algo;
     if (cand.kind == "fp8_amax_history") o.applied = ran.fp8_amax_history == cand.config.fp8_amax_history;
     if (cand.kind == "fp8_keep_bf16") o.applied = ran.fp8_keep_bf16 == cand.config.fp8_keep_bf16;
+    if (cand.kind == "mx_scale") o.applied = ran.mx_scale == cand.config.mx_scale;
+    if (cand.kind == "nvfp4_rht") o.applied = ran.nvfp4_rht == cand.config.nvfp4_rht;
+    if (cand.kind == "precision") o.applied = ran.precision == cand.config.precision;
     judge_rerun(reader, cause, o);
   }
   publish_output_file(config.out, cand.trace, "the re-run's trace");
@@ -1216,14 +1232,19 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
                ? (o.final_loss - ref->final_loss) / std::abs(ref->final_loss)
                : NAN;
   };
-  const bool by_loss = first.cause == std::string(kFp8Cause) + "fp8_error_dominates";
+  const bool by_loss = first.cause == std::string(kFp8Cause) + "fp8_error_dominates" ||
+                       first.cause == std::string(kFp8Cause) + "block_error_dominates";
+  // The other block-scaled findings: gone from the re-run's /blocks rows, and its final loss within the tolerance
+  // of the bf16 run's (docs/fp8.md, "Block-scaled diagnoses").
+  const bool block_kind = first.cause.starts_with(kFp8Cause) &&
+                          analysis::block_finding_kind(first.cause.substr(kFp8Cause.size()));
   ordered_json doc;
   doc["trace"] = plan.trace;
   doc["cause"] = first.cause;
   doc[first_key] = {{"step", first.step}, {"op", first.op}, {"module", first.module}};
   // Derived from the bf16 run's own last losses (analysis.h fp8_loss_tolerance); NaN (null) when they cannot say.
   const double tolerance = bf16 != nullptr ? analysis::fp8_loss_tolerance(bf16->losses) : NAN;
-  if (by_loss) doc["loss_tolerance_vs_bf16"] = std::isfinite(tolerance) ? ordered_json(tolerance) : ordered_json(nullptr);
+  if (by_loss || block_kind) doc["loss_tolerance_vs_bf16"] = std::isfinite(tolerance) ? ordered_json(tolerance) : ordered_json(nullptr);
   doc["steps_rerun"] = plan.base.steps;
   if (plan.from.step > 0) {
     doc["checkpoint"] = {{"path", plan.from.path}, {"step", plan.from.step}, {"used", !fell_back}};
@@ -1239,9 +1260,10 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
     const double rel_bf16 = vs(o, bf16);
     // fp8_error_dominates: gone when the re-run's final loss is within the tolerance of the bf16 run's
     // (docs/fp8.md); the original is judged on its finding (reproduced).
-    const bool gone = by_loss && is_remedy ? o.ran && o.applied && std::isfinite(rel_bf16) &&
-                                                 tolerance < 1 && std::abs(rel_bf16) <= tolerance
-                                           : o.ran && o.gone;
+    const bool within = std::isfinite(rel_bf16) && tolerance < 1 && std::abs(rel_bf16) <= tolerance;
+    const bool gone = by_loss && is_remedy   ? o.ran && o.applied && within
+                      : block_kind && is_remedy ? o.ran && o.gone && within
+                                                : o.ran && o.gone;
     const bool ok = is_remedy && gone && reproduced;
     verified += ok ? 1 : 0;
     ordered_json e;

@@ -6,6 +6,7 @@
 // batch, learning rate and scaler settings only where the user left them at their defaults, so
 // `--steps 100` or `--lr 1e-4` still mean what they say. It never touches the precision: the same
 // scenario in fp32 or bf16 is the comparison that shows the failure is f16's.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -600,6 +601,92 @@ Scenario fp8_saturation() {
   return s;
 }
 
+// The weather-station mlp: the mlp sample's 64 features with the first one replaced by the sea-level air pressure
+// in hPa (1013 + 8 x, x the sample's own feature: the usual 990 to 1040), fed as read, unnormalized, as a user
+// feeding a raw sensor column does. Every other feature is of order 1, so in fc1's input one value per row is a
+// thousand times its neighbours. bf16 trains on it; the block-scaled formats meet it in the blocks that hold it.
+constexpr double kPressureMean = 1013.0, kPressureSpread = 8.0;
+
+class RawPressureTask final : public SampleTask {
+ public:
+  explicit RawPressureTask(std::unique_ptr<SampleTask> sample) : sample_(std::move(sample)) {}
+  nn::Module& model() override { return sample_->model(); }
+  Batch batch(std::int64_t step) override {
+    Batch b = sample_->batch(step);
+    NoGradGuard no_grad;
+    std::vector<double> v = b.x.values();
+    const std::int64_t features = b.x.size(b.x.dim() - 1);
+    for (std::size_t i = 0; i < v.size(); i += static_cast<std::size_t>(features))
+      v[i] = kPressureMean + kPressureSpread * v[i];
+    b.x = from_values(v, b.x.shape(), {b.x.dtype()});
+    return b;
+  }
+  Tensor loss(const Tensor& out, const Tensor& y) override { return sample_->loss(out, y); }
+  double default_lr() const override { return sample_->default_lr(); }
+  std::string identity() const override { return sample_->identity(); }
+
+ private:
+  std::unique_ptr<SampleTask> sample_;
+};
+
+// The mlp's last Linear has 10 outputs, which no block format blocks: a block-scaled run keeps it in bf16 (as a
+// user must; TransformerEngine users keep the last layer in higher precision anyway).
+void keep_head_for_blocks(TrainConfig& c) {
+  if ((c.precision == Precision::mxfp8 || c.precision == Precision::nvfp4) &&
+      std::find(c.fp8_keep_bf16.begin(), c.fp8_keep_bf16.end(), "fc3") == c.fp8_keep_bf16.end())
+    c.fp8_keep_bf16.push_back("fc3");
+}
+
+std::unique_ptr<SampleTask> make_raw_pressure(const TrainConfig& c, Generator& gen) {
+  return std::make_unique<RawPressureTask>(find_sample("mlp").make(c, gen));
+}
+
+// mx-floor-clipping: the weather-station mlp under MXFP8 with the OCP specification's scale rule, 2^(floor(log2
+// amax) - 8): a block's amax lands in [256, 512) and values past 448 clip. Pressure around 1013 hPa has a mantissa
+// of 1.98 (1013 = 1.98 x 2^9): in every row's block holding it the scale is 2 and the pressure, 506 after
+// scaling, clips to 448 (896 hPa), 11.5% off, in most rows.
+Scenario mx_floor_clipping() {
+  Scenario s;
+  s.name = "mx-floor-clipping";
+  s.description = "mlp with one raw feature, air pressure in hPa (about 1013), for --precision mxfp8: the OCP floor "
+                  "scale rule (--mx-scale floor unless given); fc3 kept in bf16";
+  s.sample = "mlp";
+  s.expect =
+      "no NaN/Inf; under --precision mxfp8 (floor rule) fc1's input rowwise copy clips the pressure in nearly every "
+      "row (seed 0, 10 steps: 724 of 40960 values in 704 blocks, RMS error up to 10.6%): mx_floor_clipping, remedy "
+      "--mx-scale round-up (verifies); the same clipping sets fc1's input copies apart (block_copy_mismatch) and "
+      "makes fc1's error dominate (block_error_dominates)";
+  s.configure = [](TrainConfig& c) {
+    c.sample = "mlp";
+    propose_steps(c, 10);
+    if (c.precision == Precision::mxfp8 && c.mx_scale == defaults().mx_scale) c.mx_scale = "floor";
+    keep_head_for_blocks(c);
+  };
+  s.make_task = make_raw_pressure;
+  return s;
+}
+
+// nvfp4-outlier: the same weather-station mlp under NVFP4. A 1x16 block holding the pressure gets the block scale
+// 1013 / 6 (E2M1's largest element is 6): its 15 other values, of order 1, are under a quarter of that scale and
+// round to 0. Every row's first block of fc1's input is flattened.
+Scenario nvfp4_outlier() {
+  Scenario s;
+  s.name = "nvfp4-outlier";
+  s.description = "mlp with one raw feature, air pressure in hPa (about 1013), for --precision nvfp4; fc3 kept in bf16";
+  s.sample = "mlp";
+  s.expect =
+      "no NaN/Inf; under --precision nvfp4 every row's first block of fc1's input loses 15 of its 16 values to the "
+      "pressure's block scale (seed 0, 10 steps: 28.8% of fc1's input values to 0): block_outlier at fc1 input "
+      "rowwise, block (0, 0), remedy --fp8-keep-bf16 fc1; fc1's and fc2's input copies apart (block_copy_mismatch)";
+  s.configure = [](TrainConfig& c) {
+    c.sample = "mlp";
+    propose_steps(c, 10);
+    keep_head_for_blocks(c);
+  };
+  s.make_task = make_raw_pressure;
+  return s;
+}
+
 }  // namespace
 
 const std::vector<Scenario>& scenario_registry() {
@@ -607,7 +694,7 @@ const std::vector<Scenario>& scenario_registry() {
                                                    log_zero(),           lr_explosion(),   grad_underflow(),
                                                    scale_collapse(),     no_zero_grad(),   rank_bad_batch(),
                                                    rank_drift(),         fp8_stale_scale(),  fp8_e4m3_grads(),
-                                                   fp8_saturation()};
+                                                   fp8_saturation(),     mx_floor_clipping(), nvfp4_outlier()};
   return kScenarios;
 }
 

@@ -268,7 +268,13 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
   report.swamped = analyse_updates(reader.updates());  // one row per f16/bf16 parameter and step: small
   report.fp8 = analyse_fp8(reader.fp8(), fp8_run_settings(reader.run_info().config));  // three rows per FP8 Linear and recorded step: small
   mark_fp8_linears(report.precision, report.fp8);
-  report.blocks = analyse_blocks(reader.blocks());  // a row per operand copy, Linear and recorded step: small
+  {
+    const std::vector<trace::BlockRow> block_rows = reader.blocks();  // a row per operand copy, Linear and recorded step: small
+    report.blocks = analyse_blocks(block_rows);
+    // The block-scaled findings join the FP8 ones: calibration-like, fixed and verified by `ampscope fix` alike.
+    for (Fp8Finding& f : block_findings(block_rows, block_run_settings(reader.run_info().config)))
+      report.fp8.findings.push_back(std::move(f));
+  }
   report.damage = reader.damage();
   return report;
 }

@@ -468,8 +468,48 @@ struct Fp8Finding {
   // bound it exceeds (fp8_unit_roundoff of its format), and the module next by error / bound, with its error.
   double error = 0, error_bound = 0, next_error = 0;
   std::string next_module;
+  // Block-scaled findings (kinds mx_floor_clipping, block_outlier, block_error_dominates, block_copy_mismatch; docs/
+  // fp8.md "Block-scaled diagnoses"), from the /blocks rows: the copy judged ("rowwise", "columnwise"; for
+  // block_copy_mismatch the one that lost more), and at worst_step the block flattened most (block_outlier: its step,
+  // origin (row, col) in the quantized matrix, the values it zeroed, the copy's widest block range in binades and
+  // the element format's in-block range it exceeds) or both copies' errors and underflow fractions
+  // (block_copy_mismatch: error/worst_fraction are the worse copy's, other_* the other's). mx_floor_clipping also
+  // fills error/error_bound (the worst step's RMS error, the element's unit roundoff) and count/nonzero with the
+  // saturated values; blocks_clipped summed over the flagged steps.
+  std::string copy;
+  std::int64_t block_step = -1, block_row = -1, block_col = -1, block_zeroed = 0, block_values = 0, blocks_clipped = 0;
+  double block_range = 0, range_bound = 0;
+  double other_error = 0, other_fraction = 0;
   std::vector<Fp8Remedy> remedies;
 };
+// The block-scaled kinds above (block_finding_kind): fix judges them by their re-run's /blocks rows and its final
+// loss against the bf16 run's.
+inline bool block_finding_kind(const std::string& kind) {
+  return kind == "mx_floor_clipping" || kind == "block_outlier" || kind == "block_error_dominates" ||
+         kind == "block_copy_mismatch";
+}
+// The relative rounding error an element format cannot exceed inside its range (round to nearest, half a spacing
+// over the smallest value of a binade): E4M3 (MXFP8's elements) 2^-4, E2M1 (NVFP4's: 2 significant bits) 2^-2.
+inline double block_unit_roundoff(const std::string& format) { return format == "nvfp4" ? 0.25 : 0.0625; }
+// The widest range a block can hold without its smallest values rounding to 0, in binades: log2 of the element's
+// largest value over half its smallest non-zero one (values under half of it round to 0): E2M1 log2(6 / 0.25) =
+// 4.58, E4M3 log2(448 / 2^-10) = 18.81 (MX round-up puts the block's amax at or under 448).
+inline double block_element_range(const std::string& format) {
+  return format == "nvfp4" ? 4.584962500721156 : 18.807354922057604;
+}
+// block_outlier: a step where the block that lost the most values lost more than this share of its block (an
+// outlier leaves only itself and values within 2^4.58 of it: flattened, not trimmed) and the copy lost more than
+// kFp8GradUnderflowThreshold of its nonzero values. At half, the sample transformer in NVFP4 flagged 9 copies whose
+// worst blocks lost 9 to 11 of 16 values: heavy-tailed activations and gradients, NVFP4's ordinary underflow (the
+// statistics show it), not one value flattening a block.
+inline constexpr double kBlockFlattenedShare = 0.75;
+// block_copy_mismatch: the rowwise and columnwise copies of a Linear's input or weight in one step whose relative
+// RMS errors differ by more than the element's unit roundoff (each copy rounded alone stays within it) or whose
+// underflow fractions differ by more than kBlockMismatchUnderflow.
+// The two layouts (and NVFP4's transform on the columnwise copy) lose different small values of any tensor: the
+// sample transformer's Linear inputs in NVFP4 differ by up to 8.7 points of underflow between copies whose RMS
+// errors agree within 1.6 points (docs/fp8.md). 10 points is above what the layouts make on ordinary activations.
+inline constexpr double kBlockMismatchUnderflow = 0.10;
 
 // The delayed recipe's start-up (docs/fp8.md, "Start-up"): an operand's first casts use the initial scale 1, set
 // before any amax was seen (core/fp8_recipe.h make_delayed_scaling_state), so what they lose (a whole E4M3 gradient
@@ -541,6 +581,16 @@ struct BlockCopySummary {
   double scale_log2_max = std::numeric_limits<double>::quiet_NaN();
   double max_rel_rms_error = 0;   // the largest relative RMS quantization error of a step
   double mean_rel_rms_error = 0;  // over the steps
+};
+
+// The run's block-scaled options as its configuration records them (block_run_settings): known false when it does
+// not say (every remedy is offered then).
+struct BlockRunSettings {
+  bool known = false;
+  std::string precision;              // "mxfp8", "nvfp4", "bf16" (a --what-if run), ...
+  std::string mx_scale = "round-up";  // "round-up" or "floor"
+  bool nvfp4_rht = true;
+  std::vector<std::string> keep_bf16;
 };
 
 struct BlockSection {

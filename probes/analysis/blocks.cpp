@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace ampscope::analysis {
 
@@ -122,6 +126,248 @@ BlockSection analyse_blocks(std::span<const trace::BlockRow> rows) {
   for (const BlockCopyRows& c : group_block_rows(rows)) out.copies.push_back(summarize(c));
   out.worst_underflow = worst(out.copies, [](const BlockCopySummary& c) { return c.underflow_fraction; });
   out.worst_saturation = worst(out.copies, [](const BlockCopySummary& c) { return c.saturated_fraction; });
+  return out;
+}
+
+namespace {
+
+Fp8Remedy block_remedy(std::string option, std::string value, std::string command_line, std::string why) {
+  return Fp8Remedy{std::move(option), std::move(value), std::move(command_line), std::move(why)};
+}
+
+bool kept(const BlockRunSettings& run, const std::string& module) {
+  return std::find(run.keep_bf16.begin(), run.keep_bf16.end(), module) != run.keep_bf16.end();
+}
+
+// Values one block holds: MXFP8 1x32; NVFP4 16x16 weight tiles, 1x16 otherwise.
+std::int64_t block_values(const std::string& format, const std::string& operand) {
+  if (format == "mxfp8") return 32;
+  return operand == "weight" ? 256 : 16;
+}
+
+void add_keep_bf16(Fp8Finding& f, const BlockRunSettings& run, const std::string& why) {
+  if (!kept(run, f.module)) f.remedies.push_back(block_remedy("--fp8-keep-bf16", f.module, "--fp8-keep-bf16 " + f.module, why));
+}
+
+// Fills the step range and the summed counts of a finding from one flagged row.
+void count_step(Fp8Finding& f, const trace::BlockRow& r, std::int64_t count, double fraction) {
+  if (f.steps == 0) f.first_step = r.step;
+  f.last_step = r.step;
+  ++f.steps;
+  f.nonzero += r.nonzero;
+  f.count += count;
+  if (fraction > f.worst_fraction || f.steps == 1) {
+    f.worst_fraction = fraction;
+    f.worst_step = r.step;
+  }
+}
+
+std::optional<Fp8Finding> floor_clipping(const BlockCopyRows& c, const BlockRunSettings& run) {
+  if (c.format != "mxfp8") return std::nullopt;
+  const double u = block_unit_roundoff(c.format);
+  Fp8Finding f;
+  for (const trace::BlockRow* r : c.rows) {
+    if (r->saturated <= 0 || r->blocks_clipped <= 0 || !(r->rel_rms_error > u)) continue;
+    count_step(f, *r, r->saturated, trace::block_fraction(r->saturated, r->nonzero));
+    f.blocks_clipped += r->blocks_clipped;
+    f.error = std::max(f.error, r->rel_rms_error);
+  }
+  if (f.steps == 0) return std::nullopt;
+  f.kind = "mx_floor_clipping";
+  f.module = c.module;
+  f.operand = c.operand;
+  f.copy = c.copy;
+  f.format = c.format;
+  f.threshold = 0;
+  f.error_bound = u;
+  f.fraction = trace::block_fraction(f.count, f.nonzero);
+  // Round-up never clips a finite block (core/block_scaled.h): the only rule that clips is the OCP floor.
+  if (!run.known || run.mx_scale != "round-up")
+    f.remedies.push_back(block_remedy("--mx-scale", "round-up", "--mx-scale round-up",
+                                      "round each block's amax / 448 up into E8M0: no block's largest value clips"));
+  return f;
+}
+
+std::optional<Fp8Finding> outlier(const BlockCopyRows& c, const BlockRunSettings& run) {
+  const double range = block_element_range(c.format);
+  const std::int64_t per_block = block_values(c.format, c.operand);
+  Fp8Finding f;
+  for (const trace::BlockRow* r : c.rows) {
+    const double lost = trace::block_fraction(r->underflow, r->nonzero);
+    if (r->worst_block < 0 || !(r->max_block_range > range) || !(lost > kFp8GradUnderflowThreshold) ||
+        !(static_cast<double>(r->worst_block_underflow) > kBlockFlattenedShare * static_cast<double>(per_block)))
+      continue;
+    const bool first = f.steps == 0;
+    count_step(f, *r, r->underflow, lost);
+    // The block named: the one flattened most over the flagged steps (the first such).
+    if (first || r->worst_block_underflow > f.block_zeroed) {
+      f.block_zeroed = r->worst_block_underflow;
+      f.block_row = r->worst_block_row;
+      f.block_col = r->worst_block_col;
+      f.block_range = r->max_block_range;
+      f.block_step = r->step;
+    }
+  }
+  if (f.steps == 0) return std::nullopt;
+  f.kind = "block_outlier";
+  f.module = c.module;
+  f.operand = c.operand;
+  f.copy = c.copy;
+  f.format = c.format;
+  f.threshold = kFp8GradUnderflowThreshold;
+  f.fraction = trace::block_fraction(f.count, f.nonzero);
+  f.block_values = per_block;
+  f.range_bound = range;
+  // The Hadamard transform runs only on the wgrad operands (the columnwise copies of the input and the gradient):
+  // it spreads an outlier over 16 values of the contraction, so it is offered only there, and only when off.
+  const bool rht_applies = c.format == "nvfp4" && c.copy == "columnwise" && c.operand != "weight";
+  if (rht_applies && (!run.known || !run.nvfp4_rht))
+    f.remedies.push_back(block_remedy("--nvfp4-rht", "on", "drop --nvfp4-no-rht",
+                                      "the random Hadamard transform spreads the outlier over 16 values before the "
+                                      "block scale is chosen"));
+  add_keep_bf16(f, run, "keep this Linear's GEMMs in bf16, out of the block-scaled format");
+  if (c.format == "mxfp8" && (!run.known || run.precision == "mxfp8"))
+    f.remedies.push_back(block_remedy("--precision", "fp8", "--precision fp8",
+                                      "per-tensor FP8 (a scale per tensor and operand, E5M2 gradients)"));
+  return f;
+}
+
+// The rowwise and columnwise copies of one Linear's input or weight, step by step.
+std::optional<Fp8Finding> copy_mismatch(const BlockCopyRows& row, const BlockCopyRows& col, const BlockRunSettings& run) {
+  const double u = block_unit_roundoff(row.format);
+  std::map<std::int64_t, const trace::BlockRow*> by_step;
+  for (const trace::BlockRow* r : row.rows) by_step[r->step] = r;
+  Fp8Finding f;
+  double worst_gap = -1;
+  for (const trace::BlockRow* c : col.rows) {
+    const auto it = by_step.find(c->step);
+    if (it == by_step.end()) continue;
+    const trace::BlockRow* r = it->second;
+    const double ur = trace::block_fraction(r->underflow, r->nonzero), uc = trace::block_fraction(c->underflow, c->nonzero);
+    const double de = std::fabs(c->rel_rms_error - r->rel_rms_error), du = std::fabs(uc - ur);
+    if (!(de > u) && !(du > kBlockMismatchUnderflow)) continue;
+    // The copy that lost more, by what set the copies apart: the error, or the underflow.
+    const bool by_error = de / u >= du / kBlockMismatchUnderflow;
+    const bool col_worse = by_error ? c->rel_rms_error > r->rel_rms_error : uc > ur;
+    const trace::BlockRow* worse = col_worse ? c : r;
+    const trace::BlockRow* other = col_worse ? r : c;
+    if (f.steps == 0) f.first_step = c->step;
+    f.last_step = c->step;
+    ++f.steps;
+    const double gap = std::max(de / u, du / kBlockMismatchUnderflow);
+    if (gap > worst_gap) {
+      worst_gap = gap;
+      f.worst_step = c->step;
+      f.copy = worse->copy;
+      f.error = worse->rel_rms_error;
+      f.other_error = other->rel_rms_error;
+      f.worst_fraction = trace::block_fraction(worse->underflow, worse->nonzero);
+      f.other_fraction = trace::block_fraction(other->underflow, other->nonzero);
+    }
+  }
+  if (f.steps == 0) return std::nullopt;
+  f.kind = "block_copy_mismatch";
+  f.module = row.module;
+  f.operand = row.operand;
+  f.format = row.format;
+  f.error_bound = u;
+  f.threshold = kBlockMismatchUnderflow;
+  // A floor-clipped copy differs from its unclipped twin (the rows of a block and the columns of a block hold
+  // different largest values): round-up removes the clipping from both.
+  if (row.format == "mxfp8" && (!run.known || run.mx_scale == "floor"))
+    f.remedies.push_back(block_remedy("--mx-scale", "round-up", "--mx-scale round-up",
+                                      "round each block's amax / 448 up into E8M0: no copy clips its largest values"));
+  add_keep_bf16(f, run, "keep this Linear's GEMMs in bf16: forward and backward use the same values");
+  return f;
+}
+
+// The Linear whose mean relative RMS error of a copy, in units of its element's unit roundoff, is the largest, if
+// above 1 (fp8_error_dominates' rule on the /blocks rows).
+std::optional<Fp8Finding> error_dominates(const std::vector<BlockCopyRows>& copies, const BlockRunSettings& run) {
+  struct Worst {
+    double error = -1, ratio = -1;
+    const BlockCopyRows* copy = nullptr;
+  };
+  std::map<std::string, Worst> by_module;
+  for (const BlockCopyRows& c : copies) {
+    if (c.what_if || c.rows.empty()) continue;
+    double sum = 0;
+    for (const trace::BlockRow* r : c.rows) sum += r->rel_rms_error;
+    const double mean = sum / static_cast<double>(c.rows.size());
+    const double ratio = mean / block_unit_roundoff(c.format);
+    Worst& w = by_module[c.module];
+    if (ratio > w.ratio) w = {mean, ratio, &c};
+  }
+  const Worst* top = nullptr;
+  std::string top_module;
+  for (const auto& [module, w] : by_module)
+    if (top == nullptr || w.ratio > top->ratio) top = &w, top_module = module;
+  if (top == nullptr || !(top->ratio > 1)) return std::nullopt;
+  const BlockCopyRows& c = *top->copy;
+  Fp8Finding f;
+  f.kind = "block_error_dominates";
+  f.module = top_module;
+  f.operand = c.operand;
+  f.copy = c.copy;
+  f.format = c.format;
+  f.error = top->error;
+  f.error_bound = block_unit_roundoff(c.format);
+  f.threshold = f.error_bound;
+  f.fraction = f.error;  // as fp8_error_dominates
+  double next_ratio = -1;
+  for (const auto& [module, w] : by_module)
+    if (module != top_module && w.ratio > next_ratio) next_ratio = w.ratio, f.next_error = w.error, f.next_module = module;
+  for (const trace::BlockRow* r : c.rows) {
+    if (!(r->rel_rms_error > f.error_bound)) continue;
+    if (f.steps == 0) f.first_step = r->step;
+    f.last_step = r->step;
+    ++f.steps;
+    if (r->rel_rms_error > f.worst_fraction) f.worst_fraction = r->rel_rms_error, f.worst_step = r->step;
+  }
+  if (f.steps == 0) f.first_step = c.rows.front()->step, f.last_step = c.rows.back()->step;
+  add_keep_bf16(f, run, "keep the Linear whose block-scaled error dominates in bf16");
+  return f;
+}
+
+}  // namespace
+
+BlockRunSettings block_run_settings(const std::string& config_json) {
+  BlockRunSettings s;
+  const nlohmann::json j = nlohmann::json::parse(config_json, nullptr, false);
+  if (!j.is_object()) return s;
+  const auto p = j.find("precision");
+  if (p == j.end() || !p->is_string()) return s;
+  s.precision = p->get<std::string>();
+  if (const auto it = j.find("mx_scale"); it != j.end() && it->is_string()) s.mx_scale = it->get<std::string>();
+  if (const auto it = j.find("nvfp4_rht"); it != j.end() && it->is_boolean()) s.nvfp4_rht = it->get<bool>();
+  if (const auto it = j.find("fp8_keep_bf16"); it != j.end() && it->is_array())
+    for (const auto& g : *it)
+      if (g.is_string()) s.keep_bf16.push_back(g.get<std::string>());
+  s.known = true;
+  return s;
+}
+
+std::vector<Fp8Finding> block_findings(std::span<const trace::BlockRow> rows, const BlockRunSettings& run) {
+  std::vector<trace::BlockRow> trained;
+  for (const trace::BlockRow& r : rows)
+    if (!r.what_if) trained.push_back(r);
+  const std::vector<BlockCopyRows> copies = group_block_rows(trained);
+  std::vector<Fp8Finding> clipping, outliers, mismatch;
+  for (const BlockCopyRows& c : copies) {
+    if (auto f = floor_clipping(c, run)) clipping.push_back(std::move(*f));
+    if (auto f = outlier(c, run)) outliers.push_back(std::move(*f));
+    // The forward's copy against the backward's: the input (fprop rowwise, wgrad columnwise) and the weight (fprop
+    // rowwise, dgrad columnwise). grad_output's two copies both feed the backward.
+    if (c.copy == "rowwise" && c.operand != "grad_output") {
+      for (const BlockCopyRows& d : copies)
+        if (d.copy == "columnwise" && d.module == c.module && d.operand == c.operand && d.format == c.format)
+          if (auto f = copy_mismatch(c, d, run)) mismatch.push_back(std::move(*f));
+    }
+  }
+  std::vector<Fp8Finding> out = std::move(clipping);
+  for (Fp8Finding& f : outliers) out.push_back(std::move(f));
+  for (Fp8Finding& f : mismatch) out.push_back(std::move(f));
+  if (auto f = error_dominates(copies, run)) out.push_back(std::move(*f));
   return out;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <vector>
 
 #include "probes/analysis/analysis.h"
@@ -30,5 +31,16 @@ std::vector<BlockCopyRows> group_block_rows(std::span<const trace::BlockRow> row
 // The section: one BlockCopySummary per group_block_rows copy, in that order, and the worst by underflow and by
 // saturation (of the nonzero values summed over the steps, trace::block_fraction).
 BlockSection analyse_blocks(std::span<const trace::BlockRow> rows);
+
+// The run's block-scaled options from RunInfo::config (JSON: precision, mx_scale, nvfp4_rht, fp8_keep_bf16); known
+// false when the configuration does not name the precision or is not JSON.
+BlockRunSettings block_run_settings(const std::string& config_json);
+
+// The block-scaled findings (docs/fp8.md, "Block-scaled diagnoses"; analysis.h Fp8Finding, block_finding_kind) of a
+// run's trained /blocks rows (what-if rows are measurements of GEMMs the run did not run: no finding): in kind order
+// mx_floor_clipping, block_outlier, block_copy_mismatch (each in group_block_rows order), then block_error_dominates.
+// Each carries the remedies the runtime applies and the run did not already use (`run`); analyse(TraceReader&)
+// appends them to Report::fp8.findings, where `ampscope fix` picks FP8 findings up.
+std::vector<Fp8Finding> block_findings(std::span<const trace::BlockRow> rows, const BlockRunSettings& run = {});
 
 }  // namespace ampscope::analysis

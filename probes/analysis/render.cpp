@@ -649,6 +649,37 @@ json fp8_finding_json(const Fp8Finding& f) {
     out["underflow_after"] = number(f.underflow_after);
     out["window"] = f.window;
   }
+  if (block_finding_kind(f.kind)) {
+    out["copy"] = f.copy;
+    if (f.kind == "mx_floor_clipping") {
+      out["blocks_clipped"] = f.blocks_clipped;
+      out["error"] = number(f.error);
+      out["error_bound"] = number(f.error_bound);
+    } else if (f.kind == "block_outlier") {
+      out["block_step"] = f.block_step;
+      out["block_row"] = f.block_row;
+      out["block_col"] = f.block_col;
+      out["block_zeroed"] = f.block_zeroed;
+      out["block_values"] = f.block_values;
+      out["block_range"] = number(f.block_range);
+      out["range_bound"] = number(f.range_bound);
+    } else if (f.kind == "block_copy_mismatch") {
+      out.erase("nonzero");
+      out.erase("count");
+      out.erase("fraction");
+      out["error"] = number(f.error);
+      out["other_error"] = number(f.other_error);
+      out["other_fraction"] = number(f.other_fraction);
+      out["error_bound"] = number(f.error_bound);
+    } else {
+      out.erase("nonzero");
+      out.erase("count");
+      out["error"] = number(f.error);
+      out["error_bound"] = number(f.error_bound);
+      out["next_module"] = f.next_module;
+      out["next_error"] = number(f.next_error);
+    }
+  }
   if (f.kind == "fp8_error_dominates") {
     // Judged from each step's RMS error, not from counted values: no count to report (docs/report-format.md).
     out.erase("nonzero");
@@ -1011,6 +1042,49 @@ void text_blocks(Text& t, const Report& rep) {
                                                                : worst_line(b.worst_underflow, true));
   t.line("  worst by saturation: {}", b.worst_saturation.empty() ? std::string("none (no value clipped at the element's max)")
                                                                  : worst_line(b.worst_saturation, false));
+  // The block-scaled findings (docs/fp8.md, "Block-scaled diagnoses"), kept with the FP8 findings in the report
+  // (fix picks them up there) and printed here, beside the rows they come from.
+  std::vector<const Fp8Finding*> findings;
+  for (const Fp8Finding& x : rep.fp8.findings)
+    if (block_finding_kind(x.kind)) findings.push_back(&x);
+  if (b.what_if_rows == b.rows) return;  // measured only: the run's GEMMs used none of these copies, no finding
+  if (findings.empty()) {
+    t.line("  findings: none (no block clipped by the floor scale rule past rounding, no block flattened by an "
+           "outlier, no rowwise/columnwise copies apart, no Linear's error above its element's unit roundoff)");
+    return;
+  }
+  t.line("  findings (calibration, not anomalies: nothing became NaN/Inf):");
+  for (const Fp8Finding* p : findings) {
+    const Fp8Finding& x = *p;
+    const std::string steps = x.first_step == x.last_step ? fmt::format("step {}", x.first_step)
+                                                          : fmt::format("steps {} to {}", x.first_step, x.last_step);
+    if (x.kind == "mx_floor_clipping")
+      t.line("    {} {} {} [{}]: blocks clipped by the floor scale rule: {} of {} nonzero values ({}) saturated in {} "
+             "blocks over {}, RMS error up to {} (above E4M3's unit roundoff {}; worst step {}: {} clipped)",
+             t.paint(kBold, x.module), x.operand, x.copy, x.format, x.count, x.nonzero, pct(x.fraction), x.blocks_clipped,
+             steps, pct(x.error), pct(x.error_bound), x.worst_step, pct(x.worst_fraction));
+    else if (x.kind == "block_outlier")
+      t.line("    {} {} {} [{}]: a block flattened by an outlier: the block at row {}, col {} (step {}) lost {} of its "
+             "{} values to 0, its copy's widest block spanning {:.1f} binades (the element holds {:.2f}); {} of {} "
+             "nonzero values to 0 ({}) over {}",
+             t.paint(kBold, x.module), x.operand, x.copy, x.format, x.block_row, x.block_col, x.block_step,
+             x.block_zeroed, x.block_values, x.block_range, x.range_bound, x.count, x.nonzero, pct(x.fraction), steps);
+    else if (x.kind == "block_copy_mismatch")
+      t.line("    {} {} [{}]: rowwise and columnwise copies apart: the {} copy's error {} rms and underflow {} against "
+             "the other's {} and {} (step {}; apart by more than {} error or {} underflow over {}): the {} uses values "
+             "the forward did not",
+             t.paint(kBold, x.module), x.operand, x.format, x.copy, pct(x.error), pct(x.worst_fraction),
+             pct(x.other_error), pct(x.other_fraction), x.worst_step, pct(x.error_bound), pct(x.threshold), steps,
+             x.operand == "weight" ? "input gradient (dgrad)" : "weight gradient (wgrad)");
+    else
+      t.line("    {} [{}]: block-scaled error dominates: {} {}'s quantization error is {} rms on average over the "
+             "recorded steps, above {} (the element's unit roundoff), over {}; {}",
+             t.paint(kBold, x.module), x.format, x.operand, x.copy, pct(x.error), pct(x.error_bound), steps,
+             x.next_module.empty() ? std::string("no other block-scaled Linear")
+                                   : fmt::format("the next Linear, {}, {}", x.next_module, pct(x.next_error)));
+    for (const Fp8Remedy& r : x.remedies)
+      t.line("      remedy: {} ({}){}", r.command_line, r.why, r.verified ? " (verified by `ampscope fix`)" : "");
+  }
 }
 
 // A --precision fp8 run's operands (only when the trace has /fp8 rows): the worst by underflow and by saturation.// A --precision fp8 run's operands (only when the trace has /fp8 rows): the worst by underflow and by saturation.
@@ -1080,6 +1154,7 @@ void text_fp8(Text& t, const Report& rep) {
   }
   t.line("  findings (calibration, not anomalies: nothing became NaN/Inf):");
   for (const Fp8Finding& x : f.findings) {
+    if (block_finding_kind(x.kind)) continue;  // printed in the BLOCK-SCALED FORMATS section
     const std::string steps = x.first_step == x.last_step ? fmt::format("step {}", x.first_step)
                                                           : fmt::format("steps {} to {}", x.first_step, x.last_step);
     if (x.kind == "e4m3_grad_underflow")

@@ -9,10 +9,12 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "core/block_recipe.h"
 #include "core/block_stats.h"
 #include "core/probe_hook.h"
 #include "probes/probe.h"
@@ -165,6 +167,60 @@ TEST(block_probe_test, the_probe_turns_events_of_recorded_steps_and_wanted_modul
   const fs::path quiet = dir.file("dtype.h5");
   write_probe_trace(quiet, Level::dtype);
   EXPECT_TRUE(trace::TraceReader(quiet).blocks().empty());
+}
+
+// block_place against the layouts the runtime really quantizes (core/block_recipe.h, which --precision mxfp8|nvfp4
+// and --what-if both call): a matrix of ones with one outlier 1024 at (r, c) of the operand as the Linear holds it
+// gives exactly one block with a range (log2 1024 = 10 binades), the one holding the outlier; the probe's placement
+// of that block (from its number and the quantized matrix's shape) must be a block origin that contains the
+// outlier's position in the quantized matrix: (r, c), or (c, r) for NVFP4's columnwise copies (the transpose).
+// Every block number also agrees with core/block_stats.h block_origin of the quantized tensor itself.
+TEST(block_probe_test, block_place_agrees_with_the_runtimes_quantized_layouts) {
+  struct Case {
+    BlockFormat format;
+    Fp8Operand operand;
+    bool columnwise;
+    std::int64_t R, C, r, c;
+  };
+  const Case cases[] = {
+      {BlockFormat::mxfp8, Fp8Operand::input, false, 64, 96, 37, 70},
+      {BlockFormat::mxfp8, Fp8Operand::input, true, 64, 96, 37, 70},
+      {BlockFormat::mxfp8, Fp8Operand::weight, true, 96, 64, 90, 3},
+      {BlockFormat::mxfp8, Fp8Operand::grad_output, false, 32, 64, 31, 63},
+      {BlockFormat::nvfp4, Fp8Operand::weight, false, 32, 48, 20, 37},
+      {BlockFormat::nvfp4, Fp8Operand::weight, true, 32, 48, 20, 37},
+      {BlockFormat::nvfp4, Fp8Operand::input, false, 32, 48, 5, 40},
+      {BlockFormat::nvfp4, Fp8Operand::input, true, 32, 48, 5, 40},
+      {BlockFormat::nvfp4, Fp8Operand::grad_output, true, 48, 16, 33, 9},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(testing::Message() << block_format_name(k.format) << " " << fp8_operand_name(k.operand) << " "
+                                    << recipe_copy_name(k.columnwise) << " outlier at (" << k.r << ", " << k.c << ")");
+    std::vector<float> m(static_cast<std::size_t>(k.R * k.C), 1.0f);
+    m[static_cast<std::size_t>(k.r * k.C + k.c)] = 1024.0f;
+    // No Hadamard transform: it would spread the outlier over 16 values of the wgrad copies.
+    const BlockRecipe recipe{.format = k.format, .nvfp4_rht = false, .sr_seed = 1};
+    std::uint64_t offset = 0;
+    const RecipeCopy q = block_recipe_quantize(m, k.R, k.C, k.operand, k.columnwise, recipe, offset);
+    const BlockStats s = block_recipe_stats(q);
+    ASSERT_DOUBLE_EQ(s.max_block_range, 10.0);
+    const bool transposed = k.format == BlockFormat::nvfp4 && k.columnwise;
+    const std::int64_t qr = transposed ? k.c : k.r, qc = transposed ? k.r : k.c;
+    const std::int64_t br = k.format == BlockFormat::mxfp8 ? (k.columnwise ? 32 : 1) : (k.operand == Fp8Operand::weight ? 16 : 1);
+    const std::int64_t bc = k.format == BlockFormat::mxfp8 ? (k.columnwise ? 1 : 32) : 16;
+    const std::string_view format = block_format_name(k.format);
+    const BlockPlace p = block_place(format, recipe_copy_name(k.columnwise), fp8_operand_name(k.operand), q.rows,
+                                     q.cols, s.max_range_block);
+    EXPECT_EQ(p.row, qr / br * br);
+    EXPECT_EQ(p.col, qc / bc * bc);
+    for (std::int64_t b = 0; b < s.blocks; ++b) {
+      const BlockOrigin o = std::visit([&](const auto& t) { return block_origin(t, b); }, q.tensor);
+      const BlockPlace pb = block_place(format, recipe_copy_name(k.columnwise), fp8_operand_name(k.operand), q.rows,
+                                        q.cols, b);
+      ASSERT_EQ(pb.row, o.row) << "block " << b;
+      ASSERT_EQ(pb.col, o.col) << "block " << b;
+    }
+  }
 }
 
 }  // namespace

@@ -105,7 +105,7 @@ void expect_clean(const RunLog& log) {
 
 // ---- the registry ----
 
-TEST(scenario_registry_test, holds_the_thirteen_scenarios_of_the_issues_in_order) {
+TEST(scenario_registry_test, holds_the_fifteen_scenarios_of_the_issues_in_order) {
   std::vector<std::string> names;
   for (const Scenario& s : scenario_registry()) {
     names.push_back(s.name);
@@ -117,14 +117,14 @@ TEST(scenario_registry_test, holds_the_thirteen_scenarios_of_the_issues_in_order
   EXPECT_EQ(names, (std::vector<std::string>{"attention-overflow", "masked-softmax", "activation-overflow", "log-zero",
                                              "lr-explosion", "grad-underflow", "scale-collapse", "no-zero-grad",
                                              "rank-bad-batch", "rank-drift", "fp8-stale-scale", "fp8-e4m3-grads",
-                                             "fp8-saturation"}));
+                                             "fp8-saturation", "mx-floor-clipping", "nvfp4-outlier"}));
 }
 
 TEST(scenario_registry_test, an_unknown_name_lists_the_known_ones) {
   EXPECT_THROW_MSG(find_scenario("attention"), Error, "unknown scenario 'attention'",
                    "attention-overflow, masked-softmax, activation-overflow, log-zero, lr-explosion, grad-underflow, "
                    "scale-collapse, no-zero-grad, rank-bad-batch, rank-drift, fp8-stale-scale, fp8-e4m3-grads, "
-                   "fp8-saturation",
+                   "fp8-saturation, mx-floor-clipping, nvfp4-outlier",
                    "hint: ampscope train --list-scenarios");
 }
 
