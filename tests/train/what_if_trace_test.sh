@@ -2,9 +2,10 @@
 # tests/train/what_if_trace_test.sh: `ampscope train --what-if` (core/what_if.h) leaves the run alone, from the binary
 # itself: the mlp sample in bf16 and in fp8, with and without `--what-if mxfp8,nvfp4` (its last Linear, 10 outputs,
 # left out with --fp8-keep-bf16 fc3), must print the same losses and write traces whose every dataset is the same
-# bits, apart from /steps' time_ms (wall time) and the recorded config (which names --what-if); datasets only the
-# what-if run has (its own rows) are allowed. Bad uses exit 2 with the message naming what to do, and a Linear the
-# format cannot block stops the run with its name.
+# bits, apart from /steps' time_ms (wall time), /blocks (the what-if rows), the string table they add to (and
+# /index's counts and checksums of those) and the recorded config (which names --what-if and the measured formats'
+# options). Bad uses exit 2 with the message naming what to do, and a Linear the format cannot block stops the run
+# with its name.
 #   what_if_trace_test.sh AMPSCOPE_BINARY SCRATCH_DIR
 set -uo pipefail
 ampscope=${1:?usage: what_if_trace_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
@@ -58,14 +59,28 @@ da, db = datasets(a), datasets(b)
 missing = sorted(set(da) - set(db))
 if missing:
     bad.append(f"datasets missing with --what-if: {missing}")
+# /blocks (format 8) holds the what-if run's own rows, every one marked what_if; the plain run's is empty.
+if "blocks" in da and len(da["blocks"]) != 0:
+    bad.append(f"the run without --what-if wrote {len(da['blocks'])} /blocks rows")
+if "blocks" not in db or len(db["blocks"]) == 0 or not np.all(db["blocks"]["what_if"][()] == 1):
+    bad.append("the --what-if run's /blocks rows are missing or not all marked what_if")
+# The string table also holds the names the /blocks rows intern (operand, copy, format), so it, and /index's counts
+# and checksums of it and of /blocks, grow; every string of the plain run must still be there, and every other table
+# (whose string ids are compared as they are) must be the same bits.
+def strings(f):
+    data = f["string_bytes"][()].tobytes()
+    return {data[o:o + n] for o, n in zip(f["strings"]["offset"][()], f["strings"]["length"][()])}
+if not strings(a) <= strings(b):
+    bad.append(f"strings of the plain run missing with --what-if: {sorted(strings(a) - strings(b))[:5]}")
+grown = {"strings", "string_bytes", "index.strings", "index.string_bytes", "index.blocks", "index.crc32"}
 for name, x in da.items():
-    if name not in db:
+    if name not in db or name in ("blocks", "strings", "string_bytes"):
         continue
     y = db[name]
     xv, yv = x[()], y[()]
     if x.dtype.names:  # a compound table: compare field by field, without the wall time
         for field in x.dtype.names:
-            if field == "time_ms":
+            if field == "time_ms" or f"{name}.{field}" in grown:
                 continue
             if not np.array_equal(xv[field], yv[field], equal_nan=xv[field].dtype.kind == "f"):
                 bad.append(f"{name}.{field}")
@@ -81,7 +96,8 @@ config_b = json.loads(b.attrs["config"]) if "config" in b.attrs else {}
 if config_b.get("what_if") != "mxfp8,nvfp4" or config_b.get("fp8_keep_bf16") != ["fc3"]:
     bad.append(f"the what-if run's recorded config lacks what_if / fp8_keep_bf16: {config_b}")
 # A bf16 run records the two options that leave Linears out only with --what-if.
-for k in ("what_if",) + (("fp8_keep_bf16", "fp8_keep_first_last") if config_a.get("precision") == "bf16" else ()):
+# It also records the scale rule and transform of the formats --what-if measures.
+for k in ("what_if", "mx_scale", "nvfp4_rht") + (("fp8_keep_bf16", "fp8_keep_first_last") if config_a.get("precision") == "bf16" else ()):
     config_b.pop(k, None)
 if config_a != config_b:
     bad.append(f"the recorded configs differ beyond --what-if: {config_a} vs {config_b}")
