@@ -117,14 +117,15 @@ TEST(scenario_registry_test, holds_the_fifteen_scenarios_of_the_issues_in_order)
   EXPECT_EQ(names, (std::vector<std::string>{"attention-overflow", "masked-softmax", "activation-overflow", "log-zero",
                                              "lr-explosion", "grad-underflow", "scale-collapse", "no-zero-grad",
                                              "rank-bad-batch", "rank-drift", "fp8-stale-scale", "fp8-e4m3-grads",
-                                             "fp8-saturation", "mx-floor-clipping", "nvfp4-outlier"}));
+                                             "fp8-saturation", "mx-floor-clipping", "nvfp4-outlier",
+                                             "nvfp4-batch-outlier"}));
 }
 
 TEST(scenario_registry_test, an_unknown_name_lists_the_known_ones) {
   EXPECT_THROW_MSG(find_scenario("attention"), Error, "unknown scenario 'attention'",
                    "attention-overflow, masked-softmax, activation-overflow, log-zero, lr-explosion, grad-underflow, "
                    "scale-collapse, no-zero-grad, rank-bad-batch, rank-drift, fp8-stale-scale, fp8-e4m3-grads, "
-                   "fp8-saturation, mx-floor-clipping, nvfp4-outlier",
+                   "fp8-saturation, mx-floor-clipping, nvfp4-outlier, nvfp4-batch-outlier",
                    "hint: ampscope train --list-scenarios");
 }
 

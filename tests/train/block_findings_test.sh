@@ -11,6 +11,13 @@
 #   - nvfp4-outlier (--precision nvfp4): block_outlier on fc1 input rowwise at block (0, 0) (the pressure is feature
 #     0 of every row: its 1x16 block's scale is 1013 / 6, and the 15 values of order 1 beside it round to 0); remedy
 #     --fp8-keep-bf16 fc1, re-run by fix (fc1 leaves /blocks);
+#   - nvfp4-batch-outlier (--precision nvfp4 --nvfp4-no-rht): one record per batch of 64 is 50x the others (a storm
+#     day); block_outlier on fc1 input columnwise (the weight gradient's copy, blocked along the batch), not rowwise;
+#     remedies drop --nvfp4-no-rht and --fp8-keep-bf16 fc1, each re-run by fix and its verdict recomputed here (no
+#     copy left flattened, final loss within the tolerance); the transform leaves no input copy flattened;
+#   - block_copy_mismatch (fc1's input copies in the storm run) and block_error_dominates (fc1 in the weather-station
+#     MXFP8 run), recomputed from the rows and fixed with `fix --finding KIND`: --fp8-keep-bf16 fc1 re-run and its
+#     verdict recomputed (fc1 out of /blocks, no mismatched copy left, final loss within the tolerance);
 #   - rules not written for these: the mlp sample in mxfp8 (round-up, the default) has no mx_floor_clipping and no
 #     block_outlier; the scenarios in bf16 have no block findings (no /blocks rows) and no NaN/Inf.
 #   block_findings_test.sh AMPSCOPE_BINARY SCRATCH_DIR
@@ -35,6 +42,24 @@ for name in mx nv mlp_mx bf16; do
 done
 (cd "$work" && "$ampscope" fix --json mx.h5 >"$work/mx.fix.out" 2>"$work/mx.fix.err") || fail "fix mx.h5 failed: $(cat "$work/mx.fix.err")"
 (cd "$work" && "$ampscope" fix --json nv.h5 >"$work/nv.fix.out" 2>"$work/nv.fix.err") || fail "fix nv.h5 failed: $(cat "$work/nv.fix.err")"
+# The storm-day mlp under NVFP4 with the transform off: fix exits 1 when no remedy verifies, which the Python below
+# checks against its own verdicts.
+run "$ampscope" train --scenario nvfp4-batch-outlier --device cpu --seed 0 --precision nvfp4 --nvfp4-no-rht --out "$work/storm.h5"
+run "$ampscope" report --json "$work/storm.h5"
+cp "$work/out.txt" "$work/storm.json"
+(cd "$work" && "$ampscope" fix --json storm.h5 >"$work/storm.fix.out" 2>"$work/storm.fix.err"; echo $? >"$work/storm.fix.rc")
+# The other two rules, each fixed with --finding: the storm run's copy mismatch, the weather-station MXFP8 run's
+# dominating error. Each writes its own results file (fix --json names it after the trace): copy the first aside.
+cp "$work/storm.fix.json" "$work/storm.outlier.fix.json"
+(cd "$work" && "$ampscope" fix --json --finding block_copy_mismatch storm.h5 >"$work/storm.mm.out" 2>"$work/storm.mm.err") ||
+  fail "fix --finding block_copy_mismatch storm.h5 failed: $(cat "$work/storm.mm.err")"
+cp "$work/storm.fix.json" "$work/storm.mismatch.fix.json"
+cp "$work/mx.fix.json" "$work/mx.clip.fix.json"
+(cd "$work" && "$ampscope" fix --json --finding block_error_dominates mx.h5 >"$work/mx.ed.out" 2>"$work/mx.ed.err") ||
+  fail "fix --finding block_error_dominates mx.h5 failed: $(cat "$work/mx.ed.err")"
+cp "$work/mx.fix.json" "$work/mx.dominates.fix.json"
+cp "$work/mx.clip.fix.json" "$work/mx.fix.json"
+cp "$work/storm.outlier.fix.json" "$work/storm.fix.json"
 
 /usr/bin/python3 - "$work" <<'PY' || fail "findings: see above"
 import json, math, sys
@@ -167,6 +192,133 @@ for name, kind, remedy in (("mx", "mx_floor_clipping", "--mx-scale round-up"), (
                    f"gone {gone}, loss vs bf16 {rel:+.4f} within {tol:.4f}: {abs(rel) <= tol}")
     if not gone:
         bad.append(f"{name} fix: {remedy} left the finding's cause in the re-run's rows")
+    print(f"{name}: {remedy}: loss vs bf16 {rel:+.4f}, tolerance {tol:.4f}, verified {r['verified']}")
+
+# --- nvfp4-batch-outlier with --nvfp4-no-rht: the rule recomputed on every copy (block values 16, or 256 for
+# NVFP4's 16x16 weight tiles; flattened: more than 3/4 of a block), here and on fix's re-runs.
+def outlier_copies(rs):
+    out = set()
+    for r in rs:
+        if r["what_if"] or r["worst_block"] < 0 or r["nonzero"] == 0:
+            continue
+        per = 256 if r["operand"] == "weight" else 16
+        if r["max_block_range"] > range_bound and r["underflow"] / r["nonzero"] > 0.02 and r["worst_block_underflow"] > 0.75 * per:
+            out.add((r["module"], r["operand"], r["copy"]))
+    return out
+
+storm = [r for r in rows(f"{work}/storm.h5") if not r["what_if"]]
+want_copies = outlier_copies(storm)
+got = [x for x in findings("storm") if x["kind"] == "block_outlier"]
+if {(x["module"], x["operand"], x["copy"]) for x in got} != want_copies:
+    bad.append(f"storm: block_outlier on {[(x['module'], x['operand'], x['copy']) for x in got]}, recomputed {sorted(want_copies)}")
+# The storm record is a whole row of the batch: along the features (rowwise) it is no outlier; along the batch
+# (the weight gradient's copy) it is.
+if ("fc1", "input", "columnwise") not in want_copies or ("fc1", "input", "rowwise") in want_copies:
+    bad.append(f"storm: recomputed outlier copies {sorted(want_copies)}: expected fc1 input columnwise, not rowwise")
+f = [x for x in got if (x["module"], x["operand"], x["copy"]) == ("fc1", "input", "columnwise")]
+if f:
+    x = f[0]
+    sel = [r for r in storm if (r["module"], r["operand"], r["copy"]) == ("fc1", "input", "columnwise")]
+    flag = [r for r in sel if ("fc1", "input", "columnwise") in outlier_copies([r])]
+    if (x["count"], x["nonzero"], x["steps"]) != (sum(r["underflow"] for r in flag), sum(r["nonzero"] for r in flag), len(flag)):
+        bad.append(f"storm: count/nonzero/steps {x['count']}/{x['nonzero']}/{x['steps']} differ from the rows'")
+    cmds = [m["command_line"] for m in x["remedies"]]
+    if cmds != ["drop --nvfp4-no-rht", "--fp8-keep-bf16 fc1"]:
+        bad.append(f"storm: remedies {cmds}")
+    print(f"storm: fc1 input columnwise: {x['count']} of {x['nonzero']} to 0, block at row {x['block_row']}, col "
+          f"{x['block_col']} lost {x['block_zeroed']} of 16")
+
+doc = json.load(open(f"{work}/storm.fix.json"))
+bf16 = losses(f"{work}/{[r for r in doc['runs'] if r['name'] == 'bf16'][0]['trace']}")
+tol = tolerance(bf16)
+if doc["cause"] != "fp8:block_outlier" or not doc["reproduced"] or not close(doc["loss_tolerance_vs_bf16"], tol):
+    bad.append(f"storm fix: cause {doc['cause']}, reproduced {doc['reproduced']}, tolerance {doc['loss_tolerance_vs_bf16']} vs {tol}")
+any_verified = False
+for r in doc["runs"]:
+    if not r["remedy_flag"]:
+        continue
+    rerun = rows(f"{work}/{r['trace']}")
+    left = outlier_copies(rerun)
+    rel = (losses(f"{work}/{r['trace']}")[-1] - bf16[-1]) / abs(bf16[-1])
+    verdict = not left and abs(rel) <= tol
+    any_verified |= verdict
+    if r["finding_gone"] != verdict or r["verified"] != verdict or not r["applied"]:
+        bad.append(f"storm fix: {r['remedy_flag']}: gone {r['finding_gone']} verified {r['verified']} applied "
+                   f"{r['applied']}; recomputed: outlier copies left {sorted(left)}, loss vs bf16 {rel:+.4f} within {tol:.4f}")
+    if r["remedy_flag"] == "drop --nvfp4-no-rht":
+        # The transform spreads the storm record over 16 records of the batch: no input copy keeps a flattened block.
+        if any(c[1] == "input" and c[2] == "columnwise" for c in left):
+            bad.append(f"storm fix: with the transform, input copies still flattened: {sorted(left)}")
+    print(f"storm: {r['remedy_flag']}: loss vs bf16 {rel:+.4f}, tolerance {tol:.4f}, outlier copies left "
+          f"{sorted(left)}, verified {r['verified']}")
+rc = int(open(f"{work}/storm.fix.rc").read())
+if rc != (0 if any_verified else 1):
+    bad.append(f"storm fix: exit status {rc}, recomputed: some remedy verified {any_verified}")
+
+# --- block_copy_mismatch on the storm run, recomputed: a Linear's input or weight whose rowwise and columnwise
+# copies differ in one step by more than u (E2M1 2^-2, E4M3 2^-4) in RMS error or by more than 10 points in underflow.
+def mismatched(rs):
+    by = {}
+    for r in rs:
+        if not r["what_if"] and r["operand"] != "grad_output" and r["nonzero"] > 0:
+            by[(r["module"], r["operand"], r["format"], r["step"], r["copy"])] = r
+    out = set()
+    for (m, op, fmt, step, copy), r in by.items():
+        c = by.get((m, op, fmt, step, "columnwise"))
+        if copy != "rowwise" or c is None:
+            continue
+        u = 2 ** -2 if fmt == "nvfp4" else 2 ** -4
+        de = abs(c["rel_rms_error"] - r["rel_rms_error"])
+        du = abs(c["underflow"] / c["nonzero"] - r["underflow"] / r["nonzero"])
+        if de > u or du > 0.10:
+            out.add((m, op))
+    return out
+
+want = mismatched(storm)
+got = {(x["module"], x["operand"]) for x in findings("storm") if x["kind"] == "block_copy_mismatch"}
+if got != want or ("fc1", "input") not in want:
+    bad.append(f"storm: block_copy_mismatch on {sorted(got)}, recomputed {sorted(want)} (expected fc1 input among them)")
+
+# --- block_error_dominates on the weather-station MXFP8 run, recomputed: per Linear, its copy with the largest mean
+# relative RMS error in units of u; the Linear with the largest, if above 1.
+ratios = {}
+for (m, op, cp, fmt) in {(r["module"], r["operand"], r["copy"], r["format"]) for r in mx}:
+    e = [r["rel_rms_error"] for r in mx if (r["module"], r["operand"], r["copy"], r["format"]) == (m, op, cp, fmt)]
+    ratios[m] = max(ratios.get(m, -1), sum(e) / len(e) / (2 ** -4 if fmt == "mxfp8" else 2 ** -2))
+top = max(ratios, key=ratios.get)
+got = [x for x in findings("mx") if x["kind"] == "block_error_dominates"]
+if ratios[top] <= 1 or [x["module"] for x in got] != [top]:
+    bad.append(f"mx: block_error_dominates on {[x['module'] for x in got]}, recomputed {top} at {ratios[top]:.3f} u")
+elif [m["command_line"] for m in got[0]["remedies"]] != [f"--fp8-keep-bf16 {top}"]:
+    bad.append(f"mx: block_error_dominates remedies {got[0]['remedies']}")
+
+# --- fix re-runs of both: keep the Linear in bf16. Verified when the re-run has no finding of the kind (recomputed:
+# no mismatched copies; for block_error_dominates the remedy applied, the Linear gone from /blocks) and its final
+# loss is within the tolerance of the bf16 run's.
+for name, kind, trace, remedy in (("storm.mismatch", "block_copy_mismatch", "storm", "--fp8-keep-bf16 fc1"),
+                                  ("mx.dominates", "block_error_dominates", "mx", f"--fp8-keep-bf16 {top}")):
+    doc = json.load(open(f"{work}/{name}.fix.json"))
+    if doc["cause"] != f"fp8:{kind}" or not doc["reproduced"]:
+        bad.append(f"{name} fix: cause {doc['cause']}, reproduced {doc['reproduced']}")
+        continue
+    bf16 = losses(f"{work}/{[r for r in doc['runs'] if r['name'] == 'bf16'][0]['trace']}")
+    tol = tolerance(bf16)
+    if not close(doc["loss_tolerance_vs_bf16"], tol):
+        bad.append(f"{name} fix: tolerance {doc['loss_tolerance_vs_bf16']} != {tol}")
+    r = [r for r in doc["runs"] if r["remedy_flag"] == remedy]
+    if len(r) != 1:
+        bad.append(f"{name} fix: no run of {remedy}")
+        continue
+    r = r[0]
+    rerun = rows(f"{work}/{r['trace']}")
+    module = remedy.split()[-1]
+    rel = (losses(f"{work}/{r['trace']}")[-1] - bf16[-1]) / abs(bf16[-1])
+    kept = not any(x["module"] == module for x in rerun) and any(not x["what_if"] for x in rerun)
+    gone = kept and (kind == "block_error_dominates" or not mismatched(rerun))
+    verdict = gone and abs(rel) <= tol
+    if r["finding_gone"] != verdict or r["verified"] != verdict or not verdict:
+        bad.append(f"{name} fix: {remedy}: gone {r['finding_gone']} verified {r['verified']}; recomputed: {module} "
+                   f"out of /blocks {kept}, finding gone {gone}, loss vs bf16 {rel:+.4f} within {tol:.4f}")
     print(f"{name}: {remedy}: loss vs bf16 {rel:+.4f}, tolerance {tol:.4f}, verified {r['verified']}")
 
 for line in bad:
