@@ -16,6 +16,7 @@
 # staging script (which sees edits made since).
 
 set(AMPSCOPE_INTERNAL_HEADERS
+    core/cpu_gemm.h          # the CPU GEMM the FP8 and block-scaled Linears share
     core/io/output_file.h    # safe creation of the command line's output files (cli/)
     core/io/hdf5_support.h   # HDF5 helpers for checkpoint.cpp and the trace writer/reader (includes hdf5.h)
     core/io/json_limits.h    # bounded JSON parsing for the readers of files from elsewhere (includes nlohmann)

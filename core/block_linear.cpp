@@ -1,13 +1,12 @@
 // Block-scaled Linear GEMMs on the CPU (core/block_linear.h).
 #include "core/block_linear.h"
 
-#include <algorithm>
 #include <utility>
 
 #include <fmt/format.h>
 
-#include "core/backend.h"
 #include "core/block_stats.h"
+#include "core/cpu_gemm.h"
 #include "core/error.h"
 #include "core/float8.h"
 #include "core/probe_hook.h"
@@ -108,32 +107,6 @@ BlockOperand nvfp4_copy(std::span<const float> m, std::int64_t R, std::int64_t C
   return out;
 }
 
-// The GEMM's blocking, as fp8_gemm's (core/fp8_linear.cpp): row blocks on the CPU pool, 32 columns' sums kept in
-// registers while k runs; each element's terms are added in k order whatever the blocking or thread count.
-constexpr std::int64_t kMaxRowBlocks = 8;
-constexpr std::int64_t kVecCols = 32;
-
-void gemm_rows(const float* A, const float* Bt, float* C, std::int64_t r0, std::int64_t r1, std::int64_t K,
-               std::int64_t J, float alpha, const float* bias) {
-  for (std::int64_t i = r0; i < r1; ++i) {
-    const float* arow = A + i * K;
-    float* crow = C + i * J;
-    for (std::int64_t j0 = 0; j0 < J; j0 += kVecCols) {
-      const std::int64_t nc = std::min(kVecCols, J - j0);
-      float acc[kVecCols] = {};
-      for (std::int64_t p = 0; p < K; ++p) {
-        const float av = arow[p];
-        const float* brow = Bt + p * J + j0;
-        for (std::int64_t j = 0; j < nc; ++j) acc[j] += av * brow[j];
-      }
-      for (std::int64_t j = 0; j < nc; ++j) crow[j0 + j] = acc[j] * alpha;
-    }
-    if (bias != nullptr) {
-      for (std::int64_t j = 0; j < J; ++j) crow[j] += bias[j];
-    }
-  }
-}
-
 std::int64_t block_of(Fp8Recipe recipe) { return recipe == Fp8Recipe::mxfp8 ? kMxBlock : kNvfp4Block; }
 
 }  // namespace
@@ -166,15 +139,7 @@ Tensor block_gemm(const BlockOperand& a, const BlockOperand& b, DType out_dtype,
   const std::vector<float> Bt = transposed(b.values, J, K);  // [K, J]
   const float alpha = a.global_decode * b.global_decode;
   Tensor out = Tensor::empty({I, J}, {DType::f32, Device::cpu()});
-  float* c = out.data_as<float>();
-  const std::int64_t grain = std::max<std::int64_t>(1, (std::int64_t{1} << 20) / std::max<std::int64_t>(J * K, 1));
-  const std::int64_t blocks = std::clamp<std::int64_t>(I / grain, 1, kMaxRowBlocks);
-  const float* bias_p = bias_f.empty() ? nullptr : bias_f.data();
-  backend_for(Device::cpu()).parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
-    for (std::int64_t blk = b0; blk < b1; ++blk) {
-      gemm_rows(a.values.data(), Bt.data(), c, I * blk / blocks, I * (blk + 1) / blocks, K, J, alpha, bias_p);
-    }
-  });
+  decoded_gemm(a.values.data(), Bt.data(), out.data_as<float>(), I, K, J, alpha, bias_f.empty() ? nullptr : bias_f.data());
   return out.to(out_dtype);
 }
 

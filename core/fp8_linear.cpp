@@ -3,14 +3,13 @@
 
 #include <fnmatch.h>
 
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <utility>
 
 #include <fmt/format.h>
 
-#include "core/backend.h"
+#include "core/cpu_gemm.h"
 #include "core/error.h"
 #include "core/fp8_linear_device.h"
 #include "core/probe_hook.h"
@@ -44,47 +43,6 @@ std::vector<float> decoded(const Fp8Quantized& x, bool transpose) {
     for (std::int64_t c = 0; c < x.cols; ++c)
       out[static_cast<std::size_t>(c * x.rows + r)] = table[x.codes[static_cast<std::size_t>(r * x.cols + c)]];
   return out;
-}
-
-// The GEMM's blocking: the bf16/f32 path's row blocks (kMaxRowBlocks, below in fp8_gemm), and within a row
-// kVecCols columns whose sums stay in registers while p runs over the whole inner dimension (32 floats: eight
-// SSE registers), so a sum is never stored and reloaded between two of its terms.
-constexpr std::int64_t kMaxRowBlocks = 8;
-constexpr std::int64_t kVecCols = 32;
-
-// Rows [r0, r1) of C = (A B) * alpha (+ bias), A [I, P] and B [P, J] row-major decoded values. Each C[i][j] is
-// sum_p A[i][p] * B[p][j] added in f32 with p ascending, from 0: the order docs/fp8.md defines (a product of two
-// decoded FP8 values has at most 8 significant bits and is exact in float). The column blocks change which
-// elements are summed side by side, never the order of one element's terms.
-void gemm_rows(const float* A, const float* B, float* C, std::int64_t r0, std::int64_t r1, std::int64_t P,
-               std::int64_t J, float alpha, const float* bias) {
-  for (std::int64_t i = r0; i < r1; ++i) {
-    const float* arow = A + i * P;
-    float* crow = C + i * J;
-    std::int64_t j0 = 0;
-    for (; j0 + kVecCols <= J; j0 += kVecCols) {
-      float acc[kVecCols] = {};
-      for (std::int64_t p = 0; p < P; ++p) {
-        const float av = arow[p];
-        const float* brow = B + p * J + j0;
-        for (std::int64_t j = 0; j < kVecCols; ++j) acc[j] += av * brow[j];
-      }
-      for (std::int64_t j = 0; j < kVecCols; ++j) crow[j0 + j] = acc[j] * alpha;
-    }
-    if (j0 < J) {  // the last columns, fewer than kVecCols
-      const std::int64_t nc = J - j0;
-      float acc[kVecCols] = {};
-      for (std::int64_t p = 0; p < P; ++p) {
-        const float av = arow[p];
-        const float* brow = B + p * J + j0;
-        for (std::int64_t j = 0; j < nc; ++j) acc[j] += av * brow[j];
-      }
-      for (std::int64_t j = 0; j < nc; ++j) crow[j0 + j] = acc[j] * alpha;
-    }
-    if (bias != nullptr) {
-      for (std::int64_t j = 0; j < J; ++j) crow[j] += bias[j];
-    }
-  }
 }
 
 }  // namespace
@@ -215,19 +173,7 @@ Tensor fp8_gemm(const Fp8Quantized& a, bool transpose_a, const Fp8Quantized& b, 
   const std::vector<float> B = decoded(b, transpose_b);  // [P, J]
   const float alpha = a.scale_inv * b.scale_inv;
   Tensor out = Tensor::empty({I, J}, {DType::f32, Device::cpu()});
-  float* c = out.data_as<float>();
-  // Threads as the bf16/f32 GEMM splits a product (kernels/cpu/nn_kernels.cpp, rows_per_task and
-  // for_row_blocks): at most kMaxRowBlocks blocks of rows, each about 2^20 multiply-adds or more, cut by I and
-  // that grain only, run on the CPU backend's pool. Each output element is computed whole by one thread, so the
-  // result does not depend on the thread count.
-  const std::int64_t grain = std::max<std::int64_t>(1, (std::int64_t{1} << 20) / std::max<std::int64_t>(J * P, 1));
-  const std::int64_t blocks = std::clamp<std::int64_t>(I / grain, 1, kMaxRowBlocks);
-  const float* bias_p = bias_f.empty() ? nullptr : bias_f.data();
-  backend_for(Device::cpu()).parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
-    for (std::int64_t blk = b0; blk < b1; ++blk) {
-      gemm_rows(A.data(), B.data(), c, I * blk / blocks, I * (blk + 1) / blocks, P, J, alpha, bias_p);
-    }
-  });
+  decoded_gemm(A.data(), B.data(), out.data_as<float>(), I, P, J, alpha, bias_f.empty() ? nullptr : bias_f.data());
   return out.to(out_dtype);
 }
 

@@ -1305,6 +1305,75 @@ void draw_error_histogram(ViewerState& s, const trace::PrecisionRow& p, float he
   plot::draw("##error_hist", st, {&series, 1}, {}, ImVec2(0, height));
 }
 
+namespace {
+
+// The measure switch the FP8 and Blocks panels share: underflow or saturation, the panel's help beside it, then
+// the fraction colours' legend.
+void fraction_measure_switch(Fp8Measure& measure, std::string_view help) {
+  int picked = measure == Fp8Measure::underflow ? 0 : 1;
+  ImGui::RadioButton("underflow", &picked, 0);
+  ImGui::SameLine();
+  ImGui::RadioButton("saturation", &picked, 1);
+  measure = picked == 0 ? Fp8Measure::underflow : Fp8Measure::saturation;
+  help_marker(help);
+  ImGui::SameLine();
+  ImGui::TextDisabled("fraction:");
+  for (const FractionTick& t : fraction_legend()) {
+    ImGui::SameLine();
+    swatch(t.colour, 0);
+    ImGui::TextUnformatted(t.label.c_str());
+  }
+}
+
+// The grid the FP8 and Blocks panels share, in a scrolling child `child_id` that leaves `below` pixels under it:
+// each cell the fraction `measure` of map row r at step column c (no row: the background shows), the picked row's
+// cell at the selected step outlined. Hovering a cell shows cell_text(row, cell); a click on it selects its step and
+// module (select(s, r, step)); on a row's label, that row becomes the picked one. Map is Fp8Map or BlockMap.
+template <class Map, class CellText, class Select>
+void draw_fraction_grid(ViewerState& s, const Map& m, Fp8Measure measure, std::size_t picked,
+                        std::optional<std::int64_t> sel_step, const char* child_id, float below, float label_max,
+                        const char* corner, std::optional<std::size_t>& hover_row,
+                        std::optional<std::size_t>& picked_row, CellText cell_text, Select select) {
+  ImGui::BeginChild(child_id, ImVec2(0, -below), false, ImGuiWindowFlags_HorizontalScrollbar);
+  const HeatmapGrid g(m.rows.size(), m.steps.size(), label_max);
+  for (std::size_t r = g.r0; r < g.r1; ++r) {
+    for (std::size_t c = g.c0; c < g.c1; ++c) {
+      const double f = m.fraction(r, c, measure);
+      if (std::isnan(f)) continue;  // no row: the background shows
+      g.fill(r, c, im(fraction_colour(f)));
+      if (sel_step && m.steps[c] == *sel_step && r == picked) g.outline(r, c);
+    }
+  }
+  g.draw_frame(
+      corner,
+      [&](std::size_t r) {
+        return std::pair<const std::string&, bool>(m.rows[r].label, (hover_row && *hover_row == r) || r == picked);
+      },
+      [&](std::size_t c) { return m.steps[c]; });
+  hover_row.reset();
+  if (const HeatmapGrid::Hit hit = g.hit(); hit.row) {
+    const std::size_t r = *hit.row;
+    hover_row = r;
+    if (hit.col) {
+      if (const auto* p = m.at(r, *hit.col)) {
+        ImGui::BeginTooltip();
+        ImGui::TextUnformatted(cell_text(m.rows[r], *p).c_str());
+        ImGui::EndTooltip();
+        if (ImGui::IsMouseClicked(0)) {
+          s.user_selected = true;
+          select(s, r, p->step);
+        }
+      }
+    } else {
+      ImGui::SetTooltip("%s", m.rows[r].label.c_str());
+      if (ImGui::IsMouseClicked(0)) picked_row = r;  // a label: pick that row, keep the step
+    }
+  }
+  ImGui::EndChild();
+}
+
+}  // namespace
+
 // FP8: the underflow (or saturation) fraction of each operand (rows) at each recorded step (columns), and below
 // it the picked operand's scale and amax over the steps. A click on a cell selects its step and module.
 void draw_fp8_panel(ViewerState& s) {
@@ -1324,64 +1393,19 @@ void draw_fp8_panel(ViewerState& s) {
     ImGui::End();
     return;
   }
-  int measure = s.fp8_measure == Fp8Measure::underflow ? 0 : 1;
-  ImGui::RadioButton("underflow", &measure, 0);
-  ImGui::SameLine();
-  ImGui::RadioButton("saturation", &measure, 1);
-  s.fp8_measure = measure == 0 ? Fp8Measure::underflow : Fp8Measure::saturation;
-  help_marker("Each cell: of the operand's nonzero values at that step, the fraction the cast quantized to zero "
-              "(underflow) or clipped at the format's max (saturation, silent: no NaN shows it). Rows are the FP8 "
-              "Linears' operands, columns the recorded steps. Hover a cell for its numbers; click it to select the "
-              "step, show that Linear's ops and plot the operand's scale and amax below.");
-  ImGui::SameLine();
-  ImGui::TextDisabled("fraction:");
-  for (const FractionTick& t : fraction_legend()) {
-    ImGui::SameLine();
-    swatch(t.colour, 0);
-    ImGui::TextUnformatted(t.label.c_str());
-  }
-  const std::size_t rows = m->rows.size(), cols = m->steps.size();
+  fraction_measure_switch(
+      s.fp8_measure,
+      "Each cell: of the operand's nonzero values at that step, the fraction the cast quantized to zero "
+      "(underflow) or clipped at the format's max (saturation, silent: no NaN shows it). Rows are the FP8 "
+      "Linears' operands, columns the recorded steps. Hover a cell for its numbers; click it to select the "
+      "step, show that Linear's ops and plot the operand's scale and amax below.");
+  const std::size_t rows = m->rows.size();
   const std::size_t picked = s.fp8_row && *s.fp8_row < rows ? *s.fp8_row : 0;
 
   const float plot_h = std::max(120.0f, std::floor(ImGui::GetContentRegionAvail().y * 0.4f));
-  ImGui::BeginChild("##fp8map", ImVec2(0, -plot_h), false, ImGuiWindowFlags_HorizontalScrollbar);
-  const HeatmapGrid g(rows, cols, 300.0f);
   const std::optional<std::int64_t> sel_step = s.a->selected_step();
-  for (std::size_t r = g.r0; r < g.r1; ++r) {
-    for (std::size_t c = g.c0; c < g.c1; ++c) {
-      const double f = m->fraction(r, c, s.fp8_measure);
-      if (std::isnan(f)) continue;  // no row: the background shows
-      g.fill(r, c, im(fraction_colour(f)));
-      if (sel_step && m->steps[c] == *sel_step && r == picked) g.outline(r, c);
-    }
-  }
-  g.draw_frame(
-      "operand \\ step",
-      [&](std::size_t r) {
-        return std::pair<const std::string&, bool>(m->rows[r].label,
-                                                    (s.fp8_hover_row && *s.fp8_hover_row == r) || r == picked);
-      },
-      [&](std::size_t c) { return m->steps[c]; });
-  s.fp8_hover_row.reset();
-  if (const HeatmapGrid::Hit hit = g.hit(); hit.row) {
-    const std::size_t r = *hit.row;
-    s.fp8_hover_row = r;
-    if (hit.col) {
-      if (const trace::Fp8Row* p = m->at(r, *hit.col)) {
-        ImGui::BeginTooltip();
-        ImGui::TextUnformatted(fp8_cell_text(m->rows[r], *p).c_str());
-        ImGui::EndTooltip();
-        if (ImGui::IsMouseClicked(0)) {
-          s.user_selected = true;
-          select_fp8_cell(s, r, p->step);
-        }
-      }
-    } else {
-      ImGui::SetTooltip("%s", m->rows[r].label.c_str());
-      if (ImGui::IsMouseClicked(0)) s.fp8_row = r;  // a label: plot that operand, keep the step
-    }
-  }
-  ImGui::EndChild();
+  draw_fraction_grid(s, *m, s.fp8_measure, picked, sel_step, "##fp8map", plot_h, 300.0f, "operand \\ step",
+                     s.fp8_hover_row, s.fp8_row, fp8_cell_text, select_fp8_cell);
 
   // The picked operand's scale and amax (and the history's amax that sets the next scale) over the steps.
   const Fp8OperandSeries series = fp8_operand_series(*m, picked);
@@ -1442,64 +1466,19 @@ void draw_blocks_panel(ViewerState& s) {
     ImGui::End();
     return;
   }
-  int measure = s.blocks_measure == Fp8Measure::underflow ? 0 : 1;
-  ImGui::RadioButton("underflow", &measure, 0);
-  ImGui::SameLine();
-  ImGui::RadioButton("saturation", &measure, 1);
-  s.blocks_measure = measure == 0 ? Fp8Measure::underflow : Fp8Measure::saturation;
-  help_marker("Each cell: of the copy's nonzero values at that step, the fraction its block's scale lost to zero "
-              "(underflow) or clipped at the element's max (saturation). Rows are the operand copies (rowwise, "
-              "columnwise) of the block-scaled Linears; 'what-if' rows were measured only (--what-if), the run did "
-              "not train in that format. Hover a cell for its numbers; click it to select the step and show that "
-              "Linear's ops.");
-  ImGui::SameLine();
-  ImGui::TextDisabled("fraction:");
-  for (const FractionTick& t : fraction_legend()) {
-    ImGui::SameLine();
-    swatch(t.colour, 0);
-    ImGui::TextUnformatted(t.label.c_str());
-  }
-  const std::size_t rows = m->rows.size(), cols = m->steps.size();
+  fraction_measure_switch(
+      s.blocks_measure,
+      "Each cell: of the copy's nonzero values at that step, the fraction its block's scale lost to zero "
+      "(underflow) or clipped at the element's max (saturation). Rows are the operand copies (rowwise, "
+      "columnwise) of the block-scaled Linears; 'what-if' rows were measured only (--what-if), the run did "
+      "not train in that format. Hover a cell for its numbers; click it to select the step and show that "
+      "Linear's ops.");
+  const std::size_t rows = m->rows.size();
   const std::size_t picked = s.blocks_row && *s.blocks_row < rows ? *s.blocks_row : 0;
   const float detail_h = std::max(120.0f, std::floor(ImGui::GetContentRegionAvail().y * 0.35f));
-  ImGui::BeginChild("##blocksmap", ImVec2(0, -detail_h), false, ImGuiWindowFlags_HorizontalScrollbar);
-  const HeatmapGrid g(rows, cols, 320.0f);
   const std::optional<std::int64_t> sel_step = s.a->selected_step();
-  for (std::size_t r = g.r0; r < g.r1; ++r) {
-    for (std::size_t c = g.c0; c < g.c1; ++c) {
-      const double f = m->fraction(r, c, s.blocks_measure);
-      if (std::isnan(f)) continue;
-      g.fill(r, c, im(fraction_colour(f)));
-      if (sel_step && m->steps[c] == *sel_step && r == picked) g.outline(r, c);
-    }
-  }
-  g.draw_frame(
-      "copy \\ step",
-      [&](std::size_t r) {
-        return std::pair<const std::string&, bool>(m->rows[r].label,
-                                                    (s.blocks_hover_row && *s.blocks_hover_row == r) || r == picked);
-      },
-      [&](std::size_t c) { return m->steps[c]; });
-  s.blocks_hover_row.reset();
-  if (const HeatmapGrid::Hit hit = g.hit(); hit.row) {
-    const std::size_t r = *hit.row;
-    s.blocks_hover_row = r;
-    if (hit.col) {
-      if (const trace::BlockRow* p = m->at(r, *hit.col)) {
-        ImGui::BeginTooltip();
-        ImGui::TextUnformatted(block_cell_text(m->rows[r], *p).c_str());
-        ImGui::EndTooltip();
-        if (ImGui::IsMouseClicked(0)) {
-          s.user_selected = true;
-          select_block_cell(s, r, p->step);
-        }
-      }
-    } else {
-      ImGui::SetTooltip("%s", m->rows[r].label.c_str());
-      if (ImGui::IsMouseClicked(0)) s.blocks_row = r;
-    }
-  }
-  ImGui::EndChild();
+  draw_fraction_grid(s, *m, s.blocks_measure, picked, sel_step, "##blocksmap", detail_h, 320.0f, "copy \\ step",
+                     s.blocks_hover_row, s.blocks_row, block_cell_text, select_block_cell);
   // The picked copy at the selected step (or its last recorded step).
   std::optional<std::size_t> column;
   if (sel_step) {

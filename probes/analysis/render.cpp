@@ -618,6 +618,17 @@ json fp8_operand_json(const Fp8OperandSummary& o) {
               {"last_history_amax_step", o.last_history_amax_step}};
 }
 
+// An "error dominates" finding's fields (FP8's and the block-scaled one): judged from each step's RMS error, not
+// from counted values, so no count to report (docs/report-format.md).
+void error_dominates_json(json& out, const Fp8Finding& f) {
+  out.erase("nonzero");
+  out.erase("count");
+  out["error"] = number(f.error);
+  out["error_bound"] = number(f.error_bound);
+  out["next_module"] = f.next_module;
+  out["next_error"] = number(f.next_error);
+}
+
 json fp8_finding_json(const Fp8Finding& f) {
   json out{{"kind", f.kind},
            {"module", f.module},
@@ -672,23 +683,10 @@ json fp8_finding_json(const Fp8Finding& f) {
       out["other_fraction"] = number(f.other_fraction);
       out["error_bound"] = number(f.error_bound);
     } else {
-      out.erase("nonzero");
-      out.erase("count");
-      out["error"] = number(f.error);
-      out["error_bound"] = number(f.error_bound);
-      out["next_module"] = f.next_module;
-      out["next_error"] = number(f.next_error);
+      error_dominates_json(out, f);
     }
   }
-  if (f.kind == "fp8_error_dominates") {
-    // Judged from each step's RMS error, not from counted values: no count to report (docs/report-format.md).
-    out.erase("nonzero");
-    out.erase("count");
-    out["error"] = number(f.error);
-    out["error_bound"] = number(f.error_bound);
-    out["next_module"] = f.next_module;
-    out["next_error"] = number(f.next_error);
-  }
+  if (f.kind == "fp8_error_dominates") error_dominates_json(out, f);
   for (const Fp8Remedy& r : f.remedies)
     out["remedies"].push_back(
         json{{"option", r.option}, {"value", r.value}, {"command_line", r.command_line}, {"why", r.why},
@@ -696,13 +694,18 @@ json fp8_finding_json(const Fp8Finding& f) {
   return out;
 }
 
+// The FP8 and block-scaled sections' worst lists: indices into their operands or copies.
+void worst_lists_json(json& out, const std::vector<std::size_t>& underflow, const std::vector<std::size_t>& saturation) {
+  for (std::size_t i : underflow) out["worst_underflow"].push_back(i);
+  for (std::size_t i : saturation) out["worst_saturation"].push_back(i);
+}
+
 json fp8_json(const Fp8Section& s) {
   json out{{"recorded", s.recorded()}, {"rows", s.rows},           {"steps", s.steps},
            {"modules", s.modules},     {"first_step", s.first_step}, {"last_step", s.last_step},
            {"operands", json::array()}, {"worst_underflow", json::array()}, {"worst_saturation", json::array()}};
   for (const Fp8OperandSummary& o : s.operands) out["operands"].push_back(fp8_operand_json(o));
-  for (std::size_t i : s.worst_underflow) out["worst_underflow"].push_back(i);
-  for (std::size_t i : s.worst_saturation) out["worst_saturation"].push_back(i);
+  worst_lists_json(out, s.worst_underflow, s.worst_saturation);
   out["start_up"] = json::array();
   for (const Fp8StartUp& u : s.start_up)
     out["start_up"].push_back(json{{"module", u.module},
@@ -768,8 +771,7 @@ json blocks_json(const BlockSection& s) {
            {"last_step", s.last_step}, {"copies", json::array()}, {"worst_underflow", json::array()},
            {"worst_saturation", json::array()}};
   for (const BlockCopySummary& c : s.copies) out["copies"].push_back(block_copy_json(c));
-  for (std::size_t i : s.worst_underflow) out["worst_underflow"].push_back(i);
-  for (std::size_t i : s.worst_saturation) out["worst_saturation"].push_back(i);
+  worst_lists_json(out, s.worst_underflow, s.worst_saturation);
   return out;
 }
 
@@ -992,13 +994,32 @@ void text_swamped(Text& t, const Report& rep) {
   }
 }
 
+// A fraction as a percentage with three significant digits, for the FP8 and block-scaled sections: an underflow of
+// 0.004% is worth seeing, and pct() would print 0.0%.
+std::string pct3(double fraction) { return std::isfinite(fraction) ? fmt::format("{:.3g}%", 100.0 * fraction) : num(fraction); }
+
+// "step 3" or "steps 3 to 9": the steps an FP8 or block-scaled finding spans.
+std::string finding_steps(const Fp8Finding& x) {
+  return x.first_step == x.last_step ? fmt::format("step {}", x.first_step)
+                                     : fmt::format("steps {} to {}", x.first_step, x.last_step);
+}
+
+// The header of the FP8 and block-scaled findings' list.
+void text_findings_header(Text& t) { t.line("  findings (calibration, not anomalies: nothing became NaN/Inf):"); }
+
+// A finding's remedies, one line each.
+void text_remedies(Text& t, const Fp8Finding& x) {
+  for (const Fp8Remedy& r : x.remedies)
+    t.line("      remedy: {} ({}){}", r.command_line, r.why, r.verified ? " (verified by `ampscope fix`)" : "");
+}
+
 // Block-scaled copies (only when the trace has /blocks rows): every copy (up to kBlockListed; --json has all), then
 // the worst by underflow and by saturation. What-if copies speak in the conditional: the run did not train in them.
 inline constexpr std::size_t kBlockListed = 32;
 void text_blocks(Text& t, const Report& rep) {
   const BlockSection& b = rep.blocks;
   if (!b.recorded()) return;
-  const auto pct = [](double fraction) { return std::isfinite(fraction) ? fmt::format("{:.3g}%", 100.0 * fraction) : num(fraction); };
+  const auto pct = pct3;
   const auto name = [&](const BlockCopySummary& c) {
     return fmt::format("{} {} {} [{}{}]", t.paint(kBold, c.module), c.operand, c.copy, c.format, c.what_if ? ", what-if" : "");
   };
@@ -1053,11 +1074,10 @@ void text_blocks(Text& t, const Report& rep) {
            "outlier, no rowwise/columnwise copies apart, no Linear's error above its element's unit roundoff)");
     return;
   }
-  t.line("  findings (calibration, not anomalies: nothing became NaN/Inf):");
+  text_findings_header(t);
   for (const Fp8Finding* p : findings) {
     const Fp8Finding& x = *p;
-    const std::string steps = x.first_step == x.last_step ? fmt::format("step {}", x.first_step)
-                                                          : fmt::format("steps {} to {}", x.first_step, x.last_step);
+    const std::string steps = finding_steps(x);
     if (x.kind == "mx_floor_clipping")
       t.line("    {} {} {} [{}]: blocks clipped by the floor scale rule: {} of {} nonzero values ({}) saturated in {} "
              "blocks over {}, RMS error up to {} (above E4M3's unit roundoff {}; worst step {}: {} clipped)",
@@ -1082,17 +1102,15 @@ void text_blocks(Text& t, const Report& rep) {
              t.paint(kBold, x.module), x.format, x.operand, x.copy, pct(x.error), pct(x.error_bound), steps,
              x.next_module.empty() ? std::string("no other block-scaled Linear")
                                    : fmt::format("the next Linear, {}, {}", x.next_module, pct(x.next_error)));
-    for (const Fp8Remedy& r : x.remedies)
-      t.line("      remedy: {} ({}){}", r.command_line, r.why, r.verified ? " (verified by `ampscope fix`)" : "");
+    text_remedies(t, x);
   }
 }
 
-// A --precision fp8 run's operands (only when the trace has /fp8 rows): the worst by underflow and by saturation.// A --precision fp8 run's operands (only when the trace has /fp8 rows): the worst by underflow and by saturation.
+// A --precision fp8 run's operands (only when the trace has /fp8 rows): the worst by underflow and by saturation.
 void text_fp8(Text& t, const Report& rep) {
   const Fp8Section& f = rep.fp8;
   if (!f.recorded()) return;
-  // Three significant digits: an underflow of 0.004% is worth seeing, and pct() would print 0.0%.
-  const auto pct = [](double fraction) { return std::isfinite(fraction) ? fmt::format("{:.3g}%", 100.0 * fraction) : num(fraction); };
+  const auto pct = pct3;
   t.blank();
   t.line("{} {} of {} FP8 {} over {} ({} to {})", t.paint(kBold, "FP8 OPERANDS:"),
          plural(static_cast<std::int64_t>(f.operands.size()), "operand"), f.modules, f.modules == 1 ? "Linear" : "Linears",
@@ -1152,11 +1170,10 @@ void text_fp8(Text& t, const Report& rep) {
            pct(kFp8GradUnderflowThreshold), pct(kFp8SaturationThreshold));
     return;
   }
-  t.line("  findings (calibration, not anomalies: nothing became NaN/Inf):");
+  text_findings_header(t);
   for (const Fp8Finding& x : f.findings) {
     if (block_finding_kind(x.kind)) continue;  // printed in the BLOCK-SCALED FORMATS section
-    const std::string steps = x.first_step == x.last_step ? fmt::format("step {}", x.first_step)
-                                                          : fmt::format("steps {} to {}", x.first_step, x.last_step);
+    const std::string steps = finding_steps(x);
     if (x.kind == "e4m3_grad_underflow")
       t.line("    {} {} [{}]: gradients underflow in E4M3: {} of {} nonzero values quantized to 0 ({}) over {} "
              "({} over {}; worst step {}: {})",
@@ -1185,8 +1202,7 @@ void text_fp8(Text& t, const Report& rep) {
              t.paint(kBold, x.module), x.operand, x.format, x.count, x.nonzero, pct(x.fraction), steps,
              plural(x.steps, "recorded step"), pct(x.threshold), pct(x.error_bound), x.worst_step,
              pct(x.worst_fraction), num(x.max_scaled_amax), pct(x.error));
-    for (const Fp8Remedy& r : x.remedies)
-      t.line("      remedy: {} ({}){}", r.command_line, r.why, r.verified ? " (verified by `ampscope fix`)" : "");
+    text_remedies(t, x);
   }
 }
 
