@@ -2,9 +2,11 @@
 #include "core/block_linear.h"
 
 #include <utility>
+#include <variant>
 
 #include <fmt/format.h>
 
+#include "core/block_recipe.h"
 #include "core/block_stats.h"
 #include "core/cpu_gemm.h"
 #include "core/error.h"
@@ -36,72 +38,30 @@ void report(const std::string& module, Fp8Operand operand, BlockCopy copy, std::
                                                     .stats = stats});
 }
 
-BlockOperand mxfp8_copy(std::span<const float> m, std::int64_t R, std::int64_t C, Fp8Operand operand, BlockCopy copy,
-                        const Fp8Options& options, const std::string& module) {
-  // E4M3 for all three operands: TE's MXFP8BlockScaling default (fp8_format E4M3).
-  const MxTensor q = quantize_mxfp8(m, R, C,
-                                    {.axis = copy == BlockCopy::rowwise ? BlockAxis::along_row : BlockAxis::along_column,
-                                     .element = Fp8Format::e4m3,
-                                     .rule = options.mx_scale});
-  if (probe::hook() != nullptr) report(module, operand, copy, "mxfp8", R, C, mxfp8_block_stats(m, q));
-  std::vector<float> values = dequantize_mxfp8(q);  // element * 2^(code - 127): exact
+// The copy as a GEMM operand: [rows, k] row-major with k the contraction, each value its element decoded times its
+// block's scale (exact in float: MX elements times powers of two; E2M1's 2 significant bits times E4M3's 4).
+BlockOperand gemm_operand(const RecipeCopy& q) {
   BlockOperand out;
-  if (copy == BlockCopy::rowwise) {
-    out.rows = R;
-    out.k = C;
-    out.values = std::move(values);
-  } else {
-    out.rows = C;
-    out.k = R;
-    out.values = transposed(values, R, C);
+  if (const auto* mx = std::get_if<MxTensor>(&q.tensor)) {
+    std::vector<float> values = dequantize_mxfp8(*mx);  // element * 2^(code - 127)
+    // An MX columnwise copy is the [R, C] matrix blocked down its columns; the GEMM contracts over R.
+    out.rows = q.columnwise ? q.cols : q.rows;
+    out.k = q.columnwise ? q.rows : q.cols;
+    out.values = q.columnwise ? transposed(values, q.rows, q.cols) : std::move(values);
+    return out;
   }
-  return out;
-}
-
-BlockOperand nvfp4_copy(std::span<const float> m, std::int64_t R, std::int64_t C, Fp8Operand operand, BlockCopy copy,
-                        Fp8Context& context, const std::string& module) {
-  const Fp8Options& options = context.options();
-  // What TE's NVFP4BlockScaling does per operand (docs/fp8.md, "Training in MXFP8 and NVFP4"): weights in 16x16
-  // tiles, inputs and gradients in 1x16; stochastic rounding for gradients only; the Hadamard transform only on
-  // the wgrad GEMM's operands, i.e. the columnwise copies of the input and the gradient.
-  const bool weight = operand == Fp8Operand::weight;
-  const bool grad = operand == Fp8Operand::grad_output;
-  const bool columnwise = copy == BlockCopy::columnwise;
-  std::vector<float> quantized;  // the values the quantizer sees: [R, C], or [C, R] for the columnwise copy
-  std::int64_t qr = R, qc = C;
-  if (columnwise) {
-    quantized = transposed(m, R, C);
-    qr = C;
-    qc = R;
-    if (!weight && options.nvfp4_rht) {
-      if (qc % kRhtSize != 0) {
-        throw ShapeError(fmt::format("NVFP4 {} of {}: the Hadamard transform runs over 16 values along the wgrad "
-                                     "contraction, but it has {} rows\nhint: make the batch's rows a multiple of 16",
-                                     fp8_operand_name(operand), module, R));
-      }
-      quantized = random_hadamard_transform(quantized);
-    }
-  } else {
-    quantized.assign(m.begin(), m.end());
-  }
-  Nvfp4Options o;
-  o.tile = weight ? Nvfp4Tile::square_16x16 : Nvfp4Tile::row_1x16;
-  o.stochastic_rounding = grad;
-  if (grad) o.stream = {.seed = options.sr_seed, .offset = context.take_random_blocks(quantized.size())};
-  const Nvfp4Tensor q = quantize_nvfp4(quantized, qr, qc, o);
-  if (probe::hook() != nullptr) report(module, operand, copy, "nvfp4", qr, qc, nvfp4_block_stats(quantized, q));
-  BlockOperand out;
-  out.rows = qr;
-  out.k = qc;
-  out.global_decode = q.global_decode_scale;
-  out.values.resize(quantized.size());
-  const std::int64_t scale_cols = qc / kNvfp4Block;
-  for (std::int64_t r = 0; r < qr; ++r) {
-    for (std::int64_t c = 0; c < qc; ++c) {
-      const std::int64_t block = weight ? (r / kNvfp4Block) * scale_cols + c / kNvfp4Block : r * scale_cols + c / kNvfp4Block;
-      const std::size_t i = static_cast<std::size_t>(r * qc + c);
-      // 2 significant bits times 4: exact in float.
-      out.values[i] = e2m1_to_float(q.codes[i]) * fp8_to_float(q.scales[static_cast<std::size_t>(block)], Fp8Format::e4m3);
+  const Nvfp4Tensor& t = std::get<Nvfp4Tensor>(q.tensor);
+  const bool tiles = t.options.tile == Nvfp4Tile::square_16x16;
+  out.rows = q.rows;  // an NVFP4 columnwise copy is already the transpose, [C, R]
+  out.k = q.cols;
+  out.global_decode = t.global_decode_scale;  // applied as the GEMM's alpha, as TE does
+  out.values.resize(q.seen.size());
+  const std::int64_t scale_cols = q.cols / kNvfp4Block;
+  for (std::int64_t r = 0; r < q.rows; ++r) {
+    for (std::int64_t c = 0; c < q.cols; ++c) {
+      const std::int64_t block = tiles ? (r / kNvfp4Block) * scale_cols + c / kNvfp4Block : r * scale_cols + c / kNvfp4Block;
+      const std::size_t i = static_cast<std::size_t>(r * q.cols + c);
+      out.values[i] = e2m1_to_float(t.codes[i]) * fp8_to_float(t.scales[static_cast<std::size_t>(block)], Fp8Format::e4m3);
     }
   }
   return out;
@@ -118,11 +78,21 @@ BlockOperand block_quantize_copy(std::span<const float> matrix, std::int64_t R, 
   if (static_cast<std::int64_t>(matrix.size()) != R * C) {
     throw ShapeError(fmt::format("block_quantize_copy: {} values for a {}x{} matrix", matrix.size(), R, C));
   }
-  switch (context.options().recipe) {
-    case Fp8Recipe::mxfp8: return mxfp8_copy(matrix, R, C, operand, copy, context.options(), module);
-    case Fp8Recipe::nvfp4: return nvfp4_copy(matrix, R, C, operand, copy, context, module);
-    default: throw Error("block_quantize_copy: the context's recipe is not mxfp8 or nvfp4");
+  const Fp8Options& options = context.options();
+  if (!is_block_recipe(options.recipe)) throw Error("block_quantize_copy: the context's recipe is not mxfp8 or nvfp4");
+  // The layouts, transform and rounding are block_recipe_quantize's, which --what-if uses too: one description of
+  // what each recipe quantizes, so the what-if statistics are the real run's by construction.
+  const BlockRecipe recipe{.format = options.recipe == Fp8Recipe::mxfp8 ? BlockFormat::mxfp8 : BlockFormat::nvfp4,
+                           .mx_scale = options.mx_scale,
+                           .nvfp4_rht = options.nvfp4_rht,
+                           .sr_seed = options.sr_seed};
+  std::uint64_t offset = context.random_offset();
+  const RecipeCopy q = block_recipe_quantize(matrix, R, C, operand, copy == BlockCopy::columnwise, recipe, offset);
+  context.set_random_offset(offset);
+  if (probe::hook() != nullptr) {
+    report(module, operand, copy, block_format_name(recipe.format), q.rows, q.cols, block_recipe_stats(q));
   }
+  return gemm_operand(q);
 }
 
 Tensor block_gemm(const BlockOperand& a, const BlockOperand& b, DType out_dtype, const Tensor& bias) {

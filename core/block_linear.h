@@ -55,8 +55,9 @@ struct BlockOperand {
 
 // Quantizes one copy of a Linear operand under the context's recipe (mxfp8 or nvfp4). `matrix` is the operand as
 // the Linear holds it, [R, C] row-major f32 (x [N, in], W [out, in], dy [N, out]). rowwise: blocks along C, the
-// result is [R, C] (k = C). columnwise: blocks down R, the result is [C, R] (k = R). NVFP4's stochastic rounding
-// (grad_output) takes its offset from the context (Fp8Context::take_random_blocks). With a probe hook installed,
+// result is [R, C] (k = C). columnwise: blocks down R, the result is [C, R] (k = R). The layouts, transform and
+// rounding are core/block_recipe.h block_recipe_quantize's (what --what-if measures); NVFP4's stochastic rounding
+// (grad_output) takes its offset from the context (Fp8Context::random_offset) and advances it. With a probe hook installed,
 // reports the copy (probe::BlockQuantizeEvent with mxfp8_block_stats / nvfp4_block_stats over the values the
 // quantizer saw: for NVFP4's columnwise copies the transpose, after the Hadamard transform where applied; the
 // event's rows and cols are that quantized matrix's). ShapeError when the blocked dimensions do not divide.
