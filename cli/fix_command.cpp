@@ -341,26 +341,9 @@ bool apply(const analysis::Remedy& m, TrainConfig& c, std::string& flag) {
   return false;
 }
 
-// A run leaving FP8 (the fp32 reference, the bf16 remedy) drops the --fp8-* options, which train refuses with
-// another precision. It drops --what-if too: the re-runs verify the run, which is the same without it (and an
-// fp32 or fp16 run refuses it), and --what-if was what let a bf16 run carry the keep options.
-void leave_fp8(TrainConfig& c) {
-  const TrainConfig defaults;
-  if (c.precision != Precision::fp8) c.what_if.clear();  // --what-if measures on a bf16 or fp8 run only
-  if (c.precision != Precision::fp8) {
-    c.fp8_recipe = defaults.fp8_recipe;
-    c.fp8_format = defaults.fp8_format;
-    c.fp8_amax_history = defaults.fp8_amax_history;
-    c.fp8_amax_algo = defaults.fp8_amax_algo;
-    c.fp8_margin = defaults.fp8_margin;
-  }
-  if (!quantized_linears(c.precision)) {  // fp8, mxfp8 and nvfp4 share the --fp8-keep-* options
-    c.fp8_keep_bf16.clear();
-    c.fp8_keep_first_last = defaults.fp8_keep_first_last;
-  }
-  if (c.precision != Precision::mxfp8) c.mx_scale = defaults.mx_scale;
-  if (c.precision != Precision::nvfp4) c.nvfp4_rht = defaults.nvfp4_rht;
-}
+// A run leaving FP8 (the fp32 reference, the bf16 remedy) drops the options only the quantized precisions take
+// (cli/run.h leave_quantized_options), --what-if included: the re-runs verify the run, which is the same without it.
+void leave_fp8(TrainConfig& c) { leave_quantized_options(c); }
 
 // An FP8 finding's cause in the plan (FixPlan::first.cause): "fp8:" and the finding's kind. A run without a
 // NaN/Inf anomaly whose report has FP8 findings is fixed for the first finding's kind (docs/fp8.md).

@@ -686,6 +686,24 @@ bool what_if_measures(const TrainConfig& config, BlockFormat format) {
 }
 }  // namespace
 
+void leave_quantized_options(TrainConfig& c) {
+  const TrainConfig defaults;
+  if (c.precision != Precision::fp8) {
+    c.what_if.clear();
+    c.fp8_recipe = defaults.fp8_recipe;
+    c.fp8_format = defaults.fp8_format;
+    c.fp8_amax_history = defaults.fp8_amax_history;
+    c.fp8_amax_algo = defaults.fp8_amax_algo;
+    c.fp8_margin = defaults.fp8_margin;
+  }
+  if (!quantized_linears(c.precision)) {  // fp8, mxfp8 and nvfp4 share the --fp8-keep-* options
+    c.fp8_keep_bf16.clear();
+    c.fp8_keep_first_last = defaults.fp8_keep_first_last;
+  }
+  if (c.precision != Precision::mxfp8) c.mx_scale = defaults.mx_scale;
+  if (c.precision != Precision::nvfp4) c.nvfp4_rht = defaults.nvfp4_rht;
+}
+
 void check_fp8_run(const TrainConfig& config) {
   const std::string_view precision = precision_name(config.precision);
   const bool block = config.precision == Precision::mxfp8 || config.precision == Precision::nvfp4;

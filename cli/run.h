@@ -72,6 +72,13 @@ std::string kept_checkpoint_path(const std::string& checkpoint, std::int64_t ste
 // (--resume restores the recipe's state from the checkpoint: core/io/fp8_checkpoint.h.)
 void check_fp8_run(const TrainConfig& config);
 
+// A run leaving the quantized precisions (the fp32 run of `train --compare`, fix's fp32 and bf16 references and its
+// bf16 remedy) drops the options only those precisions take, which train refuses with another precision: the
+// --fp8-* recipe options unless fp8, --fp8-keep-* unless fp8/mxfp8/nvfp4, --mx-scale unless mxfp8, --nvfp4-no-rht
+// unless nvfp4, and --what-if unless fp8 (an fp32 or fp16 run refuses it, and the references measure the run, which
+// is the same without it).
+void leave_quantized_options(TrainConfig& config);
+
 // --what-if's formats, in the order given ("mxfp8,nvfp4"; spaces around names allowed, a repeat counted once); empty
 // for "". Throws Error naming a name that is not mxfp8 or nvfp4, with "did you mean" for a near miss.
 std::vector<BlockFormat> what_if_formats(const std::string& what_if);

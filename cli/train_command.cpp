@@ -393,6 +393,7 @@ int TrainCommand::run_plan(const TrainConfig& config, bool compare, bool leader)
   if (compare) {
     TrainConfig fp32 = config, low = config;
     fp32.precision = Precision::fp32;
+    leave_quantized_options(fp32);  // `--precision nvfp4 --mx-scale ... --compare`: those options are the low run's
     if (low.precision == Precision::fp32) low.precision = Precision::fp16;
     if (!config.out.empty()) {
       fp32.out = with_suffix(config.out, "fp32");

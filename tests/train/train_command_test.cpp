@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "cli/train_command.h"
+#include "probes/trace/reader.h"
 #include "tests/test_support.h"
 
 namespace ampscope::samples {
@@ -320,6 +322,29 @@ TEST(train_command_test, refuses_an_existing_trace_under_out_unless_told_to_over
   EXPECT_THROW_MSG(run_train({"--sample", "mlp", "--steps", "1", "--device", "cpu", "--compare", "--out",
                               (dir / "pair.h5").string()}),
                    Error, "pair-fp32.h5' exists");
+}
+
+// --compare's fp32 run leaves the options only the quantized precisions take (fp32 refuses them); the low run keeps
+// them and records them.
+TEST(train_command_test, compare_keeps_the_quantized_options_to_the_low_run) {
+  namespace fs = std::filesystem;
+  const fs::path dir = ampscope::testing::process_scratch_dir("ampscope_compare_quantized");
+  ASSERT_EQ(run_train({"--sample", "mlp", "--steps", "1", "--device", "cpu", "--precision", "mxfp8", "--mx-scale",
+                       "floor", "--fp8-keep-first-last", "--compare", "--out", (dir / "quantized.h5").string()}),
+            0);
+  const auto config_of = [](const fs::path& trace) {
+    return nlohmann::json::parse(trace::TraceReader(trace.string()).run_info().config);
+  };
+  const nlohmann::json fp32 = config_of(dir / "quantized-fp32.h5"), low = config_of(dir / "quantized-mxfp8.h5");
+  EXPECT_EQ(fp32.at("precision"), "fp32");
+  EXPECT_FALSE(fp32.contains("mx_scale"));
+  EXPECT_EQ(low.at("precision"), "mxfp8");
+  EXPECT_EQ(low.at("mx_scale"), "floor");
+  ASSERT_EQ(run_train({"--sample", "mlp", "--steps", "1", "--device", "cpu", "--precision", "fp8", "--fp8-recipe",
+                       "current", "--compare", "--out", (dir / "perfp8.h5").string()}),
+            0);
+  EXPECT_EQ(config_of(dir / "perfp8-fp8.h5").at("fp8_recipe"), "current");
+  EXPECT_FALSE(config_of(dir / "perfp8-fp32.h5").contains("fp8_recipe"));
 }
 
 // --overwrite removes a link planted under the trace's name; the file it points to is never written.
