@@ -28,11 +28,11 @@
 namespace ampscope {
 
 struct WhatIfOptions {
-  std::vector<BlockFormat> formats;              // each measured, in this order
+  std::vector<BlockFormat> formats = {};         // each measured, in this order
   MxScaleRule mx_scale = MxScaleRule::round_up;  // mxfp8's scale rule (the real run's --mx-scale)
   bool nvfp4_rht = true;                         // nvfp4's Hadamard transform on the wgrad operands
   std::uint64_t seed = 0;                        // the run's seed: stochastic rounding uses block_rounding_seed(seed)
-  std::vector<std::string> keep_bf16;            // module-path globs (fnmatch, * matches dots) not measured
+  std::vector<std::string> keep_bf16 = {};       // module-path globs (fnmatch, * matches dots) not measured
 };
 
 class WhatIfContext {

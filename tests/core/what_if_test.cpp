@@ -243,7 +243,9 @@ TEST(WhatIf, EveryCopyOfEveryOperandHasTheStatisticsOfTheRecipesQuantization) {
     EXPECT_EQ(e.rows, rows) << where;
     EXPECT_EQ(e.cols, cols) << where;
     expect_same(e.stats, s, where);
-    if (format == "nvfp4" && std::string(w.operand) != "weight") EXPECT_GT(e.stats.underflow, 0) << where;
+    if (format == "nvfp4" && std::string(w.operand) != "weight") {
+      EXPECT_GT(e.stats.underflow, 0) << where;
+    }
   }
   EXPECT_EQ(what_if->random_offset(BlockFormat::nvfp4), nvfp4_offset);
   EXPECT_EQ(what_if->random_offset(BlockFormat::mxfp8), 0u);
@@ -283,7 +285,9 @@ TEST(WhatIf, TheRunWithTheMeasurementIsTheRunWithoutIt) {
       EXPECT_EQ(hook_a->ops[i].output, hook_b->ops[i].output) << i;
     }
     EXPECT_EQ(hook_a->fp8_events, hook_b->fp8_events);
-    if (fp8) EXPECT_EQ(hook_b->fp8_events, 6);  // 2 Linears x (input, weight, grad_output)
+    if (fp8) {
+      EXPECT_EQ(hook_b->fp8_events, 6);  // 2 Linears x (input, weight, grad_output)
+    }
     EXPECT_TRUE(hook_a->events.empty());
     EXPECT_EQ(hook_b->events.size(), 20u);
   }

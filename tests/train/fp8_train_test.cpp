@@ -152,8 +152,12 @@ TEST(fp8_train_test, an_fp8_run_writes_a_trace_with_a_row_for_every_fp8_linear_a
         const auto it = seen.find({step, module, operand});
         ASSERT_NE(it, seen.end()) << "step " << step << " " << module << " " << operand;
         // Delayed scaling: step 0 casts with the initial scale 1; later steps with 448 (or 57344) / amax history.
-        if (step == 0) EXPECT_EQ(it->second->scale, 1.0);
-        if (step > 0) EXPECT_GT(it->second->scale, 1.0) << module << " " << operand;
+        if (step == 0) {
+          EXPECT_EQ(it->second->scale, 1.0);
+        }
+        if (step > 0) {
+          EXPECT_GT(it->second->scale, 1.0) << module << " " << operand;
+        }
       }
     }
   }
