@@ -74,14 +74,19 @@ void check_launch(cudaError_t status, const char* kernel) {
   if (status != cudaSuccess) check(status, fmt::format("launch of kernel '{}'", kernel));
 }
 
-// Scratch memory from the backend, released (after the stream is drained) when it goes out of scope.
+// Scratch memory from the backend for work on this thread's default stream. The backend's pool allocates and frees
+// in the backend's stream order, not this stream's: the caller calls backend.synchronize() after allocating (the
+// allocation point reached) and before the first launch that uses it, and the destructor drains this stream before
+// handing the memory back (also when a launch threw), so the pool never reuses memory a kernel here still reads.
 class Scratch {
  public:
   Scratch(Backend& backend, std::size_t bytes) : backend_(backend), bytes_(bytes) {
     if (bytes_ > 0) ptr_ = backend_.allocate(bytes_);
   }
   ~Scratch() {
-    if (ptr_ != nullptr) backend_.deallocate(ptr_, bytes_);
+    if (ptr_ == nullptr) return;
+    (void)cudaStreamSynchronize(cudaStreamPerThread);  // an error here is the launch's, reported by the caller
+    backend_.deallocate(ptr_, bytes_);
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -219,6 +224,7 @@ void fp8_gemm(Backend& backend, const Fp8GemmArgs& args) {
   Scratch b_t(backend, args.transpose_b ? 0 : bytes(d.J * d.P));
   Scratch acc(backend, bytes(d.I * d.J) * sizeof(float));
   Scratch workspace(backend, kWorkspaceBytes);
+  backend.synchronize();  // the allocations above are ordered on the backend's stream (Scratch)
   const std::uint8_t* op_a = args.a;
   const std::uint8_t* op_bt = args.b;
   if (args.transpose_a) {  // A is [P][I]
