@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# tests/train/block_twin_test.sh: the f32 twin of a block-scaled run (issue 35; probes/twin.h "Block-scaled
+# Linears", docs/fp8.md "The f32 twin"): `ampscope train --sample mlp --precision nvfp4 --twin` (fc3, 10 outputs, kept
+# in bf16), its report and `ampscope fix --finding block_error_dominates`, each checked against numbers read back from
+# the trace with h5py and recomputed here (not from what the report printed):
+#   - the twin changes nothing in the run: the same losses as the untwinned run, bit for bit;
+#   - every block-scaled Linear (fc1, fc2) has a forward and a backward row per step, whose local error is at most
+#     one bf16 rounding (2^-8: the block GEMM in f32 is the local reference), while its accumulated error (against the
+#     unquantized f32 Linear) is far larger; fc3 (bf16) keeps the ordinary rows;
+#   - block_error_dominates names the Linear with the largest mean jump (acc_mean_rel / max(in_acc_mean_rel, 2^-8)
+#     over its forward rows), recomputed here with its mean errors, worst step, the next Linear, and the bound (its
+#     mean accumulated error above NVFP4's unit roundoff 0.25); remedy --fp8-keep-bf16 MODULE;
+#   - PRECISION's jump entries of the block Linears are block_quantization [nvfp4 -> bf16] with that remedy first;
+#   - the untwinned run keeps the /blocks rule (twin false in the JSON, "no twin rows" in the text);
+#   - fix re-runs the remedy: applied, the Linear out of the re-run's /blocks rows, its verdict recomputed from the
+#     bf16 run's losses (docs/fp8.md "The loss tolerance");
+#   - `ampscope diff` of the nvfp4 run against a bf16 run of the same seed: the first op whose output departs, checked
+#     against the two traces' /ops rows (docs/fp8.md "Confirming with a bf16 run").
+#   block_twin_test.sh AMPSCOPE_BINARY SCRATCH_DIR
+set -uo pipefail
+ampscope=${1:?usage: block_twin_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
+work=${2:?usage: block_twin_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
+rm -rf "$work" && mkdir -p "$work"
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+run() { "$@" >"$work/out.txt" 2>"$work/err.txt" || { [[ $? == 1 ]] || { fail "'$*' failed"; cat "$work/err.txt" >&2; }; }; }
+
+common=(--sample mlp --device cpu --steps 6 --seed 0 --fp8-keep-bf16 fc3)
+run "$ampscope" train "${common[@]}" --precision nvfp4 --twin --out "$work/nv.h5"
+run "$ampscope" train "${common[@]}" --precision nvfp4 --out "$work/plain.h5"
+run "$ampscope" train --sample mlp --device cpu --steps 6 --seed 0 --precision bf16 --out "$work/bf16.h5"
+for name in nv plain; do
+  run "$ampscope" report --json "$work/$name.h5"
+  cp "$work/out.txt" "$work/$name.json"
+  run "$ampscope" report "$work/$name.h5"
+  cp "$work/out.txt" "$work/$name.txt"
+done
+grep -qF "block_quantization linear in fc1 [nvfp4 -> bf16]" "$work/nv.txt" ||
+  fail "the report does not label fc1's jump block_quantization [nvfp4 -> bf16]"
+if grep -qF "block-scaled error dominates" "$work/plain.txt"; then
+  grep -qF "no twin rows (run with --twin to measure it at the Linear's output)" "$work/plain.txt" ||
+    fail "the untwinned report's block_error_dominates does not say it has no twin rows"
+fi
+(cd "$work" && "$ampscope" fix --json --finding block_error_dominates nv.h5 >"$work/fix.out" 2>"$work/fix.err"; echo $? >"$work/fix.rc")
+[[ $(cat "$work/fix.rc") == 0 || $(cat "$work/fix.rc") == 1 ]] || fail "fix --finding block_error_dominates: exit $(cat "$work/fix.rc"): $(cat "$work/fix.err")"
+run "$ampscope" diff --json "$work/nv.h5" "$work/bf16.h5"
+cp "$work/out.txt" "$work/diff.json"
+
+/usr/bin/python3 - "$work" <<'PY' || fail "see above"
+import json, math, sys
+import h5py
+
+work = sys.argv[1]
+bad = []
+
+def table(path, name):
+    with h5py.File(path, "r") as fh:
+        if name not in fh:
+            return []
+        strings, data = fh["strings"][()], fh["string_bytes"][()].tobytes()
+        text = lambda i: data[strings[i]["offset"]:strings[i]["offset"] + strings[i]["length"]].decode()
+        kinds = fh[name].dtype
+        out = []
+        for r in fh[name][()]:
+            d = {}
+            for k in kinds.names:
+                v = r[k]
+                d[k] = v.tolist() if hasattr(v, "tolist") else v
+            out.append(d)
+        # The interned string columns of each table (indices into /strings).
+        for col in ("op", "module", "out_dtype", "phase", "operand", "copy", "format"):
+            if col in kinds.names:
+                for d in out:
+                    d[col] = text(d[col])
+        return out
+
+def losses(path):
+    with h5py.File(path, "r") as fh:
+        return [float(x) for x in fh["steps"]["loss"]]
+
+# --- The twin leaves the run as it is.
+if losses(f"{work}/nv.h5") != losses(f"{work}/plain.h5"):
+    bad.append("the twinned nvfp4 run's losses differ from the untwinned run's")
+
+prec = table(f"{work}/nv.h5", "precision")
+blocks = [b for b in table(f"{work}/nv.h5", "blocks") if not b["what_if"]]
+block_modules = sorted({b["module"] for b in blocks})
+if block_modules != ["fc1", "fc2"]:
+    bad.append(f"block-scaled Linears {block_modules}, expected fc1 and fc2 (fc3 kept in bf16)")
+steps = sorted({p["step"] for p in prec})
+if steps != list(range(6)):
+    bad.append(f"twinned steps {steps}")
+for m in block_modules + ["fc3"]:
+    for phase in ("forward", "backward"):
+        rs = [p for p in prec if p["op"] == "linear" and p["module"] == m and p["phase"] == phase]
+        if sorted(p["step"] for p in rs) != steps:
+            bad.append(f"{m} {phase}: rows at steps {[p['step'] for p in rs]}, expected one per twinned step")
+        for p in rs:
+            if not p["local"] or p["local_max_rel"] > 2 ** -8:
+                bad.append(f"{m} {phase} step {p['step']}: local max error {p['local_max_rel']} is more than one bf16 rounding")
+    fwd = [p for p in prec if p["op"] == "linear" and p["module"] == m and p["phase"] == "forward"]
+    if m in block_modules and any(p["acc_mean_rel"] < 4 * p["local_mean_rel"] for p in fwd):
+        bad.append(f"{m}: accumulated error not far above the bf16 rounding: {[(p['acc_mean_rel'], p['local_mean_rel']) for p in fwd]}")
+
+# --- block_error_dominates recomputed: per block-scaled Linear, the mean over its forward rows of
+# acc_mean_rel / max(in_acc_mean_rel, 2^-8), and of the two errors.
+measure = {}
+for m in block_modules:
+    fwd = sorted((p for p in prec if p["op"] == "linear" and p["module"] == m and p["phase"] == "forward"),
+                 key=lambda p: (p["step"], p["seq"]))
+    jumps = [p["acc_mean_rel"] / max(p["in_acc_mean_rel"], 2 ** -8) for p in fwd]
+    worst = max(range(len(fwd)), key=lambda i: (jumps[i], -i))
+    measure[m] = dict(jump=sum(jumps) / len(jumps), error=sum(p["acc_mean_rel"] for p in fwd) / len(fwd),
+                      in_error=sum(p["in_acc_mean_rel"] for p in fwd) / len(fwd), worst_step=fwd[worst]["step"],
+                      worst_jump=jumps[worst], steps=len(fwd))
+top = max(measure, key=lambda m: measure[m]["jump"])
+nxt = max((m for m in measure if m != top), key=lambda m: measure[m]["jump"])
+print({m: {k: round(v, 5) for k, v in d.items()} for m, d in measure.items()})
+doc = json.load(open(f"{work}/nv.json"))
+got = [f for f in doc["fp8_findings"] if f["kind"] == "block_error_dominates"]
+if not measure[top]["error"] > 0.25:
+    bad.append(f"the recomputed top Linear {top} is not over the bound: {measure[top]}; the test's run no longer fits")
+elif len(got) != 1:
+    bad.append(f"block_error_dominates findings: {got}, expected one on {top}")
+else:
+    f = got[0]
+    close = lambda a, b: abs(a - b) <= 1e-9 * max(1.0, abs(b))
+    want = measure[top]
+    if f["module"] != top or not f["twin"] or f["operand"] != "output" or f["format"] != "nvfp4":
+        bad.append(f"finding on {f['module']} (twin {f['twin']}, operand {f['operand']}), recomputed {top}")
+    for key in ("jump", "error", "in_error", "worst_jump"):
+        if not close(f[key], want[key]):
+            bad.append(f"finding {key} {f[key]}, recomputed {want[key]}")
+    if f["worst_step"] != want["worst_step"] or f["steps"] != want["steps"] or f["error_bound"] != 0.25:
+        bad.append(f"finding worst_step {f['worst_step']} steps {f['steps']} bound {f['error_bound']}, recomputed {want}")
+    if f["next_module"] != nxt or not close(f["next_jump"], measure[nxt]["jump"]) or not close(f["next_error"], measure[nxt]["error"]):
+        bad.append(f"finding next {f['next_module']} {f['next_jump']}, recomputed {nxt} {measure[nxt]['jump']}")
+    if [r["command_line"] for r in f["remedies"]] != [f"--fp8-keep-bf16 {top}"]:
+        bad.append(f"finding remedies {f['remedies']}")
+
+# --- PRECISION: the block Linears' jump entries.
+for e in doc["precision"]["by_jump"]:
+    if e["op"] != "linear" or e["phase"] != "forward":
+        continue
+    if e["module"] in block_modules:
+        if e["fp8"] != "nvfp4" or e["kind"] != "block_quantization":
+            bad.append(f"jump entry of {e['module']}: fp8 {e['fp8']!r} kind {e['kind']}")
+        if e["remedies"] and e["remedies"][0]["flag"] != f"--fp8-keep-bf16 '{e['module']}'":
+            bad.append(f"jump entry of {e['module']}: first remedy {e['remedies'][0]}")
+    elif e["fp8"] != "" or e["kind"] == "block_quantization":
+        bad.append(f"jump entry of the bf16 Linear {e['module']} marked {e['fp8']!r} {e['kind']}")
+
+# --- The untwinned run: the /blocks rule, said so.
+for f in json.load(open(f"{work}/plain.json"))["fp8_findings"]:
+    if f["kind"] == "block_error_dominates" and f["twin"]:
+        bad.append("the untwinned run's block_error_dominates says twin")
+
+# --- fix: the remedy re-run, its verdict recomputed.
+fix = json.load(open(f"{work}/nv.fix.json"))
+if fix["cause"] != "fp8:block_error_dominates" or not fix["reproduced"]:
+    bad.append(f"fix: cause {fix['cause']}, reproduced {fix['reproduced']}")
+runs = {r["name"]: r for r in fix["runs"]}
+remedy = [r for r in fix["runs"] if r["remedy_flag"] == f"--fp8-keep-bf16 {top}"]
+if len(remedy) != 1 or "bf16" not in runs:
+    bad.append(f"fix: runs {[r['remedy_flag'] for r in fix['runs']]}")
+else:
+    r = remedy[0]
+    rerun = [b for b in table(f"{work}/{r['trace']}", "blocks") if not b["what_if"]]
+    kept = r["ran"] and r["applied"] and not any(b["module"] == top for b in rerun) and any(rerun)
+    bf16 = losses(f"{work}/{runs['bf16']['trace']}")
+    l = bf16[-5:]
+    d2 = [l[i] - 2 * l[i - 1] + l[i - 2] for i in range(2, len(l))]
+    tol = 2 * math.sqrt(sum(x * x for x in d2) / len(d2) / 6) / abs(bf16[-1])
+    rel = (losses(f"{work}/{r['trace']}")[-1] - bf16[-1]) / abs(bf16[-1])
+    verdict = kept and tol < 1 and abs(rel) <= tol
+    if not kept:
+        bad.append(f"fix: --fp8-keep-bf16 {top} not applied (ran {r['ran']}, applied {r['applied']}, {top} in the re-run's /blocks)")
+    if r["finding_gone"] != verdict or r["verified"] != verdict:
+        bad.append(f"fix: gone {r['finding_gone']} verified {r['verified']}; recomputed loss vs bf16 {rel:+.4f} within {tol:.4f}: {verdict}")
+    print(f"fix: --fp8-keep-bf16 {top}: loss vs bf16 {rel:+.4f}, tolerance {tol:.4f}, verified {r['verified']}")
+
+for line in bad:
+    print(line)
+sys.exit(1 if bad else 0)
+PY
+
+if ((failures)); then
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo "block_twin: all passed"
