@@ -13,7 +13,11 @@
 #   - PRECISION's jump entries of the block Linears are block_quantization [nvfp4 -> bf16] with that remedy first;
 #   - the untwinned run keeps the /blocks rule (twin false in the JSON, "no twin rows" in the text);
 #   - fix re-runs the remedy: applied, the Linear out of the re-run's /blocks rows, its verdict recomputed from the
-#     bf16 run's losses (docs/fp8.md "The loss tolerance").
+#     bf16 run's losses (docs/fp8.md "The loss tolerance");
+#   - `ampscope diff --threshold 0` against a bf16 run of the same seed (docs/fp8.md "Confirming with a bf16 run"): the
+#     runs depart first at step 0's fc1 (every op before it the same in both traces), and for fix's re-run with fc1
+#     kept in bf16 at fc2 (fc1's step-0 row now the same); each first divergence's difference recomputed from the two
+#     traces' /ops rows (|rms_a - rms_b| and |mean_a - mean_b| over the larger rms), and the losses' differences.
 #   block_twin_test.sh AMPSCOPE_BINARY SCRATCH_DIR
 set -uo pipefail
 ampscope=${1:?usage: block_twin_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
@@ -40,6 +44,12 @@ if grep -qF "block-scaled error dominates" "$work/plain.txt"; then
 fi
 (cd "$work" && "$ampscope" fix --json --finding block_error_dominates nv.h5 >"$work/fix.out" 2>"$work/fix.err"; echo $? >"$work/fix.rc")
 [[ $(cat "$work/fix.rc") == 0 || $(cat "$work/fix.rc") == 1 ]] || fail "fix --finding block_error_dominates: exit $(cat "$work/fix.rc"): $(cat "$work/fix.err")"
+run "$ampscope" train --sample mlp --device cpu --steps 6 --seed 0 --precision bf16 --out "$work/bf16.h5"
+# diff exits 1 when the runs diverge (at threshold 0 they do); run() accepts 1.
+run "$ampscope" diff --json --threshold 0 "$work/nv.h5" "$work/bf16.h5"
+cp "$work/out.txt" "$work/diff.json"
+run "$ampscope" diff --json --threshold 0 "$work/nv.fix-fp8-keep-bf16-fc1.h5" "$work/bf16.h5"
+cp "$work/out.txt" "$work/diff_kept.json"
 
 /usr/bin/python3 - "$work" <<'PY' || fail "see above"
 import json, math, sys
@@ -173,6 +183,42 @@ else:
     if r["finding_gone"] != verdict or r["verified"] != verdict:
         bad.append(f"fix: gone {r['finding_gone']} verified {r['verified']}; recomputed loss vs bf16 {rel:+.4f} within {tol:.4f}: {verdict}")
     print(f"fix: --fp8-keep-bf16 {top}: loss vs bf16 {rel:+.4f}, tolerance {tol:.4f}, verified {r['verified']}")
+
+# --- diff against the bf16 run: where the runs depart, recomputed from /ops (same seed: same weights and batch at
+# step 0, so every op before the first block-scaled Linear has the same statistics in both traces).
+def step0_forward(path):
+    return sorted((o for o in table(path, "ops") if o["step"] == 0 and o["phase"] == "forward"), key=lambda o: o["seq"])
+
+def first_departure(a_path, b_path):
+    a, b = step0_forward(a_path), step0_forward(b_path)
+    for x, y in zip(a, b):
+        if (x["op"], x["module"]) != (y["op"], y["module"]):
+            return None, f"step 0 forward rows differ in order: {x['op']} {x['module']} vs {y['op']} {y['module']}"
+        peak = max(x["rms"], y["rms"])
+        rel = max(abs(x["rms"] - y["rms"]), abs(x["mean"] - y["mean"])) / peak if peak > 0 else 0.0
+        if rel > 0:
+            return (x["op"], x["module"], rel), None
+    return None, "no step-0 forward row differs"
+
+for name, trace, module in (("diff", "nv.h5", "fc1"), ("diff_kept", "nv.fix-fp8-keep-bf16-fc1.h5", "fc2")):
+    d = json.load(open(f"{work}/{name}.json"))
+    want, err = first_departure(f"{work}/{trace}", f"{work}/bf16.h5")
+    f = d["first_divergence"]
+    if err or f is None:
+        bad.append(f"{name}: {err or 'no first divergence'}")
+        continue
+    k = f["key"]
+    if (k["step"], k["phase"], k["op"], k["module"]) != (0, "forward", want[0], want[1]) or want[1] != module:
+        bad.append(f"{name}: first divergence {k}, recomputed {want} (expected linear in {module})")
+    elif abs(f["max_rel"] - want[2]) > 1e-6 * want[2]:
+        bad.append(f"{name}: first divergence {f['max_rel']}, recomputed {want[2]}")
+    la, lb = losses(f"{work}/{trace}"), losses(f"{work}/bf16.h5")
+    for row in d["losses"]:
+        s = row["step"]
+        rel = abs(la[s] - lb[s]) / max(max(abs(v) for v in la[: s + 1]), max(abs(v) for v in lb[: s + 1]))
+        if abs(row["rel"] - rel) > 1e-9:
+            bad.append(f"{name}: step {s} loss difference {row['rel']}, recomputed {rel}")
+    print(f"{name}: departs at step 0 linear in {want[1]} ({want[2]:.4f} of its rms); losses {[round(r['rel'], 4) for r in d['losses']]}")
 
 for line in bad:
     print(line)
