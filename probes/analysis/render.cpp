@@ -1110,10 +1110,10 @@ void text_blocks(Text& t, const Report& rep) {
              x.operand == "weight" ? "input gradient (dgrad)" : "weight gradient (wgrad)");
     else if (x.twin)
       t.line("    {} [{}]: block-scaled error dominates (f32 twin): its output is {} off the unquantized f32 Linear on "
-             "average over {}, its inputs {}: a jump of {} on average ({} in step {}), above {} (the element's unit "
-             "roundoff); {}",
-             t.paint(kBold, x.module), x.format, pct(x.error), plural(x.steps, "twinned call"), pct(x.in_error),
-             num(x.jump), num(x.worst_jump), x.worst_step, pct(x.error_bound),
+             "average over {} (above {}, the element's unit roundoff), its inputs {}: a jump of {} on average ({} in "
+             "step {}); {}",
+             t.paint(kBold, x.module), x.format, pct(x.error), plural(x.steps, "twinned call"), pct(x.error_bound),
+             pct(x.in_error), num(x.jump), num(x.worst_jump), x.worst_step,
              x.next_module.empty() ? std::string("no other block-scaled Linear has twin rows")
                                    : fmt::format("the next Linear by jump, {}, {} ({} off)", x.next_module,
                                                  num(x.next_jump), pct(x.next_error)));

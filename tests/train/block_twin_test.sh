@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/train/block_twin_test.sh: the f32 twin of a block-scaled run (issue 35; probes/twin.h "Block-scaled
-# Linears", docs/fp8.md "The f32 twin"): `ampscope train --sample mlp --precision nvfp4 --twin` (fc3, 10 outputs, kept
-# in bf16), its report and `ampscope fix --finding block_error_dominates`, each checked against numbers read back from
+# Linears", docs/fp8.md "Training in MXFP8 and NVFP4"): `ampscope train --sample mlp --precision nvfp4 --twin` (fc3,
+# 10 outputs, kept in bf16), and the mx-floor-clipping scenario in MXFP8 with and without --twin; their reports and `ampscope fix --finding block_error_dominates`, each checked against numbers read back from
 # the trace with h5py and recomputed here (not from what the report printed):
 #   - the twin changes nothing in the run: the same losses as the untwinned run, bit for bit;
 #   - every block-scaled Linear (fc1, fc2) has a forward and a backward row per step, whose local error is at most
@@ -11,7 +11,9 @@
 #     over its forward rows), recomputed here with its mean errors, worst step, the next Linear, and the bound (its
 #     mean accumulated error above NVFP4's unit roundoff 0.25); remedy --fp8-keep-bf16 MODULE;
 #   - PRECISION's jump entries of the block Linears are block_quantization [nvfp4 -> bf16] with that remedy first;
-#   - the untwinned run keeps the /blocks rule (twin false in the JSON, "no twin rows" in the text);
+#     the same on mx-floor-clipping (fc1, over E4M3's 0.0625);
+#   - the untwinned runs keep the /blocks rule (twin false in the JSON, "no twin rows" in the text; it names fc1 on
+#     mx-floor-clipping);
 #   - fix re-runs the remedy: applied, the Linear out of the re-run's /blocks rows, its verdict recomputed from the
 #     bf16 run's losses (docs/fp8.md "The loss tolerance");
 #   - `ampscope diff --threshold 0` against a bf16 run of the same seed (docs/fp8.md "Confirming with a bf16 run"): the
@@ -30,7 +32,10 @@ run() { "$@" >"$work/out.txt" 2>"$work/err.txt" || { [[ $? == 1 ]] || { fail "'$
 common=(--sample mlp --device cpu --steps 6 --seed 0 --fp8-keep-bf16 fc3)
 run "$ampscope" train "${common[@]}" --precision nvfp4 --twin --out "$work/nv.h5"
 run "$ampscope" train "${common[@]}" --precision nvfp4 --out "$work/plain.h5"
-for name in nv plain; do
+# The weather-station MXFP8 scenario (docs/scenarios.md), whose /blocks rule fires: with and without the twin.
+run "$ampscope" train --scenario mx-floor-clipping --device cpu --seed 0 --precision mxfp8 --out "$work/mx.h5"
+run "$ampscope" train --scenario mx-floor-clipping --device cpu --seed 0 --precision mxfp8 --twin --out "$work/mxt.h5"
+for name in nv plain mx mxt; do
   run "$ampscope" report --json "$work/$name.h5"
   cp "$work/out.txt" "$work/$name.json"
   run "$ampscope" report "$work/$name.h5"
@@ -38,10 +43,14 @@ for name in nv plain; do
 done
 grep -qF "block_quantization linear in fc1 [nvfp4 -> bf16]" "$work/nv.txt" ||
   fail "the report does not label fc1's jump block_quantization [nvfp4 -> bf16]"
-if grep -qF "block-scaled error dominates" "$work/plain.txt"; then
-  grep -qF "no twin rows (run with --twin to measure it at the Linear's output)" "$work/plain.txt" ||
-    fail "the untwinned report's block_error_dominates does not say it has no twin rows"
-fi
+for name in plain mx; do
+  if grep -qF "block-scaled error dominates" "$work/$name.txt"; then
+    grep -qF "no twin rows (run with --twin to measure it at the Linear's output)" "$work/$name.txt" ||
+      fail "the untwinned $name report's block_error_dominates does not say it has no twin rows"
+  fi
+done
+grep -qF "fc1 [mxfp8]: block-scaled error dominates (f32 twin)" "$work/mxt.txt" ||
+  fail "the twinned mx-floor-clipping report does not name fc1 by the twin"
 (cd "$work" && "$ampscope" fix --json --finding block_error_dominates nv.h5 >"$work/fix.out" 2>"$work/fix.err"; echo $? >"$work/fix.rc")
 [[ $(cat "$work/fix.rc") == 0 || $(cat "$work/fix.rc") == 1 ]] || fail "fix --finding block_error_dominates: exit $(cat "$work/fix.rc"): $(cat "$work/fix.err")"
 run "$ampscope" train --sample mlp --device cpu --steps 6 --seed 0 --precision bf16 --out "$work/bf16.h5"
@@ -108,40 +117,54 @@ for m in block_modules + ["fc3"]:
         bad.append(f"{m}: accumulated error not far above the bf16 rounding: {[(p['acc_mean_rel'], p['local_mean_rel']) for p in fwd]}")
 
 # --- block_error_dominates recomputed: per block-scaled Linear, the mean over its forward rows of
-# acc_mean_rel / max(in_acc_mean_rel, 2^-8), and of the two errors.
-measure = {}
-for m in block_modules:
-    fwd = sorted((p for p in prec if p["op"] == "linear" and p["module"] == m and p["phase"] == "forward"),
-                 key=lambda p: (p["step"], p["seq"]))
-    jumps = [p["acc_mean_rel"] / max(p["in_acc_mean_rel"], 2 ** -8) for p in fwd]
-    worst = max(range(len(fwd)), key=lambda i: (jumps[i], -i))
-    measure[m] = dict(jump=sum(jumps) / len(jumps), error=sum(p["acc_mean_rel"] for p in fwd) / len(fwd),
+# acc_mean_rel / max(in_acc_mean_rel, 2^-8), and of the two errors; the largest mean jump named when its mean error
+# passes the element's u (E2M1 0.25, E4M3 0.0625).
+def measures(path):
+    rows = table(path, "precision")
+    blk = [b for b in table(path, "blocks") if not b["what_if"]]
+    fmt = {b["module"]: b["format"] for b in blk}
+    out = {}
+    for m in sorted(fmt):
+        fwd = sorted((p for p in rows if p["op"] == "linear" and p["module"] == m and p["phase"] == "forward"),
+                     key=lambda p: (p["step"], p["seq"]))
+        jumps = [p["acc_mean_rel"] / max(p["in_acc_mean_rel"], 2 ** -8) for p in fwd]
+        worst = max(range(len(fwd)), key=lambda i: (jumps[i], -i))
+        out[m] = dict(jump=sum(jumps) / len(jumps), error=sum(p["acc_mean_rel"] for p in fwd) / len(fwd),
                       in_error=sum(p["in_acc_mean_rel"] for p in fwd) / len(fwd), worst_step=fwd[worst]["step"],
-                      worst_jump=jumps[worst], steps=len(fwd))
-top = max(measure, key=lambda m: measure[m]["jump"])
-nxt = max((m for m in measure if m != top), key=lambda m: measure[m]["jump"])
-print({m: {k: round(v, 5) for k, v in d.items()} for m, d in measure.items()})
-doc = json.load(open(f"{work}/nv.json"))
-got = [f for f in doc["fp8_findings"] if f["kind"] == "block_error_dominates"]
-if not measure[top]["error"] > 0.25:
-    bad.append(f"the recomputed top Linear {top} is not over the bound: {measure[top]}; the test's run no longer fits")
-elif len(got) != 1:
-    bad.append(f"block_error_dominates findings: {got}, expected one on {top}")
-else:
+                      worst_jump=jumps[worst], steps=len(fwd), u=0.25 if fmt[m] == "nvfp4" else 0.0625, format=fmt[m])
+    return out
+
+def check_dominates(name, path, expect):
+    measure = measures(path)
+    top = max(measure, key=lambda m: measure[m]["jump"])
+    nxt = max((m for m in measure if m != top), key=lambda m: measure[m]["jump"])
+    print(name, {m: {k: (round(v, 5) if isinstance(v, float) else v) for k, v in d.items()} for m, d in measure.items()})
+    got = [f for f in json.load(open(f"{work}/{name}.json"))["fp8_findings"] if f["kind"] == "block_error_dominates"]
+    want = measure[top]
+    if top != expect or not want["error"] > want["u"]:
+        bad.append(f"{name}: the recomputed top Linear {top} (expected {expect}) is not over its bound: {want}; the run no longer fits")
+        return top
+    if len(got) != 1:
+        bad.append(f"{name}: block_error_dominates findings: {got}, expected one on {top}")
+        return top
     f = got[0]
     close = lambda a, b: abs(a - b) <= 1e-9 * max(1.0, abs(b))
-    want = measure[top]
-    if f["module"] != top or not f["twin"] or f["operand"] != "output" or f["format"] != "nvfp4":
-        bad.append(f"finding on {f['module']} (twin {f['twin']}, operand {f['operand']}), recomputed {top}")
+    if f["module"] != top or not f["twin"] or f["operand"] != "output" or f["format"] != want["format"]:
+        bad.append(f"{name}: finding on {f['module']} (twin {f['twin']}, operand {f['operand']}), recomputed {top}")
     for key in ("jump", "error", "in_error", "worst_jump"):
         if not close(f[key], want[key]):
-            bad.append(f"finding {key} {f[key]}, recomputed {want[key]}")
-    if f["worst_step"] != want["worst_step"] or f["steps"] != want["steps"] or f["error_bound"] != 0.25:
-        bad.append(f"finding worst_step {f['worst_step']} steps {f['steps']} bound {f['error_bound']}, recomputed {want}")
+            bad.append(f"{name}: finding {key} {f[key]}, recomputed {want[key]}")
+    if f["worst_step"] != want["worst_step"] or f["steps"] != want["steps"] or f["error_bound"] != want["u"]:
+        bad.append(f"{name}: finding worst_step {f['worst_step']} steps {f['steps']} bound {f['error_bound']}, recomputed {want}")
     if f["next_module"] != nxt or not close(f["next_jump"], measure[nxt]["jump"]) or not close(f["next_error"], measure[nxt]["error"]):
-        bad.append(f"finding next {f['next_module']} {f['next_jump']}, recomputed {nxt} {measure[nxt]['jump']}")
+        bad.append(f"{name}: finding next {f['next_module']} {f['next_jump']}, recomputed {nxt} {measure[nxt]['jump']}")
     if [r["command_line"] for r in f["remedies"]] != [f"--fp8-keep-bf16 {top}"]:
-        bad.append(f"finding remedies {f['remedies']}")
+        bad.append(f"{name}: finding remedies {f['remedies']}")
+    return top
+
+top = check_dominates("nv", f"{work}/nv.h5", "fc1")
+check_dominates("mxt", f"{work}/mxt.h5", "fc1")
+doc = json.load(open(f"{work}/nv.json"))
 
 # --- PRECISION: the block Linears' jump entries.
 for e in doc["precision"]["by_jump"]:
@@ -155,10 +178,13 @@ for e in doc["precision"]["by_jump"]:
     elif e["fp8"] != "" or e["kind"] == "block_quantization":
         bad.append(f"jump entry of the bf16 Linear {e['module']} marked {e['fp8']!r} {e['kind']}")
 
-# --- The untwinned run: the /blocks rule, said so.
-for f in json.load(open(f"{work}/plain.json"))["fp8_findings"]:
-    if f["kind"] == "block_error_dominates" and f["twin"]:
-        bad.append("the untwinned run's block_error_dominates says twin")
+# --- The untwinned runs: the /blocks rule, said so (it fires on mx-floor-clipping, fc1).
+for name in ("plain", "mx"):
+    for f in json.load(open(f"{work}/{name}.json"))["fp8_findings"]:
+        if f["kind"] == "block_error_dominates" and f["twin"]:
+            bad.append(f"the untwinned {name} run's block_error_dominates says twin")
+if [f["module"] for f in json.load(open(f"{work}/mx.json"))["fp8_findings"] if f["kind"] == "block_error_dominates"] != ["fc1"]:
+    bad.append("the untwinned mx-floor-clipping run has no /blocks block_error_dominates on fc1")
 
 # --- fix: the remedy re-run, its verdict recomputed.
 fix = json.load(open(f"{work}/nv.fix.json"))
