@@ -12,6 +12,7 @@
 #     mean accumulated error above NVFP4's unit roundoff 0.25); remedy --fp8-keep-bf16 MODULE;
 #   - PRECISION's jump entries of the block Linears are block_quantization [nvfp4 -> bf16] with that remedy first;
 #     the same on mx-floor-clipping (fc1, over E4M3's 0.0625);
+#   - a bf16 run with --what-if nvfp4 --twin: its Linears twinned as bf16 ones (what-if copies are not the GEMM's);
 #   - the untwinned runs keep the /blocks rule (twin false in the JSON, "no twin rows" in the text; it names fc1 on
 #     mx-floor-clipping);
 #   - fix re-runs the remedy: applied, the Linear out of the re-run's /blocks rows, its verdict recomputed from the
@@ -35,7 +36,10 @@ run "$ampscope" train "${common[@]}" --precision nvfp4 --out "$work/plain.h5"
 # The weather-station MXFP8 scenario (docs/scenarios.md), whose /blocks rule fires: with and without the twin.
 run "$ampscope" train --scenario mx-floor-clipping --device cpu --seed 0 --precision mxfp8 --out "$work/mx.h5"
 run "$ampscope" train --scenario mx-floor-clipping --device cpu --seed 0 --precision mxfp8 --twin --out "$work/mxt.h5"
-for name in nv plain mx mxt; do
+# A bf16 run measured by --what-if: its /blocks rows are statistics of GEMMs it did not run, so its Linears are
+# twinned as bf16 ones (no block_quantization entry, no block_error_dominates).
+run "$ampscope" train --sample mlp --device cpu --steps 3 --seed 0 --precision bf16 --what-if nvfp4 --fp8-keep-bf16 fc3 --twin --out "$work/wi.h5"
+for name in nv plain mx mxt wi; do
   run "$ampscope" report --json "$work/$name.h5"
   cp "$work/out.txt" "$work/$name.json"
   run "$ampscope" report "$work/$name.h5"
@@ -177,6 +181,23 @@ for e in doc["precision"]["by_jump"]:
             bad.append(f"jump entry of {e['module']}: first remedy {e['remedies'][0]}")
     elif e["fp8"] != "" or e["kind"] == "block_quantization":
         bad.append(f"jump entry of the bf16 Linear {e['module']} marked {e['fp8']!r} {e['kind']}")
+
+wi = json.load(open(f"{work}/wi.json"))
+if not any(b["what_if"] for b in table(f"{work}/wi.h5", "blocks")):
+    bad.append("the --what-if run recorded no what-if /blocks rows")
+for e in wi["precision"]["by_jump"] + wi["precision"]["by_trend"]:
+    if e["fp8"] != "" or e["kind"] == "block_quantization":
+        bad.append(f"--what-if run: {e['op']} in {e['module']} marked {e['fp8']!r} {e['kind']}")
+if any(f["kind"] == "block_error_dominates" for f in wi["fp8_findings"]):
+    bad.append("--what-if run: a block_error_dominates finding")
+# Had the twin taken a what-if copy for the GEMM's, its bit-for-bit check would have failed and left the Linear
+# without rows: every Linear has its forward and backward rows on each of the 3 steps.
+wi_rows = table(f"{work}/wi.h5", "precision")
+for m in ("fc1", "fc2", "fc3"):
+    for phase in ("forward", "backward"):
+        got = sorted(p["step"] for p in wi_rows if p["op"] == "linear" and p["module"] == m and p["phase"] == phase)
+        if got != [0, 1, 2]:
+            bad.append(f"--what-if run: {m} {phase} rows at steps {got}")
 
 # --- The untwinned runs: the /blocks rule, said so (it fires on mx-floor-clipping, fc1).
 for name in ("plain", "mx"):
