@@ -189,7 +189,7 @@ class Twin : public Hook {
   DType reference_dtype(DType out) const;  // what an op of output dtype `out` is computed again in
   void twin_backward(const OpEvent& event);  // the backward rows (twin.cpp, "the backward twin")
   void hand_over();  // the open step's rows to the sink
-  void forget_fp8();  // the open step's FP8 operands (the step ended)
+  void forget_fp8();  // the open step's FP8 operands and block-scaled copies (the step ended)
   // The reference of an FP8 Linear (below, "FP8 Linears"): its forward output before the rounding to the output
   // dtype, from the operands it quantized; undefined when `event` is not an FP8 Linear.
   Tensor fp8_forward_reference(const OpEvent& event);
