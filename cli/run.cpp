@@ -748,12 +748,6 @@ void check_fp8_run(const TrainConfig& config) {
                               "--precision bf16 on the GPU",
                               precision, config.device, precision));
     }
-    if (config.twin) {
-      throw Error(fmt::format("--twin with --precision {}: the f32 twin does not model block-scaled Linears yet (it "
-                              "would measure them against the wrong reference)\nhint: leave --twin out, or compare "
-                              "against a bf16 run with ampscope diff",
-                              precision));
-    }
     return;
   }
   if (config.precision != Precision::fp8) return;

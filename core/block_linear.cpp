@@ -25,7 +25,7 @@ std::vector<float> transposed(std::span<const float> m, std::int64_t rows, std::
 }
 
 void report(const std::string& module, Fp8Operand operand, BlockCopy copy, std::string_view format, std::int64_t rows,
-            std::int64_t cols, const BlockStats& stats) {
+            std::int64_t cols, const BlockStats& stats, std::span<const float> decoded, float global_decode) {
   probe::Hook* hook = probe::hook();
   hook->on_block_quantize(probe::BlockQuantizeEvent{.step = probe::current_step(),
                                                     .module = module,
@@ -35,36 +35,27 @@ void report(const std::string& module, Fp8Operand operand, BlockCopy copy, std::
                                                     .what_if = false,
                                                     .rows = rows,
                                                     .cols = cols,
-                                                    .stats = stats});
+                                                    .stats = stats,
+                                                    .decoded = decoded,
+                                                    .global_decode = global_decode});
 }
 
-// The copy as a GEMM operand: [rows, k] row-major with k the contraction, each value its element decoded times its
+// The copy's values in the quantized matrix's layout ([q.rows, q.cols] row-major), each element decoded times its
 // block's scale (exact in float: MX elements times powers of two; E2M1's 2 significant bits times E4M3's 4).
-BlockOperand gemm_operand(const RecipeCopy& q) {
-  BlockOperand out;
-  if (const auto* mx = std::get_if<MxTensor>(&q.tensor)) {
-    std::vector<float> values = dequantize_mxfp8(*mx);  // element * 2^(code - 127)
-    // An MX columnwise copy is the [R, C] matrix blocked down its columns; the GEMM contracts over R.
-    out.rows = q.columnwise ? q.cols : q.rows;
-    out.k = q.columnwise ? q.rows : q.cols;
-    out.values = q.columnwise ? transposed(values, q.rows, q.cols) : std::move(values);
-    return out;
-  }
+std::vector<float> decoded_values(const RecipeCopy& q) {
+  if (const auto* mx = std::get_if<MxTensor>(&q.tensor)) return dequantize_mxfp8(*mx);  // element * 2^(code - 127)
   const Nvfp4Tensor& t = std::get<Nvfp4Tensor>(q.tensor);
   const bool tiles = t.options.tile == Nvfp4Tile::square_16x16;
-  out.rows = q.rows;  // an NVFP4 columnwise copy is already the transpose, [C, R]
-  out.k = q.cols;
-  out.global_decode = t.global_decode_scale;  // applied as the GEMM's alpha, as TE does
-  out.values.resize(q.seen.size());
+  std::vector<float> values(q.seen.size());
   const std::int64_t scale_cols = q.cols / kNvfp4Block;
   for (std::int64_t r = 0; r < q.rows; ++r) {
     for (std::int64_t c = 0; c < q.cols; ++c) {
       const std::int64_t block = tiles ? (r / kNvfp4Block) * scale_cols + c / kNvfp4Block : r * scale_cols + c / kNvfp4Block;
       const std::size_t i = static_cast<std::size_t>(r * q.cols + c);
-      out.values[i] = e2m1_to_float(t.codes[i]) * fp8_to_float(t.scales[static_cast<std::size_t>(block)], Fp8Format::e4m3);
+      values[i] = e2m1_to_float(t.codes[i]) * fp8_to_float(t.scales[static_cast<std::size_t>(block)], Fp8Format::e4m3);
     }
   }
-  return out;
+  return values;
 }
 
 std::int64_t block_of(Fp8Recipe recipe) { return recipe == Fp8Recipe::mxfp8 ? kMxBlock : kNvfp4Block; }
@@ -89,10 +80,29 @@ BlockOperand block_quantize_copy(std::span<const float> matrix, std::int64_t R, 
   std::uint64_t offset = context.random_offset();
   const RecipeCopy q = block_recipe_quantize(matrix, R, C, operand, copy == BlockCopy::columnwise, recipe, offset);
   context.set_random_offset(offset);
+  std::vector<float> decoded = decoded_values(q);
+  const float global_decode = recipe.format == BlockFormat::nvfp4 ? std::get<Nvfp4Tensor>(q.tensor).global_decode_scale : 1.0f;
   if (probe::hook() != nullptr) {
-    report(module, operand, copy, block_format_name(recipe.format), q.rows, q.cols, block_recipe_stats(q));
+    report(module, operand, copy, block_format_name(recipe.format), q.rows, q.cols, block_recipe_stats(q), decoded,
+           global_decode);
   }
-  return gemm_operand(q);
+  // An MX columnwise copy is the [R, C] matrix blocked down its columns; the GEMM contracts over R. An NVFP4
+  // columnwise copy is already the transpose, [C, R].
+  return block_operand_from_decoded(std::move(decoded), q.rows, q.cols,
+                                    recipe.format == BlockFormat::mxfp8 && q.columnwise, global_decode);
+}
+
+BlockOperand block_operand_from_decoded(std::vector<float> decoded, std::int64_t rows, std::int64_t cols,
+                                        bool mx_columnwise, float global_decode) {
+  if (static_cast<std::int64_t>(decoded.size()) != rows * cols) {
+    throw ShapeError(fmt::format("block_operand_from_decoded: {} values for a {}x{} copy", decoded.size(), rows, cols));
+  }
+  BlockOperand out;
+  out.rows = mx_columnwise ? cols : rows;
+  out.k = mx_columnwise ? rows : cols;
+  out.values = mx_columnwise ? transposed(decoded, rows, cols) : std::move(decoded);
+  out.global_decode = global_decode;  // applied as the GEMM's alpha, as TE does
+  return out;
 }
 
 Tensor block_gemm(const BlockOperand& a, const BlockOperand& b, DType out_dtype, const Tensor& bias) {

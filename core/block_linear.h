@@ -60,9 +60,18 @@ struct BlockOperand {
 // (grad_output) takes its offset from the context (Fp8Context::random_offset) and advances it. With a probe hook installed,
 // reports the copy (probe::BlockQuantizeEvent with mxfp8_block_stats / nvfp4_block_stats over the values the
 // quantizer saw: for NVFP4's columnwise copies the transpose, after the Hadamard transform where applied; the
-// event's rows and cols are that quantized matrix's). ShapeError when the blocked dimensions do not divide.
+// event's rows and cols are that quantized matrix's; its decoded span the copy's decoded values in that layout, the
+// values the GEMM reads). ShapeError when the blocked dimensions do not divide.
 BlockOperand block_quantize_copy(std::span<const float> matrix, std::int64_t R, std::int64_t C, Fp8Operand operand,
                                  BlockCopy copy, Fp8Context& context, const std::string& module);
+
+// The GEMM operand of a copy from its decoded values in the quantized matrix's layout (probe::BlockQuantizeEvent::
+// decoded, [rows, cols] row-major) and its per-tensor decode scale: [rows, cols] with k = cols, except an MXFP8
+// columnwise copy (the [R, C] operand blocked down its columns), transposed to [cols, rows] so that k is the
+// contraction. What block_quantize_copy returns, rebuilt from its event (the f32 twin's block GEMMs). ShapeError when
+// the sizes do not match.
+BlockOperand block_operand_from_decoded(std::vector<float> decoded, std::int64_t rows, std::int64_t cols,
+                                        bool mx_columnwise, float global_decode);
 
 // C = A B^T as above, A [I, K] and B [J, K]; `bias` (optional) has J elements. A new CPU [I, J] tensor of out_dtype.
 // ShapeError when the k sizes differ.

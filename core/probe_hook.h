@@ -204,6 +204,13 @@ struct BlockQuantizeEvent {
   bool what_if = false;           // statistics only: the run's GEMM did not use this quantization
   std::int64_t rows = 0, cols = 0;  // the quantized matrix
   const BlockStats& stats;
+  // The copy the run's GEMM used (empty for what_if events): each element decoded times its block's scale, in the
+  // quantized matrix's layout ([rows, cols] row-major: an MXFP8 columnwise copy is the [R, C] operand blocked down its
+  // columns, an NVFP4 columnwise copy its transpose [C, R], after the Hadamard transform where applied), exact in f32;
+  // and NVFP4's per-tensor decode scale, which the GEMM applies to its sum (1 for MXFP8). The f32 twin (probes/twin.h,
+  // "Block-scaled Linears") rebuilds the GEMM from them. The hook may read the span during the call.
+  std::span<const float> decoded = {};
+  float global_decode = 1.0f;
 };
 
 class Hook {

@@ -774,11 +774,26 @@ void Twin::on_fp8_quantize(const Fp8QuantizeEvent& event) {
   inner_->on_fp8_quantize(event);
 }
 
-void Twin::on_block_quantize(const BlockQuantizeEvent& event) { inner_->on_block_quantize(event); }
+void Twin::on_block_quantize(const BlockQuantizeEvent& event) {
+  if (active_ && event.step == step_ && !event.what_if && !event.decoded.empty() &&
+      static_cast<std::int64_t>(event.decoded.size()) == event.rows * event.cols) {
+    BlockCopies& pending = block_pending_[event.module];
+    const bool columnwise = event.copy == "columnwise";
+    std::optional<BlockOperand>& slot =
+        event.operand == "input"    ? (columnwise ? pending.input_col : pending.input_row)
+        : event.operand == "weight" ? (columnwise ? pending.weight_col : pending.weight_row)
+                                    : (columnwise ? pending.grad_col : pending.grad_row);
+    slot = block_operand_from_decoded(std::vector<float>(event.decoded.begin(), event.decoded.end()), event.rows,
+                                      event.cols, event.format == "mxfp8" && columnwise, event.global_decode);
+  }
+  inner_->on_block_quantize(event);
+}
 
 void Twin::forget_fp8() {
   fp8_pending_.clear();
   fp8_forward_.clear();
+  block_pending_.clear();
+  block_forward_.clear();
 }
 bool Twin::wants_params() { return inner_->wants_params(); }
 void Twin::on_params(const ParamsEvent& event) { inner_->on_params(event); }
@@ -916,9 +931,11 @@ void Twin::twin(const OpEvent& event) {
   row.numel = event.output.numel();
   row.followed = followed;
   Tensor local;
-  bool fp8 = false;  // an FP8 Linear: its local value is its quantized GEMM in f32, not its accumulated one
+  // An FP8 or block-scaled Linear: its local value is its quantized GEMM in f32, not its accumulated one.
+  bool fp8 = false;
   if (low) {
     local = fp8_forward_reference(event);
+    if (!local.defined()) local = block_forward_reference(event);
     fp8 = local.defined();
     if (!fp8) local = local_by_table(event);
     if (!local.defined()) {
@@ -1028,7 +1045,7 @@ void Twin::twin_backward(const OpEvent& event) {
   if (ref == dtype) return;
   NoGradGuard no_grad;
   std::vector<Tensor> reference = (*event.recompute_backward)(event.inputs[0], ref);
-  (void)fp8_backward_reference(event, reference);
+  if (!fp8_backward_reference(event, reference)) (void)block_backward_reference(event, reference);
   PrecisionRow row = row_for(event, dtype);
   row.phase = trace::Phase::backward;
   row.local = true;
@@ -1123,6 +1140,61 @@ bool Twin::fp8_backward_reference(const OpEvent& event, std::vector<Tensor>& ref
   if (gw.defined()) reference[1] = fp8_gemm(qg, true, qx, false, DType::f32).reshape(gw.shape());
   if ((gx.defined() && !rounds_to(gx, reference[0])) || (gw.defined() && !rounds_to(gw, reference[1]))) {
     throw Error("the twin's FP8 operands are not the ones this Linear's backward used");
+  }
+  return true;
+}
+
+// ---- Block-scaled Linears (probes/twin.h, "Block-scaled Linears") ----
+
+Tensor Twin::block_forward_reference(const OpEvent& event) {
+  if (event.op != "linear" || event.inputs.size() < 2 || !event.inputs[0].defined() || !event.inputs[1].defined()) {
+    return {};
+  }
+  const auto it = block_pending_.find(event.scope);
+  if (it == block_pending_.end() || !it->second.input_row || !it->second.weight_row) return {};
+  BlockCopies copies = std::move(it->second);
+  it->second = BlockCopies{};
+  const Tensor& x = event.inputs[0];
+  const Tensor& w = event.inputs[1];
+  if (w.dim() != 2 || copies.input_row->k != w.size(1) || copies.weight_row->rows != w.size(0) ||
+      copies.weight_row->k != w.size(1) || copies.input_row->rows * w.size(1) != x.numel()) {
+    throw Error("the twin's block-scaled copies do not have this Linear's shapes");  // on_op counts it uncovered
+  }
+  const Tensor bias = event.inputs.size() > 2 ? event.inputs[2] : Tensor();
+  // fprop: x rowwise times W rowwise, the run's block GEMM kept in f32; the run's output is it rounded once (checked).
+  Tensor reference = block_gemm(*copies.input_row, *copies.weight_row, DType::f32, bias).reshape(event.output.shape());
+  if (!rounds_to(event.output, reference)) {
+    throw Error("the twin's block-scaled copies are not the ones this Linear used");  // on_op counts it uncovered
+  }
+  block_forward_[event.scope].emplace_back(std::move(copies.input_col), std::move(copies.weight_col));
+  return reference;
+}
+
+bool Twin::block_backward_reference(const OpEvent& event, std::vector<Tensor>& reference) {
+  if (event.op != "linear") return false;
+  const auto pending = block_pending_.find(event.scope);
+  if (pending == block_pending_.end() || (!pending->second.grad_row && !pending->second.grad_col)) return false;
+  std::optional<BlockOperand> g_row = std::move(pending->second.grad_row), g_col = std::move(pending->second.grad_col);
+  pending->second.grad_row.reset();
+  pending->second.grad_col.reset();
+  const auto forward = block_forward_.find(event.scope);
+  if (forward == block_forward_.end() || forward->second.empty()) {
+    // Its forward was not compared (uncovered): a reference of the unquantized product would misname the error.
+    throw Error("the twin has no block-scaled forward copies for this Linear's backward");
+  }
+  auto [x_col, w_col] = std::move(forward->second.back());
+  forward->second.pop_back();
+  if (reference.size() < 2 || event.outputs.size() < 2) throw Error("the twin's block-scaled Linear node has no dgrad and wgrad");
+  const Tensor& gx = event.outputs[0];
+  const Tensor& gw = event.outputs[1];
+  if ((gx.defined() && (!g_row || !w_col)) || (gw.defined() && (!g_col || !x_col))) {
+    throw Error("the twin's block-scaled copies are not this Linear's backward's");
+  }
+  // dgrad dy rowwise times W columnwise, wgrad dy columnwise times x columnwise, as the node computed them, in f32.
+  if (gx.defined()) reference[0] = block_gemm(*g_row, *w_col, DType::f32).reshape(gx.shape());
+  if (gw.defined()) reference[1] = block_gemm(*g_col, *x_col, DType::f32).reshape(gw.shape());
+  if ((gx.defined() && !rounds_to(gx, reference[0])) || (gw.defined() && !rounds_to(gw, reference[1]))) {
+    throw Error("the twin's block-scaled copies are not the ones this Linear's backward used");
   }
   return true;
 }

@@ -72,6 +72,17 @@
 // gradient of the node (from the unquantized grad_output, TE's bgrad) is judged against f32 as before. The twin
 // forwards every FP8 cast to the wrapped hook (the probe's /fp8 rows).
 //
+// Block-scaled Linears (`--precision mxfp8|nvfp4`, core/block_linear.h) likewise: the local reference of the forward
+// row is the run's own block GEMM (block_gemm with an f32 output) of the decoded copies it quantized, input rowwise
+// times weight rowwise (BlockQuantizeEvent::decoded, block_operand_from_decoded); of its backward node, the dgrad
+// grad_output rowwise times weight columnwise and the wgrad grad_output columnwise times input columnwise (NVFP4's
+// columnwise copies after the Hadamard transform where applied: the transform is orthogonal, so the GEMM of the
+// transformed copies is the wgrad). Each is checked to round to the op's output bit for bit (else the op is
+// uncovered, as FP8's; a node whose copies were seen without its forward's too). The forward row's accumulated
+// reference is the unquantized Linear in f32 on the twin's inputs, so acc_* and precision_jump hold what block
+// quantization and the bf16 rounding together lost (the report labels it block_quantization), and the twin follows
+// f32 values past it. --what-if's copies carry no values and are not kept.
+//
 // The numbers (compare()), per element i with y the op's value, r the reference (both widened to double) and
 // D the op's output dtype (f16: p = 11 significand bits, emin = -14; bf16: p = 8, emin = -126; f32: p = 24,
 // emin = -126):
@@ -92,10 +103,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/block_linear.h"
 #include "core/fp8_linear.h"
 #include "core/probe_hook.h"
 #include "probes/analysis/precision.h"
@@ -157,7 +170,8 @@ class Twin : public Hook {
   void on_scaler(const ScalerEvent& event) override;
   void on_update(const UpdateEvent& event) override;
   void on_fp8_quantize(const Fp8QuantizeEvent& event) override;
-  // Forwarded unchanged (the twin recomputes no block-scaled GEMM; --what-if's copies are statistics only).
+  // A block-scaled Linear's copy (below, "Block-scaled Linears"), kept for its GEMMs' reference; forwarded unchanged
+  // (--what-if's copies are statistics only: not kept).
   void on_block_quantize(const BlockQuantizeEvent& event) override;
   bool wants_params() override;
   void on_params(const ParamsEvent& event) override;
@@ -175,13 +189,16 @@ class Twin : public Hook {
   DType reference_dtype(DType out) const;  // what an op of output dtype `out` is computed again in
   void twin_backward(const OpEvent& event);  // the backward rows (twin.cpp, "the backward twin")
   void hand_over();  // the open step's rows to the sink
-  void forget_fp8();  // the open step's FP8 operands (the step ended)
+  void forget_fp8();  // the open step's FP8 operands and block-scaled copies (the step ended)
   // The reference of an FP8 Linear (below, "FP8 Linears"): its forward output before the rounding to the output
   // dtype, from the operands it quantized; undefined when `event` is not an FP8 Linear.
   Tensor fp8_forward_reference(const OpEvent& event);
   // Its backward node's dgrad and wgrad before their rounding, in place of `reference`'s first two; false when
   // `event` is not the node of an FP8 Linear whose forward the twin saw.
   bool fp8_backward_reference(const OpEvent& event, std::vector<Tensor>& reference);
+  // The same for a block-scaled Linear (below, "Block-scaled Linears"), from the copies its BlockQuantizeEvents carried.
+  Tensor block_forward_reference(const OpEvent& event);
+  bool block_backward_reference(const OpEvent& event, std::vector<Tensor>& reference);
 
   std::shared_ptr<Hook> inner_;
   TwinOptions options_;
@@ -211,6 +228,15 @@ class Twin : public Hook {
   };
   std::unordered_map<std::string, Fp8Pending> fp8_pending_;
   std::unordered_map<std::string, std::vector<std::pair<Fp8Quantized, Fp8Quantized>>> fp8_forward_;
+  // Block-scaled Linears of the open step, by module path, likewise: the copies quantized since the module's last
+  // Linear or node (as GEMM operands, from BlockQuantizeEvent::decoded), and the forward's columnwise copies (input,
+  // weight: the wgrad's and dgrad's operands) of each block Linear the twin compared, the latest last.
+  struct BlockCopies {
+    std::optional<BlockOperand> input_row, weight_row, input_col, weight_col, grad_row, grad_col;
+  };
+  std::unordered_map<std::string, BlockCopies> block_pending_;
+  std::unordered_map<std::string, std::vector<std::pair<std::optional<BlockOperand>, std::optional<BlockOperand>>>>
+      block_forward_;
 };
 
 }  // namespace ampscope::probe

@@ -252,6 +252,8 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
   const std::size_t block = static_cast<std::size_t>(std::max<std::int64_t>(1, options.rows_per_read / per_step));
   std::int64_t done = 0;
   std::vector<OpRow> ops;  // one block's rows; its memory is reused by the next block
+  // The twin's forward linear rows (a few per step): block_error_dominates measures block-scaled Linears by them.
+  std::vector<trace::PrecisionRow> linear_twin;
   for (std::size_t i = 0; i == 0 || i < numbers.size(); i += block) {
     const std::int64_t begin = i == 0 ? trace::kFirstStep : numbers[i];
     const std::int64_t end = i + block >= numbers.size() ? trace::kLastStep : numbers[i + block];
@@ -259,8 +261,11 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
     for (auto it = step_rows.lower_bound(begin); it != step_rows.end() && it->first < end; ++it) rows_here.insert(*it);
     reader.ops(begin, end, ops);
     done += static_cast<std::int64_t>(ops.size());
+    std::vector<trace::PrecisionRow> precision = reader.precision(begin, end);
+    for (const trace::PrecisionRow& r : precision)
+      if (r.op == "linear" && r.phase == trace::Phase::forward) linear_twin.push_back(r);
     feed(a, rows_here, ops_by_step(ops), by_step(reader.grads(begin, end)), by_step(reader.events(begin, end)),
-         by_step(reader.histograms(begin, end)), by_step(reader.precision(begin, end)), begin, end);
+         by_step(reader.histograms(begin, end)), by_step(std::move(precision)), begin, end);
     if (progress) progress(done, counts.ops);
     if (numbers.empty()) break;
   }
@@ -271,8 +276,9 @@ Report analyse(trace::TraceReader& reader, const AnalysisOptions& options, const
   {
     const std::vector<trace::BlockRow> block_rows = reader.blocks();  // a row per operand copy, Linear and recorded step: small
     report.blocks = analyse_blocks(block_rows);
+    mark_block_linears(report.precision, report.blocks);
     // The block-scaled findings join the FP8 ones: calibration-like, fixed and verified by `ampscope fix` alike.
-    for (Fp8Finding& f : block_findings(block_rows, block_run_settings(reader.run_info().config)))
+    for (Fp8Finding& f : block_findings(block_rows, block_run_settings(reader.run_info().config), linear_twin))
       report.fp8.findings.push_back(std::move(f));
   }
   report.damage = reader.damage();

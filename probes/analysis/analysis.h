@@ -95,7 +95,7 @@ inline constexpr const char* kRemedyKinds[] = {
     "compare_fp32",        // nothing specific: compare with an fp32 run
     // An FP8 Linear (`--precision fp8`): keep its GEMMs out of FP8, in bf16 (pattern: the module). The remedy of
     // fp8_error_dominates (verified by `ampscope fix`) and of a PRECISION jump at an FP8 Linear (kind
-    // fp8_quantization).
+    // fp8_quantization); likewise for block-scaled Linears (block_error_dominates, block_quantization).
     "fp8_keep_bf16",
     // Precision remedies (the PRECISION section, from the f32 twin's rows; code only):
     "accumulate_f32",      // keep a running total (or a reduction's accumulator) in f32
@@ -266,11 +266,13 @@ struct Coverage {
 // fp8_quantization: a jump or trend entry (accumulated error) of a Linear that ran its GEMMs in FP8, which would
 // otherwise read rounding: its accumulated error is against the unquantized f32 Linear, so it holds the FP8
 // quantization of its operands (its local error, against the same FP8 GEMM in f32, is the bf16 rounding alone:
-// probes/twin.h), and its remedy is --fp8-keep-bf16 (mark_fp8_linears).
+// probes/twin.h), and its remedy is --fp8-keep-bf16 (mark_fp8_linears); block_quantization: the same for a Linear
+// that ran its GEMMs block-scaled (--precision mxfp8|nvfp4; mark_block_linears).
 struct PrecisionEntry {
   std::string op, module, out_dtype;
   // An FP8 Linear's entry in a list of accumulated error (jump, trend): the FP8 format of its forward operands
-  // ("e4m3"; "e4m3/e5m2" if they differ), which its label shows ("fp8 e4m3 -> bf16"); "" otherwise.
+  // ("e4m3"; "e4m3/e5m2" if they differ), which its label shows ("fp8 e4m3 -> bf16"); a block-scaled Linear's: its
+  // block format ("mxfp8", "nvfp4"; label "nvfp4 -> bf16"); "" otherwise.
   std::string fp8;
   // What the twin computed the op in, the errors' reference (analysis::reference_of): "f32", or "f64" for an f32
   // op twinned by `--twin-f64` (and an f64 op).
@@ -480,6 +482,15 @@ struct Fp8Finding {
   std::int64_t block_step = -1, block_row = -1, block_col = -1, block_zeroed = 0, block_values = 0, blocks_clipped = 0;
   double block_range = 0, range_bound = 0;
   double other_error = 0, other_fraction = 0;
+  // block_error_dominates measured by the f32 twin (twin true; a --twin run's /precision rows of its block-scaled
+  // Linears): operand "output" and copy "" (the Linear's output is measured, not a copy); over the Linear's twinned
+  // forward rows (steps of them, first_step..last_step), jump is the mean of precision_jump (its output's
+  // accumulated mean relative error against the unquantized f32 Linear, over its inputs'), error and in_error the
+  // means of those two errors, error_bound = threshold the element's unit roundoff that error exceeds; worst_step
+  // the row of the largest jump (worst_jump, its error worst_fraction); next_module the Linear next by mean jump
+  // (next_jump, next_error). twin false: the /blocks rule (the copy's mean RMS error; jump fields 0).
+  bool twin = false;
+  double jump = 0, in_error = 0, worst_jump = 0, next_jump = 0;
   std::vector<Fp8Remedy> remedies;
 };
 // The block-scaled kinds above (block_finding_kind): fix judges them by their re-run's /blocks rows and its final

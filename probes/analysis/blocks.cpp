@@ -1,4 +1,5 @@
 #include "probes/analysis/blocks.h"
+#include "probes/analysis/precision.h"
 
 #include <algorithm>
 #include <cmath>
@@ -281,9 +282,80 @@ std::optional<Fp8Finding> copy_mismatch(const BlockCopyRows& row, const BlockCop
   return f;
 }
 
+// The f32 twin's measure (a trace with /precision rows of the block-scaled Linears: --twin): per Linear, over its
+// forward rows, the mean of precision_jump (its output's accumulated mean relative error against the unquantized
+// f32 Linear over its inputs'), the mean of that accumulated error and of its inputs'. The Linear with the largest
+// mean jump is named when its mean accumulated error is above its element's unit roundoff; nullopt otherwise, or
+// (twin false) when no block-scaled Linear has twin rows.
+std::optional<Fp8Finding> twin_error_dominates(const std::vector<BlockCopyRows>& copies, const BlockRunSettings& run,
+                                               std::span<const trace::PrecisionRow> twin, bool& measured) {
+  measured = false;
+  std::map<std::string, std::string> formats;  // the block-scaled Linears and their formats (trained copies)
+  for (const BlockCopyRows& c : copies)
+    if (!c.what_if && !c.rows.empty()) formats.emplace(c.module, c.format);
+  struct Measure {
+    std::int64_t rows = 0, first_step = 0, last_step = 0, worst_step = 0;
+    double jump = 0, acc = 0, in = 0, worst_jump = -1, worst_acc = 0;
+  };
+  std::map<std::string, Measure> by_module;
+  for (const trace::PrecisionRow& r : twin) {
+    if (r.op != "linear" || r.phase != trace::Phase::forward || !r.local || !formats.contains(r.module)) continue;
+    Measure& m = by_module[r.module];
+    const double jump = precision_jump(r);
+    if (m.rows == 0 || r.step < m.first_step) m.first_step = r.step;
+    if (m.rows == 0 || r.step > m.last_step) m.last_step = r.step;
+    ++m.rows;
+    m.jump += jump;
+    m.acc += r.acc_mean_rel;
+    m.in += r.in_acc_mean_rel;
+    if (jump > m.worst_jump) m.worst_jump = jump, m.worst_acc = r.acc_mean_rel, m.worst_step = r.step;
+  }
+  if (by_module.empty()) return std::nullopt;
+  measured = true;
+  for (auto& [module, m] : by_module) {
+    const double n = static_cast<double>(m.rows);
+    m.jump /= n, m.acc /= n, m.in /= n;
+  }
+  const std::string* top = nullptr;
+  for (const auto& [module, m] : by_module)
+    if (top == nullptr || m.jump > by_module.at(*top).jump) top = &module;
+  const Measure& m = by_module.at(*top);
+  const std::string& format = formats.at(*top);
+  const double u = block_unit_roundoff(format);
+  if (!(m.acc > u)) return std::nullopt;
+  Fp8Finding f;
+  f.kind = "block_error_dominates";
+  f.twin = true;
+  f.module = *top;
+  f.operand = "output";  // the twin measures the Linear's output, not one copy
+  f.format = format;
+  f.error = m.acc;
+  f.in_error = m.in;
+  f.jump = m.jump;
+  f.error_bound = u;
+  f.threshold = u;
+  f.fraction = f.error;
+  f.steps = m.rows;
+  f.first_step = m.first_step;
+  f.last_step = m.last_step;
+  f.worst_step = m.worst_step;
+  f.worst_fraction = m.worst_acc;
+  f.worst_jump = m.worst_jump;
+  f.next_jump = -1;
+  for (const auto& [module, n] : by_module)
+    if (module != *top && n.jump > f.next_jump) f.next_jump = n.jump, f.next_error = n.acc, f.next_module = module;
+  if (f.next_module.empty()) f.next_jump = 0;
+  add_keep_bf16(f, run, "keep the Linear whose block-scaled error dominates in bf16");
+  return f;
+}
+
 // The Linear whose mean relative RMS error of a copy, in units of its element's unit roundoff, is the largest, if
-// above 1 (fp8_error_dominates' rule on the /blocks rows).
-std::optional<Fp8Finding> error_dominates(const std::vector<BlockCopyRows>& copies, const BlockRunSettings& run) {
+// above 1 (fp8_error_dominates' rule on the /blocks rows): the rule of a trace without twin rows for the Linears.
+std::optional<Fp8Finding> error_dominates(const std::vector<BlockCopyRows>& copies, const BlockRunSettings& run,
+                                          std::span<const trace::PrecisionRow> twin) {
+  bool measured = false;
+  std::optional<Fp8Finding> by_twin = twin_error_dominates(copies, run, twin, measured);
+  if (measured) return by_twin;
   struct Worst {
     double error = -1, ratio = -1;
     const BlockCopyRows* copy = nullptr;
@@ -347,7 +419,8 @@ BlockRunSettings block_run_settings(const std::string& config_json) {
   return s;
 }
 
-std::vector<Fp8Finding> block_findings(std::span<const trace::BlockRow> rows, const BlockRunSettings& run) {
+std::vector<Fp8Finding> block_findings(std::span<const trace::BlockRow> rows, const BlockRunSettings& run,
+                                       std::span<const trace::PrecisionRow> twin) {
   std::vector<trace::BlockRow> trained;
   for (const trace::BlockRow& r : rows)
     if (!r.what_if) trained.push_back(r);
@@ -367,7 +440,7 @@ std::vector<Fp8Finding> block_findings(std::span<const trace::BlockRow> rows, co
   std::vector<Fp8Finding> out = std::move(clipping);
   for (Fp8Finding& f : outliers) out.push_back(std::move(f));
   for (Fp8Finding& f : mismatch) out.push_back(std::move(f));
-  if (auto f = error_dominates(copies, run)) out.push_back(std::move(*f));
+  if (auto f = error_dominates(copies, run, twin)) out.push_back(std::move(*f));
   return out;
 }
 

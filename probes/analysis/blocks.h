@@ -40,7 +40,10 @@ BlockRunSettings block_run_settings(const std::string& config_json);
 // run's trained /blocks rows (what-if rows are measurements of GEMMs the run did not run: no finding): in kind order
 // mx_floor_clipping, block_outlier, block_copy_mismatch (each in group_block_rows order), then block_error_dominates.
 // Each carries the remedies the runtime applies and the run did not already use (`run`); analyse(TraceReader&)
-// appends them to Report::fp8.findings, where `ampscope fix` picks FP8 findings up.
-std::vector<Fp8Finding> block_findings(std::span<const trace::BlockRow> rows, const BlockRunSettings& run = {});
+// appends them to Report::fp8.findings, where `ampscope fix` picks FP8 findings up. `twin`: the trace's forward
+// `linear` rows of /precision (a --twin run; any other rows are skipped): block_error_dominates is then measured by
+// the f32 twin (Fp8Finding::twin), else from the /blocks rows.
+std::vector<Fp8Finding> block_findings(std::span<const trace::BlockRow> rows, const BlockRunSettings& run = {},
+                                       std::span<const trace::PrecisionRow> twin = {});
 
 }  // namespace ampscope::analysis

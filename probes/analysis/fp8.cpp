@@ -305,23 +305,26 @@ bool fp8_start_up_row(const trace::Fp8Row& row, bool earlier_amax) {
          (row.history_amax_step == row.step || row.amax == 0);
 }
 
-void mark_fp8_linears(PrecisionSection& precision, const Fp8Section& fp8) {
-  // module -> the formats of its forward operands (input, weight), from its /fp8 rows.
-  std::map<std::string, std::set<std::string>> forward_formats;
-  for (const Fp8OperandSummary& o : fp8.operands)
-    if (o.operand == "input" || o.operand == "weight") forward_formats[o.module].insert(o.format);
+namespace {
+// Marks the accumulated-error entries of the forward `linear`s of `formats`' modules (module -> the formats its
+// input and weight were quantized to): an entry of by_jump of kind rounding becomes fp8_quantization (`fp8`) or
+// block_quantization, its evidence says so, and its remedies lead with --fp8-keep-bf16 'MODULE'.
+void mark_quantized_linears(PrecisionSection& precision, const std::map<std::string, std::set<std::string>>& formats,
+                            bool fp8) {
   const auto mark = [&](PrecisionEntry& e, bool jump) {
     if (e.op != "linear" || e.phase != "forward") return;
-    const auto it = forward_formats.find(e.module);
-    if (it == forward_formats.end()) return;
+    const auto it = formats.find(e.module);
+    if (it == formats.end()) return;
     e.fp8 = fmt::format("{}", fmt::join(it->second, "/"));
     if (!jump || e.kind != "rounding") return;
-    e.kind = "fp8_quantization";
+    e.kind = fp8 ? "fp8_quantization" : "block_quantization";
+    const std::string format = fp8 ? "FP8" : e.fp8;
     // Before the evidence's closing "(step N, seq M)".
-    const std::string why = fmt::format("; its input and weight were quantized to FP8 {} for the GEMM, and its own {} "
-                                        "rounding is {:.2g} (its local error, against the same FP8 GEMM in f32): the "
-                                        "rest of the jump is the quantization",
-                                        e.fp8, e.out_dtype, e.local_error);
+    const std::string why = fmt::format("; its input and weight were {} {} for the GEMM, and its own {} rounding is "
+                                        "{:.2g} (its local error, against the same {} GEMM in f32): the rest of the "
+                                        "jump is the quantization",
+                                        fp8 ? "quantized to FP8" : "block-quantized to", e.fp8, e.out_dtype,
+                                        e.local_error, format);
     const std::size_t at = e.evidence.rfind(" (step ");
     e.evidence.insert(at == std::string::npos ? e.evidence.size() : at, why);
     if (e.remedies.empty()) return;  // an op that lost little gets none (precision.cpp, kSignificant)
@@ -329,9 +332,9 @@ void mark_fp8_linears(PrecisionSection& precision, const Fp8Section& fp8) {
     m.kind = "fp8_keep_bf16";
     m.pattern = e.module;
     m.flag = "--fp8-keep-bf16 " + autocast_pattern(e.module);
-    m.text = fmt::format("run the GEMMs of linear in {} in bf16, out of FP8 (the other Linears keep FP8): its operands "
+    m.text = fmt::format("run the GEMMs of linear in {} in bf16, out of {} (the other Linears keep {}): its operands "
                          "are then not quantized",
-                         e.module);
+                         e.module, format, fp8 ? "FP8" : "theirs");
     m.code = fmt::format("fp8_options.keep_bf16.push_back(\"{}\");  // Fp8Options (core/fp8_linear.h)", e.module);
     // Keeping it in f32 (an autocast override) also takes it out of FP8, at f32's cost: the bf16 remedy replaces it.
     std::erase_if(e.remedies, [](const Remedy& r) { return r.kind == "autocast_fp32" || r.kind == "cast_f32"; });
@@ -339,6 +342,24 @@ void mark_fp8_linears(PrecisionSection& precision, const Fp8Section& fp8) {
   };
   for (PrecisionEntry& e : precision.by_jump) mark(e, true);
   for (PrecisionEntry& e : precision.by_trend) mark(e, false);
+}
+}  // namespace
+
+void mark_fp8_linears(PrecisionSection& precision, const Fp8Section& fp8) {
+  // module -> the formats of its forward operands (input, weight), from its /fp8 rows.
+  std::map<std::string, std::set<std::string>> forward_formats;
+  for (const Fp8OperandSummary& o : fp8.operands)
+    if (o.operand == "input" || o.operand == "weight") forward_formats[o.module].insert(o.format);
+  mark_quantized_linears(precision, forward_formats, true);
+}
+
+void mark_block_linears(PrecisionSection& precision, const BlockSection& blocks) {
+  // module -> the block format of its trained forward copies (input, weight); --what-if copies measured a GEMM the
+  // run did not run.
+  std::map<std::string, std::set<std::string>> forward_formats;
+  for (const BlockCopySummary& c : blocks.copies)
+    if (!c.what_if && (c.operand == "input" || c.operand == "weight")) forward_formats[c.module].insert(c.format);
+  mark_quantized_linears(precision, forward_formats, false);
 }
 
 double fp8_loss_tolerance(std::span<const double> bf16_losses) {

@@ -28,4 +28,10 @@ Fp8Section analyse_fp8(std::span<const trace::Fp8Row> rows, const Fp8RunSettings
 // same FP8 GEMM in f32: the bf16 rounding alone) are left as they are.
 void mark_fp8_linears(PrecisionSection& precision, const Fp8Section& fp8);
 
+// The same for block-scaled Linears (a forward `linear` whose module has trained /blocks input or weight copies:
+// --precision mxfp8|nvfp4 with --twin; probes/twin.h "Block-scaled Linears"): fp8 holds the block format ("nvfp4"),
+// a by_jump entry of kind rounding becomes block_quantization with the same evidence and remedy (--fp8-keep-bf16
+// 'MODULE', which keeps the Linear's GEMMs in bf16).
+void mark_block_linears(PrecisionSection& precision, const BlockSection& blocks);
+
 }  // namespace ampscope::analysis

@@ -515,9 +515,12 @@ std::string precision_place(const PrecisionEntry& e) {
 }
 
 // The dtype an entry's label shows: its output's, and for an FP8 Linear's accumulated error the FP8 format its
-// operands were quantized to first ("fp8 e4m3 -> bf16").
+// operands were quantized to first ("fp8 e4m3 -> bf16"); for a block-scaled Linear's, the block format ("nvfp4 ->
+// bf16").
 std::string precision_dtype(const PrecisionEntry& e) {
-  return e.fp8.empty() ? e.out_dtype : fmt::format("fp8 {} -> {}", e.fp8, e.out_dtype);
+  if (e.fp8.empty()) return e.out_dtype;
+  if (e.fp8.starts_with("mxfp8") || e.fp8.starts_with("nvfp4")) return fmt::format("{} -> {}", e.fp8, e.out_dtype);
+  return fmt::format("fp8 {} -> {}", e.fp8, e.out_dtype);
 }
 
 json precision_entry_json(const PrecisionEntry& e) {
@@ -627,6 +630,15 @@ void error_dominates_json(json& out, const Fp8Finding& f) {
   out["error_bound"] = number(f.error_bound);
   out["next_module"] = f.next_module;
   out["next_error"] = number(f.next_error);
+  if (f.kind == "block_error_dominates") {
+    out["twin"] = f.twin;
+    if (f.twin) {
+      out["jump"] = number(f.jump);
+      out["in_error"] = number(f.in_error);
+      out["worst_jump"] = number(f.worst_jump);
+      out["next_jump"] = number(f.next_jump);
+    }
+  }
 }
 
 json fp8_finding_json(const Fp8Finding& f) {
@@ -1096,9 +1108,19 @@ void text_blocks(Text& t, const Report& rep) {
              t.paint(kBold, x.module), x.operand, x.format, x.copy, pct(x.error), pct(x.worst_fraction),
              pct(x.other_error), pct(x.other_fraction), x.worst_step, pct(x.error_bound), pct(x.threshold), steps,
              x.operand == "weight" ? "input gradient (dgrad)" : "weight gradient (wgrad)");
+    else if (x.twin)
+      t.line("    {} [{}]: block-scaled error dominates (f32 twin): its output is {} off the unquantized f32 Linear on "
+             "average over {} (above {}, the element's unit roundoff), its inputs {}: a jump of {} on average ({} in "
+             "step {}); {}",
+             t.paint(kBold, x.module), x.format, pct(x.error), plural(x.steps, "twinned call"), pct(x.error_bound),
+             pct(x.in_error), num(x.jump), num(x.worst_jump), x.worst_step,
+             x.next_module.empty() ? std::string("no other block-scaled Linear has twin rows")
+                                   : fmt::format("the next Linear by jump, {}, {} ({} off)", x.next_module,
+                                                 num(x.next_jump), pct(x.next_error)));
     else
       t.line("    {} [{}]: block-scaled error dominates: {} {}'s quantization error is {} rms on average over the "
-             "recorded steps, above {} (the element's unit roundoff), over {}; {}",
+             "recorded steps, above {} (the element's unit roundoff), over {}; no twin rows (run with --twin to "
+             "measure it at the Linear's output); {}",
              t.paint(kBold, x.module), x.format, x.operand, x.copy, pct(x.error), pct(x.error_bound), steps,
              x.next_module.empty() ? std::string("no other block-scaled Linear")
                                    : fmt::format("the next Linear, {}, {}", x.next_module, pct(x.next_error)));

@@ -190,11 +190,6 @@ TEST(block_train_test, options_that_do_not_apply_and_what_block_scaled_runs_cann
                                  "only (there are no CUDA kernels for them yet)\nhint: use --device cpu (or auto) for "
                                  "{}, or --precision bf16 on the GPU",
                                  name, name));
-    TrainConfig twin = mlp(p, 0, 1);
-    twin.twin = true;
-    EXPECT_THROW_MSG(train(twin), Error,
-                     fmt::format("--twin with --precision {}: the f32 twin does not model block-scaled Linears yet",
-                                 name));
   }
   // A Linear the blocks do not divide, named with its shapes: the mlp's fc3 (10 outputs) when not kept in bf16.
   TrainConfig c = mlp(Precision::mxfp8, 0, 1);
