@@ -366,6 +366,35 @@ void leave_fp8(TrainConfig& c) {
 // NaN/Inf anomaly whose report has FP8 findings is fixed for the first finding's kind (docs/fp8.md).
 constexpr std::string_view kFp8Cause = "fp8:";
 
+// Where an FP8 or block-scaled finding was named: a re-run's finding of the same kind counts as the original only
+// there (docs/fp8.md, "Judged where it was named"). What "there" is depends on the kind: the copy pair of a Linear's
+// operand for block_copy_mismatch (its `copy` is the worse of the two, evidence and not place), the Linear for the
+// error-dominates kinds (the finding is about the module; its worst copy is evidence), otherwise the module,
+// operand, copy and format (per-tensor FP8 findings have no copy or format: "" matches "").
+struct FindingPlace {
+  std::string kind, module, operand, copy, format;
+};
+
+FindingPlace place_of(const analysis::Fp8Finding& f) { return {f.kind, f.module, f.operand, f.copy, f.format}; }
+
+bool same_place(const FindingPlace& named, const analysis::Fp8Finding& f) {
+  if (f.kind != named.kind || f.module != named.module) return false;
+  if (named.kind == "fp8_error_dominates" || named.kind == "block_error_dominates") return true;
+  if (f.operand != named.operand || f.format != named.format) return false;
+  return named.kind == "block_copy_mismatch" || f.copy == named.copy;
+}
+
+// "fc1 input rowwise (nvfp4)", "fc1 input" (per-tensor FP8), "fc1" (the error-dominates kinds), "fc1 input copies
+// (nvfp4)" (block_copy_mismatch).
+std::string place_text(const FindingPlace& p) {
+  if (p.kind == "fp8_error_dominates" || p.kind == "block_error_dominates") return p.module;
+  std::string text = p.module + " " + p.operand;
+  if (p.kind == "block_copy_mismatch") text += " copies";
+  else if (!p.copy.empty()) text += " " + p.copy;
+  if (!p.format.empty()) text += " (" + p.format + ")";
+  return text;
+}
+
 // What the plan fixes, in the plan's and the table's words: an FP8 finding is not an anomaly (nothing went
 // NaN or inf), so it is not called one.
 std::string first_what(const analysis::Diagnosis& first) {
@@ -673,6 +702,7 @@ struct FixPlan {
   fs::path folder;  // the trace's folder ("" for the working folder)
   RecordedRun recorded;
   analysis::Diagnosis first;
+  FindingPlace named;          // an FP8 or block finding's place (kind "" for an anomaly)
   TrainConfig base;            // what every re-run replays (then each changes its remedy)
   std::int64_t step_rows = 0;  // rows of the trace's /steps
   std::int64_t held = 0;       // steps the trace can account for: its rows times sample_every
@@ -804,6 +834,7 @@ std::optional<FixPlan> make_plan(const FixRequest& request) {
     plan.first.step = f.first_step;
     plan.first.module = f.module;
     plan.first.op = f.operand;
+    plan.named = place_of(f);
   } else {
     return std::nullopt;
   }
@@ -848,8 +879,13 @@ std::string replayed_options(const TrainConfig& base) {
 
 void print_plan(const FixPlan& plan, std::ostream& err) {
   const analysis::Diagnosis& first = plan.first;
-  err << fmt::format("fix: plan for {}: {} {} at step {} ({}{})\n", plan.trace, first_what(first), first.cause,
-                     first.step, first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module);
+  if (!plan.named.kind.empty())
+    err << fmt::format("fix: plan for {}: {} {} at step {} ({}): a re-run's finding of this kind counts as this one "
+                       "only there\n",
+                       plan.trace, first_what(first), first.cause, first.step, place_text(plan.named));
+  else
+    err << fmt::format("fix: plan for {}: {} {} at step {} ({}{})\n", plan.trace, first_what(first), first.cause,
+                       first.step, first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module);
   err << fmt::format("fix:   each re-run: steps 0..{} ({} of the recorded {}; the trace holds {} step rows){}\n",
                      plan.base.steps - 1, plan.base.steps, plan.recorded.config.steps, plan.step_rows,
                      plan.from.step > 0 ? fmt::format(", in {} from the kept checkpoint at step {}",
@@ -880,6 +916,9 @@ struct Outcome {
   bool applied = true;        // the re-run's recorded config shows the change (a scenario may force it back)
   bool gone = false;
   std::string first;          // "step 3, softmax in blocks.0.attn" or "none"
+  // An FP8 or block finding: the re-run's first finding of the kind elsewhere than where the original was named
+  // ("step 2, fc2 input columnwise (nvfp4)"), "" when none; it does not count as the original remaining.
+  std::string elsewhere;
   double final_loss = NAN;
   std::vector<double> losses;  // every recorded step's loss, in step order (the bf16 reference's sets the tolerance)
   double seconds_per_step = NAN;
@@ -889,19 +928,42 @@ struct Outcome {
 
 // Whether the re-run in `reader` still has an anomaly of `cause`: o.gone, and o.first, its first one
 // ("step 3, softmax in blocks.0.attn") or "none". Shared by the re-runs of train and of recorded scripts.
-void judge_rerun(trace::TraceReader& reader, const std::string& cause, Outcome& o) {
+// An FP8 or block finding (`named`, from the original's report): gone when the re-run's findings hold none of that
+// kind where the original was named (same_place); o.first is the one there ("step 4, input in fc1", as before), and
+// o.elsewhere the first of the kind anywhere else.
+void judge_findings(const std::vector<analysis::Fp8Finding>& findings, const FindingPlace& named, Outcome& o) {
+  o.first = "none";
+  o.gone = true;
+  o.elsewhere.clear();
+  for (const analysis::Fp8Finding& f : findings) {
+    if (f.kind != named.kind) continue;
+    if (same_place(named, f)) {
+      if (!o.gone) continue;
+      o.gone = false;
+      o.first = fmt::format("step {}, {} in {}", f.first_step, f.operand, f.module);
+    } else if (o.elsewhere.empty()) {
+      o.elsewhere = fmt::format("step {}, {}", f.first_step, place_text(place_of(f)));
+    }
+  }
+}
+
+void judge_rerun(trace::TraceReader& reader, const std::string& cause, const FindingPlace& named, Outcome& o) {
   const analysis::Report rep = analysis::analyse(reader);
   o.first = "none";
   o.gone = true;
   if (cause.starts_with(kFp8Cause)) {
-    // An FP8 finding's kind: gone when the re-run's /fp8 rows give no finding of that kind on any operand.
-    const std::string kind = cause.substr(kFp8Cause.size());
-    for (const analysis::Fp8Finding& f : rep.fp8.findings) {
-      if (f.kind != kind) continue;
-      o.gone = false;
-      o.first = fmt::format("step {}, {} in {}", f.first_step, f.operand, f.module);
-      break;
+    if (named.kind.empty()) {
+      // No place named (a plan that did not come from a finding): any finding of the kind is the original's.
+      const std::string kind = cause.substr(kFp8Cause.size());
+      for (const analysis::Fp8Finding& f : rep.fp8.findings) {
+        if (f.kind != kind) continue;
+        o.gone = false;
+        o.first = fmt::format("step {}, {} in {}", f.first_step, f.operand, f.module);
+        break;
+      }
+      return;
     }
+    judge_findings(rep.fp8.findings, named, o);
     return;
   }
   for (const analysis::Diagnosis& d : rep.anomalies) {
@@ -915,7 +977,8 @@ void judge_rerun(trace::TraceReader& reader, const std::string& cause, Outcome& 
 // Runs one candidate, writing its trace in `staging` (a folder of this process's own, where no name can
 // have been planted) and moving it beside the original when complete; counts the re-run's anomalies of the
 // original's kind (Diagnosis::cause).
-Outcome measure(const Candidate& cand, const std::string& cause, const PrivateFolder& staging, std::ostream& err) {
+Outcome measure(const Candidate& cand, const std::string& cause, const FindingPlace& named, const PrivateFolder& staging,
+                std::ostream& err) {
   Outcome o;
   o.trace = cand.trace;
   TrainConfig config = cand.config;
@@ -949,13 +1012,16 @@ Outcome measure(const Candidate& cand, const std::string& cause, const PrivateFo
     if (cand.kind == "mx_scale") o.applied = ran.mx_scale == cand.config.mx_scale;
     if (cand.kind == "nvfp4_rht") o.applied = ran.nvfp4_rht == cand.config.nvfp4_rht;
     if (cand.kind == "precision") o.applied = ran.precision == cand.config.precision;
-    judge_rerun(reader, cause, o);
+    judge_rerun(reader, cause, named, o);
   }
   publish_output_file(config.out, cand.trace, "the re-run's trace");
   if (!o.applied) o.gone = false;
   const char* what = cause.starts_with(kFp8Cause) ? "finding" : "anomaly";
+  // Where the finding was named, and the same kind elsewhere when the re-run has it there.
+  const std::string at = named.kind.empty() ? "" : " at " + place_text(named);
+  const std::string also = o.elsewhere.empty() ? "" : fmt::format("; the same kind now at {}", o.elsewhere);
   err << fmt::format("fix: {}: {} steps in {:.1f}s: {}\n", cand.name, r.steps, secs,
-                     !o.applied ? "not applied" : fmt::format("{} {}", what, o.gone ? "gone" : "remains"));
+                     !o.applied ? "not applied" : fmt::format("{} {}{}{}", what, o.gone ? "gone" : "remains", at, also));
   return o;
 }
 
@@ -1152,7 +1218,7 @@ Outcome measure_torch(const Candidate& cand, const std::string& cause, const Tor
     if (cand.record.autocast == "off") o.applied = applied("autocast_off");
     if (!std::isnan(cand.record.lr_factor)) o.applied = applied("lr_factor");
     if (!std::isnan(cand.record.init_scale)) o.applied = applied("init_scale");
-    judge_rerun(reader, cause, o);
+    judge_rerun(reader, cause, FindingPlace{}, o);
   }
   publish_output_file(r.out, cand.trace, "the re-run's trace");
   if (!o.applied) o.gone = false;
@@ -1186,7 +1252,7 @@ bool run_candidates(FixPlan& plan, std::vector<Outcome>& outcomes, std::ostream&
       outcomes.push_back(measure_torch(cands[i], cause, *plan.torch, staging, err));
       continue;
     }
-    outcomes.push_back(measure(cands[i], cause, staging, err));
+    outcomes.push_back(measure(cands[i], cause, plan.named, staging, err));
     if (cands[i].from_step == 0) continue;
     if (i == 0 && outcomes[0].ran && outcomes[0].gone) {
       err << fmt::format("fix: the original did not fail again from checkpoint '{}' (step {}): what caused the "
@@ -1194,7 +1260,7 @@ bool run_candidates(FixPlan& plan, std::vector<Outcome>& outcomes, std::ostream&
                          plan.from.path, plan.from.step);
       fell_back = true;
       for (Candidate& c : cands) from_step_0(c);
-      outcomes.back() = measure(cands[0], cause, staging, err);
+      outcomes.back() = measure(cands[0], cause, plan.named, staging, err);
     } else if (i > 0 && !(outcomes[i].ran && outcomes[i].gone)) {
       // A remedy that acts before the checkpoint (a learning rate whose damage was done in earlier steps)
       // cannot work from it: it gets its chance from step 0.
@@ -1202,7 +1268,7 @@ bool run_candidates(FixPlan& plan, std::vector<Outcome>& outcomes, std::ostream&
                          cands[i].name, plan.from.step);
       from_step_0(cands[i]);
       cands[i].retried = true;
-      outcomes.back() = measure(cands[i], cause, staging, err);
+      outcomes.back() = measure(cands[i], cause, plan.named, staging, err);
     }
   }
   return fell_back;
@@ -1242,6 +1308,12 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
   doc["trace"] = plan.trace;
   doc["cause"] = first.cause;
   doc[first_key] = {{"step", first.step}, {"op", first.op}, {"module", first.module}};
+  // Where an FP8 or block finding was named: a re-run's finding counts as it only there (runs[].same_kind_elsewhere).
+  if (!plan.named.kind.empty()) {
+    doc[first_key]["copy"] = plan.named.copy;
+    doc[first_key]["format"] = plan.named.format;
+    doc[first_key]["place"] = place_text(plan.named);
+  }
   // Derived from the bf16 run's own last losses (analysis.h fp8_loss_tolerance); NaN (null) when they cannot say.
   const double tolerance = bf16 != nullptr ? analysis::fp8_loss_tolerance(bf16->losses) : NAN;
   if (by_loss || block_kind) doc["loss_tolerance_vs_bf16"] = std::isfinite(tolerance) ? ordered_json(tolerance) : ordered_json(nullptr);
@@ -1281,6 +1353,7 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
     e[gone_key] = gone;
     e["verified"] = ok;
     e[first_key] = o.first;
+    if (fp8) e["same_kind_elsewhere"] = o.elsewhere.empty() ? ordered_json(nullptr) : ordered_json(o.elsewhere);
     const double rel = std::isfinite(o.final_loss) && std::isfinite(fp32.final_loss) && fp32.final_loss != 0
                            ? (o.final_loss - fp32.final_loss) / std::abs(fp32.final_loss)
                            : NAN;
@@ -1358,6 +1431,13 @@ void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, s
                        e[first_key].get<std::string>(), pct(e["final_loss_vs_fp32"]),
                        fp8 ? fmt::format(" {:>10}", pct(e["final_loss_vs_bf16"])) : "",
                        num(e["step_time_vs_original"], "{:.2f}x"));
+  }
+  for (const auto& e : doc["runs"]) {
+    if (!e.contains("same_kind_elsewhere") || e["same_kind_elsewhere"].is_null()) continue;
+    out << fmt::format("{}: the same kind now at {}, not where it was named ({}): not counted as the finding "
+                       "remaining\n",
+                       e["name"].get<std::string>(), e["same_kind_elsewhere"].get<std::string>(),
+                       doc[first_key]["place"].get<std::string>());
   }
   for (const NotReplayed& n : plan.skipped) {
     out << fmt::format("not replayed: {}{}: {}\n", n.option, n.value.empty() ? "" : " " + n.value, n.why);
