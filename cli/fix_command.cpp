@@ -34,6 +34,7 @@
 #include "probes/analysis/analysis.h"
 #include "probes/analysis/fix.h"
 #include "probes/trace/reader.h"
+#include "cli/fix_judging.h"
 #include "cli/record_command.h"
 #include "cli/report_command.h"
 #include "cli/run.h"
@@ -365,35 +366,6 @@ void leave_fp8(TrainConfig& c) {
 // An FP8 finding's cause in the plan (FixPlan::first.cause): "fp8:" and the finding's kind. A run without a
 // NaN/Inf anomaly whose report has FP8 findings is fixed for the first finding's kind (docs/fp8.md).
 constexpr std::string_view kFp8Cause = "fp8:";
-
-// Where an FP8 or block-scaled finding was named: a re-run's finding of the same kind counts as the original only
-// there (docs/fp8.md, "Judged where it was named"). What "there" is depends on the kind: the copy pair of a Linear's
-// operand for block_copy_mismatch (its `copy` is the worse of the two, evidence and not place), the Linear for the
-// error-dominates kinds (the finding is about the module; its worst copy is evidence), otherwise the module,
-// operand, copy and format (per-tensor FP8 findings have no copy or format: "" matches "").
-struct FindingPlace {
-  std::string kind, module, operand, copy, format;
-};
-
-FindingPlace place_of(const analysis::Fp8Finding& f) { return {f.kind, f.module, f.operand, f.copy, f.format}; }
-
-bool same_place(const FindingPlace& named, const analysis::Fp8Finding& f) {
-  if (f.kind != named.kind || f.module != named.module) return false;
-  if (named.kind == "fp8_error_dominates" || named.kind == "block_error_dominates") return true;
-  if (f.operand != named.operand || f.format != named.format) return false;
-  return named.kind == "block_copy_mismatch" || f.copy == named.copy;
-}
-
-// "fc1 input rowwise (nvfp4)", "fc1 input" (per-tensor FP8), "fc1" (the error-dominates kinds), "fc1 input copies
-// (nvfp4)" (block_copy_mismatch).
-std::string place_text(const FindingPlace& p) {
-  if (p.kind == "fp8_error_dominates" || p.kind == "block_error_dominates") return p.module;
-  std::string text = p.module + " " + p.operand;
-  if (p.kind == "block_copy_mismatch") text += " copies";
-  else if (!p.copy.empty()) text += " " + p.copy;
-  if (!p.format.empty()) text += " (" + p.format + ")";
-  return text;
-}
 
 // What the plan fixes, in the plan's and the table's words: an FP8 finding is not an anomaly (nothing went
 // NaN or inf), so it is not called one.
@@ -928,25 +900,8 @@ struct Outcome {
 
 // Whether the re-run in `reader` still has an anomaly of `cause`: o.gone, and o.first, its first one
 // ("step 3, softmax in blocks.0.attn") or "none". Shared by the re-runs of train and of recorded scripts.
-// An FP8 or block finding (`named`, from the original's report): gone when the re-run's findings hold none of that
-// kind where the original was named (same_place); o.first is the one there ("step 4, input in fc1", as before), and
-// o.elsewhere the first of the kind anywhere else.
-void judge_findings(const std::vector<analysis::Fp8Finding>& findings, const FindingPlace& named, Outcome& o) {
-  o.first = "none";
-  o.gone = true;
-  o.elsewhere.clear();
-  for (const analysis::Fp8Finding& f : findings) {
-    if (f.kind != named.kind) continue;
-    if (same_place(named, f)) {
-      if (!o.gone) continue;
-      o.gone = false;
-      o.first = fmt::format("step {}, {} in {}", f.first_step, f.operand, f.module);
-    } else if (o.elsewhere.empty()) {
-      o.elsewhere = fmt::format("step {}, {}", f.first_step, place_text(place_of(f)));
-    }
-  }
-}
-
+// An FP8 or block finding (`named`, from the original's report) is judged where it was named (fix_judging.h
+// judge_findings): o.first is the one there ("step 4, input in fc1"), o.elsewhere the first of the kind elsewhere.
 void judge_rerun(trace::TraceReader& reader, const std::string& cause, const FindingPlace& named, Outcome& o) {
   const analysis::Report rep = analysis::analyse(reader);
   o.first = "none";
@@ -963,7 +918,10 @@ void judge_rerun(trace::TraceReader& reader, const std::string& cause, const Fin
       }
       return;
     }
-    judge_findings(rep.fp8.findings, named, o);
+    const FindingVerdict v = judge_findings(rep.fp8.findings, named);
+    o.gone = v.gone;
+    o.first = v.first;
+    o.elsewhere = v.elsewhere;
     return;
   }
   for (const analysis::Diagnosis& d : rep.anomalies) {
