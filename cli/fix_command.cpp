@@ -34,6 +34,7 @@
 #include "probes/analysis/analysis.h"
 #include "probes/analysis/fix.h"
 #include "probes/trace/reader.h"
+#include "cli/fix_judging.h"
 #include "cli/record_command.h"
 #include "cli/report_command.h"
 #include "cli/run.h"
@@ -656,6 +657,7 @@ struct FixPlan {
   fs::path folder;  // the trace's folder ("" for the working folder)
   RecordedRun recorded;
   analysis::Diagnosis first;
+  FindingPlace named;          // an FP8 or block finding's place (kind "" for an anomaly)
   TrainConfig base;            // what every re-run replays (then each changes its remedy)
   std::int64_t step_rows = 0;  // rows of the trace's /steps
   std::int64_t held = 0;       // steps the trace can account for: its rows times sample_every
@@ -787,6 +789,7 @@ std::optional<FixPlan> make_plan(const FixRequest& request) {
     plan.first.step = f.first_step;
     plan.first.module = f.module;
     plan.first.op = f.operand;
+    plan.named = place_of(f);
   } else {
     return std::nullopt;
   }
@@ -831,8 +834,13 @@ std::string replayed_options(const TrainConfig& base) {
 
 void print_plan(const FixPlan& plan, std::ostream& err) {
   const analysis::Diagnosis& first = plan.first;
-  err << fmt::format("fix: plan for {}: {} {} at step {} ({}{})\n", plan.trace, first_what(first), first.cause,
-                     first.step, first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module);
+  if (!plan.named.kind.empty())
+    err << fmt::format("fix: plan for {}: {} {} at step {} ({}): a re-run's finding of this kind counts as this one "
+                       "only there\n",
+                       plan.trace, first_what(first), first.cause, first.step, place_text(plan.named));
+  else
+    err << fmt::format("fix: plan for {}: {} {} at step {} ({}{})\n", plan.trace, first_what(first), first.cause,
+                       first.step, first.op.empty() ? "-" : first.op, first.module.empty() ? "" : " in " + first.module);
   err << fmt::format("fix:   each re-run: steps 0..{} ({} of the recorded {}; the trace holds {} step rows){}\n",
                      plan.base.steps - 1, plan.base.steps, plan.recorded.config.steps, plan.step_rows,
                      plan.from.step > 0 ? fmt::format(", in {} from the kept checkpoint at step {}",
@@ -863,6 +871,9 @@ struct Outcome {
   bool applied = true;        // the re-run's recorded config shows the change (a scenario may force it back)
   bool gone = false;
   std::string first;          // "step 3, softmax in blocks.0.attn" or "none"
+  // An FP8 or block finding: the re-run's first finding of the kind elsewhere than where the original was named
+  // ("step 2, fc2 input columnwise (nvfp4)"), "" when none; it does not count as the original remaining.
+  std::string elsewhere;
   double final_loss = NAN;
   std::vector<double> losses;  // every recorded step's loss, in step order (the bf16 reference's sets the tolerance)
   double seconds_per_step = NAN;
@@ -872,19 +883,28 @@ struct Outcome {
 
 // Whether the re-run in `reader` still has an anomaly of `cause`: o.gone, and o.first, its first one
 // ("step 3, softmax in blocks.0.attn") or "none". Shared by the re-runs of train and of recorded scripts.
-void judge_rerun(trace::TraceReader& reader, const std::string& cause, Outcome& o) {
+// An FP8 or block finding (`named`, from the original's report) is judged where it was named (fix_judging.h
+// judge_findings): o.first is the one there ("step 4, input in fc1"), o.elsewhere the first of the kind elsewhere.
+void judge_rerun(trace::TraceReader& reader, const std::string& cause, const FindingPlace& named, Outcome& o) {
   const analysis::Report rep = analysis::analyse(reader);
   o.first = "none";
   o.gone = true;
   if (cause.starts_with(kFp8Cause)) {
-    // An FP8 finding's kind: gone when the re-run's /fp8 rows give no finding of that kind on any operand.
-    const std::string kind = cause.substr(kFp8Cause.size());
-    for (const analysis::Fp8Finding& f : rep.fp8.findings) {
-      if (f.kind != kind) continue;
-      o.gone = false;
-      o.first = fmt::format("step {}, {} in {}", f.first_step, f.operand, f.module);
-      break;
+    if (named.kind.empty()) {
+      // No place named (a plan that did not come from a finding): any finding of the kind is the original's.
+      const std::string kind = cause.substr(kFp8Cause.size());
+      for (const analysis::Fp8Finding& f : rep.fp8.findings) {
+        if (f.kind != kind) continue;
+        o.gone = false;
+        o.first = fmt::format("step {}, {} in {}", f.first_step, f.operand, f.module);
+        break;
+      }
+      return;
     }
+    const FindingVerdict v = judge_findings(rep.fp8.findings, named);
+    o.gone = v.gone;
+    o.first = v.first;
+    o.elsewhere = v.elsewhere;
     return;
   }
   for (const analysis::Diagnosis& d : rep.anomalies) {
@@ -898,7 +918,8 @@ void judge_rerun(trace::TraceReader& reader, const std::string& cause, Outcome& 
 // Runs one candidate, writing its trace in `staging` (a folder of this process's own, where no name can
 // have been planted) and moving it beside the original when complete; counts the re-run's anomalies of the
 // original's kind (Diagnosis::cause).
-Outcome measure(const Candidate& cand, const std::string& cause, const PrivateFolder& staging, std::ostream& err) {
+Outcome measure(const Candidate& cand, const std::string& cause, const FindingPlace& named, const PrivateFolder& staging,
+                std::ostream& err) {
   Outcome o;
   o.trace = cand.trace;
   TrainConfig config = cand.config;
@@ -932,13 +953,16 @@ Outcome measure(const Candidate& cand, const std::string& cause, const PrivateFo
     if (cand.kind == "mx_scale") o.applied = ran.mx_scale == cand.config.mx_scale;
     if (cand.kind == "nvfp4_rht") o.applied = ran.nvfp4_rht == cand.config.nvfp4_rht;
     if (cand.kind == "precision") o.applied = ran.precision == cand.config.precision;
-    judge_rerun(reader, cause, o);
+    judge_rerun(reader, cause, named, o);
   }
   publish_output_file(config.out, cand.trace, "the re-run's trace");
   if (!o.applied) o.gone = false;
   const char* what = cause.starts_with(kFp8Cause) ? "finding" : "anomaly";
+  // Where the finding was named, and the same kind elsewhere when the re-run has it there.
+  const std::string at = named.kind.empty() ? "" : " at " + place_text(named);
+  const std::string also = o.elsewhere.empty() ? "" : fmt::format("; the same kind now at {}", o.elsewhere);
   err << fmt::format("fix: {}: {} steps in {:.1f}s: {}\n", cand.name, r.steps, secs,
-                     !o.applied ? "not applied" : fmt::format("{} {}", what, o.gone ? "gone" : "remains"));
+                     !o.applied ? "not applied" : fmt::format("{} {}{}{}", what, o.gone ? "gone" : "remains", at, also));
   return o;
 }
 
@@ -1135,7 +1159,7 @@ Outcome measure_torch(const Candidate& cand, const std::string& cause, const Tor
     if (cand.record.autocast == "off") o.applied = applied("autocast_off");
     if (!std::isnan(cand.record.lr_factor)) o.applied = applied("lr_factor");
     if (!std::isnan(cand.record.init_scale)) o.applied = applied("init_scale");
-    judge_rerun(reader, cause, o);
+    judge_rerun(reader, cause, FindingPlace{}, o);
   }
   publish_output_file(r.out, cand.trace, "the re-run's trace");
   if (!o.applied) o.gone = false;
@@ -1169,7 +1193,7 @@ bool run_candidates(FixPlan& plan, std::vector<Outcome>& outcomes, std::ostream&
       outcomes.push_back(measure_torch(cands[i], cause, *plan.torch, staging, err));
       continue;
     }
-    outcomes.push_back(measure(cands[i], cause, staging, err));
+    outcomes.push_back(measure(cands[i], cause, plan.named, staging, err));
     if (cands[i].from_step == 0) continue;
     if (i == 0 && outcomes[0].ran && outcomes[0].gone) {
       err << fmt::format("fix: the original did not fail again from checkpoint '{}' (step {}): what caused the "
@@ -1177,7 +1201,7 @@ bool run_candidates(FixPlan& plan, std::vector<Outcome>& outcomes, std::ostream&
                          plan.from.path, plan.from.step);
       fell_back = true;
       for (Candidate& c : cands) from_step_0(c);
-      outcomes.back() = measure(cands[0], cause, staging, err);
+      outcomes.back() = measure(cands[0], cause, plan.named, staging, err);
     } else if (i > 0 && !(outcomes[i].ran && outcomes[i].gone)) {
       // A remedy that acts before the checkpoint (a learning rate whose damage was done in earlier steps)
       // cannot work from it: it gets its chance from step 0.
@@ -1185,7 +1209,7 @@ bool run_candidates(FixPlan& plan, std::vector<Outcome>& outcomes, std::ostream&
                          cands[i].name, plan.from.step);
       from_step_0(cands[i]);
       cands[i].retried = true;
-      outcomes.back() = measure(cands[i], cause, staging, err);
+      outcomes.back() = measure(cands[i], cause, plan.named, staging, err);
     }
   }
   return fell_back;
@@ -1225,6 +1249,12 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
   doc["trace"] = plan.trace;
   doc["cause"] = first.cause;
   doc[first_key] = {{"step", first.step}, {"op", first.op}, {"module", first.module}};
+  // Where an FP8 or block finding was named: a re-run's finding counts as it only there (runs[].same_kind_elsewhere).
+  if (!plan.named.kind.empty()) {
+    doc[first_key]["copy"] = plan.named.copy;
+    doc[first_key]["format"] = plan.named.format;
+    doc[first_key]["place"] = place_text(plan.named);
+  }
   // Derived from the bf16 run's own last losses (analysis.h fp8_loss_tolerance); NaN (null) when they cannot say.
   const double tolerance = bf16 != nullptr ? analysis::fp8_loss_tolerance(bf16->losses) : NAN;
   if (by_loss || block_kind) doc["loss_tolerance_vs_bf16"] = std::isfinite(tolerance) ? ordered_json(tolerance) : ordered_json(nullptr);
@@ -1264,6 +1294,7 @@ ordered_json results_document(const FixPlan& plan, const std::vector<Outcome>& o
     e[gone_key] = gone;
     e["verified"] = ok;
     e[first_key] = o.first;
+    if (fp8) e["same_kind_elsewhere"] = o.elsewhere.empty() ? ordered_json(nullptr) : ordered_json(o.elsewhere);
     const double rel = std::isfinite(o.final_loss) && std::isfinite(fp32.final_loss) && fp32.final_loss != 0
                            ? (o.final_loss - fp32.final_loss) / std::abs(fp32.final_loss)
                            : NAN;
@@ -1341,6 +1372,13 @@ void print_table(const FixPlan& plan, const ordered_json& doc, bool fell_back, s
                        e[first_key].get<std::string>(), pct(e["final_loss_vs_fp32"]),
                        fp8 ? fmt::format(" {:>10}", pct(e["final_loss_vs_bf16"])) : "",
                        num(e["step_time_vs_original"], "{:.2f}x"));
+  }
+  for (const auto& e : doc["runs"]) {
+    if (!e.contains("same_kind_elsewhere") || e["same_kind_elsewhere"].is_null()) continue;
+    out << fmt::format("{}: the same kind now at {}, not where it was named ({}): not counted as the finding "
+                       "remaining\n",
+                       e["name"].get<std::string>(), e["same_kind_elsewhere"].get<std::string>(),
+                       doc[first_key]["place"].get<std::string>());
   }
   for (const NotReplayed& n : plan.skipped) {
     out << fmt::format("not replayed: {}{}: {}\n", n.option, n.value.empty() ? "" : " " + n.value, n.why);

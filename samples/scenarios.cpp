@@ -592,7 +592,9 @@ Scenario fp8_saturation() {
   s.sample = "mlp";
   s.expect =
       "no NaN/Inf; under --precision fp8 (delayed recipe) every Linear's weight saturates from step 1 (fc1's weight "
-      "100% in step 1): saturation findings, remedies --fp8-margin and --fp8-recipe current (current verifies)";
+      "100% in step 1): saturation findings, remedies --fp8-margin and --fp8-recipe current (both verify at fc1's "
+      "weight, where the first finding was named; with the margin fc1's grad_output still saturates in step 1, reported "
+      "as the same kind elsewhere)";
   s.configure = [](TrainConfig& c) {
     c.sample = "mlp";
     propose_steps(c, 10);
@@ -729,10 +731,12 @@ Scenario nvfp4_batch_outlier() {
   s.expect =
       "no NaN/Inf; under --precision nvfp4 --nvfp4-no-rht the columnwise copy of fc1's input (the weight gradient's, "
       "blocked along the batch) loses the calm records beside the storm record (seed 0, 10 steps: 22.9% of its values "
-      "to 0, 15 of 16 in the worst block): block_outlier on fc1 input columnwise, remedies drop --nvfp4-no-rht and "
-      "--fp8-keep-bf16 fc1, neither verified by ampscope fix (the transform clears the input copies, but the final loss "
-      "ends 19.3% over the bf16 run's, tolerance 9.2%, and fc2's gradient copies keep flattened blocks); "
-      "block_copy_mismatch on fc1's input, remedy --fp8-keep-bf16 fc1 (verified: 0.2% over the bf16 run's loss)";
+      "to 0, 15 of 16 in the worst block): block_outlier on fc1 input columnwise (and downstream on fc2 input "
+      "columnwise and fc2 grad_output rowwise, their flattened blocks holding the storm record), remedies drop "
+      "--nvfp4-no-rht and --fp8-keep-bf16 fc1: ampscope fix verifies --fp8-keep-bf16 fc1 (0.2% over the bf16 run's "
+      "loss; fc2's flattened copies reported as the same kind elsewhere), not the transform (it clears the input "
+      "copies, but the final loss ends 19.3% over the bf16 run's, tolerance 9.2%); block_copy_mismatch on fc1's and "
+      "fc2's inputs, remedy --fp8-keep-bf16 fc1 (verified for fc1's: 0.2% over the bf16 run's loss)";
   s.configure = [](TrainConfig& c) {
     c.sample = "mlp";
     propose_steps(c, 10);

@@ -480,6 +480,8 @@ struct Fp8Finding {
   // saturated values; blocks_clipped summed over the flagged steps.
   std::string copy;
   std::int64_t block_step = -1, block_row = -1, block_col = -1, block_zeroed = 0, block_values = 0, blocks_clipped = 0;
+  // block_outlier: the count the flagged block had to reach at its step (blocks.h block_flattened_bar).
+  std::int64_t block_bar = 0;
   double block_range = 0, range_bound = 0;
   double other_error = 0, other_fraction = 0;
   // block_error_dominates measured by the f32 twin (twin true; a --twin run's /precision rows of its block-scaled
@@ -508,19 +510,14 @@ inline double block_unit_roundoff(const std::string& format) { return format == 
 inline double block_element_range(const std::string& format) {
   return format == "nvfp4" ? 4.584962500721156 : 18.807354922057604;
 }
-// block_outlier: a step where the block that lost the most values lost more than this share of its block (an
-// outlier leaves only itself and values within 2^4.58 of it: flattened, not trimmed) and the copy lost more than
-// kFp8GradUnderflowThreshold of its nonzero values. At half, the sample transformer in NVFP4 flagged 9 copies whose
-// worst blocks lost 9 to 11 of 16 values: heavy-tailed activations and gradients, NVFP4's ordinary underflow (the
-// statistics show it), not one value flattening a block.
-inline constexpr double kBlockFlattenedShare = 0.75;
-// block_copy_mismatch: the rowwise and columnwise copies of a Linear's input or weight in one step whose relative
-// RMS errors differ by more than the element's unit roundoff (each copy rounded alone stays within it) or whose
-// underflow fractions differ by more than kBlockMismatchUnderflow.
-// The two layouts (and NVFP4's transform on the columnwise copy) lose different small values of any tensor: the
-// sample transformer's Linear inputs in NVFP4 differ by up to 8.7 points of underflow between copies whose RMS
-// errors agree within 1.6 points (docs/fp8.md). 10 points is above what the layouts make on ordinary activations.
-inline constexpr double kBlockMismatchUnderflow = 0.10;
+// block_outlier and block_copy_mismatch judge a copy's step against what a block WITHOUT an outlier loses, from a
+// stated null model (docs/fp8.md "Block-scaled diagnoses", blocks.h block_null): a block's values iid Gaussian, its
+// scale set by its own amax. kBlockFalseAlarm is the chance a copy's step of null blocks gives either finding: the
+// outlier bar is the smallest count the worst of the step's blocks reaches with at most this chance (blocks.h
+// block_flattened_bar); the mismatch's underflow bar puts the gap of two binomial fractions kBlockMismatchZ standard
+// errors out, the two-sided normal quantile of the same chance (blocks.h block_mismatch_bar).
+inline constexpr double kBlockFalseAlarm = 1e-3;
+inline constexpr double kBlockMismatchZ = 3.2905267314918945;  // Phi^-1(1 - kBlockFalseAlarm / 2)
 
 // The delayed recipe's start-up (docs/fp8.md, "Start-up"): an operand's first casts use the initial scale 1, set
 // before any amax was seen (core/fp8_recipe.h make_delayed_scaling_state), so what they lose (a whole E4M3 gradient

@@ -130,6 +130,103 @@ BlockSection analyse_blocks(std::span<const trace::BlockRow> rows) {
   return out;
 }
 
+BlockNull block_null(const std::string& format, const std::string& operand) {
+  if (format == "mxfp8") return {32, std::ldexp(1.0, -10) / 224.0, false};
+  return {operand == "weight" ? 256 : 16, (1.0 + std::ldexp(1.0, -4)) / 24.0, operand == "grad_output"};
+}
+
+std::vector<double> block_null_tail(const BlockNull& null) {
+  const std::int64_t n = null.values;
+  std::vector<double> tail(static_cast<std::size_t>(n + 1), 0.0);
+  if (n < 1) return tail;
+  // The half-normal's density and distribution: f(y) = 2 phi(y), F(y) = erf(y / sqrt 2).
+  const double inv_sqrt2 = 1.0 / std::sqrt(2.0), c = std::sqrt(2.0 / std::acos(-1.0));
+  const auto F = [&](double y) { return std::erf(y * inv_sqrt2); };
+  // The chance one of the other values (half-normal under M) rounds to 0. Stochastic rounding: a value y under the
+  // smallest element h = 2 zero_below M goes to 0 with chance 1 - y / h, whose integral against f over [0, h] is
+  // F(h) - (c / h)(1 - exp(-h^2 / 2)).
+  const auto q = [&](double m) {
+    const double fm = F(m);
+    double lost = 0;
+    if (!null.stochastic) {
+      lost = F(null.zero_below * m);
+    } else {
+      const double h = 2 * null.zero_below * m;
+      lost = F(h) - c * -std::expm1(-h * h / 2) / h;
+    }
+    return std::clamp(lost / fm, 0.0, 1.0);
+  };
+  // Simpson's rule over M in (0, 12]: the amax of up to 256 half-normals is past 12 with chance under 1e-30.
+  constexpr int kIntervals = 4000;
+  constexpr double kTop = 12.0;
+  const double h = kTop / kIntervals;
+  std::vector<double> log_choose(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j)
+    log_choose[static_cast<std::size_t>(j)] = std::lgamma(static_cast<double>(n)) - std::lgamma(static_cast<double>(j + 1)) -
+                                              std::lgamma(static_cast<double>(n - j));
+  std::vector<double> pmf(static_cast<std::size_t>(n));
+  for (int i = 1; i <= kIntervals; ++i) {  // the integrand is 0 at M = 0 (F(0)^(n-1) = 0 for n > 1; n = 1: X = 0)
+    const double m = h * i;
+    const double weight = (i == kIntervals ? 1.0 : (i % 2 == 1 ? 4.0 : 2.0)) * h / 3.0;
+    const double fm = F(m);
+    const double density = static_cast<double>(n) * c * std::exp(-m * m / 2) * std::pow(fm, static_cast<double>(n - 1));
+    if (!(density > 0)) continue;
+    const double p = q(m);
+    // Binomial(n - 1, p) in logs (p^j under double's range for j near 256), summed from the top for the tail.
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double lp = (j == 0 ? 0.0 : static_cast<double>(j) * std::log(p)) +
+                        (n - 1 - j == 0 ? 0.0 : static_cast<double>(n - 1 - j) * std::log1p(-p));
+      pmf[static_cast<std::size_t>(j)] = p <= 0 ? (j == 0 ? 1.0 : 0.0) : p >= 1 ? (j == n - 1 ? 1.0 : 0.0)
+                                                                               : std::exp(log_choose[static_cast<std::size_t>(j)] + lp);
+    }
+    double above = 0;
+    for (std::int64_t k = n - 1; k >= 0; --k) {
+      above += pmf[static_cast<std::size_t>(k)];
+      tail[static_cast<std::size_t>(k)] += weight * density * above;
+    }
+  }
+  tail[0] = 1.0;  // exactly: the integral of the amax's density, less Simpson's error
+  return tail;
+}
+
+namespace {
+
+// block_null_tail of each null a run can hold, computed once.
+const std::vector<double>& null_tail(const std::string& format, const std::string& operand) {
+  static const std::vector<double> mx = block_null_tail(block_null("mxfp8", "input"));
+  static const std::vector<double> nv = block_null_tail(block_null("nvfp4", "input"));
+  static const std::vector<double> nv_grad = block_null_tail(block_null("nvfp4", "grad_output"));
+  static const std::vector<double> nv_tile = block_null_tail(block_null("nvfp4", "weight"));
+  if (format == "mxfp8") return mx;
+  return operand == "weight" ? nv_tile : operand == "grad_output" ? nv_grad : nv;
+}
+
+}  // namespace
+
+std::int64_t block_flattened_bar(const std::string& format, const std::string& operand, std::int64_t blocks) {
+  const std::vector<double>& tail = null_tail(format, operand);
+  // The chance per block that keeps the worst of `blocks` at or under kBlockFalseAlarm: 1 - (1 - a)^(1 / blocks).
+  const double per_block = -std::expm1(std::log1p(-kBlockFalseAlarm) / static_cast<double>(std::max<std::int64_t>(blocks, 1)));
+  for (std::size_t k = 1; k < tail.size(); ++k)
+    if (tail[k] <= per_block) return static_cast<std::int64_t>(k);
+  return static_cast<std::int64_t>(tail.size());
+}
+
+double block_null_loss(const std::string& format, const std::string& operand) {
+  const std::vector<double>& tail = null_tail(format, operand);
+  double sum = 0;
+  for (std::size_t k = 1; k < tail.size(); ++k) sum += tail[k];
+  return sum / static_cast<double>(tail.size() - 1);
+}
+
+double block_mismatch_bar(std::int64_t underflow_a, std::int64_t nonzero_a, std::int64_t underflow_b,
+                          std::int64_t nonzero_b, double floor) {
+  if (nonzero_a <= 0 || nonzero_b <= 0) return floor;
+  const double p = static_cast<double>(underflow_a + underflow_b) / static_cast<double>(nonzero_a + nonzero_b);
+  const double se = std::sqrt(p * (1 - p) * (1.0 / static_cast<double>(nonzero_a) + 1.0 / static_cast<double>(nonzero_b)));
+  return std::max(floor, kBlockMismatchZ * se);
+}
+
 namespace {
 
 Fp8Remedy block_remedy(std::string option, std::string value, std::string command_line, std::string why) {
@@ -195,13 +292,15 @@ std::optional<Fp8Finding> outlier(const BlockCopyRows& c, const BlockRunSettings
   Fp8Finding f;
   for (const trace::BlockRow* r : c.rows) {
     const double lost = trace::block_fraction(r->underflow, r->nonzero);
-    if (r->worst_block < 0 || !(r->max_block_range > range) || !(lost > kFp8GradUnderflowThreshold) ||
-        !(static_cast<double>(r->worst_block_underflow) > kBlockFlattenedShare * static_cast<double>(per_block)))
-      continue;
+    if (r->worst_block < 0 || !(r->max_block_range > range) || !(lost > kFp8GradUnderflowThreshold)) continue;
+    // The worst block against what the worst of this step's null blocks reaches (block_flattened_bar).
+    const std::int64_t bar = block_flattened_bar(c.format, c.operand, r->blocks);
+    if (r->worst_block_underflow < bar) continue;
     const bool first = f.steps == 0;
     count_step(f, *r, r->underflow, lost);
     // The block named: the one flattened most over the flagged steps (the first such).
     if (first || r->worst_block_underflow > f.block_zeroed) {
+      f.block_bar = bar;
       f.block_zeroed = r->worst_block_underflow;
       f.block_row = r->worst_block_row;
       f.block_col = r->worst_block_col;
@@ -236,6 +335,9 @@ std::optional<Fp8Finding> outlier(const BlockCopyRows& c, const BlockRunSettings
 // The rowwise and columnwise copies of one Linear's input or weight, step by step.
 std::optional<Fp8Finding> copy_mismatch(const BlockCopyRows& row, const BlockCopyRows& col, const BlockRunSettings& run) {
   const double u = block_unit_roundoff(row.format);
+  // The floor: the share a null copy of the operand's 1-D blocks loses (NVFP4's weight copies are the same 16x16
+  // tiles both ways: their inputs' 1x16 block stands for the format).
+  const double floor = block_null_loss(row.format, row.operand == "weight" ? "input" : row.operand);
   std::map<std::int64_t, const trace::BlockRow*> by_step;
   for (const trace::BlockRow* r : row.rows) by_step[r->step] = r;
   Fp8Finding f;
@@ -246,18 +348,21 @@ std::optional<Fp8Finding> copy_mismatch(const BlockCopyRows& row, const BlockCop
     const trace::BlockRow* r = it->second;
     const double ur = trace::block_fraction(r->underflow, r->nonzero), uc = trace::block_fraction(c->underflow, c->nonzero);
     const double de = std::fabs(c->rel_rms_error - r->rel_rms_error), du = std::fabs(uc - ur);
-    if (!(de > u) && !(du > kBlockMismatchUnderflow)) continue;
+    // The underflow bar from the step's own counts (block_mismatch_bar), never under what a null copy loses.
+    const double bar = block_mismatch_bar(r->underflow, r->nonzero, c->underflow, c->nonzero, floor);
+    if (!(de > u) && !(du > bar)) continue;
     // The copy that lost more, by what set the copies apart: the error, or the underflow.
-    const bool by_error = de / u >= du / kBlockMismatchUnderflow;
+    const bool by_error = de / u >= du / bar;
     const bool col_worse = by_error ? c->rel_rms_error > r->rel_rms_error : uc > ur;
     const trace::BlockRow* worse = col_worse ? c : r;
     const trace::BlockRow* other = col_worse ? r : c;
     if (f.steps == 0) f.first_step = c->step;
     f.last_step = c->step;
     ++f.steps;
-    const double gap = std::max(de / u, du / kBlockMismatchUnderflow);
+    const double gap = std::max(de / u, du / bar);
     if (gap > worst_gap) {
       worst_gap = gap;
+      f.threshold = bar;
       f.worst_step = c->step;
       f.copy = worse->copy;
       f.error = worse->rel_rms_error;
@@ -272,7 +377,6 @@ std::optional<Fp8Finding> copy_mismatch(const BlockCopyRows& row, const BlockCop
   f.operand = row.operand;
   f.format = row.format;
   f.error_bound = u;
-  f.threshold = kBlockMismatchUnderflow;
   // A floor-clipped copy differs from its unclipped twin (the rows of a block and the columns of a block hold
   // different largest values): round-up removes the clipping from both.
   if (row.format == "mxfp8" && (!run.known || run.mx_scale == "floor"))

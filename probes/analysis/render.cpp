@@ -684,6 +684,7 @@ json fp8_finding_json(const Fp8Finding& f) {
       out["block_col"] = f.block_col;
       out["block_zeroed"] = f.block_zeroed;
       out["block_values"] = f.block_values;
+      out["block_bar"] = f.block_bar;
       out["block_range"] = number(f.block_range);
       out["range_bound"] = number(f.range_bound);
     } else if (f.kind == "block_copy_mismatch") {
@@ -1097,10 +1098,11 @@ void text_blocks(Text& t, const Report& rep) {
              steps, pct(x.error), pct(x.error_bound), x.worst_step, pct(x.worst_fraction));
     else if (x.kind == "block_outlier")
       t.line("    {} {} {} [{}]: a block flattened by an outlier: the block at row {}, col {} (step {}) lost {} of its "
-             "{} values to 0, its copy's widest block spanning {:.1f} binades (the element holds {:.2f}); {} of {} "
-             "nonzero values to 0 ({}) over {}",
+             "{} values to 0 (the worst of as many blocks of Gaussian values reaches {} in at most 1 step of 1000), its copy's widest block "
+             "spanning {:.1f} binades (the element holds {:.2f}); {} of {} nonzero values to 0 ({}) over {}",
              t.paint(kBold, x.module), x.operand, x.copy, x.format, x.block_row, x.block_col, x.block_step,
-             x.block_zeroed, x.block_values, x.block_range, x.range_bound, x.count, x.nonzero, pct(x.fraction), steps);
+             x.block_zeroed, x.block_values, x.block_bar, x.block_range, x.range_bound, x.count, x.nonzero,
+             pct(x.fraction), steps);
     else if (x.kind == "block_copy_mismatch")
       t.line("    {} {} [{}]: rowwise and columnwise copies apart: the {} copy's error {} rms and underflow {} against "
              "the other's {} and {} (step {}; apart by more than {} error or {} underflow over {}): the {} uses values "

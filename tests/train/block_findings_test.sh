@@ -12,14 +12,20 @@
 #     0 of every row: its 1x16 block's scale is 1013 / 6, and the 15 values of order 1 beside it round to 0); remedy
 #     --fp8-keep-bf16 fc1, re-run by fix (fc1 leaves /blocks);
 #   - nvfp4-batch-outlier (--precision nvfp4 --nvfp4-no-rht): one record per batch of 64 is 50x the others (a storm
-#     day); block_outlier on fc1 input columnwise (the weight gradient's copy, blocked along the batch), not rowwise;
-#     remedies drop --nvfp4-no-rht and --fp8-keep-bf16 fc1, each re-run by fix and its verdict recomputed here (no
-#     copy left flattened, final loss within the tolerance); the transform leaves no input copy flattened;
-#   - block_copy_mismatch (fc1's input copies in the storm run) and block_error_dominates (fc1 in the weather-station
-#     MXFP8 run), recomputed from the rows and fixed with `fix --finding KIND`: --fp8-keep-bf16 fc1 re-run and its
-#     verdict recomputed (fc1 out of /blocks, no mismatched copy left, final loss within the tolerance);
+#     day); block_outlier on fc1 input columnwise (the weight gradient's copy, blocked along the batch), not rowwise,
+#     and downstream of it on fc2 input columnwise and fc2 grad_output rowwise, every flagged block holding the storm
+#     record; the outlier bar recomputed from the null model's formula (docs/fp8.md); remedies drop --nvfp4-no-rht
+#     and --fp8-keep-bf16 fc1, each re-run by fix and its verdict recomputed here where the finding was named (fc1's
+#     input columnwise copy not flattened, final loss within the tolerance; flattened copies elsewhere reported in
+#     same_kind_elsewhere); the transform leaves no input copy flattened;
+#   - block_copy_mismatch (fc1's and fc2's input copies in the storm run, the underflow bar derived from the counts)
+#     and block_error_dominates (fc1 in the weather-station MXFP8 run), recomputed from the rows and fixed with `fix
+#     --finding KIND`: --fp8-keep-bf16 fc1 re-run and its verdict recomputed (fc1 out of /blocks, final loss within
+#     the tolerance; fc2's input copies still apart, reported as the same kind elsewhere);
 #   - rules not written for these: the mlp sample in mxfp8 (round-up, the default) has no mx_floor_clipping and no
-#     block_outlier; the scenarios in bf16 have no block findings (no /blocks rows) and no NaN/Inf.
+#     block_outlier; the scenarios in bf16 have no block findings (no /blocks rows) and no NaN/Inf;
+#   - false alarms: the plain mlp (no outlier planted; 5 steps, seeds 0 and 1) in mxfp8 round-up and floor, nvfp4 and
+#     nvfp4 --nvfp4-no-rht has no block finding of any kind, in its report or by the rules recomputed here.
 #   block_findings_test.sh AMPSCOPE_BINARY SCRATCH_DIR
 set -uo pipefail
 ampscope=${1:?usage: block_findings_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
@@ -34,7 +40,16 @@ run "$ampscope" train --scenario mx-floor-clipping --device cpu --seed 0 --preci
 run "$ampscope" train --scenario nvfp4-outlier --device cpu --seed 0 --precision nvfp4 --out "$work/nv.h5"
 run "$ampscope" train --sample mlp --device cpu --steps 10 --seed 0 --precision mxfp8 --fp8-keep-bf16 fc3 --out "$work/mlp_mx.h5"
 run "$ampscope" train --scenario nvfp4-outlier --device cpu --seed 0 --precision bf16 --out "$work/bf16.h5"
-for name in mx nv mlp_mx bf16; do
+# False alarms: the plain mlp (Gaussian-like activations and gradients, no outlier planted) in both MXFP8 scale rules
+# and NVFP4 with and without the transform, two seeds, 5 steps each (the head kept in bf16 as the scenarios do).
+for seed in 0 1; do
+  run "$ampscope" train --sample mlp --device cpu --steps 5 --seed $seed --precision mxfp8 --fp8-keep-bf16 fc3 --out "$work/null_mx_up_$seed.h5"
+  run "$ampscope" train --sample mlp --device cpu --steps 5 --seed $seed --precision mxfp8 --mx-scale floor --fp8-keep-bf16 fc3 --out "$work/null_mx_floor_$seed.h5"
+  run "$ampscope" train --sample mlp --device cpu --steps 5 --seed $seed --precision nvfp4 --fp8-keep-bf16 fc3 --out "$work/null_nv_$seed.h5"
+  run "$ampscope" train --sample mlp --device cpu --steps 5 --seed $seed --precision nvfp4 --nvfp4-no-rht --fp8-keep-bf16 fc3 --out "$work/null_nv_norht_$seed.h5"
+done
+nulls="null_mx_up_0 null_mx_floor_0 null_nv_0 null_nv_norht_0 null_mx_up_1 null_mx_floor_1 null_nv_1 null_nv_norht_1"
+for name in mx nv mlp_mx bf16 $nulls; do
   run "$ampscope" report --json "$work/$name.h5"
   cp "$work/out.txt" "$work/$name.json"
   run "$ampscope" report "$work/$name.h5"
@@ -91,6 +106,65 @@ def findings(name):
 def close(a, b):
     return abs(a - b) <= 1e-12 * max(1.0, abs(b))
 
+# --- The derived bars (docs/fp8.md "Block-scaled diagnoses"), recomputed here from the null model's formula with a
+# different quadrature (Gauss-Legendre panels, not the code's Simpson): a block of n iid Gaussian values whose scale
+# is set by its amax M; a value under t M rounds to 0 (NVFP4: t = (1 + 2^-4) / 24, E2M1 rounding under 0.25 of an
+# element with M at 6 x a scale rounded up by at most 2^-4; MXFP8: t = 2^-10 / 224); NVFP4 gradients are rounded
+# stochastically (a value y under one half-element h = 2 t M to 0 with chance 1 - y / h). Given M, the other n - 1
+# values are half-normal under M, each lost with chance q(M), so the count X is binomial(n - 1, q(M)).
+import numpy as np
+
+def null_tail(n, t, stochastic):
+    xg, wg = np.polynomial.legendre.leggauss(64)
+    edges = np.linspace(0.0, 12.0, 241)
+    m = np.concatenate([(b - a) / 2 * xg + (a + b) / 2 for a, b in zip(edges[:-1], edges[1:])])
+    w = np.concatenate([(b - a) / 2 * wg for a, b in zip(edges[:-1], edges[1:])])
+    erf = np.vectorize(math.erf)
+    F = lambda y: erf(y / math.sqrt(2))
+    c = math.sqrt(2 / math.pi)
+    dens = n * c * np.exp(-m * m / 2) * F(m) ** (n - 1)  # the amax's density
+    if stochastic:
+        h = 2 * t * m
+        lost = F(h) - c * (1 - np.exp(-h * h / 2)) / h  # the integral of (1 - y / h) f(y) over [0, h]
+    else:
+        lost = F(t * m)
+    q = np.clip(lost / F(m), 1e-300, 1 - 1e-16)
+    tail = [1.0]
+    for k in range(1, n + 1):
+        js = np.arange(k, n)
+        if len(js) == 0:
+            tail.append(0.0)
+            continue
+        lc = np.array([math.lgamma(n) - math.lgamma(j + 1) - math.lgamma(n - j) for j in js])
+        pmf = np.exp(lc[:, None] + js[:, None] * np.log(q)[None, :] + (n - 1 - js)[:, None] * np.log1p(-q)[None, :])
+        tail.append(float(np.sum(w * dens * pmf.sum(axis=0))))
+    return tail
+
+tails = {}
+def tail_of(fmt, operand):
+    if fmt == "mxfp8":
+        key = (32, 2 ** -10 / 224, False)
+    else:
+        key = (256 if operand == "weight" else 16, (1 + 2 ** -4) / 24, operand == "grad_output")
+    if key not in tails:
+        tails[key] = null_tail(*key)
+    return tails[key]
+
+def outlier_bar(fmt, operand, blocks):
+    # The smallest count the worst of `blocks` null blocks reaches with chance at most 1e-3 per copy-step.
+    tail = tail_of(fmt, operand)
+    per_block = 1 - (1 - 1e-3) ** (1 / max(blocks, 1))
+    return next((k for k in range(1, len(tail)) if tail[k] <= per_block), len(tail))
+
+def null_loss(fmt, operand):
+    tail = tail_of(fmt, operand)
+    return sum(tail[1:]) / (len(tail) - 1)
+
+# Anchors worked from the formula above (docs/fp8.md quotes them): NVFP4 1x16 P(X >= 9) = 1.04e-6, so 256 blocks
+# reach 9 with chance 2.7e-4 and 8 (P = 1.18e-5) with 3.0e-3: bar 9; 1024 blocks: 10. The mean loss 7.2%.
+assert outlier_bar("nvfp4", "input", 256) == 9 and outlier_bar("nvfp4", "input", 1024) == 10
+assert abs(null_loss("nvfp4", "input") - 0.0723) < 5e-4
+
 # --- mx-floor-clipping: recompute mx_floor_clipping of fc1 input rowwise from the rows (E4M3's u = 2^-4).
 mx = [r for r in rows(f"{work}/mx.h5") if not r["what_if"]]
 sel = [r for r in mx if (r["module"], r["operand"], r["copy"]) == ("fc1", "input", "rowwise")]
@@ -127,7 +201,7 @@ nv = [r for r in rows(f"{work}/nv.h5") if not r["what_if"]]
 sel = [r for r in nv if (r["module"], r["operand"], r["copy"]) == ("fc1", "input", "rowwise")]
 range_bound = math.log2(6 / 0.25)  # E2M1: largest 6, values under half the smallest non-zero (0.5) round to 0
 flag = [r for r in sel if r["max_block_range"] > range_bound and r["underflow"] / r["nonzero"] > 0.02
-        and r["worst_block_underflow"] > 12]
+        and r["worst_block_underflow"] >= outlier_bar("nvfp4", "input", r["blocks"])]
 f = [x for x in findings("nv") if x["kind"] == "block_outlier"]
 if [(x["module"], x["operand"], x["copy"]) for x in f] != [("fc1", "input", "rowwise")]:
     bad.append(f"nv: block_outlier findings {[(x['module'], x['operand'], x['copy']) for x in f]}")
@@ -138,7 +212,8 @@ else:
     best = max(flag, key=lambda r: (r["worst_block_underflow"], -r["step"]))
     want = dict(count=sum(r["underflow"] for r in flag), nonzero=sum(r["nonzero"] for r in flag),
                 block_zeroed=best["worst_block_underflow"], block_row=best["worst_block_row"],
-                block_col=best["worst_block_col"], block_step=best["step"], block_values=16)
+                block_col=best["worst_block_col"], block_step=best["step"], block_values=16,
+                block_bar=outlier_bar("nvfp4", "input", best["blocks"]))
     for k, v in want.items():
         if x[k] != v:
             bad.append(f"nv: block_outlier {k} {x[k]} != {v} (recomputed)")
@@ -194,17 +269,19 @@ for name, kind, remedy in (("mx", "mx_floor_clipping", "--mx-scale round-up"), (
         bad.append(f"{name} fix: {remedy} left the finding's cause in the re-run's rows")
     print(f"{name}: {remedy}: loss vs bf16 {rel:+.4f}, tolerance {tol:.4f}, verified {r['verified']}")
 
-# --- nvfp4-batch-outlier with --nvfp4-no-rht: the rule recomputed on every copy (block values 16, or 256 for
-# NVFP4's 16x16 weight tiles; flattened: more than 3/4 of a block), here and on fix's re-runs.
+# --- nvfp4-batch-outlier with --nvfp4-no-rht: the rule recomputed on every copy (the widest block past the
+# element's range, more than 2% of the copy to 0, the worst block at or over the outlier bar of its format, operand
+# and block count, computed above), here and on fix's re-runs.
+def element_range(fmt):
+    return range_bound if fmt == "nvfp4" else math.log2(448 / 2 ** -10)  # E4M3: largest 448, under 2^-10 to 0
+
+def outlier_rows(rs):
+    return [r for r in rs if not r["what_if"] and r["worst_block"] >= 0 and r["nonzero"] > 0
+            and r["max_block_range"] > element_range(r["format"]) and r["underflow"] / r["nonzero"] > 0.02
+            and r["worst_block_underflow"] >= outlier_bar(r["format"], r["operand"], r["blocks"])]
+
 def outlier_copies(rs):
-    out = set()
-    for r in rs:
-        if r["what_if"] or r["worst_block"] < 0 or r["nonzero"] == 0:
-            continue
-        per = 256 if r["operand"] == "weight" else 16
-        if r["max_block_range"] > range_bound and r["underflow"] / r["nonzero"] > 0.02 and r["worst_block_underflow"] > 0.75 * per:
-            out.add((r["module"], r["operand"], r["copy"]))
-    return out
+    return {(r["module"], r["operand"], r["copy"]) for r in outlier_rows(rs)}
 
 storm = [r for r in rows(f"{work}/storm.h5") if not r["what_if"]]
 want_copies = outlier_copies(storm)
@@ -215,24 +292,48 @@ if {(x["module"], x["operand"], x["copy"]) for x in got} != want_copies:
 # (the weight gradient's copy) it is.
 if ("fc1", "input", "columnwise") not in want_copies or ("fc1", "input", "rowwise") in want_copies:
     bad.append(f"storm: recomputed outlier copies {sorted(want_copies)}: expected fc1 input columnwise, not rowwise")
-f = [x for x in got if (x["module"], x["operand"], x["copy"]) == ("fc1", "input", "columnwise")]
-if f:
-    x = f[0]
-    sel = [r for r in storm if (r["module"], r["operand"], r["copy"]) == ("fc1", "input", "columnwise")]
-    flag = [r for r in sel if ("fc1", "input", "columnwise") in outlier_copies([r])]
+# The storm record also passes through fc1 and its ReLU 50x larger than the calm ones: fc2's input columnwise copy
+# (blocked along the batch, 1024 blocks: bar 10 of 16) loses 11 to 14 of 16 in the block beside it at every step,
+# and its own gradient row, fc2's grad_output rowwise, holds a few hidden units dominating it (12 to 14 of 16 at
+# steps 1, 2, 5-8). The measured bar this test used before (more than 12 of 16) missed most of these steps; the
+# derived one reports them. They are the planted record's, not noise: every flagged step's worst block holds the
+# storm record (its index in the batch is (37 step + 5) mod 64, samples/scenarios.cpp), and no rowwise input copy
+# and no copy of fc1's gradient is flagged.
+storm_at = lambda step: (37 * step + 5) % 64
+for r in outlier_rows(storm):
+    holds = (r["worst_block_col"] // 16 == storm_at(r["step"]) // 16 if r["copy"] == "columnwise" and r["operand"] == "input"
+             else r["worst_block_row"] == storm_at(r["step"]) if r["copy"] == "rowwise" and r["operand"] == "grad_output"
+             else False)
+    if not holds:
+        bad.append(f"storm: step {r['step']} {r['module']} {r['operand']} {r['copy']}: flagged block at row "
+                   f"{r['worst_block_row']}, col {r['worst_block_col']} does not hold the storm record {storm_at(r['step'])}")
+if want_copies != {("fc1", "input", "columnwise"), ("fc2", "input", "columnwise"), ("fc2", "grad_output", "rowwise")}:
+    bad.append(f"storm: recomputed outlier copies {sorted(want_copies)}: expected fc1 and fc2 input columnwise, fc2 "
+               "grad_output rowwise")
+for x in got:
+    place = (x["module"], x["operand"], x["copy"])
+    flag = [r for r in outlier_rows(storm) if (r["module"], r["operand"], r["copy"]) == place]
     if (x["count"], x["nonzero"], x["steps"]) != (sum(r["underflow"] for r in flag), sum(r["nonzero"] for r in flag), len(flag)):
-        bad.append(f"storm: count/nonzero/steps {x['count']}/{x['nonzero']}/{x['steps']} differ from the rows'")
+        bad.append(f"storm: {place}: count/nonzero/steps {x['count']}/{x['nonzero']}/{x['steps']} differ from the rows'")
     cmds = [m["command_line"] for m in x["remedies"]]
-    if cmds != ["drop --nvfp4-no-rht", "--fp8-keep-bf16 fc1"]:
-        bad.append(f"storm: remedies {cmds}")
-    print(f"storm: fc1 input columnwise: {x['count']} of {x['nonzero']} to 0, block at row {x['block_row']}, col "
-          f"{x['block_col']} lost {x['block_zeroed']} of 16")
+    # The transform runs on the wgrad operands only (columnwise input and gradient copies), off in this run.
+    want_cmds = (["drop --nvfp4-no-rht"] if x["copy"] == "columnwise" else []) + [f"--fp8-keep-bf16 {x['module']}"]
+    if cmds != want_cmds:
+        bad.append(f"storm: {place}: remedies {cmds}, expected {want_cmds}")
+    print(f"storm: {' '.join(place)}: {x['count']} of {x['nonzero']} to 0, block at row {x['block_row']}, col "
+          f"{x['block_col']} lost {x['block_zeroed']} of 16 (bar {x['block_bar']})")
 
 doc = json.load(open(f"{work}/storm.fix.json"))
 bf16 = losses(f"{work}/{[r for r in doc['runs'] if r['name'] == 'bf16'][0]['trace']}")
 tol = tolerance(bf16)
 if doc["cause"] != "fp8:block_outlier" or not doc["reproduced"] or not close(doc["loss_tolerance_vs_bf16"], tol):
     bad.append(f"storm fix: cause {doc['cause']}, reproduced {doc['reproduced']}, tolerance {doc['loss_tolerance_vs_bf16']} vs {tol}")
+# fix judges the finding where it was named (docs/fp8.md "Judged where it was named"): fc1's input columnwise copy
+# (nvfp4); a re-run's flattened block on another copy is reported as the same kind elsewhere, not as the original.
+named = ("fc1", "input", "columnwise")
+ff = doc["first_finding"]
+if (ff["module"], ff["op"], ff["copy"], ff["format"], ff["place"]) != named + ("nvfp4", "fc1 input columnwise (nvfp4)"):
+    bad.append(f"storm fix: first_finding {ff}, expected {named} (nvfp4)")
 any_verified = False
 for r in doc["runs"]:
     if not r["remedy_flag"]:
@@ -240,11 +341,18 @@ for r in doc["runs"]:
     rerun = rows(f"{work}/{r['trace']}")
     left = outlier_copies(rerun)
     rel = (losses(f"{work}/{r['trace']}")[-1] - bf16[-1]) / abs(bf16[-1])
-    verdict = not left and abs(rel) <= tol
+    verdict = named not in left and abs(rel) <= tol
     any_verified |= verdict
     if r["finding_gone"] != verdict or r["verified"] != verdict or not r["applied"]:
         bad.append(f"storm fix: {r['remedy_flag']}: gone {r['finding_gone']} verified {r['verified']} applied "
                    f"{r['applied']}; recomputed: outlier copies left {sorted(left)}, loss vs bf16 {rel:+.4f} within {tol:.4f}")
+    if (r["first_finding"] == "none") != (named not in left):
+        bad.append(f"storm fix: {r['remedy_flag']}: first_finding {r['first_finding']!r}, recomputed: named copy left {named in left}")
+    elsewhere = left - {named}
+    got_else = r["same_kind_elsewhere"]
+    if (got_else is None) != (not elsewhere) or (got_else is not None and not any(
+            got_else.endswith(f"{m} {o} {c} (nvfp4)") for m, o, c in elsewhere)):
+        bad.append(f"storm fix: {r['remedy_flag']}: same_kind_elsewhere {got_else!r}, recomputed {sorted(elsewhere)}")
     if r["remedy_flag"] == "drop --nvfp4-no-rht":
         # The transform spreads the storm record over 16 records of the batch: no input copy keeps a flattened block.
         if any(c[1] == "input" and c[2] == "columnwise" for c in left):
@@ -256,7 +364,9 @@ if rc != (0 if any_verified else 1):
     bad.append(f"storm fix: exit status {rc}, recomputed: some remedy verified {any_verified}")
 
 # --- block_copy_mismatch on the storm run, recomputed: a Linear's input or weight whose rowwise and columnwise
-# copies differ in one step by more than u (E2M1 2^-2, E4M3 2^-4) in RMS error or by more than 10 points in underflow.
+# copies differ in one step by more than u (E2M1 2^-2, E4M3 2^-4) in RMS error or in underflow fraction by more than
+# the underflow bar: 3.29 standard errors of the gap of two binomial fractions at the pooled rate (z for 1e-3
+# two-sided), never under the share a null copy of the format's 1-D block loses (null_loss above: NVFP4 7.2%).
 def mismatched(rs):
     by = {}
     for r in rs:
@@ -270,14 +380,21 @@ def mismatched(rs):
         u = 2 ** -2 if fmt == "nvfp4" else 2 ** -4
         de = abs(c["rel_rms_error"] - r["rel_rms_error"])
         du = abs(c["underflow"] / c["nonzero"] - r["underflow"] / r["nonzero"])
-        if de > u or du > 0.10:
+        p = (r["underflow"] + c["underflow"]) / (r["nonzero"] + c["nonzero"])
+        se = math.sqrt(p * (1 - p) * (1 / r["nonzero"] + 1 / c["nonzero"]))
+        bar = max(null_loss(fmt, "input"), 3.2905267314918945 * se)
+        if de > u or du > bar:
             out.add((m, op))
     return out
 
 want = mismatched(storm)
 got = {(x["module"], x["operand"]) for x in findings("storm") if x["kind"] == "block_copy_mismatch"}
-if got != want or ("fc1", "input") not in want:
-    bad.append(f"storm: block_copy_mismatch on {sorted(got)}, recomputed {sorted(want)} (expected fc1 input among them)")
+# fc1's input (the storm record's columnwise blocks lose 23% against the rowwise copy's 6%) and, under the derived
+# bar, fc2's: the record passes through fc1 50x larger, and fc2's columnwise input copy (14% to 0, its flattened
+# blocks above) loses 7 to 9 points more than its rowwise one (5.5%), over the floor of 7.2% the null loses (the
+# counts alone put the bar at 1.5 points); the 10-point bar this test used before missed it.
+if got != want or want != {("fc1", "input"), ("fc2", "input")}:
+    bad.append(f"storm: block_copy_mismatch on {sorted(got)}, recomputed {sorted(want)} (expected fc1 and fc2 input)")
 
 # --- block_error_dominates on the weather-station MXFP8 run, recomputed: per Linear, its copy with the largest mean
 # relative RMS error in units of u; the Linear with the largest, if above 1.
@@ -314,12 +431,37 @@ for name, kind, trace, remedy in (("storm.mismatch", "block_copy_mismatch", "sto
     module = remedy.split()[-1]
     rel = (losses(f"{work}/{r['trace']}")[-1] - bf16[-1]) / abs(bf16[-1])
     kept = not any(x["module"] == module for x in rerun) and any(not x["what_if"] for x in rerun)
-    gone = kept and (kind == "block_error_dominates" or not mismatched(rerun))
+    # Judged where it was named (the Linear's input copies; for block_error_dominates the Linear): out of /blocks.
+    gone = kept and (kind == "block_error_dominates" or (module, "input") not in mismatched(rerun))
     verdict = gone and abs(rel) <= tol
     if r["finding_gone"] != verdict or r["verified"] != verdict or not verdict:
         bad.append(f"{name} fix: {remedy}: gone {r['finding_gone']} verified {r['verified']}; recomputed: {module} "
                    f"out of /blocks {kept}, finding gone {gone}, loss vs bf16 {rel:+.4f} within {tol:.4f}")
-    print(f"{name}: {remedy}: loss vs bf16 {rel:+.4f}, tolerance {tol:.4f}, verified {r['verified']}")
+    if kind == "block_copy_mismatch":
+        # fc2's input copies stay apart without fc1 (the storm record still reaches fc2): the same kind elsewhere,
+        # reported as such and not counted as the original remaining.
+        elsewhere = mismatched(rerun) - {(module, "input")}
+        got_else = r["same_kind_elsewhere"]
+        if (got_else is None) != (not elsewhere) or (got_else is not None and not any(
+                got_else.endswith(f"{m} {o} copies (nvfp4)") for m, o in elsewhere)):
+            bad.append(f"{name} fix: same_kind_elsewhere {got_else!r}, recomputed {sorted(elsewhere)}")
+    print(f"{name}: {remedy}: loss vs bf16 {rel:+.4f}, tolerance {tol:.4f}, verified {r['verified']}, elsewhere "
+          f"{r.get('same_kind_elsewhere')}")
+
+# --- False alarms: the plain mlp in MXFP8 (round-up and floor) and NVFP4 (with and without the transform) has no
+# block finding in its report, and none by the rules recomputed here; its NVFP4 copies do lose values (worst blocks
+# of 4 to 8 of 16, 22 to 25 of a 256-value weight tile), so the bars are met by real rows, not by empty ones.
+block_kinds = {"mx_floor_clipping", "block_outlier", "block_copy_mismatch", "block_error_dominates"}
+for seed in (0, 1):
+    for cfg in ("mx_up", "mx_floor", "nv", "nv_norht"):
+        name = f"null_{cfg}_{seed}"
+        rs = [r for r in rows(f"{work}/{name}.h5") if not r["what_if"]]
+        got = [(x["kind"], x["module"], x["operand"], x.get("copy")) for x in findings(name) if x["kind"] in block_kinds]
+        if not rs or got or outlier_copies(rs) or mismatched(rs):
+            bad.append(f"{name}: {len(rs)} rows, block findings {got}, recomputed outliers {sorted(outlier_copies(rs))}, "
+                       f"mismatches {sorted(mismatched(rs))}")
+        if cfg.startswith("nv") and not max(r["worst_block_underflow"] for r in rs if r["operand"] != "weight") >= 4:
+            bad.append(f"{name}: no 1x16 block lost 4 values: the run is not what this check assumes")
 
 for line in bad:
     print(line)
