@@ -170,22 +170,30 @@ def health(x):
 
 
 _TINY = {}  # dtype -> its smallest normal
+_scratch32 = {}  # (device, slot) -> a 1-D f32 buffer the f32-accumulated statistics work in (grown, never shrunk)
+_LOW = (torch.float32, torch.bfloat16, torch.float16)
+# The smallest normal f32, 2^-126: a square below it may have lost bits (or be 0) in f32.
+_F32_TINY = 2.0 ** -126
+_COUNT_EXACT = 1 << 24  # an f32 sum of 0/1 values is exact up to this many (every partial sum an integer <= 2^24)
+
+
+def _buffer32(x, n, slot=0):
+    buf = _scratch32.get((x.device, slot))
+    if buf is None or buf.numel() < n:
+        buf = _scratch32[(x.device, slot)] = torch.empty(max(n, 1 << 16), dtype=torch.float32, device=x.device)
+    return buf[:n]
 
 
 def _health(x):
-    """(health, sum of squares of the finite values in f64): the sum of squares gives a gradient's norm with no
-    second pass.
+    """(health, sum of squares of the finite values): the sum of squares gives a gradient's norm with no second
+    pass.
 
     health: [numel, nan, pos_inf, neg_inf, zero, subnormal, min, max, absmax, mean, rms] of a floating tensor, the
-    moments in double over the finite values (NaN when there are none).
-
-    Cost: one copy into a reused f64 buffer, then reductions on it (sum, the sum of squares taken by squaring the
-    buffer in place, whose smallest value tells whether a zero or subnormal exists) and aminmax on x, their
-    results brought to the host together (one synchronisation on a GPU, one conversion on a CPU). Only
-    arithmetic passes and reductions on f64, which torch vectorises: on this CPU its comparisons into boolean
-    tensors (`==`, `<`, isnan) ran 4 to 10 times slower than a pass of arithmetic (bench/RESULTS.md, "ampscope
-    record's cost"). The zero and subnormal counts are taken only when the smallest magnitude is below the dtype's
-    smallest normal (_small_counts); a tensor whose sum is not finite takes _health_nonfinite."""
+    moments over the finite values (NaN when there are none). Counts and extremes are exact. For an f32, bf16 or
+    f16 tensor the mean's sum and the sum of squares are accumulated in f32 (torch's own reduction), within the
+    bound docs/pytorch.md derives ("Statistics"): |error| <= gamma_(n-1) * sum|x_i| for the sum, gamma_n * sum x_i^2
+    + n * 2^-149 for the sum of squares (gamma_k = k u / (1 - k u), u = 2^-24); f64 tensors, a tensor holding NaN
+    or inf, and one whose f32 sums overflow take the f64 path (_health64)."""
     x = x.detach()
     n = x.numel()
     if n == 0:
@@ -194,6 +202,73 @@ def _health(x):
     tiny = _TINY.get(x.dtype)
     if tiny is None:
         tiny = _TINY[x.dtype] = torch.finfo(x.dtype).tiny
+    if x.dtype not in _LOW:
+        return _health64(x, n, tiny)
+    return _health32(x, n, tiny)
+
+
+def _health32(x, n, tiny):
+    """_health of an f32, bf16 or f16 tensor: sums accumulated in f32, no f64 copy (half the bytes of the f64 path:
+    bench/RESULTS.md, the 2026-11-29 04:xx entry).
+
+    Cost: bf16 and f16 are widened (exactly) into a reused f32 buffer; then its sum, aminmax, the squares (in place
+    for a widened tensor, into the buffer for an f32 one: a bf16 or f16 square is exact in f32), their sum and
+    their smallest value, brought to the host together. A smallest square below max(tiny^2, 2^-126) is the only
+    sign a zero or subnormal may exist (every zero or subnormal squares below it; an f32 square under 2^-126 may
+    also come from a normal value): only then are they counted (_small_counts32)."""
+    buf = _buffer32(x, n)
+    if x.dtype == torch.float32:
+        xf = x.reshape(-1)
+        sq = torch.mul(xf, xf, out=buf)
+    else:
+        xf = buf
+        xf.copy_(x.reshape(-1))
+        sq = None
+    total_t = xf.sum()
+    lo_t, hi_t = torch.aminmax(xf)  # NaN propagates: a non-finite extreme is the only sign of NaN or inf
+    if sq is None:
+        sq = xf.mul_(xf)  # the buffer holds the squares from here on
+    total, lo, hi, q, smallest = torch.stack([total_t, lo_t, hi_t, sq.sum(), sq.amin()]).tolist()
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return _health_nonfinite(x, n, tiny, lo, hi)
+    if not (math.isfinite(total) and math.isfinite(q)):
+        return _health64(x, n, tiny)  # finite values whose f32 sum or squares overflow: the f64 path, exact
+    zero = subnormal = 0
+    if smallest < max(tiny * tiny, _F32_TINY):
+        zero, below = _small_counts32(x, n, tiny)
+        subnormal = below - zero
+    return [n, 0, 0, 0, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / n, math.sqrt(q / n)], q
+
+
+def _small_counts32(x, n, tiny):
+    """(zeros, values below the smallest normal) of a finite f32, bf16 or f16 tensor, by arithmetic in f32 (no
+    comparison into a boolean tensor, no count_nonzero: both slow kernels on this CPU, bench/RESULTS.md).
+    v = min(|x|, tiny) / tiny is 0 for a zero, in (0, 1) for a subnormal and exactly 1 for a normal value (1/tiny is
+    a power of two and every product is representable: exact), so the sum of ceil(v) counts the nonzero values and
+    the sum of floor(v) the normal ones (sums of 0/1 in f32: exact up to 2^24 values, in f64 beyond)."""
+    a = _buffer32(x, n)
+    if x.dtype == torch.float32:
+        torch.abs(x.reshape(-1), out=a)
+    else:
+        a.copy_(x.reshape(-1)).abs_()  # torch 1.13's abs writes no f32 result from a bf16 or f16 input
+    v = a.clamp_(max=tiny).mul_(1.0 / tiny)
+    up = torch.ceil(v, out=_buffer32(x, n, 1))
+    dtype = torch.float32 if n <= _COUNT_EXACT else torch.float64
+    nonzero, normal = torch.stack([up.sum(dtype=dtype).double(), v.floor_().sum(dtype=dtype).double()]).tolist()
+    return n - int(nonzero), n - int(normal)
+
+
+def _health64(x, n, tiny):
+    """_health in f64: an f64 tensor, or an f32, bf16 or f16 one whose f32 sums overflowed (values near the
+    range's top).
+
+    Cost: one copy into a reused f64 buffer, then reductions on it (sum, the sum of squares taken by squaring the
+    buffer in place, whose smallest value tells whether a zero or subnormal exists) and aminmax on x, their
+    results brought to the host together (one synchronisation on a GPU, one conversion on a CPU). Only
+    arithmetic passes and reductions on f64, which torch vectorises: on this CPU its comparisons into boolean
+    tensors (`==`, `<`, isnan) ran 4 to 10 times slower than a pass of arithmetic (bench/RESULTS.md, "ampscope
+    record's cost"). The zero and subnormal counts are taken only when the smallest magnitude is below the dtype's
+    smallest normal (_small_counts); a tensor whose sum is not finite takes _health_nonfinite."""
     xd = _widened(x)
     total_t = xd.sum()
     # The extremes are values of x's own dtype: exact on x, half the bytes of f64 (torch 1.13's CPU has no f16
