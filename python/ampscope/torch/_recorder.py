@@ -74,7 +74,8 @@ def active():
 
 
 def _dtype(t):
-    return DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))
+    name = DTYPE_NAMES.get(t.dtype)  # not .get(d, default): the default's str() ran on every call
+    return name if name is not None else str(t.dtype).replace("torch.", "")
 
 
 def _tensors(value, out):
@@ -414,7 +415,7 @@ def _feeds_parameter(node):
     for _ in range(8):
         if node is None:
             return False
-        if "AccumulateGrad" in node.name():
+        if type(node).__name__ == "AccumulateGrad":  # its name() is torch::autograd::AccumulateGrad
             return True
         if node.metadata.get("ampscope", "row") is not None or len(node.next_functions) != 1:
             return False
@@ -764,8 +765,9 @@ class Recorder:
             if self.phase == "forward":
                 self.forward_bad = True
         inputs = (sources + [NONE] * 4)[:4]
+        # str of the shape's list of ints: "[8, 64, 256]", as ", ".join once wrote it, with no generator per row.
         self.add_row(["op", self.step, seq, self.phase, op, module, in_dtypes, out_dtype,
-                          "[" + ", ".join(str(d) for d in shape) + "]", reason, h[0], h[1], h[2], h[3], h[4], h[5],
+                          str(shape), reason, h[0], h[1], h[2], h[3], h[4], h[5],
                           num(h[6]), num(h[7]), num(h[8]), num(h[9]), num(h[10]), 0, 0, origin, inputs])
         self.rows_this_step += 1
         if origin:
@@ -785,8 +787,11 @@ class Recorder:
             if "ampscope" in meta:
                 continue
             meta["ampscope"] = label
+            if label is None:  # a view's or a cast's node: it only carries provenance (_pass_hook)
+                node.register_hook(self._pass_hook(meta))
+                continue
             node.register_hook(self._node_hook(label, meta, _flows_on(node)))
-            if self.twin is not None and label is not None and self.sampled():
+            if self.twin is not None and self.sampled():
                 self.twin.attach(t, node)
 
     def label_function(self, cls, args, outputs):
@@ -857,6 +862,32 @@ class Recorder:
                 self.busy = False
         return hook
 
+    def _pass_hook(self, meta):
+        """The hook of a view's or a cast's node (about 100 a step on a transformer, against 34 rows): the gradients
+        it returns carry the producer of the first gradient it received. It runs no torch op, so it needs neither the
+        busy flag's protection nor the dispatch mode popped, nor the node's edges (_flows_on): 0.5 us a call against
+        1.9 us for on_node's general path with _flows_on (bench/RESULTS.md, 2026-11-29). The engine's call of a Python
+        hook and its registration cost 2 to 3 us a node more (0.2 to 0.3 ms a step for 100 views), all that
+        provenance from the graph's edges instead of these hooks could save."""
+        Tensor, ref = _Tensor, weakref.ref
+
+        def hook(grad_inputs, grad_outputs):
+            if self.busy or self.pid != os.getpid():
+                return
+            try:
+                src = DATA
+                for g in grad_outputs:
+                    if isinstance(g, Tensor):
+                        src = self.grad_source(g, meta)
+                        break
+                step = self.step
+                for g in grad_inputs:
+                    if isinstance(g, Tensor):
+                        self.prov[id(g)] = (step, src, ref(g))
+            except Exception as e:
+                self.failed(e)
+        return hook
+
     def on_node(self, label, meta, flows, grad_inputs, grad_outputs):
         gins = [g for g in grad_outputs if isinstance(g, torch.Tensor)]
         gouts = [g for g in grad_inputs if isinstance(g, torch.Tensor)]
@@ -870,11 +901,6 @@ class Recorder:
                 primary = g
                 break
         sources = [self.grad_source(g, meta) for g in gins[:4]]
-        if label is None:  # a view's or a cast's node: its gradient carries the producer of the one it received
-            src = sources[0] if sources else DATA
-            for g in gouts:
-                self.prov[id(g)] = (self.step, src, weakref.ref(g))
-            return
         if not self.recording():
             return
         op, module = label
