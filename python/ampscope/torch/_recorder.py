@@ -193,8 +193,9 @@ def _health(x):
     moments over the finite values (NaN when there are none). Counts and extremes are exact. For an f32, bf16 or
     f16 tensor the mean's sum and the sum of squares are accumulated in f32 (torch's own reduction), within the
     bound docs/pytorch.md derives ("Statistics"): |error| <= gamma_(n-1) * sum|x_i| for the sum, gamma_n * sum x_i^2
-    + n * 2^-149 for the sum of squares (gamma_k = k u / (1 - k u), u = 2^-24); f64 tensors, a tensor holding NaN
-    or inf, and one whose f32 sums overflow take the f64 path (_health64)."""
+    + n * 2^-149 for the sum of squares (gamma_k = k u / (1 - k u), u = 2^-24), n the number of finite values (a
+    tensor holding NaN or inf: _health_nonfinite32); f64 tensors and ones whose f32 sums overflow take the f64 path
+    (_health64, _health_nonfinite)."""
     x = x.detach()
     n = x.numel()
     if n == 0:
@@ -231,7 +232,8 @@ def _health32(x, n, tiny):
         sq = xf.mul_(xf)  # the buffer holds the squares from here on
     total, lo, hi, q, smallest = torch.stack([total_t, lo_t, hi_t, sq.sum(), sq.amin()]).tolist()
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        return _health_nonfinite(x, n, tiny, lo, hi)
+        h = _health_nonfinite32(x, n, tiny, lo, hi)
+        return h if h is not None else _health_nonfinite(x, n, tiny, lo, hi)
     if not (math.isfinite(total) and math.isfinite(q)):
         return _health64(x, n, tiny)  # finite values whose f32 sum or squares overflow: the f64 path, exact
     zero = subnormal = 0
@@ -239,6 +241,66 @@ def _health32(x, n, tiny):
         zero, below = _small_counts32(x, n, tiny)
         subnormal = below - zero
     return [n, 0, 0, 0, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / n, math.sqrt(q / n)], q
+
+
+def _health_nonfinite32(x, n, tiny, lo, hi):
+    """_health of an f32, bf16 or f16 tensor holding NaN or inf (the masked attention scores, -inf above the
+    diagonal): the sums over the finite values accumulated in f32, within the bound of _health32 (nansum adds zeros
+    at the non-finite places: exact additions, so m finite values still make at most m - 1 rounded additions).
+    None when an f32 sum overflows (the f64 path, _health_nonfinite, then). lo, hi: x's aminmax.
+
+    In a reused f32 buffer holding a copy of x (its in-place fills must not reach x). nan_to_num_ makes every
+    non-finite place +inf, so amin gives the smallest finite value and, on |x|, the smallest magnitude (which says
+    whether zeros or subnormals may exist); when the maximum is needed (NaN or +inf present), a second nan_to_num_
+    makes them -inf for amax. add_(xf, alpha=0) then turns every non-finite place into NaN (inf + 0 * inf), which
+    nansum leaves out of the sum, the sum of squares and the count of finite places (nansum of x * 0 + 1). On this
+    CPU nan_to_num_ is a slow kernel (0.11 ms on 131K f32 values, an arithmetic pass 0.005 to 0.012 ms) and
+    count_nonzero and comparisons into booleans too: one nan_to_num_ (two with the maximum), the kinds of non-finite
+    value from the aminmax as in _health_nonfinite, the zeros and subnormals by _small_counts32's arithmetic only
+    when the smallest magnitude is below tiny."""
+    inf = math.inf
+    has_nan = math.isnan(lo) or math.isnan(hi)
+    has_neg, has_pos = lo == -inf, hi == inf
+    xf = _buffer32(x, n)
+    xf.copy_(x.reshape(-1))
+    counts_t = None
+    if has_nan or (has_neg and has_pos):
+        counts_t = torch.stack([torch.isnan(xf).sum(), torch.isposinf(xf).sum(), torch.isneginf(xf).sum()])
+    b1 = _buffer32(x, n, 1)
+    parts = [xf.nan_to_num_(nan=inf, posinf=inf, neginf=inf).amin(), torch.abs(xf, out=b1).amin()]
+    if has_nan or has_pos:
+        parts.append(xf.nan_to_num_(posinf=-inf).amax())  # every non-finite place is -inf now (no NaN is left)
+    xf.add_(xf, alpha=0.0)  # inf + 0 * inf: NaN at every non-finite place
+    count_dtype = torch.float32 if n <= _COUNT_EXACT else torch.float64
+    parts += [torch.nansum(xf), torch.nansum(torch.mul(xf, xf, out=b1)),
+              torch.nansum(torch.mul(xf, 0.0, out=b1).add_(1.0), dtype=count_dtype)]
+    values = torch.stack([p.to(torch.float64) for p in parts]).tolist()
+    lo_f, smallest = values[0], values[1]
+    hi_f = values[2] if has_nan or has_pos else hi
+    total, sq_sum, m = values[-3:]
+    if not (math.isfinite(total) and math.isfinite(sq_sum)):
+        return None  # finite values whose f32 sum or squares overflow
+    m = int(m)
+    bad = n - m
+    if counts_t is not None:
+        nan_c, pinf, ninf = counts_t.tolist()
+    else:
+        nan_c, pinf, ninf = 0, (bad if has_pos else 0), (bad if has_neg else 0)
+    if m == 0:
+        nan = float("nan")
+        return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
+    zero = subnormal = 0
+    if smallest < tiny:
+        # v = min(|x|, tiny) / tiny: 0 for a zero, in (0, 1) for a subnormal, exactly 1 for a normal value (1/tiny is
+        # a power of two), NaN at the non-finite places: nansum of ceil(v) counts the nonzero finite values, of
+        # floor(v) the normal ones.
+        v = xf.abs_().clamp_(max=tiny).mul_(1.0 / tiny)
+        nonzero, normal = torch.stack([torch.nansum(torch.ceil(v, out=b1), dtype=count_dtype).double(),
+                                       torch.nansum(v.floor_(), dtype=count_dtype).double()]).tolist()
+        zero = m - int(nonzero)
+        subnormal = (m - int(normal)) - zero
+    return [n, nan_c, pinf, ninf, zero, subnormal, lo_f, hi_f, max(abs(lo_f), abs(hi_f)), total / m,
+            math.sqrt(sq_sum / m)], sq_sum
 
 
 def _small_counts32(x, n, tiny):
