@@ -211,7 +211,7 @@ def _health(x):
 
 def _health32(x, n, tiny):
     """_health of an f32, bf16 or f16 tensor: sums accumulated in f32, no f64 copy (half the bytes of the f64 path:
-    bench/RESULTS.md, the 2026-11-29 04:xx entry).
+    bench/RESULTS.md, the 2026-11-29 03:54 entry).
 
     Cost: bf16 and f16 are widened (exactly) into a reused f32 buffer; then its sum, aminmax, the squares (in place
     for a widened tensor, into the buffer for an f32 one: a bf16 or f16 square is exact in f32), their sum and
