@@ -74,7 +74,8 @@ def active():
 
 
 def _dtype(t):
-    return DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))
+    name = DTYPE_NAMES.get(t.dtype)  # not .get(d, default): the default's str() ran on every call
+    return name if name is not None else str(t.dtype).replace("torch.", "")
 
 
 def _tensors(value, out):
@@ -170,22 +171,31 @@ def health(x):
 
 
 _TINY = {}  # dtype -> its smallest normal
+_scratch32 = {}  # (device, slot) -> a 1-D f32 buffer the f32-accumulated statistics work in (grown, never shrunk)
+_LOW = (torch.float32, torch.bfloat16, torch.float16)
+# The smallest normal f32, 2^-126: a square below it may have lost bits (or be 0) in f32.
+_F32_TINY = 2.0 ** -126
+_COUNT_EXACT = 1 << 24  # an f32 sum of 0/1 values is exact up to this many (every partial sum an integer <= 2^24)
+
+
+def _buffer32(x, n, slot=0):
+    buf = _scratch32.get((x.device, slot))
+    if buf is None or buf.numel() < n:
+        buf = _scratch32[(x.device, slot)] = torch.empty(max(n, 1 << 16), dtype=torch.float32, device=x.device)
+    return buf[:n]
 
 
 def _health(x):
-    """(health, sum of squares of the finite values in f64): the sum of squares gives a gradient's norm with no
-    second pass.
+    """(health, sum of squares of the finite values): the sum of squares gives a gradient's norm with no second
+    pass.
 
     health: [numel, nan, pos_inf, neg_inf, zero, subnormal, min, max, absmax, mean, rms] of a floating tensor, the
-    moments in double over the finite values (NaN when there are none).
-
-    Cost: one copy into a reused f64 buffer, then reductions on it (sum, the sum of squares taken by squaring the
-    buffer in place, whose smallest value tells whether a zero or subnormal exists) and aminmax on x, their
-    results brought to the host together (one synchronisation on a GPU, one conversion on a CPU). Only
-    arithmetic passes and reductions on f64, which torch vectorises: on this CPU its comparisons into boolean
-    tensors (`==`, `<`, isnan) ran 4 to 10 times slower than a pass of arithmetic (bench/RESULTS.md, "ampscope
-    record's cost"). The zero and subnormal counts are taken only when the smallest magnitude is below the dtype's
-    smallest normal (_small_counts); a tensor whose sum is not finite takes _health_nonfinite."""
+    moments over the finite values (NaN when there are none). Counts and extremes are exact. For an f32, bf16 or
+    f16 tensor the mean's sum and the sum of squares are accumulated in f32 (torch's own reduction), within the
+    bound docs/pytorch.md derives ("Statistics"): |error| <= gamma_(n-1) * sum|x_i| for the sum, gamma_n * sum x_i^2
+    + n * 2^-149 for the sum of squares (gamma_k = k u / (1 - k u), u = 2^-24), n the number of finite values (a
+    tensor holding NaN or inf: _health_nonfinite32); f64 tensors and ones whose f32 sums overflow take the f64 path
+    (_health64, _health_nonfinite)."""
     x = x.detach()
     n = x.numel()
     if n == 0:
@@ -194,6 +204,134 @@ def _health(x):
     tiny = _TINY.get(x.dtype)
     if tiny is None:
         tiny = _TINY[x.dtype] = torch.finfo(x.dtype).tiny
+    if x.dtype not in _LOW:
+        return _health64(x, n, tiny)
+    return _health32(x, n, tiny)
+
+
+def _health32(x, n, tiny):
+    """_health of an f32, bf16 or f16 tensor: sums accumulated in f32, no f64 copy (half the bytes of the f64 path:
+    bench/RESULTS.md, the 2026-11-29 03:54 entry).
+
+    Cost: bf16 and f16 are widened (exactly) into a reused f32 buffer; then its sum, aminmax, the squares (in place
+    for a widened tensor, into the buffer for an f32 one: a bf16 or f16 square is exact in f32), their sum and
+    their smallest value, brought to the host together. A smallest square below max(tiny^2, 2^-126) is the only
+    sign a zero or subnormal may exist (every zero or subnormal squares below it; an f32 square under 2^-126 may
+    also come from a normal value): only then are they counted (_small_counts32)."""
+    buf = _buffer32(x, n)
+    if x.dtype == torch.float32:
+        xf = x.reshape(-1)
+        sq = torch.mul(xf, xf, out=buf)
+    else:
+        xf = buf
+        xf.copy_(x.reshape(-1))
+        sq = None
+    total_t = xf.sum()
+    lo_t, hi_t = torch.aminmax(xf)  # NaN propagates: a non-finite extreme is the only sign of NaN or inf
+    if sq is None:
+        sq = xf.mul_(xf)  # the buffer holds the squares from here on
+    total, lo, hi, q, smallest = torch.stack([total_t, lo_t, hi_t, sq.sum(), sq.amin()]).tolist()
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        h = _health_nonfinite32(x, n, tiny, lo, hi)
+        return h if h is not None else _health_nonfinite(x, n, tiny, lo, hi)
+    if not (math.isfinite(total) and math.isfinite(q)):
+        return _health64(x, n, tiny)  # finite values whose f32 sum or squares overflow: the f64 path, exact
+    zero = subnormal = 0
+    if smallest < max(tiny * tiny, _F32_TINY):
+        zero, below = _small_counts32(x, n, tiny)
+        subnormal = below - zero
+    return [n, 0, 0, 0, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / n, math.sqrt(q / n)], q
+
+
+def _health_nonfinite32(x, n, tiny, lo, hi):
+    """_health of an f32, bf16 or f16 tensor holding NaN or inf (the masked attention scores, -inf above the
+    diagonal): the sums over the finite values accumulated in f32, within the bound of _health32 (nansum adds zeros
+    at the non-finite places: exact additions, so m finite values still make at most m - 1 rounded additions).
+    None when an f32 sum overflows (the f64 path, _health_nonfinite, then). lo, hi: x's aminmax.
+
+    In a reused f32 buffer holding a copy of x (its in-place fills must not reach x). nan_to_num_ makes every
+    non-finite place +inf, so amin gives the smallest finite value and, on |x|, the smallest magnitude (which says
+    whether zeros or subnormals may exist); when the maximum is needed (NaN or +inf present), a second nan_to_num_
+    makes them -inf for amax. add_(xf, alpha=0) then turns every non-finite place into NaN (inf + 0 * inf), which
+    nansum leaves out of the sum, the sum of squares and the count of finite places (nansum of x * 0 + 1). On this
+    CPU nan_to_num_ is a slow kernel (0.11 ms on 131K f32 values, an arithmetic pass 0.005 to 0.012 ms) and
+    count_nonzero and comparisons into booleans too: one nan_to_num_ (two with the maximum), the kinds of non-finite
+    value from the aminmax as in _health_nonfinite, the zeros and subnormals by _small_counts32's arithmetic only
+    when the smallest magnitude is below tiny."""
+    inf = math.inf
+    has_nan = math.isnan(lo) or math.isnan(hi)
+    has_neg, has_pos = lo == -inf, hi == inf
+    xf = _buffer32(x, n)
+    xf.copy_(x.reshape(-1))
+    counts_t = None
+    if has_nan or (has_neg and has_pos):
+        counts_t = torch.stack([torch.isnan(xf).sum(), torch.isposinf(xf).sum(), torch.isneginf(xf).sum()])
+    b1 = _buffer32(x, n, 1)
+    parts = [xf.nan_to_num_(nan=inf, posinf=inf, neginf=inf).amin(), torch.abs(xf, out=b1).amin()]
+    if has_nan or has_pos:
+        parts.append(xf.nan_to_num_(posinf=-inf).amax())  # every non-finite place is -inf now (no NaN is left)
+    xf.add_(xf, alpha=0.0)  # inf + 0 * inf: NaN at every non-finite place
+    count_dtype = torch.float32 if n <= _COUNT_EXACT else torch.float64
+    parts += [torch.nansum(xf), torch.nansum(torch.mul(xf, xf, out=b1)),
+              torch.nansum(torch.mul(xf, 0.0, out=b1).add_(1.0), dtype=count_dtype)]
+    values = torch.stack([p.to(torch.float64) for p in parts]).tolist()
+    lo_f, smallest = values[0], values[1]
+    hi_f = values[2] if has_nan or has_pos else hi
+    total, sq_sum, m = values[-3:]
+    if not (math.isfinite(total) and math.isfinite(sq_sum)):
+        return None  # finite values whose f32 sum or squares overflow
+    m = int(m)
+    bad = n - m
+    if counts_t is not None:
+        nan_c, pinf, ninf = counts_t.tolist()
+    else:
+        nan_c, pinf, ninf = 0, (bad if has_pos else 0), (bad if has_neg else 0)
+    if m == 0:
+        nan = float("nan")
+        return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
+    zero = subnormal = 0
+    if smallest < tiny:
+        # v = min(|x|, tiny) / tiny: 0 for a zero, in (0, 1) for a subnormal, exactly 1 for a normal value (1/tiny is
+        # a power of two), NaN at the non-finite places: nansum of ceil(v) counts the nonzero finite values, of
+        # floor(v) the normal ones.
+        v = xf.abs_().clamp_(max=tiny).mul_(1.0 / tiny)
+        nonzero, normal = torch.stack([torch.nansum(torch.ceil(v, out=b1), dtype=count_dtype).double(),
+                                       torch.nansum(v.floor_(), dtype=count_dtype).double()]).tolist()
+        zero = m - int(nonzero)
+        subnormal = (m - int(normal)) - zero
+    return [n, nan_c, pinf, ninf, zero, subnormal, lo_f, hi_f, max(abs(lo_f), abs(hi_f)), total / m,
+            math.sqrt(sq_sum / m)], sq_sum
+
+
+def _small_counts32(x, n, tiny):
+    """(zeros, values below the smallest normal) of a finite f32, bf16 or f16 tensor, by arithmetic in f32 (no
+    comparison into a boolean tensor, no count_nonzero: both slow kernels on this CPU, bench/RESULTS.md).
+    v = min(|x|, tiny) / tiny is 0 for a zero, in (0, 1) for a subnormal and exactly 1 for a normal value (1/tiny is
+    a power of two and every product is representable: exact), so the sum of ceil(v) counts the nonzero values and
+    the sum of floor(v) the normal ones (sums of 0/1 in f32: exact up to 2^24 values, in f64 beyond)."""
+    a = _buffer32(x, n)
+    if x.dtype == torch.float32:
+        torch.abs(x.reshape(-1), out=a)
+    else:
+        a.copy_(x.reshape(-1)).abs_()  # torch 1.13's abs writes no f32 result from a bf16 or f16 input
+    v = a.clamp_(max=tiny).mul_(1.0 / tiny)
+    up = torch.ceil(v, out=_buffer32(x, n, 1))
+    dtype = torch.float32 if n <= _COUNT_EXACT else torch.float64
+    nonzero, normal = torch.stack([up.sum(dtype=dtype).double(), v.floor_().sum(dtype=dtype).double()]).tolist()
+    return n - int(nonzero), n - int(normal)
+
+
+def _health64(x, n, tiny):
+    """_health in f64: an f64 tensor, or an f32, bf16 or f16 one whose f32 sums overflowed (values near the
+    range's top).
+
+    Cost: one copy into a reused f64 buffer, then reductions on it (sum, the sum of squares taken by squaring the
+    buffer in place, whose smallest value tells whether a zero or subnormal exists) and aminmax on x, their
+    results brought to the host together (one synchronisation on a GPU, one conversion on a CPU). Only
+    arithmetic passes and reductions on f64, which torch vectorises: on this CPU its comparisons into boolean
+    tensors (`==`, `<`, isnan) ran 4 to 10 times slower than a pass of arithmetic (bench/RESULTS.md, "ampscope
+    record's cost"). The zero and subnormal counts are taken only when the smallest magnitude is below the dtype's
+    smallest normal (_small_counts); a tensor whose sum is not finite takes _health_nonfinite."""
     xd = _widened(x)
     total_t = xd.sum()
     # The extremes are values of x's own dtype: exact on x, half the bytes of f64 (torch 1.13's CPU has no f16
@@ -339,7 +477,7 @@ def _feeds_parameter(node):
     for _ in range(8):
         if node is None:
             return False
-        if "AccumulateGrad" in node.name():
+        if type(node).__name__ == "AccumulateGrad":  # its name() is torch::autograd::AccumulateGrad
             return True
         if node.metadata.get("ampscope", "row") is not None or len(node.next_functions) != 1:
             return False
@@ -689,8 +827,9 @@ class Recorder:
             if self.phase == "forward":
                 self.forward_bad = True
         inputs = (sources + [NONE] * 4)[:4]
+        # str of the shape's list of ints: "[8, 64, 256]", as ", ".join once wrote it, with no generator per row.
         self.add_row(["op", self.step, seq, self.phase, op, module, in_dtypes, out_dtype,
-                          "[" + ", ".join(str(d) for d in shape) + "]", reason, h[0], h[1], h[2], h[3], h[4], h[5],
+                          str(shape), reason, h[0], h[1], h[2], h[3], h[4], h[5],
                           num(h[6]), num(h[7]), num(h[8]), num(h[9]), num(h[10]), 0, 0, origin, inputs])
         self.rows_this_step += 1
         if origin:
@@ -710,8 +849,11 @@ class Recorder:
             if "ampscope" in meta:
                 continue
             meta["ampscope"] = label
+            if label is None:  # a view's or a cast's node: it only carries provenance (_pass_hook)
+                node.register_hook(self._pass_hook(meta))
+                continue
             node.register_hook(self._node_hook(label, meta, _flows_on(node)))
-            if self.twin is not None and label is not None and self.sampled():
+            if self.twin is not None and self.sampled():
                 self.twin.attach(t, node)
 
     def label_function(self, cls, args, outputs):
@@ -782,6 +924,32 @@ class Recorder:
                 self.busy = False
         return hook
 
+    def _pass_hook(self, meta):
+        """The hook of a view's or a cast's node (about 100 a step on a transformer, against 34 rows): the gradients
+        it returns carry the producer of the first gradient it received. It runs no torch op, so it needs neither the
+        busy flag's protection nor the dispatch mode popped, nor the node's edges (_flows_on): 0.5 us a call against
+        1.9 us for on_node's general path with _flows_on (bench/RESULTS.md, 2026-11-29). The engine's call of a Python
+        hook and its registration cost 2 to 3 us a node more (0.2 to 0.3 ms a step for 100 views), all that
+        provenance from the graph's edges instead of these hooks could save."""
+        Tensor, ref = _Tensor, weakref.ref
+
+        def hook(grad_inputs, grad_outputs):
+            if self.busy or self.pid != os.getpid():
+                return
+            try:
+                src = DATA
+                for g in grad_outputs:
+                    if isinstance(g, Tensor):
+                        src = self.grad_source(g, meta)
+                        break
+                step = self.step
+                for g in grad_inputs:
+                    if isinstance(g, Tensor):
+                        self.prov[id(g)] = (step, src, ref(g))
+            except Exception as e:
+                self.failed(e)
+        return hook
+
     def on_node(self, label, meta, flows, grad_inputs, grad_outputs):
         gins = [g for g in grad_outputs if isinstance(g, torch.Tensor)]
         gouts = [g for g in grad_inputs if isinstance(g, torch.Tensor)]
@@ -795,11 +963,6 @@ class Recorder:
                 primary = g
                 break
         sources = [self.grad_source(g, meta) for g in gins[:4]]
-        if label is None:  # a view's or a cast's node: its gradient carries the producer of the one it received
-            src = sources[0] if sources else DATA
-            for g in gouts:
-                self.prov[id(g)] = (self.step, src, weakref.ref(g))
-            return
         if not self.recording():
             return
         op, module = label
