@@ -596,15 +596,21 @@ StepRow decode(const StepRecord& r) {
 
 OpRow decode(const OpRecord& r, const StringTable& s) {
   OpRow row;
+  decode(r, s, row);
+  return row;
+}
+
+void decode(const OpRecord& r, const StringTable& s, OpRow& row) {
   row.step = r.step;
   row.seq = r.seq;
   row.phase = parse_phase(s.text(r.phase, "phase"));
-  row.op = text_of(s, r.op, "op");
-  row.module = text_of(s, r.module, "module");
-  row.in_dtypes = text_of(s, r.in_dtypes, "in_dtypes");
-  row.out_dtype = text_of(s, r.out_dtype, "out_dtype");
-  row.shape = text_of(s, r.shape, "shape");
-  row.autocast = text_of(s, r.autocast, "autocast");
+  // assign, not a new string: a text longer than the small-string buffer reuses the row's memory.
+  row.op.assign(s.text(r.op, "op"));
+  row.module.assign(s.text(r.module, "module"));
+  row.in_dtypes.assign(s.text(r.in_dtypes, "in_dtypes"));
+  row.out_dtype.assign(s.text(r.out_dtype, "out_dtype"));
+  row.shape.assign(s.text(r.shape, "shape"));
+  row.autocast.assign(s.text(r.autocast, "autocast"));
   TensorHealth& h = row.health;
   h.numel = r.numel;
   h.nan = r.nan;
@@ -621,7 +627,6 @@ OpRow decode(const OpRecord& r, const StringTable& s) {
   row.cast_underflow = r.cast_underflow;
   row.origin = r.origin != 0;
   std::memcpy(row.inputs.data(), r.inputs, sizeof r.inputs);
-  return row;
 }
 
 GradRow decode(const GradRecord& r, const StringTable& s) {

@@ -105,7 +105,9 @@ struct Worker {
 template <class Record, class Row>
 bool decode_into(const Record& record, const StringTable& strings, Row& row, std::string& error) {
   try {
-    if constexpr (requires { decode(record, strings); }) {
+    if constexpr (requires { decode(record, strings, row); }) {
+      decode(record, strings, row);  // in place: the row's strings keep their memory
+    } else if constexpr (requires { decode(record, strings); }) {
       row = decode(record, strings);
     } else {
       row = decode(record);
