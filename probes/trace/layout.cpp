@@ -332,6 +332,10 @@ std::string table_path(Table table) {
   return path;
 }
 
+bool has_steps(Table table) {
+  return table != Table::dump_values && table != Table::strings && table != Table::string_bytes && table != Table::index;
+}
+
 std::string_view text_fields(Table table) {
   switch (table) {
     case Table::ops: return "phase,op,module,in_dtypes,out_dtype,shape,autocast";
@@ -482,16 +486,13 @@ void StringTable::append(const StringRecord* records, std::size_t count) {
   }
 }
 
-std::string_view StringTable::text(TextId id, std::string_view field) const {
+void StringTable::refuse(TextId id, std::string_view field) const {
   if (id < 0 || static_cast<std::uint64_t>(id) >= entries_.size()) {
     throw std::invalid_argument(
         fmt::format("its field '{}' names string {}, but '/strings' holds {} strings", field, id, entries_.size()));
   }
   const Entry& e = entries_[static_cast<std::size_t>(id)];
-  if (e.damage != nullptr) {
-    throw std::invalid_argument(fmt::format("its field '{}' names string {} of '/strings', which is damaged: {}", field, id, e.damage));
-  }
-  return std::string_view(bytes_.data() + e.offset, static_cast<std::size_t>(e.length));
+  throw std::invalid_argument(fmt::format("its field '{}' names string {} of '/strings', which is damaged: {}", field, id, e.damage));
 }
 
 // --- rows ---
