@@ -867,11 +867,14 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
   Comparison comparison(report, options);
   GradComparison gradients(report, options);
   std::vector<OpRow> rows_a, rows_b;  // one block's rows of each run; their memory is reused by the next block
+  // The texts the comparison reads: never the autocast reason; shapes only where rows of different producers are
+  // listed as different tensors (Comparison::add_different_tensors).
+  const trace::OpTexts texts{.shape = report.producers_differ(), .autocast = false};
   for (std::size_t k = 0; k == 0 || k < all_steps.size(); k += steps_per_block) {
     const std::int64_t begin = k == 0 ? trace::kFirstStep : all_steps[k];
     const std::int64_t end = k + steps_per_block >= all_steps.size() ? trace::kLastStep : all_steps[k + steps_per_block];
-    a.ops(begin, end, rows_a);
-    b.ops(pairing.b_bound(begin), pairing.b_bound(end), rows_b);
+    a.ops(begin, end, rows_a, texts);
+    b.ops(pairing.b_bound(begin), pairing.b_bound(end), rows_b, texts);
     done += static_cast<std::int64_t>(rows_a.size() + rows_b.size());
     pairing.renumber_b(rows_b);
     sort_by_step(rows_a);

@@ -601,17 +601,25 @@ OpRow decode(const OpRecord& r, const StringTable& s) {
   return row;
 }
 
-void decode(const OpRecord& r, const StringTable& s, OpRow& row) {
+void decode(const OpRecord& r, const StringTable& s, OpRow& row, const OpTexts& texts) {
   row.step = r.step;
   row.seq = r.seq;
   row.phase = parse_phase(s.text(r.phase, "phase"));
-  // assign, not a new string: a text longer than the small-string buffer reuses the row's memory.
-  row.op.assign(s.text(r.op, "op"));
-  row.module.assign(s.text(r.module, "module"));
-  row.in_dtypes.assign(s.text(r.in_dtypes, "in_dtypes"));
-  row.out_dtype.assign(s.text(r.out_dtype, "out_dtype"));
-  row.shape.assign(s.text(r.shape, "shape"));
-  row.autocast.assign(s.text(r.autocast, "autocast"));
+  // assign, not a new string: a text longer than the small-string buffer reuses the row's memory. A text not asked
+  // for is not looked up either (nor checked: its id may name a damaged string unnoticed).
+  auto text = [&](bool wanted, std::string& field, TextId id, const char* name) {
+    if (wanted) {
+      field.assign(s.text(id, name));
+    } else {
+      field.clear();
+    }
+  };
+  text(texts.op, row.op, r.op, "op");
+  text(texts.module, row.module, r.module, "module");
+  text(texts.in_dtypes, row.in_dtypes, r.in_dtypes, "in_dtypes");
+  text(texts.out_dtype, row.out_dtype, r.out_dtype, "out_dtype");
+  text(texts.shape, row.shape, r.shape, "shape");
+  text(texts.autocast, row.autocast, r.autocast, "autocast");
   TensorHealth& h = row.health;
   h.numel = r.numel;
   h.nan = r.nan;

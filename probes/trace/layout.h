@@ -303,7 +303,7 @@ StepRow decode(const StepRecord& r);
 OpRow decode(const OpRecord& r, const StringTable& strings);
 // The same into `row`, every field assigned and its strings' memory kept: a reader filling a caller's block
 // again (TraceReader::ops into a reused vector) then allocates nothing per row (issue 37).
-void decode(const OpRecord& r, const StringTable& strings, OpRow& row);
+void decode(const OpRecord& r, const StringTable& strings, OpRow& row, const OpTexts& texts = {});
 // Also refuses, naming the field, a before_all_reduce that is not 0 or 1.
 GradRow decode(const GradRecord& r, const StringTable& strings);
 EventRow decode(const EventRecord& r, const StringTable& strings);

@@ -107,10 +107,10 @@ struct Worker {
 // Decodes one record into `row`, its texts from `strings` (format_version 4); false (with the message)
 // on an unknown phase name or a text id that is not a sound row of /strings.
 template <class Record, class Row>
-bool decode_into(const Record& record, const StringTable& strings, Row& row, std::string& error) {
+bool decode_into(const Record& record, const StringTable& strings, Row& row, std::string& error, const OpTexts& texts) {
   try {
-    if constexpr (requires { decode(record, strings, row); }) {
-      decode(record, strings, row);  // in place: the row's strings keep their memory
+    if constexpr (requires { decode(record, strings, row, texts); }) {
+      decode(record, strings, row, texts);  // in place: the row's strings keep their memory
     } else if constexpr (requires { decode(record, strings); }) {
       row = decode(record, strings);
     } else {
@@ -176,6 +176,7 @@ struct TraceReader::State {
   // (and extended when a refresh trusts more rows); string_damage notes the damaged ones.
   StringTable strings;
   std::vector<std::string> string_damage;
+  OpTexts op_texts;  // the /ops text fields the read under way decodes (TraceReader::ops)
 
   explicit State(const std::filesystem::path& p) : path(p), io(p.string(), "read") {}
 
@@ -799,7 +800,7 @@ struct TraceReader::State {
       buffer.assign(static_cast<std::size_t>(n), blank_record<Record>());
       read_records_into(table, first, n, buffer.data());
       for (std::int64_t k = 0; k < n; ++k) {
-        if (!decode_into(buffer[static_cast<std::size_t>(k)], strings, out[at++], error)) fail_row(table, first + k, error);
+        if (!decode_into(buffer[static_cast<std::size_t>(k)], strings, out[at++], error, op_texts)) fail_row(table, first + k, error);
       }
       first += n;
     }
@@ -820,7 +821,7 @@ struct TraceReader::State {
       w.decoder->unshuffle(static_cast<std::size_t>(p.first - origin), count, w.records.data());
       const auto* records = reinterpret_cast<const Record*>(w.records.data());
       for (std::size_t k = 0; k < count; ++k) {
-        if (!decode_into(records[k], strings, out[p.out + k], error)) {
+        if (!decode_into(records[k], strings, out[p.out + k], error, op_texts)) {
           bad_row = p.first + static_cast<std::int64_t>(k);
           return;
         }
@@ -1052,7 +1053,7 @@ struct TraceReader::State {
           }
           DumpRow row;
           std::string error;
-          if (!decode_into(r, strings, row, error)) fail_row(Table::dumps, block + static_cast<std::int64_t>(k), error);
+          if (!decode_into(r, strings, row, error, OpTexts{})) fail_row(Table::dumps, block + static_cast<std::int64_t>(k), error);
           row.values = read_records<double>(Table::dump_values, offset, count);
           out.push_back(std::move(row));
         }
@@ -1108,8 +1109,15 @@ std::vector<OpRow> TraceReader::ops(std::int64_t begin, std::int64_t end) {
   return rows;
 }
 
-void TraceReader::ops(std::int64_t begin, std::int64_t end, std::vector<OpRow>& rows) {
+void TraceReader::ops(std::int64_t begin, std::int64_t end, std::vector<OpRow>& rows) { ops(begin, end, rows, OpTexts{}); }
+
+void TraceReader::ops(std::int64_t begin, std::int64_t end, std::vector<OpRow>& rows, const OpTexts& texts) {
   const QuietHdf5Errors quiet;
+  state_->op_texts = texts;
+  struct Restore {  // every other read decodes every text
+    OpTexts& texts;
+    ~Restore() { texts = OpTexts{}; }
+  } restore{state_->op_texts};
   state_->read_text_rows<OpRecord, v3::OpRecord, OpRow>(Table::ops, begin, end, rows);
   if (state_->version < 2) {
     for (OpRow& row : rows) row.inputs.fill(kInputUnknown);  // format_version 1 has no provenance
