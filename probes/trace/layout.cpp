@@ -607,7 +607,7 @@ void decode(const OpRecord& r, const StringTable& s, OpRow& row, const OpTexts& 
   row.phase = parse_phase(s.text(r.phase, "phase"));
   // assign, not a new string: a text longer than the small-string buffer reuses the row's memory. A text not asked
   // for is not looked up either (nor checked: its id may name a damaged string unnoticed).
-  auto text = [&](bool wanted, std::string& field, TextId id, const char* name) {
+  auto text = [&](bool wanted, std::string& field, TextId id, std::string_view name) {
     if (wanted) {
       field.assign(s.text(id, name));
     } else {
