@@ -97,8 +97,10 @@ trace::TensorHealth unscaled_health(const OpRow& r, double scale) {
 // fill with torch.finfo(dtype).min, so an f32 run's scores hold -3.4e38 where an f16 run's hold -65504:
 // different by construction, and both harmless (softmax gives 0 there). The op only copies values; what it
 // copied is compared at the op that computed it, and the masked result at the softmax that follows.
-bool is_mask_fill(const OpRow& r) {
-  if (r.phase != Phase::forward || op_kind(r.op) != OpKind::mask_fill) return false;
+// `traits`: the row's op's line of the table (find_op_traits), null for an op it does not know: looked up once per
+// aligned pair (both rows have the same op), not at every question (a hash of the name each: issue 37).
+bool is_mask_fill(const OpRow& r, const OpTraits* traits) {
+  if (r.phase != Phase::forward || traits == nullptr || traits->kind != OpKind::mask_fill) return false;
   const double lowest = r.out_dtype == "f16"    ? 65504.0
                         : r.out_dtype == "bf16" ? 3.3895313892515355e38
                         : r.out_dtype == "f32"  ? 3.4028234663852886e38
@@ -106,12 +108,12 @@ bool is_mask_fill(const OpRow& r) {
   return lowest > 0 && r.health.min == -lowest;
 }
 
-unsigned pins_of(const OpRow& r) {
-  if (is_mask_fill(r)) return 0;
+unsigned pins_of(const OpRow& r, const OpTraits* traits) {
+  if (is_mask_fill(r, traits)) return 0;
   const trace::TensorHealth& h = r.health;
   unsigned pins = 0;
   if (r.phase == Phase::forward) {
-    const OpRange range = op_range(r.op);  // the open range (op_traits.h): its ends are 0, -1 or 1
+    const OpRange range = traits == nullptr ? OpRange::none : traits->range;  // the open range (op_traits.h): its ends are 0, -1 or 1
     const bool lower_zero = range == OpRange::unit || range == OpRange::positive;
     const bool upper_one = range == OpRange::unit || range == OpRange::signed_unit;
     if (lower_zero && h.zero > 0) pins |= kPinLower;
@@ -174,13 +176,14 @@ struct PeakHash {
   }
 };
 
-// `peak` (optional) holds the op's largest magnitudes of earlier steps and takes this pair's.
-PairStats compare(const OpRow& x, const OpRow& y, double floor, double threshold, double scale_x, double scale_y,
-                  Peak* peak = nullptr) {
+// `peak` (optional) holds the op's largest magnitudes of earlier steps and takes this pair's. `traits`: the pair's
+// op's (find_op_traits(x.op); x and y have the same op).
+PairStats compare(const OpRow& x, const OpRow& y, const OpTraits* traits, double floor, double threshold, double scale_x,
+                  double scale_y, Peak* peak = nullptr) {
   PairStats s;
   const bool backward = x.phase == Phase::backward;
   s.magnitudes_compared =
-      (!backward || (std::isfinite(scale_x) && std::isfinite(scale_y))) && !is_mask_fill(x) && !is_mask_fill(y);
+      (!backward || (std::isfinite(scale_x) && std::isfinite(scale_y))) && !is_mask_fill(x, traits) && !is_mask_fill(y, traits);
   if (s.magnitudes_compared) {
     const trace::TensorHealth a = unscaled_health(x, scale_x), b = unscaled_health(y, scale_y);
     Peak here;
@@ -206,8 +209,8 @@ PairStats compare(const OpRow& x, const OpRow& y, double floor, double threshold
   // zeros alone, with the magnitudes within the threshold, are values too small to matter flushed to 0.
   s.zeros_gained = s.rel_zeros > threshold && s.max_rel > threshold;
   if (s.zeros_gained) s.stat = "zeros";
-  s.pins_a = pins_of(x);
-  s.pins_b = pins_of(y);
+  s.pins_a = pins_of(x, traits);
+  s.pins_b = pins_of(y, traits);
   if (s.pins_a != s.pins_b) {
     // The distance to the boundary went to 0 in one run only: a relative difference of exactly 1.
     s.max_rel = std::max(s.max_rel, 1.0);
@@ -358,9 +361,27 @@ class Comparison {
 
   void step(std::span<const OpRow> a, std::span<const OpRow> b, double scale_a, double scale_b, std::int64_t step_b) {
     aligner_.align(a, b);
+    // Two steps of a run usually record the same op sequence: while a's rows [0, i] have the keys of slots_ (a
+    // step before, position by position), row i's occurrence is its slot's, and so are its peak and its op's
+    // traits, found without hashing its names (issue 37: the hashing was a tenth of a diff).
+    std::size_t first_miss = kNone;
+    bool gap = false;      // a row of a before this pair is unpaired
+    std::size_t next = 0;  // the row of a after the last pair
     for (const auto& [i, j] : aligner_.pairs()) {
       const OpRow &x = a[i], &y = b[j];
-      Peak& op_peak = peak(x, aligner_.occurrence(i));
+      gap = gap || i != next;
+      next = i + 1;
+      const bool hit = first_miss == kNone && !gap && i < slots_.size() && slots_[i].phase == x.phase &&
+                       slots_[i].op == x.op && slots_[i].module == x.module;
+      Slot missed;
+      if (!hit) {
+        if (first_miss == kNone) first_miss = i;
+        const std::int64_t occurrence = aligner_.occurrence(i);
+        Slot& slot = gap ? missed : slot_at(i);  // rows [0, i] of a, all paired, become the slots from here on
+        slot = {x.phase, x.module, x.op, occurrence, &peak(x, occurrence), find_op_traits(x.op)};
+      }
+      const Slot& slot = hit || !gap ? slots_[i] : missed;
+      Peak& op_peak = *slot.peak;
       ++report_.ops_aligned;
       // Two producers may describe an op by different tensors: for a backward row of weight * x, our runtime
       // records the weight's gradient, the PyTorch recorder the one that flows on to another op. Rows whose
@@ -370,7 +391,7 @@ class Comparison {
         add_different_tensors(x, y);
         continue;
       }
-      const PairStats s = compare(x, y, options_.floor, options_.threshold, scale_a, scale_b, &op_peak);
+      const PairStats s = compare(x, y, slot.traits, options_.floor, options_.threshold, scale_a, scale_b, &op_peak);
       if (s.dtype_differs) add_dtype_difference(x, y);
       const bool divergent = diverges(s, options_.threshold);
       const std::optional<OpDiff>& earliest = report_.first_divergence;
@@ -378,7 +399,7 @@ class Comparison {
       const bool keep = s.max_rel > 0 && options_.largest > 0 &&
                         (largest_.size() < options_.largest || s.max_rel >= largest_.front().max_rel);
       if (!first && !keep) continue;
-      OpDiff d = make_diff(x, y, aligner_.occurrence(i), s, scale_a, scale_b);
+      OpDiff d = make_diff(x, y, slot.occurrence, s, scale_a, scale_b);
       d.step_b = step_b;
       if (keep) offer(d);
       if (first) {
@@ -392,6 +413,11 @@ class Comparison {
     }
     for (std::size_t i : aligner_.only_a()) add_unmatched(only_a_, a[i]);
     for (std::size_t j : aligner_.only_b()) add_unmatched(only_b_, b[j]);
+    // The slots now describe this step where it differed from them: all of it when every row was paired in
+    // order (a shorter step leaves the rest unused), else only the rows before the first difference, which the
+    // two steps share.
+    gap = gap || next != a.size();
+    if (first_miss != kNone) slots_.resize(gap ? first_miss : a.size());
   }
 
   Peak& peak(const OpRow& r, std::int64_t occurrence) {
@@ -477,6 +503,22 @@ class Comparison {
     ++g.count;
   }
 
+  // An op of a step remembered by its position: its key, its occurrence, its peak (in peaks_, whose
+  // entries never move) and its line of the op table (null: not in it).
+  struct Slot {
+    Phase phase = Phase::forward;
+    std::string module, op;
+    std::int64_t occurrence = 0;
+    Peak* peak = nullptr;
+    const OpTraits* traits = nullptr;
+  };
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+
+  Slot& slot_at(std::size_t i) {
+    if (slots_.size() <= i) slots_.resize(i + 1);
+    return slots_[i];
+  }
+
   DiffReport& report_;
   const DiffOptions& options_;
   bool cross_producer_;  // the runs come from different producers (DiffReport::producers_differ)
@@ -486,6 +528,7 @@ class Comparison {
   Groups<DtypeDifference> dtypes_;
   Groups<Unmatched> only_a_, only_b_;
   std::unordered_map<PeakKey, Peak, PeakHash, std::equal_to<>> peaks_;
+  std::vector<Slot> slots_;  // the ops of the steps compared so far, by position (step above)
 };
 
 template <class Row>
@@ -762,7 +805,8 @@ std::vector<OpDiff> diff_ops(std::span<const trace::OpRow> a, std::span<const tr
     const std::span<const OpRow> step_a(rows_a.data() + i, ie - i), step_b(rows_b.data() + jb, j - jb);
     aligner.align(step_a, step_b);
     for (const auto& [pi, pj] : aligner.pairs()) {
-      const PairStats s = compare(step_a[pi], step_b[pj], options.floor, options.threshold, scale_a, scale_b);
+      const PairStats s = compare(step_a[pi], step_b[pj], find_op_traits(step_a[pi].op), options.floor, options.threshold,
+                                  scale_a, scale_b);
       out.push_back(make_diff(step_a[pi], step_b[pj], aligner.occurrence(pi), s, scale_a, scale_b));
     }
     i = ie;
@@ -823,11 +867,14 @@ DiffReport diff(trace::TraceReader& a, trace::TraceReader& b, const DiffOptions&
   Comparison comparison(report, options);
   GradComparison gradients(report, options);
   std::vector<OpRow> rows_a, rows_b;  // one block's rows of each run; their memory is reused by the next block
+  // The texts the comparison reads: never the autocast reason; shapes only where rows of different producers are
+  // listed as different tensors (Comparison::add_different_tensors).
+  const trace::OpTexts texts{.shape = report.producers_differ(), .autocast = false};
   for (std::size_t k = 0; k == 0 || k < all_steps.size(); k += steps_per_block) {
     const std::int64_t begin = k == 0 ? trace::kFirstStep : all_steps[k];
     const std::int64_t end = k + steps_per_block >= all_steps.size() ? trace::kLastStep : all_steps[k + steps_per_block];
-    a.ops(begin, end, rows_a);
-    b.ops(pairing.b_bound(begin), pairing.b_bound(end), rows_b);
+    a.ops(begin, end, rows_a, texts);
+    b.ops(pairing.b_bound(begin), pairing.b_bound(end), rows_b, texts);
     done += static_cast<std::int64_t>(rows_a.size() + rows_b.size());
     pairing.renumber_b(rows_b);
     sort_by_step(rows_a);

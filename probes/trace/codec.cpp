@@ -4,6 +4,7 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 #include <algorithm>
@@ -97,13 +98,69 @@ void unshuffle_records(const std::byte* in, std::size_t column, std::size_t firs
   }
 }
 
+namespace {
+
+constexpr std::uint32_t kAdlerBase = 65521;
+constexpr std::size_t kAdlerBlock = 5536;  // the largest multiple of 32 whose sums fit in 32 bits (zlib's NMAX)
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// The bytes of whole 32-byte groups of `size` (the rest is left to adler32_of) in AVX2, on CPUs that have it (the
+// build targets plain x86-64): 32 bytes a step, their weights 32 - k applied by one multiply-add of bytes, about a
+// quarter of SSE2's instructions. Reading a trace spent a ninth of its instructions here (issue 37).
+__attribute__((target("avx2"))) std::size_t adler32_avx2(std::uint64_t& s1, std::uint64_t& s2, const unsigned char* p,
+                                                         std::size_t size) {
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i weights = _mm256_setr_epi8(32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
+                                           13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1);
+  std::size_t done = 0;
+  while (size - done >= 32) {
+    const std::size_t n = std::min(size - done, kAdlerBlock) / 32 * 32;
+    // As the SSE2 loop below: s2 += n * s1 + 32 * (the sums of the earlier groups) + sum (32 - k) b_k per group.
+    __m256i v_s1 = zero, v_prefix = zero, v_s2 = zero;
+    for (std::size_t i = 0; i < n; i += 32) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + done + i));
+      v_prefix = _mm256_add_epi32(v_prefix, v_s1);
+      v_s1 = _mm256_add_epi32(v_s1, _mm256_sad_epu8(v, zero));
+      v_s2 = _mm256_add_epi32(v_s2, _mm256_madd_epi16(_mm256_maddubs_epi16(v, weights), ones));
+    }
+    alignas(32) std::uint32_t a[8], b[8], c[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(a), v_s1);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(b), v_prefix);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(c), v_s2);
+    std::uint64_t block_sum = 0, prefix = 0, weighted = 0;
+    for (int k = 0; k < 8; k += 2) {  // _mm256_sad_epu8 fills the low half of each 64-bit lane
+      block_sum += a[k];
+      prefix += b[k];
+    }
+    for (int k = 0; k < 8; ++k) weighted += c[k];
+    s2 = (s2 + n * s1 + 32 * prefix + weighted) % kAdlerBase;
+    s1 = (s1 + block_sum) % kAdlerBase;
+    done += n;
+  }
+  return done;
+}
+
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+#endif
+
+}  // namespace
+
 // zlib's Adler-32 (RFC 1950) of `size` bytes, continuing from `adler`: zlib's own runs a byte at a time
-// and took a tenth of a chunk's compression time; this one sums 16 bytes per step in SSE2.
+// and took a tenth of a chunk's compression time; this one sums 32 bytes per step in AVX2 where the CPU has it,
+// else 16 in SSE2.
 std::uint32_t adler32_of(std::uint32_t adler, const std::byte* data, std::size_t size) {
-  constexpr std::uint32_t kBase = 65521;
-  constexpr std::size_t kBlock = 5536;  // the largest multiple of 16 whose sums fit in 32 bits (zlib's NMAX)
+  constexpr std::uint32_t kBase = kAdlerBase;
+  constexpr std::size_t kBlock = kAdlerBlock;
   std::uint64_t s1 = adler & 0xFFFF, s2 = adler >> 16;
   const auto* p = reinterpret_cast<const unsigned char*>(data);
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kHaveAvx2) {
+    const std::size_t done = adler32_avx2(s1, s2, p, size);
+    p += done;
+    size -= done;
+  }
+#endif
 #if defined(__SSE2__)
   const __m128i zero = _mm_setzero_si128();
   const __m128i weights_lo = _mm_setr_epi16(16, 15, 14, 13, 12, 11, 10, 9);

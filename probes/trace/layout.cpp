@@ -332,6 +332,10 @@ std::string table_path(Table table) {
   return path;
 }
 
+bool has_steps(Table table) {
+  return table != Table::dump_values && table != Table::strings && table != Table::string_bytes && table != Table::index;
+}
+
 std::string_view text_fields(Table table) {
   switch (table) {
     case Table::ops: return "phase,op,module,in_dtypes,out_dtype,shape,autocast";
@@ -482,16 +486,13 @@ void StringTable::append(const StringRecord* records, std::size_t count) {
   }
 }
 
-std::string_view StringTable::text(TextId id, std::string_view field) const {
+void StringTable::refuse(TextId id, std::string_view field) const {
   if (id < 0 || static_cast<std::uint64_t>(id) >= entries_.size()) {
     throw std::invalid_argument(
         fmt::format("its field '{}' names string {}, but '/strings' holds {} strings", field, id, entries_.size()));
   }
   const Entry& e = entries_[static_cast<std::size_t>(id)];
-  if (e.damage != nullptr) {
-    throw std::invalid_argument(fmt::format("its field '{}' names string {} of '/strings', which is damaged: {}", field, id, e.damage));
-  }
-  return std::string_view(bytes_.data() + e.offset, static_cast<std::size_t>(e.length));
+  throw std::invalid_argument(fmt::format("its field '{}' names string {} of '/strings', which is damaged: {}", field, id, e.damage));
 }
 
 // --- rows ---
@@ -596,15 +597,29 @@ StepRow decode(const StepRecord& r) {
 
 OpRow decode(const OpRecord& r, const StringTable& s) {
   OpRow row;
+  decode(r, s, row);
+  return row;
+}
+
+void decode(const OpRecord& r, const StringTable& s, OpRow& row, const OpTexts& texts) {
   row.step = r.step;
   row.seq = r.seq;
   row.phase = parse_phase(s.text(r.phase, "phase"));
-  row.op = text_of(s, r.op, "op");
-  row.module = text_of(s, r.module, "module");
-  row.in_dtypes = text_of(s, r.in_dtypes, "in_dtypes");
-  row.out_dtype = text_of(s, r.out_dtype, "out_dtype");
-  row.shape = text_of(s, r.shape, "shape");
-  row.autocast = text_of(s, r.autocast, "autocast");
+  // assign, not a new string: a text longer than the small-string buffer reuses the row's memory. A text not asked
+  // for is not looked up either (nor checked: its id may name a damaged string unnoticed).
+  auto text = [&](bool wanted, std::string& field, TextId id, std::string_view name) {
+    if (wanted) {
+      field.assign(s.text(id, name));
+    } else {
+      field.clear();
+    }
+  };
+  text(texts.op, row.op, r.op, "op");
+  text(texts.module, row.module, r.module, "module");
+  text(texts.in_dtypes, row.in_dtypes, r.in_dtypes, "in_dtypes");
+  text(texts.out_dtype, row.out_dtype, r.out_dtype, "out_dtype");
+  text(texts.shape, row.shape, r.shape, "shape");
+  text(texts.autocast, row.autocast, r.autocast, "autocast");
   TensorHealth& h = row.health;
   h.numel = r.numel;
   h.nan = r.nan;
@@ -621,7 +636,6 @@ OpRow decode(const OpRecord& r, const StringTable& s) {
   row.cast_underflow = r.cast_underflow;
   row.origin = r.origin != 0;
   std::memcpy(row.inputs.data(), r.inputs, sizeof r.inputs);
-  return row;
 }
 
 GradRow decode(const GradRecord& r, const StringTable& s) {

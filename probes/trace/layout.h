@@ -49,6 +49,12 @@ bool has_table(Table table, std::int64_t version);
 // The fields of a table that are text ids, comma-separated ("phase,op,module,..."; "" for a table with
 // none): the writer stores this as the table's attribute `text_fields`, so tools can find them.
 std::string_view text_fields(Table table);
+// Whether the table's rows have a `step` field (every data table but /dump_values, /strings and /string_bytes):
+// the writer gives each the attribute `steps_ascending` (docs/trace-format.md).
+bool has_steps(Table table);
+// That attribute's name: 1 when every row of the table came with a step no smaller than the row before's, written
+// by the writer at a clean close; 0 otherwise (and while the trace is written). Traces before it lack it.
+inline constexpr const char* kStepsAscending = "steps_ascending";
 
 // A row of a text table: the id of a text is the row's index in /strings.
 using TextId = std::int64_t;
@@ -257,13 +263,21 @@ class StringTable {
   const std::string& first_damage() const { return first_damage_; }
   // The text of `id`, named `field` in messages; throws std::invalid_argument when the id is not a row
   // of /strings or names a damaged one.
-  std::string_view text(TextId id, std::string_view field) const;
+  std::string_view text(TextId id, std::string_view field) const {
+    // Inline: asked once per text field of every row read (seven an /ops row); the message is built out of line.
+    if (id < 0 || static_cast<std::uint64_t>(id) >= entries_.size() || entries_[static_cast<std::size_t>(id)].damage != nullptr) {
+      refuse(id, field);
+    }
+    const Entry& e = entries_[static_cast<std::size_t>(id)];
+    return std::string_view(bytes_.data() + e.offset, static_cast<std::size_t>(e.length));
+  }
 
  private:
   struct Entry {
     std::int64_t offset = 0, length = 0;
     const char* damage = nullptr;  // why the entry is unusable; nullptr when it is sound
   };
+  [[noreturn]] void refuse(TextId id, std::string_view field) const;
   std::string bytes_;
   std::vector<Entry> entries_;
   std::size_t damaged_ = 0;
@@ -287,6 +301,9 @@ void encode(const BlockRow& row, BlockRecord& r, TextIds& ids);
 // and on an unknown phase name.
 StepRow decode(const StepRecord& r);
 OpRow decode(const OpRecord& r, const StringTable& strings);
+// The same into `row`, every field assigned and its strings' memory kept: a reader filling a caller's block
+// again (TraceReader::ops into a reused vector) then allocates nothing per row (issue 37).
+void decode(const OpRecord& r, const StringTable& strings, OpRow& row, const OpTexts& texts = {});
 // Also refuses, naming the field, a before_all_reduce that is not 0 or 1.
 GradRow decode(const GradRecord& r, const StringTable& strings);
 EventRow decode(const EventRecord& r, const StringTable& strings);

@@ -73,6 +73,10 @@ class TraceReader {
   // reuses its memory: a fresh vector of 200,000 rows (70 MB) at every block costs the kernel's page faults
   // and zeroing again, about a third of a report's system time (issue 37).
   void ops(std::int64_t begin, std::int64_t end, std::vector<OpRow>& rows);
+  // The same with only the text fields `texts` asks for (the others empty; traces before format_version 4, whose
+  // texts are fixed-width fields, fill them all): a pass that reads few of them decodes less. A text left out is not
+  // checked either: its row reads even when that string of /strings is damaged.
+  void ops(std::int64_t begin, std::int64_t end, std::vector<OpRow>& rows, const OpTexts& texts);
   std::vector<GradRow> grads(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep, GradRows which = GradRows::used);
   std::vector<EventRow> events(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);
   std::vector<HistogramRow> histograms(std::int64_t begin = kFirstStep, std::int64_t end = kLastStep);

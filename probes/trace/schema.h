@@ -106,6 +106,12 @@ struct OpRow {
   std::array<std::int64_t, kOpInputs> inputs{kInputNone, kInputNone, kInputNone, kInputNone};
 };
 
+// Which text fields of an OpRow a read fills (TraceReader::ops with texts); the others are left empty. A pass that
+// needs few skips decoding the rest: the diff reads no autocast reason, and shapes only across producers (issue 37).
+struct OpTexts {
+  bool op = true, module = true, in_dtypes = true, out_dtype = true, shape = true, autocast = true;
+};
+
 // /grads: one row per parameter per recorded step, before and after unscaling.
 struct GradRow {
   std::int64_t step = 0;

@@ -37,6 +37,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
@@ -120,6 +121,7 @@ struct Job {
   std::int64_t step = -1;           // flush and close: the step recorded in /index
   Totals totals{};                  // flush and close: rows of each table so far
   bool complete = false;            // close: set the root attribute complete = 1
+  std::array<bool, kDataTableCount> ascending{};  // close: tables whose rows came in step order
 };
 
 // The HDF5 file: created with its root attributes on the caller's thread, then used by the writer
@@ -177,6 +179,8 @@ class FileWriter {
       if (!text_fields(table).empty()) {
         write_text_attribute(io_, datasets_[index_of(table)].get(), table_path(table), "text_fields", text_fields(table));
       }
+      // 0 until the close says otherwise: SWMR cannot create an attribute later, only overwrite one.
+      if (has_steps(table)) write_int_attribute(io_, datasets_[index_of(table)].get(), table_path(table), kStepsAscending, 0);
     }
     const std::string hist = table_path(Table::histograms);
     write_int_attribute(io_, datasets_[index_of(Table::histograms)].get(), hist, "min_exponent", kHistMinExponent);
@@ -233,8 +237,15 @@ class FileWriter {
     }
   }
 
-  void close(std::int64_t step, const Totals& totals, bool complete) {
+  void close(std::int64_t step, const Totals& totals, bool complete, const std::array<bool, kDataTableCount>& ascending) {
     flush(step, totals);
+    // Before `complete`: a reader that sees a complete trace sees these too (readers trust them only then).
+    for (int t = 0; complete && t < kDataTableCount; ++t) {
+      const Table table = static_cast<Table>(t);
+      if (has_steps(table) && ascending[static_cast<std::size_t>(t)] && datasets_[t].get() >= 0) {
+        rewrite_int_attribute(io_, datasets_[t].get(), table_path(table), kStepsAscending, 1);
+      }
+    }
     if (complete) rewrite_int_attribute(io_, file_.get(), "/", "complete", 1);
     for (int t = 0; t < kTableCount; ++t) datasets_[t].close(io_, "H5Dclose", table_path(static_cast<Table>(t)));
     file_.close(io_, "H5Fclose", "/");
@@ -545,6 +556,24 @@ struct TraceWriter::State {
   std::array<Staging, kDataTableCount> staging;
   std::int64_t last_step = -1;
   bool closed = false;
+  // Per table, whether every row so far came with a step no smaller than the row before's (the flight recorder
+  // writes an anomalous step's history after later steps; rows outside steps say -1), and the last row's step.
+  std::array<bool, kDataTableCount> ascending = [] {
+    std::array<bool, kDataTableCount> a;
+    a.fill(true);
+    return a;
+  }();
+  std::array<std::int64_t, kDataTableCount> last_row_step = [] {
+    std::array<std::int64_t, kDataTableCount> a;
+    a.fill(std::numeric_limits<std::int64_t>::min());
+    return a;
+  }();
+
+  void note_step(Table table, std::int64_t step) {
+    const std::size_t t = index_of(table);
+    ascending[t] = ascending[t] && step >= last_row_step[t];
+    last_row_step[t] = step;
+  }
 
   // The texts written so far and their ids (rows of /strings), on the caller's thread.
   struct Interner final : TextIds {
@@ -733,6 +762,7 @@ struct TraceWriter::State {
   template <class Record, class Row>
   void write_record(Table table, const Row& row) {
     check_error();
+    note_step(table, row.step);
     Record record;
     if constexpr (std::is_same_v<Record, StepRecord>) {
       encode(row, record);
@@ -817,7 +847,7 @@ struct TraceWriter::State {
         file->write_chunk(job.table, job.chunk, job.rows, job.stored);
         break;
       case Job::Kind::flush: file->flush(job.step, job.totals); break;
-      case Job::Kind::close: file->close(job.step, job.totals, job.complete); break;
+      case Job::Kind::close: file->close(job.step, job.totals, job.complete, job.ascending); break;
     }
   }
 
@@ -875,6 +905,7 @@ struct TraceWriter::State {
     job->step = last_step;
     job->totals = totals();
     job->complete = complete;
+    job->ascending = ascending;
     {
       std::unique_lock lock(mutex);
       enqueue(std::move(job), lock);  // even when the queue is full: the close must reach the thread
@@ -958,6 +989,7 @@ void TraceWriter::write(const BlockRow& row) { state_->write_record<BlockRecord>
 void TraceWriter::write(const DumpRow& row) {
   State& s = *state_;
   s.check_error();
+  s.note_step(Table::dumps, row.step);
   DumpRecord record;
   encode(row, record, s.interner);
   // The record points at its values in /dump_values: where the next value will go.

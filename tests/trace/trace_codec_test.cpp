@@ -48,11 +48,13 @@ TEST(trace_codec_test, shuffles_records_as_hdf5s_shuffle_filter) {
 
 TEST(trace_codec_test, computes_zlibs_adler32) {
   const std::vector<std::byte> data = random_bytes(200000, 3);
-  for (std::size_t n : {0, 1, 15, 16, 17, 5535, 5536, 5537, 5552, 100000, 200000}) {
+  // Around the SSE2 (16 bytes) and AVX2 (32 bytes) steps and the blocks between reductions (5536 bytes).
+  for (std::size_t n : {0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 5535, 5536, 5537, 5552, 5567, 5568, 5569, 11072,
+                        11073, 100000, 199999, 200000}) {
     const auto expected = static_cast<std::uint32_t>(adler32(1, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(n)));
     EXPECT_EQ(adler32_of(1, data.data(), n), expected) << n << " bytes";
   }
-  std::vector<std::byte> ones(100000, std::byte{0xFF});  // the largest sums
+  std::vector<std::byte> ones(100017, std::byte{0xFF});  // the largest sums
   EXPECT_EQ(adler32_of(1, ones.data(), ones.size()),
             static_cast<std::uint32_t>(adler32(1, reinterpret_cast<const Bytef*>(ones.data()), static_cast<uInt>(ones.size()))));
   const std::uint32_t first = adler32_of(1, data.data(), 1000);
