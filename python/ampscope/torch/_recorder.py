@@ -20,6 +20,7 @@ import atexit
 import math
 import os
 import re
+import struct
 import sys
 import time
 import weakref
@@ -175,6 +176,7 @@ _scratch32 = {}  # (device, slot) -> a 1-D f32 buffer the f32-accumulated statis
 _LOW = (torch.float32, torch.bfloat16, torch.float16)
 # The smallest normal f32, 2^-126: a square below it may have lost bits (or be 0) in f32.
 _F32_TINY = 2.0 ** -126
+_F32 = struct.Struct("f")  # packing a float to f32 rounds it to nearest (_grad_health's absmax)
 _COUNT_EXACT = 1 << 24  # an f32 sum of 0/1 values is exact up to this many (every partial sum an integer <= 2^24)
 
 
@@ -241,6 +243,41 @@ def _health32(x, n, tiny):
         zero, below = _small_counts32(x, n, tiny)
         subnormal = below - zero
     return [n, 0, 0, 0, zero, subnormal, lo, hi, max(abs(lo), abs(hi)), total / n, math.sqrt(q / n)], q
+
+
+def _grad_health(g):
+    """(nan, pos_inf, neg_inf, zero, absmax, sum of squares) of a gradient: what its /grads row and the step's norm
+    read, with the values _health gives (a gradient row records no mean, min, max or subnormal count).
+
+    For a finite f32, bf16 or f16 gradient, the squares into the reused f32 buffer (those of _health32: the same
+    buffer, the same sum) and their sum, smallest and largest value: no pass for the mean's sum, and `amax` of the
+    squares in place of `aminmax` (NaN and inf carry into the sum of squares, which then says the gradient is not
+    finite). absmax = the square root of the largest square rounded to f32: exact wherever that square is a normal
+    f32 (a bf16 or f16 square is exact in f32; an f32 one is rounded once, and in binary floating point
+    sqrt(fl(x^2)) == |x| with correctly rounded operations; the f64 square root rounded to f32 is that f32 square
+    root: 53 >= 2 * 24 + 2 bits, so the double rounding is innocuous). Anything else (NaN, inf, squares that
+    overflow, a largest square below 2^-126, f64) takes _health."""
+    x = g.detach()
+    n = x.numel()
+    if n == 0 or x.dtype not in _LOW:
+        h, q = _health(x)
+        return h[1], h[2], h[3], h[4], h[8], q
+    buf = _buffer32(x, n)
+    if x.dtype == torch.float32:
+        sq = torch.mul(x.reshape(-1), x.reshape(-1), out=buf)
+    else:
+        sq = buf.copy_(x.reshape(-1)).mul_(buf)
+    q, smallest, largest = torch.stack([sq.sum(), sq.amin(), sq.amax()]).tolist()
+    if not (math.isfinite(q) and _F32_TINY <= largest < math.inf):
+        h, q = _health(x)
+        return h[1], h[2], h[3], h[4], h[8], q
+    tiny = _TINY.get(x.dtype)
+    if tiny is None:
+        tiny = _TINY[x.dtype] = torch.finfo(x.dtype).tiny
+    zero = 0
+    if smallest < max(tiny * tiny, _F32_TINY):
+        zero = _small_counts32(x, n, tiny)[0]
+    return 0, 0, 0, zero, _F32.unpack(_F32.pack(math.sqrt(largest)))[0], q
 
 
 def _health_nonfinite32(x, n, tiny, lo, hi):
@@ -1098,19 +1135,19 @@ class Recorder:
                 # through the squares and the sum as through the norm.
                 norms = torch.stack([_widened(g).square_().sum().to("cpu") for _, g in named]).sqrt_().tolist()
             else:
-                # The norms from the rows' statistics (their sums of squares, in f64): no second pass.
-                stats = [_health(g) for _, g in named]
-                norms = [math.nan if h[1] else math.inf if h[2] + h[3] else math.sqrt(sq) for h, sq in stats]
+                # The norms from the rows' statistics (their sums of squares): no second pass.
+                stats = [_grad_health(g) for _, g in named]
+                norms = [math.nan if h[0] else math.inf if h[1] + h[2] else math.sqrt(h[5]) for h in stats]
             self.grad_norm = math.sqrt(sum(n * n for n in norms))
             if not self.recording():  # rows only on sampled steps
                 return
             for i, ((name, g), norm) in enumerate(zip(named, norms)):
                 if self.module_matches is not None and not self.module_matches(name.rsplit(".", 1)[0] if "." in name else ""):
                     continue
-                h = stats[i][0] if self.level != "dtype" else [g.numel()] + [0] * 10
-                if h[1] + h[2] + h[3]:
+                h = stats[i] if self.level != "dtype" else (0, 0, 0, 0, 0)
+                if h[0] + h[1] + h[2]:
                     self.step_anomalous = True
-                self.add_row(["grad", self.step, name, _dtype(g), h[1], h[2], h[3], h[4], num(h[8]), num(norm),
+                self.add_row(["grad", self.step, name, _dtype(g), h[0], h[1], h[2], h[3], num(h[4]), num(norm),
                                   unscaled])
                 if self.level == "full" and unscaled:
                     self.add_row(["hist", self.step, -1, name, histogram(g)])
