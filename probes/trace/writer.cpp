@@ -554,6 +554,7 @@ struct TraceWriter::State {
   ChunkRows chunks{};                                                // rows per chunk, once created
   std::array<std::vector<ByteRange>, kDataTableCount> float_ranges;  // per table, for ChunkCodec
   std::array<Staging, kDataTableCount> staging;
+  std::vector<std::unique_ptr<Job>> step_jobs;  // hand_over_step's, kept for its capacity
   std::int64_t last_step = -1;
   bool closed = false;
   // Per table, whether every row so far came with a step no smaller than the row before's (the flight recorder
@@ -644,10 +645,43 @@ struct TraceWriter::State {
     return enqueue(std::move(job), lock);
   }
 
+  // push() for the jobs of a step end (its unfinished chunks, then the flush), all at once: one wait for
+  // room for them together (or for an empty queue), the queue locked once, and the threads woken after.
+  // Pushed one by one, each woke the writer thread, which then waited for the lock the caller took for
+  // the next; on two cores that ping-pong cost the caller most of its time in end_step (issue 37).
+  std::uint64_t push_all(std::vector<std::unique_ptr<Job>>& jobs) {
+    std::size_t weight = 0;
+    for (const auto& job : jobs) weight += job->weight;
+    std::unique_lock lock(mutex);
+    progress.wait(lock, [&] { return failed || queued == 0 || queued + weight <= options.queue_rows; });
+    if (failed) std::rethrow_exception(error);
+    std::uint64_t id = 0;
+    int compress = 0;
+    for (auto& job : jobs) {
+      compress += job->kind == Job::Kind::chunk ? 1 : 0;
+      id = queue_locked(std::move(job));
+    }
+    jobs.clear();
+    lock.unlock();
+    // The compression threads first: the writer thread's first job waits for them anyway.
+    for (int i = 0; i < std::min(compress, options.compression_threads); ++i) encode_ready.notify_one();
+    work_ready.notify_one();
+    return id;
+  }
+
   std::uint64_t enqueue(std::unique_ptr<Job> job, std::unique_lock<std::mutex>& lock) {
-    queued += job->weight;
     const bool compress = job->kind == Job::Kind::chunk;
-    if (compress) {
+    const std::uint64_t id = queue_locked(std::move(job));
+    lock.unlock();
+    work_ready.notify_one();
+    if (compress) encode_ready.notify_one();
+    return id;
+  }
+
+  // Queues the job (and its chunk for compression), under `mutex`; returns its number.
+  std::uint64_t queue_locked(std::unique_ptr<Job> job) {
+    queued += job->weight;
+    if (job->kind == Job::Kind::chunk) {
       auto& pool = spare_stored[index_of(job->table)];
       if (!pool.empty()) {
         job->stored = std::move(pool.back());
@@ -656,11 +690,7 @@ struct TraceWriter::State {
       to_encode.push_back(job.get());
     }
     queue.push_back(std::move(job));
-    const std::uint64_t id = ++jobs_pushed;
-    lock.unlock();
-    work_ready.notify_one();
-    if (compress) encode_ready.notify_one();
-    return id;
+    return ++jobs_pushed;
   }
 
   // A recycled record buffer of table t (any size), or an empty one.
@@ -698,7 +728,10 @@ struct TraceWriter::State {
 
   // Hands over the chunk being filled: the buffer itself when full (a fresh one takes its place),
   // else a copy of its rows so far.
-  void hand_over(std::size_t t) {
+  void hand_over(std::size_t t) { push(chunk_job(t)); }
+
+  // The job hand_over(t) queues.
+  std::unique_ptr<Job> chunk_job(std::size_t t) {
     Staging& s = staging[t];
     const Table table = static_cast<Table>(t);
     auto job = std::make_unique<Job>();
@@ -723,7 +756,21 @@ struct TraceWriter::State {
       job->records.assign(s.bytes.begin(), s.bytes.begin() + static_cast<std::ptrdiff_t>(s.rows * record_size(table)));
       s.handed = s.rows;
     }
-    push(std::move(job));
+    return job;
+  }
+
+  // A step end (end_step, flush): every chunk with rows not handed over yet, then `flush`, a flush job
+  // whose totals it sets, queued together (push_all); returns the flush's number.
+  std::uint64_t hand_over_step(std::unique_ptr<Job> flush) {
+    if (!created) create_tables();
+    std::vector<std::unique_ptr<Job>>& jobs = step_jobs;
+    jobs.clear();  // what a push_all that threw left
+    for (std::size_t t = 0; t < kDataTableCount; ++t) {
+      if (staging[t].rows > staging[t].handed) jobs.push_back(chunk_job(t));
+    }
+    flush->totals = totals();
+    jobs.push_back(std::move(flush));
+    return push_all(jobs);
   }
 
   // Hands over every chunk with rows not handed over yet.
@@ -1002,23 +1049,19 @@ void TraceWriter::end_step(std::int64_t step) {
   State& s = *state_;
   s.check_error();
   s.last_step = step;
-  s.hand_over_partial();
   auto job = std::make_unique<Job>();
   job->kind = Job::Kind::flush;
   job->step = step;
-  job->totals = s.totals();
-  s.push(std::move(job));
+  s.hand_over_step(std::move(job));
 }
 
 void TraceWriter::flush() {
   State& s = *state_;
   s.check_error();
-  s.hand_over_partial();
   auto job = std::make_unique<Job>();
   job->kind = Job::Kind::flush;
   job->step = s.last_step;
-  job->totals = s.totals();
-  const std::uint64_t id = s.push(std::move(job));
+  const std::uint64_t id = s.hand_over_step(std::move(job));
   std::unique_lock lock(s.mutex);
   s.progress.wait(lock, [&] { return s.jobs_done >= id; });
   if (s.failed) std::rethrow_exception(s.error);
