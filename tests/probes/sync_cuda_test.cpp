@@ -153,7 +153,9 @@ TEST(sync_cuda_test, a_probed_cuda_run_reads_its_statistics_per_step_with_the_ho
       EXPECT_EQ(a.unscaled, b.unscaled);
       EXPECT_EQ(a.pos_inf, b.pos_inf) << a.param;
       EXPECT_EQ(a.absmax, b.absmax) << a.param;
-      if (std::isfinite(b.norm)) EXPECT_NEAR(a.norm, b.norm, b.norm * 1e-12) << a.param;
+      if (std::isfinite(b.norm)) {
+        EXPECT_NEAR(a.norm, b.norm, b.norm * 1e-12) << a.param;
+      }
     }
     ASSERT_EQ(got.sink->histograms.size(), ref.sink->histograms.size());
     for (std::size_t i = 0; i < ref.sink->histograms.size(); ++i) {
