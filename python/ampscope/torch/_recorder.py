@@ -280,6 +280,22 @@ def _grad_health(g):
     return 0, 0, 0, zero, _F32.unpack(_F32.pack(math.sqrt(largest)))[0], q
 
 
+def _nonfinite_row(n, counts_t, has_pos, has_neg, m, zero, subnormal, lo_f, hi_f, total, sq_sum):
+    """The row (and sum of squares) of _health_nonfinite32 and _health_nonfinite from what they measured: m finite
+    values of n; counts_t the NaN, +inf and -inf counts when they were counted (NaN or both infinities present),
+    else None: then the n - m non-finite places are all of the one kind the aminmax showed."""
+    bad = n - m
+    if counts_t is not None:
+        nan_c, pinf, ninf = counts_t.tolist()
+    else:
+        nan_c, pinf, ninf = 0, (bad if has_pos else 0), (bad if has_neg else 0)
+    if m == 0:
+        nan = float("nan")
+        return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
+    return [n, nan_c, pinf, ninf, zero, subnormal, lo_f, hi_f, max(abs(lo_f), abs(hi_f)), total / m,
+            math.sqrt(sq_sum / m)], sq_sum
+
+
 def _health_nonfinite32(x, n, tiny, lo, hi):
     """_health of an f32, bf16 or f16 tensor holding NaN or inf (the masked attention scores, -inf above the
     diagonal): the sums over the finite values accumulated in f32, within the bound of _health32 (nansum adds zeros
@@ -318,16 +334,8 @@ def _health_nonfinite32(x, n, tiny, lo, hi):
     if not (math.isfinite(total) and math.isfinite(sq_sum)):
         return None  # finite values whose f32 sum or squares overflow
     m = int(m)
-    bad = n - m
-    if counts_t is not None:
-        nan_c, pinf, ninf = counts_t.tolist()
-    else:
-        nan_c, pinf, ninf = 0, (bad if has_pos else 0), (bad if has_neg else 0)
-    if m == 0:
-        nan = float("nan")
-        return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
     zero = subnormal = 0
-    if smallest < tiny:
+    if m > 0 and smallest < tiny:
         # v = min(|x|, tiny) / tiny: 0 for a zero, in (0, 1) for a subnormal, exactly 1 for a normal value (1/tiny is
         # a power of two), NaN at the non-finite places: nansum of ceil(v) counts the nonzero finite values, of
         # floor(v) the normal ones.
@@ -336,8 +344,7 @@ def _health_nonfinite32(x, n, tiny, lo, hi):
                                        torch.nansum(v.floor_(), dtype=count_dtype).double()]).tolist()
         zero = m - int(nonzero)
         subnormal = (m - int(normal)) - zero
-    return [n, nan_c, pinf, ninf, zero, subnormal, lo_f, hi_f, max(abs(lo_f), abs(hi_f)), total / m,
-            math.sqrt(sq_sum / m)], sq_sum
+    return _nonfinite_row(n, counts_t, has_pos, has_neg, m, zero, subnormal, lo_f, hi_f, total, sq_sum)
 
 
 def _small_counts32(x, n, tiny):
@@ -453,16 +460,7 @@ def _health_nonfinite(x, n, tiny, lo, hi):
     total, lo_f, sq_sum = extremes[0], extremes[1], extremes[2]
     hi_f = extremes[3] if hi_t is not None else hi
     zero, below, m = _small_counts(sq, tiny * tiny, True)
-    bad = n - m
-    if counts_t is not None:
-        nan_c, pinf, ninf = counts_t.tolist()
-    else:
-        nan_c, pinf, ninf = 0, (bad if has_pos else 0), (bad if has_neg else 0)
-    if m == 0:
-        nan = float("nan")
-        return [n, nan_c, pinf, ninf, 0, 0, nan, nan, nan, nan, nan], 0.0
-    return [n, nan_c, pinf, ninf, zero, below - zero, lo_f, hi_f, max(abs(lo_f), abs(hi_f)), total / m,
-            math.sqrt(sq_sum / m)], sq_sum
+    return _nonfinite_row(n, counts_t, has_pos, has_neg, m, zero, below - zero, lo_f, hi_f, total, sq_sum)
 
 
 def _health_nonfinite_f64(x, xd, n, tiny):
