@@ -27,6 +27,7 @@ namespace {
 
 using testing::Errors;
 using testing::errors_of;
+using testing::exact_product;
 
 // ---- an FP8 reference of the test's own ----
 struct Format {
@@ -89,22 +90,6 @@ std::vector<double> fp8_product(const Operand& a, bool ta, const Operand& b, boo
       float s = 0;
       for (std::int64_t p = 0; p < P; ++p) s += at(a, ta, i, p) * at(b, tb, p, j);
       c.push_back(static_cast<double>(s * alpha));
-    }
-  }
-  return c;
-}
-// The unquantized product in f64.
-std::vector<double> exact_product(const std::vector<double>& a, bool ta, std::int64_t a_cols, const std::vector<double>& b,
-                                  bool tb, std::int64_t b_cols, std::int64_t I, std::int64_t P, std::int64_t J) {
-  auto get = [](const std::vector<double>& x, bool t, std::int64_t cols, std::int64_t i, std::int64_t p) {
-    return t ? x[static_cast<std::size_t>(p * cols + i)] : x[static_cast<std::size_t>(i * cols + p)];
-  };
-  std::vector<double> c;
-  for (std::int64_t i = 0; i < I; ++i) {
-    for (std::int64_t j = 0; j < J; ++j) {
-      double s = 0;
-      for (std::int64_t p = 0; p < P; ++p) s += get(a, ta, a_cols, i, p) * get(b, tb, b_cols, p, j);
-      c.push_back(s);
     }
   }
   return c;

@@ -32,6 +32,23 @@ struct NullSink : trace::Sink {
   void write(const trace::DumpRow&) override {}
 };
 
+// The unquantized product in f64: C[i][j] = sum_p A(i, p) B(p, j), A and B row-major, transposed on request.
+inline std::vector<double> exact_product(const std::vector<double>& a, bool ta, std::int64_t a_cols, const std::vector<double>& b,
+                                  bool tb, std::int64_t b_cols, std::int64_t I, std::int64_t P, std::int64_t J) {
+  auto get = [](const std::vector<double>& x, bool t, std::int64_t cols, std::int64_t i, std::int64_t p) {
+    return t ? x[static_cast<std::size_t>(p * cols + i)] : x[static_cast<std::size_t>(i * cols + p)];
+  };
+  std::vector<double> c;
+  for (std::int64_t i = 0; i < I; ++i) {
+    for (std::int64_t j = 0; j < J; ++j) {
+      double s = 0;
+      for (std::int64_t p = 0; p < P; ++p) s += get(a, ta, a_cols, i, p) * get(b, tb, b_cols, p, j);
+      c.push_back(s);
+    }
+  }
+  return c;
+}
+
 // The first row of op `op`; throws when the twin wrote none.
 inline const probe::PrecisionRow& row_of(const std::vector<probe::PrecisionRow>& rows, const std::string& op) {
   for (const probe::PrecisionRow& r : rows) {
