@@ -342,10 +342,6 @@ bool apply(const analysis::Remedy& m, TrainConfig& c, std::string& flag) {
   return false;
 }
 
-// A run leaving FP8 (the fp32 reference, the bf16 remedy) drops the options only the quantized precisions take
-// (cli/run.h leave_quantized_options), --what-if included: the re-runs verify the run, which is the same without it.
-void leave_fp8(TrainConfig& c) { leave_quantized_options(c); }
-
 // An FP8 finding's cause in the plan (FixPlan::first.cause): "fp8:" and the finding's kind. A run without a
 // NaN/Inf anomaly whose report has FP8 findings is fixed for the first finding's kind (docs/fp8.md).
 constexpr std::string_view kFp8Cause = "fp8:";
@@ -386,9 +382,9 @@ bool apply_fp8(const analysis::Fp8Remedy& r, std::int64_t margin, TrainConfig& c
     name = "nvfp4-rht";
     return true;
   } else if (r.option == "--precision" && r.value == "fp8" && c.precision == Precision::mxfp8) {
-    // Per-tensor FP8 in place of MXFP8: the block options go (leave_fp8), the keep options stay.
+    // Per-tensor FP8 in place of MXFP8: the block options go (leave_quantized_options), the keep options stay.
     c.precision = Precision::fp8;
-    leave_fp8(c);
+    leave_quantized_options(c);
   } else if (r.option == "--fp8-margin" && c.fp8_recipe == "delayed" && margin > c.fp8_margin) {
     c.fp8_margin = margin;
     flag = fmt::format("--fp8-margin {}", margin);
@@ -419,7 +415,7 @@ std::vector<Candidate> candidates_of(const TrainConfig& base, const analysis::Re
   Candidate ref{"fp32", "fp32", "--precision fp32", "the fp32 reference run", base};
   ref.config.precision = Precision::fp32;
   ref.reference = true;
-  leave_fp8(ref.config);
+  leave_quantized_options(ref.config);
   add(std::move(ref));
   if (report.anomalies.empty() && kind_to_fix.starts_with(kFp8Cause)) {
     // Fixing FP8 findings: the bf16 run (what FP8 is measured against: fp8_error_dominates' loss tolerance, and
@@ -427,7 +423,7 @@ std::vector<Candidate> candidates_of(const TrainConfig& base, const analysis::Re
     Candidate bf16{"bf16", "bf16_reference", "--precision bf16", "the bf16 reference run (FP8 measured against it)", base};
     bf16.config.precision = Precision::bf16;
     bf16.reference = true;
-    leave_fp8(bf16.config);
+    leave_quantized_options(bf16.config);
     add(std::move(bf16));
     const std::string kind = kind_to_fix.substr(kFp8Cause.size());
     std::int64_t margin = 0;
@@ -448,7 +444,7 @@ std::vector<Candidate> candidates_of(const TrainConfig& base, const analysis::Re
     for (const analysis::Remedy& m : d.remedies) {
       Candidate c{"", m.kind, "", m.text, base};
       if (!apply(m, c.config, c.flag)) continue;
-      leave_fp8(c.config);
+      leave_quantized_options(c.config);
       c.remedy_flag = m.flag;
       c.name = m.kind == "autocast_fp32" ? "autocast-fp32-" + m.pattern
                : m.kind == "learning_rate" ? fmt::format("lr-{}", m.value)

@@ -30,6 +30,7 @@ namespace {
 using testing::Errors;
 using testing::errors_of;
 using testing::exact_product;
+using testing::quantized_linear_step;
 
 struct Case {
   const char* name;
@@ -151,18 +152,7 @@ TEST_P(BlockTwin, local_errors_are_the_bf16_rounding_of_the_block_gemm_and_accum
   auto twin = std::make_shared<probe::Twin>(counter);
   auto ctx = std::make_shared<Fp8Context>(
       Fp8Options{.recipe = c.recipe, .mx_scale = c.mx_scale, .nvfp4_rht = c.rht, .sr_seed = kSrSeed});
-  Tensor y;
-  {
-    probe::HookGuard installed(twin);
-    probe::StepScope step(0);
-    {
-      AutocastGuard autocast(DType::bf16);
-      Fp8Guard region(ctx);
-      y = linear(xt, wt);
-    }
-    y.backward(from_values(g, {M, N}, {DType::bf16}));
-    step.end({});
-  }
+  const Tensor y = quantized_linear_step(twin, ctx, xt, wt, from_values(g, {M, N}, {DType::bf16}));
   EXPECT_EQ(counter->copies, 6) << "the twin forwards every copy (x and W both ways, dy both ways) to the hook it wraps";
   ASSERT_EQ(y.dtype(), DType::bf16);
   EXPECT_TRUE(twin->uncovered().empty());
@@ -256,18 +246,8 @@ TEST(block_twin_test, copies_that_are_not_the_gemms_make_the_linear_uncovered) {
   Tensor wt = from_values(w, {N, K}, {DType::f32}).requires_grad_();
   auto twin = std::make_shared<probe::Twin>(std::make_shared<CopyCounter>());
   auto ctx = std::make_shared<Fp8Context>(Fp8Options{.recipe = Fp8Recipe::nvfp4});
-  {
-    probe::HookGuard installed(std::make_shared<Forger>(twin));
-    probe::StepScope step(0);
-    Tensor y;
-    {
-      AutocastGuard autocast(DType::bf16);
-      Fp8Guard region(ctx);
-      y = linear(xt, wt);
-    }
-    y.backward(from_values(std::vector<double>(static_cast<std::size_t>(M * N), 1.0), {M, N}, {DType::bf16}));
-    step.end({});
-  }
+  quantized_linear_step(std::make_shared<Forger>(twin), ctx, xt, wt,
+                        from_values(std::vector<double>(static_cast<std::size_t>(M * N), 1.0), {M, N}, {DType::bf16}));
   for (const probe::PrecisionRow& r : twin->rows()) EXPECT_NE(r.op, "linear") << "a row from the wrong copy";
   const auto& uncovered = twin->uncovered();
   ASSERT_TRUE(uncovered.contains("linear"));

@@ -28,6 +28,7 @@ namespace {
 using testing::Errors;
 using testing::errors_of;
 using testing::exact_product;
+using testing::quantized_linear_step;
 
 // ---- an FP8 reference of the test's own ----
 struct Format {
@@ -130,18 +131,7 @@ TEST_P(Fp8Twin, local_errors_are_the_bf16_rounding_of_the_fp8_gemm_and_accumulat
   auto counter = std::make_shared<CastCounter>();
   auto twin = std::make_shared<probe::Twin>(counter);
   auto fp8 = std::make_shared<Fp8Context>(Fp8Options{.recipe = Fp8Recipe::current, .formats = mix});
-  Tensor y;
-  {
-    probe::HookGuard installed(twin);
-    probe::StepScope step(0);
-    {
-      AutocastGuard autocast(DType::bf16);
-      Fp8Guard region(fp8);
-      y = linear(xt, wt);
-    }
-    y.backward(from_values(g, {M, N}, {DType::bf16}));
-    step.end({});
-  }
+  const Tensor y = quantized_linear_step(twin, fp8, xt, wt, from_values(g, {M, N}, {DType::bf16}));
   EXPECT_EQ(counter->casts, 3) << "the twin forwards every cast (input, weight, grad_output) to the hook it wraps";
   ASSERT_EQ(y.dtype(), DType::bf16);
   const Format& grad_format = mix == Fp8FormatMix::hybrid ? kE5M2 : kE4M3;

@@ -14,7 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "core/autocast.h"
 #include "core/dtype.h"
+#include "core/fp8_linear.h"
+#include "core/ops.h"
 #include "probes/analysis/analysis.h"
 #include "probes/probe.h"
 #include "probes/trace/reader.h"
@@ -31,6 +34,23 @@ struct NullSink : trace::Sink {
   void write(const trace::HistogramRow&) override {}
   void write(const trace::DumpRow&) override {}
 };
+
+// One step of a quantized Linear under `hook` (a twin, or a hook wrapping one): y = linear(x, w) under bf16 autocast
+// inside `context`'s region, then its backward from `dy`; returns y.
+inline Tensor quantized_linear_step(const std::shared_ptr<probe::Hook>& hook, const std::shared_ptr<Fp8Context>& context,
+                                    const Tensor& x, const Tensor& w, const Tensor& dy) {
+  probe::HookGuard installed(hook);
+  probe::StepScope step(0);
+  Tensor y;
+  {
+    AutocastGuard autocast(DType::bf16);
+    Fp8Guard region(context);
+    y = linear(x, w);
+  }
+  y.backward(dy);
+  step.end({});
+  return y;
+}
 
 // The unquantized product in f64: C[i][j] = sum_p A(i, p) B(p, j), A and B row-major, transposed on request.
 inline std::vector<double> exact_product(const std::vector<double>& a, bool ta, std::int64_t a_cols, const std::vector<double>& b,
