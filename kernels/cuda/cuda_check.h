@@ -3,16 +3,16 @@
 // DeviceRuntimeError naming the call, the error's name and the library's own text.
 //
 //   AMPSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream));
-//   AMPSCOPE_CUBLAS_CHECK(cublasSetStream(handle, stream));
+//   AMPSCOPE_CUBLAS_CHECK(cublas_library().cublasSetStream(handle, stream));
 #pragma once
 
 #include <string_view>
 
-#include <cublas_api.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "kernels/cuda/cublas_library.h"
 
 namespace ampscope::cuda {
 
@@ -25,8 +25,10 @@ inline void check(cudaError_t status, std::string_view call) {
 
 inline void check(cublasStatus_t status, std::string_view call) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw DeviceRuntimeError(fmt::format("cuBLAS call {} failed: {} ({})", call, cublasGetStatusName(status),
-                                       cublasGetStatusString(status)));
+  // A status comes from a cuBLAS call, so cuBLAS is loaded by now.
+  const CublasLibrary& blas = cublas_library();
+  throw DeviceRuntimeError(fmt::format("cuBLAS call {} failed: {} ({})", call, blas.cublasGetStatusName(status),
+                                       blas.cublasGetStatusString(status)));
 }
 
 }  // namespace ampscope::cuda

@@ -17,26 +17,29 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_launch.h"
 
 namespace ampscope::cuda {
 
 CublasHandle::CublasHandle(cudaStream_t stream) {
-  AMPSCOPE_CUBLAS_CHECK(cublasCreate(&handle_));
+  const CublasLibrary& blas = cublas_library();
+  AMPSCOPE_CUBLAS_CHECK(blas.cublasCreate(&handle_));
   try {
-    AMPSCOPE_CUBLAS_CHECK(cublasSetStream(handle_, stream));
+    AMPSCOPE_CUBLAS_CHECK(blas.cublasSetStream(handle_, stream));
     // Default math: tensor cores for f16/bf16 inputs, and f32 products stay FP32 unless a call asks for
     // CUBLAS_COMPUTE_32F_FAST_TF32 (the TF32 switch).
-    AMPSCOPE_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+    AMPSCOPE_CUBLAS_CHECK(blas.cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
   } catch (...) {
-    cublasDestroy(handle_);
+    blas.cublasDestroy(handle_);
     throw;
   }
 }
 
 CublasHandle::~CublasHandle() {
-  if (handle_ != nullptr) cublasDestroy(handle_);
+  // A handle exists only once cublas_library() has loaded.
+  if (handle_ != nullptr) cublas_library().cublasDestroy(handle_);
 }
 
 bool allow_tf32_from_env() {
@@ -217,11 +220,12 @@ void gemm(Backend& backend, cublasHandle_t handle, cudaStream_t stream, bool all
     const void* beta0 = f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
     const void* beta1 = alpha;
     const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+    const CublasLibrary& blas = cublas_library();
     if (sum_batches) {
       // out [1, M, N] = sum_b A[b] @ B[b]: one accumulator, batches added in order (beta = 1 after the
       // first), rounded once by the epilogue.
       for (std::int64_t b = 0; b < in_batches; ++b) {
-        AMPSCOPE_CUBLAS_CHECK(cublasGemmEx(handle, ob.op, oa.op, ni, mi, ki, alpha, ob.at(b), ab_type, ob.ld, oa.at(b),
+        AMPSCOPE_CUBLAS_CHECK(blas.cublasGemmEx(handle, ob.op, oa.op, ni, mi, ki, alpha, ob.at(b), ab_type, ob.ld, oa.at(b),
                                            ab_type, oa.ld, b == 0 ? beta0 : beta1, c, c_type, ni, compute,
                                            CUBLAS_GEMM_DEFAULT));
       }
@@ -229,7 +233,7 @@ void gemm(Backend& backend, cublasHandle_t handle, cudaStream_t stream, bool all
       for (std::int64_t b0 = 0; b0 < batches; b0 += kMaxBatchPerCall) {
         const int count = static_cast<int>(std::min(kMaxBatchPerCall, batches - b0));
         void* c_at = static_cast<char*>(c) + static_cast<std::size_t>(b0 * m * n) * acc_size;
-        AMPSCOPE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, ob.op, oa.op, ni, mi, ki, alpha, ob.at(b0), ab_type,
+        AMPSCOPE_CUBLAS_CHECK(blas.cublasGemmStridedBatchedEx(handle, ob.op, oa.op, ni, mi, ki, alpha, ob.at(b0), ab_type,
                                                          ob.ld, ob.batch_stride, oa.at(b0), ab_type, oa.ld,
                                                          oa.batch_stride, beta0, c_at, c_type, ni, m * n, count,
                                                          compute, CUBLAS_GEMM_DEFAULT));

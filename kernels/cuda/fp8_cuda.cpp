@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_launch.h"
 #include "kernels/cuda/fp8_launch.h"
@@ -34,10 +35,13 @@ bool exact_forced() {
   return forced;
 }
 
+// cuBLASLt's functions, loaded on first use (kernels/cuda/cublas_library.h).
+const CublasLibrary& lt() { return cublas_library(); }
+
 void check_lt(cublasStatus_t status, const char* call) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw DeviceRuntimeError(fmt::format("cuBLASLt call {} failed: {} ({})", call, cublasGetStatusName(status),
-                                       cublasGetStatusString(status)));
+  throw DeviceRuntimeError(fmt::format("cuBLASLt call {} failed: {} ({})", call, lt().cublasGetStatusName(status),
+                                       lt().cublasGetStatusString(status)));
 }
 #define AMPSCOPE_LT_CHECK(call) check_lt((call), #call)
 
@@ -45,7 +49,7 @@ void check_lt(cublasStatus_t status, const char* call) {
 cublasLtHandle_t lt_handle() {
   static cublasLtHandle_t handle = [] {
     cublasLtHandle_t h = nullptr;
-    AMPSCOPE_LT_CHECK(cublasLtCreate(&h));
+    AMPSCOPE_LT_CHECK(lt().cublasLtCreate(&h));
     return h;
   }();
   return handle;
@@ -135,11 +139,11 @@ struct LtDescriptors {
   LtDescriptors(const LtDescriptors&) = delete;
   LtDescriptors& operator=(const LtDescriptors&) = delete;
   ~LtDescriptors() {
-    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
-    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
-    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
-    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+    if (pref != nullptr) lt().cublasLtMatmulPreferenceDestroy(pref);
+    if (c != nullptr) lt().cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) lt().cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) lt().cublasLtMatrixLayoutDestroy(a);
+    if (op != nullptr) lt().cublasLtMatmulDescDestroy(op);
   }
 };
 
@@ -152,28 +156,28 @@ bool run_cublaslt(const std::uint8_t* op_a_rows, Fp8Format a_format, const std::
                   Fp8Format b_format, const Dims& d, float alpha, bool fast_accumulation, float* out, void* workspace,
                   cudaStream_t stream) {
   LtDescriptors desc;
-  AMPSCOPE_LT_CHECK(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  AMPSCOPE_LT_CHECK(lt().cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-  AMPSCOPE_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-  AMPSCOPE_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+  AMPSCOPE_LT_CHECK(lt().cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+  AMPSCOPE_LT_CHECK(lt().cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
   const std::int8_t fast = fast_accumulation ? 1 : 0;
-  AMPSCOPE_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  AMPSCOPE_LT_CHECK(lt().cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
   const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
-  AMPSCOPE_LT_CHECK(cublasLtMatrixLayoutCreate(&desc.a, lt_type(b_format), u(d.P), u(d.J), d.P));
-  AMPSCOPE_LT_CHECK(cublasLtMatrixLayoutCreate(&desc.b, lt_type(a_format), u(d.P), u(d.I), d.P));
-  AMPSCOPE_LT_CHECK(cublasLtMatrixLayoutCreate(&desc.c, CUDA_R_32F, u(d.J), u(d.I), d.J));
-  AMPSCOPE_LT_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
+  AMPSCOPE_LT_CHECK(lt().cublasLtMatrixLayoutCreate(&desc.a, lt_type(b_format), u(d.P), u(d.J), d.P));
+  AMPSCOPE_LT_CHECK(lt().cublasLtMatrixLayoutCreate(&desc.b, lt_type(a_format), u(d.P), u(d.I), d.P));
+  AMPSCOPE_LT_CHECK(lt().cublasLtMatrixLayoutCreate(&desc.c, CUDA_R_32F, u(d.J), u(d.I), d.J));
+  AMPSCOPE_LT_CHECK(lt().cublasLtMatmulPreferenceCreate(&desc.pref));
   const std::uint64_t ws = kWorkspaceBytes;
-  AMPSCOPE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+  AMPSCOPE_LT_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                          sizeof(ws)));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc.op, desc.a, desc.b, desc.c, desc.c,
+  const cublasStatus_t h = lt().cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc.op, desc.a, desc.b, desc.c, desc.c,
                                                           desc.pref, 1, &heuristic, &found);
   if (h == CUBLAS_STATUS_NOT_SUPPORTED || (h == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
   check_lt(h, "cublasLtMatmulAlgoGetHeuristic");
   const float beta = 0.0f;
-  AMPSCOPE_LT_CHECK(cublasLtMatmul(lt_handle(), desc.op, &alpha, op_b_cols, desc.a, op_a_rows, desc.b, &beta, out,
+  AMPSCOPE_LT_CHECK(lt().cublasLtMatmul(lt_handle(), desc.op, &alpha, op_b_cols, desc.a, op_a_rows, desc.b, &beta, out,
                                    desc.c, out, desc.c, &heuristic.algo, workspace, kWorkspaceBytes, stream));
   return true;
 }
