@@ -8,6 +8,7 @@ timing and exits 1 with `NAME: premise broken: expected X, found Y` when it is n
                                     [--same-loss TRACE2] [--other-loss TRACE2] [--no-module TABLE=MODULE]...
 
   --steps N          the trace is complete (attribute `complete` 1) and /steps holds steps 0 .. N-1
+  --complete         the trace is complete and /steps holds steps 0 .. N-1 for some N >= 1
   --precision P      the trace's `precision` attribute is P
   --rows T=SPEC      the rows of table T (/ops, /fp8, /blocks, /precision; T.PHASE: only the rows of that phase,
                      e.g. ops.optimizer) lie in the steps SPEC says: `none` (no row), `every` (at least one in every
@@ -101,6 +102,11 @@ def check(args):
             if complete != 1 or steps != list(range(args.steps)):
                 raise Broken(f"a complete trace with steps 0..{args.steps - 1}",
                              f"complete={complete}, {len(steps)} steps {steps[:5]}{'...' if len(steps) > 5 else ''}")
+        if args.complete:
+            complete = int(f.attrs.get("complete", 0))
+            steps = steps_of(f)
+            if complete != 1 or not steps or steps != list(range(len(steps))):
+                raise Broken("a complete trace with steps 0..N-1", f"complete={complete}, steps {steps[:8]}")
         if args.precision is not None:
             p = f.attrs.get("precision", b"")
             p = p.decode() if isinstance(p, bytes) else str(p)
@@ -132,6 +138,7 @@ def main():
     ap.add_argument("name")
     ap.add_argument("trace")
     ap.add_argument("--steps", type=int)
+    ap.add_argument("--complete", action="store_true")
     ap.add_argument("--precision")
     ap.add_argument("--rows", action="append", default=[])
     ap.add_argument("--same-loss")
