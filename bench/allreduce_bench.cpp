@@ -16,15 +16,24 @@
 //   ZeRO-1      the same all-reduce, then AdamW's step over this rank's shard (ShardedOptimizer) and the
 //               owners' broadcasts of the updated parameters;
 // with the elements of optimizer state each rank holds (the largest shard's for ZeRO-1).
+// The premise, checked after timing (each rank prints "allreduce_bench: premise broken: expected X, found Y" and
+// exits 1, whatever the timings): at least 2 ranks; every buffer all-reduced holds the sum it should after the
+// warm-up and the timed steps (1/1024 times ranks^(1 + repeats), rounded to its dtype: the reduction really summed
+// over every rank each time); ZeRO-1's parameters equal plain DDP's bit for bit after the same steps (the sharded
+// step computed the same update) and its largest shard holds less state than plain DDP's whole.
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/distributed/data_parallel.h"
 #include "core/optim.h"
@@ -35,6 +44,22 @@
 namespace {
 
 using namespace ampscope;
+
+// Broken premises of this rank, reported after timing.
+std::vector<std::string> problems;
+
+// The first and last element of `t` hold `want` rounded to t's dtype (the all-reduce summed what it should).
+void expect_sum(const Tensor& t, double want, const std::string& what) {
+  const double rounded = full({1}, want, {.dtype = t.dtype()}).values()[0];
+  const std::vector<double> v = t.values();
+  for (double got : {v.front(), v.back()}) {
+    if (!(got == rounded)) {
+      problems.push_back(fmt::format("{}: expected {} ({} rounded to {}), found {}", what, rounded, want,
+                                     dtype_name(t.dtype()), got));
+      return;
+    }
+  }
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -119,6 +144,12 @@ int main(int argc, char** argv) {
             MPI_Allreduce(flat.data(), out.data(), static_cast<int>(total), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
           });
         }
+        // The warm-up and `repeats` all-reduces, each a sum over the ranks.
+        const double want = std::pow(static_cast<double>(group->size()), repeats + 1) / 1024;
+        const std::string label = fmt::format("{} {}", m.name, dtype_name(dtype));
+        expect_sum(flat, want, label + " flat buffer");
+        expect_sum(tensors.front(), want, label + " first tensor");
+        expect_sum(tensors.back(), want, label + " last tensor");
         if (group->rank() == 0) {
           const std::string mpi = mpi_ms.median_ms < 0 ? "" : format(mpi_ms);
           std::printf("| %s | %lld (%zu) | %s | %s | %s | %s |\n", m.name.c_str(), static_cast<long long>(total),
@@ -164,13 +195,26 @@ int main(int argc, char** argv) {
       });
       std::int64_t largest = 0;
       for (int r = 0; r < group->size(); ++r) largest = std::max(largest, 2 * zero.shard_elements(r));
+      for (std::size_t i = 0; i < plain_params.size(); ++i) {
+        if (plain_params[i].values() != zero_params[i].values()) {
+          problems.push_back(fmt::format("{}: expected ZeRO-1's parameter {} equal to plain DDP's bit for bit after "
+                                         "the same steps, found it differs", plain_models[m].first, i));
+          break;
+        }
+      }
+      if (group->size() >= 2 && largest >= optimizer_state_elements(plain_opt)) {
+        problems.push_back(fmt::format("{}: expected ZeRO-1's largest shard below plain DDP's {} state elements, "
+                                       "found {}", plain_models[m].first, optimizer_state_elements(plain_opt), largest));
+      }
       if (group->rank() == 0) {
         std::printf("| %s | %s | %s | %lld | %lld |\n", plain_models[m].first.c_str(), format(plain_ms).c_str(),
                     format(zero_ms).c_str(), static_cast<long long>(optimizer_state_elements(plain_opt)),
                     static_cast<long long>(largest));
       }
     }
-    return 0;
+    if (group->size() < 2) problems.push_back(fmt::format("expected at least 2 ranks, found {}", group->size()));
+    for (const std::string& p : problems) std::fprintf(stderr, "allreduce_bench: premise broken (rank %d): %s\n", group->rank(), p.c_str());
+    return problems.empty() ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "allreduce_bench: %s\n", e.what());
     return 1;

@@ -7,6 +7,11 @@
 # two (warm-up), each configuration the median over its rounds. The block statistics' share: (block health - block
 # dtype) - (bf16 health - bf16 dtype), as a fraction of the block health step. The mlp's last Linear (10 outputs)
 # cannot be blocked: KEEP (default fc3) is kept in bf16 in the block-scaled runs.
+# The premise, checked on every round's traces after timing (bench/premise.py; exits 1 with "premise broken"):
+# each run is complete with STEPS steps in the precision named; the block-scaled health runs have /blocks rows in
+# every step, none of module KEEP, and the bf16 runs none; the block-scaled runs' losses differ from the bf16 runs'
+# and from each other's (that format's arithmetic ran), and each precision's dtype and health runs have the same
+# losses bit for bit (the probe level changes only what is recorded).
 # Results: bench/RESULTS.md.
 #
 #   bench/block_step_bench.sh BIN [SAMPLE] [STEPS] [ROUNDS] [BATCH] [KEEP]     # BIN: the ampscope binary
@@ -31,9 +36,23 @@ for ((r = 0; r < rounds; ++r)); do
     [[ $precision != bf16 && -n $keep ]] && extra=(--fp8-keep-bf16 "$keep")
     for level in dtype health; do
       "$ampscope" train --sample "$sample" --device cpu --precision "$precision" --probe "$level" --steps "$steps" \
-        --batch "$batch" --out "$work/run.h5" --overwrite "${extra[@]}" >/dev/null
-      runs[$precision.$level]+="$(step_ms "$work/run.h5") "
+        --batch "$batch" --out "$work/$r.$precision.$level.h5" --overwrite "${extra[@]}" >/dev/null
+      runs[$precision.$level]+="$(step_ms "$work/$r.$precision.$level.h5") "
     done
+  done
+done
+for ((r = 0; r < rounds; ++r)); do
+  t="$work/$r"
+  premise block_step_bench "$t.bf16.dtype.h5" --steps "$steps" --precision bf16 --rows blocks=none
+  premise block_step_bench "$t.bf16.health.h5" --steps "$steps" --precision bf16 --rows blocks=none --same-loss "$t.bf16.dtype.h5"
+  for precision in mxfp8 nvfp4; do
+    other=$([[ $precision == mxfp8 ]] && echo nvfp4 || echo mxfp8)
+    premise block_step_bench "$t.$precision.dtype.h5" --steps "$steps" --precision "$precision" --rows blocks=none \
+      --other-loss "$t.bf16.dtype.h5"
+    keep_check=()
+    [[ -n $keep ]] && keep_check=(--no-module "blocks=$keep")
+    premise block_step_bench "$t.$precision.health.h5" --steps "$steps" --precision "$precision" --rows blocks=same \
+      --same-loss "$t.$precision.dtype.h5" --other-loss "$t.$other.health.h5" "${keep_check[@]}"
   done
 done
 declare -A med

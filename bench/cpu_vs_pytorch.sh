@@ -12,6 +12,12 @@
 # of the per-round ratios (ampscope / PyTorch; below 1 is faster). On a loaded machine read the CPU ratio at
 # 1 thread (a step's own work whatever else runs) and the wall ratio at 2 threads with its spread; say the
 # load (`uptime` is printed before and after). Needs torch at /usr/bin/python3.
+# The premise, checked after each round's pair of runs (exits 1 with "cpu_vs_pytorch: premise broken: expected X,
+# found Y"): both sides timed every model asked; they trained the same model (the same number of parameter tensors
+# and elements: training_bench's counters param_tensors and param_elements, from its --benchmark_out JSON where
+# they are exact, and pytorch_cpu_step.py's columns 5 and 6)
+# on the thread count asked (training_bench's counter threads, the CPU pool's size; torch.get_num_threads()); a
+# broken premise of either side's own (a non-finite loss, a missing gradient) stops the run with the side's error.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: bench/cpu_vs_pytorch.sh BUILD [ROUNDS] [MODELS]" >&2; exit 2; }
 build=$1
@@ -23,18 +29,48 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # gpt2_small's case is named gpt2_small/f32/iterations:3/real_time.
 filter="^($(echo "$models" | tr , '|'))/f32(/|\$)"
 results=$(mktemp)
-trap 'rm -f "$results"' EXIT
+errors=$(mktemp) ran=$(mktemp) ran_pytorch=$(mktemp)
+trap 'rm -f "$results" "$errors" "$ran" "$ran_pytorch"' EXIT
 
-ampscope_side() {  # threads -> lines "model wall_ms cpu_ms"
+ampscope_side() {  # threads -> lines "model wall_ms cpu_ms"; what ran (counters) in $ran as JSON
   AMPSCOPE_NUM_THREADS=$1 "$bench" --benchmark_filter="$filter" --benchmark_repetitions=3 \
-    --benchmark_report_aggregates_only=true --benchmark_format=csv 2>/dev/null |
+    --benchmark_report_aggregates_only=true --benchmark_format=csv --benchmark_out="$ran" \
+    --benchmark_out_format=json 2>"$errors" |
     awk -F, '$1 ~ /_median"?$/ { name = $1; gsub(/"/, "", name); sub(/\/.*/, "", name);
                                  for (i = 1; i <= NF; ++i) if (h[i] == "all_threads_cpu_ms") cpu = $i;
                                  print name, $3, cpu }
-             $1 == "name" { for (i = 1; i <= NF; ++i) { h[i] = $i; gsub(/"/, "", h[i]) } }'
+             $1 == "name" { for (i = 1; i <= NF; ++i) { h[i] = $i; gsub(/"/, "", h[i]) } }' ||
+    { echo "cpu_vs_pytorch: premise broken: expected training_bench to exit 0, found:" >&2; cat "$errors" >&2; exit 1; }
 }
-pytorch_side() {
-  /usr/bin/python3 "$here/pytorch_cpu_step.py" --threads "$1" --models "$models" | awk '{ print $1, $2, $3 }'
+pytorch_side() {  # threads -> lines "model wall_ms cpu_ms"; what ran in $ran_pytorch
+  /usr/bin/python3 "$here/pytorch_cpu_step.py" --threads "$1" --models "$models" >"$ran_pytorch"
+  awk '{ print $1, $2, $3 }' "$ran_pytorch"
+}
+# premise THREADS: every model asked timed on both sides, the same parameters, the threads asked (read from
+# training_bench's JSON, where counters are exact, and pytorch_cpu_step.py's columns 5 to 7).
+premise() {
+  /usr/bin/python3 - "$1" "$models" "$ran" "$ran_pytorch" <<'PY' || exit 1
+import json, sys
+threads, models, ran, ran_pytorch = int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3], sys.argv[4]
+ours = {}
+for b in json.load(open(ran))["benchmarks"]:
+    if b.get("aggregate_name") == "median":
+        ours[b["name"].split("/")[0]] = (int(b["param_tensors"]), int(b["param_elements"]), int(b["threads"]))
+theirs = {}
+for line in open(ran_pytorch):
+    f = line.split()
+    theirs[f[0]] = (int(f[4]), int(f[5]), int(f[6]))
+def broken(expected, found):
+    sys.exit(f"cpu_vs_pytorch: premise broken: expected {expected}, found {found}")
+for m in models:
+    if m not in ours or m not in theirs:
+        broken(f"{m} timed on both sides at {threads} thread(s)", f"ampscope {sorted(ours)}, pytorch {sorted(theirs)}")
+    if ours[m][:2] != theirs[m][:2]:
+        broken(f"the same model on both sides ({m})", f"ampscope {ours[m][0]} parameter tensors of {ours[m][1]} "
+               f"elements, pytorch {theirs[m][0]} of {theirs[m][1]}")
+    if ours[m][2] != threads or theirs[m][2] != threads:
+        broken(f"{threads} thread(s) on both sides ({m})", f"ampscope {ours[m][2]}, pytorch {theirs[m][2]}")
+PY
 }
 
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(uptime)"
@@ -45,6 +81,7 @@ for r in $(seq 1 "$rounds"); do
     else
       p=$(pytorch_side "$t"); a=$(ampscope_side "$t")
     fi
+    premise "$t"
     join <(echo "$a" | sort) <(echo "$p" | sort) | while read -r m aw ac pw pc; do
       echo "$r $t $m $aw $ac $pw $pc" | tee -a "$results" |
         awk '{ printf "round %d, %d thread(s), %-12s ampscope %8.2f ms wall %8.2f ms cpu | pytorch %8.2f wall %8.2f cpu | ratio wall %.2f cpu %.2f\n", $1, $2, $3, $4, $5, $6, $7, $4 / $6, $5 / $7 }'

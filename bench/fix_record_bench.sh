@@ -5,6 +5,10 @@
 # `ampscope record`, and `ampscope fix --run --after K` of that trace (the original, the f32 reference and one
 # re-run per remedy, each ended after the first anomaly's step + K), the three alternated ROUNDS times; prints
 # each run's wall time, fix's re-runs and verified count, and the medians over the rounds.
+# The premise, checked on every round's files after timing (exits 1 with "fix_record_bench: premise broken"): each
+# recorded trace is complete (bench/premise.py); fix exited 0, its re-run of the unchanged run reproduced the
+# anomaly, the original re-run (and the fp32 one, where there is one) ran, each re-run stopped at the first anomaly's step + AFTER (steps_rerun),
+# and a remedy of the kind the script is there for was verified (EXPECTED below; fix.json read, not fix's summary).
 #   bench/fix_record_bench.sh [BUILD_DIR] [ROUNDS] [AFTER]
 set -euo pipefail
 build=${1:-build}
@@ -25,7 +29,7 @@ echo "load before: $(uptime | sed 's/.*load average: //')"
 echo "fix --after $after, $rounds rounds"
 
 now() { date +%s.%N; }
-declare -A times
+declare -A times fix_status
 for ((r = 1; r <= rounds; r++)); do
   for script in bce_by_hand.py poisson_high_lr.py scaled_f16_train.py; do
     dir="$work/$r-${script%.py}"
@@ -40,6 +44,7 @@ for ((r = 1; r <= rounds; r++)); do
     status=0
     "$ampscope" fix --run --json --after "$after" run.h5 >fix.json 2>fix.err || status=$?
     t3=$(now)
+    fix_status[$r.$script]=$status
     summary=$("$python" -c 'import json, sys
 d = json.load(open("fix.json"))
 print(len(d["runs"]), d["verified"], " ".join(r["name"] for r in d["runs"] if r.get("verified")))')
@@ -53,6 +58,37 @@ print(len(d["runs"]), d["verified"], " ".join(r["name"] for r in d["runs"] if r.
   done
 done
 echo "load after: $(uptime | sed 's/.*load average: //')"
+# The remedy kind each script is there to prove (docs/report-format.md, Remedies).
+declare -A expected=([bce_by_hand.py]=cast_f32 [poisson_high_lr.py]=learning_rate [scaled_f16_train.py]=init_scale)
+for ((r = 1; r <= rounds; r++)); do
+  for script in bce_by_hand.py poisson_high_lr.py scaled_f16_train.py; do
+    dir="$work/$r-${script%.py}"
+    "$python" "$here/premise.py" fix_record_bench "$dir/run.h5" --complete || exit 1
+    "$python" - "$dir" "$script" "$after" "${expected[$script]}" "${fix_status[$r.$script]}" <<'PY' || exit 1
+import json, sys
+folder, script, after, kind, status = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+def broken(expected, found):
+    sys.exit(f"fix_record_bench: premise broken: expected {expected}, found {found} ({script}, {folder})")
+if status != 0:
+    broken("fix to exit 0", f"exit {status}: {open(folder + '/fix.err').read().strip()[:300]}")
+d = json.load(open(folder + "/fix.json"))
+runs = {r["name"]: r for r in d["runs"]}
+if not d.get("reproduced"):
+    broken("the unchanged re-run to reproduce the anomaly", f"reproduced {d.get('reproduced')}")
+# The fp32 reference only where the run was not f32 already (poisson_high_lr.py has none).
+for name in ("original", "fp32"):
+    if (name == "original" or name in runs) and not runs.get(name, {}).get("ran"):
+        broken(f"the {name} re-run to have run", f"{runs.get(name, {}).get('error', 'no such run')}")
+want = d["first_anomaly"]["step"] + after + 1
+if d["steps_rerun"] != want:
+    broken(f"re-runs of {want} steps (first anomaly at step {d['first_anomaly']['step']}, --after {after})",
+           f"{d['steps_rerun']}")
+verified = [r["kind"] for r in d["runs"] if r.get("verified")]
+if kind not in verified:
+    broken(f"a verified remedy of kind {kind}", f"verified kinds {verified} (of {[r['kind'] for r in d['runs']]})")
+PY
+  done
+done
 echo "medians over the rounds (s): script plain record fix"
 for script in bce_by_hand.py poisson_high_lr.py scaled_f16_train.py; do
   # shellcheck disable=SC2086

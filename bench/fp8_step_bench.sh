@@ -6,6 +6,10 @@
 # gives the median over its steps after the first two (warm-up), each configuration the median over its rounds.
 # The FP8 statistics' share: (fp8 health - fp8 dtype) - (bf16 health - bf16 dtype), the health level's extra
 # work that only the FP8 run has, as a fraction of the fp8 health step.
+# The premise, checked on every round's traces after timing (bench/premise.py; exits 1 with "premise broken"):
+# each run is complete with STEPS steps in the precision named; the fp8 health run has /fp8 rows in every step and
+# the bf16 runs none; the fp8 runs' losses differ from the bf16 runs' (FP8 arithmetic ran) and each precision's
+# dtype and health runs have the same losses bit for bit (the probe level changes only what is recorded).
 # Results: bench/RESULTS.md.
 #
 #   bench/fp8_step_bench.sh BIN [SAMPLE] [STEPS] [ROUNDS] [BATCH]     # BIN: the ampscope binary
@@ -27,10 +31,17 @@ for ((r = 0; r < rounds; ++r)); do
   for precision in bf16 fp8; do
     for level in dtype health; do
       "$ampscope" train --sample "$sample" --device cpu --precision "$precision" --probe "$level" --steps "$steps" \
-        --batch "$batch" --out "$work/run.h5" --overwrite >/dev/null
-      runs[$precision.$level]+="$(step_ms "$work/run.h5") "
+        --batch "$batch" --out "$work/$r.$precision.$level.h5" --overwrite >/dev/null
+      runs[$precision.$level]+="$(step_ms "$work/$r.$precision.$level.h5") "
     done
   done
+done
+for ((r = 0; r < rounds; ++r)); do
+  t="$work/$r"
+  premise fp8_step_bench "$t.bf16.dtype.h5" --steps "$steps" --precision bf16 --rows fp8=none
+  premise fp8_step_bench "$t.bf16.health.h5" --steps "$steps" --precision bf16 --rows fp8=none --same-loss "$t.bf16.dtype.h5"
+  premise fp8_step_bench "$t.fp8.dtype.h5" --steps "$steps" --precision fp8 --rows fp8=none --other-loss "$t.bf16.dtype.h5"
+  premise fp8_step_bench "$t.fp8.health.h5" --steps "$steps" --precision fp8 --rows fp8=same --same-loss "$t.fp8.dtype.h5"
 done
 declare -A med
 for k in bf16.dtype bf16.health fp8.dtype fp8.health; do med[$k]=$(median ${runs[$k]}); done

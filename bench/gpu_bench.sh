@@ -10,6 +10,10 @@
 #   bench/gpu_bench.sh run     # there: run(command="bench/gpu_bench.sh run", carry=[".gpubench"])
 #
 # Environment: STEPS (default 200) timed steps per training run, on top of WARMUP (default 20).
+# The premise of the training table, checked on each long run's trace after timing (`ampscope report --json`; a
+# broken one is written to the report and stderr as "gpu_bench: premise broken: expected X, found Y" and the script
+# exits 1): the trace is complete with WARMUP + STEPS steps on device cuda, no op rows with --probe off and op rows
+# with health and full. pytorch_bench.py checks its models trained on cuda to a finite loss.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -89,6 +93,20 @@ case "${1:-}" in
       unfused=$(AMPSCOPE_FUSED_AMP=0 per_step "$sample-unfused" "${common[@]}" --probe off --out "$out/$sample-unfused.h5") || status=1
       health=$(per_step "$sample-health" "${common[@]}" --probe health --out "$out/$sample-health.h5") || status=1
       full=$(per_step "$sample-full" "${common[@]}" --probe full --out "$out/$sample-full.h5") || status=1
+      for level in off unfused health full; do
+        [[ -f $out/$sample-$level.h5 ]] || continue
+        if ! "$ampscope" report --json "$out/$sample-$level.h5" 2>/dev/null |
+          python3 -c 'import json, sys
+d, want, level = json.load(sys.stdin), int(sys.argv[1]), sys.argv[2]
+ops_ok = d["op_rows"] == 0 if level in ("off", "unfused") else d["op_rows"] > 0
+if not (d["complete"] and d["steps"] == want and d["run"]["device"] == "cuda" and ops_ok):
+    sys.exit("gpu_bench: premise broken: expected %s: a complete trace of %d steps on cuda, %s, found complete %s, "
+             "%d steps on %s, %d op rows" % (sys.argv[3], want, "no op rows" if level in ("off", "unfused") else
+             "op rows", d["complete"], d["steps"], d["run"]["device"], d["op_rows"]))' \
+            $((warmup + steps)) "$level" "$sample-$level" 2>&1 | tee -a "$report" >&2; then
+          status=1
+        fi
+      done
       ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
       echo "| $sample | $off | ${unfused:-} | ${health:-} | ${full:-} | $(ratio "${health:-0}" "$off") | $(ratio "${full:-0}" "$off") |" >> "$report"
       rm -f "$out"/*.h5  # traces are large and not needed back

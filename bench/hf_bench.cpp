@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -71,7 +73,11 @@ int write(const fs::path& dir) {
 int load(const fs::path& dir) {
   const auto t0 = std::chrono::steady_clock::now();
   samples::hf::LoadedModel loaded = samples::hf::load_model(dir);
-  fmt::print("load: {:.3f} s, peak RSS {:.0f} MiB\n", seconds_since(t0), peak_rss_mib());
+  const double seconds = seconds_since(t0);
+  // The parameters loaded, for bench/hf_bench.sh's premise (PyTorch's side loaded the same model).
+  std::int64_t n = 0;
+  for (const Tensor& p : loaded.model->parameters()) n += p.numel();
+  fmt::print("load: {:.3f} s, peak RSS {:.0f} MiB ({} parameters)\n", seconds, peak_rss_mib(), n);
   return 0;
 }
 
@@ -86,13 +92,25 @@ int step(const std::string& precision, const fs::path& dir, int steps) {
   c.probe = "off";
   c.precision = samples::parse_precision(precision);
   std::vector<double> at;
-  samples::train(c, [&](const samples::StepReport& r) { at.push_back(r.seconds); });
+  std::vector<double> losses;
+  samples::train(c, [&](const samples::StepReport& r) {
+    at.push_back(r.seconds);
+    losses.push_back(r.loss);
+  });
   std::vector<double> times;
   for (std::size_t i = 2; i < at.size(); ++i) times.push_back(at[i] - at[i - 1]);
   std::sort(times.begin(), times.end());
   const double median = times.empty() ? 0 : times[times.size() / 2];
   fmt::print("{}: step {:.1f} ms (median of {}; min {:.1f}, max {:.1f}), peak RSS {:.0f} MiB\n", precision,
              1000 * median, times.size(), 1000 * times.front(), 1000 * times.back(), peak_rss_mib());
+  // The premise (after timing): every step asked ran and ended with a finite loss; exit 1 otherwise.
+  const auto bad = std::find_if(losses.begin(), losses.end(), [](double l) { return !std::isfinite(l); });
+  if (static_cast<int>(at.size()) != c.steps || bad != losses.end()) {
+    std::fprintf(stderr, "hf_bench: premise broken: expected %lld steps with a finite loss, found %zu steps%s\n",
+                 static_cast<long long>(c.steps), at.size(),
+                 bad == losses.end() ? "" : fmt::format(", loss {} at step {}", *bad, bad - losses.begin()).c_str());
+    return 1;
+  }
   return 0;
 }
 

@@ -93,13 +93,16 @@ def main():
     weights = load_safetensors(os.path.join(folder, "model.safetensors"))
     model = GPT2(config, weights)
     if phase == "load":
-        print(f"load: {time.perf_counter() - t0:.3f} s, peak RSS {peak_rss_mib():.0f} MiB")
+        seconds = time.perf_counter() - t0
+        # The parameters loaded, for bench/hf_bench.sh's premise (ampscope's side loaded the same model).
+        print(f"load: {seconds:.3f} s, peak RSS {peak_rss_mib():.0f} MiB "
+              f"({sum(p.numel() for p in model.parameters())} parameters)")
         return
     ids = torch.tensor([int(t) for t in open(os.path.join(folder, "tokens.txt")).read().split()], dtype=torch.int64)
     T = 256
     windows = (len(ids) - 1) // T
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.0)
-    times = []
+    times, losses = [], []
     for s in range(steps + 2):
         k = s % windows
         x, y = ids[k * T:k * T + T].unsqueeze(0), ids[k * T + 1:k * T + T + 1].unsqueeze(0)
@@ -112,10 +115,14 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t)
+        losses.append(loss.item())
     times = sorted(times[2:])
     print(f"torch {phase}: step {1000 * statistics.median(times):.1f} ms (median of {len(times)}; min "
           f"{1000 * times[0]:.1f}, max {1000 * times[-1]:.1f}), peak RSS {peak_rss_mib():.0f} MiB "
           f"(threads {torch.get_num_threads()})")
+    # The premise (after timing): every step ended with a finite loss.
+    if not all(math.isfinite(l) for l in losses):
+        sys.exit(f"hf_pytorch_bench: premise broken: expected a finite loss in every step, found {losses}")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,7 @@ def time_training(name, model, x, y, loss_fn, lr, dtype, steps, warmup, device):
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
+        return loss
 
     for _ in range(warmup):
         step()
@@ -115,9 +116,14 @@ def time_training(name, model, x, y, loss_fn, lr, dtype, steps, warmup, device):
     per = []
     for _ in range(min(steps, 100)):
         t1 = time.perf_counter()
-        step()
+        loss = step()
         torch.cuda.synchronize()
         per.append((time.perf_counter() - t1) * 1e3)
+    # The premise (after timing): the model trained on the GPU, to a finite loss.
+    where = {str(p.device) for p in model.parameters()}
+    if not math.isfinite(loss.item()) or any(not d.startswith("cuda") for d in where):
+        raise SystemExit(f"pytorch_bench: premise broken: expected {name} on cuda with a finite loss, found "
+                         f"parameters on {sorted(where)}, loss {loss.item()}")
     return loop_ms, statistics.median(per)
 
 

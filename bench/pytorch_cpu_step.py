@@ -7,8 +7,9 @@ step_loop does. Models as samples/models.cpp builds them: MLP 784-256-256-10 bat
 (2 pre-LN blocks, d 128, 4 heads, context 64, vocabulary 256, tanh GELU) batch 16; GPT-2-small shapes (12
 blocks, d 768, 12 heads, vocabulary 50257, untied head) batch 1, context 256. Attention is written as
 the ampscope op computes it (bmm, scale, causal masked_fill, softmax, bmm): PyTorch 1.13 has no
-scaled_dot_product_attention. Prints one line per model: `name wall_ms cpu_ms steps` (medians per step; cpu_ms is the process's CPU
-time, all threads, the fairer figure on a loaded machine).
+scaled_dot_product_attention. Prints one line per model: `name wall_ms cpu_ms steps param_tensors param_elements
+threads` (medians per step; cpu_ms is the process's CPU time, all threads, the fairer figure on a loaded machine; the
+last three what ran, for bench/cpu_vs_pytorch.sh's premise: the parameters' tensors and elements, torch's threads).
 
   /usr/bin/python3 bench/pytorch_cpu_step.py --threads 1 [--models mlp,cnn,transformer,gpt2_small] [--seconds 2]
 """
@@ -115,7 +116,9 @@ def main():
         # The premise: a finite loss and a gradient for every parameter.
         if not math.isfinite(loss.item()) or any(p.grad is None for p in model.parameters()):
             raise SystemExit(f"pytorch_cpu_step: premise broken for {name}: loss {loss.item()} or a missing gradient")
-        print(f"{name} {statistics.median(times):.3f} {statistics.median(cpu):.3f} {len(times)}", flush=True)
+        params = list(model.parameters())
+        print(f"{name} {statistics.median(times):.3f} {statistics.median(cpu):.3f} {len(times)} {len(params)} "
+              f"{sum(p.numel() for p in params)} {torch.get_num_threads()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,12 @@
 # CLOCK=cpu: each run's steps timed in the script's CPU time (record_bench_train.py --clock cpu: the recorder runs in
 # the script's process and is counted, the `ampscope record` writer process is not), steadier than wall time when
 # other work loads the machine.
+# The premise, checked on every run after timing (bench/premise.py on the traces; exits 1 with "premise broken"):
+# each recorded run wrote a complete trace of STEPS steps; health, the baseline and record-optimizer have /ops rows
+# in every step (the same number of forward and of backward rows each step), optimizer rows only with
+# --record-optimizer; the sampled and flight-recorder runs have op rows only in steps 0, 10, 20, ... (their share);
+# the plain run ran no recorder, the recorded runs one, the baseline the one in BASE_PYTHON_DIR (the script's last
+# line, `recorder DIR`, names the package's folder).
 #   [BASE_PYTHON_DIR=DIR] [CLOCK=wall|cpu] bench/record_bench.sh [BUILD_DIR] [ROUNDS] [STEPS]
 # Steps after the first two count (warm-up); STEPS - 2 should be a multiple of 10 so the sampled runs
 # record their share (steps 10, 20, ...).
@@ -36,7 +42,7 @@ echo "clock: $clock (per step; cpu: the script's process time, the writer proces
 echo "model: d 256, 2 blocks, 4 heads, batch 8, seq 64, vocab 512, bf16 CPU autocast, AdamW; $steps steps, the first 2 not timed"
 
 declare -A med mean
-declare -A last
+declare -A last recorder
 ratios_health="" ratios_every10="" ratios_optimizer="" ratios_flight="" ratios_base=""
 kinds="plain health every10 optimizer flight"
 # The baseline right after health, so that the two are seconds apart in each round.
@@ -45,14 +51,15 @@ run() {  # run KIND ROUND: appends the run's median and mean step time
   local kind=$1 out
   case $kind in
     plain)  out=$("$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock") ;;
-    health) out=$("$ampscope" record --out "$work/h.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
-    every10) out=$("$ampscope" record --out "$work/s.h5" --probe health --sample-every 10 -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
-    optimizer) out=$("$ampscope" record --out "$work/o.h5" --probe health --record-optimizer -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
-    flight) out=$("$ampscope" record --out "$work/f.h5" --probe health --sample-every 10 --flight-recorder 4 -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
-    base) out=$(AMPSCOPE_PYTHON_DIR="$BASE_PYTHON_DIR" "$ampscope" record --out "$work/b.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
-  esac
+    health) out=$("$ampscope" record --out "$work/$2.h.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
+    every10) out=$("$ampscope" record --out "$work/$2.s.h5" --probe health --sample-every 10 -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
+    optimizer) out=$("$ampscope" record --out "$work/$2.o.h5" --probe health --record-optimizer -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
+    flight) out=$("$ampscope" record --out "$work/$2.f.h5" --probe health --sample-every 10 --flight-recorder 4 -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
+    base) out=$(AMPSCOPE_PYTHON_DIR="$BASE_PYTHON_DIR" "$ampscope" record --out "$work/$2.b.h5" --probe health -- "$python" "$here/record_bench_train.py" --steps "$steps" --clock "$clock" 2>/dev/null) ;;
+  esac || { echo "record_bench: round $2's $kind run exited with status $? (its stderr is not kept: run it by hand)" >&2; exit 1; }
   local line
   line=$(grep '^step_ms' <<<"$out")
+  recorder[$2.$kind]=$(awk '$1 == "recorder" { print $2 }' <<<"$out")
   med[$kind]+="$(awk '{print $3}' <<<"$line") "
   last[$kind]="$(awk '{print $3, $5}' <<<"$line")"
   mean[$kind]+="$(awk '{print $5}' <<<"$line") "
@@ -68,6 +75,26 @@ for ((r = 1; r <= rounds; r++)); do
   [[ -n "${BASE_PYTHON_DIR:-}" ]] && ratios_base+="$(awk -v a="${last[base]% *}" -v b="$pm_r" 'BEGIN {print a / b}') "
 done
 echo "load after: $(uptime | sed 's/.*load average: //')"
+
+premise() { "$python" "$here/premise.py" record_bench "$@" || exit 1; }
+broken() { echo "record_bench: premise broken: expected $1, found $2" >&2; exit 1; }
+base_dir=""
+[[ -n "${BASE_PYTHON_DIR:-}" ]] && base_dir=$(realpath "$BASE_PYTHON_DIR")
+for ((r = 1; r <= rounds; r++)); do
+  premise "$work/$r.h.h5" --steps "$steps" --rows ops.forward=same --rows ops.backward=same --rows ops.optimizer=none
+  premise "$work/$r.s.h5" --steps "$steps" --rows ops=mod:10
+  premise "$work/$r.o.h5" --steps "$steps" --rows ops.forward=same --rows ops.backward=same --rows ops.optimizer=every
+  premise "$work/$r.f.h5" --steps "$steps" --rows ops=mod:10
+  [[ -n $base_dir ]] && premise "$work/$r.b.h5" --steps "$steps" --rows ops.forward=same --rows ops.backward=same
+  for kind in $kinds; do
+    got=${recorder[$r.$kind]:-}
+    case $kind in
+      plain) [[ $got == none ]] || broken "round $r's plain run without a recorder" "recorder '$got'" ;;
+      base) [[ $got == "$base_dir" ]] || broken "round $r's baseline recorded by $base_dir" "recorder '$got'" ;;
+      *) [[ -n $got && $got != none ]] || broken "round $r's $kind run recorded" "recorder '$got'" ;;
+    esac
+  done
+done
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 pm=$(median <<<"${med[plain]}"); hm=$(median <<<"${med[health]}")

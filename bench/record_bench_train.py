@@ -5,10 +5,12 @@
 # hides them), so start-up and import costs stay out of the ratio. --clock cpu: this process's CPU time
 # (time.process_time, all its threads) in place of wall time: steadier than wall time on a machine loaded by others,
 # where a step waits for a core as long as it runs (bench/RESULTS.md); an `ampscope record` writer process is not
-# counted.
+# counted. Its last line names the folder of the ampscope package recording it ("none" when run plain).
 import argparse
 import math
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -93,3 +95,7 @@ for i in range(args.steps):
     opt.zero_grad(set_to_none=True)
     times.append(clock() - start)
 print("step_ms median %.3f mean %.3f" % (statistics.median(times[2:]) * 1000.0, statistics.mean(times[2:]) * 1000.0))
+# For bench/record_bench.sh's premise (after timing): which recorder, if any, ran in this process (the ampscope
+# package `ampscope record` put on the path), so a baseline run is known to have used BASE_PYTHON_DIR's.
+recorder = sys.modules.get("ampscope")
+print("recorder", os.path.dirname(os.path.dirname(os.path.realpath(recorder.__file__))) if recorder else "none")

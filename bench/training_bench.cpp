@@ -28,6 +28,7 @@
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "kernels/parallel.h"
 #include "samples/models.h"
 #include "samples/synthetic.h"
 
@@ -95,6 +96,13 @@ void step_loop(benchmark::State& state, nn::Module& model, const Tensor& x, cons
   // All threads' CPU time per step (ms), the step's own work whatever else the machine runs.
   state.counters["all_threads_cpu_ms"] = 1000 * cpu / static_cast<double>(state.iterations());
   state.counters["samples/s"] = benchmark::Counter(static_cast<double>(x.size(0)), benchmark::Counter::kIsIterationInvariantRate);
+  // What was trained, for bench/cpu_vs_pytorch.sh's premise (the PyTorch side trained the same model on the thread
+  // count asked): the number of parameter tensors and of their elements, and the CPU pool's threads.
+  double elements = 0;
+  for (const Tensor& p : model.parameters()) elements += static_cast<double>(p.numel());
+  state.counters["param_tensors"] = static_cast<double>(model.parameters().size());
+  state.counters["param_elements"] = elements;
+  state.counters["threads"] = cpu::num_threads();
 }
 
 // MLP 784 -> 256 -> 256 -> 10, batch 128.

@@ -4,6 +4,11 @@
 # the three runs of a sample and precision alternated ROUNDS times so they see the same machine load.
 # A run's step time is the median of its /steps time_ms after the first two steps; each configuration's the
 # median over its rounds; ratios are against the untwinned run of the same precision.
+# The premise, checked on every run's trace after a configuration's rounds (bench/premise.py; exits 1 with "premise
+# broken"): each run is complete with STEPS steps in the precision named; the plain run has no /precision rows; in
+# fp32 --twin has none either and --twin-f64 the same number in every step; in fp16 --twin has the same number in
+# every step and --twin-f64 more than --twin in every step (the f32 ops twinned too); every run's losses equal the
+# plain run's bit for bit (the twin only watches the run).
 # Results: bench/RESULTS.md.
 #
 #   bench/twin_f64_bench.sh build [STEPS] [ROUNDS]     # build: the build folder holding bin/ampscope
@@ -33,14 +38,26 @@ for sample in mlp cnn transformer; do
           f64) extra=(--twin-f64) ;;
         esac
         "$ampscope" train --overwrite --sample "$sample" --precision "$precision" --device cpu --steps "$steps" --probe health \
-          --out "$work/$mode.h5" "${extra[@]}" >/dev/null
-        ms=$(step_ms "$work/$mode.h5")
+          --out "$work/$r.$mode.h5" "${extra[@]}" >/dev/null
+        ms=$(step_ms "$work/$r.$mode.h5")
         case $mode in
           plain) plain+=("$ms") ;;
           twin) twin+=("$ms") ;;
           f64) f64+=("$ms") ;;
         esac
       done
+    done
+    for ((r = 0; r < rounds; ++r)); do
+      t="$work/$r"
+      premise twin_f64_bench "$t.plain.h5" --steps "$steps" --precision "$precision" --rows precision=none
+      if [[ $precision == fp32 ]]; then
+        premise twin_f64_bench "$t.twin.h5" --steps "$steps" --precision fp32 --rows precision=none --same-loss "$t.plain.h5"
+        premise twin_f64_bench "$t.f64.h5" --steps "$steps" --precision fp32 --rows precision=same --same-loss "$t.plain.h5"
+      else
+        premise twin_f64_bench "$t.twin.h5" --steps "$steps" --precision "$precision" --rows precision=same --same-loss "$t.plain.h5"
+        premise twin_f64_bench "$t.f64.h5" --steps "$steps" --precision "$precision" --rows "precision=more:$t.twin.h5" \
+          --same-loss "$t.plain.h5"
+      fi
     done
     p=$(median "${plain[@]}") t=$(median "${twin[@]}") f=$(median "${f64[@]}")
     awk -v s="$sample" -v q="$precision" -v p="$p" -v t="$t" -v f="$f" \

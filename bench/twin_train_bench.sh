@@ -7,6 +7,10 @@
 # and twin's work in them); each run gives the median over its steps after the first two (warm-up), each
 # configuration the median over its rounds, and the ratios are twin / plain, forward-only / plain and
 # every-5 / plain.
+# The premise, checked on every run's trace after a sample's rounds (bench/premise.py; exits 1 with "premise
+# broken"): each run is complete with STEPS steps in fp16; the plain run has no /precision rows, --twin the same
+# number in every step, forward and backward, --twin-forward-only forward rows only, --twin-every 5 rows only in
+# steps 0, 5, 10, ...; every run's losses equal the plain run's bit for bit (the twin only watches the run).
 # Results: bench/RESULTS.md.
 #
 #   bench/twin_train_bench.sh build [STEPS] [ROUNDS]     # build: the build folder holding bin/ampscope
@@ -36,8 +40,8 @@ for sample in mlp cnn transformer; do
         every) extra=(--twin-every 5) ;;
       esac
       "$ampscope" train --overwrite --sample "$sample" --precision fp16 --device cpu --steps "$steps" --probe health \
-        --out "$work/$mode.h5" "${extra[@]}" >/dev/null
-      ms=$(step_ms "$work/$mode.h5")
+        --out "$work/$sample.$r.$mode.h5" "${extra[@]}" >/dev/null
+      ms=$(step_ms "$work/$sample.$r.$mode.h5")
       case $mode in
         plain) plain+=("$ms") ;;
         twin) twin+=("$ms") ;;
@@ -45,6 +49,15 @@ for sample in mlp cnn transformer; do
         every) every+=("$ms") ;;
       esac
     done
+  done
+  for ((r = 0; r < rounds; ++r)); do
+    t="$work/$sample.$r"
+    premise twin_train_bench "$t.plain.h5" --steps "$steps" --precision fp16 --rows precision=none
+    premise twin_train_bench "$t.twin.h5" --steps "$steps" --precision fp16 --rows precision=same \
+      --rows precision.forward=every --rows precision.backward=every --same-loss "$t.plain.h5"
+    premise twin_train_bench "$t.forward.h5" --steps "$steps" --precision fp16 --rows precision=same \
+      --rows precision.backward=none --same-loss "$t.plain.h5"
+    premise twin_train_bench "$t.every.h5" --steps "$steps" --precision fp16 --rows precision=mod:5 --same-loss "$t.plain.h5"
   done
   p=$(median "${plain[@]}") t=$(median "${twin[@]}") f=$(median "${forward[@]}") e=$(median "${every[@]}")
   awk -v s="$sample" -v p="$p" -v t="$t" -v f="$f" -v e="$e" \

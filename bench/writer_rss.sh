@@ -9,6 +9,9 @@
 # exceeds LIMIT_KB (default 1024: "flat within 1 MB after warm-up"), 0 otherwise. Outside the default suite:
 # 100,000 steps take about 6 minutes on the 2-core development machine. Results go into bench/RESULTS.md
 # ("writer_rss.sh") by hand, with the date, machine and load.
+# The premise, checked after the runs (bench/premise.py on WORK/run.h5; exits 1 with "writer_rss: premise broken"
+# whatever the RSS): the trace is complete with every one of the STEPS steps asked, each with the same number of op
+# rows (the writer wrote what the figures say it wrote), and each run's progress reached step STEPS.
 #
 # Arguments after `--` are passed to every `ampscope train` (another configuration: `-- --growth-interval
 # 1000000` keeps the fp16 run's loss scale from growing into the overflows that, from about step 55,000, make
@@ -36,6 +39,10 @@ interval=${4:-2}
 limit_kb=${5:-1024}
 mkdir -p "$work"
 
+# reached OUT: the steps done by the last progress line printed so far to OUT (lines end in '\r' or '\n'): its
+# "(N/STEPS done)", or "step N/" as progress lines were printed before.
+reached() { tr '\r' '\n' <"$1" | grep -oE '\([0-9]+/[0-9]+ done|step [0-9]+/' | tail -1 | sed -E 's/^\(//; s/^step //; s/\/.*//'; }
+
 # measure LABEL ARGS...: runs train, samples RSS; prints the samples and a summary line; returns 1 past the limit.
 measure() {
   local label=$1
@@ -49,8 +56,7 @@ measure() {
   while kill -0 "$pid" 2>/dev/null; do
     local rss step
     rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
-    # Progress lines end in '\r' or '\n': the last "step N/" printed so far.
-    step=$(tr '\r' '\n' <"$out" | grep -o 'step [0-9]*/' | tail -1 | tr -dc '0-9')
+    step=$(reached "$out")
     [[ -n $rss && -n $step ]] && echo "$((SECONDS - start)) $step $rss" >>"$samples"
     sleep "$interval"
   done
@@ -88,6 +94,14 @@ if ((compare)); then
   measure without-out
 fi
 echo "writer_rss: load $(cut -d' ' -f1-3 /proc/loadavg) at the end"
+for label in with-out $( ((compare)) && echo without-out); do
+  done_steps=$(reached "$work/$label.out")
+  if [[ $done_steps != "$steps" ]]; then
+    echo "writer_rss: premise broken: expected the $label run's progress to reach $steps steps done, found '$done_steps'" >&2
+    exit 1
+  fi
+done
+/usr/bin/python3 "$(dirname "${BASH_SOURCE[0]}")/premise.py" writer_rss "$work/run.h5" --steps "$steps" --rows ops=same || exit 1
 if ((result == 1)); then
   echo "writer_rss: FAIL: RSS grew more than $limit_kb kB after warm-up with --out" >&2
 fi
