@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/functors.h"
 
@@ -109,6 +110,51 @@ TEST(cpu_backend_test, im2col_places_every_element_where_index_arithmetic_says) 
         }
       }
       EXPECT_EQ(wrong, 0);
+    }
+  }
+}
+
+// A convolution's weight gradient sums every image's product in one float accumulator; its sgemm calls are
+// cut into blocks of output columns (kernels/cpu/nn_kernels.cpp, for_column_blocks). These shapes give 4
+// uneven blocks (270 columns: 67, 68, 67, 68) with 16 x 1024 multiply-adds per column, and one where each
+// call falls below OpenBLAS's small-matrix size (3 x 18 columns, 1 block): every element must be its f64
+// sum of products within the float dot product's error bound, gamma_k * sum |terms|, at f32 and f64.
+TEST(cpu_backend_test, conv2d_weight_gradient_in_column_blocks_is_the_f64_sum_over_the_batch) {
+  struct Case { std::int64_t n, c, o, h, k; DType dtype; };
+  for (const Case& cs : {Case{2, 30, 16, 34, 3, DType::f32}, Case{2, 30, 16, 34, 3, DType::f64},
+                         Case{3, 2, 3, 7, 3, DType::f32}}) {
+    Generator gen(11);
+    const std::int64_t oh = cs.h - cs.k + 1;
+    const Tensor x = randn({cs.n, cs.c, cs.h, cs.h}, gen).to(cs.dtype);
+    Tensor w = randn({cs.o, cs.c, cs.k, cs.k}, gen).to(cs.dtype);
+    w.requires_grad_();
+    const Tensor g = randn({cs.n, cs.o, oh, oh}, gen).to(cs.dtype);
+    conv2d(x, w).backward(g);
+    ASSERT_TRUE(w.grad().defined());
+    const std::vector<double> xv = x.values(), gv = g.values(), got = w.grad().values();
+    const double unit = cs.dtype == DType::f64 ? 0x1p-53 : 0x1p-24;
+    const double terms = static_cast<double>(cs.n * oh * oh);
+    for (std::int64_t o = 0; o < cs.o; ++o) {
+      for (std::int64_t c = 0; c < cs.c; ++c) {
+        for (std::int64_t ki = 0; ki < cs.k; ++ki) {
+          for (std::int64_t kj = 0; kj < cs.k; ++kj) {
+            double ref = 0, mag = 0;
+            for (std::int64_t n = 0; n < cs.n; ++n) {
+              for (std::int64_t i = 0; i < oh; ++i) {
+                for (std::int64_t j = 0; j < oh; ++j) {
+                  const double t = gv[((n * cs.o + o) * oh + i) * oh + j] * xv[((n * cs.c + c) * cs.h + i + ki) * cs.h + j + kj];
+                  ref += t;
+                  mag += std::fabs(t);
+                }
+              }
+            }
+            const std::int64_t at = ((o * cs.c + c) * cs.k + ki) * cs.k + kj;
+            // gamma_k = k u / (1 - k u), plus the final rounding to the dtype.
+            const double bound = terms * unit / (1 - terms * unit) * mag + unit * std::fabs(ref);
+            ASSERT_NEAR(got[at], ref, bound) << dtype_name(cs.dtype) << " c " << cs.c << " element " << at;
+          }
+        }
+      }
     }
   }
 }
