@@ -1,6 +1,7 @@
 // The CPU backend's dispatch table and its strided loops, which every other op builds on.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -60,6 +61,38 @@ TEST(cpu_backend_test, strided_copy_matches_index_arithmetic_across_parallel_chu
     }
   }
   EXPECT_EQ(n, dense.numel());
+  EXPECT_EQ(wrong, 0);
+}
+
+// A transposed f32 matrix made contiguous goes through 8 x 8 register blocks (kernels/cpu/cpu_backend.cpp,
+// copy_transposed) with scalar edges: sizes that are not multiples of 8 or of the 32-element tiles, a batch
+// dimension in front, and a source whose column stride is larger than its row count (a slice): every
+// element must land where index arithmetic says, and keep its bits (NaN payloads, -0, subnormals included).
+TEST(cpu_backend_test, transposed_f32_copy_moves_every_element_and_its_bits) {
+  const std::int64_t batch = 3, rows = 77, cols = 45, pitch = 83;  // source [batch, cols, pitch], rows of it used
+  std::vector<float> src(static_cast<std::size_t>(batch * cols * pitch));
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) * 0.5f - 1000.0f;
+  const std::uint32_t specials[] = {0x7FC01234u, 0x80000000u, 0x00000001u, 0xFF800000u};
+  for (std::size_t s = 0; s < 4; ++s) std::memcpy(&src[s * 997 + 5], &specials[s], 4);
+  Tensor base = Tensor::empty({batch, cols, pitch}, {DType::f32});
+  std::memcpy(base.data(), src.data(), src.size() * sizeof(float));
+  const Tensor view = base.slice(2, 0, rows).transpose(1, 2);  // [batch, rows, cols], strides (cols * pitch, 1, pitch)
+  const Tensor dense = view.contiguous();
+  ASSERT_TRUE(dense.is_contiguous());
+  const auto* got = static_cast<const std::uint32_t*>(dense.data());
+  std::int64_t wrong = 0;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < cols; ++c) {
+        std::uint32_t expected;
+        std::memcpy(&expected, &src[static_cast<std::size_t>((b * cols + c) * pitch + r)], 4);
+        const std::uint32_t value = got[(b * rows + r) * cols + c];
+        if (value != expected && wrong++ < 5) {
+          ADD_FAILURE() << "element [" << b << ", " << r << ", " << c << "]: bits " << std::hex << value << " != " << expected;
+        }
+      }
+    }
+  }
   EXPECT_EQ(wrong, 0);
 }
 
