@@ -432,6 +432,25 @@ void for_row_blocks(std::int64_t m, std::int64_t grain, const Fn& rows) {
   });
 }
 
+// The batch-summed product's blocks: columns of the output, not rows. OpenBLAS packs the whole of B (for a
+// convolution's weight gradient, an image's transposed columns, 576 x 288 floats for the sample CNN's conv2)
+// in every call, so 8 row blocks packed it 8 times an image and the packing cost about as much as the
+// arithmetic; a column block packs only its own columns of B (and all of the small A). Bounds from the
+// shapes only, as for_row_blocks: at most kColumnBlocks blocks of at least `grain` columns, and at least
+// kMinBlockColumns (a few of the kernel's 16-column tiles) so that the blocks stay efficient.
+inline constexpr std::int64_t kColumnBlocks = 4, kMinBlockColumns = 64;
+std::int64_t columns_per_task(std::int64_t m, std::int64_t k) {
+  return std::max(kMinBlockColumns, (std::int64_t{1} << 20) / std::max<std::int64_t>(m * k, 1));
+}
+template <class Fn>
+void for_column_blocks(std::int64_t n, std::int64_t grain, const Fn& cols) {
+  if (n <= 0) return;
+  const std::int64_t blocks = std::clamp<std::int64_t>(n / std::max<std::int64_t>(grain, 1), 1, kColumnBlocks);
+  parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) cols(n * b / blocks, n * (b + 1) / blocks);
+  });
+}
+
 // out[b] = A[b] @ B[b] (+ bias), accumulated in float (double for f64) and rounded once to out's
 // dtype, which is what cuBLAS does with f16/bf16 inputs and f32 compute. Inputs may have any floating
 // dtype and any strides; those BLAS cannot read in place are widened into a dense buffer first.
@@ -520,10 +539,11 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
         pack_matrix(B, b, pb.data());
         ob = {pb.data(), CblasNoTrans, static_cast<int>(n)};
       }
-      for_row_blocks(m, rows_per_task(n, k), [&](std::int64_t r0, std::int64_t r1) {
-        const Acc* a_rows = static_cast<const Acc*>(oa.data) + (oa.trans == CblasNoTrans ? r0 * oa.ld : r0);
-        blas_gemm<Acc>(oa.trans, ob.trans, static_cast<int>(r1 - r0), static_cast<int>(n), static_cast<int>(k), a_rows,
-                       oa.ld, static_cast<const Acc*>(ob.data), ob.ld, acc.data() + r0 * n, static_cast<int>(n),
+      for_column_blocks(n, columns_per_task(m, k), [&](std::int64_t c0, std::int64_t c1) {
+        // Column c of B starts at c when stored row-major (NoTrans), at c * ld when transposed.
+        const Acc* b_cols = static_cast<const Acc*>(ob.data) + (ob.trans == CblasNoTrans ? c0 : c0 * ob.ld);
+        blas_gemm<Acc>(oa.trans, ob.trans, static_cast<int>(m), static_cast<int>(c1 - c0), static_cast<int>(k),
+                       static_cast<const Acc*>(oa.data), oa.ld, b_cols, ob.ld, acc.data() + c0, static_cast<int>(n),
                        b == 0 ? Acc(0) : Acc(1));
       });
     }

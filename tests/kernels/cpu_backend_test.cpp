@@ -1,12 +1,14 @@
 // The CPU backend's dispatch table and its strided loops, which every other op builds on.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/functors.h"
 
@@ -62,6 +64,38 @@ TEST(cpu_backend_test, strided_copy_matches_index_arithmetic_across_parallel_chu
   EXPECT_EQ(wrong, 0);
 }
 
+// A transposed f32 matrix made contiguous goes through 8 x 8 register blocks (kernels/cpu/cpu_backend.cpp,
+// copy_transposed) with scalar edges: sizes that are not multiples of 8 or of the 32-element tiles, a batch
+// dimension in front, and a source whose column stride is larger than its row count (a slice): every
+// element must land where index arithmetic says, and keep its bits (NaN payloads, -0, subnormals included).
+TEST(cpu_backend_test, transposed_f32_copy_moves_every_element_and_its_bits) {
+  const std::int64_t batch = 3, rows = 77, cols = 45, pitch = 83;  // source [batch, cols, pitch], rows of it used
+  std::vector<float> src(static_cast<std::size_t>(batch * cols * pitch));
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) * 0.5f - 1000.0f;
+  const std::uint32_t specials[] = {0x7FC01234u, 0x80000000u, 0x00000001u, 0xFF800000u};
+  for (std::size_t s = 0; s < 4; ++s) std::memcpy(&src[s * 997 + 5], &specials[s], 4);
+  Tensor base = Tensor::empty({batch, cols, pitch}, {DType::f32});
+  std::memcpy(base.data(), src.data(), src.size() * sizeof(float));
+  const Tensor view = base.slice(2, 0, rows).transpose(1, 2);  // [batch, rows, cols], strides (cols * pitch, 1, pitch)
+  const Tensor dense = view.contiguous();
+  ASSERT_TRUE(dense.is_contiguous());
+  const auto* got = static_cast<const std::uint32_t*>(dense.data());
+  std::int64_t wrong = 0;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < cols; ++c) {
+        std::uint32_t expected;
+        std::memcpy(&expected, &src[static_cast<std::size_t>((b * cols + c) * pitch + r)], 4);
+        const std::uint32_t value = got[(b * rows + r) * cols + c];
+        if (value != expected && wrong++ < 5) {
+          ADD_FAILURE() << "element [" << b << ", " << r << ", " << c << "]: bits " << std::hex << value << " != " << expected;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
 // im2col moves values: cols[n, (c * KH + ki) * KW + kj, oh * OW + ow] is x[n, c, oh * sh - ph + ki, ow * sw - pw + kj]
 // where that lies inside the image, else 0 (the definition in core/backend.h, written out here as index
 // arithmetic). Windows of every stride, padding and kernel size the kernel's row-wise copy treats apart: padding
@@ -109,6 +143,51 @@ TEST(cpu_backend_test, im2col_places_every_element_where_index_arithmetic_says) 
         }
       }
       EXPECT_EQ(wrong, 0);
+    }
+  }
+}
+
+// A convolution's weight gradient sums every image's product in one float accumulator; its sgemm calls are
+// cut into blocks of output columns (kernels/cpu/nn_kernels.cpp, for_column_blocks). These shapes give 4
+// uneven blocks (270 columns: 67, 68, 67, 68) with 16 x 1024 multiply-adds per column, and one where each
+// call falls below OpenBLAS's small-matrix size (3 x 18 columns, 1 block): every element must be its f64
+// sum of products within the float dot product's error bound, gamma_k * sum |terms|, at f32 and f64.
+TEST(cpu_backend_test, conv2d_weight_gradient_in_column_blocks_is_the_f64_sum_over_the_batch) {
+  struct Case { std::int64_t n, c, o, h, k; DType dtype; };
+  for (const Case& cs : {Case{2, 30, 16, 34, 3, DType::f32}, Case{2, 30, 16, 34, 3, DType::f64},
+                         Case{3, 2, 3, 7, 3, DType::f32}}) {
+    Generator gen(11);
+    const std::int64_t oh = cs.h - cs.k + 1;
+    const Tensor x = randn({cs.n, cs.c, cs.h, cs.h}, gen).to(cs.dtype);
+    Tensor w = randn({cs.o, cs.c, cs.k, cs.k}, gen).to(cs.dtype);
+    w.requires_grad_();
+    const Tensor g = randn({cs.n, cs.o, oh, oh}, gen).to(cs.dtype);
+    conv2d(x, w).backward(g);
+    ASSERT_TRUE(w.grad().defined());
+    const std::vector<double> xv = x.values(), gv = g.values(), got = w.grad().values();
+    const double unit = cs.dtype == DType::f64 ? 0x1p-53 : 0x1p-24;
+    const double terms = static_cast<double>(cs.n * oh * oh);
+    for (std::int64_t o = 0; o < cs.o; ++o) {
+      for (std::int64_t c = 0; c < cs.c; ++c) {
+        for (std::int64_t ki = 0; ki < cs.k; ++ki) {
+          for (std::int64_t kj = 0; kj < cs.k; ++kj) {
+            double ref = 0, mag = 0;
+            for (std::int64_t n = 0; n < cs.n; ++n) {
+              for (std::int64_t i = 0; i < oh; ++i) {
+                for (std::int64_t j = 0; j < oh; ++j) {
+                  const double t = gv[((n * cs.o + o) * oh + i) * oh + j] * xv[((n * cs.c + c) * cs.h + i + ki) * cs.h + j + kj];
+                  ref += t;
+                  mag += std::fabs(t);
+                }
+              }
+            }
+            const std::int64_t at = ((o * cs.c + c) * cs.k + ki) * cs.k + kj;
+            // gamma_k = k u / (1 - k u), plus the final rounding to the dtype.
+            const double bound = terms * unit / (1 - terms * unit) * mag + unit * std::fabs(ref);
+            ASSERT_NEAR(got[at], ref, bound) << dtype_name(cs.dtype) << " c " << cs.c << " element " << at;
+          }
+        }
+      }
     }
   }
 }

@@ -2,8 +2,8 @@
 # tests/train/thread_count_test.sh: a run's numbers do not depend on the number of CPU threads. The same
 # `ampscope train` at AMPSCOPE_NUM_THREADS=1, 2 and 3 must write the same trace rows, bit for bit: every /ops
 # and /grads statistic (the probe's sums are chunked by size, not by thread) and every /steps field but the
-# step's time (the products' row blocks are cut by size, not by thread: kernels/cpu/nn_kernels.cpp,
-# for_row_blocks). Before that, the transformer in bf16 parted at step 1 between 1 and 2 threads.
+# step's time (the products' row and column blocks are cut by size, not by thread: kernels/cpu/nn_kernels.cpp,
+# for_row_blocks, for_column_blocks). Before that, the transformer in bf16 parted at step 1 between 1 and 2 threads.
 #   thread_count_test.sh AMPSCOPE_BINARY SCRATCH_DIR
 set -uo pipefail
 ampscope=${1:?usage: thread_count_test.sh AMPSCOPE_BINARY SCRATCH_DIR}
