@@ -225,7 +225,7 @@ template <class T, bool kHist>
 // The additions are those of the earlier loop, in the same order (lane by lane, then s0 + s1 per block,
 // then the four lanes pairwise at the end), so the sums are the same bits; the counts, min, max and absmax
 // are exact either way. With AVX2 (and F16C, FMA) 0.18 ns per f32 value on one core of the development
-// machine, 0.27 per f16 or bf16; the earlier loop took 0.35 and 0.55 (bench/RESULTS.md, 2026-11-29 07:00).
+// machine, 0.27 per f16 or bf16; the earlier loop took 0.35 and 0.55 (bench/RESULTS.md, 2026-11-29 06:43).
 using F8 = float __attribute__((vector_size(32)));
 using F4 = float __attribute__((vector_size(16)));
 using D4 = double __attribute__((vector_size(32)));
