@@ -2,7 +2,8 @@
 // with a probe at level health (every op's output and every gradient measured), as a ratio of step times
 // measured in the same run. Each iteration runs one step without and one step with the probe, in
 // alternating order, so both see the same machine load; the counters give the mean step times and their
-// ratio (of the means, and the median of the pairs' ratios). The probe writes to a sink that discards
+// ratio (of the means, and the median of the pairs' ratios), and the ratio of the process's CPU time
+// over each kind of half (cpu_ratio: what a loaded machine moves least). The probe writes to a sink that discards
 // rows ("discard") or to a real HDF5 trace in /tmp ("trace"). A step is what bench/training_bench.cpp
 // times, plus a StepScope and the report of the gradients a training loop makes. Results:
 // bench/RESULTS.md.
@@ -13,6 +14,7 @@
 //
 //   build/bench/probe_bench --benchmark_filter=mlp
 #include <benchmark/benchmark.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,6 +68,13 @@ struct DiscardSink : trace::Sink {
   StepCounts ops, grads;
 };
 
+// CPU time of the whole process (every thread: the step's pool, the trace writer's threads), in seconds.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 // A broken premise: the benchmark stops with an error and the program exits 1.
 bool premise_broken = false;
 
@@ -118,6 +127,7 @@ void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const 
                             : nullptr;
   using clock = std::chrono::steady_clock;
   clock::duration plain{}, probed{};
+  double plain_cpu = 0, probed_cpu = 0;  // process CPU seconds of each kind of half
   std::vector<double> pair_ratios;
   std::int64_t i = 0;
   for (auto _ : state) {
@@ -126,6 +136,7 @@ void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const 
     for (int half = 0; half < 2; ++half) {
       const bool with_probe = (half == 0) == probe_first;
       const auto t0 = clock::now();
+      const double c0 = process_cpu_seconds();
       if (twin) {
         probe::HookGuard installed(with_probe ? std::shared_ptr<probe::Hook>(twin) : probe);
         one_step();
@@ -136,6 +147,7 @@ void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const 
         one_step();
       }
       pair[with_probe ? 1 : 0] = clock::now() - t0;
+      (with_probe ? probed_cpu : plain_cpu) += process_cpu_seconds() - c0;
     }
     plain += pair[0];
     probed += pair[1];
@@ -182,6 +194,9 @@ void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const 
   state.counters[twin ? "health_ms" : "plain_ms"] = plain_ms;
   state.counters[twin ? "twin_ms" : "health_ms"] = probed_ms;
   state.counters["ratio"] = probed_ms / plain_ms;
+  // CPU time of the process over each kind of half: what a loaded machine moves less than wall time (work
+  // the trace writer's threads do after a step ends counts in whichever half it lands in).
+  state.counters["cpu_ratio"] = probed_cpu / plain_cpu;
   // On a shared machine a burst of other work can land in either half of a pair; the median of the
   // pairs' ratios is what such bursts move least.
   std::sort(pair_ratios.begin(), pair_ratios.end());

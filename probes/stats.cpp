@@ -212,15 +212,23 @@ template <class T, bool kHist>
 }
 
 // ---- the fast path: contiguous f32, f16 and bf16 without histogram ----
-// Blocks of kBlock values, eight at a time: the magnitude bits give the non-finite, zero and subnormal
-// counts as vector compares, and the values, widened to double, feed separate accumulators (two
-// vectors each for sum, sum of squares, min and max) so that no add waits for the one before. A block
-// that turns out to hold NaN or inf (rare) is dropped and re-read by the scalar loop above. The types
-// are GCC/Clang vector extensions. About 5x the scalar loop's speed with AVX2, which is what keeps the
-// probe's overhead at level health under its 1.3x target (bench/RESULTS.md).
+// Blocks of kBlock values, eight at a time. The magnitude bits give the zero and subnormal counts as two
+// vector compares (signed compares: a magnitude has its sign bit clear). min and max are kept in float
+// (widening to double is exact and keeps order, so the same values win every comparison), and the values,
+// widened to double, feed separate accumulators (two vectors each for the sum and the sum of squares) so
+// that no add waits for the one before. A block that turns out to hold NaN or inf (rare) is dropped and
+// re-read by the scalar loop above. It needs no compare of its own where the values widen to their own
+// NaN and inf (f32, bf16, f16 with F16C): a square of a finite f32 is below 2^256, so a lane's sum of
+// squares over a block is finite exactly when every value it took was. The types are GCC/Clang vector
+// extensions.
+//
+// The additions are those of the earlier loop, in the same order (lane by lane, then s0 + s1 per block,
+// then the four lanes pairwise at the end), so the sums are the same bits; the counts, min, max and absmax
+// are exact either way. With AVX2 (and F16C, FMA) 0.18 ns per f32 value on one core of the development
+// machine, 0.27 per f16 or bf16; the earlier loop took 0.35 and 0.55 (bench/RESULTS.md, 2026-11-29 06:43).
 using F8 = float __attribute__((vector_size(32)));
+using F4 = float __attribute__((vector_size(16)));
 using D4 = double __attribute__((vector_size(32)));
-using U8 = std::uint32_t __attribute__((vector_size(32)));
 using I8 = std::int32_t __attribute__((vector_size(32)));
 using H8 = std::uint16_t __attribute__((vector_size(16)));
 
@@ -230,87 +238,160 @@ constexpr bool kHasFastPath = std::is_same_v<T, float> || std::is_same_v<T, f16>
 // The helpers pass vectors by reference: a 32-byte vector by value would change the calling convention
 // between the AVX2 and baseline builds (GCC's -Wpsabi), and they are always inlined anyway.
 
-// The raw bits of eight values (f16 and bf16 widened to 32 bits).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define AMPSCOPE_STATS_X86 1
+// Declared before the loop below uses AVX and F16C builtins: GCC declares an instruction set's builtins
+// when it first meets a function that targets it.
 template <class T>
-[[gnu::always_inline]] inline void load_bits8(const T* p, U8& out) {
+__attribute__((target("avx2,f16c,fma"))) void accumulate_contiguous_avx2(const T* p, std::int64_t count, Partial& a);
+#endif
+
+// The magnitude bits and the values of eight elements. kAvx2: the AVX2 build, where f16 widens by F16C
+// (else by its bits: exact for finite values, but NaN and inf come out finite, so that build compares for
+// them). The AVX and F16C builtins below are only reached inside that build's function.
+template <class T, bool kAvx2>
+[[gnu::always_inline]] inline void load8(const T* p, I8& magnitude, F8& value) {
   if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(&out, p, sizeof out);
+    std::memcpy(&value, p, sizeof value);
+    magnitude = reinterpret_cast<I8>(value) & 0x7FFFFFFF;
   } else {
     H8 h;
     std::memcpy(&h, p, sizeof h);
-    out = __builtin_convertvector(h, U8);
+    const I8 r = __builtin_convertvector(h, I8);  // zero-extended
+    magnitude = r & 0x7FFF;
+    if constexpr (std::is_same_v<T, bf16>) {
+      value = reinterpret_cast<F8>(r << 16);  // a bf16 is the top half of a float
+    } else if constexpr (kAvx2) {
+#ifdef AMPSCOPE_STATS_X86
+      // F16C's vcvtph2ps: exact, NaN and inf included.
+      using S8 = short __attribute__((vector_size(16)));
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // always inlined into the AVX2 build: no call, no ABI
+      value = __builtin_ia32_vcvtph2ps256(reinterpret_cast<S8>(h));
+#pragma GCC diagnostic pop
+#endif
+    } else {
+      // An f16's exponent and mantissa bits moved to a float's places read as its magnitude times
+      // 2^-112, subnormals and zero included; multiplying by 2^112 is exact.
+      const I8 bits = (magnitude << 13) | ((r & 0x8000) << 16);
+      value = reinterpret_cast<F8>(bits) * 0x1p112f;
+    }
   }
 }
 
-// The values of eight finite elements as floats (exact: f16 and bf16 widen without rounding).
-template <class T>
-[[gnu::always_inline]] inline void finite_floats8(const U8& r, F8& out) {
-  if constexpr (std::is_same_v<T, float>) {
-    out = reinterpret_cast<F8>(r);
-  } else if constexpr (std::is_same_v<T, bf16>) {
-    out = reinterpret_cast<F8>(r << 16);  // a bf16 is the top half of a float
-  } else {
-    // An f16's exponent and mantissa bits moved to a float's places read as its magnitude times
-    // 2^-112, subnormals and zero included; multiplying by 2^112 is exact.
-    const U8 bits = ((r & 0x7FFFu) << 13) | ((r & 0x8000u) << 16);
-    out = reinterpret_cast<F8>(bits) * 0x1p112f;
+template <bool kAvx2>
+[[gnu::always_inline]] inline void widen4(const F4& f, D4& d) {
+#ifdef AMPSCOPE_STATS_X86
+  if constexpr (kAvx2) {
+    // One vcvtps2pd (GCC 12 widens a 4-float vector in two halves and joins them).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // always inlined into the AVX2 build: no call, no ABI
+    d = __builtin_ia32_cvtps2pd256(f);
+#pragma GCC diagnostic pop
+    return;
   }
+#endif
+  d = __builtin_convertvector(f, D4);
 }
 
-template <class T>
+// q += v * v. The square of a value widened from f32, f16 or bf16 is exact in double (at most 2 x 24
+// significant bits), so a fused multiply-add rounds where the add alone did: the same bits, one
+// instruction fewer.
+template <bool kAvx2>
+[[gnu::always_inline]] inline void add_square(D4& q, const D4& v) {
+#ifdef AMPSCOPE_STATS_X86
+  if constexpr (kAvx2) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // always inlined into the AVX2 build: no call, no ABI
+    q = __builtin_ia32_vfmaddpd256(v, v, q);
+#pragma GCC diagnostic pop
+    return;
+  }
+#endif
+  q += v * v;
+}
+
+template <class T, bool kAvx2>
 [[gnu::always_inline]] inline void accumulate_contiguous_impl(const T* p, std::int64_t count, Partial& a) {
   using B = Bits<T>;
   constexpr int kBlock = 256;
-  constexpr double kBig = std::numeric_limits<double>::infinity();
-  const D4 inf4 = {kBig, kBig, kBig, kBig};
-  D4 sum{}, sq{}, mn = inf4, mx = -inf4;
+  // Whether a NaN or inf reaches the values as itself (then the sums of squares show it).
+  constexpr bool kWidensSpecials = !std::is_same_v<T, f16> || kAvx2;
+  constexpr float kBig = std::numeric_limits<float>::infinity();
+  constexpr auto kInfBits = static_cast<std::int32_t>(B::kInf);
+  constexpr auto kMinNormalBits = static_cast<std::int32_t>(B::kMinNormal);
+  const F4 inf4 = {kBig, kBig, kBig, kBig};
+  const F8 inf8 = {kBig, kBig, kBig, kBig, kBig, kBig, kBig, kBig};
+  // The bound as a vector whose value the compiler does not see: with a constant it turns m < c into
+  // min(m, c - 1) == m, two instructions where one compare does.
+  I8 min_normal = {kMinNormalBits, kMinNormalBits, kMinNormalBits, kMinNormalBits,
+                   kMinNormalBits, kMinNormalBits, kMinNormalBits, kMinNormalBits};
+  __asm__("" : "+m"(min_normal));
+  D4 sum{}, sq{};
+  F4 mn = inf4, mx = -inf4;
   bool any_fast = false;
   std::int64_t i = 0;
   for (; i + kBlock <= count; i += kBlock) {
-    D4 s0{}, s1{}, q0{}, q1{}, mn0 = inf4, mn1 = inf4, mx0 = -inf4, mx1 = -inf4;
-    I8 bad{}, zero{}, subnormal{};
+    D4 s0{}, s1{}, q0{}, q1{};
+    F8 bmn = inf8, bmx = -inf8;
+    I8 bad{}, zero{}, small{};
     for (int j = 0; j < kBlock; j += 8) {
-      U8 r;
-      load_bits8(p + i + j, r);
-      const U8 m = r & static_cast<std::uint32_t>(B::kAbs);
-      bad |= reinterpret_cast<I8>(m >= static_cast<std::uint32_t>(B::kInf));
-      zero -= reinterpret_cast<I8>(m == 0u);  // a true compare is -1 in every bit
-      subnormal -= reinterpret_cast<I8>((m - 1u) < static_cast<std::uint32_t>(B::kMinNormal - 1));
+      I8 m;
       F8 f;
-      finite_floats8<T>(r, f);
-      const D4 lo = __builtin_convertvector(__builtin_shufflevector(f, f, 0, 1, 2, 3), D4);
-      const D4 hi = __builtin_convertvector(__builtin_shufflevector(f, f, 4, 5, 6, 7), D4);
+      load8<T, kAvx2>(p + i + j, m, f);
+      if constexpr (!kWidensSpecials) bad |= m >= kInfBits;
+      zero += m == 0;              // a true compare is -1
+      small += min_normal > m;  // zero or subnormal
+      F4 flo, fhi;
+      std::memcpy(&flo, &f, sizeof flo);
+      std::memcpy(&fhi, reinterpret_cast<const char*>(&f) + sizeof flo, sizeof fhi);
+      D4 lo, hi;
+      widen4<kAvx2>(flo, lo);
+      widen4<kAvx2>(fhi, hi);
       s0 += lo;
       s1 += hi;
-      q0 += lo * lo;
-      q1 += hi * hi;
-      mn0 = lo < mn0 ? lo : mn0;
-      mn1 = hi < mn1 ? hi : mn1;
-      mx0 = lo > mx0 ? lo : mx0;
-      mx1 = hi > mx1 ? hi : mx1;
+      add_square<kAvx2>(q0, lo);
+      add_square<kAvx2>(q1, hi);
+      bmn = f < bmn ? f : bmn;
+      bmx = f > bmx ? f : bmx;
     }
-    std::int32_t any_bad = 0, zeros = 0, subnormals = 0;
-    for (int k = 0; k < 8; ++k) {
-      any_bad |= bad[k];
-      zeros += zero[k];
-      subnormals += subnormal[k];
+    const D4 q = q0 + q1;
+    bool block_bad;
+    if constexpr (kWidensSpecials) {
+      const D4 d = q - q;  // NaN exactly where q is inf or NaN
+      block_bad = (d[0] != 0) | (d[1] != 0) | (d[2] != 0) | (d[3] != 0);
+    } else {
+      const I8 b2 = bad | __builtin_shufflevector(bad, bad, 4, 5, 6, 7, 0, 1, 2, 3);
+      block_bad = (b2[0] | b2[1] | b2[2] | b2[3]) != 0;
     }
-    if (any_bad != 0) {
+    if (block_bad) {
       accumulate_run<T, false>(p + i, kBlock, 1, a);
       continue;
     }
     any_fast = true;
+    // Horizontal sums of the counts (each lane's is minus its count).
+    I8 zs = zero + __builtin_shufflevector(zero, zero, 4, 5, 6, 7, 0, 1, 2, 3);
+    I8 ss = small + __builtin_shufflevector(small, small, 4, 5, 6, 7, 0, 1, 2, 3);
+    zs += __builtin_shufflevector(zs, zs, 2, 3, 0, 1, 6, 7, 4, 5);
+    ss += __builtin_shufflevector(ss, ss, 2, 3, 0, 1, 6, 7, 4, 5);
+    const std::int32_t zeros = -(zs[0] + zs[1]), smalls = -(ss[0] + ss[1]);
     a.zero += zeros;
-    a.subnormal += subnormals;
+    a.subnormal += smalls - zeros;
     sum += s0 + s1;
-    sq += q0 + q1;
-    const D4 bmn = mn0 < mn1 ? mn0 : mn1, bmx = mx0 > mx1 ? mx0 : mx1;
-    mn = bmn < mn ? bmn : mn;
-    mx = bmx > mx ? bmx : mx;
+    sq += q;
+    // Lanes 0-3 and 4-7 of bmn, bmx are the earlier loop's mn0/mn1 and mx0/mx1, combined the same way.
+    F4 mn0, mn1, mx0, mx1;
+    std::memcpy(&mn0, &bmn, sizeof mn0);
+    std::memcpy(&mn1, reinterpret_cast<const char*>(&bmn) + sizeof mn0, sizeof mn1);
+    std::memcpy(&mx0, &bmx, sizeof mx0);
+    std::memcpy(&mx1, reinterpret_cast<const char*>(&bmx) + sizeof mx0, sizeof mx1);
+    const F4 cmn = mn0 < mn1 ? mn0 : mn1, cmx = mx0 > mx1 ? mx0 : mx1;
+    mn = cmn < mn ? cmn : mn;
+    mx = cmx > mx ? cmx : mx;
   }
   if (any_fast) {
-    const double lo = std::min(std::min(mn[0], mn[1]), std::min(mn[2], mn[3]));
-    const double hi = std::max(std::max(mx[0], mx[1]), std::max(mx[2], mx[3]));
+    const double lo = std::min(std::min<double>(mn[0], mn[1]), std::min<double>(mn[2], mn[3]));
+    const double hi = std::max(std::max<double>(mx[0], mx[1]), std::max<double>(mx[2], mx[3]));
     a.sum += (sum[0] + sum[1]) + (sum[2] + sum[3]);
     a.sum_sq += (sq[0] + sq[1]) + (sq[2] + sq[3]);
     a.min = std::min(a.min, lo);
@@ -320,30 +401,31 @@ template <class T>
   accumulate_run<T, false>(p + i, count - i, 1, a);
 }
 
-// On x86-64 the loop is compiled twice, for AVX2 and for the baseline (SSE2), and chosen once by what the
-// CPU supports. The AVX2 version ends with vzeroupper itself: GCC's target_clones left it out, and the
-// dirty upper halves of the vector registers then made the next SSE code (glibc's tanhf and expm1f in
-// gelu) about half again as slow.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// On x86-64 the loop is compiled twice, for AVX2 (with F16C and FMA) and for the baseline (SSE2), and
+// chosen once by what the CPU supports. The AVX2 version ends with vzeroupper itself: GCC's target_clones left it
+// out, and the dirty upper halves of the vector registers then made the next SSE code (glibc's tanhf and
+// expm1f in gelu) about half again as slow.
+#ifdef AMPSCOPE_STATS_X86
 template <class T>
-__attribute__((target("avx2"))) void accumulate_contiguous_avx2(const T* p, std::int64_t count, Partial& a) {
-  accumulate_contiguous_impl(p, count, a);
+__attribute__((target("avx2,f16c,fma"))) void accumulate_contiguous_avx2(const T* p, std::int64_t count, Partial& a) {
+  accumulate_contiguous_impl<T, true>(p, count, a);
   __builtin_ia32_vzeroupper();
 }
 
 template <class T>
 void accumulate_contiguous(const T* p, std::int64_t count, Partial& a) {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  static const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
   if (avx2) {
     accumulate_contiguous_avx2(p, count, a);
   } else {
-    accumulate_contiguous_impl(p, count, a);
+    accumulate_contiguous_impl<T, false>(p, count, a);
   }
 }
 #else
 template <class T>
 void accumulate_contiguous(const T* p, std::int64_t count, Partial& a) {
-  accumulate_contiguous_impl(p, count, a);
+  accumulate_contiguous_impl<T, false>(p, count, a);
 }
 #endif
 
@@ -363,10 +445,21 @@ void accumulate_range(const Tensor& t, const T* base, std::int64_t begin, std::i
     constexpr std::int64_t kGather = 4096;
     T buffer[kGather];
     std::int64_t filled = 0;
+    // A run is copied in pieces that fill the buffer (memcpy where its elements are adjacent: heads split
+    // by a permute keep their last dimension); the buffer is read at the same points as one element at a
+    // time would, so the sums are the same.
     for_each_run(t.shape(), t.strides(), t.strides(), begin, end,
                  [&](std::int64_t off, std::int64_t, std::int64_t count, std::int64_t stride, std::int64_t) {
-                   for (std::int64_t k = 0; k < count; ++k) {
-                     buffer[filled++] = base[off + k * stride];
+                   for (std::int64_t k = 0; k < count;) {
+                     const std::int64_t take = std::min(count - k, kGather - filled);
+                     const T* src = base + off + k * stride;
+                     if (stride == 1) {
+                       std::memcpy(buffer + filled, src, static_cast<std::size_t>(take) * sizeof(T));
+                     } else {
+                       for (std::int64_t q = 0; q < take; ++q) buffer[filled + q] = src[q * stride];
+                     }
+                     filled += take;
+                     k += take;
                      if (filled == kGather) {
                        accumulate_contiguous(buffer, filled, a);
                        filled = 0;

@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "core/random.h"
@@ -241,6 +243,118 @@ TEST(stats_test, the_vectorised_path_reads_negative_zero_and_f16_extremes) {
   EXPECT_EQ(h.max, 65504.0);
   EXPECT_EQ(h.absmax, 65504.0);
   EXPECT_DOUBLE_EQ(h.mean, (std::ldexp(1.0, -24) - std::ldexp(1.0, -14)) / 512);
+}
+
+// Random tensors of every floating dtype with every kind of value (normal values of many magnitudes, +-0,
+// subnormals of the dtype, the dtype's largest values, NaN, +-inf; some tensors without NaN/inf, so that
+// whole blocks take the vectorised path), contiguous and as views, against a reference computed here from
+// the tensor's values (core's widening to double) in long double: counts, min, max and absmax exactly;
+// the sums within the bound of docs/numerics.md for any order of the additions (|error| <= n 2^-53 sum |v|,
+// the same bound the CUDA statistics kernel states), mean and rms within one more rounding.
+struct Reference {
+  std::int64_t nan = 0, pos_inf = 0, neg_inf = 0, zero = 0, subnormal = 0, finite = 0;
+  double min = kInf, max = -kInf, absmax = 0;
+  long double sum = 0, sum_abs = 0, sum_sq = 0;
+};
+
+Reference reference_of(const std::vector<double>& v, double min_normal) {
+  Reference r;
+  for (double x : v) {
+    if (std::isnan(x)) {
+      ++r.nan;
+    } else if (std::isinf(x)) {
+      ++(x > 0 ? r.pos_inf : r.neg_inf);
+    } else {
+      ++r.finite;
+      r.zero += x == 0;
+      r.subnormal += x != 0 && std::fabs(x) < min_normal;
+      r.min = std::min(r.min, x);
+      r.max = std::max(r.max, x);
+      r.absmax = std::max(r.absmax, std::fabs(x));
+      r.sum += x;
+      r.sum_abs += std::fabs(x);
+      r.sum_sq += static_cast<long double>(x) * x;
+    }
+  }
+  return r;
+}
+
+void expect_within_bound(const Tensor& t) {
+  const Reference r = reference_of(t.values(), probe::smallest_normal(t.dtype()));
+  const probe::TensorStats s = tensor_stats(t);
+  const trace::TensorHealth& h = s.health;
+  EXPECT_EQ(h.numel, t.numel());
+  EXPECT_EQ(h.nan, r.nan);
+  EXPECT_EQ(h.pos_inf, r.pos_inf);
+  EXPECT_EQ(h.neg_inf, r.neg_inf);
+  EXPECT_EQ(h.zero, r.zero);
+  EXPECT_EQ(h.subnormal, r.subnormal);
+  if (r.finite == 0) {
+    EXPECT_TRUE(std::isnan(h.mean));
+    return;
+  }
+  EXPECT_EQ(h.min, r.min);
+  EXPECT_EQ(h.max, r.max);
+  EXPECT_EQ(h.absmax, r.absmax);
+  const long double u = std::ldexp(1.0L, -53), n = static_cast<long double>(t.numel());
+  const long double finite = static_cast<long double>(r.finite);
+  const long double sum_bound = n * u * r.sum_abs, sq_bound = n * u * r.sum_sq;
+  EXPECT_LE(std::fabs(static_cast<long double>(s.sum_sq) - r.sum_sq), sq_bound);
+  const long double mean = r.sum / finite;
+  EXPECT_LE(std::fabs(static_cast<long double>(h.mean) - mean), sum_bound / finite + 2 * u * std::fabs(mean))
+      << "mean " << h.mean << ", reference " << static_cast<double>(mean);
+  const long double rms = std::sqrt(r.sum_sq / finite);
+  if (rms == 0) {
+    EXPECT_EQ(h.rms, 0.0) << "only zeros: every square is 0 exactly";
+    return;
+  }
+  EXPECT_LE(std::fabs(static_cast<long double>(h.rms) - rms), (sq_bound / finite) / (2 * rms) + 4 * u * rms)
+      << "rms " << h.rms << ", reference " << static_cast<double>(rms);
+}
+
+// n values; `specials`: the share (per 1000) of NaN and +-inf among them.
+std::vector<double> random_values(std::mt19937_64& gen, std::size_t n, DType dtype, int specials) {
+  const double min_normal = probe::smallest_normal(dtype);
+  const double largest = dtype == DType::f16 ? 65504.0 : static_cast<double>(std::numeric_limits<float>::max());
+  std::uniform_int_distribution<int> kind(0, 999), exponent(-20, 20);
+  std::uniform_real_distribution<double> unit(-1, 1), fraction(0.01, 0.99);
+  std::vector<double> v(n);
+  for (double& x : v) {
+    const int k = kind(gen);
+    if (k < specials) {
+      x = k % 3 == 0 ? kNaN : k % 3 == 1 ? kInf : -kInf;
+    } else if (k < 150) {
+      x = k % 2 == 0 ? 0.0 : -0.0;
+    } else if (k < 200) {
+      x = (k % 2 == 0 ? 1 : -1) * fraction(gen) * min_normal;  // subnormal in the dtype (or its zero)
+    } else if (k < 215) {
+      x = (k % 2 == 0 ? 1 : -1) * largest * (1 - fraction(gen) / 64);  // huge: near the largest finite value
+    } else {
+      x = unit(gen) * std::ldexp(1.0, exponent(gen));
+    }
+  }
+  return v;
+}
+
+TEST(stats_test, random_tensors_with_special_values_match_a_long_double_reference_in_each_dtype) {
+  std::mt19937_64 gen(20261129);
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    // Sizes: a tail only, one block, blocks and a tail, and sizes cut into 2 and 9 chunks over threads.
+    for (std::int64_t n : {1, 255, 256, 1000, 4099, 70000, 300001}) {
+      for (int specials : {0, 1, 30}) {
+        SCOPED_TRACE(::testing::Message() << "n " << n << ", NaN/inf per 1000: " << specials);
+        const Tensor t = from_values(random_values(gen, static_cast<std::size_t>(n), dtype, specials), {n},
+                                     {.dtype = dtype});
+        expect_within_bound(t);
+      }
+    }
+    // Views: a transpose (elements apart) and heads split by a permute (the last dimension adjacent).
+    const Tensor m = from_values(random_values(gen, 300 * 257, dtype, 1), {300, 257}, {.dtype = dtype});
+    expect_within_bound(m.transpose(0, 1));
+    const Tensor q = from_values(random_values(gen, 4 * 64 * 4 * 32, dtype, 0), {4, 64, 4, 32}, {.dtype = dtype});
+    expect_within_bound(q.permute({0, 2, 1, 3}));
+  }
 }
 
 TEST(stats_test, norm_is_inf_or_nan_when_the_tensor_holds_them) {
