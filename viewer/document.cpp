@@ -142,6 +142,41 @@ std::vector<Row> read_in_turns(SharedReader& reader, JobControl& control, const 
   return rows;
 }
 
+namespace {
+
+// TraceDocument::early_anomaly: /events read from the first recorded step on, 1, 2, 4... steps at a time, so a
+// trace whose first anomaly is early reads little of /events, and one whose events are all late reads each row at
+// most twice over (the ranges double). Each range is found by binary search (or the table's step index).
+std::optional<EarlyAnomaly> find_early_anomaly(trace::TraceReader& reader, const std::vector<trace::StepRow>& steps,
+                                               std::int64_t event_rows) {
+  const std::optional<EarlyAnomaly> from_steps = early_anomaly(steps, {});
+  if (event_rows <= 0) return from_steps;
+  std::vector<std::int64_t> numbers;
+  numbers.reserve(steps.size());
+  for (const trace::StepRow& r : steps) numbers.push_back(r.step);
+  std::sort(numbers.begin(), numbers.end());
+  numbers.erase(std::unique(numbers.begin(), numbers.end()), numbers.end());
+  try {
+    for (std::size_t i = 0, width = 1; i < numbers.size(); i += width, width *= 2) {
+      if (from_steps && numbers[i] > from_steps->step) break;  // no event before /steps' own can come after it
+      const std::size_t j = std::min(numbers.size(), i + width);
+      const std::int64_t begin = numbers[i];
+      const std::int64_t end = j < numbers.size() ? numbers[j] : numbers.back() == trace::kLastStep ? trace::kLastStep : numbers.back() + 1;
+      const std::vector<trace::EventRow> events = reader.events(begin, end);
+      const bool found = std::any_of(events.begin(), events.end(), [&](const trace::EventRow& e) {
+        return is_anomaly_event(e.kind) && std::binary_search(numbers.begin(), numbers.end(), e.step);
+      });
+      // An event in this range comes before any later range's; /steps' flag may still come before it.
+      if (found) return early_anomaly(steps, events);
+    }
+  } catch (const std::exception&) {
+    // A damaged /events: the analysis reports it; the step rows alone decide here.
+  }
+  return from_steps;
+}
+
+}  // namespace
+
 StepData read_step(SharedReader& shared, std::int64_t step) {
   const auto t0 = Clock::now();
   std::lock_guard lock(shared.mutex);
@@ -172,6 +207,7 @@ std::unique_ptr<TraceDocument> TraceDocument::open(const std::filesystem::path& 
     doc->complete_ = r.complete();
     doc->counts_ = r.row_counts();
     doc->steps_ = r.steps();
+    doc->early_ = find_early_anomaly(r, doc->steps_, doc->counts_.events);
   } catch (const std::exception& e) {
     // TraceError says what is wrong with the file; anything else (bad_alloc on a damaged size) is shown too.
     doc->error_ = e.what();

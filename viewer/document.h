@@ -90,6 +90,13 @@ class TraceDocument {
   bool complete() const { return complete_; }
   bool live() const { return ok() && !complete_; }
   double open_ms() const { return open_ms_; }
+  // The first anomaly the trace's /events and /steps name (view_model.h, early_anomaly), found at open from /steps
+  // (already read) and the /events rows of the first steps: a few reads of /events from the first step on, each
+  // range twice the last, until one holds an anomaly event of a recorded step (or passes the first step /steps
+  // flags). No /ops row is read. nullopt when neither table names one, when /events is absent (format versions
+  // before it) and /steps flags nothing, or for a live trace's steps written after the open. A damaged /events is
+  // left to the analysis to report: then /steps alone decides.
+  const std::optional<EarlyAnomaly>& early_anomaly() const { return early_; }
 
   // Picks up finished background work and, for a live trace, refreshes about once a second. Call once a
   // frame from the UI thread; true when something visible changed.
@@ -153,6 +160,7 @@ class TraceDocument {
   trace::RowCounts counts_;
   bool complete_ = true;
   double open_ms_ = 0;
+  std::optional<EarlyAnomaly> early_;
   std::chrono::steady_clock::time_point last_refresh_;
   bool reanalyse_ = false;  // steps arrived while the analysis ran: run it again when it ends
 
