@@ -553,8 +553,9 @@ int run_viewer(const ViewerOptions& o) {
     }
   }
   if (o.timings) {
-    std::printf("open_ms %.1f\nfirst_frame_ms %.1f\nready_ms %.1f\n", ms_between(t_start, t_opened),
-                ms_between(t_start, t_first_frame), ms_between(t_start, t_ready));
+    std::printf("open_ms %.1f\nfirst_frame_ms %.1f\n", ms_between(t_start, t_opened), ms_between(t_start, t_first_frame));
+    // Not when it never came (a headless run that gave up at 120 s printed a time before the start).
+    if (t_ready != Clock::time_point{}) std::printf("ready_ms %.1f\n", ms_between(t_start, t_ready));
     // Time to the first anomaly shown (its step selected and its rows drawn), where it came from and its step;
     // absent when none was shown (no anomaly, or --step / a click chose the step).
     if (t_anomaly) {

@@ -144,9 +144,13 @@ std::vector<Row> read_in_turns(SharedReader& reader, JobControl& control, const 
 
 namespace {
 
-// TraceDocument::early_anomaly: /events read from the first recorded step on, 1, 2, 4... steps at a time, so a
-// trace whose first anomaly is early reads little of /events, and one whose events are all late reads each row at
-// most twice over (the ranges double). Each range is found by binary search (or the table's step index).
+// At most this many /events rows are read at open (about 0.1 s): every f16 run writes cast_underflow events, so a
+// long run without an anomaly event early on could otherwise read its whole /events before the first frame.
+constexpr std::int64_t kEarlyEventRows = 100000;
+
+// TraceDocument::early_anomaly: /events read from the first recorded step on, 1, 2, 4... steps at a time (no range
+// expected to hold more than kEarlyEventRows), so a trace whose first anomaly is early reads little of /events; past
+// kEarlyEventRows rows the step rows alone decide. Each range is found by binary search (or the table's step index).
 std::optional<EarlyAnomaly> find_early_anomaly(trace::TraceReader& reader, const std::vector<trace::StepRow>& steps,
                                                std::int64_t event_rows) {
   const std::optional<EarlyAnomaly> from_steps = early_anomaly(steps, {});
@@ -156,13 +160,18 @@ std::optional<EarlyAnomaly> find_early_anomaly(trace::TraceReader& reader, const
   for (const trace::StepRow& r : steps) numbers.push_back(r.step);
   std::sort(numbers.begin(), numbers.end());
   numbers.erase(std::unique(numbers.begin(), numbers.end()), numbers.end());
+  const std::int64_t per_step = std::max<std::int64_t>(1, event_rows / static_cast<std::int64_t>(std::max<std::size_t>(1, numbers.size())));
+  const std::size_t widest = static_cast<std::size_t>(std::max<std::int64_t>(1, kEarlyEventRows / per_step));
+  std::int64_t read = 0;
   try {
-    for (std::size_t i = 0, width = 1; i < numbers.size(); i += width, width *= 2) {
+    for (std::size_t i = 0, width = 1; i < numbers.size() && read < kEarlyEventRows;
+         i += width, width = std::min(widest, width * 2)) {
       if (from_steps && numbers[i] > from_steps->step) break;  // no event before /steps' own can come after it
       const std::size_t j = std::min(numbers.size(), i + width);
       const std::int64_t begin = numbers[i];
       const std::int64_t end = j < numbers.size() ? numbers[j] : numbers.back() == trace::kLastStep ? trace::kLastStep : numbers.back() + 1;
       const std::vector<trace::EventRow> events = reader.events(begin, end);
+      read += static_cast<std::int64_t>(events.size());
       const bool found = std::any_of(events.begin(), events.end(), [&](const trace::EventRow& e) {
         return is_anomaly_event(e.kind) && std::binary_search(numbers.begin(), numbers.end(), e.step);
       });

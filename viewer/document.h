@@ -93,7 +93,7 @@ class TraceDocument {
   // The first anomaly the trace's /events and /steps name (view_model.h, early_anomaly), found at open from /steps
   // (already read) and the /events rows of the first steps: a few reads of /events from the first step on, each
   // range twice the last, until one holds an anomaly event of a recorded step (or passes the first step /steps
-  // flags). No /ops row is read. nullopt when neither table names one, when /events is absent (format versions
+  // flags), at most 100,000 event rows (then /steps alone decides). No /ops row is read. nullopt when neither table names one, when /events is absent (format versions
   // before it) and /steps flags nothing, or for a live trace's steps written after the open. A damaged /events is
   // left to the analysis to report: then /steps alone decides.
   const std::optional<EarlyAnomaly>& early_anomaly() const { return early_; }

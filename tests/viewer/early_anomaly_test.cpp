@@ -238,5 +238,31 @@ TEST(early_anomaly_view, a_trace_whose_events_table_was_removed_is_refused_as_be
   EXPECT_TRUE(h.a->report()->anomalies.empty());
 }
 
+TEST(early_anomaly_view, the_search_at_open_reads_at_most_100000_event_rows_then_leaves_it_to_the_analysis) {
+  // 8 steps, 30,000 cast_underflow events (no anomaly) in each of steps 0..6, an origin event in step 7 and no step
+  // row flagged. The ranges read: step 0 (30,000 rows), steps 1-2 (60,000), steps 3-5 (90,000: the widest range,
+  // 100,000 / 26,250 rows a step, is 3 steps); 180,000 rows read is past the bound, so step 7 is not reached.
+  EarlyFixture f{.steps = 8, .extra = {}};
+  for (std::int64_t step = 0; step < 7; ++step)
+    for (int k = 0; k < 30000; ++k)
+      f.extra.push_back(trace::EventRow{.step = step, .seq = 0, .kind = "cast_underflow", .op = "to", .module = "fc1", .detail = "x"});
+  f.extra.push_back(trace::EventRow{.step = 7, .seq = 1, .kind = "origin", .op = "linear", .module = "fc2", .detail = ""});
+  auto doc = TraceDocument::open(fixture("many_events", f), TraceDocument::Options{.analyse = false});
+  ASSERT_TRUE(doc->ok()) << doc->error();
+  EXPECT_EQ(doc->counts().events, 7 * 30000 + 1);
+  EXPECT_FALSE(doc->early_anomaly().has_value());
+  // With underflows in steps 0..2 only, the origin is within reach: steps 0, 1-2 (90,000 rows), then 3-6 hold it.
+  f = EarlyFixture{.steps = 8, .extra = {}};
+  for (std::int64_t step = 0; step < 3; ++step)
+    for (int k = 0; k < 30000; ++k)
+      f.extra.push_back(trace::EventRow{.step = step, .seq = 0, .kind = "cast_underflow", .op = "to", .module = "fc1", .detail = "x"});
+  f.extra.push_back(trace::EventRow{.step = 5, .seq = 1, .kind = "origin", .op = "linear", .module = "fc2", .detail = ""});
+  doc = TraceDocument::open(fixture("some_events", f), TraceDocument::Options{.analyse = false});
+  ASSERT_TRUE(doc->ok()) << doc->error();
+  ASSERT_TRUE(doc->early_anomaly().has_value());
+  EXPECT_EQ(doc->early_anomaly()->step, 5);
+  EXPECT_EQ(doc->early_anomaly()->seq, 1);
+}
+
 }  // namespace
 }  // namespace ampscope::viewer
