@@ -135,7 +135,9 @@ void restart_comparison(ViewerState& s) {
 }  // namespace
 
 void open_trace(ViewerState& s, const std::filesystem::path& path, bool as_b) {
-  auto doc = TraceDocument::open(path);
+  TraceDocument::Options options;
+  options.read_early_step = !as_b && !s.wanted_step;  // b shows a's step; --step another
+  auto doc = TraceDocument::open(path, options);
   if (!doc->ok()) {
     s.errors.push_back(fmt::format("cannot open {}:\n{}", path.string(), doc->error()));
     return;

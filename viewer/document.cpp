@@ -226,6 +226,7 @@ std::unique_ptr<TraceDocument> TraceDocument::open(const std::filesystem::path& 
   }
   doc->last_refresh_ = Clock::now();
   doc->open_ms_ = ms_since(t0);
+  if (options.analyse && options.read_early_step && doc->early_) doc->start_step_job(doc->early_->step);
   if (options.analyse) doc->start_analysis();
   return doc;
 }
@@ -324,6 +325,7 @@ void TraceDocument::select_step(std::int64_t step) {
   if (selected_ && *selected_ == step && step_error_.empty()) return;
   selected_ = step;
   step_error_.clear();
+  if (step_ && step_->step == step) return;  // its rows are in: read at open (the early anomaly's step)
   if (!step_job_.valid()) start_step_job(step);
   // Otherwise poll() starts the job for the latest selection when the running one ends.
 }

@@ -71,6 +71,10 @@ class TraceDocument {
  public:
   struct Options {
     bool analyse = true;                                 // start the analysis at open
+    // With analyse: read the early anomaly's step (early_anomaly()) before the analysis takes the reader, so a window
+    // that shows it (app.h) has its rows without waiting for the analysis's first block. Off when another step will be
+    // shown (--step, trace b).
+    bool read_early_step = true;
     std::chrono::milliseconds live_interval{1000};       // refresh period of a trace still being written
     // Smaller blocks than analyse()'s default, so the selected step's rows wait less for their turn.
     analysis::AnalysisOptions analysis{.rows_per_read = 50000};
@@ -133,7 +137,8 @@ class TraceDocument {
   const std::string& blocks_error() const { return blocks_error_; }
 
   // The step whose rows the panels show. The rows arrive later (step_data() null meanwhile). Selecting
-  // the step already selected does nothing, unless its read failed (step_error()): then it is read again.
+  // the step already selected does nothing, unless its read failed (step_error()): then it is read again. Selecting
+  // the step whose rows were read last (the early anomaly's, read at open) reads nothing again.
   void select_step(std::int64_t step);
   std::optional<std::int64_t> selected_step() const { return selected_; }
   const StepData* step_data() const { return step_ && selected_ && step_->step == *selected_ ? &*step_ : nullptr; }

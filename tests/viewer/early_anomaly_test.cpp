@@ -238,6 +238,30 @@ TEST(early_anomaly_view, a_trace_whose_events_table_was_removed_is_refused_as_be
   EXPECT_TRUE(h.a->report()->anomalies.empty());
 }
 
+TEST(early_anomaly_view, a_document_reads_the_early_anomalys_step_before_its_analysis_unless_told_not_to) {
+  const auto path = fixture("prefetch", {.origin_step = 2, .extra = {}});
+  for (const bool read_early : {true, false}) {
+    TraceDocument::Options o;
+    o.read_early_step = read_early;
+    auto doc = TraceDocument::open(path, o);
+    ASSERT_TRUE(doc->ok()) << doc->error();
+    doc->wait_idle();  // the analysis and any read done, nothing selected
+    EXPECT_FALSE(doc->selected_step().has_value());
+    doc->select_step(2);
+    if (read_early) {
+      ASSERT_NE(doc->step_data(), nullptr) << "step 2's rows were read at open: no new read";
+      EXPECT_EQ(doc->step_data()->ops.size(), 3u);
+      EXPECT_FALSE(doc->step_loading());
+    } else {
+      EXPECT_EQ(doc->step_data(), nullptr) << "nothing was read at open: the selection reads it now";
+      doc->wait_idle();
+      ASSERT_NE(doc->step_data(), nullptr);
+    }
+    EXPECT_EQ(doc->step_data()->ops[1].seq, 1);
+    EXPECT_TRUE(doc->step_data()->ops[1].origin);
+  }
+}
+
 TEST(early_anomaly_view, the_search_at_open_reads_at_most_100000_event_rows_then_leaves_it_to_the_analysis) {
   // 8 steps, 30,000 cast_underflow events (no anomaly) in each of steps 0..6, an origin event in step 7 and no step
   // row flagged. The ranges read: step 0 (30,000 rows), steps 1-2 (60,000), steps 3-5 (90,000: the widest range,
