@@ -565,6 +565,8 @@ int run_viewer(const ViewerOptions& o) {
                   anomaly_from, static_cast<long long>(anomaly_step));
     }
     if (s.a) {
+      // Trace a's own open (reader, /steps, the early anomaly's search): open_ms above also holds the window's creation.
+      std::printf("trace_open_ms %.1f\n", s.a->open_ms());
       std::printf("steps %zu\nop_rows %lld\n", s.a->steps().size(), static_cast<long long>(s.a->counts().ops));
       // The step shown at the end (--step's, else the first anomaly's): bench/viewer_bench checks it.
       if (const auto step = s.a->selected_step()) std::printf("selected_step %lld\n", static_cast<long long>(*step));

@@ -185,7 +185,7 @@ std::optional<EarlyAnomaly> early_anomaly(std::span<const trace::StepRow> steps,
     recorded.push_back(r.step);
     if (step_flagged(r) && (!flagged || r.step < flagged->step)) flagged = &r;
   }
-  std::sort(recorded.begin(), recorded.end());
+  if (!events.empty()) std::sort(recorded.begin(), recorded.end());  // only events are looked up in it
   const trace::EventRow* best = nullptr;
   for (const trace::EventRow& e : events) {
     if (!is_anomaly_event(e.kind) || !std::binary_search(recorded.begin(), recorded.end(), e.step)) continue;
