@@ -11,7 +11,9 @@
 # something else): the report counts STEPS steps and STEPS x 1,000 op rows and finds exactly the planted
 # f16_overflow (step 3/4 of STEPS, forward linear in blocks.20.mlp.fc2); the diff aligns STEPS x 1,000 rows and
 # first parts at the planted step in blocks.7.attn's matmul with the statistic rms; the viewer (when BUILD has
-# ampscope-view and xvfb-run exists) exits 0 and, opened without --step, ends on the overflow's step. ctest
+# ampscope-view and xvfb-run exists) exits 0 and, opened without --step, shows the overflow's step first (the
+# trace's early anomaly, from /steps: first_anomaly_ms is the time to that frame, before the analysis ends) and
+# ends on it (the analysis's first anomaly). ctest
 # runs it at 20 steps (bench_large_trace_premises); the figures in bench/RESULTS.md come from larger runs.
 #
 #   bench/large_trace_bench.sh BUILD [STEPS] [CACHE]     # STEPS default 10000 (10M rows a trace)
@@ -96,10 +98,13 @@ EOF
 
 view=$build/bin/ampscope-view
 if [[ -x $view ]] && command -v xvfb-run >/dev/null; then
-  # Opened without --step: the first frame, then the analysis in the background, then the jump to the anomaly.
+  # Opened without --step: the first frame, the early anomaly (the trace's /steps name the overflow's step) with its
+  # rows, then the analysis in the background, which ends on the same step.
   timed view xvfb-run -a -s '-screen 0 1280x800x24' "$view" "$a" --timings --scroll-frames 1 --size 1280x800
-  grep -E '^(open_ms|first_frame_ms|ready_ms|selected_step) ' "$out/view.out" | tr '\n' ' '
+  grep -E '^(open_ms|first_frame_ms|first_anomaly_ms|first_anomaly_from|ready_ms|selected_step) ' "$out/view.out" | tr '\n' ' '
   echo
+  first=$(awk '$1 == "first_anomaly_step" {print $2}' "$out/view.out")
+  [[ $first == "$overflow" ]] || broken "viewer: expected to show step $overflow (the overflow) first, found '${first:-none}'"
   selected=$(awk '$1 == "selected_step" {print $2}' "$out/view.out")
   [[ $selected == "$overflow" ]] || broken "viewer: expected to end on step $overflow (the overflow), found '${selected:-none}'"
 else

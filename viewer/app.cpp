@@ -38,15 +38,30 @@ void set_selection(ViewerState& s, std::int64_t step, std::optional<std::int64_t
 }
 
 // Where the first anomaly is, to show it when the analysis ends. --seq without --step picks the op in
-// that step.
+// that step. The early anomaly shown until then gives way: to the analysis's first anomaly, or, when the
+// analysis finds none, to the first step (what the viewer shows without it), with a note saying why.
 void select_first_anomaly(ViewerState& s) {
   const analysis::Report* rep = s.a->report();
+  const bool early = s.early_shown && s.a->early_anomaly();
+  s.early_shown = false;
   if (rep && !rep->anomalies.empty()) {
     const auto& d = rep->anomalies.front();
     set_selection(s, d.step, s.wanted_seq ? s.wanted_seq : d.seq >= 0 ? std::optional<std::int64_t>(d.seq) : std::nullopt);
-  } else if (!s.a->selected_step()) {
+  } else if (!s.a->selected_step() || early) {
     if (auto first = initial_step(s.a->steps(), rep)) set_selection(s, *first, s.wanted_seq);
   }
+  if (early && rep) s.anomaly_note = early_anomaly_verdict(*s.a->early_anomaly(), *rep, s.a->selected_step());
+}
+
+// The early anomaly's step is read: select its op (the event's, else the step's origin), or none when its rows
+// do not hold the op the event named.
+void pick_early_op(ViewerState& s) {
+  const StepData* d = s.a->step_data();
+  if (!s.early_shown || s.user_selected || s.wanted_seq || !d || d->load_id == s.early_op_for) return;
+  s.early_op_for = d->load_id;
+  if (d->step != s.a->early_anomaly()->step) return;
+  s.selected_seq = early_anomaly_op(d->ops, s.a->early_anomaly()->seq);
+  s.scroll_to_selected = s.selected_seq.has_value();
 }
 
 std::string glfw_error_text;
@@ -92,6 +107,9 @@ void adopt_a(ViewerState& s, std::unique_ptr<TraceDocument> doc) {
   s.selected_seq.reset();
   s.user_selected = false;
   s.jumped_to_anomaly = false;
+  s.early_shown = false;
+  s.early_op_for = 0;
+  s.anomaly_note.clear();
   s.op_rows_for = 0;
   s.op_rows_dirty = true;
   s.series_steps = static_cast<std::size_t>(-1);
@@ -117,7 +135,9 @@ void restart_comparison(ViewerState& s) {
 }  // namespace
 
 void open_trace(ViewerState& s, const std::filesystem::path& path, bool as_b) {
-  auto doc = TraceDocument::open(path);
+  TraceDocument::Options options;
+  options.read_early_step = !as_b && !s.wanted_step;  // b shows a's step; --step another
+  auto doc = TraceDocument::open(path, options);
   if (!doc->ok()) {
     s.errors.push_back(fmt::format("cannot open {}:\n{}", path.string(), doc->error()));
     return;
@@ -219,6 +239,8 @@ bool select_rank(ViewerState& s, int rank) {
   // selection follows this rank's first anomaly once its analysis is in.
   if (step) s.a->select_step(*step);
   s.jumped_to_anomaly = false;
+  s.early_shown = false;  // this rank's selection is the step kept, not its early anomaly
+  s.anomaly_note.clear();
   s.op_rows_for = 0;
   s.op_rows_dirty = true;
   s.series_steps = static_cast<std::size_t>(-1);  // the markers are the shown rank's
@@ -237,6 +259,8 @@ const TraceDocument* rank_document(const ViewerState& s, std::size_t i) {
 
 void select_step(ViewerState& s, std::int64_t step, std::optional<std::int64_t> seq) {
   s.user_selected = true;
+  s.early_shown = false;  // the user's step, not the early anomaly: no provisional label on it
+  s.anomaly_note.clear();
   set_selection(s, step, seq);
 }
 
@@ -269,7 +293,15 @@ void poll_documents(ViewerState& s) {
     if (s.wanted_step) {
       set_selection(s, *s.wanted_step, s.wanted_seq);
       s.user_selected = true;
-    } else if (s.a->report() || !s.a->analysing()) {
+    } else if (s.a->report()) {
+      select_first_anomaly(s);
+      s.jumped_to_anomaly = true;
+    } else if (const auto& early = s.a->early_anomaly()) {
+      // The trace's own tables name the first anomaly: show it, provisional, while the analysis runs (unconfirmed
+      // when it failed or has not started).
+      set_selection(s, early->step, s.wanted_seq ? s.wanted_seq : early->seq);
+      s.early_shown = true;
+    } else if (!s.a->analysing()) {
       select_first_anomaly(s);
       s.jumped_to_anomaly = true;
     } else if (!s.headless) {
@@ -281,6 +313,9 @@ void poll_documents(ViewerState& s) {
     select_first_anomaly(s);
     s.jumped_to_anomaly = true;
   }
+  // The analysis ended after the user picked an op of the early anomaly's step: the label goes.
+  if (s.a->report()) s.early_shown = false;
+  pick_early_op(s);
 }
 
 bool fp8_panel_wanted(const ViewerState& s) {
@@ -437,6 +472,11 @@ int run_viewer(const ViewerOptions& o) {
   int settled = 0;  // frames drawn since everything was loaded
   bool first_frame_done = false;
   Clock::time_point t_first_frame{}, t_ready{};
+  // The first frame drawn with a first anomaly selected and its step's rows in: the trace's early anomaly
+  // (provisional) or the analysis's, whichever came first; where it came from.
+  std::optional<Clock::time_point> t_anomaly;
+  std::int64_t anomaly_step = 0;
+  const char* anomaly_from = "";
   int scroll_done = 0;
   std::vector<double> frame_ms, ui_ms;  // whole frames; the UI's own work (events, panels, ImGui) within them
   while (!glfwWindowShouldClose(window)) {
@@ -484,6 +524,20 @@ int run_viewer(const ViewerOptions& o) {
       t_first_frame = t_end;
     }
     if (ready && settled == 1) t_ready = t_end;
+    if (!t_anomaly && s.a && !s.user_selected && s.a->step_data()) {
+      const std::int64_t step = s.a->step_data()->step;
+      const analysis::Report* rep = s.a->report();
+      const auto& early = s.a->early_anomaly();
+      if (s.early_shown && early && early->step == step) {
+        anomaly_from = early->from_events ? "events" : "steps";
+      } else if (rep && !rep->anomalies.empty() && rep->anomalies.front().step == step) {
+        anomaly_from = "analysis";
+      }
+      if (*anomaly_from) {
+        t_anomaly = t_end;
+        anomaly_step = step;
+      }
+    }
     if (o.scroll_frames > 0 && settled >= 4) {
       if (scroll_done > 0) {
         frame_ms.push_back(ms_between(t_frame, t_end));
@@ -501,9 +555,18 @@ int run_viewer(const ViewerOptions& o) {
     }
   }
   if (o.timings) {
-    std::printf("open_ms %.1f\nfirst_frame_ms %.1f\nready_ms %.1f\n", ms_between(t_start, t_opened),
-                ms_between(t_start, t_first_frame), ms_between(t_start, t_ready));
+    std::printf("open_ms %.1f\nfirst_frame_ms %.1f\n", ms_between(t_start, t_opened), ms_between(t_start, t_first_frame));
+    // Not when it never came (a headless run that gave up at 120 s printed a time before the start).
+    if (t_ready != Clock::time_point{}) std::printf("ready_ms %.1f\n", ms_between(t_start, t_ready));
+    // Time to the first anomaly shown (its step selected and its rows drawn), where it came from and its step;
+    // absent when none was shown (no anomaly, or --step / a click chose the step).
+    if (t_anomaly) {
+      std::printf("first_anomaly_ms %.1f\nfirst_anomaly_from %s\nfirst_anomaly_step %lld\n", ms_between(t_start, *t_anomaly),
+                  anomaly_from, static_cast<long long>(anomaly_step));
+    }
     if (s.a) {
+      // Trace a's own open (reader, /steps, the early anomaly's search): open_ms above also holds the window's creation.
+      std::printf("trace_open_ms %.1f\n", s.a->open_ms());
       std::printf("steps %zu\nop_rows %lld\n", s.a->steps().size(), static_cast<long long>(s.a->counts().ops));
       // The step shown at the end (--step's, else the first anomaly's): bench/viewer_bench checks it.
       if (const auto step = s.a->selected_step()) std::printf("selected_step %lld\n", static_cast<long long>(*step));

@@ -54,7 +54,12 @@ struct ViewerState {
   bool user_selected = false;      // the user picked a step: do not jump to the first anomaly later
   bool jumped_to_anomaly = false;  // the selection moved to the first anomaly once the analysis ended
   std::optional<std::int64_t> wanted_step, wanted_seq;  // --step / --seq
-  bool headless = false;           // select nothing until the analysis has said where the anomaly is
+  // The early anomaly (document.h, early_anomaly) is selected, labelled provisional, until the analysis ends: then the
+  // selection stays (the analysis agrees) or moves to the analysis's first anomaly, and anomaly_note says why.
+  bool early_shown = false;
+  std::uint64_t early_op_for = 0;  // StepData::load_id whose rows picked the early anomaly's op
+  std::string anomaly_note;        // why the selection moved when the analysis ended; cleared by the user's pick
+  bool headless = false;           // select nothing until the analysis (or the trace's early anomaly) says where
   bool scroll_to_selected = false; // the ops table brings the selected row into view once
 
   // Ops table.

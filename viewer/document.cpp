@@ -142,6 +142,50 @@ std::vector<Row> read_in_turns(SharedReader& reader, JobControl& control, const 
   return rows;
 }
 
+namespace {
+
+// At most this many /events rows are read at open (about 0.1 s): every f16 run writes cast_underflow events, so a
+// long run without an anomaly event early on could otherwise read its whole /events before the first frame.
+constexpr std::int64_t kEarlyEventRows = 100000;
+
+// TraceDocument::early_anomaly: /events read from the first recorded step on, 1, 2, 4... steps at a time (no range
+// expected to hold more than kEarlyEventRows), so a trace whose first anomaly is early reads little of /events; past
+// kEarlyEventRows rows the step rows alone decide. Each range is found by binary search (or the table's step index).
+std::optional<EarlyAnomaly> find_early_anomaly(trace::TraceReader& reader, const std::vector<trace::StepRow>& steps,
+                                               std::int64_t event_rows) {
+  const std::optional<EarlyAnomaly> from_steps = early_anomaly(steps, {});
+  if (event_rows <= 0) return from_steps;
+  std::vector<std::int64_t> numbers;
+  numbers.reserve(steps.size());
+  for (const trace::StepRow& r : steps) numbers.push_back(r.step);
+  std::sort(numbers.begin(), numbers.end());
+  numbers.erase(std::unique(numbers.begin(), numbers.end()), numbers.end());
+  const std::int64_t per_step = std::max<std::int64_t>(1, event_rows / static_cast<std::int64_t>(std::max<std::size_t>(1, numbers.size())));
+  const std::size_t widest = static_cast<std::size_t>(std::max<std::int64_t>(1, kEarlyEventRows / per_step));
+  std::int64_t read = 0;
+  try {
+    for (std::size_t i = 0, width = 1; i < numbers.size() && read < kEarlyEventRows;
+         i += width, width = std::min(widest, width * 2)) {
+      if (from_steps && numbers[i] > from_steps->step) break;  // no event before /steps' own can come after it
+      const std::size_t j = std::min(numbers.size(), i + width);
+      const std::int64_t begin = numbers[i];
+      const std::int64_t end = j < numbers.size() ? numbers[j] : numbers.back() == trace::kLastStep ? trace::kLastStep : numbers.back() + 1;
+      const std::vector<trace::EventRow> events = reader.events(begin, end);
+      read += static_cast<std::int64_t>(events.size());
+      const bool found = std::any_of(events.begin(), events.end(), [&](const trace::EventRow& e) {
+        return is_anomaly_event(e.kind) && std::binary_search(numbers.begin(), numbers.end(), e.step);
+      });
+      // An event in this range comes before any later range's; /steps' flag may still come before it.
+      if (found) return early_anomaly(steps, events);
+    }
+  } catch (const std::exception&) {
+    // A damaged /events: the analysis reports it; the step rows alone decide here.
+  }
+  return from_steps;
+}
+
+}  // namespace
+
 StepData read_step(SharedReader& shared, std::int64_t step) {
   const auto t0 = Clock::now();
   std::lock_guard lock(shared.mutex);
@@ -172,6 +216,7 @@ std::unique_ptr<TraceDocument> TraceDocument::open(const std::filesystem::path& 
     doc->complete_ = r.complete();
     doc->counts_ = r.row_counts();
     doc->steps_ = r.steps();
+    doc->early_ = find_early_anomaly(r, doc->steps_, doc->counts_.events);
   } catch (const std::exception& e) {
     // TraceError says what is wrong with the file; anything else (bad_alloc on a damaged size) is shown too.
     doc->error_ = e.what();
@@ -181,6 +226,7 @@ std::unique_ptr<TraceDocument> TraceDocument::open(const std::filesystem::path& 
   }
   doc->last_refresh_ = Clock::now();
   doc->open_ms_ = ms_since(t0);
+  if (options.analyse && options.read_early_step && doc->early_) doc->start_step_job(doc->early_->step);
   if (options.analyse) doc->start_analysis();
   return doc;
 }
@@ -279,6 +325,7 @@ void TraceDocument::select_step(std::int64_t step) {
   if (selected_ && *selected_ == step && step_error_.empty()) return;
   selected_ = step;
   step_error_.clear();
+  if (step_ && step_->step == step) return;  // its rows are in: read at open (the early anomaly's step)
   if (!step_job_.valid()) start_step_job(step);
   // Otherwise poll() starts the job for the latest selection when the running one ends.
 }

@@ -71,6 +71,10 @@ class TraceDocument {
  public:
   struct Options {
     bool analyse = true;                                 // start the analysis at open
+    // With analyse: read the early anomaly's step (early_anomaly()) before the analysis takes the reader, so a window
+    // that shows it (app.h) has its rows without waiting for the analysis's first block. Off when another step will be
+    // shown (--step, trace b).
+    bool read_early_step = true;
     std::chrono::milliseconds live_interval{1000};       // refresh period of a trace still being written
     // Smaller blocks than analyse()'s default, so the selected step's rows wait less for their turn.
     analysis::AnalysisOptions analysis{.rows_per_read = 50000};
@@ -90,6 +94,13 @@ class TraceDocument {
   bool complete() const { return complete_; }
   bool live() const { return ok() && !complete_; }
   double open_ms() const { return open_ms_; }
+  // The first anomaly the trace's /events and /steps name (view_model.h, early_anomaly), found at open from /steps
+  // (already read) and the /events rows of the first steps: a few reads of /events from the first step on, each
+  // range twice the last, until one holds an anomaly event of a recorded step (or passes the first step /steps
+  // flags), at most 100,000 event rows (then /steps alone decides). No /ops row is read. nullopt when neither table names one, when /events is absent (format versions
+  // before it) and /steps flags nothing, or for a live trace's steps written after the open. A damaged /events is
+  // left to the analysis to report: then /steps alone decides.
+  const std::optional<EarlyAnomaly>& early_anomaly() const { return early_; }
 
   // Picks up finished background work and, for a live trace, refreshes about once a second. Call once a
   // frame from the UI thread; true when something visible changed.
@@ -126,7 +137,8 @@ class TraceDocument {
   const std::string& blocks_error() const { return blocks_error_; }
 
   // The step whose rows the panels show. The rows arrive later (step_data() null meanwhile). Selecting
-  // the step already selected does nothing, unless its read failed (step_error()): then it is read again.
+  // the step already selected does nothing, unless its read failed (step_error()): then it is read again. Selecting
+  // the step whose rows were read last (the early anomaly's, read at open) reads nothing again.
   void select_step(std::int64_t step);
   std::optional<std::int64_t> selected_step() const { return selected_; }
   const StepData* step_data() const { return step_ && selected_ && step_->step == *selected_ ? &*step_ : nullptr; }
@@ -153,6 +165,7 @@ class TraceDocument {
   trace::RowCounts counts_;
   bool complete_ = true;
   double open_ms_ = 0;
+  std::optional<EarlyAnomaly> early_;
   std::chrono::steady_clock::time_point last_refresh_;
   bool reanalyse_ = false;  // steps arrived while the analysis ran: run it again when it ends
 

@@ -132,6 +132,21 @@ void step_picker(ViewerState& s) {
   }
 }
 
+// The early anomaly's provisional label while it is selected (app.h, early_shown), else why the selection moved when
+// the analysis ended (anomaly_note): wrapped, in the warning colour, so nobody takes the one for the analysis's verdict.
+void early_anomaly_line(const ViewerState& s) {
+  std::string text;
+  if (s.early_shown && s.a->early_anomaly()) {
+    text = early_anomaly_label(*s.a->early_anomaly(), s.a->analysis_progress(), s.a->analysing());
+  } else {
+    text = s.anomaly_note;
+  }
+  if (text.empty()) return;
+  ImGui::PushTextWrapPos(0.0f);
+  ImGui::TextColored(to_vec4(colours::kWarning), "%s", text.c_str());
+  ImGui::PopTextWrapPos();
+}
+
 // The rank shown, for a data-parallel run's traces: a combo of the open ranks, each with its anomalies once
 // analysed. Draws nothing without a rank set; otherwise leaves the cursor on the same line.
 void rank_picker(ViewerState& s) {
@@ -478,6 +493,7 @@ void draw_ops_panel(ViewerState& s) {
   }
   rank_picker(s);
   step_picker(s);
+  early_anomaly_line(s);
   ImGui::SetNextItemWidth(220);
   if (ImGui::InputTextWithHint("##filter", "filter: module, op, dtype, phase", s.filter_text, sizeof s.filter_text)) {
     s.filter.text = s.filter_text;
@@ -845,6 +861,7 @@ void draw_why_panel(ViewerState& s) {
     return;
   }
   const analysis::Report* rep = s.a->report();
+  early_anomaly_line(s);
   if (!rep) {
     if (!s.a->analysis_error().empty()) {
       error_box(s.a->analysis_error());

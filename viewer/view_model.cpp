@@ -131,6 +131,111 @@ std::optional<std::int64_t> initial_step(std::span<const trace::StepRow> steps, 
   return steps.front().step;
 }
 
+// ---- The first anomaly at open ----
+
+bool is_anomaly_event(std::string_view kind) {
+  return kind == "origin" || kind == "propagate" || kind == "cast_overflow" || kind == "grad_overflow" ||
+         kind == "skipped_step" || kind == "scale_backoff";
+}
+
+namespace {
+
+// Within a step, the event that says most about where it went wrong: an op creating NaN/inf first.
+int event_rank(std::string_view kind) {
+  constexpr std::string_view order[] = {"origin", "cast_overflow", "propagate", "grad_overflow", "skipped_step", "scale_backoff"};
+  for (int i = 0; i < 6; ++i)
+    if (kind == order[i]) return i;
+  return 6;
+}
+
+bool names_op(const trace::EventRow& e) {
+  return !e.op.empty() && e.seq >= 0 && (e.kind == "origin" || e.kind == "cast_overflow" || e.kind == "propagate");
+}
+
+std::string where(const trace::EventRow& e) {
+  return e.module.empty() ? e.op : fmt::format("{} in {}", e.op, e.module);
+}
+
+std::string event_text(const trace::EventRow& e) {
+  if (e.kind == "origin") return "NaN/inf created by " + where(e);
+  if (e.kind == "cast_overflow") return "cast overflow in " + where(e);
+  if (e.kind == "propagate") return "NaN/inf passed on by " + where(e);
+  if (e.kind == "grad_overflow") return e.module.empty() ? "a gradient held inf/NaN" : "gradient of " + e.module + " held inf/NaN";
+  if (e.kind == "skipped_step") return "skipped step";
+  return "loss scale backed off";
+}
+
+std::string step_text(const trace::StepRow& r) {
+  std::vector<std::string> parts;
+  if (!std::isfinite(r.loss)) parts.push_back("loss " + format_number(r.loss));
+  if (r.found_inf) parts.push_back("inf/NaN in the gradients");
+  if (r.skipped) parts.push_back("skipped step");
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+bool step_flagged(const trace::StepRow& r) { return r.found_inf || r.skipped || !std::isfinite(r.loss); }
+
+}  // namespace
+
+std::optional<EarlyAnomaly> early_anomaly(std::span<const trace::StepRow> steps, std::span<const trace::EventRow> events) {
+  std::vector<std::int64_t> recorded;
+  recorded.reserve(steps.size());
+  const trace::StepRow* flagged = nullptr;  // the earliest /steps row that says something went wrong
+  for (const trace::StepRow& r : steps) {
+    recorded.push_back(r.step);
+    if (step_flagged(r) && (!flagged || r.step < flagged->step)) flagged = &r;
+  }
+  if (!events.empty()) std::sort(recorded.begin(), recorded.end());  // only events are looked up in it
+  const trace::EventRow* best = nullptr;
+  for (const trace::EventRow& e : events) {
+    if (!is_anomaly_event(e.kind) || !std::binary_search(recorded.begin(), recorded.end(), e.step)) continue;
+    if (!best || e.step < best->step ||
+        (e.step == best->step && std::make_tuple(event_rank(e.kind), !names_op(e), e.seq) <
+                                     std::make_tuple(event_rank(best->kind), !names_op(*best), best->seq))) {
+      best = &e;
+    }
+  }
+  if (best && (!flagged || best->step <= flagged->step)) {
+    EarlyAnomaly a{.step = best->step, .seq = std::nullopt, .from_events = true, .what = event_text(*best)};
+    if (names_op(*best)) a.seq = best->seq;
+    return a;
+  }
+  if (flagged) return EarlyAnomaly{.step = flagged->step, .seq = std::nullopt, .from_events = false, .what = step_text(*flagged)};
+  return std::nullopt;
+}
+
+std::optional<std::int64_t> early_anomaly_op(std::span<const trace::OpRow> rows, std::optional<std::int64_t> seq) {
+  if (seq && std::any_of(rows.begin(), rows.end(), [&](const trace::OpRow& r) { return r.seq == *seq; })) return seq;
+  for (const trace::OpRow& r : rows)
+    if (r.origin) return r.seq;
+  return std::nullopt;
+}
+
+std::string early_anomaly_label(const EarlyAnomaly& early, double analysis_progress, bool analysing) {
+  if (!analysing) {
+    return fmt::format("Unconfirmed: step {} ({}), the first anomaly the trace's {} name; the analysis did not finish, so "
+                       "nothing confirms it.",
+                       early.step, early.what, early.from_events ? "events" : "step rows");
+  }
+  return fmt::format("Provisional: step {} ({}), the first anomaly the trace's {} name. The analysis ({:.0f}%) gives the "
+                     "verdict and may move the selection.",
+                     early.step, early.what, early.from_events ? "events" : "step rows", 100.0 * analysis_progress);
+}
+
+std::string early_anomaly_verdict(const EarlyAnomaly& early, const analysis::Report& report, std::optional<std::int64_t> now) {
+  const std::string was = fmt::format("step {} ({}, from the trace's {})", early.step, early.what,
+                                      early.from_events ? "events" : "step rows");
+  if (report.anomalies.empty()) {
+    return fmt::format("The analysis found no anomaly: {} is not one. Showing {}.", was,
+                       now ? fmt::format("step {}", *now) : std::string("no step"));
+  }
+  const analysis::Diagnosis& d = report.anomalies.front();
+  if (d.step == early.step) return "";
+  const std::string op = d.op.empty() ? "" : d.module.empty() ? ", " + d.op : fmt::format(", {} in {}", d.op, d.module);
+  return fmt::format("Moved to step {}, the analysis's first anomaly ({}{}): {}, shown until then, is not.",
+                     d.step, d.cause, op, was);
+}
+
 // ---- Ops ----
 
 std::string_view op_column_name(OpColumn c) {

@@ -103,6 +103,34 @@ std::optional<std::int64_t> nearest_step(std::span<const trace::StepRow> steps, 
 // The step to show first: that of the first anomaly when there is one, else the first step.
 std::optional<std::int64_t> initial_step(std::span<const trace::StepRow> steps, const analysis::Report* report);
 
+// ---- The first anomaly at open, before the analysis (issue 37) ----
+// The analysis reads every op row (minutes at 100M rows); the trace's small tables already say where something
+// first went wrong. The early anomaly is the earliest recorded step (one with a /steps row) holding an anomaly
+// event (/events: is_anomaly_event) or whose /steps row says found_inf, skipped or a non-finite loss. The viewer
+// selects it, labelled provisional (early_anomaly_label), until the analysis gives its verdict, which may differ: a
+// skipped step alone is the scaler's job, not an anomaly, and the analysis's causes need the op rows.
+struct EarlyAnomaly {
+  std::int64_t step = 0;
+  std::optional<std::int64_t> seq;  // the op an op event of that step names (origin, then cast_overflow, propagate)
+  bool from_events = false;         // an /events row named it (else the /steps row alone)
+  std::string what;                 // "NaN/inf created by linear in fc2", "skipped step", ...
+};
+// The probe's anomaly events: origin, propagate, cast_overflow, grad_overflow, skipped_step, scale_backoff. Not
+// cast_underflow (every f16 run flushes small values), scale_growth, nor a kind this build does not know.
+bool is_anomaly_event(std::string_view kind);
+// The early anomaly of these rows (steps in any order; events of any steps: an event whose step has no /steps row
+// does not count, so a damaged or foreign event cannot select a step without rows). nullopt when nothing names one.
+std::optional<EarlyAnomaly> early_anomaly(std::span<const trace::StepRow> steps, std::span<const trace::EventRow> events);
+// The op to select in the early anomaly's step once its rows are read: `seq` when a row has it, else the step's
+// first origin row (a trace whose /steps alone named the step), else none.
+std::optional<std::int64_t> early_anomaly_op(std::span<const trace::OpRow> rows, std::optional<std::int64_t> seq);
+// The line shown while the early anomaly is selected: the analysis running (progress 0..1), or failed (`analysing`
+// false and no report), when nothing confirms it.
+std::string early_anomaly_label(const EarlyAnomaly& early, double analysis_progress, bool analysing = true);
+// Why the selection moved when the analysis ended, for the early anomaly shown until then: "" when the analysis's
+// first anomaly is in the same step (the label just goes); `now` is the step selected instead.
+std::string early_anomaly_verdict(const EarlyAnomaly& early, const analysis::Report& report, std::optional<std::int64_t> now);
+
 // ---- Ops ----
 // In the table's order: what identifies the op, then what went wrong, then the rest.
 enum class OpColumn { seq, phase, module, op, dtypes, nonfinite, absmax, mean, rms, zero, subnormal, numel, shape };

@@ -208,6 +208,105 @@ TEST(view_model_test, why_nan_cards_select_the_origin_step_and_op) {
   EXPECT_EQ(cards.back().kind, Card::Kind::scaler);
 }
 
+// ---- The first anomaly at open (early_anomaly) ----
+
+trace::EventRow event(std::int64_t step, std::int64_t seq, const std::string& kind, const std::string& op = "",
+                      const std::string& module = "") {
+  return trace::EventRow{.step = step, .seq = seq, .kind = kind, .op = op, .module = module, .detail = ""};
+}
+
+TEST(view_model_test, early_anomaly_is_the_earliest_recorded_step_an_anomaly_event_or_a_step_row_names) {
+  // Steps 0..5, written out of order; step 4's row says found_inf and skipped (no event of its own).
+  std::vector<trace::StepRow> steps = {step_row(3, 8, 8, false), step_row(0, 8, 8, false), step_row(1, 8, 8, false),
+                                       step_row(2, 8, 8, false), step_row(4, 8, 4, true), step_row(5, 4, 4, false)};
+  auto a = early_anomaly(steps, {});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->step, 4);
+  EXPECT_FALSE(a->seq.has_value()) << "a step row names no op";
+  EXPECT_FALSE(a->from_events);
+  EXPECT_EQ(a->what, "loss nan, inf/NaN in the gradients, skipped step");
+  // Events that are no anomaly (an underflowing cast, a growth, a kind this build does not know), and anomaly
+  // events of steps without a /steps row (-1, 9, and 2.5's neighbour 7), do not count.
+  std::vector<trace::EventRow> events = {event(0, 2, "cast_underflow", "to", "fc1"), event(1, 9, "scale_growth"),
+                                         event(1, 3, "mystery_kind", "mul", "fc1"), event(-1, 0, "origin", "exp", "x"),
+                                         event(9, 0, "origin", "exp", "x"), event(7, 0, "skipped_step")};
+  a = early_anomaly(steps, events);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->step, 4) << "only the step row's flag is left";
+  // At step 3 (before the flag): within the step the origin is chosen over a propagation, a cast overflow and the
+  // scaler's events, whatever their order in the table; its seq is the op's.
+  events.push_back(event(3, 6, "scale_backoff"));
+  events.push_back(event(3, 5, "propagate", "softmax", "head"));
+  events.push_back(event(3, 7, "grad_overflow", "", "fc1.weight"));
+  events.push_back(event(3, 4, "origin", "linear", "fc2"));
+  events.push_back(event(3, 2, "origin", "exp", "fc1"));
+  a = early_anomaly(steps, events);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->step, 3);
+  EXPECT_EQ(a->seq, 2) << "the first origin of the step";
+  EXPECT_TRUE(a->from_events);
+  EXPECT_EQ(a->what, "NaN/inf created by exp in fc1");
+  // A step-level event earlier still: its step wins, with no op.
+  events.push_back(event(2, 8, "skipped_step"));
+  a = early_anomaly(steps, events);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->step, 2);
+  EXPECT_FALSE(a->seq.has_value());
+  EXPECT_EQ(a->what, "skipped step");
+  // A step row flagged before every event: the step row's step (a non-finite loss alone is a flag).
+  steps[2].loss = std::numeric_limits<double>::infinity();  // step 1
+  a = early_anomaly(steps, events);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->step, 1);
+  EXPECT_FALSE(a->from_events);
+  EXPECT_EQ(a->what, "loss inf");
+  // Nothing flagged, no anomaly event: none.
+  EXPECT_FALSE(early_anomaly(std::vector<trace::StepRow>{step_row(0, 8, 8, false)},
+                             std::vector<trace::EventRow>{event(0, 1, "cast_underflow", "to", "fc1")})
+                   .has_value());
+  EXPECT_FALSE(early_anomaly({}, std::vector<trace::EventRow>{event(0, 1, "origin", "exp", "fc1")}).has_value())
+      << "no recorded step at all";
+}
+
+TEST(view_model_test, early_anomalys_op_is_the_events_when_the_step_holds_it_else_the_first_origin_else_none) {
+  std::vector<trace::OpRow> rows = {op_row(2, 0, "fc1", "linear", "f16", 3), op_row(2, 1, "fc2", "linear", "f16", 3),
+                                    op_row(2, 2, "head", "softmax", "f16", 3)};
+  EXPECT_EQ(early_anomaly_op(rows, 2), 2);
+  EXPECT_EQ(early_anomaly_op(rows, 7), std::nullopt) << "seq 7 is not in the step, and no row is an origin";
+  EXPECT_EQ(early_anomaly_op(rows, std::nullopt), std::nullopt);
+  rows[1].origin = true;
+  EXPECT_EQ(early_anomaly_op(rows, std::nullopt), 1);
+  EXPECT_EQ(early_anomaly_op(rows, 7), 1);
+  EXPECT_EQ(early_anomaly_op({}, 1), std::nullopt) << "a step without rows";
+}
+
+TEST(view_model_test, early_anomalys_label_says_provisional_and_the_verdict_says_why_the_selection_moved) {
+  const EarlyAnomaly from_events{.step = 1, .seq = 4, .from_events = true, .what = "skipped step"};
+  EXPECT_EQ(early_anomaly_label(from_events, 0.25),
+            "Provisional: step 1 (skipped step), the first anomaly the trace's events name. The analysis (25%) gives the "
+            "verdict and may move the selection.");
+  const EarlyAnomaly from_steps{.step = 7, .seq = std::nullopt, .from_events = false, .what = "loss nan"};
+  EXPECT_EQ(early_anomaly_label(from_steps, 0, false),
+            "Unconfirmed: step 7 (loss nan), the first anomaly the trace's step rows name; the analysis did not finish, "
+            "so nothing confirms it.");
+  // The verdicts, against a report built by hand.
+  analysis::Report rep;
+  EXPECT_EQ(early_anomaly_verdict(from_events, rep, 0),
+            "The analysis found no anomaly: step 1 (skipped step, from the trace's events) is not one. Showing step 0.");
+  analysis::Diagnosis d;
+  d.step = 3;
+  d.seq = 1;
+  d.op = "linear";
+  d.module = "fc2";
+  d.cause = "f16_overflow";
+  rep.anomalies.push_back(d);
+  EXPECT_EQ(early_anomaly_verdict(from_events, rep, 3),
+            "Moved to step 3, the analysis's first anomaly (f16_overflow, linear in fc2): step 1 (skipped step, from the "
+            "trace's events), shown until then, is not.");
+  rep.anomalies.front().step = 1;
+  EXPECT_EQ(early_anomaly_verdict(from_events, rep, 1), "") << "the same step: the label just goes";
+}
+
 // ---- Op detail: inputs and consumers ----
 
 // One step of hand-made rows whose provenance is written down here:

@@ -162,6 +162,74 @@ inline std::filesystem::path write_tagger_fixture(const std::filesystem::path& p
   return path;
 }
 
+// For the first anomaly at open (viewer/document.h, early_anomaly): `steps` steps (0..steps-1) of 3 op rows each
+// (fc1 linear, fc2 linear, head softmax; f16). At origin_step (>= 0) fc2's linear (seq 1) creates 5 NaN from finite
+// inputs (an origin row) and head's softmax carries them, the step is skipped and the scale halves, as the probe
+// records it: with origin_events, an "origin" event (seq 1) and the scaler's "skipped_step" and "scale_backoff"
+// events. At skipped_step (>= 0) every op row is finite but the scaler found inf in the gradients and skipped
+// the step (a backward overflow the scaler handles): a "grad_overflow" of fc1.weight and "skipped_step" event
+// with skipped_events. `extra` events are written after the step whose number they carry (or at the end when no
+// recorded step has it).
+struct EarlyFixture {
+  int steps = 6;
+  std::int64_t origin_step = -1;
+  bool origin_events = true;
+  std::int64_t skipped_step = -1;
+  bool skipped_events = true;
+  std::vector<trace::EventRow> extra;
+};
+inline std::filesystem::path write_early_fixture(const std::filesystem::path& path, const EarlyFixture& f) {
+  trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "fixture", .seed = 11, .config = "{}"});
+  double scale = 1024;
+  auto extra_of = [&](std::int64_t step) {
+    for (const trace::EventRow& e : f.extra)
+      if (e.step == step) w.write(e);
+  };
+  for (std::int64_t step = 0; step < f.steps; ++step) {
+    const bool origin = step == f.origin_step, skipped = origin || step == f.skipped_step;
+    for (int seq = 0; seq < 3; ++seq) {
+      trace::OpRow r = op_row(step, seq, seq == 0 ? "fc1" : (seq == 1 ? "fc2" : "head"), seq == 2 ? "softmax" : "linear",
+                              "f16", 10.0 * (seq + 1) + static_cast<double>(step));
+      r.inputs = {seq == 0 ? trace::kInputData : seq - 1, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
+      if (origin && seq >= 1) {
+        r.health.nan = 5;
+        r.origin = seq == 1;
+      }
+      w.write(r);
+    }
+    trace::StepRow s;
+    s.step = step;
+    s.loss = origin ? std::numeric_limits<double>::quiet_NaN() : 2.0 - 0.1 * static_cast<double>(step);
+    s.scale = scale;
+    s.found_inf = s.skipped = skipped;
+    s.scale_after = skipped ? scale / 2 : scale;
+    s.grad_norm = skipped ? std::numeric_limits<double>::infinity() : 1.0;
+    s.lr = 1e-3;
+    w.write(s);
+    if (origin && f.origin_events) {
+      w.write(trace::EventRow{.step = step, .seq = 1, .kind = "origin", .op = "linear", .module = "fc2",
+                              .detail = "5 NaN in the output of linear; inputs finite"});
+    }
+    if (skipped && !origin && f.skipped_events) {
+      w.write(trace::EventRow{.step = step, .seq = 3, .kind = "grad_overflow", .op = "", .module = "fc1.weight",
+                              .detail = "fc1.weight: 2 inf, 0 NaN in its scaled gradient"});
+    }
+    if (skipped && (origin ? f.origin_events : f.skipped_events)) {
+      w.write(trace::EventRow{.step = step, .seq = 4, .kind = "skipped_step", .op = "", .module = "",
+                              .detail = "SGD skipped its step"});
+      w.write(trace::EventRow{.step = step, .seq = 5, .kind = "scale_backoff", .op = "", .module = "",
+                              .detail = "scale halved"});
+    }
+    extra_of(step);
+    scale = s.scale_after;
+    w.end_step(step);
+  }
+  for (const trace::EventRow& e : f.extra)
+    if (e.step < 0 || e.step >= f.steps) w.write(e);
+  w.close();
+  return path;
+}
+
 inline std::filesystem::path write_not_hdf5(const std::filesystem::path& path) {
   std::ofstream(path) << "this is not an HDF5 file\n";
   return path;
