@@ -331,11 +331,11 @@ class FileWriter {
 
 // The byte ranges of a table's floating-point fields (and /ops' absmax_xor), merged where adjacent:
 // ChunkCodec deflates their columns with zlib's run-length strategy (and may store their random-looking
-// mantissa bytes). None for
-// /grads: a GradScaler run writes each parameter's gradient before unscaling and after, and the unscaled
-// row's absmax and norm are the scaled row's divided by a power of two, the same mantissa bytes one step's
-// parameters further down the column, which only the default strategy's string matches find (issue 37:
-// trace_bench's health trace 11.6 -> 7.0 bytes a gradient row; run-length coding matches only the byte before).
+// mantissa bytes). None for /grads: a GradScaler run writes each parameter's gradient before unscaling and
+// after, and the unscaled row's absmax and norm are the scaled row's divided by a power of two, the same
+// mantissa bytes one step's parameters further down the column, which only the default strategy's string
+// matches find (issue 37: trace_bench's health trace 11.6 -> 7.7 bytes a gradient row; run-length coding
+// matches only the byte before).
 std::vector<ByteRange> float_columns(const Io& io, Table table) {
   if (table == Table::grads) return {};
   const Datatype type = record_type(io, table);
@@ -593,42 +593,7 @@ struct TraceWriter::State {
     std::size_t held = 0;            // bytes of the texts in `ids`
     TextId next = 0;                 // rows of /strings so far
     std::int64_t bytes = 0;          // bytes of /string_bytes so far
-    // The texts met last, by a cheap hash of their length and end bytes: most texts of a row (the phase,
-    // dtypes, a module path, an op name) were seen a few rows before, and comparing one costs less than
-    // hashing it whole and searching the map (the map's lookup, std::hash and memcmp were 7% of all the
-    // writer's threads' samples at 10,000 rows a step, issue 37). At most 256 texts of 256 bytes, 64 KiB.
-    // An entry's id stays right after the map is cleared: that row of /strings holds the same text.
-    struct Recent {
-      std::string text;
-      TextId id = -1;
-    };
-    static constexpr std::size_t kRecent = 256;
-    static constexpr std::size_t kRecentMaxBytes = 256;  // longer texts (rare) go to the map only
-    std::array<Recent, kRecent> recent;
-    static std::size_t recent_slot(std::string_view text) {
-      std::uint64_t head = 0, tail = 0;
-      if (!text.empty()) {
-        const std::size_t n = std::min<std::size_t>(text.size(), 8);
-        std::memcpy(&head, text.data(), n);
-        std::memcpy(&tail, text.data() + text.size() - n, n);
-      }
-      const std::uint64_t h = (head * 0x9E3779B97F4A7C15ull) ^ (tail * 0xC2B2AE3D27D4EB4Full) ^ text.size();
-      return static_cast<std::size_t>(h >> 56);  // 8 bits: kRecent slots
-    }
     TextId id(std::string_view text) override {
-      Recent* slot = nullptr;
-      if (text.size() <= kRecentMaxBytes) {
-        slot = &recent[recent_slot(text)];
-        if (slot->id >= 0 && std::string_view(slot->text) == text) return slot->id;
-      }
-      const TextId found = lookup(text);
-      if (slot != nullptr) {
-        slot->text.assign(text);
-        slot->id = found;
-      }
-      return found;
-    }
-    TextId lookup(std::string_view text) {
       if (const auto it = ids.find(text); it != ids.end()) return it->second;
       if (held + text.size() > kMaxInternedBytes) {
         ids.clear();
