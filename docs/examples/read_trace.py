@@ -11,6 +11,7 @@ import json
 import sys
 
 import h5py
+import numpy as np
 import pandas as pd
 
 
@@ -23,7 +24,7 @@ def read_texts(f):
 
 def read_table(f, name, texts):
     """A table as a DataFrame: the fields named in its text_fields attribute become their texts, array
-    fields (the inputs of /ops, the bins of /histograms) one column per element."""
+    fields (the inputs of /ops, the bins of /histograms) one column per element, /ops' absmax_xor absmax."""
     rows = f[name][:]
     text_fields = f[name].attrs["text_fields"].decode().split(",") if "text_fields" in f[name].attrs else []
     columns = {}
@@ -34,6 +35,9 @@ def read_table(f, name, texts):
                 columns[f"{field}_{i}"] = values[:, i]
         elif field in text_fields:
             columns[field] = texts[values].to_numpy()
+        elif field == "absmax_xor":  # format_version 9: absmax's bits XOR those of max(|min|, |max|)
+            derived = np.maximum(np.abs(rows["min"]), np.abs(rows["max"]))
+            columns["absmax"] = (derived.view(np.uint64) ^ values).view(np.float64)
         else:
             columns[field] = values
     return pd.DataFrame(columns)
@@ -51,7 +55,7 @@ def read_ops_csv(csv_dir):
 def show_ops(label, ops, count):
     for o in ops.head(count).itertuples():
         # json.dumps shows a text quoted; repr a float exactly.
-        print(label, o.step, o.seq, o.phase, json.dumps(o.op), json.dumps(o.module), repr(o.mean), o.inputs_0)
+        print(label, o.step, o.seq, o.phase, json.dumps(o.op), json.dumps(o.module), repr(o.mean), repr(o.absmax), o.inputs_0)
 
 
 def main():

@@ -21,6 +21,8 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "trace records assume a little-endian host");
 static_assert(sizeof(OpRecord) == 16 + 7 * 8 + 6 * 8 + 5 * 8 + 2 * 8 + 1 + kOpInputs * 8,
               "OpRecord must be packed: it is the file's compound type byte for byte");
+static_assert(sizeof(OpRecordV8) == sizeof(OpRecord) && offsetof(OpRecordV8, absmax) == offsetof(OpRecord, absmax_xor),
+              "format_version 9 changes only what /ops' absmax field holds");
 static_assert(sizeof(IndexRecord) == 8 * (2 + kDataTableCount));
 static_assert(sizeof(GradRecord) == 8 * 9 + 2, "GradRecord must be packed: it is the file's compound type byte for byte");
 static_assert(sizeof(ChecksumRecord) == 8 * 3, "ChecksumRecord must be packed: it is the file's compound type byte for byte");
@@ -52,8 +54,9 @@ Datatype step_type(const Io& io) {
   return b.take();
 }
 
+// /ops: format_version 9 (R = OpRecord) stores absmax_xor where 4 to 8 (OpRecordV8) store absmax.
+template <class R>
 Datatype op_type(const Io& io) {
-  using R = OpRecord;
   CompoundBuilder b(io, sizeof(R), Table::ops);
   AMPSCOPE_I64(R, step);
   AMPSCOPE_I64(R, seq);
@@ -72,7 +75,11 @@ Datatype op_type(const Io& io) {
   AMPSCOPE_I64(R, subnormal);
   AMPSCOPE_F64(R, min);
   AMPSCOPE_F64(R, max);
-  AMPSCOPE_F64(R, absmax);
+  if constexpr (std::is_same_v<R, OpRecord>) {
+    b.add("absmax_xor", offsetof(R, absmax_xor), H5T_STD_U64LE);
+  } else {
+    AMPSCOPE_F64(R, absmax);
+  }
   AMPSCOPE_F64(R, mean);
   AMPSCOPE_F64(R, rms);
   AMPSCOPE_I64(R, cast_overflow);
@@ -448,7 +455,7 @@ Datatype record_type(const Io& io, Table table, std::int64_t version) {
   if (version < 4 && v3::record_size(table) > 0) return v3::record_type(io, table);
   switch (table) {
     case Table::steps: return step_type(io);
-    case Table::ops: return op_type(io);
+    case Table::ops: return version < 9 ? op_type<OpRecordV8>(io) : op_type<OpRecord>(io);
     case Table::grads: return grad_type(io);
     case Table::events: return event_type(io);
     case Table::histograms: return histogram_type(io);
@@ -529,7 +536,7 @@ void encode(const OpRow& row, OpRecord& r, TextIds& ids) {
   r.subnormal = h.subnormal;
   r.min = h.min;
   r.max = h.max;
-  r.absmax = h.absmax;
+  r.absmax_xor = std::bit_cast<std::uint64_t>(h.absmax) ^ derived_absmax_bits(h.min, h.max);
   r.mean = h.mean;
   r.rms = h.rms;
   r.cast_overflow = row.cast_overflow;
@@ -601,7 +608,9 @@ OpRow decode(const OpRecord& r, const StringTable& s) {
   return row;
 }
 
-void decode(const OpRecord& r, const StringTable& s, OpRow& row, const OpTexts& texts) {
+namespace {
+template <class R>
+void decode_op(const R& r, const StringTable& s, OpRow& row, const OpTexts& texts) {
   row.step = r.step;
   row.seq = r.seq;
   row.phase = parse_phase(s.text(r.phase, "phase"));
@@ -629,7 +638,11 @@ void decode(const OpRecord& r, const StringTable& s, OpRow& row, const OpTexts& 
   h.subnormal = r.subnormal;
   h.min = r.min;
   h.max = r.max;
-  h.absmax = r.absmax;
+  if constexpr (std::is_same_v<R, OpRecord>) {
+    h.absmax = std::bit_cast<double>(r.absmax_xor ^ derived_absmax_bits(r.min, r.max));
+  } else {
+    h.absmax = r.absmax;
+  }
   h.mean = r.mean;
   h.rms = r.rms;
   row.cast_overflow = r.cast_overflow;
@@ -637,6 +650,10 @@ void decode(const OpRecord& r, const StringTable& s, OpRow& row, const OpTexts& 
   row.origin = r.origin != 0;
   std::memcpy(row.inputs.data(), r.inputs, sizeof r.inputs);
 }
+}  // namespace
+
+void decode(const OpRecord& r, const StringTable& s, OpRow& row, const OpTexts& texts) { decode_op(r, s, row, texts); }
+void decode(const OpRecordV8& r, const StringTable& s, OpRow& row, const OpTexts& texts) { decode_op(r, s, row, texts); }
 
 GradRow decode(const GradRecord& r, const StringTable& s) {
   GradRow row;

@@ -1,4 +1,4 @@
-// probes/trace/layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 8
+// probes/trace/layout.h: how each trace table's rows are laid out in the HDF5 file, format_version 9
 // (internal to ampscope_trace; docs/trace-format.md is the description for readers; the layouts of
 // versions 1 to 3, which the reader still reads, are in probes/trace/layout_v3.h). Each table is a 1-D
 // dataset of one compound type, whose fields are those of the row structs in probes/trace/schema.h, in
@@ -13,6 +13,8 @@
 //   trace::OpRow back = detail::decode(r, strings);       // strings: the trace's detail::StringTable
 #pragma once
 
+#include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -67,7 +69,23 @@ struct [[gnu::packed]] StepRecord {
   double grad_norm, lr, time_ms;
 };
 
+// absmax_xor (format_version 9): absmax's bits XOR derived_absmax_bits(min, max), so 0 in every row where absmax
+// is max(|min|, |max|), as the probe writes it (probes/stats.cpp): a column of zeros costs almost nothing after
+// shuffle + deflate, where a stored absmax cost as much as min or max (issue 37). Any absmax, NaN payloads
+// included, comes back bit for bit. An unsigned field under a new name, so no reader takes it for absmax.
 struct [[gnu::packed]] OpRecord {
+  std::int64_t step, seq;
+  TextId phase, op, module, in_dtypes, out_dtype, shape, autocast;
+  std::int64_t numel, nan, pos_inf, neg_inf, zero, subnormal;
+  double min, max;
+  std::uint64_t absmax_xor;
+  double mean, rms;
+  std::int64_t cast_overflow, cast_underflow;
+  std::int8_t origin;
+  std::int64_t inputs[kOpInputs];
+};
+// /ops in format_version 4 to 8: the same bytes with absmax stored as it is.
+struct [[gnu::packed]] OpRecordV8 {
   std::int64_t step, seq;
   TextId phase, op, module, in_dtypes, out_dtype, shape, autocast;
   std::int64_t numel, nan, pos_inf, neg_inf, zero, subnormal;
@@ -76,6 +94,15 @@ struct [[gnu::packed]] OpRecord {
   std::int8_t origin;
   std::int64_t inputs[kOpInputs];
 };
+
+// The bits of max(|min|, |max|) as numpy's np.maximum(np.abs(min), np.abs(max)) computes it (docs/trace-format.md
+// gives that recipe): |min| when it is NaN, else |max| when it is NaN, else the larger (either when equal: the same
+// bits, as |x| has no sign). Defined for every pair of doubles, so absmax_xor round-trips any absmax.
+inline std::uint64_t derived_absmax_bits(double min, double max) {
+  const double a = std::fabs(min), b = std::fabs(max);
+  const double d = a != a ? a : b != b ? b : a < b ? b : a;  // x != x: NaN, without <cmath>'s isnan overloads
+  return std::bit_cast<std::uint64_t>(d);
+}
 
 // before_all_reduce: format_version 6 (absent from older traces, whose rows read it as 0).
 struct [[gnu::packed]] GradRecord {
@@ -300,10 +327,12 @@ void encode(const BlockRow& row, BlockRecord& r, TextIds& ids);
 // Each throws std::invalid_argument, naming the field, on a text id that is not a sound row of /strings
 // and on an unknown phase name.
 StepRow decode(const StepRecord& r);
+// health.absmax is absmax_xor's value restored (OpRecordV8: the stored absmax).
 OpRow decode(const OpRecord& r, const StringTable& strings);
 // The same into `row`, every field assigned and its strings' memory kept: a reader filling a caller's block
 // again (TraceReader::ops into a reused vector) then allocates nothing per row (issue 37).
 void decode(const OpRecord& r, const StringTable& strings, OpRow& row, const OpTexts& texts = {});
+void decode(const OpRecordV8& r, const StringTable& strings, OpRow& row, const OpTexts& texts = {});
 // Also refuses, naming the field, a before_all_reduce that is not 0 or 1.
 GradRow decode(const GradRecord& r, const StringTable& strings);
 EventRow decode(const EventRecord& r, const StringTable& strings);

@@ -1118,7 +1118,11 @@ void TraceReader::ops(std::int64_t begin, std::int64_t end, std::vector<OpRow>& 
     OpTexts& texts;
     ~Restore() { texts = OpTexts{}; }
   } restore{state_->op_texts};
-  state_->read_text_rows<OpRecord, v3::OpRecord, OpRow>(Table::ops, begin, end, rows);
+  if (state_->version < 9) {  // absmax as it is; 9 stores absmax_xor
+    state_->read_text_rows<OpRecordV8, v3::OpRecord, OpRow>(Table::ops, begin, end, rows);
+  } else {
+    state_->read_text_rows<OpRecord, v3::OpRecord, OpRow>(Table::ops, begin, end, rows);
+  }
   if (state_->version < 2) {
     for (OpRow& row : rows) row.inputs.fill(kInputUnknown);  // format_version 1 has no provenance
   }

@@ -31,7 +31,10 @@ inline constexpr std::string_view kFormat = "ampscope-trace";
 // 8 (block-scaled formats): the precisions "mxfp8" and "nvfp4" (`ampscope train --precision mxfp8|nvfp4`) and
 // /blocks, each block-scaled operand copy's statistics (and --what-if's for a format the run does not train in);
 // /index counts /blocks. A reader of 7 refuses 8 as newer, as a reader of 6 refuses 7.
-inline constexpr std::int64_t kFormatVersion = 8;
+// 9 (issue 37): /ops stores `absmax_xor` (uint64: absmax's bits XOR those of max(|min|, |max|), 0 where absmax
+// is that, as the probe writes it) in place of `absmax`, which cost as many bytes as min or max; the reader
+// restores OpRow's absmax bit for bit. A reader of 8 refuses 9 as newer.
+inline constexpr std::int64_t kFormatVersion = 9;
 
 // Root attributes.
 struct RunInfo {

@@ -141,7 +141,7 @@ TEST(block_probe_test, the_probe_turns_events_of_recorded_steps_and_wanted_modul
          "          repr(float(r['rel_rms_error'])))\n";
   }
   ASSERT_EQ(trace::testing::run_command(python + " " + script.string() + " " + path.string(), out), 0) << out;
-  EXPECT_NE(out.find("version 8 mxfp8"), std::string::npos) << out;
+  EXPECT_NE(out.find("version " + std::to_string(trace::kFormatVersion) + " mxfp8"), std::string::npos) << out;
   // Steps 0 and 2 (every 2), fc1 only (head is not fc*): 2 x 3 rows.
   EXPECT_NE(out.find("rows 6 index 6"), std::string::npos) << out;
   // Step 2, the input's rowwise copy (k = 0): underflow 20, worst block 100 at row 100 / 3 = 33, col (100 % 3) * 32

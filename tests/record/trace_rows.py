@@ -13,14 +13,25 @@ def text(f, ids):
     return [bytes(raw[table[i][offset_field]:table[i][offset_field] + table[i][length_field]]).decode() for i in ids]
 
 
+def ops_absmax(o):
+    """/ops' absmax: format_version 9 stores absmax_xor, its bits XOR those of max(|min|, |max|)
+    (docs/trace-format.md); older traces store absmax."""
+    if "absmax_xor" not in o.dtype.names:
+        return o["absmax"]
+    derived = np.maximum(np.abs(o["min"]), np.abs(o["max"]))
+    return (derived.view(np.uint64) ^ o["absmax_xor"]).view(np.float64)
+
+
 def ops(path):
     with h5py.File(path, "r") as f:
         o = f["ops"][()]
         rows = []
         names = {k: text(f, o[k]) for k in ("phase", "op", "module", "out_dtype", "in_dtypes", "shape")}
+        absmax = ops_absmax(o)
         for i in range(len(o)):
             r = {k: o[k][i] for k in o.dtype.names}
             r.update({k: names[k][i] for k in names})
+            r["absmax"] = absmax[i]
             rows.append(r)
         steps = f["steps"][()]
         grads = f["grads"][()]

@@ -130,7 +130,7 @@ TEST(trace_blocks_test, a_block_scaled_run_reads_back_its_precision_and_every_fi
     const fs::path path = dir.file("b.h5");
     const std::vector<BlockRow> rows = write_trace(path, 3, 12, nullptr, precision);
     TraceReader r(path);
-    EXPECT_EQ(r.format_version(), 8);
+    EXPECT_EQ(r.format_version(), 9);
     EXPECT_EQ(r.run_info().precision, precision);
     EXPECT_TRUE(r.damage().empty());
     EXPECT_EQ(r.row_counts().blocks, 36);

@@ -88,7 +88,7 @@ TEST(trace_fp8_test, an_fp8_run_reads_back_its_precision_and_every_field_of_ever
   const fs::path path = dir.file("f.h5");
   const std::vector<Fp8Row> rows = write_trace(path, 3, 6);
   TraceReader r(path);
-  EXPECT_EQ(r.format_version(), 8);
+  EXPECT_EQ(r.format_version(), 9);
   EXPECT_EQ(r.run_info().precision, "fp8");
   EXPECT_TRUE(r.damage().empty());
   EXPECT_EQ(r.row_counts().fp8, 18);

@@ -340,6 +340,7 @@ struct Corpus {
     write_block_trace(blocks);
     traces.push_back(describe("blocks", blocks));
     EXPECT_EQ(traces[10].block_rows, 3 * 2 * 3 * 2 * 2) << "the blocks trace has /blocks rows";
+    traces.push_back(describe("v8 fixture", kFixtures / "v8-transformer-fp16.h5"));  // /ops with absmax stored
 
     checkpoint = dir.file("ck.h5");
     samples::TrainConfig save = config("mlp", 2, "");

@@ -98,7 +98,7 @@ TEST(trace_precision_test, reads_back_every_field_of_every_row_by_step_range) {
   const fs::path path = dir.file("p.h5");
   const std::vector<PrecisionRow> rows = write_trace(path, 3, 5);
   TraceReader r(path);
-  EXPECT_EQ(r.format_version(), 8);
+  EXPECT_EQ(r.format_version(), 9);
   EXPECT_EQ(r.row_counts().precision, 15);
   const std::vector<PrecisionRow> all = r.precision();
   ASSERT_EQ(all.size(), rows.size());

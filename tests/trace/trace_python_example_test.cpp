@@ -125,14 +125,16 @@ TEST(trace_python_example_test, read_trace_py_prints_the_readers_values_from_hdf
     ASSERT_EQ(printed.size(), std::min<std::size_t>(20, ops.size())) << out;
     for (std::size_t i = 0; i < printed.size(); ++i) {
       const auto& p = printed[i];
-      ASSERT_EQ(p.size(), 7u) << out;
+      ASSERT_EQ(p.size(), 8u) << out;
       EXPECT_EQ(std::stoll(p[0]), ops[i].step);
       EXPECT_EQ(std::stoll(p[1]), ops[i].seq);
       EXPECT_EQ(p[2], phase_name(ops[i].phase));
       EXPECT_EQ(p[3], ops[i].op);
       EXPECT_EQ(p[4], ops[i].module);
       EXPECT_SAME_DOUBLE(ops[i].health.mean, number(p[5]));
-      EXPECT_EQ(std::stoll(p[6]), ops[i].inputs[0]);
+      // From h5py: format_version 9's absmax_xor and the docs' numpy recipe (from the CSV: the export's absmax).
+      EXPECT_SAME_DOUBLE(ops[i].health.absmax, number(p[6]));
+      EXPECT_EQ(std::stoll(p[7]), ops[i].inputs[0]);
     }
   }
   // The ops whose output holds NaN or inf, and their names.

@@ -2,6 +2,7 @@
 // from TraceReader as it was given (text of any length, whole: format_version 4),
 // including NaN, infinities, -0, subnormal doubles and empty strings; rows are selected by step range;
 // small chunks exercise chunks rewritten at step ends, and a tiny queue exercises back-pressure.
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -412,9 +413,18 @@ TEST(trace_roundtrip_test, keeps_random_statistics_of_large_chunks_through_hdf5s
   ASSERT_EQ(ops.size(), written.size());
   for (std::size_t i = 0; i < ops.size(); ++i) testing::expect_same_op(written[i], ops[i]);
 
+  // format_version 9 stores absmax as absmax_xor: its bits XOR those of max(|min|, |max|), computed here as the
+  // docs' numpy recipe does (np.maximum returns a NaN operand, the first when both are).
   struct Statistics {
     std::int64_t step, seq;
-    double min, max, absmax, mean, rms;
+    double min, max;
+    std::uint64_t absmax_xor;
+    double mean, rms;
+  };
+  const auto absmax_of = [](const Statistics& s) {
+    const double a = std::fabs(s.min), b = std::fabs(s.max);
+    const double derived = std::isnan(a) ? a : std::isnan(b) ? b : std::max(a, b);
+    return std::bit_cast<double>(std::bit_cast<std::uint64_t>(derived) ^ s.absmax_xor);
   };
   const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(file, 0);
@@ -424,7 +434,7 @@ TEST(trace_roundtrip_test, keeps_random_statistics_of_large_chunks_through_hdf5s
   H5Tinsert(type, "seq", offsetof(Statistics, seq), H5T_NATIVE_INT64);
   H5Tinsert(type, "min", offsetof(Statistics, min), H5T_NATIVE_DOUBLE);
   H5Tinsert(type, "max", offsetof(Statistics, max), H5T_NATIVE_DOUBLE);
-  H5Tinsert(type, "absmax", offsetof(Statistics, absmax), H5T_NATIVE_DOUBLE);
+  H5Tinsert(type, "absmax_xor", offsetof(Statistics, absmax_xor), H5T_NATIVE_UINT64);
   H5Tinsert(type, "mean", offsetof(Statistics, mean), H5T_NATIVE_DOUBLE);
   H5Tinsert(type, "rms", offsetof(Statistics, rms), H5T_NATIVE_DOUBLE);
   std::vector<Statistics> rows(written.size());
@@ -439,9 +449,101 @@ TEST(trace_roundtrip_test, keeps_random_statistics_of_large_chunks_through_hdf5s
     ASSERT_EQ(rows[i].seq, e.seq);
     EXPECT_SAME_DOUBLE(e.health.min, rows[i].min);
     EXPECT_SAME_DOUBLE(e.health.max, rows[i].max);
-    EXPECT_SAME_DOUBLE(e.health.absmax, rows[i].absmax);
+    EXPECT_SAME_DOUBLE(e.health.absmax, absmax_of(rows[i]));
     EXPECT_SAME_DOUBLE(e.health.mean, rows[i].mean);
     EXPECT_SAME_DOUBLE(e.health.rms, rows[i].rms);
+  }
+}
+
+// /ops' absmax_xor (format_version 9) column of a finished trace, read with HDF5 alone.
+std::vector<std::uint64_t> absmax_xor_column(const std::filesystem::path& path) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t dataset = H5Dopen2(file, "/ops", H5P_DEFAULT);
+  const hid_t space = H5Dget_space(dataset);
+  std::vector<std::uint64_t> out(static_cast<std::size_t>(H5Sget_simple_extent_npoints(space)));
+  const hid_t type = H5Tcreate(H5T_COMPOUND, sizeof(std::uint64_t));
+  H5Tinsert(type, "absmax_xor", 0, H5T_NATIVE_UINT64);
+  const herr_t read = H5Dread(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());
+  H5Tclose(type);
+  H5Sclose(space);
+  H5Dclose(dataset);
+  H5Fclose(file);
+  EXPECT_GE(read, 0);
+  return out;
+}
+
+// absmax comes back bit for bit whatever it is: derived from min and max (absmax_xor 0, the probe's rows), or not
+// (a NaN with a payload, a signalling NaN, -NaN, -0, inf, a value above both, NaN beside numbers and the reverse).
+TEST(trace_roundtrip_test, keeps_every_absmax_bit_for_bit_and_stores_zero_when_derived) {
+  TempDir dir;
+  const auto path = dir.file("absmax.h5");
+  const auto bits = [](std::uint64_t b) { return std::bit_cast<double>(b); };
+  const double quiet = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    double min, max, absmax;
+    bool derived;  // absmax is max(|min|, |max|) as numpy computes it: absmax_xor must be 0
+  };
+  const std::vector<Case> cases = {
+      {-3.0, 2.0, 3.0, true},
+      {-0.5, 7.25, 7.25, true},
+      {-0.0, 0.0, 0.0, true},
+      {quiet, quiet, quiet, true},                  // an empty tensor's row: every statistic NaN
+      {-2.0, 1.0, 5.0, false},                      // an absmax above both
+      {-2.0, 1.0, -0.0, false},
+      {-2.0, 1.0, kInf, false},
+      {-2.0, 1.0, bits(0x7FF8000000001234), false},  // a quiet NaN's payload
+      {-2.0, 1.0, bits(0x7FF0000000000001), false},  // a signalling NaN
+      {-2.0, 1.0, bits(0xFFF8000000000000), false},  // -NaN
+      {quiet, 4.0, 4.0, false},                      // derived is NaN (|min|), absmax a number
+      {bits(0xFFF8000000000abc), bits(0x7FF800000000def0), bits(0x7FF8000000000abc), true},  // |min|'s NaN
+      {1.0, bits(0x7FF800000000def0), bits(0x7FF800000000def0), true},                        // |max|'s NaN
+      {-kInf, 1.0, kInf, true},
+  };
+  {
+    TraceWriter w(path, testing::sample_run());
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      OpRow row = testing::numbered_op(0, static_cast<std::int64_t>(i));
+      row.health.min = cases[i].min;
+      row.health.max = cases[i].max;
+      row.health.absmax = cases[i].absmax;
+      w.write(row);
+    }
+    w.end_step(0);
+    w.close();
+  }
+  const std::vector<OpRow> ops = TraceReader(path).ops();
+  const std::vector<std::uint64_t> xors = absmax_xor_column(path);
+  ASSERT_EQ(ops.size(), cases.size());
+  ASSERT_EQ(xors.size(), cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(ops[i].health.absmax), std::bit_cast<std::uint64_t>(cases[i].absmax));
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(ops[i].health.min), std::bit_cast<std::uint64_t>(cases[i].min));
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(ops[i].health.max), std::bit_cast<std::uint64_t>(cases[i].max));
+    EXPECT_EQ(xors[i] == 0, cases[i].derived) << std::hex << xors[i];
+  }
+}
+
+// A format_version 8 trace (tests/fixtures/v8-transformer-fp16.h5: `ampscope train --sample transformer --device cpu
+// --steps 2 --seed 1`, written at 8b480c1, before format 9) reads its stored absmax, as HDF5 reads the field.
+TEST(trace_roundtrip_test, reads_the_absmax_a_format_8_trace_stores) {
+  const auto path = std::filesystem::path(AMPSCOPE_SOURCE_DIR) / "tests" / "fixtures" / "v8-transformer-fp16.h5";
+  TraceReader r(path);
+  ASSERT_EQ(r.format_version(), 8);
+  const std::vector<OpRow> ops = r.ops();
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t dataset = H5Dopen2(file, "/ops", H5P_DEFAULT);
+  const hid_t type = H5Tcreate(H5T_COMPOUND, sizeof(double));
+  H5Tinsert(type, "absmax", 0, H5T_NATIVE_DOUBLE);
+  std::vector<double> stored(ops.size());
+  const herr_t read = H5Dread(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, stored.data());
+  H5Tclose(type);
+  H5Dclose(dataset);
+  H5Fclose(file);
+  ASSERT_GE(read, 0);
+  ASSERT_GT(ops.size(), 100u);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint64_t>(ops[i].health.absmax), std::bit_cast<std::uint64_t>(stored[i])) << "row " << i;
   }
 }
 

@@ -44,7 +44,7 @@ TEST(trace_tools_test, h5dump_prints_fields_values_and_attributes) {
             0)
       << out;
   for (const char* field : {"\"step\"", "\"loss\"", "\"scale_after\"", "\"found_inf\"", "\"growth_tracker\"", "\"time_ms\"",
-                            "\"phase\"", "\"op\"", "\"module\"", "\"in_dtypes\"", "\"out_dtype\"", "\"absmax\"", "\"rms\"",
+                            "\"phase\"", "\"op\"", "\"module\"", "\"in_dtypes\"", "\"out_dtype\"", "\"absmax_xor\"", "\"rms\"",
                             "\"cast_overflow\"", "\"origin\"", "\"offset\"", "\"length\"", "\"crc32\""}) {
     EXPECT_NE(out.find(field), std::string::npos) << "h5dump output lacks the field " << field << ":\n" << out;
   }

@@ -55,7 +55,7 @@ expect 0 "$ampscope" export "$work/fp8.h5" --csv "$work/csv"
 import csv, sys, os
 d = sys.argv[1]
 run = {r["attribute"]: r["value"] for r in csv.DictReader(open(os.path.join(d, "run.csv")))}
-assert run["precision"] == "fp8" and run["format_version"] == "8", run
+assert run["precision"] == "fp8" and run["format_version"] == "9", run
 rows = list(csv.DictReader(open(os.path.join(d, "fp8.csv"))))
 assert len(rows) == 4 * 3 * 3, len(rows)
 for r in rows:

@@ -123,7 +123,7 @@ TEST(fp8_train_test, the_fp8_options_are_recorded_in_fp8_runs_only) {
   for (const auto& [key, value] : plain.items()) EXPECT_EQ(key.rfind("fp8", 0), std::string::npos) << key;
 }
 
-// An FP8 run writes a trace (format_version 8, precision fp8) with one /fp8 row per step for every operand of
+// An FP8 run writes a trace (format_version 9, precision fp8) with one /fp8 row per step for every operand of
 // every FP8 Linear, and none for a Linear kept in bf16. The rows' numbers are the probe's (tests/probes/
 // fp8_stats_test.cpp checks them against a reference); here: what the run's shapes and recipe fix.
 TEST(fp8_train_test, an_fp8_run_writes_a_trace_with_a_row_for_every_fp8_linear_and_operand) {
@@ -134,7 +134,7 @@ TEST(fp8_train_test, an_fp8_run_writes_a_trace_with_a_row_for_every_fp8_linear_a
   c.fp8_keep_bf16 = {"fc3"};
   train(c);
   trace::TraceReader r(path);
-  EXPECT_EQ(r.format_version(), 8);
+  EXPECT_EQ(r.format_version(), 9);
   EXPECT_EQ(r.run_info().precision, "fp8");
   const std::vector<trace::Fp8Row> rows = r.fp8();
   ASSERT_EQ(rows.size(), 5u * 2 * 3);

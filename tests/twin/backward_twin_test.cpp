@@ -265,7 +265,7 @@ TEST(backward_twin_test, the_report_lists_the_planted_node_first_as_the_backward
   const std::string path = (testing::process_scratch_dir("ampscope_backward_twin") / "tempered.h5").string();
   const TemperedRun run = train_tempered(true, 3, path);
   trace::TraceReader reader(path);
-  EXPECT_EQ(reader.format_version(), 8);
+  EXPECT_EQ(reader.format_version(), 9);
   std::int64_t written = 0;
   for (const trace::PrecisionRow& r : reader.precision()) written += r.phase == trace::Phase::backward ? 1 : 0;
   EXPECT_EQ(written, static_cast<std::int64_t>(backward_rows(run.rows).size()));
