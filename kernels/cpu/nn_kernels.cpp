@@ -48,12 +48,43 @@ void where_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
+// The period P of a view that repeats one dense block: its trailing dimensions dense in row-major order,
+// every leading one broadcast (stride 0) or of size 1, so that element i of the view is element i % P of
+// the block. 0 when the view is not of that form (or empty). A causal mask [T, T] broadcast over
+// [B, H, T, T] has P = T * T; a contiguous view has P = numel.
+std::int64_t broadcast_period(const TensorView& v) {
+  std::int64_t period = 1;
+  int d = v.ndim - 1;
+  for (; d >= 0 && (v.sizes[d] == 1 || v.strides[d] == period); --d) period *= v.sizes[d];
+  for (; d >= 0; --d) {
+    if (v.sizes[d] != 1 && v.strides[d] != 0) return 0;
+  }
+  return period;
+}
+
 template <class T>
 void masked_fill_kernel(Backend&, const KernelArgs& a) {
   const T* x = a.in[0].ptr<T>();
   const bool* mask = a.in[1].ptr<bool>();
   const T value = convert<T>(a.scalars[0]);
   T* out = a.out.ptr<T>();
+  // A contiguous input and a mask that repeats one dense block (attention's causal mask broadcast over batch
+  // and heads): the mask read by position in its block, in runs the compiler vectorises, instead of a strided
+  // cursor per element. The same select on the same elements.
+  const std::int64_t period = broadcast_period(a.in[1]);
+  if (period > 0 && a.in[0].is_contiguous() && a.out.is_contiguous()) {
+    parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e;) {
+        const std::int64_t p = i % period, count = std::min(period - p, e - i);
+        const bool* m = mask + p;
+        const T* xi = x + i;
+        T* oi = out + i;
+        for (std::int64_t j = 0; j < count; ++j) oi[j] = m[j] ? value : xi[j];
+        i += count;
+      }
+    });
+    return;
+  }
   parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
     StridedCursor<2> c(a.out, {&a.in[0], &a.in[1]}, b);
     for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = mask[c.offset(1)] ? value : x[c.offset(0)];
@@ -229,13 +260,38 @@ void index_backward_rows_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
+// softmax_row<false> (kernels/row_functors.h) with each exp computed once: the row's exps are stored (in y
+// itself when T is the accumulation type, else in `scratch`), summed from there in lane_tree_sum's order and
+// divided. The same exp of the same argument, the same additions in the same order, the same division: the
+// shared row function's bits (tests/kernels/row_functors_test.cpp compares the two), at half its exps;
+// the shared function computes exp twice because a warp cannot keep a row in registers.
+template <class T>
+void softmax_row_stored_exp(const T* x, T* y, std::int64_t n, acc_type<T>* scratch) {
+  using Acc = acc_type<T>;
+  const Acc m = SerialRow{}.max<Acc>(n, RowLoad<Acc, T>{x});
+  Acc* ex = nullptr;
+  if constexpr (std::is_same_v<T, Acc>) {
+    ex = y;
+  } else {
+    ex = scratch;
+  }
+  for (std::int64_t j = 0; j < n; ++j) ex[j] = std::exp(convert<Acc>(x[j]) - m);
+  const Acc sum = lane_tree_sum<Acc>(n, [&](std::int64_t j) { return ex[j]; });
+  for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(canonical_nan(ex[j] / sum));
+}
+
 template <class T, bool kLog>
 void softmax_rows_kernel(Backend&, const KernelArgs& a) {
   const T* in = a.in[0].ptr<T>();
   T* out = a.out.ptr<T>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t r = b; r < e; ++r) softmax_row<kLog>(SerialRow{}, in + r * cols, out + r * cols, cols);
+    if constexpr (kLog) {
+      for (std::int64_t r = b; r < e; ++r) softmax_row<kLog>(SerialRow{}, in + r * cols, out + r * cols, cols);
+    } else {
+      std::vector<acc_type<T>> scratch(std::is_same_v<T, acc_type<T>> ? 0 : static_cast<std::size_t>(cols));
+      for (std::int64_t r = b; r < e; ++r) softmax_row_stored_exp(in + r * cols, out + r * cols, cols, scratch.data());
+    }
   });
 }
 
