@@ -746,6 +746,62 @@ inline std::int32_t order_key(std::uint32_t u) {
   return (mag ^ neg) - neg;
 }
 
+// The f32 2 x 2 windows of stride 2 of one output row that lie inside the plane: windows ow in [ow0, ow1)
+// at plane rows h0, h0 + 1 and columns 2 ow - pw, + 1. max_pool2d_kernel's branch-free decisions, in the
+// same order, with the chosen element's bits carried along instead of read back through its index, in a
+// loop of its own that the compiler vectorises (stride-2 loads). Same values and indices as the per-window
+// code (tests/kernels/window_kernels_test.cpp).
+__attribute__((always_inline)) inline void max_pool_row_2x2s2_loop(const float* plane, std::int64_t W, std::int64_t h0,
+                                                                   std::int64_t pw, std::int64_t ow0, std::int64_t ow1,
+                                                                   float* out, std::int64_t* idx) {
+  for (std::int64_t ow = ow0; ow < ow1; ++ow) {
+    const std::int64_t p0 = h0 * W + ow * 2 - pw;
+    std::int64_t best = p0;
+    std::uint32_t best_bits;
+    std::memcpy(&best_bits, plane + p0, sizeof best_bits);
+    std::int64_t mk = order_key(0xFF800000u), m_nan = 0;  // m = -inf
+    const std::int64_t at[4] = {p0, p0 + 1, p0 + W, p0 + W + 1};
+    for (const std::int64_t p : at) {
+      std::uint32_t u;
+      std::memcpy(&u, plane + p, sizeof u);
+      const std::int64_t v_nan = (std::int64_t{0x7F800000} - std::int64_t{u & 0x7FFFFFFFu}) >> 63;
+      const std::int64_t vk = order_key(u);
+      const std::int64_t take = v_nan | (~m_nan & ((mk - vk) >> 63));  // v != v || v > m
+      const auto take32 = static_cast<std::uint32_t>(take);
+      best = (p & take) | (best & ~take);
+      best_bits = (u & take32) | (best_bits & ~take32);
+      mk = (vk & take) | (mk & ~take);
+      m_nan = (v_nan & take) | (m_nan & ~take);
+    }
+    std::memcpy(out + ow, &best_bits, sizeof best_bits);
+    idx[ow] = best;
+  }
+}
+void max_pool_row_2x2s2_baseline(const float* plane, std::int64_t W, std::int64_t h0, std::int64_t pw, std::int64_t ow0,
+                                 std::int64_t ow1, float* out, std::int64_t* idx) {
+  max_pool_row_2x2s2_loop(plane, W, h0, pw, ow0, ow1, out, idx);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void max_pool_row_2x2s2_avx2(const float* plane, std::int64_t W, std::int64_t h0,
+                                                              std::int64_t pw, std::int64_t ow0, std::int64_t ow1,
+                                                              float* out, std::int64_t* idx) {
+  max_pool_row_2x2s2_loop(plane, W, h0, pw, ow0, ow1, out, idx);
+}
+#endif
+using MaxPoolRowFn = void (*)(const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*,
+                              std::int64_t*);
+MaxPoolRowFn max_pool_row_2x2s2() {
+#if defined(__x86_64__)
+  static const MaxPoolRowFn fn = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") ? &max_pool_row_2x2s2_avx2 : &max_pool_row_2x2s2_baseline;
+  }();
+  return fn;
+#else
+  return &max_pool_row_2x2s2_baseline;
+#endif
+}
+
 // NaN wins, as in PyTorch: a NaN replaces the running maximum whenever it is met.
 template <class T>
 void max_pool2d_kernel(Backend&, const KernelArgs& a) {
@@ -761,7 +817,23 @@ void max_pool2d_kernel(Backend&, const KernelArgs& a) {
     for (std::int64_t nc = b; nc < e; ++nc) {
       const T* plane = in + nc * H * W;
       for (std::int64_t oh = 0; oh < OH; ++oh) {
+        // f32 2 x 2 windows of stride 2 (the usual pooling): the columns whose windows lie inside the plane,
+        // [fast0, fast1), go through the row loop above; the edges, and every other shape, window by window.
+        std::int64_t fast0 = 0, fast1 = 0;
+        if constexpr (std::is_same_v<T, float>) {
+          const std::int64_t h0 = oh * w.sh - w.ph;
+          if (w.kh == 2 && w.kw == 2 && w.sw == 2 && h0 >= 0 && h0 + 2 <= H && W - 2 + w.pw >= 0) {
+            fast0 = std::min(OW, (w.pw + 1) / 2);                         // 2 ow - pw >= 0
+            fast1 = std::max(fast0, std::min(OW, (W - 2 + w.pw) / 2 + 1));  // 2 ow - pw + 2 <= W
+            max_pool_row_2x2s2()(plane, W, h0, w.pw, fast0, fast1, out + nc * OH * OW + oh * OW,
+                                 idx + nc * OH * OW + oh * OW);
+          }
+        }
         for (std::int64_t ow = 0; ow < OW; ++ow) {
+          if (ow == fast0 && fast1 > fast0) {
+            ow = fast1 - 1;
+            continue;
+          }
           const std::int64_t h0 = oh * w.sh - w.ph, w0 = ow * w.sw - w.pw;
           const std::int64_t o = nc * OH * OW + oh * OW + ow;
           if (w.kh == 2 && w.kw == 2 && h0 >= 0 && w0 >= 0 && h0 + 2 <= H && w0 + 2 <= W) {
