@@ -48,12 +48,43 @@ void where_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
+// The period P of a view that repeats one dense block: its trailing dimensions dense in row-major order,
+// every leading one broadcast (stride 0) or of size 1, so that element i of the view is element i % P of
+// the block. 0 when the view is not of that form (or empty). A causal mask [T, T] broadcast over
+// [B, H, T, T] has P = T * T; a contiguous view has P = numel.
+std::int64_t broadcast_period(const TensorView& v) {
+  std::int64_t period = 1;
+  int d = v.ndim - 1;
+  for (; d >= 0 && (v.sizes[d] == 1 || v.strides[d] == period); --d) period *= v.sizes[d];
+  for (; d >= 0; --d) {
+    if (v.sizes[d] != 1 && v.strides[d] != 0) return 0;
+  }
+  return period;
+}
+
 template <class T>
 void masked_fill_kernel(Backend&, const KernelArgs& a) {
   const T* x = a.in[0].ptr<T>();
   const bool* mask = a.in[1].ptr<bool>();
   const T value = convert<T>(a.scalars[0]);
   T* out = a.out.ptr<T>();
+  // A contiguous input and a mask that repeats one dense block (attention's causal mask broadcast over batch
+  // and heads): the mask read by position in its block, in runs the compiler vectorises, instead of a strided
+  // cursor per element. The same select on the same elements.
+  const std::int64_t period = broadcast_period(a.in[1]);
+  if (period > 0 && a.in[0].is_contiguous() && a.out.is_contiguous()) {
+    parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e;) {
+        const std::int64_t p = i % period, count = std::min(period - p, e - i);
+        const bool* m = mask + p;
+        const T* xi = x + i;
+        T* oi = out + i;
+        for (std::int64_t j = 0; j < count; ++j) oi[j] = m[j] ? value : xi[j];
+        i += count;
+      }
+    });
+    return;
+  }
   parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
     StridedCursor<2> c(a.out, {&a.in[0], &a.in[1]}, b);
     for (std::int64_t i = b; i < e; ++i, c.next()) out[i] = mask[c.offset(1)] ? value : x[c.offset(0)];
@@ -229,13 +260,38 @@ void index_backward_rows_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
+// softmax_row<false> (kernels/row_functors.h) with each exp computed once: the row's exps are stored (in y
+// itself when T is the accumulation type, else in `scratch`), summed from there in lane_tree_sum's order and
+// divided. The same exp of the same argument, the same additions in the same order, the same division: the
+// shared row function's bits (tests/kernels/row_functors_test.cpp compares the two), at half its exps;
+// the shared function computes exp twice because a warp cannot keep a row in registers.
+template <class T>
+void softmax_row_stored_exp(const T* x, T* y, std::int64_t n, acc_type<T>* scratch) {
+  using Acc = acc_type<T>;
+  const Acc m = SerialRow{}.max<Acc>(n, RowLoad<Acc, T>{x});
+  Acc* ex = nullptr;
+  if constexpr (std::is_same_v<T, Acc>) {
+    ex = y;
+  } else {
+    ex = scratch;
+  }
+  for (std::int64_t j = 0; j < n; ++j) ex[j] = std::exp(convert<Acc>(x[j]) - m);
+  const Acc sum = lane_tree_sum<Acc>(n, [&](std::int64_t j) { return ex[j]; });
+  for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(canonical_nan(ex[j] / sum));
+}
+
 template <class T, bool kLog>
 void softmax_rows_kernel(Backend&, const KernelArgs& a) {
   const T* in = a.in[0].ptr<T>();
   T* out = a.out.ptr<T>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t r = b; r < e; ++r) softmax_row<kLog>(SerialRow{}, in + r * cols, out + r * cols, cols);
+    if constexpr (kLog) {
+      for (std::int64_t r = b; r < e; ++r) softmax_row<kLog>(SerialRow{}, in + r * cols, out + r * cols, cols);
+    } else {
+      std::vector<acc_type<T>> scratch(std::is_same_v<T, acc_type<T>> ? 0 : static_cast<std::size_t>(cols));
+      for (std::int64_t r = b; r < e; ++r) softmax_row_stored_exp(in + r * cols, out + r * cols, cols, scratch.data());
+    }
   });
 }
 
@@ -690,6 +746,62 @@ inline std::int32_t order_key(std::uint32_t u) {
   return (mag ^ neg) - neg;
 }
 
+// The f32 2 x 2 windows of stride 2 of one output row that lie inside the plane: windows ow in [ow0, ow1)
+// at plane rows h0, h0 + 1 and columns 2 ow - pw, + 1. max_pool2d_kernel's branch-free decisions, in the
+// same order, with the chosen element's bits carried along instead of read back through its index, in a
+// loop of its own that the compiler vectorises (stride-2 loads). Same values and indices as the per-window
+// code (tests/kernels/window_kernels_test.cpp).
+__attribute__((always_inline)) inline void max_pool_row_2x2s2_loop(const float* plane, std::int64_t W, std::int64_t h0,
+                                                                   std::int64_t pw, std::int64_t ow0, std::int64_t ow1,
+                                                                   float* out, std::int64_t* idx) {
+  for (std::int64_t ow = ow0; ow < ow1; ++ow) {
+    const std::int64_t p0 = h0 * W + ow * 2 - pw;
+    std::int64_t best = p0;
+    std::uint32_t best_bits;
+    std::memcpy(&best_bits, plane + p0, sizeof best_bits);
+    std::int64_t mk = order_key(0xFF800000u), m_nan = 0;  // m = -inf
+    const std::int64_t at[4] = {p0, p0 + 1, p0 + W, p0 + W + 1};
+    for (const std::int64_t p : at) {
+      std::uint32_t u;
+      std::memcpy(&u, plane + p, sizeof u);
+      const std::int64_t v_nan = (std::int64_t{0x7F800000} - std::int64_t{u & 0x7FFFFFFFu}) >> 63;
+      const std::int64_t vk = order_key(u);
+      const std::int64_t take = v_nan | (~m_nan & ((mk - vk) >> 63));  // v != v || v > m
+      const auto take32 = static_cast<std::uint32_t>(take);
+      best = (p & take) | (best & ~take);
+      best_bits = (u & take32) | (best_bits & ~take32);
+      mk = (vk & take) | (mk & ~take);
+      m_nan = (v_nan & take) | (m_nan & ~take);
+    }
+    std::memcpy(out + ow, &best_bits, sizeof best_bits);
+    idx[ow] = best;
+  }
+}
+void max_pool_row_2x2s2_baseline(const float* plane, std::int64_t W, std::int64_t h0, std::int64_t pw, std::int64_t ow0,
+                                 std::int64_t ow1, float* out, std::int64_t* idx) {
+  max_pool_row_2x2s2_loop(plane, W, h0, pw, ow0, ow1, out, idx);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void max_pool_row_2x2s2_avx2(const float* plane, std::int64_t W, std::int64_t h0,
+                                                              std::int64_t pw, std::int64_t ow0, std::int64_t ow1,
+                                                              float* out, std::int64_t* idx) {
+  max_pool_row_2x2s2_loop(plane, W, h0, pw, ow0, ow1, out, idx);
+}
+#endif
+using MaxPoolRowFn = void (*)(const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*,
+                              std::int64_t*);
+MaxPoolRowFn max_pool_row_2x2s2() {
+#if defined(__x86_64__)
+  static const MaxPoolRowFn fn = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") ? &max_pool_row_2x2s2_avx2 : &max_pool_row_2x2s2_baseline;
+  }();
+  return fn;
+#else
+  return &max_pool_row_2x2s2_baseline;
+#endif
+}
+
 // NaN wins, as in PyTorch: a NaN replaces the running maximum whenever it is met.
 template <class T>
 void max_pool2d_kernel(Backend&, const KernelArgs& a) {
@@ -705,7 +817,23 @@ void max_pool2d_kernel(Backend&, const KernelArgs& a) {
     for (std::int64_t nc = b; nc < e; ++nc) {
       const T* plane = in + nc * H * W;
       for (std::int64_t oh = 0; oh < OH; ++oh) {
+        // f32 2 x 2 windows of stride 2 (the usual pooling): the columns whose windows lie inside the plane,
+        // [fast0, fast1), go through the row loop above; the edges, and every other shape, window by window.
+        std::int64_t fast0 = 0, fast1 = 0;
+        if constexpr (std::is_same_v<T, float>) {
+          const std::int64_t h0 = oh * w.sh - w.ph;
+          if (w.kh == 2 && w.kw == 2 && w.sw == 2 && h0 >= 0 && h0 + 2 <= H && W - 2 + w.pw >= 0) {
+            fast0 = std::min(OW, (w.pw + 1) / 2);                         // 2 ow - pw >= 0
+            fast1 = std::max(fast0, std::min(OW, (W - 2 + w.pw) / 2 + 1));  // 2 ow - pw + 2 <= W
+            max_pool_row_2x2s2()(plane, W, h0, w.pw, fast0, fast1, out + nc * OH * OW + oh * OW,
+                                 idx + nc * OH * OW + oh * OW);
+          }
+        }
         for (std::int64_t ow = 0; ow < OW; ++ow) {
+          if (ow == fast0 && fast1 > fast0) {
+            ow = fast1 - 1;
+            continue;
+          }
           const std::int64_t h0 = oh * w.sh - w.ph, w0 = ow * w.sw - w.pw;
           const std::int64_t o = nc * OH * OW + oh * OW + ow;
           if (w.kh == 2 && w.kw == 2 && h0 >= 0 && w0 >= 0 && h0 + 2 <= H && w0 + 2 <= W) {

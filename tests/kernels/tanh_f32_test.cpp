@@ -4,8 +4,10 @@
 // one element at a time, whose bits the loops must reproduce.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -94,16 +96,36 @@ TEST(gelu_tanh_f32, vectorised_loops_give_the_functors_bits) {
     x[i * 37] = cases[i];
     g[i * 41 + 1] = cases[i];
   }
-  std::vector<float> y(x.size()), dx(x.size());
-  cpu::gelu_tanh_f32(x.data(), y.data(), static_cast<std::int64_t>(x.size()));
-  cpu::gelu_tanh_backward_f32(g.data(), x.data(), dx.data(), static_cast<std::int64_t>(x.size()));
   const double mode = 1;
   const GeluFn fwd(&mode);
   const GeluBackwardFn bwd(&mode);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    ASSERT_EQ(bits(y[i]), bits(fwd(x[i]))) << "forward at " << i << ", x = " << x[i];
-    ASSERT_EQ(bits(dx[i]), bits(bwd(g[i], x[i]))) << "backward at " << i << ", g = " << g[i] << ", x = " << x[i];
+  // Every path this CPU has (the dispatching entry points, then each path by name), against the functors.
+  std::vector<float> y(x.size()), dx(x.size());
+  const auto n = static_cast<std::int64_t>(x.size());
+  int paths_run = 0;
+  for (int p = -1; p <= static_cast<int>(cpu::GeluPath::avx512); ++p) {
+    const auto path = static_cast<cpu::GeluPath>(p);
+    if (p >= 0 && !cpu::gelu_path_available(path)) continue;
+    std::fill(y.begin(), y.end(), 7.0f);
+    std::fill(dx.begin(), dx.end(), 7.0f);
+    if (p < 0) {
+      cpu::gelu_tanh_f32(x.data(), y.data(), n);
+      cpu::gelu_tanh_backward_f32(g.data(), x.data(), dx.data(), n);
+    } else {
+      cpu::gelu_tanh_f32_on(path, x.data(), y.data(), n);
+      cpu::gelu_tanh_backward_f32_on(path, g.data(), x.data(), dx.data(), n);
+      ++paths_run;
+    }
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(bits(y[i]), bits(fwd(x[i]))) << "path " << p << ", forward at " << i << ", x = " << x[i];
+      ASSERT_EQ(bits(dx[i]), bits(bwd(g[i], x[i])))
+          << "path " << p << ", backward at " << i << ", g = " << g[i] << ", x = " << x[i];
+    }
   }
+  EXPECT_GE(paths_run, 1);
+  std::printf("gelu paths checked: %d (baseline%s%s)\n", paths_run,
+              cpu::gelu_path_available(cpu::GeluPath::avx2) ? ", avx2" : "",
+              cpu::gelu_path_available(cpu::GeluPath::avx512) ? ", avx512" : "");
   // And the values themselves: GELU computed in double from the same formula, within a few float ulps of
   // x (1 + tanh cancels for negative x, so the bound is on |x|, not on the small result).
   for (std::size_t i = 0; i < x.size(); ++i) {

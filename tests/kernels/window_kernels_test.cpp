@@ -197,10 +197,15 @@ TEST(window_kernels_test, col2im_sums_each_element_kernel_rows_then_columns_and_
 
 TEST(window_kernels_test, max_pool2d_picks_each_windows_first_maximum_and_its_backward_sums_in_window_order) {
   // Pooling windows with padding at most half the kernel (what max_pool2d accepts); stride 1 overlaps them.
-  // 2 x 2 windows inside the plane take the forward kernel's branch-free path.
-  const Win pools[] = {{2, 2, 2, 2, 0, 0}, {2, 2, 1, 1, 0, 0}, {3, 3, 1, 1, 1, 1}, {3, 2, 2, 2, 1, 1}, {3, 3, 2, 1, 0, 0}};
+  // 2 x 2 windows inside the plane take the forward kernel's branch-free path; f32 ones of column stride 2
+  // its vectorised row loop (the columns inside the plane, with padding and without, the edges window by
+  // window), which the 37-column planes run in full vectors and a tail.
+  const Win pools[] = {{2, 2, 2, 2, 0, 0}, {2, 2, 1, 1, 0, 0}, {3, 3, 1, 1, 1, 1}, {3, 2, 2, 2, 1, 1},
+                       {3, 3, 2, 1, 0, 0}, {2, 2, 2, 2, 1, 1}, {2, 2, 1, 2, 0, 1}, {2, 2, 2, 2, 1, 0}};
   for (const Win& w : pools) {
     check_pool_backward<float>(DType::f32, 2, 3, 9, 10, w);
+    check_pool_backward<float>(DType::f32, 2, 2, 7, 37, w);
+    check_pool_backward<float>(DType::f32, 1, 1, 4, 36, w);
     check_pool_backward<float>(DType::bf16, 1, 2, 7, 6, w);
     check_pool_backward<double>(DType::f64, 1, 2, 8, 8, w);
   }

@@ -1,0 +1,163 @@
+// The CPU backend's fast paths that must give the bits of the code they replace (issue 37):
+// - softmax over rows with each exp computed once (kernels/cpu/nn_kernels.cpp) against the shared row
+//   function softmax_row<false> run by a SerialRow (kernels/row_functors.h), which the backend called
+//   before, on f32, f64, f16 and bf16, rows of many lengths and rows with NaN, infinities and huge values,
+//   enough rows that the pool splits them;
+// - masked_fill with a mask repeating one dense block (a causal mask broadcast over batch and heads)
+//   against plain index arithmetic, and the masks that must take the general path (a mask broadcast in
+//   a middle dimension, a transposed mask, a strided input).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/convert.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+#include "kernels/row_functors.h"
+
+namespace ampscope {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Row r of the test matrix: deterministic values over a range wide enough to give exps from 1 down to
+// underflow, with special rows planted.
+std::vector<double> row_values(std::int64_t r, std::int64_t cols) {
+  std::vector<double> v(static_cast<std::size_t>(cols));
+  std::uint64_t state = 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(r + 1);
+  for (auto& x : v) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    x = (static_cast<double>(state >> 11) / 9007199254740992.0 - 0.5) * (r % 4 == 0 ? 60.0 : 8.0);
+  }
+  if (cols > 2) {
+    switch (r % 9) {
+      case 1: v[1] = std::numeric_limits<double>::quiet_NaN(); break;
+      case 2: v[cols / 2] = kInf; break;
+      case 3: for (auto& x : v) x = -kInf; break;  // a fully masked row: every output NaN
+      case 4: v[0] = -kInf; v[cols - 1] = -kInf; break;
+      case 5: v[2] = 1e30; break;  // beyond f16's range: the stored value is inf there
+      default: break;
+    }
+  }
+  return v;
+}
+
+template <class T>
+std::uint64_t bits_of(T v) {
+  std::uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof v);
+  return b;
+}
+
+template <class T>
+void check_softmax_rows_bits(DType dtype) {
+  for (std::int64_t cols : {1, 2, 7, 31, 32, 33, 64, 100, 257, 1000}) {
+    // At least 3 x 16384 elements so that the rows are split over the pool's threads.
+    const std::int64_t rows = std::max<std::int64_t>(45, 3 * 16384 / cols + 5);
+    std::vector<double> all;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::vector<double> v = row_values(r, cols);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    const Tensor x = from_values(all, {rows, cols}, {dtype});
+    const Tensor y = softmax(x, 1);
+    ASSERT_EQ(y.dtype(), dtype);
+    const T* xs = x.contiguous().data_as<T>();
+    const T* ys = y.contiguous().data_as<T>();
+    std::vector<T> expected(static_cast<std::size_t>(cols));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      softmax_row<false>(SerialRow{}, xs + r * cols, expected.data(), cols);
+      for (std::int64_t j = 0; j < cols; ++j) {
+        ASSERT_EQ(bits_of(ys[r * cols + j]), bits_of(expected[static_cast<std::size_t>(j)]))
+            << dtype_name(dtype) << " cols " << cols << " row " << r << " element " << j;
+      }
+    }
+  }
+}
+
+TEST(cpu_fast_paths, softmax_rows_give_the_shared_row_functions_bits) {
+  check_softmax_rows_bits<float>(DType::f32);
+  check_softmax_rows_bits<double>(DType::f64);
+  check_softmax_rows_bits<f16>(DType::f16);
+  check_softmax_rows_bits<bf16>(DType::bf16);
+}
+
+// masked_fill(x, mask, value) against out[i] = mask[index of i in the mask's shape] ? value : x[i].
+void check_masked_fill(const Tensor& x, const Tensor& mask_small, const std::string& what) {
+  const Tensor out = masked_fill(x, mask_small, -1e9);
+  const std::vector<double> xs = x.values(), got = out.values(), ms = mask_small.values();
+  const Shape& shape = x.shape();
+  const Shape& mshape = mask_small.shape();
+  ASSERT_EQ(got.size(), xs.size());
+  const double fill = from_values({-1e9}, {1}, {x.dtype()}).item();
+  const std::size_t nd = shape.size(), md = mshape.size();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    // The mask's element for x's index i: x's trailing dimensions, size-1 mask dimensions at 0.
+    std::size_t rest = i, moff = 0, mstride = 1;
+    for (std::size_t k = 0; k < nd; ++k) {
+      const std::size_t d = nd - 1 - k;
+      const auto idx = static_cast<std::size_t>(rest % static_cast<std::size_t>(shape[d]));
+      rest /= static_cast<std::size_t>(shape[d]);
+      if (k < md) {
+        const auto msize = static_cast<std::size_t>(mshape[md - 1 - k]);
+        moff += (msize == 1 ? 0 : idx) * mstride;
+        mstride *= msize;
+      }
+    }
+    const double expected = ms[moff] != 0 ? fill : xs[i];
+    ASSERT_EQ(bits_of(got[i]), bits_of(expected)) << what << " element " << i;
+  }
+}
+
+TEST(cpu_fast_paths, masked_fill_with_a_broadcast_mask_matches_index_arithmetic) {
+  for (DType d : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    const std::string dn(dtype_name(d));
+    // [B, H, T, T] with T = 37, so that the parallel chunks start inside a mask block.
+    const std::int64_t b = 6, h = 5, t = 37;
+    std::vector<double> xv(static_cast<std::size_t>(b * h * t * t));
+    for (std::size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37 * static_cast<double>(i)) * 3;
+    const Tensor x = from_values(xv, {b, h, t, t}, {d});
+    std::vector<double> causal(static_cast<std::size_t>(t * t)), odd(static_cast<std::size_t>(t * t));
+    for (std::int64_t i = 0; i < t; ++i) {
+      for (std::int64_t j = 0; j < t; ++j) {
+        causal[static_cast<std::size_t>(i * t + j)] = j > i ? 1 : 0;
+        odd[static_cast<std::size_t>(i * t + j)] = (i * 7 + j * 3) % 5 == 0 ? 1 : 0;
+      }
+    }
+    const Tensor causal_mask = from_values(causal, {t, t}, {DType::boolean});
+    check_masked_fill(x, causal_mask, dn + " causal [T, T]");
+    check_masked_fill(x, from_values(odd, {t, t}, {DType::boolean}), dn + " irregular [T, T]");
+    check_masked_fill(x, causal_mask.reshape({1, 1, t, t}), dn + " causal [1, 1, T, T]");
+    // A mask per head broadcast over the batch: [H, T, T] repeats one block of H * T * T.
+    std::vector<double> per_head(static_cast<std::size_t>(h * t * t));
+    for (std::size_t i = 0; i < per_head.size(); ++i) per_head[i] = (i * 11) % 7 < 3 ? 1 : 0;
+    check_masked_fill(x, from_values(per_head, {h, t, t}, {DType::boolean}), dn + " per head [H, T, T]");
+    // A mask over the batch broadcast over heads: a stride-0 dimension inside, so the general path.
+    std::vector<double> per_batch(static_cast<std::size_t>(b * t * t));
+    for (std::size_t i = 0; i < per_batch.size(); ++i) per_batch[i] = (i * 5) % 3 == 0 ? 1 : 0;
+    check_masked_fill(x, from_values(per_batch, {b, 1, t, t}, {DType::boolean}), dn + " per batch [B, 1, T, T]");
+    // A mask over the last dimension only, and a full mask of x's shape.
+    std::vector<double> last(static_cast<std::size_t>(t));
+    for (std::int64_t j = 0; j < t; ++j) last[static_cast<std::size_t>(j)] = j % 4 == 1 ? 1 : 0;
+    check_masked_fill(x, from_values(last, {t}, {DType::boolean}), dn + " last dimension [T]");
+    std::vector<double> full(xv.size());
+    for (std::size_t i = 0; i < full.size(); ++i) full[i] = (i * 13) % 11 < 4 ? 1 : 0;
+    check_masked_fill(x, from_values(full, {b, h, t, t}, {DType::boolean}), dn + " full");
+    // A transposed input (not contiguous: the general path), against the same arithmetic on its values.
+    const Tensor xt = x.transpose(2, 3);
+    ASSERT_FALSE(xt.is_contiguous());
+    check_masked_fill(xt, causal_mask, dn + " transposed input");
+    // A transposed mask block (its block is not dense in row-major order: the general path).
+    const Tensor mt = causal_mask.transpose(0, 1);
+    ASSERT_FALSE(mt.is_contiguous());
+    check_masked_fill(x, mt, dn + " transposed mask");
+  }
+}
+
+}  // namespace
+}  // namespace ampscope
