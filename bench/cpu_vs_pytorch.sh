@@ -16,7 +16,10 @@
 # found Y"): both sides timed every model asked; they trained the same model (the same number of parameter tensors
 # and elements: training_bench's counters param_tensors and param_elements, from its --benchmark_out JSON where
 # they are exact, and pytorch_cpu_step.py's columns 5 and 6)
-# on the thread count asked (training_bench's counter threads, the CPU pool's size; torch.get_num_threads()); a
+# on the thread count asked (training_bench's counter pool_threads, the CPU pool's size; torch.get_num_threads());
+# at 1 thread, neither side used a second core (median CPU time at most 1.15 x the wall time: Debian's torch ran
+# its matrix products on OpenBLAS's own pool of 2 threads whatever torch.set_num_threads said, which
+# pytorch_cpu_step.py now sizes; before 2026-11-29 its "1 thread" figures were 2 threads); a
 # broken premise of either side's own (a non-finite loss, a missing gradient) stops the run with the side's error.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: bench/cpu_vs_pytorch.sh BUILD [ROUNDS] [MODELS]" >&2; exit 2; }
@@ -55,11 +58,12 @@ threads, models, ran, ran_pytorch = int(sys.argv[1]), sys.argv[2].split(","), sy
 ours = {}
 for b in json.load(open(ran))["benchmarks"]:
     if b.get("aggregate_name") == "median":
-        ours[b["name"].split("/")[0]] = (int(b["param_tensors"]), int(b["param_elements"]), int(b["threads"]))
+        ours[b["name"].split("/")[0]] = (int(b["param_tensors"]), int(b["param_elements"]), int(b["pool_threads"]),
+                                         float(b["real_time"]), float(b["all_threads_cpu_ms"]))
 theirs = {}
 for line in open(ran_pytorch):
     f = line.split()
-    theirs[f[0]] = (int(f[4]), int(f[5]), int(f[6]))
+    theirs[f[0]] = (int(f[4]), int(f[5]), int(f[6]), float(f[1]), float(f[2]))
 def broken(expected, found):
     sys.exit(f"cpu_vs_pytorch: premise broken: expected {expected}, found {found}")
 for m in models:
@@ -70,6 +74,10 @@ for m in models:
                f"elements, pytorch {theirs[m][0]} of {theirs[m][1]}")
     if ours[m][2] != threads or theirs[m][2] != threads:
         broken(f"{threads} thread(s) on both sides ({m})", f"ampscope {ours[m][2]}, pytorch {theirs[m][2]}")
+    for side, (wall, cpu) in (("ampscope", ours[m][3:]), ("pytorch", theirs[m][3:])):
+        if threads == 1 and cpu > 1.15 * wall:
+            broken(f"{side} on one core at 1 thread ({m}: CPU time at most 1.15 x wall)",
+                   f"{cpu:.2f} ms CPU in {wall:.2f} ms wall (a library's own thread pool?)")
 PY
 }
 

@@ -15,12 +15,37 @@ last three what ran, for bench/cpu_vs_pytorch.sh's premise: the parameters' tens
 """
 import argparse
 import math
+import os
 import statistics
+import sys
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+def _threads_from_argv():
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return None
+
+
+# Debian's torch 1.13 multiplies matrices with the system BLAS (OpenBLAS), whose own thread pool
+# torch.set_num_threads does not size: at --threads 1 its products ran on both cores (CPU time twice the wall
+# time: CNN 80 ms wall for 160 ms CPU; 2026-11-29). These pools read their variables once, when torch is
+# imported, so they are set first: OpenBLAS at one thread, torch's OpenMP pool at --threads. That is PyTorch's
+# fastest setting here at 2 threads as well (same day, quiet machine, ms a step wall for mlp, cnn, tiny GPT:
+# OpenBLAS 1 / OpenMP 2: 2.0, 48.9, 43.1; OpenBLAS 2 / OpenMP 2: 2.7, 54.4, 68.3; OpenBLAS 2 / OpenMP 1: 2.8,
+# 64.3, 96.0: the two pools oversubscribe the cores). A variable the caller set is left alone.
+_threads = _threads_from_argv()
+if _threads is not None:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_name, _threads)
+
+import torch  # noqa: E402 (after the thread variables, which torch's libraries read when loaded)
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 class Attention(nn.Module):

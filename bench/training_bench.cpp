@@ -102,7 +102,7 @@ void step_loop(benchmark::State& state, nn::Module& model, const Tensor& x, cons
   for (const Tensor& p : model.parameters()) elements += static_cast<double>(p.numel());
   state.counters["param_tensors"] = static_cast<double>(model.parameters().size());
   state.counters["param_elements"] = elements;
-  state.counters["threads"] = cpu::num_threads();
+  state.counters["pool_threads"] = cpu::num_threads();  // not "threads": Google Benchmark's own JSON key
 }
 
 // MLP 784 -> 256 -> 256 -> 10, batch 128.
