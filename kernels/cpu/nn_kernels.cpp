@@ -478,12 +478,29 @@ std::int64_t rows_per_task(std::int64_t n, std::int64_t k) {
 // how many rows one call holds (its kernels for a block's edge accumulate in another order), so blocks cut
 // by the thread count made a product, and a training run, differ between AMPSCOPE_NUM_THREADS=1 and 2. At
 // most kRowBlocks blocks, each at least `grain` rows where m allows.
+//
+// The blocks a thread runs one after another are one call when every block is above kPackedPathMacs
+// (row_macs: multiply-adds a row, n * k; 0 never merges): OpenBLAS packs the whole right-hand operand in
+// every call (for a linear layer, its weight), and at 1 thread the 8 calls packed it 8 times, a third of
+// the MLP's step (issue 37). Above that size OpenBLAS takes its packed path for every call, whose sum for
+// an element (the same k blocks, each one chain of multiply-adds) does not depend on how many rows the call
+// holds, so the merged call gives the blocks' bits at any thread count (tests/kernels/cpu_gemm_blocks_test.cpp
+// compares both against OpenBLAS called block by block). At or below it OpenBLAS may take its small-matrix
+// kernels, which add in another order: those blocks stay separate calls.
 inline constexpr std::int64_t kRowBlocks = 8;
+// OpenBLAS 0.3.21's x86-64 small-matrix kernels (sgemm_small_kernel_permit): at most 100^3 multiply-adds a call.
+inline constexpr std::int64_t kPackedPathMacs = 1000000;
 template <class Fn>
-void for_row_blocks(std::int64_t m, std::int64_t grain, const Fn& rows) {
+void for_row_blocks(std::int64_t m, std::int64_t grain, std::int64_t row_macs, const Fn& rows) {
   if (m <= 0) return;
   const std::int64_t blocks = std::clamp<std::int64_t>(m / std::max<std::int64_t>(grain, 1), 1, kRowBlocks);
+  // The smallest block has m / blocks rows (floor: the bounds m * b / blocks differ by that or one more).
+  const bool merge = row_macs > 0 && (m / blocks) * row_macs > kPackedPathMacs;
   parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+    if (merge) {
+      rows(m * b0 / blocks, m * b1 / blocks);
+      return;
+    }
     for (std::int64_t b = b0; b < b1; ++b) rows(m * b / blocks, m * (b + 1) / blocks);
   });
 }
@@ -570,7 +587,8 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
                        oa.ld, static_cast<const Acc*>(ob.data), ob.ld, c + r0 * n, static_cast<int>(n));
       };
       if (split_rows) {
-        for_row_blocks(m, rows_per_task(n, k), rows);
+        // Only sgemm's calls merge: kPackedPathMacs is what was checked for sgemm (dgemm keeps its blocks).
+        for_row_blocks(m, rows_per_task(n, k), std::is_same_v<Acc, float> ? n * k : 0, rows);
       } else {
         rows(0, m);
       }
