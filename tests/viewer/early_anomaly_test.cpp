@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/viewer/viewer_fixtures.h"
 #include "viewer/app.h"
@@ -215,6 +216,36 @@ TEST(early_anomaly_view, an_event_of_a_step_without_rows_or_naming_an_op_the_ste
     EXPECT_EQ(s.a->selected_step(), 2);
     EXPECT_EQ(s.selected_seq, std::nullopt) << "no row of step 2 has seq 9";
   }
+}
+
+TEST(early_anomaly_view, a_damaged_events_table_leaves_the_choice_to_the_step_rows) {
+  // /events' stored chunk replaced by bytes that are no deflate stream (as a disk or a hand could leave it): the
+  // search at open cannot read the events, and /steps' own flag (step 2: NaN loss, skipped) names the step.
+  const auto path = fixture("damaged_events", {.origin_step = 2, .extra = {}});
+  {
+    ViewerState intact;
+    open_unanalysed(intact, path);
+    ASSERT_TRUE(intact.a->early_anomaly().has_value());
+    ASSERT_TRUE(intact.a->early_anomaly()->from_events) << "the premise: intact, the events name the step";
+  }
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hid_t events = H5Dopen2(file, "/events", H5P_DEFAULT);
+  ASSERT_GE(events, 0);
+  hsize_t stored = 0;
+  const hsize_t origin[1] = {0};
+  ASSERT_GE(H5Dget_chunk_storage_size(events, origin, &stored), 0);
+  ASSERT_GT(stored, 0u);
+  const std::vector<unsigned char> garbage(stored, 0xA5);
+  ASSERT_GE(H5Dwrite_chunk(events, H5P_DEFAULT, 0, origin, garbage.size(), garbage.data()), 0);
+  H5Dclose(events);
+  H5Fclose(file);
+  ViewerState s;
+  open_unanalysed(s, path);
+  ASSERT_TRUE(s.a->early_anomaly().has_value());
+  EXPECT_EQ(s.a->early_anomaly()->step, 2);
+  EXPECT_FALSE(s.a->early_anomaly()->from_events);
+  EXPECT_EQ(s.a->early_anomaly()->what, "loss nan, inf/NaN in the gradients, skipped step");
 }
 
 TEST(early_anomaly_view, a_trace_whose_events_table_was_removed_is_refused_as_before_and_an_empty_one_reads) {
