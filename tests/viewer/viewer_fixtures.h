@@ -47,21 +47,27 @@ inline trace::OpRow op_row(std::int64_t step, std::int64_t seq, const std::strin
 // steps: 4 (0..3). With nan_at_step1: step 1's op seq 1 (fc2 linear, f16) has 5 NaN from finite inputs, step
 // 1 is skipped and the scale halves; ops after it in that step carry the NaN. Provenance: seq 0 takes data
 // and two parameters, each later seq takes the one before it and two parameters.
+// One step's op rows of the fixtures: fc1, fc2 (linear) and head (softmax) chained; with `nan`, fc2 creates NaN
+// (the origin) and the ops after it carry it.
+inline void write_fixture_ops(trace::TraceWriter& w, std::int64_t step, bool nan, int ops_per_step) {
+  for (int seq = 0; seq < ops_per_step; ++seq) {
+    trace::OpRow r = op_row(step, seq, seq == 0 ? "fc1" : (seq == 1 ? "fc2" : "head"), seq == 2 ? "softmax" : "linear",
+                            "f16", 10.0 * (seq + 1) + static_cast<double>(step));
+    r.inputs = {seq == 0 ? trace::kInputData : seq - 1, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
+    if (nan && seq >= 1) {
+      r.health.nan = 5;
+      r.origin = seq == 1;
+    }
+    w.write(r);
+  }
+}
+
 inline std::filesystem::path write_fixture(const std::filesystem::path& path, bool nan_at_step1, int ops_per_step = 3) {
   trace::TraceWriter w(path, {.precision = "fp16", .device = "cpu", .model = "fixture", .seed = 7, .config = "{}"});
   double scale = 1024;
   for (std::int64_t step = 0; step < 4; ++step) {
     const bool bad = nan_at_step1 && step == 1;
-    for (int seq = 0; seq < ops_per_step; ++seq) {
-      trace::OpRow r = op_row(step, seq, seq == 0 ? "fc1" : (seq == 1 ? "fc2" : "head"), seq == 2 ? "softmax" : "linear",
-                              "f16", 10.0 * (seq + 1) + step);
-      r.inputs = {seq == 0 ? trace::kInputData : seq - 1, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
-      if (bad && seq >= 1) {
-        r.health.nan = 5;
-        r.origin = seq == 1;
-      }
-      w.write(r);
-    }
+    write_fixture_ops(w, step, bad, ops_per_step);
     trace::StepRow s;
     s.step = step;
     s.loss = bad ? std::numeric_limits<double>::quiet_NaN() : 2.0 - 0.1 * static_cast<double>(step);
@@ -187,16 +193,7 @@ inline std::filesystem::path write_early_fixture(const std::filesystem::path& pa
   };
   for (std::int64_t step = 0; step < f.steps; ++step) {
     const bool origin = step == f.origin_step, skipped = origin || step == f.skipped_step;
-    for (int seq = 0; seq < 3; ++seq) {
-      trace::OpRow r = op_row(step, seq, seq == 0 ? "fc1" : (seq == 1 ? "fc2" : "head"), seq == 2 ? "softmax" : "linear",
-                              "f16", 10.0 * (seq + 1) + static_cast<double>(step));
-      r.inputs = {seq == 0 ? trace::kInputData : seq - 1, trace::kInputParameter, trace::kInputParameter, trace::kInputNone};
-      if (origin && seq >= 1) {
-        r.health.nan = 5;
-        r.origin = seq == 1;
-      }
-      w.write(r);
-    }
+    write_fixture_ops(w, step, origin, 3);
     trace::StepRow s;
     s.step = step;
     s.loss = origin ? std::numeric_limits<double>::quiet_NaN() : 2.0 - 0.1 * static_cast<double>(step);
