@@ -20,6 +20,7 @@
 #include "core/optim.h"
 #include "core/probe_hook.h"
 #include "core/random.h"
+#include "kernels/cpu/fused_optim.h"
 #include "probes/probe.h"
 #include "tests/probes/memory_sink.h"
 
@@ -170,23 +171,42 @@ TEST(stats_cache_test, a_gradient_accumulated_over_two_backwards_is_read_again) 
   EXPECT_EQ(p.sink->grads[1].absmax, 2 * p.sink->grads[0].absmax) << "g + g is exact";
 }
 
-TEST(stats_cache_test, a_parameter_written_by_an_optimizer_step_is_read_again) {
+// The parameter read as a tensor before and after an optimizer step writes it in place: SGD and AdamW, each by
+// the fused CPU kernels (the default) and op by op.
+void check_optimizer_step(bool fused, bool adam) {
+  const std::string what = std::string(adam ? "AdamW" : "SGD") + (fused ? ", fused" : ", op by op");
+  const bool was = cpu::fused_optim_enabled();
+  cpu::set_fused_optim_enabled(fused);
+  const std::uint64_t fused_calls = cpu::fused_optim_call_count();
   Probed p;
   Linear m;
-  optim::SGD opt({m.w}, {.lr = 0.5});
+  std::unique_ptr<optim::Optimizer> opt;
+  if (adam) {
+    opt = std::make_unique<optim::AdamW>(std::vector<Tensor>{m.w}, optim::OptimizerOptions{.lr = 0.5});
+  } else {
+    opt = std::make_unique<optim::SGD>(std::vector<Tensor>{m.w}, optim::OptimizerOptions{.lr = 0.5});
+  }
   run_step(0, [&] {
     m.loss().backward();
     const Tensor w = m.w.detach();  // the same storage
     report(p, w, "w");
     const std::int64_t before = p.cached();
     report(p, w, "w");
-    ASSERT_EQ(p.cached() - before, w.numel());
-    opt.step();
+    ASSERT_EQ(p.cached() - before, w.numel()) << what;
+    opt->step();
     report(p, w, "w");
   });
+  cpu::set_fused_optim_enabled(was);
+  EXPECT_EQ(cpu::fused_optim_call_count() > fused_calls, fused) << what << ": the premise, the path taken";
   ASSERT_EQ(p.sink->grads.size(), 3u);
-  expect_row(p.sink->grads[2], reference_of(m.w), "after opt.step()");
-  EXPECT_NE(p.sink->grads[2].norm, p.sink->grads[0].norm);
+  expect_row(p.sink->grads[2], reference_of(m.w), what + ", after step()");
+  EXPECT_NE(p.sink->grads[2].norm, p.sink->grads[0].norm) << what;
+}
+
+TEST(stats_cache_test, a_parameter_written_by_an_optimizer_step_is_read_again) {
+  for (bool fused : {true, false}) {
+    for (bool adam : {false, true}) check_optimizer_step(fused, adam);
+  }
 }
 
 TEST(stats_cache_test, copy_fill_and_set_between_two_reads_are_seen) {
