@@ -1037,16 +1037,8 @@ TensorStats Probe::cached_stats(const Tensor& t, bool with_histogram) {
     counters_.stats_values_cached += t.numel();
     return found->second;
   }
-  if (!with_histogram) {  // the same read with a histogram holds these statistics too
-    StatsKey with = key;
-    with.histogram = true;
-    if (auto found = stats_cache_.find(with); found != stats_cache_.end()) {
-      counters_.stats_values_cached += t.numel();
-      TensorStats s = found->second;
-      s.histogram.fill(0);
-      return s;
-    }
-  }
+  // Not served from the same read with a histogram: tensor_stats takes another loop for it (one sum, not the
+  // fast path's lanes), whose sums can differ in the last bits.
   TensorStats s = tensor_stats(t, with_histogram);
   // tensor_stats reads through read_data(), which leaves the version as it was; a key changed meanwhile (a
   // pointer handed out on another thread) would make these statistics of no one version: not kept.

@@ -22,6 +22,7 @@
 #include "core/random.h"
 #include "kernels/cpu/fused_optim.h"
 #include "probes/probe.h"
+#include "probes/stats.h"
 #include "tests/probes/memory_sink.h"
 
 namespace ampscope {
@@ -30,7 +31,8 @@ namespace {
 using testing::MemorySink;
 
 struct Probed {
-  Probed() : sink(std::make_shared<MemorySink>()), probe(std::make_shared<probe::Probe>(sink)), guard(probe) {}
+  explicit Probed(probe::ProbeOptions options = {})
+      : sink(std::make_shared<MemorySink>()), probe(std::make_shared<probe::Probe>(sink, options)), guard(probe) {}
   std::shared_ptr<MemorySink> sink;
   std::shared_ptr<probe::Probe> probe;
   probe::HookGuard guard;
@@ -253,6 +255,24 @@ TEST(stats_cache_test, a_clone_written_after_the_copy_is_read_again) {
   expect_row(p.sink->grads[1], reference_of(source), "the clone");
   expect_row(p.sink->grads[2], reference_of(copy), "the clone after fill_");
   EXPECT_EQ(p.sink->grads[2].absmax, 1.0);
+}
+
+TEST(stats_cache_test, a_read_without_a_histogram_is_not_served_by_one_with) {
+  // tensor_stats sums in another order when it also makes a histogram, so the two reads' sums may differ in
+  // their last bits: each row must have the bits of its own read.
+  Probed p({.level = probe::Level::full});
+  Generator gen(14);
+  const Tensor t = randn({300, 333}, gen);
+  const probe::TensorStats with = probe::tensor_stats(t, true), without = probe::tensor_stats(t, false);
+  ASSERT_NE(with.sum_sq, without.sum_sq) << "the premise: the two loops' sums differ for this tensor";
+  run_step(0, [&] {
+    const std::vector<std::pair<std::string, Tensor>> grads{{"t", t}};
+    p.probe->on_grads(probe::GradEvent{0, true, grads});   // level full, unscaled: with a histogram
+    p.probe->on_grads(probe::GradEvent{0, false, grads});  // scaled: without
+  });
+  ASSERT_EQ(p.sink->grads.size(), 2u);
+  EXPECT_EQ(p.sink->grads[0].norm, with.norm());
+  EXPECT_EQ(p.sink->grads[1].norm, without.norm());
 }
 
 TEST(stats_cache_test, the_cache_is_emptied_at_a_step_boundary) {
