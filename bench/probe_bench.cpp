@@ -197,6 +197,12 @@ void compare(benchmark::State& state, nn::Module& model, const Tensor& x, const 
   // CPU time of the process over each kind of half: what a loaded machine moves less than wall time (work
   // the trace writer's threads do after a step ends counts in whichever half it lands in).
   state.counters["cpu_ratio"] = probed_cpu / plain_cpu;
+  // Values whose statistics the probe asked for per probed step, and the share its step's statistics cache
+  // served without reading them (an unwritten storage seen again: a weight gradient's clone in .grad).
+  const probe::Probe::Counters& pc = probe->counters();
+  state.counters["values_per_step"] = static_cast<double>(pc.stats_values) / n;
+  state.counters["cached_share"] =
+      pc.stats_values > 0 ? static_cast<double>(pc.stats_values_cached) / static_cast<double>(pc.stats_values) : 0;
   // On a shared machine a burst of other work can land in either half of a pair; the median of the
   // pairs' ratios is what such bursts move least.
   std::sort(pair_ratios.begin(), pair_ratios.end());

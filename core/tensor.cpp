@@ -132,8 +132,16 @@ Shape infer_shape(const Shape& requested, std::int64_t numel, std::string_view o
 
 // ---- Storage ----
 
+namespace {
+// Storage serial numbers: 64 bits do not wrap in a process's life.
+std::atomic<std::uint64_t> next_storage_serial{1};
+}  // namespace
+
 Storage::Storage(Backend& backend, std::size_t nbytes)
-    : backend_(&backend), nbytes_(nbytes), data_(backend.allocate(nbytes)) {}
+    : backend_(&backend),
+      nbytes_(nbytes),
+      data_(backend.allocate(nbytes)),
+      serial_(next_storage_serial.fetch_add(1, std::memory_order_relaxed)) {}
 
 Storage::~Storage() { backend_->deallocate(data_, nbytes_); }
 
@@ -178,6 +186,23 @@ bool Tensor::shares_storage_with(const Tensor& other) const {
 void* Tensor::data() const {
   const detail::TensorImpl& t = impl();
   return static_cast<char*>(t.storage->data()) + t.offset * static_cast<std::int64_t>(dtype_size(t.dtype));
+}
+
+const void* Tensor::read_data() const {
+  const detail::TensorImpl& t = impl();
+  return static_cast<const char*>(t.storage->read_data()) +
+         t.offset * static_cast<std::int64_t>(dtype_size(t.dtype));
+}
+
+std::uint64_t Tensor::storage_serial() const { return impl().storage->serial(); }
+
+std::uint64_t Tensor::storage_version() const { return impl().storage->version(); }
+
+bool Tensor::copied_from(StorageCopy& from) const {
+  const detail::TensorImpl& t = impl();
+  if (!t.storage->copy_source(from)) return false;
+  // The whole storage, in its own layout: what clone made.
+  return t.offset == 0 && t.dtype == from.dtype && numel() == from.numel && is_contiguous();
 }
 
 TensorView Tensor::kernel_view() const {
@@ -366,7 +391,14 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), {dtype(), device()});
+  // The source as it is before the copy: the copy's own request for its pointer changes its version, and
+  // nothing else runs on this thread in between (a write from another thread meanwhile would race with
+  // the copy itself).
+  const StorageCopy from{storage_serial(), storage_version(), storage_offset(), numel(), dtype()};
   run_kernel("clone", Op::copy, out, {*this});
+  // Same dtype (WidenToF32 may have made `out` f32) and a contiguous source: `out` holds the same values
+  // in the same order, so its statistics are the source's.
+  if (out.dtype() == dtype() && is_contiguous()) out.impl_->storage->note_copy(from);
   out.set_producer(impl().producer_step, impl().producer_seq);  // the same values (clone is not a reported op)
   if (!tracks(*this)) return out;
   return autograd::record("clone", out, {*this}, [](const Tensor& g, const std::vector<bool>&) {
@@ -561,7 +593,7 @@ namespace {
 double read_element(const Storage& storage, DType dtype, std::int64_t offset) {
   const std::size_t size = dtype_size(dtype);
   alignas(8) unsigned char bytes[8] = {};
-  storage.backend().copy_to_host(bytes, static_cast<const char*>(storage.data()) + offset * size, size);
+  storage.backend().copy_to_host(bytes, static_cast<const char*>(storage.read_data()) + offset * size, size);
   return visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T value;

@@ -12,6 +12,7 @@
 //   fmt::print("{}\n", x);                                         // needs core/format.h
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -39,6 +40,25 @@ struct TensorOptions {
 
 // Bytes on one device, freed through the backend that allocated them when the last tensor using them
 // goes away.
+//
+// Each storage has a serial number, never reused in the process (an address is: freed bytes come back),
+// and a version that changes whenever the bytes may have been written: every route to a writable pointer
+// (data(), and so Tensor::data(), data_as(), kernel_view(), copy_, fill_, set, every kernel's output and
+// input) increments it before handing the pointer out. So (serial, version) equal at two moments means no
+// pointer was handed out in between that could have written the bytes; the probe's statistics cache
+// (probes/probe.h) relies on it. read_data() is the one pointer that does not count: it is const, for code
+// that only reads (the probe's statistics pass). The increment is atomic: kernels may ask for pointers
+// from several threads.
+// Where a storage's bytes came from when it was made as a copy of a contiguous tensor of the same dtype
+// (Tensor::clone): that tensor's storage serial and version at the copy, its offset and element count.
+struct StorageCopy {
+  std::uint64_t serial = 0;
+  std::uint64_t version = 0;
+  std::int64_t offset = 0;  // in elements
+  std::int64_t numel = 0;
+  DType dtype = DType::f32;
+};
+
 class Storage {
  public:
   Storage(Backend& backend, std::size_t nbytes);
@@ -46,7 +66,27 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const { return data_; }
+  // A pointer the caller may write through: counts as a write (the version changes).
+  void* data() const {
+    version_.fetch_add(1, std::memory_order_relaxed);
+    return data_;
+  }
+  // A pointer for reading only: the version stays.
+  const void* read_data() const { return data_; }
+  std::uint64_t serial() const { return serial_; }
+  std::uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  // Records that the bytes, as they are now, are a copy of `from` (called by clone, right after the copy).
+  void note_copy(const StorageCopy& from) {
+    copy_ = from;
+    copy_version_ = version();
+    has_copy_ = true;
+  }
+  // The copy noted, while the bytes are still unwritten since; false otherwise.
+  bool copy_source(StorageCopy& from) const {
+    if (!has_copy_ || version() != copy_version_) return false;
+    from = copy_;
+    return true;
+  }
   std::size_t nbytes() const { return nbytes_; }
   Backend& backend() const { return *backend_; }
   Device device() const { return backend_->device(); }
@@ -55,6 +95,11 @@ class Storage {
   Backend* backend_;
   std::size_t nbytes_;
   void* data_;
+  std::uint64_t serial_;
+  mutable std::atomic<std::uint64_t> version_{0};
+  StorageCopy copy_{};
+  std::uint64_t copy_version_ = 0;
+  bool has_copy_ = false;
 };
 
 namespace autograd {
@@ -100,8 +145,20 @@ class Tensor {
   bool is_contiguous() const;
   bool shares_storage_with(const Tensor& other) const;
 
-  // Pointer to the first element. Host pointer for CPU tensors, device pointer for CUDA tensors.
+  // Pointer to the first element. Host pointer for CPU tensors, device pointer for CUDA tensors. Counts as
+  // a write of the storage (its version changes; see Storage), as do data_as() and kernel_view().
   void* data() const;
+  // The same pointer, for reading only: the storage's version stays. Only code that never writes through
+  // it may use it (the probe's statistics).
+  const void* read_data() const;
+  // The storage's serial number (never reused) and its version (changes whenever the storage may have
+  // been written, through any tensor sharing it): equal pairs mean the same, unwritten bytes.
+  std::uint64_t storage_serial() const;
+  std::uint64_t storage_version() const;
+  // For a tensor that is the whole of a storage made by clone() of a contiguous tensor of the same dtype,
+  // and not written since: that tensor as it was at the copy (true); false otherwise. Its values are the
+  // same as those (clone copies them exactly), so statistics of one are statistics of the other.
+  bool copied_from(StorageCopy& from) const;
   // Typed host pointer; throws unless the tensor is on the CPU and T matches its dtype.
   template <class T>
   T* data_as() const;

@@ -765,6 +765,7 @@ void Probe::on_step_begin(std::int64_t step) {
   step_ = step;
   recording_ = options_.level != Level::off && (options_.flight_recorder || selected(step));
   loose_propagated_.clear();
+  stats_cache_.clear();
 }
 
 void Probe::on_step_end(const StepSummary& summary) {
@@ -815,6 +816,7 @@ void Probe::write_record(StepRecord& r) {
 void Probe::end_step(const std::optional<StepSummary>& summary) {
   StepRecord& rec = recent_.back();
   open_ = false;
+  stats_cache_.clear();
   recording_ = options_.level != Level::off && options_.outside_steps;
   for (const auto& [key, first] : rec.propagated) {
     if (first.second > 0) rec.events[first.first].detail += fmt::format(" ({} more times in this step)", first.second);
@@ -986,7 +988,65 @@ TensorStats Probe::stats_of(const Tensor& t, bool with_histogram) {
     const auto& table = with_histogram ? *resolved_hist_ : *resolved_plain_;
     if (auto found = table.find(t.id()); found != table.end()) return found->second;
   }
-  return tensor_stats(t, with_histogram);
+  return cached_stats(t, with_histogram);
+}
+
+std::size_t Probe::StatsKeyHash::operator()(const StatsKey& k) const {
+  std::uint64_t h = k.serial * 0x9E3779B97F4A7C15ULL;
+  auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 0x100000001B3ULL + (h >> 29); };
+  mix(k.version);
+  mix(static_cast<std::uint64_t>(k.offset));
+  mix(static_cast<std::uint64_t>(k.dtype) * 2 + (k.histogram ? 1 : 0));
+  for (std::int64_t v : k.sizes) mix(static_cast<std::uint64_t>(v));
+  for (std::int64_t v : k.strides) mix(static_cast<std::uint64_t>(v));
+  return static_cast<std::size_t>(h);
+}
+
+Probe::StatsKey Probe::stats_key(const Tensor& t, bool with_histogram) {
+  StatsKey k;
+  k.dtype = t.dtype();
+  k.histogram = with_histogram;
+  if (!t.is_contiguous()) {
+    k.serial = t.storage_serial();
+    k.version = t.storage_version();
+    k.offset = t.storage_offset();
+    k.sizes = t.shape();
+    k.strides = t.strides();
+    return k;
+  }
+  k.sizes = {t.numel()};
+  k.strides = {1};
+  StorageCopy from;
+  if (t.copied_from(from)) {  // an unwritten clone: the values of the view it was copied from, then
+    k.serial = from.serial;
+    k.version = from.version;
+    k.offset = from.offset;
+  } else {
+    k.serial = t.storage_serial();
+    k.version = t.storage_version();
+    k.offset = t.storage_offset();
+  }
+  return k;
+}
+
+TensorStats Probe::cached_stats(const Tensor& t, bool with_histogram) {
+  if (!t.defined() || t.numel() == 0 || !t.device().is_cpu()) return tensor_stats(t, with_histogram);
+  counters_.stats_values += t.numel();
+  const StatsKey key = stats_key(t, with_histogram);
+  if (auto found = stats_cache_.find(key); found != stats_cache_.end()) {
+    counters_.stats_values_cached += t.numel();
+    return found->second;
+  }
+  // Not served from the same read with a histogram: tensor_stats takes another loop for it (one sum, not the
+  // fast path's lanes), whose sums can differ in the last bits.
+  TensorStats s = tensor_stats(t, with_histogram);
+  // tensor_stats reads through read_data(), which leaves the version as it was; a key changed meanwhile (a
+  // pointer handed out on another thread) would make these statistics of no one version: not kept.
+  if (stats_key(t, with_histogram) == key) {
+    if (stats_cache_.size() >= kStatsCacheEntries) stats_cache_.clear();
+    stats_cache_.emplace(key, s);
+  }
+  return s;
 }
 
 CastCounts Probe::casts_of(const Tensor& source, const Tensor& result) {

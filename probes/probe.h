@@ -174,6 +174,10 @@ class Probe : public Hook {
     std::int64_t skipped_steps = 0;
     std::int64_t steps_written = 0;  // steps whose op-level rows reached the sink
     std::int64_t stats_reads = 0;    // times the deferred statistics were read (once per step, or a full ring)
+    // Values of CPU tensors whose statistics were asked for, and those of them served by the step's statistics
+    // cache (an identical view of an unwritten storage read before in the step, or an unwritten clone of one).
+    std::int64_t stats_values = 0;
+    std::int64_t stats_values_cached = 0;
   };
   const Counters& counters() const { return counters_; }
 
@@ -235,6 +239,25 @@ class Probe : public Hook {
   TensorStats stats_of(const Tensor& t, bool with_histogram);
   CastCounts casts_of(const Tensor& source, const Tensor& result);
   std::vector<double> leading_of(const Tensor& t, std::int64_t max_elements);
+
+  // ---- the step's statistics cache (CPU tensors) ----
+  // What makes two reads the same read: the storage's serial (never reused, unlike its address) and its
+  // version (core/tensor.h Storage: changed by every writable pointer handed out), the view's offset, shape,
+  // strides and dtype, and the histogram flag. A contiguous view is keyed by its element count alone (the
+  // pass over it does not depend on its shape), and an unwritten clone by the view it was copied from.
+  struct StatsKey {
+    std::uint64_t serial = 0, version = 0;
+    std::int64_t offset = 0;
+    DType dtype = DType::f32;
+    bool histogram = false;
+    Shape sizes, strides;  // contiguous: {numel} and {1}
+    bool operator==(const StatsKey&) const = default;
+  };
+  struct StatsKeyHash {
+    std::size_t operator()(const StatsKey& k) const;
+  };
+  static StatsKey stats_key(const Tensor& t, bool with_histogram);
+  TensorStats cached_stats(const Tensor& t, bool with_histogram);
 
   std::array<std::int64_t, trace::kOpInputs> input_producers(const OpEvent& event) const;
   // The statistics of an op's outputs, one pass each; `primary` is the output its row describes (the first
@@ -303,6 +326,9 @@ class Probe : public Hook {
   const std::unordered_map<const void*, TensorStats>* resolved_plain_ = nullptr;
   const std::unordered_map<const void*, TensorStats>* resolved_hist_ = nullptr;
   const std::unordered_map<const void*, Tensor>* snapshots_ = nullptr;
+  // Emptied at every step's begin and end, and when it holds kStatsCacheEntries.
+  std::unordered_map<StatsKey, TensorStats, StatsKeyHash> stats_cache_;
+  static constexpr std::size_t kStatsCacheEntries = 4096;
 };
 
 }  // namespace ampscope::probe

@@ -538,7 +538,7 @@ TensorStats tensor_stats(const Tensor& input, bool with_histogram) {
   std::vector<Partial> parts;
   visit_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* base = static_cast<const T*>(t.data());
+    const T* base = static_cast<const T*>(t.read_data());
     run_chunked(n, parts, [&](std::int64_t begin, std::int64_t end, Partial& a) {
       if (with_histogram) {
         accumulate_range<T, true>(t, base, begin, end, a);
@@ -597,8 +597,8 @@ CastCounts cast_counts(const Tensor& source_in, const Tensor& result_in) {
     visit_dtype(result.dtype(), [&](auto rtag) {
       using R = decltype(rtag);
       if constexpr (kIsFloat<R>) {
-        const S* sp = static_cast<const S*>(source.data());
-        const R* rp = static_cast<const R*>(result.data());
+        const S* sp = static_cast<const S*>(source.read_data());
+        const R* rp = static_cast<const R*>(result.read_data());
         const bool contiguous = source.is_contiguous() && result.is_contiguous();
         run_chunked(n, parts, [&](std::int64_t begin, std::int64_t end, CastCounts& c) {
           if (contiguous) {
@@ -628,7 +628,7 @@ std::vector<double> leading_values(const Tensor& input, std::int64_t max_element
   out.reserve(static_cast<std::size_t>(n));
   visit_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* base = static_cast<const T*>(t.data());
+    const T* base = static_cast<const T*>(t.read_data());
     for_each_run(t.shape(), t.strides(), t.strides(), 0, n,
                  [&](std::int64_t off, std::int64_t, std::int64_t count, std::int64_t stride, std::int64_t) {
                    for (std::int64_t i = 0; i < count; ++i) {
@@ -682,7 +682,7 @@ std::uint64_t checksum_bytes(const void* data, std::size_t size) {
 
 std::uint64_t tensor_checksum(const Tensor& t) {
   const Tensor host = t.contiguous().to(Device::cpu());
-  return checksum_bytes(host.data(), static_cast<std::size_t>(host.numel()) * dtype_size(host.dtype()));
+  return checksum_bytes(host.read_data(), static_cast<std::size_t>(host.numel()) * dtype_size(host.dtype()));
 }
 
 std::uint64_t combine_checksums(const std::vector<std::uint64_t>& checksums) {

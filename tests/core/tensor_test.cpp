@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -630,3 +631,64 @@ TEST(tensor_test, arange_in_f64_is_start_plus_index_times_step_rounded_twice_not
   }
   EXPECT_EQ(wrong, 0);
 }
+
+// ---- storage serial numbers and versions (the probe's statistics cache relies on them) ----------
+
+TEST(tensor_test, a_storage_serial_is_never_reused_and_views_share_it) {
+  std::uint64_t last = 0;
+  for (int i = 0; i < 50; ++i) {
+    // Each tensor is freed before the next is made, so the allocator may hand the same bytes back.
+    const Tensor t = zeros({16});
+    const Tensor view = t.reshape({4, 4}).transpose(0, 1);
+    EXPECT_EQ(view.storage_serial(), t.storage_serial());
+    EXPECT_GT(t.storage_serial(), last) << "tensor " << i;
+    last = t.storage_serial();
+  }
+}
+
+TEST(tensor_test, every_route_to_a_writable_pointer_changes_the_version_and_reading_does_not) {
+  Tensor t = arange(12).reshape({3, 4});
+  const Tensor view = t.transpose(0, 1);
+  auto changes = [&](const char* what, const std::function<void()>& f) {
+    const std::uint64_t v = view.storage_version();
+    f();
+    EXPECT_NE(view.storage_version(), v) << what << " (seen through another view of the storage)";
+  };
+  auto keeps = [&](const char* what, const std::function<void()>& f) {
+    const std::uint64_t v = t.storage_version();
+    f();
+    EXPECT_EQ(t.storage_version(), v) << what;
+  };
+  changes("data()", [&] { (void)t.data(); });
+  changes("data_as()", [&] { (void)t.data_as<float>(); });
+  changes("kernel_view()", [&] { (void)t.kernel_view(); });
+  changes("copy_", [&] { t.copy_(ones({3, 4})); });
+  changes("fill_", [&] { t.fill_(2.0); });
+  changes("set", [&] { t.set({1, 1}, 5.0); });
+  changes("an in-place write through a slice", [&] { t.slice(0, 1, 2).fill_(0.0); });
+  keeps("read_data()", [&] { (void)t.read_data(); });
+  keeps("at()", [&] { (void)t.at({2, 3}); });
+  keeps("item()", [&] { (void)t.slice(0, 0, 1).slice(1, 0, 1).item(); });
+  keeps("storage_serial()", [&] { (void)t.storage_serial(); });
+}
+
+TEST(tensor_test, a_clone_knows_its_source_until_it_is_written) {
+  const Tensor source = arange(24).reshape({2, 3, 4}).slice(0, 1, 2);  // contiguous, at offset 12
+  ASSERT_TRUE(source.is_contiguous());
+  const std::uint64_t version = source.storage_version();
+  Tensor copy = source.clone();
+  ampscope::StorageCopy from;
+  ASSERT_TRUE(copy.copied_from(from));
+  EXPECT_EQ(from.serial, source.storage_serial());
+  EXPECT_EQ(from.version, version) << "the source as it was before the copy read it";
+  EXPECT_EQ(from.offset, 12);
+  EXPECT_EQ(from.numel, 12);
+  EXPECT_EQ(from.dtype, DType::f32);
+  EXPECT_FALSE(copy.reshape({12}).slice(0, 1, 12).copied_from(from)) << "part of the clone is not the source";
+  copy.set({0, 0, 0}, -1.0);
+  EXPECT_FALSE(copy.copied_from(from)) << "written since the copy";
+  // A clone of a view that is not contiguous holds the values in another order: no source.
+  EXPECT_FALSE(arange(6).reshape({2, 3}).transpose(0, 1).clone().copied_from(from));
+  EXPECT_FALSE(zeros({3}).copied_from(from)) << "not a clone";
+}
+

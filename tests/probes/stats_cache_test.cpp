@@ -1,0 +1,288 @@
+// tests/probes/stats_cache_test.cpp: the probe's step-scoped statistics cache (probes/probe.h) never hands back
+// the statistics of values that have since been written. Each test reads a tensor's statistics, checks that
+// reading it again unchanged was served by the cache (the counters: the test would be vacuous otherwise),
+// writes the tensor in place by one route (GradScaler's unscale, clipping, a second backward accumulating into
+// .grad, copy_, fill_, set, a pointer from data_as or kernel_view, an optimizer step, a write through a view),
+// then reads it again. The expected rows are computed here from the tensor's values in double (Tensor::values,
+// not the probe); scales are powers of two, so a scaled or doubled gradient's absmax and norm are exact
+// multiples. Every test fails if a route to a writable pointer leaves the storage's version as it was.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/grad_scaler.h"
+#include "core/ops.h"
+#include "core/optim.h"
+#include "core/probe_hook.h"
+#include "core/random.h"
+#include "kernels/cpu/fused_optim.h"
+#include "probes/probe.h"
+#include "probes/stats.h"
+#include "tests/probes/memory_sink.h"
+
+namespace ampscope {
+namespace {
+
+using testing::MemorySink;
+
+struct Probed {
+  explicit Probed(probe::ProbeOptions options = {})
+      : sink(std::make_shared<MemorySink>()), probe(std::make_shared<probe::Probe>(sink, options)), guard(probe) {}
+  std::shared_ptr<MemorySink> sink;
+  std::shared_ptr<probe::Probe> probe;
+  probe::HookGuard guard;
+  std::int64_t cached() const { return probe->counters().stats_values_cached; }
+};
+
+void run_step(std::int64_t step, const std::function<void()>& body) {
+  probe::StepScope scope(step);
+  body();
+  scope.end({.step = step});
+}
+
+struct Reference {
+  std::int64_t zero = 0, nan = 0;
+  double absmax = 0, norm = 0;
+};
+
+// The gradient row's statistics from the values as they are now, in double.
+Reference reference_of(const Tensor& t) {
+  Reference r;
+  double sum_sq = 0;
+  for (double v : t.values()) {
+    if (std::isnan(v)) {
+      ++r.nan;
+      continue;
+    }
+    if (v == 0) ++r.zero;
+    r.absmax = std::max(r.absmax, std::fabs(v));
+    sum_sq += v * v;
+  }
+  r.norm = std::sqrt(sum_sq);
+  return r;
+}
+
+void expect_row(const trace::GradRow& row, const Reference& r, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(row.zero, r.zero);
+  EXPECT_EQ(row.nan, r.nan);
+  EXPECT_EQ(row.absmax, r.absmax);
+  EXPECT_NEAR(row.norm, r.norm, 1e-12 * r.norm);
+}
+
+// The probe's gradient row for `t` (reported as a gradient named `name`, unscaled).
+void report(Probed& p, const Tensor& t, const std::string& name = "t") {
+  const std::vector<std::pair<std::string, Tensor>> grads{{name, t}};
+  p.probe->on_grads(probe::GradEvent{0, true, grads});
+}
+
+// A 6x5 weight and the loss sum(x w) * 0.5 of a random 4x6 x: w's gradient is a backward node's output (a
+// matmul's), read by the probe there, and then cloned into w.grad(), which the probe reads again.
+struct Linear {
+  Generator gen{11};
+  Tensor x = randn({4, 6}, gen);
+  Tensor w = randn({6, 5}, gen).requires_grad_();
+  Tensor loss() const { return mul(sum(matmul(x, w)), 0.5); }
+};
+
+// Reads `t`, reads it again (asserting the second read came from the cache), runs `write`, reads it again:
+// the last row must be the values after the write.
+void check_route(const std::function<void(Tensor&)>& write, Tensor t, const std::string& what) {
+  Probed p;
+  run_step(0, [&] {
+    report(p, t);
+    const std::int64_t before = p.cached();
+    report(p, t);
+    ASSERT_EQ(p.cached() - before, t.numel()) << what << ": an unchanged tensor read twice is read once";
+    write(t);
+    report(p, t);
+  });
+  ASSERT_EQ(p.sink->grads.size(), 3u);
+  expect_row(p.sink->grads[2], reference_of(t), what);
+  EXPECT_NE(p.sink->grads[2].absmax, p.sink->grads[0].absmax) << what << ": the write changed the values";
+}
+
+Tensor random_tensor(std::uint64_t seed) {
+  Generator gen(seed);
+  return randn({7, 9}, gen);
+}
+
+TEST(stats_cache_test, a_weight_gradient_is_read_once_as_its_node_output_and_as_its_grad) {
+  Probed p;
+  Linear m;
+  run_step(0, [&] {
+    m.loss().backward();
+    const std::int64_t before = p.cached();
+    probe::report_grads({m.w}, true);
+    EXPECT_EQ(p.cached() - before, m.w.numel()) << "w.grad() is an unwritten clone of the matmul's gradient";
+  });
+  ASSERT_EQ(p.sink->grads.size(), 1u);
+  expect_row(p.sink->grads[0], reference_of(m.w.grad()), "w.grad()");
+}
+
+TEST(stats_cache_test, a_gradient_unscaled_in_place_by_the_grad_scaler_is_read_again) {
+  Probed p;
+  Linear m;
+  optim::SGD opt({m.w}, {.lr = 0.1});
+  GradScaler scaler({.device = "cpu", .init_scale = 1024.0});
+  run_step(0, [&] {
+    scaler.scale(m.loss()).backward();
+    scaler.unscale_(opt);  // reports the scaled gradient (a cache hit: the clone), then the unscaled one
+  });
+  ASSERT_EQ(p.sink->grads.size(), 2u);
+  const trace::GradRow& scaled = p.sink->grads[0];
+  const trace::GradRow& unscaled = p.sink->grads[1];
+  EXPECT_FALSE(scaled.unscaled);
+  EXPECT_TRUE(unscaled.unscaled);
+  expect_row(unscaled, reference_of(m.w.grad()), "after unscale_");
+  EXPECT_EQ(scaled.absmax, 1024.0 * unscaled.absmax) << "a power-of-two scale is exact";
+}
+
+TEST(stats_cache_test, a_gradient_clipped_in_place_is_read_again) {
+  Probed p;
+  Linear m;
+  run_step(0, [&] {
+    m.loss().backward();
+    probe::report_grads({m.w}, true);  // served by the cache (the clone of the node's output)
+    optim::clip_grad_norm_({m.w}, 0.25);
+    probe::report_grads({m.w}, true);
+  });
+  ASSERT_EQ(p.sink->grads.size(), 2u);
+  const Reference after = reference_of(m.w.grad());
+  expect_row(p.sink->grads[1], after, "after clip_grad_norm_");
+  EXPECT_NEAR(after.norm, 0.25, 1e-6) << "the premise: clipping scaled the gradient down to the norm";
+  EXPECT_GT(p.sink->grads[0].norm, 0.5);
+}
+
+TEST(stats_cache_test, a_gradient_accumulated_over_two_backwards_is_read_again) {
+  Probed p;
+  Linear m;
+  run_step(0, [&] {
+    m.loss().backward();
+    probe::report_grads({m.w}, true);
+    m.loss().backward();  // .grad += the same gradient, in place
+    probe::report_grads({m.w}, true);
+  });
+  ASSERT_EQ(p.sink->grads.size(), 2u);
+  expect_row(p.sink->grads[1], reference_of(m.w.grad()), "after the second backward");
+  EXPECT_EQ(p.sink->grads[1].absmax, 2 * p.sink->grads[0].absmax) << "g + g is exact";
+}
+
+// The parameter read as a tensor before and after an optimizer step writes it in place: SGD and AdamW, each by
+// the fused CPU kernels (the default) and op by op.
+void check_optimizer_step(bool fused, bool adam) {
+  const std::string what = std::string(adam ? "AdamW" : "SGD") + (fused ? ", fused" : ", op by op");
+  const bool was = cpu::fused_optim_enabled();
+  cpu::set_fused_optim_enabled(fused);
+  const std::uint64_t fused_calls = cpu::fused_optim_call_count();
+  Probed p;
+  Linear m;
+  std::unique_ptr<optim::Optimizer> opt;
+  if (adam) {
+    opt = std::make_unique<optim::AdamW>(std::vector<Tensor>{m.w}, optim::OptimizerOptions{.lr = 0.5});
+  } else {
+    opt = std::make_unique<optim::SGD>(std::vector<Tensor>{m.w}, optim::OptimizerOptions{.lr = 0.5});
+  }
+  run_step(0, [&] {
+    m.loss().backward();
+    const Tensor w = m.w.detach();  // the same storage
+    report(p, w, "w");
+    const std::int64_t before = p.cached();
+    report(p, w, "w");
+    ASSERT_EQ(p.cached() - before, w.numel()) << what;
+    opt->step();
+    report(p, w, "w");
+  });
+  cpu::set_fused_optim_enabled(was);
+  EXPECT_EQ(cpu::fused_optim_call_count() > fused_calls, fused) << what << ": the premise, the path taken";
+  ASSERT_EQ(p.sink->grads.size(), 3u);
+  expect_row(p.sink->grads[2], reference_of(m.w), what + ", after step()");
+  EXPECT_NE(p.sink->grads[2].norm, p.sink->grads[0].norm) << what;
+}
+
+TEST(stats_cache_test, a_parameter_written_by_an_optimizer_step_is_read_again) {
+  for (bool fused : {true, false}) {
+    for (bool adam : {false, true}) check_optimizer_step(fused, adam);
+  }
+}
+
+TEST(stats_cache_test, copy_fill_and_set_between_two_reads_are_seen) {
+  check_route([](Tensor& t) { t.copy_(mul(random_tensor(5), 3.0)); }, random_tensor(1), "copy_");
+  check_route([](Tensor& t) { t.fill_(4.5); }, random_tensor(2), "fill_");
+  check_route([](Tensor& t) { t.set({3, 4}, 1000.0); }, random_tensor(3), "set");
+}
+
+TEST(stats_cache_test, writes_through_a_pointer_between_two_reads_are_seen) {
+  check_route([](Tensor& t) { t.data_as<float>()[10] = -2000.0F; }, random_tensor(4), "data_as");
+  check_route(
+      [](Tensor& t) {
+        const float v = 3000.0F;
+        std::memcpy(t.data(), &v, sizeof v);
+      },
+      random_tensor(6), "data");
+  check_route([](Tensor& t) { t.kernel_view().ptr<float>()[62] = 4000.0F; }, random_tensor(7), "kernel_view");
+  check_route([](Tensor& t) { t.copy_(add(t, t)); }, random_tensor(8), "an op's output written into it");
+}
+
+TEST(stats_cache_test, a_write_through_another_view_of_the_storage_is_seen) {
+  // The view read is a transpose (keyed by its own strides); the write goes through the base tensor.
+  Tensor base = random_tensor(9);
+  check_route([base](Tensor&) mutable { base.slice(0, 2, 3).fill_(-7000.0); }, base.transpose(0, 1), "the base");
+  // The view read is the base; the write goes through a slice of it.
+  Tensor other = random_tensor(10);
+  check_route([other](Tensor&) { other.slice(1, 1, 2).fill_(8000.0); }, other, "a slice");
+}
+
+TEST(stats_cache_test, a_clone_written_after_the_copy_is_read_again) {
+  Probed p;
+  const Tensor source = random_tensor(12);
+  Tensor copy;
+  run_step(0, [&] {
+    report(p, source, "source");
+    copy = source.clone();
+    const std::int64_t before = p.cached();
+    report(p, copy, "copy");
+    ASSERT_EQ(p.cached() - before, copy.numel()) << "an unwritten clone has its source's statistics";
+    copy.fill_(-1.0);
+    report(p, copy, "copy");
+  });
+  ASSERT_EQ(p.sink->grads.size(), 3u);
+  expect_row(p.sink->grads[1], reference_of(source), "the clone");
+  expect_row(p.sink->grads[2], reference_of(copy), "the clone after fill_");
+  EXPECT_EQ(p.sink->grads[2].absmax, 1.0);
+}
+
+TEST(stats_cache_test, a_read_without_a_histogram_is_not_served_by_one_with) {
+  // tensor_stats sums in another order when it also makes a histogram, so the two reads' sums may differ in
+  // their last bits: each row must have the bits of its own read.
+  Probed p({.level = probe::Level::full});
+  Generator gen(14);
+  const Tensor t = randn({300, 333}, gen);
+  const probe::TensorStats with = probe::tensor_stats(t, true), without = probe::tensor_stats(t, false);
+  ASSERT_NE(with.sum_sq, without.sum_sq) << "the premise: the two loops' sums differ for this tensor";
+  run_step(0, [&] {
+    const std::vector<std::pair<std::string, Tensor>> grads{{"t", t}};
+    p.probe->on_grads(probe::GradEvent{0, true, grads});   // level full, unscaled: with a histogram
+    p.probe->on_grads(probe::GradEvent{0, false, grads});  // scaled: without
+  });
+  ASSERT_EQ(p.sink->grads.size(), 2u);
+  EXPECT_EQ(p.sink->grads[0].norm, with.norm());
+  EXPECT_EQ(p.sink->grads[1].norm, without.norm());
+}
+
+TEST(stats_cache_test, the_cache_is_emptied_at_a_step_boundary) {
+  Probed p;
+  const Tensor t = random_tensor(13);
+  run_step(0, [&] { report(p, t); });
+  const std::int64_t before = p.cached();
+  run_step(1, [&] { report(p, t); });
+  EXPECT_EQ(p.cached(), before) << "the next step reads it again";
+}
+
+}  // namespace
+}  // namespace ampscope
