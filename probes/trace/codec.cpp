@@ -293,30 +293,105 @@ void ChunkCodec::encode(const std::byte* records, std::size_t rows, std::vector<
     }
   }
 
+  // The chunk goes out as one deflate stream made of pieces: zlib deflates each piece of its segments from a
+  // fresh state (deflateReset), and the random-looking columns are written here as stored blocks between
+  // them. A piece holds at most kPieceBytes of input, so zlib never slides its window and hash table (it does
+  // every 32 KiB past the first 64 KiB: 8% of the writer's CPU), and stored bytes never pass through zlib,
+  // which copied them into its window and hashed them for matches the run-length strategy never looks up.
+  // A piece ends with a sync flush (zlib's block ended, an empty stored block that aligns the stream to a
+  // byte); when stored columns follow, that empty block's LEN/NLEN become theirs, so a switch to stored
+  // bytes costs what it did inside zlib. A piece that ends only because it is full costs the empty block
+  // (5 bytes) and the history it forgets: a few bytes per 64 KiB of chunk.
   z_stream& z = deflater_->stream;
-  if (deflateReset(&z) != Z_OK) throw std::runtime_error("zlib deflateReset failed");
-  // Each change of setting ends a deflate block: allow for the block headers (stored blocks take at most
-  // 5 bytes per 64 KiB more than their data, which deflateBound counts).
-  out.resize(deflateBound(&z, static_cast<uLong>(chunk_bytes)) + 1024 * segments_.size() + 6);
+  std::size_t pieces = 1;
+  for (const Segment& s : segments_) pieces += s.strategy == kStored ? 1 : s.size / kPieceBytes + 1;
+  out.resize(deflateBound(&z, static_cast<uLong>(chunk_bytes)) + 1024 * (segments_.size() + pieces) + 6);
   put_zlib_header(out.data(), level_);
-  z.next_out = reinterpret_cast<Bytef*>(out.data() + 2);
-  z.avail_out = static_cast<uInt>(out.size() - 6);
-  for (std::size_t i = 0; i < segments_.size(); ++i) {
-    const Segment& r = segments_[i];
-    const bool stored = r.strategy == kStored;
-    if (deflateParams(&z, stored ? 0 : level_, stored ? Z_DEFAULT_STRATEGY : r.strategy) != Z_OK) {
-      throw std::runtime_error("zlib deflateParams failed");
-    }
-    z.next_in = reinterpret_cast<Bytef*>(shuffled_.data() + r.begin);
-    z.avail_in = static_cast<uInt>(r.size);
-    const bool last = i + 1 == segments_.size();
-    const int status = deflate(&z, last ? Z_FINISH : Z_NO_FLUSH);
-    if (status != (last ? Z_STREAM_END : Z_OK) || z.avail_in != 0) {
+  std::size_t at = 2;          // the stream's end in `out`
+  bool in_piece = false;       // zlib holds an unfinished piece
+  bool aligned_empty = false;  // `out` ends with a sync flush's empty stored block (its LEN/NLEN the last 4 bytes)
+  std::size_t piece_input = 0;
+  int strategy = -2;           // the zlib strategy the piece now deflates with
+  auto point_out = [&] {
+    z.next_out = reinterpret_cast<Bytef*>(out.data() + at);
+    z.avail_out = static_cast<uInt>(out.size() - 4 - at);  // 4: room for the Adler-32
+  };
+  auto run = [&](const std::byte* in, std::size_t size, int flush) {
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in));
+    z.avail_in = static_cast<uInt>(size);
+    point_out();
+    const int status = deflate(&z, flush);
+    if (status != (flush == Z_FINISH ? Z_STREAM_END : Z_OK) || z.avail_in != 0 || z.avail_out == 0) {
       throw std::runtime_error("zlib deflate failed with status " + std::to_string(status));
     }
+    at = static_cast<std::size_t>(reinterpret_cast<std::byte*>(z.next_out) - out.data());
+  };
+  auto end_piece = [&] {
+    run(nullptr, 0, Z_SYNC_FLUSH);
+    // A sync flush ends with an empty stored block's LEN 0x0000 and NLEN 0xFFFF.
+    if (at < 6 || out[at - 4] != std::byte{0} || out[at - 3] != std::byte{0} || out[at - 2] != std::byte{0xFF} ||
+        out[at - 1] != std::byte{0xFF}) {
+      throw std::logic_error("zlib's sync flush did not end with an empty stored block");
+    }
+    in_piece = false;
+    aligned_empty = true;
+  };
+  for (const Segment& s : segments_) {
+    if (s.strategy == kStored) {
+      if (in_piece) end_piece();
+      for (std::size_t done = 0; done < s.size;) {
+        const std::size_t n = std::min<std::size_t>(s.size - done, 65535);
+        if (at + 5 + n + 4 > out.size()) throw std::logic_error("ChunkCodec's output bound is too small");
+        if (aligned_empty) {
+          at -= 4;  // the empty block's header bits stay; its LEN/NLEN are rewritten
+        } else {
+          out[at++] = std::byte{0};  // BFINAL 0, BTYPE 00 (stored), padding to the byte
+        }
+        out[at++] = static_cast<std::byte>(n & 0xFF);
+        out[at++] = static_cast<std::byte>(n >> 8);
+        out[at++] = static_cast<std::byte>(~n & 0xFF);
+        out[at++] = static_cast<std::byte>((~n >> 8) & 0xFF);
+        std::memcpy(out.data() + at, shuffled_.data() + s.begin + done, n);
+        at += n;
+        done += n;
+        aligned_empty = false;
+      }
+      continue;
+    }
+    for (std::size_t done = 0; done < s.size;) {
+      if (!in_piece) {
+        if (deflateReset(&z) != Z_OK) throw std::runtime_error("zlib deflateReset failed");
+        in_piece = true;
+        aligned_empty = false;
+        piece_input = 0;
+      }
+      if (strategy != s.strategy) {
+        point_out();  // a change of strategy ends zlib's block: its codes go out here
+        if (deflateParams(&z, level_, s.strategy) != Z_OK) throw std::runtime_error("zlib deflateParams failed");
+        at = static_cast<std::size_t>(reinterpret_cast<std::byte*>(z.next_out) - out.data());
+        strategy = s.strategy;
+      }
+      const std::size_t left = s.size - done;
+      std::size_t n = std::min(left, kPieceBytes - piece_input);
+      // A full piece ends at a byte column's end where columns are short against a piece, so that no
+      // column's run is cut in two.
+      if (n < left && 4 * chunk_rows_ <= kPieceBytes) n = n / chunk_rows_ * chunk_rows_;
+      if (n > 0) run(shuffled_.data() + s.begin + done, n, Z_NO_FLUSH);
+      done += n;
+      piece_input += n;
+      if (done < s.size) end_piece();  // the piece is full
+    }
   }
-  put_big_endian(out.data() + 2 + z.total_out, adler32_of(1, shuffled_.data(), chunk_bytes));
-  out.resize(2 + z.total_out + 4);
+  if (in_piece) {
+    run(nullptr, 0, Z_FINISH);
+  } else {
+    // After stored bytes: an empty final block with fixed codes (BFINAL 1, BTYPE 01, end of block). Not reached
+    // with today's regions (a record's last byte column is never a stored mantissa byte), kept so any layout ends right.
+    out[at++] = std::byte{0x03};
+    out[at++] = std::byte{0x00};
+  }
+  put_big_endian(out.data() + at, adler32_of(1, shuffled_.data(), chunk_bytes));
+  out.resize(at + 4);
 }
 
 // Appends a stretch, merged into the last one when it continues it with the same setting.

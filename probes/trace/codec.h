@@ -70,6 +70,9 @@ class ChunkCodec {
     int strategy;
   };
   static constexpr int kStored = -1;
+  // The most input zlib deflates from one fresh state: below the 64 KiB - 262 bytes at which it slides its
+  // window (see encode).
+  static constexpr std::size_t kPieceBytes = 64 * 1024 - 1024;
   void add_segment(std::size_t begin, std::size_t size, int strategy);
   bool looks_random(const std::byte* column, std::size_t rows) const;
   std::size_t record_bytes_;
