@@ -46,8 +46,10 @@ class ChunkCodec {
   // byte column of them whose bytes are as varied as random ones (the sum of their squared byte counts
   // within 2^0.1 of random bytes') is put in deflate's stored blocks: Huffman coding saves nothing on
   // such bytes and cost two thirds of a trace chunk's compression time. The test looks at the bytes, so
-  // a range that is not f64 fields after all only loses the speed-up. Any deflate decoder (HDF5's
-  // filter) reads the stream as before.
+  // a range that is not f64 fields after all only loses the speed-up. The stream is zlib's deflate of
+  // pieces of at most kPieceBytes input bytes, each from a fresh state, ended by a sync flush, with the
+  // stored columns written by encode() itself between them (see encode); any deflate decoder (HDF5's
+  // filter) reads it as one stream.
   ChunkCodec(std::size_t record_bytes, std::size_t chunk_rows, int level, const std::vector<ByteRange>& run_length = {});
   ~ChunkCodec();
   ChunkCodec(const ChunkCodec&) = delete;
