@@ -271,7 +271,9 @@ TEST(trace_codec_test, every_stream_it_writes_inflates_to_the_shuffled_chunk) {
           // Random bytes grow by at most the blocks' headers (zlib stores a 4,095-symbol block that would grow: 5 bytes);
           // constant ones shrink to almost nothing.
           EXPECT_LE(stored.size(), kRecordBytes * chunk_rows + kRecordBytes * chunk_rows / 400 + 200) << what;
-          if (pattern == Pattern::constant && rows == chunk_rows && rows >= 256) EXPECT_LE(stored.size(), 60 + kRecordBytes * chunk_rows / 100) << what;
+          if (pattern == Pattern::constant && rows == chunk_rows && rows >= 256) {
+            EXPECT_LE(stored.size(), 60 + kRecordBytes * chunk_rows / 100) << what;
+          }
           ++streams;
         }
       }
