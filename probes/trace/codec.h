@@ -87,6 +87,7 @@ class ChunkCodec {
   // took 23.57 bytes a row and the health trace 31.75 (2 columns: 23.48 and 31.70 but 10% more CPU on the
   // health trace's step ends; 8: 24.00 and 32.12; one block a stretch: 23.95 and 32.03).
   static constexpr std::size_t kRunLengthColumns = 3;
+  static constexpr std::size_t kOwnRunLengthRows = 256;  // smaller chunks: zlib codes the run-length columns
   struct RunLengthBlock;
   std::unique_ptr<RunLengthBlock> run_length_;
   std::vector<std::byte> shuffled_;
