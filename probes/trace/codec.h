@@ -40,14 +40,17 @@ class ChunkCodec {
  public:
   // level 0: no filters (chunks are stored raw); 1..9: shuffle, then deflate at that level. The byte
   // columns of `run_length` (the records' floating-point fields: their mantissas look random) are
-  // deflated with zlib's run-length strategy, which costs half as much there and compresses as well;
-  // the rest (text, counters) with the default one, whose string matches text needs. In a range of
+  // coded as zlib's run-length strategy would (literals and runs at distance 1), by the codec itself, in
+  // dynamic-Huffman blocks of kRunLengthColumns columns each; the rest (text, counters) is deflated by
+  // zlib with its default strategy, whose string matches text needs. In a range of
   // 8-byte fields (f64), the six low bytes of each are mantissa bits; in a chunk of 256 rows or more, a
   // byte column of them whose bytes are as varied as random ones (the sum of their squared byte counts
   // within 2^0.1 of random bytes') is put in deflate's stored blocks: Huffman coding saves nothing on
   // such bytes and cost two thirds of a trace chunk's compression time. The test looks at the bytes, so
-  // a range that is not f64 fields after all only loses the speed-up. Any deflate decoder (HDF5's
-  // filter) reads the stream as before.
+  // a range that is not f64 fields after all only loses the speed-up. The stream is zlib's deflate of
+  // pieces of at most kPieceBytes input bytes, each from a fresh state, with the stored and run-length
+  // blocks written by encode() itself between them (see encode); any deflate decoder (HDF5's filter)
+  // reads it as one stream.
   ChunkCodec(std::size_t record_bytes, std::size_t chunk_rows, int level, const std::vector<ByteRange>& run_length = {});
   ~ChunkCodec();
   ChunkCodec(const ChunkCodec&) = delete;
@@ -70,6 +73,9 @@ class ChunkCodec {
     int strategy;
   };
   static constexpr int kStored = -1;
+  // The most input zlib deflates from one fresh state: below the 64 KiB - 262 bytes at which it slides its
+  // window (see encode).
+  static constexpr std::size_t kPieceBytes = 64 * 1024 - 1024;
   void add_segment(std::size_t begin, std::size_t size, int strategy);
   bool looks_random(const std::byte* column, std::size_t rows) const;
   std::size_t record_bytes_;
@@ -77,6 +83,13 @@ class ChunkCodec {
   int level_;
   std::vector<Region> regions_;
   std::vector<Segment> segments_;
+  // A run-length stretch's columns per block (see encode): 3 of the 10,000-op-rows-a-step trace_bench case
+  // took 23.57 bytes a row and the health trace 31.75 (2 columns: 23.48 and 31.70 but 10% more CPU on the
+  // health trace's step ends; 8: 24.00 and 32.12; one block a stretch: 23.95 and 32.03).
+  static constexpr std::size_t kRunLengthColumns = 3;
+  static constexpr std::size_t kOwnRunLengthRows = 256;  // smaller chunks: zlib codes the run-length columns
+  struct RunLengthBlock;
+  std::unique_ptr<RunLengthBlock> run_length_;
   std::vector<std::byte> shuffled_;
   std::unique_ptr<Deflater> deflater_;
 };
