@@ -1040,6 +1040,21 @@ static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& b
 
 // ---- convolution and pooling ----
 
+// Images per step of a convolution's input gradient (column gradient, then col2im). On the CPU the
+// column gradients ([C*KH*KW, OH*OW] an image, in the accumulation type) of a few images at a time stay in
+// cache until col2im reads them; the whole batch's at once (the sample CNN's conv2: 42 MB) went out to
+// memory after OpenBLAS had cleared them, and came back for the product and again for col2im: col2im and
+// the clearing were 10.6% of the CNN's step at 1 thread, 6.4% in steps of 2 images (issue 37). Every
+// image's product is the same sgemm call at any chunk size and col2im sums each input element from its
+// own image's columns, so the chunk does not change a bit, nor depend on the thread count. An even number
+// of images, at least 2 (gemm_kernel's per-batch path; one image a thread at 2 threads), about
+// kInputGradChunkBytes of columns (the two cores' L2 here).
+inline constexpr std::int64_t kInputGradChunkBytes = std::int64_t{1} << 21;
+static std::int64_t input_grad_chunk(std::int64_t images, std::int64_t image_bytes, const Device& device) {
+  if (!device.is_cpu()) return images;  // one launch each on the GPU
+  return 2 * std::max<std::int64_t>(1, kInputGradChunkBytes / std::max<std::int64_t>(2 * image_bytes, 1));
+}
+
 static Tensor conv2d_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions o) {
   if (x.dim() != 4 || weight.dim() != 4) {
     throw ShapeError(fmt::format("{}: expected input [N, C, H, W] and weight [O, C, KH, KW], got {} and {}",
@@ -1093,10 +1108,19 @@ static Tensor conv2d_impl(const Tensor& x, const Tensor& weight, const Tensor& b
         if (n[0]) {
           // The column gradient stays in the accumulation type until col2im has summed it.
           const DType acc = acc_dtype(sw.dtype());
-          const Tensor wt = sw.reshape({1, O, CKK}).transpose(1, 2).expand({N, CKK, O});
-          const Tensor dcols = gemm("conv2d", wt, g3, acc);
           Tensor dx = Tensor::empty(x_shape, {acc, g.device()});
-          run_kernel_general("conv2d", Op::col2im, {dx}, {dcols}, {win[0], win[1], win[2], win[3], win[4], win[5]});
+          const std::int64_t chunk = input_grad_chunk(N, CKK * L * static_cast<std::int64_t>(dtype_size(acc)), g.device());
+          untracked([&] {
+            for (std::int64_t i0 = 0; i0 < N; i0 += chunk) {
+              const std::int64_t i1 = N - i0 < 2 * chunk ? N : i0 + chunk;  // no last chunk of fewer images
+              const Tensor wt = sw.reshape({1, O, CKK}).transpose(1, 2).expand({i1 - i0, CKK, O});
+              const Tensor dcols = gemm("conv2d", wt, g3.slice(0, i0, i1), acc);
+              run_kernel_general("conv2d", Op::col2im, {dx.slice(0, i0, i1)}, {dcols},
+                                 {win[0], win[1], win[2], win[3], win[4], win[5]});
+              if (i1 == N) break;
+            }
+            return 0;
+          });
           gx = dx.to(sw.dtype());
         }
         if (n[1]) {
