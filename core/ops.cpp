@@ -184,6 +184,31 @@ Shape reduced_shape(const Shape& shape, const std::vector<std::int64_t>& dims, b
 }
 
 // Moves `dims` last and views the tensor as [rows, cols], cols = the product of those dimensions.
+// The permutation as_rows applies: the kept dims in order, then the reduced ones in `dims`' order.
+Shape rows_first(const Tensor& a, const std::vector<std::int64_t>& dims) {
+  Shape perm;
+  for (std::int64_t d = 0; d < a.dim(); ++d) {
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) perm.push_back(d);
+  }
+  for (std::int64_t d : dims) perm.push_back(d);
+  return perm;
+}
+
+// On the CPU, a reduction whose rows as_rows would have to copy (the permuted view is not contiguous)
+// but whose view sum_rows reads fast in place: the reduced elements' last dim dense (a convolution's
+// bias gradient: sum of [N, C, H, W] over N, H, W), or one kept dim, dense (a linear layer's bias
+// gradient: the column sums of [rows, out]). Returns the number of kept dims, 0 for as_rows' copy.
+std::int64_t strided_row_dims(const Tensor& a, const std::vector<std::int64_t>& dims) {
+  if (!a.device().is_cpu() || dims.empty() || a.numel() == 0) return 0;
+  const std::int64_t kept = a.dim() - static_cast<std::int64_t>(dims.size());
+  if (kept < 1) return 0;
+  const Tensor p = a.permute(rows_first(a, dims));
+  if (p.is_contiguous()) return 0;
+  const bool dense_runs = p.strides().back() == 1;
+  const bool dense_rows = kept == 1 && p.strides()[0] == 1;
+  return dense_runs || dense_rows ? kept : 0;
+}
+
 Tensor as_rows(const Tensor& a, const std::vector<std::int64_t>& dims) {
   Shape perm;
   std::int64_t cols = 1;
@@ -217,7 +242,16 @@ Tensor from_rows(const Tensor& r, const Shape& shape, const std::vector<std::int
 // Sum over dims with out = sum * factor / divisor, computed in out_dtype's accumulation type.
 Tensor reduce_rows(std::string_view op, const Tensor& a, const std::vector<std::int64_t>& dims, bool keepdim,
                    DType out_dtype, double factor, double divisor) {
-  const Tensor rows = as_rows(a.to(out_dtype), dims);
+  const Tensor src = a.to(out_dtype);
+  if (const std::int64_t row_dims = strided_row_dims(src, dims); row_dims > 0) {
+    // The CPU sums the permuted view where it lies (sum_rows' scalar 2: how many leading dims index the
+    // rows); same additions, same bits, no copy (kernels/cpu/nn_kernels.cpp, sum_strided_rows).
+    Tensor out = Tensor::empty({numel_of(reduced_shape(a.shape(), dims, false))}, {out_dtype, a.device()});
+    run_kernel_general(op, Op::sum_rows, {out}, {src.permute(rows_first(src, dims))},
+                       {factor, divisor, static_cast<double>(row_dims)});
+    return out.reshape(reduced_shape(a.shape(), dims, keepdim));
+  }
+  const Tensor rows = as_rows(src, dims);
   Tensor out = Tensor::empty({rows.size(0)}, {out_dtype, a.device()});
   run_kernel_general(op, Op::sum_rows, {out}, {rows}, {factor, divisor});
   return out.reshape(reduced_shape(a.shape(), dims, keepdim));

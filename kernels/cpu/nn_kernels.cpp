@@ -159,9 +159,110 @@ void gelu_backward_kernel(Backend& backend, const KernelArgs& a) {
 
 // ---- rows ----
 
+// sum_rows of a strided view (core/ops.cpp, reduce_rows on the CPU): in[0]'s first `nr` dims index the
+// rows, the rest the reduced elements, in row-major order, at any strides: the permuted views as_rows would
+// have copied to make rows contiguous (a convolution's bias gradient, sum over N, H, W of [N, C, H, W];
+// a linear layer's, sum over the rows of [rows, out]: 2-2.5% of the sample CNN's and MLP's steps went
+// to that copy). Each row is summed exactly as lane_tree_sum sums it (element j of the row into lane
+// j % kReduceLanes, each lane in increasing j from zero, then the lanes folded in halves), so the bits are
+// sum_row's on the copy: tests/kernels/cpu_fast_paths_test.cpp compares them on both layouts.
+template <class T>
+void sum_strided_rows(const KernelArgs& a, int nr) {
+  using Acc = acc_type<T>;
+  constexpr int kLanes = kReduceLanes;
+  const TensorView& v = a.in[0];
+  const T* in = v.ptr<T>();
+  T* out = a.out.ptr<T>();
+  const Acc factor = static_cast<Acc>(a.scalars[0]), divisor = static_cast<Acc>(a.scalars[1]);
+  const int nd = v.ndim;
+  // The reduced elements in runs: the trailing reduced dims that form one evenly strided run (H and W of
+  // a convolution's gradient), and the outer reduced dims [nr, run_dim) that place the runs.
+  int run_dim = std::max(nr, nd - 1);
+  while (run_dim > nr && run_dim < nd && v.strides[run_dim - 1] == v.sizes[run_dim] * v.strides[run_dim]) --run_dim;
+  std::int64_t rows = 1, outer = 1, inner = 1;
+  for (int d = 0; d < nr; ++d) rows *= v.sizes[d];
+  for (int d = nr; d < run_dim; ++d) outer *= v.sizes[d];
+  for (int d = run_dim; d < nd; ++d) inner *= v.sizes[d];
+  const std::int64_t inner_stride = nr < nd ? v.strides[nd - 1] : 0;
+  // Offsets of a row (dims [0, nr)) and of a run (dims [nr, run_dim)).
+  auto offset = [&v](std::int64_t i, int d0, int d1) {
+    std::int64_t off = 0;
+    for (int d = d1 - 1; d >= d0; --d) {
+      off += (i % v.sizes[d]) * v.strides[d];
+      i /= v.sizes[d];
+    }
+    return off;
+  };
+  auto result = [&](Acc sum) { return convert<T>(canonical_nan(sum * factor / divisor)); };
+  if (nr == 1 && v.strides[0] == 1 && rows > 1) {
+    // Rows adjacent in memory (a column sum): a block of rows at a time, each reduced element adding a
+    // contiguous run of the block's values to lane j % kLanes of each row.
+    constexpr std::int64_t kBlock = 64;
+    const std::int64_t blocks = (rows + kBlock - 1) / kBlock;
+    parallel_for(blocks, rows_grain(kBlock * outer * inner), [&](std::int64_t b0, std::int64_t b1) {
+      std::vector<Acc> lanes(static_cast<std::size_t>(kLanes * kBlock));
+      for (std::int64_t blk = b0; blk < b1; ++blk) {
+        const std::int64_t r0 = blk * kBlock, nrow = std::min(kBlock, rows - r0);
+        std::fill(lanes.begin(), lanes.end(), Acc(0));
+        std::int64_t lane = 0;
+        for (std::int64_t o = 0; o < outer; ++o) {
+          const T* run = in + r0 + offset(o, nr, run_dim);
+          for (std::int64_t i = 0; i < inner; ++i) {
+            const T* src = run + i * inner_stride;
+            Acc* dst = lanes.data() + lane * kBlock;
+            for (std::int64_t c = 0; c < nrow; ++c) dst[c] += convert<Acc>(src[c]);
+            lane = lane + 1 == kLanes ? 0 : lane + 1;
+          }
+        }
+        for (int width = kLanes / 2; width > 0; width /= 2) {
+          for (int k = 0; k < width; ++k) {
+            Acc* dst = lanes.data() + k * kBlock;
+            const Acc* src = lanes.data() + (k + width) * kBlock;
+            for (std::int64_t c = 0; c < nrow; ++c) dst[c] += src[c];
+          }
+        }
+        for (std::int64_t c = 0; c < nrow; ++c) out[r0 + c] = result(lanes[static_cast<std::size_t>(c)]);
+      }
+    });
+    return;
+  }
+  // A row at a time, its reduced elements in runs of `inner` (contiguous ones added 32 to a step).
+  parallel_for(rows, rows_grain(outer * inner), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      Acc lanes[kLanes] = {};
+      const T* row = in + offset(r, 0, nr);
+      int lane = 0;
+      for (std::int64_t o = 0; o < outer; ++o) {
+        const T* run = row + offset(o, nr, run_dim);
+        std::int64_t i = 0;
+        if (inner_stride == 1) {
+          // kLanes elements give every lane one term: lanes [lane, kLanes) the first ones, then [0, lane).
+          const int head = kLanes - lane;
+          for (; i + kLanes <= inner; i += kLanes) {
+            for (int k = 0; k < head; ++k) lanes[lane + k] += convert<Acc>(run[i + k]);
+            for (int k = 0; k < lane; ++k) lanes[k] += convert<Acc>(run[i + head + k]);
+          }
+        }
+        for (; i < inner; ++i) {
+          lanes[lane] += convert<Acc>(run[i * inner_stride]);
+          lane = lane + 1 == kLanes ? 0 : lane + 1;
+        }
+      }
+      for (int width = kLanes / 2; width > 0; width /= 2) {
+        for (int k = 0; k < width; ++k) lanes[k] += lanes[k + width];
+      }
+      out[r] = result(lanes[0]);
+    }
+  });
+}
+
 template <class T>
 void sum_rows_kernel(Backend&, const KernelArgs& a) {
   using Acc = acc_type<T>;
+  if (a.scalars[2] > 0) {
+    sum_strided_rows<T>(a, static_cast<int>(a.scalars[2]));
+    return;
+  }
   const T* in = a.in[0].ptr<T>();
   T* out = a.out.ptr<T>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
