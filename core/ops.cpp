@@ -445,6 +445,28 @@ static Tensor relu_impl(const Tensor& a) {
 static Tensor gelu_impl(const Tensor& a, GeluApproximation approximate) {
   const double mode = approximate == GeluApproximation::tanh ? 1.0 : 0.0;
   check_floating("gelu", a);
+  if (mode == 1.0 && a.device().is_cpu() && a.dtype() == DType::f32 && autograd::any_requires_grad({a})) {
+    // The CPU's f32 tanh form keeps each element's tanh for the backward pass, which then does not compute
+    // it again (in double, most of both loops: issue 37); one more f32 tensor the size of x is held until
+    // backward. The backward's arithmetic from the stored tanh is the functor's, the same bits
+    // (kernels/cpu/gelu_kernels.h); a gradient the fast loop cannot take goes through the functor.
+    Tensor t;
+    const Tensor x = a.contiguous();
+    Tensor out = untracked([&] {
+      Tensor y = Tensor::empty(a.shape(), {DType::f32, a.device()});
+      t = Tensor::empty(a.shape(), {DType::f32, a.device()});
+      run_kernel_general("gelu", Op::gelu, {y, t}, {x}, {mode});
+      return y;
+    });
+    return autograd::record("gelu", out, {a}, [sx = x.detach(), st = t, mode](const Tensor& g, const Needs&) {
+      if (g.dtype() != DType::f32 || g.shape() != sx.shape()) {
+        return Grads{backward_map("gelu", Op::gelu_backward, g, sx, {mode}).to(DType::f32)};
+      }
+      Tensor gx = Tensor::empty(g.shape(), {DType::f32, g.device()});
+      run_kernel_general("gelu", Op::gelu_backward, {gx}, {g.contiguous(), sx, st}, {mode});
+      return Grads{gx};
+    });
+  }
   Tensor out = untracked([&] { return unary_forward("gelu", Op::gelu, a, false, {mode}); });
   return record_unary("gelu", out, a, Op::gelu_backward, a, mode);
 }

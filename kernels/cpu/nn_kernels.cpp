@@ -134,6 +134,13 @@ void gelu_kernel(Backend& backend, const KernelArgs& a) {
     if (a.scalars[0] == 1 && a.in[0].is_contiguous()) {
       const float* x = a.in[0].ptr<float>();
       float* out = a.out.ptr<float>();
+      if (a.aux[0].data) {
+        // core/ops.cpp (gelu on the CPU, f32, tanh, for backward): aux[0], contiguous, takes each tanh.
+        float* t = a.aux[0].ptr<float>();
+        parallel_for(a.out.numel, kElementwiseGrain,
+                     [&](std::int64_t b, std::int64_t e) { gelu_tanh_save_f32(x + b, out + b, t + b, e - b); });
+        return;
+      }
       parallel_for(a.out.numel, kElementwiseGrain,
                    [&](std::int64_t b, std::int64_t e) { gelu_tanh_f32(x + b, out + b, e - b); });
       return;
@@ -149,6 +156,14 @@ void gelu_backward_kernel(Backend& backend, const KernelArgs& a) {
       const float* g = a.in[0].ptr<float>();
       const float* x = a.in[1].ptr<float>();
       float* out = a.out.ptr<float>();
+      if (a.num_inputs == 3 && a.in[2].data && a.in[2].is_contiguous()) {
+        // in[2]: the tanh the forward pass stored (gelu_kernel's aux[0]).
+        const float* t = a.in[2].ptr<float>();
+        parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+          gelu_tanh_backward_saved_f32(g + b, x + b, t + b, out + b, e - b);
+        });
+        return;
+      }
       parallel_for(a.out.numel, kElementwiseGrain,
                    [&](std::int64_t b, std::int64_t e) { gelu_tanh_backward_f32(g + b, x + b, out + b, e - b); });
       return;

@@ -8,7 +8,9 @@
 //   a middle dimension, a transposed mask, a strided input);
 // - sums over dims whose rows are not contiguous, read in place (kernels/cpu/nn_kernels.cpp,
 //   sum_strided_rows: a convolution's bias gradient, column sums) against the same sums of the
-//   permuted copy's contiguous rows, which the backend summed before.
+//   permuted copy's contiguous rows, which the backend summed before;
+// - gelu's tanh form on f32, whose forward stores each tanh for its backward (core/ops.cpp), against
+//   GeluFn and GeluBackwardFn element by element, through autograd, on a contiguous and a transposed input.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +23,7 @@
 #include "core/convert.h"
 #include "core/ops.h"
 #include "core/tensor.h"
+#include "kernels/functors.h"
 #include "kernels/row_functors.h"
 
 namespace ampscope {
@@ -209,6 +212,29 @@ TEST(cpu_fast_paths, sums_over_strided_rows_give_the_bits_of_the_contiguous_copy
     // A view that is neither (the reduced dim strided, two kept dims): as_rows' copy, the same sums.
     const Tensor t = wide_values({30, 20, 10}, dtype, 5, false).permute({2, 0, 1});  // [10, 30, 20]
     EXPECT_EQ(bytes_of(sum(t, {1})), bytes_of(sum(t.permute({0, 2, 1}).contiguous(), {2}))) << dtype_name(dtype);
+  }
+}
+
+TEST(cpu_fast_paths, gelu_tanh_backward_from_the_stored_tanh_gives_the_functors_bits) {
+  const double mode = 1;
+  const GeluFn fwd(&mode);
+  const GeluBackwardFn bwd(&mode);
+  for (const bool transposed : {false, true}) {
+    // 37 x 1031 values over GELU's range, with NaN and infinities; transposed: a strided view of them.
+    Tensor x = wide_values({37, 1031}, DType::f32, 77, true);
+    if (transposed) x = x.transpose(0, 1);
+    x.requires_grad_();
+    const Tensor g = wide_values(x.shape(), DType::f32, 78, false);
+    const Tensor y = gelu(x, GeluApproximation::tanh);
+    y.backward(g);
+    ASSERT_TRUE(x.grad().defined());
+    const std::vector<double> xv = x.values(), gv = g.values(), yv = y.values(), dv = x.grad().values();
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      const float xf = static_cast<float>(xv[i]), gf = static_cast<float>(gv[i]);
+      ASSERT_EQ(bits_of(static_cast<float>(yv[i])), bits_of(fwd(xf))) << "forward at " << i << ", x = " << xf;
+      ASSERT_EQ(bits_of(static_cast<float>(dv[i])), bits_of(bwd(gf, xf)))
+          << "backward at " << i << ", x = " << xf << ", g = " << gf << (transposed ? " (transposed)" : "");
+    }
   }
 }
 
