@@ -1103,9 +1103,11 @@ static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& b
 // the clearing were 10.6% of the CNN's step at 1 thread, 6.4% in steps of 2 images (issue 37). Every
 // image's product is the same sgemm call at any chunk size and col2im sums each input element from its
 // own image's columns, so the chunk does not change a bit, nor depend on the thread count. An even number
-// of images, at least 2 (gemm_kernel's per-batch path; one image a thread at 2 threads), about
-// kInputGradChunkBytes of columns (the two cores' L2 here).
-inline constexpr std::int64_t kInputGradChunkBytes = std::int64_t{1} << 21;
+// of images, at least 2 (gemm_kernel's per-batch path; as many images for each of 2 threads), about
+// kInputGradChunkBytes of columns: 4 images of the sample CNN's conv2 (2.7 MB, in the L3 cache here; 2
+// and 8 images cost the same CPU time at 1 and 2 threads, and each chunk is two forks and joins of the
+// pool, so not fewer images).
+inline constexpr std::int64_t kInputGradChunkBytes = std::int64_t{3} << 20;
 static std::int64_t input_grad_chunk(std::int64_t images, std::int64_t image_bytes, const Device& device) {
   if (!device.is_cpu()) return images;  // one launch each on the GPU
   return 2 * std::max<std::int64_t>(1, kInputGradChunkBytes / std::max<std::int64_t>(2 * image_bytes, 1));

@@ -194,13 +194,14 @@ TEST(cpu_backend_test, conv2d_weight_gradient_in_column_blocks_is_the_f64_sum_ov
 
 // A convolution's input gradient runs on the CPU a few images at a time (column gradient, then col2im:
 // core/ops.cpp, input_grad_chunk): these shapes have 8 x 3 x 3 x 48 x 48 column entries an image (663 KB in
-// f32, 1.3 MB in f64), so the batch of 5 runs as images [0, 2) and [2, 5). Every element of dx, in every
+// f32, 1.3 MB in f64), so the batch of 9 runs as images [0, 4) and [4, 9) in f32, [0, 2), [2, 4), [4, 6)
+// and [6, 9) in f64. Every element of dx, in every
 // image, must be its f64 sum of products within the float (double) error bound of the product's O terms and
 // col2im's 9, with padding 1 at the borders; an image the chunks skip, or one read from another image's
 // columns, is far outside it.
 TEST(cpu_backend_test, conv2d_input_gradient_in_chunks_of_images_is_the_f64_sum) {
   for (const DType dtype : {DType::f32, DType::f64}) {
-    const std::int64_t n = 5, c = 8, o = 4, h = 48, k = 3;  // padding 1: the output is h x h too
+    const std::int64_t n = 9, c = 8, o = 4, h = 48, k = 3;  // padding 1: the output is h x h too
     Generator gen(23);
     Tensor x = randn({n, c, h, h}, gen).to(dtype);
     x.requires_grad_();
