@@ -184,6 +184,31 @@ Shape reduced_shape(const Shape& shape, const std::vector<std::int64_t>& dims, b
 }
 
 // Moves `dims` last and views the tensor as [rows, cols], cols = the product of those dimensions.
+// The permutation as_rows applies: the kept dims in order, then the reduced ones in `dims`' order.
+Shape rows_first(const Tensor& a, const std::vector<std::int64_t>& dims) {
+  Shape perm;
+  for (std::int64_t d = 0; d < a.dim(); ++d) {
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) perm.push_back(d);
+  }
+  for (std::int64_t d : dims) perm.push_back(d);
+  return perm;
+}
+
+// On the CPU, a reduction whose rows as_rows would have to copy (the permuted view is not contiguous)
+// but whose view sum_rows reads fast in place: the reduced elements' last dim dense (a convolution's
+// bias gradient: sum of [N, C, H, W] over N, H, W), or one kept dim, dense (a linear layer's bias
+// gradient: the column sums of [rows, out]). Returns the number of kept dims, 0 for as_rows' copy.
+std::int64_t strided_row_dims(const Tensor& a, const std::vector<std::int64_t>& dims) {
+  if (!a.device().is_cpu() || dims.empty() || a.numel() == 0) return 0;
+  const std::int64_t kept = a.dim() - static_cast<std::int64_t>(dims.size());
+  if (kept < 1) return 0;
+  const Tensor p = a.permute(rows_first(a, dims));
+  if (p.is_contiguous()) return 0;
+  const bool dense_runs = p.strides().back() == 1;
+  const bool dense_rows = kept == 1 && p.strides()[0] == 1;
+  return dense_runs || dense_rows ? kept : 0;
+}
+
 Tensor as_rows(const Tensor& a, const std::vector<std::int64_t>& dims) {
   Shape perm;
   std::int64_t cols = 1;
@@ -217,7 +242,16 @@ Tensor from_rows(const Tensor& r, const Shape& shape, const std::vector<std::int
 // Sum over dims with out = sum * factor / divisor, computed in out_dtype's accumulation type.
 Tensor reduce_rows(std::string_view op, const Tensor& a, const std::vector<std::int64_t>& dims, bool keepdim,
                    DType out_dtype, double factor, double divisor) {
-  const Tensor rows = as_rows(a.to(out_dtype), dims);
+  const Tensor src = a.to(out_dtype);
+  if (const std::int64_t row_dims = strided_row_dims(src, dims); row_dims > 0) {
+    // The CPU sums the permuted view where it lies (sum_rows' scalar 2: how many leading dims index the
+    // rows); same additions, same bits, no copy (kernels/cpu/nn_kernels.cpp, sum_strided_rows).
+    Tensor out = Tensor::empty({numel_of(reduced_shape(a.shape(), dims, false))}, {out_dtype, a.device()});
+    run_kernel_general(op, Op::sum_rows, {out}, {src.permute(rows_first(src, dims))},
+                       {factor, divisor, static_cast<double>(row_dims)});
+    return out.reshape(reduced_shape(a.shape(), dims, keepdim));
+  }
+  const Tensor rows = as_rows(src, dims);
   Tensor out = Tensor::empty({rows.size(0)}, {out_dtype, a.device()});
   run_kernel_general(op, Op::sum_rows, {out}, {rows}, {factor, divisor});
   return out.reshape(reduced_shape(a.shape(), dims, keepdim));
@@ -411,6 +445,28 @@ static Tensor relu_impl(const Tensor& a) {
 static Tensor gelu_impl(const Tensor& a, GeluApproximation approximate) {
   const double mode = approximate == GeluApproximation::tanh ? 1.0 : 0.0;
   check_floating("gelu", a);
+  if (mode == 1.0 && a.device().is_cpu() && a.dtype() == DType::f32 && autograd::any_requires_grad({a})) {
+    // The CPU's f32 tanh form keeps each element's tanh for the backward pass, which then does not compute
+    // it again (in double, most of both loops: issue 37); one more f32 tensor the size of x is held until
+    // backward. The backward's arithmetic from the stored tanh is the functor's, the same bits
+    // (kernels/cpu/gelu_kernels.h); a gradient the fast loop cannot take goes through the functor.
+    Tensor t;
+    const Tensor x = a.contiguous();
+    Tensor out = untracked([&] {
+      Tensor y = Tensor::empty(a.shape(), {DType::f32, a.device()});
+      t = Tensor::empty(a.shape(), {DType::f32, a.device()});
+      run_kernel_general("gelu", Op::gelu, {y, t}, {x}, {mode});
+      return y;
+    });
+    return autograd::record("gelu", out, {a}, [sx = x.detach(), st = t, mode](const Tensor& g, const Needs&) {
+      if (g.dtype() != DType::f32 || g.shape() != sx.shape()) {
+        return Grads{backward_map("gelu", Op::gelu_backward, g, sx, {mode}).to(DType::f32)};
+      }
+      Tensor gx = Tensor::empty(g.shape(), {DType::f32, g.device()});
+      run_kernel_general("gelu", Op::gelu_backward, {gx}, {g.contiguous(), sx, st}, {mode});
+      return Grads{gx};
+    });
+  }
   Tensor out = untracked([&] { return unary_forward("gelu", Op::gelu, a, false, {mode}); });
   return record_unary("gelu", out, a, Op::gelu_backward, a, mode);
 }
@@ -1040,6 +1096,23 @@ static Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& b
 
 // ---- convolution and pooling ----
 
+// Images per step of a convolution's input gradient (column gradient, then col2im). On the CPU the
+// column gradients ([C*KH*KW, OH*OW] an image, in the accumulation type) of a few images at a time stay in
+// cache until col2im reads them; the whole batch's at once (the sample CNN's conv2: 42 MB) went out to
+// memory after OpenBLAS had cleared them, and came back for the product and again for col2im: col2im and
+// the clearing were 10.6% of the CNN's step at 1 thread, 6.4% in steps of 2 images (issue 37). Every
+// image's product is the same sgemm call at any chunk size and col2im sums each input element from its
+// own image's columns, so the chunk does not change a bit, nor depend on the thread count. An even number
+// of images, at least 2 (gemm_kernel's per-batch path; as many images for each of 2 threads), about
+// kInputGradChunkBytes of columns: 4 images of the sample CNN's conv2 (2.7 MB, in the L3 cache here; 2
+// and 8 images cost the same CPU time at 1 and 2 threads, and each chunk is two forks and joins of the
+// pool, so not fewer images).
+inline constexpr std::int64_t kInputGradChunkBytes = std::int64_t{3} << 20;
+static std::int64_t input_grad_chunk(std::int64_t images, std::int64_t image_bytes, const Device& device) {
+  if (!device.is_cpu()) return images;  // one launch each on the GPU
+  return 2 * std::max<std::int64_t>(1, kInputGradChunkBytes / std::max<std::int64_t>(2 * image_bytes, 1));
+}
+
 static Tensor conv2d_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions o) {
   if (x.dim() != 4 || weight.dim() != 4) {
     throw ShapeError(fmt::format("{}: expected input [N, C, H, W] and weight [O, C, KH, KW], got {} and {}",
@@ -1093,10 +1166,19 @@ static Tensor conv2d_impl(const Tensor& x, const Tensor& weight, const Tensor& b
         if (n[0]) {
           // The column gradient stays in the accumulation type until col2im has summed it.
           const DType acc = acc_dtype(sw.dtype());
-          const Tensor wt = sw.reshape({1, O, CKK}).transpose(1, 2).expand({N, CKK, O});
-          const Tensor dcols = gemm("conv2d", wt, g3, acc);
           Tensor dx = Tensor::empty(x_shape, {acc, g.device()});
-          run_kernel_general("conv2d", Op::col2im, {dx}, {dcols}, {win[0], win[1], win[2], win[3], win[4], win[5]});
+          const std::int64_t chunk = input_grad_chunk(N, CKK * L * static_cast<std::int64_t>(dtype_size(acc)), g.device());
+          untracked([&] {
+            for (std::int64_t i0 = 0; i0 < N; i0 += chunk) {
+              const std::int64_t i1 = N - i0 < 2 * chunk ? N : i0 + chunk;  // no last chunk of fewer images
+              const Tensor wt = sw.reshape({1, O, CKK}).transpose(1, 2).expand({i1 - i0, CKK, O});
+              const Tensor dcols = gemm("conv2d", wt, g3.slice(0, i0, i1), acc);
+              run_kernel_general("conv2d", Op::col2im, {dx.slice(0, i0, i1)}, {dcols},
+                                 {win[0], win[1], win[2], win[3], win[4], win[5]});
+              if (i1 == N) break;
+            }
+            return 0;
+          });
           gx = dx.to(sw.dtype());
         }
         if (n[1]) {

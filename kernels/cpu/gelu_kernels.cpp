@@ -21,7 +21,54 @@ __attribute__((always_inline)) inline void backward_loop(const float* g, const f
   for (std::int64_t i = 0; i < n; ++i) out[i] = fn(g[i], x[i]);
 }
 
+// The forward pass that also stores each element's tanh, and the backward pass that reads it back instead
+// of computing it again (issue 37: the tanh, in double, was most of both loops). The arithmetic is
+// GeluFn's and GeluBackwardFn's (kernels/functors.h) written out with the same operations in the same
+// order, so the stored tanh is the one the backward functor computes from x and every result keeps its
+// bits (tests/kernels/tanh_f32_test.cpp compares them with the functors on every path).
+// The functors' constants as they write them: the double literals rounded to float.
+constexpr float kGeluBeta = static_cast<float>(0.79788456080286535588), kGeluKappa = static_cast<float>(0.044715);
+__attribute__((always_inline)) inline void forward_save_loop(const float* x, float* out, float* t, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float x_cube = v * v * v;
+    const float th = gelu_tanh(kGeluBeta * (v + kGeluKappa * x_cube));
+    t[i] = th;
+    out[i] = canonical_nan(0.5f * v * (1.0f + th));
+  }
+}
+__attribute__((always_inline)) inline void backward_saved_loop(const float* g, const float* x, const float* t, float* out,
+                                                               std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = x[i], th = t[i];
+    const float x_sq = v * v;
+    const float left = 0.5f * v;
+    const float right = 1.0f + th;
+    const float left_derivative = 0.5f * right;
+    const float tanh_derivative = 1.0f - th * th;
+    const float inner_derivative = kGeluBeta * (1.0f + 3.0f * kGeluKappa * x_sq);
+    const float right_derivative = left * tanh_derivative * inner_derivative;
+    out[i] = canonical_nan(g[i] * (left_derivative + right_derivative));
+  }
+}
+
 #if defined(__x86_64__)
+__attribute__((target("avx2"))) void forward_save_avx2(const float* x, float* out, float* t, std::int64_t n) {
+  forward_save_loop(x, out, t, n);
+}
+__attribute__((target("avx2"))) void backward_saved_avx2(const float* g, const float* x, const float* t, float* out,
+                                                         std::int64_t n) {
+  backward_saved_loop(g, x, t, out, n);
+}
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2"))) void forward_save_avx512(const float* x, float* out, float* t,
+                                                                                       std::int64_t n) {
+  forward_save_loop(x, out, t, n);
+}
+__attribute__((target("avx512f,avx512dq,avx512vl,avx2"))) void backward_saved_avx512(const float* g, const float* x,
+                                                                                         const float* t, float* out,
+                                                                                         std::int64_t n) {
+  backward_saved_loop(g, x, t, out, n);
+}
 __attribute__((target("avx2"))) void forward_avx2(const float* x, float* out, std::int64_t n) { forward_loop(x, out, n); }
 __attribute__((target("avx2"))) void backward_avx2(const float* g, const float* x, float* out, std::int64_t n) {
   backward_loop(g, x, out, n);
@@ -93,6 +140,33 @@ void gelu_tanh_backward_f32_on(GeluPath path, const float* g, const float* x, fl
   if (path == GeluPath::avx2) return backward_avx2(g, x, out, n);
 #endif
   backward_loop(g, x, out, n);
+}
+
+void gelu_tanh_save_f32_on(GeluPath path, const float* x, float* out, float* t, std::int64_t n) {
+#if defined(__x86_64__)
+  if (path == GeluPath::avx512) return forward_save_avx512(x, out, t, n);
+  if (path == GeluPath::avx2) return forward_save_avx2(x, out, t, n);
+#endif
+  forward_save_loop(x, out, t, n);
+}
+
+void gelu_tanh_backward_saved_f32_on(GeluPath path, const float* g, const float* x, const float* t, float* out,
+                                     std::int64_t n) {
+#if defined(__x86_64__)
+  if (path == GeluPath::avx512) return backward_saved_avx512(g, x, t, out, n);
+  if (path == GeluPath::avx2) return backward_saved_avx2(g, x, t, out, n);
+#endif
+  backward_saved_loop(g, x, t, out, n);
+}
+
+void gelu_tanh_save_f32(const float* x, float* out, float* t, std::int64_t n) {
+  static const GeluPath path = widest_path();
+  gelu_tanh_save_f32_on(path, x, out, t, n);
+}
+
+void gelu_tanh_backward_saved_f32(const float* g, const float* x, const float* t, float* out, std::int64_t n) {
+  static const GeluPath path = widest_path();
+  gelu_tanh_backward_saved_f32_on(path, g, x, t, out, n);
 }
 
 void gelu_tanh_f32(const float* x, float* out, std::int64_t n) {

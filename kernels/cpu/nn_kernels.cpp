@@ -134,6 +134,13 @@ void gelu_kernel(Backend& backend, const KernelArgs& a) {
     if (a.scalars[0] == 1 && a.in[0].is_contiguous()) {
       const float* x = a.in[0].ptr<float>();
       float* out = a.out.ptr<float>();
+      if (a.aux[0].data) {
+        // core/ops.cpp (gelu on the CPU, f32, tanh, for backward): aux[0], contiguous, takes each tanh.
+        float* t = a.aux[0].ptr<float>();
+        parallel_for(a.out.numel, kElementwiseGrain,
+                     [&](std::int64_t b, std::int64_t e) { gelu_tanh_save_f32(x + b, out + b, t + b, e - b); });
+        return;
+      }
       parallel_for(a.out.numel, kElementwiseGrain,
                    [&](std::int64_t b, std::int64_t e) { gelu_tanh_f32(x + b, out + b, e - b); });
       return;
@@ -149,6 +156,14 @@ void gelu_backward_kernel(Backend& backend, const KernelArgs& a) {
       const float* g = a.in[0].ptr<float>();
       const float* x = a.in[1].ptr<float>();
       float* out = a.out.ptr<float>();
+      if (a.num_inputs == 3 && a.in[2].data && a.in[2].is_contiguous()) {
+        // in[2]: the tanh the forward pass stored (gelu_kernel's aux[0]).
+        const float* t = a.in[2].ptr<float>();
+        parallel_for(a.out.numel, kElementwiseGrain, [&](std::int64_t b, std::int64_t e) {
+          gelu_tanh_backward_saved_f32(g + b, x + b, t + b, out + b, e - b);
+        });
+        return;
+      }
       parallel_for(a.out.numel, kElementwiseGrain,
                    [&](std::int64_t b, std::int64_t e) { gelu_tanh_backward_f32(g + b, x + b, out + b, e - b); });
       return;
@@ -159,9 +174,110 @@ void gelu_backward_kernel(Backend& backend, const KernelArgs& a) {
 
 // ---- rows ----
 
+// sum_rows of a strided view (core/ops.cpp, reduce_rows on the CPU): in[0]'s first `nr` dims index the
+// rows, the rest the reduced elements, in row-major order, at any strides: the permuted views as_rows would
+// have copied to make rows contiguous (a convolution's bias gradient, sum over N, H, W of [N, C, H, W];
+// a linear layer's, sum over the rows of [rows, out]: 2-2.5% of the sample CNN's and MLP's steps went
+// to that copy). Each row is summed exactly as lane_tree_sum sums it (element j of the row into lane
+// j % kReduceLanes, each lane in increasing j from zero, then the lanes folded in halves), so the bits are
+// sum_row's on the copy: tests/kernels/cpu_fast_paths_test.cpp compares them on both layouts.
+template <class T>
+void sum_strided_rows(const KernelArgs& a, int nr) {
+  using Acc = acc_type<T>;
+  constexpr int kLanes = kReduceLanes;
+  const TensorView& v = a.in[0];
+  const T* in = v.ptr<T>();
+  T* out = a.out.ptr<T>();
+  const Acc factor = static_cast<Acc>(a.scalars[0]), divisor = static_cast<Acc>(a.scalars[1]);
+  const int nd = v.ndim;
+  // The reduced elements in runs: the trailing reduced dims that form one evenly strided run (H and W of
+  // a convolution's gradient), and the outer reduced dims [nr, run_dim) that place the runs.
+  int run_dim = std::max(nr, nd - 1);
+  while (run_dim > nr && run_dim < nd && v.strides[run_dim - 1] == v.sizes[run_dim] * v.strides[run_dim]) --run_dim;
+  std::int64_t rows = 1, outer = 1, inner = 1;
+  for (int d = 0; d < nr; ++d) rows *= v.sizes[d];
+  for (int d = nr; d < run_dim; ++d) outer *= v.sizes[d];
+  for (int d = run_dim; d < nd; ++d) inner *= v.sizes[d];
+  const std::int64_t inner_stride = nr < nd ? v.strides[nd - 1] : 0;
+  // Offsets of a row (dims [0, nr)) and of a run (dims [nr, run_dim)).
+  auto offset = [&v](std::int64_t i, int d0, int d1) {
+    std::int64_t off = 0;
+    for (int d = d1 - 1; d >= d0; --d) {
+      off += (i % v.sizes[d]) * v.strides[d];
+      i /= v.sizes[d];
+    }
+    return off;
+  };
+  auto result = [&](Acc sum) { return convert<T>(canonical_nan(sum * factor / divisor)); };
+  if (nr == 1 && v.strides[0] == 1 && rows > 1) {
+    // Rows adjacent in memory (a column sum): a block of rows at a time, each reduced element adding a
+    // contiguous run of the block's values to lane j % kLanes of each row.
+    constexpr std::int64_t kBlock = 64;
+    const std::int64_t blocks = (rows + kBlock - 1) / kBlock;
+    parallel_for(blocks, rows_grain(kBlock * outer * inner), [&](std::int64_t b0, std::int64_t b1) {
+      std::vector<Acc> lanes(static_cast<std::size_t>(kLanes * kBlock));
+      for (std::int64_t blk = b0; blk < b1; ++blk) {
+        const std::int64_t r0 = blk * kBlock, nrow = std::min(kBlock, rows - r0);
+        std::fill(lanes.begin(), lanes.end(), Acc(0));
+        std::int64_t lane = 0;
+        for (std::int64_t o = 0; o < outer; ++o) {
+          const T* run = in + r0 + offset(o, nr, run_dim);
+          for (std::int64_t i = 0; i < inner; ++i) {
+            const T* src = run + i * inner_stride;
+            Acc* dst = lanes.data() + lane * kBlock;
+            for (std::int64_t c = 0; c < nrow; ++c) dst[c] += convert<Acc>(src[c]);
+            lane = lane + 1 == kLanes ? 0 : lane + 1;
+          }
+        }
+        for (int width = kLanes / 2; width > 0; width /= 2) {
+          for (int k = 0; k < width; ++k) {
+            Acc* dst = lanes.data() + k * kBlock;
+            const Acc* src = lanes.data() + (k + width) * kBlock;
+            for (std::int64_t c = 0; c < nrow; ++c) dst[c] += src[c];
+          }
+        }
+        for (std::int64_t c = 0; c < nrow; ++c) out[r0 + c] = result(lanes[static_cast<std::size_t>(c)]);
+      }
+    });
+    return;
+  }
+  // A row at a time, its reduced elements in runs of `inner` (contiguous ones added 32 to a step).
+  parallel_for(rows, rows_grain(outer * inner), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      Acc lanes[kLanes] = {};
+      const T* row = in + offset(r, 0, nr);
+      int lane = 0;
+      for (std::int64_t o = 0; o < outer; ++o) {
+        const T* run = row + offset(o, nr, run_dim);
+        std::int64_t i = 0;
+        if (inner_stride == 1) {
+          // kLanes elements give every lane one term: lanes [lane, kLanes) the first ones, then [0, lane).
+          const int head = kLanes - lane;
+          for (; i + kLanes <= inner; i += kLanes) {
+            for (int k = 0; k < head; ++k) lanes[lane + k] += convert<Acc>(run[i + k]);
+            for (int k = 0; k < lane; ++k) lanes[k] += convert<Acc>(run[i + head + k]);
+          }
+        }
+        for (; i < inner; ++i) {
+          lanes[lane] += convert<Acc>(run[i * inner_stride]);
+          lane = lane + 1 == kLanes ? 0 : lane + 1;
+        }
+      }
+      for (int width = kLanes / 2; width > 0; width /= 2) {
+        for (int k = 0; k < width; ++k) lanes[k] += lanes[k + width];
+      }
+      out[r] = result(lanes[0]);
+    }
+  });
+}
+
 template <class T>
 void sum_rows_kernel(Backend&, const KernelArgs& a) {
   using Acc = acc_type<T>;
+  if (a.scalars[2] > 0) {
+    sum_strided_rows<T>(a, static_cast<int>(a.scalars[2]));
+    return;
+  }
   const T* in = a.in[0].ptr<T>();
   T* out = a.out.ptr<T>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
@@ -515,11 +631,24 @@ inline constexpr std::int64_t kColumnBlocks = 4, kMinBlockColumns = 64;
 std::int64_t columns_per_task(std::int64_t m, std::int64_t k) {
   return std::max(kMinBlockColumns, (std::int64_t{1} << 20) / std::max<std::int64_t>(m * k, 1));
 }
+//
+// The blocks a thread runs back to back are one call by for_row_blocks' rule (column_macs: multiply-adds a
+// column, m * k; 0 never merges): each call also packs the whole of A (an image's output gradient, 64 x 576
+// for conv2), 4 times an image at 1 thread before. A column of C is a row of OpenBLAS's column-major C^T, and
+// in the packed path its elements' sums do not depend on how many columns the call holds: 3,000 random shapes
+// (m 8-307, n 64-963, k 1-1200, both transposes, beta 0 and 1), block by block against one call and against
+// two calls, no bit differed (tests/kernels/cpu_gemm_blocks_test.cpp checks the sample CNN's shapes). With
+// these grains every block of a split is above the size anyway; the check keeps the rule if they change.
 template <class Fn>
-void for_column_blocks(std::int64_t n, std::int64_t grain, const Fn& cols) {
+void for_column_blocks(std::int64_t n, std::int64_t grain, std::int64_t column_macs, const Fn& cols) {
   if (n <= 0) return;
   const std::int64_t blocks = std::clamp<std::int64_t>(n / std::max<std::int64_t>(grain, 1), 1, kColumnBlocks);
+  const bool merge = column_macs > 0 && (n / blocks) * column_macs > kPackedPathMacs;
   parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+    if (merge) {
+      cols(n * b0 / blocks, n * b1 / blocks);
+      return;
+    }
     for (std::int64_t b = b0; b < b1; ++b) cols(n * b / blocks, n * (b + 1) / blocks);
   });
 }
@@ -601,7 +730,28 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
     std::vector<Acc> acc(static_cast<std::size_t>(m * n), Acc(0));
     std::vector<Acc> pa, pb;
     const std::int64_t in_batches = A.sizes[0];
-    for (std::int64_t b = 0; b < in_batches && k > 0; ++b) {
+    // Only sgemm's calls merge, as in for_row_blocks.
+    const std::int64_t column_macs = std::is_same_v<Acc, float> ? m * k : 0;
+    BlasOperand oa0, ob0;
+    const bool in_place = in_batches > 0 && k > 0 && direct_operand<Acc>(A, 0, oa0) && direct_operand<Acc>(B, 0, ob0);
+    if (in_place) {
+      // Every batch's operands read in place (strides are the same for every batch): each thread takes its
+      // column blocks through all the batches, one fork and join a product instead of one a batch (64 a
+      // step for the sample CNN's conv2, each a wake-up of the other thread: issue 37). Each block gets
+      // the same calls in the same order as batch by batch, so the same bits.
+      for_column_blocks(n, columns_per_task(m, k), column_macs, [&](std::int64_t c0, std::int64_t c1) {
+        for (std::int64_t b = 0; b < in_batches; ++b) {
+          BlasOperand oa, ob;
+          direct_operand<Acc>(A, b, oa);
+          direct_operand<Acc>(B, b, ob);
+          const Acc* b_cols = static_cast<const Acc*>(ob.data) + (ob.trans == CblasNoTrans ? c0 : c0 * ob.ld);
+          blas_gemm<Acc>(oa.trans, ob.trans, static_cast<int>(m), static_cast<int>(c1 - c0), static_cast<int>(k),
+                         static_cast<const Acc*>(oa.data), oa.ld, b_cols, ob.ld, acc.data() + c0, static_cast<int>(n),
+                         b == 0 ? Acc(0) : Acc(1));
+        }
+      });
+    }
+    for (std::int64_t b = 0; b < in_batches && k > 0 && !in_place; ++b) {
       BlasOperand oa, ob;
       if (!direct_operand<Acc>(A, b, oa)) {
         pa.resize(static_cast<std::size_t>(m * k));
@@ -613,7 +763,7 @@ void gemm_kernel(Backend&, const KernelArgs& a) {
         pack_matrix(B, b, pb.data());
         ob = {pb.data(), CblasNoTrans, static_cast<int>(n)};
       }
-      for_column_blocks(n, columns_per_task(m, k), [&](std::int64_t c0, std::int64_t c1) {
+      for_column_blocks(n, columns_per_task(m, k), column_macs, [&](std::int64_t c0, std::int64_t c1) {
         // Column c of B starts at c when stored row-major (NoTrans), at c * ld when transposed.
         const Acc* b_cols = static_cast<const Acc*>(ob.data) + (ob.trans == CblasNoTrans ? c0 : c0 * ob.ld);
         blas_gemm<Acc>(oa.trans, ob.trans, static_cast<int>(m), static_cast<int>(c1 - c0), static_cast<int>(k),

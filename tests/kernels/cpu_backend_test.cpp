@@ -192,6 +192,57 @@ TEST(cpu_backend_test, conv2d_weight_gradient_in_column_blocks_is_the_f64_sum_ov
   }
 }
 
+// A convolution's input gradient runs on the CPU a few images at a time (column gradient, then col2im:
+// core/ops.cpp, input_grad_chunk): these shapes have 8 x 3 x 3 x 48 x 48 column entries an image (663 KB in
+// f32, 1.3 MB in f64), so the batch of 9 runs as images [0, 4) and [4, 9) in f32, [0, 2), [2, 4), [4, 6)
+// and [6, 9) in f64. Every element of dx, in every
+// image, must be its f64 sum of products within the float (double) error bound of the product's O terms and
+// col2im's 9, with padding 1 at the borders; an image the chunks skip, or one read from another image's
+// columns, is far outside it.
+TEST(cpu_backend_test, conv2d_input_gradient_in_chunks_of_images_is_the_f64_sum) {
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    const std::int64_t n = 9, c = 8, o = 4, h = 48, k = 3;  // padding 1: the output is h x h too
+    Generator gen(23);
+    Tensor x = randn({n, c, h, h}, gen).to(dtype);
+    x.requires_grad_();
+    const Tensor w = randn({o, c, k, k}, gen).to(dtype);
+    const Tensor g = randn({n, o, h, h}, gen).to(dtype);
+    Conv2dOptions opt;
+    opt.padding_h = opt.padding_w = 1;
+    conv2d(x, w, Tensor(), opt).backward(g);
+    ASSERT_TRUE(x.grad().defined());
+    const std::vector<double> wv = w.values(), gv = g.values(), got = x.grad().values();
+    const double unit = dtype == DType::f64 ? 0x1p-53 : 0x1p-24;
+    const double terms = static_cast<double>(o + k * k);
+    std::int64_t checked = 0;
+    for (std::int64_t b = 0; b < n; ++b) {
+      for (std::int64_t ci = 0; ci < c; ++ci) {
+        for (std::int64_t y = 0; y < h; ++y) {
+          for (std::int64_t xx = 0; xx < h; ++xx) {
+            double ref = 0, mag = 0;
+            for (std::int64_t oi = 0; oi < o; ++oi) {
+              for (std::int64_t ki = 0; ki < k; ++ki) {
+                for (std::int64_t kj = 0; kj < k; ++kj) {
+                  const std::int64_t oy = y + 1 - ki, ox = xx + 1 - kj;  // output position reading x[y][xx]
+                  if (oy < 0 || oy >= h || ox < 0 || ox >= h) continue;
+                  const double t = gv[((b * o + oi) * h + oy) * h + ox] * wv[((oi * c + ci) * k + ki) * k + kj];
+                  ref += t;
+                  mag += std::fabs(t);
+                }
+              }
+            }
+            const std::int64_t at = ((b * c + ci) * h + y) * h + xx;
+            const double bound = terms * unit / (1 - terms * unit) * mag + unit * std::fabs(ref);
+            ASSERT_NEAR(got[at], ref, bound) << dtype_name(dtype) << " image " << b << " element " << at;
+            ++checked;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(checked, n * c * h * h);
+  }
+}
+
 TEST(cpu_backend_test, binary_op_reads_broadcast_inputs_through_zero_strides) {
   // [3, 1] + [1, 4] with both inputs transposed views: out[i][j] = x[i] + 10 * y[j].
   const Tensor x = from_values({1, 2, 3}, {1, 3}).transpose(0, 1);          // [3, 1]

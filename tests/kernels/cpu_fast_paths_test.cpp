@@ -5,7 +5,12 @@
 //   enough rows that the pool splits them;
 // - masked_fill with a mask repeating one dense block (a causal mask broadcast over batch and heads)
 //   against plain index arithmetic, and the masks that must take the general path (a mask broadcast in
-//   a middle dimension, a transposed mask, a strided input).
+//   a middle dimension, a transposed mask, a strided input);
+// - sums over dims whose rows are not contiguous, read in place (kernels/cpu/nn_kernels.cpp,
+//   sum_strided_rows: a convolution's bias gradient, column sums) against the same sums of the
+//   permuted copy's contiguous rows, which the backend summed before;
+// - gelu's tanh form on f32, whose forward stores each tanh for its backward (core/ops.cpp), against
+//   GeluFn and GeluBackwardFn element by element, through autograd, on a contiguous and a transposed input.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +23,7 @@
 #include "core/convert.h"
 #include "core/ops.h"
 #include "core/tensor.h"
+#include "kernels/functors.h"
 #include "kernels/row_functors.h"
 
 namespace ampscope {
@@ -156,6 +162,79 @@ TEST(cpu_fast_paths, masked_fill_with_a_broadcast_mask_matches_index_arithmetic)
     const Tensor mt = causal_mask.transpose(0, 1);
     ASSERT_FALSE(mt.is_contiguous());
     check_masked_fill(x, mt, dn + " transposed mask");
+  }
+}
+
+// Values whose sums round differently in another order: many magnitudes, both signs, a NaN and an inf
+// in some of them (planted where `specials`).
+Tensor wide_values(const Shape& shape, DType dtype, std::uint64_t seed, bool specials) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  std::vector<double> v(static_cast<std::size_t>(n));
+  std::uint64_t state = seed;
+  for (auto& x : v) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    x = (static_cast<double>(state >> 11) / 9007199254740992.0 - 0.5) * std::ldexp(1.0, static_cast<int>(state % 13));
+  }
+  if (specials && n > 1000) {
+    v[37] = std::numeric_limits<double>::quiet_NaN();
+    v[n - 500] = kInf;
+  }
+  return from_values(v, shape).to(dtype);
+}
+
+std::vector<unsigned char> bytes_of(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.data());
+  return std::vector<unsigned char>(p, p + c.numel() * static_cast<std::int64_t>(dtype_size(c.dtype())));
+}
+
+TEST(cpu_fast_paths, sums_over_strided_rows_give_the_bits_of_the_contiguous_copy) {
+  for (const DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    // A convolution's bias gradient: sum over N, H, W of [N, C, H, W], rows of H * W elements (676 and
+    // 576, and 5 x 7 = 35: runs that start at every lane), enough channels that the pool splits them.
+    for (const Shape& shape : {Shape{64, 32, 26, 26}, Shape{16, 64, 24, 24}, Shape{9, 40, 5, 7}}) {
+      const Tensor x = wide_values(shape, dtype, 7 + shape[3], shape[3] == 26);
+      const Tensor copy = x.permute({1, 0, 2, 3}).contiguous().reshape({shape[1], shape[0] * shape[2] * shape[3]});
+      EXPECT_EQ(bytes_of(sum(x, {0, 2, 3})), bytes_of(sum(copy, {1}))) << dtype_name(dtype) << " " << shape_str(shape);
+      EXPECT_EQ(bytes_of(mean(x, {0, 2, 3})), bytes_of(mean(copy, {1}))) << dtype_name(dtype) << " " << shape_str(shape);
+    }
+    // Column sums (a linear layer's bias gradient): 200 columns (blocks of 64 and a last one of 8), 1000
+    // and 31 rows; and [B, T, O] over B and T, the rows of both dims in one run.
+    for (const Shape& shape : {Shape{1000, 200}, Shape{31, 70}, Shape{1, 300}}) {
+      const Tensor g = wide_values(shape, dtype, 3 + shape[0], shape[0] == 1000);
+      EXPECT_EQ(bytes_of(sum(g, {0})), bytes_of(sum(g.transpose(0, 1).contiguous(), {1})))
+          << dtype_name(dtype) << " " << shape_str(shape);
+    }
+    const Tensor g3 = wide_values({4, 50, 96}, dtype, 99, true);
+    EXPECT_EQ(bytes_of(sum(g3, {0, 1})), bytes_of(sum(g3.reshape({200, 96}).transpose(0, 1).contiguous(), {1})))
+        << dtype_name(dtype);
+    // A view that is neither (the reduced dim strided, two kept dims): as_rows' copy, the same sums.
+    const Tensor t = wide_values({30, 20, 10}, dtype, 5, false).permute({2, 0, 1});  // [10, 30, 20]
+    EXPECT_EQ(bytes_of(sum(t, {1})), bytes_of(sum(t.permute({0, 2, 1}).contiguous(), {2}))) << dtype_name(dtype);
+  }
+}
+
+TEST(cpu_fast_paths, gelu_tanh_backward_from_the_stored_tanh_gives_the_functors_bits) {
+  const double mode = 1;
+  const GeluFn fwd(&mode);
+  const GeluBackwardFn bwd(&mode);
+  for (const bool transposed : {false, true}) {
+    // 37 x 1031 values over GELU's range, with NaN and infinities; transposed: a strided view of them.
+    Tensor x = wide_values({37, 1031}, DType::f32, 77, true);
+    if (transposed) x = x.transpose(0, 1);
+    x.requires_grad_();
+    const Tensor g = wide_values(x.shape(), DType::f32, 78, false);
+    const Tensor y = gelu(x, GeluApproximation::tanh);
+    y.backward(g);
+    ASSERT_TRUE(x.grad().defined());
+    const std::vector<double> xv = x.values(), gv = g.values(), yv = y.values(), dv = x.grad().values();
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      const float xf = static_cast<float>(xv[i]), gf = static_cast<float>(gv[i]);
+      ASSERT_EQ(bits_of(static_cast<float>(yv[i])), bits_of(fwd(xf))) << "forward at " << i << ", x = " << xf;
+      ASSERT_EQ(bits_of(static_cast<float>(dv[i])), bits_of(bwd(gf, xf)))
+          << "backward at " << i << ", x = " << xf << ", g = " << gf << (transposed ? " (transposed)" : "");
+    }
   }
 }
 

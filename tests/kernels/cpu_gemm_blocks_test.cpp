@@ -115,5 +115,54 @@ TEST(cpu_gemm_blocks_test, the_cases_under_the_size_would_change_in_one_call) {
   }
 }
 
+// A convolution's weight gradient, sum_b g[b] @ cols[b]^T in one float accumulator, cuts its sgemm calls into
+// at most 4 blocks of output columns, and (issue 37) a thread's blocks are one call by the same rule: every
+// block here is above 10^6 multiply-adds. Checked bit for bit against OpenBLAS called block by block with
+// beta 0 for the first image and 1 after, the way the backend called it before, with the im2col columns
+// written out here: the sample CNN's conv2 (288 columns in 4 blocks of 72) and 30 input channels (270 columns:
+// 67, 68, 67, 68), 3 images each.
+TEST(cpu_gemm_blocks_test, conv2d_weight_gradient_is_the_bits_of_sgemm_called_column_block_by_block) {
+  for (const std::int64_t c : {32, 30}) {
+    const std::int64_t n = 3, o = 64, h = 26, kk = 3, oh = h - kk + 1, l = oh * oh, ckk = c * kk * kk;
+    const std::vector<float> xv = operand(n * c * h * h, 41), gv = operand(n * o * l, 43), wv = operand(o * ckk, 47);
+    Tensor w = from_values(std::vector<double>(wv.begin(), wv.end()), {o, c, kk, kk});
+    w.requires_grad_();
+    conv2d(from_values(std::vector<double>(xv.begin(), xv.end()), {n, c, h, h}), w)
+        .backward(from_values(std::vector<double>(gv.begin(), gv.end()), {n, o, oh, oh}));
+    ASSERT_TRUE(w.grad().defined());
+    const Tensor got_t = w.grad().contiguous();
+    ASSERT_EQ(got_t.dtype(), DType::f32);
+    const auto* gp = static_cast<const float*>(got_t.data());
+    const std::vector<float> got(gp, gp + o * ckk);
+
+    sgemm_single_threaded();
+    const std::int64_t grain = std::max<std::int64_t>(64, (std::int64_t{1} << 20) / (o * l));
+    const std::int64_t blocks = std::clamp<std::int64_t>(ckk / grain, 1, 4);
+    ASSERT_EQ(blocks, 4);
+    std::vector<float> want(static_cast<std::size_t>(o * ckk)), cols(static_cast<std::size_t>(ckk * l));
+    for (std::int64_t b = 0; b < n; ++b) {
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        for (std::int64_t ki = 0; ki < kk; ++ki) {
+          for (std::int64_t kj = 0; kj < kk; ++kj) {
+            for (std::int64_t i = 0; i < oh; ++i) {
+              for (std::int64_t j = 0; j < oh; ++j) {
+                cols[((ch * kk + ki) * kk + kj) * l + i * oh + j] = xv[((b * c + ch) * h + i + ki) * h + j + kj];
+              }
+            }
+          }
+        }
+      }
+      for (std::int64_t blk = 0; blk < blocks; ++blk) {
+        const std::int64_t c0 = ckk * blk / blocks, c1 = ckk * (blk + 1) / blocks;
+        // C[:, c0:c1] (+)= g[b] [o, l] @ cols[c0:c1, :]^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(o), static_cast<int>(c1 - c0),
+                    static_cast<int>(l), 1.0f, gv.data() + b * o * l, static_cast<int>(l), cols.data() + c0 * l,
+                    static_cast<int>(l), b == 0 ? 0.0f : 1.0f, want.data() + c0, static_cast<int>(ckk));
+      }
+    }
+    EXPECT_EQ(differing(got, want), 0) << c << " input channels";
+  }
+}
+
 }  // namespace
 }  // namespace ampscope
