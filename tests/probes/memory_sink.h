@@ -8,9 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
+#include "core/probe_hook.h"
+#include "probes/probe.h"
 #include "probes/trace/schema.h"
 
 namespace ampscope::testing {
@@ -54,6 +57,15 @@ struct MemorySink : trace::Sink {
     }
     return out;
   }
+};
+
+// A probe writing into a MemorySink, installed for the fixture's lifetime.
+struct Probed {
+  explicit Probed(probe::ProbeOptions options = {})
+      : sink(std::make_shared<MemorySink>()), probe(std::make_shared<probe::Probe>(sink, options)), guard(probe) {}
+  std::shared_ptr<MemorySink> sink;
+  std::shared_ptr<probe::Probe> probe;
+  probe::HookGuard guard;
 };
 
 }  // namespace ampscope::testing

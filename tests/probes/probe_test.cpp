@@ -34,20 +34,12 @@ namespace {
 
 using probe::Level;
 using testing::MemorySink;
+using testing::Probed;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 bool contains(const std::string& text, std::string_view piece) { return text.find(piece) != std::string::npos; }
-
-// A probe with an in-memory sink, installed for the fixture's lifetime.
-struct Probed {
-  explicit Probed(probe::ProbeOptions options = {})
-      : sink(std::make_shared<MemorySink>()), probe(std::make_shared<probe::Probe>(sink, options)), guard(probe) {}
-  std::shared_ptr<MemorySink> sink;
-  std::shared_ptr<probe::Probe> probe;
-  probe::HookGuard guard;
-};
 
 void run_step(std::int64_t step, const std::function<void()>& body) {
   probe::StepScope scope(step);

@@ -29,15 +29,10 @@ namespace ampscope {
 namespace {
 
 using testing::MemorySink;
+using testing::Probed;
 
-struct Probed {
-  explicit Probed(probe::ProbeOptions options = {})
-      : sink(std::make_shared<MemorySink>()), probe(std::make_shared<probe::Probe>(sink, options)), guard(probe) {}
-  std::shared_ptr<MemorySink> sink;
-  std::shared_ptr<probe::Probe> probe;
-  probe::HookGuard guard;
-  std::int64_t cached() const { return probe->counters().stats_values_cached; }
-};
+// The values whose statistics the cache served so far.
+std::int64_t cached(const Probed& p) { return p.probe->counters().stats_values_cached; }
 
 void run_step(std::int64_t step, const std::function<void()>& body) {
   probe::StepScope scope(step);
@@ -96,9 +91,9 @@ void check_route(const std::function<void(Tensor&)>& write, Tensor t, const std:
   Probed p;
   run_step(0, [&] {
     report(p, t);
-    const std::int64_t before = p.cached();
+    const std::int64_t before = cached(p);
     report(p, t);
-    ASSERT_EQ(p.cached() - before, t.numel()) << what << ": an unchanged tensor read twice is read once";
+    ASSERT_EQ(cached(p) - before, t.numel()) << what << ": an unchanged tensor read twice is read once";
     write(t);
     report(p, t);
   });
@@ -117,9 +112,9 @@ TEST(stats_cache_test, a_weight_gradient_is_read_once_as_its_node_output_and_as_
   Linear m;
   run_step(0, [&] {
     m.loss().backward();
-    const std::int64_t before = p.cached();
+    const std::int64_t before = cached(p);
     probe::report_grads({m.w}, true);
-    EXPECT_EQ(p.cached() - before, m.w.numel()) << "w.grad() is an unwritten clone of the matmul's gradient";
+    EXPECT_EQ(cached(p) - before, m.w.numel()) << "w.grad() is an unwritten clone of the matmul's gradient";
   });
   ASSERT_EQ(p.sink->grads.size(), 1u);
   expect_row(p.sink->grads[0], reference_of(m.w.grad()), "w.grad()");
@@ -192,9 +187,9 @@ void check_optimizer_step(bool fused, bool adam) {
     m.loss().backward();
     const Tensor w = m.w.detach();  // the same storage
     report(p, w, "w");
-    const std::int64_t before = p.cached();
+    const std::int64_t before = cached(p);
     report(p, w, "w");
-    ASSERT_EQ(p.cached() - before, w.numel()) << what;
+    ASSERT_EQ(cached(p) - before, w.numel()) << what;
     opt->step();
     report(p, w, "w");
   });
@@ -245,9 +240,9 @@ TEST(stats_cache_test, a_clone_written_after_the_copy_is_read_again) {
   run_step(0, [&] {
     report(p, source, "source");
     copy = source.clone();
-    const std::int64_t before = p.cached();
+    const std::int64_t before = cached(p);
     report(p, copy, "copy");
-    ASSERT_EQ(p.cached() - before, copy.numel()) << "an unwritten clone has its source's statistics";
+    ASSERT_EQ(cached(p) - before, copy.numel()) << "an unwritten clone has its source's statistics";
     copy.fill_(-1.0);
     report(p, copy, "copy");
   });
@@ -279,9 +274,9 @@ TEST(stats_cache_test, the_cache_is_emptied_at_a_step_boundary) {
   Probed p;
   const Tensor t = random_tensor(13);
   run_step(0, [&] { report(p, t); });
-  const std::int64_t before = p.cached();
+  const std::int64_t before = cached(p);
   run_step(1, [&] { report(p, t); });
-  EXPECT_EQ(p.cached(), before) << "the next step reads it again";
+  EXPECT_EQ(cached(p), before) << "the next step reads it again";
 }
 
 }  // namespace

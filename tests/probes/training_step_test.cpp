@@ -36,19 +36,12 @@ namespace ampscope {
 namespace {
 
 using testing::MemorySink;
+using testing::Probed;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr std::int64_t kPlantedStep = 3;
 
 bool same(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
-
-struct Probed {
-  explicit Probed(probe::ProbeOptions options = {})
-      : sink(std::make_shared<MemorySink>()), probe(std::make_shared<probe::Probe>(sink, options)), guard(probe) {}
-  std::shared_ptr<MemorySink> sink;
-  std::shared_ptr<probe::Probe> probe;
-  probe::HookGuard guard;
-};
 
 // A small MLP and its data; step kPlantedStep's input holds 1e6, which overflows f16 (65504) when autocast
 // casts it: the forward makes inf, the gradients NaN, and the scaler must skip that step.
