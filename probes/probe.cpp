@@ -1032,6 +1032,9 @@ Probe::StatsKey Probe::stats_key(const Tensor& t, bool with_histogram) {
 TensorStats Probe::cached_stats(const Tensor& t, bool with_histogram) {
   if (!t.defined() || t.numel() == 0 || !t.device().is_cpu()) return tensor_stats(t, with_histogram);
   counters_.stats_values += t.numel();
+  // The key depends on the tensor's own storage version only (an unwritten clone is keyed by its source only while
+  // that version is the one its copy left): if the version is the same after the pass, so is the key.
+  const std::uint64_t version = t.storage_version();
   const StatsKey key = stats_key(t, with_histogram);
   if (auto found = stats_cache_.find(key); found != stats_cache_.end()) {
     counters_.stats_values_cached += t.numel();
@@ -1042,7 +1045,7 @@ TensorStats Probe::cached_stats(const Tensor& t, bool with_histogram) {
   TensorStats s = tensor_stats(t, with_histogram);
   // tensor_stats reads through read_data(), which leaves the version as it was; a key changed meanwhile (a
   // pointer handed out on another thread) would make these statistics of no one version: not kept.
-  if (stats_key(t, with_histogram) == key) {
+  if (t.storage_version() == version) {
     if (stats_cache_.size() >= kStatsCacheEntries) stats_cache_.clear();
     stats_cache_.emplace(key, s);
   }

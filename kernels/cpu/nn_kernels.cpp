@@ -606,19 +606,29 @@ std::int64_t rows_per_task(std::int64_t n, std::int64_t k) {
 inline constexpr std::int64_t kRowBlocks = 8;
 // OpenBLAS 0.3.21's x86-64 small-matrix kernels (sgemm_small_kernel_permit): at most 100^3 multiply-adds a call.
 inline constexpr std::int64_t kPackedPathMacs = 1000000;
+//
+// for_blocks is that rule for any extent (rows here, columns in for_column_blocks below): at most max_blocks
+// blocks of at least `grain` units, a thread's blocks one call when every block is above kPackedPathMacs
+// (unit_macs: multiply-adds a unit; 0 never merges).
 template <class Fn>
-void for_row_blocks(std::int64_t m, std::int64_t grain, std::int64_t row_macs, const Fn& rows) {
-  if (m <= 0) return;
-  const std::int64_t blocks = std::clamp<std::int64_t>(m / std::max<std::int64_t>(grain, 1), 1, kRowBlocks);
-  // The smallest block has m / blocks rows (floor: the bounds m * b / blocks differ by that or one more).
-  const bool merge = row_macs > 0 && (m / blocks) * row_macs > kPackedPathMacs;
+void for_blocks(std::int64_t extent, std::int64_t grain, std::int64_t max_blocks, std::int64_t unit_macs,
+                const Fn& run) {
+  if (extent <= 0) return;
+  const std::int64_t blocks =
+      std::clamp<std::int64_t>(extent / std::max<std::int64_t>(grain, 1), 1, max_blocks);
+  // The smallest block has extent / blocks units (floor: the bounds extent * b / blocks differ by that or one more).
+  const bool merge = unit_macs > 0 && (extent / blocks) * unit_macs > kPackedPathMacs;
   parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
     if (merge) {
-      rows(m * b0 / blocks, m * b1 / blocks);
+      run(extent * b0 / blocks, extent * b1 / blocks);
       return;
     }
-    for (std::int64_t b = b0; b < b1; ++b) rows(m * b / blocks, m * (b + 1) / blocks);
+    for (std::int64_t b = b0; b < b1; ++b) run(extent * b / blocks, extent * (b + 1) / blocks);
   });
+}
+template <class Fn>
+void for_row_blocks(std::int64_t m, std::int64_t grain, std::int64_t row_macs, const Fn& rows) {
+  for_blocks(m, grain, kRowBlocks, row_macs, rows);
 }
 
 // The batch-summed product's blocks: columns of the output, not rows. OpenBLAS packs the whole of B (for a
@@ -627,10 +637,6 @@ void for_row_blocks(std::int64_t m, std::int64_t grain, std::int64_t row_macs, c
 // arithmetic; a column block packs only its own columns of B (and all of the small A). Bounds from the
 // shapes only, as for_row_blocks: at most kColumnBlocks blocks of at least `grain` columns, and at least
 // kMinBlockColumns (a few of the kernel's 16-column tiles) so that the blocks stay efficient.
-inline constexpr std::int64_t kColumnBlocks = 4, kMinBlockColumns = 64;
-std::int64_t columns_per_task(std::int64_t m, std::int64_t k) {
-  return std::max(kMinBlockColumns, (std::int64_t{1} << 20) / std::max<std::int64_t>(m * k, 1));
-}
 //
 // The blocks a thread runs back to back are one call by for_row_blocks' rule (column_macs: multiply-adds a
 // column, m * k; 0 never merges): each call also packs the whole of A (an image's output gradient, 64 x 576
@@ -639,18 +645,13 @@ std::int64_t columns_per_task(std::int64_t m, std::int64_t k) {
 // (m 8-307, n 64-963, k 1-1200, both transposes, beta 0 and 1), block by block against one call and against
 // two calls, no bit differed (tests/kernels/cpu_gemm_blocks_test.cpp checks the sample CNN's shapes). With
 // these grains every block of a split is above the size anyway; the check keeps the rule if they change.
+inline constexpr std::int64_t kColumnBlocks = 4, kMinBlockColumns = 64;
+std::int64_t columns_per_task(std::int64_t m, std::int64_t k) {
+  return std::max(kMinBlockColumns, (std::int64_t{1} << 20) / std::max<std::int64_t>(m * k, 1));
+}
 template <class Fn>
 void for_column_blocks(std::int64_t n, std::int64_t grain, std::int64_t column_macs, const Fn& cols) {
-  if (n <= 0) return;
-  const std::int64_t blocks = std::clamp<std::int64_t>(n / std::max<std::int64_t>(grain, 1), 1, kColumnBlocks);
-  const bool merge = column_macs > 0 && (n / blocks) * column_macs > kPackedPathMacs;
-  parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
-    if (merge) {
-      cols(n * b0 / blocks, n * b1 / blocks);
-      return;
-    }
-    for (std::int64_t b = b0; b < b1; ++b) cols(n * b / blocks, n * (b + 1) / blocks);
-  });
+  for_blocks(n, grain, kColumnBlocks, column_macs, cols);
 }
 
 // out[b] = A[b] @ B[b] (+ bias), accumulated in float (double for f64) and rounded once to out's
