@@ -15,7 +15,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/grad_scaler.h"
+#include "core/nn.h"
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/probe_hook.h"
@@ -127,7 +130,7 @@ TEST(stats_cache_test, a_gradient_unscaled_in_place_by_the_grad_scaler_is_read_a
   GradScaler scaler({.device = "cpu", .init_scale = 1024.0});
   run_step(0, [&] {
     scaler.scale(m.loss()).backward();
-    scaler.unscale_(opt);  // reports the scaled gradient (a cache hit: the clone), then the unscaled one
+    scaler.unscale_(opt);  // reports the scaled gradient, then the unscaled one
   });
   ASSERT_EQ(p.sink->grads.size(), 2u);
   const trace::GradRow& scaled = p.sink->grads[0];
@@ -268,6 +271,104 @@ TEST(stats_cache_test, a_read_without_a_histogram_is_not_served_by_one_with) {
   ASSERT_EQ(p.sink->grads.size(), 2u);
   EXPECT_EQ(p.sink->grads[0].norm, with.norm());
   EXPECT_EQ(p.sink->grads[1].norm, without.norm());
+}
+
+// A model and a loop as a user writes them, not shaped for the cache: a module of their own (Linear, LayerNorm,
+// tanh GELU, Linear), GradScaler's unscale_, clipping, AdamW. Step 0 has one micro-batch and sets the gradients to
+// None after it; steps 1 and 2 accumulate two micro-batches, and step 1 zeroes the gradients in place
+// (set_to_none = false), so step 2's backwards add into the same storages. Step 3 runs without the scaler, so
+// its first report reads gradients that are unwritten clones of the backward nodes' outputs (served by the
+// cache; with the scaler, its found-inf check reads them first, which counts as a write). Every gradient row
+// the probe writes must be the gradient's values at the moment it was reported.
+class UserNet : public nn::Module {
+ public:
+  explicit UserNet(Generator& gen) : nn::Module("UserNet") {
+    fc1_ = register_module("fc1", std::make_shared<nn::Linear>(12, 32, gen));
+    norm_ = register_module("norm", std::make_shared<nn::LayerNorm>(Shape{32}));
+    act_ = register_module("act", std::make_shared<nn::GELU>(GeluApproximation::tanh));
+    fc2_ = register_module("fc2", std::make_shared<nn::Linear>(32, 3, gen));
+  }
+
+ protected:
+  Tensor forward(const Tensor& x) override { return (*fc2_)((*act_)((*norm_)((*fc1_)(x)))); }
+
+ private:
+  std::shared_ptr<nn::Linear> fc1_, fc2_;
+  std::shared_ptr<nn::LayerNorm> norm_;
+  std::shared_ptr<nn::GELU> act_;
+};
+
+TEST(stats_cache_test, a_users_loop_gets_every_gradient_row_as_the_gradient_was_when_reported) {
+  Probed p;
+  Generator gen(23);
+  UserNet net(gen);
+  const std::vector<Tensor> params = net.parameters();
+  optim::AdamW opt(params, {.lr = 1e-2});
+  GradScaler scaler({.device = "cpu", .init_scale = 256.0});
+  // The references, taken right after each report (the probe hands a step's rows to the sink at its end), one
+  // per parameter. Reading the values takes a pointer, which counts as a write: so the scaled gradients are not
+  // read before unscale_ reports them (their reference is the unscaled one times the scale, exact for a power of
+  // two), and each reference is taken after its report.
+  struct Report {
+    std::string what;
+    bool unscaled;
+    std::vector<Reference> expected;
+  };
+  std::vector<Report> reports;
+  auto note = [&](std::string what, double times = 1.0, bool unscaled = true) {
+    Report r{std::move(what), unscaled, {}};
+    for (const Tensor& param : params) {
+      Reference ref = reference_of(param.grad());
+      ref.absmax *= times;
+      ref.norm *= times;
+      r.expected.push_back(ref);
+    }
+    reports.push_back(std::move(r));
+  };
+  auto backward = [&](bool scaled) {
+    const Tensor x = randn({8, 12}, gen), y = randn({8, 3}, gen);
+    const Tensor loss = mul(mse_loss(net(x), y), 0.5);
+    (scaled ? scaler.scale(loss) : loss).backward();
+  };
+  for (std::int64_t step = 0; step < 3; ++step) {
+    run_step(step, [&] {
+      for (int micro = 0; micro < (step == 0 ? 1 : 2); ++micro) backward(true);
+      scaler.unscale_(opt);  // reports the scaled gradients, unscales them in place, reports them again
+      note(fmt::format("step {}, scaled", step), 256.0, false);
+      note(fmt::format("step {}, after unscale_", step));
+      optim::clip_grad_norm_(params, 0.05);
+      probe::report_grads(params, true);
+      note(fmt::format("step {}, after clipping", step));
+      scaler.step(opt);
+      scaler.update();
+      opt.zero_grad(/*set_to_none=*/step != 1);
+    });
+  }
+  std::int64_t cached_before = 0;
+  run_step(3, [&] {
+    backward(false);
+    cached_before = cached(p);
+    probe::report_grads(params, true);
+    note("step 3, without the scaler");
+    optim::clip_grad_norm_(params, 0.05);
+    probe::report_grads(params, true);
+    note("step 3, after clipping");
+    opt.step();
+  });
+  // Each report's rows, in order, one per parameter.
+  const std::size_t n = params.size();
+  ASSERT_EQ(p.sink->grads.size(), reports.size() * n);
+  for (std::size_t k = 0; k < reports.size(); ++k) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const trace::GradRow& row = p.sink->grads[k * n + i];
+      EXPECT_EQ(row.unscaled, reports[k].unscaled) << reports[k].what;
+      expect_row(row, reports[k].expected[i], reports[k].what + ", " + row.param);
+    }
+  }
+  // The premises: clipping changed what the reports after it read, and the cache served step 3's first report
+  // (the weights' gradients at least; a bias gradient is a sum's output, read in place too).
+  EXPECT_LT(reports[2].expected[0].norm, reports[1].expected[0].norm);
+  EXPECT_GE(cached(p) - cached_before, params[0].numel() + params[params.size() - 2].numel());
 }
 
 TEST(stats_cache_test, the_cache_is_emptied_at_a_step_boundary) {
