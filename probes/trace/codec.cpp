@@ -327,6 +327,10 @@ void canonical_codes(const std::uint8_t* lengths, std::size_t count, std::uint16
   }
 }
 
+// Deflate's extra bits after each length code 257..285.
+constexpr std::uint8_t kLengthExtraBits[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2,
+                                               3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
+
 // Deflate's length codes: for a match of 3..258 bytes, its symbol's offset from 257, extra bits and base.
 struct LengthCodes {
   std::array<std::uint8_t, 259> code{}, extra{};
@@ -334,12 +338,11 @@ struct LengthCodes {
   LengthCodes() {
     constexpr std::uint16_t kBase[29] = {3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59, 67, 83, 99,
                                          115, 131, 163, 195, 227, 258};
-    constexpr std::uint8_t kExtra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
     for (unsigned c = 0; c < 29; ++c) {
-      const unsigned last = c == 28 ? 258 : std::min<unsigned>(kBase[c] + (1u << kExtra[c]) - 1, 257);
+      const unsigned last = c == 28 ? 258 : std::min<unsigned>(kBase[c] + (1u << kLengthExtraBits[c]) - 1, 257);
       for (unsigned length = kBase[c]; length <= last; ++length) {
         code[length] = static_cast<std::uint8_t>(c);
-        extra[length] = kExtra[c];
+        extra[length] = kLengthExtraBits[c];
         base[length] = kBase[c];
       }
     }
@@ -367,6 +370,7 @@ struct FixedCodes {
     std::copy(distance_codes.begin(), distance_codes.end(), codes.begin() + 286);
   }
 };
+const FixedCodes kFixedCodes;
 
 }  // namespace
 
@@ -389,159 +393,148 @@ struct ChunkCodec::RunLengthBlock {
 
   // Codes `size` bytes (size > 0); returns the block's size in bits.
   std::uint64_t plan(const unsigned char* data, std::size_t size, int previous) {
-  symbols.clear();
-  header_count = 0;
-  std::array<std::uint32_t, 286> litlen{};
-  std::array<std::uint32_t, 30> dist{};
-  for (std::size_t i = 0; i < size;) {
-    std::size_t run = 0;
-    if (previous >= 0) {
-      const std::size_t most = std::min<std::size_t>(258, size - i);
-      const std::uint64_t pattern = 0x0101010101010101ull * static_cast<unsigned>(previous);
-      while (run + 8 <= most) {
-        std::uint64_t word;
-        std::memcpy(&word, data + i + run, 8);
-        const std::uint64_t differ = word ^ pattern;
-        if (differ != 0) {
-          run += static_cast<std::size_t>(std::countr_zero(differ)) / 8;
-          break;
+    symbols.clear();
+    header_count = 0;
+    std::array<std::uint32_t, 286> litlen{};
+    std::array<std::uint32_t, 30> dist{};
+    for (std::size_t i = 0; i < size;) {
+      std::size_t run = 0;
+      if (previous >= 0) {
+        const std::size_t most = std::min<std::size_t>(258, size - i);
+        const std::uint64_t pattern = 0x0101010101010101ull * static_cast<unsigned>(previous);
+        while (run + 8 <= most) {
+          std::uint64_t word;
+          std::memcpy(&word, data + i + run, 8);
+          const std::uint64_t differ = word ^ pattern;
+          if (differ != 0) {
+            run += static_cast<std::size_t>(std::countr_zero(differ)) / 8;
+            break;
+          }
+          run += 8;
         }
-        run += 8;
+        if (run + 8 > most) {
+          while (run < most && data[i + run] == previous) ++run;
+        }
+        run = std::min(run, most);
       }
-      if (run + 8 > most) {
-        while (run < most && data[i + run] == previous) ++run;
-      }
-      run = std::min(run, most);
-    }
-    if (run >= 3) {
-      symbols.push_back(static_cast<std::uint16_t>(256 + run));
-      ++litlen[257 + kLengthCodes.code[run]];
-      ++dist[0];
-      i += run;
-    } else {
-      symbols.push_back(data[i]);
-      ++litlen[data[i]];
-      previous = data[i];
-      ++i;
-    }
-  }
-  ++litlen[256];
-  huffman_lengths(litlen.data(), 286, 15, lengths.data());
-  huffman_lengths(dist.data(), 30, 15, lengths.data() + 286);
-  nlit = 286;
-  ndist = 30;
-  while (nlit > 257 && lengths[nlit - 1] == 0) --nlit;
-  while (ndist > 1 && lengths[286 + ndist - 1] == 0) --ndist;
-  // The code lengths of both codes as one sequence, run-length coded (16: the previous length 3-6 times more,
-  // 17: 3-10 zeros, 18: 11-138 zeros).
-  std::array<std::uint8_t, 286 + 30> sequence{};
-  std::copy(lengths.begin(), lengths.begin() + static_cast<std::ptrdiff_t>(nlit), sequence.begin());
-  std::copy(lengths.begin() + 286, lengths.begin() + 286 + static_cast<std::ptrdiff_t>(ndist), sequence.begin() + static_cast<std::ptrdiff_t>(nlit));
-  const std::size_t total = nlit + ndist;
-  std::array<std::uint32_t, 19> cl_freq{};
-  auto emit = [&](unsigned symbol, unsigned extra) {
-    header[header_count++] = {static_cast<std::uint8_t>(symbol), static_cast<std::uint8_t>(extra)};
-    ++cl_freq[symbol];
-  };
-  for (std::size_t i = 0; i < total;) {
-    const std::uint8_t value = sequence[i];
-    std::size_t run = 1;
-    while (i + run < total && sequence[i + run] == value) ++run;
-    i += run;
-    if (value == 0) {
-      for (; run >= 11; run -= std::min<std::size_t>(run, 138)) emit(18, static_cast<unsigned>(std::min<std::size_t>(run, 138) - 11));
       if (run >= 3) {
-        emit(17, static_cast<unsigned>(run - 3));
-        run = 0;
+        symbols.push_back(static_cast<std::uint16_t>(256 + run));
+        ++litlen[257 + kLengthCodes.code[run]];
+        ++dist[0];
+        i += run;
+      } else {
+        symbols.push_back(data[i]);
+        ++litlen[data[i]];
+        previous = data[i];
+        ++i;
       }
-      for (; run > 0; --run) emit(0, 0);
-    } else {
-      emit(value, 0);
-      --run;
-      for (; run >= 3; run -= std::min<std::size_t>(run, 6)) emit(16, static_cast<unsigned>(std::min<std::size_t>(run, 6) - 3));
-      for (; run > 0; --run) emit(value, 0);
     }
-  }
-  // inflate refuses an incomplete code-length code: with one symbol used, a second one (unused) completes it.
-  if (std::count_if(cl_freq.begin(), cl_freq.end(), [](std::uint32_t c) { return c > 0; }) == 1) {
-    ++cl_freq[cl_freq[0] == 0 ? 0 : 1];
-  }
-  huffman_lengths(cl_freq.data(), 19, 7, cl_lengths.data());
-  canonical_codes(cl_lengths.data(), 19, cl_codes.data());
-  nclen = 19;
-  while (nclen > 4 && cl_lengths[kOrder[nclen - 1]] == 0) --nclen;
-  canonical_codes(lengths.data(), 286, codes.data());
-  canonical_codes(lengths.data() + 286, 30, codes.data() + 286);
-  // Deflate's fixed codes instead, where they take fewer bits (short or even blocks: zlib chooses so too).
-  std::uint64_t fixed_bits = 3;
-  {
-    static const FixedCodes kFixed;
-    for (unsigned c = 0; c < 286; ++c) fixed_bits += std::uint64_t{litlen[c]} * kFixed.lengths[c];
+    ++litlen[256];
+    huffman_lengths(litlen.data(), 286, 15, lengths.data());
+    huffman_lengths(dist.data(), 30, 15, lengths.data() + 286);
+    nlit = 286;
+    ndist = 30;
+    while (nlit > 257 && lengths[nlit - 1] == 0) --nlit;
+    while (ndist > 1 && lengths[286 + ndist - 1] == 0) --ndist;
+    // The code lengths of both codes as one sequence, run-length coded (16: the previous length 3-6 times more,
+    // 17: 3-10 zeros, 18: 11-138 zeros).
+    std::array<std::uint8_t, 286 + 30> sequence{};
+    std::copy(lengths.begin(), lengths.begin() + static_cast<std::ptrdiff_t>(nlit), sequence.begin());
+    std::copy(lengths.begin() + 286, lengths.begin() + 286 + static_cast<std::ptrdiff_t>(ndist),
+              sequence.begin() + static_cast<std::ptrdiff_t>(nlit));
+    const std::size_t total = nlit + ndist;
+    std::array<std::uint32_t, 19> cl_freq{};
+    auto emit = [&](unsigned symbol, unsigned extra) {
+      header[header_count++] = {static_cast<std::uint8_t>(symbol), static_cast<std::uint8_t>(extra)};
+      ++cl_freq[symbol];
+    };
+    for (std::size_t i = 0; i < total;) {
+      const std::uint8_t value = sequence[i];
+      std::size_t run = 1;
+      while (i + run < total && sequence[i + run] == value) ++run;
+      i += run;
+      if (value == 0) {
+        for (; run >= 11; run -= std::min<std::size_t>(run, 138))
+          emit(18, static_cast<unsigned>(std::min<std::size_t>(run, 138) - 11));
+        if (run >= 3) {
+          emit(17, static_cast<unsigned>(run - 3));
+          run = 0;
+        }
+        for (; run > 0; --run) emit(0, 0);
+      } else {
+        emit(value, 0);
+        --run;
+        for (; run >= 3; run -= std::min<std::size_t>(run, 6))
+          emit(16, static_cast<unsigned>(std::min<std::size_t>(run, 6) - 3));
+        for (; run > 0; --run) emit(value, 0);
+      }
+    }
+    // inflate refuses an incomplete code-length code: with one symbol used, a second one (unused) completes it.
+    if (std::count_if(cl_freq.begin(), cl_freq.end(), [](std::uint32_t c) { return c > 0; }) == 1) {
+      ++cl_freq[cl_freq[0] == 0 ? 0 : 1];
+    }
+    huffman_lengths(cl_freq.data(), 19, 7, cl_lengths.data());
+    canonical_codes(cl_lengths.data(), 19, cl_codes.data());
+    nclen = 19;
+    while (nclen > 4 && cl_lengths[kOrder[nclen - 1]] == 0) --nclen;
+    canonical_codes(lengths.data(), 286, codes.data());
+    canonical_codes(lengths.data() + 286, 30, codes.data() + 286);
+    // Deflate's fixed codes instead, where they take fewer bits (short or even blocks: zlib chooses so too).
+    // The length codes' extra bits, the same in both.
+    std::uint64_t extra_bits = 0;
+    for (unsigned c = 0; c < 29; ++c) extra_bits += std::uint64_t{litlen[257 + c]} * kLengthExtraBits[c];
+    std::uint64_t fixed_bits = 3 + extra_bits;
+    for (unsigned c = 0; c < 286; ++c) fixed_bits += std::uint64_t{litlen[c]} * kFixedCodes.lengths[c];
     fixed_bits += std::uint64_t{dist[0]} * 5;
-  }
-  std::uint64_t bits = 3 + 5 + 5 + 4 + 3 * nclen;
-  for (std::size_t k = 0; k < header_count; ++k) {
-    const unsigned symbol = header[k].first;
-    bits += cl_lengths[symbol] + (symbol >= 16 ? kRepeatBits[symbol - 16] : 0);
-  }
-  for (unsigned c = 0; c < 286; ++c) bits += std::uint64_t{litlen[c]} * lengths[c];
-  for (unsigned c = 0; c < 29; ++c) {
-    constexpr std::uint8_t kExtra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
-    bits += std::uint64_t{litlen[257 + c]} * kExtra[c];
-  }
-  bits += std::uint64_t{dist[0]} * lengths[286];
-  std::uint64_t extra_bits = 0;
-  for (unsigned c = 0; c < 29; ++c) {
-    constexpr std::uint8_t kExtra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
-    extra_bits += std::uint64_t{litlen[257 + c]} * kExtra[c];
-  }
-  fixed = fixed_bits + extra_bits < bits;
-  if (fixed) {
-    static const FixedCodes kFixed;
-    lengths = kFixed.lengths;
-    codes = kFixed.codes;
-    return fixed_bits + extra_bits;
-  }
-  return bits;
+    std::uint64_t bits = 3 + 5 + 5 + 4 + 3 * nclen;
+    for (std::size_t k = 0; k < header_count; ++k) {
+      const unsigned symbol = header[k].first;
+      bits += cl_lengths[symbol] + (symbol >= 16 ? kRepeatBits[symbol - 16] : 0);
+    }
+    for (unsigned c = 0; c < 286; ++c) bits += std::uint64_t{litlen[c]} * lengths[c];
+    bits += extra_bits + std::uint64_t{dist[0]} * lengths[286];
+    fixed = fixed_bits < bits;
+    if (fixed) {
+      lengths = kFixedCodes.lengths;
+      codes = kFixedCodes.codes;
+      return fixed_bits;
+    }
+    return bits;
   }
 
   void write(BitWriter& w) const {
-  w.put(0, 1);  // BFINAL 0
-  if (fixed) {
-    w.put(1, 2);  // BTYPE 01: fixed Huffman codes
-  } else {
-  w.put(2, 2);  // BTYPE 10: dynamic Huffman codes
-  w.put(static_cast<std::uint32_t>(nlit - 257), 5);
-  w.put(static_cast<std::uint32_t>(ndist - 1), 5);
-  w.put(static_cast<std::uint32_t>(nclen - 4), 4);
-  for (std::size_t k = 0; k < nclen; ++k) w.put(cl_lengths[kOrder[k]], 3);
-  for (std::size_t k = 0; k < header_count; ++k) {
-    const auto [symbol, extra] = header[k];
-    w.put(cl_codes[symbol], cl_lengths[symbol]);
-    if (symbol >= 16) w.put(extra, kRepeatBits[symbol - 16]);
-  }
-  }
-  const std::uint32_t distance_code = codes[286];
-  const unsigned distance_bits = lengths[286];
-  for (const std::uint16_t symbol : symbols) {
-    if (symbol < 256) {
-      w.put(codes[symbol], lengths[symbol]);
-      continue;
+    w.put(0, 1);  // BFINAL 0
+    if (fixed) {
+      w.put(1, 2);  // BTYPE 01: fixed Huffman codes
+    } else {
+      w.put(2, 2);  // BTYPE 10: dynamic Huffman codes
+      w.put(static_cast<std::uint32_t>(nlit - 257), 5);
+      w.put(static_cast<std::uint32_t>(ndist - 1), 5);
+      w.put(static_cast<std::uint32_t>(nclen - 4), 4);
+      for (std::size_t k = 0; k < nclen; ++k) w.put(cl_lengths[kOrder[k]], 3);
+      for (std::size_t k = 0; k < header_count; ++k) {
+        const auto [symbol, extra] = header[k];
+        w.put(cl_codes[symbol], cl_lengths[symbol]);
+        if (symbol >= 16) w.put(extra, kRepeatBits[symbol - 16]);
+      }
     }
-    const unsigned length = symbol - 256;
-    const unsigned code = 257 + kLengthCodes.code[length];
-    w.put(codes[code], lengths[code]);
-    if (kLengthCodes.extra[length] > 0) w.put(length - kLengthCodes.base[length], kLengthCodes.extra[length]);
-    w.put(distance_code, distance_bits);  // distance 1: code 0, no extra bits
-  }
-  w.put(codes[256], lengths[256]);  // end of block
-  w.flush_bytes();
+    const std::uint32_t distance_code = codes[286];
+    const unsigned distance_bits = lengths[286];
+    for (const std::uint16_t symbol : symbols) {
+      if (symbol < 256) {
+        w.put(codes[symbol], lengths[symbol]);
+        continue;
+      }
+      const unsigned length = symbol - 256;
+      const unsigned code = 257 + kLengthCodes.code[length];
+      w.put(codes[code], lengths[code]);
+      if (kLengthCodes.extra[length] > 0) w.put(length - kLengthCodes.base[length], kLengthCodes.extra[length]);
+      w.put(distance_code, distance_bits);  // distance 1: code 0, no extra bits
+    }
+    w.put(codes[256], lengths[256]);  // end of block
+    w.flush_bytes();
   }
 };
-
-namespace {
-
-}  // namespace
 
 // One raw-deflate z_stream reused for every chunk (deflateReset, not an allocation per chunk). The zlib
 // header and the Adler-32 trailer that HDF5's deflate filter expects around the data are written by
