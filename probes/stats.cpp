@@ -567,6 +567,54 @@ void accumulate_contiguous(const T* p, std::int64_t count, Partial& a) {
   }
 }
 
+// Eight rows of a transposed view into a row-major tile: row k's element j is src[j * stride + k] (the rows are
+// adjacent in memory, the columns `stride` apart). f32 with AVX2 moves 8 x 8 values at a time (eight loads of eight
+// adjacent values, an in-register transpose, eight stores); the rest one value at a time.
+#ifdef AMPSCOPE_STATS_X86
+__attribute__((target("avx2"))) void fill_tile_f32_avx2(const float* src, std::int64_t stride, std::int64_t cols,
+                                                       float* tile) {
+  std::int64_t j = 0;
+  for (; j + 8 <= cols; j += 8) {
+    __m256 r[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (j + i) * stride);  // column j + i, rows 0..7
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(tile + 0 * cols + j, _mm256_permute2f128_ps(u0, u4, 0x20));  // row k: columns j .. j + 7
+    _mm256_storeu_ps(tile + 1 * cols + j, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(tile + 2 * cols + j, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(tile + 3 * cols + j, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(tile + 4 * cols + j, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(tile + 5 * cols + j, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(tile + 6 * cols + j, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(tile + 7 * cols + j, _mm256_permute2f128_ps(u3, u7, 0x31));
+  }
+  for (; j < cols; ++j)
+    for (std::int64_t k = 0; k < 8; ++k) tile[k * cols + j] = src[j * stride + k];
+  _mm256_zeroupper();  // as the loops above: no dirty upper halves for the SSE code that follows
+}
+#endif
+
+template <class T>
+void fill_tile(const T* src, std::int64_t stride, std::int64_t cols, T* tile) {
+#ifdef AMPSCOPE_STATS_X86
+  if constexpr (std::is_same_v<T, float>) {
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    if (avx2) {
+      fill_tile_f32_avx2(src, stride, cols, tile);
+      return;
+    }
+  }
+#endif
+  for (std::int64_t j = 0; j < cols; ++j)
+    for (std::int64_t k = 0; k < 8; ++k) tile[k * cols + j] = src[j * stride + k];
+}
+
 template <class T, bool kHist>
 void accumulate_range(const Tensor& t, const T* base, std::int64_t begin, std::int64_t end, Partial& a) {
   if (t.is_contiguous()) {
@@ -586,23 +634,53 @@ void accumulate_range(const Tensor& t, const T* base, std::int64_t begin, std::i
     // A run is copied in pieces that fill the buffer (memcpy where its elements are adjacent: heads split
     // by a permute keep their last dimension); the buffer is read at the same points as one element at a
     // time would, so the sums are the same.
+    auto push = [&](const T* src, std::int64_t count, std::int64_t stride) {
+      for (std::int64_t k = 0; k < count;) {
+        const std::int64_t take = std::min(count - k, kGather - filled);
+        const T* from = src + k * stride;
+        if (stride == 1) {
+          std::memcpy(buffer + filled, from, static_cast<std::size_t>(take) * sizeof(T));
+        } else {
+          for (std::int64_t q = 0; q < take; ++q) buffer[filled + q] = from[q * stride];
+        }
+        filled += take;
+        k += take;
+        if (filled == kGather) {
+          accumulate_contiguous(buffer, filled, a);
+          filled = 0;
+        }
+      }
+    };
+    // Transposes (the last dimension strided, the one before it adjacent: a key transposed for attention, a
+    // transpose's backward) read one element of every row's cache line per value, row after row. Eight whole rows
+    // are read together instead, column by column, eight adjacent values at a time, into a row-major tile that
+    // then goes into the buffer like any run: the buffer gets the same values in the same order (same sums), and
+    // each cache line is read once for eight rows.
+    constexpr std::int64_t kTileRows = 8;
+    const int nd = t.dim();
+    const bool transposed = nd >= 2 && t.strides()[nd - 2] == 1 && t.strides()[nd - 1] != 1;
+    const std::int64_t rows = transposed ? t.size(nd - 2) : 0, cols = transposed ? t.size(nd - 1) : 0;
+    const bool tiled = transposed && rows >= kTileRows && cols <= kGather;  // a tile of at most 8 x 4096 values
+    std::vector<T> tile(tiled ? static_cast<std::size_t>(cols * kTileRows) : 0);
+    std::int64_t pos = begin;  // row-major position of the next run's first element
+    std::int64_t skip = 0;     // runs (rows) a tile has already read
     for_each_run(t.shape(), t.strides(), t.strides(), begin, end,
                  [&](std::int64_t off, std::int64_t, std::int64_t count, std::int64_t stride, std::int64_t) {
-                   for (std::int64_t k = 0; k < count;) {
-                     const std::int64_t take = std::min(count - k, kGather - filled);
-                     const T* src = base + off + k * stride;
-                     if (stride == 1) {
-                       std::memcpy(buffer + filled, src, static_cast<std::size_t>(take) * sizeof(T));
-                     } else {
-                       for (std::int64_t q = 0; q < take; ++q) buffer[filled + q] = src[q * stride];
-                     }
-                     filled += take;
-                     k += take;
-                     if (filled == kGather) {
-                       accumulate_contiguous(buffer, filled, a);
-                       filled = 0;
-                     }
+                   const std::int64_t here = pos;
+                   pos += count;
+                   if (skip > 0) {
+                     --skip;
+                     return;
                    }
+                   // A whole row (a run never spans two) that starts a group of eight inside this range.
+                   if (tiled && count == cols && (here / cols) % rows % kTileRows == 0 &&
+                       (here / cols) % rows + kTileRows <= rows && here + kTileRows * cols <= end) {
+                     fill_tile(base + off, stride, cols, tile.data());
+                     push(tile.data(), kTileRows * cols, 1);
+                     skip = kTileRows - 1;
+                     return;
+                   }
+                   push(base + off, count, stride);
                  });
     accumulate_contiguous(buffer, filled, a);
   } else {

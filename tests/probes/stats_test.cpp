@@ -574,6 +574,18 @@ TEST(stats_test, every_build_of_the_loop_adds_in_the_documented_order_to_the_sam
       expect_same_bits(m.transpose(0, 1));
       const Tensor q = from_values(random_values(gen, 4 * 64 * 4 * 32, dtype, 0), {4, 64, 4, 32}, {.dtype = dtype});
       expect_same_bits(q.permute({0, 2, 1, 3}));
+      // Transposes of the last two dimensions, read eight rows at a time: a key transposed for attention (rows a
+      // multiple of 8, columns of 8), rows left over after the groups of 8 and columns not a multiple of 8 in two
+      // chunks (78000 values, the chunk bound inside a row), and rows longer than the gather buffer.
+      for (const Shape& shape : {Shape{2, 3, 64, 32}, Shape{4, 3, 500, 13}, Shape{3, 4100, 9}}) {
+        std::int64_t n = 1;
+        for (std::int64_t d : shape) n *= d;
+        std::vector<double> v = random_values(gen, static_cast<std::size_t>(n), dtype, 1);
+        for (double& x : v)
+          if (std::fabs(x) > 1e6 && std::isfinite(x)) x = std::ldexp(x, -std::ilogb(x));
+        const Tensor k = from_values(v, shape, {.dtype = dtype});
+        expect_same_bits(k.transpose(-2, -1));
+      }
     }
   }
 }
