@@ -41,6 +41,16 @@ struct TensorStats {
 // or empty tensors give numel 0 and NaN moments.
 TensorStats tensor_stats(const Tensor& t, bool with_histogram = false);
 
+// The builds of tensor_stats' loop over contiguous f32, f16 and bf16 values without a histogram (stats.cpp): the
+// baseline (SSE2 on x86-64), AVX2 (with F16C and FMA) and AVX-512 (F, VL, BW, DQ). They add the same values in
+// the same order, so every build gives the same bits; the widest the CPU supports runs. For tests and benchmarks:
+// supported_stats_loops() lists this CPU's builds, narrowest first (baseline always), and set_stats_loop chooses
+// one for the whole process and returns the one before (an Error naming it when the CPU cannot run it).
+enum class StatsLoop { baseline, avx2, avx512 };
+std::vector<StatsLoop> supported_stats_loops();
+StatsLoop set_stats_loop(StatsLoop loop);
+std::string_view stats_loop_name(StatsLoop loop);  // "baseline", "avx2", "avx512"
+
 // The histogram bin of a value stored in `dtype`: floor(log2 |v|) + 64 for exponents -64 .. 63 (larger
 // values go to the top bin), then the subnormal bin (values subnormal in `dtype`, and anything below
 // 2^-64), zero, inf (either sign) and NaN. Bin indices are those of trace::HistogramRow::bins.

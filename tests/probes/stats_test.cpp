@@ -7,16 +7,20 @@
 // reference roundings of tests/test_support.h).
 #include "probes/stats.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/random.h"
 #include "core/tensor.h"
 #include "tests/test_support.h"
@@ -355,6 +359,258 @@ TEST(stats_test, random_tensors_with_special_values_match_a_long_double_referenc
     const Tensor q = from_values(random_values(gen, 4 * 64 * 4 * 32, dtype, 0), {4, 64, 4, 32}, {.dtype = dtype});
     expect_within_bound(q.permute({0, 2, 1, 3}));
   }
+}
+
+// The order in which tensor_stats adds (stats.cpp), written out here one value at a time in scalar double code, so
+// that every build of the loop (baseline, AVX2, AVX-512: probes/stats.h StatsLoop) can be held to the same bits,
+// not only to a bound. The values are split into kChunks-style chunks (n / 32768 of them, 1 to 16); a chunk of a
+// contiguous tensor is one run, a chunk of a view is gathered in runs of 4096 values. A run is read in blocks of 256:
+// a block without NaN or inf adds value 8t + k to lane k (k = 0..7, t in order) from zero, squares by one rounding
+// each; the block then adds lanes k + (k + 4) of each into four running sums; a block with NaN or inf, and the
+// run's last count % 256 values, are added one by one into a sum of their own that starts at zero and goes into the
+// chunk's total when done. Min and max: the first of equal values wins within a lane (x < m ? x : m), then the
+// lanes combine as the loop combines them, so the sign of a zero minimum is fixed too.
+struct Ordered {
+  std::int64_t nan = 0, pos_inf = 0, neg_inf = 0, zero = 0, subnormal = 0;
+  double min = kInf, max = -kInf, absmax = 0, sum = 0, sum_sq = 0;
+};
+
+// The loop's scalar path over values v[0, n) (accumulate_run).
+void ordered_run(const double* v, std::size_t n, double min_normal, Ordered& a) {
+  double sum = 0, sum_sq = 0, mn = a.min, mx = a.max, amax = a.absmax;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = v[i];
+    if (std::isnan(x)) {
+      ++a.nan;
+      continue;
+    }
+    if (std::isinf(x)) {
+      ++(x > 0 ? a.pos_inf : a.neg_inf);
+      continue;
+    }
+    sum += x;
+    sum_sq += x * x;
+    mn = x < mn ? x : mn;
+    mx = x > mx ? x : mx;
+    amax = std::fabs(x) > amax ? std::fabs(x) : amax;
+    a.zero += x == 0;
+    a.subnormal += x != 0 && std::fabs(x) < min_normal;
+  }
+  a.sum += sum;
+  a.sum_sq += sum_sq;
+  a.min = mn;
+  a.max = mx;
+  a.absmax = amax;
+}
+
+// One call of the vector loop over v[0, n).
+void ordered_call(const double* v, std::size_t n, double min_normal, Ordered& a) {
+  constexpr std::size_t kBlock = 256;
+  double sum[4] = {0, 0, 0, 0}, sq[4] = {0, 0, 0, 0};
+  float mn[4] = {INFINITY, INFINITY, INFINITY, INFINITY}, mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  bool any_fast = false;
+  std::size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    const double* b = v + i;
+    if (std::any_of(b, b + kBlock, [](double x) { return !std::isfinite(x); })) {
+      ordered_run(b, kBlock, min_normal, a);
+      continue;
+    }
+    any_fast = true;
+    double s[8] = {}, q[8] = {};
+    float bmn[8], bmx[8];
+    std::fill(bmn, bmn + 8, INFINITY);
+    std::fill(bmx, bmx + 8, -INFINITY);
+    for (std::size_t t = 0; t < kBlock / 8; ++t) {
+      for (std::size_t k = 0; k < 8; ++k) {
+        const double x = b[8 * t + k];
+        const auto f = static_cast<float>(x);  // exact: every value came from f32, f16 or bf16
+        s[k] += x;
+        q[k] += x * x;  // the square is exact in double: one rounding, as the FMA
+        bmn[k] = f < bmn[k] ? f : bmn[k];
+        bmx[k] = f > bmx[k] ? f : bmx[k];
+        a.zero += x == 0;
+        a.subnormal += x != 0 && std::fabs(x) < min_normal;
+      }
+    }
+    for (std::size_t k = 0; k < 4; ++k) {
+      sum[k] += s[k] + s[k + 4];
+      sq[k] += q[k] + q[k + 4];
+      const float cmn = bmn[k] < bmn[k + 4] ? bmn[k] : bmn[k + 4];
+      const float cmx = bmx[k] > bmx[k + 4] ? bmx[k] : bmx[k + 4];
+      mn[k] = cmn < mn[k] ? cmn : mn[k];
+      mx[k] = cmx > mx[k] ? cmx : mx[k];
+    }
+  }
+  if (any_fast) {
+    const double lo = std::min(std::min<double>(mn[0], mn[1]), std::min<double>(mn[2], mn[3]));
+    const double hi = std::max(std::max<double>(mx[0], mx[1]), std::max<double>(mx[2], mx[3]));
+    a.sum += (sum[0] + sum[1]) + (sum[2] + sum[3]);
+    a.sum_sq += (sq[0] + sq[1]) + (sq[2] + sq[3]);
+    a.min = std::min(a.min, lo);
+    a.max = std::max(a.max, hi);
+    a.absmax = std::max({a.absmax, std::fabs(lo), std::fabs(hi)});
+  }
+  ordered_run(v + i, n - i, min_normal, a);
+}
+
+// The whole tensor, chunk by chunk, as tensor_stats reports it.
+trace::TensorHealth ordered_health(const Tensor& t, double& sum_sq) {
+  const std::vector<double> v = t.values();
+  const auto n = static_cast<std::int64_t>(v.size());
+  const double min_normal = probe::smallest_normal(t.dtype());
+  const std::int64_t chunks = std::clamp<std::int64_t>(n / 32768, 1, 16);
+  Ordered total;
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+    Ordered a;
+    const std::int64_t run = t.is_contiguous() ? end - begin : 4096;
+    for (std::int64_t r = begin; r < end; r += run)
+      ordered_call(v.data() + r, static_cast<std::size_t>(std::min(run, end - r)), min_normal, a);
+    total.nan += a.nan;
+    total.pos_inf += a.pos_inf;
+    total.neg_inf += a.neg_inf;
+    total.zero += a.zero;
+    total.subnormal += a.subnormal;
+    total.min = std::min(total.min, a.min);
+    total.max = std::max(total.max, a.max);
+    total.absmax = std::max(total.absmax, a.absmax);
+    total.sum += a.sum;
+    total.sum_sq += a.sum_sq;
+  }
+  trace::TensorHealth h;
+  h.numel = n;
+  h.nan = total.nan;
+  h.pos_inf = total.pos_inf;
+  h.neg_inf = total.neg_inf;
+  h.zero = total.zero;
+  h.subnormal = total.subnormal;
+  const std::int64_t finite = n - total.nan - total.pos_inf - total.neg_inf;
+  h.min = h.max = h.absmax = h.mean = h.rms = kNaN;
+  if (finite > 0) {
+    h.min = total.min;
+    h.max = total.max;
+    h.absmax = total.absmax;
+    h.mean = total.sum / static_cast<double>(finite);
+    h.rms = std::sqrt(total.sum_sq / static_cast<double>(finite));
+  }
+  sum_sq = total.sum_sq;
+  return h;
+}
+
+std::uint64_t bits_of(double x) {
+  std::uint64_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+// Every field the same bits (NaN as NaN), the sign of a zero included.
+void expect_same_bits(const Tensor& t) {
+  double sum_sq = 0;
+  const trace::TensorHealth r = ordered_health(t, sum_sq);
+  const probe::TensorStats s = tensor_stats(t);
+  const trace::TensorHealth& h = s.health;
+  EXPECT_EQ(h.numel, r.numel);
+  EXPECT_EQ(h.nan, r.nan);
+  EXPECT_EQ(h.pos_inf, r.pos_inf);
+  EXPECT_EQ(h.neg_inf, r.neg_inf);
+  EXPECT_EQ(h.zero, r.zero);
+  EXPECT_EQ(h.subnormal, r.subnormal);
+  const std::pair<const char*, std::pair<double, double>> fields[] = {
+      {"min", {h.min, r.min}},    {"max", {h.max, r.max}}, {"absmax", {h.absmax, r.absmax}},
+      {"mean", {h.mean, r.mean}}, {"rms", {h.rms, r.rms}}, {"sum_sq", {s.sum_sq, sum_sq}}};
+  for (const auto& [name, got_want] : fields) {
+    const auto [got, want] = got_want;
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << name;
+    } else {
+      EXPECT_EQ(bits_of(got), bits_of(want)) << name << ": " << got << ", the ordered sums give " << want;
+    }
+  }
+}
+
+// Restores the statistics loop the process had.
+class LoopChoice {
+ public:
+  explicit LoopChoice(probe::StatsLoop loop) : before_(probe::set_stats_loop(loop)) {}
+  ~LoopChoice() { probe::set_stats_loop(before_); }
+  LoopChoice(const LoopChoice&) = delete;
+  LoopChoice& operator=(const LoopChoice&) = delete;
+
+ private:
+  probe::StatsLoop before_;
+};
+
+TEST(stats_test, every_build_of_the_loop_adds_in_the_documented_order_to_the_same_bits) {
+  const std::vector<probe::StatsLoop> loops = probe::supported_stats_loops();
+  ASSERT_EQ(loops.front(), probe::StatsLoop::baseline);
+  std::printf("statistics loops on this CPU:");
+  for (probe::StatsLoop loop : loops) std::printf(" %s", std::string(probe::stats_loop_name(loop)).c_str());
+  std::printf("\n");
+  for (probe::StatsLoop loop : loops) {
+    SCOPED_TRACE(std::string(probe::stats_loop_name(loop)));
+    const LoopChoice chosen(loop);
+    std::mt19937_64 gen(20261129);
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)));
+      for (std::int64_t n : {1, 255, 256, 4099, 70000, 300001}) {
+        for (int specials : {0, 1, 30}) {
+          SCOPED_TRACE(::testing::Message() << "n " << n << ", NaN/inf per 1000: " << specials);
+          // Without the dtype's largest values (random_values puts 1.5% of them in: their sum absorbs every other
+          // value exactly, whatever the order, and would hide an order changed).
+          std::vector<double> v = random_values(gen, static_cast<std::size_t>(n), dtype, specials);
+          for (double& x : v)
+            if (std::fabs(x) > 1e6 && std::isfinite(x)) x = std::ldexp(x, -std::ilogb(x));
+          expect_same_bits(from_values(v, {n}, {.dtype = dtype}));
+          // Values of one sign with +0 and -0 among them: the minimum (maximum) is a zero, and which zero the
+          // loop reports depends on the order of its comparisons.
+          for (double& x : v) x = std::isnan(x) ? x : std::fabs(x) == 0 ? x : std::fabs(x);
+          expect_same_bits(from_values(v, {n}, {.dtype = dtype}));
+          for (double& x : v) x = -x;
+          expect_same_bits(from_values(v, {n}, {.dtype = dtype}));
+        }
+      }
+      const Tensor m = from_values(random_values(gen, 300 * 257, dtype, 1), {300, 257}, {.dtype = dtype});
+      expect_same_bits(m.transpose(0, 1));
+      const Tensor q = from_values(random_values(gen, 4 * 64 * 4 * 32, dtype, 0), {4, 64, 4, 32}, {.dtype = dtype});
+      expect_same_bits(q.permute({0, 2, 1, 3}));
+      // Transposes of the last two dimensions, read eight rows at a time: a key transposed for attention (rows a
+      // multiple of 8, columns of 8), rows left over after the groups of 8 and columns not a multiple of 8 in two
+      // chunks (78000 values, the chunk bound inside a row), and rows longer than the gather buffer.
+      for (const Shape& shape : {Shape{2, 3, 64, 32}, Shape{4, 3, 500, 13}, Shape{3, 4100, 9}}) {
+        std::int64_t n = 1;
+        for (std::int64_t d : shape) n *= d;
+        std::vector<double> v = random_values(gen, static_cast<std::size_t>(n), dtype, 1);
+        for (double& x : v)
+          if (std::fabs(x) > 1e6 && std::isfinite(x)) x = std::ldexp(x, -std::ilogb(x));
+        const Tensor k = from_values(v, shape, {.dtype = dtype});
+        expect_same_bits(k.transpose(-2, -1));
+      }
+    }
+  }
+}
+
+TEST(stats_test, set_stats_loop_returns_the_build_it_replaced) {
+  const probe::StatsLoop widest = probe::supported_stats_loops().back();
+  const probe::StatsLoop before = probe::set_stats_loop(probe::StatsLoop::baseline);
+  EXPECT_EQ(before, widest) << "the widest build the CPU supports runs unless a test chose another";
+  EXPECT_EQ(probe::set_stats_loop(widest), probe::StatsLoop::baseline);
+}
+
+TEST(stats_test, set_stats_loop_refuses_a_build_the_cpu_cannot_run) {
+  const std::vector<probe::StatsLoop> loops = probe::supported_stats_loops();
+  if (loops.size() == 3) GTEST_SKIP() << "every build runs on this CPU: nothing to refuse";
+  const auto missing = static_cast<probe::StatsLoop>(static_cast<int>(loops.back()) + 1);
+  try {
+    probe::set_stats_loop(missing);
+    FAIL() << "set_stats_loop accepted a build the CPU cannot run";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              fmt::format("set_stats_loop: this CPU cannot run the {} build of the statistics loop\n"
+                          "hint: choose one of supported_stats_loops()",
+                          probe::stats_loop_name(missing)));
+  }
+  EXPECT_EQ(probe::set_stats_loop(loops.back()), loops.back()) << "a refused choice changes nothing";
 }
 
 TEST(stats_test, norm_is_inf_or_nan_when_the_tensor_holds_them) {
