@@ -17,6 +17,7 @@
 #include "core/convert.h"
 #include "core/philox.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/exp_kernels.h"
 #include "kernels/cpu/gelu_kernels.h"
 #include "kernels/half_convert.h"
 #include "kernels/parallel.h"
@@ -376,24 +377,43 @@ void index_backward_rows_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
-// softmax_row<false> (kernels/row_functors.h) with each exp computed once: the row's exps are stored (in y
-// itself when T is the accumulation type, else in `scratch`), summed from there in lane_tree_sum's order and
-// divided. The same exp of the same argument, the same additions in the same order, the same division: the
-// shared row function's bits (tests/kernels/row_functors_test.cpp compares the two), at half its exps;
+// exp over a row of Acc values in place: for float, glibc's expf sixteen at a time with its bits
+// (kernels/cpu/exp_kernels.h), else std::exp one by one.
+template <class Acc>
+void exp_in_place(Acc* v, std::int64_t n) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    exp_f32(v, v, n);
+  } else {
+    for (std::int64_t j = 0; j < n; ++j) v[j] = std::exp(v[j]);
+  }
+}
+
+// softmax_row<kLog> (kernels/row_functors.h) with each exp computed once and all of a row's exps together:
+// the row's exps exp(x - max) are stored (softmax: in y itself when T is the accumulation type, else in
+// `scratch`; log_softmax: in `scratch`), summed from there in lane_tree_sum's order, then divided
+// (softmax) or subtracted as a log (log_softmax). The same exp of the same argument (exp_in_place: the C
+// library's bits), the same additions in the same order, the same division or subtraction: the shared row
+// function's bits (tests/kernels/cpu_fast_paths_test.cpp compares the two), at half its exps for softmax;
 // the shared function computes exp twice because a warp cannot keep a row in registers.
-template <class T>
+template <bool kLog, class T>
 void softmax_row_stored_exp(const T* x, T* y, std::int64_t n, acc_type<T>* scratch) {
   using Acc = acc_type<T>;
   const Acc m = SerialRow{}.max<Acc>(n, RowLoad<Acc, T>{x});
   Acc* ex = nullptr;
-  if constexpr (std::is_same_v<T, Acc>) {
+  if constexpr (std::is_same_v<T, Acc> && !kLog) {
     ex = y;
   } else {
     ex = scratch;
   }
-  for (std::int64_t j = 0; j < n; ++j) ex[j] = std::exp(convert<Acc>(x[j]) - m);
+  for (std::int64_t j = 0; j < n; ++j) ex[j] = convert<Acc>(x[j]) - m;
+  exp_in_place(ex, n);
   const Acc sum = lane_tree_sum<Acc>(n, [&](std::int64_t j) { return ex[j]; });
-  for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(canonical_nan(ex[j] / sum));
+  if constexpr (kLog) {
+    const Acc log_sum = std::log(sum);
+    for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(canonical_nan(convert<Acc>(x[j]) - m - log_sum));
+  } else {
+    for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(canonical_nan(ex[j] / sum));
+  }
 }
 
 template <class T, bool kLog>
@@ -402,13 +422,24 @@ void softmax_rows_kernel(Backend&, const KernelArgs& a) {
   T* out = a.out.ptr<T>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
-    if constexpr (kLog) {
-      for (std::int64_t r = b; r < e; ++r) softmax_row<kLog>(SerialRow{}, in + r * cols, out + r * cols, cols);
-    } else {
-      std::vector<acc_type<T>> scratch(std::is_same_v<T, acc_type<T>> ? 0 : static_cast<std::size_t>(cols));
-      for (std::int64_t r = b; r < e; ++r) softmax_row_stored_exp(in + r * cols, out + r * cols, cols, scratch.data());
+    const bool needs_scratch = kLog || !std::is_same_v<T, acc_type<T>>;
+    std::vector<acc_type<T>> scratch(needs_scratch ? static_cast<std::size_t>(cols) : 0);
+    for (std::int64_t r = b; r < e; ++r) {
+      softmax_row_stored_exp<kLog>(in + r * cols, out + r * cols, cols, scratch.data());
     }
   });
+}
+
+// log_softmax's backward row, dx = g - exp(y) sum(g) (softmax_backward_row<true>, kernels/row_functors.h),
+// with the row's exp(y) computed together in `scratch` (exp_in_place: the C library's bits); the same sum,
+// product and subtraction: the shared function's bits.
+template <class T>
+void log_softmax_backward_row_stored_exp(const T* g, const T* y, T* dx, std::int64_t n, acc_type<T>* scratch) {
+  using Acc = acc_type<T>;
+  const Acc s = SerialRow{}.sum<Acc>(n, RowLoad<Acc, T>{g});
+  for (std::int64_t j = 0; j < n; ++j) scratch[j] = convert<Acc>(y[j]);
+  exp_in_place(scratch, n);
+  for (std::int64_t j = 0; j < n; ++j) dx[j] = convert<T>(canonical_nan(convert<Acc>(g[j]) - scratch[j] * s));
 }
 
 template <class T, bool kLog>
@@ -418,8 +449,15 @@ void softmax_backward_rows_kernel(Backend&, const KernelArgs& a) {
   T* out = a.out.ptr<T>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t r = b; r < e; ++r) {
-      softmax_backward_row<kLog>(SerialRow{}, g + r * cols, y + r * cols, out + r * cols, cols);
+    if constexpr (kLog) {
+      std::vector<acc_type<T>> scratch(static_cast<std::size_t>(cols));
+      for (std::int64_t r = b; r < e; ++r) {
+        log_softmax_backward_row_stored_exp(g + r * cols, y + r * cols, out + r * cols, cols, scratch.data());
+      }
+    } else {
+      for (std::int64_t r = b; r < e; ++r) {
+        softmax_backward_row<kLog>(SerialRow{}, g + r * cols, y + r * cols, out + r * cols, cols);
+      }
     }
   });
 }

@@ -1,8 +1,9 @@
 // The CPU backend's fast paths that must give the bits of the code they replace (issue 37):
-// - softmax over rows with each exp computed once (kernels/cpu/nn_kernels.cpp) against the shared row
-//   function softmax_row<false> run by a SerialRow (kernels/row_functors.h), which the backend called
-//   before, on f32, f64, f16 and bf16, rows of many lengths and rows with NaN, infinities and huge values,
-//   enough rows that the pool splits them;
+// - softmax and log_softmax over rows, forward and backward, with each exp computed once and a row's exps
+//   together (kernels/cpu/nn_kernels.cpp; kernels/cpu/exp_kernels.h's vector expf) against the shared row
+//   functions softmax_row and softmax_backward_row run by a SerialRow (kernels/row_functors.h), which the
+//   backend called before, on f32, f64, f16 and bf16, rows of many lengths and rows with NaN, infinities and
+//   huge values, enough rows that the pool splits them;
 // - masked_fill with a mask repeating one dense block (a causal mask broadcast over batch and heads)
 //   against plain index arithmetic, and the masks that must take the general path (a mask broadcast in
 //   a middle dimension, a transposed mask, a strided input);
@@ -60,27 +61,50 @@ std::uint64_t bits_of(T v) {
   return b;
 }
 
+// softmax and log_softmax forward and backward (y.backward(g)) through the CPU backend against the shared row
+// functions run serially, which the backend called before; g: other deterministic values, with a NaN and an
+// infinity planted in some rows.
 template <class T>
 void check_softmax_rows_bits(DType dtype) {
-  for (std::int64_t cols : {1, 2, 7, 31, 32, 33, 64, 100, 257, 1000}) {
+  for (std::int64_t cols : {1, 2, 7, 15, 16, 17, 31, 32, 33, 64, 100, 257, 1000}) {
     // At least 3 x 16384 elements so that the rows are split over the pool's threads.
     const std::int64_t rows = std::max<std::int64_t>(45, 3 * 16384 / cols + 5);
-    std::vector<double> all;
+    std::vector<double> all, grads;
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::vector<double> v = row_values(r, cols);
       all.insert(all.end(), v.begin(), v.end());
+      std::vector<double> gv = row_values(r + 7 * rows, cols);
+      if (r % 9 == 3) gv = row_values(r + 1, cols);  // no -inf rows in g: a NaN row there says nothing new
+      grads.insert(grads.end(), gv.begin(), gv.end());
     }
-    const Tensor x = from_values(all, {rows, cols}, {dtype});
-    const Tensor y = softmax(x, 1);
-    ASSERT_EQ(y.dtype(), dtype);
-    const T* xs = x.contiguous().data_as<T>();
-    const T* ys = y.contiguous().data_as<T>();
-    std::vector<T> expected(static_cast<std::size_t>(cols));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      softmax_row<false>(SerialRow{}, xs + r * cols, expected.data(), cols);
-      for (std::int64_t j = 0; j < cols; ++j) {
-        ASSERT_EQ(bits_of(ys[r * cols + j]), bits_of(expected[static_cast<std::size_t>(j)]))
-            << dtype_name(dtype) << " cols " << cols << " row " << r << " element " << j;
+    const Tensor g = from_values(grads, {rows, cols}, {dtype});
+    const T* gs = g.contiguous().data_as<T>();
+    for (const bool log : {false, true}) {
+      const Tensor x = from_values(all, {rows, cols}, {dtype}).requires_grad_();
+      const Tensor y = log ? log_softmax(x, 1) : softmax(x, 1);
+      ASSERT_EQ(y.dtype(), dtype);
+      y.backward(g);
+      ASSERT_TRUE(x.grad().defined());
+      const T* xs = x.contiguous().data_as<T>();
+      const T* ys = y.contiguous().data_as<T>();
+      const T* ds = x.grad().contiguous().data_as<T>();
+      std::vector<T> expected(static_cast<std::size_t>(cols)), expected_dx(static_cast<std::size_t>(cols));
+      const char* what = log ? "log_softmax" : "softmax";
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t o = r * cols;
+        if (log) {
+          softmax_row<true>(SerialRow{}, xs + o, expected.data(), cols);
+          softmax_backward_row<true>(SerialRow{}, gs + o, ys + o, expected_dx.data(), cols);
+        } else {
+          softmax_row<false>(SerialRow{}, xs + o, expected.data(), cols);
+          softmax_backward_row<false>(SerialRow{}, gs + o, ys + o, expected_dx.data(), cols);
+        }
+        for (std::int64_t j = 0; j < cols; ++j) {
+          ASSERT_EQ(bits_of(ys[o + j]), bits_of(expected[static_cast<std::size_t>(j)]))
+              << what << " " << dtype_name(dtype) << " cols " << cols << " row " << r << " element " << j;
+          ASSERT_EQ(bits_of(ds[o + j]), bits_of(expected_dx[static_cast<std::size_t>(j)]))
+              << what << " backward " << dtype_name(dtype) << " cols " << cols << " row " << r << " element " << j;
+        }
       }
     }
   }
