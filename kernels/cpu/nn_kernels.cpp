@@ -508,9 +508,30 @@ void layer_norm_param_grad_kernel(Backend&, const KernelArgs& a) {
   T* dw = a.out.ptr<T>();
   T* db = a.aux[0].ptr<T>();
   const std::int64_t rows = a.in[1].sizes[0], cols = a.in[1].sizes[1];
+  // layer_norm_param_grad_column (kernels/row_functors.h, one column at a time down the rows: what the GPU
+  // runs) for a block of columns at once, walking the rows in order: each column's two sums take the same
+  // terms in the same order with the same roundings, so the same bits, but a row's columns are contiguous, so
+  // the loop over them vectorises and reads memory in order (tiny GPT: 2% of the f32 step before, strided).
   parallel_for(cols, std::max<std::int64_t>(1, kRowGrain / std::max<std::int64_t>(rows, 1)),
                [&](std::int64_t b, std::int64_t e) {
-                 for (std::int64_t c = b; c < e; ++c) layer_norm_param_grad_column(g, x, mean, rstd, rows, cols, c, dw, db);
+                 const std::int64_t width = e - b;
+                 std::vector<Acc> sw(static_cast<std::size_t>(width), Acc(0)), sb(static_cast<std::size_t>(width), Acc(0));
+                 Acc* psw = sw.data();
+                 Acc* psb = sb.data();
+                 for (std::int64_t r = 0; r < rows; ++r) {
+                   const T* gr = g + r * cols + b;
+                   const T* xr = x + r * cols + b;
+                   const Acc m = mean[r], s = rstd[r];
+                   for (std::int64_t c = 0; c < width; ++c) {
+                     const Acc gv = convert<Acc>(gr[c]);
+                     psw[c] += gv * ((convert<Acc>(xr[c]) - m) * s);
+                     psb[c] += gv;
+                   }
+                 }
+                 for (std::int64_t c = 0; c < width; ++c) {
+                   dw[b + c] = convert<T>(canonical_nan(psw[c]));
+                   db[b + c] = convert<T>(canonical_nan(psb[c]));
+                 }
                });
 }
 
