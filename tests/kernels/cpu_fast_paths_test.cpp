@@ -10,6 +10,7 @@
 // - sums over dims whose rows are not contiguous, read in place (kernels/cpu/nn_kernels.cpp,
 //   sum_strided_rows: a convolution's bias gradient, column sums) against the same sums of the
 //   permuted copy's contiguous rows, which the backend summed before;
+// - a product's epilogue, which leaves blocks without a bias or a NaN as they are: every NaN canonical;
 // - gelu's tanh form on f32, whose forward stores each tanh for its backward (core/ops.cpp), against
 //   GeluFn and GeluBackwardFn element by element, through autograd, on a contiguous and a transposed input.
 #include <cmath>
@@ -258,6 +259,56 @@ TEST(cpu_fast_paths, gelu_tanh_backward_from_the_stored_tanh_gives_the_functors_
       ASSERT_EQ(bits_of(static_cast<float>(yv[i])), bits_of(fwd(xf))) << "forward at " << i << ", x = " << xf;
       ASSERT_EQ(bits_of(static_cast<float>(dv[i])), bits_of(bwd(gf, xf)))
           << "backward at " << i << ", x = " << xf << ", g = " << gf << (transposed ? " (transposed)" : "");
+    }
+  }
+}
+
+// A product's epilogue skips a block without a bias whose sums hold no NaN (kernels/cpu/nn_kernels.cpp,
+// round_product): a NaN anywhere in a block, from a NaN operand (0x7FC00000 in f32) or from inf * 0 (x86's
+// default NaN, 0xFFC00000), must still come out as the canonical 0x7FFFFFFF (docs/numerics.md), at every
+// position of a block (the vector scan's lanes and its scalar tail), for f32 and f64, a single product
+// (row blocks) and a batched one; every other element the sum (finite or infinite).
+TEST(cpu_fast_paths, products_without_a_bias_still_canonicalise_every_nan) {
+  for (const DType d : {DType::f32, DType::f64}) {
+    for (const std::int64_t batches : {1, 3}) {
+      const std::int64_t m = 300, k = 33, n = 37;  // 300 x 37 outputs: several row blocks, odd widths
+      std::vector<double> av(static_cast<std::size_t>(batches * m * k)), bv(static_cast<std::size_t>(batches * k * n));
+      for (std::size_t i = 0; i < av.size(); ++i) av[i] = static_cast<double>(static_cast<int>(i % 7) - 3);
+      for (std::size_t i = 0; i < bv.size(); ++i) bv[i] = static_cast<double>(static_cast<int>(i % 5) - 2) * 0.5;
+      // One NaN row a batch, at a row that moves, so the NaN falls at different offsets of the blocks; and
+      // an inf in B's column 9 of the last batch: NaN where it meets a zero of A (all of that batch's row 0),
+      // inf elsewhere. The reference: the same sums in double (small integers and halves: exact).
+      for (std::int64_t b = 0; b < batches; ++b) {
+        const std::int64_t r = (37 + 101 * b) % m;
+        av[static_cast<std::size_t>((b * m + r) * k + 5)] = std::numeric_limits<double>::quiet_NaN();
+      }
+      const std::int64_t lb = batches - 1;
+      for (std::int64_t p = 0; p < k; ++p) av[static_cast<std::size_t>((lb * m) * k + p)] = 0.0;
+      bv[static_cast<std::size_t>((lb * k + 3) * n + 9)] = kInf;
+      Tensor a = from_values(av, {batches, m, k}, {d}), bmat = from_values(bv, {batches, k, n}, {d});
+      const Tensor y = batches == 1 ? matmul(a.reshape({m, k}), bmat.reshape({k, n})).reshape({1, m, n}) : bmm(a, bmat);
+      const std::vector<double> got = y.values();
+      const Tensor yc = y.contiguous();
+      for (std::int64_t b = 0; b < batches; ++b) {
+        for (std::int64_t r = 0; r < m; ++r) {
+          for (std::int64_t c = 0; c < n; ++c) {
+            const std::size_t i = static_cast<std::size_t>((b * m + r) * n + c);
+            double ref = 0;
+            for (std::int64_t p = 0; p < k; ++p) {
+              ref += av[static_cast<std::size_t>((b * m + r) * k + p)] * bv[static_cast<std::size_t>((b * k + p) * n + c)];
+            }
+            if (std::isnan(ref)) {
+              if (d == DType::f32) {
+                ASSERT_EQ(bits_of(yc.data_as<float>()[i]), 0x7FFFFFFFu) << "f32 batches " << batches << " at " << i;
+              } else {
+                ASSERT_EQ(bits_of(yc.data_as<double>()[i]), 0x7FFFFFFFFFFFFFFFull) << "f64 batches " << batches << " at " << i;
+              }
+            } else {
+              ASSERT_EQ(got[i], ref) << dtype_name(d) << " batches " << batches << " at " << i;  // small integers: exact
+            }
+          }
+        }
+      }
     }
   }
 }
