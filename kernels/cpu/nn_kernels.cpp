@@ -398,10 +398,44 @@ void exp_in_place(Acc* v, std::int64_t n) {
 // library's bits), the same additions in the same order, the same division or subtraction: the shared row
 // function's bits (tests/kernels/cpu_fast_paths_test.cpp compares the two), at half its exps for softmax;
 // the shared function computes exp twice because a warp cannot keep a row in registers.
+// SerialRow::max of a row (the first NaN if there is one, else the first largest value), for f32 rows four
+// lanes at a time (the scalar scan was most of the softmax rows' own time). Without a NaN the largest value's
+// bits are the same whichever of its copies is taken, except +0 and -0, which compare equal: a row whose
+// maximum is a zero, or that holds a NaN, is scanned again by SerialRow::max itself, so the maximum is always
+// SerialRow's, bit for bit (tests/kernels/cpu_fast_paths_test.cpp has rows of both kinds).
+template <class T>
+acc_type<T> row_max(const T* x, std::int64_t n) {
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (n >= 16) {
+      __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0, nan = _mm_setzero_ps();
+      std::int64_t j = 0;
+      for (; j + 8 <= n; j += 8) {
+        const __m128 a = _mm_loadu_ps(x + j), b = _mm_loadu_ps(x + j + 4);
+        m0 = _mm_max_ps(m0, a);
+        m1 = _mm_max_ps(m1, b);
+        nan = _mm_or_ps(nan, _mm_or_ps(_mm_cmpunord_ps(a, a), _mm_cmpunord_ps(b, b)));
+      }
+      alignas(16) float lanes[4];
+      _mm_store_ps(lanes, _mm_max_ps(m0, m1));
+      float m = lanes[0];
+      for (int k = 1; k < 4; ++k) m = lanes[k] > m ? lanes[k] : m;
+      bool has_nan = _mm_movemask_ps(nan) != 0;
+      for (; j < n; ++j) {
+        has_nan |= x[j] != x[j];
+        m = x[j] > m ? x[j] : m;
+      }
+      if (!has_nan && m != 0.0f) return m;
+    }
+  }
+#endif
+  return SerialRow{}.max<acc_type<T>>(n, RowLoad<acc_type<T>, T>{x});
+}
+
 template <bool kLog, class T>
 void softmax_row_stored_exp(const T* x, T* y, std::int64_t n, acc_type<T>* scratch) {
   using Acc = acc_type<T>;
-  const Acc m = SerialRow{}.max<Acc>(n, RowLoad<Acc, T>{x});
+  const Acc m = row_max(x, n);
   Acc* ex = nullptr;
   if constexpr (std::is_same_v<T, Acc> && !kLog) {
     ex = y;

@@ -49,6 +49,11 @@ std::vector<double> row_values(std::int64_t r, std::int64_t cols) {
       case 3: for (auto& x : v) x = -kInf; break;  // a fully masked row: every output NaN
       case 4: v[0] = -kInf; v[cols - 1] = -kInf; break;
       case 5: v[2] = 1e30; break;  // beyond f16's range: the stored value is inf there
+      case 6:  // the maximum a zero of each sign (which compare equal), the rest far below
+        for (auto& x : v) x = -200.0;
+        v[cols / 3] = -0.0;
+        v[cols - 1] = 0.0;
+        break;
       default: break;
     }
   }
