@@ -633,8 +633,8 @@ void pack_matrix(const TensorView& v, std::int64_t batch, Acc* dst) {
 // Without a bias and without rounding (f32, f64) a block whose sums hold no NaN is left as it is: the same
 // values as canonical_nan writing each back, read once instead of read and written (every product's output
 // passed through here: 2.7% of the tiny GPT's and the CNN's f32 steps, issue 37).
-// (GCC keeps `nan |= v[i] != v[i]` scalar, so f32 on x86-64 compares four lanes at a time with SSE2, the
-// baseline: unordered with itself is NaN.)
+// (GCC keeps `nan |= v[i] != v[i]` scalar, so on x86-64 f32 and f64 compare four and two lanes at a time with
+// SSE2, the baseline: unordered with itself is NaN.)
 template <class Acc>
 bool holds_nan(const Acc* v, std::int64_t n) {
   std::int64_t i = 0;
@@ -648,6 +648,14 @@ bool holds_nan(const Acc* v, std::int64_t n) {
       any1 = _mm_or_ps(any1, _mm_cmpunord_ps(b, b));
     }
     nan = _mm_movemask_ps(_mm_or_ps(any0, any1)) != 0;
+  } else if constexpr (std::is_same_v<Acc, double>) {
+    __m128d any0 = _mm_setzero_pd(), any1 = _mm_setzero_pd();
+    for (; i + 4 <= n; i += 4) {
+      const __m128d a = _mm_loadu_pd(v + i), b = _mm_loadu_pd(v + i + 2);
+      any0 = _mm_or_pd(any0, _mm_cmpunord_pd(a, a));
+      any1 = _mm_or_pd(any1, _mm_cmpunord_pd(b, b));
+    }
+    nan = _mm_movemask_pd(_mm_or_pd(any0, any1)) != 0;
   }
 #endif
   for (; i < n; ++i) nan |= v[i] != v[i];
