@@ -6,6 +6,9 @@
 #include "kernels/cpu/nn_kernels.h"
 
 #include <cblas.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +20,7 @@
 #include "core/convert.h"
 #include "core/philox.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/exp_kernels.h"
 #include "kernels/cpu/gelu_kernels.h"
 #include "kernels/half_convert.h"
 #include "kernels/parallel.h"
@@ -376,24 +380,77 @@ void index_backward_rows_kernel(Backend&, const KernelArgs& a) {
   });
 }
 
-// softmax_row<false> (kernels/row_functors.h) with each exp computed once: the row's exps are stored (in y
-// itself when T is the accumulation type, else in `scratch`), summed from there in lane_tree_sum's order and
-// divided. The same exp of the same argument, the same additions in the same order, the same division: the
-// shared row function's bits (tests/kernels/row_functors_test.cpp compares the two), at half its exps;
+// exp over a row of Acc values in place: for float, glibc's expf sixteen at a time with its bits
+// (kernels/cpu/exp_kernels.h), else std::exp one by one.
+template <class Acc>
+void exp_in_place(Acc* v, std::int64_t n) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    exp_f32(v, v, n);
+  } else {
+    for (std::int64_t j = 0; j < n; ++j) v[j] = std::exp(v[j]);
+  }
+}
+
+// softmax_row<kLog> (kernels/row_functors.h) with each exp computed once and all of a row's exps together:
+// the row's exps exp(x - max) are stored (softmax: in y itself when T is the accumulation type, else in
+// `scratch`; log_softmax: in `scratch`), summed from there in lane_tree_sum's order, then divided
+// (softmax) or subtracted as a log (log_softmax). The same exp of the same argument (exp_in_place: the C
+// library's bits), the same additions in the same order, the same division or subtraction: the shared row
+// function's bits (tests/kernels/cpu_fast_paths_test.cpp compares the two), at half its exps for softmax;
 // the shared function computes exp twice because a warp cannot keep a row in registers.
+// SerialRow::max of a row (the first NaN if there is one, else the first largest value), for f32 rows four
+// lanes at a time (the scalar scan was most of the softmax rows' own time). Without a NaN the largest value's
+// bits are the same whichever of its copies is taken, except +0 and -0, which compare equal: a row whose
+// maximum is a zero, or that holds a NaN, is scanned again by SerialRow::max itself, so the maximum is always
+// SerialRow's, bit for bit (tests/kernels/cpu_fast_paths_test.cpp has rows of both kinds).
 template <class T>
+acc_type<T> row_max(const T* x, std::int64_t n) {
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (n >= 16) {
+      __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0, nan = _mm_setzero_ps();
+      std::int64_t j = 0;
+      for (; j + 8 <= n; j += 8) {
+        const __m128 a = _mm_loadu_ps(x + j), b = _mm_loadu_ps(x + j + 4);
+        m0 = _mm_max_ps(m0, a);
+        m1 = _mm_max_ps(m1, b);
+        nan = _mm_or_ps(nan, _mm_or_ps(_mm_cmpunord_ps(a, a), _mm_cmpunord_ps(b, b)));
+      }
+      alignas(16) float lanes[4];
+      _mm_store_ps(lanes, _mm_max_ps(m0, m1));
+      float m = lanes[0];
+      for (int k = 1; k < 4; ++k) m = lanes[k] > m ? lanes[k] : m;
+      bool has_nan = _mm_movemask_ps(nan) != 0;
+      for (; j < n; ++j) {
+        has_nan |= x[j] != x[j];
+        m = x[j] > m ? x[j] : m;
+      }
+      if (!has_nan && m != 0.0f) return m;
+    }
+  }
+#endif
+  return SerialRow{}.max<acc_type<T>>(n, RowLoad<acc_type<T>, T>{x});
+}
+
+template <bool kLog, class T>
 void softmax_row_stored_exp(const T* x, T* y, std::int64_t n, acc_type<T>* scratch) {
   using Acc = acc_type<T>;
-  const Acc m = SerialRow{}.max<Acc>(n, RowLoad<Acc, T>{x});
+  const Acc m = row_max(x, n);
   Acc* ex = nullptr;
-  if constexpr (std::is_same_v<T, Acc>) {
+  if constexpr (std::is_same_v<T, Acc> && !kLog) {
     ex = y;
   } else {
     ex = scratch;
   }
-  for (std::int64_t j = 0; j < n; ++j) ex[j] = std::exp(convert<Acc>(x[j]) - m);
+  for (std::int64_t j = 0; j < n; ++j) ex[j] = convert<Acc>(x[j]) - m;
+  exp_in_place(ex, n);
   const Acc sum = lane_tree_sum<Acc>(n, [&](std::int64_t j) { return ex[j]; });
-  for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(canonical_nan(ex[j] / sum));
+  if constexpr (kLog) {
+    const Acc log_sum = std::log(sum);
+    for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(canonical_nan(convert<Acc>(x[j]) - m - log_sum));
+  } else {
+    for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(canonical_nan(ex[j] / sum));
+  }
 }
 
 template <class T, bool kLog>
@@ -402,13 +459,24 @@ void softmax_rows_kernel(Backend&, const KernelArgs& a) {
   T* out = a.out.ptr<T>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
-    if constexpr (kLog) {
-      for (std::int64_t r = b; r < e; ++r) softmax_row<kLog>(SerialRow{}, in + r * cols, out + r * cols, cols);
-    } else {
-      std::vector<acc_type<T>> scratch(std::is_same_v<T, acc_type<T>> ? 0 : static_cast<std::size_t>(cols));
-      for (std::int64_t r = b; r < e; ++r) softmax_row_stored_exp(in + r * cols, out + r * cols, cols, scratch.data());
+    const bool needs_scratch = kLog || !std::is_same_v<T, acc_type<T>>;
+    std::vector<acc_type<T>> scratch(needs_scratch ? static_cast<std::size_t>(cols) : 0);
+    for (std::int64_t r = b; r < e; ++r) {
+      softmax_row_stored_exp<kLog>(in + r * cols, out + r * cols, cols, scratch.data());
     }
   });
+}
+
+// log_softmax's backward row, dx = g - exp(y) sum(g) (softmax_backward_row<true>, kernels/row_functors.h),
+// with the row's exp(y) computed together in `scratch` (exp_in_place: the C library's bits); the same sum,
+// product and subtraction: the shared function's bits.
+template <class T>
+void log_softmax_backward_row_stored_exp(const T* g, const T* y, T* dx, std::int64_t n, acc_type<T>* scratch) {
+  using Acc = acc_type<T>;
+  const Acc s = SerialRow{}.sum<Acc>(n, RowLoad<Acc, T>{g});
+  for (std::int64_t j = 0; j < n; ++j) scratch[j] = convert<Acc>(y[j]);
+  exp_in_place(scratch, n);
+  for (std::int64_t j = 0; j < n; ++j) dx[j] = convert<T>(canonical_nan(convert<Acc>(g[j]) - scratch[j] * s));
 }
 
 template <class T, bool kLog>
@@ -418,8 +486,15 @@ void softmax_backward_rows_kernel(Backend&, const KernelArgs& a) {
   T* out = a.out.ptr<T>();
   const std::int64_t rows = a.in[0].sizes[0], cols = a.in[0].sizes[1];
   parallel_for(rows, rows_grain(cols), [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t r = b; r < e; ++r) {
-      softmax_backward_row<kLog>(SerialRow{}, g + r * cols, y + r * cols, out + r * cols, cols);
+    if constexpr (kLog) {
+      std::vector<acc_type<T>> scratch(static_cast<std::size_t>(cols));
+      for (std::int64_t r = b; r < e; ++r) {
+        log_softmax_backward_row_stored_exp(g + r * cols, y + r * cols, out + r * cols, cols, scratch.data());
+      }
+    } else {
+      for (std::int64_t r = b; r < e; ++r) {
+        softmax_backward_row<kLog>(SerialRow{}, g + r * cols, y + r * cols, out + r * cols, cols);
+      }
     }
   });
 }
@@ -470,9 +545,30 @@ void layer_norm_param_grad_kernel(Backend&, const KernelArgs& a) {
   T* dw = a.out.ptr<T>();
   T* db = a.aux[0].ptr<T>();
   const std::int64_t rows = a.in[1].sizes[0], cols = a.in[1].sizes[1];
+  // layer_norm_param_grad_column (kernels/row_functors.h, one column at a time down the rows: what the GPU
+  // runs) for a block of columns at once, walking the rows in order: each column's two sums take the same
+  // terms in the same order with the same roundings, so the same bits, but a row's columns are contiguous, so
+  // the loop over them vectorises and reads memory in order (tiny GPT: 2% of the f32 step before, strided).
   parallel_for(cols, std::max<std::int64_t>(1, kRowGrain / std::max<std::int64_t>(rows, 1)),
                [&](std::int64_t b, std::int64_t e) {
-                 for (std::int64_t c = b; c < e; ++c) layer_norm_param_grad_column(g, x, mean, rstd, rows, cols, c, dw, db);
+                 const std::int64_t width = e - b;
+                 std::vector<Acc> sw(static_cast<std::size_t>(width), Acc(0)), sb(static_cast<std::size_t>(width), Acc(0));
+                 Acc* psw = sw.data();
+                 Acc* psb = sb.data();
+                 for (std::int64_t r = 0; r < rows; ++r) {
+                   const T* gr = g + r * cols + b;
+                   const T* xr = x + r * cols + b;
+                   const Acc m = mean[r], s = rstd[r];
+                   for (std::int64_t c = 0; c < width; ++c) {
+                     const Acc gv = convert<Acc>(gr[c]);
+                     psw[c] += gv * ((convert<Acc>(xr[c]) - m) * s);
+                     psb[c] += gv;
+                   }
+                 }
+                 for (std::int64_t c = 0; c < width; ++c) {
+                   dw[b + c] = convert<T>(canonical_nan(psw[c]));
+                   db[b + c] = convert<T>(canonical_nan(psb[c]));
+                 }
                });
 }
 
@@ -534,10 +630,45 @@ void pack_matrix(const TensorView& v, std::int64_t batch, Acc* dst) {
 // o[i] = round(canonical_nan(c[i] + bias)) for the m x n product c in the accumulation type, rows split
 // over the pool (a nested call runs on the calling thread). For f16/bf16 outputs c is scratch: the sums
 // are written back into it and rounded in bulk; for f32/f64 c is o itself.
+// Without a bias and without rounding (f32, f64) a block whose sums hold no NaN is left as it is: the same
+// values as canonical_nan writing each back, read once instead of read and written (every product's output
+// passed through here: 2.7% of the tiny GPT's and the CNN's f32 steps, issue 37).
+// (GCC keeps `nan |= v[i] != v[i]` scalar, so on x86-64 f32 and f64 compare four and two lanes at a time with
+// SSE2, the baseline: unordered with itself is NaN.)
+template <class Acc>
+bool holds_nan(const Acc* v, std::int64_t n) {
+  std::int64_t i = 0;
+  bool nan = false;
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<Acc, float>) {
+    __m128 any0 = _mm_setzero_ps(), any1 = _mm_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+      const __m128 a = _mm_loadu_ps(v + i), b = _mm_loadu_ps(v + i + 4);
+      any0 = _mm_or_ps(any0, _mm_cmpunord_ps(a, a));
+      any1 = _mm_or_ps(any1, _mm_cmpunord_ps(b, b));
+    }
+    nan = _mm_movemask_ps(_mm_or_ps(any0, any1)) != 0;
+  } else if constexpr (std::is_same_v<Acc, double>) {
+    __m128d any0 = _mm_setzero_pd(), any1 = _mm_setzero_pd();
+    for (; i + 4 <= n; i += 4) {
+      const __m128d a = _mm_loadu_pd(v + i), b = _mm_loadu_pd(v + i + 2);
+      any0 = _mm_or_pd(any0, _mm_cmpunord_pd(a, a));
+      any1 = _mm_or_pd(any1, _mm_cmpunord_pd(b, b));
+    }
+    nan = _mm_movemask_pd(_mm_or_pd(any0, any1)) != 0;
+  }
+#endif
+  for (; i < n; ++i) nan |= v[i] != v[i];
+  return nan;
+}
+
 template <class T, class Acc>
 void round_product(Acc* c, T* o, std::int64_t m, std::int64_t n, const Acc* bias, bool bias_per_row) {
   parallel_for(m, std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(n, 1)),
                [&](std::int64_t r0, std::int64_t r1) {
+                 if constexpr (std::is_same_v<T, Acc>) {
+                   if (!bias && !holds_nan(c + r0 * n, (r1 - r0) * n)) return;
+                 }
                  for (std::int64_t r = r0; r < r1; ++r) {
                    Acc* row = c + r * n;
                    if (bias) {

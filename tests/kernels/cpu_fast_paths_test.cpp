@@ -1,14 +1,16 @@
 // The CPU backend's fast paths that must give the bits of the code they replace (issue 37):
-// - softmax over rows with each exp computed once (kernels/cpu/nn_kernels.cpp) against the shared row
-//   function softmax_row<false> run by a SerialRow (kernels/row_functors.h), which the backend called
-//   before, on f32, f64, f16 and bf16, rows of many lengths and rows with NaN, infinities and huge values,
-//   enough rows that the pool splits them;
+// - softmax and log_softmax over rows, forward and backward, with each exp computed once and a row's exps
+//   together (kernels/cpu/nn_kernels.cpp; kernels/cpu/exp_kernels.h's vector expf) against the shared row
+//   functions softmax_row and softmax_backward_row run by a SerialRow (kernels/row_functors.h), which the
+//   backend called before, on f32, f64, f16 and bf16, rows of many lengths and rows with NaN, infinities and
+//   huge values, enough rows that the pool splits them;
 // - masked_fill with a mask repeating one dense block (a causal mask broadcast over batch and heads)
 //   against plain index arithmetic, and the masks that must take the general path (a mask broadcast in
 //   a middle dimension, a transposed mask, a strided input);
 // - sums over dims whose rows are not contiguous, read in place (kernels/cpu/nn_kernels.cpp,
 //   sum_strided_rows: a convolution's bias gradient, column sums) against the same sums of the
 //   permuted copy's contiguous rows, which the backend summed before;
+// - a product's epilogue, which leaves blocks without a bias or a NaN as they are: every NaN canonical;
 // - gelu's tanh form on f32, whose forward stores each tanh for its backward (core/ops.cpp), against
 //   GeluFn and GeluBackwardFn element by element, through autograd, on a contiguous and a transposed input.
 #include <cmath>
@@ -47,6 +49,11 @@ std::vector<double> row_values(std::int64_t r, std::int64_t cols) {
       case 3: for (auto& x : v) x = -kInf; break;  // a fully masked row: every output NaN
       case 4: v[0] = -kInf; v[cols - 1] = -kInf; break;
       case 5: v[2] = 1e30; break;  // beyond f16's range: the stored value is inf there
+      case 6:  // the maximum a zero of each sign (which compare equal), the rest far below
+        for (auto& x : v) x = -200.0;
+        v[cols / 3] = -0.0;
+        v[cols - 1] = 0.0;
+        break;
       default: break;
     }
   }
@@ -60,27 +67,50 @@ std::uint64_t bits_of(T v) {
   return b;
 }
 
+// softmax and log_softmax forward and backward (y.backward(g)) through the CPU backend against the shared row
+// functions run serially, which the backend called before; g: other deterministic values, with a NaN and an
+// infinity planted in some rows.
 template <class T>
 void check_softmax_rows_bits(DType dtype) {
-  for (std::int64_t cols : {1, 2, 7, 31, 32, 33, 64, 100, 257, 1000}) {
+  for (std::int64_t cols : {1, 2, 7, 15, 16, 17, 31, 32, 33, 64, 100, 257, 1000}) {
     // At least 3 x 16384 elements so that the rows are split over the pool's threads.
     const std::int64_t rows = std::max<std::int64_t>(45, 3 * 16384 / cols + 5);
-    std::vector<double> all;
+    std::vector<double> all, grads;
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::vector<double> v = row_values(r, cols);
       all.insert(all.end(), v.begin(), v.end());
+      std::vector<double> gv = row_values(r + 7 * rows, cols);
+      if (r % 9 == 3) gv = row_values(r + 1, cols);  // no -inf rows in g: a NaN row there says nothing new
+      grads.insert(grads.end(), gv.begin(), gv.end());
     }
-    const Tensor x = from_values(all, {rows, cols}, {dtype});
-    const Tensor y = softmax(x, 1);
-    ASSERT_EQ(y.dtype(), dtype);
-    const T* xs = x.contiguous().data_as<T>();
-    const T* ys = y.contiguous().data_as<T>();
-    std::vector<T> expected(static_cast<std::size_t>(cols));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      softmax_row<false>(SerialRow{}, xs + r * cols, expected.data(), cols);
-      for (std::int64_t j = 0; j < cols; ++j) {
-        ASSERT_EQ(bits_of(ys[r * cols + j]), bits_of(expected[static_cast<std::size_t>(j)]))
-            << dtype_name(dtype) << " cols " << cols << " row " << r << " element " << j;
+    const Tensor g = from_values(grads, {rows, cols}, {dtype});
+    const T* gs = g.contiguous().data_as<T>();
+    for (const bool log : {false, true}) {
+      const Tensor x = from_values(all, {rows, cols}, {dtype}).requires_grad_();
+      const Tensor y = log ? log_softmax(x, 1) : softmax(x, 1);
+      ASSERT_EQ(y.dtype(), dtype);
+      y.backward(g);
+      ASSERT_TRUE(x.grad().defined());
+      const T* xs = x.contiguous().data_as<T>();
+      const T* ys = y.contiguous().data_as<T>();
+      const T* ds = x.grad().contiguous().data_as<T>();
+      std::vector<T> expected(static_cast<std::size_t>(cols)), expected_dx(static_cast<std::size_t>(cols));
+      const char* what = log ? "log_softmax" : "softmax";
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t o = r * cols;
+        if (log) {
+          softmax_row<true>(SerialRow{}, xs + o, expected.data(), cols);
+          softmax_backward_row<true>(SerialRow{}, gs + o, ys + o, expected_dx.data(), cols);
+        } else {
+          softmax_row<false>(SerialRow{}, xs + o, expected.data(), cols);
+          softmax_backward_row<false>(SerialRow{}, gs + o, ys + o, expected_dx.data(), cols);
+        }
+        for (std::int64_t j = 0; j < cols; ++j) {
+          ASSERT_EQ(bits_of(ys[o + j]), bits_of(expected[static_cast<std::size_t>(j)]))
+              << what << " " << dtype_name(dtype) << " cols " << cols << " row " << r << " element " << j;
+          ASSERT_EQ(bits_of(ds[o + j]), bits_of(expected_dx[static_cast<std::size_t>(j)]))
+              << what << " backward " << dtype_name(dtype) << " cols " << cols << " row " << r << " element " << j;
+        }
       }
     }
   }
@@ -234,6 +264,56 @@ TEST(cpu_fast_paths, gelu_tanh_backward_from_the_stored_tanh_gives_the_functors_
       ASSERT_EQ(bits_of(static_cast<float>(yv[i])), bits_of(fwd(xf))) << "forward at " << i << ", x = " << xf;
       ASSERT_EQ(bits_of(static_cast<float>(dv[i])), bits_of(bwd(gf, xf)))
           << "backward at " << i << ", x = " << xf << ", g = " << gf << (transposed ? " (transposed)" : "");
+    }
+  }
+}
+
+// A product's epilogue skips a block without a bias whose sums hold no NaN (kernels/cpu/nn_kernels.cpp,
+// round_product): a NaN anywhere in a block, from a NaN operand (0x7FC00000 in f32) or from inf * 0 (x86's
+// default NaN, 0xFFC00000), must still come out as the canonical 0x7FFFFFFF (docs/numerics.md), at every
+// position of a block (the vector scan's lanes and its scalar tail), for f32 and f64, a single product
+// (row blocks) and a batched one; every other element the sum (finite or infinite).
+TEST(cpu_fast_paths, products_without_a_bias_still_canonicalise_every_nan) {
+  for (const DType d : {DType::f32, DType::f64}) {
+    for (const std::int64_t batches : {1, 3}) {
+      const std::int64_t m = 300, k = 33, n = 37;  // 300 x 37 outputs: several row blocks, odd widths
+      std::vector<double> av(static_cast<std::size_t>(batches * m * k)), bv(static_cast<std::size_t>(batches * k * n));
+      for (std::size_t i = 0; i < av.size(); ++i) av[i] = static_cast<double>(static_cast<int>(i % 7) - 3);
+      for (std::size_t i = 0; i < bv.size(); ++i) bv[i] = static_cast<double>(static_cast<int>(i % 5) - 2) * 0.5;
+      // One NaN row a batch, at a row that moves, so the NaN falls at different offsets of the blocks; and
+      // an inf in B's column 9 of the last batch: NaN where it meets a zero of A (all of that batch's row 0),
+      // inf elsewhere. The reference: the same sums in double (small integers and halves: exact).
+      for (std::int64_t b = 0; b < batches; ++b) {
+        const std::int64_t r = (37 + 101 * b) % m;
+        av[static_cast<std::size_t>((b * m + r) * k + 5)] = std::numeric_limits<double>::quiet_NaN();
+      }
+      const std::int64_t lb = batches - 1;
+      for (std::int64_t p = 0; p < k; ++p) av[static_cast<std::size_t>((lb * m) * k + p)] = 0.0;
+      bv[static_cast<std::size_t>((lb * k + 3) * n + 9)] = kInf;
+      Tensor a = from_values(av, {batches, m, k}, {d}), bmat = from_values(bv, {batches, k, n}, {d});
+      const Tensor y = batches == 1 ? matmul(a.reshape({m, k}), bmat.reshape({k, n})).reshape({1, m, n}) : bmm(a, bmat);
+      const std::vector<double> got = y.values();
+      const Tensor yc = y.contiguous();
+      for (std::int64_t b = 0; b < batches; ++b) {
+        for (std::int64_t r = 0; r < m; ++r) {
+          for (std::int64_t c = 0; c < n; ++c) {
+            const std::size_t i = static_cast<std::size_t>((b * m + r) * n + c);
+            double ref = 0;
+            for (std::int64_t p = 0; p < k; ++p) {
+              ref += av[static_cast<std::size_t>((b * m + r) * k + p)] * bv[static_cast<std::size_t>((b * k + p) * n + c)];
+            }
+            if (std::isnan(ref)) {
+              if (d == DType::f32) {
+                ASSERT_EQ(bits_of(yc.data_as<float>()[i]), 0x7FFFFFFFu) << "f32 batches " << batches << " at " << i;
+              } else {
+                ASSERT_EQ(bits_of(yc.data_as<double>()[i]), 0x7FFFFFFFFFFFFFFFull) << "f64 batches " << batches << " at " << i;
+              }
+            } else {
+              ASSERT_EQ(got[i], ref) << dtype_name(d) << " batches " << batches << " at " << i;  // small integers: exact
+            }
+          }
+        }
+      }
     }
   }
 }
