@@ -14,6 +14,7 @@
 #include "kernels/parallel.h"
 
 #include <immintrin.h>
+#include <sched.h>
 
 #include <atomic>
 #include <chrono>
@@ -66,6 +67,9 @@ bool spin_until(Done done) {
       _mm_pause();
     }
     if (std::chrono::steady_clock::now() >= until) return done();
+    // Another thread that is ready to run on this core (the trace writer's, the user's) goes first: a
+    // spinning thread holds a core only when nothing else wants it.
+    sched_yield();
   }
 }
 

@@ -4,7 +4,8 @@
 //   parallel_for(n, kElementwiseGrain, [&](std::int64_t begin, std::int64_t end) { ... });
 //
 // The pool's workers spin for at most 20 microseconds after a job, then sleep on a condition variable until
-// the next. (OpenMP's workers spin much longer after each parallel region, libgomp's GOMP_SPINCOUNT; on a
+// the next; while they spin they let any other thread that is ready to run on their core go first
+// (sched_yield), so the spin takes only a core nothing else wants (the trace writer's threads, issue 37). (OpenMP's workers spin much longer after each parallel region, libgomp's GOMP_SPINCOUNT; on a
 // shared two-core machine that spinning took most of the CPU time of a training step away from everything
 // else, including the other core's real work. Sleeping at once cost a wake-up, a futex call and tens of
 // microseconds, at every one of the many short jobs of a step: the 2-thread CNN kept 1.82 cores busy where
