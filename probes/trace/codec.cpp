@@ -570,7 +570,7 @@ ChunkCodec::ChunkCodec(std::size_t record_bytes, std::size_t chunk_rows, int lev
 
 ChunkCodec::~ChunkCodec() = default;
 
-void ChunkCodec::encode(const std::byte* records, std::size_t rows, std::vector<std::byte>& out) {
+void ChunkCodec::encode(const std::byte* records, std::size_t rows, std::vector<std::byte>& out, std::size_t partial_budget) {
   const std::size_t chunk_bytes = record_bytes_ * chunk_rows_;
   const std::size_t used = record_bytes_ * rows;
   if (level_ == 0) {
@@ -579,8 +579,16 @@ void ChunkCodec::encode(const std::byte* records, std::size_t rows, std::vector<
     std::memset(out.data() + used, 0, chunk_bytes - used);
     return;
   }
-  if (rows < chunk_rows_) std::memset(shuffled_.data(), 0, chunk_bytes);
-  shuffle_records(records, rows, record_bytes_, chunk_rows_, shuffled_.data());
+  const bool partial = rows < chunk_rows_;
+  if (partial && partial_budget > 0 && chunk_rows_ < kOwnRunLengthRows) {
+    // The columns' zeros beyond `rows` are not written: encode_fixed_runs codes them without reading them.
+    shuffle_records(records, rows, record_bytes_, chunk_rows_, shuffled_.data());
+    if (encode_fixed_runs(rows, partial_budget, out)) return;
+    for (std::size_t b = 0; b < record_bytes_; ++b) std::memset(shuffled_.data() + b * chunk_rows_ + rows, 0, chunk_rows_ - rows);
+  } else {
+    if (partial) std::memset(shuffled_.data(), 0, chunk_bytes);
+    shuffle_records(records, rows, record_bytes_, chunk_rows_, shuffled_.data());
+  }
 
   // The stretches of the shuffled chunk and how each is deflated. A stored mantissa column of a partial
   // chunk stores its zeros too (the rows still to come): each change of setting ends a deflate block and
@@ -797,6 +805,95 @@ void ChunkCodec::encode(const std::byte* records, std::size_t rows, std::vector<
   }
   put_big_endian(out.data() + at, adler32_of(1, shuffled_.data(), chunk_bytes));
   out.resize(at + 4);
+}
+
+// One final block of deflate's fixed codes (RFC 1951 3.2.6): each byte column's first `rows` bytes as literals and
+// runs at distance 1 of 3 to 258 bytes (the byte before repeated, as zlib's run-length strategy finds them), then
+// the column's chunk_rows - rows zeros as runs (after one literal zero when the byte before is not zero). A fixed
+// code needs no counts and no code building, which were most of zlib's time on a short step's partial chunk (in
+// the writer, not in a loop over one chunk: building a code branches on the counts), and the zeros cost a run per
+// 258 bytes instead of zlib's scan of every byte. The Adler-32 is that of the whole shuffled chunk: each column's
+// bytes, then its zeros added arithmetically (n zeros leave s1 and add n * s1 to s2).
+bool ChunkCodec::encode_fixed_runs(std::size_t rows, std::size_t budget, std::vector<std::byte>& out) const {
+  const std::size_t zeros = chunk_rows_ - rows;
+  // Room for the budget (or the whole stream's worst case, a literal of at most 9 bits a byte, when that is less),
+  // plus one column's worst case past it before the check, and the BitWriter's 4-byte stores.
+  out.resize(std::min(budget, record_bytes_ * chunk_rows_ * 9 / 8 + 16) + 2 * chunk_rows_ + 64);
+  put_zlib_header(out.data(), level_);
+  BitWriter w{out.data(), 2};
+  w.put(1, 1);  // BFINAL 1: the only block
+  w.put(1, 2);  // BTYPE 01: fixed codes
+  const auto& lengths = kFixedCodes.lengths;
+  const auto& codes = kFixedCodes.codes;
+  int previous = -1;     // the stream's last byte (none yet)
+  std::size_t held = 0;  // bytes equal to `previous` that follow it, not written yet: a run may go on past a column
+  // The held bytes as runs of at most 258, the last 1 or 2 as literals.
+  auto write_held = [&] {
+    for (; held >= 3; held -= std::min<std::size_t>(held, 258)) {
+      const std::size_t length = std::min<std::size_t>(held, 258);
+      const unsigned code = 257 + kLengthCodes.code[length];
+      w.put(codes[code], lengths[code]);
+      if (kLengthCodes.extra[length] > 0) w.put(static_cast<std::uint32_t>(length - kLengthCodes.base[length]), kLengthCodes.extra[length]);
+      w.put(codes[286], lengths[286]);  // distance 1: code 0, no extra bits
+    }
+    for (; held > 0; --held) w.put(codes[previous], lengths[previous]);
+  };
+  auto literal = [&](unsigned byte) {
+    write_held();
+    w.put(codes[byte], lengths[byte]);
+    previous = static_cast<int>(byte);
+  };
+  std::uint32_t adler = 1;
+  const auto* shuffled = reinterpret_cast<const unsigned char*>(shuffled_.data());
+  for (std::size_t b = 0; b < record_bytes_; ++b) {
+    const unsigned char* column = shuffled + b * chunk_rows_;
+    for (std::size_t i = 0; i < rows;) {
+      std::size_t run = 0;
+      if (previous >= 0) {
+        const std::uint64_t pattern = 0x0101010101010101ull * static_cast<unsigned>(previous);
+        while (run + 8 <= rows - i) {
+          std::uint64_t word;
+          std::memcpy(&word, column + i + run, 8);
+          const std::uint64_t differ = word ^ pattern;
+          if (differ != 0) {
+            run += static_cast<std::size_t>(std::countr_zero(differ)) / 8;
+            break;
+          }
+          run += 8;
+        }
+        if (run + 8 > rows - i) {
+          while (i + run < rows && column[i + run] == previous) ++run;
+        }
+      }
+      if (run > 0) {
+        held += run;
+        i += run;
+      } else {
+        literal(column[i]);
+        ++i;
+      }
+    }
+    if (zeros > 0) {  // the rows still to come
+      std::size_t n = zeros;
+      if (previous != 0) {
+        literal(0);
+        --n;
+      }
+      held += n;
+    }
+    if (w.at > budget) return false;
+    adler = adler32_of(adler, shuffled_.data() + b * chunk_rows_, rows);
+    const std::uint64_t s1 = adler & 0xFFFF, s2 = adler >> 16;
+    adler = static_cast<std::uint32_t>((s2 + zeros % kAdlerBase * s1) % kAdlerBase << 16 | s1);
+  }
+  write_held();
+  w.put(codes[256], lengths[256]);  // end of block
+  w.put(0, (8 - w.n % 8) % 8);
+  w.flush_bytes();
+  if (w.at + 4 > budget) return false;
+  put_big_endian(out.data() + w.at, adler);
+  out.resize(w.at + 4);
+  return true;
 }
 
 // Appends a stretch, merged into the last one when it continues it with the same setting.

@@ -8,7 +8,10 @@
 //    chunk makes us compress and write the chunk's rows so far (the rest zeros, beyond the dataset's
 //    extent), and again at each step end until it is full; so each step end costs compressing up to a
 //    chunk. Chunks are therefore sized from the first step (about four steps' rows) unless the options
-//    fix them, and the tables are created at the first step end.
+//    fix them, and the tables are created at the first step end. Where chunks are small (under 256 rows:
+//    short steps), a partial chunk is coded by ChunkCodec alone in deflate's fixed codes when that fits in
+//    the table's last full chunk's size (newest_full), which skips what zlib spent most of such a step end
+//    on: building a block's Huffman codes and scanning the zeros of the rows still to come.
 //  - Under SWMR, HDF5 never reuses the space of a chunk that moves, so a rewritten chunk must keep its
 //    size: its bytes are padded with zeros to a slot sized from earlier full chunks (the deflate stream
 //    ends before the padding, and the decoder stops there). A chunk that outgrows its slot moves, and
@@ -627,6 +630,13 @@ struct TraceWriter::State {
   // compression and writer threads also take, once a row (issue 37).
   std::atomic<bool> failed_seen{false};
   bool stopping = false;                 // compression threads: exit when idle
+  // Per table, the newest full chunk the compression threads encoded: (its index + 1) << 32 | its stored bytes (0:
+  // none yet). Its bytes are the most a partial chunk may take when ChunkCodec writes it with fixed codes (encode's
+  // partial_budget): the writer thread keeps room for the largest of the last eight full chunks it wrote, and 1/32
+  // more, for each chunk it rewrites (FileWriter::slot_size), and a partial chunk's jobs come after every full chunk
+  // before it, so the newest one encoded is one of those eight (with up to eight compression threads; with more, a
+  // chunk could at worst outgrow its room and move, as zlib's partial chunks may).
+  std::array<std::atomic<std::uint64_t>, kDataTableCount> newest_full{};
 
   std::unique_ptr<FileWriter> file;      // the writer thread's
   std::thread writer;
@@ -888,7 +898,16 @@ struct TraceWriter::State {
           const std::size_t t = index_of(job->table);
           codec = std::make_unique<ChunkCodec>(record_size(job->table), chunks[t], options.compression, float_ranges[t]);
         }
-        codec->encode(job->records.data(), job->rows, job->stored);
+        const std::size_t t = index_of(job->table);
+        const bool full = job->rows == chunks[t];
+        const std::size_t budget = full ? 0 : newest_full[t].load(std::memory_order_relaxed) & 0xFFFFFFFFu;
+        codec->encode(job->records.data(), job->rows, job->stored, budget);
+        if (full && job->stored.size() <= 0xFFFFFFFFu) {
+          const std::uint64_t mine = (static_cast<std::uint64_t>(job->chunk) + 1) << 32 | job->stored.size();
+          std::uint64_t seen = newest_full[t].load(std::memory_order_relaxed);
+          while ((seen >> 32) < (mine >> 32) && !newest_full[t].compare_exchange_weak(seen, mine, std::memory_order_relaxed)) {
+          }
+        }
       } catch (...) {
         job->encode_error = std::current_exception();
       }
