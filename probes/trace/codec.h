@@ -12,6 +12,7 @@
 //   if (decoder.inflate(stored.data(), stored.size())) decoder.unshuffle(first, count, records);
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -61,11 +62,11 @@ class ChunkCodec {
   //
   // partial_budget: a partial chunk (rows < chunk_rows) of a codec with fewer than kOwnRunLengthRows chunk rows
   // is written by the codec alone, without zlib, when that takes at most partial_budget bytes (0: never): one
-  // block of deflate's fixed codes, literals and runs at distance 1, each column's zeros beyond `rows` a few
-  // runs, no Huffman codes to build (see encode_fixed_runs). A short step's end rewrites such a chunk at every
-  // step, and zlib spent most of that time building a block's codes and scanning the zeros; the bytes are
-  // larger than zlib's (1.0-1.6x on trace rows), hence the budget, which the writer sets so that the chunk
-  // still fits the space kept for it in the file. Full chunks are always zlib's, as before.
+  // block of deflate's fixed codes, literals, runs at distance 1 and matches found by a hash of 3 bytes, each
+  // column's zeros beyond `rows` a few runs, no Huffman codes to build (see encode_fixed_runs). A short step's end
+  // rewrites such a chunk at every step, and zlib spent most of that time building a block's codes and scanning the
+  // zeros; the bytes are up to 1.1x zlib's on the MLP's trace rows, hence the budget, which the writer sets so that
+  // the chunk still fits the space kept for it in the file. Full chunks are always zlib's, as before.
   void encode(const std::byte* records, std::size_t rows, std::vector<std::byte>& out, std::size_t partial_budget = 0);
 
  private:
@@ -88,7 +89,11 @@ class ChunkCodec {
   // The partial chunk in shuffled_ (each column's first `rows` bytes; the rest of each column is taken as zeros,
   // whatever shuffled_ holds there) as a zlib stream of one fixed-code block, into `out`; false, with `out`
   // undefined, when it would take more than `budget` bytes.
-  bool encode_fixed_runs(std::size_t rows, std::size_t budget, std::vector<std::byte>& out) const;
+  bool encode_fixed_runs(std::size_t rows, std::size_t budget, std::vector<std::byte>& out);
+  // encode_fixed_runs' matches: per hash of 3 bytes, the last position in the shuffled chunk that had it.
+  static constexpr unsigned kMatchHashBits = 12;
+  static constexpr std::uint32_t kNoCandidate = 0xFFFFFFFFu;
+  std::array<std::uint32_t, std::size_t{1} << kMatchHashBits> match_head{};
   bool looks_random(const std::byte* column, std::size_t rows) const;
   std::size_t record_bytes_;
   std::size_t chunk_rows_;

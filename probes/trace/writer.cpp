@@ -11,7 +11,9 @@
 //    fix them, and the tables are created at the first step end. Where chunks are small (under 256 rows:
 //    short steps), a partial chunk is coded by ChunkCodec alone in deflate's fixed codes when that fits in
 //    the table's last full chunk's size (newest_full), which skips what zlib spent most of such a step end
-//    on: building a block's Huffman codes and scanning the zeros of the rows still to come.
+//    on: building a block's Huffman codes and scanning the zeros of the rows still to come. Such a step end
+//    (its chunks 64 KiB or less, whole) is compressed by the writer thread itself: the compression threads
+//    are not woken for it (kWriterCompresses).
 //  - Under SWMR, HDF5 never reuses the space of a chunk that moves, so a rewritten chunk must keep its
 //    size: its bytes are padded with zeros to a slot sized from earlier full chunks (the deflate stream
 //    ends before the padding, and the decoder stops there). A chunk that outgrows its slot moves, and

@@ -1,9 +1,9 @@
 // probes/trace/writer.h: the HDF5 trace file sink. Rows are packed into the file's record layout on the
-// caller's thread and handed over a chunk at a time; compression threads shuffle and deflate chunks as
-// HDF5's filters would, and one writer thread appends them to chunked, extendible datasets (one per
-// table) of a file in SWMR mode, so the trace can be read while it is written and survives the writer
-// being killed: end_step() makes every row given so far durable. The queue is bounded: write() blocks
-// while it is full. The file format is documented field by field in docs/trace-format.md.
+// caller's thread and handed over a chunk at a time; compression threads (for a short step's end, the writer
+// thread) shuffle and deflate chunks as HDF5's filters would, and one writer thread appends them to chunked,
+// extendible datasets (one per table) of a file in SWMR mode, so the trace can be read while it is written and
+// survives the writer being killed: end_step() makes every row given so far durable. The queue is bounded: write()
+// blocks while it is full. The file format is documented field by field in docs/trace-format.md.
 //
 //   trace::TraceWriter w("run.h5", {.precision = "fp16", .device = "cpu", .model = "mlp", .seed = 1, .config = "{}"});
 //   w.write(trace::OpRow{...});
