@@ -152,8 +152,8 @@ class FileWriter {
     mdc.flash_incr_mode = H5C_flash_incr__off;
     mdc.decr_mode = H5C_decr__off;
     io_.check(H5Pset_mdc_config(fapl.get(), &mdc), "H5Pset_mdc_config", "/");
-    // The chunk cache holds /index's chunks only (the tables' chunks bypass it: H5Dwrite_chunk), and only
-    // the last one is ever written again: room for one. The default (1 MiB) kept 146 finished chunks.
+    // Every chunk bypasses the chunk cache (H5Dwrite_chunk, /index's too since issue 37); HDF5 may still cache a
+    // chunk it reads: room for one /index chunk. The default (1 MiB) kept 146 finished /index chunks.
     io_.check(H5Pset_cache(fapl.get(), 0, 7, kIndexChunk * record_size(Table::index), 1.0), "H5Pset_cache", "/");
     file_ = File(io_.check(H5Fcreate(io_.path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), "H5Fcreate", "/"));
 
@@ -276,19 +276,22 @@ class FileWriter {
     return round_up(std::max(stored, raw / 8));  // trace records deflate to a tenth or less
   }
 
+  // The row goes into the last /index chunk, kept here, which is written whole with H5Dwrite_chunk (the dataset
+  // has no filters, so the chunk is rewritten in place; its rows beyond the extent are zeros, HDF5's fill value, as
+  // H5Dwrite through the chunk cache wrote them): a third of H5Dwrite's CPU on the writer thread, which went to
+  // selections, the type path and the chunk cache (issue 37). Then the flush that makes it visible.
   void append_index(const IndexRecord& record) {
+    static_assert(sizeof(IndexRecord) * kIndexChunk <= sizeof index_chunk_);
     const std::size_t t = index_of(Table::index);
     const std::string where = table_path(Table::index);
     const hid_t dataset = datasets_[t].get();
-    const hsize_t start = extent_[t], count = 1, size = start + 1;
+    const hsize_t row = extent_[t], size = row + 1;
+    const hsize_t first = row / kIndexChunk * kIndexChunk;
+    if (row == first) std::memset(index_chunk_, 0, sizeof index_chunk_);
+    std::memcpy(index_chunk_ + (row - first) * sizeof record, &record, sizeof record);
     io_.check(H5Dset_extent(dataset, &size), "H5Dset_extent", where);
     extent_[t] = size;
-    Dataspace file_space(io_.check(H5Dget_space(dataset), "H5Dget_space", where));
-    io_.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr), "H5Sselect_hyperslab",
-              where);
-    Dataspace memory_space(io_.check(H5Screate_simple(1, &count, nullptr), "H5Screate_simple", where));
-    io_.check(H5Dwrite(dataset, types_[t].get(), memory_space.get(), file_space.get(), H5P_DEFAULT, &record), "H5Dwrite",
-              where);
+    io_.check(H5Dwrite_chunk(dataset, H5P_DEFAULT, 0, &first, kIndexChunk * sizeof record, index_chunk_), "H5Dwrite_chunk", where);
     io_.check(H5Dflush(dataset), "H5Dflush", where);
   }
 
@@ -329,6 +332,7 @@ class FileWriter {
   std::array<std::array<std::size_t, 8>, kTableCount> last_full_{};  // sizes of recent full chunks
   std::array<std::size_t, kTableCount> full_count_{};
   IndexRecord last_index_{};
+  alignas(8) unsigned char index_chunk_[kIndexChunk * sizeof(IndexRecord)]{};  // /index's last chunk (append_index)
   bool indexed_ = false;
   std::int64_t durable_step_ = -1;  // the step of the last /index row
   std::uint64_t flushes_ = 0;       // /index rows appended
