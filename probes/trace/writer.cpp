@@ -13,7 +13,8 @@
 //    the table's last full chunk's size (newest_full), which skips what zlib spent most of such a step end
 //    on: building a block's Huffman codes and scanning the zeros of the rows still to come. Such a step end
 //    (its chunks 64 KiB or less, whole) is compressed by the writer thread itself: the compression threads
-//    are not woken for it (kWriterCompresses).
+//    are not woken for it (kWriterCompresses). All these threads run at a higher nice value than the
+//    caller's (TraceWriterOptions::thread_nice), so that they work in the training threads' gaps.
 //  - Under SWMR, HDF5 never reuses the space of a chunk that moves, so a rewritten chunk must keep its
 //    size: its bytes are padded with zeros to a slot sized from earlier full chunks (the deflate stream
 //    ends before the padding, and the decoder stops there). A chunk that outgrows its slot moves, and
@@ -29,6 +30,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1055,6 +1057,10 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
   if (options.compression_threads < 1) {
     io.fail(fmt::format("compression_threads is {}", options.compression_threads), "use at least 1 (2 is the default)");
   }
+  if (options.thread_nice < 0 || options.thread_nice > 19) {
+    io.fail(fmt::format("thread_nice {} is outside 0..19", options.thread_nice),
+            "0 leaves the writer's threads at the caller's priority; 10 is the default");
+  }
   if (info.precision != "fp32" && info.precision != "fp16" && info.precision != "bf16" && info.precision != "fp8" &&
       info.precision != "mxfp8" && info.precision != "nvfp4") {
     io.fail(fmt::format("precision '{}' is not one of fp32, fp16, bf16, fp8, mxfp8, nvfp4", info.precision));
@@ -1074,8 +1080,25 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
   // Before the file: a second writer must not truncate it.
   s.lock = std::make_unique<OutputLock>(path, options.note_termination);
   s.file = std::make_unique<FileWriter>(path, info, options.compression);
-  s.writer = std::thread([&s] { s.run_writer(); });
-  for (int i = 0; i < options.compression_threads; ++i) s.compressors.emplace_back([&s] { s.run_compressor(); });
+  // The writer's threads' nice value: the caller's plus thread_nice (a thread's own, Linux: setpriority of its id),
+  // best effort (a value the system refuses leaves them as they are).
+  errno = 0;
+  const int caller_nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
+  const bool lower = errno == 0 && options.thread_nice > 0;
+  const int nice = lower ? std::min(19, caller_nice + options.thread_nice) : 0;
+  auto lower_priority = [lower, nice] {
+    if (lower) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), nice);
+  };
+  s.writer = std::thread([&s, lower_priority] {
+    lower_priority();
+    s.run_writer();
+  });
+  for (int i = 0; i < options.compression_threads; ++i) {
+    s.compressors.emplace_back([&s, lower_priority] {
+      lower_priority();
+      s.run_compressor();
+    });
+  }
   if (options.chunk_rows > 0) s.create_tables();  // readers can open the trace at once
 }
 
