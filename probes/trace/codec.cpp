@@ -570,7 +570,7 @@ ChunkCodec::ChunkCodec(std::size_t record_bytes, std::size_t chunk_rows, int lev
 
 ChunkCodec::~ChunkCodec() = default;
 
-void ChunkCodec::encode(const std::byte* records, std::size_t rows, std::vector<std::byte>& out) {
+void ChunkCodec::encode(const std::byte* records, std::size_t rows, std::vector<std::byte>& out, std::size_t partial_budget) {
   const std::size_t chunk_bytes = record_bytes_ * chunk_rows_;
   const std::size_t used = record_bytes_ * rows;
   if (level_ == 0) {
@@ -579,8 +579,16 @@ void ChunkCodec::encode(const std::byte* records, std::size_t rows, std::vector<
     std::memset(out.data() + used, 0, chunk_bytes - used);
     return;
   }
-  if (rows < chunk_rows_) std::memset(shuffled_.data(), 0, chunk_bytes);
-  shuffle_records(records, rows, record_bytes_, chunk_rows_, shuffled_.data());
+  const bool partial = rows < chunk_rows_;
+  if (partial && partial_budget > 0 && chunk_rows_ < kOwnRunLengthRows) {
+    // The columns' zeros beyond `rows` are not written: encode_fixed_runs codes them without reading them.
+    shuffle_records(records, rows, record_bytes_, chunk_rows_, shuffled_.data());
+    if (encode_fixed_runs(rows, partial_budget, out)) return;
+    for (std::size_t b = 0; b < record_bytes_; ++b) std::memset(shuffled_.data() + b * chunk_rows_ + rows, 0, chunk_rows_ - rows);
+  } else {
+    if (partial) std::memset(shuffled_.data(), 0, chunk_bytes);
+    shuffle_records(records, rows, record_bytes_, chunk_rows_, shuffled_.data());
+  }
 
   // The stretches of the shuffled chunk and how each is deflated. A stored mantissa column of a partial
   // chunk stores its zeros too (the rows still to come): each change of setting ends a deflate block and
@@ -797,6 +805,154 @@ void ChunkCodec::encode(const std::byte* records, std::size_t rows, std::vector<
   }
   put_big_endian(out.data() + at, adler32_of(1, shuffled_.data(), chunk_bytes));
   out.resize(at + 4);
+}
+
+// One final block of deflate's fixed codes (RFC 1951 3.2.6): each byte column's first `rows` bytes as literals,
+// runs at distance 1 of 3 to 258 bytes (the byte before repeated, as zlib's run-length strategy finds them) and
+// matches of 4 to 258 bytes at the last position whose 3 bytes hashed alike (a text id's column repeats a step's
+// ids: without them the MLP's 128-row /ops chunk took 4,164 bytes at 110 rows, over its 3,008-byte budget; with
+// them 2,968), then the column's chunk_rows - rows zeros as runs (after one literal zero when the byte before is
+// not zero). A fixed
+// code needs no counts and no code building, which were most of zlib's time on a short step's partial chunk (in
+// the writer, not in a loop over one chunk: building a code branches on the counts), and the zeros cost a run per
+// 258 bytes instead of zlib's scan of every byte. The Adler-32 is that of the whole shuffled chunk: each column's
+// bytes, then its zeros added arithmetically (n zeros leave s1 and add n * s1 to s2).
+bool ChunkCodec::encode_fixed_runs(std::size_t rows, std::size_t budget, std::vector<std::byte>& out) {
+  const std::size_t zeros = chunk_rows_ - rows;
+  // Room for the budget (or the whole stream's worst case, a literal of at most 9 bits a byte, when that is less),
+  // plus one column's worst case past it before the check, and the BitWriter's 4-byte stores.
+  out.resize(std::min(budget, record_bytes_ * chunk_rows_ * 9 / 8 + 16) + 2 * chunk_rows_ + 64);
+  put_zlib_header(out.data(), level_);
+  BitWriter w{out.data(), 2};
+  w.put(1, 1);  // BFINAL 1: the only block
+  w.put(1, 2);  // BTYPE 01: fixed codes
+  const auto& lengths = kFixedCodes.lengths;
+  const auto& codes = kFixedCodes.codes;
+  int previous = -1;     // the stream's last byte (none yet)
+  std::size_t held = 0;  // bytes equal to `previous` that follow it, not written yet: a run may go on past a column
+  // The held bytes as runs of at most 258, the last 1 or 2 as literals.
+  auto write_held = [&] {
+    for (; held >= 3; held -= std::min<std::size_t>(held, 258)) {
+      const std::size_t length = std::min<std::size_t>(held, 258);
+      const unsigned code = 257 + kLengthCodes.code[length];
+      w.put(codes[code], lengths[code]);
+      if (kLengthCodes.extra[length] > 0) w.put(static_cast<std::uint32_t>(length - kLengthCodes.base[length]), kLengthCodes.extra[length]);
+      w.put(codes[286], lengths[286]);  // distance 1: code 0, no extra bits
+    }
+    for (; held > 0; --held) w.put(codes[previous], lengths[previous]);
+  };
+  auto literal = [&](unsigned byte) {
+    write_held();
+    w.put(codes[byte], lengths[byte]);
+    previous = static_cast<int>(byte);
+  };
+  std::uint32_t adler = 1;
+  const auto* shuffled = reinterpret_cast<const unsigned char*>(shuffled_.data());
+  std::fill(match_head.begin(), match_head.end(), kNoCandidate);
+  for (std::size_t b = 0; b < record_bytes_; ++b) {
+    const unsigned char* column = shuffled + b * chunk_rows_;
+    for (std::size_t i = 0; i < rows;) {
+      std::size_t run = 0;
+      if (previous >= 0) {
+        const std::uint64_t pattern = 0x0101010101010101ull * static_cast<unsigned>(previous);
+        while (run + 8 <= rows - i) {
+          std::uint64_t word;
+          std::memcpy(&word, column + i + run, 8);
+          const std::uint64_t differ = word ^ pattern;
+          if (differ != 0) {
+            run += static_cast<std::size_t>(std::countr_zero(differ)) / 8;
+            break;
+          }
+          run += 8;
+        }
+        if (run + 8 > rows - i) {
+          while (i + run < rows && column[i + run] == previous) ++run;
+        }
+      }
+      if (run >= 3 || (run > 0 && i + 3 > rows)) {
+        held += run;
+        i += run;
+        continue;
+      }
+      // A match further back: the last position whose next 3 bytes hashed alike (no chains; not the zeros, whose
+      // stream bytes shuffled_ does not hold), within the candidate's column's rows and 32 KiB.
+      std::size_t length = 0, distance = 0;
+      if (i + 3 <= rows) {
+        const std::size_t at = b * chunk_rows_ + i;
+        const std::uint32_t key = static_cast<std::uint32_t>(column[i]) | static_cast<std::uint32_t>(column[i + 1]) << 8 |
+                                  static_cast<std::uint32_t>(column[i + 2]) << 16;
+        const std::uint32_t slot = (key * 2654435761u) >> (32 - kMatchHashBits);
+        const std::uint32_t candidate = match_head[slot];
+        match_head[slot] = static_cast<std::uint32_t>(at);
+        if (candidate != kNoCandidate && at - candidate <= 32768) {
+          const std::size_t candidate_end = candidate / chunk_rows_ * chunk_rows_ + rows;
+          const std::size_t most = std::min({rows - i, candidate_end - candidate, std::size_t{258}});
+          const unsigned char* p = shuffled + candidate;
+          const unsigned char* q = column + i;
+          while (length + 8 <= most) {
+            std::uint64_t x, y;
+            std::memcpy(&x, p + length, 8);
+            std::memcpy(&y, q + length, 8);
+            if (x != y) {
+              length += static_cast<std::size_t>(std::countr_zero(x ^ y)) / 8;
+              break;
+            }
+            length += 8;
+          }
+          if (length + 8 > most) {
+            while (length < most && p[length] == q[length]) ++length;
+          }
+          length = std::min(length, most);
+          distance = at - candidate;
+        }
+      }
+      if (length >= 4 && length > run) {
+        write_held();
+        const unsigned code = 257 + kLengthCodes.code[length];
+        w.put(codes[code], lengths[code]);
+        if (kLengthCodes.extra[length] > 0) w.put(static_cast<std::uint32_t>(length - kLengthCodes.base[length]), kLengthCodes.extra[length]);
+        // Distance code and extra bits (RFC 1951 3.2.5): d - 1 below 4 is its own code; else its top two bits and
+        // its length give the code, the bits below them are the extra bits.
+        const std::uint32_t x = static_cast<std::uint32_t>(distance - 1);
+        if (x < 4) {
+          w.put(codes[286 + x], lengths[286 + x]);
+        } else {
+          const unsigned top = static_cast<unsigned>(std::bit_width(x)) - 1;  // x >= 4: top >= 2
+          const unsigned d = 2 * top + ((x >> (top - 1)) & 1);
+          w.put(codes[286 + d], lengths[286 + d]);
+          w.put(x & ((1u << (top - 1)) - 1), top - 1);
+        }
+        previous = column[i + length - 1];
+        i += length;
+      } else if (run > 0) {
+        held += run;
+        i += run;
+      } else {
+        literal(column[i]);
+        ++i;
+      }
+    }
+    if (zeros > 0) {  // the rows still to come
+      std::size_t n = zeros;
+      if (previous != 0) {
+        literal(0);
+        --n;
+      }
+      held += n;
+    }
+    if (w.at > budget) return false;
+    adler = adler32_of(adler, shuffled_.data() + b * chunk_rows_, rows);
+    const std::uint64_t s1 = adler & 0xFFFF, s2 = adler >> 16;
+    adler = static_cast<std::uint32_t>((s2 + zeros % kAdlerBase * s1) % kAdlerBase << 16 | s1);
+  }
+  write_held();
+  w.put(codes[256], lengths[256]);  // end of block
+  w.put(0, (8 - w.n % 8) % 8);
+  w.flush_bytes();
+  if (w.at + 4 > budget) return false;
+  put_big_endian(out.data() + w.at, adler);
+  out.resize(w.at + 4);
+  return true;
 }
 
 // Appends a stretch, merged into the last one when it continues it with the same setting.

@@ -12,6 +12,7 @@
 //   if (decoder.inflate(stored.data(), stored.size())) decoder.unshuffle(first, count, records);
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -58,7 +59,15 @@ class ChunkCodec {
 
   // The stored bytes of a chunk holding `rows` records (rows <= chunk_rows), the rest zeros.
   // Throws std::runtime_error when zlib fails (it does not, short of memory).
-  void encode(const std::byte* records, std::size_t rows, std::vector<std::byte>& out);
+  //
+  // partial_budget: a partial chunk (rows < chunk_rows) of a codec with fewer than kOwnRunLengthRows chunk rows
+  // is written by the codec alone, without zlib, when that takes at most partial_budget bytes (0: never): one
+  // block of deflate's fixed codes, literals, runs at distance 1 and matches found by a hash of 3 bytes, each
+  // column's zeros beyond `rows` a few runs, no Huffman codes to build (see encode_fixed_runs). A short step's end
+  // rewrites such a chunk at every step, and zlib spent most of that time building a block's codes and scanning the
+  // zeros; the bytes are up to 1.1x zlib's on the MLP's trace rows, hence the budget, which the writer sets so that
+  // the chunk still fits the space kept for it in the file. Full chunks are always zlib's, as before.
+  void encode(const std::byte* records, std::size_t rows, std::vector<std::byte>& out, std::size_t partial_budget = 0);
 
  private:
   struct Deflater;
@@ -77,6 +86,14 @@ class ChunkCodec {
   // window (see encode).
   static constexpr std::size_t kPieceBytes = 64 * 1024 - 1024;
   void add_segment(std::size_t begin, std::size_t size, int strategy);
+  // The partial chunk in shuffled_ (each column's first `rows` bytes; the rest of each column is taken as zeros,
+  // whatever shuffled_ holds there) as a zlib stream of one fixed-code block, into `out`; false, with `out`
+  // undefined, when it would take more than `budget` bytes.
+  bool encode_fixed_runs(std::size_t rows, std::size_t budget, std::vector<std::byte>& out);
+  // encode_fixed_runs' matches: per hash of 3 bytes, the last position in the shuffled chunk that had it.
+  static constexpr unsigned kMatchHashBits = 12;
+  static constexpr std::uint32_t kNoCandidate = 0xFFFFFFFFu;
+  std::array<std::uint32_t, std::size_t{1} << kMatchHashBits> match_head{};
   bool looks_random(const std::byte* column, std::size_t rows) const;
   std::size_t record_bytes_;
   std::size_t chunk_rows_;

@@ -8,7 +8,13 @@
 //    chunk makes us compress and write the chunk's rows so far (the rest zeros, beyond the dataset's
 //    extent), and again at each step end until it is full; so each step end costs compressing up to a
 //    chunk. Chunks are therefore sized from the first step (about four steps' rows) unless the options
-//    fix them, and the tables are created at the first step end.
+//    fix them, and the tables are created at the first step end. Where chunks are small (under 256 rows:
+//    short steps), a partial chunk is coded by ChunkCodec alone in deflate's fixed codes when that fits in
+//    the table's last full chunk's size (newest_full), which skips what zlib spent most of such a step end
+//    on: building a block's Huffman codes and scanning the zeros of the rows still to come. Such a step end
+//    (its chunks 64 KiB or less, whole) is compressed by the writer thread itself: the compression threads
+//    are not woken for it (kWriterCompresses). All these threads run at a higher nice value than the
+//    caller's (TraceWriterOptions::thread_nice), so that they work in the training threads' gaps.
 //  - Under SWMR, HDF5 never reuses the space of a chunk that moves, so a rewritten chunk must keep its
 //    size: its bytes are padded with zeros to a slot sized from earlier full chunks (the deflate stream
 //    ends before the padding, and the decoder stops there). A chunk that outgrows its slot moves, and
@@ -24,6 +30,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -147,8 +154,8 @@ class FileWriter {
     mdc.flash_incr_mode = H5C_flash_incr__off;
     mdc.decr_mode = H5C_decr__off;
     io_.check(H5Pset_mdc_config(fapl.get(), &mdc), "H5Pset_mdc_config", "/");
-    // The chunk cache holds /index's chunks only (the tables' chunks bypass it: H5Dwrite_chunk), and only
-    // the last one is ever written again: room for one. The default (1 MiB) kept 146 finished chunks.
+    // Every chunk bypasses the chunk cache (H5Dwrite_chunk, /index's too since issue 37); HDF5 may still cache a
+    // chunk it reads: room for one /index chunk. The default (1 MiB) kept 146 finished /index chunks.
     io_.check(H5Pset_cache(fapl.get(), 0, 7, kIndexChunk * record_size(Table::index), 1.0), "H5Pset_cache", "/");
     file_ = File(io_.check(H5Fcreate(io_.path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), "H5Fcreate", "/"));
 
@@ -271,19 +278,22 @@ class FileWriter {
     return round_up(std::max(stored, raw / 8));  // trace records deflate to a tenth or less
   }
 
+  // The row goes into the last /index chunk, kept here, which is written whole with H5Dwrite_chunk (the dataset
+  // has no filters, so the chunk is rewritten in place; its rows beyond the extent are zeros, HDF5's fill value, as
+  // H5Dwrite through the chunk cache wrote them): a third of H5Dwrite's CPU on the writer thread, which went to
+  // selections, the type path and the chunk cache (issue 37). Then the flush that makes it visible.
   void append_index(const IndexRecord& record) {
+    static_assert(sizeof(IndexRecord) * kIndexChunk <= sizeof index_chunk_);
     const std::size_t t = index_of(Table::index);
     const std::string where = table_path(Table::index);
     const hid_t dataset = datasets_[t].get();
-    const hsize_t start = extent_[t], count = 1, size = start + 1;
+    const hsize_t row = extent_[t], size = row + 1;
+    const hsize_t first = row / kIndexChunk * kIndexChunk;
+    if (row == first) std::memset(index_chunk_, 0, sizeof index_chunk_);
+    std::memcpy(index_chunk_ + (row - first) * sizeof record, &record, sizeof record);
     io_.check(H5Dset_extent(dataset, &size), "H5Dset_extent", where);
     extent_[t] = size;
-    Dataspace file_space(io_.check(H5Dget_space(dataset), "H5Dget_space", where));
-    io_.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr), "H5Sselect_hyperslab",
-              where);
-    Dataspace memory_space(io_.check(H5Screate_simple(1, &count, nullptr), "H5Screate_simple", where));
-    io_.check(H5Dwrite(dataset, types_[t].get(), memory_space.get(), file_space.get(), H5P_DEFAULT, &record), "H5Dwrite",
-              where);
+    io_.check(H5Dwrite_chunk(dataset, H5P_DEFAULT, 0, &first, kIndexChunk * sizeof record, index_chunk_), "H5Dwrite_chunk", where);
     io_.check(H5Dflush(dataset), "H5Dflush", where);
   }
 
@@ -324,6 +334,7 @@ class FileWriter {
   std::array<std::array<std::size_t, 8>, kTableCount> last_full_{};  // sizes of recent full chunks
   std::array<std::size_t, kTableCount> full_count_{};
   IndexRecord last_index_{};
+  alignas(8) unsigned char index_chunk_[kIndexChunk * sizeof(IndexRecord)]{};  // /index's last chunk (append_index)
   bool indexed_ = false;
   std::int64_t durable_step_ = -1;  // the step of the last /index row
   std::uint64_t flushes_ = 0;       // /index rows appended
@@ -534,6 +545,12 @@ class OutputLock {
   std::atomic<int>* slot_ = nullptr;  // this lock's slot in noted_locks, if noted
 };
 
+// A step end whose chunks are at most this many bytes, whole (a partial chunk's cost grows with its chunk, zeros
+// included), has them compressed by the writer thread alone (see push_all): the MLP sample's three, 36 KB; a health
+// trace of 148 op rows a step has a 134 KB /ops chunk. (Counting only the rows so far, trace_bench's 150 op rows a
+// step in 1024-row chunks lost 6-21% of its rows a second: 214 KB chunks compressed one after another.)
+constexpr std::size_t kWriterCompresses = 64 << 10;
+
 // Hashes std::string and std::string_view alike, so the interner looks texts up without a copy.
 struct TextHash {
   using is_transparent = void;
@@ -627,6 +644,13 @@ struct TraceWriter::State {
   // compression and writer threads also take, once a row (issue 37).
   std::atomic<bool> failed_seen{false};
   bool stopping = false;                 // compression threads: exit when idle
+  // Per table, the newest full chunk the compression threads encoded: (its index + 1) << 32 | its stored bytes (0:
+  // none yet). Its bytes are the most a partial chunk may take when ChunkCodec writes it with fixed codes (encode's
+  // partial_budget): the writer thread keeps room for the largest of the last eight full chunks it wrote, and 1/32
+  // more, for each chunk it rewrites (FileWriter::slot_size), and a partial chunk's jobs come after every full chunk
+  // before it, so the newest one encoded is one of those eight (with up to eight compression threads; with more, a
+  // chunk could at worst outgrow its room and move, as zlib's partial chunks may).
+  std::array<std::atomic<std::uint64_t>, kDataTableCount> newest_full{};
 
   std::unique_ptr<FileWriter> file;      // the writer thread's
   std::thread writer;
@@ -671,14 +695,20 @@ struct TraceWriter::State {
     if (failed) std::rethrow_exception(error);
     std::uint64_t id = 0;
     int compress = 0;
+    std::size_t chunk_bytes = 0;
     for (auto& job : jobs) {
       compress += job->kind == Job::Kind::chunk ? 1 : 0;
+      if (job->kind == Job::Kind::chunk) chunk_bytes += chunks[index_of(job->table)] * record_size(job->table);
       id = queue_locked(std::move(job));
     }
     jobs.clear();
     lock.unlock();
-    // The compression threads first: the writer thread's first job waits for them anyway.
-    for (int i = 0; i < std::min(compress, options.compression_threads); ++i) encode_ready.notify_one();
+    // The compression threads first: the writer thread's first job waits for them anyway. A short step's chunks
+    // (kWriterCompresses bytes or less, whole) are left to the writer thread, which compresses a chunk that no
+    // compression thread took: one thread woken instead of three, on two cores shared with the training step.
+    if (chunk_bytes > kWriterCompresses) {
+      for (int i = 0; i < std::min(compress, options.compression_threads); ++i) encode_ready.notify_one();
+    }
     work_ready.notify_one();
     return id;
   }
@@ -871,8 +901,30 @@ struct TraceWriter::State {
     }
   }
 
+  using Codecs = std::map<Table, std::unique_ptr<ChunkCodec>>;  // a thread's, one per table it has seen
+
+  // Compresses the job's chunk into job.stored (its error, if any, into job.encode_error), with the thread's codecs.
+  void encode_job(Job& job, Codecs& codecs) {
+    try {
+      const std::size_t t = index_of(job.table);
+      auto& codec = codecs[job.table];
+      if (!codec) codec = std::make_unique<ChunkCodec>(record_size(job.table), chunks[t], options.compression, float_ranges[t]);
+      const bool full = job.rows == chunks[t];
+      const std::size_t budget = full ? 0 : newest_full[t].load(std::memory_order_relaxed) & 0xFFFFFFFFu;
+      codec->encode(job.records.data(), job.rows, job.stored, budget);
+      if (full && job.stored.size() <= 0xFFFFFFFFu) {
+        const std::uint64_t mine = (static_cast<std::uint64_t>(job.chunk) + 1) << 32 | job.stored.size();
+        std::uint64_t seen = newest_full[t].load(std::memory_order_relaxed);
+        while ((seen >> 32) < (mine >> 32) && !newest_full[t].compare_exchange_weak(seen, mine, std::memory_order_relaxed)) {
+        }
+      }
+    } catch (...) {
+      job.encode_error = std::current_exception();
+    }
+  }
+
   void run_compressor() {
-    std::map<Table, std::unique_ptr<ChunkCodec>> codecs;  // this thread's, one per table it has seen
+    Codecs codecs;
     for (;;) {
       Job* job;
       {
@@ -882,16 +934,7 @@ struct TraceWriter::State {
         job = to_encode.front();
         to_encode.pop_front();
       }
-      try {
-        auto& codec = codecs[job->table];
-        if (!codec) {
-          const std::size_t t = index_of(job->table);
-          codec = std::make_unique<ChunkCodec>(record_size(job->table), chunks[t], options.compression, float_ranges[t]);
-        }
-        codec->encode(job->records.data(), job->rows, job->stored);
-      } catch (...) {
-        job->encode_error = std::current_exception();
-      }
+      encode_job(*job, codecs);
       {
         std::lock_guard lock(mutex);
         job->encoded = true;
@@ -914,6 +957,7 @@ struct TraceWriter::State {
 
   void run_writer() {
     const QuietHdf5Errors quiet;  // this thread's HDF5 errors become exceptions, not stderr output
+    Codecs codecs;                // for the chunks it compresses itself
     for (;;) {
       std::unique_ptr<Job> job;
       bool ok;
@@ -922,9 +966,25 @@ struct TraceWriter::State {
         work_ready.wait(lock, [&] { return !queue.empty(); });
         job = std::move(queue.front());
         queue.pop_front();
-        // A compression thread may still hold the chunk: wait for it even when only discarding.
-        if (job->kind == Job::Kind::chunk) encoded.wait(lock, [&] { return job->encoded; });
+        // A chunk no compression thread took yet is compressed here (a short step's end: push_all woke none);
+        // one that a compression thread holds is waited for, even when only discarding.
+        bool mine = false;
+        if (job->kind == Job::Kind::chunk && !job->encoded) {
+          const auto waiting = std::find(to_encode.begin(), to_encode.end(), job.get());
+          mine = waiting != to_encode.end();
+          if (mine) {
+            to_encode.erase(waiting);
+          } else {
+            encoded.wait(lock, [&] { return job->encoded; });
+          }
+        }
         ok = !failed;
+        if (mine) {
+          lock.unlock();
+          if (ok) encode_job(*job, codecs);
+          lock.lock();
+          job->encoded = true;
+        }
       }
       if (ok) {
         try {
@@ -997,6 +1057,10 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
   if (options.compression_threads < 1) {
     io.fail(fmt::format("compression_threads is {}", options.compression_threads), "use at least 1 (2 is the default)");
   }
+  if (options.thread_nice < 0 || options.thread_nice > 19) {
+    io.fail(fmt::format("thread_nice {} is outside 0..19", options.thread_nice),
+            "0 leaves the writer's threads at the caller's priority; 10 is the default");
+  }
   if (info.precision != "fp32" && info.precision != "fp16" && info.precision != "bf16" && info.precision != "fp8" &&
       info.precision != "mxfp8" && info.precision != "nvfp4") {
     io.fail(fmt::format("precision '{}' is not one of fp32, fp16, bf16, fp8, mxfp8, nvfp4", info.precision));
@@ -1016,8 +1080,25 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
   // Before the file: a second writer must not truncate it.
   s.lock = std::make_unique<OutputLock>(path, options.note_termination);
   s.file = std::make_unique<FileWriter>(path, info, options.compression);
-  s.writer = std::thread([&s] { s.run_writer(); });
-  for (int i = 0; i < options.compression_threads; ++i) s.compressors.emplace_back([&s] { s.run_compressor(); });
+  // The writer's threads' nice value: the caller's plus thread_nice (a thread's own, Linux: setpriority of its id),
+  // best effort (a value the system refuses leaves them as they are).
+  errno = 0;
+  const int caller_nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
+  const bool lower = errno == 0 && options.thread_nice > 0;
+  const int nice = lower ? std::min(19, caller_nice + options.thread_nice) : 0;
+  auto lower_priority = [lower, nice] {
+    if (lower) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), nice);
+  };
+  s.writer = std::thread([&s, lower_priority] {
+    lower_priority();
+    s.run_writer();
+  });
+  for (int i = 0; i < options.compression_threads; ++i) {
+    s.compressors.emplace_back([&s, lower_priority] {
+      lower_priority();
+      s.run_compressor();
+    });
+  }
   if (options.chunk_rows > 0) s.create_tables();  // readers can open the trace at once
 }
 

@@ -1,9 +1,9 @@
 // probes/trace/writer.h: the HDF5 trace file sink. Rows are packed into the file's record layout on the
-// caller's thread and handed over a chunk at a time; compression threads shuffle and deflate chunks as
-// HDF5's filters would, and one writer thread appends them to chunked, extendible datasets (one per
-// table) of a file in SWMR mode, so the trace can be read while it is written and survives the writer
-// being killed: end_step() makes every row given so far durable. The queue is bounded: write() blocks
-// while it is full. The file format is documented field by field in docs/trace-format.md.
+// caller's thread and handed over a chunk at a time; compression threads (for a short step's end, the writer
+// thread) shuffle and deflate chunks as HDF5's filters would, and one writer thread appends them to chunked,
+// extendible datasets (one per table) of a file in SWMR mode, so the trace can be read while it is written and
+// survives the writer being killed: end_step() makes every row given so far durable. The queue is bounded: write()
+// blocks while it is full. The file format is documented field by field in docs/trace-format.md.
 //
 //   trace::TraceWriter w("run.h5", {.precision = "fp16", .device = "cpu", .model = "mlp", .seed = 1, .config = "{}"});
 //   w.write(trace::OpRow{...});
@@ -35,6 +35,12 @@ struct TraceWriterOptions {
   int compression = 1;
   // Threads that compress chunks in parallel, besides the one that writes the file.
   int compression_threads = 2;
+  // Added to the nice value of the writer's threads (the writer thread and the compression threads; the caller's
+  // keeps its own), up to 19: the kernel then prefers the training threads when both want a core, and the writer
+  // does its work in their gaps. On two cores shared with a short training step, a writer thread woken at each
+  // step end at the same priority cost the step more than its own CPU (issue 37). Its work is the same: a writer
+  // that cannot keep up still fills the queue, and write() then waits for it. 0 leaves them as the caller's.
+  int thread_nice = 10;
   // When the process receives SIGTERM, say so in the trace's lock file before it ends (writer_state reads
   // it), so that a writer asked to stop is told from one that died: mpirun sends SIGTERM to the other ranks
   // of a data-parallel run when one rank dies. Installs a SIGTERM handler (once, only over SIGTERM's default

@@ -298,6 +298,95 @@ TEST(trace_codec_test, every_stream_it_writes_inflates_to_the_shuffled_chunk) {
   EXPECT_GT(streams, 800);
 }
 
+// A partial chunk of fewer than 256 rows within its budget is written by the codec alone (one block of deflate's
+// fixed codes, runs that go on across columns and over each column's zeros, the Adler-32 of the zeros added without
+// reading them): zlib's inflate and the reader's decoder must give back the shuffled chunk, zeros included, after
+// the codec's buffer held other bytes there; one byte less of budget must give zlib's stream instead, unchanged.
+TEST(trace_codec_test, partial_chunks_in_fixed_codes_inflate_to_the_shuffled_chunk) {
+  const std::vector<std::vector<ByteRange>> layouts = {{}, {{8, 24}}};
+  int streams = 0, own = 0;
+  for (std::size_t record_bytes : {1, 9, 32, 209}) {
+    for (std::size_t chunk_rows : {2, 3, 64, 128, 255}) {
+      for (int pattern = 0; pattern < 8; ++pattern) {
+        std::vector<std::byte> records;
+        if (pattern < 6) {
+          records = patterned_records(static_cast<Pattern>(pattern), chunk_rows, record_bytes,
+                                      static_cast<unsigned>(chunk_rows * 11 + record_bytes + static_cast<std::size_t>(pattern)));
+        } else {
+          // Trace-like: most columns zero (runs that go on across many columns, longer than 258), some small values,
+          // some random; pattern 7 also with nonzero last bytes (a literal zero before each column's zeros).
+          std::mt19937 gen(static_cast<unsigned>(chunk_rows + record_bytes));
+          records.assign(chunk_rows * record_bytes, std::byte{0});
+          for (std::size_t i = 0; i < chunk_rows; ++i) {
+            for (std::size_t b = 0; b < record_bytes; ++b) {
+              std::byte& o = records[i * record_bytes + b];
+              if (b % 8 == 0) o = static_cast<std::byte>(i % 5);
+              if (b % 16 == 3) o = static_cast<std::byte>(gen());
+              if (pattern == 7 && b % 3 == 2) o = std::byte{0x80};
+            }
+          }
+        }
+        const std::vector<std::byte> garbage(chunk_rows * record_bytes, std::byte{0xA5});
+        for (std::size_t layout = 0; layout < layouts.size(); ++layout) {
+          if (!layouts[layout].empty() && layouts[layout][0].end > record_bytes) continue;
+          ChunkCodec codec(record_bytes, chunk_rows, 1, layouts[layout]);
+          ChunkDecoder decoder(record_bytes, chunk_rows);
+          for (std::size_t rows : {std::size_t{1}, chunk_rows / 2, chunk_rows - 1}) {
+            if (rows == 0) continue;
+            const std::string what = std::to_string(record_bytes) + "-byte records, pattern " + std::to_string(pattern) +
+                                     ", layout " + std::to_string(layout) + ", " + std::to_string(rows) + " of " +
+                                     std::to_string(chunk_rows) + " rows";
+            std::vector<std::byte> scratch, by_zlib, stored, fallback;
+            codec.encode(garbage.data(), chunk_rows, scratch);  // the codec's buffer full of other bytes
+            codec.encode(records.data(), rows, by_zlib);        // no budget: zlib's stream, as before
+            codec.encode(garbage.data(), chunk_rows, scratch);
+            codec.encode(records.data(), rows, stored, std::size_t{1} << 30);
+            // The codec's own stream: one final block of fixed codes (BFINAL 1, BTYPE 01 in the first three bits).
+            ASSERT_EQ(std::to_integer<unsigned>(stored[2]) & 7u, 3u) << what;
+            own += stored != by_zlib ? 1 : 0;  // zlib too writes one fixed block for a few bytes, sometimes the same
+            std::vector<std::byte> decoded(record_bytes * chunk_rows + 1);
+            uLongf size = static_cast<uLongf>(decoded.size());
+            uLong consumed = static_cast<uLong>(stored.size());
+            ASSERT_EQ(uncompress2(reinterpret_cast<Bytef*>(decoded.data()), &size, reinterpret_cast<const Bytef*>(stored.data()),
+                                  &consumed),
+                      Z_OK)
+                << what;
+            ASSERT_EQ(consumed, stored.size()) << what;
+            ASSERT_EQ(size, record_bytes * chunk_rows) << what;
+            decoded.resize(size);
+            ASSERT_EQ(decoded, reference_shuffle(records, rows, record_bytes, chunk_rows)) << what;
+            ASSERT_TRUE(decoder.inflate(stored.data(), stored.size())) << what;
+            std::vector<std::byte> back(rows * record_bytes);
+            decoder.unshuffle(0, rows, back.data());
+            ASSERT_EQ(std::memcmp(back.data(), records.data(), back.size()), 0) << what;
+            // The budget is the most it takes; a byte less and zlib writes the chunk (its zeros written back first).
+            codec.encode(garbage.data(), chunk_rows, scratch);
+            codec.encode(records.data(), rows, fallback, stored.size());
+            ASSERT_EQ(fallback, stored) << what;
+            codec.encode(garbage.data(), chunk_rows, scratch);
+            codec.encode(records.data(), rows, fallback, stored.size() - 1);
+            ASSERT_EQ(fallback, by_zlib) << what;
+            // A full chunk is zlib's whatever the budget.
+            codec.encode(records.data(), chunk_rows, scratch, std::size_t{1} << 30);
+            codec.encode(records.data(), chunk_rows, fallback);
+            ASSERT_EQ(scratch, fallback) << what;
+            ++streams;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(streams, 400);
+  EXPECT_GT(own, streams / 2);
+  // Chunks of 256 rows or more keep zlib's stream (with the codec's stored and run-length blocks) at any budget.
+  const std::vector<std::byte> records = patterned_records(Pattern::alternating_rows, 256, 16, 5);
+  ChunkCodec codec(16, 256, 1);
+  std::vector<std::byte> a, b;
+  codec.encode(records.data(), 100, a);
+  codec.encode(records.data(), 100, b, std::size_t{1} << 30);
+  EXPECT_EQ(a, b);
+}
+
 TEST(trace_codec_test, refuses_bytes_that_are_not_a_whole_chunk) {
   constexpr std::size_t kRecordBytes = 45, kChunkRows = 200;
   const std::vector<std::byte> records = random_bytes(kRecordBytes * kChunkRows, 23);

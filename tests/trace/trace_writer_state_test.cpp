@@ -5,6 +5,7 @@
 // path empties an old note; a hostile lock file (a FIFO, a link) is never waited on or followed. Each writer
 // whose process is ended runs in a child process.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +14,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -29,6 +32,54 @@ using testing::TempDir;
 std::string read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The nice value of each of this process's threads (field 19 of /proc/self/task/<tid>/stat), by thread id.
+std::map<int, int> thread_nice_values() {
+  std::map<int, int> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    const std::string stat = read_text(entry.path() / "stat");
+    // Fields after the command, which is in parentheses and may hold spaces: state is field 3, nice field 19.
+    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    for (int k = 3; k < 19 && rest >> field; ++k) {
+    }
+    int nice = 0;
+    if (rest >> nice) out[std::stoi(entry.path().filename().string())] = nice;
+  }
+  return out;
+}
+
+// TraceWriterOptions::thread_nice: the writer thread and each compression thread run at the caller's nice value
+// plus thread_nice (here 10 and 3, with 2 and 3 compression threads), the caller's own threads unchanged; 0 adds none.
+TEST(trace_writer_state_test, the_writers_threads_run_at_a_lower_priority) {
+  errno = 0;
+  const int caller = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  ASSERT_EQ(errno, 0);
+  if (caller > 9) GTEST_SKIP() << "the test runs at nice " << caller << ", too near 19 to tell";
+  const std::map<int, int> before = thread_nice_values();
+  for (const auto& [nice, threads] : {std::pair{10, 2}, std::pair{3, 3}, std::pair{0, 2}}) {
+    TempDir dir;
+    TraceWriter writer(dir.file("nice.h5"), testing::sample_run(), {.compression_threads = threads, .thread_nice = nice});
+    // Each thread lowers itself when it starts, which may be after the constructor returns: up to 5 s.
+    std::map<int, int> lowered, others;
+    for (int wait = 0; wait < 500; ++wait) {
+      lowered.clear();
+      others.clear();
+      for (const auto& [tid, value] : thread_nice_values()) {
+        if (before.count(tid) > 0) {
+          EXPECT_EQ(value, before.at(tid)) << "thread " << tid << " was there before the writer";
+          continue;
+        }
+        (value == caller + nice ? lowered : others)[tid] = value;
+      }
+      if (others.empty() && lowered.size() == static_cast<std::size_t>(1 + threads)) break;
+      usleep(10000);
+    }
+    EXPECT_EQ(lowered.size(), static_cast<std::size_t>(1 + threads)) << "thread_nice " << nice;
+    EXPECT_TRUE(others.empty()) << "thread_nice " << nice << ": " << others.size() << " new threads at another nice value";
+    writer.close();
+  }
 }
 
 constexpr char kNote[] = "ampscope trace writer: ended by SIGTERM\n";
