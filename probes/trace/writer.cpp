@@ -13,8 +13,8 @@
 //    the table's last full chunk's size (newest_full), which skips what zlib spent most of such a step end
 //    on: building a block's Huffman codes and scanning the zeros of the rows still to come. Such a step end
 //    (its chunks 64 KiB or less, whole) is compressed by the writer thread itself: the compression threads
-//    are not woken for it (kWriterCompresses). All these threads run at a higher nice value than the
-//    caller's (TraceWriterOptions::thread_nice), so that they work in the training threads' gaps.
+//    are not woken for it (kWriterCompresses). All these threads can be made to run at a higher nice value than
+//    the caller's (TraceWriterOptions::thread_nice, 0 by default), so that they work in the training threads' gaps.
 //  - Under SWMR, HDF5 never reuses the space of a chunk that moves, so a rewritten chunk must keep its
 //    size: its bytes are padded with zeros to a slot sized from earlier full chunks (the deflate stream
 //    ends before the padding, and the decoder stops there). A chunk that outgrows its slot moves, and
@@ -1059,7 +1059,7 @@ TraceWriter::TraceWriter(const std::filesystem::path& path, const RunInfo& info,
   }
   if (options.thread_nice < 0 || options.thread_nice > 19) {
     io.fail(fmt::format("thread_nice {} is outside 0..19", options.thread_nice),
-            "0 leaves the writer's threads at the caller's priority; 10 is the default");
+            "0 (the default) leaves the writer's threads at the caller's priority; 19 is the lowest");
   }
   if (info.precision != "fp32" && info.precision != "fp16" && info.precision != "bf16" && info.precision != "fp8" &&
       info.precision != "mxfp8" && info.precision != "nvfp4") {

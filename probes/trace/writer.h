@@ -39,8 +39,11 @@ struct TraceWriterOptions {
   // keeps its own), up to 19: the kernel then prefers the training threads when both want a core, and the writer
   // does its work in their gaps. On two cores shared with a short training step, a writer thread woken at each
   // step end at the same priority cost the step more than its own CPU (issue 37). Its work is the same: a writer
-  // that cannot keep up still fills the queue, and write() then waits for it. 0 leaves them as the caller's.
-  int thread_nice = 10;
+  // that cannot keep up still fills the queue, and write() then waits for it. 0 (the default) leaves them as the
+  // caller's: since the CPU pool's spinning threads yield to a ready thread (kernels/parallel.h), 10 measured the same
+  // as 0 on the MLP's probe_bench (bench/RESULTS.md, 2026-11-29 13:15), and a writer that lags holds more of the
+  // queue's buffers, and a killed run loses more of its last steps.
+  int thread_nice = 0;
   // When the process receives SIGTERM, say so in the trace's lock file before it ends (writer_state reads
   // it), so that a writer asked to stop is told from one that died: mpirun sends SIGTERM to the other ranks
   // of a data-parallel run when one rank dies. Installs a SIGTERM handler (once, only over SIGTERM's default

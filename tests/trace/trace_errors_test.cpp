@@ -238,7 +238,7 @@ TEST(trace_errors_test, refuses_bad_writer_options_and_a_missing_folder) {
   EXPECT_THROW_MSG(TraceWriter(path, testing::sample_run(), {.compression_threads = 0}), TraceError, "compression_threads is 0");
   EXPECT_THROW_MSG(TraceWriter(path, testing::sample_run(), {.compression = 12}), TraceError, "compression level 12 is outside 0..9");
   EXPECT_THROW_MSG(TraceWriter(path, testing::sample_run(), {.thread_nice = -1}), TraceError, "thread_nice -1 is outside 0..19",
-                   "hint: 0 leaves the writer's threads at the caller's priority");
+                   "hint: 0 (the default) leaves the writer's threads at the caller's priority");
   EXPECT_THROW_MSG(TraceWriter(path, testing::sample_run(), {.thread_nice = 20}), TraceError, "thread_nice 20 is outside 0..19");
   RunInfo bad = testing::sample_run();
   bad.precision = "fp4";
