@@ -241,7 +241,7 @@ template <class T>
 constexpr bool kHasFastPath = std::is_same_v<T, float> || std::is_same_v<T, f16> || std::is_same_v<T, bf16>;
 
 // The helpers pass vectors by reference: a 32-byte vector by value would change the calling convention
-// between the AVX2 and baseline builds (GCC's -Wpsabi), and they are always inlined anyway.
+// between the AVX2 build and the file's own target (GCC's -Wpsabi), and they are always inlined anyway.
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define AMPSCOPE_STATS_X86 1
@@ -255,10 +255,11 @@ __attribute__((target(AMPSCOPE_STATS_AVX512_TARGET))) void accumulate_contiguous
                                                                                      Partial& a);
 #endif
 
-// The magnitude bits and the values of eight elements. kAvx2: the AVX2 build, where f16 widens by F16C
-// (else by its bits: exact for finite values, but NaN and inf come out finite, so that build compares for
-// them). The AVX and F16C builtins below are only reached inside that build's function.
-template <class T, bool kAvx2>
+// The AVX2 build's helpers and loop, compiled only into accumulate_contiguous_avx2 below (always inlined), where the
+// AVX and F16C builtins are available.
+#ifdef AMPSCOPE_STATS_X86
+// The magnitude bits and the values of eight elements; f16 widens by F16C's vcvtph2ps (exact, NaN and inf included).
+template <class T>
 [[gnu::always_inline]] inline void load8(const T* p, I8& magnitude, F8& value) {
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(&value, p, sizeof value);
@@ -270,64 +271,39 @@ template <class T, bool kAvx2>
     magnitude = r & 0x7FFF;
     if constexpr (std::is_same_v<T, bf16>) {
       value = reinterpret_cast<F8>(r << 16);  // a bf16 is the top half of a float
-    } else if constexpr (kAvx2) {
-#ifdef AMPSCOPE_STATS_X86
-      // F16C's vcvtph2ps: exact, NaN and inf included.
+    } else {
       using S8 = short __attribute__((vector_size(16)));
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"  // always inlined into the AVX2 build: no call, no ABI
       value = __builtin_ia32_vcvtph2ps256(reinterpret_cast<S8>(h));
 #pragma GCC diagnostic pop
-#endif
-    } else {
-      // An f16's exponent and mantissa bits moved to a float's places read as its magnitude times
-      // 2^-112, subnormals and zero included; multiplying by 2^112 is exact.
-      const I8 bits = (magnitude << 13) | ((r & 0x8000) << 16);
-      value = reinterpret_cast<F8>(bits) * 0x1p112f;
     }
   }
 }
 
-template <bool kAvx2>
+// One vcvtps2pd (GCC 12 widens a 4-float vector in two halves and joins them).
 [[gnu::always_inline]] inline void widen4(const F4& f, D4& d) {
-#ifdef AMPSCOPE_STATS_X86
-  if constexpr (kAvx2) {
-    // One vcvtps2pd (GCC 12 widens a 4-float vector in two halves and joins them).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"  // always inlined into the AVX2 build: no call, no ABI
-    d = __builtin_ia32_cvtps2pd256(f);
+  d = __builtin_ia32_cvtps2pd256(f);
 #pragma GCC diagnostic pop
-    return;
-  }
-#endif
-  d = __builtin_convertvector(f, D4);
 }
 
 // q += v * v. The square of a value widened from f32, f16 or bf16 is exact in double (at most 2 x 24
 // significant bits), so a fused multiply-add rounds where the add alone did: the same bits, one
 // instruction fewer.
-template <bool kAvx2>
 [[gnu::always_inline]] inline void add_square(D4& q, const D4& v) {
-#ifdef AMPSCOPE_STATS_X86
-  if constexpr (kAvx2) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"  // always inlined into the AVX2 build: no call, no ABI
-    q = __builtin_ia32_vfmaddpd256(v, v, q);
+  q = __builtin_ia32_vfmaddpd256(v, v, q);
 #pragma GCC diagnostic pop
-    return;
-  }
-#endif
-  q += v * v;
 }
 
-template <class T, bool kAvx2>
+template <class T>
 [[gnu::always_inline]] inline void accumulate_contiguous_impl(const T* p, std::int64_t count, Partial& a) {
   using B = Bits<T>;
   constexpr int kBlock = 256;
-  // Whether a NaN or inf reaches the values as itself (then the sums of squares show it).
-  constexpr bool kWidensSpecials = !std::is_same_v<T, f16> || kAvx2;
   constexpr float kBig = std::numeric_limits<float>::infinity();
-  constexpr auto kInfBits = static_cast<std::int32_t>(B::kInf);
   constexpr auto kMinNormalBits = static_cast<std::int32_t>(B::kMinNormal);
   const F4 inf4 = {kBig, kBig, kBig, kBig};
   const F8 inf8 = {kBig, kBig, kBig, kBig, kBig, kBig, kBig, kBig};
@@ -343,37 +319,29 @@ template <class T, bool kAvx2>
   for (; i + kBlock <= count; i += kBlock) {
     D4 s0{}, s1{}, q0{}, q1{};
     F8 bmn = inf8, bmx = -inf8;
-    I8 bad{}, zero{}, small{};
+    I8 zero{}, small{};
     for (int j = 0; j < kBlock; j += 8) {
       I8 m;
       F8 f;
-      load8<T, kAvx2>(p + i + j, m, f);
-      if constexpr (!kWidensSpecials) bad |= m >= kInfBits;
+      load8<T>(p + i + j, m, f);
       zero += m == 0;              // a true compare is -1
       small += min_normal > m;  // zero or subnormal
       F4 flo, fhi;
       std::memcpy(&flo, &f, sizeof flo);
       std::memcpy(&fhi, reinterpret_cast<const char*>(&f) + sizeof flo, sizeof fhi);
       D4 lo, hi;
-      widen4<kAvx2>(flo, lo);
-      widen4<kAvx2>(fhi, hi);
+      widen4(flo, lo);
+      widen4(fhi, hi);
       s0 += lo;
       s1 += hi;
-      add_square<kAvx2>(q0, lo);
-      add_square<kAvx2>(q1, hi);
+      add_square(q0, lo);
+      add_square(q1, hi);
       bmn = f < bmn ? f : bmn;
       bmx = f > bmx ? f : bmx;
     }
     const D4 q = q0 + q1;
-    bool block_bad;
-    if constexpr (kWidensSpecials) {
-      const D4 d = q - q;  // NaN exactly where q is inf or NaN
-      block_bad = (d[0] != 0) | (d[1] != 0) | (d[2] != 0) | (d[3] != 0);
-    } else {
-      const I8 b2 = bad | __builtin_shufflevector(bad, bad, 4, 5, 6, 7, 0, 1, 2, 3);
-      block_bad = (b2[0] | b2[1] | b2[2] | b2[3]) != 0;
-    }
-    if (block_bad) {
+    const D4 d = q - q;  // NaN exactly where q is inf or NaN
+    if ((d[0] != 0) | (d[1] != 0) | (d[2] != 0) | (d[3] != 0)) {
       accumulate_run<T, false>(p + i, kBlock, 1, a);
       continue;
     }
@@ -409,6 +377,140 @@ template <class T, bool kAvx2>
   }
   accumulate_run<T, false>(p + i, count - i, 1, a);
 }
+#endif
+
+// ---- the baseline build (x86-64 without AVX2, and other architectures): the same lanes in 16-byte vectors ----
+// Without AVX, GCC 12 splits the 32-byte vectors above through memory (stores and reloads of every F8, D4, I8):
+// 3.3 ns a value for f32, slower than the scalar loop (1.5). Here each of those vectors is two 16-byte ones that
+// SSE2 (or NEON) holds in a register: the values 0-3 and 4-7 of each eight are the lanes 0-3 and 4-7 above, and each
+// 4-lane double accumulator is two 2-lane ones (lanes 0-1 and 2-3), so every lane takes the same values in the same
+// order, a block ends with s0 + s1 and q0 + q1 lane by lane, and the four lanes are added pairwise at the end: the
+// same bits as the AVX2 and AVX-512 builds (stats_test holds all three to the order written out in scalar code).
+// 0.42 ns a value for f32, 0.65 for f16, 0.52 for bf16 (bench/RESULTS.md, 2026-11-29 13:37).
+using D2 = double __attribute__((vector_size(16)));
+using I4 = std::int32_t __attribute__((vector_size(16)));
+
+// The magnitude bits and the values of four elements. Without F16C an f16 widens by its bits: exact for finite
+// values, but NaN and inf come out finite, so the loop compares for them.
+template <class T>
+[[gnu::always_inline]] inline void load4(const T* p, I4& magnitude, F4& value) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(&value, p, sizeof value);
+    magnitude = reinterpret_cast<I4>(value) & 0x7FFFFFFF;
+  } else {
+    using H4 = std::uint16_t __attribute__((vector_size(8)));
+    H4 h;
+    std::memcpy(&h, p, sizeof h);
+    const I4 r = __builtin_convertvector(h, I4);  // zero-extended
+    magnitude = r & 0x7FFF;
+    if constexpr (std::is_same_v<T, bf16>) {
+      value = reinterpret_cast<F4>(r << 16);  // a bf16 is the top half of a float
+    } else {
+      // An f16's exponent and mantissa bits moved to a float's places read as its magnitude times
+      // 2^-112, subnormals and zero included; multiplying by 2^112 is exact.
+      const I4 bits = (magnitude << 13) | ((r & 0x8000) << 16);
+      value = reinterpret_cast<F4>(bits) * 0x1p112f;
+    }
+  }
+}
+
+// Lanes 0-1 and 2-3 of four floats, widened to double (exact). On x86-64 by SSE2's cvtps2pd: GCC 12 converts an
+// 8-byte float vector one value at a time, through a general register and the stack.
+[[gnu::always_inline]] inline void widen2x2(const F4& f, D2& lo, D2& hi) {
+#ifdef AMPSCOPE_STATS_X86
+  lo = reinterpret_cast<D2>(_mm_cvtps_pd(f));
+  hi = reinterpret_cast<D2>(_mm_cvtps_pd(_mm_movehl_ps(f, f)));
+#else
+  lo = __builtin_convertvector(__builtin_shufflevector(f, f, 0, 1), D2);
+  hi = __builtin_convertvector(__builtin_shufflevector(f, f, 2, 3), D2);
+#endif
+}
+
+template <class T>
+void accumulate_contiguous_baseline(const T* p, std::int64_t count, Partial& a) {
+  using B = Bits<T>;
+  constexpr int kBlock = 256;
+  // Whether a NaN or inf reaches the values as itself (then the sums of squares show it): not f16 here.
+  constexpr bool kWidensSpecials = !std::is_same_v<T, f16>;
+  constexpr float kBig = std::numeric_limits<float>::infinity();
+  constexpr auto kInfBits = static_cast<std::int32_t>(B::kInf);
+  constexpr auto kMinNormalBits = static_cast<std::int32_t>(B::kMinNormal);
+  const F4 inf4 = {kBig, kBig, kBig, kBig};
+  // Opaque to the compiler, as in the AVX2 loop: with a constant GCC makes m < c a compare and a negation.
+  I4 min_normal = {kMinNormalBits, kMinNormalBits, kMinNormalBits, kMinNormalBits};
+  __asm__("" : "+m"(min_normal));
+  D2 sum_a{}, sum_b{}, sq_a{}, sq_b{};  // lanes 0-1 and 2-3 of the AVX2 loop's sum and sq
+  F4 mn = inf4, mx = -inf4;
+  bool any_fast = false;
+  std::int64_t i = 0;
+  for (; i + kBlock <= count; i += kBlock) {
+    // s0a, s0b: the AVX2 loop's s0 (values 0-3 of each eight); s1a, s1b: its s1 (values 4-7). q likewise.
+    D2 s0a{}, s0b{}, s1a{}, s1b{}, q0a{}, q0b{}, q1a{}, q1b{};
+    F4 bmn0 = inf4, bmn1 = inf4, bmx0 = -inf4, bmx1 = -inf4;
+    I4 bad{}, zero{}, small{};
+    for (int j = 0; j < kBlock; j += 8) {
+      I4 m0, m1;
+      F4 f0, f1;
+      load4<T>(p + i + j, m0, f0);
+      load4<T>(p + i + j + 4, m1, f1);
+      if constexpr (!kWidensSpecials) bad |= (m0 >= kInfBits) | (m1 >= kInfBits);
+      zero += m0 == 0;  // a true compare is -1; the counts are exact in any order
+      zero += m1 == 0;
+      small += min_normal > m0;  // zero or subnormal
+      small += min_normal > m1;
+      D2 v0a, v0b, v1a, v1b;
+      widen2x2(f0, v0a, v0b);
+      widen2x2(f1, v1a, v1b);
+      s0a += v0a;
+      s0b += v0b;
+      s1a += v1a;
+      s1b += v1b;
+      // The square of a widened f32, f16 or bf16 is exact in double: the same bits as the other builds' FMA.
+      q0a += v0a * v0a;
+      q0b += v0b * v0b;
+      q1a += v1a * v1a;
+      q1b += v1b * v1b;
+      bmn0 = f0 < bmn0 ? f0 : bmn0;
+      bmn1 = f1 < bmn1 ? f1 : bmn1;
+      bmx0 = f0 > bmx0 ? f0 : bmx0;
+      bmx1 = f1 > bmx1 ? f1 : bmx1;
+    }
+    const D2 qa = q0a + q1a, qb = q0b + q1b;
+    bool block_bad;
+    if constexpr (kWidensSpecials) {
+      const D2 da = qa - qa, db = qb - qb;  // NaN exactly where q is inf or NaN
+      block_bad = (da[0] != 0) | (da[1] != 0) | (db[0] != 0) | (db[1] != 0);
+    } else {
+      block_bad = (bad[0] | bad[1] | bad[2] | bad[3]) != 0;
+    }
+    if (block_bad) {
+      accumulate_run<T, false>(p + i, kBlock, 1, a);
+      continue;
+    }
+    any_fast = true;
+    const std::int32_t zeros = -(zero[0] + zero[1] + zero[2] + zero[3]);
+    const std::int32_t smalls = -(small[0] + small[1] + small[2] + small[3]);
+    a.zero += zeros;
+    a.subnormal += smalls - zeros;
+    sum_a += s0a + s1a;
+    sum_b += s0b + s1b;
+    sq_a += qa;
+    sq_b += qb;
+    const F4 cmn = bmn0 < bmn1 ? bmn0 : bmn1, cmx = bmx0 > bmx1 ? bmx0 : bmx1;
+    mn = cmn < mn ? cmn : mn;
+    mx = cmx > mx ? cmx : mx;
+  }
+  if (any_fast) {
+    const double lo = std::min(std::min<double>(mn[0], mn[1]), std::min<double>(mn[2], mn[3]));
+    const double hi = std::max(std::max<double>(mx[0], mx[1]), std::max<double>(mx[2], mx[3]));
+    a.sum += (sum_a[0] + sum_a[1]) + (sum_b[0] + sum_b[1]);
+    a.sum_sq += (sq_a[0] + sq_a[1]) + (sq_b[0] + sq_b[1]);
+    a.min = std::min(a.min, lo);
+    a.max = std::max(a.max, hi);
+    a.absmax = std::max({a.absmax, std::fabs(lo), std::fabs(hi)});  // every value here lies in [lo, hi]
+  }
+  accumulate_run<T, false>(p + i, count - i, 1, a);
+}
 
 // On x86-64 the loop is compiled twice, for AVX2 (with F16C and FMA) and for the baseline (SSE2), and
 // chosen once by what the CPU supports. The AVX2 version ends with vzeroupper itself: GCC's target_clones left it
@@ -417,7 +519,7 @@ template <class T, bool kAvx2>
 #ifdef AMPSCOPE_STATS_X86
 template <class T>
 __attribute__((target("avx2,f16c,fma"))) void accumulate_contiguous_avx2(const T* p, std::int64_t count, Partial& a) {
-  accumulate_contiguous_impl<T, true>(p, count, a);
+  accumulate_contiguous_impl<T>(p, count, a);
   __builtin_ia32_vzeroupper();
 }
 
@@ -563,7 +665,7 @@ void accumulate_contiguous(const T* p, std::int64_t count, Partial& a) {
     case StatsLoop::avx512:
     case StatsLoop::avx2:
 #endif
-    case StatsLoop::baseline: accumulate_contiguous_impl<T, false>(p, count, a); return;
+    case StatsLoop::baseline: accumulate_contiguous_baseline(p, count, a); return;
   }
 }
 
