@@ -454,6 +454,40 @@ void expect_same_bits(const T* expected, const T* got, std::int64_t n, const std
   }
 }
 
+// The CPU backend's layer_norm_param_grad of g and x (rows x cols; mean and rstd as tensors and as the values em,
+// er) against layer_norm_param_grad_column one column at a time, bit for bit; `finite`: first asserts that every
+// expected weight gradient is finite (a test that means to compare finite values).
+template <class T>
+void check_param_grad(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                      const std::vector<acc_type<T>>& em, const std::vector<acc_type<T>>& er, bool finite,
+                      const std::string& weight_what, const std::string& bias_what) {
+  constexpr DType D = dtype_of<T>::value;
+  const std::int64_t rows = x.size(0), cols = x.size(1);
+  Tensor dw = Tensor::empty({cols}, {D}), db = Tensor::empty({cols}, {D});
+  KernelArgs ap;
+  ap.in[0] = g.kernel_view();
+  ap.in[1] = x.kernel_view();
+  ap.in[2] = mean.kernel_view();
+  ap.in[3] = rstd.kernel_view();
+  ap.num_inputs = 4;
+  ap.out = dw.kernel_view();
+  ap.aux[0] = db.kernel_view();
+  cpu().run(Op::layer_norm_param_grad, D, ap);
+  std::vector<T> edw(static_cast<std::size_t>(cols)), edb(static_cast<std::size_t>(cols));
+  const T* gp = static_cast<const T*>(g.data());
+  const T* xp = static_cast<const T*>(x.data());
+  for (std::int64_t c = 0; c < cols; ++c) {
+    layer_norm_param_grad_column(gp, xp, em.data(), er.data(), rows, cols, c, edw.data(), edb.data());
+  }
+  if (finite) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      ASSERT_TRUE(std::isfinite(static_cast<double>(convert<acc_type<T>>(edw[static_cast<std::size_t>(c)])))) << weight_what;
+    }
+  }
+  expect_same_bits(edw.data(), static_cast<const T*>(dw.data()), cols, weight_what);
+  expect_same_bits(edb.data(), static_cast<const T*>(db.data()), cols, bias_what);
+}
+
 template <class T>
 void check_backend_rows(std::int64_t rows, std::int64_t cols) {
   using Acc = acc_type<T>;
@@ -546,24 +580,7 @@ void check_backend_rows(std::int64_t rows, std::int64_t cols) {
     }
     expect_same_bits(expected_dx.data(), static_cast<const T*>(dx.data()), n, what + " backward");
 
-    if (affine) {
-      Tensor dw = Tensor::empty({cols}, {D}), db = Tensor::empty({cols}, {D});
-      KernelArgs ap;
-      ap.in[0] = g.kernel_view();
-      ap.in[1] = x.kernel_view();
-      ap.in[2] = mean.kernel_view();
-      ap.in[3] = rstd.kernel_view();
-      ap.num_inputs = 4;
-      ap.out = dw.kernel_view();
-      ap.aux[0] = db.kernel_view();
-      cpu().run(Op::layer_norm_param_grad, D, ap);
-      std::vector<T> edw(static_cast<std::size_t>(cols)), edb(static_cast<std::size_t>(cols));
-      for (std::int64_t c = 0; c < cols; ++c) {
-        layer_norm_param_grad_column(gp, xp, em.data(), er.data(), rows, cols, c, edw.data(), edb.data());
-      }
-      expect_same_bits(edw.data(), static_cast<const T*>(dw.data()), cols, what + " weight gradient");
-      expect_same_bits(edb.data(), static_cast<const T*>(db.data()), cols, what + " bias gradient");
-    }
+    if (affine) check_param_grad<T>(g, x, mean, rstd, em, er, false, what + " weight gradient", what + " bias gradient");
   }
 
   {  // sum_rows with mean's factor, and argmax
@@ -605,7 +622,6 @@ void check_param_grad_on_finite_values(std::int64_t rows, std::int64_t cols) {
   const Tensor x = from_values(randn({rows, cols}, gen).values(), {rows, cols}, {D});
   const Tensor g = from_values(randn({rows, cols}, gen).values(), {rows, cols}, {D});
   const T* xp = static_cast<const T*>(x.data());
-  const T* gp = static_cast<const T*>(g.data());
   std::vector<T> y(static_cast<std::size_t>(rows * cols));
   std::vector<Acc> em(static_cast<std::size_t>(rows)), er(static_cast<std::size_t>(rows));
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -615,25 +631,7 @@ void check_param_grad_on_finite_values(std::int64_t rows, std::int64_t cols) {
   const DType acc_d = dtype_of<Acc>::value;
   const Tensor mean = from_values(std::vector<double>(em.begin(), em.end()), {rows}, {acc_d});
   const Tensor rstd = from_values(std::vector<double>(er.begin(), er.end()), {rows}, {acc_d});
-  Tensor dw = Tensor::empty({cols}, {D}), db = Tensor::empty({cols}, {D});
-  KernelArgs ap;
-  ap.in[0] = g.kernel_view();
-  ap.in[1] = x.kernel_view();
-  ap.in[2] = mean.kernel_view();
-  ap.in[3] = rstd.kernel_view();
-  ap.num_inputs = 4;
-  ap.out = dw.kernel_view();
-  ap.aux[0] = db.kernel_view();
-  cpu().run(Op::layer_norm_param_grad, D, ap);
-  std::vector<T> edw(static_cast<std::size_t>(cols)), edb(static_cast<std::size_t>(cols));
-  for (std::int64_t c = 0; c < cols; ++c) {
-    layer_norm_param_grad_column(gp, xp, em.data(), er.data(), rows, cols, c, edw.data(), edb.data());
-  }
-  for (std::int64_t c = 0; c < cols; ++c) {
-    ASSERT_TRUE(std::isfinite(static_cast<double>(convert<Acc>(edw[static_cast<std::size_t>(c)])))) << shape;
-  }
-  expect_same_bits(edw.data(), static_cast<const T*>(dw.data()), cols, "weight gradient " + shape);
-  expect_same_bits(edb.data(), static_cast<const T*>(db.data()), cols, "bias gradient " + shape);
+  check_param_grad<T>(g, x, mean, rstd, em, er, true, "weight gradient " + shape, "bias gradient " + shape);
 }
 
 TEST(row_functors_test, layer_norm_parameter_gradients_on_finite_values_in_every_dtype) {

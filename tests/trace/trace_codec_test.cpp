@@ -35,6 +35,27 @@ std::vector<std::byte> reference_shuffle(const std::vector<std::byte>& in, std::
   return out;
 }
 
+// `stored`, a chunk's bytes, is one whole zlib stream (uncompress2: every byte consumed, its Adler-32 checked) that
+// inflates to the shuffled chunk of the first `rows` records (zeros beyond them; a buffer one byte longer shows a
+// longer stream), and the reader's decoder gives those records back.
+void expect_inflates_to_chunk(const std::vector<std::byte>& stored, const std::vector<std::byte>& records, std::size_t rows,
+                              std::size_t record_bytes, std::size_t chunk_rows, ChunkDecoder& decoder, const std::string& what) {
+  std::vector<std::byte> decoded(record_bytes * chunk_rows + 1);
+  uLongf size = static_cast<uLongf>(decoded.size());
+  uLong consumed = static_cast<uLong>(stored.size());
+  ASSERT_EQ(uncompress2(reinterpret_cast<Bytef*>(decoded.data()), &size, reinterpret_cast<const Bytef*>(stored.data()), &consumed),
+            Z_OK)
+      << what;
+  ASSERT_EQ(consumed, stored.size()) << what;
+  ASSERT_EQ(size, record_bytes * chunk_rows) << what;
+  decoded.resize(size);
+  ASSERT_EQ(decoded, reference_shuffle(records, rows, record_bytes, chunk_rows)) << what;
+  ASSERT_TRUE(decoder.inflate(stored.data(), stored.size())) << what;
+  std::vector<std::byte> back(rows * record_bytes);
+  decoder.unshuffle(0, rows, back.data());
+  ASSERT_EQ(std::memcmp(back.data(), records.data(), back.size()), 0) << what;
+}
+
 TEST(trace_codec_test, shuffles_records_as_hdf5s_shuffle_filter) {
   for (std::size_t record_bytes : {1, 8, 15, 16, 17, 75, 445}) {
     for (std::size_t records : {1, 15, 16, 17, 100, 1024}) {
@@ -269,21 +290,7 @@ TEST(trace_codec_test, every_stream_it_writes_inflates_to_the_shuffled_chunk) {
                                    ", " + std::to_string(rows) + " of " + std::to_string(chunk_rows) + " rows";
           std::vector<std::byte> stored;
           codec.encode(records.data(), rows, stored);
-          std::vector<std::byte> decoded(kRecordBytes * chunk_rows + 1);  // one byte more: a longer stream would show
-          uLongf size = static_cast<uLongf>(decoded.size());
-          uLong consumed = static_cast<uLong>(stored.size());
-          ASSERT_EQ(uncompress2(reinterpret_cast<Bytef*>(decoded.data()), &size, reinterpret_cast<const Bytef*>(stored.data()),
-                                &consumed),
-                    Z_OK)
-              << what;
-          ASSERT_EQ(consumed, stored.size()) << what;
-          ASSERT_EQ(size, kRecordBytes * chunk_rows) << what;
-          decoded.resize(size);
-          ASSERT_EQ(decoded, reference_shuffle(records, rows, kRecordBytes, chunk_rows)) << what;
-          ASSERT_TRUE(decoder.inflate(stored.data(), stored.size())) << what;
-          std::vector<std::byte> back(rows * kRecordBytes);
-          decoder.unshuffle(0, rows, back.data());
-          ASSERT_EQ(std::memcmp(back.data(), records.data(), back.size()), 0) << what;
+          ASSERT_NO_FATAL_FAILURE(expect_inflates_to_chunk(stored, records, rows, kRecordBytes, chunk_rows, decoder, what));
           // Random bytes grow by at most the blocks' headers (zlib stores a 4,095-symbol block that would grow: 5 bytes);
           // constant ones shrink to almost nothing.
           EXPECT_LE(stored.size(), kRecordBytes * chunk_rows + kRecordBytes * chunk_rows / 400 + 200) << what;
@@ -344,21 +351,7 @@ TEST(trace_codec_test, partial_chunks_in_fixed_codes_inflate_to_the_shuffled_chu
             // The codec's own stream: one final block of fixed codes (BFINAL 1, BTYPE 01 in the first three bits).
             ASSERT_EQ(std::to_integer<unsigned>(stored[2]) & 7u, 3u) << what;
             own += stored != by_zlib ? 1 : 0;  // zlib too writes one fixed block for a few bytes, sometimes the same
-            std::vector<std::byte> decoded(record_bytes * chunk_rows + 1);
-            uLongf size = static_cast<uLongf>(decoded.size());
-            uLong consumed = static_cast<uLong>(stored.size());
-            ASSERT_EQ(uncompress2(reinterpret_cast<Bytef*>(decoded.data()), &size, reinterpret_cast<const Bytef*>(stored.data()),
-                                  &consumed),
-                      Z_OK)
-                << what;
-            ASSERT_EQ(consumed, stored.size()) << what;
-            ASSERT_EQ(size, record_bytes * chunk_rows) << what;
-            decoded.resize(size);
-            ASSERT_EQ(decoded, reference_shuffle(records, rows, record_bytes, chunk_rows)) << what;
-            ASSERT_TRUE(decoder.inflate(stored.data(), stored.size())) << what;
-            std::vector<std::byte> back(rows * record_bytes);
-            decoder.unshuffle(0, rows, back.data());
-            ASSERT_EQ(std::memcmp(back.data(), records.data(), back.size()), 0) << what;
+            ASSERT_NO_FATAL_FAILURE(expect_inflates_to_chunk(stored, records, rows, record_bytes, chunk_rows, decoder, what));
             // The budget is the most it takes; a byte less and zlib writes the chunk (its zeros written back first).
             codec.encode(garbage.data(), chunk_rows, scratch);
             codec.encode(records.data(), rows, fallback, stored.size());
