@@ -1002,7 +1002,10 @@ std::size_t Probe::StatsKeyHash::operator()(const StatsKey& k) const {
   return static_cast<std::size_t>(h);
 }
 
-Probe::StatsKey Probe::stats_key(const Tensor& t, bool with_histogram) {
+Probe::StatsKey Probe::stats_key(const Tensor& view, bool with_histogram) {
+  // A permuted view is read in memory order (tensor_stats): keyed as the contiguous tensor it permutes, whose
+  // statistics are its own.
+  const Tensor t = in_memory_order(view);
   StatsKey k;
   k.dtype = t.dtype();
   k.histogram = with_histogram;

@@ -244,7 +244,8 @@ class Probe : public Hook {
   // What makes two reads the same read: the storage's serial (never reused, unlike its address) and its
   // version (core/tensor.h Storage: changed by every writable pointer handed out), the view's offset, shape,
   // strides and dtype, and the histogram flag. A contiguous view is keyed by its element count alone (the
-  // pass over it does not depend on its shape), and an unwritten clone by the view it was copied from.
+  // pass over it does not depend on its shape), a permuted one (a transpose) as the contiguous tensor it permutes
+  // (tensor_stats reads it in memory order: the same pass), and an unwritten clone by the view it was copied from.
   struct StatsKey {
     std::uint64_t serial = 0, version = 0;
     std::int64_t offset = 0;

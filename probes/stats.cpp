@@ -536,7 +536,10 @@ __attribute__((target("avx2,f16c,fma"))) void accumulate_contiguous_avx2(const T
 // - min and max stay 8-lane float vectors updated by vminps / vmaxps per 8 values as there (x < m ? x : m), so
 //   the same value, and the same zero's sign, wins every comparison.
 // What is left is the chain of FMAs into q (4 cycles each on the development machine): 0.14 ns a value. More lanes
-// or two blocks at once would break that chain only by adding in another order, which would change the sums' bits.
+// would break that chain only by adding in another order, which would change the sums' bits. Two or four blocks at
+// once would not (each block's lanes start from zero and are folded in block order), but on the AMD EPYC machine of
+// 2026-11-29 it gained only 8% in L2 and was 3x slower on a 16 MB tensor (four streams 1 KB apart), and was dropped
+// (bench/RESULTS.md, probe_bench, 2026-11-29 afternoon).
 #ifdef AMPSCOPE_STATS_X86
 template <class T>
 [[gnu::always_inline]] inline __attribute__((target(AMPSCOPE_STATS_AVX512_TARGET))) __m256 values8_avx512(const T* p) {
@@ -728,7 +731,8 @@ void accumulate_range(const Tensor& t, const T* base, std::int64_t begin, std::i
     return;
   }
   if constexpr (!kHist && kHasFastPath<T>) {
-    // Views (heads split by a permute, transposes) gathered into a small buffer reach the fast path:
+    // Views with gaps (heads split from a wider projection, transposes of such slices; a permute of a whole
+    // tensor is read in memory order instead, in_memory_order) gathered into a small buffer reach the fast path:
     // the copy costs less than the scalar loop would.
     constexpr std::int64_t kGather = 4096;
     T buffer[kGather];
@@ -878,12 +882,26 @@ int histogram_bin(double value, DType dtype) {
   return std::min(e, trace::kHistMaxExponent) + kExponentOffset;
 }
 
+Tensor in_memory_order(const Tensor& t) {
+  if (!t.defined() || t.dim() < 2 || t.is_contiguous()) return t;
+  Shape order(static_cast<std::size_t>(t.dim()));
+  for (std::size_t d = 0; d < order.size(); ++d) order[d] = static_cast<std::int64_t>(d);
+  const Shape& strides = t.strides();
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return strides[static_cast<std::size_t>(a)] > strides[static_cast<std::size_t>(b)];
+  });
+  Tensor permuted = t.detach().permute(order);  // detached: a view only, never a node of the user's graph
+  return permuted.is_contiguous() ? permuted : t;
+}
+
 TensorStats tensor_stats(const Tensor& input, bool with_histogram) {
   TensorStats out;
   trace::TensorHealth& h = out.health;
   h.min = h.max = h.absmax = h.mean = h.rms = kNaN;
   if (!input.defined() || input.numel() == 0) return out;
-  const Tensor t = on_host(input);
+  // A permuted view in memory order: the contiguous loop reads it as it lies, with no gather, and the sums are
+  // those of the tensor it permutes (which the probe's cache then serves for both).
+  const Tensor t = in_memory_order(on_host(input));
   const std::int64_t n = t.numel();
   std::vector<Partial> parts;
   visit_dtype(t.dtype(), [&](auto tag) {

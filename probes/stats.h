@@ -38,8 +38,16 @@ struct TensorStats {
 };
 
 // One pass over `t` (any dtype; integer and bool tensors have no NaN, inf or subnormal values). Undefined
-// or empty tensors give numel 0 and NaN moments.
+// or empty tensors give numel 0 and NaN moments. A view whose elements fill a block of memory without gaps
+// or overlaps (a transpose or permute of a contiguous tensor) is read in memory order (in_memory_order), so
+// it has the same statistics, bits included, as the contiguous tensor it permutes; other views are read in
+// their own (row-major) order.
 TensorStats tensor_stats(const Tensor& t, bool with_histogram = false);
+
+// `t` with its dimensions permuted into memory order (strides descending) when that permutation is
+// contiguous: the same values, laid out as a contiguous tensor of the same storage offset. Otherwise (already
+// contiguous, a broadcast, a slice with gaps, overlapping strides) `t` itself.
+Tensor in_memory_order(const Tensor& t);
 
 // The builds of tensor_stats' loop over contiguous f32, f16 and bf16 values without a histogram (stats.cpp): the
 // baseline (SSE2 on x86-64), AVX2 (with F16C and FMA) and AVX-512 (F, VL, BW, DQ). They add the same values in

@@ -228,12 +228,29 @@ TEST(stats_cache_test, writes_through_a_pointer_between_two_reads_are_seen) {
 }
 
 TEST(stats_cache_test, a_write_through_another_view_of_the_storage_is_seen) {
-  // The view read is a transpose (keyed by its own strides); the write goes through the base tensor.
+  // The view read is a transpose (keyed as the base it permutes); the write goes through the base tensor.
   Tensor base = random_tensor(9);
   check_route([base](Tensor&) mutable { base.slice(0, 2, 3).fill_(-7000.0); }, base.transpose(0, 1), "the base");
   // The view read is the base; the write goes through a slice of it.
   Tensor other = random_tensor(10);
   check_route([other](Tensor&) { other.slice(1, 1, 2).fill_(8000.0); }, other, "a slice");
+}
+
+TEST(stats_cache_test, a_transpose_of_a_tensor_read_before_has_its_statistics_without_a_read) {
+  Probed p;
+  const Tensor base = random_tensor(13);
+  run_step(0, [&] {
+    report(p, base, "base");
+    const std::int64_t before = cached(p);
+    report(p, base.transpose(0, 1), "its transpose");
+    ASSERT_EQ(cached(p) - before, base.numel()) << "a transpose is read in memory order: its base's pass";
+    report(p, base.slice(1, 0, 4).transpose(0, 1), "a transposed slice");
+    EXPECT_EQ(cached(p) - before, base.numel()) << "a view with gaps is read in its own order: not the base's";
+  });
+  ASSERT_EQ(p.sink->grads.size(), 3u);
+  expect_row(p.sink->grads[1], reference_of(base), "the transpose");
+  EXPECT_EQ(p.sink->grads[1].norm, p.sink->grads[0].norm) << "the same pass: the same bits";
+  expect_row(p.sink->grads[2], reference_of(base.slice(1, 0, 4)), "the transposed slice");
 }
 
 TEST(stats_cache_test, a_clone_written_after_the_copy_is_read_again) {

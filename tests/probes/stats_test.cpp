@@ -454,9 +454,38 @@ void ordered_call(const double* v, std::size_t n, double min_normal, Ordered& a)
   ordered_run(v + i, n - i, min_normal, a);
 }
 
+// The values in the order tensor_stats reads them, and whether that is one contiguous run: a view whose elements
+// fill a block of memory without gaps or overlaps (a transpose or permute of a contiguous tensor) in memory order,
+// any other view in its own row-major order. Worked out here from each element's place in the storage, not by the
+// code under test.
+std::vector<double> values_as_read(const Tensor& t, bool& contiguous_run) {
+  std::vector<double> v = t.values();  // row-major
+  const auto n = static_cast<std::int64_t>(v.size());
+  std::vector<std::int64_t> place(v.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t rest = i, offset = 0;
+    for (std::int64_t d = t.dim() - 1; d >= 0; --d) {
+      offset += rest % t.size(d) * t.strides()[static_cast<std::size_t>(d)];
+      rest /= t.size(d);
+    }
+    place[static_cast<std::size_t>(i)] = offset;
+  }
+  std::vector<std::size_t> by_place(v.size());
+  for (std::size_t i = 0; i < by_place.size(); ++i) by_place[i] = i;
+  std::sort(by_place.begin(), by_place.end(), [&](std::size_t a, std::size_t b) { return place[a] < place[b]; });
+  bool dense = true;
+  for (std::size_t k = 0; k < by_place.size(); ++k) dense = dense && place[by_place[k]] == place[by_place[0]] + static_cast<std::int64_t>(k);
+  contiguous_run = dense;
+  if (!dense) return v;
+  std::vector<double> in_memory(v.size());
+  for (std::size_t k = 0; k < by_place.size(); ++k) in_memory[k] = v[by_place[k]];
+  return in_memory;
+}
+
 // The whole tensor, chunk by chunk, as tensor_stats reports it.
 trace::TensorHealth ordered_health(const Tensor& t, double& sum_sq) {
-  const std::vector<double> v = t.values();
+  bool contiguous_run = false;
+  const std::vector<double> v = values_as_read(t, contiguous_run);
   const auto n = static_cast<std::int64_t>(v.size());
   const double min_normal = probe::smallest_normal(t.dtype());
   const std::int64_t chunks = std::clamp<std::int64_t>(n / 32768, 1, 16);
@@ -464,7 +493,7 @@ trace::TensorHealth ordered_health(const Tensor& t, double& sum_sq) {
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
     Ordered a;
-    const std::int64_t run = t.is_contiguous() ? end - begin : 4096;
+    const std::int64_t run = contiguous_run ? end - begin : 4096;
     for (std::int64_t r = begin; r < end; r += run)
       ordered_call(v.data() + r, static_cast<std::size_t>(std::min(run, end - r)), min_normal, a);
     total.nan += a.nan;
@@ -570,23 +599,112 @@ TEST(stats_test, every_build_of_the_loop_adds_in_the_documented_order_to_the_sam
           expect_same_bits(from_values(v, {n}, {.dtype = dtype}));
         }
       }
+      // Permuted views of whole tensors, read in memory order: a transpose, and heads split by a permute.
       const Tensor m = from_values(random_values(gen, 300 * 257, dtype, 1), {300, 257}, {.dtype = dtype});
       expect_same_bits(m.transpose(0, 1));
       const Tensor q = from_values(random_values(gen, 4 * 64 * 4 * 32, dtype, 0), {4, 64, 4, 32}, {.dtype = dtype});
       expect_same_bits(q.permute({0, 2, 1, 3}));
-      // Transposes of the last two dimensions, read eight rows at a time: a key transposed for attention (rows a
-      // multiple of 8, columns of 8), rows left over after the groups of 8 and columns not a multiple of 8 in two
-      // chunks (78000 values, the chunk bound inside a row), and rows longer than the gather buffer.
+      // Views with gaps, read in their own order and gathered: heads split from a wider tensor (a query sliced
+      // from the projection of query, key and value: the last dimension adjacent), and transposes of the last
+      // two dimensions of such slices, read eight rows at a time: a key transposed for attention (rows a multiple
+      // of 8, columns of 8), rows left over after the groups of 8 and columns not a multiple of 8 in two chunks
+      // (78000 values, the chunk bound inside a row), and rows longer than the gather buffer.
+      const Tensor qkv = from_values(random_values(gen, 4 * 64 * 3 * 128, dtype, 0), {4, 64, 3 * 128}, {.dtype = dtype});
+      expect_same_bits(qkv.slice(2, 0, 128).view({4, 64, 4, 32}).permute({0, 2, 1, 3}));
       for (const Shape& shape : {Shape{2, 3, 64, 32}, Shape{4, 3, 500, 13}, Shape{3, 4100, 9}}) {
+        Shape wider = shape;
+        wider.back() += 3;
         std::int64_t n = 1;
-        for (std::int64_t d : shape) n *= d;
+        for (std::int64_t d : wider) n *= d;
         std::vector<double> v = random_values(gen, static_cast<std::size_t>(n), dtype, 1);
         for (double& x : v)
           if (std::fabs(x) > 1e6 && std::isfinite(x)) x = std::ldexp(x, -std::ilogb(x));
-        const Tensor k = from_values(v, shape, {.dtype = dtype});
+        const Tensor k =
+            from_values(v, wider, {.dtype = dtype}).slice(static_cast<std::int64_t>(shape.size()) - 1, 0, shape.back());
         expect_same_bits(k.transpose(-2, -1));
       }
     }
+  }
+}
+
+// Every field of two results the same bits (NaN as NaN), the histogram's bins included.
+void expect_same_stats(const probe::TensorStats& got, const probe::TensorStats& want, const std::string& what) {
+  SCOPED_TRACE(what);
+  const trace::TensorHealth &h = got.health, &w = want.health;
+  EXPECT_EQ(h.numel, w.numel);
+  EXPECT_EQ(h.nan, w.nan);
+  EXPECT_EQ(h.pos_inf, w.pos_inf);
+  EXPECT_EQ(h.neg_inf, w.neg_inf);
+  EXPECT_EQ(h.zero, w.zero);
+  EXPECT_EQ(h.subnormal, w.subnormal);
+  const std::pair<const char*, std::pair<double, double>> fields[] = {
+      {"min", {h.min, w.min}},    {"max", {h.max, w.max}}, {"absmax", {h.absmax, w.absmax}},
+      {"mean", {h.mean, w.mean}}, {"rms", {h.rms, w.rms}}, {"sum_sq", {got.sum_sq, want.sum_sq}}};
+  for (const auto& [name, pair] : fields) {
+    if (std::isnan(pair.second)) {
+      EXPECT_TRUE(std::isnan(pair.first)) << name;
+    } else {
+      EXPECT_EQ(bits_of(pair.first), bits_of(pair.second)) << name << ": " << pair.first << " and " << pair.second;
+    }
+  }
+  EXPECT_EQ(got.histogram, want.histogram);
+}
+
+TEST(stats_test, a_permuted_view_has_the_statistics_of_the_tensor_it_permutes) {
+  std::mt19937_64 gen(29112026);
+  int orders_differ = 0;  // cases where the view read in its own order gives other sums
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    // One chunk, and 81920 values in two chunks (over both threads where there are two).
+    for (const Shape& shape : {Shape{6, 35, 4, 37}, Shape{8, 64, 4, 40}}) {
+      std::int64_t n = 1;
+      for (std::int64_t d : shape) n *= d;
+      std::vector<double> v = random_values(gen, static_cast<std::size_t>(n), dtype, 1);
+      for (double& x : v)  // without the huge values, whose sums absorb the rest in any order
+        if (std::fabs(x) > 1e6 && std::isfinite(x)) x = std::ldexp(x, -std::ilogb(x));
+      const Tensor x = from_values(v, shape, {.dtype = dtype});
+      for (const Shape& order : {Shape{0, 2, 1, 3}, Shape{3, 1, 0, 2}, Shape{1, 0, 2, 3}}) {
+        for (bool histogram : {false, true}) {
+          const std::string what = fmt::format("{} {} permuted {}{}", dtype_name(dtype), fmt::join(shape, "x"),
+                                               fmt::join(order, ","), histogram ? ", with histogram" : "");
+          const Tensor view = x.permute(order);
+          const probe::TensorStats want = tensor_stats(x, histogram);
+          expect_same_stats(tensor_stats(view, histogram), want, what);
+          // A copy in the view's own order has the same values in another order: its sums may differ.
+          const probe::TensorStats own_order = tensor_stats(view.contiguous(), histogram);
+          if (bits_of(own_order.sum_sq) != bits_of(want.sum_sq) || bits_of(own_order.health.mean) != bits_of(want.health.mean))
+            ++orders_differ;
+        }
+      }
+    }
+  }
+  EXPECT_GT(orders_differ, 0) << "no case where the order matters: the test would not see a view read in its own order";
+  // A transpose of whole rows of a matrix (a view with a storage offset): the statistics of those rows.
+  std::vector<double> v = random_values(gen, 40 * 70, DType::f32, 0);
+  const Tensor rows = from_values(v, {40, 70}).slice(0, 5, 25);
+  expect_same_stats(tensor_stats(rows.transpose(0, 1)), tensor_stats(rows), "a transpose of rows 5-24");
+}
+
+TEST(stats_test, in_memory_order_permutes_only_views_that_fill_a_block_of_memory) {
+  std::vector<double> v(3 * 4 * 5);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
+  const Tensor x = from_values(v, {3, 4, 5});
+  const Tensor permuted = probe::in_memory_order(x.permute({2, 0, 1}));
+  EXPECT_TRUE(permuted.is_contiguous());
+  EXPECT_EQ(permuted.shape(), x.shape());
+  EXPECT_EQ(permuted.values(), v);
+  // Rows 1-2, transposed: a block that starts 20 elements into the storage.
+  const Tensor rows = x.slice(0, 1, 3);
+  const Tensor block = probe::in_memory_order(rows.transpose(1, 2));
+  EXPECT_TRUE(block.is_contiguous());
+  EXPECT_EQ(block.storage_offset(), 20);
+  EXPECT_EQ(block.values(), rows.values());
+  // Left as they are: a contiguous tensor, a slice with gaps (and its transpose), every other column, a broadcast.
+  const Tensor pair = from_values({1, 2}, {2, 1});
+  for (const Tensor& t : {x, x.slice(2, 0, 3), x.slice(2, 0, 3).transpose(0, 2), x.slice(2, 0, 5, 2).transpose(0, 1),
+                          pair.expand({2, 5})}) {
+    const Tensor same = probe::in_memory_order(t);
+    EXPECT_EQ(same.shape(), t.shape());
+    EXPECT_EQ(same.strides(), t.strides());
   }
 }
 
