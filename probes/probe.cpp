@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -80,6 +81,22 @@ std::string count_text(const trace::TensorHealth& h) { return count_text(h.nan, 
 
 std::string where(const std::string& scope) { return scope.empty() ? std::string() : " in '" + scope + "'"; }
 
+// shape_str's text ("[128, 256]", "[]": fmt's join of the sizes with ", "), written without fmt's formatting
+// machinery: it runs for every op row.
+std::string shape_text(const Shape& shape) {
+  std::string out;
+  out.reserve(2 + shape.size() * 6);
+  out += '[';
+  char digits[24];
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    const auto [end, ec] = std::to_chars(digits, digits + sizeof digits, shape[i]);
+    out.append(digits, end);
+  }
+  out += ']';
+  return out;
+}
+
 // The row of an op as level dtype records it (its input producers aside, Probe::input_producers): step, seq,
 // phase, op, module, input and output dtypes, shape and autocast's reason.
 trace::OpRow op_row(const OpEvent& e, trace::Phase phase) {
@@ -96,7 +113,7 @@ trace::OpRow op_row(const OpEvent& e, trace::Phase phase) {
   }
   if (e.output.defined()) {
     row.out_dtype = dtype_name(e.output.dtype());
-    row.shape = shape_str(e.output.shape());
+    row.shape = shape_text(e.output.shape());
   }
   row.autocast = e.autocast.reason;
   return row;
@@ -354,7 +371,7 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase, const std::array<std
   const bool full = options_.level == Level::full;
   const bool backward = phase == trace::Phase::backward;
   const OutputStats out = output_stats(e, full);
-  row.health = out.primary >= 0 ? out.stats[static_cast<std::size_t>(out.primary)].health : stats_of(Tensor(), false).health;
+  row.health = out.primary >= 0 ? out.health[static_cast<std::size_t>(out.primary)] : stats_of(Tensor(), false).health;
 
   // ---- casts: what they overflowed and flushed ----
   std::vector<trace::EventRow> events;
@@ -368,7 +385,7 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase, const std::array<std
     for (std::size_t i = 0; i < e.outputs.size(); ++i) {
       if (!e.outputs[i].defined() || !is_floating(e.outputs[i].dtype())) continue;
       emit(trace::HistogramRow{e.step, e.seq, static_cast<int>(i) == out.primary ? "output" : fmt::format("output {}", i),
-                               out.stats[i].histogram});
+                               out.histograms[i]});
     }
   }
 
@@ -382,15 +399,18 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase, const std::array<std
 
 Probe::OutputStats Probe::output_stats(const OpEvent& e, bool histograms) {
   OutputStats out;
-  out.stats.resize(e.outputs.size());
+  out.health.resize(e.outputs.size());
+  if (histograms) out.histograms.resize(e.outputs.size());
   for (std::size_t i = 0; i < e.outputs.size(); ++i) {
     const Tensor& t = e.outputs[i];
     if (!t.defined()) continue;
-    out.stats[i] = stats_of(t, histograms && is_floating(t.dtype()));
+    const TensorStats s = stats_of(t, histograms && is_floating(t.dtype()));
+    out.health[i] = s.health;
+    if (histograms) out.histograms[i] = s.histogram;
     if (out.primary < 0) out.primary = static_cast<int>(i);
-    out.nan += out.stats[i].health.nan;
-    out.pos_inf += out.stats[i].health.pos_inf;
-    out.neg_inf += out.stats[i].health.neg_inf;
+    out.nan += s.health.nan;
+    out.pos_inf += s.health.pos_inf;
+    out.neg_inf += s.health.neg_inf;
   }
   return out;
 }
@@ -420,8 +440,9 @@ bool Probe::count_casts(const OpEvent& e, bool backward, trace::OpRow& row, std:
                                     smallest_subnormal(result.dtype()))});
     }
   };
-  if (analysis::op_kind(e.op) == analysis::OpKind::cast && !e.inputs.empty() && e.inputs[0].defined() &&
-      e.output.defined() && e.inputs[0].dtype() != e.output.dtype() && e.inputs[0].shape() == e.output.shape()) {
+  // The op's table lookup last: most ops keep their input's dtype.
+  if (!e.inputs.empty() && e.inputs[0].defined() && e.output.defined() && e.inputs[0].dtype() != e.output.dtype() &&
+      analysis::op_kind(e.op) == analysis::OpKind::cast && e.inputs[0].shape() == e.output.shape()) {
     count_cast(e.inputs[0], e.output, backward ? "the gradient in the backward of to" : "the input of to");
   }
   for (const CastRecord& c : e.autocast.casts) {
@@ -460,6 +481,7 @@ bool Probe::judge_nonfinite(const OpEvent& e, trace::Phase phase, const OutputSt
                             std::vector<trace::EventRow>& events) {
   const bool backward = phase == trace::Phase::backward;
   const std::int64_t out_nan = out.nan, out_pos_inf = out.pos_inf;
+  if (out_nan + out_pos_inf + out.neg_inf == 0) return false;  // all finite (the op's table lookup below skipped)
   // A mask's fill writes -inf on purpose (masked_fill, attention's causal mask): that is the mask, not an
   // overflow; only its NaN and +inf count.
   const bool intended_neg_inf = !backward && analysis::op_has(row.op, analysis::OpFlag::mask_neg_inf);
@@ -759,6 +781,8 @@ void Probe::on_step_begin(std::int64_t step) {
   if (open_) end_step(std::nullopt);
   recent_.push_back(StepRecord{});
   recent_.back().step = step;
+  recent_.back().ops.reserve(last_ops_);
+  recent_.back().grads.reserve(last_grads_);
   const std::size_t keep = options_.flight_recorder ? static_cast<std::size_t>(options_.recorder_steps) : 1;
   while (recent_.size() > keep) recent_.pop_front();
   open_ = true;
@@ -766,6 +790,7 @@ void Probe::on_step_begin(std::int64_t step) {
   recording_ = options_.level != Level::off && (options_.flight_recorder || selected(step));
   loose_propagated_.clear();
   stats_cache_.clear();
+  hist_cache_.clear();
 }
 
 void Probe::on_step_end(const StepSummary& summary) {
@@ -792,6 +817,8 @@ void Probe::flush() {
 }
 
 void Probe::write_record(StepRecord& r) {
+  if (!r.ops.empty()) last_ops_ = r.ops.size();
+  if (!r.grads.empty()) last_grads_ = r.grads.size();
   for (const trace::OpRow& row : r.ops) sink_->write(row);
   for (const trace::GradRow& row : r.grads) sink_->write(row);
   for (const trace::HistogramRow& row : r.histograms) sink_->write(row);
@@ -817,6 +844,7 @@ void Probe::end_step(const std::optional<StepSummary>& summary) {
   StepRecord& rec = recent_.back();
   open_ = false;
   stats_cache_.clear();
+  hist_cache_.clear();
   recording_ = options_.level != Level::off && options_.outside_steps;
   for (const auto& [key, first] : rec.propagated) {
     if (first.second > 0) rec.events[first.first].detail += fmt::format(" ({} more times in this step)", first.second);
@@ -996,17 +1024,19 @@ std::size_t Probe::StatsKeyHash::operator()(const StatsKey& k) const {
   auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 0x100000001B3ULL + (h >> 29); };
   mix(k.version);
   mix(static_cast<std::uint64_t>(k.offset));
-  mix(static_cast<std::uint64_t>(k.dtype) * 2 + (k.histogram ? 1 : 0));
+  mix(static_cast<std::uint64_t>(k.numel));
+  mix(static_cast<std::uint64_t>(k.dtype) * 2 + (k.contiguous ? 1 : 0));
   for (std::int64_t v : k.sizes) mix(static_cast<std::uint64_t>(v));
   for (std::int64_t v : k.strides) mix(static_cast<std::uint64_t>(v));
   return static_cast<std::size_t>(h);
 }
 
-Probe::StatsKey Probe::stats_key(const Tensor& t, bool with_histogram) {
+Probe::StatsKey Probe::stats_key(const Tensor& t) {
   StatsKey k;
   k.dtype = t.dtype();
-  k.histogram = with_histogram;
-  if (!t.is_contiguous()) {
+  k.numel = t.numel();
+  k.contiguous = t.is_contiguous();
+  if (!k.contiguous) {
     k.serial = t.storage_serial();
     k.version = t.storage_version();
     k.offset = t.storage_offset();
@@ -1014,8 +1044,6 @@ Probe::StatsKey Probe::stats_key(const Tensor& t, bool with_histogram) {
     k.strides = t.strides();
     return k;
   }
-  k.sizes = {t.numel()};
-  k.strides = {1};
   StorageCopy from;
   if (t.copied_from(from)) {  // an unwritten clone: the values of the view it was copied from, then
     k.serial = from.serial;
@@ -1035,19 +1063,33 @@ TensorStats Probe::cached_stats(const Tensor& t, bool with_histogram) {
   // The key depends on the tensor's own storage version only (an unwritten clone is keyed by its source only while
   // that version is the one its copy left): if the version is the same after the pass, so is the key.
   const std::uint64_t version = t.storage_version();
-  const StatsKey key = stats_key(t, with_histogram);
-  if (auto found = stats_cache_.find(key); found != stats_cache_.end()) {
+  StatsKey key = stats_key(t);
+  // Not served from the same read with a histogram (the other cache): tensor_stats takes another loop for it (one
+  // sum, not the fast path's lanes), whose sums can differ in the last bits.
+  TensorStats s;
+  if (with_histogram) {
+    if (auto found = hist_cache_.find(key); found != hist_cache_.end()) {
+      counters_.stats_values_cached += t.numel();
+      s = found->second;
+      return s;
+    }
+  } else if (auto found = stats_cache_.find(key); found != stats_cache_.end()) {
     counters_.stats_values_cached += t.numel();
-    return found->second;
+    s.health = found->second.health;
+    s.sum_sq = found->second.sum_sq;  // the histogram: all zero, as tensor_stats leaves it without one
+    return s;
   }
-  // Not served from the same read with a histogram: tensor_stats takes another loop for it (one sum, not the
-  // fast path's lanes), whose sums can differ in the last bits.
-  TensorStats s = tensor_stats(t, with_histogram);
+  s = tensor_stats(t, with_histogram);
   // tensor_stats reads through read_data(), which leaves the version as it was; a key changed meanwhile (a
   // pointer handed out on another thread) would make these statistics of no one version: not kept.
   if (t.storage_version() == version) {
-    if (stats_cache_.size() >= kStatsCacheEntries) stats_cache_.clear();
-    stats_cache_.emplace(key, s);
+    if (with_histogram) {
+      if (hist_cache_.size() >= kStatsCacheEntries) hist_cache_.clear();
+      hist_cache_.emplace(std::move(key), s);
+    } else {
+      if (stats_cache_.size() >= kStatsCacheEntries) stats_cache_.clear();
+      stats_cache_.emplace(std::move(key), PlainStats{s.health, s.sum_sq});
+    }
   }
   return s;
 }
