@@ -404,13 +404,18 @@ Probe::OutputStats Probe::output_stats(const OpEvent& e, bool histograms) {
   for (std::size_t i = 0; i < e.outputs.size(); ++i) {
     const Tensor& t = e.outputs[i];
     if (!t.defined()) continue;
-    const TensorStats s = stats_of(t, histograms && is_floating(t.dtype()));
-    out.health[i] = s.health;
-    if (histograms) out.histograms[i] = s.histogram;
+    if (histograms && is_floating(t.dtype())) {
+      const TensorStats s = stats_of(t, true);
+      out.health[i] = s.health;
+      out.histograms[i] = s.histogram;
+    } else {
+      out.health[i] = plain_stats_of(t).health;  // a non-floating output has no histogram row
+    }
+    const trace::TensorHealth& h = out.health[i];
     if (out.primary < 0) out.primary = static_cast<int>(i);
-    out.nan += s.health.nan;
-    out.pos_inf += s.health.pos_inf;
-    out.neg_inf += s.health.neg_inf;
+    out.nan += h.nan;
+    out.pos_inf += h.pos_inf;
+    out.neg_inf += h.neg_inf;
   }
   return out;
 }
@@ -1016,7 +1021,20 @@ TensorStats Probe::stats_of(const Tensor& t, bool with_histogram) {
     const auto& table = with_histogram ? *resolved_hist_ : *resolved_plain_;
     if (auto found = table.find(t.id()); found != table.end()) return found->second;
   }
-  return cached_stats(t, with_histogram);
+  if (with_histogram) return cached_hist(t);
+  const PlainStats p = cached_plain(t);
+  TensorStats s;  // the histogram all zero, as tensor_stats leaves it without one
+  s.health = p.health;
+  s.sum_sq = p.sum_sq;
+  return s;
+}
+
+Probe::PlainStats Probe::plain_stats_of(const Tensor& t) {
+  if (resolved_plain_ != nullptr && t.defined()) {
+    if (auto found = resolved_plain_->find(t.id()); found != resolved_plain_->end())
+      return PlainStats{found->second.health, found->second.sum_sq};
+  }
+  return cached_plain(t);
 }
 
 std::size_t Probe::StatsKeyHash::operator()(const StatsKey& k) const {
@@ -1057,41 +1075,49 @@ Probe::StatsKey Probe::stats_key(const Tensor& t) {
   return k;
 }
 
-TensorStats Probe::cached_stats(const Tensor& t, bool with_histogram) {
-  if (!t.defined() || t.numel() == 0 || !t.device().is_cpu()) return tensor_stats(t, with_histogram);
+// Reads with a histogram (level full). Never served by the same read without one (cached_plain's cache):
+// tensor_stats takes another loop for it (one sum, not the fast path's lanes), whose sums can differ in the last bits.
+TensorStats Probe::cached_hist(const Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !t.device().is_cpu()) return tensor_stats(t, true);
   counters_.stats_values += t.numel();
   // The key depends on the tensor's own storage version only (an unwritten clone is keyed by its source only while
   // that version is the one its copy left): if the version is the same after the pass, so is the key.
   const std::uint64_t version = t.storage_version();
   StatsKey key = stats_key(t);
-  // Not served from the same read with a histogram (the other cache): tensor_stats takes another loop for it (one
-  // sum, not the fast path's lanes), whose sums can differ in the last bits.
-  TensorStats s;
-  if (with_histogram) {
-    if (auto found = hist_cache_.find(key); found != hist_cache_.end()) {
-      counters_.stats_values_cached += t.numel();
-      s = found->second;
-      return s;
-    }
-  } else if (auto found = stats_cache_.find(key); found != stats_cache_.end()) {
+  if (auto found = hist_cache_.find(key); found != hist_cache_.end()) {
     counters_.stats_values_cached += t.numel();
-    s.health = found->second.health;
-    s.sum_sq = found->second.sum_sq;  // the histogram: all zero, as tensor_stats leaves it without one
-    return s;
+    return found->second;
   }
-  s = tensor_stats(t, with_histogram);
+  TensorStats s = tensor_stats(t, true);
   // tensor_stats reads through read_data(), which leaves the version as it was; a key changed meanwhile (a
   // pointer handed out on another thread) would make these statistics of no one version: not kept.
   if (t.storage_version() == version) {
-    if (with_histogram) {
-      if (hist_cache_.size() >= kStatsCacheEntries) hist_cache_.clear();
-      hist_cache_.emplace(std::move(key), s);
-    } else {
-      if (stats_cache_.size() >= kStatsCacheEntries) stats_cache_.clear();
-      stats_cache_.emplace(std::move(key), PlainStats{s.health, s.sum_sq});
-    }
+    if (hist_cache_.size() >= kStatsCacheEntries) hist_cache_.clear();
+    hist_cache_.emplace(std::move(key), s);
   }
   return s;
+}
+
+// Reads without a histogram, as cached_hist above (the same key and version rule) in their own cache.
+Probe::PlainStats Probe::cached_plain(const Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !t.device().is_cpu()) {
+    const TensorStats s = tensor_stats(t, false);
+    return PlainStats{s.health, s.sum_sq};
+  }
+  counters_.stats_values += t.numel();
+  const std::uint64_t version = t.storage_version();
+  StatsKey key = stats_key(t);
+  if (auto found = stats_cache_.find(key); found != stats_cache_.end()) {
+    counters_.stats_values_cached += t.numel();
+    return found->second;
+  }
+  const TensorStats s = tensor_stats(t, false);
+  const PlainStats p{s.health, s.sum_sq};
+  if (t.storage_version() == version) {
+    if (stats_cache_.size() >= kStatsCacheEntries) stats_cache_.clear();
+    stats_cache_.emplace(std::move(key), p);
+  }
+  return p;
 }
 
 CastCounts Probe::casts_of(const Tensor& source, const Tensor& result) {

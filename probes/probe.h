@@ -237,6 +237,10 @@ class Probe : public Hook {
   void drain();
   // What record_op and record_grads read: the queued result while one is being completed, else the tensor.
   TensorStats stats_of(const Tensor& t, bool with_histogram);
+  // The same read without a histogram, as its health and sum of squares only (an op's outputs: no 1.1 KiB
+  // TensorStats zeroed and copied per output).
+  struct PlainStats;
+  PlainStats plain_stats_of(const Tensor& t);
   CastCounts casts_of(const Tensor& source, const Tensor& result);
   std::vector<double> leading_of(const Tensor& t, std::int64_t max_elements);
 
@@ -258,13 +262,14 @@ class Probe : public Hook {
     std::size_t operator()(const StatsKey& k) const;
   };
   static StatsKey stats_key(const Tensor& t);
-  TensorStats cached_stats(const Tensor& t, bool with_histogram);
+  TensorStats cached_hist(const Tensor& t);  // a read with a histogram
   // What a read without a histogram keeps: its histogram is all zero (stats.h), so the entry is a tenth of a
   // TensorStats and small enough for the allocator's per-thread cache.
   struct PlainStats {
     trace::TensorHealth health;
     double sum_sq = 0;
   };
+  PlainStats cached_plain(const Tensor& t);
 
   std::array<std::int64_t, trace::kOpInputs> input_producers(const OpEvent& event) const;
   // The statistics of an op's outputs, one pass each; `primary` is the output its row describes (the first
