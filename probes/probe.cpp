@@ -286,16 +286,16 @@ std::array<std::int64_t, trace::kOpInputs> Probe::input_producers(const OpEvent&
   std::array<std::int64_t, trace::kOpInputs> out;
   out.fill(trace::kInputNone);
   for (std::size_t i = 0; i < e.inputs.size() && i < out.size(); ++i) {
-    Tensor t = e.inputs[i];
+    const Tensor* t = &e.inputs[i];  // not a copy: no reference count touched per input
     for (const CastRecord& c : e.autocast.casts) {
-      if (c.input == static_cast<int>(i) && c.source.defined()) t = c.source;
+      if (c.input == static_cast<int>(i) && c.source.defined()) t = &c.source;
     }
-    if (!t.defined()) continue;
-    if (t.is_leaf() && t.requires_grad()) {
+    if (!t->defined()) continue;
+    if (t->is_leaf() && t->requires_grad()) {
       out[i] = trace::kInputParameter;
       continue;
     }
-    const auto [step, seq] = t.producer();
+    const auto [step, seq] = t->producer();
     if (seq == Producer::none) {
       out[i] = trace::kInputData;
     } else if (step != e.step) {
