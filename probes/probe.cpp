@@ -786,13 +786,15 @@ void Probe::on_step_begin(std::int64_t step) {
   if (open_) end_step(std::nullopt);
   recent_.push_back(StepRecord{});
   recent_.back().step = step;
-  recent_.back().ops.reserve(last_ops_);
-  recent_.back().grads.reserve(last_grads_);
   const std::size_t keep = options_.flight_recorder ? static_cast<std::size_t>(options_.recorder_steps) : 1;
   while (recent_.size() > keep) recent_.pop_front();
   open_ = true;
   step_ = step;
   recording_ = options_.level != Level::off && (options_.flight_recorder || selected(step));
+  if (recording_) {  // a step that records nothing (not sampled) allocates nothing
+    recent_.back().ops.reserve(last_ops_);
+    recent_.back().grads.reserve(last_grads_);
+  }
   loose_propagated_.clear();
   stats_cache_.clear();
   hist_cache_.clear();
