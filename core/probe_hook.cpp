@@ -118,6 +118,7 @@ void report_grads(const std::vector<Tensor>& params, bool unscaled, bool before_
   Hook* h = hook();
   if (h == nullptr) return;
   std::vector<std::pair<std::string, Tensor>> grads;
+  grads.reserve(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor g = params[i].grad();
     if (!g.defined()) continue;

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -80,6 +81,22 @@ std::string count_text(const trace::TensorHealth& h) { return count_text(h.nan, 
 
 std::string where(const std::string& scope) { return scope.empty() ? std::string() : " in '" + scope + "'"; }
 
+// shape_str's text ("[128, 256]", "[]": fmt's join of the sizes with ", "), written without fmt's formatting
+// machinery: it runs for every op row.
+std::string shape_text(const Shape& shape) {
+  std::string out;
+  out.reserve(2 + shape.size() * 6);
+  out += '[';
+  char digits[24];
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    const auto [end, ec] = std::to_chars(digits, digits + sizeof digits, shape[i]);
+    out.append(digits, end);
+  }
+  out += ']';
+  return out;
+}
+
 // The row of an op as level dtype records it (its input producers aside, Probe::input_producers): step, seq,
 // phase, op, module, input and output dtypes, shape and autocast's reason.
 trace::OpRow op_row(const OpEvent& e, trace::Phase phase) {
@@ -96,7 +113,7 @@ trace::OpRow op_row(const OpEvent& e, trace::Phase phase) {
   }
   if (e.output.defined()) {
     row.out_dtype = dtype_name(e.output.dtype());
-    row.shape = shape_str(e.output.shape());
+    row.shape = shape_text(e.output.shape());
   }
   row.autocast = e.autocast.reason;
   return row;
@@ -269,16 +286,16 @@ std::array<std::int64_t, trace::kOpInputs> Probe::input_producers(const OpEvent&
   std::array<std::int64_t, trace::kOpInputs> out;
   out.fill(trace::kInputNone);
   for (std::size_t i = 0; i < e.inputs.size() && i < out.size(); ++i) {
-    Tensor t = e.inputs[i];
+    const Tensor* t = &e.inputs[i];  // not a copy: no reference count touched per input
     for (const CastRecord& c : e.autocast.casts) {
-      if (c.input == static_cast<int>(i) && c.source.defined()) t = c.source;
+      if (c.input == static_cast<int>(i) && c.source.defined()) t = &c.source;
     }
-    if (!t.defined()) continue;
-    if (t.is_leaf() && t.requires_grad()) {
+    if (!t->defined()) continue;
+    if (t->is_leaf() && t->requires_grad()) {
       out[i] = trace::kInputParameter;
       continue;
     }
-    const auto [step, seq] = t.producer();
+    const auto [step, seq] = t->producer();
     if (seq == Producer::none) {
       out[i] = trace::kInputData;
     } else if (step != e.step) {
@@ -354,7 +371,7 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase, const std::array<std
   const bool full = options_.level == Level::full;
   const bool backward = phase == trace::Phase::backward;
   const OutputStats out = output_stats(e, full);
-  row.health = out.primary >= 0 ? out.stats[static_cast<std::size_t>(out.primary)].health : stats_of(Tensor(), false).health;
+  row.health = out.primary >= 0 ? out.health[static_cast<std::size_t>(out.primary)] : stats_of(Tensor(), false).health;
 
   // ---- casts: what they overflowed and flushed ----
   std::vector<trace::EventRow> events;
@@ -368,7 +385,7 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase, const std::array<std
     for (std::size_t i = 0; i < e.outputs.size(); ++i) {
       if (!e.outputs[i].defined() || !is_floating(e.outputs[i].dtype())) continue;
       emit(trace::HistogramRow{e.step, e.seq, static_cast<int>(i) == out.primary ? "output" : fmt::format("output {}", i),
-                               out.stats[i].histogram});
+                               out.histograms[i]});
     }
   }
 
@@ -382,15 +399,23 @@ void Probe::record_op(const OpEvent& e, trace::Phase phase, const std::array<std
 
 Probe::OutputStats Probe::output_stats(const OpEvent& e, bool histograms) {
   OutputStats out;
-  out.stats.resize(e.outputs.size());
+  out.health.resize(e.outputs.size());
+  if (histograms) out.histograms.resize(e.outputs.size());
   for (std::size_t i = 0; i < e.outputs.size(); ++i) {
     const Tensor& t = e.outputs[i];
     if (!t.defined()) continue;
-    out.stats[i] = stats_of(t, histograms && is_floating(t.dtype()));
+    if (histograms && is_floating(t.dtype())) {
+      const TensorStats s = stats_of(t, true);
+      out.health[i] = s.health;
+      out.histograms[i] = s.histogram;
+    } else {
+      out.health[i] = plain_stats_of(t).health;  // a non-floating output has no histogram row
+    }
+    const trace::TensorHealth& h = out.health[i];
     if (out.primary < 0) out.primary = static_cast<int>(i);
-    out.nan += out.stats[i].health.nan;
-    out.pos_inf += out.stats[i].health.pos_inf;
-    out.neg_inf += out.stats[i].health.neg_inf;
+    out.nan += h.nan;
+    out.pos_inf += h.pos_inf;
+    out.neg_inf += h.neg_inf;
   }
   return out;
 }
@@ -420,8 +445,9 @@ bool Probe::count_casts(const OpEvent& e, bool backward, trace::OpRow& row, std:
                                     smallest_subnormal(result.dtype()))});
     }
   };
-  if (analysis::op_kind(e.op) == analysis::OpKind::cast && !e.inputs.empty() && e.inputs[0].defined() &&
-      e.output.defined() && e.inputs[0].dtype() != e.output.dtype() && e.inputs[0].shape() == e.output.shape()) {
+  // The op's table lookup last: most ops keep their input's dtype.
+  if (!e.inputs.empty() && e.inputs[0].defined() && e.output.defined() && e.inputs[0].dtype() != e.output.dtype() &&
+      analysis::op_kind(e.op) == analysis::OpKind::cast && e.inputs[0].shape() == e.output.shape()) {
     count_cast(e.inputs[0], e.output, backward ? "the gradient in the backward of to" : "the input of to");
   }
   for (const CastRecord& c : e.autocast.casts) {
@@ -460,6 +486,7 @@ bool Probe::judge_nonfinite(const OpEvent& e, trace::Phase phase, const OutputSt
                             std::vector<trace::EventRow>& events) {
   const bool backward = phase == trace::Phase::backward;
   const std::int64_t out_nan = out.nan, out_pos_inf = out.pos_inf;
+  if (out_nan + out_pos_inf + out.neg_inf == 0) return false;  // all finite (the op's table lookup below skipped)
   // A mask's fill writes -inf on purpose (masked_fill, attention's causal mask): that is the mask, not an
   // overflow; only its NaN and +inf count.
   const bool intended_neg_inf = !backward && analysis::op_has(row.op, analysis::OpFlag::mask_neg_inf);
@@ -764,8 +791,13 @@ void Probe::on_step_begin(std::int64_t step) {
   open_ = true;
   step_ = step;
   recording_ = options_.level != Level::off && (options_.flight_recorder || selected(step));
+  if (recording_) {  // a step that records nothing (not sampled) allocates nothing
+    recent_.back().ops.reserve(last_ops_);
+    recent_.back().grads.reserve(last_grads_);
+  }
   loose_propagated_.clear();
   stats_cache_.clear();
+  hist_cache_.clear();
 }
 
 void Probe::on_step_end(const StepSummary& summary) {
@@ -792,6 +824,8 @@ void Probe::flush() {
 }
 
 void Probe::write_record(StepRecord& r) {
+  if (!r.ops.empty()) last_ops_ = r.ops.size();
+  if (!r.grads.empty()) last_grads_ = r.grads.size();
   for (const trace::OpRow& row : r.ops) sink_->write(row);
   for (const trace::GradRow& row : r.grads) sink_->write(row);
   for (const trace::HistogramRow& row : r.histograms) sink_->write(row);
@@ -817,6 +851,7 @@ void Probe::end_step(const std::optional<StepSummary>& summary) {
   StepRecord& rec = recent_.back();
   open_ = false;
   stats_cache_.clear();
+  hist_cache_.clear();
   recording_ = options_.level != Level::off && options_.outside_steps;
   for (const auto& [key, first] : rec.propagated) {
     if (first.second > 0) rec.events[first.first].detail += fmt::format(" ({} more times in this step)", first.second);
@@ -988,7 +1023,20 @@ TensorStats Probe::stats_of(const Tensor& t, bool with_histogram) {
     const auto& table = with_histogram ? *resolved_hist_ : *resolved_plain_;
     if (auto found = table.find(t.id()); found != table.end()) return found->second;
   }
-  return cached_stats(t, with_histogram);
+  if (with_histogram) return cached_hist(t);
+  const PlainStats p = cached_plain(t);
+  TensorStats s;  // the histogram all zero, as tensor_stats leaves it without one
+  s.health = p.health;
+  s.sum_sq = p.sum_sq;
+  return s;
+}
+
+Probe::PlainStats Probe::plain_stats_of(const Tensor& t) {
+  if (resolved_plain_ != nullptr && t.defined()) {
+    if (auto found = resolved_plain_->find(t.id()); found != resolved_plain_->end())
+      return PlainStats{found->second.health, found->second.sum_sq};
+  }
+  return cached_plain(t);
 }
 
 std::size_t Probe::StatsKeyHash::operator()(const StatsKey& k) const {
@@ -996,20 +1044,24 @@ std::size_t Probe::StatsKeyHash::operator()(const StatsKey& k) const {
   auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 0x100000001B3ULL + (h >> 29); };
   mix(k.version);
   mix(static_cast<std::uint64_t>(k.offset));
-  mix(static_cast<std::uint64_t>(k.dtype) * 2 + (k.histogram ? 1 : 0));
+  mix(static_cast<std::uint64_t>(k.numel));
+  mix(static_cast<std::uint64_t>(k.dtype) * 2 + (k.contiguous ? 1 : 0));
   for (std::int64_t v : k.sizes) mix(static_cast<std::uint64_t>(v));
   for (std::int64_t v : k.strides) mix(static_cast<std::uint64_t>(v));
   return static_cast<std::size_t>(h);
 }
 
-Probe::StatsKey Probe::stats_key(const Tensor& view, bool with_histogram) {
+Probe::StatsKey Probe::stats_key(const Tensor& view) {
   // A permuted view is read in memory order (tensor_stats): keyed as the contiguous tensor it permutes, whose
-  // statistics are its own.
-  const Tensor t = in_memory_order(view);
+  // statistics are its own. (A contiguous view is used as it is: no Tensor copied.)
+  Tensor permuted;
+  if (!view.is_contiguous()) permuted = in_memory_order(view);
+  const Tensor& t = permuted.defined() ? permuted : view;
   StatsKey k;
   k.dtype = t.dtype();
-  k.histogram = with_histogram;
-  if (!t.is_contiguous()) {
+  k.numel = t.numel();
+  k.contiguous = t.is_contiguous();
+  if (!k.contiguous) {
     k.serial = t.storage_serial();
     k.version = t.storage_version();
     k.offset = t.storage_offset();
@@ -1017,8 +1069,6 @@ Probe::StatsKey Probe::stats_key(const Tensor& view, bool with_histogram) {
     k.strides = t.strides();
     return k;
   }
-  k.sizes = {t.numel()};
-  k.strides = {1};
   StorageCopy from;
   if (t.copied_from(from)) {  // an unwritten clone: the values of the view it was copied from, then
     k.serial = from.serial;
@@ -1032,27 +1082,49 @@ Probe::StatsKey Probe::stats_key(const Tensor& view, bool with_histogram) {
   return k;
 }
 
-TensorStats Probe::cached_stats(const Tensor& t, bool with_histogram) {
-  if (!t.defined() || t.numel() == 0 || !t.device().is_cpu()) return tensor_stats(t, with_histogram);
+// Reads with a histogram (level full). Never served by the same read without one (cached_plain's cache):
+// tensor_stats takes another loop for it (one sum, not the fast path's lanes), whose sums can differ in the last bits.
+TensorStats Probe::cached_hist(const Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !t.device().is_cpu()) return tensor_stats(t, true);
   counters_.stats_values += t.numel();
   // The key depends on the tensor's own storage version only (an unwritten clone is keyed by its source only while
   // that version is the one its copy left): if the version is the same after the pass, so is the key.
   const std::uint64_t version = t.storage_version();
-  const StatsKey key = stats_key(t, with_histogram);
+  StatsKey key = stats_key(t);
+  if (auto found = hist_cache_.find(key); found != hist_cache_.end()) {
+    counters_.stats_values_cached += t.numel();
+    return found->second;
+  }
+  TensorStats s = tensor_stats(t, true);
+  // tensor_stats reads through read_data(), which leaves the version as it was; a key changed meanwhile (a
+  // pointer handed out on another thread) would make these statistics of no one version: not kept.
+  if (t.storage_version() == version) {
+    if (hist_cache_.size() >= kStatsCacheEntries) hist_cache_.clear();
+    hist_cache_.emplace(std::move(key), s);
+  }
+  return s;
+}
+
+// Reads without a histogram, as cached_hist above (the same key and version rule) in their own cache.
+Probe::PlainStats Probe::cached_plain(const Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !t.device().is_cpu()) {
+    const TensorStats s = tensor_stats(t, false);
+    return PlainStats{s.health, s.sum_sq};
+  }
+  counters_.stats_values += t.numel();
+  const std::uint64_t version = t.storage_version();
+  StatsKey key = stats_key(t);
   if (auto found = stats_cache_.find(key); found != stats_cache_.end()) {
     counters_.stats_values_cached += t.numel();
     return found->second;
   }
-  // Not served from the same read with a histogram: tensor_stats takes another loop for it (one sum, not the
-  // fast path's lanes), whose sums can differ in the last bits.
-  TensorStats s = tensor_stats(t, with_histogram);
-  // tensor_stats reads through read_data(), which leaves the version as it was; a key changed meanwhile (a
-  // pointer handed out on another thread) would make these statistics of no one version: not kept.
+  const TensorStats s = tensor_stats(t, false);
+  const PlainStats p{s.health, s.sum_sq};
   if (t.storage_version() == version) {
     if (stats_cache_.size() >= kStatsCacheEntries) stats_cache_.clear();
-    stats_cache_.emplace(key, s);
+    stats_cache_.emplace(std::move(key), p);
   }
-  return s;
+  return p;
 }
 
 CastCounts Probe::casts_of(const Tensor& source, const Tensor& result) {

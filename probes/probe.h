@@ -237,34 +237,48 @@ class Probe : public Hook {
   void drain();
   // What record_op and record_grads read: the queued result while one is being completed, else the tensor.
   TensorStats stats_of(const Tensor& t, bool with_histogram);
+  // The same read without a histogram, as its health and sum of squares only (an op's outputs: no 1.1 KiB
+  // TensorStats zeroed and copied per output).
+  struct PlainStats;
+  PlainStats plain_stats_of(const Tensor& t);
   CastCounts casts_of(const Tensor& source, const Tensor& result);
   std::vector<double> leading_of(const Tensor& t, std::int64_t max_elements);
 
   // ---- the step's statistics cache (CPU tensors) ----
   // What makes two reads the same read: the storage's serial (never reused, unlike its address) and its
   // version (core/tensor.h Storage: changed by every writable pointer handed out), the view's offset, shape,
-  // strides and dtype, and the histogram flag. A contiguous view is keyed by its element count alone (the
-  // pass over it does not depend on its shape), a permuted one (a transpose) as the contiguous tensor it permutes
-  // (tensor_stats reads it in memory order: the same pass), and an unwritten clone by the view it was copied from.
+  // strides and dtype, and the histogram flag (which of the two caches below). A contiguous view is keyed by
+  // its element count alone (the pass over it does not depend on its shape; its key holds no shape, so making
+  // one allocates nothing), a permuted one (a transpose) as the contiguous tensor it permutes (tensor_stats reads
+  // it in memory order: the same pass), and an unwritten clone by the view it was copied from.
   struct StatsKey {
     std::uint64_t serial = 0, version = 0;
-    std::int64_t offset = 0;
+    std::int64_t offset = 0, numel = 0;
     DType dtype = DType::f32;
-    bool histogram = false;
-    Shape sizes, strides;  // contiguous: {numel} and {1}
+    bool contiguous = true;
+    Shape sizes, strides;  // a strided view's; empty for a contiguous one
     bool operator==(const StatsKey&) const = default;
   };
   struct StatsKeyHash {
     std::size_t operator()(const StatsKey& k) const;
   };
-  static StatsKey stats_key(const Tensor& t, bool with_histogram);
-  TensorStats cached_stats(const Tensor& t, bool with_histogram);
+  static StatsKey stats_key(const Tensor& t);
+  TensorStats cached_hist(const Tensor& t);  // a read with a histogram
+  // What a read without a histogram keeps: its histogram is all zero (stats.h), so the entry is a tenth of a
+  // TensorStats and small enough for the allocator's per-thread cache.
+  struct PlainStats {
+    trace::TensorHealth health;
+    double sum_sq = 0;
+  };
+  PlainStats cached_plain(const Tensor& t);
 
   std::array<std::int64_t, trace::kOpInputs> input_producers(const OpEvent& event) const;
   // The statistics of an op's outputs, one pass each; `primary` is the output its row describes (the first
-  // defined one, -1 when none); the NaN/inf counts are summed over all of them.
+  // defined one, -1 when none); the NaN/inf counts are summed over all of them. `histograms` only when asked for
+  // (level full; empty otherwise: a TensorStats per output is 1.1 KiB to allocate, zero and copy for nothing).
   struct OutputStats {
-    std::vector<TensorStats> stats;
+    std::vector<trace::TensorHealth> health;
+    std::vector<std::array<std::int64_t, trace::kHistBins>> histograms;
     int primary = -1;
     std::int64_t nan = 0, pos_inf = 0, neg_inf = 0;
   };
@@ -327,9 +341,14 @@ class Probe : public Hook {
   const std::unordered_map<const void*, TensorStats>* resolved_plain_ = nullptr;
   const std::unordered_map<const void*, TensorStats>* resolved_hist_ = nullptr;
   const std::unordered_map<const void*, Tensor>* snapshots_ = nullptr;
-  // Emptied at every step's begin and end, and when it holds kStatsCacheEntries.
-  std::unordered_map<StatsKey, TensorStats, StatsKeyHash> stats_cache_;
+  // Emptied at every step's begin and end, and each when it holds kStatsCacheEntries: reads without a histogram,
+  // and reads with one (level full), never served by each other (stats.cpp sums in another order for a histogram).
+  std::unordered_map<StatsKey, PlainStats, StatsKeyHash> stats_cache_;
+  std::unordered_map<StatsKey, TensorStats, StatsKeyHash> hist_cache_;
   static constexpr std::size_t kStatsCacheEntries = 4096;
+  // The rows of the last step recorded, per table: a new step's record reserves as many, so a step's rows are
+  // not moved again and again as its vectors grow (what is written is the same).
+  std::size_t last_ops_ = 0, last_grads_ = 0;
 };
 
 }  // namespace ampscope::probe
