@@ -132,12 +132,19 @@ void for_each_run(const Shape& sizes, const Shape& sa, const Shape& sb, std::int
 
 // Runs fn(begin, end, partial) over [0, n) in chunks, one partial result per chunk, in chunk order, so
 // the merged result does not depend on which thread ran which chunk. The chunks' bounds depend on n only,
-// never on the number of threads (at most kStatChunks chunks of at least kElementwiseGrain elements), so
-// the sums, and the mean and rms, are the same bits at any AMPSCOPE_NUM_THREADS.
+// never on the number of threads, so the sums, and the mean and rms, are the same bits at any
+// AMPSCOPE_NUM_THREADS: one chunk below kElementwiseGrain values, from there n / kElementwiseGrain chunks but at
+// least two and at most kStatChunks. (Two from kElementwiseGrain, not from twice it: a step whose own kernels leave
+// the second core idle, the MLP's, then reads its many 32k-value activations on both cores, 4% of its step at a
+// quiet machine; bench/RESULTS.md, probe_bench, 2026-11-29 16:04. Before, 32,768 to 65,535 values were one chunk.)
 inline constexpr std::int64_t kStatChunks = 16;
+int stat_chunks(std::int64_t n) {
+  if (n < cpu::kElementwiseGrain) return 1;
+  return static_cast<int>(std::clamp<std::int64_t>(n / cpu::kElementwiseGrain, 2, kStatChunks));
+}
 template <class Partial, class Fn>
 void run_chunked(std::int64_t n, std::vector<Partial>& parts, Fn&& fn) {
-  const int chunks = static_cast<int>(std::clamp<std::int64_t>(n / cpu::kElementwiseGrain, 1, kStatChunks));
+  const int chunks = stat_chunks(n);
   parts.assign(static_cast<std::size_t>(chunks), Partial{});
   if (chunks == 1) {
     fn(0, n, parts[0]);

@@ -363,7 +363,7 @@ TEST(stats_test, random_tensors_with_special_values_match_a_long_double_referenc
 
 // The order in which tensor_stats adds (stats.cpp), written out here one value at a time in scalar double code, so
 // that every build of the loop (baseline, AVX2, AVX-512: probes/stats.h StatsLoop) can be held to the same bits,
-// not only to a bound. The values are split into kChunks-style chunks (n / 32768 of them, 1 to 16); a chunk of a
+// not only to a bound. The values are split into chunks (one below 32768 values, else n / 32768 of them, 2 to 16); a chunk of a
 // contiguous tensor is one run, a chunk of a view is gathered in runs of 4096 values. A run is read in blocks of 256:
 // a block without NaN or inf adds value 8t + k to lane k (k = 0..7, t in order) from zero, squares by one rounding
 // each; the block then adds lanes k + (k + 4) of each into four running sums; a block with NaN or inf, and the
@@ -488,7 +488,7 @@ trace::TensorHealth ordered_health(const Tensor& t, double& sum_sq) {
   const std::vector<double> v = values_as_read(t, contiguous_run);
   const auto n = static_cast<std::int64_t>(v.size());
   const double min_normal = probe::smallest_normal(t.dtype());
-  const std::int64_t chunks = std::clamp<std::int64_t>(n / 32768, 1, 16);
+  const std::int64_t chunks = n < 32768 ? 1 : std::clamp<std::int64_t>(n / 32768, 2, 16);
   Ordered total;
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
@@ -582,7 +582,8 @@ TEST(stats_test, every_build_of_the_loop_adds_in_the_documented_order_to_the_sam
     std::mt19937_64 gen(20261129);
     for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
       SCOPED_TRACE(std::string(dtype_name(dtype)));
-      for (std::int64_t n : {1, 255, 256, 4099, 70000, 300001}) {
+      // 32768 and 40000: two chunks of a size that is one chunk's below 32768 values.
+      for (std::int64_t n : {1, 255, 256, 4099, 32767, 32768, 40000, 70000, 300001}) {
         for (int specials : {0, 1, 30}) {
           SCOPED_TRACE(::testing::Message() << "n " << n << ", NaN/inf per 1000: " << specials);
           // Without the dtype's largest values (random_values puts 1.5% of them in: their sum absorbs every other
