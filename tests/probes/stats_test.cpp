@@ -365,10 +365,10 @@ TEST(stats_test, random_tensors_with_special_values_match_a_long_double_referenc
 // that every build of the loop (baseline, AVX2, AVX-512: probes/stats.h StatsLoop) can be held to the same bits,
 // not only to a bound. The values are split into chunks (one below 32768 values, else n / 32768 of them, 2 to 16); a chunk of a
 // contiguous tensor is one run, a chunk of a view is gathered in runs of 4096 values. A run is read in blocks of 256:
-// a block without NaN or inf adds value 8t + k to lane k (k = 0..7, t in order) from zero, squares by one rounding
-// each; the block then adds lanes k + (k + 4) of each into four running sums; a block with NaN or inf, and the
-// run's last count % 256 values, are added one by one into a sum of their own that starts at zero and goes into the
-// chunk's total when done. Min and max: the first of equal values wins within a lane (x < m ? x : m), then the
+// a block adds value 8t + k to lane k (k = 0..7, t in order) from zero, squares by one rounding each, NaN and inf
+// counted and skipped; the block then adds lanes k + (k + 4) of each into four running sums (a block of NaN and inf
+// only adds nothing); the run's last count % 256 values are added one by one into a sum of their own that starts at
+// zero and goes into the chunk's total when done. Min and max: the first of equal values wins within a lane (x < m ? x : m), then the
 // lanes combine as the loop combines them, so the sign of a zero minimum is fixed too.
 struct Ordered {
   std::int64_t nan = 0, pos_inf = 0, neg_inf = 0, zero = 0, subnormal = 0;
@@ -412,11 +412,8 @@ void ordered_call(const double* v, std::size_t n, double min_normal, Ordered& a)
   std::size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
     const double* b = v + i;
-    if (std::any_of(b, b + kBlock, [](double x) { return !std::isfinite(x); })) {
-      ordered_run(b, kBlock, min_normal, a);
-      continue;
-    }
-    any_fast = true;
+    // NaN and inf are counted and skipped; a block of nothing else adds nothing to the lanes.
+    bool any_finite = false;
     double s[8] = {}, q[8] = {};
     float bmn[8], bmx[8];
     std::fill(bmn, bmn + 8, INFINITY);
@@ -424,6 +421,15 @@ void ordered_call(const double* v, std::size_t n, double min_normal, Ordered& a)
     for (std::size_t t = 0; t < kBlock / 8; ++t) {
       for (std::size_t k = 0; k < 8; ++k) {
         const double x = b[8 * t + k];
+        if (std::isnan(x)) {
+          ++a.nan;
+          continue;
+        }
+        if (std::isinf(x)) {
+          ++(x > 0 ? a.pos_inf : a.neg_inf);
+          continue;
+        }
+        any_finite = true;
         const auto f = static_cast<float>(x);  // exact: every value came from f32, f16 or bf16
         s[k] += x;
         q[k] += x * x;  // the square is exact in double: one rounding, as the FMA
@@ -433,6 +439,8 @@ void ordered_call(const double* v, std::size_t n, double min_normal, Ordered& a)
         a.subnormal += x != 0 && std::fabs(x) < min_normal;
       }
     }
+    if (!any_finite) continue;
+    any_fast = true;
     for (std::size_t k = 0; k < 4; ++k) {
       sum[k] += s[k] + s[k + 4];
       sq[k] += q[k] + q[k + 4];
@@ -599,6 +607,18 @@ TEST(stats_test, every_build_of_the_loop_adds_in_the_documented_order_to_the_sam
           for (double& x : v) x = -x;
           expect_same_bits(from_values(v, {n}, {.dtype = dtype}));
         }
+      }
+      // Blocks that hold NaN or inf: a block of nothing else between finite ones, and attention scores under a causal
+      // mask (-inf above the diagonal of each 64 x 64 matrix: every block but the first rows' holds some).
+      {
+        std::vector<double> v = random_values(gen, 1000, dtype, 0);
+        for (std::size_t k = 256; k < 512; ++k) v[k] = k % 3 == 0 ? kNaN : k % 3 == 1 ? kInf : -kInf;
+        expect_same_bits(from_values(v, {1000}, {.dtype = dtype}));
+        std::vector<double> scores = random_values(gen, 5 * 64 * 64, dtype, 0);
+        for (std::size_t m = 0; m < 5; ++m)
+          for (std::size_t r = 0; r < 64; ++r)
+            for (std::size_t c = r + 1; c < 64; ++c) scores[(m * 64 + r) * 64 + c] = -kInf;
+        expect_same_bits(from_values(scores, {5, 64, 64}, {.dtype = dtype}));
       }
       // Permuted views of whole tensors, read in memory order: a transpose, and heads split by a permute.
       const Tensor m = from_values(random_values(gen, 300 * 257, dtype, 1), {300, 257}, {.dtype = dtype});
