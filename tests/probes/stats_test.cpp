@@ -375,19 +375,25 @@ struct Ordered {
   double min = kInf, max = -kInf, absmax = 0, sum = 0, sum_sq = 0;
 };
 
+// A NaN or an inf counted (true), or a finite value left to the caller (false).
+bool counted_non_finite(double x, Ordered& a) {
+  if (std::isnan(x)) {
+    ++a.nan;
+    return true;
+  }
+  if (std::isinf(x)) {
+    ++(x > 0 ? a.pos_inf : a.neg_inf);
+    return true;
+  }
+  return false;
+}
+
 // The loop's scalar path over values v[0, n) (accumulate_run).
 void ordered_run(const double* v, std::size_t n, double min_normal, Ordered& a) {
   double sum = 0, sum_sq = 0, mn = a.min, mx = a.max, amax = a.absmax;
   for (std::size_t i = 0; i < n; ++i) {
     const double x = v[i];
-    if (std::isnan(x)) {
-      ++a.nan;
-      continue;
-    }
-    if (std::isinf(x)) {
-      ++(x > 0 ? a.pos_inf : a.neg_inf);
-      continue;
-    }
+    if (counted_non_finite(x, a)) continue;
     sum += x;
     sum_sq += x * x;
     mn = x < mn ? x : mn;
@@ -421,14 +427,7 @@ void ordered_call(const double* v, std::size_t n, double min_normal, Ordered& a)
     for (std::size_t t = 0; t < kBlock / 8; ++t) {
       for (std::size_t k = 0; k < 8; ++k) {
         const double x = b[8 * t + k];
-        if (std::isnan(x)) {
-          ++a.nan;
-          continue;
-        }
-        if (std::isinf(x)) {
-          ++(x > 0 ? a.pos_inf : a.neg_inf);
-          continue;
-        }
+        if (counted_non_finite(x, a)) continue;
         any_finite = true;
         const auto f = static_cast<float>(x);  // exact: every value came from f32, f16 or bf16
         s[k] += x;
@@ -541,29 +540,34 @@ std::uint64_t bits_of(double x) {
   return b;
 }
 
-// Every field the same bits (NaN as NaN), the sign of a zero included.
-void expect_same_bits(const Tensor& t) {
-  double sum_sq = 0;
-  const trace::TensorHealth r = ordered_health(t, sum_sq);
-  const probe::TensorStats s = tensor_stats(t);
-  const trace::TensorHealth& h = s.health;
-  EXPECT_EQ(h.numel, r.numel);
-  EXPECT_EQ(h.nan, r.nan);
-  EXPECT_EQ(h.pos_inf, r.pos_inf);
-  EXPECT_EQ(h.neg_inf, r.neg_inf);
-  EXPECT_EQ(h.zero, r.zero);
-  EXPECT_EQ(h.subnormal, r.subnormal);
+// Every field of two results the same bits (NaN as NaN), the histogram's bins included.
+void expect_same_stats(const probe::TensorStats& got, const probe::TensorStats& want, const std::string& what) {
+  SCOPED_TRACE(what);
+  const trace::TensorHealth &h = got.health, &w = want.health;
+  EXPECT_EQ(h.numel, w.numel);
+  EXPECT_EQ(h.nan, w.nan);
+  EXPECT_EQ(h.pos_inf, w.pos_inf);
+  EXPECT_EQ(h.neg_inf, w.neg_inf);
+  EXPECT_EQ(h.zero, w.zero);
+  EXPECT_EQ(h.subnormal, w.subnormal);
   const std::pair<const char*, std::pair<double, double>> fields[] = {
-      {"min", {h.min, r.min}},    {"max", {h.max, r.max}}, {"absmax", {h.absmax, r.absmax}},
-      {"mean", {h.mean, r.mean}}, {"rms", {h.rms, r.rms}}, {"sum_sq", {s.sum_sq, sum_sq}}};
-  for (const auto& [name, got_want] : fields) {
-    const auto [got, want] = got_want;
-    if (std::isnan(want)) {
-      EXPECT_TRUE(std::isnan(got)) << name;
+      {"min", {h.min, w.min}},    {"max", {h.max, w.max}}, {"absmax", {h.absmax, w.absmax}},
+      {"mean", {h.mean, w.mean}}, {"rms", {h.rms, w.rms}}, {"sum_sq", {got.sum_sq, want.sum_sq}}};
+  for (const auto& [name, pair] : fields) {
+    if (std::isnan(pair.second)) {
+      EXPECT_TRUE(std::isnan(pair.first)) << name;
     } else {
-      EXPECT_EQ(bits_of(got), bits_of(want)) << name << ": " << got << ", the ordered sums give " << want;
+      EXPECT_EQ(bits_of(pair.first), bits_of(pair.second)) << name << ": " << pair.first << " and " << pair.second;
     }
   }
+  EXPECT_EQ(got.histogram, want.histogram);
+}
+
+// Every field the same bits (NaN as NaN), the sign of a zero included.
+void expect_same_bits(const Tensor& t) {
+  probe::TensorStats want;  // the ordered sums' result; no histogram (all zero, as tensor_stats leaves it)
+  want.health = ordered_health(t, want.sum_sq);
+  expect_same_stats(tensor_stats(t), want, "against the ordered sums");
 }
 
 // Restores the statistics loop the process had.
@@ -648,28 +652,6 @@ TEST(stats_test, every_build_of_the_loop_adds_in_the_documented_order_to_the_sam
   }
 }
 
-// Every field of two results the same bits (NaN as NaN), the histogram's bins included.
-void expect_same_stats(const probe::TensorStats& got, const probe::TensorStats& want, const std::string& what) {
-  SCOPED_TRACE(what);
-  const trace::TensorHealth &h = got.health, &w = want.health;
-  EXPECT_EQ(h.numel, w.numel);
-  EXPECT_EQ(h.nan, w.nan);
-  EXPECT_EQ(h.pos_inf, w.pos_inf);
-  EXPECT_EQ(h.neg_inf, w.neg_inf);
-  EXPECT_EQ(h.zero, w.zero);
-  EXPECT_EQ(h.subnormal, w.subnormal);
-  const std::pair<const char*, std::pair<double, double>> fields[] = {
-      {"min", {h.min, w.min}},    {"max", {h.max, w.max}}, {"absmax", {h.absmax, w.absmax}},
-      {"mean", {h.mean, w.mean}}, {"rms", {h.rms, w.rms}}, {"sum_sq", {got.sum_sq, want.sum_sq}}};
-  for (const auto& [name, pair] : fields) {
-    if (std::isnan(pair.second)) {
-      EXPECT_TRUE(std::isnan(pair.first)) << name;
-    } else {
-      EXPECT_EQ(bits_of(pair.first), bits_of(pair.second)) << name << ": " << pair.first << " and " << pair.second;
-    }
-  }
-  EXPECT_EQ(got.histogram, want.histogram);
-}
 
 TEST(stats_test, a_permuted_view_has_the_statistics_of_the_tensor_it_permutes) {
   std::mt19937_64 gen(29112026);
